@@ -1,0 +1,1 @@
+"""Built-in plugins (import name ``rlforge.plugins``): rollout, reward, strategy, logger, data."""

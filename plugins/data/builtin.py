@@ -1,0 +1,108 @@
+"""Built-in datasets: ``arith`` (generated offline, seeded) and ``files`` (verl-style jsonl/parquet)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from rlforge.errors import DataError
+from rlforge.hookspecs import hookimpl
+
+ARITH_SOURCE = "arith"
+
+
+def arith_rows(
+    size: int, max_operand: int, seed: int, exclude: frozenset[str] = frozenset(), unique: bool = False
+) -> list[dict[str, Any]]:
+    """``size`` addition problems ``"What is a+b?"`` (a, b in 0..max_operand), verl row format.
+
+    Questions in ``exclude`` are skipped; with ``unique`` no question repeats.
+    """
+    total = (max_operand + 1) ** 2
+    if len(exclude) + (size if unique else 1) > total:
+        raise DataError(f"Cannot draw {size} arith questions with operands up to {max_operand} (data.max_operand).")
+    rng = random.Random(seed)
+    seen = set(exclude)
+    rows: list[dict[str, Any]] = []
+    while len(rows) < size:
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        question = f"What is {a}+{b}?"
+        if question in seen:
+            continue
+        if unique:
+            seen.add(question)
+        rows.append({
+            "data_source": ARITH_SOURCE,
+            "prompt": [{"role": "user", "content": question}],
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"a": a, "b": b},
+        })
+    return rows
+
+
+def arith_dataset(config: Any, split: str) -> list[dict[str, Any]]:
+    """Train/val splits of the arithmetic task; validation questions never appear in training."""
+    d = config.data
+    val = arith_rows(d.val_size, d.max_operand, seed=12345, unique=True)
+    if split == "val":
+        return val
+    held_out = frozenset(r["prompt"][0]["content"] for r in val)
+    return arith_rows(d.train_size, d.max_operand, seed=config.trainer.seed, exclude=held_out)
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """Rows of a ``.jsonl``/``.json`` or ``.parquet`` file; errors name the file and line."""
+    file = Path(path)
+    if not file.is_file():
+        raise DataError(f"Data file not found: {path}.")
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(file).to_pylist()
+        except Exception as exc:
+            raise DataError(f"Cannot read parquet file {path}: {exc}") from None
+    if file.suffix not in (".jsonl", ".json"):
+        raise DataError(f"Data file {path}: unsupported extension '{file.suffix}' (use .jsonl or .parquet).")
+    rows = []
+    try:
+        with file.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}, line {lineno}: not valid JSON ({exc.msg}).") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}, line {lineno}: a row must be a JSON object, got {type(row).__name__}.")
+                rows.append(row)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
+    if not rows:
+        raise DataError(f"Data file {path} has no rows.")
+    return rows
+
+
+def files_dataset(config: Any, split: str) -> list[dict[str, Any]]:
+    """Rows from ``data.train_files`` / ``data.val_files``, each row tagged with its file and line."""
+    key = "data.train_files" if split == "train" else "data.val_files"
+    files = config.data.train_files if split == "train" else config.data.val_files
+    if not files:
+        if split == "val":
+            return []
+        raise DataError(f"'{key}' is empty: give one or more .jsonl/.parquet files (data.name=files).")
+    rows = []
+    for path in files:
+        for i, row in enumerate(read_rows(path), 1):
+            row.setdefault("_origin", f"{path}, row {i}")
+            rows.append(row)
+    return rows
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.dataset.register("arith", arith_dataset, description="built-in 'What is a+b?' task, generated offline")
+    registry.dataset.register("files", files_dataset, description="verl-style rows from data.train_files/val_files")

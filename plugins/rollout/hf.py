@@ -1,0 +1,97 @@
+"""``hf`` rollout engine: batched sampling with transformers ``generate`` (CPU or GPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rlforge import batch as B
+from rlforge.hookspecs import hookimpl
+from rlforge.ops import logprobs_from_logits
+from rlforge.protocols import SamplingParams
+
+
+def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1 on tokens up to and including the first EOS (all tokens if there is none)."""
+    is_eos = (responses == eos_id).long()
+    after_eos = (is_eos.cumsum(-1) - is_eos) > 0
+    return (~after_eos).long()
+
+
+class HFRollout:
+    """Generates with the given model object. When it is the actor itself (the default in the local
+    controller) weights are shared and ``update_weights`` has nothing to copy."""
+
+    supports_sleep = False
+
+    def __init__(self, config: Any, model: torch.nn.Module, tokenizer: Any) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.micro_batch_size = config.rollout.micro_batch_size
+
+    @torch.no_grad()
+    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
+        out = batch.repeat_interleave(params.n) if params.n > 1 else batch
+        parts = [self._generate(mb, params) for mb in out.split(self.micro_batch_size)]
+        width = max(p[0].shape[1] for p in parts)
+        pad = self.tokenizer.pad_token_id
+
+        def cat(i: int, fill: float) -> torch.Tensor:
+            return torch.cat([torch.nn.functional.pad(p[i], (0, width - p[i].shape[1]), value=fill) for p in parts])
+
+        responses, log_probs = cat(0, pad), cat(1, 0.0)
+        mask = response_mask(responses, self.tokenizer.eos_token_id)
+        responses = responses.masked_fill(mask == 0, pad)
+        out[B.RESPONSES] = responses
+        out[B.RESPONSE_MASK] = mask
+        out[B.ROLLOUT_LOG_PROBS] = log_probs * mask
+        out[B.INPUT_IDS] = torch.cat([out[B.PROMPTS], responses], dim=1)
+        out[B.ATTENTION_MASK] = torch.cat([out[B.PROMPT_MASK], mask], dim=1)
+        return out
+
+    def _generate(self, mb: B.Batch, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        device = next(self.model.parameters()).device
+        prompts, prompt_mask = mb[B.PROMPTS].to(device), mb[B.PROMPT_MASK].to(device)
+        greedy = params.temperature == 0
+        sampling: dict[str, Any] = {"do_sample": False}
+        if not greedy:
+            sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
+                        "top_k": params.top_k or None}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            gen = self.model.generate(
+                input_ids=prompts,
+                attention_mask=prompt_mask,
+                max_new_tokens=params.max_new_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+                output_logits=True,
+                return_dict_in_generate=True,
+                **sampling,
+            )
+        finally:
+            self.model.train(was_training)
+        responses = gen.sequences[:, prompts.shape[1]:].cpu()
+        logits = torch.stack(gen.logits, dim=1).float()
+        if not greedy:
+            logits = logits / params.temperature
+        return responses, logprobs_from_logits(logits, responses.to(logits.device)).cpu()
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                if params[name].data_ptr() != tensor.data_ptr():
+                    params[name].copy_(tensor)
+
+    def shutdown(self) -> None:
+        self.model = None  # type: ignore[assignment]
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.rollout.register("hf", HFRollout, description="transformers generate (CPU/GPU), shares actor weights")

@@ -1,0 +1,38 @@
+"""rlforge: reinforcement-learning post-training for LLMs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlforge.batch import Batch
+from rlforge.dataflow import DataFlow, Stage
+from rlforge.hookspecs import hookimpl, hookspec
+from rlforge.module import LossContext, RLModule
+from rlforge.trainer import Trainer
+
+__version__ = "0.1.0"
+
+
+def load_config(
+    algo: str | None = None, overrides: list[str] | tuple[str, ...] = (), config_file: str | None = None,
+    plugins: Any = None,
+) -> Any:
+    """Compose and validate a config as the CLI does (defaults < preset < file < overrides)."""
+    from rlforge.config import compose
+    from rlforge.plugin_manager import PluginManager
+
+    pm = plugins or PluginManager()
+    return compose(pm.registry, algo, config_file, list(overrides))
+
+
+def get_algorithm(name: str) -> Any:
+    """The RLModule class registered as ``name`` (e.g. ``get_algorithm("grpo")``)."""
+    from rlforge.plugin_manager import PluginManager
+
+    return PluginManager().registry.algorithm.get(name)
+
+
+__all__ = [
+    "Batch", "DataFlow", "LossContext", "RLModule", "Stage", "Trainer", "get_algorithm", "hookimpl", "hookspec",
+    "load_config",
+]

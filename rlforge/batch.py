@@ -1,0 +1,124 @@
+"""The batch passed between dataflow stages: equal-length tensor columns plus per-sample Python lists."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+# --- column names (tensors, leading dimension = number of sequences) ----------------------------
+PROMPTS = "prompts"  # [B, P] left-padded prompt token ids
+PROMPT_MASK = "prompt_mask"  # [B, P] 1 on real prompt tokens
+RESPONSES = "responses"  # [B, R] right-padded response token ids
+INPUT_IDS = "input_ids"  # [B, P+R] prompts ++ responses
+ATTENTION_MASK = "attention_mask"  # [B, P+R] 1 on real tokens
+RESPONSE_MASK = "response_mask"  # [B, R] 1 on generated tokens up to and including EOS
+ROLLOUT_LOG_PROBS = "rollout_log_probs"  # [B, R] log-probs reported by the rollout engine
+OLD_LOG_PROBS = "old_log_probs"  # [B, R] log-probs of the policy that generated (recomputed)
+REF_LOG_PROBS = "ref_log_probs"  # [B, R] log-probs of the reference model
+VALUES = "values"  # [B, R] critic values
+SCORES = "scores"  # [B] per-sample score from the reward function
+TOKEN_LEVEL_SCORES = "token_level_scores"  # [B, R] score placed on the last response token
+TOKEN_LEVEL_REWARDS = "token_level_rewards"  # [B, R] scores after KL-in-reward / shaping
+ADVANTAGES = "advantages"  # [B, R]
+RETURNS = "returns"  # [B, R]
+ACC = "acc"  # [B] 1.0 where the answer is right (reward function's `acc`, else score >= 1)
+# --- non-tensor columns (lists of length B) ------------------------------------------------------
+UID = "uid"  # group id: samples of the same prompt share it
+DATA_SOURCE = "data_source"
+GROUND_TRUTH = "ground_truth"
+EXTRA_INFO = "extra_info"
+RAW_PROMPT = "raw_prompt"  # chat messages
+RESPONSE_TEXT = "response_text"
+
+
+class Batch:
+    """Columns of equal length: ``tensors`` (torch, first dimension) and ``lists`` (Python objects)."""
+
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor] | None = None,
+        lists: dict[str, list[Any]] | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.tensors: dict[str, torch.Tensor] = dict(tensors or {})
+        self.lists: dict[str, list[Any]] = dict(lists or {})
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._check()
+
+    def _check(self) -> None:
+        lengths = {k: v.shape[0] for k, v in self.tensors.items()}
+        lengths.update({k: len(v) for k, v in self.lists.items()})
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"Batch columns have different lengths: {lengths}")
+
+    def __len__(self) -> int:
+        for v in self.tensors.values():
+            return int(v.shape[0])
+        for lst in self.lists.values():
+            return len(lst)
+        return 0
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.tensors or key in self.lists
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.tensors:
+            return self.tensors[key]
+        if key in self.lists:
+            return self.lists[key]
+        raise KeyError(f"Batch has no column '{key}'. Columns: {sorted(self.columns())}")
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            self.lists.pop(key, None)
+            self.tensors[key] = value
+        else:
+            self.tensors.pop(key, None)
+            self.lists[key] = list(value)
+        if len(self) != (value.shape[0] if isinstance(value, torch.Tensor) else len(value)):
+            raise ValueError(f"Column '{key}' has length {len(value)}, batch has {len(self)}")
+
+    def columns(self) -> list[str]:
+        return [*self.tensors, *self.lists]
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> Batch:
+        """Rows at ``index`` (a list of ints, or a bool/long tensor), in that order."""
+        idx = torch.as_tensor(index)
+        if idx.dtype == torch.bool:
+            idx = idx.nonzero(as_tuple=True)[0]
+        rows = idx.tolist()
+        return Batch(
+            {k: v[idx] for k, v in self.tensors.items()},
+            {k: [v[i] for i in rows] for k, v in self.lists.items()},
+            self.meta,
+        )
+
+    def split(self, size: int) -> Iterator[Batch]:
+        """Consecutive chunks of ``size`` rows (the last may be shorter)."""
+        for start in range(0, len(self), size):
+            yield self.select(list(range(start, min(start + size, len(self)))))
+
+    def repeat_interleave(self, n: int) -> Batch:
+        """Each row repeated ``n`` times in place: rows a, b -> a, a, b, b (n=2)."""
+        idx = torch.arange(len(self)).repeat_interleave(n)
+        return self.select(idx)
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch({k: v.to(device) for k, v in self.tensors.items()}, self.lists, self.meta)
+
+    @staticmethod
+    def concat(batches: Sequence[Batch]) -> Batch:
+        """Rows of all ``batches`` in order. Tensors of different widths are right-padded with 0."""
+        if not batches:
+            return Batch()
+        tensors = {}
+        for k in batches[0].tensors:
+            parts = [b.tensors[k] for b in batches]
+            width = max(p.shape[1] for p in parts) if parts[0].dim() > 1 else None
+            if width is not None:
+                parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+            tensors[k] = torch.cat(parts)
+        lists = {k: [x for b in batches for x in b.lists[k]] for k in batches[0].lists}
+        return Batch(tensors, lists, batches[0].meta)

@@ -1,0 +1,148 @@
+"""Compose the config: built-in defaults < algorithm preset < ``--config FILE`` < CLI ``key=value``.
+
+Everything here runs before any model is loaded: unknown keys, wrong types, unknown component names and
+inconsistent batch sizes fail with a message that names the key, the value and the choices.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from rlforge.config.schema import RLForgeConfig
+from rlforge.errors import ConfigError, did_you_mean
+
+# config key -> registry kind that it selects from
+COMPONENT_KEYS: dict[str, str] = {
+    "rollout.name": "rollout",
+    "reward.manager": "reward_manager",
+    "strategy.name": "strategy",
+    "data.name": "dataset",
+    "trainer.controller": "controller",
+}
+
+
+def parse_overrides(overrides: list[str]) -> DictConfig:
+    """Turn ``["actor.lr=1e-5", "logger.backends=[console]"]`` into a config (values parsed as YAML)."""
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ConfigError(f"Override '{bad[0]}' is not of the form key=value (e.g. actor.lr=1e-5).")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"Cannot parse overrides {overrides}: {exc}") from None
+
+
+def load_file(path: str) -> DictConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"Config file not found: {path} (--config).")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"Config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file {path} must hold a mapping of sections, got {type(data).__name__}.")
+    return OmegaConf.create(data)
+
+
+def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, layer)  # type: ignore[return-value]
+    except ConfigKeyError as exc:
+        key = exc.full_key or "?"
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(base, parent) if parent else base
+        known = list(node.keys()) if isinstance(node, DictConfig) else []
+        hint = did_you_mean(leaf, known, prefix=f"{parent}." if parent else "")
+        raise ConfigError(
+            f"Unknown config key '{key}' (in {source}).{hint} Run 'rlforge config show' to list every key."
+        ) from None
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", "") or "?"
+        reason = str(getattr(exc, "msg", exc)).splitlines()[0]
+        raise ConfigError(f"Invalid value for '{key}' (in {source}): {reason}.") from None
+
+
+def compose(
+    registry: Any,
+    algo: str | None = None,
+    config_file: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+) -> DictConfig:
+    """Return the validated, read-only config. ``registry`` is the plugin manager's Registries."""
+    over = parse_overrides(list(overrides))
+    file_cfg = load_file(config_file) if config_file else OmegaConf.create({})
+    name = algo or OmegaConf.select(over, "algorithm.name") or OmegaConf.select(file_cfg, "algorithm.name")
+    name = name or "grpo"
+    algo_cls = registry.algorithm.get(name)
+
+    cfg = OmegaConf.structured(RLForgeConfig)
+    cfg.algorithm = OmegaConf.structured(algo_cls.config_class)
+    cfg = _merge(cfg, OmegaConf.create(algo_cls.preset), f"the '{name}' preset")
+    cfg = _merge(cfg, file_cfg, config_file or "")
+    cfg = _merge(cfg, over, "command-line overrides")
+    cfg.algorithm.name = name
+    validate(cfg, registry)
+    algo_cls.validate_config(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def validate(cfg: DictConfig, registry: Any) -> None:
+    """Cross-field checks: component names exist, sizes are positive, batch arithmetic adds up."""
+    for key, kind in COMPONENT_KEYS.items():
+        getattr(registry, kind).get(OmegaConf.select(cfg, key))
+    for backend in cfg.logger.backends:
+        registry.logger.get(backend)
+    positive = [
+        "data.train_batch_size", "data.max_prompt_length", "rollout.n", "rollout.max_new_tokens",
+        "rollout.micro_batch_size", "rollout.val_n", "actor.ppo_epochs", "actor.ppo_mini_batch_size",
+        "actor.ppo_micro_batch_size", "trainer.total_steps",
+    ]
+    for key in positive:
+        value = OmegaConf.select(cfg, key)
+        if value <= 0:
+            raise ConfigError(f"'{key}' must be a positive integer, got {value}.")
+    for key in ["trainer.save_every", "trainer.val_every", "trainer.keep_last_n", "actor.warmup_steps"]:
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"'{key}' must be >= 0, got {OmegaConf.select(cfg, key)}.")
+    if not 0.0 < cfg.rollout.top_p <= 1.0:
+        raise ConfigError(f"'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}.")
+    if cfg.rollout.temperature < 0 or cfg.rollout.val_temperature < 0:
+        raise ConfigError("'rollout.temperature' and 'rollout.val_temperature' must be >= 0.")
+    dtypes = ("float32", "bfloat16", "float16")
+    if cfg.model.dtype not in dtypes:
+        raise ConfigError(f"'model.dtype' is '{cfg.model.dtype}'. Allowed: {', '.join(dtypes)}.")
+    check_batch_sizes(cfg)
+
+
+def check_batch_sizes(cfg: DictConfig) -> None:
+    prompts, n = cfg.data.train_batch_size, cfg.rollout.n
+    mini, micro = cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_micro_batch_size
+    if prompts % mini:
+        raise ConfigError(
+            f"'actor.ppo_mini_batch_size' ({mini} prompts) must divide 'data.train_batch_size' ({prompts} prompts)."
+        )
+    if (mini * n) % micro:
+        raise ConfigError(
+            f"'actor.ppo_micro_batch_size' ({micro} samples) must divide the mini-batch of "
+            f"{mini} prompts x rollout.n={n} = {mini * n} samples."
+        )
+
+
+def explain_batch_sizes(cfg: DictConfig) -> str:
+    """The batch-size arithmetic in words (printed by ``rlforge config show``)."""
+    prompts, n = cfg.data.train_batch_size, cfg.rollout.n
+    mini, micro = cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_micro_batch_size
+    return (
+        f"Each step samples {prompts} prompts x {n} responses = {prompts * n} sequences.\n"
+        f"The actor update runs {cfg.actor.ppo_epochs} epoch(s) of {prompts // mini} mini-batch(es) of "
+        f"{mini} prompts ({mini * n} sequences) = {cfg.actor.ppo_epochs * prompts // mini} optimizer step(s) per "
+        f"training step;\neach mini-batch is split into {mini * n // micro} micro-batch(es) of {micro} "
+        f"sequences (gradient accumulation steps)."
+    )

@@ -1,0 +1,143 @@
+"""The config schema: one dataclass per section. Field comments are the documentation.
+
+Defaults are the built-in default run (`rlforge fit --algo grpo` with no other arguments).
+Algorithm presets, ``--config FILE`` and CLI ``key=value`` overrides are merged on top (see compose.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+BUILTIN_MODEL = "builtin:tiny-arith"
+
+
+@dataclass
+class ModelConfig:
+    path: str = BUILTIN_MODEL  # HF folder, or builtin:tiny-arith (the shipped SFT'd tiny model)
+    ref_path: Optional[str] = None  # reference model for the KL term; None = same as `path`
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    trust_remote_code: bool = False  # never on unless you set it
+
+
+@dataclass
+class DataConfig:
+    name: str = "arith"  # dataset registry name: arith (built-in, generated offline) | files
+    train_files: list[str] = field(default_factory=list)  # jsonl/parquet files (data.name=files)
+    val_files: list[str] = field(default_factory=list)
+    train_batch_size: int = 32  # prompts per step (each sampled rollout.n times)
+    max_prompt_length: int = 64  # in tokens, after the chat template
+    filter_overlong_prompts: bool = True  # drop longer prompts (False: fail naming the row)
+    shuffle: bool = True
+    # built-in arith task
+    train_size: int = 20000
+    val_size: int = 200
+    max_operand: int = 99
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"  # rollout engine registry name
+    n: int = 8  # samples per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    max_new_tokens: int = 8
+    micro_batch_size: int = 256  # sequences per generate() call
+    val_temperature: float = 0.0  # 0 = greedy validation
+    val_n: int = 1
+
+
+@dataclass
+class RewardConfig:
+    manager: str = "rule"  # reward manager registry name
+    fn: Optional[str] = None  # reward function name; None = chosen by each row's data_source
+    file: Optional[str] = None  # python file with compute_score(data_source, solution_str, ground_truth, extra_info)
+    fn_name: str = "compute_score"  # function to load from `file`
+
+
+@dataclass
+class AlgorithmConfig:
+    """Base of every algorithm's section; each algorithm's ``config_class`` adds its own fields."""
+
+    name: str = "grpo"  # algorithm registry name (set by --algo)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 5e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 32  # prompts per optimizer step (x rollout.n samples)
+    ppo_micro_batch_size: int = 64  # samples per forward/backward (gradient accumulation)
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0  # dual-clip bound, applied where the advantage is negative
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+
+
+@dataclass
+class StrategyConfig:
+    name: str = "single"  # strategy registry name
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 150
+    seed: int = 1
+    controller: str = "local"
+    project: str = "rlforge"
+    experiment: str = "default"
+    runs_root: str = "rlforge_runs"
+    run_dir: Optional[str] = None  # explicit run folder; None = <runs_root>/<experiment>/<timestamp>
+    resume: str = "never"  # never | auto (latest checkpoint of the experiment) | a checkpoint folder
+    save_every: int = 50  # steps; a final checkpoint is always written
+    keep_last_n: int = 2  # checkpoints kept (0 = keep all)
+    val_every: int = 50  # steps; 0 = only before and after training
+    val_before_train: bool = True
+    samples_to_save: int = 8  # generated samples written per step to samples.jsonl
+    progress: bool = True  # live progress bar
+
+
+@dataclass
+class LoggerConfig:
+    backends: list[str] = field(default_factory=lambda: ["console", "mlflow"])
+
+
+@dataclass
+class PluginsConfig:
+    disable: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SFTConfig:
+    train_file: Optional[str] = None  # jsonl rows with `prompt` (chat messages) and `response`; None = built-in arith
+    output_dir: str = "sft_out"
+    steps: int = 400
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    init: str = "tiny-arith"  # model to start from: an HF folder, or tiny-arith = fresh random tiny Llama
+    seed: int = 0
+
+
+@dataclass
+class RLForgeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: Any = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    plugins: PluginsConfig = field(default_factory=PluginsConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)

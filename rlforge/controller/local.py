@@ -1,0 +1,57 @@
+"""``local`` controller: every worker in this process (the default; no Ray)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from rlforge import batch as B
+from rlforge.controller.worker import ActorWorker
+from rlforge.hookspecs import hookimpl
+from rlforge.module import RLModule
+from rlforge.protocols import SamplingParams
+
+
+class LocalController:
+    """Builds the strategy, actor worker, rollout engine and reward manager from the registries."""
+
+    def __init__(self, config: Any, module: RLModule, plugins: Any, trainer: Any = None) -> None:
+        reg = plugins.registry
+        self.config = config
+        self.strategy = reg.strategy.get(config.strategy.name)(config)
+        self.actor = ActorWorker(config, module, self.strategy, plugins.hook, trainer)
+        self.rollout = reg.rollout.get(config.rollout.name)(config, module.actor, module.tokenizer)
+        self.reward = reg.reward_manager.get(config.reward.manager)(config, module.tokenizer, reg)
+
+    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
+        return self.rollout.generate(batch, params)
+
+    def score(self, batch: B.Batch) -> B.Batch:
+        return self.reward.score(batch)
+
+    def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
+        return self.actor.compute_log_probs(batch, role)
+
+    def update_actor(self, batch: B.Batch) -> dict[str, float]:
+        return self.actor.update(batch)
+
+    def sync_weights(self) -> float:
+        start = time.perf_counter()
+        self.rollout.update_weights(self.actor.named_weights())
+        return time.perf_counter() - start
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"actor": self.actor.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+
+    def shutdown(self) -> None:
+        self.rollout.shutdown()
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.controller.register("local", LocalController, description="all workers in this process")

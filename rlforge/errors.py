@@ -1,0 +1,24 @@
+"""User-facing errors: the CLI prints these as one clear message, without a traceback."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class RLForgeError(Exception):
+    """A mistake the user can fix (bad config, missing file, unknown name). Printed without traceback."""
+
+
+class ConfigError(RLForgeError):
+    """The configuration is invalid: the message names the key, the value and what is allowed."""
+
+
+class DataError(RLForgeError):
+    """A data file or row is malformed: the message names the file and the row."""
+
+
+def did_you_mean(name: str, choices: Iterable[str], prefix: str = "") -> str:
+    """Return ``" Did you mean '<prefix>x'?"`` for the closest choice, or an empty string."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{prefix}{close[0]}'?" if close else ""

@@ -1,0 +1,179 @@
+"""Every ``rlforge_*`` hook specification, grouped by the stage of the loop in which it fires.
+
+Hooks are called with keyword arguments only. A spec may gain arguments in later versions but never
+loses or renames one, so implementations that take fewer arguments keep working (pluggy passes only
+the arguments an implementation names). All hooks are called in the controller process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+HOOK_SPEC_VERSION = 1
+hookspec = pluggy.HookspecMarker("rlforge")
+hookimpl = pluggy.HookimplMarker("rlforge")
+
+
+# --- registration -------------------------------------------------------------------------------
+
+
+@hookspec(historic=True)
+def rlforge_register(registry: Any) -> None:
+    """Register components (algorithms, rollout engines, rewards, strategies, loggers, datasets).
+
+    :param registry: the :class:`rlforge.registry.Registries`; call e.g.
+        ``registry.algorithm.register("grpo", GRPO)``.
+
+    Historic: a plugin registered late still receives the call. Fires once per plugin at load time.
+    """
+
+
+# --- fit ----------------------------------------------------------------------------------------
+
+
+@hookspec
+def rlforge_fit_start(trainer: Any, module: Any) -> None:
+    """Training is about to start: the config is frozen, models are loaded, resume is done.
+
+    :param trainer: the :class:`rlforge.Trainer`.
+    :param module: the :class:`rlforge.RLModule` being trained.
+    """
+
+
+@hookspec
+def rlforge_fit_end(trainer: Any, module: Any, summary: dict[str, Any]) -> None:
+    """Training finished normally, after the final checkpoint and validation.
+
+    :param summary: final figures (accuracy before/after, steps, tokens/s, run folder).
+    """
+
+
+@hookspec
+def rlforge_exception(trainer: Any, exception: BaseException) -> None:
+    """An exception (including KeyboardInterrupt) escaped the loop; fires before it propagates.
+
+    :param exception: the exception being raised.
+    """
+
+
+# --- one step -----------------------------------------------------------------------------------
+
+
+@hookspec
+def rlforge_step_start(trainer: Any, step: int) -> None:
+    """A training step begins.
+
+    :param step: the 1-based index of the step about to run.
+    """
+
+
+@hookspec
+def rlforge_step_end(trainer: Any, step: int, metrics: dict[str, float]) -> None:
+    """A training step ended; ``metrics`` holds everything that will be logged for it.
+
+    :param step: the 1-based index of the finished step.
+    :param metrics: flat metric dict (verl namespace); implementations may add keys.
+    """
+
+
+@hookspec
+def rlforge_stage_start(trainer: Any, stage: str, batch: Any) -> None:
+    """A dataflow stage is about to run (fires for every stage, built-in or user-defined).
+
+    :param stage: the stage name, e.g. ``"rollout"``.
+    :param batch: the :class:`rlforge.Batch` the stage receives.
+    """
+
+
+@hookspec
+def rlforge_stage_end(trainer: Any, stage: str, batch: Any, seconds: float) -> None:
+    """A dataflow stage finished.
+
+    :param seconds: wall-clock time the stage took (logged as ``timing_s/<stage>``).
+    """
+
+
+@hookspec
+def rlforge_rollout_start(trainer: Any, batch: Any) -> None:
+    """Generation is about to run on the prompts in ``batch``."""
+
+
+@hookspec
+def rlforge_rollout_end(trainer: Any, batch: Any) -> None:
+    """Generation finished: ``batch`` holds responses, masks and rollout log-probs."""
+
+
+@hookspec(firstresult=True)
+def rlforge_shape_rewards(trainer: Any, batch: Any) -> Any:
+    """Return a batch with reshaped rewards (e.g. an overlong penalty), or None to leave it.
+
+    Stops at the first non-None result. Fires right after scoring, before ``rlforge_reward_end``.
+    """
+
+
+@hookspec
+def rlforge_reward_end(trainer: Any, batch: Any) -> None:
+    """Rewards are in ``batch`` (``token_level_scores`` and the per-sample ``score`` column)."""
+
+
+@hookspec(firstresult=True)
+def rlforge_filter_groups(trainer: Any, batch: Any) -> Any:
+    """Return a filtered batch (e.g. DAPO dynamic sampling drops uniform groups), or None to keep it.
+
+    Stops at the first non-None result. Fires after rewards, before log-probs and advantages.
+    """
+
+
+@hookspec
+def rlforge_advantage_end(trainer: Any, batch: Any) -> None:
+    """Advantages (and returns) are in ``batch``."""
+
+
+@hookspec
+def rlforge_update_start(trainer: Any, batch: Any) -> None:
+    """The actor update is about to run on ``batch``."""
+
+
+@hookspec
+def rlforge_update_end(trainer: Any, batch: Any, metrics: dict[str, float]) -> None:
+    """The actor update finished.
+
+    :param metrics: the update's metrics (``actor/pg_loss``, ``actor/grad_norm``, ...).
+    """
+
+
+@hookspec
+def rlforge_before_optimizer_step(trainer: Any, module: Any, optimizer: Any) -> None:
+    """Gradients are accumulated and clipped; the optimizer is about to step."""
+
+
+@hookspec
+def rlforge_weight_sync_end(trainer: Any, seconds: float) -> None:
+    """The rollout engine now holds the actor's latest weights.
+
+    :param seconds: time taken by the sync.
+    """
+
+
+# --- validation and checkpoints -----------------------------------------------------------------
+
+
+@hookspec
+def rlforge_validation_end(trainer: Any, step: int, metrics: dict[str, float]) -> None:
+    """Validation on held-out prompts finished.
+
+    :param step: the training step after which validation ran (0 = before training).
+    :param metrics: ``val/*`` metrics, e.g. ``val/accuracy``.
+    """
+
+
+@hookspec
+def rlforge_save_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> None:
+    """A checkpoint is being written; add picklable entries to ``checkpoint`` to save extra state."""
+
+
+@hookspec
+def rlforge_load_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> None:
+    """A checkpoint was read on resume; restore extra state that ``rlforge_save_checkpoint`` added."""

@@ -1,0 +1,103 @@
+"""Model and tokenizer loading, and the project's own tiny char-level Llama (no model hub needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlforge.errors import RLForgeError
+
+BUILTIN_PREFIX = "builtin:"
+ASSETS = Path(__file__).parent / "assets"
+
+SPECIAL_TOKENS = ["<pad>", "<s>", "<|end|>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def resolve_model_path(path: str) -> Path:
+    """``builtin:NAME`` -> the shipped asset folder; otherwise the folder itself, which must exist."""
+    if path.startswith(BUILTIN_PREFIX):
+        name = path[len(BUILTIN_PREFIX):]
+        folder = ASSETS / name
+        if not folder.is_dir():
+            known = sorted(p.name for p in ASSETS.iterdir() if p.is_dir()) if ASSETS.is_dir() else []
+            raise RLForgeError(f"Unknown built-in model '{path}' (model.path). Built-in models: {known}.")
+        return folder
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise RLForgeError(f"Model path '{path}' does not exist (model.path).")
+    if not (folder / "config.json").is_file():
+        raise RLForgeError(f"Model path '{path}' has no config.json: not a Hugging Face model folder (model.path).")
+    return folder
+
+
+def build_char_tokenizer() -> Any:
+    """A character-level fast tokenizer over printable ASCII, with a chat template and EOS ``<|end|>``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|end|>", unk_token="<unk>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_tiny_llama(tokenizer: Any, hidden: int = 128, layers: int = 4, heads: int = 2, ffn: int = 512) -> Any:
+    """A randomly initialised Llama-style causal LM (head_dim = hidden / heads; 64 by default)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=ffn,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config)
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
+    from transformers import AutoTokenizer
+
+    folder = resolve_model_path(path)
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    if not getattr(tok, "chat_template", None):
+        raise RLForgeError(
+            f"The tokenizer in '{path}' has no chat template (model.path); rlforge applies the chat template to "
+            f"every prompt. Add one to tokenizer_config.json."
+        )
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    folder = resolve_model_path(path)
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        raise RLForgeError(f"Cannot load a causal LM from '{path}' (model.path): {exc}") from None

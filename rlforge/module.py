@@ -1,0 +1,127 @@
+"""RLModule: the Lightning-style home of the learning logic.
+
+Algorithms subclass it and register under a name. Users subclass an algorithm and override only what
+differs (``compute_advantages``, ``policy_loss``, ...). The public wrappers (``update_actor``,
+``advantages``) enforce invariants and are not meant to be overridden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from omegaconf import DictConfig
+
+from rlforge import batch as B
+from rlforge.config.schema import AlgorithmConfig
+from rlforge.dataflow import DataFlow, Stage
+from rlforge.ops import response_logprobs
+
+
+@dataclass
+class LossContext:
+    """What a micro-batch loss needs to aggregate like the whole mini-batch would.
+
+    ``global_tokens``/``global_seqs`` count valid tokens/sequences of the whole mini-batch (all micro-batches,
+    all data-parallel ranks), so the summed micro-batch losses equal the mini-batch loss.
+    """
+
+    global_tokens: float
+    global_seqs: float
+    temperature: float = 1.0
+
+
+class RLModule:
+    """Base class of every algorithm. Subclass, override the verbs, register with a name.
+
+    Class attributes:
+        config_class: the dataclass of the ``algorithm:`` config section.
+        preset: config values this algorithm sets over the defaults (a nested dict).
+    """
+
+    config_class: ClassVar[type] = AlgorithmConfig
+    preset: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, config: DictConfig) -> None:
+        self.config = config
+        self.actor: torch.nn.Module | None = None
+        self.ref: torch.nn.Module | None = None
+        self.tokenizer: Any = None
+        self.trainer: Any = None  # set by the Trainer
+
+    # --- configuration ----------------------------------------------------------------------------
+    @classmethod
+    def validate_config(cls, config: DictConfig) -> None:
+        """Algorithm-specific checks run at config composition time (before any model loads)."""
+
+    def flow(self) -> DataFlow:
+        """The dataflow of one training step for this algorithm."""
+        stages = [Stage.ROLLOUT, Stage.REWARD, Stage.FILTER, Stage.OLD_LOGPROB]
+        if self.needs_reference():
+            stages.append(Stage.REF_LOGPROB)
+        stages += [Stage.ADVANTAGE, Stage.UPDATE_ACTOR, Stage.SYNC_WEIGHTS]
+        return DataFlow(self.config.algorithm.name, stages)
+
+    def needs_reference(self) -> bool:
+        return bool(self.config.actor.use_kl_loss)
+
+    def configure_model(self) -> None:
+        """Load the tokenizer, the actor and (if needed) the reference model."""
+        from rlforge.models import load_model, load_tokenizer
+
+        cfg = self.config.model
+        self.tokenizer = load_tokenizer(cfg.path, trust_remote_code=cfg.trust_remote_code)
+        self.actor = load_model(cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        if self.needs_reference():
+            self.ref = load_model(cfg.ref_path or cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+            self.ref.requires_grad_(False).eval()
+
+    def configure_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
+        """AdamW with linear warm-up by default. Returns (optimizer, scheduler or None)."""
+        a = self.config.actor
+        assert self.actor is not None
+        opt = torch.optim.AdamW(self.actor.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+        warm = max(a.warmup_steps, 0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        return opt, sched
+
+    # --- algorithm verbs ------------------------------------------------------------------------
+    def compute_advantages(self, batch: B.Batch) -> B.Batch:
+        """Fill ``advantages`` and ``returns`` from ``token_level_rewards`` (and values)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement compute_advantages")  # abstract
+
+    def policy_loss(
+        self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Return this micro-batch's share of the mini-batch loss, and metrics."""
+        raise NotImplementedError(f"{type(self).__name__} must implement policy_loss")  # abstract
+
+    def training_step(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+        """Forward the actor on one micro-batch and return (loss, metrics)."""
+        assert self.actor is not None
+        resp_len = micro[B.RESPONSES].shape[1]
+        log_probs, entropy = response_logprobs(
+            self.actor, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], resp_len, ctx.temperature, with_entropy=True
+        )
+        return self.policy_loss(micro, log_probs, entropy, ctx)
+
+    # --- module hooks -------------------------------------------------------------------------------
+    def on_rollout_end(self, batch: B.Batch) -> None:
+        """Called after generation, before rewards."""
+
+    def on_train_step_end(self, metrics: dict[str, float]) -> None:
+        """Called after each training step with its metrics."""
+
+    # --- public wrappers (not overridden) ---------------------------------------------------------
+    def advantages(self, batch: B.Batch) -> B.Batch:
+        out = self.compute_advantages(batch)
+        for col in (B.ADVANTAGES, B.RETURNS):
+            if col not in out:
+                raise RuntimeError(f"{type(self).__name__}.compute_advantages did not set '{col}'")
+        if out[B.ADVANTAGES].shape != batch[B.RESPONSE_MASK].shape:
+            raise RuntimeError(
+                f"advantages shape {tuple(out[B.ADVANTAGES].shape)} != response_mask "
+                f"{tuple(batch[B.RESPONSE_MASK].shape)}"
+            )
+        return out

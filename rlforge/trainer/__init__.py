@@ -1,0 +1,5 @@
+"""The Trainer: runs an algorithm's dataflow step after step, with hooks, metrics and checkpoints."""
+
+from rlforge.trainer.trainer import Trainer
+
+__all__ = ["Trainer"]

@@ -1,0 +1,114 @@
+"""Run folders and atomic checkpoints.
+
+A checkpoint is ``<run_dir>/checkpoints/step_NNNNNN/`` holding ``actor/`` (a plain HF folder: weights in
+safetensors, config, tokenizer) and ``trainer_state.pt`` (optimizer, scheduler, RNG states, data cursor,
+step; loaded with ``weights_only=True``). It is written to a temporary folder and renamed only when
+complete, so a half-written checkpoint is never picked up.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from rlforge.errors import RLForgeError
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+STATE_FILE = "trainer_state.pt"
+
+
+def new_run_dir(root: str, experiment: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(root) / experiment / stamp
+    suffix = 1
+    while path.exists():
+        path = Path(root) / experiment / f"{stamp}-{suffix}"
+        suffix += 1
+    path.mkdir(parents=True)
+    return path
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    folder = run_dir / "checkpoints"
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def find_latest(root: str, experiment: str) -> Path | None:
+    """The newest complete checkpoint of any run of ``experiment`` (by modification time of the run)."""
+    base = Path(root) / experiment
+    if not base.is_dir():
+        return None
+    runs = sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True)
+    for run in runs:
+        ckpts = list_checkpoints(run)
+        if ckpts:
+            return ckpts[-1]
+    return None
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep_last_n: int) -> Path:
+    folder = run_dir / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"step_{step:06d}"
+    tmp = folder / f".tmp_step_{step:06d}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp / "actor", safe_serialization=True)
+    tokenizer.save_pretrained(tmp / "actor")
+    torch.save(state, tmp / STATE_FILE)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    if keep_last_n > 0:
+        for old in list_checkpoints(run_dir)[:-keep_last_n]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load(path: Path, model: Any) -> dict[str, Any]:
+    """Load the actor weights into ``model`` in place and return the trainer state."""
+    weights = path / "actor" / "model.safetensors"
+    state_file = path / STATE_FILE
+    if not weights.is_file() or not state_file.is_file():
+        raise RLForgeError(f"Checkpoint {path} is incomplete: expected actor/model.safetensors and {STATE_FILE}.")
+    try:
+        tensors = load_file(str(weights))
+        state = torch.load(state_file, weights_only=True)
+    except Exception as exc:
+        raise RLForgeError(f"Checkpoint {path} is corrupted and cannot be read: {exc}") from None
+    try:
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+    except RuntimeError as exc:
+        raise RLForgeError(f"Checkpoint {path} does not match model.path: {str(exc).splitlines()[0]}") from None
+    # tied weights are saved once; anything else missing means a different model
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RLForgeError(
+            f"Checkpoint {path} does not match model.path: missing {missing[:3]}, unexpected {unexpected[:3]}."
+        )
+    return state

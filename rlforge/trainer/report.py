@@ -1,0 +1,31 @@
+"""The end-of-run summary table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def print_summary(summary: dict[str, Any], with_mlflow: bool) -> None:
+    table = Table(title="rlforge: run summary", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    before, after = summary["accuracy_before"], summary["accuracy_after"]
+    table.add_row("validation accuracy before", _pct(before))
+    table.add_row("validation accuracy after", _pct(after))
+    if before is not None:
+        table.add_row("change", f"{100 * (after - before):+.1f} points")
+    table.add_row("steps", str(summary["steps"]))
+    table.add_row("tokens/s", f"{summary['tokens_per_s']:.0f}")
+    table.add_row("wall time", f"{summary['seconds']:.1f} s")
+    table.add_row("run folder", summary["run_dir"])
+    console = Console(highlight=False)
+    console.print(table)
+    if with_mlflow:
+        console.print(f"Open the metrics: mlflow ui --backend-store-uri {summary['mlflow_uri']}")

@@ -1,0 +1,233 @@
+"""Trainer.fit(): the dataflow loop of ARCHITECTURE.md, timed stage by stage, with hooks around each."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlforge import batch as B
+from rlforge.config import compose
+from rlforge.data import PromptSampler, collate, tokenize_rows
+from rlforge.errors import RLForgeError
+from rlforge.module import RLModule
+from rlforge.plugin_manager import PluginManager
+from rlforge.protocols import SamplingParams
+from rlforge.trainer import checkpoint as ckpt
+from rlforge.trainer.metrics import data_metrics, token_count, validation_metrics
+from rlforge.trainer.report import print_summary
+from rlforge.trainer.stages import STAGE_IMPLS
+
+
+class Trainer:
+    """Lightning-style entry point: ``Trainer(config).fit(module)``.
+
+    :param config: a composed config (``rlforge.load_config``); None composes the defaults with ``algo``
+        and ``overrides``.
+    :param callbacks: objects with ``@hookimpl`` methods, registered as plugins for this run.
+    """
+
+    def __init__(
+        self,
+        config: DictConfig | None = None,
+        *,
+        algo: str | None = None,
+        overrides: Iterable[str] = (),
+        callbacks: Iterable[object] = (),
+        plugins: PluginManager | None = None,
+    ) -> None:
+        disable = list(config.plugins.disable) if config is not None else []
+        self.plugins = plugins or PluginManager(disable=disable)
+        self.config = config if config is not None else compose(self.plugins.registry, algo, None, list(overrides))
+        for cb in callbacks:
+            self.plugins.register(cb)
+        self.hook = self.plugins.hook
+        self.step = 0
+        self.step_metrics: dict[str, float] = {}
+        self.history: list[dict[str, float]] = []
+        self.run_dir: Path | None = None
+
+    # --- setup ------------------------------------------------------------------------------------
+    def _resolve_run(self) -> Path | None:
+        """Pick the run folder; return the checkpoint to resume from, if any."""
+        t = self.config.trainer
+        resume_from: Path | None = None
+        if t.resume == "auto":
+            resume_from = (ckpt.list_checkpoints(Path(t.run_dir)) or [None])[-1] if t.run_dir else (
+                ckpt.find_latest(t.runs_root, t.experiment))
+        elif t.resume != "never":
+            resume_from = Path(t.resume)
+            if not (resume_from / ckpt.STATE_FILE).is_file():
+                raise RLForgeError(f"trainer.resume={t.resume}: not a checkpoint folder (no {ckpt.STATE_FILE}).")
+        if resume_from is not None:
+            self.run_dir = resume_from.parent.parent
+        elif t.run_dir:
+            self.run_dir = Path(t.run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self.run_dir = ckpt.new_run_dir(t.runs_root, t.experiment)
+        OmegaConf.save(self.config, self.run_dir / "config.yaml")
+        return resume_from
+
+    def _load_data(self, tokenizer: Any) -> None:
+        reg, d = self.plugins.registry, self.config.data
+        factory = reg.dataset.get(d.name)
+        train = tokenize_rows(factory(self.config, "train"), tokenizer, d.max_prompt_length,
+                              d.filter_overlong_prompts, f"{d.name} (train)")
+        self.train_prompts = train
+        self.val_prompts = tokenize_rows(factory(self.config, "val"), tokenizer, d.max_prompt_length,
+                                         d.filter_overlong_prompts, f"{d.name} (val)")
+        self.sampler = PromptSampler(len(train), d.train_batch_size, d.shuffle, self.config.trainer.seed)
+
+    def _seed(self) -> None:
+        seed = self.config.trainer.seed
+        random.seed(seed)
+        torch.manual_seed(seed)
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def fit(self, module: RLModule | None = None) -> dict[str, Any]:
+        cfg = self.config
+        module = module or self.plugins.registry.algorithm.get(cfg.algorithm.name)(cfg)
+        module.trainer = self
+        self.module = module
+        flow = module.flow().compile()
+        for step in flow.steps:
+            if step.stage is not None and step.stage not in STAGE_IMPLS:
+                raise RLForgeError(f"Dataflow stage '{step.name}' is not implemented by this version of rlforge.")
+        resume_from = self._resolve_run()
+        self._seed()
+        module.configure_model()
+        self._load_data(module.tokenizer)
+        self.controller = self.plugins.registry.controller.get(cfg.trainer.controller)(cfg, module, self.plugins, self)
+        self.loggers = [self.plugins.registry.logger.get(n)(cfg, str(self.run_dir)) for n in cfg.logger.backends]
+        try:
+            return self._fit(module, flow, resume_from)
+        except BaseException as exc:
+            self.hook.rlforge_exception(trainer=self, exception=exc)
+            raise
+        finally:
+            for lg in self.loggers:
+                lg.close()
+            self.controller.shutdown()
+
+    def _fit(self, module: RLModule, flow: Any, resume_from: Path | None) -> dict[str, Any]:
+        cfg, t = self.config, self.config.trainer
+        for lg in self.loggers:
+            lg.log_params(OmegaConf.to_container(cfg, resolve=True))
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.hook.rlforge_fit_start(trainer=self, module=module)
+        start = time.perf_counter()
+        val_before = self.validate() if t.val_before_train and self.step == 0 else None
+        tokens = 0
+        while self.step < t.total_steps:
+            self.step += 1
+            tokens += self._train_step(flow)
+            if t.val_every and self.step % t.val_every == 0 and self.step < t.total_steps:
+                self.validate()
+            if t.save_every and self.step % t.save_every == 0:
+                self.save()
+        last_ckpt = ckpt.list_checkpoints(self.run_dir)
+        if not last_ckpt or last_ckpt[-1].name != f"step_{self.step:06d}":
+            self.save()
+        val_after = self.validate()
+        elapsed = time.perf_counter() - start
+        summary = {
+            "accuracy_before": val_before["val/accuracy"] if val_before else None,
+            "accuracy_after": val_after["val/accuracy"],
+            "steps": self.step,
+            "tokens_per_s": tokens / elapsed if elapsed else 0.0,
+            "seconds": elapsed,
+            "run_dir": str(self.run_dir),
+            "mlflow_uri": f"sqlite:///{(self.run_dir / 'mlflow.db').resolve()}",
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.hook.rlforge_fit_end(trainer=self, module=module, summary=summary)
+        print_summary(summary, "mlflow" in cfg.logger.backends)
+        return summary
+
+    def _train_step(self, flow: Any) -> int:
+        self.step_metrics = {}
+        self.hook.rlforge_step_start(trainer=self, step=self.step)
+        step_start = time.perf_counter()
+        idx = self.sampler.next_indices()
+        batch = collate([self.train_prompts[i] for i in idx], self.module.tokenizer.pad_token_id,
+                        [f"{self.step}-{i}" for i in idx])
+        for fs in flow.steps:
+            self.hook.rlforge_stage_start(trainer=self, stage=fs.name, batch=batch)
+            t0 = time.perf_counter()
+            batch = STAGE_IMPLS[fs.stage](self, batch) if fs.stage is not None else fs.fn(batch)
+            seconds = time.perf_counter() - t0
+            self.step_metrics[f"timing_s/{fs.name}"] = seconds
+            self.hook.rlforge_stage_end(trainer=self, stage=fs.name, batch=batch, seconds=seconds)
+        elapsed = time.perf_counter() - step_start
+        n_tokens = token_count(batch)
+        metrics = {**data_metrics(batch, self.config.rollout.max_new_tokens), **self.step_metrics}
+        metrics.update({"timing_s/step": elapsed, "perf/throughput": n_tokens / elapsed,
+                        "perf/total_num_tokens": float(n_tokens), "training/epoch": float(self.sampler.epoch)})
+        self._write_samples("samples.jsonl", batch, self.config.trainer.samples_to_save)
+        self.hook.rlforge_step_end(trainer=self, step=self.step, metrics=metrics)
+        self.module.on_train_step_end(metrics)
+        self.history.append({"step": self.step, **metrics})
+        self._log(metrics)
+        return n_tokens
+
+    def validate(self) -> dict[str, float]:
+        """Generate on the held-out prompts with the validation sampling config and score them."""
+        if not self.val_prompts:
+            return {}
+        rng = torch.get_rng_state()  # validation must not shift the training RNG stream
+        batch = collate(self.val_prompts, self.module.tokenizer.pad_token_id, list(range(len(self.val_prompts))))
+        batch = self.controller.generate(batch, SamplingParams.from_config(self.config.rollout, validation=True))
+        batch = self.controller.score(batch)
+        torch.set_rng_state(rng)
+        metrics = validation_metrics(batch)
+        self._write_samples("val_samples.jsonl", batch, len(batch))
+        self.hook.rlforge_validation_end(trainer=self, step=self.step, metrics=metrics)
+        self._log(metrics)
+        return metrics
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        for lg in self.loggers:
+            lg.log_metrics(metrics, self.step)
+
+    def _write_samples(self, name: str, batch: B.Batch, limit: int) -> None:
+        if limit <= 0:
+            return
+        with (self.run_dir / name).open("a", encoding="utf-8") as fh:
+            for i in range(min(limit, len(batch))):
+                fh.write(json.dumps({
+                    "step": self.step,
+                    "prompt": batch[B.RAW_PROMPT][i][-1]["content"],
+                    "response": batch[B.RESPONSE_TEXT][i],
+                    "ground_truth": batch[B.GROUND_TRUTH][i],
+                    "score": float(batch[B.SCORES][i]),
+                }) + "\n")
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def save(self) -> Path:
+        state = {
+            "step": self.step,
+            "controller": self.controller.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": ckpt.rng_state(),
+            "extra": {},
+        }
+        self.hook.rlforge_save_checkpoint(trainer=self, checkpoint=state["extra"])
+        return ckpt.save(self.run_dir, self.step, self.module.actor, self.module.tokenizer, state,
+                         self.config.trainer.keep_last_n)
+
+    def _restore(self, path: Path) -> None:
+        state = ckpt.load(path, self.module.actor)
+        self.controller.load_state_dict(state["controller"])
+        self.controller.sync_weights()
+        self.sampler.load_state_dict(state["sampler"])
+        ckpt.set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        self.hook.rlforge_load_checkpoint(trainer=self, checkpoint=state.get("extra", {}))
