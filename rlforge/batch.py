@@ -71,21 +71,24 @@ class Batch:
         raise KeyError(f"Batch has no column '{key}'. Columns: {sorted(self.columns())}")
 
     def __setitem__(self, key: str, value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            self.lists.pop(key, None)
-            self.tensors[key] = value
-        else:
-            self.tensors.pop(key, None)
-            self.lists[key] = list(value)
-        if len(self) != (value.shape[0] if isinstance(value, torch.Tensor) else len(value)):
-            raise ValueError(f"Column '{key}' has length {len(value)}, batch has {len(self)}")
+        is_tensor = isinstance(value, torch.Tensor)
+        value = value if is_tensor else list(value)
+        n = value.shape[0] if is_tensor else len(value)
+        others = {k: v for k, v in [*self.tensors.items(), *self.lists.items()] if k != key}
+        if others:
+            have = len(next(iter(others.values())))
+            if n != have:
+                raise ValueError(f"Column '{key}' has length {n}, batch has {have}")
+        self.tensors.pop(key, None)
+        self.lists.pop(key, None)
+        (self.tensors if is_tensor else self.lists)[key] = value
 
     def columns(self) -> list[str]:
         return [*self.tensors, *self.lists]
 
     def select(self, index: Sequence[int] | torch.Tensor) -> Batch:
         """Rows at ``index`` (a list of ints, or a bool/long tensor), in that order."""
-        idx = torch.as_tensor(index)
+        idx = index if isinstance(index, torch.Tensor) else torch.as_tensor(index, dtype=torch.long)
         if idx.dtype == torch.bool:
             idx = idx.nonzero(as_tuple=True)[0]
         rows = idx.tolist()

@@ -14,10 +14,12 @@ def _compose(args: argparse.Namespace) -> tuple[Any, Any]:
     from rlforge.config import compose
     from rlforge.plugin_manager import PluginManager
 
+    algo = getattr(args, "algo", None)
     pm = PluginManager()
-    cfg = compose(pm.registry, getattr(args, "algo", None), args.config, args.overrides)
-    if cfg.plugins.disable:
+    cfg = compose(pm.registry, algo, args.config, args.overrides)
+    if cfg.plugins.disable:  # validate again against what is left once those plugins are blocked
         pm = PluginManager(disable=cfg.plugins.disable)
+        cfg = compose(pm.registry, algo, args.config, args.overrides)
     return pm, cfg
 
 
@@ -102,7 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse cannot intermix a `*` positional with options inside a sub-command: collect stray key=value
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return args.func(args)
     except RLForgeError as exc:

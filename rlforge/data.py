@@ -43,7 +43,7 @@ def tokenize_rows(
         if not any(str(m.get("content", "")).strip() for m in messages):
             raise DataError(f"{where}: the prompt is empty.")
         reward = row.get("reward_model") or {}
-        if "ground_truth" not in reward:
+        if not isinstance(reward, dict) or "ground_truth" not in reward:
             raise DataError(f"{where}: missing 'reward_model.ground_truth'.")
         enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)

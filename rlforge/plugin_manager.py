@@ -75,7 +75,10 @@ class PluginManager:
         info = self.infos.setdefault(name, PluginInfo(name, source))
         self.registry.set_current_plugin(name)
         # rlforge_register is historic: pluggy calls the new plugin's implementation during register()
-        self.pm.register(plugin, name=name)
+        try:
+            self.pm.register(plugin, name=name)
+        finally:
+            self.registry.set_current_plugin("<direct>")
         info.components = self.registry.components_of(name)
 
     def _load_module(self, module: str, info: PluginInfo) -> None:

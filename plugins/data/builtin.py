@@ -68,6 +68,12 @@ def read_rows(path: str) -> list[dict[str, Any]]:
         raise DataError(f"Data file {path}: unsupported extension '{file.suffix}' (use .jsonl or .parquet).")
     rows = []
     try:
+        if file.suffix == ".json" and file.read_text(encoding="utf-8").lstrip().startswith("["):
+            rows = json.loads(file.read_text(encoding="utf-8"))
+            bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict)), None)
+            if bad is not None:
+                raise DataError(f"{path}, item {bad}: a row must be a JSON object.")
+            return rows
         with file.open(encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
@@ -81,6 +87,8 @@ def read_rows(path: str) -> list[dict[str, Any]]:
                 rows.append(row)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}).") from None
     if not rows:
         raise DataError(f"Data file {path} has no rows.")
     return rows

@@ -33,7 +33,7 @@ class ConsoleLogger:
 
     def __init__(self, config: Any, run_dir: str) -> None:
         self.total = config.trainer.total_steps
-        self.console = Console(file=sys.stdout, highlight=False)
+        self.console = Console(file=sys.stdout, highlight=False, soft_wrap=True)
         self.progress: Progress | None = None
         if config.trainer.progress:
             self.progress = Progress(

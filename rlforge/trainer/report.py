@@ -25,7 +25,7 @@ def print_summary(summary: dict[str, Any], with_mlflow: bool) -> None:
     table.add_row("tokens/s", f"{summary['tokens_per_s']:.0f}")
     table.add_row("wall time", f"{summary['seconds']:.1f} s")
     table.add_row("run folder", summary["run_dir"])
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     console.print(table)
     if with_mlflow:
         console.print(f"Open the metrics: mlflow ui --backend-store-uri {summary['mlflow_uri']}")

@@ -1,0 +1,112 @@
+"""rlforge.algorithms.grpo.GRPO: advantages and the policy loss composed from the functional pieces."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlforge import batch as B
+from rlforge.algorithms import functional as F
+from rlforge.algorithms.grpo import GRPO, GRPOConfig
+from rlforge.config import compose
+from rlforge.errors import ConfigError
+from rlforge.module import LossContext
+
+
+def _batch() -> B.Batch:
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]], dtype=torch.float32)
+    rewards = torch.zeros(4, 3)
+    rewards[0, 1], rewards[3, 2] = 1.0, 1.0  # group a: [1, 0]; group b: [0, 1]
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 3, generator=g)
+    return B.Batch(
+        {
+            B.RESPONSE_MASK: mask,
+            B.TOKEN_LEVEL_REWARDS: rewards,
+            B.OLD_LOG_PROBS: old,
+            B.REF_LOG_PROBS: old - 0.1,
+        },
+        {B.UID: ["a", "a", "b", "b"]},
+    )
+
+
+def test_grpo_is_registered_with_its_config(registry) -> None:
+    assert registry.algorithm.get("grpo") is GRPO
+    assert GRPO.config_class is GRPOConfig
+
+
+def test_compute_advantages(default_config) -> None:
+    out = GRPO(default_config).advantages(_batch())
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    expected = torch.tensor([[a, a, 0], [-a, -a, -a], [-a, 0, 0], [a, a, a]])
+    torch.testing.assert_close(out[B.ADVANTAGES], expected)
+    torch.testing.assert_close(out[B.RETURNS], expected)
+
+
+def test_compute_advantages_without_std(registry) -> None:
+    cfg = compose(registry, None, None, ["algorithm.norm_adv_by_std=false"])
+    out = GRPO(cfg).advantages(_batch())
+    assert out[B.ADVANTAGES][0, 0].item() == pytest.approx(0.5)
+    assert out[B.ADVANTAGES][1, 0].item() == pytest.approx(-0.5)
+
+
+def test_advantages_wrapper_checks_columns(default_config) -> None:
+    class Lazy(GRPO):
+        def compute_advantages(self, batch):
+            return batch
+
+    with pytest.raises(RuntimeError, match="did not set 'advantages'"):
+        Lazy(default_config).advantages(_batch())
+
+
+@pytest.mark.parametrize("mode", F.LOSS_AGG_MODES)
+def test_policy_loss_micro_batches_sum_to_full_batch(registry, mode: str) -> None:
+    cfg = compose(
+        registry, None, None,
+        [f"actor.loss_agg_mode={mode}", "actor.use_kl_loss=true", "actor.kl_loss_type=k3+", "actor.entropy_coeff=0.01"],
+    )
+    module = GRPO(cfg)
+    batch = module.advantages(_batch())
+    g = torch.Generator().manual_seed(1)
+    log_probs = batch[B.OLD_LOG_PROBS] + 0.3 * torch.randn(4, 3, generator=g)
+    entropy = torch.rand(4, 3, generator=g)
+    mask = batch[B.RESPONSE_MASK]
+    ctx = LossContext(global_tokens=float(mask.sum()), global_seqs=4.0)
+    full, metrics = module.policy_loss(batch, log_probs, entropy, ctx)
+    total = sum(
+        module.policy_loss(batch.select(rows), log_probs[rows], entropy[rows], ctx)[0] for rows in ([0, 1], [2, 3])
+    )
+    assert total.item() == pytest.approx(full.item(), rel=1e-5)
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss"):
+        assert key in metrics
+
+
+def test_policy_loss_equals_functional_composition(default_config) -> None:
+    module = GRPO(default_config)
+    batch = module.advantages(_batch())
+    log_probs = batch[B.OLD_LOG_PROBS] + 0.5
+    mask = batch[B.RESPONSE_MASK]
+    ctx = LossContext(global_tokens=float(mask.sum()), global_seqs=4.0)
+    loss, metrics = module.policy_loss(batch, log_probs, None, ctx)
+    pg, _ = F.clipped_policy_loss(log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask)
+    expected = F.agg_loss(pg, mask, "token-mean")
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert metrics["actor/pg_loss"] == pytest.approx(expected.item(), rel=1e-6)
+    assert "actor/kl_loss" not in metrics and "actor/entropy" not in metrics
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("actor.clip_ratio_c=1.0", "actor.clip_ratio_c"), ("actor.kl_loss_type=k9", "actor.kl_loss_type")],
+)
+def test_validate_config(registry, override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key):
+        compose(registry, None, None, [override])
+
+
+def test_flow_needs_reference_only_with_kl(default_config, registry) -> None:
+    assert GRPO(default_config).needs_reference() is False
+    cfg = compose(registry, None, None, ["actor.use_kl_loss=true"])
+    assert GRPO(cfg).needs_reference() is True

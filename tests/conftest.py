@@ -1,0 +1,37 @@
+"""Shared fixtures: the plugin manager with the built-ins, a composed default config, the char tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
+
+
+@pytest.fixture(scope="session")
+def pm() -> PluginManager:
+    """Built-in plugins only (no third-party entry points), shared read-only by many tests."""
+    return PluginManager(autoload=False)
+
+
+@pytest.fixture(scope="session")
+def registry(pm: PluginManager):
+    return pm.registry
+
+
+@pytest.fixture(scope="session")
+def default_config(pm: PluginManager):
+    import rlforge
+
+    return rlforge.load_config(plugins=pm)
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer():
+    from rlforge.models import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@pytest.fixture
+def no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(AUTOLOAD_ENV, "1")

@@ -1,0 +1,229 @@
+"""rlforge.plugins.data.builtin: row readers and the built-in arith task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import rlforge
+from rlforge.errors import DataError
+from rlforge.plugin_manager import PluginManager
+from rlforge.plugins.data.builtin import arith_dataset, arith_rows, files_dataset, read_rows
+
+ROW = {
+    "data_source": "arith",
+    "prompt": [{"role": "user", "content": "What is 1+2?"}],
+    "reward_model": {"style": "rule", "ground_truth": "3"},
+    "extra_info": {"a": 1, "b": 2},
+}
+
+
+def _write_jsonl(path: Path, rows: list) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+# --- read_rows ----------------------------------------------------------------------------------------
+
+
+def test_read_jsonl(tmp_path: Path) -> None:
+    second = dict(ROW, extra_info={"a": 2, "b": 2})
+    path = _write_jsonl(tmp_path / "train.jsonl", [ROW, second])
+    assert read_rows(path) == [ROW, second]
+
+
+def test_read_jsonl_skips_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(ROW) + "\n\n   \n" + json.dumps(ROW) + "\n")
+    assert len(read_rows(str(path))) == 2
+
+
+def test_read_json_extension_is_line_delimited(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "t.json", [ROW])
+    assert read_rows(path) == [ROW]
+
+
+def test_bad_json_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(ROW) + "\n" + json.dumps(ROW) + "\n{not json\n")
+    with pytest.raises(DataError) as info:
+        read_rows(str(path))
+    msg = str(info.value)
+    assert str(path) in msg
+    assert "line 3" in msg
+    assert "not valid JSON" in msg
+
+
+def test_bad_json_line_number_counts_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(ROW) + "\n\n{\"a\": }\n")
+    with pytest.raises(DataError, match="line 3"):
+        read_rows(str(path))
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", "\"text\"", "42", "null"])
+def test_non_object_row(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(ROW) + "\n" + line + "\n")
+    with pytest.raises(DataError) as info:
+        read_rows(str(path))
+    msg = str(info.value)
+    assert str(path) in msg and "line 2" in msg
+    assert "JSON object" in msg
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n"])
+def test_empty_file(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text(content)
+    with pytest.raises(DataError, match="no rows") as info:
+        read_rows(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_non_utf8_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(ROW).encode() + b"\n" + '{"data_source": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(DataError) as info:
+        read_rows(str(path))
+    msg = str(info.value)
+    assert str(path) in msg
+    assert "UTF-8" in msg
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.jsonl")
+    with pytest.raises(DataError, match="not found") as info:
+        read_rows(missing)
+    assert missing in str(info.value)
+
+
+def test_directory_is_not_a_file(tmp_path: Path) -> None:
+    folder = tmp_path / "dir.jsonl"
+    folder.mkdir()
+    with pytest.raises(DataError, match="not found"):
+        read_rows(str(folder))
+
+
+def test_parquet(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [ROW, dict(ROW, data_source="openai/gsm8k")]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    out = read_rows(str(path))
+    assert [r["data_source"] for r in out] == ["arith", "openai/gsm8k"]
+    assert out[0]["prompt"] == ROW["prompt"]
+    assert out[0]["reward_model"]["ground_truth"] == "3"
+
+
+def test_corrupt_parquet(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(b"this is not parquet")
+    with pytest.raises(DataError, match="Cannot read parquet") as info:
+        read_rows(str(path))
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["rows.csv", "rows.txt", "rows"])
+def test_bad_extension(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(DataError, match="unsupported extension") as info:
+        read_rows(str(path))
+    assert ".jsonl" in str(info.value)
+
+
+# --- files dataset ------------------------------------------------------------------------------------
+
+
+def _files_cfg(train: list[str], val: list[str] | None = None):
+    return OmegaConf.create({"data": {"train_files": train, "val_files": val or []}})
+
+
+def test_files_dataset_tags_origin(tmp_path: Path) -> None:
+    a = _write_jsonl(tmp_path / "a.jsonl", [ROW, ROW])
+    b = _write_jsonl(tmp_path / "b.jsonl", [ROW])
+    rows = files_dataset(_files_cfg([a, b]), "train")
+    assert [r["_origin"] for r in rows] == [f"{a}, row 1", f"{a}, row 2", f"{b}, row 1"]
+    assert files_dataset(_files_cfg([a]), "val") == []
+
+
+def test_files_dataset_without_train_files() -> None:
+    with pytest.raises(DataError, match="data.train_files"):
+        files_dataset(_files_cfg([]), "train")
+
+
+# --- arith ---------------------------------------------------------------------------------------------
+
+
+def test_arith_rows_format() -> None:
+    rows = arith_rows(5, 9, seed=0)
+    assert len(rows) == 5
+    for r in rows:
+        a, b = r["extra_info"]["a"], r["extra_info"]["b"]
+        assert 0 <= a <= 9 and 0 <= b <= 9
+        assert r["data_source"] == "arith"
+        assert r["prompt"] == [{"role": "user", "content": f"What is {a}+{b}?"}]
+        assert r["reward_model"]["ground_truth"] == str(a + b)
+
+
+def test_arith_rows_deterministic() -> None:
+    assert arith_rows(50, 20, seed=7) == arith_rows(50, 20, seed=7)
+    assert arith_rows(50, 20, seed=7) != arith_rows(50, 20, seed=8)
+
+
+def test_arith_rows_unique_and_exclude() -> None:
+    rows = arith_rows(30, 5, seed=1, unique=True)
+    questions = [r["prompt"][0]["content"] for r in rows]
+    assert len(set(questions)) == 30
+    excluded = frozenset(questions)
+    others = arith_rows(100, 5, seed=2, exclude=excluded)
+    assert not excluded & {r["prompt"][0]["content"] for r in others}
+
+
+def test_arith_rows_too_many_unique() -> None:
+    with pytest.raises(DataError, match="data.max_operand"):
+        arith_rows(17, 3, seed=0, unique=True)  # only 16 distinct questions
+    assert len(arith_rows(16, 3, seed=0, unique=True)) == 16
+
+
+@pytest.fixture(scope="module")
+def arith_config():
+    return rlforge.load_config(
+        overrides=["data.train_size=3000", "data.val_size=60", "data.max_operand=15"],
+        plugins=PluginManager(autoload=False),
+    )
+
+
+def test_arith_dataset_val_never_in_train(arith_config) -> None:
+    val = arith_dataset(arith_config, "val")
+    train = arith_dataset(arith_config, "train")
+    assert len(val) == 60 and len(train) == 3000
+    val_q = {r["prompt"][0]["content"] for r in val}
+    assert len(val_q) == 60  # validation questions are distinct
+    train_q = {r["prompt"][0]["content"] for r in train}
+    assert not val_q & train_q
+
+
+def test_arith_dataset_is_deterministic(arith_config) -> None:
+    assert arith_dataset(arith_config, "val") == arith_dataset(arith_config, "val")
+    assert arith_dataset(arith_config, "train") == arith_dataset(arith_config, "train")
+
+
+def test_arith_dataset_train_depends_on_seed_val_does_not(arith_config) -> None:
+    other = rlforge.load_config(
+        overrides=["data.train_size=3000", "data.val_size=60", "data.max_operand=15", "trainer.seed=2"],
+        plugins=PluginManager(autoload=False),
+    )
+    assert arith_dataset(other, "val") == arith_dataset(arith_config, "val")
+    assert arith_dataset(other, "train") != arith_dataset(arith_config, "train")
+
+
+def test_arith_dataset_registered(registry) -> None:
+    assert registry.dataset.get("arith") is arith_dataset
+    assert registry.dataset.get("files") is files_dataset

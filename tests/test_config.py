@@ -1,0 +1,314 @@
+"""rlforge.config: composition (defaults < preset < --config file < overrides), validation, batch sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from omegaconf.errors import ReadonlyConfigError
+
+from rlforge.algorithms.grpo import GRPO
+from rlforge.config import compose, explain_batch_sizes
+from rlforge.config.schema import RLForgeConfig
+from rlforge.errors import ConfigError, RLForgeError
+from rlforge.hookspecs import hookimpl
+from rlforge.plugin_manager import PluginManager
+from rlforge.registry import UnknownComponentError
+
+
+class PresetAlgo(GRPO):
+    """GRPO with a preset that differs from the defaults (for precedence tests)."""
+
+    preset = {"rollout": {"n": 4, "temperature": 0.7}, "actor": {"lr": 1e-3, "weight_decay": 0.1}}
+
+
+class _PresetPlugin:
+    @hookimpl
+    def rlforge_register(self, registry):
+        registry.algorithm.register("preset_algo", PresetAlgo)
+
+
+@pytest.fixture(scope="module")
+def preset_registry():
+    pm = PluginManager(autoload=False)
+    pm.register(_PresetPlugin(), name="preset-plugin")
+    return pm.registry
+
+
+def _yaml(tmp_path: Path, text: str, name: str = "run.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# --- defaults and precedence ------------------------------------------------------------------------
+
+
+def test_defaults_match_the_schema(registry) -> None:
+    cfg = compose(registry)
+    schema = OmegaConf.structured(RLForgeConfig)
+    assert cfg.algorithm.name == "grpo"
+    assert cfg.actor.lr == schema.actor.lr == 5e-5
+    assert cfg.rollout.n == 8
+    assert cfg.rollout.name == "hf"
+    assert cfg.data.name == "arith"
+    assert cfg.data.train_batch_size == 32
+    assert list(cfg.logger.backends) == ["console", "mlflow"]
+    assert cfg.trainer.controller == "local"
+    # the algorithm section is GRPO's dataclass
+    assert cfg.algorithm.norm_adv_by_std is True
+    assert cfg.algorithm.epsilon == 1e-6
+
+
+def test_algo_argument_selects_algorithm(preset_registry) -> None:
+    assert compose(preset_registry, "preset_algo").algorithm.name == "preset_algo"
+    assert compose(preset_registry, None, None, ["algorithm.name=preset_algo"]).algorithm.name == "preset_algo"
+
+
+def test_algorithm_name_from_config_file(preset_registry, tmp_path: Path) -> None:
+    path = _yaml(tmp_path, "algorithm:\n  name: preset_algo\n")
+    cfg = compose(preset_registry, None, path)
+    assert cfg.algorithm.name == "preset_algo"
+    assert cfg.rollout.n == 4
+
+
+def test_preset_overrides_defaults(preset_registry) -> None:
+    cfg = compose(preset_registry, "preset_algo")
+    assert cfg.rollout.n == 4
+    assert cfg.rollout.temperature == 0.7
+    assert cfg.actor.lr == 1e-3
+    assert cfg.actor.weight_decay == 0.1
+    assert cfg.actor.grad_clip == 1.0  # untouched default
+
+
+def test_precedence_defaults_preset_file_overrides(preset_registry, tmp_path: Path) -> None:
+    path = _yaml(
+        tmp_path,
+        "actor:\n  lr: 2.0e-3\n  weight_decay: 0.2\nrollout:\n  temperature: 0.5\ntrainer:\n  total_steps: 7\n",
+    )
+    cfg = compose(preset_registry, "preset_algo", path, ["actor.lr=3e-3", "trainer.total_steps=9"])
+    assert cfg.actor.lr == 3e-3  # override > file > preset
+    assert cfg.trainer.total_steps == 9  # override > file > default
+    assert cfg.actor.weight_decay == 0.2  # file > preset
+    assert cfg.rollout.temperature == 0.5  # file > preset
+    assert cfg.rollout.n == 4  # preset > default
+    assert cfg.actor.clip_ratio_c == 3.0  # default
+
+
+def test_file_overrides_defaults(registry, tmp_path: Path) -> None:
+    path = _yaml(tmp_path, "data:\n  train_batch_size: 16\nactor:\n  ppo_mini_batch_size: 8\n")
+    cfg = compose(registry, None, path)
+    assert cfg.data.train_batch_size == 16
+    assert cfg.actor.ppo_mini_batch_size == 8
+
+
+def test_overrides_parse_values_as_yaml(registry) -> None:
+    cfg = compose(registry, None, None, ["logger.backends=[console]", "actor.use_kl_loss=true", "model.ref_path=/x"])
+    assert list(cfg.logger.backends) == ["console"]
+    assert cfg.actor.use_kl_loss is True
+    assert cfg.model.ref_path == "/x"
+
+
+def test_empty_config_file_is_allowed(registry, tmp_path: Path) -> None:
+    cfg = compose(registry, None, _yaml(tmp_path, ""))
+    assert cfg.actor.lr == 5e-5
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+
+def test_unknown_key_names_full_key_and_suggests(registry) -> None:
+    with pytest.raises(ConfigError) as info:
+        compose(registry, None, None, ["actor.lrr=1e-5"])
+    msg = str(info.value)
+    assert "'actor.lrr'" in msg
+    assert "Did you mean 'actor.lr'?" in msg
+    assert "command-line overrides" in msg
+
+
+def test_unknown_section_suggests_section(registry) -> None:
+    with pytest.raises(ConfigError, match=r"Did you mean 'actor'\?"):
+        compose(registry, None, None, ["actorr.lr=1e-5"])
+
+
+def test_unknown_key_in_algorithm_section(registry) -> None:
+    with pytest.raises(ConfigError) as info:
+        compose(registry, None, None, ["algorithm.epsilonn=0.1"])
+    assert "'algorithm.epsilonn'" in str(info.value)
+    assert "Did you mean 'algorithm.epsilon'?" in str(info.value)
+
+
+def test_unknown_key_in_config_file_names_the_file(registry, tmp_path: Path) -> None:
+    path = _yaml(tmp_path, "rollout:\n  temprature: 0.5\n")
+    with pytest.raises(ConfigError) as info:
+        compose(registry, None, path)
+    msg = str(info.value)
+    assert "'rollout.temprature'" in msg
+    assert path in msg
+    assert "Did you mean 'rollout.temperature'?" in msg
+
+
+def test_wrong_type_names_the_key(registry) -> None:
+    with pytest.raises(ConfigError) as info:
+        compose(registry, None, None, ["actor.lr=abc"])
+    assert "'actor.lr'" in str(info.value)
+    assert "abc" in str(info.value)
+
+
+def test_wrong_type_int_field(registry) -> None:
+    with pytest.raises(ConfigError, match=r"'rollout\.n'"):
+        compose(registry, None, None, ["rollout.n=many"])
+
+
+@pytest.mark.parametrize("bad", ["actor.lr", "=1e-5", "actor.lr 1e-5"])
+def test_malformed_override(registry, bad: str) -> None:
+    with pytest.raises(ConfigError, match="key=value"):
+        compose(registry, None, None, [bad])
+
+
+def test_missing_config_file(registry, tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not found") as info:
+        compose(registry, None, missing)
+    assert missing in str(info.value)
+
+
+def test_invalid_yaml_file(registry, tmp_path: Path) -> None:
+    path = _yaml(tmp_path, "actor: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        compose(registry, None, path)
+
+
+def test_config_file_must_be_a_mapping(registry, tmp_path: Path) -> None:
+    path = _yaml(tmp_path, "- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        compose(registry, None, path)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "available"),
+    [
+        ("rollout.name=nope", "rollout.name", "hf"),
+        ("strategy.name=nope", "strategy.name", "single"),
+        ("data.name=nope", "data.name", "arith, files"),
+        ("reward.manager=nope", "reward.manager", "rule"),
+        ("trainer.controller=nope", "trainer.controller", "local"),
+        ("logger.backends=[console,nope]", "logger.backends", "console, mlflow"),
+    ],
+)
+def test_unknown_component_lists_available(registry, override: str, key: str, available: str) -> None:
+    with pytest.raises(UnknownComponentError) as info:
+        compose(registry, None, None, [override])
+    msg = str(info.value)
+    assert "'nope'" in msg
+    assert f"({key})" in msg
+    assert f"Available: {available}" in msg
+
+
+def test_unknown_algorithm(registry) -> None:
+    with pytest.raises(UnknownComponentError, match=r"Unknown algorithm 'grpoo'.*Did you mean 'grpo'\?"):
+        compose(registry, "grpoo")
+
+
+def test_unknown_component_error_is_rlforge_error() -> None:
+    assert issubclass(UnknownComponentError, RLForgeError)
+
+
+def test_mini_batch_must_divide_train_batch(registry) -> None:
+    with pytest.raises(ConfigError) as info:
+        compose(registry, None, None, ["data.train_batch_size=30", "actor.ppo_mini_batch_size=4"])
+    msg = str(info.value)
+    assert "actor.ppo_mini_batch_size" in msg and "data.train_batch_size" in msg
+    assert "30" in msg and "4" in msg
+
+
+def test_mini_batch_larger_than_train_batch(registry) -> None:
+    with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
+        compose(registry, None, None, ["data.train_batch_size=16"])  # mini stays 32
+
+
+def test_micro_batch_must_divide_mini_times_n(registry) -> None:
+    with pytest.raises(ConfigError) as info:
+        compose(registry, None, None, ["actor.ppo_micro_batch_size=100"])
+    msg = str(info.value)
+    assert "actor.ppo_micro_batch_size" in msg
+    assert "256" in msg  # 32 prompts x rollout.n=8
+
+
+def test_consistent_batch_sizes_pass(registry) -> None:
+    cfg = compose(
+        registry, None, None,
+        ["data.train_batch_size=12", "actor.ppo_mini_batch_size=6", "rollout.n=2", "actor.ppo_micro_batch_size=4"],
+    )
+    assert cfg.data.train_batch_size == 12
+
+
+@pytest.mark.parametrize("key", ["rollout.n", "data.train_batch_size", "trainer.total_steps"])
+def test_non_positive_sizes(registry, key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"'{key}' must be a positive integer"):
+        compose(registry, None, None, [f"{key}=0"])
+
+
+def test_invalid_loss_agg_mode(registry) -> None:
+    with pytest.raises(ConfigError) as info:
+        compose(registry, None, None, ["actor.loss_agg_mode=token-sum"])
+    msg = str(info.value)
+    assert "actor.loss_agg_mode" in msg and "token-sum" in msg
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        assert mode in msg
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_valid_loss_agg_modes(registry, mode: str) -> None:
+    assert compose(registry, None, None, [f"actor.loss_agg_mode={mode}"]).actor.loss_agg_mode == mode
+
+
+def test_invalid_kl_loss_type(registry) -> None:
+    with pytest.raises(ConfigError, match="actor.kl_loss_type"):
+        compose(registry, None, None, ["actor.kl_loss_type=k4"])
+
+
+def test_invalid_dtype_and_top_p(registry) -> None:
+    with pytest.raises(ConfigError, match="model.dtype"):
+        compose(registry, None, None, ["model.dtype=float64"])
+    with pytest.raises(ConfigError, match="rollout.top_p"):
+        compose(registry, None, None, ["rollout.top_p=1.5"])
+
+
+def test_result_is_read_only(registry) -> None:
+    cfg = compose(registry)
+    with pytest.raises(ReadonlyConfigError):
+        cfg.actor.lr = 1.0
+    with pytest.raises(ReadonlyConfigError):
+        cfg.algorithm.epsilon = 0.5
+    assert cfg.actor.lr == 5e-5
+
+
+def test_load_config_helper() -> None:
+    import rlforge
+
+    cfg = rlforge.load_config(overrides=["trainer.total_steps=3"], plugins=PluginManager(autoload=False))
+    assert cfg.trainer.total_steps == 3
+
+
+# --- explain_batch_sizes ------------------------------------------------------------------------------
+
+
+def test_explain_batch_sizes_defaults(registry) -> None:
+    text = explain_batch_sizes(compose(registry))
+    assert "Each step samples 32 prompts x 8 responses = 256 sequences." in text
+    assert "1 epoch(s) of 1 mini-batch(es) of 32 prompts (256 sequences) = 1 optimizer step(s)" in text
+    assert "4 micro-batch(es) of 64 sequences" in text
+
+
+def test_explain_batch_sizes_custom(registry) -> None:
+    cfg = compose(
+        registry, None, None,
+        ["data.train_batch_size=16", "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8",
+         "actor.ppo_epochs=2"],
+    )
+    text = explain_batch_sizes(cfg)
+    assert "16 prompts x 4 responses = 64 sequences" in text
+    assert "2 epoch(s) of 4 mini-batch(es) of 4 prompts (16 sequences) = 8 optimizer step(s)" in text
+    assert "2 micro-batch(es) of 8 sequences" in text

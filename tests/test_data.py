@@ -1,0 +1,226 @@
+"""rlforge.data: row validation + chat template (tokenize_rows), collate, and the resumable PromptSampler."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlforge import batch as B
+from rlforge.data import PromptSampler, collate, tokenize_rows
+from rlforge.errors import DataError
+
+
+def _row(content: str = "What is 1+2?", truth: str = "3", **extra) -> dict:
+    row = {
+        "data_source": "arith",
+        "prompt": [{"role": "user", "content": content}],
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": {"i": 0},
+    }
+    row.update(extra)
+    return row
+
+
+def _len(tok, content: str) -> int:
+    """Prompt length in tokens with the chat template: <|user|> content <|end|> <|assistant|>."""
+    return len(content) + 3
+
+
+# --- tokenize_rows ------------------------------------------------------------------------------------
+
+
+def test_tokenize_applies_chat_template(char_tokenizer) -> None:
+    prompts = tokenize_rows([_row()], char_tokenizer, 64, True, "train")
+    assert len(prompts) == 1
+    p = prompts[0]
+    assert char_tokenizer.decode(p.ids) == "<|user|>What is 1+2?<|end|><|assistant|>"
+    assert len(p.ids) == _len(char_tokenizer, "What is 1+2?")
+    assert p.data_source == "arith"
+    assert p.ground_truth == "3"
+    assert p.extra_info == {"i": 0}
+    assert p.messages == [{"role": "user", "content": "What is 1+2?"}]
+
+
+def test_tokenize_accepts_a_plain_string_prompt(char_tokenizer) -> None:
+    prompts = tokenize_rows([_row(prompt="hi")], char_tokenizer, 64, True, "train")
+    assert prompts[0].messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("column", ["prompt", "data_source"])
+def test_missing_column_names_row_and_column(char_tokenizer, column: str) -> None:
+    bad = _row()
+    del bad[column]
+    with pytest.raises(DataError) as info:
+        tokenize_rows([_row(), bad], char_tokenizer, 64, True, "mydata")
+    msg = str(info.value)
+    assert "mydata, row 2" in msg
+    assert f"'{column}'" in msg
+
+
+def test_error_uses_row_origin(char_tokenizer) -> None:
+    bad = _row()
+    del bad["prompt"]
+    bad["_origin"] = "train.jsonl, row 17"
+    with pytest.raises(DataError, match="train.jsonl, row 17: missing column 'prompt'"):
+        tokenize_rows([bad], char_tokenizer, 64, True, "files")
+
+
+@pytest.mark.parametrize("content", ["", "   ", "\n"])
+def test_empty_prompt(char_tokenizer, content: str) -> None:
+    with pytest.raises(DataError, match="row 1: the prompt is empty"):
+        tokenize_rows([_row(content)], char_tokenizer, 64, True, "train")
+
+
+def test_malformed_messages(char_tokenizer) -> None:
+    with pytest.raises(DataError, match="list of chat messages"):
+        tokenize_rows([_row(prompt=[{"role": "user"}])], char_tokenizer, 64, True, "train")
+    with pytest.raises(DataError, match="list of chat messages"):
+        tokenize_rows([_row(prompt=42)], char_tokenizer, 64, True, "train")
+
+
+@pytest.mark.parametrize("reward_model", [None, {}, {"style": "rule"}])
+def test_missing_ground_truth(char_tokenizer, reward_model) -> None:
+    bad = _row(reward_model=reward_model)
+    with pytest.raises(DataError, match=r"row 2: missing 'reward_model.ground_truth'"):
+        tokenize_rows([_row(), bad], char_tokenizer, 64, True, "train")
+
+
+def test_reward_model_absent(char_tokenizer) -> None:
+    bad = _row()
+    del bad["reward_model"]
+    with pytest.raises(DataError, match="reward_model.ground_truth"):
+        tokenize_rows([bad], char_tokenizer, 64, True, "train")
+
+
+@pytest.mark.parametrize("reward_model", [5, "ground_truth=3"])
+def test_non_mapping_reward_model(char_tokenizer, reward_model) -> None:
+    with pytest.raises(DataError, match="row 1"):
+        tokenize_rows([_row(reward_model=reward_model)], char_tokenizer, 64, True, "train")
+
+
+def test_overlong_prompt_filtered(char_tokenizer) -> None:
+    short, long_ = "What is 1+2?", "x" * 40
+    rows = [_row(short), _row(long_), _row(short, truth="4")]
+    max_len = _len(char_tokenizer, short)
+    prompts = tokenize_rows(rows, char_tokenizer, max_len, True, "train")
+    assert [p.ground_truth for p in prompts] == ["3", "4"]
+
+
+def test_prompt_at_exact_limit_is_kept(char_tokenizer) -> None:
+    n = _len(char_tokenizer, "abc")
+    assert len(tokenize_rows([_row("abc")], char_tokenizer, n, False, "train")) == 1
+    with pytest.raises(DataError):
+        tokenize_rows([_row("abc")], char_tokenizer, n - 1, False, "train")
+
+
+def test_overlong_prompt_error_when_not_filtering(char_tokenizer) -> None:
+    rows = [_row("short"), _row("x" * 40)]
+    with pytest.raises(DataError) as info:
+        tokenize_rows(rows, char_tokenizer, 20, False, "train")
+    msg = str(info.value)
+    assert "train, row 2" in msg
+    assert f"{_len(char_tokenizer, 'x' * 40)} tokens" in msg
+    assert "data.max_prompt_length=20" in msg
+    assert "data.filter_overlong_prompts" in msg
+
+
+def test_all_prompts_overlong_is_an_error(char_tokenizer) -> None:
+    rows = [_row("x" * 40), _row("y" * 50)]
+    with pytest.raises(DataError) as info:
+        tokenize_rows(rows, char_tokenizer, 10, True, "mytrain")
+    msg = str(info.value)
+    assert "mytrain" in msg
+    assert "all 2 prompts" in msg
+    assert "data.max_prompt_length=10" in msg
+
+
+def test_no_rows_gives_no_prompts(char_tokenizer) -> None:
+    assert tokenize_rows([], char_tokenizer, 10, True, "val") == []
+
+
+# --- collate --------------------------------------------------------------------------------------------
+
+
+def test_collate_left_pads(char_tokenizer) -> None:
+    prompts = tokenize_rows([_row("ab"), _row("abcd", truth="9")], char_tokenizer, 64, True, "train")
+    batch = collate(prompts, char_tokenizer.pad_token_id, ["u0", "u1"])
+    ids, mask = batch[B.PROMPTS], batch[B.PROMPT_MASK]
+    assert ids.shape == (2, 7) and mask.shape == (2, 7)
+    assert mask[0].tolist() == [0, 0, 1, 1, 1, 1, 1]
+    assert mask[1].tolist() == [1] * 7
+    assert ids[0, :2].tolist() == [char_tokenizer.pad_token_id] * 2
+    assert ids[0, 2:].tolist() == prompts[0].ids
+    assert batch[B.UID] == ["u0", "u1"]
+    assert batch[B.GROUND_TRUTH] == ["3", "9"]
+    assert batch[B.DATA_SOURCE] == ["arith", "arith"]
+    assert len(batch) == 2
+
+
+# --- PromptSampler ----------------------------------------------------------------------------------------
+
+
+def test_sampler_without_shuffle_rolls_over_epochs() -> None:
+    s = PromptSampler(size=10, batch_size=4, shuffle=False, seed=0)
+    assert s.next_indices() == [0, 1, 2, 3]
+    assert s.next_indices() == [4, 5, 6, 7]
+    assert s.state_dict() == {"epoch": 0, "position": 8}
+    assert s.next_indices() == [0, 1, 2, 3]  # the incomplete tail (8, 9) is dropped
+    assert s.state_dict() == {"epoch": 1, "position": 4}
+
+
+def test_sampler_epoch_is_a_permutation_and_epochs_differ() -> None:
+    s = PromptSampler(size=12, batch_size=4, shuffle=True, seed=3)
+    epoch0 = [i for _ in range(3) for i in s.next_indices()]
+    epoch1 = [i for _ in range(3) for i in s.next_indices()]
+    assert sorted(epoch0) == list(range(12))
+    assert sorted(epoch1) == list(range(12))
+    assert epoch0 != epoch1
+    assert s.state_dict() == {"epoch": 1, "position": 12}
+
+
+def test_sampler_is_deterministic_and_ignores_global_rng() -> None:
+    a = PromptSampler(20, 5, True, seed=11)
+    torch.manual_seed(0)
+    first = [a.next_indices() for _ in range(7)]
+    b = PromptSampler(20, 5, True, seed=11)
+    torch.manual_seed(12345)
+    torch.rand(100)
+    assert [b.next_indices() for _ in range(7)] == first
+    c = PromptSampler(20, 5, True, seed=12)
+    assert [c.next_indices() for _ in range(7)] != first
+
+
+@pytest.mark.parametrize("consumed", [0, 1, 2, 3, 5, 8])
+def test_sampler_resume_gives_the_exact_same_sequence(consumed: int) -> None:
+    reference = PromptSampler(size=10, batch_size=3, shuffle=True, seed=5)
+    expected = [reference.next_indices() for _ in range(12)]
+
+    run = PromptSampler(size=10, batch_size=3, shuffle=True, seed=5)
+    got = [run.next_indices() for _ in range(consumed)]
+    state = dict(run.state_dict())
+
+    resumed = PromptSampler(size=10, batch_size=3, shuffle=True, seed=5)
+    resumed.load_state_dict(state)
+    got += [resumed.next_indices() for _ in range(12 - consumed)]
+    assert got == expected
+
+
+def test_sampler_state_dict_is_a_copy() -> None:
+    s = PromptSampler(8, 4, True, 0)
+    s.next_indices()
+    state = s.state_dict()
+    s.next_indices()
+    assert state == {"epoch": 0, "position": 4}
+
+
+def test_sampler_load_state_dict_accepts_saved_types() -> None:
+    s = PromptSampler(8, 4, False, 0)
+    s.load_state_dict({"epoch": torch.tensor(2), "position": 4.0})
+    assert s.state_dict() == {"epoch": 2, "position": 4}
+    assert s.next_indices() == [4, 5, 6, 7]
+
+
+def test_sampler_needs_enough_prompts() -> None:
+    with pytest.raises(DataError, match="fewer than data.train_batch_size=8"):
+        PromptSampler(size=5, batch_size=8, shuffle=True, seed=0)
+    assert PromptSampler(size=8, batch_size=8, shuffle=True, seed=0).next_indices() != []

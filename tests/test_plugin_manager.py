@@ -1,0 +1,344 @@
+"""rlforge.plugin_manager: built-ins, block list, object plugins, broken plugins, pip entry points."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rlforge import plugin_manager as pmod
+from rlforge.hookspecs import hookimpl
+from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
+
+BUILTIN_COMPONENTS = {
+    "algorithm": ["grpo"],
+    "rollout": ["hf"],
+    "reward_manager": ["rule"],
+    "strategy": ["single"],
+    "logger": ["console", "mlflow"],
+    "dataset": ["arith", "files"],
+    "controller": ["local"],
+}
+
+
+# --- built-ins --------------------------------------------------------------------------------------
+
+
+def test_builtins_register_their_components(pm: PluginManager) -> None:
+    for kind, names in BUILTIN_COMPONENTS.items():
+        reg = getattr(pm.registry, kind)
+        for name in names:
+            assert name in reg, f"{kind}:{name} missing; have {reg.available()}"
+
+
+def test_builtin_grpo_is_the_grpo_class(pm: PluginManager) -> None:
+    from rlforge.algorithms.grpo import GRPO
+
+    assert pm.registry.algorithm.get("grpo") is GRPO
+
+
+def test_builtins_load_without_errors(pm: PluginManager) -> None:
+    assert pm.errors() == []
+
+
+def test_builtin_plugin_infos(pm: PluginManager) -> None:
+    infos = {i.name: i for i in pm.plugins()}
+    for mod in pmod.BUILTIN_PLUGINS:
+        assert mod in infos
+        assert infos[mod].source == "builtin"
+        assert infos[mod].distribution == "rlforge"
+        assert infos[mod].error == ""
+    assert infos["rlforge.algorithms.grpo"].components == ["algorithm:grpo"]
+    assert "logger:mlflow" in infos["rlforge.plugins.logger.mlflow_logger"].components
+    assert infos["rlforge.plugins.reward.rule"].components[0] == "reward manager:rule"
+
+
+def test_registry_entries_record_their_plugin(pm: PluginManager) -> None:
+    assert pm.registry.algorithm.entry("grpo").plugin == "rlforge.algorithms.grpo"
+    assert pm.registry.logger.entry("console").plugin == "rlforge.plugins.logger.console"
+
+
+def test_disable_blocks_a_builtin_plugin() -> None:
+    pm = PluginManager(disable=["rlforge.plugins.logger.mlflow_logger"], autoload=False)
+    assert "mlflow" not in pm.registry.logger
+    assert "console" in pm.registry.logger
+    assert "rlforge.plugins.logger.mlflow_logger" not in {i.name for i in pm.plugins()}
+    assert pm.errors() == []
+
+
+def test_disable_blocks_an_object_plugin() -> None:
+    class P:
+        @hookimpl
+        def rlforge_register(self, registry):
+            registry.algorithm.register("blocked_algo", object())
+
+    pm = PluginManager(disable=["blocked"], autoload=False)
+    pm.register(P(), name="blocked")
+    assert "blocked_algo" not in pm.registry.algorithm
+    assert "blocked" not in {i.name for i in pm.plugins()}
+
+
+def test_separate_managers_have_separate_registries() -> None:
+    a = PluginManager(autoload=False)
+    b = PluginManager(autoload=False)
+    a.registry.algorithm.register("only_in_a", object())
+    assert "only_in_a" not in b.registry.algorithm
+
+
+# --- object plugins ----------------------------------------------------------------------------------
+
+
+class _ObjectPlugin:
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    @hookimpl
+    def rlforge_register(self, registry):
+        registry.reward_fn.register("always_one", lambda *args, **kwargs: 1.0, description="always 1")
+        registry.dataset.register("tiny", lambda config, split: [])
+
+    @hookimpl
+    def rlforge_step_end(self, trainer, step, metrics):
+        self.steps.append(step)
+
+
+def test_register_object_plugin_adds_components() -> None:
+    pm = PluginManager(autoload=False)
+    plugin = _ObjectPlugin()
+    pm.register(plugin, name="my-object")
+    assert "always_one" in pm.registry.reward_fn
+    assert pm.registry.reward_fn.get("always_one")("s", "x", "1", None) == 1.0
+    assert "tiny" in pm.registry.dataset
+    info = {i.name: i for i in pm.plugins()}["my-object"]
+    assert info.source == "object"
+    assert sorted(info.components) == ["dataset:tiny", "reward fn:always_one"]
+    assert pm.registry.reward_fn.entry("always_one").plugin == "my-object"
+    # the built-ins are still there
+    assert "grpo" in pm.registry.algorithm
+
+
+def test_object_plugin_receives_lifecycle_hooks() -> None:
+    pm = PluginManager(autoload=False)
+    plugin = _ObjectPlugin()
+    pm.register(plugin, name="cb")
+    pm.hook.rlforge_step_end(trainer=None, step=3, metrics={})
+    assert plugin.steps == [3]
+
+
+def test_registering_the_same_object_twice_is_a_no_op() -> None:
+    pm = PluginManager(autoload=False)
+    plugin = _ObjectPlugin()
+    pm.register(plugin, name="cb")
+    pm.register(plugin, name="cb")  # would be a duplicate-name error if it ran again
+    pm.hook.rlforge_step_end(trainer=None, step=1, metrics={})
+    assert plugin.steps == [1]
+
+
+def test_object_plugin_overriding_builtin_needs_override() -> None:
+    from rlforge.errors import RLForgeError
+
+    class Clash:
+        @hookimpl
+        def rlforge_register(self, registry):
+            registry.algorithm.register("grpo", object())
+
+    pm = PluginManager(autoload=False)
+    with pytest.raises(RLForgeError, match="already registered"):
+        pm.register(Clash(), name="clash")
+
+
+# --- broken plugins -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def broken_builtins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
+    (tmp_path / "rlf_broken_import.py").write_text("raise ImportError('needs the frobnicate package')\n")
+    (tmp_path / "rlf_broken_register.py").write_text(
+        textwrap.dedent(
+            """
+            from rlforge.hookspecs import hookimpl
+
+            @hookimpl
+            def rlforge_register(registry):
+                raise RuntimeError("boom in register")
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ("rlf_broken_import", "rlf_broken_register", "rlf_no_such_module_xyz")
+    monkeypatch.setattr(pmod, "BUILTIN_PLUGINS", pmod.BUILTIN_PLUGINS + names)
+    yield names
+    for n in names:
+        sys.modules.pop(n, None)
+
+
+def test_broken_plugins_are_reported_and_the_rest_works(broken_builtins: tuple[str, ...]) -> None:
+    pm = PluginManager(autoload=False)
+    errors = {i.name: i.error for i in pm.errors()}
+    assert set(errors) == set(broken_builtins)
+    assert "ImportError" in errors["rlf_broken_import"] and "frobnicate" in errors["rlf_broken_import"]
+    assert "RuntimeError" in errors["rlf_broken_register"] and "boom in register" in errors["rlf_broken_register"]
+    assert "ModuleNotFoundError" in errors["rlf_no_such_module_xyz"]
+    # every built-in still loads and works
+    for kind, names in BUILTIN_COMPONENTS.items():
+        for name in names:
+            assert name in getattr(pm.registry, kind)
+    from rlforge.config import compose
+
+    cfg = compose(pm.registry, "grpo")
+    assert cfg.algorithm.name == "grpo"
+
+
+def test_broken_plugin_can_be_disabled(broken_builtins: tuple[str, ...]) -> None:
+    pm = PluginManager(disable=list(broken_builtins), autoload=False)
+    assert pm.errors() == []
+
+
+def test_cli_plugins_list_shows_failures(broken_builtins: tuple[str, ...], capsys, no_autoload) -> None:
+    from rlforge.cli import main
+
+    assert main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "rlf_broken_import" in out
+    assert "FAILED to load: ImportError: needs the frobnicate package" in out
+
+
+# --- third-party plugin installed with pip (entry point group "rlforge") ---------------------------
+
+DIST_NAME = "rlforge-testplug-myalgo"
+DIST_VERSION = "0.3.1"
+EP_NAME = "myplug"
+
+PLUGIN_SOURCE = '''
+"""A third-party rlforge plugin used by the test suite."""
+from rlforge.algorithms.grpo import GRPO
+from rlforge.hookspecs import hookimpl
+
+
+class MyAlgo(GRPO):
+    """GRPO with a different preset (test plugin)."""
+
+    preset = {"algorithm": {"name": "my_algo"}, "rollout": {"n": 4}}
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.algorithm.register("my_algo", MyAlgo)
+'''
+
+
+def _pip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def installed_plugin(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("myplug_dist")
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [build-system]
+            requires = ["setuptools"]
+            build-backend = "setuptools.build_meta"
+
+            [project]
+            name = "{DIST_NAME}"
+            version = "{DIST_VERSION}"
+            dependencies = []
+
+            [project.entry-points.rlforge]
+            {EP_NAME} = "myplug_pkg.plugin"
+
+            [tool.setuptools]
+            packages = ["myplug_pkg"]
+            """
+        )
+    )
+    pkg = root / "myplug_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "plugin.py").write_text(PLUGIN_SOURCE)
+    res = _pip("install", "--no-deps", "--no-build-isolation", "-q", str(root))
+    if res.returncode != 0:
+        pytest.fail(f"pip install of the test plugin failed:\n{res.stdout}\n{res.stderr}")
+    importlib.invalidate_caches()
+    try:
+        yield DIST_NAME
+    finally:
+        _pip("uninstall", "-y", "-q", DIST_NAME)
+        for mod in [m for m in sys.modules if m == "myplug_pkg" or m.startswith("myplug_pkg.")]:
+            del sys.modules[mod]
+        importlib.invalidate_caches()
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def test_entry_point_plugin_is_listed(installed_plugin: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    pm = PluginManager()
+    infos = {i.name: i for i in pm.plugins()}
+    assert EP_NAME in infos, sorted(infos)
+    info = infos[EP_NAME]
+    assert info.source == "entry point"
+    assert _norm(info.distribution) == DIST_NAME
+    assert info.version == DIST_VERSION
+    assert info.error == ""
+    assert info.components == ["algorithm:my_algo"]
+    assert EP_NAME not in {i.name for i in pm.errors()}
+
+
+def test_entry_point_algorithm_is_usable(installed_plugin: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    from rlforge.algorithms.grpo import GRPO
+    from rlforge.config import compose
+
+    pm = PluginManager()
+    cls = pm.registry.algorithm.get("my_algo")
+    assert issubclass(cls, GRPO) and cls is not GRPO
+    assert pm.registry.algorithm.entry("my_algo").plugin == EP_NAME
+    cfg = compose(pm.registry, "my_algo")
+    assert cfg.algorithm.name == "my_algo"
+    assert cfg.rollout.n == 4  # the plugin's preset applies
+
+
+def test_entry_point_plugin_in_cli(installed_plugin: str, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    from rlforge.cli import main
+
+    assert main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    assert f"{EP_NAME}  (entry point, " in out
+    assert DIST_VERSION in out
+    assert "algorithm:my_algo" in out
+    assert main(["algos"]) == 0
+    assert "my_algo" in capsys.readouterr().out
+
+
+def test_autoload_env_var_skips_entry_points(installed_plugin: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(AUTOLOAD_ENV, "1")
+    pm = PluginManager()
+    assert EP_NAME not in {i.name for i in pm.plugins()}
+    assert "my_algo" not in pm.registry.algorithm
+    assert "grpo" in pm.registry.algorithm
+
+
+def test_autoload_false_skips_entry_points(installed_plugin: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    pm = PluginManager(autoload=False)
+    assert "my_algo" not in pm.registry.algorithm
+
+
+def test_disable_blocks_an_entry_point(installed_plugin: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    pm = PluginManager(disable=[EP_NAME])
+    assert "my_algo" not in pm.registry.algorithm
+    assert EP_NAME not in {i.name for i in pm.plugins()}
+    assert "grpo" in pm.registry.algorithm
