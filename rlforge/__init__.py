@@ -17,12 +17,15 @@ def load_config(
     algo: str | None = None, overrides: list[str] | tuple[str, ...] = (), config_file: str | None = None,
     plugins: Any = None,
 ) -> Any:
-    """Compose and validate a config as the CLI does (defaults < preset < file < overrides)."""
-    from rlforge.config import compose
-    from rlforge.plugin_manager import PluginManager
+    """Compose and validate a config as the CLI does (defaults < preset < file < overrides).
 
-    pm = plugins or PluginManager()
-    return compose(pm.registry, algo, config_file, list(overrides))
+    ``plugins``: a PluginManager to validate against; by default the installed plugins minus ``plugins.disable``.
+    """
+    from rlforge.config import compose, compose_with_plugins
+
+    if plugins is not None:
+        return compose(plugins.registry, algo, config_file, list(overrides))
+    return compose_with_plugins(algo, config_file, list(overrides))[1]
 
 
 def get_algorithm(name: str) -> Any:

@@ -11,16 +11,9 @@ from rlforge.errors import RLForgeError
 
 
 def _compose(args: argparse.Namespace) -> tuple[Any, Any]:
-    from rlforge.config import compose
-    from rlforge.plugin_manager import PluginManager
+    from rlforge.config import compose_with_plugins
 
-    algo = getattr(args, "algo", None)
-    pm = PluginManager()
-    cfg = compose(pm.registry, algo, args.config, args.overrides)
-    if cfg.plugins.disable:  # validate again against what is left once those plugins are blocked
-        pm = PluginManager(disable=cfg.plugins.disable)
-        cfg = compose(pm.registry, algo, args.config, args.overrides)
-    return pm, cfg
+    return compose_with_plugins(getattr(args, "algo", None), args.config, args.overrides)
 
 
 def cmd_fit(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ class Prompt:
     data_source: str
     ground_truth: Any
     extra_info: Any
+    index: int  # position of the source row
 
 
 def _origin(row: dict[str, Any], index: int, name: str) -> str:
@@ -25,14 +26,17 @@ def _origin(row: dict[str, Any], index: int, name: str) -> str:
 
 
 def tokenize_rows(
-    rows: list[dict[str, Any]], tokenizer: Any, max_len: int, filter_overlong: bool, name: str
+    rows: list[dict[str, Any]], tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
+    need_reward: bool = True,
 ) -> list[Prompt]:
-    """Validate verl-format rows and apply the chat template. ``name`` labels errors (dataset or file)."""
+    """Validate verl-format rows and apply the chat template. ``name`` labels errors (dataset or file).
+
+    With ``need_reward=False`` (SFT) only ``prompt`` is required.
+    """
     prompts: list[Prompt] = []
-    dropped = 0
     for i, row in enumerate(rows):
         where = _origin(row, i, name)
-        for col in ("prompt", "data_source"):
+        for col in ("prompt", "data_source") if need_reward else ("prompt",):
             if col not in row:
                 raise DataError(f"{where}: missing column '{col}'. Columns present: {sorted(row)}.")
         messages = row["prompt"]
@@ -43,7 +47,7 @@ def tokenize_rows(
         if not any(str(m.get("content", "")).strip() for m in messages):
             raise DataError(f"{where}: the prompt is empty.")
         reward = row.get("reward_model") or {}
-        if not isinstance(reward, dict) or "ground_truth" not in reward:
+        if need_reward and (not isinstance(reward, dict) or "ground_truth" not in reward):
             raise DataError(f"{where}: missing 'reward_model.ground_truth'.")
         enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
@@ -53,9 +57,9 @@ def tokenize_rows(
                     f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={max_len} "
                     f"(set data.filter_overlong_prompts=true to drop such rows)."
                 )
-            dropped += 1
             continue
-        prompts.append(Prompt(ids, messages, row["data_source"], reward["ground_truth"], row.get("extra_info")))
+        truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+        prompts.append(Prompt(ids, messages, row.get("data_source", ""), truth, row.get("extra_info"), i))
     if rows and not prompts:
         raise DataError(
             f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_len} tokens."

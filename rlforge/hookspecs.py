@@ -115,7 +115,7 @@ def rlforge_shape_rewards(trainer: Any, batch: Any) -> Any:
 
 @hookspec
 def rlforge_reward_end(trainer: Any, batch: Any) -> None:
-    """Rewards are in ``batch`` (``token_level_scores`` and the per-sample ``score`` column)."""
+    """Rewards are in ``batch`` (``token_level_scores``, ``token_level_rewards`` and per-sample ``scores``)."""
 
 
 @hookspec(firstresult=True)
@@ -171,7 +171,10 @@ def rlforge_validation_end(trainer: Any, step: int, metrics: dict[str, float]) -
 
 @hookspec
 def rlforge_save_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> None:
-    """A checkpoint is being written; add picklable entries to ``checkpoint`` to save extra state."""
+    """A checkpoint is being written; add entries to ``checkpoint`` to save extra state.
+
+    Values must load with ``torch.load(weights_only=True)``: tensors, numbers, strings, lists, dicts.
+    """
 
 
 @hookspec

@@ -19,20 +19,23 @@ CHAT_TEMPLATE = (
 )
 
 
-def resolve_model_path(path: str) -> Path:
-    """``builtin:NAME`` -> the shipped asset folder; otherwise the folder itself, which must exist."""
+def resolve_model_path(path: str, key: str = "model.path") -> Path:
+    """``builtin:NAME`` -> the shipped asset folder; otherwise the folder itself, which must exist.
+
+    ``key`` is the config key named in errors.
+    """
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX):]
         folder = ASSETS / name
         if not folder.is_dir():
             known = sorted(p.name for p in ASSETS.iterdir() if p.is_dir()) if ASSETS.is_dir() else []
-            raise RLForgeError(f"Unknown built-in model '{path}' (model.path). Built-in models: {known}.")
+            raise RLForgeError(f"Unknown built-in model '{path}' ({key}). Built-in models: {known}.")
         return folder
     folder = Path(path).expanduser()
     if not folder.exists():
-        raise RLForgeError(f"Model path '{path}' does not exist (model.path).")
+        raise RLForgeError(f"Model path '{path}' does not exist ({key}).")
     if not (folder / "config.json").is_file():
-        raise RLForgeError(f"Model path '{path}' has no config.json: not a Hugging Face model folder (model.path).")
+        raise RLForgeError(f"Model path '{path}' has no config.json: not a Hugging Face model folder ({key}).")
     return folder
 
 

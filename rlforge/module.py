@@ -1,8 +1,8 @@
 """RLModule: the Lightning-style home of the learning logic.
 
 Algorithms subclass it and register under a name. Users subclass an algorithm and override only what
-differs (``compute_advantages``, ``policy_loss``, ...). The public wrappers (``update_actor``,
-``advantages``) enforce invariants and are not meant to be overridden.
+differs (``compute_advantages``, ``policy_loss``, ...). The public wrapper ``advantages`` enforces the
+invariants (columns set, shapes right) and is not meant to be overridden.
 """
 
 from __future__ import annotations

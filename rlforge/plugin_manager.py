@@ -57,7 +57,7 @@ class PluginManager:
             self.pm.set_blocked(name)
         self.pm.hook.rlforge_register.call_historic(kwargs={"registry": self.registry})
         if autoload is None:
-            autoload = not os.environ.get(AUTOLOAD_ENV)
+            autoload = os.environ.get(AUTOLOAD_ENV, "").lower() in ("", "0", "false", "no")
         for mod in BUILTIN_PLUGINS:
             self._load_module(mod, PluginInfo(mod, "builtin", "rlforge", _version("rlforge")))
         if autoload:

@@ -44,11 +44,11 @@ def _with_files(config: DictConfig, path: str) -> DictConfig:
 
 
 def build_examples(rows: list[dict[str, Any]], tokenizer: Any, max_prompt: int) -> list[tuple[list[int], int]]:
-    """(prompt + response + EOS token ids, prompt length) per row."""
-    prompts = tokenize_rows(rows, tokenizer, max_prompt, True, "sft data")
+    """(prompt + response + EOS token ids, prompt length) per row; rows with overlong prompts are dropped."""
+    prompts = tokenize_rows(rows, tokenizer, max_prompt, True, "sft data", need_reward=False)
     examples = []
-    for p, row in zip(prompts, rows):
-        resp = tokenizer(row["response"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    for p in prompts:
+        resp = tokenizer(rows[p.index]["response"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         examples.append((p.ids + resp, len(p.ids)))
     return examples
 

@@ -50,8 +50,7 @@ def field_docs(cls: type) -> dict[str, tuple[str, str]]:
             if above and above[1]:  # a comment on its own line labels the fields below it
                 label = above[0]
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                text, alone = notes.get(node.lineno, ("", True))
-                desc = text if not alone else ""
+                desc = notes.get(node.lineno, ("", True))[0]  # the trailing comment on the field line
                 desc = f"{desc} ({label})" if label and desc else desc or label
                 docs[node.target.id] = (ast.unparse(node.annotation), desc)
     return docs

@@ -104,10 +104,21 @@ def test_file_overrides_defaults(registry, tmp_path: Path) -> None:
 
 
 def test_overrides_parse_values_as_yaml(registry) -> None:
-    cfg = compose(registry, None, None, ["logger.backends=[console]", "actor.use_kl_loss=true", "model.ref_path=/x"])
+    cfg = compose(registry, None, None, ["logger.backends=[console]", "actor.use_kl_loss=true", "actor.lr=1e-4"])
     assert list(cfg.logger.backends) == ["console"]
     assert cfg.actor.use_kl_loss is True
-    assert cfg.model.ref_path == "/x"
+    assert cfg.actor.lr == 1e-4
+
+
+@pytest.mark.parametrize("key", ["model.path", "model.ref_path"])
+def test_missing_model_path_fails_at_compose(registry, key: str) -> None:
+    with pytest.raises(RLForgeError, match=f"Model path '/nonexistent' does not exist \\({key}\\)"):
+        compose(registry, None, None, [f"{key}=/nonexistent"])
+
+
+def test_missing_reward_file_fails_at_compose(registry) -> None:
+    with pytest.raises(ConfigError, match="Reward file not found: nope.py \\(reward.file\\)"):
+        compose(registry, None, None, ["reward.file=nope.py"])
 
 
 def test_empty_config_file_is_allowed(registry, tmp_path: Path) -> None:

@@ -29,6 +29,11 @@ class Recorder:
         self.events.append(stage)
 
     @hookimpl
+    def rlforge_advantage_end(self, batch):
+        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs() * batch["response_mask"]
+        self.events.append(("logprob_gap", diff.max().item()))
+
+    @hookimpl
     def rlforge_step_end(self, step, metrics):
         self.events.append(("step", step, sorted(metrics)))
 
@@ -51,16 +56,16 @@ def test_grpo_end_to_end_writes_run_folder_and_mlflow(tmp_path):
 
     stages = [e for e in rec.events if isinstance(e, str)]
     assert stages[:7] == ["rollout", "reward", "filter", "old_logprob", "advantage", "update_actor", "sync_weights"]
-    step_events = [e for e in rec.events if isinstance(e, tuple)]
+    step_events = [e for e in rec.events if isinstance(e, tuple) and e[0] == "step"]
     assert [e[1] for e in step_events] == [1, 2, 3]
     keys = step_events[0][2]
     for k in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl",
               "response_length/mean", "timing_s/rollout", "timing_s/update_actor", "timing_s/step",
               "perf/throughput"]:
         assert k in keys, k
-    # on-policy, first mini-batch: recomputed log-probs match the policy that sampled
-    first = trainer.history[0]
-    assert abs(first["actor/ppo_kl"]) < 1e-4
+    # the rollout engine's log-probs match the trainer's recomputation with the same weights
+    gaps = [e[1] for e in rec.events if isinstance(e, tuple) and e[0] == "logprob_gap"]
+    assert len(gaps) == 3 and max(gaps) < 1e-4, gaps
 
     from mlflow.tracking import MlflowClient
 

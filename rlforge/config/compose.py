@@ -15,6 +15,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from rlforge.config.schema import RLForgeConfig
 from rlforge.errors import ConfigError, did_you_mean
+from rlforge.models import resolve_model_path
 
 # config key -> registry kind that it selects from
 COMPONENT_KEYS: dict[str, str] = {
@@ -93,12 +94,33 @@ def compose(
     return cfg
 
 
+def compose_with_plugins(
+    algo: str | None = None, config_file: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[Any, DictConfig]:
+    """Load the plugins, compose the config, and honour ``plugins.disable``: returns (plugin manager, config)."""
+    from rlforge.plugin_manager import PluginManager
+
+    pm = PluginManager()
+    cfg = compose(pm.registry, algo, config_file, overrides)
+    if cfg.plugins.disable:  # validate again against what is left once those plugins are blocked
+        pm = PluginManager(disable=cfg.plugins.disable)
+        cfg = compose(pm.registry, algo, config_file, overrides)
+    return pm, cfg
+
+
 def validate(cfg: DictConfig, registry: Any) -> None:
     """Cross-field checks: component names exist, sizes are positive, batch arithmetic adds up."""
     for key, kind in COMPONENT_KEYS.items():
         getattr(registry, kind).get(OmegaConf.select(cfg, key))
     for backend in cfg.logger.backends:
         registry.logger.get(backend)
+    if cfg.reward.fn:
+        registry.reward_fn.get(cfg.reward.fn)
+    if cfg.reward.file and not Path(cfg.reward.file).is_file():
+        raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
+    resolve_model_path(cfg.model.path)
+    if cfg.model.ref_path:
+        resolve_model_path(cfg.model.ref_path, "model.ref_path")
     positive = [
         "data.train_batch_size", "data.max_prompt_length", "rollout.n", "rollout.max_new_tokens",
         "rollout.micro_batch_size", "rollout.val_n", "actor.ppo_epochs", "actor.ppo_mini_batch_size",

@@ -24,28 +24,28 @@ class ModelConfig:
 class DataConfig:
     name: str = "arith"  # dataset registry name: arith (built-in, generated offline) | files
     train_files: list[str] = field(default_factory=list)  # jsonl/parquet files (data.name=files)
-    val_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)  # held-out files for validation (optional)
     train_batch_size: int = 32  # prompts per step (each sampled rollout.n times)
     max_prompt_length: int = 64  # in tokens, after the chat template
     filter_overlong_prompts: bool = True  # drop longer prompts (False: fail naming the row)
-    shuffle: bool = True
+    shuffle: bool = True  # reshuffle the prompts every epoch (seeded, resumable)
     # built-in arith task
-    train_size: int = 20000
-    val_size: int = 200
-    max_operand: int = 99
+    train_size: int = 20000  # arith: training prompts
+    val_size: int = 200  # arith: distinct held-out prompts, never seen in training
+    max_operand: int = 99  # arith: operands a, b in 0..max_operand
 
 
 @dataclass
 class RolloutConfig:
     name: str = "hf"  # rollout engine registry name
     n: int = 8  # samples per prompt
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature; log-probs are computed at this temperature
+    top_p: float = 1.0  # nucleus sampling (1.0 = off)
     top_k: int = 0  # 0 = disabled
-    max_new_tokens: int = 8
+    max_new_tokens: int = 8  # response length limit (EOS ends a response earlier)
     micro_batch_size: int = 256  # sequences per generate() call
     val_temperature: float = 0.0  # 0 = greedy validation
-    val_n: int = 1
+    val_n: int = 1  # samples per validation prompt
 
 
 @dataclass
@@ -65,21 +65,21 @@ class AlgorithmConfig:
 
 @dataclass
 class ActorConfig:
-    lr: float = 5e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    grad_clip: float = 1.0
-    ppo_epochs: int = 1
+    lr: float = 5e-5  # AdamW learning rate of the actor
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup_steps: int = 0  # linear learning-rate warm-up, in training steps
+    grad_clip: float = 1.0  # max global gradient norm (0 = no clipping, norm still logged)
+    ppo_epochs: int = 1  # passes over each rollout batch
     ppo_mini_batch_size: int = 32  # prompts per optimizer step (x rollout.n samples)
     ppo_micro_batch_size: int = 64  # samples per forward/backward (gradient accumulation)
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    clip_ratio_low: float = 0.2  # ratio clipped below at 1 - clip_ratio_low
+    clip_ratio_high: float = 0.2  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
     clip_ratio_c: float = 3.0  # dual-clip bound, applied where the advantage is negative
-    loss_agg_mode: str = "token-mean"
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    entropy_coeff: float = 0.0  # entropy bonus weight (the loss subtracts coeff x entropy)
+    use_kl_loss: bool = False  # add a KL(actor || reference) term to the loss (loads a reference model)
+    kl_loss_coef: float = 0.001  # weight of the KL loss
+    kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 (= low_var_kl) | abs | mse | kl, or any of them with "+"
 
 
 @dataclass
@@ -90,42 +90,42 @@ class StrategyConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 150
-    seed: int = 1
-    controller: str = "local"
-    project: str = "rlforge"
-    experiment: str = "default"
-    runs_root: str = "rlforge_runs"
+    total_steps: int = 150  # training steps (one rollout batch each)
+    seed: int = 1  # seeds torch, python and the data order
+    controller: str = "local"  # controller registry name: local (in-process)
+    project: str = "rlforge"  # mlflow experiment name
+    experiment: str = "default"  # run folders go to <runs_root>/<experiment>/<timestamp>
+    runs_root: str = "rlforge_runs"  # root folder of all runs
     run_dir: Optional[str] = None  # explicit run folder; None = <runs_root>/<experiment>/<timestamp>
     resume: str = "never"  # never | auto (latest checkpoint of the experiment) | a checkpoint folder
     save_every: int = 50  # steps; a final checkpoint is always written
     keep_last_n: int = 2  # checkpoints kept (0 = keep all)
-    val_every: int = 50  # steps; 0 = only before and after training
-    val_before_train: bool = True
+    val_every: int = 50  # steps; 0 = only at the end (and before training if val_before_train)
+    val_before_train: bool = True  # validate once before the first step
     samples_to_save: int = 8  # generated samples written per step to samples.jsonl
     progress: bool = True  # live progress bar
 
 
 @dataclass
 class LoggerConfig:
-    backends: list[str] = field(default_factory=lambda: ["console", "mlflow"])
+    backends: list[str] = field(default_factory=lambda: ["console", "mlflow"])  # logger registry names
 
 
 @dataclass
 class PluginsConfig:
-    disable: list[str] = field(default_factory=list)
+    disable: list[str] = field(default_factory=list)  # plugin names to block (see `rlforge plugins list`)
 
 
 @dataclass
 class SFTConfig:
-    train_file: Optional[str] = None  # jsonl rows with `prompt` (chat messages) and `response`; None = built-in arith
-    output_dir: str = "sft_out"
-    steps: int = 400
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup_steps: int = 20
+    train_file: Optional[str] = None  # jsonl/parquet rows with `prompt` (chat messages) and `response`; None = data.name
+    output_dir: str = "sft_out"  # where the fine-tuned model and tokenizer are saved
+    steps: int = 400  # optimizer steps
+    batch_size: int = 64  # examples per step
+    lr: float = 1e-3  # peak learning rate (linear warm-up, cosine decay to 10%)
+    warmup_steps: int = 20  # warm-up steps
     init: str = "tiny-arith"  # model to start from: an HF folder, or tiny-arith = fresh random tiny Llama
-    seed: int = 0
+    seed: int = 0  # seeds initialisation and example order
 
 
 @dataclass

@@ -19,7 +19,7 @@ def print_summary(summary: dict[str, Any], with_mlflow: bool) -> None:
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     table.add_row("validation accuracy before", _pct(before))
     table.add_row("validation accuracy after", _pct(after))
-    if before is not None:
+    if before is not None and after is not None:
         table.add_row("change", f"{100 * (after - before):+.1f} points")
     table.add_row("steps", str(summary["steps"]))
     table.add_row("tokens/s", f"{summary['tokens_per_s']:.0f}")

@@ -140,7 +140,7 @@ class Trainer:
         elapsed = time.perf_counter() - start
         summary = {
             "accuracy_before": val_before["val/accuracy"] if val_before else None,
-            "accuracy_after": val_after["val/accuracy"],
+            "accuracy_after": val_after.get("val/accuracy"),
             "steps": self.step,
             "tokens_per_s": tokens / elapsed if elapsed else 0.0,
             "seconds": elapsed,

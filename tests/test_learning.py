@@ -1,0 +1,21 @@
+"""RL that does not learn is a bug: a short GRPO run on the shipped base model must raise the reward."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlforge import Trainer, load_config
+
+
+@pytest.mark.slow
+def test_grpo_learns_on_builtin_task(tmp_path):
+    cfg = load_config("grpo", [
+        f"trainer.runs_root={tmp_path}", "trainer.total_steps=60", "trainer.val_every=0", "trainer.save_every=0",
+        "trainer.progress=false", "logger.backends=[console]", "actor.lr=1e-4", "data.val_size=200",
+    ])
+    trainer = Trainer(cfg)
+    summary = trainer.fit()
+    rewards = [h["critic/score/mean"] for h in trainer.history]
+    first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
+    assert last > first + 0.05, (first, last)
+    assert summary["accuracy_after"] > summary["accuracy_before"] + 0.03, summary
