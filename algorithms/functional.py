@@ -1,167 +1,168 @@
-"""Pure tensor functions for advantages, policy losses, KL estimators and loss aggregation.
+"""Pure tensor functions for advantages, policy/value losses, KL penalties and reward shaping.
 
-Semantics follow verl's definitions (see docs/algorithms/). Shapes: ``[B, R]`` = sequences x response
-tokens; ``mask`` is the response mask (1 on valid tokens). No function here touches a model.
+This module is the public import point (``from rlforge.algorithms import functional as F``). The
+advantage estimators live in :mod:`rlforge.algorithms.estimators`, the losses in
+:mod:`rlforge.algorithms.losses`; both are re-exported here. Defined here: the KL-in-reward penalty
+and its coefficient controllers, and DAPO's reward shaping and group filter.
+
+Semantics follow verl's definitions (docs/algorithms/formulas.md lists each formula, its verl
+counterpart and every deliberate difference). Shapes: ``[B, R]`` = sequences x response tokens;
+``mask`` is the response mask (1 on valid tokens). No function here touches a model.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
-from typing import Hashable
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 
-from rlforge.ops import masked_sum
+from rlforge.algorithms.estimators import (
+    gae_advantage,
+    gpg_advantage,
+    group_index,
+    grpo_outcome_advantage,
+    masked_var,
+    masked_whiten,
+    opo_advantage,
+    reinforce_pp_advantage,
+    reinforce_pp_baseline_advantage,
+    remax_advantage,
+    rloo_outcome_advantage,
+)
+from rlforge.algorithms.losses import (
+    GSPO_LOG_RATIO_CLAMP,
+    KL_ESTIMATORS,
+    LOG_RATIO_CLAMP,
+    LOSS_AGG_MODES,
+    agg_loss,
+    clipped_policy_loss,
+    gpg_policy_loss,
+    gspo_policy_loss,
+    kl_penalty,
+    value_loss,
+)
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs")
-LOG_RATIO_CLAMP = 20.0
-
-
-# --- advantages -----------------------------------------------------------------------------------
-
-
-def grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: Sequence[Hashable],
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO: each sequence's total reward, normalized within its group.
-
-    ``A_i = (r_i - mean_g) / (std_g + epsilon)`` (``std`` unbiased) or ``r_i - mean_g`` without std
-    normalization. A group of one sample gets mean 0 and std 1. The advantage is broadcast to every
-    valid response token. Returns ``(advantages, returns)``, which are equal.
-    """
-    scores = token_level_rewards.sum(-1)
-    mean = torch.zeros_like(scores)
-    std = torch.ones_like(scores)
-    groups: dict[Hashable, list[int]] = defaultdict(list)
-    for i, g in enumerate(group_ids):
-        groups[g].append(i)
-    for rows in groups.values():
-        if len(rows) > 1:
-            s = scores[rows]
-            mean[rows] = s.mean()
-            std[rows] = s.std(unbiased=True)
-    adv = scores - mean
-    if norm_adv_by_std:
-        adv = adv / (std + epsilon)
-    adv = adv.unsqueeze(-1) * mask
-    return adv, adv
+# --- KL penalty in the reward ---------------------------------------------------------------------
 
 
-# --- loss aggregation -----------------------------------------------------------------------------
-
-
-def agg_loss(
-    loss_mat: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str = "token-mean",
-    global_tokens: float | None = None,
-    global_seqs: float | None = None,
-    norm_length: float | None = None,
-) -> torch.Tensor:
-    """Aggregate a ``[B, R]`` loss matrix to a scalar.
-
-    - ``token-mean``: sum over valid tokens / ``global_tokens``.
-    - ``seq-mean-token-sum``: per-sequence token sum, then sum / ``global_seqs``.
-    - ``seq-mean-token-mean``: per-sequence token mean, then sum / ``global_seqs``.
-    - ``seq-mean-token-sum-norm``: per-sequence token sum / ``norm_length``, then sum / ``global_seqs``
-      (Dr. GRPO; ``norm_length`` defaults to the padded response length ``R``).
-
-    ``global_tokens``/``global_seqs`` are the counts over the whole mini-batch (all micro-batches and
-    ranks); they default to this batch's own counts, which makes the result a plain mean. Passing the
-    global counts makes the sum of micro-batch losses equal the mini-batch loss.
-    """
-    mask = mask.to(loss_mat.dtype)
-    if global_tokens is None:
-        global_tokens = float(mask.sum().clamp(min=1))
-    if global_seqs is None:
-        global_seqs = float(loss_mat.shape[0])
-    if mode == "token-mean":
-        return masked_sum(loss_mat, mask) / global_tokens
-    seq_sum = masked_sum(loss_mat, mask, dim=-1)
-    if mode == "seq-mean-token-sum":
-        return seq_sum.sum() / global_seqs
-    if mode == "seq-mean-token-mean":
-        return (seq_sum / mask.sum(-1).clamp(min=1)).sum() / global_seqs
-    if mode == "seq-mean-token-sum-norm":
-        length = float(norm_length or loss_mat.shape[-1])
-        return (seq_sum / length).sum() / global_seqs
-    raise ValueError(f"Unknown loss_agg_mode '{mode}'. Allowed: {', '.join(LOSS_AGG_MODES)}.")
-
-
-# --- policy loss ----------------------------------------------------------------------------------
-
-
-def clipped_policy_loss(
+def kl_in_reward(
+    token_level_scores: torch.Tensor,
     log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
+    ref_log_prob: torch.Tensor,
     mask: torch.Tensor,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate per token, with dual-clip where the advantage is negative.
+    kl_coef: float,
+    estimator: str = "kl",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Subtract a per-token KL penalty from the scores: ``rewards = scores - kl_coef * KL * mask``.
 
-    ``ratio = exp(clamp(log_prob - old_log_prob, -20, 20))``;
-    ``L = max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``, and where ``A < 0`` additionally
-    ``L = min(L, -A * clip_ratio_c)``. Returns the ``[B, R]`` loss matrix (to be aggregated with
-    :func:`agg_loss`) and ``[B, R]`` indicator matrices for metrics: ``clipped``, ``clipped_lower``,
-    ``neg_log_ratio`` (the per-token approximate KL ``old - new``).
+    ``KL`` is :func:`kl_penalty` (``estimator``) of ``log_prob`` (the rollout policy, i.e. the old
+    log-probs) against ``ref_log_prob``. Returns ``(token_level_rewards, mean_kl)`` where ``mean_kl``
+    (0-d) is the mean over sequences of each sequence's mean KL over its valid tokens (a sequence
+    with no valid token counts as 0), the value to feed :meth:`AdaptiveKLController.update`.
     """
-    if clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip, got {clip_ratio_c}")
-    log_ratio = (log_prob - old_log_prob).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    loss_unclipped = -advantages * ratio
-    loss_clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
-    loss_dual = -advantages * clip_ratio_c
-    negative = advantages < 0
-    loss = torch.where(negative, torch.minimum(loss_ppo, loss_dual), loss_ppo)
-    stats = {
-        "clipped": (loss_clipped > loss_unclipped).float(),
-        "clipped_lower": ((loss_ppo > loss_dual) & negative).float(),
-        "neg_log_ratio": -log_ratio,
-    }
-    return loss * mask, stats
+    valid = mask.bool()
+    kl = torch.where(valid, kl_penalty(log_prob, ref_log_prob, estimator), 0.0)
+    rewards = token_level_scores - kl_coef * kl
+    per_seq = kl.sum(-1) / valid.sum(-1).clamp(min=1)
+    return rewards, per_seq.mean().detach()
 
 
-# --- KL -------------------------------------------------------------------------------------------
+class FixedKLController:
+    """A constant KL coefficient (``update`` is a no-op)."""
+
+    def __init__(self, kl_coef: float) -> None:
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
+        """Keep the coefficient (both arguments are ignored)."""
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = float(state["value"])
 
 
-def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, estimator: str = "low_var_kl") -> torch.Tensor:
-    """Per-token KL(policy || ref) estimate from sampled-token log-probs.
+class AdaptiveKLController:
+    """Proportional KL-coefficient controller (Ziegler et al., 2019, arXiv:1909.08593).
 
-    ``k1``/``kl``: ``logp - ref``; ``abs``: ``|logp - ref|``; ``k2``/``mse``: ``0.5 (logp - ref)^2``;
-    ``k3``/``low_var_kl``: ``exp(ref - logp) - (ref - logp) - 1`` with the log-ratio clamped to +-20 and
-    the result to +-10. A trailing ``+`` (e.g. ``k3+``) keeps the estimator's value but takes the
-    gradient of ``k2`` (straight-through), which is an unbiased KL gradient.
+    ``e = clip(current_kl / target_kl - 1, -0.2, 0.2)``; ``value *= 1 + e * n_steps / horizon``. The
+    coefficient grows while the measured KL is above target and shrinks while it is below.
     """
-    if estimator.endswith("+"):
-        value = kl_penalty(log_prob, ref_log_prob, estimator[:-1])
-        grad = kl_penalty(log_prob, ref_log_prob, "k2")
-        return grad - grad.detach() + value.detach()
-    diff = log_prob - ref_log_prob
-    if estimator in ("k1", "kl"):
-        return diff
-    if estimator == "abs":
-        return diff.abs()
-    if estimator in ("k2", "mse"):
-        return 0.5 * diff.square()
-    if estimator in ("k3", "low_var_kl"):
-        kl = (-diff).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return (kl.exp() - kl - 1).clamp(-10.0, 10.0)
-    allowed = ", ".join(KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS))
-    raise ValueError(f"Unknown KL estimator '{estimator}'. Allowed: {allowed}.")
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float) -> None:
+        if target_kl <= 0:
+            raise ValueError(f"AdaptiveKLController: target_kl must be > 0, got {target_kl}.")
+        if horizon <= 0:
+            raise ValueError(f"AdaptiveKLController: horizon must be > 0, got {horizon}.")
+        self.value = float(init_kl_coef)
+        self.target = float(target_kl)
+        self.horizon = float(horizon)
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
+        """Move the coefficient towards the target.
+
+        :param current_kl: the KL measured on the last batch (e.g. ``mean_kl`` of :func:`kl_in_reward`).
+        :param n_steps: samples (sequences) in that batch.
+        """
+        error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.value = float(state["value"])
+
+
+# --- DAPO: overlong reward shaping and dynamic-sampling filter ----------------------------------------
+
+
+def overlong_penalty(
+    response_lengths: torch.Tensor | Sequence[int],
+    max_response_length: int,
+    buffer_length: int,
+    penalty_factor: float = 1.0,
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment, one value per sequence (``[B]``, <= 0), added to the score.
+
+    ``min(-(L - (max_response_length - buffer_length)) / buffer_length * penalty_factor, 0)``: 0 up
+    to ``max - buffer`` tokens, then linearly down to ``-penalty_factor`` at ``max_response_length``.
+    """
+    if buffer_length <= 0:
+        raise ValueError(f"overlong_penalty: buffer_length must be > 0, got {buffer_length}.")
+    lengths = torch.as_tensor(response_lengths)
+    lengths = lengths.to(torch.get_default_dtype() if not lengths.is_floating_point() else lengths.dtype)
+    exceed = lengths - (max_response_length - buffer_length)
+    return (-exceed / buffer_length * penalty_factor).clamp(max=0.0)
+
+
+def uniform_group_mask(scores: torch.Tensor | Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:
+    """DAPO dynamic sampling: which rows to KEEP (bool ``[B]``).
+
+    A row is kept when its group's scores are not all equal (the group carries a learning signal) or
+    its group has a single member. Groups where every sample scored the same are dropped.
+    """
+    if not isinstance(scores, torch.Tensor):
+        scores = torch.tensor(scores, dtype=torch.float64)
+    index, n = group_index(group_ids, scores.shape[0])
+    s = scores.detach().to("cpu", torch.float64)
+    lo = torch.full((n,), float("inf"), dtype=s.dtype).scatter_reduce(0, index, s, "amin")
+    hi = torch.full((n,), float("-inf"), dtype=s.dtype).scatter_reduce(0, index, s, "amax")
+    size = torch.zeros(n, dtype=torch.long).index_add_(0, index, torch.ones_like(index))
+    return ((hi > lo) | (size == 1))[index].to(scores.device)
 
 
 __all__ = [
-    "LOSS_AGG_MODES", "KL_ESTIMATORS", "grpo_outcome_advantage", "agg_loss", "clipped_policy_loss",
-    "kl_penalty",
+    # constants
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "LOG_RATIO_CLAMP", "GSPO_LOG_RATIO_CLAMP",
+    # advantage estimators (estimators.py)
+    "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "rloo_outcome_advantage",
+    "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
+    "reinforce_pp_advantage", "remax_advantage",
+    # losses (losses.py)
+    "agg_loss", "clipped_policy_loss", "gspo_policy_loss", "gpg_policy_loss", "value_loss", "kl_penalty",
+    # KL in reward, DAPO (here)
+    "kl_in_reward", "FixedKLController", "AdaptiveKLController", "overlong_penalty", "uniform_group_mask",
 ]

@@ -10,12 +10,13 @@ from rlforge import Trainer, load_config
 @pytest.mark.slow
 def test_grpo_learns_on_builtin_task(tmp_path):
     cfg = load_config("grpo", [
-        f"trainer.runs_root={tmp_path}", "trainer.total_steps=60", "trainer.val_every=0", "trainer.save_every=0",
-        "trainer.progress=false", "logger.backends=[console]", "actor.lr=1e-4", "data.val_size=200",
+        f"trainer.runs_root={tmp_path}", "trainer.total_steps=100", "trainer.val_every=0", "trainer.save_every=0",
+        "trainer.progress=false", "logger.backends=[console]",
     ])
     trainer = Trainer(cfg)
     summary = trainer.fit()
     rewards = [h["critic/score/mean"] for h in trainer.history]
     first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
-    assert last > first + 0.05, (first, last)
-    assert summary["accuracy_after"] > summary["accuracy_before"] + 0.03, summary
+    # measured on a 2-core CPU: sampled reward 0.08 -> 0.16, greedy accuracy 16.5% -> 23%
+    assert last > first + 0.04, (first, last)
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.04, summary

@@ -70,7 +70,7 @@ class ActorConfig:
     warmup_steps: int = 0  # linear learning-rate warm-up, in training steps
     grad_clip: float = 1.0  # max global gradient norm (0 = no clipping, norm still logged)
     ppo_epochs: int = 1  # passes over each rollout batch
-    ppo_mini_batch_size: int = 32  # prompts per optimizer step (x rollout.n samples)
+    ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
     ppo_micro_batch_size: int = 64  # samples per forward/backward (gradient accumulation)
     clip_ratio_low: float = 0.2  # ratio clipped below at 1 - clip_ratio_low
     clip_ratio_high: float = 0.2  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
@@ -90,7 +90,7 @@ class StrategyConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 150  # training steps (one rollout batch each)
+    total_steps: int = 200  # training steps (one rollout batch each)
     seed: int = 1  # seeds torch, python and the data order
     controller: str = "local"  # controller registry name: local (in-process)
     project: str = "rlforge"  # mlflow experiment name

@@ -1,0 +1,348 @@
+"""Advantage estimators, whitening and DAPO's reward shaping/filter against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlforge.algorithms import functional as F
+
+EPS = 1e-6
+
+
+def _close(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=1e-6)
+
+
+def _t(rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def _whiten(xs: list[float]) -> list[float]:
+    """Reference whitening of a flat list: (x - mean) / sqrt(unbiased var + 1e-8)."""
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    return [(x - mean) / math.sqrt(var + 1e-8) for x in xs]
+
+
+def _outcome(scores: list[float], lengths: list[int], width: int = 3):
+    """Token-level rewards with each score on the last valid token, and the response mask."""
+    rewards = torch.zeros(len(scores), width, dtype=torch.float64)
+    mask = torch.zeros(len(scores), width, dtype=torch.float64)
+    for i, (s, n) in enumerate(zip(scores, lengths)):
+        mask[i, :n] = 1
+        rewards[i, max(n, 1) - 1] = s
+    return rewards, mask
+
+
+def _broadcast(per_seq: list[float], mask: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(per_seq, dtype=mask.dtype).unsqueeze(-1) * mask
+
+
+# --- masked_var / masked_whiten -----------------------------------------------------------------------
+
+
+def test_masked_var_hand_computed() -> None:
+    values = _t([[1.0, 2.0, 3.0, 100.0]])
+    mask = _t([[1, 1, 1, 0]])
+    # valid 1, 2, 3: mean 2, squared deviations 1, 0, 1 -> biased 2/3, unbiased 2/2 = 1
+    assert F.masked_var(values, mask, unbiased=False).item() == pytest.approx(2 / 3)
+    assert F.masked_var(values, mask).item() == pytest.approx(1.0)
+
+
+def test_masked_var_across_rows() -> None:
+    values = _t([[1.0, 3.0], [5.0, -7.0]])
+    mask = _t([[1, 1], [1, 0]])
+    # valid 1, 3, 5: mean 3, squares 4 + 0 + 4 = 8 -> unbiased 8 / 2 = 4
+    assert F.masked_var(values, mask).item() == pytest.approx(4.0)
+
+
+def test_masked_whiten_hand_computed() -> None:
+    values = _t([[1.0, 2.0, 3.0, 100.0]])
+    mask = _t([[1, 1, 1, 0]])
+    s = 1 / math.sqrt(1.0 + 1e-8)  # mean 2, unbiased var 1
+    out = F.masked_whiten(values, mask)
+    _close(out[:, :3], [[-s, 0.0, s]])
+    assert out[0, 3].item() == pytest.approx(98 * s)  # masked positions are transformed, not zeroed
+    out = F.masked_whiten(values, mask, shift_mean=False)
+    _close(out[:, :3], [[2 - s, 2.0, 2 + s]])  # the mean is put back
+
+
+def test_masked_whiten_ignores_garbage_on_masked_positions() -> None:
+    mask = _t([[1, 1, 1, 0], [1, 0, 1, 0]])
+    clean = _t([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 5.0, 0.0]])
+    for garbage in (1e30, float("inf"), float("nan")):
+        dirty = torch.where(mask.bool(), clean, garbage)
+        assert F.masked_var(dirty, mask).item() == pytest.approx(F.masked_var(clean, mask).item())
+        _close(F.masked_whiten(dirty, mask)[mask.bool()], F.masked_whiten(clean, mask)[mask.bool()])
+
+
+def test_masked_var_degenerate_masks() -> None:
+    values = _t([[1.0, 2.0]])
+    with pytest.raises(ValueError, match="no valid position"):
+        F.masked_var(values, torch.zeros_like(values))
+    with pytest.raises(ValueError, match="at least 2"):
+        F.masked_var(values, _t([[1, 0]]))
+    assert F.masked_var(values, _t([[1, 0]]), unbiased=False).item() == 0.0
+
+
+def test_masked_whiten_constant_input_is_zero() -> None:
+    out = F.masked_whiten(torch.full((2, 3), 0.7), torch.ones(2, 3))
+    assert torch.isfinite(out).all()
+    _close(out, torch.zeros(2, 3), atol=1e-3)  # (0.7 - 0.7) * rsqrt(0 + 1e-8): float32 rounding only
+
+
+# --- GAE ----------------------------------------------------------------------------------------------
+
+
+def test_gae_gamma_lambda_one() -> None:
+    rewards = _t([[0.0, 0.0, 1.0]])
+    values = _t([[0.5, 0.6, 0.7]])
+    adv, ret = F.gae_advantage(rewards, values, torch.ones_like(rewards))
+    # t=2: delta = 1 - 0.7 = 0.3, A = 0.3; t=1: delta = 0.7 - 0.6 = 0.1, A = 0.4;
+    # t=0: delta = 0.6 - 0.5 = 0.1, A = 0.5. returns = A + V = [1, 1, 1] (undiscounted reward-to-go)
+    _close(ret, [[1.0, 1.0, 1.0]])
+    # whitened [0.5, 0.4, 0.3]: mean 0.4, unbiased var (0.01 + 0 + 0.01) / 2 = 0.01 -> [1, 0, -1]
+    _close(adv, [_whiten([0.5, 0.4, 0.3])])
+    _close(adv, [[1.0, 0.0, -1.0]], atol=1e-5)
+
+
+def test_gae_discounted() -> None:
+    rewards = _t([[0.0, 0.0, 1.0]])
+    values = _t([[0.5, 0.6, 0.7]])
+    adv, ret = F.gae_advantage(rewards, values, torch.ones_like(rewards), gamma=0.5, lam=0.5)
+    # t=2: delta = 1 - 0.7 = 0.3;            A2 = 0.3
+    # t=1: delta = 0.5 * 0.7 - 0.6 = -0.25;  A1 = -0.25 + 0.25 * 0.3 = -0.175
+    # t=0: delta = 0.5 * 0.6 - 0.5 = -0.2;   A0 = -0.2 + 0.25 * -0.175 = -0.24375
+    raw = [-0.24375, -0.175, 0.3]
+    _close(ret, [[-0.24375 + 0.5, -0.175 + 0.6, 0.3 + 0.7]])  # [0.25625, 0.425, 1.0]
+    _close(adv, [_whiten(raw)])
+
+
+def test_gae_skips_masked_positions_and_zeroes_them() -> None:
+    # row 0: two valid tokens then padding; row 1: a masked hole in the middle (an observation span)
+    mask = _t([[1, 1, 0, 0], [1, 0, 1, 0]])
+    rewards = _t([[0.0, 1.0, 9.0, 9.0], [0.0, 5.0, 1.0, 9.0]])  # 9 / 5 on masked positions: ignored
+    values = _t([[0.5, 0.8, 7.0, 7.0], [0.25, 9.0, 0.7, 7.0]])  # 7 / 9 on masked positions: ignored
+    adv, ret = F.gae_advantage(rewards, values, mask, gamma=0.5, lam=1.0)
+    # row 0: t=1: delta = 1 + 0 - 0.8 = 0.2, A1 = 0.2; t=0: delta = 0.5 * 0.8 - 0.5 = -0.1,
+    #        A0 = -0.1 + 0.5 * 0.2 = 0.0; returns = [0.5, 1.0]
+    # row 1: t=2: delta = 1 - 0.7 = 0.3, A2 = 0.3; t=1 masked: skipped (V_next stays 0.7, A_next 0.3);
+    #        t=0: delta = 0.5 * 0.7 - 0.25 = 0.1, A0 = 0.1 + 0.5 * 0.3 = 0.25; returns = [0.5, ., 1.0]
+    _close(ret, [[0.5, 1.0, 0.0, 0.0], [0.5, 0.0, 1.0, 0.0]])
+    w = _whiten([0.0, 0.2, 0.25, 0.3])
+    _close(adv, [[w[0], w[1], 0.0, 0.0], [w[2], 0.0, w[3], 0.0]])
+
+    clean_adv, clean_ret = F.gae_advantage(rewards * mask, values * mask, mask, gamma=0.5, lam=1.0)
+    _close(adv, clean_adv)
+    _close(ret, clean_ret)
+
+
+# --- GRPO / Dr. GRPO ------------------------------------------------------------------------------------
+
+
+def test_dr_grpo_is_grpo_without_std() -> None:
+    rewards, mask = _outcome([1.0, 0.0, 0.0, 1.0, 0.3, 0.3, 2.0], [3, 1, 2, 3, 2, 2, 1])
+    ids = ["a"] * 4 + ["b", "b", "solo"]
+    adv, ret = F.grpo_outcome_advantage(rewards, mask, ids, norm_adv_by_std=False)
+    # group a: mean 0.5 -> +-0.5; group b (all equal): 0; singleton: mean 0 -> raw 2.0, no std division
+    _close(adv, _broadcast([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 2.0], mask))
+    _close(ret, adv)
+    # the epsilon plays no role without std normalization
+    _close(F.grpo_outcome_advantage(rewards, mask, ids, norm_adv_by_std=False, epsilon=10.0)[0], adv)
+
+
+def test_grpo_accepts_tensor_group_ids() -> None:
+    rewards, mask = _outcome([1.0, 0.0, 3.0, 5.0], [1, 1, 1, 1], width=1)
+    adv, _ = F.grpo_outcome_advantage(rewards, mask, torch.tensor([7, 7, 8, 8]))
+    a, b = 0.5 / (math.sqrt(0.5) + EPS), 1.0 / (math.sqrt(2.0) + EPS)  # std of [1,0]: sqrt(.5); [3,5]: sqrt(2)
+    _close(adv[:, 0], [a, -a, -b, b])
+
+
+def test_group_ids_length_must_match() -> None:
+    rewards, mask = _outcome([1.0, 0.0], [1, 1])
+    with pytest.raises(ValueError, match="group_ids has 3 entries"):
+        F.grpo_outcome_advantage(rewards, mask, ["a", "a", "b"])
+
+
+# --- RLOO ----------------------------------------------------------------------------------------------
+
+
+def test_rloo_leave_one_out_baseline() -> None:
+    rewards, mask = _outcome([1.0, 2.0, 6.0, 1.0, 0.0, 2.0], [3, 2, 1, 3, 3, 2])
+    adv, ret = F.rloo_outcome_advantage(rewards, mask, ["a", "a", "a", "b", "b", "solo"])
+    # group a (n=3): r0 - (2+6)/2 = -3, r1 - (1+6)/2 = -1.5, r2 - (1+2)/2 = 4.5
+    #   (= n/(n-1) (r - mean) = 1.5 * (r - 3)); group b: 1 - 0 = 1, 0 - 1 = -1; singleton: baseline 0 -> 2
+    _close(adv, _broadcast([-3.0, -1.5, 4.5, 1.0, -1.0, 2.0], mask))
+    _close(ret, adv)
+    assert (adv[mask == 0] == 0).all()
+
+
+def test_rloo_ties_and_all_equal_group() -> None:
+    rewards, mask = _outcome([1.0, 1.0, 0.0, 0.5, 0.5], [3] * 5)
+    adv, _ = F.rloo_outcome_advantage(rewards, mask, ["a", "a", "a", "b", "b"])
+    # a: 1 - (1+0)/2 = 0.5 (both tied samples), 0 - (1+1)/2 = -1; b (all equal): 0
+    _close(adv[:, 0], [0.5, 0.5, -1.0, 0.0, 0.0])
+
+
+# --- OPO ------------------------------------------------------------------------------------------------
+
+
+def test_opo_length_weighted_baseline() -> None:
+    rewards, mask = _outcome([1.0, 0.0, 1.0, 1.0, 0.0, 3.0], [2, 4, 1, 2, 2, 2], width=4)
+    adv, ret = F.opo_advantage(rewards, mask, ["a", "a", "a", "b", "b", "solo"])
+    # group a: b = (2*1 + 4*0 + 1*1) / (2 + 4 + 1) = 3/7 -> [4/7, -3/7, 4/7]
+    # group b (equal lengths): plain mean 0.5 -> [0.5, -0.5]; singleton: baseline 0 -> 3
+    _close(adv, _broadcast([4 / 7, -3 / 7, 4 / 7, 0.5, -0.5, 3.0], mask))
+    _close(ret, adv)
+
+
+def test_opo_all_equal_group_is_zero() -> None:
+    rewards, mask = _outcome([0.2, 0.2, 0.2], [1, 2, 3])
+    _close(F.opo_advantage(rewards, mask, [0, 0, 0])[0], torch.zeros(3, 3))
+
+
+# --- GPG ------------------------------------------------------------------------------------------------
+
+
+def test_gpg_rescales_by_batch_over_nonzero() -> None:
+    rewards, mask = _outcome([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 2.0], [3, 3, 2, 1, 3, 3, 2])
+    ids = ["a"] * 4 + ["b", "b", "solo"]
+    adv, ret = F.gpg_advantage(rewards, mask, ids)
+    # B = 7, M = count_nonzero(scores) = 3 (1, 1, 2) -> scale 7/3
+    # a: mean 0.5 -> +-0.5 * 7/3 = +-7/6; b: all zero -> 0; singleton: mean 0 -> 2 * 7/3 = 14/3
+    _close(adv, _broadcast([7 / 6, -7 / 6, -7 / 6, 7 / 6, 0.0, 0.0, 14 / 3], mask))
+    _close(ret, adv)
+    adv2, _ = F.gpg_advantage(rewards, mask, ids, f_norm=2.0, alpha=3.0)  # * alpha / f_norm = * 1.5
+    _close(adv2, adv * 1.5)
+
+
+def test_gpg_all_zero_scores() -> None:
+    rewards, mask = _outcome([0.0, 0.0], [2, 2])
+    adv, _ = F.gpg_advantage(rewards, mask, ["a", "a"])  # M = 0 is clamped to 1: no division by zero
+    _close(adv, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="f_norm"):
+        F.gpg_advantage(rewards, mask, ["a", "a"], f_norm=0.0)
+
+
+# --- REINFORCE++ ----------------------------------------------------------------------------------------
+
+
+def test_reinforce_pp_discounted_returns() -> None:
+    rewards = _t([[0.5, 0.0, 1.0], [0.0, 2.0, 7.0]])  # 7.0 sits on a masked position
+    mask = _t([[1, 1, 1], [1, 1, 0]])
+    adv, ret = F.reinforce_pp_advantage(rewards, mask, gamma=0.5)
+    # row 0: G2 = 1, G1 = 0 + 0.5 * 1 = 0.5, G0 = 0.5 + 0.5 * 0.5 = 0.75
+    # row 1: t=2 masked -> 0 (and the running return resets), G1 = 2, G0 = 0 + 0.5 * 2 = 1
+    _close(ret, [[0.75, 0.5, 1.0], [1.0, 2.0, 0.0]])
+    # whiten [0.75, 0.5, 1, 1, 2]: mean 1.05, squares .09+.3025+.0025+.0025+.9025 = 1.3, var 1.3/4 = .325
+    s = 1 / math.sqrt(0.325 + 1e-8)
+    _close(adv, [[-0.3 * s, -0.55 * s, -0.05 * s], [-0.05 * s, 0.95 * s, 0.0]])
+
+
+def test_reinforce_pp_gamma_one_and_reset_at_masked_span() -> None:
+    rewards = _t([[1.0, 0.0, 1.0], [0.5, 0.5, 0.5]])
+    mask = _t([[1, 0, 1], [1, 1, 1]])
+    _, ret = F.reinforce_pp_advantage(rewards, mask)
+    # row 0: G2 = 1; t=1 masked resets the running return (verl), so G0 = 1 + 0 = 1 (not 2)
+    # row 1 (gamma 1): reward-to-go [1.5, 1.0, 0.5]
+    _close(ret, [[1.0, 0.0, 1.0], [1.5, 1.0, 0.5]])
+
+
+def test_reinforce_pp_baseline() -> None:
+    rewards, mask = _outcome([1.0, 0.0, 3.0], [2, 1, 2], width=3)
+    adv, ret = F.reinforce_pp_baseline_advantage(rewards, mask, ["a", "a", "solo"])
+    # centred: a -> [0.5, -0.5]; singleton -> 3 (mean 0). Valid tokens: 0.5, 0.5, -0.5, 3, 3
+    # mean 6.5/5 = 1.3; deviations -.8, -.8, -1.8, 1.7, 1.7; squares sum 10.3; unbiased var 2.575
+    w = [d / math.sqrt(2.575 + 1e-8) for d in (-0.8, -0.8, -1.8, 1.7, 1.7)]
+    _close(adv, [[w[0], w[1], 0.0], [w[2], 0.0, 0.0], [w[3], w[4], 0.0]])
+    _close(ret, adv)
+
+
+def test_reinforce_pp_baseline_all_equal_groups_are_zero() -> None:
+    rewards, mask = _outcome([0.5, 0.5, 1.0, 1.0], [3, 2, 1, 3])
+    adv, _ = F.reinforce_pp_baseline_advantage(rewards, mask, ["a", "a", "b", "b"])
+    assert torch.isfinite(adv).all()
+    _close(adv, torch.zeros(4, 3))
+
+
+# --- ReMax ----------------------------------------------------------------------------------------------
+
+
+def test_remax() -> None:
+    rewards = _t([[0.0, 1.0, 2.0], [3.0, 0.0, 9.0]])  # 9 is on a masked position: ignored
+    mask = _t([[1, 1, 1], [1, 1, 0]])
+    baselines = _t([1.5, 1.0])
+    adv, ret = F.remax_advantage(rewards, baselines, mask)
+    # row 0: reverse cumsum [0+1+2, 1+2, 2] = [3, 3, 2]; minus 1.5 -> [1.5, 1.5, 0.5]
+    # row 1: [3+0, 0, .] = [3, 0, 0]; minus 1 -> [2, -1, 0]
+    _close(ret, [[3.0, 3.0, 2.0], [3.0, 0.0, 0.0]])
+    _close(adv, [[1.5, 1.5, 0.5], [2.0, -1.0, 0.0]])
+
+
+# --- masked positions never leak ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["grpo", "rloo", "opo", "gpg", "rpp_baseline", "rpp", "remax", "gae"]
+)
+def test_masked_positions_are_zero_and_do_not_matter(name: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    mask = _t([[1, 1, 1, 0, 0], [1, 0, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
+    rewards = torch.rand(4, 5, generator=g, dtype=torch.float64) * mask
+    values = torch.rand(4, 5, generator=g, dtype=torch.float64)
+    ids = ["a", "a", "b", "b"]
+    fns = {
+        "grpo": lambda r, v: F.grpo_outcome_advantage(r, mask, ids),
+        "rloo": lambda r, v: F.rloo_outcome_advantage(r, mask, ids),
+        "opo": lambda r, v: F.opo_advantage(r, mask, ids),
+        "gpg": lambda r, v: F.gpg_advantage(r, mask, ids),
+        "rpp_baseline": lambda r, v: F.reinforce_pp_baseline_advantage(r, mask, ids),
+        "rpp": lambda r, v: F.reinforce_pp_advantage(r, mask, gamma=0.9),
+        "remax": lambda r, v: F.remax_advantage(r, _t([0.1, 0.2, 0.3, 0.4]), mask),
+        "gae": lambda r, v: F.gae_advantage(r, v, mask, gamma=0.9, lam=0.8),
+    }
+    adv, ret = fns[name](rewards, values)
+    assert adv.shape == ret.shape == mask.shape
+    assert (adv[mask == 0] == 0).all() and (ret[mask == 0] == 0).all()
+    assert adv[mask == 1].abs().sum() > 0
+    # garbage values on masked positions change nothing (outcome estimators sum the reward row as
+    # verl does, so their masked *rewards* stay 0 here; token-level ones also get garbage rewards)
+    outcome = name in ("grpo", "rloo", "opo", "gpg", "rpp_baseline")
+    dirty_r = rewards if outcome else torch.where(mask.bool(), rewards, 123.0)
+    adv2, ret2 = fns[name](dirty_r, torch.where(mask.bool(), values, -77.0))
+    _close(adv2, adv)
+    _close(ret2, ret)
+
+
+# --- DAPO: overlong penalty and dynamic-sampling filter -------------------------------------------------
+
+
+def test_overlong_penalty() -> None:
+    # max 20, buffer 4 -> free up to 16 tokens, then -(L - 16) / 4
+    out = F.overlong_penalty(torch.tensor([10, 16, 17, 18, 20]), 20, 4)
+    _close(out, [0.0, 0.0, -0.25, -0.5, -1.0])
+    _close(F.overlong_penalty([10, 17, 20], 20, 4, penalty_factor=0.5), [0.0, -0.125, -0.5])
+    # past the maximum the line continues (verl does not clamp at -factor): -(22 - 16) / 4 = -1.5
+    _close(F.overlong_penalty([22], 20, 4), [-1.5])
+    assert F.overlong_penalty(torch.tensor([3.0]), 20, 4).dtype == torch.float32
+    with pytest.raises(ValueError, match="buffer_length"):
+        F.overlong_penalty([1], 20, 0)
+
+
+def test_uniform_group_mask() -> None:
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 2.0])
+    ids = ["a", "a", "b", "b", "c", "c", "d"]
+    # a all equal -> drop; b mixed -> keep; c all equal -> drop; d singleton -> keep
+    keep = F.uniform_group_mask(scores, ids)
+    assert keep.dtype == torch.bool
+    assert keep.tolist() == [False, False, True, True, False, False, True]
+    assert F.uniform_group_mask([0.0, 1.0, 0.0, 0.0], [1, 2, 1, 2]).tolist() == [False, True, False, True]
+
+
+def test_uniform_group_mask_exact_ties() -> None:
+    # identical floats are equal, whatever their float mean rounds to (np.std([.1]*3) is 1.4e-17 > 0)
+    assert F.uniform_group_mask([0.1, 0.1, 0.1], ["g"] * 3).tolist() == [False] * 3
+    assert F.uniform_group_mask([0.1, 0.1, 0.1 + 1e-9], ["g"] * 3).tolist() == [True] * 3
