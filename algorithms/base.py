@@ -1,64 +1,147 @@
-"""PolicyGradientModule: the clipped policy loss with KL and entropy terms that PPO-family algorithms share."""
+"""PolicyGradientModule: what the PPO family shares.
+
+- the clipped policy loss (dual-clip) + optional KL loss to the reference + entropy bonus;
+- the shared ``algorithm.*`` options: KL in the reward (fixed or adaptive coefficient), the constant
+  length of ``seq-mean-token-sum-norm``, DAPO's dynamic sampling and overlong shaping (applied by the
+  hooks in :mod:`rlforge.algorithms.shaping`, for any algorithm that turns them on).
+
+Subclasses implement ``compute_advantages`` and may swap ``pg_loss_matrix`` (GSPO, GPG).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
 from rlforge import batch as B
+from rlforge.config.schema import AlgorithmConfig
 from rlforge.errors import ConfigError
 from rlforge.module import LossContext, RLModule
 
 from rlforge.algorithms import functional as F
 
+KL_TYPES = F.KL_ESTIMATORS + tuple(e + "+" for e in F.KL_ESTIMATORS)
+
+
+@dataclass
+class PolicyGradientConfig(AlgorithmConfig):
+    use_kl_in_reward: bool = False  # subtract kl_coef x KL(old || ref) from the token rewards
+    kl_penalty: str = "kl"  # KL estimator for the reward penalty (k1/kl, k2, k3/low_var_kl, abs)
+    kl_ctrl: str = "fixed"  # fixed | adaptive (Ziegler et al. proportional controller)
+    kl_coef: float = 0.001  # initial KL-in-reward coefficient
+    kl_target: float = 0.1  # adaptive controller: target KL per token
+    kl_horizon: int = 10000  # adaptive controller: horizon in samples
+    norm_length: int = 0  # constant length of seq-mean-token-sum-norm; 0 = rollout.max_new_tokens
+    filter_groups: bool = False  # DAPO dynamic sampling: drop groups whose rewards all agree, refill
+    max_gen_batches: int = 4  # dynamic sampling: at most this many generation rounds per step
+    overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens (0 = off)
+    overlong_penalty: float = 1.0  # DAPO overlong shaping: penalty at the maximum length
+
 
 class PolicyGradientModule(RLModule):
-    """Clipped surrogate (dual-clip) + optional KL loss to the reference + entropy bonus.
+    """Clipped surrogate + KL loss + entropy bonus, with the shared options above."""
 
-    Subclasses implement ``compute_advantages``; the loss aggregation follows ``actor.loss_agg_mode``.
-    """
+    config_class = PolicyGradientConfig
+
+    def __init__(self, config: DictConfig) -> None:
+        super().__init__(config)
+        alg = config.algorithm
+        self.kl_ctrl: Any = None
+        if alg.use_kl_in_reward:
+            self.kl_ctrl = (F.AdaptiveKLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
+                            if alg.kl_ctrl == "adaptive" else F.FixedKLController(alg.kl_coef))
 
     @classmethod
     def validate_config(cls, config: DictConfig) -> None:
-        a = config.actor
-        if a.loss_agg_mode not in F.LOSS_AGG_MODES:
-            raise ConfigError(
-                f"'actor.loss_agg_mode' is '{a.loss_agg_mode}'. Allowed: {', '.join(F.LOSS_AGG_MODES)}."
-            )
-        kl_types = F.KL_ESTIMATORS + tuple(e + "+" for e in F.KL_ESTIMATORS)
-        if a.kl_loss_type not in kl_types:
-            raise ConfigError(f"'actor.kl_loss_type' is '{a.kl_loss_type}'. Allowed: {', '.join(kl_types)}.")
+        a, alg = config.actor, config.algorithm
+        choices = {
+            "actor.loss_agg_mode": (a.loss_agg_mode, F.LOSS_AGG_MODES),
+            "actor.kl_loss_type": (a.kl_loss_type, KL_TYPES),
+            "algorithm.kl_penalty": (alg.kl_penalty, KL_TYPES),
+            "algorithm.kl_ctrl": (alg.kl_ctrl, ("fixed", "adaptive")),
+        }
+        for key, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise ConfigError(f"'{key}' is '{value}'. Allowed: {', '.join(allowed)}.")
         if a.clip_ratio_c <= 1.0:
             raise ConfigError(f"'actor.clip_ratio_c' must be > 1.0 (dual-clip), got {a.clip_ratio_c}.")
+        if alg.overlong_buffer >= config.rollout.max_new_tokens:
+            raise ConfigError(
+                f"'algorithm.overlong_buffer' ({alg.overlong_buffer}) must be smaller than "
+                f"'rollout.max_new_tokens' ({config.rollout.max_new_tokens})."
+            )
+        if alg.max_gen_batches < 1:
+            raise ConfigError(f"'algorithm.max_gen_batches' must be >= 1, got {alg.max_gen_batches}.")
+
+    def needs_reference(self) -> bool:
+        return bool(self.config.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward)
+
+    # --- rewards ----------------------------------------------------------------------------------
+    def compute_rewards(self, batch: B.Batch) -> B.Batch:
+        if self.kl_ctrl is None:
+            return batch
+        rewards, kl = F.kl_in_reward(
+            batch[B.TOKEN_LEVEL_REWARDS], batch[B.OLD_LOG_PROBS], batch[B.REF_LOG_PROBS], batch[B.RESPONSE_MASK],
+            self.kl_ctrl.value, self.config.algorithm.kl_penalty,
+        )
+        batch[B.TOKEN_LEVEL_REWARDS] = rewards
+        batch.meta.setdefault("metrics", {}).update({"actor/reward_kl_penalty": float(kl),
+                                                     "actor/reward_kl_penalty_coeff": self.kl_ctrl.value})
+        self.kl_ctrl.update(float(kl), len(batch))
+        return batch
+
+    @staticmethod
+    def set_advantages(batch: B.Batch, advantages_and_returns: tuple[torch.Tensor, torch.Tensor]) -> B.Batch:
+        """Store an estimator's ``(advantages, returns)`` in the batch."""
+        batch[B.ADVANTAGES], batch[B.RETURNS] = advantages_and_returns
+        return batch
+
+    # --- losses -----------------------------------------------------------------------------------
+    def pg_loss_matrix(
+        self, batch: B.Batch, log_probs: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The per-token policy-gradient loss ``[B, R]`` and indicator stats (PPO clip by default)."""
+        a = self.config.actor
+        return F.clipped_policy_loss(
+            log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask,
+            a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c,
+        )
 
     def policy_loss(
         self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext
     ) -> tuple[torch.Tensor, dict[str, float]]:
         a = self.config.actor
         mask = batch[B.RESPONSE_MASK].to(log_probs.dtype)
+        norm_length = self.config.algorithm.norm_length or self.config.rollout.max_new_tokens
 
         def agg(mat: torch.Tensor, mode: str = a.loss_agg_mode) -> torch.Tensor:
-            return F.agg_loss(mat, mask, mode, ctx.global_tokens, ctx.global_seqs)
+            return F.agg_loss(mat, mask, mode, ctx.global_tokens, ctx.global_seqs, norm_length)
 
-        pg_mat, stats = F.clipped_policy_loss(
-            log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask,
-            a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c,
-        )
+        pg_mat, stats = self.pg_loss_matrix(batch, log_probs, mask)
         pg_loss = agg(pg_mat)
         loss = pg_loss
-        metrics = {
-            "actor/pg_loss": pg_loss.item(),
-            "actor/pg_clipfrac": agg(stats["clipped"], "token-mean").item(),
-            "actor/pg_clipfrac_lower": agg(stats["clipped_lower"], "token-mean").item(),
-            "actor/ppo_kl": agg(stats["neg_log_ratio"], "token-mean").item(),
-        }
+        metrics = {"actor/pg_loss": pg_loss.item()}
+        for name, key in (("clipped", "actor/pg_clipfrac"), ("clipped_lower", "actor/pg_clipfrac_lower"),
+                          ("neg_log_ratio", "actor/ppo_kl")):
+            if name in stats:
+                metrics[key] = agg(stats[name].detach(), "token-mean").item()
         if entropy is not None:
-            ent = agg(entropy)
             metrics["actor/entropy"] = agg(entropy.detach(), "token-mean").item()
             if a.entropy_coeff:
-                loss = loss - a.entropy_coeff * ent
+                loss = loss - a.entropy_coeff * agg(entropy)
         if a.use_kl_loss:
             kl = agg(F.kl_penalty(log_probs, batch[B.REF_LOG_PROBS], a.kl_loss_type))
             loss = loss + a.kl_loss_coef * kl
             metrics["actor/kl_loss"] = kl.item()
         return loss, metrics
+
+    # --- checkpointed state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.kl_ctrl is not None and "kl_ctrl" in state:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])

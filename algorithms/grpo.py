@@ -1,19 +1,18 @@
-"""GRPO: group-relative advantages (Shao et al., 2024, DeepSeekMath), clipped policy loss, optional KL loss."""
+"""GRPO (Shao et al., 2024, DeepSeekMath) and Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from rlforge import batch as B
-from rlforge.config.schema import AlgorithmConfig
 from rlforge.hookspecs import hookimpl
 
 from rlforge.algorithms import functional as F
-from rlforge.algorithms.base import PolicyGradientModule
+from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 
 @dataclass
-class GRPOConfig(AlgorithmConfig):
+class GRPOConfig(PolicyGradientConfig):
     norm_adv_by_std: bool = True  # divide by the group std (False: Dr. GRPO-style mean-centering only)
     epsilon: float = 1e-6  # added to the group std
 
@@ -26,14 +25,22 @@ class GRPO(PolicyGradientModule):
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
         cfg = self.config.algorithm
-        adv, ret = F.grpo_outcome_advantage(
+        return self.set_advantages(batch, F.grpo_outcome_advantage(
             batch[B.TOKEN_LEVEL_REWARDS], batch[B.RESPONSE_MASK], batch[B.UID], cfg.norm_adv_by_std, cfg.epsilon
-        )
-        batch[B.ADVANTAGES] = adv
-        batch[B.RETURNS] = ret
-        return batch
+        ))
+
+
+class DrGRPO(GRPO):
+    """Dr. GRPO: GRPO without the std division and with a constant-length sequence loss (no length bias)."""
+
+    preset = {
+        "algorithm": {"name": "dr_grpo", "norm_adv_by_std": False},
+        "rollout": {"n": 8},
+        "actor": {"loss_agg_mode": "seq-mean-token-sum-norm"},
+    }
 
 
 @hookimpl
 def rlforge_register(registry):
     registry.algorithm.register("grpo", GRPO)
+    registry.algorithm.register("dr_grpo", DrGRPO)

@@ -31,6 +31,9 @@ GROUND_TRUTH = "ground_truth"
 EXTRA_INFO = "extra_info"
 RAW_PROMPT = "raw_prompt"  # chat messages
 RESPONSE_TEXT = "response_text"
+REWARD_BASELINES = "reward_baselines"  # [B] per-sample baseline score (ReMax: the greedy response's score)
+
+LEFT_PADDED = frozenset({PROMPTS, PROMPT_MASK})
 
 
 class Batch:
@@ -113,15 +116,24 @@ class Batch:
 
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:
-        """Rows of all ``batches`` in order. Tensors of different widths are right-padded with 0."""
+        """Rows of all ``batches`` in order, padded to a common width with 0 (masked out everywhere).
+
+        Prompt columns are left-padded, the others right-padded; ``input_ids``/``attention_mask`` are
+        rebuilt as prompt ++ response so the layout stays ``[left-padded prompt | response]``.
+        """
         if not batches:
             return Batch()
         tensors = {}
         for k in batches[0].tensors:
             parts = [b.tensors[k] for b in batches]
-            width = max(p.shape[1] for p in parts) if parts[0].dim() > 1 else None
-            if width is not None:
-                parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+            if parts[0].dim() > 1:
+                width = max(p.shape[1] for p in parts)
+                left = k in LEFT_PADDED
+                parts = [torch.nn.functional.pad(p, (width - p.shape[1], 0) if left else (0, width - p.shape[1]))
+                         for p in parts]
             tensors[k] = torch.cat(parts)
+        if INPUT_IDS in tensors and RESPONSES in tensors:
+            tensors[INPUT_IDS] = torch.cat([tensors[PROMPTS], tensors[RESPONSES]], dim=1)
+            tensors[ATTENTION_MASK] = torch.cat([tensors[PROMPT_MASK], tensors[RESPONSE_MASK]], dim=1)
         lists = {k: [x for b in batches for x in b.lists[k]] for k in batches[0].lists}
         return Batch(tensors, lists, batches[0].meta)

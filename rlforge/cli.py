@@ -35,10 +35,19 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_algos(args: argparse.Namespace) -> int:
     from rlforge.plugin_manager import PluginManager
 
+    from omegaconf import OmegaConf
+
     for entry in PluginManager().registry.algorithm.entries():
-        preset = entry.obj.preset or {}
-        print(f"{entry.name:<16} {entry.description}  [plugin: {entry.plugin}; preset: {preset}]")
+        flat = OmegaConf.to_container(OmegaConf.create(entry.obj.preset or {}))
+        preset = " ".join(f"{k}={v}" for k, v in _flatten(flat) if k != "algorithm.name") or "(defaults)"
+        print(f"{entry.name:<22} {entry.description}\n{'':<22} preset: {preset}  [{entry.plugin}]")
     return 0
+
+
+def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if not isinstance(d, dict):
+        return [(prefix, d)]
+    return [kv for k, v in d.items() for kv in _flatten(v, f"{prefix}{k}." if isinstance(v, dict) else f"{prefix}{k}")]
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

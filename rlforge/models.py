@@ -104,3 +104,16 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
         )
     except (OSError, ValueError) as exc:
         raise RLForgeError(f"Cannot load a causal LM from '{path}' (model.path): {exc}") from None
+
+
+def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
+    """A value model: the causal LM's body with a fresh scalar head (``...ForTokenClassification``, 1 label)."""
+    from transformers import AutoModelForTokenClassification
+
+    folder = resolve_model_path(path, "critic.path")
+    try:
+        return AutoModelForTokenClassification.from_pretrained(
+            folder, num_labels=1, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        raise RLForgeError(f"Cannot load a value model from '{path}' (critic.path): {exc}") from None

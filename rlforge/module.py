@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from rlforge import batch as B
 from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import DataFlow, Stage
-from rlforge.ops import response_logprobs
+from rlforge.ops import response_logprobs, response_values
 
 
 @dataclass
@@ -47,6 +47,7 @@ class RLModule:
         self.config = config
         self.actor: torch.nn.Module | None = None
         self.ref: torch.nn.Module | None = None
+        self.critic: torch.nn.Module | None = None
         self.tokenizer: Any = None
         self.trainer: Any = None  # set by the Trainer
 
@@ -60,15 +61,25 @@ class RLModule:
         stages = [Stage.ROLLOUT, Stage.REWARD, Stage.FILTER, Stage.OLD_LOGPROB]
         if self.needs_reference():
             stages.append(Stage.REF_LOGPROB)
-        stages += [Stage.ADVANTAGE, Stage.UPDATE_ACTOR, Stage.SYNC_WEIGHTS]
+        if self.needs_critic():
+            stages.append(Stage.VALUES)
+        stages.append(Stage.ADVANTAGE)
+        if self.needs_critic():
+            stages.append(Stage.UPDATE_CRITIC)
+        stages += [Stage.UPDATE_ACTOR, Stage.SYNC_WEIGHTS]
         return DataFlow(self.config.algorithm.name, stages)
 
     def needs_reference(self) -> bool:
+        """Whether a frozen reference model is loaded (KL loss or KL in reward)."""
         return bool(self.config.actor.use_kl_loss)
+
+    def needs_critic(self) -> bool:
+        """Whether a value model is trained (PPO)."""
+        return False
 
     def configure_model(self) -> None:
         """Load the tokenizer, the actor and (if needed) the reference model."""
-        from rlforge.models import load_model, load_tokenizer
+        from rlforge.models import load_model, load_tokenizer, load_value_model
 
         cfg = self.config.model
         self.tokenizer = load_tokenizer(cfg.path, trust_remote_code=cfg.trust_remote_code)
@@ -76,17 +87,24 @@ class RLModule:
         if self.needs_reference():
             self.ref = load_model(cfg.ref_path or cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)
             self.ref.requires_grad_(False).eval()
+        if self.needs_critic():
+            self.critic = load_value_model(self.config.critic.path or cfg.path, cfg.dtype, cfg.trust_remote_code)
 
     def configure_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
-        """AdamW with linear warm-up by default. Returns (optimizer, scheduler or None)."""
-        a = self.config.actor
+        """The actor's AdamW with linear warm-up (``actor.*``). Returns (optimizer, scheduler or None)."""
         assert self.actor is not None
-        opt = torch.optim.AdamW(self.actor.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-        warm = max(a.warmup_steps, 0)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-        return opt, sched
+        return _adamw(self.actor, self.config.actor)
+
+    def configure_critic_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
+        """The critic's AdamW with linear warm-up (``critic.*``)."""
+        assert self.critic is not None
+        return _adamw(self.critic, self.config.critic)
 
     # --- algorithm verbs ------------------------------------------------------------------------
+    def compute_rewards(self, batch: B.Batch) -> B.Batch:
+        """Final per-token rewards before advantages (e.g. subtract a KL penalty). Default: unchanged."""
+        return batch
+
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
         """Fill ``advantages`` and ``returns`` from ``token_level_rewards`` (and values)."""
         raise NotImplementedError(f"{type(self).__name__} must implement compute_advantages")  # abstract
@@ -106,6 +124,26 @@ class RLModule:
         )
         return self.policy_loss(micro, log_probs, entropy, ctx)
 
+    def value_loss(
+        self, batch: B.Batch, values: torch.Tensor, ctx: LossContext
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Return this micro-batch's share of the critic loss, and metrics (algorithms with a critic)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement value_loss to use a critic")  # abstract
+
+    def critic_step(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+        """Forward the critic on one micro-batch and return (loss, metrics)."""
+        assert self.critic is not None
+        values = response_values(self.critic, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], micro[B.RESPONSES].shape[1])
+        return self.value_loss(micro, values, ctx)
+
+    # --- state saved in checkpoints -----------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Extra algorithm state to checkpoint (e.g. an adaptive KL coefficient); plain values only."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
     # --- module hooks -------------------------------------------------------------------------------
     def on_rollout_end(self, batch: B.Batch) -> None:
         """Called after generation, before rewards."""
@@ -115,7 +153,8 @@ class RLModule:
 
     # --- public wrappers (not overridden) ---------------------------------------------------------
     def advantages(self, batch: B.Batch) -> B.Batch:
-        out = self.compute_advantages(batch)
+        """``compute_rewards`` then ``compute_advantages``, checking the columns they must set."""
+        out = self.compute_advantages(self.compute_rewards(batch))
         for col in (B.ADVANTAGES, B.RETURNS):
             if col not in out:
                 raise RuntimeError(f"{type(self).__name__}.compute_advantages did not set '{col}'")
@@ -125,3 +164,10 @@ class RLModule:
                 f"{tuple(batch[B.RESPONSE_MASK].shape)}"
             )
         return out
+
+
+def _adamw(model: torch.nn.Module, section: Any) -> tuple[torch.optim.Optimizer, Any]:
+    opt = torch.optim.AdamW(model.parameters(), lr=section.lr, weight_decay=section.weight_decay)
+    warm = max(section.warmup_steps, 0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    return opt, sched

@@ -63,3 +63,14 @@ def response_logprobs(
     logp = logprobs_from_logits(logits, labels)
     ent = entropy_from_logits(logits) if with_entropy else None
     return logp, ent
+
+
+def response_values(
+    critic: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
+) -> torch.Tensor:
+    """Per-token values ``V(s_t)`` of the state before each response token, from a model with a scalar head
+    (``...ForTokenClassification`` with ``num_labels=1``)."""
+    out = critic(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+    )
+    return out.logits[:, -response_len - 1 : -1, 0].float()

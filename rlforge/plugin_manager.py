@@ -24,6 +24,15 @@ AUTOLOAD_ENV = "RLFORGE_DISABLE_PLUGIN_AUTOLOAD"
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.algorithms.grpo",
+    "rlforge.algorithms.dapo",
+    "rlforge.algorithms.ppo",
+    "rlforge.algorithms.rloo",
+    "rlforge.algorithms.reinforce",
+    "rlforge.algorithms.remax",
+    "rlforge.algorithms.gspo",
+    "rlforge.algorithms.opo",
+    "rlforge.algorithms.gpg",
+    "rlforge.algorithms.shaping",
     "rlforge.plugins.rollout.hf",
     "rlforge.plugins.reward.rule",
     "rlforge.plugins.strategy.single",

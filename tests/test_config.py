@@ -236,7 +236,7 @@ def test_mini_batch_must_divide_train_batch(registry) -> None:
 
 def test_mini_batch_larger_than_train_batch(registry) -> None:
     with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
-        compose(registry, None, None, ["data.train_batch_size=16"])  # mini stays 32
+        compose(registry, None, None, ["data.train_batch_size=12"])  # mini stays 8
 
 
 def test_micro_batch_must_divide_mini_times_n(registry) -> None:
@@ -244,7 +244,7 @@ def test_micro_batch_must_divide_mini_times_n(registry) -> None:
         compose(registry, None, None, ["actor.ppo_micro_batch_size=100"])
     msg = str(info.value)
     assert "actor.ppo_micro_batch_size" in msg
-    assert "256" in msg  # 32 prompts x rollout.n=8
+    assert "8 prompts x rollout.n=8 = 64 samples" in msg
 
 
 def test_consistent_batch_sizes_pass(registry) -> None:
@@ -309,8 +309,8 @@ def test_load_config_helper() -> None:
 def test_explain_batch_sizes_defaults(registry) -> None:
     text = explain_batch_sizes(compose(registry))
     assert "Each step samples 32 prompts x 8 responses = 256 sequences." in text
-    assert "1 epoch(s) of 1 mini-batch(es) of 32 prompts (256 sequences) = 1 optimizer step(s)" in text
-    assert "4 micro-batch(es) of 64 sequences" in text
+    assert "1 epoch(s) of 4 mini-batch(es) of 8 prompts (64 sequences) = 4 optimizer step(s)" in text
+    assert "1 micro-batch(es) of 64 sequences" in text
 
 
 def test_explain_batch_sizes_custom(registry) -> None:

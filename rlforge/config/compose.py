@@ -124,7 +124,7 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     positive = [
         "data.train_batch_size", "data.max_prompt_length", "rollout.n", "rollout.max_new_tokens",
         "rollout.micro_batch_size", "rollout.val_n", "actor.ppo_epochs", "actor.ppo_mini_batch_size",
-        "actor.ppo_micro_batch_size", "trainer.total_steps",
+        "trainer.total_steps",
     ]
     for key in positive:
         value = OmegaConf.select(cfg, key)
@@ -143,16 +143,28 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     check_batch_sizes(cfg)
 
 
-def check_batch_sizes(cfg: DictConfig) -> None:
+def micro_batch_size(cfg: DictConfig, section: str = "actor") -> int:
+    """``<section>.ppo_micro_batch_size`` in samples; unset means the whole mini-batch (no accumulation)."""
+    micro = cfg[section].ppo_micro_batch_size
+    return int(micro) if micro is not None else cfg[section].ppo_mini_batch_size * cfg.rollout.n
+
+
+def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:
+    """The mini-batch (prompts) divides the batch and the micro-batch (samples) divides the mini-batch.
+
+    The core checks ``actor``; algorithms with a critic check ``critic`` in their ``validate_config``.
+    """
     prompts, n = cfg.data.train_batch_size, cfg.rollout.n
-    mini, micro = cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_micro_batch_size
+    mini, micro = cfg[section].ppo_mini_batch_size, micro_batch_size(cfg, section)
+    if mini <= 0 or micro <= 0:
+        raise ConfigError(f"'{section}.ppo_mini_batch_size' and '{section}.ppo_micro_batch_size' must be positive.")
     if prompts % mini:
         raise ConfigError(
-            f"'actor.ppo_mini_batch_size' ({mini} prompts) must divide 'data.train_batch_size' ({prompts} prompts)."
+            f"'{section}.ppo_mini_batch_size' ({mini} prompts) must divide 'data.train_batch_size' ({prompts} prompts)."
         )
     if (mini * n) % micro:
         raise ConfigError(
-            f"'actor.ppo_micro_batch_size' ({micro} samples) must divide the mini-batch of "
+            f"'{section}.ppo_micro_batch_size' ({micro} samples) must divide the mini-batch of "
             f"{mini} prompts x rollout.n={n} = {mini * n} samples."
         )
 
@@ -160,7 +172,7 @@ def check_batch_sizes(cfg: DictConfig) -> None:
 def explain_batch_sizes(cfg: DictConfig) -> str:
     """The batch-size arithmetic in words (printed by ``rlforge config show``)."""
     prompts, n = cfg.data.train_batch_size, cfg.rollout.n
-    mini, micro = cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_micro_batch_size
+    mini, micro = cfg.actor.ppo_mini_batch_size, micro_batch_size(cfg, "actor")
     return (
         f"Each step samples {prompts} prompts x {n} responses = {prompts * n} sequences.\n"
         f"The actor update runs {cfg.actor.ppo_epochs} epoch(s) of {prompts // mini} mini-batch(es) of "

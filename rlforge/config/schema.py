@@ -71,7 +71,7 @@ class ActorConfig:
     grad_clip: float = 1.0  # max global gradient norm (0 = no clipping, norm still logged)
     ppo_epochs: int = 1  # passes over each rollout batch
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
-    ppo_micro_batch_size: int = 64  # samples per forward/backward (gradient accumulation)
+    ppo_micro_batch_size: Optional[int] = None  # samples per forward/backward (gradient accumulation); None = whole mini-batch
     clip_ratio_low: float = 0.2  # ratio clipped below at 1 - clip_ratio_low
     clip_ratio_high: float = 0.2  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
     clip_ratio_c: float = 3.0  # dual-clip bound, applied where the advantage is negative
@@ -80,6 +80,22 @@ class ActorConfig:
     use_kl_loss: bool = False  # add a KL(actor || reference) term to the loss (loads a reference model)
     kl_loss_coef: float = 0.001  # weight of the KL loss
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 (= low_var_kl) | abs | mse | kl, or any of them with "+"
+
+
+@dataclass
+class CriticConfig:
+    """The value model, used by algorithms with a critic (PPO)."""
+
+    path: Optional[str] = None  # value model init; None = model.path's body with a fresh scalar head
+    lr: float = 1e-4  # AdamW learning rate of the critic
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup_steps: int = 0  # linear learning-rate warm-up, in training steps
+    grad_clip: float = 1.0  # max global gradient norm
+    ppo_epochs: int = 1  # passes over each rollout batch
+    ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
+    ppo_micro_batch_size: Optional[int] = None  # samples per forward/backward; None = whole mini-batch
+    cliprange_value: float = 0.5  # values clipped to old +- cliprange_value in the loss
+    loss_agg_mode: str = "token-mean"  # as actor.loss_agg_mode
 
 
 @dataclass
@@ -93,6 +109,7 @@ class TrainerConfig:
     total_steps: int = 200  # training steps (one rollout batch each)
     seed: int = 1  # seeds torch, python and the data order
     controller: str = "local"  # controller registry name: local (in-process)
+    critic_warmup: int = 0  # first steps in which only the critic is trained (the actor waits)
     project: str = "rlforge"  # mlflow experiment name
     experiment: str = "default"  # run folders go to <runs_root>/<experiment>/<timestamp>
     runs_root: str = "rlforge_runs"  # root folder of all runs
@@ -136,6 +153,7 @@ class RLForgeConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: Any = field(default_factory=AlgorithmConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

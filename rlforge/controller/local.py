@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from rlforge import batch as B
-from rlforge.controller.worker import ActorWorker
+from rlforge.controller.worker import ActorWorker, CriticWorker
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
 from rlforge.protocols import SamplingParams
@@ -22,6 +22,7 @@ class LocalController:
         self.config = config
         self.strategy = reg.strategy.get(config.strategy.name)(config)
         self.actor = ActorWorker(config, module, self.strategy, plugins.hook, trainer)
+        self.critic = CriticWorker(config, module, self.strategy, plugins.hook, trainer) if module.critic else None
         self.rollout = reg.rollout.get(config.rollout.name)(config, module.actor, module.tokenizer)
         self.reward = reg.reward_manager.get(config.reward.manager)(config, module.tokenizer, reg)
 
@@ -37,16 +38,31 @@ class LocalController:
     def update_actor(self, batch: B.Batch) -> dict[str, float]:
         return self.actor.update(batch)
 
+    def compute_values(self, batch: B.Batch) -> torch.Tensor:
+        assert self.critic is not None, "compute_values needs a critic (module.needs_critic())"
+        return self.critic.compute_values(batch)
+
+    def update_critic(self, batch: B.Batch) -> dict[str, float]:
+        assert self.critic is not None, "update_critic needs a critic (module.needs_critic())"
+        return self.critic.update(batch)
+
     def sync_weights(self) -> float:
         start = time.perf_counter()
         self.rollout.update_weights(self.actor.named_weights())
         return time.perf_counter() - start
 
     def state_dict(self) -> dict[str, Any]:
-        return {"actor": self.actor.state_dict()}
+        """Optimizer/scheduler state of every worker, and the critic's weights (the actor's are saved as HF)."""
+        state: dict[str, Any] = {"actor": self.actor.state_dict()}
+        if self.critic is not None:
+            state["critic"] = {**self.critic.state_dict(), "model": self.critic.model.state_dict()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.actor.load_state_dict(state["actor"])
+        if self.critic is not None:
+            self.critic.model.load_state_dict(state["critic"]["model"])
+            self.critic.load_state_dict(state["critic"])
 
     def shutdown(self) -> None:
         self.rollout.shutdown()

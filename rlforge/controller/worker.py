@@ -1,6 +1,7 @@
-"""ActorWorker: the actor (and reference) model on a strategy; log-probs and the PPO-style update loop.
+"""Workers: a model on a strategy with its optimizer and the mini-/micro-batch update loop.
 
-The same worker class serves the local controller and (later) Ray actors.
+``ActorWorker`` trains the policy (and holds the reference model); ``CriticWorker`` trains the value
+model. The same classes serve the local controller and Ray actors.
 """
 
 from __future__ import annotations
@@ -13,63 +14,51 @@ from typing import Any
 import torch
 
 from rlforge import batch as B
+from rlforge.config.compose import micro_batch_size
 from rlforge.module import LossContext, RLModule
-from rlforge.ops import response_logprobs
+from rlforge.ops import response_logprobs, response_values
 
 
-class ActorWorker:
-    """Owns the module's models on ``strategy`` plus the optimizer and scheduler."""
+class TrainWorker:
+    """Shared update loop: ``ppo_epochs`` passes over mini-batches, one optimizer step per mini-batch,
+    gradients accumulated over micro-batches whose losses are normalized by mini-batch-wide counts."""
+
+    role = ""  # config section and metric prefix: "actor" or "critic"
 
     def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None, trainer: Any = None) -> None:
         self.config = config
+        self.section = config[self.role]
         self.module = module
         self.strategy = strategy
         self.hook = hook
         self.trainer = trainer
-        module.actor = strategy.setup_model(module.actor)
-        module.actor.train()
-        if module.ref is not None:
-            module.ref = strategy.setup_model(module.ref)
-        self.optimizer, self.scheduler = module.configure_optimizers()
         self.skipped_steps = 0
+        self.micro_size = micro_batch_size(config, self.role)
 
-    @torch.no_grad()
-    def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
-        """Per-token log-probs of the responses under the actor or the reference model."""
-        model = self.module.actor if role == "actor" else self.module.ref
-        if model is None:
-            raise RuntimeError(f"No {role} model is loaded (does the algorithm need a reference model?)")
-        resp_len = batch[B.RESPONSES].shape[1]
-        temp = self.config.rollout.temperature
-        out = []
-        for mb in batch.split(self.config.actor.ppo_micro_batch_size):
-            mb = mb.to(self.strategy.device)
-            logp, _ = response_logprobs(model, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len, temp)
-            out.append(logp.cpu())
-        return torch.cat(out) * batch[B.RESPONSE_MASK]
+    @property
+    def model(self) -> torch.nn.Module:
+        return getattr(self.module, self.role)
+
+    def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError  # abstract: each worker's loss
 
     def update(self, batch: B.Batch) -> dict[str, float]:
-        """``ppo_epochs`` passes over mini-batches; each mini-batch is one optimizer step."""
-        a = self.config.actor
-        n = self.config.rollout.n
-        mini_size = a.ppo_mini_batch_size * n
+        mini_size = self.section.ppo_mini_batch_size * self.config.rollout.n
         totals: dict[str, float] = defaultdict(float)
         steps = 0
-        for _ in range(a.ppo_epochs):
+        for _ in range(self.section.ppo_epochs):
             for mini in batch.split(mini_size):
-                metrics = self._optimizer_step(mini)
-                for k, v in metrics.items():
+                for k, v in self._optimizer_step(mini).items():
                     totals[k] += v
                 steps += 1
         if self.scheduler is not None:
             self.scheduler.step()
         out = {k: v / max(steps, 1) for k, v in totals.items()}
-        out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        out["actor/skipped_steps"] = float(self.skipped_steps)
+        out[f"{self.role}/lr"] = self.optimizer.param_groups[0]["lr"]
+        out[f"{self.role}/skipped_steps"] = float(self.skipped_steps)
         return out
 
     def _optimizer_step(self, mini: B.Batch) -> dict[str, float]:
-        a = self.config.actor
         ctx = LossContext(
             global_tokens=self.strategy.all_reduce_sum(float(mini[B.RESPONSE_MASK].sum())),
             global_seqs=self.strategy.all_reduce_sum(float(len(mini))),
@@ -77,13 +66,13 @@ class ActorWorker:
         )
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for micro in mini.split(a.ppo_micro_batch_size):
-            loss, metrics = self.module.training_step(micro.to(self.strategy.device), ctx)
+        for micro in mini.split(self.micro_size):
+            loss, metrics = self.loss(micro.to(self.strategy.device), ctx)
             self.strategy.backward(loss)
             for k, v in metrics.items():
                 sums[k] += v
-        grad_norm = self.strategy.clip_grad_norm(self.module.actor.parameters(), a.grad_clip)
-        sums["actor/grad_norm"] = grad_norm
+        grad_norm = self.strategy.clip_grad_norm(self.model.parameters(), self.section.grad_clip)
+        sums[f"{self.role}/grad_norm"] = grad_norm
         if not math.isfinite(grad_norm):
             self.skipped_steps += 1
             self.optimizer.zero_grad(set_to_none=True)
@@ -92,9 +81,6 @@ class ActorWorker:
             self.hook.rlforge_before_optimizer_step(trainer=self.trainer, module=self.module, optimizer=self.optimizer)
         self.optimizer.step()
         return dict(sums)
-
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self.strategy.named_weights(self.module.actor)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -108,3 +94,62 @@ class ActorWorker:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
+
+
+class ActorWorker(TrainWorker):
+    """The policy (and the frozen reference model): log-probs and the policy update."""
+
+    role = "actor"
+
+    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None, trainer: Any = None) -> None:
+        super().__init__(config, module, strategy, hook, trainer)
+        module.actor = strategy.setup_model(module.actor)
+        module.actor.train()
+        if module.ref is not None:
+            module.ref = strategy.setup_model(module.ref)
+        self.optimizer, self.scheduler = module.configure_optimizers()
+
+    def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.module.training_step(micro, ctx)
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
+        """Per-token log-probs of the responses under the actor or the reference model."""
+        model = self.module.actor if role == "actor" else self.module.ref
+        if model is None:
+            raise RuntimeError(f"No {role} model is loaded (does the algorithm need a reference model?)")
+        resp_len = batch[B.RESPONSES].shape[1]
+        out = []
+        for mb in batch.split(self.micro_size):
+            mb = mb.to(self.strategy.device)
+            logp, _ = response_logprobs(model, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len,
+                                        self.config.rollout.temperature)
+            out.append(logp.cpu())
+        return torch.cat(out) * batch[B.RESPONSE_MASK]
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.strategy.named_weights(self.module.actor)
+
+
+class CriticWorker(TrainWorker):
+    """The value model: per-token values and the clipped value-loss update."""
+
+    role = "critic"
+
+    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None, trainer: Any = None) -> None:
+        super().__init__(config, module, strategy, hook, trainer)
+        module.critic = strategy.setup_model(module.critic)
+        module.critic.train()
+        self.optimizer, self.scheduler = module.configure_critic_optimizers()
+
+    def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.module.critic_step(micro, ctx)
+
+    @torch.no_grad()
+    def compute_values(self, batch: B.Batch) -> torch.Tensor:
+        resp_len = batch[B.RESPONSES].shape[1]
+        out = []
+        for mb in batch.split(self.micro_size):
+            mb = mb.to(self.strategy.device)
+            out.append(response_values(self.module.critic, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len).cpu())
+        return torch.cat(out) * batch[B.RESPONSE_MASK]

@@ -42,6 +42,16 @@ def ref_logprob(t: Any, batch: B.Batch) -> B.Batch:
     return batch
 
 
+def values(t: Any, batch: B.Batch) -> B.Batch:
+    batch[B.VALUES] = t.controller.compute_values(batch)
+    return batch
+
+
+def update_critic(t: Any, batch: B.Batch) -> B.Batch:
+    t.step_metrics.update(t.controller.update_critic(batch))
+    return batch
+
+
 def advantage(t: Any, batch: B.Batch) -> B.Batch:
     batch = t.module.advantages(batch)
     t.hook.rlforge_advantage_end(trainer=t, batch=batch)
@@ -49,6 +59,8 @@ def advantage(t: Any, batch: B.Batch) -> B.Batch:
 
 
 def update_actor(t: Any, batch: B.Batch) -> B.Batch:
+    if t.step <= t.config.trainer.critic_warmup:  # the critic learns first; the policy waits
+        return batch
     t.hook.rlforge_update_start(trainer=t, batch=batch)
     metrics = t.controller.update_actor(batch)
     t.step_metrics.update(metrics)
@@ -68,7 +80,9 @@ STAGE_IMPLS: dict[Stage, Callable[[Any, B.Batch], B.Batch]] = {
     Stage.FILTER: filter_groups,
     Stage.OLD_LOGPROB: old_logprob,
     Stage.REF_LOGPROB: ref_logprob,
+    Stage.VALUES: values,
     Stage.ADVANTAGE: advantage,
+    Stage.UPDATE_CRITIC: update_critic,
     Stage.UPDATE_ACTOR: update_actor,
     Stage.SYNC_WEIGHTS: sync_weights,
 }

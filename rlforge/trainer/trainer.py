@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlforge import batch as B
 from rlforge.config import compose
 from rlforge.data import PromptSampler, collate, tokenize_rows
+from rlforge.dataflow import Stage
 from rlforge.errors import RLForgeError
 from rlforge.module import RLModule
 from rlforge.plugin_manager import PluginManager
@@ -156,9 +157,7 @@ class Trainer:
         self.step_metrics = {}
         self.hook.rlforge_step_start(trainer=self, step=self.step)
         step_start = time.perf_counter()
-        idx = self.sampler.next_indices()
-        batch = collate([self.train_prompts[i] for i in idx], self.module.tokenizer.pad_token_id,
-                        [f"{self.step}-{i}" for i in idx])
+        batch = self.next_prompts()
         for fs in flow.steps:
             self.hook.rlforge_stage_start(trainer=self, stage=fs.name, batch=batch)
             t0 = time.perf_counter()
@@ -168,7 +167,8 @@ class Trainer:
             self.hook.rlforge_stage_end(trainer=self, stage=fs.name, batch=batch, seconds=seconds)
         elapsed = time.perf_counter() - step_start
         n_tokens = token_count(batch)
-        metrics = {**data_metrics(batch, self.config.rollout.max_new_tokens), **self.step_metrics}
+        metrics = {**data_metrics(batch, self.config.rollout.max_new_tokens), **self.step_metrics,
+                   **batch.meta.get("metrics", {})}
         metrics.update({"timing_s/step": elapsed, "perf/throughput": n_tokens / elapsed,
                         "perf/total_num_tokens": float(n_tokens), "training/epoch": float(self.sampler.epoch)})
         self._write_samples("samples.jsonl", batch, self.config.trainer.samples_to_save)
@@ -177,6 +177,20 @@ class Trainer:
         self.history.append({"step": self.step, **metrics})
         self._log(metrics)
         return n_tokens
+
+    def next_prompts(self) -> B.Batch:
+        """The next ``data.train_batch_size`` training prompts (the data cursor advances)."""
+        idx = self.sampler.next_indices()
+        draw = f"{self.sampler.epoch}.{self.sampler.position}"  # unique per draw: samples of a prompt share it
+        return collate([self.train_prompts[i] for i in idx], self.module.tokenizer.pad_token_id,
+                       [f"{draw}-{i}" for i in idx])
+
+    def generate_and_score(self) -> B.Batch:
+        """Draw more prompts and run the rollout and reward stages on them (for dynamic sampling)."""
+        batch = self.next_prompts()
+        for stage in (Stage.ROLLOUT, Stage.REWARD):
+            batch = STAGE_IMPLS[stage](self, batch)
+        return batch
 
     def validate(self) -> dict[str, float]:
         """Generate on the held-out prompts with the validation sampling config and score them."""
@@ -216,6 +230,7 @@ class Trainer:
             "step": self.step,
             "controller": self.controller.state_dict(),
             "sampler": self.sampler.state_dict(),
+            "module": self.module.state_dict(),
             "rng": ckpt.rng_state(),
             "extra": {},
         }
@@ -228,6 +243,7 @@ class Trainer:
         self.controller.load_state_dict(state["controller"])
         self.controller.sync_weights()
         self.sampler.load_state_dict(state["sampler"])
+        self.module.load_state_dict(state.get("module", {}))
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.hook.rlforge_load_checkpoint(trainer=self, checkpoint=state.get("extra", {}))

@@ -1,0 +1,42 @@
+"""GPG (Chu et al., 2025, "Group Policy Gradient"): a plain policy-gradient loss with a rescaled group baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlforge import batch as B
+from rlforge.hookspecs import hookimpl
+
+from rlforge.algorithms import functional as F
+from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
+
+
+@dataclass
+class GPGConfig(PolicyGradientConfig):
+    f_norm: float = 1.0  # divides the advantage
+    alpha: float = 1.0  # multiplies the batch-size / non-zero-reward count factor
+
+
+class GPG(PolicyGradientModule):
+    """No ratio, no clipping: loss = -log pi(a) * A with A = alpha * (r - group mean) / f_norm."""
+
+    config_class = GPGConfig
+    preset = {"algorithm": {"name": "gpg"}, "rollout": {"n": 8}}
+
+    def compute_advantages(self, batch: B.Batch) -> B.Batch:
+        cfg = self.config.algorithm
+        return self.set_advantages(batch, F.gpg_advantage(
+            batch[B.TOKEN_LEVEL_REWARDS], batch[B.RESPONSE_MASK], batch[B.UID], cfg.f_norm, cfg.alpha
+        ))
+
+    def pg_loss_matrix(
+        self, batch: B.Batch, log_probs: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return F.gpg_policy_loss(log_probs, batch[B.ADVANTAGES], mask)
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.algorithm.register("gpg", GPG)

@@ -1,0 +1,25 @@
+"""OPO (Hao et al., 2025, "On-Policy RL with Optimal Reward Baseline"): length-weighted group baseline."""
+
+from __future__ import annotations
+
+from rlforge import batch as B
+from rlforge.hookspecs import hookimpl
+
+from rlforge.algorithms import functional as F
+from rlforge.algorithms.base import PolicyGradientModule
+
+
+class OPO(PolicyGradientModule):
+    """Advantage = reward minus the group's length-weighted mean reward (strictly on-policy)."""
+
+    preset = {"algorithm": {"name": "opo"}, "rollout": {"n": 8}}
+
+    def compute_advantages(self, batch: B.Batch) -> B.Batch:
+        return self.set_advantages(batch, F.opo_advantage(
+            batch[B.TOKEN_LEVEL_REWARDS], batch[B.RESPONSE_MASK], batch[B.UID]
+        ))
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.algorithm.register("opo", OPO)

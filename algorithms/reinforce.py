@@ -1,0 +1,45 @@
+"""REINFORCE++ (Hu, 2025, arXiv:2501.03262) and its group-baseline variant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlforge import batch as B
+from rlforge.hookspecs import hookimpl
+
+from rlforge.algorithms import functional as F
+from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
+
+
+@dataclass
+class ReinforcePPConfig(PolicyGradientConfig):
+    gamma: float = 1.0  # discount of the returns-to-go
+
+
+class ReinforcePP(PolicyGradientModule):
+    """REINFORCE++: discounted returns-to-go, whitened over the batch; no critic, no groups needed."""
+
+    config_class = ReinforcePPConfig
+    preset = {"algorithm": {"name": "reinforce_pp"}, "rollout": {"n": 8}}
+
+    def compute_advantages(self, batch: B.Batch) -> B.Batch:
+        return self.set_advantages(batch, F.reinforce_pp_advantage(
+            batch[B.TOKEN_LEVEL_REWARDS], batch[B.RESPONSE_MASK], self.config.algorithm.gamma
+        ))
+
+
+class ReinforcePPBaseline(PolicyGradientModule):
+    """REINFORCE++ with a baseline: subtract the group-mean reward, then whiten over the batch."""
+
+    preset = {"algorithm": {"name": "reinforce_pp_baseline"}, "rollout": {"n": 8}}
+
+    def compute_advantages(self, batch: B.Batch) -> B.Batch:
+        return self.set_advantages(batch, F.reinforce_pp_baseline_advantage(
+            batch[B.TOKEN_LEVEL_REWARDS], batch[B.RESPONSE_MASK], batch[B.UID]
+        ))
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.algorithm.register("reinforce_pp", ReinforcePP)
+    registry.algorithm.register("reinforce_pp_baseline", ReinforcePPBaseline)
