@@ -16,8 +16,8 @@ FAST = [
 ]
 
 
-def _config(tmp_path, *extra):
-    return load_config("grpo", [*FAST, f"trainer.runs_root={tmp_path}", *extra])
+def _config(tmp_path, *extra, algo="grpo"):
+    return load_config(algo, [*FAST, f"trainer.runs_root={tmp_path}", *extra])
 
 
 class Recorder:
@@ -81,10 +81,12 @@ def _weights(path):
     return load_file(str(path / "actor" / "model.safetensors"))
 
 
-def test_resume_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("algo", ["grpo", "ppo", "dapo"])
+def test_resume_is_bit_identical(tmp_path, algo):
+    """grpo: the base case; ppo: critic weights and optimizer; dapo: extra prompt draws of dynamic sampling."""
     common = ["trainer.total_steps=4", "trainer.save_every=2", "trainer.keep_last_n=0", "logger.backends=[console]",
               "trainer.val_before_train=false"]
-    full = Trainer(_config(tmp_path / "a", *common))
+    full = Trainer(_config(tmp_path / "a", *common, algo=algo))
     full.fit()
     # interrupted after step 2 (a callback raises), then resumed with trainer.resume=auto
     class Crash:
@@ -94,8 +96,8 @@ def test_resume_is_bit_identical(tmp_path):
                 raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        Trainer(_config(tmp_path / "b", *common), callbacks=[Crash()]).fit()
-    resumed = Trainer(_config(tmp_path / "b", *common, "trainer.resume=auto"))
+        Trainer(_config(tmp_path / "b", *common, algo=algo), callbacks=[Crash()]).fit()
+    resumed = Trainer(_config(tmp_path / "b", *common, "trainer.resume=auto", algo=algo))
     resumed.fit()
     assert resumed.run_dir.parent.parent == tmp_path / "b"
 
