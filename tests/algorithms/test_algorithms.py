@@ -1,0 +1,173 @@
+"""The algorithm classes: registration, presets, dataflows, DAPO hooks, ReMax baseline, KL-in-reward state."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlforge import batch as B
+from rlforge import load_config
+from rlforge.algorithms import shaping
+from rlforge.cli import main
+from rlforge.plugin_manager import PluginManager
+
+ALGOS = ["dapo", "dr_grpo", "gpg", "grpo", "gspo", "opo", "ppo", "reinforce_pp", "reinforce_pp_baseline", "remax",
+         "rloo"]
+
+
+@pytest.fixture(scope="module")
+def pm():
+    return PluginManager(autoload=False)
+
+
+def test_every_algorithm_is_registered_with_a_description(pm, capsys):
+    assert pm.registry.algorithm.available() == ALGOS
+    assert main(["algos"]) == 0
+    out = capsys.readouterr().out
+    for name in ALGOS:
+        assert name in out
+        assert pm.registry.algorithm.entry(name).description
+    assert "actor.clip_ratio_high=0.28" in out  # dapo's preset
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_flow_compiles_and_preset_applies(pm, algo):
+    cfg = load_config(algo, plugins=pm)
+    module = pm.registry.algorithm.get(algo)(cfg)
+    names = module.flow().compile().names()
+    assert cfg.algorithm.name == algo
+    assert ("values" in names and "update_critic" in names) == (algo == "ppo")
+    assert ("greedy_baseline" in names) == (algo == "remax")
+
+
+def test_presets(pm):
+    assert load_config("dr_grpo", plugins=pm).actor.loss_agg_mode == "seq-mean-token-sum-norm"
+    assert load_config("dr_grpo", plugins=pm).algorithm.norm_adv_by_std is False
+    gspo = load_config("gspo", plugins=pm).actor
+    assert (gspo.clip_ratio_low, gspo.clip_ratio_high, gspo.loss_agg_mode) == (3e-4, 4e-4, "seq-mean-token-mean")
+    dapo = load_config("dapo", plugins=pm)
+    assert dapo.algorithm.filter_groups and dapo.actor.clip_ratio_high == 0.28
+
+
+def _scored(uids, scores, lengths, width=4):
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    n = len(uids)
+    rewards = torch.zeros(n, width)
+    rewards[torch.arange(n), torch.tensor(lengths) - 1] = torch.tensor(scores, dtype=torch.float32)
+    return B.Batch({B.PROMPTS: torch.ones(n, 3, dtype=torch.long), B.PROMPT_MASK: torch.ones(n, 3, dtype=torch.long),
+                    B.RESPONSES: torch.ones(n, width, dtype=torch.long), B.RESPONSE_MASK: mask,
+                    B.INPUT_IDS: torch.ones(n, 3 + width, dtype=torch.long),
+                    B.ATTENTION_MASK: torch.cat([torch.ones(n, 3, dtype=torch.long), mask], 1),
+                    B.TOKEN_LEVEL_REWARDS: rewards, B.SCORES: torch.tensor(scores, dtype=torch.float32)},
+                   {B.UID: uids})
+
+
+class FakeTrainer:
+    """Serves pre-made batches from generate_and_score, as dynamic sampling asks for more."""
+
+    def __init__(self, cfg, more):
+        self.config = cfg
+        self.more = list(more)
+        self.calls = 0
+
+    def generate_and_score(self):
+        self.calls += 1
+        return self.more.pop(0)
+
+
+def test_dynamic_sampling_drops_uniform_groups_and_refills(pm):
+    cfg = load_config("dapo", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2"], plugins=pm)
+    first = _scored(["a", "a", "b", "b"], [1, 1, 0, 1], [2, 2, 2, 2])  # a uniform -> dropped, b kept
+    second = _scored(["c", "c", "d", "d"], [0, 0, 1, 0], [1, 3, 2, 2])  # c dropped, d kept
+    trainer = FakeTrainer(cfg, [second])
+    out = shaping.rlforge_filter_groups(trainer=trainer, batch=first)
+    assert out[B.UID] == ["b", "b", "d", "d"]
+    assert trainer.calls == 1
+    assert out.meta["metrics"] == {"train/gen_batches": 2.0, "train/kept_groups": 2.0}
+    # prompt layout stays [left-padded prompt | response] after concatenation
+    assert out[B.INPUT_IDS].shape[1] == out[B.PROMPTS].shape[1] + out[B.RESPONSES].shape[1]
+
+
+def test_dynamic_sampling_stops_at_the_generation_cap(pm):
+    cfg = load_config("dapo", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
+                               "algorithm.max_gen_batches=2"], plugins=pm)
+    uniform = _scored(["a", "a"], [1, 1], [2, 2])
+    trainer = FakeTrainer(cfg, [_scored(["c", "c"], [0, 0], [2, 2])])
+    out = shaping.rlforge_filter_groups(trainer=trainer, batch=uniform)
+    assert trainer.calls == 1
+    assert out[B.UID] == ["a", "a"]  # nothing informative: the original batch trains (zero advantages)
+    assert out.meta["metrics"]["train/kept_groups"] == 0.0
+
+
+def test_filter_hook_is_off_unless_enabled(pm):
+    cfg = load_config("grpo", plugins=pm)
+    assert shaping.rlforge_filter_groups(trainer=FakeTrainer(cfg, []), batch=_scored(["a", "a"], [1, 1], [2, 2])) is None
+    assert shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg, []), batch=_scored(["a"], [1], [2])) is None
+
+
+def test_overlong_shaping_penalizes_the_last_token(pm):
+    cfg = load_config("dapo", ["rollout.max_new_tokens=4", "algorithm.overlong_buffer=2",
+                               "algorithm.overlong_penalty=1.0"], plugins=pm)
+    batch = _scored(["a", "a", "a"], [1, 1, 1], [2, 3, 4])
+    out = shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg, []), batch=batch)
+    # expected length 4 - 2 = 2: lengths 2, 3, 4 exceed it by 0, 1, 2 -> penalties 0, -0.5, -1
+    assert out[B.TOKEN_LEVEL_REWARDS].sum(-1).tolist() == [1.0, 0.5, 0.0]
+    assert out[B.TOKEN_LEVEL_REWARDS][1, 2] == 0.5
+
+
+def test_remax_baseline_is_the_greedy_score(pm):
+    cfg = load_config("remax", plugins=pm)
+    module = pm.registry.algorithm.get("remax")(cfg)
+    calls = []
+
+    def generate(batch, params):
+        calls.append(params)
+        return batch
+
+    def score(batch):
+        batch[B.SCORES] = torch.tensor([0.25 if u == "p" else 0.75 for u in batch[B.UID]])
+        return batch
+
+    module.trainer = SimpleNamespace(controller=SimpleNamespace(generate=generate, score=score))
+    batch = _scored(["p", "p", "q", "q"], [1, 0, 0, 1], [2, 2, 2, 2])
+    batch[B.RAW_PROMPT] = [[{"content": "x"}]] * 4
+    for col in (B.DATA_SOURCE, B.GROUND_TRUTH, B.EXTRA_INFO):
+        batch[col] = [None] * 4
+    out = module.greedy_baseline(batch)
+    assert calls[0].temperature == 0 and calls[0].n == 1
+    assert out[B.REWARD_BASELINES].tolist() == [0.25, 0.25, 0.75, 0.75]
+    adv = module.compute_advantages(out)[B.ADVANTAGES]
+    assert adv[:, 0].tolist() == [0.75, -0.25, -0.75, 0.25]
+
+
+def test_kl_in_reward_controller_state_round_trips(pm):
+    cfg = load_config("grpo", ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl=adaptive",
+                               "algorithm.kl_coef=0.2", "algorithm.kl_target=0.01", "algorithm.kl_horizon=10"],
+                      plugins=pm)
+    module = pm.registry.algorithm.get("grpo")(cfg)
+    assert module.needs_reference()
+    batch = _scored(["a", "a"], [1, 0], [2, 2])
+    batch[B.OLD_LOG_PROBS] = torch.full((2, 4), -1.0)
+    batch[B.REF_LOG_PROBS] = torch.full((2, 4), -2.0)  # k1 = 1 per valid token
+    out = module.compute_rewards(batch)
+    assert out[B.TOKEN_LEVEL_REWARDS].sum(-1).tolist() == pytest.approx([1 - 0.2 * 2, 0 - 0.2 * 2])
+    # KL 1 >> target 0.01: error clipped to 0.2, value *= 1 + 0.2 * 2 / 10
+    assert module.kl_ctrl.value == pytest.approx(0.2 * 1.04)
+    fresh = pm.registry.algorithm.get("grpo")(cfg)
+    fresh.load_state_dict(module.state_dict())
+    assert fresh.kl_ctrl.value == module.kl_ctrl.value
+
+
+@pytest.mark.parametrize("override, key", [
+    ("algorithm.kl_ctrl=pid", "algorithm.kl_ctrl"),
+    ("algorithm.kl_penalty=k9", "algorithm.kl_penalty"),
+    ("algorithm.overlong_buffer=8", "algorithm.overlong_buffer"),
+    ("critic.ppo_mini_batch_size=5", "critic.ppo_mini_batch_size"),
+])
+def test_algorithm_option_errors_name_the_key(pm, override, key):
+    from rlforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config("ppo", [override], plugins=pm)
