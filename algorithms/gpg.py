@@ -20,7 +20,7 @@ class GPGConfig(PolicyGradientConfig):
 
 
 class GPG(PolicyGradientModule):
-    """No ratio, no clipping: loss = -log pi(a) * A with A = alpha * (r - group mean) / f_norm."""
+    """No ratio, no clipping: loss = -log pi(a) * A, A = alpha * (B / M) * (r - group mean) / f_norm."""
 
     config_class = GPGConfig
     preset = {"algorithm": {"name": "gpg"}, "rollout": {"n": 8}}

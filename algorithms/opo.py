@@ -10,9 +10,10 @@ from rlforge.algorithms.base import PolicyGradientModule
 
 
 class OPO(PolicyGradientModule):
-    """Advantage = reward minus the group's length-weighted mean reward (strictly on-policy)."""
+    """Advantage = reward minus the group's length-weighted mean reward; one optimizer step per batch."""
 
-    preset = {"algorithm": {"name": "opo"}, "rollout": {"n": 8}}
+    # strictly on-policy as in the paper: the whole batch is one mini-batch
+    preset = {"algorithm": {"name": "opo"}, "rollout": {"n": 8}, "actor": {"ppo_mini_batch_size": 32}}
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
         return self.set_advantages(batch, F.opo_advantage(

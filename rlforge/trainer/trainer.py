@@ -97,7 +97,7 @@ class Trainer:
         module = module or self.plugins.registry.algorithm.get(cfg.algorithm.name)(cfg)
         module.trainer = self
         self.module = module
-        flow = module.flow().compile()
+        flow = self.flow = module.flow().compile()
         for step in flow.steps:
             if step.stage is not None and step.stage not in STAGE_IMPLS:
                 raise RLForgeError(f"Dataflow stage '{step.name}' is not implemented by this version of rlforge.")
@@ -159,12 +159,7 @@ class Trainer:
         step_start = time.perf_counter()
         batch = self.next_prompts()
         for fs in flow.steps:
-            self.hook.rlforge_stage_start(trainer=self, stage=fs.name, batch=batch)
-            t0 = time.perf_counter()
-            batch = STAGE_IMPLS[fs.stage](self, batch) if fs.stage is not None else fs.fn(batch)
-            seconds = time.perf_counter() - t0
-            self.step_metrics[f"timing_s/{fs.name}"] = seconds
-            self.hook.rlforge_stage_end(trainer=self, stage=fs.name, batch=batch, seconds=seconds)
+            batch = self._run_stage(fs, batch)
         elapsed = time.perf_counter() - step_start
         n_tokens = token_count(batch)
         metrics = {**data_metrics(batch, self.config.rollout.max_new_tokens), **self.step_metrics,
@@ -178,6 +173,16 @@ class Trainer:
         self._log(metrics)
         return n_tokens
 
+    def _run_stage(self, fs: Any, batch: B.Batch) -> B.Batch:
+        self.hook.rlforge_stage_start(trainer=self, stage=fs.name, batch=batch)
+        t0 = time.perf_counter()
+        batch = STAGE_IMPLS[fs.stage](self, batch) if fs.stage is not None else fs.fn(batch)
+        seconds = time.perf_counter() - t0
+        key = f"timing_s/{fs.name}"
+        self.step_metrics[key] = self.step_metrics.get(key, 0.0) + seconds
+        self.hook.rlforge_stage_end(trainer=self, stage=fs.name, batch=batch, seconds=seconds)
+        return batch
+
     def next_prompts(self) -> B.Batch:
         """The next ``data.train_batch_size`` training prompts (the data cursor advances)."""
         idx = self.sampler.next_indices()
@@ -186,10 +191,12 @@ class Trainer:
                        [f"{draw}-{i}" for i in idx])
 
     def generate_and_score(self) -> B.Batch:
-        """Draw more prompts and run the rollout and reward stages on them (for dynamic sampling)."""
+        """Draw more prompts and run the flow's stages before the filter on them (for dynamic sampling)."""
         batch = self.next_prompts()
-        for stage in (Stage.ROLLOUT, Stage.REWARD):
-            batch = STAGE_IMPLS[stage](self, batch)
+        for fs in self.flow.steps:
+            if fs.stage is Stage.FILTER:
+                break
+            batch = self._run_stage(fs, batch)
         return batch
 
     def validate(self) -> dict[str, float]:

@@ -1,0 +1,113 @@
+"""``rlforge eval``: score a model on a dataset with the reward functions; mean reward, accuracy and pass@k.
+
+pass@k uses the unbiased estimator of Chen et al. (2021): with ``n`` samples of a prompt of which ``c`` are
+correct, ``pass@k = 1 - C(n-c, k) / C(n, k)``, averaged over prompts. A sample is correct when its
+accuracy (the reward function's ``acc``, else ``score >= 1``) is at least 0.5.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rlforge import batch as B
+from rlforge.errors import RLForgeError
+from rlforge.protocols import SamplingParams
+from rlforge.tools.inference import load_engine, prompt_batches
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of ``k`` samples drawn without replacement from ``n`` (``c`` correct) is correct."""
+    if not 0 < k <= n:
+        raise ValueError(f"k must be in 1..n={n}, got {k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def parse_ks(text: str | None, n: int) -> list[int]:
+    """``"1,4"`` -> [1, 4]; by default 1 and n. Every k must be in 1..n."""
+    if not text:
+        return sorted({1, n})
+    try:
+        ks = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise RLForgeError(f"--k must be comma-separated integers like 1,4,8, got '{text}'.") from None
+    bad = [k for k in ks if not 0 < k <= n]
+    if bad or not ks:
+        raise RLForgeError(f"--k {text}: each k must be between 1 and the samples per prompt n={n} (--n).")
+    return ks
+
+
+def summarize(groups: dict[Any, list[tuple[float, float]]], ks: list[int]) -> dict[str, float]:
+    """Metrics over prompts: ``groups`` maps a prompt to its samples' (score, accuracy)."""
+    samples = [s for g in groups.values() for s in g]
+    out = {
+        "reward/mean": sum(score for score, _ in samples) / len(samples),
+        "accuracy": sum(acc for _, acc in samples) / len(samples),
+    }
+    for k in ks:
+        per_prompt = [pass_at_k(len(g), sum(acc >= 0.5 for _, acc in g), k) for g in groups.values()]
+        out[f"pass@{k}"] = sum(per_prompt) / len(per_prompt)
+    return out
+
+
+def evaluate(
+    cfg: DictConfig, pm: Any, *, split: str = "val", ks: str | None = None, limit: int | None = None,
+    log: Callable[[str], Any] = print,
+) -> dict[str, Any]:
+    """Generate ``rollout.val_n`` samples per prompt, score them with ``reward.manager``; return the report."""
+    params = SamplingParams.from_config(cfg.rollout, validation=True)
+    k_list = parse_ks(ks, params.n)
+    engine, tokenizer = load_engine(cfg, pm)
+    reward = pm.registry.reward_manager.get(cfg.reward.manager)(cfg, tokenizer, pm.registry)
+    batches, rows = prompt_batches(cfg, pm, tokenizer, split, limit)
+    groups: dict[Any, list[tuple[float, float]]] = defaultdict(list)
+    source: dict[Any, str] = {}
+    start = time.perf_counter()
+    try:
+        for i, prompts in enumerate(batches, 1):
+            scored = reward.score(engine.generate(prompts, params))
+            if B.ACC not in scored:
+                raise RLForgeError(f"Reward manager '{cfg.reward.manager}' (reward.manager) sets no 'acc' column.")
+            for uid, src, score, acc in zip(scored[B.UID], scored[B.DATA_SOURCE], scored[B.SCORES].tolist(),
+                                            scored[B.ACC].tolist()):
+                groups[uid].append((score, acc))
+                source[uid] = src
+            log(f"eval: {i}/{len(batches)} batches, {len(groups)} prompts")
+    finally:
+        engine.shutdown()
+    by_source = {
+        src: {"prompts": len(sub), **summarize(sub, k_list)}
+        for src in sorted(set(source.values()))
+        if (sub := {u: g for u, g in groups.items() if source[u] == src})
+    }
+    return {
+        "model": cfg.model.path,
+        "dataset": cfg.data.name,
+        "split": split,
+        "rows": rows,
+        "prompts": len(groups),
+        "samples_per_prompt": params.n,
+        "temperature": params.temperature,
+        "max_new_tokens": params.max_new_tokens,
+        "rollout": cfg.rollout.name,
+        "reward_manager": cfg.reward.manager,
+        "metrics": summarize(groups, k_list),
+        "by_data_source": by_source,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
+def write_report(report: dict[str, Any], path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return out

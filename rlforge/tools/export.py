@@ -1,0 +1,75 @@
+"""Checkpoints as models: find the model folder of a run or checkpoint, and ``rlforge export`` it.
+
+A checkpoint (``<run>/checkpoints/step_N/``, see ``rlforge.trainer.checkpoint``) is exported by the strategy
+that wrote it: a strategy class may define ``export_checkpoint(checkpoint: Path, out: Path)`` for its own
+layout (e.g. sharded weights to gather). Strategies without one write ``actor/`` as a plain Hugging Face
+folder, which is copied as it is.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rlforge.errors import RLForgeError
+from rlforge.models import BUILTIN_PREFIX
+from rlforge.trainer import checkpoint as ckpt
+
+ACTOR_DIR = "actor"
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """``path`` itself if it is a checkpoint folder; the newest checkpoint if it is a run folder."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise RLForgeError(f"'{path}' does not exist or is not a folder.")
+    if (folder / ckpt.STATE_FILE).is_file() or (folder / ACTOR_DIR).is_dir():
+        return folder
+    found = ckpt.list_checkpoints(folder)
+    if found:
+        return found[-1]
+    raise RLForgeError(
+        f"'{path}' is neither a checkpoint (no {ckpt.STATE_FILE} or {ACTOR_DIR}/) nor a run folder with "
+        f"checkpoints/step_N/ in it."
+    )
+
+
+def model_folder(path: str) -> str:
+    """The Hugging Face folder to load for ``path``: a model folder or ``builtin:NAME`` as given, a checkpoint's
+    ``actor/``, or a run's newest checkpoint's ``actor/``."""
+    folder = Path(path).expanduser()
+    if path.startswith(BUILTIN_PREFIX) or (folder / "config.json").is_file():
+        return path
+    return str(find_checkpoint(folder) / ACTOR_DIR)
+
+
+def copy_hf_folder(checkpoint: Path, out: Path) -> None:
+    """The default exporter: ``actor/`` already is a complete Hugging Face folder."""
+    actor = checkpoint / ACTOR_DIR
+    if not (actor / "config.json").is_file():
+        raise RLForgeError(f"Checkpoint {checkpoint} has no {ACTOR_DIR}/config.json: it is incomplete.")
+    shutil.copytree(actor, out, dirs_exist_ok=True)
+
+
+def _strategy_of(checkpoint: Path, registry: Any) -> Any:
+    """The strategy class named by the run's config.yaml (``single`` when the run folder is not there)."""
+    from omegaconf import OmegaConf
+
+    run_config = checkpoint.parent.parent / "config.yaml"
+    name = OmegaConf.select(OmegaConf.load(run_config), "strategy.name") if run_config.is_file() else None
+    return registry.strategy.get(name or "single")
+
+
+def export_checkpoint(path: str | Path, out: str | Path, registry: Any) -> Path:
+    """Write the checkpoint at ``path`` (or a run's newest one) to ``out`` as a plain Hugging Face folder."""
+    checkpoint = find_checkpoint(path)
+    target = Path(out).expanduser()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise RLForgeError(f"Output folder {out} exists and is not empty: choose a new folder.")
+    exporter = getattr(_strategy_of(checkpoint, registry), "export_checkpoint", None) or copy_hf_folder
+    target.mkdir(parents=True, exist_ok=True)
+    exporter(checkpoint, target)
+    if not (target / "config.json").is_file():
+        raise RLForgeError(f"Exporting {checkpoint} wrote no config.json into {out}.")
+    return target

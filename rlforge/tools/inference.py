@@ -1,0 +1,84 @@
+"""What ``rlforge eval`` and ``rlforge generate`` share: a config for a model and a dataset, a rollout engine,
+and the dataset's prompts in batches.
+
+Everything comes from the registries, as in training: the dataset (``data.name``), the strategy that
+places the model (``strategy.name``) and the rollout engine (``rollout.name``). Sampling uses the
+validation settings ``rollout.val_n`` and ``rollout.val_temperature`` (greedy by default).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rlforge.batch import Batch
+from rlforge.data import collate, tokenize_rows
+from rlforge.errors import RLForgeError
+from rlforge.protocols import SamplingParams
+from rlforge.tools.export import model_folder
+
+SPLITS = ("train", "val")
+
+
+def compose_for_model(
+    model: str, *, data: list[str] | None = None, split: str = "val", n: int | None = None,
+    temperature: float | None = None, config_file: str | None = None, overrides: list[str] | None = None,
+) -> tuple[Any, DictConfig]:
+    """(plugin manager, config) for running ``model`` (a model, checkpoint or run folder) on a dataset split.
+
+    ``data`` files select ``data.name=files`` for ``split``; ``n`` and ``temperature`` set ``rollout.val_n`` and
+    ``rollout.val_temperature``. Later entries win, so these beat the same keys in ``overrides``.
+    """
+    from rlforge.config import compose_with_plugins
+
+    if split not in SPLITS:
+        raise RLForgeError(f"Unknown split '{split}' (--split). Available: {', '.join(SPLITS)}.")
+    extra = [f"model.path={json.dumps(model_folder(model))}"]
+    if data:
+        extra += ["data.name=files", f"data.{split}_files={json.dumps(list(data))}"]
+    if n is not None:
+        extra.append(f"rollout.val_n={n}")
+    if temperature is not None:
+        extra.append(f"rollout.val_temperature={temperature}")
+    pm, cfg = compose_with_plugins(None, config_file, [*(overrides or []), *extra])
+    params = SamplingParams.from_config(cfg.rollout, validation=True)
+    if params.n > 1 and params.temperature == 0:
+        raise RLForgeError(
+            f"{params.n} samples per prompt (rollout.val_n) at temperature 0 are {params.n} identical greedy "
+            f"answers: set a temperature, e.g. --temperature 1.0."
+        )
+    return pm, cfg
+
+
+def load_engine(cfg: DictConfig, pm: Any) -> tuple[Any, Any]:
+    """(rollout engine, tokenizer) for ``model.path``, the model placed by the configured strategy."""
+    from rlforge.models import load_model, load_tokenizer
+
+    m = cfg.model
+    tokenizer = load_tokenizer(m.path, trust_remote_code=m.trust_remote_code)
+    model = load_model(m.path, m.dtype, trust_remote_code=m.trust_remote_code)
+    model = pm.registry.strategy.get(cfg.strategy.name)(cfg).setup_model(model).eval()
+    return pm.registry.rollout.get(cfg.rollout.name)(cfg, model, tokenizer), tokenizer
+
+
+def prompt_batches(
+    cfg: DictConfig, pm: Any, tokenizer: Any, split: str, limit: int | None = None, need_reward: bool = True
+) -> tuple[list[Batch], int]:
+    """The split's prompts (the first ``limit`` rows) with the chat template applied, in batches of
+    ``rollout.micro_batch_size``, and the number of rows read (prompts over ``data.max_prompt_length`` are
+    dropped when ``data.filter_overlong_prompts`` is on). Each prompt's ``uid`` is its row index."""
+    rows = pm.registry.dataset.get(cfg.data.name)(cfg, split)
+    if not rows:
+        hint = " Pass --data FILE or set data.val_files." if cfg.data.name == "files" and split == "val" else ""
+        raise RLForgeError(f"Dataset '{cfg.data.name}' (data.name) has no rows in the '{split}' split.{hint}")
+    if limit is not None:
+        if limit <= 0:
+            raise RLForgeError(f"--limit must be a positive number of prompts, got {limit}.")
+        rows = rows[:limit]
+    prompts = tokenize_rows(rows, tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts,
+                            f"{cfg.data.name} ({split})", need_reward=need_reward)
+    size = cfg.rollout.micro_batch_size
+    chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)]
+    return [collate(c, tokenizer.pad_token_id, [p.index for p in c]) for c in chunks], len(rows)
