@@ -1,0 +1,55 @@
+"""``wandb`` logger (optional): Weights & Biases, online or offline.
+
+``wandb`` is not a dependency of rlforge: ``pip install wandb`` to use it. Set ``WANDB_MODE=offline`` to log
+without an account or network (``wandb sync <run_dir>/wandb/offline-run-*`` uploads later). The wandb run id is
+kept in ``<run_dir>/wandb_run_id`` so a resumed run continues the same wandb run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlforge.errors import RLForgeError
+from rlforge.hookspecs import hookimpl
+
+
+class WandbLogger:
+    """Logs params (the run config), metrics (same names as every other logger) and artifacts to wandb."""
+
+    def __init__(self, config: Any, run_dir: str) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise RLForgeError(
+                "logger.backends includes 'wandb' but the wandb package is not installed: pip install wandb."
+            ) from None
+        self.wandb = wandb
+        self.run_dir = Path(run_dir)
+        id_file = self.run_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else None
+        self.run = wandb.init(
+            project=config.trainer.project, name=f"{config.trainer.experiment}/{self.run_dir.name}",
+            dir=str(self.run_dir), id=run_id, resume="allow",
+        )
+        id_file.write_text(self.run.id)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self.run.config.update(params, allow_val_change=True)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log({k: float(v) for k, v in metrics.items()}, step=step)
+
+    def log_artifact(self, path: str) -> None:
+        file = Path(path)
+        if file.suffix == ".png":
+            self.run.log({f"plots/{file.stem}": self.wandb.Image(str(file))})
+        self.run.save(str(file), base_path=str(file.parent), policy="now")
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.logger.register("wandb", WandbLogger, description="Weights & Biases (pip install wandb; WANDB_MODE=offline)")

@@ -1,0 +1,119 @@
+"""``rlforge data gsm8k|math``: turn a local copy of the source data into verl-compatible parquet.
+
+The rows are the ones verl's ``examples/data_preprocess/gsm8k.py`` and ``math_dataset.py`` write, so
+rlforge and verl read each other's files: ``data_source`` (``openai/gsm8k`` or
+``DigitalLearningGmbH/MATH-lighteval``), ``prompt`` (one user message: the question plus an instruction
+suffix), ``ability`` ("math"), ``reward_model`` ``{style: rule, ground_truth}`` and ``extra_info``
+``{split, index, ...}``. Input files are the dataset's own jsonl or parquet files (see docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlforge.errors import DataError, RLForgeError
+
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+_GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
+SPLITS = ("train", "test")
+
+
+def gsm8k_answer(solution: str) -> str | None:
+    """The number after ``####`` with thousands separators removed (verl's ``extract_solution``)."""
+    found = _GSM8K_ANSWER.search(solution)
+    return found.group(1).replace(",", "") if found else None
+
+
+def last_boxed(solution: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed x$``) in a MATH solution."""
+    if "\\boxed " in solution:
+        return solution.split("\\boxed ")[-1].split("$")[0]
+    start = max(solution.rfind("\\boxed{"), solution.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    opening = solution.index("{", start)
+    depth = 0
+    for i in range(opening, len(solution)):
+        depth += {"{": 1, "}": -1}.get(solution[i], 0)
+        if depth == 0:
+            return solution[opening + 1 : i]
+    return None  # unbalanced braces
+
+
+@dataclass(frozen=True)
+class Source:
+    data_source: str
+    question: str  # input column of the question
+    solution: str  # input column of the worked solution
+    instruction: str  # appended to the question after a space
+    extract: Callable[[str], str | None]  # worked solution -> ground truth
+    keep_raw: bool  # verl's gsm8k rows keep the raw question and answer in extra_info
+
+
+SOURCES: dict[str, Source] = {
+    "gsm8k": Source("openai/gsm8k", "question", "answer", GSM8K_INSTRUCTION, gsm8k_answer, True),
+    "math": Source("DigitalLearningGmbH/MATH-lighteval", "problem", "solution", MATH_INSTRUCTION, last_boxed, False),
+}
+
+
+def convert_row(source: Source, raw: dict[str, Any], split: str, index: int, where: str) -> dict[str, Any]:
+    missing = [c for c in (source.question, source.solution) if not isinstance(raw.get(c), str)]
+    if missing:
+        present = sorted(k for k in raw if k != "_origin")
+        raise DataError(f"{where}: missing text column(s) {missing}. Columns present: {present}.")
+    question, solution = raw[source.question], raw[source.solution]
+    truth = source.extract(solution)
+    if truth is None:
+        raise DataError(f"{where}: cannot find the final answer in '{source.solution}': {solution[-80:]!r}.")
+    extra: dict[str, Any] = {"split": split, "index": index}
+    if source.keep_raw:
+        extra.update(answer=solution, question=question)
+    return {
+        "data_source": source.data_source,
+        "prompt": [{"role": "user", "content": f"{question} {source.instruction}"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": extra,
+    }
+
+
+def split_of(path: str, given: str | None) -> str:
+    if given:
+        if given not in SPLITS:
+            raise RLForgeError(f"Unknown split '{given}' (--split). Available: {', '.join(SPLITS)}.")
+        return given
+    named = [s for s in SPLITS if s in Path(path).name.lower()]
+    if len(named) != 1:
+        raise RLForgeError(f"Cannot tell the split of {path} from its name: pass --split train or --split test.")
+    return named[0]
+
+
+def prepare(name: str, inputs: list[str], out_dir: str | Path, registry: Any, split: str | None = None) -> list[Path]:
+    """Convert each input file to ``<out_dir>/<split>.parquet``; return the files written.
+
+    Input rows are read by the ``files`` dataset (jsonl or parquet), so errors name the file and row.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from omegaconf import OmegaConf
+
+    if name not in SOURCES:
+        raise RLForgeError(f"Unknown dataset '{name}'. Available: {', '.join(SOURCES)}.")
+    splits = [split_of(p, split) for p in inputs]
+    if len(set(splits)) < len(splits):
+        raise RLForgeError(f"Two inputs map to the same split ({splits}): give one file per split.")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path, part in zip(inputs, splits):
+        raw_rows = registry.dataset.get("files")(OmegaConf.create({"data": {"train_files": [path]}}), "train")
+        rows = [convert_row(SOURCES[name], r, part, i, r["_origin"]) for i, r in enumerate(raw_rows)]
+        target = out / f"{part}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), target)
+        written.append(target)
+    return written

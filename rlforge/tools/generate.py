@@ -1,0 +1,54 @@
+"""``rlforge generate``: batch generation for a dataset, one JSON line per sample, with any rollout engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rlforge import batch as B
+from rlforge.protocols import SamplingParams
+from rlforge.tools.inference import load_engine, prompt_batches
+
+
+def generate(
+    cfg: DictConfig, pm: Any, out: str | Path, *, split: str = "val", limit: int | None = None,
+    log: Callable[[str], Any] = print,
+) -> int:
+    """Write ``rollout.val_n`` samples per prompt of ``split`` to ``out`` (JSONL); return the number of lines.
+
+    Each line: ``index`` (the row), ``sample`` (0..n-1), ``data_source``, ``prompt`` (chat messages),
+    ``response`` (decoded, special tokens removed), ``response_tokens``, ``ground_truth`` and ``extra_info``.
+    Rows need only a ``prompt``.
+    """
+    params = SamplingParams.from_config(cfg.rollout, validation=True)
+    engine, tokenizer = load_engine(cfg, pm)
+    batches, _ = prompt_batches(cfg, pm, tokenizer, split, limit, need_reward=False)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = 0
+    try:
+        with path.open("w", encoding="utf-8") as fh:
+            for i, prompts in enumerate(batches, 1):
+                done = engine.generate(prompts, params)
+                texts = tokenizer.batch_decode(done[B.RESPONSES], skip_special_tokens=True)
+                lengths = done[B.RESPONSE_MASK].sum(-1).tolist()
+                for j, text in enumerate(texts):
+                    fh.write(json.dumps({
+                        "index": done[B.UID][j],
+                        "sample": j % params.n,
+                        "data_source": done[B.DATA_SOURCE][j],
+                        "prompt": done[B.RAW_PROMPT][j],
+                        "response": text,
+                        "response_tokens": int(lengths[j]),
+                        "ground_truth": done[B.GROUND_TRUTH][j],
+                        "extra_info": done[B.EXTRA_INFO][j],
+                    }, default=str) + "\n")
+                lines += len(texts)
+                log(f"generate: {i}/{len(batches)} batches, {lines} samples")
+    finally:
+        engine.shutdown()
+    return lines
