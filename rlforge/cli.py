@@ -1,4 +1,8 @@
-"""The ``rlforge`` command: fit, sft, algos, plugins, config."""
+"""The ``rlforge`` command: fit, sft, algos, plugins, config, new, eval, generate, export, data, report.
+
+Each command parses its arguments and calls one function; the work happens in ``rlforge.tools`` (and the
+trainer). User mistakes are ``RLForgeError``s, printed as one line with exit status 2.
+"""
 
 from __future__ import annotations
 
@@ -51,9 +55,15 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from rlforge.plugin_manager import PluginManager
+    import os
+
+    from rlforge.hookspecs import HOOK_SPEC_VERSION
+    from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
 
     pm = PluginManager()
+    autoload = "off" if os.environ.get(AUTOLOAD_ENV, "").lower() not in ("", "0", "false", "no") else "on"
+    print(f"# hook spec version {HOOK_SPEC_VERSION}; entry-point plugins: {autoload} ({AUTOLOAD_ENV}); "
+          f"block plugins for a run with 'plugins.disable=[NAME,...]'")
     for info in pm.plugins():
         dist = f"{info.distribution} {info.version}".strip()
         print(f"{info.name}  ({info.source}{', ' + dist if dist else ''})")
@@ -75,11 +85,127 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    from rlforge.tools.scaffold import render
+
+    target = render(args.kind, args.name, args.dir)
+    print(f"created {target}")
+    if args.kind == "plugin":
+        print(f"next: pip install -e {target} && rlforge plugins list && pytest {target}")
+    else:
+        print(f"next: cd {target} && rlforge fit --config config.yaml")
+    return 0
+
+
+def _inference_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    from rlforge.tools.inference import compose_for_model
+
+    return compose_for_model(args.model, data=args.data, split=args.split, n=args.n, temperature=args.temperature,
+                             config_file=args.config, overrides=args.overrides)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rlforge.tools.evaluate import evaluate, write_report
+
+    pm, cfg = _inference_config(args)
+    report = evaluate(cfg, pm, split=args.split, ks=args.k, limit=args.limit, log=_progress)
+    path = write_report(report, args.out)
+    print(f"{report['prompts']} prompts x {report['samples_per_prompt']} samples of {report['dataset']} "
+          f"({report['split']}), model {report['model']}")
+    for name, value in report["metrics"].items():
+        print(f"  {name:<12} {value:.4f}")
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from rlforge.tools.generate import generate
+
+    pm, cfg = _inference_config(args)
+    lines = generate(cfg, pm, args.out, split=args.split, limit=args.limit, log=_progress)
+    print(f"wrote {lines} samples to {args.out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from rlforge.plugin_manager import PluginManager
+    from rlforge.tools.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out, PluginManager().registry)
+    print(f"exported to {out} (load it with AutoModelForCausalLM.from_pretrained or model.path={out})")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from rlforge.plugin_manager import PluginManager
+    from rlforge.tools.data_prep import prepare
+
+    for path in prepare(args.dataset, args.input, args.out, PluginManager().registry, args.split):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rlforge.tools.plots import report
+
+    for path in report(args.run_dir):
+        print(f"wrote {path}")
+    return 0
+
+
 def _add_config_args(p: argparse.ArgumentParser, with_algo: bool = True) -> None:
     if with_algo:
         p.add_argument("--algo", help="algorithm name (see `rlforge algos`); default grpo")
     p.add_argument("--config", help="YAML file merged over the defaults and the algorithm preset")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.lr=1e-5 trainer.total_steps=50")
+
+
+def _add_inference_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a model folder, builtin:NAME, a checkpoint folder (step_N) or a run folder (its newest "
+                                 "checkpoint)")
+    p.add_argument("--data", action="append", metavar="FILE",
+                   help="jsonl/parquet prompt file (repeatable); default: the dataset of data.name")
+    p.add_argument("--split", default="val", help="val (default) or train")
+    p.add_argument("--n", type=int, help="samples per prompt (rollout.val_n; default 1)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (rollout.val_temperature; default 0 = greedy)")
+    p.add_argument("--limit", type=int, help="only the first N prompts")
+    _add_config_args(p, with_algo=False)
+
+
+def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
+    if name in ("fit", "sft"):
+        _add_config_args(p)
+    elif name == "config":
+        p.add_argument("action", choices=["show"])
+        _add_config_args(p)
+    elif name == "plugins":
+        p.add_argument("action", nargs="?", choices=["list"], default="list")
+    elif name == "new":
+        p.add_argument("kind", choices=["plugin", "experiment"])
+        p.add_argument("name", help="e.g. my_algo: the plugin's entry point, algorithm and reward name")
+        p.add_argument("--dir", default=".", help="parent folder of the new one (default: the current folder)")
+    elif name == "eval":
+        _add_inference_args(p)
+        p.add_argument("--k", help="comma-separated k for pass@k, each <= --n (default: 1 and n)")
+        p.add_argument("--out", default="eval_report.json", help="JSON report (default: eval_report.json)")
+    elif name == "generate":
+        _add_inference_args(p)
+        p.add_argument("--out", required=True, help="output JSONL file, one line per sample")
+    elif name == "export":
+        p.add_argument("checkpoint", help="checkpoints/step_N folder, or a run folder (its newest checkpoint)")
+        p.add_argument("out", help="new folder for the Hugging Face model")
+    elif name == "data":
+        p.add_argument("dataset", choices=["gsm8k", "math"])
+        p.add_argument("--input", action="append", required=True, metavar="FILE",
+                       help="local jsonl/parquet file of the source dataset (repeatable: one per split)")
+        p.add_argument("--out", required=True, help="folder for <split>.parquet")
+        p.add_argument("--split", help="train or test (default: from the input file name)")
+    elif name == "report":
+        p.add_argument("run_dir", help="a run folder (with mlflow.db)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,17 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
         "algos": (cmd_algos, "list algorithms"),
         "plugins": (cmd_plugins, "list plugins and what they register"),
         "config": (cmd_config, "show the resolved config and the batch-size arithmetic"),
+        "new": (cmd_new, "create a plugin package or an experiment folder from a template"),
+        "eval": (cmd_eval, "evaluate a model or checkpoint: mean reward, accuracy, pass@k (JSON report)"),
+        "generate": (cmd_generate, "generate responses for a dataset into a JSONL file"),
+        "export": (cmd_export, "export a checkpoint as a plain Hugging Face model folder"),
+        "data": (cmd_data, "preprocess gsm8k or MATH from local files into verl-compatible parquet"),
+        "report": (cmd_report, "redraw a run's plots from its mlflow store"),
     }
     for name, (fn, help_text) in commands.items():
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=fn)
-        if name in ("fit", "sft"):
-            _add_config_args(p)
-        elif name == "config":
-            p.add_argument("action", choices=["show"])
-            _add_config_args(p)
-        elif name == "plugins":
-            p.add_argument("action", nargs="?", choices=["list"], default="list")
+        _add_arguments(name, p)
     return parser
 
 

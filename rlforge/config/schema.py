@@ -123,6 +123,8 @@ class TrainerConfig:
     keep_last_n: int = 2  # checkpoints kept (0 = keep all)
     val_every: int = 50  # steps; 0 = only at the end (and before training if val_before_train)
     val_before_train: bool = True  # validate once before the first step
+    max_nonfinite_steps: int = 5  # stop after this many optimizer steps in a row with a NaN/Inf gradient
+    resume_force: bool = False  # resume even if the model or batch shape changed since the checkpoint
     samples_to_save: int = 8  # generated samples written per step to samples.jsonl
     progress: bool = True  # live progress bar
 

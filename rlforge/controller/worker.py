@@ -6,6 +6,7 @@ model. The same classes serve the local controller and Ray actors.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterator
@@ -15,8 +16,16 @@ import torch
 
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
+from rlforge.errors import RLForgeError
 from rlforge.module import LossContext, RLModule
 from rlforge.ops import response_logprobs, response_values
+
+
+log = logging.getLogger("rlforge")
+
+
+class NonFiniteError(RLForgeError):
+    """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""
 
 
 class TrainWorker:
@@ -32,7 +41,8 @@ class TrainWorker:
         self.strategy = strategy
         self.hook = hook
         self.trainer = trainer
-        self.skipped_steps = 0
+        self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient, in total
+        self.bad_in_a_row = 0
         self.micro_size = micro_batch_size(config, self.role)
 
     @property
@@ -51,7 +61,7 @@ class TrainWorker:
                 for k, v in self._optimizer_step(mini).items():
                     totals[k] += v
                 steps += 1
-        if self.scheduler is not None:
+        if self.scheduler is not None and self.bad_in_a_row < steps:  # at least one optimizer step ran
             self.scheduler.step()
         out = {k: v / max(steps, 1) for k, v in totals.items()}
         out[f"{self.role}/lr"] = self.optimizer.param_groups[0]["lr"]
@@ -75,8 +85,18 @@ class TrainWorker:
         sums[f"{self.role}/grad_norm"] = grad_norm
         if not math.isfinite(grad_norm):
             self.skipped_steps += 1
+            self.bad_in_a_row += 1
             self.optimizer.zero_grad(set_to_none=True)
+            limit = self.config.trainer.max_nonfinite_steps
+            log.warning("%s: non-finite gradient norm (%s); optimizer step skipped (%d in a row, limit %d)",
+                        self.role, grad_norm, self.bad_in_a_row, limit)
+            if self.bad_in_a_row >= limit:
+                raise NonFiniteError(
+                    f"{self.role}: {self.bad_in_a_row} optimizer steps in a row had a NaN/Inf loss or gradient "
+                    f"(trainer.max_nonfinite_steps={limit}). Lower the learning rate or check the rewards."
+                )
             return dict(sums)
+        self.bad_in_a_row = 0
         if self.hook is not None:
             self.hook.rlforge_before_optimizer_step(trainer=self.trainer, module=self.module, optimizer=self.optimizer)
         self.optimizer.step()

