@@ -44,7 +44,7 @@ def cmd_algos(args: argparse.Namespace) -> int:
     for entry in PluginManager().registry.algorithm.entries():
         flat = OmegaConf.to_container(OmegaConf.create(entry.obj.preset or {}))
         preset = " ".join(f"{k}={v}" for k, v in _flatten(flat) if k != "algorithm.name") or "(defaults)"
-        print(f"{entry.name:<22} {entry.description}\n{'':<22} preset: {preset}  [{entry.plugin}]")
+        print(f"{entry.name:<22} {entry.description}  [plugin: {entry.plugin}]\n{'':<22} preset: {preset}")
     return 0
 
 

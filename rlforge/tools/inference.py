@@ -1,7 +1,7 @@
 """What ``rlforge eval`` and ``rlforge generate`` share: a config for a model and a dataset, a rollout engine,
 and the dataset's prompts in batches.
 
-Everything comes from the registries, as in training: the dataset (``data.name``), the strategy that
+Prompts are read and checked before the model loads, so data mistakes fail fast. Everything comes from the registries, as in training: the dataset (``data.name``), the strategy that
 places the model (``strategy.name``) and the rollout engine (``rollout.name``). Sampling uses the
 validation settings ``rollout.val_n`` and ``rollout.val_temperature`` (greedy by default).
 """
@@ -52,15 +52,14 @@ def compose_for_model(
     return pm, cfg
 
 
-def load_engine(cfg: DictConfig, pm: Any) -> tuple[Any, Any]:
-    """(rollout engine, tokenizer) for ``model.path``, the model placed by the configured strategy."""
-    from rlforge.models import load_model, load_tokenizer
+def load_engine(cfg: DictConfig, pm: Any, tokenizer: Any) -> Any:
+    """The rollout engine for ``model.path``, the model placed by the configured strategy."""
+    from rlforge.models import load_model
 
     m = cfg.model
-    tokenizer = load_tokenizer(m.path, trust_remote_code=m.trust_remote_code)
     model = load_model(m.path, m.dtype, trust_remote_code=m.trust_remote_code)
     model = pm.registry.strategy.get(cfg.strategy.name)(cfg).setup_model(model).eval()
-    return pm.registry.rollout.get(cfg.rollout.name)(cfg, model, tokenizer), tokenizer
+    return pm.registry.rollout.get(cfg.rollout.name)(cfg, model, tokenizer)
 
 
 def prompt_batches(

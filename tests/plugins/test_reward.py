@@ -1,17 +1,25 @@
-"""rlforge.plugins.reward: rule functions, user reward files, and the rule reward manager."""
+"""rlforge.plugins.reward: rule functions, user reward files, the rule reward manager and its fault handling,
+and the ``code`` reward (the sandbox itself is tested in test_sandbox.py)."""
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from rlforge import batch as B
+from rlforge.config.schema import RewardConfig
 from rlforge.errors import RLForgeError
+from rlforge.plugins.reward.code import code_exec_score, extract_code, load_tests, outputs_match
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
-from rlforge.plugins.reward.rule import RuleRewardManager, load_user_function, split_result
+from rlforge.plugins.reward.rule import RuleRewardManager, bind_config, load_user_function, split_result
 
 # --- arith ------------------------------------------------------------------------------------------------
 
@@ -163,11 +171,61 @@ def test_split_result(result, expected) -> None:
     assert isinstance(score, float) and isinstance(acc, float)
 
 
+def test_split_result_accepts_numpy_scalars() -> None:
+    assert split_result(np.float32(0.5)) == (0.5, 0.0)
+    assert split_result({"score": np.int64(1)}) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (None, "returned NoneType (None), not a number"),
+        ("0.5", "returned str ('0.5'), not a number"),
+        ({"acc": 1.0}, "returned a dict without a numeric 'score'"),
+        ({"score": "1"}, "returned a dict without a numeric 'score'"),
+        ([1.0], "returned list"),
+        (float("nan"), "returned nan"),
+        ({"score": float("-inf")}, "returned -inf"),
+    ],
+)
+def test_split_result_rejects_non_numbers(result, message) -> None:
+    with pytest.raises(ValueError) as info:
+        split_result(result)
+    assert message in str(info.value)
+
+
+def test_bind_config_passes_matching_keyword_only_parameters() -> None:
+    def fn(ds, s, gt, extra=None, *, sandbox_timeout_s=1.0, other=2):
+        return (sandbox_timeout_s, other)
+
+    rc = OmegaConf.structured(RewardConfig(sandbox_timeout_s=3.5))
+    assert bind_config(fn, rc)("d", "s", "g") == (3.5, 2)
+    assert bind_config(arith_score, rc) is arith_score  # no keyword-only parameters: unchanged
+
+
 # --- the rule reward manager ---------------------------------------------------------------------------
 
 
-def _reward_config(file: str | None = None, fn: str | None = None, fn_name: str = "compute_score"):
-    return SimpleNamespace(reward=SimpleNamespace(manager="rule", fn=fn, file=file, fn_name=fn_name))
+def _reward_config(file: str | None = None, fn: str | None = None, num_workers: int | None = None, **kwargs):
+    reward = OmegaConf.structured(RewardConfig(file=file, fn=fn, **kwargs))
+    if num_workers is not None:  # not in the schema yet: read with reward.get("num_workers", 1)
+        OmegaConf.set_struct(reward, False)
+        reward.num_workers = num_workers
+    return SimpleNamespace(reward=reward)
+
+
+@pytest.fixture
+def manager_factory():
+    """Builds reward managers and stops their worker processes after the test."""
+    managers = []
+
+    def make(tok, registry, **kwargs) -> RuleRewardManager:
+        managers.append(RuleRewardManager(_reward_config(**kwargs), tok, registry))
+        return managers[-1]
+
+    yield make
+    for m in managers:
+        m.close()
 
 
 def _response_batch(tok, texts: list[str], sources: list[str], truths: list[str], width: int = 6) -> B.Batch:
@@ -184,8 +242,8 @@ def _response_batch(tok, texts: list[str], sources: list[str], truths: list[str]
     )
 
 
-def test_rule_manager_scores_at_last_valid_token(char_tokenizer, registry) -> None:
-    mgr = RuleRewardManager(_reward_config(), char_tokenizer, registry)
+def test_rule_manager_scores_at_last_valid_token(char_tokenizer, registry, manager_factory) -> None:
+    mgr = manager_factory(char_tokenizer, registry)
     batch = _response_batch(char_tokenizer, ["12", "7", "1234"], ["arith"] * 3, ["12", "8", "1234"])
     out = mgr.score(batch)
     assert out[B.RESPONSE_TEXT] == ["12", "7", "1234"]
@@ -198,23 +256,23 @@ def test_rule_manager_scores_at_last_valid_token(char_tokenizer, registry) -> No
     assert out[B.TOKEN_LEVEL_SCORES].dtype == torch.float32
 
 
-def test_rule_manager_uses_data_source(char_tokenizer, registry) -> None:
-    mgr = RuleRewardManager(_reward_config(), char_tokenizer, registry)
+def test_rule_manager_uses_data_source(char_tokenizer, registry, manager_factory) -> None:
+    mgr = manager_factory(char_tokenizer, registry)
     batch = _response_batch(char_tokenizer, ["#### 5", "#### 5"], ["openai/gsm8k", "arith"], ["5", "5"], width=8)
     out = mgr.score(batch)
     torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, 0.0]))  # arith wants exactly "5"
     assert out[B.TOKEN_LEVEL_SCORES][0, 6].item() == 1.0
 
 
-def test_rule_manager_unknown_data_source(char_tokenizer, registry) -> None:
-    mgr = RuleRewardManager(_reward_config(), char_tokenizer, registry)
+def test_rule_manager_unknown_data_source(char_tokenizer, registry, manager_factory) -> None:
+    mgr = manager_factory(char_tokenizer, registry)
     batch = _response_batch(char_tokenizer, ["1"], ["my_task"], ["1"])
     with pytest.raises(RLForgeError, match="No reward function for data_source 'my_task'.*arith"):
         mgr.score(batch)
 
 
-def test_rule_manager_fixed_fn(char_tokenizer, registry) -> None:
-    mgr = RuleRewardManager(_reward_config(fn="gsm8k"), char_tokenizer, registry)
+def test_rule_manager_fixed_fn(char_tokenizer, registry, manager_factory) -> None:
+    mgr = manager_factory(char_tokenizer, registry, fn="gsm8k")
     batch = _response_batch(char_tokenizer, ["#### 3"], ["anything"], ["3"], width=8)
     assert mgr.score(batch)[B.SCORES].tolist() == [1.0]
 
@@ -224,14 +282,14 @@ def test_rule_manager_unknown_fixed_fn(char_tokenizer, registry) -> None:
         RuleRewardManager(_reward_config(fn="gsm9k"), char_tokenizer, registry)
 
 
-def test_rule_manager_user_file_with_dict_result(char_tokenizer, registry, tmp_path: Path) -> None:
+def test_rule_manager_user_file_with_dict_result(char_tokenizer, registry, manager_factory, tmp_path: Path) -> None:
     path = tmp_path / "reward.py"
     path.write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
         "    right = solution_str == ground_truth\n"
         "    return {'score': 0.5 + 0.5 * right, 'acc': float(right)}\n"
     )
-    mgr = RuleRewardManager(_reward_config(file=str(path)), char_tokenizer, registry)
+    mgr = manager_factory(char_tokenizer, registry, file=str(path))
     batch = _response_batch(char_tokenizer, ["ab", "c"], ["x", "y"], ["ab", "d"])
     out = mgr.score(batch)
     torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, 0.5]))
@@ -241,18 +299,170 @@ def test_rule_manager_user_file_with_dict_result(char_tokenizer, registry, tmp_p
     assert out[B.TOKEN_LEVEL_SCORES].sum().item() == pytest.approx(1.5)
 
 
-def test_rule_manager_rejects_non_finite_scores(char_tokenizer, registry, tmp_path: Path) -> None:
-    path = tmp_path / "nan_reward.py"
-    path.write_text("def compute_score(a, b, c, d):\n    return float('nan')\n")
-    mgr = RuleRewardManager(_reward_config(file=str(path)), char_tokenizer, registry)
-    with pytest.raises(RLForgeError, match="returned nan"):
-        mgr.score(_response_batch(char_tokenizer, ["1"], ["x"], ["1"]))
-
-
-def test_rule_manager_passes_extra_info(char_tokenizer, registry, tmp_path: Path) -> None:
+def test_rule_manager_passes_extra_info(char_tokenizer, registry, manager_factory, tmp_path: Path) -> None:
     path = tmp_path / "extra.py"
     path.write_text("def compute_score(ds, s, gt, extra_info):\n    return float(extra_info['w'])\n")
-    mgr = RuleRewardManager(_reward_config(file=str(path)), char_tokenizer, registry)
+    mgr = manager_factory(char_tokenizer, registry, file=str(path))
     batch = _response_batch(char_tokenizer, ["1", "2"], ["x", "x"], ["1", "2"])
     batch[B.EXTRA_INFO] = [{"w": 0.25}, {"w": 0.75}]
     torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([0.25, 0.75]))
+
+
+# --- faults in reward functions -------------------------------------------------------------------------
+
+FAULTY_REWARD = """
+import os, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "raise":
+        raise ValueError("bad row")
+    if solution_str == "hang":
+        while True:
+            pass
+    if solution_str == "sleep":
+        time.sleep(60)
+    if solution_str == "nan":
+        return float("nan")
+    if solution_str == "inf":
+        return {"score": float("inf")}
+    if solution_str == "none":
+        return None
+    if solution_str == "str":
+        return "0.5"
+    if solution_str == "dict":
+        return {"acc": 1.0}
+    if solution_str == "exit":
+        os._exit(3)
+    return float(solution_str == ground_truth)
+"""
+
+
+@pytest.fixture
+def faulty_file(tmp_path: Path) -> str:
+    path = tmp_path / "faulty.py"
+    path.write_text(FAULTY_REWARD)
+    return str(path)
+
+
+def _fault_batch(tok, texts: list[str]) -> B.Batch:
+    return _response_batch(tok, texts, ["faulty"] * len(texts), ["ok"] * len(texts), width=8)
+
+
+@pytest.mark.parametrize("fault", ["raise", "nan", "inf", "none", "str", "dict", "exit"])
+def test_fault_gives_fallback_and_counts_an_error(fault, char_tokenizer, registry, manager_factory, faulty_file) -> None:
+    mgr = manager_factory(char_tokenizer, registry, file=faulty_file, fallback_score=-1.0)
+    out = mgr.score(_fault_batch(char_tokenizer, ["ok", fault, "no"]))
+    torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, -1.0, 0.0]))
+    assert out[B.ACC].tolist() == [1.0, 0.0, 0.0]
+    assert out[B.TOKEN_LEVEL_SCORES][1].sum().item() == -1.0  # the fallback goes on the last token too
+    assert out.meta["metrics"] == {"reward/errors": 1.0, "reward/timeouts": 0.0}
+
+
+@pytest.mark.parametrize("fault", ["hang", "sleep"])
+def test_hung_function_is_stopped_at_the_timeout(fault, char_tokenizer, registry, manager_factory, faulty_file) -> None:
+    mgr = manager_factory(char_tokenizer, registry, file=faulty_file, timeout_s=0.5)
+    start = time.monotonic()
+    out = mgr.score(_fault_batch(char_tokenizer, ["ok", fault, "ok", "no"]))
+    assert time.monotonic() - start < 5.0
+    torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, 0.0, 1.0, 0.0]))  # samples after it still scored
+    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 1.0}
+
+
+def test_all_faults_in_one_batch_with_two_workers(char_tokenizer, registry, manager_factory, faulty_file) -> None:
+    mgr = manager_factory(char_tokenizer, registry, file=faulty_file, timeout_s=0.5, num_workers=2)
+    texts = ["ok", "raise", "hang", "nan", "none", "ok", "str", "exit", "sleep", "dict", "ok", "no"]
+    batch = _fault_batch(char_tokenizer, texts)
+    batch.meta["metrics"] = {"earlier/metric": 7.0}
+    out = mgr.score(batch)
+    expected = [1.0 if t == "ok" else 0.0 for t in texts]
+    torch.testing.assert_close(out[B.SCORES], torch.tensor(expected))
+    assert out.meta["metrics"] == {"earlier/metric": 7.0, "reward/errors": 6.0, "reward/timeouts": 2.0}
+
+
+def test_workers_are_reused_across_steps_and_replaced_after_a_timeout(
+    char_tokenizer, registry, manager_factory, faulty_file
+) -> None:
+    mgr = manager_factory(char_tokenizer, registry, file=faulty_file, timeout_s=0.5)
+    mgr.score(_fault_batch(char_tokenizer, ["ok"]))
+    first = mgr.workers.workers[0].process.pid
+    mgr.score(_fault_batch(char_tokenizer, ["ok", "no"]))
+    assert mgr.workers.workers[0].process.pid == first
+    out = mgr.score(_fault_batch(char_tokenizer, ["hang"]))
+    assert out.meta["metrics"]["reward/timeouts"] == 1.0
+    replacement = mgr.workers.workers[0].process
+    assert replacement.pid != first and replacement.is_alive()
+    assert mgr.score(_fault_batch(char_tokenizer, ["ok"]))[B.SCORES].tolist() == [1.0]
+    mgr.close()
+    assert not replacement.is_alive()
+
+
+def test_first_fault_of_each_kind_is_logged_once(
+    char_tokenizer, registry, manager_factory, faulty_file, caplog: pytest.LogCaptureFixture
+) -> None:
+    mgr = manager_factory(char_tokenizer, registry, file=faulty_file, timeout_s=0.5)
+    with caplog.at_level(logging.WARNING, logger="rlforge.reward"):
+        mgr.score(_fault_batch(char_tokenizer, ["ok", "raise", "raise", "none", "hang"]))
+        mgr.score(_fault_batch(char_tokenizer, ["raise", "none", "hang"]))
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3
+    raised, bad, timeout = messages
+    assert "data_source 'faulty' failed on sample 1 (raised): raised ValueError: bad row" in raised
+    assert "reward.fallback_score=0" in raised and "reward/errors" in raised
+    assert "on sample 3 (bad value): returned NoneType (None), not a number" in bad
+    assert "on sample 4 (timeout): took longer than reward.timeout_s=0.5 s" in timeout and "reward/timeouts" in timeout
+
+
+def test_clean_batch_reports_zero_faults(char_tokenizer, registry, manager_factory) -> None:
+    mgr = manager_factory(char_tokenizer, registry)
+    out = mgr.score(_response_batch(char_tokenizer, ["1", "2"], ["arith"] * 2, ["1", "1"]))
+    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+
+
+def test_non_positive_timeout_is_refused(char_tokenizer, registry) -> None:
+    with pytest.raises(RLForgeError, match=r"reward.timeout_s must be > 0 seconds, got 0.0"):
+        RuleRewardManager(_reward_config(timeout_s=0.0), char_tokenizer, registry)
+
+
+# --- the code reward ------------------------------------------------------------------------------------
+
+DOUBLE_TESTS = {"inputs": ["2\n", "5\n"], "outputs": ["4\n", "10"]}
+
+
+def test_extract_code_takes_the_last_fenced_block() -> None:
+    text = "Try:\n```python\nprint(1)\n```\nBetter:\n```\nprint(2)\n```\n"
+    assert extract_code(text) == "print(2)\n"
+    assert extract_code("print(3)") == "print(3)"
+
+
+def test_load_tests_and_outputs_match() -> None:
+    assert load_tests(json.dumps(DOUBLE_TESTS)) == [("2\n", "4\n"), ("5\n", "10")]
+    with pytest.raises(ValueError, match="ground_truth must be"):
+        load_tests("[1, 2]")
+    with pytest.raises(ValueError, match="2 inputs and 1 outputs"):
+        load_tests({"inputs": ["1", "2"], "outputs": ["1"]})
+    assert outputs_match("4  \n\n", "4")
+    assert not outputs_match("4\n5", "4")
+
+
+@pytest.mark.parametrize(
+    ("program", "score", "acc"),
+    [
+        ("print(int(input()) * 2)", 1.0, 1.0),
+        ("```python\nn = int(input())\nprint(4 if n == 2 else 0)\n```", 0.5, 0.0),
+        ("print(int(input()) * 2); raise SystemExit(1)", 0.0, 0.0),  # a failing exit status fails the test
+        ("while True: pass", 0.0, 0.0),
+    ],
+)
+def test_code_exec_score(program, score, acc) -> None:
+    result = code_exec_score("code", program, DOUBLE_TESTS, None, sandbox_timeout_s=1.0)
+    assert result == {"score": score, "acc": acc}
+
+
+def test_code_reward_through_the_manager(char_tokenizer, registry, manager_factory) -> None:
+    mgr = manager_factory(char_tokenizer, registry, sandbox_timeout_s=1.0)
+    programs = ["print(int(input())*2)", "print(4)", "while 1: pass"]
+    truth = json.dumps(DOUBLE_TESTS)
+    out = mgr.score(_response_batch(char_tokenizer, programs, ["code"] * 3, [truth] * 3, width=24))
+    torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, 0.5, 0.0]))
+    assert out[B.ACC].tolist() == [1.0, 0.0, 0.0]
+    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0}

@@ -1,0 +1,89 @@
+"""kill -9 at random points (rollout, reward, update, mid-checkpoint), resume with trainer.resume=auto:
+the final weights are bit-identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlforge import Trainer, load_config
+
+DRIVER = textwrap.dedent('''
+    import json, os, signal, sys
+    from rlforge import Trainer, hookimpl, load_config
+    from rlforge.trainer import checkpoint
+
+    def main():
+        spec = json.loads(sys.argv[1])
+        kill = spec["kill"]
+
+        def die():
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        class Killer:
+            @hookimpl
+            def rlforge_stage_start(self, trainer, stage):
+                if kill and trainer.step == kill["step"] and stage == kill["stage"]:
+                    die()
+
+        if kill and kill["stage"] == "checkpoint":
+            real_save = checkpoint.torch.save
+
+            def half_then_die(obj, path, *a, **k):  # the state file is half written when the process dies
+                if f"step_{kill['step']:06d}" in str(path):
+                    real_save(obj, path, *a, **k)
+                    with open(path, "r+b") as fh:
+                        fh.truncate(max(1, os.path.getsize(path) // 2))
+                    die()
+                real_save(obj, path, *a, **k)
+
+            checkpoint.torch.save = half_then_die
+        Trainer(load_config("grpo", spec["overrides"]), callbacks=[Killer()]).fit()
+
+    if __name__ == "__main__":
+        main()
+''')
+
+COMMON = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.val_size=8",
+          "trainer.val_before_train=false", "trainer.val_every=0", "trainer.progress=false",
+          "logger.backends=[console]", "trainer.total_steps=6", "trainer.save_every=1", "trainer.keep_last_n=2"]
+
+
+def _final_weights(run_dir):
+    return load_file(str(run_dir / "checkpoints" / "step_000006" / "actor" / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_kill_9_anywhere_then_resume_is_bit_identical(tmp_path):
+    reference = Trainer(load_config("grpo", [*COMMON, f"trainer.runs_root={tmp_path / 'ref'}"]))
+    reference.fit()
+
+    rng = random.Random(7)
+    stages = ["rollout", "reward", "update_actor", "checkpoint"]
+    rng.shuffle(stages)
+    kills = [{"step": step, "stage": stage} for step, stage in zip([2, 3, 4, 5], stages)]
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    overrides = [*COMMON, f"trainer.runs_root={tmp_path / 'killed'}", "trainer.resume=auto"]
+    for kill in [*kills, None]:
+        proc = subprocess.run([sys.executable, str(script), json.dumps({"overrides": overrides, "kill": kill})],
+                              capture_output=True, text=True, timeout=600)
+        expected = -signal.SIGKILL if kill else 0
+        assert proc.returncode == expected, (kill, proc.stderr[-3000:])
+
+    runs = list((tmp_path / "killed" / "default").iterdir())
+    assert len(runs) == 1  # every resume continued the same run folder
+    ckpts = sorted(p.name for p in (runs[0] / "checkpoints").iterdir())
+    assert ckpts == ["step_000005", "step_000006"]  # half-written ones never became checkpoints
+    a, b = _final_weights(reference.run_dir), _final_weights(runs[0])
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

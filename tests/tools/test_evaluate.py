@@ -1,0 +1,120 @@
+"""``rlforge eval`` and ``rlforge generate``: pass@k math, reports, JSONL output, checkpoints as models."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rlforge.cli import main
+from rlforge.errors import RLForgeError
+from rlforge.tools.evaluate import parse_ks, pass_at_k, summarize
+
+pytestmark = pytest.mark.usefixtures("no_autoload")
+
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (4, 0, 1, 0.0), (4, 4, 4, 1.0), (4, 1, 1, 0.25), (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (8, 3, 4, 1 - 5 / 70),  # 1 - C(5,4)/C(8,4)
+    (3, 2, 2, 1.0),  # n - c < k: every draw of 2 holds a correct one
+])
+def test_pass_at_k_hand_computed(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_matches_the_product_form():
+    # Chen et al.'s numerically stable form: 1 - prod_{i=n-c+1}^{n} (1 - k/i)
+    for n, c, k in [(10, 3, 5), (16, 1, 8), (20, 7, 1)]:
+        stable = 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+        assert pass_at_k(n, c, k) == pytest.approx(stable)
+
+
+def test_parse_ks():
+    assert parse_ks(None, 8) == [1, 8]
+    assert parse_ks(None, 1) == [1]
+    assert parse_ks("4, 1,4", 8) == [1, 4]
+    with pytest.raises(RLForgeError, match="between 1 and the samples per prompt n=2"):
+        parse_ks("3", 2)
+    with pytest.raises(RLForgeError, match="comma-separated integers"):
+        parse_ks("one", 2)
+
+
+def test_summarize():
+    groups = {0: [(1.0, 1.0), (0.0, 0.0)], 1: [(0.5, 0.0), (0.0, 0.0)]}
+    assert summarize(groups, [1, 2]) == {"reward/mean": 0.375, "accuracy": 0.25, "pass@1": 0.25, "pass@2": 0.5}
+
+
+def test_eval_builtin_model_writes_report(tmp_path, capsys):
+    out = tmp_path / "r" / "report.json"
+    assert main(["eval", "builtin:tiny-arith", "--n", "4", "--temperature", "1.0", "--k", "1,2,4", "--limit", "12",
+                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["prompts"], report["rows"], report["samples_per_prompt"]) == (12, 12, 4)
+    assert report["model"] == "builtin:tiny-arith" and report["dataset"] == "arith" and report["split"] == "val"
+    m = report["metrics"]
+    assert set(m) == {"reward/mean", "accuracy", "pass@1", "pass@2", "pass@4"}
+    assert m["pass@1"] == pytest.approx(m["accuracy"])  # the same n for every prompt
+    assert m["pass@1"] <= m["pass@2"] <= m["pass@4"]
+    assert m["pass@4"] > 0  # the shipped model solves some of these
+    assert report["by_data_source"]["arith"]["prompts"] == 12
+    assert f"report: {out}" in capsys.readouterr().out
+
+
+def test_eval_checkpoint_and_run_folder(fitted_run, tmp_path):
+    trainer, _ = fitted_run
+    step1 = trainer.run_dir / "checkpoints" / "step_000001"
+    for model, expected in [(step1, step1 / "actor"), (trainer.run_dir, trainer.run_dir / "checkpoints" / "step_000002" / "actor")]:
+        out = tmp_path / "report.json"
+        assert main(["eval", str(model), "--limit", "4", "--out", str(out)]) == 0
+        report = json.loads(out.read_text())
+        assert report["model"] == str(expected)
+        assert list(report["metrics"]) == ["reward/mean", "accuracy", "pass@1"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--n", "4"], "4 samples per prompt (rollout.val_n) at temperature 0 are 4 identical greedy answers"),
+    (["--split", "test"], "Unknown split 'test' (--split). Available: train, val."),
+    (["--limit", "0"], "--limit must be a positive number of prompts, got 0."),
+    (["data.name=files"], "Dataset 'files' (data.name) has no rows in the 'val' split. Pass --data FILE"),
+    (["--data", "missing.jsonl"], "Data file not found: missing.jsonl."),
+    (["rollout.name=vlm"], "Unknown rollout 'vlm' (rollout.name)"),
+])
+def test_eval_user_errors_are_one_line(args, needle, capsys):
+    assert main(["eval", "builtin:tiny-arith", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rlforge: error: ") and len(err.splitlines()) == 1 and needle in err
+
+
+def test_eval_missing_model(tmp_path, capsys):
+    assert main(["eval", str(tmp_path / "nope")]) == 2
+    assert f"'{tmp_path / 'nope'}' does not exist" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "is neither a checkpoint" in capsys.readouterr().err
+
+
+def test_generate_jsonl_from_prompt_only_rows(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": [{"role": "user", "content": "What is 2+2?"}]}\n{"prompt": "What is 10+5?"}\n')
+    out = tmp_path / "gen.jsonl"
+    assert main(["generate", "builtin:tiny-arith", "--data", str(prompts), "--n", "3", "--temperature", "1.0",
+                 "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["index"], r["sample"]) for r in lines] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert lines[3]["prompt"] == [{"role": "user", "content": "What is 10+5?"}]
+    assert all(isinstance(r["response"], str) and 1 <= r["response_tokens"] <= 8 for r in lines)
+    assert lines[0]["ground_truth"] is None and lines[0]["data_source"] == ""
+    assert f"wrote 6 samples to {out}" in capsys.readouterr().out
+
+
+def test_generate_greedy_matches_eval_answers(tmp_path):
+    out = tmp_path / "gen.jsonl"
+    assert main(["generate", "builtin:tiny-arith", "--limit", "5", "--out", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in lines] == [0, 1, 2, 3, 4]
+    assert all(r["data_source"] == "arith" and r["ground_truth"] for r in lines)
+    correct = sum(r["response"].strip() == r["ground_truth"] for r in lines)
+    report = tmp_path / "r.json"
+    assert main(["eval", "builtin:tiny-arith", "--limit", "5", "--out", str(report)]) == 0
+    assert json.loads(report.read_text())["metrics"]["accuracy"] == pytest.approx(correct / 5)

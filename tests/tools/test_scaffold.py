@@ -1,0 +1,98 @@
+"""``rlforge new``: the plugin template becomes a package that installs, lists, trains and passes its own tests;
+the experiment template becomes a folder whose config composes with its reward file."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlforge.cli import main
+from rlforge.errors import RLForgeError
+from rlforge.tools.scaffold import render, render_text, template_variables
+
+# a name of its own per test process, so concurrent test runs in one environment do not collide
+NAME = f"tmpl_{os.getpid()}"
+DIST = f"rlforge-tmpl-{os.getpid()}"
+FIT = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.val_size=8",
+       "trainer.val_before_train=false", "trainer.progress=false", "trainer.total_steps=2"]
+
+
+def _run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("RLFORGE_DISABLE_PLUGIN_AUTOLOAD", None)
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600)
+
+
+def test_template_variables():
+    v = template_variables("plugin", "My-Algo")
+    assert (v["name"], v["package"], v["dist"], v["class_name"]) == ("my_algo", "rlforge_my_algo", "rlforge-my-algo",
+                                                                     "MyAlgo")
+    with pytest.raises(RLForgeError, match="Invalid plugin name '2fast'"):
+        template_variables("plugin", "2fast")
+    with pytest.raises(RLForgeError, match="unknown placeholder '{{nope}}'"):
+        render_text("a {{ nope }} b", v, "x.tmpl")
+
+
+def test_new_plugin_renders_every_file(tmp_path, capsys):
+    assert main(["new", "plugin", "my-algo", "--dir", str(tmp_path)]) == 0
+    root = tmp_path / "rlforge-my-algo"
+    assert f"created {root}" in capsys.readouterr().out
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    assert files == ["README.md", "pyproject.toml", "rlforge_my_algo/__init__.py", "rlforge_my_algo/algorithm.py",
+                     "rlforge_my_algo/plugin.py", "rlforge_my_algo/reward.py", "tests/test_plugin.py"]
+    text = "".join(p.read_text() for p in root.rglob("*") if p.is_file())
+    assert "{{" not in text and ".tmpl" not in text
+    assert '[project.entry-points.rlforge]\nmy_algo = "rlforge_my_algo.plugin"' in (root / "pyproject.toml").read_text()
+    assert main(["new", "plugin", "my-algo", "--dir", str(tmp_path)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_plugin_installs_trains_lists_and_passes_its_tests(tmp_path):
+    root = render("plugin", NAME, tmp_path)
+    own_tests = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", cwd=root)
+    assert own_tests.returncode == 0, own_tests.stdout[-3000:] + own_tests.stderr[-3000:]
+    assert "5 passed" in own_tests.stdout
+
+    install = _run("-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q", str(root))
+    assert install.returncode == 0, install.stdout + install.stderr
+    try:
+        listed = _run("-m", "rlforge.cli", "plugins", "list")
+        assert listed.returncode == 0, listed.stderr
+        assert f"{NAME}  (entry point, {DIST} 0.1.0)\n    algorithm:{NAME}\n    reward fn:{NAME}\n" in listed.stdout
+        run_dir = tmp_path / "run"
+        fit = _run("-m", "rlforge.cli", "fit", "--algo", NAME, f"reward.fn={NAME}", *FIT, f"trainer.run_dir={run_dir}",
+                   "algorithm.adv_clip=1.0", cwd=tmp_path)
+        assert fit.returncode == 0, fit.stdout[-3000:] + fit.stderr[-3000:]
+        assert "step    2/2" in fit.stdout
+        config = (run_dir / "config.yaml").read_text()
+        assert f"name: {NAME}" in config and "adv_clip: 1.0" in config
+        assert (run_dir / "checkpoints" / "step_000002" / "actor" / "config.json").is_file()
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+        run_id = (run_dir / "mlflow_run_id").read_text().strip()
+        assert len(client.get_metric_history(run_id, f"{NAME}/score_spread")) == 2  # the plugin's hook ran
+    finally:
+        _run("-m", "pip", "uninstall", "-y", "-q", DIST)
+        importlib.invalidate_caches()
+    assert NAME not in _run("-m", "rlforge.cli", "plugins", "list").stdout
+
+
+def test_new_experiment_composes_and_loads_its_reward(tmp_path, monkeypatch, capsys):
+    assert main(["new", "experiment", "sweep1", "--dir", str(tmp_path)]) == 0
+    folder = tmp_path / "sweep1"
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.yaml", "reward.py"]
+    monkeypatch.chdir(folder)
+    assert main(["config", "show", "--config", "config.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "experiment: sweep1" in out and "file: reward.py" in out
+    from rlforge.plugins.reward.rule import load_user_function
+
+    score = load_user_function("reward.py")
+    assert score("arith", " 7 ", "7") == {"score": 1.0, "acc": 1.0}
+    assert score("arith", "8", "7") == {"score": 0.1, "acc": 0.0}
