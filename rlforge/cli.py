@@ -7,6 +7,7 @@ trainer). User mistakes are ``RLForgeError``s, printed as one line with exit sta
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -55,8 +56,6 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    import os
-
     from rlforge.hookspecs import HOOK_SPEC_VERSION
     from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
 
@@ -248,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rlforge: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `rlforge algos | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -78,6 +78,13 @@ def build_tiny_llama(tokenizer: Any, hidden: int = 128, layers: int = 4, heads: 
     return LlamaForCausalLM(config)
 
 
+def quiet_transformers() -> None:
+    """No per-file progress bars from transformers: rlforge prints its own progress."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
@@ -97,6 +104,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
 def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     folder = resolve_model_path(path)
     try:
         return AutoModelForCausalLM.from_pretrained(
@@ -110,6 +118,7 @@ def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool 
     """A value model: the causal LM's body with a fresh scalar head (``...ForTokenClassification``, 1 label)."""
     from transformers import AutoModelForTokenClassification
 
+    quiet_transformers()
     folder = resolve_model_path(path, "critic.path")
     try:
         return AutoModelForTokenClassification.from_pretrained(

@@ -77,12 +77,19 @@ class RLModule:
         """Whether a value model is trained (PPO)."""
         return False
 
+    def configure_tokenizer(self) -> None:
+        """Load the tokenizer of ``model.path`` (called before the data is prepared)."""
+        from rlforge.models import load_tokenizer
+
+        self.tokenizer = load_tokenizer(self.config.model.path, trust_remote_code=self.config.model.trust_remote_code)
+
     def configure_model(self) -> None:
-        """Load the tokenizer, the actor and (if needed) the reference model."""
-        from rlforge.models import load_model, load_tokenizer, load_value_model
+        """Load the actor, and the reference and critic models when the algorithm needs them."""
+        from rlforge.models import load_model, load_value_model
 
         cfg = self.config.model
-        self.tokenizer = load_tokenizer(cfg.path, trust_remote_code=cfg.trust_remote_code)
+        if self.tokenizer is None:
+            self.configure_tokenizer()
         self.actor = load_model(cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)
         if self.needs_reference():
             self.ref = load_model(cfg.ref_path or cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)

@@ -170,8 +170,7 @@ class _Worker:
 class RewardWorkers:
     """A pool of forked worker processes that evaluate reward calls with a per-call wall-clock timeout.
 
-    Tasks go out in chunks (a few per worker and batch, so one slow function does not hold the others
-    back) and results stream back one by one; the timeout of a call starts when the previous result
+    Tasks go out in chunks and results stream back one by one; the timeout of a call starts when the previous result
     of its worker arrived. A worker that overruns is killed and replaced; its unfinished tasks are resent.
     """
 
@@ -187,7 +186,10 @@ class RewardWorkers:
         if not self.workers:
             self.workers.extend(_Worker(self.fns) for _ in range(self.num_workers))
         queue = deque(tasks)
-        chunk = max(1, math.ceil(len(tasks) / (4 * self.num_workers)))
+        # a lone worker gets everything at once; several get ~4 chunks each, so one stuck on slow samples
+        # does not hold back the rest of the batch
+        parts = 1 if self.num_workers == 1 else 4 * self.num_workers
+        chunk = max(1, math.ceil(len(tasks) / parts))
         outcomes: dict[int, Outcome] = {}
         while len(outcomes) < len(tasks):
             for w in self.workers:

@@ -94,8 +94,8 @@ class SandboxResult:
     exit_code: int  # the program's exit status; negative: killed by that signal (as in ``subprocess``)
     timed_out: bool  # still running at the wall-clock timeout (then killed)
     killed_reason: str | None  # why the program was stopped, None when it exited by itself
-    truncated: bool = False  # stdout or stderr was longer than the output cap
-    isolation: str = "audit"  # the mode it ran under: namespaces | audit
+    truncated: bool  # stdout or stderr was longer than the output cap
+    isolation: str  # the mode it ran under: namespaces | audit
 
 
 def run_sandboxed(
@@ -145,8 +145,8 @@ def namespace_python() -> str | None:
     for python in _python_candidates():
         try:
             result = _run("print('ok')", "", probe, "namespaces", python, 1024)
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.debug("Namespace sandbox probe with %s failed: %s", python, exc)
+        except SandboxError as exc:
+            log.debug("Namespace sandbox probe failed: %s", exc)
             continue
         if result.exit_code == 0 and result.stdout.strip() == "ok":
             return python
@@ -189,7 +189,7 @@ def _run(code: str, stdin: str, limits: _Limits, mode: str, python: str, output_
     top = tempfile.mkdtemp(prefix="rlforge-sandbox-")
     work = os.path.join(top, "work")
     os.mkdir(work)
-    uid = UID_BASE + secrets.randbelow(UID_SPAN)
+    uid = UID_BASE + secrets.randbelow(UID_SPAN) if mode == "namespaces" else None
     try:
         program = os.path.join(top, "main.py")
         with open(program, "w", encoding="utf-8") as f:
@@ -206,12 +206,16 @@ def _run(code: str, stdin: str, limits: _Limits, mode: str, python: str, output_
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin.encode("utf-8"))
             stdin_file.seek(0)
-            proc = subprocess.Popen(argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    cwd=work, env=env, start_new_session=True, preexec_fn=confine)
+            try:
+                proc = subprocess.Popen(argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        cwd=work, env=env, start_new_session=True, preexec_fn=confine)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise SandboxError(f"Could not start the sandboxed program with {python} ({mode} isolation: "
+                                   f"namespaces, mounts, uid or resource limits failed): {exc}") from None
         try:
             out, err, truncated, timed_out = _collect(proc, time.monotonic() + limits.timeout_s, output_cap)
         finally:
-            _kill_everything(proc, uid if mode == "namespaces" else None)
+            _kill_everything(proc, uid)
         return SandboxResult(out, err, proc.returncode, timed_out, _killed_reason(proc.returncode, timed_out, limits),
                              truncated, mode)
     finally:
@@ -319,6 +323,9 @@ def _confine_limits(limits: _Limits) -> None:
                             (resource.RLIMIT_NPROC, limits.max_processes, limits.max_processes),
                             (resource.RLIMIT_NOFILE, limits.max_open_files, limits.max_open_files),
                             (resource.RLIMIT_AS, limits.memory_mb << 20, limits.memory_mb << 20)):  # AS last
+        ceiling = resource.getrlimit(res)[1]  # an unprivileged process cannot raise its hard limit
+        if ceiling != resource.RLIM_INFINITY:
+            soft, hard = min(soft, ceiling), min(hard, ceiling)
         resource.setrlimit(res, (soft, hard))
 
 

