@@ -118,11 +118,17 @@ def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool 
     """A value model: the causal LM's body with a fresh scalar head (``...ForTokenClassification``, 1 label)."""
     from transformers import AutoModelForTokenClassification
 
+    from transformers.utils import logging as hf_logging
+
     quiet_transformers()
     folder = resolve_model_path(path, "critic.path")
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the fresh value head is expected: no "newly initialized" report
     try:
         return AutoModelForTokenClassification.from_pretrained(
             folder, num_labels=1, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError) as exc:
         raise RLForgeError(f"Cannot load a value model from '{path}' (critic.path): {exc}") from None
+    finally:
+        hf_logging.set_verbosity(level)
