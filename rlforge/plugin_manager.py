@@ -37,6 +37,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.rollout.vllm",
     "rlforge.plugins.reward.rule",
     "rlforge.plugins.strategy.single",
+    "rlforge.plugins.strategy.fsdp",
     "rlforge.plugins.logger.console",
     "rlforge.plugins.logger.mlflow_logger",
     "rlforge.plugins.logger.tensorboard",

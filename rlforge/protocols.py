@@ -32,6 +32,9 @@ class RolloutEngine(Protocol):
     ``factory(config, model, tokenizer)``."""
 
     supports_sleep: bool
+    # True when rollout_log_probs equal the actor's recomputed log-probs up to float noise (same weights and
+    # numerics, e.g. the hf engine generating with the actor itself): the trainer then skips the recomputation
+    logprobs_match_actor: bool
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Return a batch with ``len(batch) * params.n`` rows (each prompt repeated n times in place, lists

@@ -40,7 +40,7 @@ class Recorder:
 
 def test_grpo_end_to_end_writes_run_folder_and_mlflow(tmp_path):
     rec = Recorder()
-    cfg = _config(tmp_path, "trainer.total_steps=3", "trainer.save_every=2")
+    cfg = _config(tmp_path, "trainer.total_steps=3", "trainer.save_every=2", "actor.reuse_rollout_log_probs=false")
     trainer = Trainer(cfg, callbacks=[rec])
     summary = trainer.fit()
 

@@ -18,6 +18,7 @@ import logging
 import math
 import multiprocessing
 import numbers
+import pickle
 import signal
 import time
 import weakref
@@ -142,9 +143,14 @@ class _Worker:
         if not self.process.is_alive():  # died while idle (e.g. the OOM killer)
             self.stop()
             self._start()
+        try:
+            self.conn.send(tasks)  # pickles first: a failure writes nothing
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise RLForgeError(f"Reward function arguments (ground_truth, extra_info) of samples "
+                               f"{tasks[0][0]}..{tasks[-1][0]} cannot be sent to the reward worker process; "
+                               f"they must be picklable: {exc}") from None
         self.pending.extend(tasks)
         self.deadline = time.monotonic() + timeout_s
-        self.conn.send(tasks)
 
     def restart(self) -> list[Task]:
         """Kill the process, start a fresh one; return the tasks it still owed."""
@@ -162,7 +168,9 @@ class _Worker:
     def exit_description(self) -> str:
         self.process.join(timeout=1.0)
         code = self.process.exitcode
-        if code is not None and code < 0:
+        if code is None:
+            return "lost the pipe to the reward worker"
+        if code < 0:
             return f"reward worker was killed by {signal.Signals(-code).name}"
         return f"reward worker exited with code {code}"
 
@@ -170,8 +178,8 @@ class _Worker:
 class RewardWorkers:
     """A pool of forked worker processes that evaluate reward calls with a per-call wall-clock timeout.
 
-    Tasks go out in chunks and results stream back one by one; the timeout of a call starts when the previous result
-    of its worker arrived. A worker that overruns is killed and replaced; its unfinished tasks are resent.
+    Tasks go out in chunks and results stream back one by one; the timeout of a call starts when the previous
+    result of its worker arrived. A worker that overruns is killed and replaced; its unfinished tasks are resent.
     """
 
     def __init__(self, fns: dict[str, ScoreFn], num_workers: int, timeout_s: float) -> None:
@@ -179,12 +187,13 @@ class RewardWorkers:
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self.workers: list[_Worker] = []
-        self._finalizer = weakref.finalize(self, _stop_all, self.workers)
+        self._finalizer: weakref.finalize | None = None
 
     def run(self, tasks: list[Task]) -> dict[int, Outcome]:
         """Evaluate every task; return ``{sample index: outcome}``."""
-        if not self.workers:
+        if not self.workers:  # first use, or first use after close()
             self.workers.extend(_Worker(self.fns) for _ in range(self.num_workers))
+            self._finalizer = weakref.finalize(self, _stop_all, self.workers)
         queue = deque(tasks)
         # a lone worker gets everything at once; several get ~4 chunks each, so one stuck on slow samples
         # does not hold back the rest of the batch
@@ -220,7 +229,8 @@ class RewardWorkers:
 
     def close(self) -> None:
         """Stop the worker processes (they are also stopped when this object is collected or at exit)."""
-        self._finalizer()
+        if self._finalizer is not None:
+            self._finalizer()
 
 
 def _stop_all(workers: list[_Worker]) -> None:

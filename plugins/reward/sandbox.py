@@ -55,6 +55,7 @@ import os, runpy, sys
 ROOT = os.getcwd()
 DENY = ("socket.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "os.forkpty",
         "os.system", "os.kill", "os.killpg", "os.link", "os.symlink", "signal.pthread_kill", "ctypes.", "pty.")
+DENY_IMPORTS = {"_posixsubprocess", "_posixshmem"}  # they spawn processes / create files without audit events
 PATHS = {"os.remove": [(0, 1)], "os.rmdir": [(0, 1)], "os.mkdir": [(0, 2)], "os.chmod": [(0, 2)],
          "os.chown": [(0, 3)], "os.utime": [(0, 3)], "os.rename": [(0, 2), (1, 3)], "os.truncate": [(0, None)]}
 WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -69,6 +70,8 @@ def inside(path, dir_fd=None):
 def hook(event, args):
     if event.startswith(DENY):
         raise PermissionError(f"sandbox: {event} is not allowed")
+    if event == "import" and args[0] in DENY_IMPORTS:
+        raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
     if event == "open":
         path, mode, flags = args
         if ((flags or 0) & WRITE or any(c in (mode or "") for c in "wax+")) and not inside(path):
@@ -186,7 +189,7 @@ def _python_candidates() -> list[str]:
 
 
 def _run(code: str, stdin: str, limits: _Limits, mode: str, python: str, output_cap: int) -> SandboxResult:
-    top = tempfile.mkdtemp(prefix="rlforge-sandbox-")
+    top = os.path.realpath(tempfile.mkdtemp(prefix="rlforge-sandbox-"))  # as /proc/self/mountinfo spells it
     work = os.path.join(top, "work")
     os.mkdir(work)
     uid = UID_BASE + secrets.randbelow(UID_SPAN) if mode == "namespaces" else None

@@ -80,6 +80,9 @@ class ActorConfig:
     clip_ratio_high: float = 0.2  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
     clip_ratio_c: float = 3.0  # dual-clip bound, applied where the advantage is negative
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    # None: reuse the rollout engine's log-probs as old log-probs when they match the actor's (hf engine),
+    # True: always reuse them, False: always recompute with a forward pass of the actor
+    reuse_rollout_log_probs: Optional[bool] = None  # skip the old-log-prob forward pass (see above)
     entropy_coeff: float = 0.0  # entropy bonus weight (the loss subtracts coeff x entropy)
     use_kl_loss: bool = False  # add a KL(actor || reference) term to the loss (loads a reference model)
     kl_loss_coef: float = 0.001  # weight of the KL loss
@@ -104,15 +107,20 @@ class CriticConfig:
 
 @dataclass
 class StrategyConfig:
-    name: str = "single"  # strategy registry name
+    name: str = "single"  # strategy registry name: single (one device) | fsdp (FSDP2, one process per rank)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    num_processes: int = 1  # data-parallel ranks; > 1 needs strategy.name=fsdp and trainer.controller=ray
+    backend: str = "auto"  # fsdp: torch.distributed backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
+    mixed_precision: str = "bf16"  # fsdp on GPU: bf16 | fp16 | none (compute dtype; reductions in fp32). CPU: none
+    checkpoint: str = "full"  # full (gathered; any rank count resumes) | sharded (torch.distributed.checkpoint)
+    weight_sync_bucket_mb: float = 256.0  # fsdp: gathered weights streamed to the rollout replica per bucket
 
 
 @dataclass
 class TrainerConfig:
     total_steps: int = 200  # training steps (one rollout batch each)
     seed: int = 1  # seeds torch, python and the data order
-    controller: str = "local"  # controller registry name: local (in-process)
+    controller: str = "local"  # controller registry name: local (in-process) | ray (Ray actors)
     critic_warmup: int = 0  # first steps in which only the critic is trained (the actor waits)
     project: str = "rlforge"  # mlflow experiment name
     experiment: str = "default"  # run folders go to <runs_root>/<experiment>/<timestamp>
@@ -127,6 +135,19 @@ class TrainerConfig:
     resume_force: bool = False  # resume even if the model or batch shape changed since the checkpoint
     samples_to_save: int = 8  # generated samples written per step to samples.jsonl
     progress: bool = True  # live progress bar
+
+
+@dataclass
+class RayConfig:
+    """The Ray cluster of ``trainer.controller=ray`` (see docs/distributed.md)."""
+
+    address: Optional[str] = None  # None = start a local cluster; auto | host:port = join a running cluster
+    num_cpus: Optional[int] = None  # CPUs of the local cluster; None = all of this machine's
+    cpus_per_worker: float = 1.0  # CPUs per rank's placement bundle (shared by the roles colocated on it)
+    gpus_per_worker: Optional[float] = None  # GPUs per bundle; None = 1 if the cluster has GPUs and strategy.device != cpu
+    colocate_critic: bool = True  # critic ranks share the actor's bundles (one pool); False = a pool of its own
+    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement group)
+    placement_timeout_s: float = 120.0  # fail with a clear error if the workers cannot be placed by then
 
 
 @dataclass
@@ -162,6 +183,7 @@ class RLForgeConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)

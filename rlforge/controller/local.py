@@ -9,6 +9,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge.controller.worker import ActorWorker, CriticWorker
+from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
 from rlforge.protocols import SamplingParams
@@ -20,10 +21,17 @@ class LocalController:
     def __init__(self, config: Any, module: RLModule, plugins: Any, trainer: Any = None) -> None:
         reg = plugins.registry
         self.config = config
-        self.strategy = reg.strategy.get(config.strategy.name)(config)
+        factory = reg.strategy.get(config.strategy.name)
+        if config.strategy.num_processes != 1 or getattr(factory, "sharded", False):
+            raise ConfigError(
+                f"strategy.name={config.strategy.name} with strategy.num_processes={config.strategy.num_processes} "
+                f"needs one process per rank, which the local controller (one process) does not start. "
+                f"Set trainer.controller=ray (see docs/distributed.md)."
+            )
+        self.strategy = factory(config)
         self.actor = ActorWorker(config, module, self.strategy, plugins.hook, trainer)
         self.critic = CriticWorker(config, module, self.strategy, plugins.hook, trainer) if module.critic else None
-        self.rollout = reg.rollout.get(config.rollout.name)(config, module.actor, module.tokenizer)
+        self.rollout = reg.rollout.get(config.rollout.name)(config, self.actor.rollout_model, module.tokenizer)
         self.reward = reg.reward_manager.get(config.reward.manager)(config, module.tokenizer, reg)
 
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
@@ -55,13 +63,13 @@ class LocalController:
         """Optimizer/scheduler state of every worker, and the critic's weights (the actor's are saved as HF)."""
         state: dict[str, Any] = {"actor": self.actor.state_dict()}
         if self.critic is not None:
-            state["critic"] = {**self.critic.state_dict(), "model": self.critic.model.state_dict()}
+            state["critic"] = {**self.critic.state_dict(), "model": self.critic.model_state_dict()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.actor.load_state_dict(state["actor"])
         if self.critic is not None:
-            self.critic.model.load_state_dict(state["critic"]["model"])
+            self.critic.load_model_state_dict(state["critic"]["model"])
             self.critic.load_state_dict(state["critic"])
 
     def shutdown(self) -> None:

@@ -1,18 +1,33 @@
 """Workers: a model on a strategy with its optimizer and the mini-/micro-batch update loop.
 
-``ActorWorker`` trains the policy (and holds the reference model); ``CriticWorker`` trains the value
-model. The same classes serve the local controller and Ray actors.
+``ActorWorker`` trains the policy (and holds the reference model and the model the rollout engine
+generates with); ``CriticWorker`` trains the value model. The same classes serve the local controller
+(one process) and the Ray controller (one worker per data-parallel rank, see ``ray_workers.py``).
+
+With several ranks, each worker sees its share of every mini-batch (``shard_for_update``); losses are
+normalized by mini-batch-wide counts summed over the ranks, so the summed gradients equal one process's.
+State dicts go through ``torch.distributed.checkpoint.state_dict``, which handles plain and FSDP2 models.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
@@ -24,8 +39,41 @@ from rlforge.ops import response_logprobs, response_values
 log = logging.getLogger("rlforge")
 
 
+# gathered on rank 0, on the CPU: what full checkpoints store and what any number of ranks can load
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
 class NonFiniteError(RLForgeError):
     """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""
+
+
+def split_rows(batch: B.Batch, parts: int) -> list[B.Batch]:
+    """``parts`` consecutive chunks whose sizes differ by at most one (some may be empty)."""
+    base, extra = divmod(len(batch), parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + base + (i < extra))
+    return [batch.select(list(range(a, b))) for a, b in zip(bounds, bounds[1:])]
+
+
+def split_even(batch: B.Batch, parts: int, what: str) -> list[B.Batch]:
+    """``parts`` equal consecutive chunks: sharded models run collectives, so every rank needs the same work."""
+    if len(batch) % parts:
+        raise RLForgeError(
+            f"{what}: a batch of {len(batch)} sequences does not split evenly over {parts} data-parallel ranks "
+            f"(strategy.num_processes={parts}). Make data.train_batch_size x rollout.n a multiple of it."
+        )
+    return split_rows(batch, parts)
+
+
+def shard_for_update(batch: B.Batch, parts: int, mini_size: int) -> list[B.Batch]:
+    """Rank ``r``'s share of an update batch: the ``r``-th slice of every mini-batch of ``mini_size`` rows, so the
+    ranks' ``TrainWorker.update`` steps see together exactly the mini-batches one process would."""
+    shards: list[list[B.Batch]] = [[] for _ in range(parts)]
+    for mini in batch.split(mini_size):
+        for rank, piece in enumerate(split_even(mini, parts, "update")):
+            shards[rank].append(piece)
+    return [B.Batch.concat(pieces) for pieces in shards]
 
 
 class TrainWorker:
@@ -53,7 +101,8 @@ class TrainWorker:
         raise NotImplementedError  # abstract: each worker's loss
 
     def update(self, batch: B.Batch) -> dict[str, float]:
-        mini_size = self.section.ppo_mini_batch_size * self.config.rollout.n
+        """``batch`` is this rank's shard (``shard_for_update``): its mini-batches are 1/world_size of the global ones."""
+        mini_size = self.section.ppo_mini_batch_size * self.config.rollout.n // self.strategy.world_size
         totals: dict[str, float] = defaultdict(float)
         steps = 0
         for _ in range(self.section.ppo_epochs):
@@ -81,6 +130,8 @@ class TrainWorker:
             self.strategy.backward(loss)
             for k, v in metrics.items():
                 sums[k] += v
+        if self.strategy.world_size > 1:  # each rank's metrics are its share of the mini-batch value
+            sums = defaultdict(float, {k: self.strategy.all_reduce_sum(sums[k]) for k in sorted(sums)})
         grad_norm = self.strategy.clip_grad_norm(self.model.parameters(), self.section.grad_clip)
         sums[f"{self.role}/grad_norm"] = grad_norm
         if not math.isfinite(grad_norm):
@@ -102,15 +153,52 @@ class TrainWorker:
         self.optimizer.step()
         return dict(sums)
 
+    # --- state: full (gathered on rank 0) or sharded (one torch.distributed.checkpoint folder) ----------
     def state_dict(self) -> dict[str, Any]:
+        """Optimizer (gathered: complete on rank 0 only), scheduler and counters. Collective: every rank calls it."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=FULL),
+            **self._small_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load what :meth:`state_dict` returned (every rank gets the complete state)."""
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        self._load_small_state(state)
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full weights on the CPU (complete on rank 0 only). Collective."""
+        return get_model_state_dict(self.model, options=FULL)
+
+    def load_model_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load full weights (every rank gets them; sharded models keep their shard)."""
+        set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True))
+
+    def save_sharded(self, path: Path) -> dict[str, Any]:
+        """Write model and optimizer shards to ``path`` (every rank its own) and return the small state."""
+        dcp.save(self._sharded_state(), checkpoint_id=str(path))
+        return self._small_state()
+
+    def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
+        """Load what :meth:`save_sharded` wrote, into any number of ranks."""
+        sharded = self._sharded_state()
+        dcp.load(sharded, checkpoint_id=str(path))
+        set_model_state_dict(self.model, sharded["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, sharded["optimizer"])
+        self._load_small_state(state)
+
+    def _sharded_state(self) -> dict[str, Any]:
+        return {"model": get_model_state_dict(self.model),
+                "optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+
+    def _small_state(self) -> dict[str, Any]:
+        return {
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "skipped_steps": self.skipped_steps,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+    def _load_small_state(self, state: dict[str, Any]) -> None:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
@@ -123,6 +211,11 @@ class ActorWorker(TrainWorker):
 
     def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None, trainer: Any = None) -> None:
         super().__init__(config, module, strategy, hook, trainer)
+        # The rollout engine generates with the actor itself, unless the strategy shards it: then with a full
+        # replica (the hybrid engine), refreshed by streaming gathered weights in ``named_weights``.
+        self.rollout_model = module.actor
+        if getattr(strategy, "sharded", False):
+            self.rollout_model = copy.deepcopy(module.actor).requires_grad_(False).to(strategy.device)
         module.actor = strategy.setup_model(module.actor)
         module.actor.train()
         if module.ref is not None:

@@ -107,13 +107,13 @@ def prepare(name: str, inputs: list[str], out_dir: str | Path, registry: Any, sp
     splits = [split_of(p, split) for p in inputs]
     if len(set(splits)) < len(splits):
         raise RLForgeError(f"Two inputs map to the same split ({splits}): give one file per split.")
+    read = registry.dataset.get("files")
+    converted = {}
+    for path, part in zip(inputs, splits):  # everything is checked before anything is written
+        raw_rows = read(OmegaConf.create({"data": {"train_files": [path]}}), "train")
+        converted[part] = [convert_row(SOURCES[name], r, part, i, r["_origin"]) for i, r in enumerate(raw_rows)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for path, part in zip(inputs, splits):
-        raw_rows = registry.dataset.get("files")(OmegaConf.create({"data": {"train_files": [path]}}), "train")
-        rows = [convert_row(SOURCES[name], r, part, i, r["_origin"]) for i, r in enumerate(raw_rows)]
-        target = out / f"{part}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), target)
-        written.append(target)
-    return written
+    for part, rows in converted.items():
+        pq.write_table(pa.Table.from_pylist(rows), out / f"{part}.parquet")
+    return [out / f"{part}.parquet" for part in converted]

@@ -33,7 +33,15 @@ def filter_groups(t: Any, batch: B.Batch) -> B.Batch:
 
 
 def old_logprob(t: Any, batch: B.Batch) -> B.Batch:
-    batch[B.OLD_LOG_PROBS] = t.controller.compute_log_probs(batch, "actor")
+    """Log-probs of the policy that generated: the engine's own when they match the actor's recomputation
+    (``actor.reuse_rollout_log_probs``, default: when the engine says so), else a forward pass."""
+    reuse = t.config.actor.reuse_rollout_log_probs
+    if reuse is None:
+        reuse = bool(getattr(getattr(t.controller, "rollout", None), "logprobs_match_actor", False))
+    if reuse:
+        batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]
+    else:
+        batch[B.OLD_LOG_PROBS] = t.controller.compute_log_probs(batch, "actor")
     return batch
 
 

@@ -238,7 +238,8 @@ def _response_batch(tok, texts: list[str], sources: list[str], truths: list[str]
         masks.append([1] * len(ids) + [0] * (width - len(ids)))
     return B.Batch(
         {B.RESPONSES: torch.tensor(rows), B.RESPONSE_MASK: torch.tensor(masks)},
-        {B.DATA_SOURCE: sources, B.GROUND_TRUTH: truths, B.EXTRA_INFO: [None] * len(texts), B.UID: list(range(len(texts)))},
+        {B.DATA_SOURCE: sources, B.GROUND_TRUTH: truths, B.EXTRA_INFO: [None] * len(texts),
+         B.UID: list(range(len(texts)))},
     )
 
 
@@ -349,7 +350,9 @@ def _fault_batch(tok, texts: list[str]) -> B.Batch:
 
 
 @pytest.mark.parametrize("fault", ["raise", "nan", "inf", "none", "str", "dict", "exit"])
-def test_fault_gives_fallback_and_counts_an_error(fault, char_tokenizer, registry, manager_factory, faulty_file) -> None:
+def test_fault_gives_fallback_and_counts_an_error(
+    fault, char_tokenizer, registry, manager_factory, faulty_file
+) -> None:
     mgr = manager_factory(char_tokenizer, registry, file=faulty_file, fallback_score=-1.0)
     out = mgr.score(_fault_batch(char_tokenizer, ["ok", fault, "no"]))
     torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, -1.0, 0.0]))
@@ -394,6 +397,15 @@ def test_workers_are_reused_across_steps_and_replaced_after_a_timeout(
     assert mgr.score(_fault_batch(char_tokenizer, ["ok"]))[B.SCORES].tolist() == [1.0]
     mgr.close()
     assert not replacement.is_alive()
+    assert mgr.score(_fault_batch(char_tokenizer, ["ok"]))[B.SCORES].tolist() == [1.0]  # restarts after close()
+
+
+def test_unpicklable_arguments_are_a_clear_error(char_tokenizer, registry, manager_factory) -> None:
+    mgr = manager_factory(char_tokenizer, registry)
+    batch = _response_batch(char_tokenizer, ["1", "2"], ["arith"] * 2, ["1", "2"])
+    batch[B.EXTRA_INFO] = [{"fn": lambda: 0}, None]
+    with pytest.raises(RLForgeError, match=r"arguments \(ground_truth, extra_info\) of samples 0..1 cannot be sent"):
+        mgr.score(batch)
 
 
 def test_first_fault_of_each_kind_is_logged_once(

@@ -103,6 +103,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["data", "gsm8k", "--input", str(tmp_path / "nope.parquet"), "--out", str(tmp_path), "--split", "test"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"rlforge: error: Data file not found: {tmp_path / 'nope.parquet'}."
+    out = tmp_path / "out"
+    assert main(["data", "gsm8k", "--input", str(DATA / "gsm8k_train.jsonl"), "--input", str(DATA / "math_test.jsonl"),
+                 "--out", str(out)]) == 2
+    assert "math_test.jsonl, row 1: missing text column(s)" in capsys.readouterr().err
+    assert not out.exists()  # nothing is written unless every input converts
 
 
 def test_verl_prepared_parquet_runs_unchanged(tmp_path, capsys):

@@ -118,3 +118,57 @@ def test_generate_greedy_matches_eval_answers(tmp_path):
     report = tmp_path / "r.json"
     assert main(["eval", "builtin:tiny-arith", "--limit", "5", "--out", str(report)]) == 0
     assert json.loads(report.read_text())["metrics"]["accuracy"] == pytest.approx(correct / 5)
+
+
+class CannedEngine:
+    """A registered rollout engine that answers "42" to everything (generate/eval use whatever is registered)."""
+
+    supports_sleep = False
+    instances: list[CannedEngine] = []
+
+    def __init__(self, config, model, tokenizer):
+        self.tokenizer, self.closed = tokenizer, False
+        CannedEngine.instances.append(self)
+
+    def generate(self, batch, params):
+        import torch
+
+        from rlforge import batch as B
+
+        out = batch.repeat_interleave(params.n) if params.n > 1 else batch
+        ids = self.tokenizer("42", add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        out[B.RESPONSES] = torch.tensor([ids] * len(out))
+        out[B.RESPONSE_MASK] = torch.ones_like(out[B.RESPONSES])
+        return out
+
+    def update_weights(self, named_tensors):
+        pass
+
+    def shutdown(self):
+        self.closed = True
+
+
+def test_generate_and_eval_use_the_configured_rollout_engine(tmp_path):
+    from rlforge import hookimpl, load_config
+    from rlforge.plugin_manager import PluginManager
+    from rlforge.tools.evaluate import evaluate
+    from rlforge.tools.generate import generate
+
+    class Canned:
+        @hookimpl
+        def rlforge_register(self, registry):
+            registry.rollout.register("canned", CannedEngine)
+
+    pm = PluginManager(autoload=False)
+    pm.register(Canned(), name="canned")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"data_source": "arith", "prompt": "What is 40+2?", "reward_model": {"ground_truth": "42"}}\n'
+                    '{"data_source": "arith", "prompt": "What is 1+2?", "reward_model": {"ground_truth": "3"}}\n')
+    cfg = load_config(None, ["rollout.name=canned", "data.name=files", f"data.val_files=[{rows}]", "rollout.val_n=2",
+                             "rollout.val_temperature=1.0"], plugins=pm)
+    assert generate(cfg, pm, tmp_path / "g.jsonl", log=lambda _: None) == 4
+    assert {json.loads(line)["response"] for line in (tmp_path / "g.jsonl").read_text().splitlines()} == {"42"}
+    report = evaluate(cfg, pm, ks="1,2", log=lambda _: None)
+    assert report["rollout"] == "canned"
+    assert report["metrics"] == {"reward/mean": 0.5, "accuracy": 0.5, "pass@1": 0.5, "pass@2": 0.5}
+    assert all(engine.closed for engine in CannedEngine.instances)

@@ -1,0 +1,129 @@
+"""``fsdp`` strategy: FSDP2 (``fully_shard``) over N data-parallel processes, gloo on CPU and NCCL on GPU.
+
+One process per rank. The processes are started by a launcher that sets the torchrun variables
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (and ``LOCAL_RANK``): the Ray controller does
+(one worker actor per rank, ``trainer.controller=ray strategy.num_processes=N``), and so do ``torchrun``
+and ``torch.multiprocessing`` when the workers are used as a library (the tests do).
+
+- Each decoder layer (the model's ``_no_split_modules``) and then the root are ``fully_shard``-ed.
+- Gradients are *summed* over ranks, not averaged: the workers normalize every loss by counts summed over
+  the ranks (``all_reduce_sum``), so the summed gradient is the one-process gradient of the mini-batch.
+- Gradient clipping uses the total norm over all shards (one all-reduce of the squared local norms).
+- Mixed precision (``strategy.mixed_precision``) applies on GPU only; CPU runs in ``model.dtype``.
+- ``named_weights`` streams gathered full tensors in buckets of ``strategy.weight_sync_bucket_mb`` to the
+  rollout replica: no more than one bucket of gathered weights is alive beyond the model itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from rlforge.errors import ConfigError
+from rlforge.hookspecs import hookimpl
+
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
+BACKENDS = ("auto", "nccl", "gloo")
+
+
+def _device(name: str) -> torch.device:
+    if name not in ("auto", "cpu") and not name.startswith("cuda"):
+        raise ConfigError(f"strategy.device='{name}' is not a device for fsdp (use auto, cpu or cuda).")
+    if name == "cpu" or not torch.cuda.is_available():
+        if name.startswith("cuda"):
+            raise ConfigError(f"strategy.device='{name}' but no CUDA device is available. Use auto or cpu.")
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
+
+
+class FSDPStrategy:
+    """FSDP2 data parallelism; parameters, gradients and optimizer state are sharded over the ranks."""
+
+    sharded = True  # workers keep a full replica for the rollout engine and gather state dicts
+
+    def __init__(self, config: Any) -> None:
+        s = config.strategy
+        missing = [k for k in LAUNCH_ENV if k not in os.environ]
+        if missing:
+            raise ConfigError(
+                "strategy.name=fsdp runs one process per rank, started by a launcher: set trainer.controller=ray "
+                f"(strategy.num_processes=N), or launch with torchrun. Missing environment: {', '.join(missing)}."
+            )
+        if s.mixed_precision not in PRECISIONS:
+            raise ConfigError(f"strategy.mixed_precision='{s.mixed_precision}'. Allowed: {', '.join(PRECISIONS)}.")
+        if s.backend not in BACKENDS:
+            raise ConfigError(f"strategy.backend='{s.backend}'. Allowed: {', '.join(BACKENDS)}.")
+        self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.device = _device(s.device)
+        backend = s.backend if s.backend != "auto" else ("nccl" if self.device.type == "cuda" else "gloo")
+        if not dist.is_initialized():
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        dtype = PRECISIONS[s.mixed_precision] if self.device.type == "cuda" else None
+        self.mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+        self.bucket_bytes = max(1, int(s.weight_sync_bucket_mb * 2**20))
+
+    def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Shard each decoder layer, then the root (embeddings, norm, head) with what is left."""
+        model.to(self.device)
+        layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+        for sub in list(model.modules()):
+            if type(sub).__name__ in layer_classes:
+                fully_shard(sub, mesh=self.mesh, mp_policy=self.mp_policy)
+        fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy)
+        for sub in model.modules():
+            if isinstance(sub, FSDPModule):  # sum gradients over ranks (gloo has no pre-multiplied sum)
+                sub.set_gradient_divide_factor(1.0)
+                sub.set_force_sum_reduction_for_comms(True)
+        return model
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def clip_grad_norm(self, params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+        """Clip by the norm over all shards of all gradients; returns that norm (the same on every rank)."""
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
+        squares = torch.zeros((), dtype=torch.float32, device=self.device)
+        for g in grads:
+            squares += torch.linalg.vector_norm(g, dtype=torch.float32) ** 2
+        dist.all_reduce(squares)
+        total = squares.sqrt()
+        if max_norm and max_norm > 0:
+            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # the formula of clip_grad_norm_
+            for g in grads:
+                g.mul_(coef.to(g.dtype))
+        return float(total)
+
+    def all_reduce_sum(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """Gathered full parameters, one bucket at a time. Collective: every rank iterates to the end."""
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, p in model.named_parameters():
+            nbytes = p.numel() * p.element_size()
+            if bucket and size + nbytes > self.bucket_bytes:
+                yield from bucket
+                bucket, size = [], 0
+            full = p.full_tensor() if isinstance(p, DTensor) else p
+            bucket.append((name, full.detach()))
+            size += nbytes
+        yield from bucket
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.strategy.register("fsdp", FSDPStrategy, description="FSDP2 fully_shard over N processes (gloo/NCCL)")

@@ -1,0 +1,178 @@
+"""``fsdp`` strategy over 2 CPU processes (gloo), against one process on the same batch.
+
+One spawn of 2 ranks checks, with plain SGD (Adam's first step is sign-like and would amplify float noise):
+loss metrics, clipped gradients and updated weights equal the single-process update within
+``RTOL``/``ATOL``; log-probs match; after a weight sync the rollout replica equals the gathered weights exactly,
+never holding more than one bucket of gathered tensors, and greedy generations equal one process's.
+With AdamW: sharded and full checkpoints restore the model and optimizer bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import weakref
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from rlforge import batch as B
+from rlforge import load_config
+from rlforge.algorithms.grpo import GRPO
+from rlforge.controller.worker import ActorWorker, shard_for_update, split_even, split_rows
+from rlforge.plugin_manager import PluginManager
+from rlforge.protocols import SamplingParams
+from tests.controller.test_worker import SGDGRPO, _rollout_batch
+
+WORLD = 2
+RTOL, ATOL = 1e-5, 1e-7  # float32; the two runs differ only in the order of the summations
+BUCKET_MB = 0.3  # the largest parameter of the tiny model (MLP, 128 x 512 fp32) is 0.25 MiB
+COMMON = ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4",
+          "actor.lr=1e-2", "actor.entropy_coeff=0.01", "actor.grad_clip=0.05"]
+
+
+def _config(pm, *extra):
+    return load_config("grpo", [*COMMON, *extra], plugins=pm)
+
+
+def _worker(pm, cfg, module_cls):
+    module = module_cls(cfg)
+    module.configure_model()
+    torch.manual_seed(0)
+    return ActorWorker(cfg, module, pm.registry.strategy.get(cfg.strategy.name)(cfg)), module
+
+
+def _greedy(engine, prompts):
+    return engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=6))[B.RESPONSES]
+
+
+def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    pm = PluginManager(autoload=False)
+    cfg = _config(pm, "strategy.name=fsdp", "strategy.device=cpu", f"strategy.num_processes={WORLD}",
+                  f"strategy.weight_sync_bucket_mb={BUCKET_MB}")
+    out: dict = {}
+    # 1. SGD update on this rank's share of the same batch
+    worker, module = _worker(pm, cfg, SGDGRPO)
+    batch = inputs["batch"]
+    out["log_probs"] = worker.compute_log_probs(split_even(batch, WORLD, "test")[rank])
+    out["metrics"] = worker.update(shard_for_update(batch, WORLD, 8)[rank])
+    out["grads"] = {n: p.grad.full_tensor() for n, p in module.actor.named_parameters()}
+    out["weights"] = worker.model_state_dict()
+    # 2. weight sync into the rollout replica through the hf engine, then greedy generation on it
+    engine = pm.registry.rollout.get("hf")(cfg, worker.rollout_model, module.tokenizer)
+    live: list[weakref.ref] = []
+    peak = [0]
+
+    def tracked():  # the gathered tensors still alive at each step of the stream
+        for name, tensor in worker.named_weights():
+            live[:] = [r for r in live if r() is not None] + [weakref.ref(tensor)]
+            peak[0] = max(peak[0], sum(r().numel() * r().element_size() for r in live if r() is not None))
+            yield name, tensor
+
+    engine.update_weights(tracked())
+    out["peak_gathered_bytes"] = peak[0]
+    out["replica"] = {k: v.detach().clone() for k, v in worker.rollout_model.state_dict().items()}
+    out["greedy"] = _greedy(engine, split_rows(inputs["prompts"], WORLD)[rank])
+    # 3. AdamW: save full and sharded after one update, restore into fresh workers, take one more step each
+    adam, _ = _worker(pm, cfg, GRPO)
+    shard = shard_for_update(batch, WORLD, 8)[rank]
+    adam.update(shard)
+    full = [adam.state_dict(), adam.model_state_dict()]  # complete on rank 0 only
+    torch.distributed.broadcast_object_list(full, src=0)  # as the Ray controller sends rank 0's state to all
+    small = adam.save_sharded(os.path.join(out_dir, "dcp"))
+    from_sharded, _ = _worker(pm, cfg, GRPO)
+    from_sharded.load_sharded(os.path.join(out_dir, "dcp"), small)
+    from_full, _ = _worker(pm, cfg, GRPO)
+    from_full.load_model_state_dict(full[1])
+    from_full.load_state_dict(full[0])
+    workers = (adam, from_sharded, from_full)
+    out["restored_optimizer"] = [w.state_dict()["optimizer"]["state"] for w in workers]
+    for w in workers:
+        w.update(shard)
+    out["after_resume"] = [w.model_state_dict() for w in workers]
+    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(inputs: dict, out_dir) -> list[dict]:
+    mp.spawn(_rank_main, args=(_free_port(), inputs, str(out_dir)), nprocs=WORLD, join=True)
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def fsdp_vs_single(tmp_path_factory):
+    pm = PluginManager(autoload=False)
+    cfg = _config(pm)
+    worker, module = _worker(pm, cfg, SGDGRPO)
+    batch = _rollout_batch(module)
+    batch[B.OLD_LOG_PROBS] = worker.compute_log_probs(batch) + 0.05 * batch[B.RESPONSE_MASK]
+    prompts = B.Batch({B.PROMPTS: batch[B.PROMPTS][:5], B.PROMPT_MASK: batch[B.PROMPT_MASK][:5]})
+    ref_log_probs = worker.compute_log_probs(batch)
+    metrics = worker.update(batch)
+    single = {
+        "log_probs": ref_log_probs, "metrics": metrics,
+        "grads": {n: p.grad.clone() for n, p in module.actor.named_parameters()},
+        "weights": {k: v.clone() for k, v in module.actor.state_dict().items()},
+    }
+    inputs = {"batch": batch, "prompts": prompts}
+    ranks = _spawn(inputs, tmp_path_factory.mktemp("fsdp"))
+    engine = pm.registry.rollout.get("hf")(cfg, _plain_model(module, ranks[0]["weights"]), module.tokenizer)
+    single["greedy"] = [_greedy(engine, part) for part in split_rows(prompts, WORLD)]  # the ranks' shapes
+    return single, ranks
+
+
+def _plain_model(module, weights):
+    model = type(module.actor)(module.actor.config)
+    model.load_state_dict(weights)
+    return model
+
+
+def test_two_process_update_matches_one_process(fsdp_vs_single):
+    single, ranks = fsdp_vs_single
+    for r in ranks:  # metrics are all-reduced: every rank reports the mini-batch-wide values
+        for k, v in single["metrics"].items():
+            assert r["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+    assert single["metrics"]["actor/grad_norm"] > 0.05  # clipping was active, across the shards
+    torch.testing.assert_close(torch.cat([r["log_probs"] for r in ranks]), single["log_probs"], rtol=RTOL, atol=1e-6)
+    for name, grad in single["grads"].items():
+        for r in ranks:
+            torch.testing.assert_close(r["grads"][name], grad, rtol=RTOL, atol=ATOL, msg=name)
+    assert ranks[1]["weights"] == {}  # gathered on rank 0 only
+    for name, w in single["weights"].items():
+        torch.testing.assert_close(ranks[0]["weights"][name], w, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_weight_sync_streams_buckets_and_the_replica_equals_the_gathered_weights(fsdp_vs_single):
+    single, ranks = fsdp_vs_single
+    gathered = ranks[0]["weights"]
+    for r in ranks:
+        assert r["replica"].keys() == gathered.keys()
+        for name, w in gathered.items():
+            assert torch.equal(r["replica"][name], w), name
+        assert r["peak_gathered_bytes"] <= BUCKET_MB * 2**20  # one bucket alive beyond the model, never more
+    # greedy generations of each replica equal a plain single-process model's with the gathered weights
+    for r, expected in zip(ranks, single["greedy"]):
+        assert torch.equal(r["greedy"], expected)
+
+
+def test_full_and_sharded_checkpoints_restore_model_and_optimizer_exactly(fsdp_vs_single):
+    _, ranks = fsdp_vs_single
+    saved, from_sharded, from_full = ranks[0]["restored_optimizer"]
+    for restored in (from_sharded, from_full):
+        assert restored.keys() == saved.keys()
+        for name, st in saved.items():
+            for k, v in st.items():
+                assert torch.equal(torch.as_tensor(restored[name][k]), torch.as_tensor(v)), (name, k)
+    reference, *others = ranks[0]["after_resume"]
+    for other in others:
+        for name, w in reference.items():
+            assert torch.equal(other[name], w), name
