@@ -164,7 +164,7 @@ def test_config_show_explains_gradient_accumulation(capsys) -> None:
     (["report", "/no/such/run"], "/no/such/run has no mlflow.db"),
     (["eval", "builtin:nope"], "Unknown built-in model 'builtin:nope' (model.path)"),
     (["generate", "builtin:tiny-arith", "--out", "x.jsonl", "--temperature", "-1"], "rollout.val_temperature"),
-    (["data", "gsm8k", "--input", "train.csv", "--out", "d"], "Data file not found: train.csv."),
+    (["data", "gsm8k", "--input", "train.csv", "--out", "d"], "Input file not found: train.csv (--input)."),
 ])
 def test_tool_errors_are_one_line(capsys, argv, needle) -> None:
     assert main(argv) == 2

@@ -104,6 +104,9 @@ def prepare(name: str, inputs: list[str], out_dir: str | Path, registry: Any, sp
 
     if name not in SOURCES:
         raise RLForgeError(f"Unknown dataset '{name}'. Available: {', '.join(SOURCES)}.")
+    missing = [p for p in inputs if not Path(p).is_file()]
+    if missing:
+        raise DataError(f"Input file not found: {missing[0]} (--input).")
     splits = [split_of(p, split) for p in inputs]
     if len(set(splits)) < len(splits):
         raise RLForgeError(f"Two inputs map to the same split ({splits}): give one file per split.")

@@ -102,7 +102,7 @@ def test_bad_rows_name_file_and_row(tmp_path, registry):
 def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["data", "gsm8k", "--input", str(tmp_path / "nope.parquet"), "--out", str(tmp_path), "--split", "test"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"rlforge: error: Data file not found: {tmp_path / 'nope.parquet'}."
+    assert err == f"rlforge: error: Input file not found: {tmp_path / 'nope.parquet'} (--input)."
     out = tmp_path / "out"
     assert main(["data", "gsm8k", "--input", str(DATA / "gsm8k_train.jsonl"), "--input", str(DATA / "math_test.jsonl"),
                  "--out", str(out)]) == 2

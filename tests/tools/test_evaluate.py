@@ -78,7 +78,7 @@ def test_eval_checkpoint_and_run_folder(fitted_run, tmp_path):
     (["--split", "test"], "Unknown split 'test' (--split). Available: train, val."),
     (["--limit", "0"], "--limit must be a positive number of prompts, got 0."),
     (["data.name=files"], "Dataset 'files' (data.name) has no rows in the 'val' split. Pass --data FILE"),
-    (["--data", "missing.jsonl"], "Data file not found: missing.jsonl."),
+    (["--data", "missing.jsonl"], "Data file not found: missing.jsonl"),
     (["rollout.name=vlm"], "Unknown rollout 'vlm' (rollout.name)"),
 ])
 def test_eval_user_errors_are_one_line(args, needle, capsys):
