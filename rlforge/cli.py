@@ -60,8 +60,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
 
     pm = PluginManager()
-    autoload = "off" if os.environ.get(AUTOLOAD_ENV, "").lower() not in ("", "0", "false", "no") else "on"
-    print(f"# hook spec version {HOOK_SPEC_VERSION}; entry-point plugins: {autoload} ({AUTOLOAD_ENV}); "
+    print(f"# hook spec version {HOOK_SPEC_VERSION}; entry-point plugins: {'on' if pm.autoload else 'off'} "
+          f"({AUTOLOAD_ENV}); "
           f"block plugins for a run with 'plugins.disable=[NAME,...]'")
     for info in pm.plugins():
         dist = f"{info.distribution} {info.version}".strip()

@@ -72,6 +72,7 @@ class PluginManager:
         self.pm.hook.rlforge_register.call_historic(kwargs={"registry": self.registry})
         if autoload is None:
             autoload = os.environ.get(AUTOLOAD_ENV, "").lower() in ("", "0", "false", "no")
+        self.autoload = autoload  # whether entry-point plugins were loaded
         for mod in BUILTIN_PLUGINS:
             self._load_module(mod, PluginInfo(mod, "builtin", "rlforge", _version("rlforge")))
         if autoload:
