@@ -18,12 +18,14 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = disabled
     max_new_tokens: int = 16
+    min_new_tokens: int = 0  # EOS is suppressed before this many tokens (benchmarks use min = max)
 
     @classmethod
     def from_config(cls, rollout: Any, validation: bool = False) -> SamplingParams:
         if validation:
             return cls(rollout.val_n, rollout.val_temperature, 1.0, 0, rollout.max_new_tokens)
-        return cls(rollout.n, rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens)
+        return cls(rollout.n, rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens,
+                   rollout.min_new_tokens)
 
 
 @runtime_checkable

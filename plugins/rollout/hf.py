@@ -68,6 +68,7 @@ class HFRollout:
                 input_ids=prompts,
                 attention_mask=prompt_mask,
                 max_new_tokens=params.max_new_tokens,
+                min_new_tokens=params.min_new_tokens or None,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=self.tokenizer.eos_token_id,
                 output_logits=True,

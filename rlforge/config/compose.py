@@ -137,6 +137,11 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     for key in ["trainer.save_every", "trainer.val_every", "trainer.keep_last_n", "actor.warmup_steps"]:
         if OmegaConf.select(cfg, key) < 0:
             raise ConfigError(f"'{key}' must be >= 0, got {OmegaConf.select(cfg, key)}.")
+    if not 0 <= cfg.rollout.min_new_tokens <= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"'rollout.min_new_tokens' ({cfg.rollout.min_new_tokens}) must be between 0 and 'rollout.max_new_tokens' "
+            f"({cfg.rollout.max_new_tokens})."
+        )
     if not 0.0 < cfg.rollout.top_p <= 1.0:
         raise ConfigError(f"'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}.")
     if cfg.rollout.temperature < 0 or cfg.rollout.val_temperature < 0:

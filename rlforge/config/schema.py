@@ -43,6 +43,7 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling (1.0 = off)
     top_k: int = 0  # 0 = disabled
     max_new_tokens: int = 8  # response length limit (EOS ends a response earlier)
+    min_new_tokens: int = 0  # EOS is suppressed before this many tokens (training rollouts only)
     micro_batch_size: int = 256  # sequences per generate() call
     val_temperature: float = 0.0  # 0 = greedy validation
     val_n: int = 1  # samples per validation prompt
