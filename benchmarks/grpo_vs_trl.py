@@ -1,0 +1,125 @@
+"""Side-by-side GRPO step time: rlforge against TRL's GRPOTrainer on identical work.
+
+Same model folder (a random char-level Llama built here), same prompts, P prompts x G samples, exactly T
+new tokens per sample (min = max new tokens), one optimizer step per batch, fp32 on CPU, no KL term.
+The frameworks alternate (A B A B ...) in one process; the median seconds per step is reported.
+
+TRL is installed only for this benchmark, in its own virtual environment:
+
+    python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0
+    .venv-bench/bin/pip install -c constraints.txt trl "transformers>=5.16.1,<5.20" -e .
+    .venv-bench/bin/python benchmarks/grpo_vs_trl.py --size tiny --steps 8 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SIZES = {  # name: (hidden, layers, heads, ffn)
+    "tiny": (128, 2, 2, 128),  # ~0.26M parameters
+    "20m": (512, 6, 8, 1536),  # ~20.5M parameters
+}
+
+
+def build_model(folder: Path, size: str) -> int:
+    from rlforge.models import build_char_tokenizer, build_tiny_llama
+
+    torch.manual_seed(0)
+    tok = build_char_tokenizer()
+    hidden, layers, heads, ffn = SIZES[size]
+    model = build_tiny_llama(tok, hidden=hidden, layers=layers, heads=heads, ffn=ffn)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return sum(p.numel() for p in model.parameters())
+
+
+def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int) -> list[float]:
+    from rlforge import Trainer, load_config
+
+    with tempfile.TemporaryDirectory() as runs:
+        cfg = load_config("grpo", [
+            f"model.path={folder}", f"trainer.runs_root={runs}", f"trainer.total_steps={steps}",
+            f"data.train_batch_size={p}", f"rollout.n={g}", f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}",
+            f"rollout.micro_batch_size={p * g}", f"actor.ppo_mini_batch_size={p}", "actor.lr=1e-6",
+            "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.val_size=1",
+            "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0",
+        ])
+        trainer = Trainer(cfg)
+        trainer.fit()
+        return [h["timing_s/step"] for h in trainer.history]
+
+
+def trl_steps(folder: Path, p: int, g: int, t: int, steps: int) -> list[float]:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlforge.plugins.data.builtin import arith_rows
+
+    rows = arith_rows(p * (steps + 1), 99, seed=1)
+    data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["reward_model"]["ground_truth"]} for r in rows])
+
+    def exact(completions, answer, **_):
+        return [1.0 if c[0]["content"].strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.start)
+
+    timer = Timer()
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=p * g, gradient_accumulation_steps=1, num_generations=g,
+            max_completion_length=t, generation_kwargs={"min_new_tokens": t}, beta=0.0, learning_rate=1e-6,
+            max_steps=steps, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
+            seed=0, dataloader_num_workers=0, disable_tqdm=True,
+        )
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(folder), reward_funcs=exact, args=args, train_dataset=data,
+            processing_class=AutoTokenizer.from_pretrained(folder), callbacks=[timer],
+        )
+        trainer.train()
+    return timer.times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=8, help="steps per round; the first 2 of each are warm-up")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", default="grpo_vs_trl.json")
+    args = parser.parse_args()
+    p, g, t = args.prompts, args.samples, args.tokens
+    times: dict[str, list[float]] = {"rlforge": [], "trl": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "model"
+        params = build_model(folder, args.size)
+        for _ in range(args.rounds):
+            times["rlforge"] += rlforge_steps(folder, p, g, t, args.steps)[2:]
+            times["trl"] += trl_steps(folder, p, g, t, args.steps)[2:]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    result = {"size": args.size, "params": params, "P": p, "G": g, "T": t, "median_s_per_step": med,
+              "speedup": med["trl"] / med["rlforge"], "times": times}
+    print(f"{args.size} ({params / 1e6:.2f}M params), {p}x{g}x{t}: rlforge {med['rlforge']:.3f} s/step, "
+          f"TRL {med['trl']:.3f} s/step -> rlforge is {result['speedup']:.2f}x faster")
+    Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
