@@ -45,6 +45,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.logger.plots",
     "rlforge.plugins.data.builtin",
     "rlforge.controller.local",
+    "rlforge.controller.ray_controller",
 )
 
 

@@ -18,10 +18,10 @@ BUILTIN_COMPONENTS = {
     "algorithm": ["grpo"],
     "rollout": ["hf"],
     "reward_manager": ["rule"],
-    "strategy": ["single"],
+    "strategy": ["single", "fsdp"],
     "logger": ["console", "mlflow"],
     "dataset": ["arith", "files"],
-    "controller": ["local"],
+    "controller": ["local", "ray"],
 }
 
 

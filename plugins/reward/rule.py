@@ -11,6 +11,7 @@ the sample ``reward.fallback_score``. The run continues; ``reward/errors`` and `
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import inspect
@@ -110,8 +111,19 @@ def _evaluate(fn: ScoreFn, args: tuple[Any, ...]) -> Outcome:
         return BAD_VALUE, str(exc)
 
 
-def _serve(conn: Connection, fns: dict[str, ScoreFn]) -> None:
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the trainer dies, even by SIGKILL (no orphan holds its pipes)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: EOF on the pipe still ends the loop
+        pass
+
+
+def _serve(conn: Connection, parent_end: Connection, fns: dict[str, ScoreFn]) -> None:
     """Worker loop: receive a list of tasks, send back ``(index, outcome)`` for each as soon as it is done."""
+    _die_with_parent()
+    parent_end.close()  # else the pipe never reports EOF when the trainer goes away
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     while True:
         try:
@@ -135,7 +147,8 @@ class _Worker:
         # fork: the worker inherits the functions (closures, user files, registry entries) without pickling
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, self.fns), name="rlforge-reward", daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, self.conn, self.fns), name="rlforge-reward",
+                                   daemon=True)
         self.process.start()
         child.close()
 

@@ -9,7 +9,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge.controller.worker import ActorWorker, CriticWorker
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
 from rlforge.protocols import SamplingParams
@@ -67,6 +67,9 @@ class LocalController:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "sharded_step" in state:
+            raise RLForgeError("This checkpoint holds sharded state (strategy.checkpoint=sharded): resume it with "
+                               "trainer.controller=ray, or save with strategy.checkpoint=full.")
         self.actor.load_state_dict(state["actor"])
         if self.critic is not None:
             self.critic.load_model_state_dict(state["critic"]["model"])

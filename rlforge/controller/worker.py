@@ -101,7 +101,7 @@ class TrainWorker:
         raise NotImplementedError  # abstract: each worker's loss
 
     def update(self, batch: B.Batch) -> dict[str, float]:
-        """``batch`` is this rank's shard (``shard_for_update``): its mini-batches are 1/world_size of the global ones."""
+        """``batch`` is this rank's shard (``shard_for_update``): its mini-batches are 1/world_size of the global."""
         mini_size = self.section.ppo_mini_batch_size * self.config.rollout.n // self.strategy.world_size
         totals: dict[str, float] = defaultdict(float)
         steps = 0

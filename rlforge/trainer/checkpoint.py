@@ -4,6 +4,11 @@ A checkpoint is ``<run_dir>/checkpoints/step_NNNNNN/`` holding ``actor/`` (a pla
 safetensors, config, tokenizer) and ``trainer_state.pt`` (optimizer, scheduler, RNG states, data cursor,
 step; loaded with ``weights_only=True``). It is written to a temporary folder and renamed only when
 complete, so a half-written checkpoint is never picked up.
+
+With ``strategy.checkpoint=sharded`` the ranks of each role also write their model and optimizer shards
+(torch.distributed.checkpoint) into ``staging_dir`` before ``save``; ``save`` moves that folder into the
+checkpoint as ``sharded/<role>/``, so it is renamed into place together with the rest. ``actor/`` is
+always the full, gathered model: any checkpoint exports and serves as it is.
 """
 
 from __future__ import annotations
@@ -27,6 +32,17 @@ RESUME_KEYS = (
     "actor.ppo_epochs", "trainer.seed",
 )
 STATE_FILE = "trainer_state.pt"
+SHARDED_DIR = "sharded"
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    """The folder of the checkpoint of ``step``."""
+    return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def staging_dir(run_dir: Path, step: int) -> Path:
+    """Where the ranks write the sharded state of ``step`` before ``save`` moves it into the checkpoint."""
+    return run_dir / "checkpoints" / f".staged_step_{step:06d}"
 
 
 def new_run_dir(root: str, experiment: str) -> Path:
@@ -99,12 +115,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep_last_n: int) -> Path:
     folder = run_dir / "checkpoints"
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"step_{step:06d}"
+    final = step_dir(run_dir, step)
     tmp = folder / f".tmp_step_{step:06d}"
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(tmp / "actor", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "actor")
+    staged = staging_dir(run_dir, step)
+    if staged.is_dir():
+        staged.rename(tmp / SHARDED_DIR)
+    for stale in folder.glob(".staged_step_*"):  # left by a run killed between staging and saving
+        shutil.rmtree(stale, ignore_errors=True)
     torch.save(state, tmp / STATE_FILE)
     if final.exists():
         shutil.rmtree(final)

@@ -9,6 +9,7 @@ With AdamW: sharded and full checkpoints restore the model and optimizer bit for
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import weakref
@@ -61,20 +62,19 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     out["metrics"] = worker.update(shard_for_update(batch, WORLD, 8)[rank])
     out["grads"] = {n: p.grad.full_tensor() for n, p in module.actor.named_parameters()}
     out["weights"] = worker.model_state_dict()
-    # 2. weight sync into the rollout replica through the hf engine, then greedy generation on it
-    engine = pm.registry.rollout.get("hf")(cfg, worker.rollout_model, module.tokenizer)
-    live: list[weakref.ref] = []
-    peak = [0]
-
-    def tracked():  # the gathered tensors still alive at each step of the stream
-        for name, tensor in worker.named_weights():
-            live[:] = [r for r in live if r() is not None] + [weakref.ref(tensor)]
-            peak[0] = max(peak[0], sum(r().numel() * r().element_size() for r in live if r() is not None))
-            yield name, tensor
-
-    engine.update_weights(tracked())
-    out["peak_gathered_bytes"] = peak[0]
+    # 2. weight sync into the rollout replica, measuring the gathered tensors the stream keeps alive
+    refs: list[weakref.ref] = []
+    peak = 0
+    replica = dict(worker.rollout_model.named_parameters())
+    for name, tensor in worker.named_weights():
+        refs.append(weakref.ref(tensor))
+        peak = max(peak, sum(r().numel() * r().element_size() for r in refs if r() is not None))
+        with torch.no_grad():
+            replica[name].copy_(tensor)
+        del tensor  # a consumer that keeps nothing: what stays alive is the stream's bucket
+    out["peak_gathered_bytes"] = peak
     out["replica"] = {k: v.detach().clone() for k, v in worker.rollout_model.state_dict().items()}
+    engine = pm.registry.rollout.get("hf")(cfg, worker.rollout_model, module.tokenizer)
     out["greedy"] = _greedy(engine, split_rows(inputs["prompts"], WORLD)[rank])
     # 3. AdamW: save full and sharded after one update, restore into fresh workers, take one more step each
     adam, _ = _worker(pm, cfg, GRPO)
@@ -82,6 +82,7 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     adam.update(shard)
     full = [adam.state_dict(), adam.model_state_dict()]  # complete on rank 0 only
     torch.distributed.broadcast_object_list(full, src=0)  # as the Ray controller sends rank 0's state to all
+    full = copy.deepcopy(full)  # as read back from a file: rank 0's dict shares tensors (step) with its optimizer
     small = adam.save_sharded(os.path.join(out_dir, "dcp"))
     from_sharded, _ = _worker(pm, cfg, GRPO)
     from_sharded.load_sharded(os.path.join(out_dir, "dcp"), small)
@@ -89,7 +90,7 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     from_full.load_model_state_dict(full[1])
     from_full.load_state_dict(full[0])
     workers = (adam, from_sharded, from_full)
-    out["restored_optimizer"] = [w.state_dict()["optimizer"]["state"] for w in workers]
+    out["restored_optimizer"] = [copy.deepcopy(w.state_dict()["optimizer"].get("state")) for w in workers]  # rank 0
     for w in workers:
         w.update(shard)
     out["after_resume"] = [w.model_state_dict() for w in workers]
@@ -176,3 +177,13 @@ def test_full_and_sharded_checkpoints_restore_model_and_optimizer_exactly(fsdp_v
     for other in others:
         for name, w in reference.items():
             assert torch.equal(other[name], w), name
+
+
+def test_fsdp_under_the_local_controller_says_to_use_ray(tmp_path):
+    from rlforge import Trainer
+    from rlforge.errors import ConfigError
+
+    cfg = load_config("grpo", [*COMMON, "strategy.name=fsdp", f"trainer.runs_root={tmp_path}",
+                               "logger.backends=[console]"])
+    with pytest.raises(ConfigError, match="needs one process per rank.*Set trainer.controller=ray"):
+        Trainer(cfg).fit()

@@ -1,0 +1,339 @@
+"""``ray`` controller: the Trainer process drives worker groups of Ray actors (HybridFlow's single controller).
+
+- Worker groups, one Ray actor per data-parallel rank (``strategy.num_processes``): ``actor`` (policy,
+  reference model and rollout engine colocated) and ``critic`` (algorithms with a value model). Each group is
+  its own torch.distributed world; the strategy (``fsdp``) shards the models over it.
+- Resource pools: a placement group with one bundle per rank (``ray.cpus_per_worker``/``gpus_per_worker``);
+  the critic shares the actor's bundles (``ray.colocate_critic``) or gets a pool of its own. Placement that
+  cannot be satisfied within ``ray.placement_timeout_s`` fails with the cluster's resources in the message.
+- Dispatch: prompts are split over the ranks for generation; training batches are split so that every
+  rank gets its slice of every mini-batch (``shard_for_update``); results are gathered in order.
+- The reward manager runs here, in the driver. The driver's ``module.actor`` mirrors the trained weights at
+  each checkpoint, so ``checkpoint.save`` writes the plain HF folder as with the local controller.
+- A worker that dies or fails ends the run with a ``WorkerError`` naming its role, rank, pid and node.
+
+Ray is imported when this controller is built, never by the core.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import torch
+
+from rlforge import batch as B
+from rlforge.config.compose import micro_batch_size
+from rlforge.controller.ray_workers import RankWorker
+from rlforge.controller.worker import shard_for_update, split_even, split_rows
+from rlforge.errors import ConfigError, RLForgeError
+from rlforge.hookspecs import hookimpl
+from rlforge.module import RLModule
+from rlforge.protocols import SamplingParams
+from rlforge.trainer import checkpoint as ckpt
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+CHECKPOINT_MODES = ("full", "sharded")
+SHUTDOWN_WAIT_S = 10.0
+DEATH_GRACE_S = 5.0  # after a failed collective, how long to look for a dead peer to blame
+
+
+class WorkerError(RLForgeError):
+    """A Ray worker died or failed; the message names its role, rank, process and the operation."""
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RLForgeError(
+            "trainer.controller=ray needs Ray, which is not installed: pip install 'rlforge[ray]'."
+        ) from None
+    return ray
+
+
+def check_config(config: Any, strategy_factory: Any, needs_critic: bool) -> None:
+    """Fail before any worker starts: rank count, strategy, batch sizes per rank, Ray options."""
+    world = config.strategy.num_processes
+    if world < 1:
+        raise ConfigError(f"strategy.num_processes must be >= 1, got {world}.")
+    if world > 1 and not getattr(strategy_factory, "sharded", False):
+        raise ConfigError(
+            f"strategy.name={config.strategy.name} trains one copy per process without synchronizing gradients: "
+            f"with strategy.num_processes={world} use strategy.name=fsdp."
+        )
+    if config.strategy.checkpoint not in CHECKPOINT_MODES:
+        raise ConfigError(
+            f"strategy.checkpoint='{config.strategy.checkpoint}'. Allowed: {', '.join(CHECKPOINT_MODES)}."
+        )
+    if config.ray.placement_strategy not in PLACEMENT_STRATEGIES:
+        raise ConfigError(
+            f"ray.placement_strategy='{config.ray.placement_strategy}'. Allowed: {', '.join(PLACEMENT_STRATEGIES)}."
+        )
+    n = config.rollout.n
+    if (config.data.train_batch_size * n) % world:
+        raise ConfigError(
+            f"data.train_batch_size x rollout.n = {config.data.train_batch_size * n} sequences must split evenly "
+            f"over strategy.num_processes={world} ranks."
+        )
+    for section in ("actor", "critic") if needs_critic else ("actor",):
+        mini, micro = config[section].ppo_mini_batch_size * n, micro_batch_size(config, section)
+        if mini % world:
+            raise ConfigError(
+                f"{section}.ppo_mini_batch_size x rollout.n = {mini} sequences must split evenly over "
+                f"strategy.num_processes={world} ranks."
+            )
+        if micro < mini // world and (mini // world) % micro:
+            raise ConfigError(
+                f"{section}.ppo_micro_batch_size ({micro} sequences per rank) must divide each rank's share of the "
+                f"mini-batch ({mini // world} sequences with strategy.num_processes={world})."
+            )
+
+
+class ResourcePool:
+    """A placement group with one bundle per rank; the roles colocated on it split each bundle."""
+
+    def __init__(self, ray: Any, name: str, ranks: int, cpus: float, gpus: float, cfg: Any) -> None:
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        self.cpus, self.gpus = cpus, gpus
+        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+        self.pg = placement_group([dict(bundle) for _ in range(ranks)], strategy=cfg.placement_strategy)
+        if not self.pg.wait(timeout_seconds=cfg.placement_timeout_s):
+            remove_placement_group(self.pg)
+            raise RLForgeError(
+                f"Ray could not place the '{name}' pool ({ranks} x {bundle}, {cfg.placement_strategy}) within "
+                f"ray.placement_timeout_s={cfg.placement_timeout_s}s. Cluster resources: {ray.cluster_resources()}. "
+                f"Lower strategy.num_processes or ray.cpus_per_worker / ray.gpus_per_worker, or add nodes."
+            )
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(self.pg)
+
+
+class WorkerGroup:
+    """The ranks of one role, as Ray actors on a resource pool; ``call`` runs a method on all and gathers."""
+
+    def __init__(self, ray: Any, role: str, pool: ResourcePool, share: float, config: Any, module_cls: type) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.ray, self.role = ray, role
+        n = config.strategy.num_processes
+        remote = ray.remote(RankWorker)
+        self.handles = [
+            remote.options(
+                num_cpus=pool.cpus * share, num_gpus=pool.gpus * share, max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pool.pg,
+                                                                     placement_group_bundle_index=rank),
+            ).remote(role, rank, n)
+            for rank in range(n)
+        ]
+        self.procs = ["starting"] * n
+        addresses = self.call("address")
+        self.procs = [f"pid {pid} on {ip}" for ip, _, pid in addresses]
+        self.call("setup", config, module_cls, addresses[0][:2])
+
+    @property
+    def world_size(self) -> int:
+        return len(self.handles)
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """Run ``method(*args)`` on every rank; the results in rank order."""
+        return self.call_each(method, [args] * self.world_size)
+
+    def call_each(self, method: str, args: list[tuple | None]) -> list[Any]:
+        """Run ``method(*args[rank])`` on each rank whose args are not None; their results in rank order."""
+        refs = {getattr(self.handles[r], method).remote(*a): r for r, a in enumerate(args) if a is not None}
+        results: dict[int, Any] = {}
+        while refs:  # first failure first: a dead rank's peers may be blocked in a collective
+            ready, _ = self.ray.wait(list(refs), num_returns=1)
+            rank = refs.pop(ready[0])
+            try:
+                results[rank] = self.ray.get(ready[0])
+            except Exception as exc:
+                raise self._error(exc, rank, method, refs) from None
+        return [results[r] for r in sorted(results)]
+
+    def _error(self, exc: Exception, rank: int, method: str, others: dict[Any, int]) -> Exception:
+        """The error to raise for ``rank``'s failure. A collective that fails because a peer died is reported as
+        that peer's death, so the peers still running get a moment to report theirs."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        if isinstance(exc, RayTaskError) and others:
+            done, _ = self.ray.wait(list(others), num_returns=len(others), timeout=DEATH_GRACE_S)
+            for ref in done:
+                try:
+                    self.ray.get(ref)
+                except RayActorError as dead:
+                    return self._error(dead, others[ref], method, {})
+                except Exception:  # noqa: BLE001 - only a death outranks the first failure
+                    continue
+        who = f"The {self.role} worker (rank {rank} of {self.world_size}, {self.procs[rank]})"
+        if isinstance(exc, RayActorError):
+            text = " ".join(str(exc).split())
+            exit_type = re.search(r"Worker exit type: (\w+)", text)
+            reason = text.split(". ")[0] + (f" (exit type {exit_type.group(1)})" if exit_type else "")
+            return WorkerError(
+                f"{who} died during '{method}': {reason}. It was killed, ran out of memory or crashed; its log is "
+                f"under the Ray session's logs/ folder. Rerun the same command with trainer.resume=auto to continue "
+                f"from the last checkpoint."
+            )
+        if not isinstance(exc, RayTaskError):
+            return exc
+        if isinstance(exc.cause, RLForgeError):  # a user-fixable error raised in the worker: keep it as it is
+            return exc.cause
+        cause = exc.cause
+        return WorkerError(f"{who} failed during '{method}': {type(cause).__name__}: {cause}\n{exc.traceback_str}")
+
+    def kill(self) -> None:
+        pending = [h.shutdown.remote() for h in self.handles]
+        self.ray.wait(pending, num_returns=len(pending), timeout=SHUTDOWN_WAIT_S)
+        for h in self.handles:
+            self.ray.kill(h)
+
+
+class RayController:
+    """Starts (or joins) a Ray cluster, places the worker groups, and dispatches the dataflow to them."""
+
+    def __init__(self, config: Any, module: RLModule, plugins: Any, trainer: Any = None) -> None:
+        reg = plugins.registry
+        check_config(config, reg.strategy.get(config.strategy.name), module.needs_critic())
+        ray = self.ray = _import_ray()
+        self.config, self.module, self.trainer = config, module, trainer
+        self.started_ray = self._connect(config.ray)
+        self.reward = reg.reward_manager.get(config.reward.manager)(config, module.tokenizer, reg)
+        self.pools: list[ResourcePool] = []
+        self.groups: list[WorkerGroup] = []
+        try:
+            cfg, n = config.ray, config.strategy.num_processes
+            gpus = cfg.gpus_per_worker
+            if gpus is None:
+                gpus = 1.0 if ray.cluster_resources().get("GPU", 0) and config.strategy.device != "cpu" else 0.0
+            pool = self._pool("actor", n, cfg.cpus_per_worker, gpus)
+            critic = module.needs_critic()
+            share = 0.5 if critic and cfg.colocate_critic else 1.0
+            self.actor = self._group("actor", pool, share, type(module))
+            self.critic = None
+            if critic:
+                critic_pool = pool if cfg.colocate_critic else self._pool("critic", n, cfg.cpus_per_worker, gpus)
+                self.critic = self._group("critic", critic_pool, share, type(module))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _connect(self, cfg: Any) -> bool:
+        """Join this process's Ray session, the cluster at ``ray.address``, or start a local one."""
+        if self.ray.is_initialized():
+            return False
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if cfg.address:
+            self.ray.init(address=cfg.address)
+        else:
+            self.ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
+        return True
+
+    def _pool(self, name: str, ranks: int, cpus: float, gpus: float) -> ResourcePool:
+        pool = ResourcePool(self.ray, name, ranks, cpus, gpus, self.config.ray)
+        self.pools.append(pool)
+        return pool
+
+    def _group(self, role: str, pool: ResourcePool, share: float, module_cls: type) -> WorkerGroup:
+        group = WorkerGroup(self.ray, role, pool, share, self.config, module_cls)
+        self.groups.append(group)
+        return group
+
+    # --- the dataflow ------------------------------------------------------------------------------
+    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
+        shards = split_rows(batch, self.actor.world_size)
+        return B.Batch.concat(self.actor.call_each("generate", [(s, params) if len(s) else None for s in shards]))
+
+    def score(self, batch: B.Batch) -> B.Batch:
+        return self.reward.score(batch)
+
+    def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
+        shards = split_even(batch, self.actor.world_size, f"{role} log-probs")
+        return torch.cat(self.actor.call_each("compute_log_probs", [(s, role) for s in shards]))
+
+    def update_actor(self, batch: B.Batch) -> dict[str, float]:
+        mini = self.config.actor.ppo_mini_batch_size * self.config.rollout.n
+        shards = shard_for_update(batch, self.actor.world_size, mini)
+        return self.actor.call_each("update", [(s,) for s in shards])[0]
+
+    def compute_values(self, batch: B.Batch) -> torch.Tensor:
+        assert self.critic is not None, "compute_values needs a critic (module.needs_critic())"
+        shards = split_even(batch, self.critic.world_size, "values")
+        return torch.cat(self.critic.call_each("compute_values", [(s,) for s in shards]))
+
+    def update_critic(self, batch: B.Batch) -> dict[str, float]:
+        assert self.critic is not None, "update_critic needs a critic (module.needs_critic())"
+        mini = self.config.critic.ppo_mini_batch_size * self.config.rollout.n
+        shards = shard_for_update(batch, self.critic.world_size, mini)
+        return self.critic.call_each("update", [(s,) for s in shards])[0]
+
+    def sync_weights(self) -> float:
+        return max(self.actor.call("sync_weights"))
+
+    # --- checkpoints -------------------------------------------------------------------------------
+    def _roles(self) -> list[WorkerGroup]:
+        return [g for g in (self.actor, self.critic) if g is not None]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The local controller's layout (gathered optimizer state; critic weights) plus each rank's RNG state,
+        or with ``strategy.checkpoint=sharded`` the small state while the ranks write their shards."""
+        state: dict[str, Any] = {"world_size": self.actor.world_size, "rng": {}}
+        sharded = self.config.strategy.checkpoint == "sharded"
+        if sharded:
+            if self.trainer is None:
+                raise RLForgeError("strategy.checkpoint=sharded needs the Trainer's run folder.")
+            state["sharded_step"] = self.trainer.step
+            staging = ckpt.staging_dir(self.trainer.run_dir, self.trainer.step).resolve()  # workers' cwd may differ
+        for group in self._roles():
+            if sharded:
+                results = group.call("save_sharded", str(staging / group.role))
+            else:
+                results = group.call("state_dict", True)
+            state["rng"][group.role] = [r.pop("rng") for r in results]
+            state[group.role] = results[0]
+        weights = self.actor.call("model_state_dict")[0] if sharded else state["actor"].pop("model")
+        self.module.actor.load_state_dict(weights)  # the driver's mirror: checkpoint.save writes it as actor/
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` (or the local controller) saved; ``checkpoint.load`` has already put
+        the actor's weights into the driver's ``module.actor``."""
+        same_ranks = state.get("world_size") == self.actor.world_size
+        for group in self._roles():
+            rngs = state.get("rng", {}).get(group.role) if same_ranks else None
+            rngs = rngs or [None] * group.world_size
+            if "sharded_step" in state:
+                folder = ckpt.step_dir(self.trainer.run_dir, state["sharded_step"]).resolve()
+                path = folder / ckpt.SHARDED_DIR / group.role
+                if not path.is_dir():
+                    raise RLForgeError(f"Checkpoint shards missing: {path} (strategy.checkpoint=sharded).")
+                group.call_each("load_sharded", [(str(path), state[group.role], rng) for rng in rngs])
+                continue
+            role_state = dict(state[group.role])
+            if group.role == "actor":
+                role_state["model"] = self.module.actor.state_dict()
+            ref = self.ray.put(role_state)  # one copy in the object store for all ranks
+            group.call_each("load_state_dict", [(ref, rng) for rng in rngs])
+
+    def shutdown(self) -> None:
+        for group in self.groups:
+            group.kill()
+        for pool in self.pools:
+            pool.remove()
+        self.groups, self.pools = [], []
+        if self.started_ray:
+            self.ray.shutdown()
+            self.started_ray = False
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.controller.register(
+        "ray", RayController, description="worker groups as Ray actors on placement groups (pip install rlforge[ray])"
+    )

@@ -1,0 +1,118 @@
+"""The body of one Ray worker process: one data-parallel rank of a role.
+
+Roles (verl's layout): ``actor`` holds the policy being trained, the reference model and the rollout engine
+(colocated: the hybrid engine); ``critic`` holds the value model. Each rank joins its role's
+torch.distributed process group (the torchrun variables), so the strategy (e.g. ``fsdp``) runs as under any
+launcher. This is plain Python: ``ray_controller`` wraps it with ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlforge import batch as B
+from rlforge.controller.worker import ActorWorker, CriticWorker, TrainWorker
+from rlforge.protocols import SamplingParams
+from rlforge.trainer import checkpoint as ckpt
+
+
+class RankWorker:
+    """One rank of the ``actor`` or ``critic`` worker group; its methods are what the controller dispatches."""
+
+    def __init__(self, role: str, rank: int, world_size: int) -> None:
+        self.role, self.rank, self.world_size = role, rank, world_size
+        self.worker: TrainWorker | None = None
+        self.rollout: Any = None
+
+    def address(self) -> tuple[str, int, int]:
+        """(node IP, a free port there, pid): rank 0's IP and port become the process group's rendezvous."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port, os.getpid()
+
+    def setup(self, config: Any, module_cls: type, master: tuple[str, int]) -> None:
+        """Join the process group, load this role's models on the strategy, build the rollout engine (actor)."""
+        from rlforge.plugin_manager import PluginManager
+
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
+        random.seed(config.trainer.seed + self.rank)
+        torch.manual_seed(config.trainer.seed + self.rank)  # ranks sample different responses
+        plugins = PluginManager(disable=config.plugins.disable)
+        reg = plugins.registry
+        module = module_cls(config)
+        module.configure_tokenizer()
+        module.configure_model()
+        strategy = reg.strategy.get(config.strategy.name)(config)
+        if self.role == "actor":
+            module.critic = None  # the critic group owns it
+            self.worker = ActorWorker(config, module, strategy, plugins.hook)
+            self.rollout = reg.rollout.get(config.rollout.name)(config, self.worker.rollout_model, module.tokenizer)
+        else:
+            module.actor = module.ref = None
+            self.worker = CriticWorker(config, module, strategy, plugins.hook)
+
+    # --- dataflow ------------------------------------------------------------------------------------
+    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
+        return self.rollout.generate(batch, params)
+
+    def compute_log_probs(self, batch: B.Batch, role: str) -> torch.Tensor:
+        return self.worker.compute_log_probs(batch, role)
+
+    def compute_values(self, batch: B.Batch) -> torch.Tensor:
+        return self.worker.compute_values(batch)
+
+    def update(self, batch: B.Batch) -> dict[str, float]:
+        return self.worker.update(batch)
+
+    def sync_weights(self) -> float:
+        start = time.perf_counter()
+        self.rollout.update_weights(self.worker.named_weights())
+        return time.perf_counter() - start
+
+    # --- state ---------------------------------------------------------------------------------------
+    def state_dict(self, with_model: bool) -> dict[str, Any]:
+        """Gathered optimizer state (and weights); complete on rank 0 only. Plus this rank's RNG state."""
+        state = self.worker.state_dict()
+        if with_model:
+            state["model"] = self.worker.model_state_dict()
+        return {**state, "rng": ckpt.rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
+        if "model" in state:
+            self.worker.load_model_state_dict(state["model"])
+        self.worker.load_state_dict(state)
+        self._set_rng(rng)
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.worker.model_state_dict()
+
+    def load_model_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
+        self.worker.load_model_state_dict(weights)
+
+    def save_sharded(self, path: str) -> dict[str, Any]:
+        return {**self.worker.save_sharded(Path(path)), "rng": ckpt.rng_state()}
+
+    def load_sharded(self, path: str, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
+        self.worker.load_sharded(Path(path), state)
+        self._set_rng(rng)
+
+    def _set_rng(self, rng: dict[str, Any] | None) -> None:
+        if rng is not None:  # None: a checkpoint written with another number of ranks
+            ckpt.set_rng_state(rng)
+
+    def shutdown(self) -> None:
+        if self.rollout is not None:
+            self.rollout.shutdown()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
