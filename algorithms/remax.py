@@ -16,7 +16,7 @@ from rlforge.algorithms.base import PolicyGradientModule
 class ReMax(PolicyGradientModule):
     """Adds a greedy rollout per prompt after the reward stage; advantage = return - greedy reward."""
 
-    preset = {"algorithm": {"name": "remax"}, "rollout": {"n": 4}}
+    preset = {"algorithm": {"name": "remax"}, "rollout": {"n": 8}}
 
     def flow(self) -> DataFlow:
         return super().flow().insert_after(Stage.REWARD, self.greedy_baseline)
