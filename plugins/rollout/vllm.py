@@ -127,23 +127,27 @@ class VLLMRollout:
     # --- generation -----------------------------------------------------------------------------------
     def _sampling_params(self, params: SamplingParams, seed: int | None) -> Any:
         greedy = params.temperature == 0
-        return self.vllm.SamplingParams(
-            n=1 if greedy else params.n,  # vLLM refuses n > 1 when greedy; generate() repeats the one sample
-            temperature=params.temperature,
-            top_p=1.0 if greedy else params.top_p,
-            top_k=0 if greedy else params.top_k,  # 0 = disabled in both rlforge and vLLM
-            max_tokens=params.max_new_tokens,
-            # stop at the tokenizer's EOS only, as the hf engine does (not at extra generation_config ids)
-            ignore_eos=True,
-            stop_token_ids=[self.tokenizer.eos_token_id],
-            seed=seed,
-            logprobs=0,  # the sampled token's log-prob only
-            detokenize=False,
-        )
+        try:
+            return self.vllm.SamplingParams(
+                n=1 if greedy else params.n,  # vLLM refuses n > 1 when greedy; generate() repeats the sample
+                temperature=params.temperature,
+                top_p=1.0 if greedy else params.top_p,
+                top_k=0 if greedy else params.top_k,  # 0 = disabled in both rlforge and vLLM
+                max_tokens=params.max_new_tokens,
+                min_tokens=params.min_new_tokens,  # EOS is masked before this many tokens, as in the hf engine
+                # stop at the tokenizer's EOS only, as the hf engine does (not at extra generation_config ids)
+                ignore_eos=True,
+                stop_token_ids=[self.tokenizer.eos_token_id],
+                seed=seed,
+                logprobs=0,  # the sampled token's log-prob only
+                detokenize=False,
+            )
+        except Exception as exc:  # vLLM validates them, e.g. top_k must be 0 or >= 1
+            raise RLForgeError(f"vLLM rejects the sampling parameters {params} (rollout.n, temperature, top_p, "
+                               f"top_k, max_new_tokens; val_n, val_temperature): {exc}") from None
 
     @torch.no_grad()
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
-        llm = self._engine()
         prompts = [
             self.vllm.TokensPrompt(prompt_token_ids=row[mask.bool()].tolist())
             for row, mask in zip(batch[B.PROMPTS], batch[B.PROMPT_MASK])
@@ -155,6 +159,7 @@ class VLLMRollout:
             sampling = [self._sampling_params(params, base + i * params.n) for i in range(len(prompts))]
         else:
             sampling = [self._sampling_params(params, None)] * len(prompts)
+        llm = self._engine()
         results = llm.generate(prompts, sampling, use_tqdm=False)
         if self.supports_sleep:
             llm.sleep(level=1)

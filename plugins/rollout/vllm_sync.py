@@ -35,10 +35,11 @@ def pack_buckets(
     for name, tensor in named_tensors:
         t = tensor.detach().to("cpu").contiguous()
         size = t.numel() * t.element_size()
-        if specs and len(blob) + size > bucket_bytes:
+        pad = -len(blob) % ALIGN  # dtype views need aligned offsets
+        if specs and len(blob) + pad + size > bucket_bytes:
             yield specs, blob
-            specs, blob = [], bytearray()
-        blob += bytes(-len(blob) % ALIGN)  # dtype views need aligned offsets
+            specs, blob, pad = [], bytearray(), 0
+        blob += bytes(pad)
         specs.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), len(blob), size))
         blob += memoryview(t.reshape(-1).view(torch.uint8).numpy())
     if specs:

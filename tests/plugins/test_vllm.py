@@ -29,6 +29,7 @@ from rlforge.data import collate, tokenize_rows  # noqa: E402
 from rlforge.errors import RLForgeError  # noqa: E402
 from rlforge.models import load_model, load_tokenizer  # noqa: E402
 from rlforge.ops import response_logprobs  # noqa: E402
+from rlforge.plugins.rollout.vllm_sync import pack_buckets, unpack_bucket  # noqa: E402
 from rlforge.protocols import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -118,6 +119,15 @@ def test_greedy_equals_hf_greedy(setup):
     assert torch.equal(two[B.RESPONSES], ours[B.RESPONSES].repeat_interleave(2, dim=0))
 
 
+def test_min_new_tokens_masks_eos_until_reached(setup):
+    engine, _, _, tok, batch = setup
+    torch.manual_seed(1)
+    out = engine.generate(batch, SamplingParams(n=2, temperature=1.0, max_new_tokens=8, min_new_tokens=6))
+    lengths = out[B.RESPONSE_MASK].sum(-1)
+    assert (lengths >= 6).all(), lengths
+    assert not (out[B.RESPONSES][:, :5] == tok.eos_token_id).any()  # EOS only from the 6th token on
+
+
 def _greedy(engine, batch):
     out = engine.generate(batch.select(torch.arange(len(batch))), GREEDY)
     return {k: out[k].clone() for k in (B.RESPONSES, B.RESPONSE_MASK)}
@@ -153,6 +163,24 @@ def test_weight_sync_rejects_unknown_names(setup):
     engine.update_weights((name, p.detach()) for name, p in actor.named_parameters())
 
 
+def test_bad_sampling_parameters_are_a_clear_error(setup):
+    engine, _, _, _, batch = setup
+    with pytest.raises(RLForgeError, match=r"vLLM rejects the sampling parameters .*top_k must be 0"):
+        engine.generate(batch, SamplingParams(n=2, temperature=1.0, top_k=-3))
+
+
+def test_weight_buckets_round_trip_within_the_size_bound():
+    tensors = [("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.tensor(3)),
+               ("d", torch.arange(10)), ("e", torch.empty(0, 4)), ("f", torch.randn(64, 64)), ("g", torch.randn(9))]
+    buckets = list(pack_buckets(tensors, bucket_bytes=256))
+    assert len(buckets) == 3  # a..e | f (16 KiB, alone) | g
+    assert all(len(blob) <= 256 for specs, blob in buckets if len(specs) > 1)
+    out = [pair for specs, blob in buckets for pair in unpack_bucket(specs, bytes(blob))]
+    assert [name for name, _ in out] == [name for name, _ in tensors]
+    for (_, sent), (_, got) in zip(tensors, out):
+        assert got.dtype == sent.dtype and torch.equal(got, sent)
+
+
 def test_missing_vllm_is_a_clear_error(monkeypatch, default_config, char_tokenizer):
     from rlforge.plugins.rollout.vllm import VLLMRollout
 
@@ -175,7 +203,7 @@ class ChildWatcher:
 def test_grpo_with_vllm_learns_and_leaves_no_process(tmp_path):
     watcher = ChildWatcher()
     cfg = load_config("grpo", [
-        "rollout.name=vllm", f"trainer.runs_root={tmp_path}", "trainer.total_steps=40", "trainer.val_every=0",
+        "rollout.name=vllm", f"trainer.runs_root={tmp_path}", "trainer.total_steps=60", "trainer.val_every=0",
         "trainer.save_every=0", "trainer.progress=false", "logger.backends=[]",
     ])
     trainer = Trainer(cfg, callbacks=[watcher])
@@ -185,8 +213,9 @@ def test_grpo_with_vllm_learns_and_leaves_no_process(tmp_path):
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     print(f"vllm GRPO: sampled reward {first:.3f} -> {last:.3f}, greedy accuracy "
           f"{summary['accuracy_before']:.3f} -> {summary['accuracy_after']:.3f}, {summary['seconds']:.0f} s")
-    assert last > first + 0.02, (first, last)
-    assert summary["accuracy_after"] >= summary["accuracy_before"], summary
+    # measured on a 2-core CPU: sampled reward 0.075 -> 0.125, greedy accuracy 16.5% -> 20.5%
+    assert last > first + 0.03, (first, last)
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.02, summary
     started = watcher.pids - others
     assert started, "the run's engine ran in child processes"
     alive = [p for p in _engine_children() if p.pid in started]
@@ -241,7 +270,8 @@ def _session(p: psutil.Process) -> int | None:
 
 
 def test_shutdown_leaves_no_child_process(setup):
-    engine = setup[0]
+    engine, _, _, _, batch = setup
+    engine.generate(batch, GREEDY)  # started (also when this test runs alone)
     assert _engine_children(), "the module's engine runs in child processes"
     engine.shutdown()
     engine.shutdown()  # idempotent
