@@ -24,6 +24,8 @@ import torch
 
 SIZES = {  # name: (hidden, layers, heads, ffn)
     "tiny": (128, 2, 2, 128),  # ~0.26M parameters
+    "3m": (256, 4, 4, 768),  # ~3.2M parameters
+    "8m": (384, 6, 6, 1024),  # ~10M parameters
     "20m": (512, 6, 8, 1536),  # ~20.5M parameters
 }
 

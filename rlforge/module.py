@@ -127,7 +127,8 @@ class RLModule:
         assert self.actor is not None
         resp_len = micro[B.RESPONSES].shape[1]
         log_probs, entropy = response_logprobs(
-            self.actor, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], resp_len, ctx.temperature, with_entropy=True
+            self.actor, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], resp_len, ctx.temperature, with_entropy=True,
+            remove_padding=self.config.model.remove_padding,
         )
         return self.policy_loss(micro, log_probs, entropy, ctx)
 
@@ -140,7 +141,8 @@ class RLModule:
     def critic_step(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         """Forward the critic on one micro-batch and return (loss, metrics)."""
         assert self.critic is not None
-        values = response_values(self.critic, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], micro[B.RESPONSES].shape[1])
+        values = response_values(self.critic, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], micro[B.RESPONSES].shape[1],
+                                 remove_padding=self.config.model.remove_padding)
         return self.value_loss(micro, values, ctx)
 
     # --- state saved in checkpoints -----------------------------------------------------------

@@ -1,9 +1,25 @@
-"""Tensor utilities shared by the core, algorithms and engines (no algorithm math here)."""
+"""Tensor utilities shared by the core, algorithms and engines (no algorithm math here).
+
+Forward passes over responses (``response_logprobs``, ``response_values``) come in two layouts:
+
+- padded (default): the batch as it is, minus the columns that are padding in every row (the common left
+  padding of the prompts and the common right padding of the responses), so a micro-batch of short
+  sequences costs what its longest sequence needs, not ``max_prompt_length + max_new_tokens``;
+- packed (``remove_padding=True``): the real tokens of all rows concatenated into one row, each sequence's
+  ``position_ids`` restarting at 0 and no attention mask, which transformers turns into a block-diagonal
+  causal mask (sdpa/eager) or variable-length attention (flash attention). No padding token is computed.
+  (transformers only does so without a KV cache: every forward here passes ``use_cache=False``.)
+
+Log-probs and entropy are computed from the logits in chunks of at most ``LOGITS_CHUNK_ELEMENTS`` fp32
+elements (recomputed in the backward pass), never as one full-vocabulary fp32 tensor for the whole batch.
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+LOGITS_CHUNK_ELEMENTS = 1 << 24  # fp32 logits elements per chunk (64 MiB)
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -17,23 +33,74 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return masked_sum(x, mask, dim) / mask.sum(dim).clamp(min=1)
 
 
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[labels], computed in fp32 without keeping a full fp32 copy per row."""
+def _logprobs_entropy(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     logits = logits.float()
-    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return logp, None
+    # H = -sum p log p = logsumexp(z) - sum softmax(z) z
+    return logp, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) along the last dimension."""
-    logits = logits.float()
-    logp = F.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool = False,
+    chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(logits)[labels]`` (and the entropy of ``softmax(logits)``) in fp32, shaped like ``labels``.
+
+    The leading dimensions are processed in chunks of ``chunk_elements`` fp32 logits; with autograd on, each
+    chunk's fp32 intermediates are recomputed in the backward pass instead of being kept.
+    """
+    vocab = logits.shape[-1]
+    flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1)
+    rows = max(1, chunk_elements // vocab)
+    if flat.shape[0] <= rows:
+        logp, ent = _logprobs_entropy(flat, flat_labels, with_entropy)
+    else:
+        recompute = torch.is_grad_enabled() and flat.requires_grad
+        parts = [
+            checkpoint(_logprobs_entropy, flat[i : i + rows], flat_labels[i : i + rows], with_entropy,
+                       use_reentrant=False) if recompute
+            else _logprobs_entropy(flat[i : i + rows], flat_labels[i : i + rows], with_entropy)
+            for i in range(0, flat.shape[0], rows)
+        ]
+        logp = torch.cat([p[0] for p in parts])
+        ent = torch.cat([p[1] for p in parts]) if with_entropy else None
+    return logp.view(labels.shape), (ent.view(labels.shape) if ent is not None else None)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counting only real tokens (left padding gets position 0)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _trim(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
+          ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Drop the columns that are padding in every row; returns (ids, mask, kept response columns)."""
+    real_cols = attention_mask.bool().any(0).nonzero()
+    start = int(real_cols[0]) if len(real_cols) else 0
+    resp_cols = attention_mask[:, -response_len:].bool().any(0).nonzero()
+    kept = int(resp_cols[-1]) + 1 if len(resp_cols) else 1
+    end = attention_mask.shape[1] - response_len + kept
+    return input_ids[:, start:end], attention_mask[:, start:end], kept
+
+
+def _pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed layout: (ids [1, T], position ids [1, T], the packed index of the token before each real response
+    token, the real-response-token mask [B, response_len])."""
+    real = attention_mask.bool()
+    packed_index = real.flatten().cumsum(0).view_as(real) - 1
+    resp_real = real[:, -response_len:]
+    before = packed_index[:, -response_len:][resp_real] - 1  # the position whose logits predict the token
+    return input_ids[real][None], position_ids_from_mask(attention_mask)[real][None], before, resp_real
+
+
+def _unpack(values: torch.Tensor, resp_real: torch.Tensor) -> torch.Tensor:
+    """Scatter per-real-token ``values`` back to [B, response_len] (0 at padding), keeping autograd."""
+    return values.new_zeros(resp_real.shape).masked_scatter(resp_real, values)
 
 
 def response_logprobs(
@@ -43,34 +110,47 @@ def response_logprobs(
     response_len: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    remove_padding: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (and entropy) of the last ``response_len`` tokens of ``input_ids``.
+    """Per-token log-probs (and entropy) of the last ``response_len`` tokens of ``input_ids``, [B, response_len],
+    0 at padding positions.
 
-    Logits are divided by ``temperature`` (the sampling distribution), as the rollout engines do.
-    Only the response positions' logits are materialized.
+    Logits are divided by ``temperature`` (the sampling distribution), as the rollout engines do. Only the
+    logits that predict response tokens are computed (``logits_to_keep``).
     """
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-        logits_to_keep=response_len + 1,
-    )
-    logits = out.logits[:, -response_len - 1 : -1, :]
+    if remove_padding:
+        ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
+        logits = model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
+                       logits_to_keep=before).logits[0]
+        labels = input_ids[:, -response_len:][resp_real]
+    else:
+        ids, mask, kept = _trim(input_ids, attention_mask, response_len)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                       use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
+        labels = ids[:, -kept:]
     if temperature and temperature != 1.0:
         logits = logits / temperature
-    labels = input_ids[:, -response_len:]
-    logp = logprobs_from_logits(logits, labels)
-    ent = entropy_from_logits(logits) if with_entropy else None
-    return logp, ent
+    logp, ent = token_logprobs(logits, labels, with_entropy)
+    if remove_padding:
+        return _unpack(logp, resp_real), (_unpack(ent, resp_real) if ent is not None else None)
+    pad = (0, response_len - kept)
+    mask = attention_mask[:, -response_len:]
+    return torch.nn.functional.pad(logp, pad) * mask, (torch.nn.functional.pad(ent, pad) * mask
+                                                       if ent is not None else None)
 
 
 def response_values(
-    critic: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
+    critic: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
+    remove_padding: bool = False,
 ) -> torch.Tensor:
-    """Per-token values ``V(s_t)`` of the state before each response token, from a model with a scalar head
-    (``...ForTokenClassification`` with ``num_labels=1``)."""
-    out = critic(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
-    )
-    return out.logits[:, -response_len - 1 : -1, 0].float()
+    """Per-token values ``V(s_t)`` of the state before each response token, [B, response_len], 0 at padding,
+    from a model with a scalar head (``...ForTokenClassification`` with ``num_labels=1``)."""
+    if remove_padding:
+        ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
+        scores = critic(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits[0, :, 0]
+        return _unpack(scores[before].float(), resp_real)
+    ids, mask, kept = _trim(input_ids, attention_mask, response_len)
+    scores = critic(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                    use_cache=False).logits
+    values = scores[:, -kept - 1 : -1, 0].float()
+    return torch.nn.functional.pad(values, (0, response_len - kept)) * attention_mask[:, -response_len:]

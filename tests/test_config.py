@@ -247,6 +247,20 @@ def test_micro_batch_must_divide_mini_times_n(registry) -> None:
     assert "8 prompts x rollout.n=8 = 64 samples" in msg
 
 
+def test_token_budget_and_micro_batch_size_exclude_each_other(registry) -> None:
+    with pytest.raises(ConfigError, match=r"Set one of 'actor.ppo_micro_batch_size' \(8 samples\) and "
+                                          r"'actor.max_tokens_per_micro_batch' \(512 tokens\)"):
+        compose(registry, None, None, ["actor.ppo_micro_batch_size=8", "actor.max_tokens_per_micro_batch=512"])
+
+
+def test_token_budget_must_hold_the_longest_sequence(registry) -> None:
+    with pytest.raises(ConfigError, match=r"'actor.max_tokens_per_micro_batch' \(50\) must hold the longest sequence: "
+                                          r"data.max_prompt_length \+ rollout.max_new_tokens = 72 tokens"):
+        compose(registry, None, None, ["actor.max_tokens_per_micro_batch=50"])
+    cfg = compose(registry, None, None, ["actor.max_tokens_per_micro_batch=72"])
+    assert "micro-batches of at most 72 tokens" in explain_batch_sizes(cfg)
+
+
 def test_consistent_batch_sizes_pass(registry) -> None:
     cfg = compose(
         registry, None, None,

@@ -9,7 +9,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
-from rlforge.ops import logprobs_from_logits
+from rlforge.ops import token_logprobs
 from rlforge.protocols import SamplingParams
 
 
@@ -78,10 +78,10 @@ class HFRollout:
         finally:
             self.model.train(was_training)
         responses = gen.sequences[:, prompts.shape[1]:].cpu()
-        logits = torch.stack(gen.logits, dim=1).float()
+        logits = torch.stack(gen.logits, dim=1)
         if not greedy:
             logits = logits / params.temperature
-        return responses, logprobs_from_logits(logits, responses.to(logits.device)).cpu()
+        return responses, token_logprobs(logits, responses.to(logits.device))[0].cpu()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())

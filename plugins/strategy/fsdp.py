@@ -105,8 +105,14 @@ class FSDPStrategy:
         return float(total)
 
     def all_reduce_sum(self, value: float) -> float:
+        return self._all_reduce(value, dist.ReduceOp.SUM)
+
+    def all_reduce_max(self, value: float) -> float:
+        return self._all_reduce(value, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, value: float, op: Any) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
         return float(t.item())
 
     def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -46,6 +46,9 @@ class SingleDeviceStrategy:
     def all_reduce_sum(self, value: float) -> float:
         return value
 
+    def all_reduce_max(self, value: float) -> float:
+        return value
+
     def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         for name, p in model.named_parameters():
             yield name, p.detach()

@@ -171,7 +171,19 @@ def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:
         raise ConfigError(
             f"'{section}.ppo_mini_batch_size' ({mini} prompts) must divide 'data.train_batch_size' ({prompts} prompts)."
         )
-    if (mini * n) % micro:
+    budget, longest = cfg[section].max_tokens_per_micro_batch, cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if budget:
+        if cfg[section].ppo_micro_batch_size is not None:
+            raise ConfigError(
+                f"Set one of '{section}.ppo_micro_batch_size' ({cfg[section].ppo_micro_batch_size} samples) and "
+                f"'{section}.max_tokens_per_micro_batch' ({budget} tokens): micro-batches are cut by count or by tokens."
+            )
+        if budget < longest:
+            raise ConfigError(
+                f"'{section}.max_tokens_per_micro_batch' ({budget}) must hold the longest sequence: "
+                f"data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or 0 = off)."
+            )
+    elif (mini * n) % micro:
         raise ConfigError(
             f"'{section}.ppo_micro_batch_size' ({micro} samples) must divide the mini-batch of "
             f"{mini} prompts x rollout.n={n} = {mini * n} samples."
@@ -186,6 +198,11 @@ def explain_batch_sizes(cfg: DictConfig) -> str:
         f"Each step samples {prompts} prompts x {n} responses = {prompts * n} sequences.\n"
         f"The actor update runs {cfg.actor.ppo_epochs} epoch(s) of {prompts // mini} mini-batch(es) of "
         f"{mini} prompts ({mini * n} sequences) = {cfg.actor.ppo_epochs * prompts // mini} optimizer step(s) per "
-        f"training step;\neach mini-batch is split into {mini * n // micro} micro-batch(es) of {micro} "
-        f"sequences (gradient accumulation steps)."
+        f"training step;\n" + (
+            f"each mini-batch is split into micro-batches of at most {cfg.actor.max_tokens_per_micro_batch} tokens "
+            f"(actor.max_tokens_per_micro_batch; their number varies with the sequence lengths)."
+            if cfg.actor.max_tokens_per_micro_batch else
+            f"each mini-batch is split into {mini * n // micro} micro-batch(es) of {micro} "
+            f"sequences (gradient accumulation steps)."
+        )
     )

@@ -18,6 +18,10 @@ class ModelConfig:
     ref_path: Optional[str] = None  # reference model for the KL term; None = same as `path`
     dtype: str = "float32"  # float32 | bfloat16 | float16
     trust_remote_code: bool = False  # never on unless you set it
+    # forward passes of actor, reference and critic on packed sequences (no padding token computed);
+    # needs a transformers model that reads packed position_ids (Llama, Qwen2, Mistral, ... with sdpa or flash)
+    remove_padding: bool = False  # pack each micro-batch's real tokens into one row (see docs/performance.md)
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)
 
 
 @dataclass
@@ -78,6 +82,7 @@ class ActorConfig:
     ppo_epochs: int = 1  # passes over each rollout batch
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
     ppo_micro_batch_size: Optional[int] = None  # samples per forward/backward (gradient accumulation); None = whole mini-batch
+    max_tokens_per_micro_batch: int = 0  # > 0: micro-batches by token budget (per rank) instead of ppo_micro_batch_size
     clip_ratio_low: float = 0.2  # ratio clipped below at 1 - clip_ratio_low
     clip_ratio_high: float = 0.2  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
     clip_ratio_c: float = 3.0  # dual-clip bound, applied where the advantage is negative
@@ -103,6 +108,7 @@ class CriticConfig:
     ppo_epochs: int = 1  # passes over each rollout batch
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
     ppo_micro_batch_size: Optional[int] = None  # samples per forward/backward; None = whole mini-batch
+    max_tokens_per_micro_batch: int = 0  # > 0: micro-batches by token budget (per rank), as actor's
     cliprange_value: float = 0.5  # values clipped to old +- cliprange_value in the loss
     loss_agg_mode: str = "token-mean"  # as actor.loss_agg_mode
 

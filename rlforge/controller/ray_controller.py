@@ -84,7 +84,8 @@ def check_config(config: Any, strategy_factory: Any, needs_critic: bool) -> None
                 f"{section}.ppo_mini_batch_size x rollout.n = {mini} sequences must split evenly over "
                 f"strategy.num_processes={world} ranks."
             )
-        if micro < mini // world and (mini // world) % micro:
+        by_count = not config[section].max_tokens_per_micro_batch
+        if by_count and micro < mini // world and (mini // world) % micro:
             raise ConfigError(
                 f"{section}.ppo_micro_batch_size ({micro} sequences per rank) must divide each rank's share of the "
                 f"mini-batch ({mini // world} sequences with strategy.num_processes={world})."
@@ -246,6 +247,10 @@ class RayController:
         return group
 
     # --- the dataflow ------------------------------------------------------------------------------
+    def _balance(self, role: str) -> bool:
+        """Spread real tokens evenly over the ranks when micro-batches are cut by token budget."""
+        return bool(self.config[role].max_tokens_per_micro_batch)
+
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         shards = split_rows(batch, self.actor.world_size)
         return B.Batch.concat(self.actor.call_each("generate", [(s, params) if len(s) else None for s in shards]))
@@ -259,7 +264,7 @@ class RayController:
 
     def update_actor(self, batch: B.Batch) -> dict[str, float]:
         mini = self.config.actor.ppo_mini_batch_size * self.config.rollout.n
-        shards = shard_for_update(batch, self.actor.world_size, mini)
+        shards = shard_for_update(batch, self.actor.world_size, mini, balance=self._balance("actor"))
         return self.actor.call_each("update", [(s,) for s in shards])[0]
 
     def compute_values(self, batch: B.Batch) -> torch.Tensor:
@@ -270,7 +275,7 @@ class RayController:
     def update_critic(self, batch: B.Batch) -> dict[str, float]:
         assert self.critic is not None, "update_critic needs a critic (module.needs_critic())"
         mini = self.config.critic.ppo_mini_batch_size * self.config.rollout.n
-        shards = shard_for_update(batch, self.critic.world_size, mini)
+        shards = shard_for_update(batch, self.critic.world_size, mini, balance=self._balance("critic"))
         return self.critic.call_each("update", [(s,) for s in shards])[0]
 
     def sync_weights(self) -> float:

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
+from rlforge.controller.microbatch import balanced_split, fixed_plan, token_budget_plan
 from rlforge.errors import RLForgeError
 from rlforge.module import LossContext, RLModule
 from rlforge.ops import response_logprobs, response_values
@@ -66,14 +67,23 @@ def split_even(batch: B.Batch, parts: int, what: str) -> list[B.Batch]:
     return split_rows(batch, parts)
 
 
-def shard_for_update(batch: B.Batch, parts: int, mini_size: int) -> list[B.Batch]:
+def shard_for_update(batch: B.Batch, parts: int, mini_size: int, balance: bool = False) -> list[B.Batch]:
     """Rank ``r``'s share of an update batch: the ``r``-th slice of every mini-batch of ``mini_size`` rows, so the
-    ranks' ``TrainWorker.update`` steps see together exactly the mini-batches one process would."""
+    ranks' ``TrainWorker.update`` steps see together exactly the mini-batches one process would. With
+    ``balance`` the slices are equal in rows and similar in real tokens (``balanced_split``) instead of consecutive."""
     shards: list[list[B.Batch]] = [[] for _ in range(parts)]
     for mini in batch.split(mini_size):
-        for rank, piece in enumerate(split_even(mini, parts, "update")):
+        pieces = split_even(mini, parts, "update")
+        if balance:
+            pieces = [mini.select(g) for g in balanced_split(_lengths(mini), parts)]
+        for rank, piece in enumerate(pieces):
             shards[rank].append(piece)
     return [B.Batch.concat(pieces) for pieces in shards]
+
+
+def _lengths(batch: B.Batch) -> list[int]:
+    """Real tokens (prompt + response) per row."""
+    return batch[B.ATTENTION_MASK].sum(-1).tolist()
 
 
 class TrainWorker:
@@ -92,6 +102,8 @@ class TrainWorker:
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient, in total
         self.bad_in_a_row = 0
         self.micro_size = micro_batch_size(config, self.role)
+        self.token_budget = int(self.section.max_tokens_per_micro_batch)
+        self.remove_padding = bool(config.model.remove_padding)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -99,6 +111,32 @@ class TrainWorker:
 
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError  # abstract: each worker's loss
+
+    def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Put a model of this role on the strategy, with the ``model.*`` training options."""
+        if self.config.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return self.strategy.setup_model(model)
+
+    def micro_plan(self, batch: B.Batch) -> list[list[int]]:
+        """The rows of each micro-batch of ``batch`` (see ``microbatch.py``). Collective with a token budget on
+        several ranks: they agree on the number of micro-batches."""
+        if not self.token_budget:
+            return fixed_plan(len(batch), self.micro_size)
+        lengths = _lengths(batch)
+        plan = token_budget_plan(lengths, self.token_budget, self.remove_padding)
+        if self.strategy.world_size > 1:
+            parts = int(self.strategy.all_reduce_max(float(len(plan))))
+            if parts != len(plan):
+                plan = token_budget_plan(lengths, self.token_budget, self.remove_padding, parts)
+        return plan
+
+    def _per_row(self, batch: B.Batch, forward: Any) -> torch.Tensor:
+        """``forward(micro)`` over the micro-batches, the results put back in ``batch``'s row order."""
+        out = torch.zeros(batch[B.RESPONSE_MASK].shape)
+        for rows in self.micro_plan(batch):
+            out[rows] = forward(batch.select(rows).to(self.strategy.device)).float().cpu()
+        return out * batch[B.RESPONSE_MASK]
 
     def update(self, batch: B.Batch) -> dict[str, float]:
         """``batch`` is this rank's shard (``shard_for_update``): its mini-batches are 1/world_size of the global."""
@@ -125,7 +163,8 @@ class TrainWorker:
         )
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for micro in mini.split(self.micro_size):
+        for rows in self.micro_plan(mini):
+            micro = mini.select(rows)
             loss, metrics = self.loss(micro.to(self.strategy.device), ctx)
             self.strategy.backward(loss)
             for k, v in metrics.items():
@@ -216,7 +255,7 @@ class ActorWorker(TrainWorker):
         self.rollout_model = module.actor
         if getattr(strategy, "sharded", False):
             self.rollout_model = copy.deepcopy(module.actor).requires_grad_(False).to(strategy.device)
-        module.actor = strategy.setup_model(module.actor)
+        module.actor = self._prepare(module.actor)
         module.actor.train()
         if module.ref is not None:
             module.ref = strategy.setup_model(module.ref)
@@ -232,13 +271,9 @@ class ActorWorker(TrainWorker):
         if model is None:
             raise RuntimeError(f"No {role} model is loaded (does the algorithm need a reference model?)")
         resp_len = batch[B.RESPONSES].shape[1]
-        out = []
-        for mb in batch.split(self.micro_size):
-            mb = mb.to(self.strategy.device)
-            logp, _ = response_logprobs(model, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len,
-                                        self.config.rollout.temperature)
-            out.append(logp.cpu())
-        return torch.cat(out) * batch[B.RESPONSE_MASK]
+        return self._per_row(batch, lambda mb: response_logprobs(
+            model, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len, self.config.rollout.temperature,
+            remove_padding=self.remove_padding)[0])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.strategy.named_weights(self.module.actor)
@@ -251,7 +286,7 @@ class CriticWorker(TrainWorker):
 
     def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None, trainer: Any = None) -> None:
         super().__init__(config, module, strategy, hook, trainer)
-        module.critic = strategy.setup_model(module.critic)
+        module.critic = self._prepare(module.critic)
         module.critic.train()
         self.optimizer, self.scheduler = module.configure_critic_optimizers()
 
@@ -261,8 +296,5 @@ class CriticWorker(TrainWorker):
     @torch.no_grad()
     def compute_values(self, batch: B.Batch) -> torch.Tensor:
         resp_len = batch[B.RESPONSES].shape[1]
-        out = []
-        for mb in batch.split(self.micro_size):
-            mb = mb.to(self.strategy.device)
-            out.append(response_values(self.module.critic, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len).cpu())
-        return torch.cat(out) * batch[B.RESPONSE_MASK]
+        return self._per_row(batch, lambda mb: response_values(
+            self.module.critic, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len, remove_padding=self.remove_padding))

@@ -169,13 +169,15 @@ class Trainer:
         batch = self.next_prompts()
         for fs in flow.steps:
             batch = self._run_stage(fs, batch)
-        elapsed = time.perf_counter() - step_start
         n_tokens = token_count(batch)
         metrics = {**data_metrics(batch, self.config.rollout.max_new_tokens), **self.step_metrics,
                    **batch.meta.get("metrics", {})}
-        metrics.update({"timing_s/step": elapsed, "perf/throughput": n_tokens / elapsed,
-                        "perf/total_num_tokens": float(n_tokens), "training/epoch": float(self.sampler.epoch)})
         self._write_samples("samples.jsonl", batch, self.config.trainer.samples_to_save)
+        elapsed = time.perf_counter() - step_start
+        staged = sum(v for k, v in self.step_metrics.items() if k.startswith("timing_s/"))
+        metrics.update({"timing_s/step": elapsed, "timing_s/other": elapsed - staged,
+                        "perf/throughput": n_tokens / elapsed, "perf/total_num_tokens": float(n_tokens),
+                        "training/epoch": float(self.sampler.epoch)})
         self.hook.rlforge_step_end(trainer=self, step=self.step, metrics=metrics)
         self.module.on_train_step_end(metrics)
         self.history.append({"step": self.step, **metrics})

@@ -43,25 +43,49 @@ class SGDGRPO(GRPO):
         return torch.optim.SGD(self.actor.parameters(), lr=self.config.actor.lr), None
 
 
+def _update(pm, mode, overrides):
+    """One actor update of the same batch; returns (weights after, metrics, old log-probs)."""
+    cfg = load_config("grpo", [
+        "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", f"actor.loss_agg_mode={mode}",
+        "actor.lr=1e-2", "actor.entropy_coeff=0.01", *overrides,
+    ], plugins=pm)
+    module = SGDGRPO(cfg)
+    module.configure_model()
+    torch.manual_seed(0)
+    worker = ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg))
+    batch = _rollout_batch(module)
+    old = worker.compute_log_probs(batch)
+    batch[B.OLD_LOG_PROBS] = old + 0.05 * batch[B.RESPONSE_MASK]
+    metrics = worker.update(batch)
+    return {k: v.detach().clone() for k, v in module.actor.state_dict().items()}, metrics, old
+
+
+def _assert_same_update(a, b, rtol=1e-5, atol=1e-6):
+    (wa, ma, la), (wb, mb, lb) = a, b
+    torch.testing.assert_close(la, lb, rtol=rtol, atol=atol)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=rtol, atol=atol, msg=k)
+    for k in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac"):
+        assert ma[k] == pytest.approx(mb[k], rel=1e-4, abs=1e-6), k
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_micro_batch_split_gives_the_same_update(pm, mode):
-    def run(micro):
-        cfg = load_config("grpo", [
-            "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", f"actor.ppo_micro_batch_size={micro}",
-            f"actor.loss_agg_mode={mode}", "actor.lr=1e-2", "actor.entropy_coeff=0.01",
-        ], plugins=pm)
-        module = SGDGRPO(cfg)
-        module.configure_model()
-        torch.manual_seed(0)
-        worker = ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg))
-        batch = _rollout_batch(module)
-        batch[B.OLD_LOG_PROBS] = worker.compute_log_probs(batch) + 0.05 * batch[B.RESPONSE_MASK]
-        metrics = worker.update(batch)
-        return {k: v.detach().clone() for k, v in module.actor.state_dict().items()}, metrics
+    _assert_same_update(_update(pm, mode, ["actor.ppo_micro_batch_size=16"]),
+                        _update(pm, mode, ["actor.ppo_micro_batch_size=4"]))
 
-    whole, m1 = run(16)
-    split, m4 = run(4)
-    for k in whole:
-        torch.testing.assert_close(whole[k], split[k], rtol=1e-5, atol=1e-6, msg=k)
-    for k in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/pg_clipfrac"):
-        assert m1[k] == pytest.approx(m4[k], rel=1e-4, abs=1e-6), k
+
+# the fast path: packed sequences, token-budget micro-batches (sequences here are 7 to 11 tokens long) and
+# activation recomputation change how the update is computed, never its result
+FAST_PATHS = {
+    "packed": ["model.remove_padding=true"],
+    "token budget": ["actor.max_tokens_per_micro_batch=40", "data.max_prompt_length=16"],
+    "packed + token budget": ["model.remove_padding=true", "actor.max_tokens_per_micro_batch=40", "data.max_prompt_length=16"],
+    "gradient checkpointing": ["model.gradient_checkpointing=true", "actor.ppo_micro_batch_size=8"],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("path", list(FAST_PATHS))
+def test_fast_paths_give_the_same_update(pm, mode, path):
+    _assert_same_update(_update(pm, mode, []), _update(pm, mode, FAST_PATHS[path]), rtol=1e-4, atol=1e-5)

@@ -32,6 +32,9 @@ BUCKET_MB = 0.3  # the largest parameter of the tiny model (MLP, 128 x 512 fp32)
 COMMON = ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4",
           "actor.lr=1e-2", "actor.entropy_coeff=0.01", "actor.grad_clip=0.05"]
 
+FAST = [*(c for c in COMMON if "micro" not in c), "model.remove_padding=true", "actor.max_tokens_per_micro_batch=24",
+        "data.max_prompt_length=16"]
+
 
 def _config(pm, *extra):
     return load_config("grpo", [*COMMON, *extra], plugins=pm)
@@ -94,6 +97,14 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     for w in workers:
         w.update(shard)
     out["after_resume"] = [w.model_state_dict() for w in workers]
+    # 4. the fast path: packed sequences in token-budget micro-batches (the ranks agree on how many), rows
+    # spread over the ranks by length instead of consecutively
+    fast_cfg = load_config("grpo", [*FAST, "strategy.name=fsdp", "strategy.device=cpu",
+                                    f"strategy.num_processes={WORLD}"], plugins=pm)
+    fast, _ = _worker(pm, fast_cfg, SGDGRPO)
+    out["fast_micro_batches"] = len(fast.micro_plan(shard_for_update(batch, WORLD, 8, balance=True)[rank]))
+    fast.update(shard_for_update(batch, WORLD, 8, balance=True)[rank])
+    out["fast_weights"] = fast.model_state_dict()
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
@@ -135,6 +146,13 @@ def _plain_model(module, weights):
     model = type(module.actor)(module.actor.config)
     model.load_state_dict(weights)
     return model
+
+
+def test_fast_path_update_on_two_processes_matches_one_process(fsdp_vs_single):
+    single, ranks = fsdp_vs_single
+    assert all(r["fast_micro_batches"] > 1 for r in ranks)  # the budget did split the mini-batch
+    for k, v in single["weights"].items():
+        torch.testing.assert_close(ranks[0]["fast_weights"][k], v, rtol=1e-4, atol=1e-6, msg=k)
 
 
 def test_two_process_update_matches_one_process(fsdp_vs_single):
