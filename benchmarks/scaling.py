@@ -11,7 +11,7 @@
   ~0.26M, 3.5M, 10.7M and 20.6M parameters (the process's baseline after imports is reported too).
 
 Every point runs in a process of its own (so peak memory is that point's). Medians skip the first 2 steps.
-Writes ``scaling.json`` and ``scaling.png`` to ``--out``; the summary goes to docs/performance.md.
+Writes ``scaling.json`` to ``--out`` and the plots to ``--plot``; the summary goes to docs/performance.md.
 """
 
 from __future__ import annotations
@@ -112,6 +112,7 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--plot", default="docs/img/scaling.png")
     parser.add_argument("--steps", type=int, default=6, help="steps per point; the first 2 are warm-up")
     parser.add_argument("--point", help=argparse.SUPPRESS)  # internal: run one point, print its JSON
     parser.add_argument("overrides", nargs="*", help="config overrides for every point, key=value")
@@ -131,7 +132,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling.json").write_text(json.dumps(results, indent=2))
-    plot(results, out / "scaling.png")
+    plot(results, Path(args.plot))
     b = results["breakdown"]
     print("breakdown (s):", {k: round(v, 4) for k, v in b["timing_s"].items()},
           f"overhead {100 * b['timing_s']['other'] / b['timing_s']['step']:.1f}% of the step, "
