@@ -222,6 +222,21 @@ def test_grpo_with_vllm_learns_and_leaves_no_process(tmp_path):
     assert not alive, f"engine processes left after fit: {alive}"
 
 
+@pytest.mark.parametrize("algo", ["ppo", "remax", "dapo"])
+def test_other_algorithms_run_on_vllm(tmp_path, algo):
+    """The engine serves every dataflow: a critic (ppo), a greedy baseline rollout next to the sampled one (remax),
+    repeated generation rounds of dynamic sampling (dapo)."""
+    cfg = load_config(algo, [
+        "rollout.name=vllm", f"trainer.runs_root={tmp_path}", "trainer.total_steps=2", "trainer.val_every=0",
+        "trainer.val_before_train=false", "data.val_size=8", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
+        "critic.ppo_mini_batch_size=4", "trainer.progress=false", "logger.backends=[]",
+    ])
+    trainer = Trainer(cfg)
+    summary = trainer.fit()
+    assert summary["steps"] == 2 and summary["accuracy_after"] is not None
+    assert all(h["response_length/mean"] > 0 for h in trainer.history)
+
+
 CTRL_C_RUN = textwrap.dedent("""
     import os, signal, sys
     import rlforge.plugins.rollout.vllm as engine_module
