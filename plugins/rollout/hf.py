@@ -1,4 +1,10 @@
-"""``hf`` rollout engine: batched sampling with transformers ``generate`` (CPU or GPU)."""
+"""``hf`` rollout engine: batched sampling with transformers ``generate`` (CPU or GPU).
+
+With ``rollout.compile=true`` the decoding step runs on a static KV cache through ``torch.compile`` (on
+every device: transformers does that by itself only on GPUs). Prompts are then left-padded to
+``data.max_prompt_length`` so that shapes repeat: each new (batch size, length) compiles once, which takes
+tens of seconds on CPU, and later batches of that shape reuse it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+from transformers.generation.configuration_utils import CompileConfig
 
 from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
@@ -32,6 +40,11 @@ class HFRollout:
         self.model = model
         self.tokenizer = tokenizer
         self.micro_batch_size = config.rollout.micro_batch_size
+        self.compiled: dict[str, Any] = {}
+        if config.rollout.compile:
+            compile_config = CompileConfig(fullgraph=False, dynamic=False)
+            compile_config._compile_all_devices = True  # transformers' switch for compiling off GPU
+            self.compiled = {"cache_implementation": "static", "compile_config": compile_config}
 
     @torch.no_grad()
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
@@ -56,6 +69,10 @@ class HFRollout:
     def _generate(self, mb: B.Batch, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(self.model.parameters()).device
         prompts, prompt_mask = mb[B.PROMPTS].to(device), mb[B.PROMPT_MASK].to(device)
+        if self.compiled:  # one prompt width for every batch: one compiled shape per batch size
+            extra = self.config.data.max_prompt_length - prompts.shape[1]
+            prompts = torch.nn.functional.pad(prompts, (extra, 0), value=self.tokenizer.pad_token_id)
+            prompt_mask = torch.nn.functional.pad(prompt_mask, (extra, 0), value=0)
         greedy = params.temperature == 0
         sampling: dict[str, Any] = {"do_sample": False}
         if not greedy:
@@ -74,6 +91,7 @@ class HFRollout:
                 output_logits=True,
                 return_dict_in_generate=True,
                 **sampling,
+                **self.compiled,
             )
         finally:
             self.model.train(was_training)

@@ -49,6 +49,7 @@ class RolloutConfig:
     max_new_tokens: int = 8  # response length limit (EOS ends a response earlier)
     min_new_tokens: int = 0  # EOS is suppressed before this many tokens (training rollouts only)
     micro_batch_size: int = 256  # sequences per generate() call
+    compile: bool = False  # hf engine: static KV cache + torch.compile'd decoding (compiles once per batch shape)
     val_temperature: float = 0.0  # 0 = greedy validation
     val_n: int = 1  # samples per validation prompt
 
