@@ -51,7 +51,11 @@ def build_model(folder: Path, size: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-ENGINES = {"hf": [], "vllm": ["rollout.name=vllm", "actor.reuse_rollout_log_probs=true"]}
+ENGINES = {  # --engines names: rlforge overrides
+    "hf": [],
+    "hf_compiled": ["rollout.compile=true"],  # the first steps of a round compile (skipped as warm-up)
+    "vllm": ["rollout.name=vllm", "actor.reuse_rollout_log_probs=true"],
+}
 
 
 def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf") -> list[float]:
@@ -128,7 +132,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=8, help="steps per round; the first 2 of each are warm-up")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--engines", default="hf", help="rlforge rollout engines to time, comma-separated: hf,vllm")
+    parser.add_argument("--engines", default="hf", help=f"rlforge variants to time, comma-separated: {','.join(ENGINES)}")
     parser.add_argument("--trl-python", default=sys.executable, help="interpreter of the environment with TRL")
     parser.add_argument("--out", default="grpo_vs_trl.json")
     parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: run one round, print its step times

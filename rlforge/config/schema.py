@@ -18,9 +18,7 @@ class ModelConfig:
     ref_path: Optional[str] = None  # reference model for the KL term; None = same as `path`
     dtype: str = "float32"  # float32 | bfloat16 | float16
     trust_remote_code: bool = False  # never on unless you set it
-    # forward passes of actor, reference and critic on packed sequences (no padding token computed);
-    # needs a transformers model that reads packed position_ids (Llama, Qwen2, Mistral, ... with sdpa or flash)
-    remove_padding: bool = False  # pack each micro-batch's real tokens into one row (see docs/performance.md)
+    remove_padding: bool = False  # packed forward passes of actor, reference, critic: no padding computed (GPU; docs/performance.md)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)
 
 
@@ -88,9 +86,7 @@ class ActorConfig:
     clip_ratio_high: float = 0.2  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
     clip_ratio_c: float = 3.0  # dual-clip bound, applied where the advantage is negative
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
-    # None: reuse the rollout engine's log-probs as old log-probs when they match the actor's (hf engine),
-    # True: always reuse them, False: always recompute with a forward pass of the actor
-    reuse_rollout_log_probs: Optional[bool] = None  # skip the old-log-prob forward pass (see above)
+    reuse_rollout_log_probs: Optional[bool] = None  # old log-probs = the engine's: None = if they are the actor's (hf), True = always, False = recompute
     entropy_coeff: float = 0.0  # entropy bonus weight (the loss subtracts coeff x entropy)
     use_kl_loss: bool = False  # add a KL(actor || reference) term to the loss (loads a reference model)
     kl_loss_coef: float = 0.001  # weight of the KL loss

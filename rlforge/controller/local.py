@@ -32,6 +32,7 @@ class LocalController:
         self.actor = ActorWorker(config, module, self.strategy, plugins.hook, trainer)
         self.critic = CriticWorker(config, module, self.strategy, plugins.hook, trainer) if module.critic else None
         self.rollout = reg.rollout.get(config.rollout.name)(config, self.actor.rollout_model, module.tokenizer)
+        self.logprobs_match_actor = bool(getattr(self.rollout, "logprobs_match_actor", False))
         self.reward = reg.reward_manager.get(config.reward.manager)(config, module.tokenizer, reg)
 
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:

@@ -206,6 +206,9 @@ class RayController:
         self.config, self.module, self.trainer = config, module, trainer
         self.started_ray = self._connect(config.ray)
         self.reward = reg.reward_manager.get(config.reward.manager)(config, module.tokenizer, reg)
+        # the engines generate with a replica kept equal to the actor: their log-probs are the actor's if the
+        # engine's are with the actor itself
+        self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
         self.pools: list[ResourcePool] = []
         self.groups: list[WorkerGroup] = []
         try:

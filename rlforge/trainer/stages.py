@@ -37,7 +37,7 @@ def old_logprob(t: Any, batch: B.Batch) -> B.Batch:
     (``actor.reuse_rollout_log_probs``, default: when the engine says so), else a forward pass."""
     reuse = t.config.actor.reuse_rollout_log_probs
     if reuse is None:
-        reuse = bool(getattr(getattr(t.controller, "rollout", None), "logprobs_match_actor", False))
+        reuse = bool(getattr(t.controller, "logprobs_match_actor", False))
     if reuse:
         batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]
     else:
