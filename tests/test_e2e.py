@@ -23,6 +23,7 @@ def _config(tmp_path, *extra, algo="grpo"):
 class Recorder:
     def __init__(self):
         self.events = []
+        self.reward_processes = []
 
     @hookimpl
     def rlforge_stage_end(self, stage):
@@ -34,8 +35,9 @@ class Recorder:
         self.events.append(("logprob_gap", diff.max().item()))
 
     @hookimpl
-    def rlforge_step_end(self, step, metrics):
+    def rlforge_step_end(self, trainer, step, metrics):
         self.events.append(("step", step, sorted(metrics)))
+        self.reward_processes = [w.process for w in trainer.controller.reward.workers.workers]
 
 
 def test_grpo_end_to_end_writes_run_folder_and_mlflow(tmp_path):
@@ -75,6 +77,8 @@ def test_grpo_end_to_end_writes_run_folder_and_mlflow(tmp_path):
     assert "val/accuracy" in data.metrics and "actor/pg_loss" in data.metrics
     assert len(client.get_metric_history(run_id, "critic/score/mean")) == 3
     assert data.params["algorithm.name"] == "grpo"
+    # fit stopped the reward manager's worker processes
+    assert rec.reward_processes and not [p for p in rec.reward_processes if p.is_alive()]
 
 
 def _weights(path):

@@ -78,6 +78,14 @@ class LocalController:
 
     def shutdown(self) -> None:
         self.rollout.shutdown()
+        close_reward(self.reward)
+
+
+def close_reward(manager: Any) -> None:
+    """Stop a reward manager's processes, if it has any (``close`` is optional for reward managers)."""
+    close = getattr(manager, "close", None)
+    if close is not None:
+        close()
 
 
 @hookimpl

@@ -26,6 +26,7 @@ import torch
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
 from rlforge.controller.ray_workers import RankWorker
+from rlforge.controller.local import close_reward
 from rlforge.controller.worker import shard_for_update, split_even, split_rows
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
@@ -330,6 +331,7 @@ class RayController:
             group.call_each("load_state_dict", [(ref, rng) for rng in rngs])
 
     def shutdown(self) -> None:
+        close_reward(self.reward)
         for group in self.groups:
             group.kill()
         for pool in self.pools:
