@@ -32,5 +32,6 @@ def test_mkdocs_build_strict(tmp_path):
 def test_nav_has_the_guides_and_references():
     nav = _nav_files(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
     for page in ("quickstart.md", "concepts.md", "config.md", "hooks.md", "plugins.md", "cli.md",
-                 "migration-from-verl.md", "faq.md", "algorithms/README.md", "algorithms/formulas.md"):
+                 "migration-from-verl.md", "faq.md", "algorithms/README.md", "algorithms/formulas.md",
+                 "rollout.md", "performance.md", "distributed.md"):
         assert page in nav, page
