@@ -1,0 +1,232 @@
+"""GPU checks of issue #8 on one device, in one short run: actor update throughput and MFU, the hf rollout
+engine against plain ``generate``, weight sync against the copy bound, and a full GRPO step.
+
+    python benchmarks/gpu_check.py --out $OUT/gpu_check.json      # one GPU, ~5 minutes
+    python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # the same code on CPU with tiny sizes
+
+Models are random, with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, ffn 4864):
+- update and weight sync: the full 151,936-token vocabulary; the actor on the ``fsdp`` strategy with one
+  rank (NCCL, bf16 compute, fp32 master weights): the hybrid-engine path, whose replica receives the weights;
+- generation: the same model in bf16, 256 prompts x 256 new tokens, plain ``model.generate`` against the hf
+  engine, plain and with ``rollout.compile=true``;
+- GRPO step: the 0.5B body with rlforge's character vocabulary (as the TRL reference in BENCHMARKS.md),
+  64 prompts x 8 samples x exactly 256 new tokens, micro-batches of 64, bf16.
+MFU counts 6 x parameters x tokens per update (2 x for a forward pass) against ``--peak-tflops``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+
+SHAPES = {
+    "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+                     "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936},
+    "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1024},
+}
+FULL = {"update_seqs": 16, "prompt_len": 512, "resp_len": 512, "micro": 16, "gen_prompts": 256, "gen_tokens": 256,
+        "grpo_prompts": 64, "grpo_n": 8, "grpo_tokens": 256, "grpo_micro": 64, "grpo_steps": 4}
+SMOKE = {"update_seqs": 4, "prompt_len": 16, "resp_len": 16, "micro": 2, "gen_prompts": 8, "gen_tokens": 8,
+         "grpo_prompts": 4, "grpo_n": 2, "grpo_tokens": 8, "grpo_micro": 4, "grpo_steps": 3}
+
+
+def build(folder: Path, shape: str, char_vocab: bool) -> int:
+    """A random Qwen2 model (and rlforge's character tokenizer) saved to ``folder``; returns its parameters."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlforge.models import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    dims = dict(SHAPES[shape])
+    if char_vocab:
+        dims["vocab_size"] = len(tok)
+    torch.manual_seed(0)
+    config = Qwen2Config(**dims, max_position_embeddings=2048, tie_word_embeddings=True,
+                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return sum(p.numel() for p in model.parameters())
+
+
+def timed(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> float:
+    """Median seconds of ``fn`` after one warm-up call."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn()
+    seconds = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def random_batch(seqs: int, prompt_len: int, resp_len: int, vocab: int) -> Any:
+    from rlforge import batch as B
+
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, vocab, (seqs, prompt_len), generator=g)
+    responses = torch.randint(3, vocab, (seqs, resp_len), generator=g)
+    ones_p, ones_r = torch.ones_like(prompts), torch.ones_like(responses)
+    return B.Batch({
+        B.PROMPTS: prompts, B.PROMPT_MASK: ones_p, B.RESPONSES: responses, B.RESPONSE_MASK: ones_r,
+        B.INPUT_IDS: torch.cat([prompts, responses], 1), B.ATTENTION_MASK: torch.cat([ones_p, ones_r], 1),
+        B.ADVANTAGES: torch.randn(seqs, resp_len, generator=g),
+    })
+
+
+def check_update_and_sync(folder: Path, params: int, s: dict, device: str, peak: float) -> dict:
+    """Actor forward and update on fsdp (one rank), then the weight stream into the rollout replica."""
+    from rlforge import batch as B
+    from rlforge import load_config
+    from rlforge.controller.worker import ActorWorker
+    from rlforge.plugin_manager import PluginManager
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    pm = PluginManager(autoload=False)
+    seqs = s["update_seqs"]
+    cfg = load_config("grpo", [
+        f"model.path={folder}", "strategy.name=fsdp", f"strategy.device={device}", f"data.train_batch_size={seqs}",
+        "rollout.n=1", f"actor.ppo_mini_batch_size={seqs}", f"actor.ppo_micro_batch_size={s['micro']}",
+        f"data.max_prompt_length={s['prompt_len']}", f"rollout.max_new_tokens={s['resp_len']}", "actor.lr=1e-7",
+    ], plugins=pm)
+    module = pm.registry.algorithm.get("grpo")(cfg)
+    module.configure_model()
+    strategy = pm.registry.strategy.get("fsdp")(cfg)
+    worker = ActorWorker(cfg, module, strategy)
+    batch = random_batch(seqs, s["prompt_len"], s["resp_len"], module.actor.config.vocab_size)
+    batch[B.OLD_LOG_PROBS] = worker.compute_log_probs(batch)
+    tokens = seqs * (s["prompt_len"] + s["resp_len"])
+    fwd = timed(lambda: worker.compute_log_probs(batch), strategy.device)
+    upd = timed(lambda: worker.update(batch), strategy.device)
+    engine = pm.registry.rollout.get("hf")(cfg, worker.rollout_model, module.tokenizer)
+    sync = timed(lambda: engine.update_weights(worker.named_weights()), strategy.device)
+    replica = list(worker.rollout_model.parameters())
+    copies = [p.detach().clone() for p in replica]
+
+    def copy_all() -> None:
+        with torch.no_grad():
+            for dst, src in zip(replica, copies):
+                dst.copy_(src)
+
+    copy = timed(copy_all, strategy.device)
+    weight_bytes = sum(p.numel() * p.element_size() for p in replica)
+    torch.distributed.destroy_process_group()
+    return {
+        "parameters": params, "tokens_per_update": tokens,
+        "forward_s": fwd, "forward_tokens_per_s": tokens / fwd, "forward_mfu": 2 * params * tokens / fwd / peak,
+        "update_s": upd, "update_tokens_per_s": tokens / upd, "update_mfu": 6 * params * tokens / upd / peak,
+        "weight_sync_s": sync, "copy_bound_s": copy, "weight_bytes": weight_bytes, "sync_over_copy": sync / copy,
+    }
+
+
+def check_generation(folder: Path, s: dict, device: str, dtype: str) -> dict:
+    """Plain ``generate`` against the hf engine (plain and compiled) on the same model, exactly N new tokens."""
+    from rlforge import batch as B
+    from rlforge import load_config
+    from rlforge.models import load_model
+    from rlforge.plugin_manager import PluginManager
+    from rlforge.protocols import SamplingParams
+
+    pm = PluginManager(autoload=False)
+    dev = torch.device(device)
+    model = load_model(str(folder), dtype).to(dev).eval()
+    vocab, n, new = model.config.vocab_size, s["gen_prompts"], s["gen_tokens"]
+    prompt_len = 32 if n > 8 else 8
+    prompts = torch.randint(3, vocab, (n, prompt_len), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompts)
+    never_eos = SimpleNamespace(pad_token_id=0, eos_token_id=vocab)  # no sequence stops early
+
+    def plain() -> None:
+        with torch.no_grad():
+            model.generate(input_ids=prompts.to(dev), attention_mask=mask.to(dev), do_sample=True,
+                           max_new_tokens=new, min_new_tokens=new, pad_token_id=0, eos_token_id=vocab)
+
+    batch = B.Batch({B.PROMPTS: prompts, B.PROMPT_MASK: mask})
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new, min_new_tokens=new)
+    out = {"tokens": n * new, "plain_generate_s": timed(plain, dev, repeats=2)}
+    for label, extra in (("hf_engine", []), ("hf_engine_compiled", ["rollout.compile=true"])):
+        cfg = load_config("grpo", [f"data.max_prompt_length={prompt_len}", f"rollout.max_new_tokens={new}",
+                                   f"rollout.micro_batch_size={n}", *extra], plugins=pm)
+        engine = pm.registry.rollout.get("hf")(cfg, model, never_eos)
+        out[f"{label}_s"] = timed(lambda: engine.generate(batch, params), dev, repeats=2)
+    for key in ("plain_generate", "hf_engine", "hf_engine_compiled"):
+        out[f"{key}_tokens_per_s"] = out["tokens"] / out[f"{key}_s"]
+    out["compiled_over_plain_generate"] = out["hf_engine_compiled_tokens_per_s"] / out["plain_generate_tokens_per_s"]
+    return out
+
+
+def check_grpo_step(folder: Path, s: dict, device: str, dtype: str) -> dict:
+    """A full GRPO step: per-stage medians after the first step."""
+    from rlforge import Trainer, load_config
+
+    p, g, t = s["grpo_prompts"], s["grpo_n"], s["grpo_tokens"]
+    with tempfile.TemporaryDirectory() as runs:
+        cfg = load_config("grpo", [
+            f"model.path={folder}", f"model.dtype={dtype}", f"strategy.device={device}", f"trainer.runs_root={runs}",
+            f"trainer.total_steps={s['grpo_steps']}", f"data.train_batch_size={p}", f"rollout.n={g}",
+            f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}", f"rollout.micro_batch_size={p * g}",
+            f"actor.ppo_mini_batch_size={p}", f"actor.ppo_micro_batch_size={s['grpo_micro']}", "actor.lr=1e-7",
+            "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.val_size=1",
+            "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0",
+        ])
+        trainer = Trainer(cfg)
+        trainer.fit()
+    hist = trainer.history[1:]
+    return {"P": p, "G": g, "T": t, **{k.removeprefix("timing_s/"): statistics.median(h[k] for h in hist)
+                                       for k in hist[0] if k.startswith("timing_s/")}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="gpu_check.json")
+    parser.add_argument("--smoke", action="store_true", help="tiny model and sizes, on CPU in float32")
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989)")
+    parser.add_argument("--only", default="update,generation,grpo", help="checks to run, comma-separated")
+    args = parser.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    dtype = "float32" if args.smoke else "bfloat16"
+    shape, sizes = ("tiny", SMOKE) if args.smoke else ("qwen2.5-0.5b", FULL)
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                              "torch": torch.__version__, "shape": shape, "sizes": sizes}
+    only = set(args.only.split(","))
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory() as tmp:
+        full, char = Path(tmp) / "full_vocab", Path(tmp) / "char_vocab"
+        params = build(full, shape, char_vocab=False)
+        for name, run in (("update", lambda: check_update_and_sync(full, params, sizes, device, args.peak_tflops * 1e12)),
+                          ("generation", lambda: check_generation(full, sizes, device, dtype)),
+                          ("grpo", lambda: (build(char, shape, char_vocab=True), check_grpo_step(char, sizes, device, dtype))[1])):
+            if name not in only:
+                continue
+            start = time.perf_counter()
+            try:
+                result[name] = run()
+            except Exception as exc:  # record and go on: one failed check must not lose the others' numbers
+                result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            result[name]["check_s"] = time.perf_counter() - start
+            print(name, json.dumps(result[name]), flush=True)
+            out.write_text(json.dumps(result, indent=2))  # partial results survive a timeout
+
+
+if __name__ == "__main__":
+    main()
