@@ -175,10 +175,11 @@ def check_generation(folder: Path, s: dict, device: str, dtype: str) -> dict:
     return out
 
 
-def check_grpo_step(folder: Path, s: dict, device: str, dtype: str) -> dict:
-    """A full GRPO step: per-stage medians after the first step."""
+def check_grpo_step(folder: Path, shape: str, s: dict, device: str, dtype: str) -> dict:
+    """A full GRPO step on a model of ``shape`` with the character vocabulary: per-stage medians after step 1."""
     from rlforge import Trainer, load_config
 
+    build(folder, shape, char_vocab=True)
     p, g, t = s["grpo_prompts"], s["grpo_n"], s["grpo_tokens"]
     with tempfile.TemporaryDirectory() as runs:
         cfg = load_config("grpo", [
@@ -215,7 +216,7 @@ def main() -> None:
         params = build(full, shape, char_vocab=False)
         for name, run in (("update", lambda: check_update_and_sync(full, params, sizes, device, args.peak_tflops * 1e12)),
                           ("generation", lambda: check_generation(full, sizes, device, dtype)),
-                          ("grpo", lambda: (build(char, shape, char_vocab=True), check_grpo_step(char, sizes, device, dtype))[1])):
+                          ("grpo", lambda: check_grpo_step(char, shape, sizes, device, dtype))):
             if name not in only:
                 continue
             start = time.perf_counter()

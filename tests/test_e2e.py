@@ -81,6 +81,18 @@ def test_grpo_end_to_end_writes_run_folder_and_mlflow(tmp_path):
     assert rec.reward_processes and not [p for p in rec.reward_processes if p.is_alive()]
 
 
+class CrashAt:
+    """A callback that interrupts the run as step ``step`` starts (as Ctrl-C would)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    @hookimpl
+    def rlforge_step_start(self, step):
+        if step == self.step:
+            raise KeyboardInterrupt
+
+
 def _weights(path):
     return load_file(str(path / "actor" / "model.safetensors"))
 
@@ -93,14 +105,8 @@ def test_resume_is_bit_identical(tmp_path, algo):
     full = Trainer(_config(tmp_path / "a", *common, algo=algo))
     full.fit()
     # interrupted after step 2 (a callback raises), then resumed with trainer.resume=auto
-    class Crash:
-        @hookimpl
-        def rlforge_step_start(self, step):
-            if step == 3:
-                raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        Trainer(_config(tmp_path / "b", *common, algo=algo), callbacks=[Crash()]).fit()
+        Trainer(_config(tmp_path / "b", *common, algo=algo), callbacks=[CrashAt(3)]).fit()
     resumed = Trainer(_config(tmp_path / "b", *common, "trainer.resume=auto", algo=algo))
     resumed.fit()
     assert resumed.run_dir.parent.parent == tmp_path / "b"

@@ -68,9 +68,7 @@ class VLLMRollout:
         self.tokenizer = tokenizer
         self.model_path = str(resolve_model_path(config.model.path))
         self.supports_sleep = bool(current_platform.is_sleep_mode_available())
-        # torch.compile buys no measurable speed on CPU and adds 15-30 s to every engine start there
-        # (docs/performance.md); on GPUs compilation and CUDA graphs stay on
-        self.eager = bool(current_platform.is_cpu())
+        self.on_cpu = bool(current_platform.is_cpu())
         self.bucket_bytes = WEIGHT_BUCKET_MB << 20
         self._llm: Any = None
         self._asleep = False
@@ -79,7 +77,7 @@ class VLLMRollout:
     # --- lifecycle ------------------------------------------------------------------------------------
     def _start(self) -> Any:
         cfg = self.config
-        if self.eager and (os.cpu_count() or 1) <= SMALL_CPU_MACHINE:
+        if self.on_cpu and (os.cpu_count() or 1) <= SMALL_CPU_MACHINE:
             # vLLM's CPU build keeps one core for its scheduler process and computes on the others: half of a
             # 2-core machine. Colocated, the trainer waits while the engine generates, so give it all of them
             # (measured on 2 cores: 1.6x the tokens/s, docs/performance.md). An explicit setting wins.
@@ -100,7 +98,9 @@ class VLLMRollout:
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=EXTENSION,
                 enable_sleep_mode=self.supports_sleep,
-                enforce_eager=self.eager,
+                # torch.compile buys no measurable speed on CPU and adds 15-30 s to every engine start there
+                # (docs/performance.md); on GPUs compilation and CUDA graphs stay on
+                enforce_eager=self.on_cpu,
             )
         except Exception as exc:
             first_line = (str(exc).strip().splitlines() or [""])[0]

@@ -57,13 +57,18 @@ def split_rows(batch: B.Batch, parts: int) -> list[B.Batch]:
     return [batch.select(list(range(a, b))) for a, b in zip(bounds, bounds[1:])]
 
 
-def split_even(batch: B.Batch, parts: int, what: str) -> list[B.Batch]:
-    """``parts`` equal consecutive chunks: sharded models run collectives, so every rank needs the same work."""
+def _check_even(batch: B.Batch, parts: int, what: str) -> None:
+    """Sharded models run collectives, so every rank needs the same number of rows."""
     if len(batch) % parts:
         raise RLForgeError(
             f"{what}: a batch of {len(batch)} sequences does not split evenly over {parts} data-parallel ranks "
             f"(strategy.num_processes={parts}). Make data.train_batch_size x rollout.n a multiple of it."
         )
+
+
+def split_even(batch: B.Batch, parts: int, what: str) -> list[B.Batch]:
+    """``parts`` equal consecutive chunks (see ``_check_even``)."""
+    _check_even(batch, parts, what)
     return split_rows(batch, parts)
 
 
@@ -73,9 +78,11 @@ def shard_for_update(batch: B.Batch, parts: int, mini_size: int, balance: bool =
     ``balance`` the slices are equal in rows and similar in real tokens (``balanced_split``) instead of consecutive."""
     shards: list[list[B.Batch]] = [[] for _ in range(parts)]
     for mini in batch.split(mini_size):
-        pieces = split_even(mini, parts, "update")
         if balance:
+            _check_even(mini, parts, "update")
             pieces = [mini.select(g) for g in balanced_split(_lengths(mini), parts)]
+        else:
+            pieces = split_even(mini, parts, "update")
         for rank, piece in enumerate(pieces):
             shards[rank].append(piece)
     return [B.Batch.concat(pieces) for pieces in shards]
@@ -132,11 +139,11 @@ class TrainWorker:
         return plan
 
     def _per_row(self, batch: B.Batch, forward: Any) -> torch.Tensor:
-        """``forward(micro)`` over the micro-batches, the results put back in ``batch``'s row order."""
+        """``forward(micro)`` over the micro-batches, the results (0 at padding) put back in ``batch``'s row order."""
         out = torch.zeros(batch[B.RESPONSE_MASK].shape)
         for rows in self.micro_plan(batch):
             out[rows] = forward(batch.select(rows).to(self.strategy.device)).float().cpu()
-        return out * batch[B.RESPONSE_MASK]
+        return out
 
     def update(self, batch: B.Batch) -> dict[str, float]:
         """``batch`` is this rank's shard (``shard_for_update``): its mini-batches are 1/world_size of the global."""

@@ -24,7 +24,7 @@ from rlforge import Trainer, hookimpl, load_config
 from rlforge.controller.ray_controller import check_config
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.plugin_manager import PluginManager
-from tests.test_e2e import FAST
+from tests.test_e2e import FAST, CrashAt
 
 try:
     import ray
@@ -113,14 +113,8 @@ def test_ppo_sharded_checkpoint_resume_is_bit_identical(tmp_path, ray_session):
     full = Trainer(_config(tmp_path / "a", *common, algo="ppo"))
     full.fit()
 
-    class Crash:
-        @hookimpl
-        def rlforge_step_start(self, step):
-            if step == 2:
-                raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        Trainer(_config(tmp_path / "b", *common, algo="ppo"), callbacks=[Crash()]).fit()
+        Trainer(_config(tmp_path / "b", *common, algo="ppo"), callbacks=[CrashAt(2)]).fit()
     resumed = Trainer(_config(tmp_path / "b", *common, "trainer.resume=auto", algo="ppo"))
     resumed.fit()
 
