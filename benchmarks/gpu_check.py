@@ -7,6 +7,7 @@ engine against plain ``generate``, weight sync against the copy bound, and a ful
 Models are random, with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, ffn 4864):
 - update and weight sync: the full 151,936-token vocabulary; the actor on the ``fsdp`` strategy with one
   rank (NCCL, bf16 compute, fp32 master weights): the hybrid-engine path, whose replica receives the weights;
+  then again with ``model.compile=true`` (torch.compile'd forward passes);
 - generation: the same model in bf16, 256 prompts x 256 new tokens, plain ``model.generate`` against the hf
   engine, plain and with ``rollout.compile=true``;
 - GRPO step: the 0.5B body with rlforge's character vocabulary (as the TRL reference in BENCHMARKS.md),
@@ -91,7 +92,7 @@ def random_batch(seqs: int, prompt_len: int, resp_len: int, vocab: int) -> Any:
     })
 
 
-def check_update_and_sync(folder: Path, params: int, s: dict, device: str, peak: float) -> dict:
+def check_update_and_sync(folder: Path, params: int, s: dict, device: str, peak: float, extra: list[str]) -> dict:
     """Actor forward and update on fsdp (one rank), then the weight stream into the rollout replica."""
     from rlforge import batch as B
     from rlforge import load_config
@@ -108,6 +109,7 @@ def check_update_and_sync(folder: Path, params: int, s: dict, device: str, peak:
         f"model.path={folder}", "strategy.name=fsdp", f"strategy.device={device}", f"data.train_batch_size={seqs}",
         "rollout.n=1", f"actor.ppo_mini_batch_size={seqs}", f"actor.ppo_micro_batch_size={s['micro']}",
         f"data.max_prompt_length={s['prompt_len']}", f"rollout.max_new_tokens={s['resp_len']}", "actor.lr=1e-7",
+        *extra,
     ], plugins=pm)
     module = pm.registry.algorithm.get("grpo")(cfg)
     module.configure_model()
@@ -115,6 +117,7 @@ def check_update_and_sync(folder: Path, params: int, s: dict, device: str, peak:
     worker = ActorWorker(cfg, module, strategy)
     batch = random_batch(seqs, s["prompt_len"], s["resp_len"], module.actor.config.vocab_size)
     batch[B.OLD_LOG_PROBS] = worker.compute_log_probs(batch)
+    worker.update(batch)  # warm-up (compiles with model.compile)
     tokens = seqs * (s["prompt_len"] + s["resp_len"])
     fwd = timed(lambda: worker.compute_log_probs(batch), strategy.device)
     upd = timed(lambda: worker.update(batch), strategy.device)
@@ -202,7 +205,7 @@ def main() -> None:
     parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--smoke", action="store_true", help="tiny model and sizes, on CPU in float32")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989)")
-    parser.add_argument("--only", default="update,generation,grpo", help="checks to run, comma-separated")
+    parser.add_argument("--only", default="update,update_compiled,generation,grpo", help="checks to run, comma-separated")
     args = parser.parse_args()
     device = "cpu" if args.smoke else "cuda"
     dtype = "float32" if args.smoke else "bfloat16"
@@ -214,7 +217,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         full, char = Path(tmp) / "full_vocab", Path(tmp) / "char_vocab"
         params = build(full, shape, char_vocab=False)
-        for name, run in (("update", lambda: check_update_and_sync(full, params, sizes, device, args.peak_tflops * 1e12)),
+        peak = args.peak_tflops * 1e12
+        for name, run in (("update", lambda: check_update_and_sync(full, params, sizes, device, peak, [])),
+                          ("update_compiled", lambda: check_update_and_sync(full, params, sizes, device, peak,
+                                                                            ["model.compile=true"])),
                           ("generation", lambda: check_generation(full, sizes, device, dtype)),
                           ("grpo", lambda: check_grpo_step(char, shape, sizes, device, dtype))):
             if name not in only:

@@ -54,6 +54,7 @@ def build_model(folder: Path, size: str) -> int:
 ENGINES = {  # --engines names: rlforge overrides
     "hf": [],
     "hf_compiled": ["rollout.compile=true"],  # the first steps of a round compile (skipped as warm-up)
+    "hf_compile_train": ["model.compile=true"],  # torch.compile'd training forward (compiles in the first step)
     "vllm": ["rollout.name=vllm", "actor.reuse_rollout_log_probs=true"],
 }
 

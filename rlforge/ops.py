@@ -12,6 +12,9 @@ Forward passes over responses (``response_logprobs``, ``response_values``) come 
 
 Log-probs and entropy are computed from the logits in chunks of at most ``LOGITS_CHUNK_ELEMENTS`` fp32
 elements (recomputed in the backward pass), never as one full-vocabulary fp32 tensor for the whole batch.
+
+A model given to ``compile_forward`` (``model.compile=true``) runs these forward passes through
+``torch.compile`` with dynamic shapes; generation still calls the model itself, eagerly.
 """
 
 from __future__ import annotations
@@ -20,6 +23,19 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 LOGITS_CHUNK_ELEMENTS = 1 << 24  # fp32 logits elements per chunk (64 MiB)
+_COMPILED = "_rlforge_compiled_forward"  # the attribute of a model that holds its compiled forward
+
+
+def compile_forward(model: torch.nn.Module) -> None:
+    """Make ``response_logprobs``/``response_values`` call ``model`` through ``torch.compile(dynamic=True)``: one
+    graph for any batch size and sequence length (a few recompiles at most, e.g. with and without autograd).
+    The model itself, its state dict and its other callers (``generate``) are unchanged."""
+    # object.__setattr__: kept out of the module tree, so no state-dict keys or submodule appear
+    object.__setattr__(model, _COMPILED, torch.compile(model, dynamic=True))
+
+
+def _forward(model: torch.nn.Module) -> torch.nn.Module:
+    return model.__dict__.get(_COMPILED, model)
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -120,13 +136,13 @@ def response_logprobs(
     """
     if remove_padding:
         ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
-        logits = model(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
-                       logits_to_keep=before).logits[0]
+        logits = _forward(model)(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
+                                 logits_to_keep=before).logits[0]
         labels = input_ids[:, -response_len:][resp_real]
     else:
         ids, mask, kept = _trim(input_ids, attention_mask, response_len)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                       use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
+        logits = _forward(model)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                                 use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
         labels = ids[:, -kept:]
     if temperature and temperature != 1.0:
         logits = logits / temperature
@@ -147,10 +163,10 @@ def response_values(
     from a model with a scalar head (``...ForTokenClassification`` with ``num_labels=1``)."""
     if remove_padding:
         ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
-        scores = critic(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits[0, :, 0]
+        scores = _forward(critic)(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits[0, :, 0]
         return _unpack(scores[before].float(), resp_real)
     ids, mask, kept = _trim(input_ids, attention_mask, response_len)
-    scores = critic(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                    use_cache=False).logits
+    scores = _forward(critic)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                              use_cache=False).logits
     values = scores[:, -kept - 1 : -1, 0].float()
     return torch.nn.functional.pad(values, (0, response_len - kept)) * attention_mask[:, -response_len:]

@@ -20,6 +20,7 @@ class ModelConfig:
     trust_remote_code: bool = False  # never on unless you set it
     remove_padding: bool = False  # packed forward passes of actor, reference, critic: no padding computed (GPU; docs/performance.md)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)
+    compile: bool = False  # torch.compile the training and scoring forward passes (not generation; docs/performance.md)
 
 
 @dataclass

@@ -34,7 +34,7 @@ from rlforge.config.compose import micro_batch_size
 from rlforge.controller.microbatch import balanced_split, fixed_plan, token_budget_plan
 from rlforge.errors import RLForgeError
 from rlforge.module import LossContext, RLModule
-from rlforge.ops import response_logprobs, response_values
+from rlforge.ops import compile_forward, response_logprobs, response_values
 
 
 log = logging.getLogger("rlforge")
@@ -123,7 +123,14 @@ class TrainWorker:
         """Put a model of this role on the strategy, with the ``model.*`` training options."""
         if self.config.model.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return self.strategy.setup_model(model)
+        return self._setup(model)
+
+    def _setup(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` on the strategy, its forward passes compiled with ``model.compile``."""
+        model = self.strategy.setup_model(model)
+        if self.config.model.compile:
+            compile_forward(model)
+        return model
 
     def micro_plan(self, batch: B.Batch) -> list[list[int]]:
         """The rows of each micro-batch of ``batch`` (see ``microbatch.py``). Collective with a token budget on
@@ -265,7 +272,7 @@ class ActorWorker(TrainWorker):
         module.actor = self._prepare(module.actor)
         module.actor.train()
         if module.ref is not None:
-            module.ref = strategy.setup_model(module.ref)
+            module.ref = self._setup(module.ref)
         self.optimizer, self.scheduler = module.configure_optimizers()
 
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:

@@ -89,3 +89,14 @@ FAST_PATHS = {
 @pytest.mark.parametrize("path", list(FAST_PATHS))
 def test_fast_paths_give_the_same_update(pm, mode, path):
     _assert_same_update(_update(pm, mode, []), _update(pm, mode, FAST_PATHS[path]), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", [[], ["model.remove_padding=true"]], ids=["padded", "packed"])
+def test_compiled_forward_gives_the_same_update(pm, layout):
+    """``model.compile``: log-probs and the update through torch.compile (dynamic shapes) equal the eager ones."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compiled = _update(pm, "token-mean", ["model.compile=true", *layout])
+    assert counters["stats"]["unique_graphs"] >= 2  # the scoring (no autograd) and the training forward
+    _assert_same_update(_update(pm, "token-mean", layout), compiled, rtol=1e-4, atol=1e-5)
