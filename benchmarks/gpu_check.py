@@ -1,13 +1,14 @@
 """GPU checks of issue #8 on one device, in one short run: actor update throughput and MFU, the hf rollout
 engine against plain ``generate``, weight sync against the copy bound, and a full GRPO step.
 
-    python benchmarks/gpu_check.py --out $OUT/gpu_check.json      # one GPU, ~5 minutes
+    python benchmarks/gpu_check.py --out $OUT/gpu_check.json      # one GPU, ~7 minutes
     python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # the same code on CPU with tiny sizes
 
 Models are random, with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, ffn 4864):
 - update and weight sync: the full 151,936-token vocabulary; the actor on the ``fsdp`` strategy with one
   rank (NCCL, bf16 compute, fp32 master weights): the hybrid-engine path, whose replica receives the weights;
-  then again with ``model.compile=true`` (torch.compile'd forward passes);
+  then again with ``model.compile=true`` (torch.compile'd forward passes) and with
+  ``strategy.offload_optimizer=true`` (GPU memory held between updates, against the first);
 - generation: the same model in bf16, 256 prompts x 256 new tokens, plain ``model.generate`` against the hf
   engine, plain and with ``rollout.compile=true``;
 - GRPO step: the 0.5B body with rlforge's character vocabulary (as the TRL reference in BENCHMARKS.md),
@@ -121,6 +122,7 @@ def check_update_and_sync(folder: Path, params: int, s: dict, device: str, peak:
     tokens = seqs * (s["prompt_len"] + s["resp_len"])
     fwd = timed(lambda: worker.compute_log_probs(batch), strategy.device)
     upd = timed(lambda: worker.update(batch), strategy.device)
+    allocated_gb = torch.cuda.memory_allocated() / 1e9 if strategy.device.type == "cuda" else None  # between updates
     engine = pm.registry.rollout.get("hf")(cfg, worker.rollout_model, module.tokenizer)
     sync = timed(lambda: engine.update_weights(worker.named_weights()), strategy.device)
     replica = list(worker.rollout_model.parameters())
@@ -138,6 +140,7 @@ def check_update_and_sync(folder: Path, params: int, s: dict, device: str, peak:
         "parameters": params, "tokens_per_update": tokens,
         "forward_s": fwd, "forward_tokens_per_s": tokens / fwd, "forward_mfu": 2 * params * tokens / fwd / peak,
         "update_s": upd, "update_tokens_per_s": tokens / upd, "update_mfu": 6 * params * tokens / upd / peak,
+        "allocated_gb_between_updates": allocated_gb,
         "weight_sync_s": sync, "copy_bound_s": copy, "weight_bytes": weight_bytes, "sync_over_copy": sync / copy,
     }
 
@@ -205,7 +208,7 @@ def main() -> None:
     parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--smoke", action="store_true", help="tiny model and sizes, on CPU in float32")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989)")
-    parser.add_argument("--only", default="update,update_compiled,generation,grpo", help="checks to run, comma-separated")
+    parser.add_argument("--only", default="update,update_compiled,update_offload,generation,grpo", help="checks to run, comma-separated")
     args = parser.parse_args()
     device = "cpu" if args.smoke else "cuda"
     dtype = "float32" if args.smoke else "bfloat16"
@@ -221,6 +224,8 @@ def main() -> None:
         for name, run in (("update", lambda: check_update_and_sync(full, params, sizes, device, peak, [])),
                           ("update_compiled", lambda: check_update_and_sync(full, params, sizes, device, peak,
                                                                             ["model.compile=true"])),
+                          ("update_offload", lambda: check_update_and_sync(full, params, sizes, device, peak,
+                                                                           ["strategy.offload_optimizer=true"])),
                           ("generation", lambda: check_generation(full, sizes, device, dtype)),
                           ("grpo", lambda: check_grpo_step(char, shape, sizes, device, dtype))):
             if name not in only:

@@ -7,6 +7,18 @@ import pytest
 from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` skip, with the reason, where torch sees no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def pm() -> PluginManager:
     """Built-in plugins only (no third-party entry points), shared read-only by many tests."""

@@ -120,6 +120,7 @@ class StrategyConfig:
     mixed_precision: str = "bf16"  # fsdp on GPU: bf16 | fp16 | none (compute dtype; reductions in fp32). CPU: none
     checkpoint: str = "full"  # full (gathered; any rank count resumes) | sharded (torch.distributed.checkpoint)
     weight_sync_bucket_mb: float = 256.0  # fsdp: gathered weights streamed to the rollout replica per bucket
+    offload_optimizer: bool = False  # optimizer state in CPU memory between updates (frees GPU memory for rollout)
 
 
 @dataclass

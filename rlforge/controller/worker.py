@@ -153,21 +153,39 @@ class TrainWorker:
         return out
 
     def update(self, batch: B.Batch) -> dict[str, float]:
-        """``batch`` is this rank's shard (``shard_for_update``): its mini-batches are 1/world_size of the global."""
+        """``batch`` is this rank's shard (``shard_for_update``): its mini-batches are 1/world_size of the global.
+        Gradients are freed when it returns; with ``strategy.offload_optimizer`` the optimizer state waits in CPU
+        memory between updates."""
         mini_size = self.section.ppo_mini_batch_size * self.config.rollout.n // self.strategy.world_size
         totals: dict[str, float] = defaultdict(float)
         steps = 0
-        for _ in range(self.section.ppo_epochs):
-            for mini in batch.split(mini_size):
-                for k, v in self._optimizer_step(mini).items():
-                    totals[k] += v
-                steps += 1
+        offload = bool(self.config.strategy.offload_optimizer)
+        if offload:
+            self._move_optimizer_state(self.strategy.device)
+        try:
+            for _ in range(self.section.ppo_epochs):
+                for mini in batch.split(mini_size):
+                    for k, v in self._optimizer_step(mini).items():
+                        totals[k] += v
+                    steps += 1
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the rollout
+            if offload:
+                self._move_optimizer_state(torch.device("cpu"))
         if self.scheduler is not None and self.bad_in_a_row < steps:  # at least one optimizer step ran
             self.scheduler.step()
         out = {k: v / max(steps, 1) for k, v in totals.items()}
         out[f"{self.role}/lr"] = self.optimizer.param_groups[0]["lr"]
         out[f"{self.role}/skipped_steps"] = float(self.skipped_steps)
         return out
+
+    def _move_optimizer_state(self, device: torch.device) -> None:
+        """Optimizer state tensors (the moments; not Adam's scalar step counts, which stay where torch keeps them)
+        to ``device``. Works on plain and on sharded (DTensor) state."""
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
+                    state[key] = value.to(device)
 
     def _optimizer_step(self, mini: B.Batch) -> dict[str, float]:
         ctx = LossContext(

@@ -100,3 +100,45 @@ def test_compiled_forward_gives_the_same_update(pm, layout):
     compiled = _update(pm, "token-mean", ["model.compile=true", *layout])
     assert counters["stats"]["unique_graphs"] >= 2  # the scoring (no autograd) and the training forward
     _assert_same_update(_update(pm, "token-mean", layout), compiled, rtol=1e-4, atol=1e-5)
+
+
+def _two_updates(pm, overrides, device="cpu"):
+    """Two AdamW updates of the same batch; returns (worker, weights after)."""
+    cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2",
+                               "actor.lr=1e-2", f"strategy.device={device}", *overrides], plugins=pm)
+    module = GRPO(cfg)
+    module.configure_model()
+    torch.manual_seed(0)
+    worker = ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg))
+    batch = _rollout_batch(module)
+    batch[B.OLD_LOG_PROBS] = worker.compute_log_probs(batch)
+    for _ in range(2):
+        worker.update(batch)
+    return worker, {k: v.detach().cpu().clone() for k, v in module.actor.state_dict().items()}
+
+
+def _moments(worker):
+    return [v for state in worker.optimizer.state.values() for v in state.values() if v.dim() > 0]
+
+
+def test_update_frees_gradients_and_offloaded_optimizer_state_round_trips(pm):
+    """Gradients are dropped after every update; ``strategy.offload_optimizer`` (optimizer state in CPU memory
+    between updates, moved back for the next one) changes nothing in the result. On a CPU machine the move
+    itself is a no-op: ``test_offloaded_optimizer_state_leaves_the_gpu`` checks it on a GPU."""
+    plain, weights = _two_updates(pm, [])
+    offloaded, weights_offloaded = _two_updates(pm, ["strategy.offload_optimizer=true"])
+    for k in weights:
+        torch.testing.assert_close(weights_offloaded[k], weights[k], rtol=0, atol=0, msg=k)
+    for worker in (plain, offloaded):
+        assert all(p.grad is None for p in worker.model.parameters())
+    assert _moments(offloaded) and all(m.device.type == "cpu" for m in _moments(offloaded))
+
+
+@pytest.mark.gpu
+def test_offloaded_optimizer_state_leaves_the_gpu(pm):
+    worker, weights = _two_updates(pm, ["strategy.offload_optimizer=true"], device="cuda")
+    assert all(m.device.type == "cpu" for m in _moments(worker))
+    assert all(p.device.type == "cuda" and p.grad is None for p in worker.model.parameters())
+    _, weights_on_gpu = _two_updates(pm, [], device="cuda")
+    for k in weights:
+        torch.testing.assert_close(weights[k], weights_on_gpu[k], msg=k)

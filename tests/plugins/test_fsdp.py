@@ -47,6 +47,19 @@ def _worker(pm, cfg, module_cls):
     return ActorWorker(cfg, module, pm.registry.strategy.get(cfg.strategy.name)(cfg)), module
 
 
+def _record_grads(worker, full: bool) -> dict:
+    """Filled with the gradients of each optimizer step as it is taken (an update frees them when it ends)."""
+    grads: dict = {}
+    step = worker.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.update({n: p.grad.full_tensor() if full else p.grad.clone() for n, p in worker.model.named_parameters()})
+        return step(*args, **kwargs)
+
+    worker.optimizer.step = recording_step
+    return grads
+
+
 def _greedy(engine, prompts):
     return engine.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=6))[B.RESPONSES]
 
@@ -62,8 +75,8 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     worker, module = _worker(pm, cfg, SGDGRPO)
     batch = inputs["batch"]
     out["log_probs"] = worker.compute_log_probs(split_even(batch, WORLD, "test")[rank])
+    out["grads"] = _record_grads(worker, full=True)
     out["metrics"] = worker.update(shard_for_update(batch, WORLD, 8)[rank])
-    out["grads"] = {n: p.grad.full_tensor() for n, p in module.actor.named_parameters()}
     out["weights"] = worker.model_state_dict()
     # 2. weight sync into the rollout replica, measuring the gathered tensors the stream keeps alive
     refs: list[weakref.ref] = []
@@ -129,10 +142,10 @@ def fsdp_vs_single(tmp_path_factory):
     batch[B.OLD_LOG_PROBS] = worker.compute_log_probs(batch) + 0.05 * batch[B.RESPONSE_MASK]
     prompts = B.Batch({B.PROMPTS: batch[B.PROMPTS][:5], B.PROMPT_MASK: batch[B.PROMPT_MASK][:5]})
     ref_log_probs = worker.compute_log_probs(batch)
+    grads = _record_grads(worker, full=False)
     metrics = worker.update(batch)
     single = {
-        "log_probs": ref_log_probs, "metrics": metrics,
-        "grads": {n: p.grad.clone() for n, p in module.actor.named_parameters()},
+        "log_probs": ref_log_probs, "metrics": metrics, "grads": grads,
         "weights": {k: v.clone() for k, v in module.actor.state_dict().items()},
     }
     inputs = {"batch": batch, "prompts": prompts}
