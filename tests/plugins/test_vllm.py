@@ -19,7 +19,6 @@ import time
 import pytest
 import torch
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; read by the engine's spawned processes
 pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm]' (scripts/test.sh does)")
 psutil = pytest.importorskip("psutil")
 
@@ -181,6 +180,21 @@ def test_weight_buckets_round_trip_within_the_size_bound():
         assert got.dtype == sent.dtype and torch.equal(got, sent)
 
 
+def test_kv_cache_is_sized_for_the_run():
+    """The engine's CPU KV cache (VLLM_CPU_KVCACHE_SPACE, set unless the user did): K and V of every layer for
+    max_seqs x max_len tokens, +25%, in whole GiB."""
+    from types import SimpleNamespace
+
+    from rlforge.plugins.rollout.vllm import kv_cache_gib
+
+    tiny = SimpleNamespace(num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, hidden_size=128)
+    assert kv_cache_gib(tiny, 128, 256, torch.float32) == 1  # 4 KiB per token x 32,768 tokens = 128 MiB
+    qwen = SimpleNamespace(num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, hidden_size=896,
+                           head_dim=64)
+    # 2 x 24 x 2 x 64 x 2 bytes = 12 KiB per token x 2048 x 256 tokens = 6 GiB, x 1.25 = 7.5 -> 8
+    assert kv_cache_gib(qwen, 2048, 256, torch.bfloat16) == 8
+
+
 def test_missing_vllm_is_a_clear_error(monkeypatch, default_config, char_tokenizer):
     from rlforge.plugins.rollout.vllm import VLLMRollout
 
@@ -268,6 +282,10 @@ def test_ctrl_c_leaves_no_process(tmp_path):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         log = proc.communicate(timeout=150)[0]
+    except subprocess.TimeoutExpired:
+        hung = [(p.pid, p.name(), p.status()) for p in psutil.process_iter() if _session(p) == proc.pid]
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the interrupted run did not end in 150 s; its processes: {hung}\n{proc.communicate()[0][-5000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
