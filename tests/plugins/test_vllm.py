@@ -180,6 +180,24 @@ def test_weight_buckets_round_trip_within_the_size_bound():
         assert got.dtype == sent.dtype and torch.equal(got, sent)
 
 
+def test_engine_waits_see_a_ctrl_c_that_landed_on_another_thread():
+    """A SIGINT handled by a background thread only flags the main thread (``interrupt_main``); a wait for the
+    engine still ends in KeyboardInterrupt instead of blocking forever, and results and errors pass through."""
+    import _thread
+    import threading
+
+    from rlforge.plugins.rollout.vllm import interruptible
+
+    assert interruptible(lambda a, b=0: a + b, 1, b=2) == 3
+    with pytest.raises(ZeroDivisionError):
+        interruptible(lambda: 1 / 0)
+    never = threading.Event()
+    threading.Timer(0.3, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        interruptible(never.wait)  # the engine that would have answered is gone
+    never.set()
+
+
 def test_kv_cache_is_sized_for_the_run():
     """The engine's CPU KV cache (VLLM_CPU_KVCACHE_SPACE, set unless the user did): K and V of every layer for
     max_seqs x max_len tokens, +25%, in whole GiB."""
