@@ -289,6 +289,10 @@ CTRL_C_RUN = textwrap.dedent("""
             yield bucket
 
     if __name__ == "__main__":
+        # as started from a terminal: a test process that ignores SIGINT (an earlier test in the suite leaves
+        # it so) passes SIG_IGN on to its children, and Python keeps an inherited SIG_IGN: the Ctrl-C would
+        # then stop only the engine, whose processes install their own handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         engine_module.pack_buckets = pack_then_ctrl_c
         cfg = load_config("grpo", ["rollout.name=vllm", "trainer.runs_root=" + sys.argv[1], "trainer.total_steps=5",
                                    "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2",
