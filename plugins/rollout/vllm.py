@@ -151,8 +151,7 @@ class VLLMRollout:
                 f"vLLM could not start an engine for '{cfg.model.path}' (model.path, rollout.name=vllm): "
                 f"{type(exc).__name__}: {first_line}. The vLLM log above has the root cause (an unsupported "
                 "architecture or head size, or on CPU a VLLM_CPU_KVCACHE_SPACE larger than the free memory). "
-                "Use rollout.name=hf "
-                "for models vLLM cannot run."
+                "Use rollout.name=hf for models vLLM cannot run."
             ) from exc
 
     def _engine(self, sync_model: bool = True) -> Any:
@@ -246,21 +245,24 @@ class VLLMRollout:
         self._engine(sync_model=False)
         self._load(named_tensors)
 
+    def _rpc(self, method: str, *args: Any) -> Any:
+        """``method`` of the weight-sync extension on every engine worker (see ``interruptible``)."""
+        return interruptible(self._llm.collective_rpc, method, args=args)
+
     def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        llm = self._llm
-        interruptible(llm.collective_rpc, "rlforge_begin_weight_sync")
+        self._rpc("rlforge_begin_weight_sync")
         try:
             for specs, blob in pack_buckets(named_tensors, self.bucket_bytes):
-                interruptible(llm.collective_rpc, "rlforge_load_weights", args=(specs, blob))
+                self._rpc("rlforge_load_weights", specs, blob)
         except Exception as exc:  # not on Ctrl-C: the engine may be gone, and an RPC to it would never return
-            llm.collective_rpc("rlforge_finish_weight_sync")  # back to a consistent model
+            self._rpc("rlforge_finish_weight_sync")  # back to a consistent model
             raise RLForgeError(f"vLLM rejected a weight update ({type(exc).__name__}: {exc}); the actor's "
                                f"parameter names must match the model in model.path.") from exc
-        missing = interruptible(llm.collective_rpc, "rlforge_finish_weight_sync")[0]
+        missing = self._rpc("rlforge_finish_weight_sync")[0]
         if missing:
             raise RLForgeError(f"Weight sync left {len(missing)} vLLM parameters unchanged, e.g. {missing[:3]}: "
                                f"the actor does not provide them.")
-        llm.reset_prefix_cache()
+        self._llm.reset_prefix_cache()
 
 
 @hookimpl

@@ -25,8 +25,8 @@ import torch
 
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
-from rlforge.controller.ray_workers import RankWorker
 from rlforge.controller.local import close_reward
+from rlforge.controller.ray_workers import RankWorker
 from rlforge.controller.worker import shard_for_update, split_even, split_rows
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
