@@ -11,19 +11,26 @@ Subclasses implement ``compute_advantages`` and may swap ``pg_loss_matrix`` (GSP
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from omegaconf import DictConfig
+from rlforge.algorithms.names import KL_ESTIMATORS, LOSS_AGG_MODES
+from rlforge.algorithms.shaping import DynamicSampling
 
 from rlforge import batch as B
 from rlforge.config.schema import AlgorithmConfig
+from rlforge.dataflow import DataFlow, Stage
 from rlforge.errors import ConfigError
+from rlforge.lazy import lazy_import
 from rlforge.module import LossContext, RLModule
 
-from rlforge.algorithms import functional as F
+if TYPE_CHECKING:
+    import torch
+    from omegaconf import DictConfig
+    from rlforge.algorithms import functional as F
+else:
+    F = lazy_import("rlforge.algorithms.functional")
 
-KL_TYPES = F.KL_ESTIMATORS + tuple(e + "+" for e in F.KL_ESTIMATORS)
+KL_TYPES = KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS)
 
 
 @dataclass
@@ -58,7 +65,7 @@ class PolicyGradientModule(RLModule):
     def validate_config(cls, config: DictConfig) -> None:
         a, alg = config.actor, config.algorithm
         choices = {
-            "actor.loss_agg_mode": (a.loss_agg_mode, F.LOSS_AGG_MODES),
+            "actor.loss_agg_mode": (a.loss_agg_mode, LOSS_AGG_MODES),
             "actor.kl_loss_type": (a.kl_loss_type, KL_TYPES),
             "algorithm.kl_penalty": (alg.kl_penalty, KL_TYPES),
             "algorithm.kl_ctrl": (alg.kl_ctrl, ("fixed", "adaptive")),
@@ -79,6 +86,12 @@ class PolicyGradientModule(RLModule):
     def needs_reference(self) -> bool:
         return bool(self.config.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward)
 
+    def flow(self) -> DataFlow:
+        flow = super().flow()
+        if self.config.algorithm.filter_groups:
+            flow.insert_before(Stage.FILTER, DynamicSampling())
+        return flow
+
     # --- rewards ----------------------------------------------------------------------------------
     def compute_rewards(self, batch: B.Batch) -> B.Batch:
         if self.kl_ctrl is None:
@@ -88,8 +101,8 @@ class PolicyGradientModule(RLModule):
             self.kl_ctrl.value, self.config.algorithm.kl_penalty,
         )
         batch[B.TOKEN_LEVEL_REWARDS] = rewards
-        batch.meta.setdefault("metrics", {}).update({"actor/reward_kl_penalty": float(kl),
-                                                     "actor/reward_kl_penalty_coeff": self.kl_ctrl.value})
+        self.log("actor/reward_kl_penalty", float(kl))
+        self.log("actor/reward_kl_penalty_coeff", self.kl_ctrl.value)
         self.kl_ctrl.update(float(kl), len(batch))
         return batch
 

@@ -3,9 +3,9 @@ overlong reward shaping. The last two are hooks (algorithms/shaping.py) any algo
 
 from __future__ import annotations
 
-from rlforge.hookspecs import hookimpl
-
 from rlforge.algorithms.grpo import GRPO
+
+from rlforge.hookspecs import hookimpl
 
 
 class DAPO(GRPO):

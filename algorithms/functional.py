@@ -16,7 +16,6 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
-
 from rlforge.algorithms.estimators import (
     gae_advantage,
     gpg_advantage,

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
+from rlforge.lazy import lazy_import
 
-from rlforge.algorithms import functional as F
-from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
+if TYPE_CHECKING:
+    import torch
+    from rlforge.algorithms import functional as F
+else:
+    F = lazy_import("rlforge.algorithms.functional")
 
 
 @dataclass

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+from rlforge.algorithms.grpo import GRPO
 
 from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
+from rlforge.lazy import lazy_import
 
-from rlforge.algorithms import functional as F
-from rlforge.algorithms.grpo import GRPO
+if TYPE_CHECKING:
+    import torch
+    from rlforge.algorithms import functional as F
+else:
+    F = lazy_import("rlforge.algorithms.functional")
 
 
 class GSPO(GRPO):

@@ -9,11 +9,10 @@ the ``[B, R]`` loss matrix (zero on masked positions) plus ``[B, R]`` statistics
 from __future__ import annotations
 
 import torch
+from rlforge.algorithms.names import KL_ESTIMATORS, LOSS_AGG_MODES
 
 from rlforge.ops import masked_sum
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs")
 LOG_RATIO_CLAMP = 20.0
 GSPO_LOG_RATIO_CLAMP = 10.0  # upper clamp of GSPO's sequence log-ratio (verl)
 

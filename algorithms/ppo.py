@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from omegaconf import DictConfig
+from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
 from rlforge.config.compose import check_batch_sizes
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
+from rlforge.lazy import lazy_import
 from rlforge.module import LossContext
 
-from rlforge.algorithms import functional as F
-from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
+if TYPE_CHECKING:
+    import torch
+    from omegaconf import DictConfig
+    from rlforge.algorithms import functional as F
+else:
+    F = lazy_import("rlforge.algorithms.functional")
 
 
 @dataclass

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from rlforge.algorithms.base import PolicyGradientModule
+
 from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
+from rlforge.lazy import lazy_import
 
-from rlforge.algorithms import functional as F
-from rlforge.algorithms.base import PolicyGradientModule
+if TYPE_CHECKING:
+
+    from rlforge.algorithms import functional as F
+else:
+    F = lazy_import("rlforge.algorithms.functional")
 
 
 class RLOO(PolicyGradientModule):

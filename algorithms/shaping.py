@@ -1,21 +1,28 @@
-"""DAPO's batch shaping as hooks, usable by any algorithm whose config turns them on.
+"""DAPO's batch shaping, usable by any algorithm whose config turns it on.
 
-- ``algorithm.overlong_buffer > 0``: soft overlong punishment added to the last token's reward.
-- ``algorithm.filter_groups``: dynamic sampling. Groups whose rewards all agree carry no gradient signal;
-  they are dropped and more prompts are generated until ``data.train_batch_size`` groups are kept, for at
-  most ``algorithm.max_gen_batches`` generation rounds (then the step trains on what it has).
+- ``algorithm.overlong_buffer > 0``: soft overlong punishment added to the last token's reward (a hook).
+- ``algorithm.filter_groups``: dynamic sampling, the stage :class:`DynamicSampling` (the policy-gradient
+  algorithms insert it after the reward stage). Groups whose rewards all agree carry no gradient signal;
+  they are dropped and more prompts go through the stages before it (rollout, reward, ...) until
+  ``data.train_batch_size`` groups are kept, for at most ``algorithm.max_gen_batches`` generation rounds
+  (then the step trains on what it has). Any flow can include it.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
+from rlforge.dataflow import Stage, StepContext
 from rlforge.hookspecs import hookimpl
+from rlforge.lazy import lazy_import
 
-from rlforge.algorithms import functional as F
+if TYPE_CHECKING:
+    import torch
+    from rlforge.algorithms import functional as F
+else:
+    torch = lazy_import("torch")
+    F = lazy_import("rlforge.algorithms.functional")
 
 
 @hookimpl
@@ -38,23 +45,23 @@ def _keep_informative(batch: B.Batch) -> B.Batch:
     return batch.select(F.uniform_group_mask(batch[B.TOKEN_LEVEL_REWARDS].sum(-1), batch[B.UID]))
 
 
-@hookimpl
-def rlforge_filter_groups(trainer: Any, batch: B.Batch) -> B.Batch | None:
-    alg = trainer.config.algorithm
-    if not alg.get("filter_groups", False):
-        return None
-    target = trainer.config.data.train_batch_size
-    kept, rounds = _keep_informative(batch), 1
-    while len(set(kept[B.UID])) < target and rounds < alg.max_gen_batches:
-        kept = B.Batch.concat([kept, _keep_informative(trainer.generate_and_score())])
-        rounds += 1
-    groups = list(dict.fromkeys(kept[B.UID]))
-    metrics = {"train/gen_batches": float(rounds), "train/kept_groups": float(min(len(groups), target))}
-    if not groups:  # nothing informative: train on the original batch (its advantages are all zero)
-        batch.meta.setdefault("metrics", {}).update(metrics)
-        return batch
-    if len(groups) > target:
-        keep = set(groups[:target])
-        kept = kept.select([i for i, u in enumerate(kept[B.UID]) if u in keep])
-    kept.meta = {**batch.meta, "metrics": {**batch.meta.get("metrics", {}), **metrics}}
-    return kept
+class DynamicSampling(Stage):
+    """DAPO's dynamic sampling: keep only groups whose rewards differ, refilling from new prompts."""
+
+    name = "dynamic_sampling"
+    requires = frozenset({B.TOKEN_LEVEL_REWARDS, B.UID})
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        target, most = ctx.config.data.train_batch_size, ctx.config.algorithm.max_gen_batches
+        kept, rounds = _keep_informative(batch), 1
+        while len(set(kept[B.UID])) < target and rounds < most:
+            kept = B.Batch.concat([kept, _keep_informative(ctx.regenerate(before=self))])
+            rounds += 1
+        groups = list(dict.fromkeys(kept[B.UID]))
+        ctx.log({"train/gen_batches": float(rounds), "train/kept_groups": float(min(len(groups), target))})
+        if not groups:  # nothing informative: train on the original batch (its advantages are all zero)
+            return batch
+        if len(groups) > target:
+            keep = set(groups[:target])
+            kept = kept.select([i for i, u in enumerate(kept[B.UID]) if u in keep])
+        return kept

@@ -10,7 +10,7 @@ Models are random, with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2
   then again with ``model.compile=true`` (torch.compile'd forward passes) and with
   ``strategy.offload_optimizer=true`` (GPU memory held between updates, against the first);
 - generation: the same model in bf16, 256 prompts x 256 new tokens, plain ``model.generate`` against the hf
-  engine, plain and with ``rollout.compile=true``;
+  engine, plain and with ``rollout.hf.compile=true``;
 - GRPO step: the 0.5B body with rlforge's character vocabulary (as the TRL reference in BENCHMARKS.md),
   64 prompts x 8 samples x exactly 256 new tokens, micro-batches of 64, bf16.
 MFU counts 6 x parameters x tokens per update (2 x for a forward pass) against ``--peak-tflops``.
@@ -170,7 +170,7 @@ def check_generation(folder: Path, s: dict, device: str, dtype: str) -> dict:
     batch = B.Batch({B.PROMPTS: prompts, B.PROMPT_MASK: mask})
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new, min_new_tokens=new)
     out = {"tokens": n * new, "plain_generate_s": timed(plain, dev, repeats=2)}
-    for label, extra in (("hf_engine", []), ("hf_engine_compiled", ["rollout.compile=true"])):
+    for label, extra in (("hf_engine", []), ("hf_engine_compiled", ["rollout.hf.compile=true"])):
         cfg = load_config("grpo", [f"data.max_prompt_length={prompt_len}", f"rollout.max_new_tokens={new}",
                                    f"rollout.micro_batch_size={n}", *extra], plugins=pm)
         engine = pm.registry.rollout.get("hf")(cfg, model, never_eos)
@@ -193,7 +193,7 @@ def check_grpo_step(folder: Path, shape: str, s: dict, device: str, dtype: str) 
             f"trainer.total_steps={s['grpo_steps']}", f"data.train_batch_size={p}", f"rollout.n={g}",
             f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}", f"rollout.micro_batch_size={p * g}",
             f"actor.ppo_mini_batch_size={p}", f"actor.ppo_micro_batch_size={s['grpo_micro']}", "actor.lr=1e-7",
-            "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.val_size=1",
+            "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.arith.val_size=1",
             "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0",
         ])
         trainer = Trainer(cfg)

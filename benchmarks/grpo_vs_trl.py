@@ -53,7 +53,7 @@ def build_model(folder: Path, size: str) -> int:
 
 ENGINES = {  # --engines names: rlforge overrides
     "hf": [],
-    "hf_compiled": ["rollout.compile=true"],  # the first steps of a round compile (skipped as warm-up)
+    "hf_compiled": ["rollout.hf.compile=true"],  # the first steps of a round compile (skipped as warm-up)
     "hf_compile_train": ["model.compile=true"],  # torch.compile'd training forward (compiles in the first step)
     "vllm": ["rollout.name=vllm", "actor.reuse_rollout_log_probs=true"],
 }
@@ -67,7 +67,7 @@ def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str 
             f"model.path={folder}", f"trainer.runs_root={runs}", f"trainer.total_steps={steps}",
             f"data.train_batch_size={p}", f"rollout.n={g}", f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}",
             f"rollout.micro_batch_size={p * g}", f"actor.ppo_mini_batch_size={p}", "actor.lr=1e-6",
-            "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.val_size=1",
+            "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.arith.val_size=1",
             "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0", *ENGINES[engine],
         ])
         trainer = Trainer(cfg)

@@ -45,7 +45,7 @@ def main() -> None:
         cfg = load_config("grpo", [
             f"trainer.runs_root={tmp}", f"trainer.total_steps={args.steps}", "trainer.val_every=0",
             "trainer.save_every=100", "trainer.progress=false", "logger.backends=[mlflow]",
-            "data.train_batch_size=8", "data.val_size=16", *args.overrides,
+            "data.train_batch_size=8", "data.arith.val_size=16", *args.overrides,
         ])
         Trainer(cfg, callbacks=[recorder]).fit()
     (first_step, first), (last_step, last) = recorder.samples[0], recorder.samples[-1]

@@ -60,7 +60,7 @@ def run_point(size: str, p: int, g: int, t: int, steps: int, extra: list[str]) -
             f"data.train_batch_size={p}", f"rollout.n={g}", f"rollout.max_new_tokens={t}",
             f"rollout.min_new_tokens={t}", f"rollout.micro_batch_size={p * g}", f"actor.ppo_mini_batch_size={p}",
             "actor.lr=1e-6", "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0",
-            "data.val_size=1", "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0", *extra,
+            "data.arith.val_size=1", "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0", *extra,
         ])
         wall = Wall()
         trainer = Trainer(cfg, callbacks=[wall])

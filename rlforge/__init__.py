@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlforge.batch import Batch
-from rlforge.dataflow import DataFlow, Stage
+from rlforge.dataflow import DataFlow, Stage, StepContext
 from rlforge.hookspecs import hookimpl, hookspec
-from rlforge.module import LossContext, RLModule
-from rlforge.trainer import Trainer
+
+if TYPE_CHECKING:
+    from rlforge.module import LossContext, RLModule
+    from rlforge.trainer import Trainer
 
 __version__ = "0.1.0"
+_LAZY = {"LossContext": "rlforge.module", "RLModule": "rlforge.module", "Trainer": "rlforge.trainer"}
+
+
+def __getattr__(name: str) -> Any:
+    """``rlforge.Trainer`` and friends load on first use: ``import rlforge`` stays cheap (the CLI's speed)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rlforge' has no attribute '{name}'")
 
 
 def load_config(
@@ -36,6 +48,7 @@ def get_algorithm(name: str) -> Any:
 
 
 __all__ = [
-    "Batch", "DataFlow", "LossContext", "RLModule", "Stage", "Trainer", "get_algorithm", "hookimpl", "hookspec",
+    "Batch", "DataFlow", "LossContext", "RLModule", "Stage", "StepContext", "Trainer", "get_algorithm", "hookimpl",
+    "hookspec",
     "load_config",
 ]

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
 
 # --- column names (tensors, leading dimension = number of sequences) ----------------------------
 PROMPTS = "prompts"  # [B, P] left-padded prompt token ids

@@ -15,10 +15,24 @@ from typing import Any
 from rlforge.errors import RLForgeError
 
 
+def _warn(pm: Any) -> Any:
+    """Print one line per plugin that failed to load or was disabled (every command that loads plugins)."""
+    for line in pm.warnings():
+        print(f"rlforge: warning: {line}", file=sys.stderr)
+    return pm
+
+
+def _plugins() -> Any:
+    from rlforge.plugin_manager import PluginManager
+
+    return _warn(PluginManager())
+
+
 def _compose(args: argparse.Namespace) -> tuple[Any, Any]:
     from rlforge.config import compose_with_plugins
 
-    return compose_with_plugins(getattr(args, "algo", None), args.config, args.overrides)
+    pm, cfg = compose_with_plugins(getattr(args, "algo", None), args.config, args.overrides)
+    return _warn(pm), cfg
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -38,9 +52,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_algos(args: argparse.Namespace) -> int:
-    from rlforge.plugin_manager import PluginManager
-
     from omegaconf import OmegaConf
+
+    from rlforge.plugin_manager import PluginManager
 
     for entry in PluginManager().registry.algorithm.entries():
         flat = OmegaConf.to_container(OmegaConf.create(entry.obj.preset or {}))
@@ -78,9 +92,12 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     from rlforge.config import explain_batch_sizes
 
-    _, cfg = _compose(args)
+    pm, cfg = _compose(args)
     print(OmegaConf.to_yaml(cfg), end="")
     print("\n# batch sizes\n# " + explain_batch_sizes(cfg).replace("\n", "\n# "))
+    owners = [f"{path} ({entry.plugin})" for path, (_, entry) in sorted(pm.registry.config_sections().items())]
+    if owners:
+        print("\n# sections owned by plugins\n# " + "\n# ".join(owners))
     return 0
 
 
@@ -99,8 +116,9 @@ def cmd_new(args: argparse.Namespace) -> int:
 def _inference_config(args: argparse.Namespace) -> tuple[Any, Any]:
     from rlforge.tools.inference import compose_for_model
 
-    return compose_for_model(args.model, data=args.data, split=args.split, n=args.n, temperature=args.temperature,
-                             config_file=args.config, overrides=args.overrides)
+    pm, cfg = compose_for_model(args.model, data=args.data, split=args.split, n=args.n,
+                                temperature=args.temperature, config_file=args.config, overrides=args.overrides)
+    return _warn(pm), cfg
 
 
 def _progress(line: str) -> None:
@@ -131,19 +149,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rlforge.plugin_manager import PluginManager
     from rlforge.tools.export import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out, PluginManager().registry)
+    out = export_checkpoint(args.checkpoint, args.out, _plugins().registry)
     print(f"exported to {out} (load it with AutoModelForCausalLM.from_pretrained or model.path={out})")
     return 0
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from rlforge.plugin_manager import PluginManager
     from rlforge.tools.data_prep import prepare
 
-    for path in prepare(args.dataset, args.input, args.out, PluginManager().registry, args.split):
+    for path in prepare(args.dataset, args.input, args.out, _plugins().registry, args.split):
         print(f"wrote {path}")
     return 0
 

@@ -1,72 +1,131 @@
-"""The dataflow of one training step as data: an ordered list of named stages (HybridFlow style).
+"""The dataflow of one training step as data: an ordered list of stage objects (HybridFlow style).
 
-Each built-in :class:`Stage` declares the batch columns it needs and produces; user stages are any
-callable ``batch -> batch`` (optionally with ``requires``/``produces`` attributes). ``compile()``
-checks, before any model is loaded, that every stage's inputs come from an earlier stage.
+A :class:`Stage` has a ``name``, the batch columns it ``requires`` and ``produces``, and ``run(ctx, batch)``.
+It sees the step through a narrow :class:`StepContext` (the controller, the module, the sampling settings, the
+step, the metrics sink, hook calls), never the Trainer. The built-in stages are ``Stage.ROLLOUT``,
+``Stage.REWARD``, ... ; a user stage is a ``Stage`` subclass or any callable ``batch -> batch`` (optionally
+with ``requires``/``produces``/``stage_name`` attributes). ``DataFlow.compile()`` checks, before any model
+is loaded, that every stage's inputs come from the loader or an earlier stage.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
 
+if TYPE_CHECKING:
+    from rlforge.protocols import Controller, SamplingParams
 
-class Stage(str, Enum):
-    ROLLOUT = "rollout"
-    REWARD = "reward"
-    FILTER = "filter"
-    OLD_LOGPROB = "old_logprob"
-    REF_LOGPROB = "ref_logprob"
-    VALUES = "values"
-    ADVANTAGE = "advantage"
-    UPDATE_CRITIC = "update_critic"
-    UPDATE_ACTOR = "update_actor"
-    SYNC_WEIGHTS = "sync_weights"
+LOADER_COLUMNS = frozenset({B.PROMPTS, B.PROMPT_MASK, B.UID, B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH,
+                            B.EXTRA_INFO})
 
 
-# columns each built-in stage needs / adds (the prompt columns come from the data loader)
-STAGE_IO: dict[Stage, tuple[set[str], set[str]]] = {
-    Stage.ROLLOUT: ({B.PROMPTS, B.PROMPT_MASK, B.UID}, {B.RESPONSES, B.INPUT_IDS, B.ATTENTION_MASK, B.RESPONSE_MASK,
-                                          B.ROLLOUT_LOG_PROBS}),
-    Stage.REWARD: ({B.RESPONSES, B.RESPONSE_MASK}, {B.SCORES, B.TOKEN_LEVEL_SCORES, B.TOKEN_LEVEL_REWARDS}),
-    Stage.FILTER: ({B.TOKEN_LEVEL_REWARDS, B.UID}, set()),
-    Stage.OLD_LOGPROB: ({B.INPUT_IDS, B.ATTENTION_MASK}, {B.OLD_LOG_PROBS}),
-    Stage.REF_LOGPROB: ({B.INPUT_IDS, B.ATTENTION_MASK}, {B.REF_LOG_PROBS}),
-    Stage.VALUES: ({B.INPUT_IDS, B.ATTENTION_MASK}, {B.VALUES}),
-    Stage.ADVANTAGE: ({B.TOKEN_LEVEL_REWARDS, B.RESPONSE_MASK}, {B.ADVANTAGES, B.RETURNS}),
-    Stage.UPDATE_CRITIC: ({B.VALUES, B.RETURNS}, set()),
-    Stage.UPDATE_ACTOR: ({B.OLD_LOG_PROBS, B.ADVANTAGES, B.RESPONSE_MASK}, set()),
-    Stage.SYNC_WEIGHTS: (set(), set()),
-}
-LOADER_COLUMNS = {B.PROMPTS, B.PROMPT_MASK, B.UID, B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH, B.EXTRA_INFO}
+class StepContext:
+    """What a stage may use: the components of the run and the step's state. One per training step.
 
-StageFn = Callable[[Any], Any]
-StageLike = Union[Stage, StageFn]
+    :param metrics: the step's metrics sink: stages (and ``RLModule.log``) add ``name -> float`` here; it is
+        what the loggers receive (one route for every metric).
+    :param draw: a callable returning the next ``data.train_batch_size`` training prompts (the data cursor
+        advances), for stages that need more prompts (dynamic sampling).
+    """
+
+    def __init__(self, *, config: Any, controller: Controller, module: Any, hook: Any, step: int,
+                 sampling: SamplingParams, flow: DataFlow, draw: Callable[[], B.Batch], hook_trainer: Any = None
+                 ) -> None:
+        self.config = config
+        self.controller = controller
+        self.module = module
+        self.step = step
+        self.sampling = sampling
+        self.flow = flow
+        self.metrics: dict[str, float] = {}
+        self._hook = hook
+        self._draw = draw
+        self._hook_trainer = hook_trainer  # passed as the hooks' ``trainer`` argument (kept for compatibility)
+
+    def call_hook(self, name: str, **kwargs: Any) -> Any:
+        """Fire hook ``rlforge_<name>`` with these keyword arguments (plus ``trainer``)."""
+        return getattr(self._hook, f"rlforge_{name}")(trainer=self._hook_trainer, **kwargs)
+
+    def log(self, metrics: dict[str, float]) -> None:
+        self.metrics.update(metrics)
+
+    def run(self, stage: Stage, batch: B.Batch) -> B.Batch:
+        """Run one stage with its hooks, adding its seconds to ``timing_s/<stage name>``."""
+        self.call_hook("stage_start", stage=stage.name, batch=batch)
+        t0 = time.perf_counter()
+        batch = stage.run(self, batch)
+        seconds = time.perf_counter() - t0
+        key = f"timing_s/{stage.name}"
+        self.metrics[key] = self.metrics.get(key, 0.0) + seconds
+        self.call_hook("stage_end", stage=stage.name, batch=batch, seconds=seconds)
+        return batch
+
+    def regenerate(self, before: Stage) -> B.Batch:
+        """New prompts through every stage of the flow that comes before ``before`` (e.g. rollout and reward)."""
+        batch = self._draw()
+        for stage in self.flow.stages:
+            if stage is before:
+                return batch
+            batch = self.run(stage, batch)
+        raise RLForgeError(f"Stage '{before.name}' is not in dataflow '{self.flow.name}': {self.flow.names()}")
 
 
-@dataclass(frozen=True)
-class FlowStep:
-    name: str
-    stage: Stage | None  # None for a user callable
-    fn: StageFn | None
-    requires: frozenset[str]
-    produces: frozenset[str]
+class Stage:
+    """One step of the dataflow. Subclass it and implement ``run``; set ``name``, ``requires``, ``produces``.
+
+    The built-in stages are class attributes: ``Stage.ROLLOUT``, ``Stage.REWARD``, ``Stage.FILTER``,
+    ``Stage.OLD_LOGPROB``, ``Stage.REF_LOGPROB``, ``Stage.VALUES``, ``Stage.ADVANTAGE``, ``Stage.UPDATE_CRITIC``,
+    ``Stage.UPDATE_ACTOR``, ``Stage.SYNC_WEIGHTS``.
+    """
+
+    name: str = ""
+    requires: frozenset[str] = frozenset()
+    produces: frozenset[str] = frozenset()
+
+    ROLLOUT: ClassVar[Stage]
+    REWARD: ClassVar[Stage]
+    FILTER: ClassVar[Stage]
+    OLD_LOGPROB: ClassVar[Stage]
+    REF_LOGPROB: ClassVar[Stage]
+    VALUES: ClassVar[Stage]
+    ADVANTAGE: ClassVar[Stage]
+    UPDATE_CRITIC: ClassVar[Stage]
+    UPDATE_ACTOR: ClassVar[Stage]
+    SYNC_WEIGHTS: ClassVar[Stage]
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        raise NotImplementedError(f"{type(self).__name__}.run")  # abstract
+
+    def __repr__(self) -> str:
+        return f"<stage {self.name}>"
 
 
-def _step(item: StageLike) -> FlowStep:
+class FunctionStage(Stage):
+    """A plain callable ``batch -> batch`` as a stage (its ``requires``/``produces``/``stage_name`` attributes)."""
+
+    def __init__(self, fn: Callable[[B.Batch], B.Batch]) -> None:
+        self.fn = fn
+        self.name = getattr(fn, "stage_name", None) or getattr(fn, "__name__", type(fn).__name__)
+        self.requires = frozenset(getattr(fn, "requires", ()))
+        self.produces = frozenset(getattr(fn, "produces", ()))
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        return self.fn(batch)
+
+
+StageLike = Union[Stage, Callable[[B.Batch], B.Batch]]
+
+
+def as_stage(item: StageLike) -> Stage:
     if isinstance(item, Stage):
-        req, prod = STAGE_IO[item]
-        return FlowStep(item.value, item, None, frozenset(req), frozenset(prod))
+        return item
     if callable(item):
-        name = getattr(item, "stage_name", None) or getattr(item, "__name__", type(item).__name__)
-        req = frozenset(getattr(item, "requires", ()))
-        prod = frozenset(getattr(item, "produces", ()))
-        return FlowStep(name, None, item, req, prod)
+        return FunctionStage(item)
     raise RLForgeError(f"A dataflow stage must be a Stage or a callable batch -> batch, got {item!r}.")
 
 
@@ -75,33 +134,33 @@ class DataFlow:
 
     def __init__(self, name: str, stages: Iterable[StageLike]) -> None:
         self.name = name
-        self.steps: list[FlowStep] = [_step(s) for s in stages]
+        self.stages: list[Stage] = [as_stage(s) for s in stages]
 
     def _index(self, anchor: StageLike | str) -> int:
-        key = anchor.value if isinstance(anchor, Stage) else anchor if isinstance(anchor, str) else None
-        for i, step in enumerate(self.steps):
-            if step.name == key or (key is None and step.fn is anchor):
+        for i, stage in enumerate(self.stages):
+            if stage is anchor or stage.name == anchor or (isinstance(stage, FunctionStage) and stage.fn is anchor):
                 return i
-        raise RLForgeError(f"Stage {anchor!r} is not in dataflow '{self.name}': {self.names()}")
+        label = anchor if isinstance(anchor, str) else getattr(anchor, "name", anchor)
+        raise RLForgeError(f"Stage '{label}' is not in dataflow '{self.name}': {self.names()}")
 
     def insert_after(self, anchor: StageLike | str, item: StageLike) -> DataFlow:
-        self.steps.insert(self._index(anchor) + 1, _step(item))
+        self.stages.insert(self._index(anchor) + 1, as_stage(item))
         return self
 
     def insert_before(self, anchor: StageLike | str, item: StageLike) -> DataFlow:
-        self.steps.insert(self._index(anchor), _step(item))
+        self.stages.insert(self._index(anchor), as_stage(item))
         return self
 
     def remove(self, anchor: StageLike | str) -> DataFlow:
-        del self.steps[self._index(anchor)]
+        del self.stages[self._index(anchor)]
         return self
 
     def replace(self, anchor: StageLike | str, item: StageLike) -> DataFlow:
-        self.steps[self._index(anchor)] = _step(item)
+        self.stages[self._index(anchor)] = as_stage(item)
         return self
 
     def names(self) -> list[str]:
-        return [s.name for s in self.steps]
+        return [s.name for s in self.stages]
 
     def __contains__(self, item: StageLike | str) -> bool:
         try:
@@ -111,17 +170,161 @@ class DataFlow:
         return True
 
     def compile(self) -> DataFlow:
-        """Check that every stage's inputs are produced by the loader or an earlier stage."""
+        """Check that stage names are unique and every stage's inputs come from the loader or an earlier stage."""
+        names = self.names()
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise RLForgeError(f"Dataflow '{self.name}' has two stages named '{dupes[0]}': {' -> '.join(names)}")
         have = set(LOADER_COLUMNS)
-        for step in self.steps:
-            missing = step.requires - have
+        for stage in self.stages:
+            missing = stage.requires - have
             if missing:
                 raise RLForgeError(
-                    f"Dataflow '{self.name}': stage '{step.name}' needs {sorted(missing)}, which no earlier "
-                    f"stage produces. Order: {' -> '.join(self.names())}"
+                    f"Dataflow '{self.name}': stage '{stage.name}' needs {sorted(missing)}, which no earlier "
+                    f"stage produces. Order: {' -> '.join(names)}"
                 )
-            have |= step.produces
+            have |= stage.produces
         return self
 
     def __repr__(self) -> str:
         return f"DataFlow({self.name!r}, {' -> '.join(self.names())})"
+
+
+# --- the built-in stages -----------------------------------------------------------------------------
+
+
+def _stage(name: str, requires: set[str], produces: set[str]) -> Callable[[type[Stage]], type[Stage]]:
+    def deco(cls: type[Stage]) -> type[Stage]:
+        cls.name, cls.requires, cls.produces = name, frozenset(requires), frozenset(produces)
+        return cls
+    return deco
+
+
+@_stage("rollout", {B.PROMPTS, B.PROMPT_MASK, B.UID},
+        {B.RESPONSES, B.INPUT_IDS, B.ATTENTION_MASK, B.RESPONSE_MASK, B.ROLLOUT_LOG_PROBS})
+class RolloutStage(Stage):
+    """Generate ``rollout.n`` samples per prompt."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        ctx.call_hook("rollout_start", batch=batch)
+        batch = ctx.controller.generate(batch, ctx.sampling)
+        ctx.module.on_rollout_end(batch)
+        ctx.call_hook("rollout_end", batch=batch)
+        return batch
+
+
+@_stage("reward", {B.RESPONSES, B.RESPONSE_MASK}, {B.SCORES, B.TOKEN_LEVEL_SCORES, B.TOKEN_LEVEL_REWARDS})
+class RewardStage(Stage):
+    """Score the responses; ``rlforge_shape_rewards`` may reshape the token rewards."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        batch = ctx.controller.score(batch)
+        ctx.log(batch.meta.pop("metrics", {}))  # what the reward manager measured
+        batch[B.TOKEN_LEVEL_REWARDS] = batch[B.TOKEN_LEVEL_SCORES]
+        shaped = ctx.call_hook("shape_rewards", batch=batch)
+        batch = shaped if shaped is not None else batch
+        ctx.log(batch.meta.pop("metrics", {}))
+        ctx.call_hook("reward_end", batch=batch)
+        return batch
+
+
+@_stage("filter", {B.TOKEN_LEVEL_REWARDS, B.UID}, set())
+class FilterStage(Stage):
+    """``rlforge_filter_groups`` may return a smaller batch (e.g. drop groups)."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        filtered = ctx.call_hook("filter_groups", batch=batch)
+        return filtered if filtered is not None else batch
+
+
+@_stage("old_logprob", {B.INPUT_IDS, B.ATTENTION_MASK}, {B.OLD_LOG_PROBS})
+class OldLogProbStage(Stage):
+    """Log-probs of the policy that generated: the engine's own when they match the actor's recomputation
+    (``actor.reuse_rollout_log_probs``, default: when the engine says so), else a forward pass."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        reuse = ctx.config.actor.reuse_rollout_log_probs
+        if reuse is None:
+            reuse = bool(getattr(ctx.controller, "logprobs_match_actor", False))
+        if reuse:
+            batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]
+        else:
+            batch[B.OLD_LOG_PROBS] = ctx.controller.compute_log_probs(batch, "actor")
+        return batch
+
+
+@_stage("ref_logprob", {B.INPUT_IDS, B.ATTENTION_MASK}, {B.REF_LOG_PROBS})
+class RefLogProbStage(Stage):
+    """Log-probs of the frozen reference model."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        batch[B.REF_LOG_PROBS] = ctx.controller.compute_log_probs(batch, "ref")
+        return batch
+
+
+@_stage("values", {B.INPUT_IDS, B.ATTENTION_MASK}, {B.VALUES})
+class ValuesStage(Stage):
+    """Per-token values of the critic."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        batch[B.VALUES] = ctx.controller.compute_values(batch)
+        return batch
+
+
+@_stage("advantage", {B.TOKEN_LEVEL_REWARDS, B.RESPONSE_MASK}, {B.ADVANTAGES, B.RETURNS})
+class AdvantageStage(Stage):
+    """The module's rewards and advantages (``RLModule.advantages``)."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        batch = ctx.module.advantages(batch)
+        ctx.call_hook("advantage_end", batch=batch)
+        return batch
+
+
+@_stage("update_critic", {B.VALUES, B.RETURNS}, set())
+class UpdateCriticStage(Stage):
+    """The critic's update."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        ctx.log(ctx.controller.update_critic(batch))
+        return batch
+
+
+@_stage("update_actor", {B.OLD_LOG_PROBS, B.ADVANTAGES, B.RESPONSE_MASK}, set())
+class UpdateActorStage(Stage):
+    """The policy update (after ``trainer.critic_warmup`` steps)."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        if ctx.step <= ctx.config.trainer.critic_warmup:  # the critic learns first; the policy waits
+            return batch
+        ctx.call_hook("update_start", batch=batch)
+        metrics = ctx.controller.update_actor(batch)
+        ctx.log(metrics)
+        ctx.call_hook("update_end", batch=batch, metrics=metrics)
+        return batch
+
+
+@_stage("sync_weights", set(), set())
+class SyncWeightsStage(Stage):
+    """The rollout engine gets the actor's new weights."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        seconds = ctx.controller.sync_weights()
+        ctx.call_hook("weight_sync_end", seconds=seconds)
+        return batch
+
+
+Stage.ROLLOUT = RolloutStage()
+Stage.REWARD = RewardStage()
+Stage.FILTER = FilterStage()
+Stage.OLD_LOGPROB = OldLogProbStage()
+Stage.REF_LOGPROB = RefLogProbStage()
+Stage.VALUES = ValuesStage()
+Stage.ADVANTAGE = AdvantageStage()
+Stage.UPDATE_CRITIC = UpdateCriticStage()
+Stage.UPDATE_ACTOR = UpdateActorStage()
+Stage.SYNC_WEIGHTS = SyncWeightsStage()
+BUILTIN_STAGES: tuple[Stage, ...] = (
+    Stage.ROLLOUT, Stage.REWARD, Stage.FILTER, Stage.OLD_LOGPROB, Stage.REF_LOGPROB, Stage.VALUES, Stage.ADVANTAGE,
+    Stage.UPDATE_CRITIC, Stage.UPDATE_ACTOR, Stage.SYNC_WEIGHTS,
+)

@@ -22,3 +22,7 @@ def did_you_mean(name: str, choices: Iterable[str], prefix: str = "") -> str:
     """Return ``" Did you mean '<prefix>x'?"`` for the closest choice, or an empty string."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f" Did you mean '{prefix}{close[0]}'?" if close else ""
+
+
+class NonFiniteError(RLForgeError):
+    """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""

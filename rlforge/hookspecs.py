@@ -2,7 +2,14 @@
 
 Hooks are called with keyword arguments only. A spec may gain arguments in later versions but never
 loses or renames one, so implementations that take fewer arguments keep working (pluggy passes only
-the arguments an implementation names). All hooks are called in the controller process.
+the arguments an implementation names).
+
+Which process calls a hook: every hook fires in the driver (the process that runs ``Trainer.fit``), except
+``rlforge_before_optimizer_step``, which fires where the update runs: the driver with the local controller,
+every data-parallel rank (a Ray worker process, with the plugins loaded there) with the Ray controller.
+``rlforge_register`` fires in every process that loads the plugins.
+
+A plugin that implements an ``rlforge_*`` function that is not specified here is refused when it loads.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from typing import Any
 
 import pluggy
 
-HOOK_SPEC_VERSION = 1
+HOOK_SPEC_VERSION = 2
 hookspec = pluggy.HookspecMarker("rlforge")
 hookimpl = pluggy.HookimplMarker("rlforge")
 
@@ -24,13 +31,30 @@ def rlforge_register(registry: Any) -> None:
     """Register components (algorithms, rollout engines, rewards, strategies, loggers, datasets).
 
     :param registry: the :class:`rlforge.registry.Registries`; call e.g.
-        ``registry.algorithm.register("grpo", GRPO)``.
+        ``registry.algorithm.register("grpo", GRPO)``, ``registry.rollout.register("mine", MyEngine,
+        config=MyEngineConfig)`` (options at ``rollout.mine.*``) or ``registry.plugin_options(MyOptions)``
+        (options at ``plugins.<plugin name>.*``).
 
-    Historic: a plugin registered late still receives the call. Fires once per plugin at load time.
+    Historic: a plugin registered late still receives the call. Fires once per plugin at load time, in
+    every process that loads the plugins. All or nothing: if it raises, nothing the plugin registered stays.
     """
 
 
 # --- fit ----------------------------------------------------------------------------------------
+
+
+@hookspec
+def rlforge_before_flow_compile(flow: Any, module: Any, config: Any) -> None:
+    """The module's dataflow is built; edit it in place to change every algorithm's step.
+
+    :param flow: the :class:`rlforge.DataFlow`; ``flow.insert_after(Stage.REWARD, my_stage)``,
+        ``insert_before``, ``replace``, ``remove``.
+    :param module: the :class:`rlforge.RLModule` whose flow it is.
+    :param config: the composed config.
+
+    Fires in ``Trainer.fit`` before any model loads; ``flow.compile()`` checks the result right after (every
+    stage's ``requires`` must be produced by an earlier stage).
+    """
 
 
 @hookspec
@@ -145,8 +169,16 @@ def rlforge_update_end(trainer: Any, batch: Any, metrics: dict[str, float]) -> N
 
 
 @hookspec
-def rlforge_before_optimizer_step(trainer: Any, module: Any, optimizer: Any) -> None:
-    """Gradients are accumulated and clipped; the optimizer is about to step."""
+def rlforge_before_optimizer_step(trainer: Any, module: Any, optimizer: Any, rank: int) -> None:
+    """Gradients are accumulated and clipped; the optimizer is about to step.
+
+    Per rank: fires in the process that runs the update (the driver with the local controller, each Ray
+    worker with the Ray controller), so ``trainer`` is always None here.
+
+    :param module: the :class:`rlforge.RLModule` of that process.
+    :param optimizer: the optimizer about to step.
+    :param rank: the data-parallel rank (0 with one process).
+    """
 
 
 @hookspec

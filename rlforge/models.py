@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import RLForgeError
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
 
 BUILTIN_PREFIX = "builtin:"
 ASSETS = Path(__file__).parent / "assets"
@@ -117,7 +121,6 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
 def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
     """A value model: the causal LM's body with a fresh scalar head (``...ForTokenClassification``, 1 label)."""
     from transformers import AutoModelForTokenClassification
-
     from transformers.utils import logging as hf_logging
 
     quiet_transformers()

@@ -7,16 +7,25 @@ invariants (columns set, shapes right) and is not meant to be overridden.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import torch
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlforge import batch as B
 from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import DataFlow, Stage
-from rlforge.ops import response_logprobs, response_values
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+    from omegaconf import DictConfig
+
+    from rlforge import ops
+else:
+    torch = lazy_import("torch")
+    ops = lazy_import("rlforge.ops")
+
+ROLES = ("actor", "ref", "critic")
 
 
 @dataclass
@@ -49,7 +58,15 @@ class RLModule:
         self.ref: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
         self.tokenizer: Any = None
-        self.trainer: Any = None  # set by the Trainer
+        self.step = 0  # the training step being run (set by the Trainer)
+        # the models this process loads: a Ray rank loads only its own role's (see ``configure_model``)
+        self.roles: Collection[str] = ROLES
+        self._metrics: dict[str, float] | None = None  # the running step's metrics sink (set by the Trainer)
+
+    def log(self, name: str, value: float) -> None:
+        """Log a metric for the running step (like ``LightningModule.log``); ignored outside a step."""
+        if self._metrics is not None:
+            self._metrics[name] = float(value)
 
     # --- configuration ----------------------------------------------------------------------------
     @classmethod
@@ -84,17 +101,19 @@ class RLModule:
         self.tokenizer = load_tokenizer(self.config.model.path, trust_remote_code=self.config.model.trust_remote_code)
 
     def configure_model(self) -> None:
-        """Load the actor, and the reference and critic models when the algorithm needs them."""
+        """Load the actor, and the reference and critic models when the algorithm needs them (only those in
+        ``self.roles``: a Ray rank of the critic group loads just the critic)."""
         from rlforge.models import load_model, load_value_model
 
         cfg = self.config.model
         if self.tokenizer is None:
             self.configure_tokenizer()
-        self.actor = load_model(cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)
-        if self.needs_reference():
+        if "actor" in self.roles:
+            self.actor = load_model(cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        if self.needs_reference() and "ref" in self.roles:
             self.ref = load_model(cfg.ref_path or cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)
             self.ref.requires_grad_(False).eval()
-        if self.needs_critic():
+        if self.needs_critic() and "critic" in self.roles:
             self.critic = load_value_model(self.config.critic.path or cfg.path, cfg.dtype, cfg.trust_remote_code)
 
     def configure_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
@@ -126,7 +145,7 @@ class RLModule:
         """Forward the actor on one micro-batch and return (loss, metrics)."""
         assert self.actor is not None
         resp_len = micro[B.RESPONSES].shape[1]
-        log_probs, entropy = response_logprobs(
+        log_probs, entropy = ops.response_logprobs(
             self.actor, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], resp_len, ctx.temperature, with_entropy=True,
             remove_padding=self.config.model.remove_padding,
         )
@@ -141,7 +160,7 @@ class RLModule:
     def critic_step(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         """Forward the critic on one micro-batch and return (loss, metrics)."""
         assert self.critic is not None
-        values = response_values(self.critic, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], micro[B.RESPONSES].shape[1],
+        values = ops.response_values(self.critic, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], micro[B.RESPONSES].shape[1],
                                  remove_padding=self.config.model.remove_padding)
         return self.value_loss(micro, values, ctx)
 

@@ -3,6 +3,12 @@
 Built-ins are loaded by module name, exactly like third-party plugins, so the core never imports
 ``rlforge.algorithms`` or ``rlforge.plugins`` directly. Set ``RLFORGE_DISABLE_PLUGIN_AUTOLOAD=1`` to
 skip entry points, and pass ``disable=[...]`` (config ``plugins.disable``) to block plugins by name.
+
+Hygiene, as pytest does it: a plugin that implements an ``rlforge_*`` hook that does not exist (a typo such
+as ``rlforge_step_ends``) is refused at load time, naming the plugin and the closest hook; a plugin whose
+registration fails half-way leaves nothing behind (registration is all-or-nothing); every plugin that failed
+to load or was disabled is named in ``warnings()`` (each CLI command prints them) and in the error for an
+unknown component name.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from typing import Any
 import pluggy
 
 from rlforge import hookspecs
+from rlforge.errors import RLForgeError, did_you_mean
 from rlforge.registry import Registries
 
 ENTRY_POINT_GROUP = "rlforge"
 AUTOLOAD_ENV = "RLFORGE_DISABLE_PLUGIN_AUTOLOAD"
+HOOK_PREFIX = "rlforge_"
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.algorithms.grpo",
@@ -49,6 +57,10 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
 )
 
 
+class PluginError(RLForgeError):
+    """A plugin is malformed (e.g. it implements a hook that does not exist)."""
+
+
 @dataclass
 class PluginInfo:
     name: str
@@ -58,16 +70,32 @@ class PluginInfo:
     components: list[str] = field(default_factory=list)
     error: str = ""
 
+    def label(self) -> str:
+        """The plugin's name and, for an installed package, its distribution (used in error messages)."""
+        dist = f"{self.distribution} {self.version}".strip()
+        return f"'{self.name}'" + (f" (from {dist})" if dist and self.source != "builtin" else "")
+
+
+class _Pluggy(pluggy.PluginManager):
+    """pluggy's manager, reading unmarked ``rlforge_*`` functions as hook implementations (as pytest does)."""
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith(HOOK_PREFIX) and callable(getattr(plugin, name, None)):
+            opts = {}
+        return opts
+
 
 class PluginManager:
     """Loads plugins, fills the registries through ``rlforge_register`` and exposes ``hook``."""
 
     def __init__(self, disable: Iterable[str] = (), autoload: bool | None = None) -> None:
-        self.pm = pluggy.PluginManager("rlforge")
+        self.pm = _Pluggy("rlforge")
         self.pm.add_hookspecs(hookspecs)
         self.registry = Registries()
         self.infos: dict[str, PluginInfo] = {}
         self.disabled = set(disable)
+        self.skipped: list[str] = []  # disabled plugins that were found (named in the warnings)
         for name in self.disabled:
             self.pm.set_blocked(name)
         self.pm.hook.rlforge_register.call_historic(kwargs={"registry": self.registry})
@@ -75,56 +103,76 @@ class PluginManager:
             autoload = os.environ.get(AUTOLOAD_ENV, "").lower() in ("", "0", "false", "no")
         self.autoload = autoload  # whether entry-point plugins were loaded
         for mod in BUILTIN_PLUGINS:
-            self._load_module(mod, PluginInfo(mod, "builtin", "rlforge", _version("rlforge")))
+            self._load(PluginInfo(mod, "builtin", "rlforge", _version("rlforge")), lambda m=mod: importlib.import_module(m))
         if autoload:
-            self._load_entry_points()
+            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                dist = ep.dist.name if ep.dist else ""
+                self._load(PluginInfo(ep.name, "entry point", dist, ep.dist.version if ep.dist else ""), ep.load)
+        self._update_hint()
 
     @property
     def hook(self) -> Any:
         return self.pm.hook
 
     def register(self, plugin: object, name: str | None = None, source: str = "object") -> None:
-        """Register a plugin object (module or instance with hookimpls), e.g. a Trainer callback."""
+        """Register a plugin object (module or instance with hookimpls), e.g. a Trainer callback.
+
+        All or nothing: if its hooks are malformed or its ``rlforge_register`` raises, nothing it registered stays.
+        """
         name = name or getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{id(plugin)}"
         if name in self.disabled or self.pm.is_registered(plugin):
             return
         info = self.infos.setdefault(name, PluginInfo(name, source))
+        self._check_hooks(plugin, info)
+        before = self.registry.snapshot()
         self.registry.set_current_plugin(name)
         # rlforge_register is historic: pluggy calls the new plugin's implementation during register()
         try:
             self.pm.register(plugin, name=name)
+        except BaseException:
+            self.registry.restore(before)
+            if self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+            raise
         finally:
             self.registry.set_current_plugin("<direct>")
         info.components = self.registry.components_of(name)
 
-    def _load_module(self, module: str, info: PluginInfo) -> None:
+    def _check_hooks(self, plugin: object, info: PluginInfo) -> None:
+        known = {n for n in dir(hookspecs) if n.startswith(HOOK_PREFIX)}
+        for attr in dir(plugin):
+            if attr.startswith(HOOK_PREFIX) and attr not in known and self.pm.parse_hookimpl_opts(plugin, attr) is not None:
+                raise PluginError(
+                    f"Plugin {info.label()} implements '{attr}', which is not an rlforge hook."
+                    f"{did_you_mean(attr, known)} The hooks are listed in docs/hooks.md."
+                )
+
+    def _load(self, info: PluginInfo, load: Any) -> None:
         if info.name in self.disabled:
+            self.skipped.append(info.name)
             return
         self.infos[info.name] = info
         try:
-            plugin = importlib.import_module(module)
-            self.register(plugin, name=info.name, source=info.source)
+            self.register(load(), name=info.name, source=info.source)
         except Exception as exc:  # a broken plugin is reported, the rest keeps working
             info.error = f"{type(exc).__name__}: {exc}"
 
-    def _load_entry_points(self) -> None:
-        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = ep.dist.name if ep.dist else ""
-            ver = ep.dist.version if ep.dist else ""
-            info = PluginInfo(ep.name, "entry point", dist, ver)
-            if ep.name in self.disabled:
-                continue
-            self.infos[ep.name] = info
-            try:
-                self.register(ep.load(), name=ep.name, source="entry point")
-            except Exception as exc:
-                info.error = f"{type(exc).__name__}: {exc}"
+    def _update_hint(self) -> None:
+        notes = [f"{i.name} (failed to load: {i.error.splitlines()[0]})" for i in self.errors()]
+        notes += [f"{n} (disabled by plugins.disable)" for n in self.skipped]
+        self.registry.set_hint(f" Plugins not loaded: {'; '.join(notes)}." if notes else "")
 
     def plugins(self) -> list[PluginInfo]:
         return list(self.infos.values())
 
     def errors(self) -> list[PluginInfo]:
         return [i for i in self.infos.values() if i.error]
+
+    def warnings(self) -> list[str]:
+        """One line per plugin that failed to load or was disabled (the CLI prints them on every command)."""
+        lines = [f"plugin {i.label()} failed to load: {i.error.splitlines()[0]}" for i in self.errors()]
+        lines += [f"plugin '{n}' is disabled (plugins.disable)" for n in self.skipped]
+        return lines
 
 
 def _version(dist: str) -> str:

@@ -1,14 +1,23 @@
-"""The contracts of pluggable components, defined once. Plugins implement these (duck typing)."""
+"""The contracts of pluggable components, defined once. Each registry kind names its Protocol
+(``rlforge.registry.Registries.SPECS``); the built-in components are checked against them by the type checker
+(``tests/typing/protocols_check.py``, run by ``mypy`` in the test suite) and at build time (``rlforge.build``).
+
+Factories (the objects registered) are called by ``rlforge.build.Builder`` with the signatures documented on
+each Protocol. A component may also define ``validate_config(config, registry)`` (a static or class method):
+it runs when the config is composed, before any model loads, if the config selects the component.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from rlforge.batch import Batch
+    from rlforge.batch import Batch
 
 
 @dataclass(frozen=True)
@@ -30,8 +39,8 @@ class SamplingParams:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """Generates ``n`` samples per prompt. Registered under ``rollout`` and built as
-    ``factory(config, model, tokenizer)``."""
+    """Generates ``n`` samples per prompt. Registered under ``rollout``; built as ``factory(config, model,
+    tokenizer)`` where ``model`` is the actor (or its replica) that the engine must follow."""
 
     supports_sleep: bool
     # True when rollout_log_probs equal the actor's recomputed log-probs up to float noise (same weights and
@@ -50,15 +59,33 @@ class RolloutEngine(Protocol):
 
 @runtime_checkable
 class RewardManager(Protocol):
-    """Scores a batch. Registered under ``reward_manager``; built as ``factory(config, tokenizer, registry)``."""
+    """Scores a batch. Registered under ``reward_manager``; built as ``factory(config, tokenizer, registry)``.
+    May define ``close()`` to stop processes it started."""
 
     def score(self, batch: Batch) -> Batch:
-        """Set ``scores`` [B], ``token_level_scores`` [B, R]; may add metrics to ``batch.meta['metrics']``."""
+        """Set ``scores`` [B], ``token_level_scores`` [B, R] (and ``acc`` [B]); metrics it measured go to
+        ``batch.meta['metrics']`` (the reward stage moves them into the step's metrics)."""
+
+
+class RewardFunction(Protocol):
+    """verl's contract: ``compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict``.
+    Registered under ``reward_fn``; keyword-only parameters are filled from its config section."""
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> Any: ...
+
+
+class Dataset(Protocol):
+    """``factory(config, split) -> list of verl-style rows`` (split is ``train`` or ``val``). Registered under
+    ``dataset``."""
+
+    def __call__(self, config: Any, split: str) -> list[dict[str, Any]]: ...
 
 
 @runtime_checkable
 class Strategy(Protocol):
-    """Places models on devices and runs backward/clip/step. Registered under ``strategy``."""
+    """Places models on devices and owns the optimizer step, gradient clipping, state dicts and the sharded
+    checkpoint layout. Registered under ``strategy``; built as ``factory(config)``.
+    ``rlforge.strategy.BaseStrategy`` implements everything but device placement and the collectives."""
 
     device: torch.device
     world_size: int
@@ -68,13 +95,59 @@ class Strategy(Protocol):
 
     def backward(self, loss: torch.Tensor) -> None: ...
 
-    def clip_grad_norm(self, params: Iterable[torch.nn.Parameter], max_norm: float) -> float: ...
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float: ...
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
 
     def all_reduce_sum(self, value: float) -> float: ...
 
     def all_reduce_max(self, value: float) -> float: ...
 
     def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]: ...
+
+    def load_model_state_dict(self, model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None: ...
+
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]: ...
+
+    def load_optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                                  state: dict[str, Any]) -> None: ...
+
+    def save_sharded(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def load_sharded(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None: ...
+
+
+@runtime_checkable
+class Controller(Protocol):
+    """Runs the dataflow's operations on the workers. Registered under ``controller``; built as
+    ``factory(builder, module)`` (``rlforge.build.Builder``) with the module's tokenizer loaded."""
+
+    logprobs_match_actor: bool
+
+    def generate(self, batch: Batch, params: SamplingParams) -> Batch: ...
+
+    def score(self, batch: Batch) -> Batch: ...
+
+    def compute_log_probs(self, batch: Batch, role: str = "actor") -> torch.Tensor: ...
+
+    def compute_values(self, batch: Batch) -> torch.Tensor: ...
+
+    def update_actor(self, batch: Batch) -> dict[str, float]: ...
+
+    def update_critic(self, batch: Batch) -> dict[str, float]: ...
+
+    def sync_weights(self) -> float: ...
+
+    def state_dict(self, staging: Path) -> dict[str, Any]:
+        """The workers' state for a checkpoint (``staging``: a folder for sharded state, moved into the
+        checkpoint by ``rlforge.checkpoint.save``). Leaves the trained actor weights in ``module.actor``."""
+
+    def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
+        """Restore :meth:`state_dict`'s result from the checkpoint ``folder`` (``module.actor`` holds its weights)."""
+
+    def shutdown(self) -> None: ...
 
 
 @runtime_checkable

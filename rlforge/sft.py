@@ -19,7 +19,12 @@ from omegaconf import DictConfig
 
 from rlforge.data import collate, tokenize_rows
 from rlforge.errors import DataError
-from rlforge.models import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
+from rlforge.models import (
+    build_char_tokenizer,
+    build_tiny_llama,
+    load_model,
+    load_tokenizer,
+)
 from rlforge.protocols import SamplingParams
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlforge import batch as B
-from rlforge.dataflow import STAGE_IO, DataFlow, Stage
+from rlforge.dataflow import BUILTIN_STAGES, DataFlow, FunctionStage, Stage, StepContext
 from rlforge.errors import RLForgeError
 
 GRPO_STAGES = [
@@ -18,8 +18,13 @@ PPO_STAGES = [
 ]
 
 
-def test_every_stage_has_io() -> None:
-    assert set(STAGE_IO) == set(Stage)
+def test_every_builtin_stage_is_a_named_stage_object() -> None:
+    names = [s.name for s in BUILTIN_STAGES]
+    assert len(set(names)) == len(names) == 10
+    for stage in BUILTIN_STAGES:
+        assert isinstance(stage, Stage) and stage.name
+        assert isinstance(stage.requires, frozenset) and isinstance(stage.produces, frozenset)
+    assert Stage.ROLLOUT.produces >= {B.RESPONSES, B.RESPONSE_MASK}
 
 
 def test_grpo_module_flow_compiles(default_config) -> None:
@@ -27,7 +32,7 @@ def test_grpo_module_flow_compiles(default_config) -> None:
 
     flow = GRPO(default_config).flow()
     assert flow.compile() is flow
-    assert flow.names() == [s.value for s in GRPO_STAGES]
+    assert flow.names() == [s.name for s in GRPO_STAGES]
     assert "ref_logprob" not in flow.names()
     assert Stage.VALUES not in flow
 
@@ -88,8 +93,8 @@ def test_insert_after_user_callable() -> None:
     assert flow.names()[:3] == ["rollout", "reward", "shape_rewards"]
     assert flow.names().index("uses_shaped") == flow.names().index("update_actor") - 1
     flow.compile()
-    step = flow.steps[2]
-    assert step.fn is shape_rewards and step.stage is None
+    step = flow.stages[2]
+    assert isinstance(step, FunctionStage) and step.fn is shape_rewards
     assert step.requires == frozenset({B.SCORES}) and step.produces == frozenset({"shaped_rewards"})
     assert shape_rewards in flow
     assert "shape_rewards" in flow
@@ -162,3 +167,87 @@ def test_non_callable_stage_rejected() -> None:
 
 def test_repr_shows_order() -> None:
     assert repr(DataFlow("f", [Stage.ROLLOUT, Stage.REWARD])) == "DataFlow('f', rollout -> reward)"
+
+
+# --- stage objects, the step context, and the flow-edit hook ---------------------------------------
+
+
+class CountTokens(Stage):
+    """A user stage object: reads the context, logs a metric, adds a column."""
+
+    name = "count_tokens"
+    requires = frozenset({B.RESPONSE_MASK})
+    produces = frozenset({"n_tokens"})
+
+    def run(self, ctx, batch):
+        batch["n_tokens"] = batch[B.RESPONSE_MASK].sum(-1)
+        ctx.log({"custom/tokens": float(batch["n_tokens"].sum())})
+        return batch
+
+
+def test_stage_object_subclass_in_a_flow() -> None:
+    flow = DataFlow("f", GRPO_STAGES).insert_after(Stage.ROLLOUT, CountTokens())
+    assert flow.names()[1] == "count_tokens"
+    flow.compile()
+    bad = DataFlow("f", [CountTokens(), *GRPO_STAGES])
+    with pytest.raises(RLForgeError, match=r"stage 'count_tokens' needs \['response_mask'\]"):
+        bad.compile()
+
+
+def test_duplicate_stage_names_are_refused() -> None:
+    flow = DataFlow("f", GRPO_STAGES).insert_after(Stage.ROLLOUT, CountTokens()).insert_after(Stage.REWARD,
+                                                                                               CountTokens())
+    with pytest.raises(RLForgeError, match="two stages named 'count_tokens'"):
+        flow.compile()
+
+
+class _Hook:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    def __getattr__(self, name):
+        return lambda **kw: self.calls.append((name, kw))
+
+
+def _ctx(flow, draw=None):
+    import torch
+
+    from rlforge.protocols import SamplingParams
+
+    hook = _Hook()
+    ctx = StepContext(config=None, controller=None, module=None, hook=hook, step=3, sampling=SamplingParams(),
+                      flow=flow, draw=draw or (lambda: B.Batch({B.RESPONSE_MASK: torch.ones(2, 3)})),
+                      hook_trainer="T")
+    return ctx, hook
+
+
+def test_context_runs_a_stage_with_hooks_timing_and_metrics() -> None:
+    import torch
+
+    flow = DataFlow("f", [CountTokens()])
+    ctx, hook = _ctx(flow)
+    out = ctx.run(flow.stages[0], B.Batch({B.RESPONSE_MASK: torch.ones(2, 4)}))
+    assert out["n_tokens"].tolist() == [4, 4]
+    assert ctx.metrics["custom/tokens"] == 8.0 and ctx.metrics["timing_s/count_tokens"] >= 0
+    assert [c[0] for c in hook.calls] == ["rlforge_stage_start", "rlforge_stage_end"]
+    assert all(c[1]["trainer"] == "T" and c[1]["stage"] == "count_tokens" for c in hook.calls)
+
+
+def test_context_regenerate_runs_the_stages_before_the_given_one() -> None:
+    seen: list[str] = []
+
+    def first(batch):
+        seen.append("first")
+        return batch
+
+    def second(batch):
+        seen.append("second")
+        return batch
+
+    later = CountTokens()
+    flow = DataFlow("f", [first, later, second])
+    ctx, _ = _ctx(flow)
+    batch = ctx.regenerate(before=later)
+    assert seen == ["first"] and "n_tokens" not in batch
+    with pytest.raises(RLForgeError, match="not in dataflow"):
+        ctx.regenerate(before=CountTokens())

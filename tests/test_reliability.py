@@ -6,10 +6,10 @@ import pytest
 
 from rlforge import Trainer, load_config
 from rlforge.algorithms.grpo import GRPO
-from rlforge.controller.worker import NonFiniteError
+from rlforge.errors import NonFiniteError
 from rlforge.errors import RLForgeError
 
-FAST = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=4", "data.val_size=8",
+FAST = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=4", "data.arith.val_size=8",
         "trainer.val_before_train=false", "trainer.progress=false", "logger.backends=[console]"]
 
 
@@ -20,7 +20,7 @@ class NaNAfter(GRPO):
 
     def policy_loss(self, batch, log_probs, entropy, ctx):
         loss, metrics = super().policy_loss(batch, log_probs, entropy, ctx)
-        return (loss * float("nan") if self.trainer.step >= self.bad_from else loss), metrics
+        return (loss * float("nan") if self.step >= self.bad_from else loss), metrics
 
 
 def test_nan_steps_are_skipped_then_the_run_stops_with_a_checkpoint(tmp_path):
@@ -39,7 +39,7 @@ def test_one_bad_step_is_skipped_and_training_goes_on(tmp_path):
     class OneBad(GRPO):
         def policy_loss(self, batch, log_probs, entropy, ctx):
             loss, metrics = super().policy_loss(batch, log_probs, entropy, ctx)
-            return (loss * float("inf") if self.trainer.step == 2 else loss), metrics
+            return (loss * float("inf") if self.step == 2 else loss), metrics
 
     cfg = load_config("grpo", [*FAST, f"trainer.runs_root={tmp_path}", "trainer.total_steps=4"])
     trainer = Trainer(cfg)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,15 @@ from rlforge.errors import DataError
 from rlforge.hookspecs import hookimpl
 
 ARITH_SOURCE = "arith"
+
+
+@dataclass
+class ArithConfig:
+    """The built-in arithmetic task (``data.name=arith``)."""
+
+    train_size: int = 20000  # training prompts
+    val_size: int = 200  # distinct held-out prompts, never seen in training
+    max_operand: int = 99  # operands a, b in 0..max_operand
 
 
 def arith_rows(
@@ -22,7 +32,7 @@ def arith_rows(
     """
     total = (max_operand + 1) ** 2
     if len(exclude) + (size if unique else 1) > total:
-        raise DataError(f"Cannot draw {size} arith questions with operands up to {max_operand} (data.max_operand).")
+        raise DataError(f"Cannot draw {size} arith questions with operands up to {max_operand} (data.arith.max_operand).")
     rng = random.Random(seed)
     seen = set(exclude)
     rows: list[dict[str, Any]] = []
@@ -44,7 +54,7 @@ def arith_rows(
 
 def arith_dataset(config: Any, split: str) -> list[dict[str, Any]]:
     """Train/val splits of the arithmetic task; validation questions never appear in training."""
-    d = config.data
+    d = config.data.arith
     val = arith_rows(d.val_size, d.max_operand, seed=12345, unique=True)
     if split == "val":
         return val
@@ -112,5 +122,6 @@ def files_dataset(config: Any, split: str) -> list[dict[str, Any]]:
 
 @hookimpl
 def rlforge_register(registry):
-    registry.dataset.register("arith", arith_dataset, description="built-in 'What is a+b?' task, generated offline")
+    registry.dataset.register("arith", arith_dataset, config=ArithConfig,
+                              description="built-in 'What is a+b?' task, generated offline")
     registry.dataset.register("files", files_dataset, description="verl-style rows from data.train_files/val_files")

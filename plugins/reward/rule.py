@@ -27,16 +27,19 @@ from collections import Counter, deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
-
+from rlforge.lazy import lazy_import
 from rlforge.plugins.reward.code import code_exec_score
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
 
 ScoreFn = Callable[..., Any]
 log = logging.getLogger("rlforge.reward")

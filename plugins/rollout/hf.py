@@ -1,6 +1,6 @@
 """``hf`` rollout engine: batched sampling with transformers ``generate`` (CPU or GPU).
 
-With ``rollout.compile=true`` the decoding step runs on a static KV cache through ``torch.compile`` (on
+With ``rollout.hf.compile=true`` the decoding step runs on a static KV cache through ``torch.compile`` (on
 every device: transformers does that by itself only on GPUs). Prompts are then left-padded to
 ``data.max_prompt_length`` so that shapes repeat: each new (batch size, length) compiles once, which takes
 tens of seconds on CPU, and later batches of that shape reuse it.
@@ -9,16 +9,21 @@ tens of seconds on CPU, and later batches of that shape reuse it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
-import torch
-
-from transformers.generation.configuration_utils import CompileConfig
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
-from rlforge.ops import token_logprobs
+from rlforge.lazy import lazy_import, no_grad
 from rlforge.protocols import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlforge import ops
+else:
+    torch = lazy_import("torch")
+    ops = lazy_import("rlforge.ops")
 
 
 def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -26,6 +31,13 @@ def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
     is_eos = (responses == eos_id).long()
     after_eos = (is_eos.cumsum(-1) - is_eos) > 0
     return (~after_eos).long()
+
+
+@dataclass
+class HFRolloutConfig:
+    """The ``hf`` engine (``rollout.name=hf``)."""
+
+    compile: bool = False  # static KV cache + torch.compile'd decoding (compiles once per batch shape)
 
 
 class HFRollout:
@@ -41,12 +53,14 @@ class HFRollout:
         self.tokenizer = tokenizer
         self.micro_batch_size = config.rollout.micro_batch_size
         self.compiled: dict[str, Any] = {}
-        if config.rollout.compile:
+        if config.rollout.hf.compile:
+            from transformers.generation.configuration_utils import CompileConfig
+
             compile_config = CompileConfig(fullgraph=False, dynamic=False)
             compile_config._compile_all_devices = True  # transformers' switch for compiling off GPU
             self.compiled = {"cache_implementation": "static", "compile_config": compile_config}
 
-    @torch.no_grad()
+    @no_grad
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         out = batch.repeat_interleave(params.n) if params.n > 1 else batch
         parts = [self._generate(mb, params) for mb in out.split(self.micro_batch_size)]
@@ -99,7 +113,7 @@ class HFRollout:
         logits = torch.stack(gen.logits, dim=1)
         if not greedy:
             logits = logits / params.temperature
-        return responses, token_logprobs(logits, responses.to(logits.device))[0].cpu()
+        return responses, ops.token_logprobs(logits, responses.to(logits.device))[0].cpu()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())
@@ -114,4 +128,5 @@ class HFRollout:
 
 @hookimpl
 def rlforge_register(registry):
-    registry.rollout.register("hf", HFRollout, description="transformers generate (CPU/GPU), shares actor weights")
+    registry.rollout.register("hf", HFRollout, config=HFRolloutConfig,
+                              description="transformers generate (CPU/GPU), shares actor weights")

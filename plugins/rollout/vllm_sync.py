@@ -60,7 +60,9 @@ class WeightSyncExtension:
 
     def rlforge_begin_weight_sync(self) -> None:
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            initialize_layerwise_reload,
+        )
 
         worker: Any = self
         model = worker.model_runner.get_model()
@@ -82,7 +84,9 @@ class WeightSyncExtension:
     def rlforge_finish_weight_sync(self) -> list[str]:
         """Finish the session; return the engine parameters that no bucket updated."""
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            finalize_layerwise_reload,
+        )
 
         worker: Any = self
         model = worker.model_runner.get_model()

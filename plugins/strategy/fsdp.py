@@ -9,28 +9,30 @@ and ``torch.multiprocessing`` when the workers are used as a library (the tests 
 - Gradients are *summed* over ranks, not averaged: the workers normalize every loss by counts summed over
   the ranks (``all_reduce_sum``), so the summed gradient is the one-process gradient of the mini-batch.
 - Gradient clipping uses the total norm over all shards (one all-reduce of the squared local norms).
-- Mixed precision (``strategy.mixed_precision``) applies on GPU only; CPU runs in ``model.dtype``.
-- ``named_weights`` streams gathered full tensors in buckets of ``strategy.weight_sync_bucket_mb`` to the
+- Mixed precision (``strategy.fsdp.mixed_precision``) applies on GPU only; CPU runs in ``model.dtype``.
+- ``named_weights`` streams gathered full tensors in buckets of ``strategy.fsdp.weight_sync_bucket_mb`` to the
   rollout replica: no more than one bucket of gathered weights is alive beyond the model itself.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
-from typing import Any
-
-import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
+from rlforge.lazy import lazy_import
+from rlforge.strategy import BaseStrategy
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
+PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "none": None}  # torch dtype names
 BACKENDS = ("auto", "nccl", "gloo")
 
 
@@ -46,35 +48,58 @@ def _device(name: str) -> torch.device:
     return device
 
 
-class FSDPStrategy:
+@dataclass
+class FSDPConfig:
+    """The ``fsdp`` strategy (``strategy.name=fsdp``)."""
+
+    backend: str = "auto"  # torch.distributed backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
+    mixed_precision: str = "bf16"  # on GPU: bf16 | fp16 | none (compute dtype; reductions in fp32). CPU: none
+    weight_sync_bucket_mb: float = 256.0  # gathered weights streamed to the rollout replica per bucket
+
+
+class FSDPStrategy(BaseStrategy):
     """FSDP2 data parallelism; parameters, gradients and optimizer state are sharded over the ranks."""
 
     sharded = True  # workers keep a full replica for the rollout engine and gather state dicts
 
+    @staticmethod
+    def validate_config(config: Any, registry: Any) -> None:
+        f = config.strategy.fsdp
+        if f.mixed_precision not in PRECISIONS:
+            raise ConfigError(
+                f"strategy.fsdp.mixed_precision='{f.mixed_precision}'. Allowed: {', '.join(PRECISIONS)}.")
+        if f.backend not in BACKENDS:
+            raise ConfigError(f"strategy.fsdp.backend='{f.backend}'. Allowed: {', '.join(BACKENDS)}.")
+        if f.weight_sync_bucket_mb <= 0:
+            raise ConfigError(f"strategy.fsdp.weight_sync_bucket_mb must be > 0, got {f.weight_sync_bucket_mb}.")
+
     def __init__(self, config: Any) -> None:
-        s = config.strategy
+        s, f = config.strategy, config.strategy.fsdp
         missing = [k for k in LAUNCH_ENV if k not in os.environ]
         if missing:
             raise ConfigError(
                 "strategy.name=fsdp runs one process per rank, started by a launcher: set trainer.controller=ray "
                 f"(strategy.num_processes=N), or launch with torchrun. Missing environment: {', '.join(missing)}."
             )
-        if s.mixed_precision not in PRECISIONS:
-            raise ConfigError(f"strategy.mixed_precision='{s.mixed_precision}'. Allowed: {', '.join(PRECISIONS)}.")
-        if s.backend not in BACKENDS:
-            raise ConfigError(f"strategy.backend='{s.backend}'. Allowed: {', '.join(BACKENDS)}.")
+        self.validate_config(config, None)
         self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self.device = _device(s.device)
-        backend = s.backend if s.backend != "auto" else ("nccl" if self.device.type == "cuda" else "gloo")
-        if not dist.is_initialized():
-            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        backend = f.backend if f.backend != "auto" else ("nccl" if self.device.type == "cuda" else "gloo")
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group(backend, rank=self.rank, world_size=self.world_size)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
-        dtype = PRECISIONS[s.mixed_precision] if self.device.type == "cuda" else None
+        precision = PRECISIONS[f.mixed_precision]
+        dtype = getattr(torch, precision) if precision and self.device.type == "cuda" else None
         self.mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
-        self.bucket_bytes = max(1, int(s.weight_sync_bucket_mb * 2**20))
+        self.bucket_bytes = max(1, int(f.weight_sync_bucket_mb * 2**20))
 
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Shard each decoder layer, then the root (embeddings, norm, head) with what is left."""
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
         model.to(self.device)
         layer_classes = set(getattr(model, "_no_split_modules", None) or ())
         for sub in list(model.modules()):
@@ -87,16 +112,16 @@ class FSDPStrategy:
                 sub.set_force_sum_reduction_for_comms(True)
         return model
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def clip_grad_norm(self, params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float:
         """Clip by the norm over all shards of all gradients; returns that norm (the same on every rank)."""
-        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
+        from torch.distributed.tensor import DTensor
+
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters()
+                 if p.grad is not None]
         squares = torch.zeros((), dtype=torch.float32, device=self.device)
         for g in grads:
             squares += torch.linalg.vector_norm(g, dtype=torch.float32) ** 2
-        dist.all_reduce(squares)
+        torch.distributed.all_reduce(squares)
         total = squares.sqrt()
         if max_norm and max_norm > 0:
             coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # the formula of clip_grad_norm_
@@ -105,18 +130,20 @@ class FSDPStrategy:
         return float(total)
 
     def all_reduce_sum(self, value: float) -> float:
-        return self._all_reduce(value, dist.ReduceOp.SUM)
+        return self._all_reduce(value, torch.distributed.ReduceOp.SUM)
 
     def all_reduce_max(self, value: float) -> float:
-        return self._all_reduce(value, dist.ReduceOp.MAX)
+        return self._all_reduce(value, torch.distributed.ReduceOp.MAX)
 
     def _all_reduce(self, value: float, op: Any) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=op)
+        torch.distributed.all_reduce(t, op=op)
         return float(t.item())
 
     def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """Gathered full parameters, one bucket at a time. Collective: every rank iterates to the end."""
+        from torch.distributed.tensor import DTensor
+
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for name, p in model.named_parameters():
@@ -132,4 +159,4 @@ class FSDPStrategy:
 
 @hookimpl
 def rlforge_register(registry):
-    registry.strategy.register("fsdp", FSDPStrategy, description="FSDP2 fully_shard over N processes (gloo/NCCL)")
+    registry.strategy.register("fsdp", FSDPStrategy, config=FSDPConfig, description="FSDP2 fully_shard over N processes (gloo/NCCL)")

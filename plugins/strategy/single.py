@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
+from rlforge.strategy import BaseStrategy
+
+if TYPE_CHECKING:
+    import torch
 
 
 def pick_device(name: str) -> torch.device:
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -22,11 +25,8 @@ def pick_device(name: str) -> torch.device:
         raise ConfigError(f"strategy.device='{name}' is not a device (use auto, cpu, cuda or cuda:N).") from None
 
 
-class SingleDeviceStrategy:
+class SingleDeviceStrategy(BaseStrategy):
     """Everything on one device; gradients are clipped by global norm."""
-
-    world_size = 1
-    rank = 0
 
     def __init__(self, config: Any) -> None:
         self.device = pick_device(config.strategy.device)
@@ -34,24 +34,11 @@ class SingleDeviceStrategy:
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def clip_grad_norm(self, params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
-        params = [p for p in params if p.grad is not None]
-        if max_norm and max_norm > 0:
-            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        return float(torch.nn.utils.get_total_norm([p.grad for p in params]))
-
     def all_reduce_sum(self, value: float) -> float:
         return value
 
     def all_reduce_max(self, value: float) -> float:
         return value
-
-    def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, p in model.named_parameters():
-            yield name, p.detach()
 
 
 @hookimpl

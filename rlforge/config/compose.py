@@ -6,6 +6,7 @@ inconsistent batch sizes fail with a message that names the key, the value and t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +14,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from rlforge.config.schema import RLForgeConfig
+from rlforge.config import schema
 from rlforge.errors import ConfigError, did_you_mean
 from rlforge.models import resolve_model_path
-
-# config key -> registry kind that it selects from
-COMPONENT_KEYS: dict[str, str] = {
-    "rollout.name": "rollout",
-    "reward.manager": "reward_manager",
-    "strategy.name": "strategy",
-    "data.name": "dataset",
-    "trainer.controller": "controller",
-}
 
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
@@ -76,16 +68,17 @@ def compose(
     overrides: list[str] | tuple[str, ...] = (),
 ) -> DictConfig:
     """Return the validated, read-only config. ``registry`` is the plugin manager's Registries."""
-    over = parse_overrides(list(overrides))
-    file_cfg = load_file(config_file) if config_file else OmegaConf.create({})
+    return _compose(registry, algo, load_file(config_file) if config_file else OmegaConf.create({}),
+                    config_file or "", parse_overrides(list(overrides)))
+
+
+def _compose(registry: Any, algo: str | None, file_cfg: DictConfig, file_name: str, over: DictConfig) -> DictConfig:
     name = algo or OmegaConf.select(over, "algorithm.name") or OmegaConf.select(file_cfg, "algorithm.name")
     name = name or "grpo"
     algo_cls = registry.algorithm.get(name)
-
-    cfg = OmegaConf.structured(RLForgeConfig)
-    cfg.algorithm = OmegaConf.structured(algo_cls.config_class)
+    cfg = OmegaConf.structured(schema.build(registry, algo_cls.config_class))
     cfg = _merge(cfg, OmegaConf.create(algo_cls.preset), f"the '{name}' preset")
-    cfg = _merge(cfg, file_cfg, config_file or "")
+    cfg = _merge(cfg, file_cfg, file_name)
     cfg = _merge(cfg, over, "command-line overrides")
     cfg.algorithm.name = name
     validate(cfg, registry)
@@ -97,25 +90,36 @@ def compose(
 def compose_with_plugins(
     algo: str | None = None, config_file: str | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> tuple[Any, DictConfig]:
-    """Load the plugins, compose the config, and honour ``plugins.disable``: returns (plugin manager, config)."""
+    """Load the plugins minus ``plugins.disable`` (read from the file and the overrides first), then compose:
+    returns (plugin manager, config)."""
     from rlforge.plugin_manager import PluginManager
 
-    pm = PluginManager()
-    cfg = compose(pm.registry, algo, config_file, overrides)
-    if cfg.plugins.disable:  # validate again against what is left once those plugins are blocked
-        pm = PluginManager(disable=cfg.plugins.disable)
-        cfg = compose(pm.registry, algo, config_file, overrides)
-    return pm, cfg
+    over = parse_overrides(list(overrides))
+    file_cfg = load_file(config_file) if config_file else OmegaConf.create({})
+    disable = OmegaConf.select(over, "plugins.disable", default=None)
+    if disable is None:
+        disable = OmegaConf.select(file_cfg, "plugins.disable", default=None)
+    if disable is not None and not OmegaConf.is_list(disable):
+        raise ConfigError(f"'plugins.disable' must be a list of plugin names, got {disable!r}.")
+    pm = PluginManager(disable=list(disable or []))
+    return pm, _compose(pm.registry, algo, file_cfg, config_file or "", over)
+
+
+def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:
+    """``(config key, registry entry)`` of every component the config selects (a list key selects several)."""
+    for kind, spec in registry.SPECS.items():
+        if not spec.key or kind == "algorithm":
+            continue
+        value = OmegaConf.select(cfg, spec.key)
+        for name in (value if OmegaConf.is_list(value) else [value]):
+            if name is not None:
+                yield spec.key, getattr(registry, kind).entry(name)
 
 
 def validate(cfg: DictConfig, registry: Any) -> None:
-    """Cross-field checks: component names exist, sizes are positive, batch arithmetic adds up."""
-    for key, kind in COMPONENT_KEYS.items():
-        getattr(registry, kind).get(OmegaConf.select(cfg, key))
-    for backend in cfg.logger.backends:
-        registry.logger.get(backend)
-    if cfg.reward.fn:
-        registry.reward_fn.get(cfg.reward.fn)
+    """Cross-field checks: component names exist, sizes are positive, batch arithmetic adds up; then each
+    selected component's own ``validate_config(cfg)`` (if it has one)."""
+    components = list(selected(cfg, registry))
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
     for key in ("data.train_files", "data.val_files"):
@@ -150,6 +154,10 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     if cfg.model.dtype not in dtypes:
         raise ConfigError(f"'model.dtype' is '{cfg.model.dtype}'. Allowed: {', '.join(dtypes)}.")
     check_batch_sizes(cfg)
+    for _, entry in components:
+        check = getattr(entry.obj, "validate_config", None)
+        if check is not None:
+            check(cfg, registry)
 
 
 def micro_batch_size(cfg: DictConfig, section: str = "actor") -> int:

@@ -1,4 +1,9 @@
-"""The config schema: one dataclass per section. Field comments are the documentation.
+"""The core config schema: one dataclass per section. Field comments are the documentation.
+
+Only the core's own keys live here. Each component adds its options beside its code (its ``config=``
+dataclass at registration, see ``rlforge.registry``): ``rollout.hf.*``, ``strategy.fsdp.*``, ``data.arith.*``,
+``ray.*``, ``plugins.<name>.*``; the algorithm's ``config_class`` is the ``algorithm`` section.
+``schema.build`` assembles the full schema from the registries (compose.py).
 
 Defaults are the built-in default run (`rlforge fit --algo grpo` with no other arguments).
 Algorithm presets, ``--config FILE`` and CLI ``key=value`` overrides are merged on top (see compose.py).
@@ -6,8 +11,10 @@ Algorithm presets, ``--config FILE`` and CLI ``key=value`` overrides are merged 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
+from typing import Any, Optional, get_type_hints
+
+from rlforge.errors import ConfigError
 
 BUILTIN_MODEL = "builtin:tiny-arith"
 
@@ -32,10 +39,6 @@ class DataConfig:
     max_prompt_length: int = 64  # in tokens, after the chat template
     filter_overlong_prompts: bool = True  # drop longer prompts (False: fail naming the row)
     shuffle: bool = True  # reshuffle the prompts every epoch (seeded, resumable)
-    # built-in arith task
-    train_size: int = 20000  # arith: training prompts
-    val_size: int = 200  # arith: distinct held-out prompts, never seen in training
-    max_operand: int = 99  # arith: operands a, b in 0..max_operand
 
 
 @dataclass
@@ -48,7 +51,6 @@ class RolloutConfig:
     max_new_tokens: int = 8  # response length limit (EOS ends a response earlier)
     min_new_tokens: int = 0  # EOS is suppressed before this many tokens (training rollouts only)
     micro_batch_size: int = 256  # sequences per generate() call
-    compile: bool = False  # hf engine: static KV cache + torch.compile'd decoding (compiles once per batch shape)
     val_temperature: float = 0.0  # 0 = greedy validation
     val_n: int = 1  # samples per validation prompt
 
@@ -116,10 +118,7 @@ class StrategyConfig:
     name: str = "single"  # strategy registry name: single (one device) | fsdp (FSDP2, one process per rank)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     num_processes: int = 1  # data-parallel ranks; > 1 needs strategy.name=fsdp and trainer.controller=ray
-    backend: str = "auto"  # fsdp: torch.distributed backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
-    mixed_precision: str = "bf16"  # fsdp on GPU: bf16 | fp16 | none (compute dtype; reductions in fp32). CPU: none
     checkpoint: str = "full"  # full (gathered; any rank count resumes) | sharded (torch.distributed.checkpoint)
-    weight_sync_bucket_mb: float = 256.0  # fsdp: gathered weights streamed to the rollout replica per bucket
     offload_optimizer: bool = False  # optimizer state in CPU memory between updates (frees GPU memory for rollout)
 
 
@@ -142,19 +141,6 @@ class TrainerConfig:
     resume_force: bool = False  # resume even if the model or batch shape changed since the checkpoint
     samples_to_save: int = 8  # generated samples written per step to samples.jsonl
     progress: bool = True  # live progress bar
-
-
-@dataclass
-class RayConfig:
-    """The Ray cluster of ``trainer.controller=ray`` (see docs/distributed.md)."""
-
-    address: Optional[str] = None  # None = start a local cluster; auto | host:port = join a running cluster
-    num_cpus: Optional[int] = None  # CPUs of the local cluster; None = all of this machine's
-    cpus_per_worker: float = 1.0  # CPUs per rank's placement bundle (shared by the roles colocated on it)
-    gpus_per_worker: Optional[float] = None  # GPUs per bundle; None = 1 if the cluster has GPUs and strategy.device != cpu
-    colocate_critic: bool = True  # critic ranks share the actor's bundles (one pool); False = a pool of its own
-    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement group)
-    placement_timeout_s: float = 120.0  # fail with a clear error if the workers cannot be placed by then
 
 
 @dataclass
@@ -190,7 +176,45 @@ class RLForgeConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     plugins: PluginsConfig = field(default_factory=PluginsConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+
+
+def build(registry: Any, algorithm_config: type) -> type:
+    """The full schema: :class:`RLForgeConfig` with the ``algorithm`` section of ``algorithm_config`` and every
+    registered component's section inserted where its kind puts it (``registry.config_sections()``)."""
+    by_parent: dict[str, list[tuple[str, type, str]]] = {}
+    for path, (cls, entry) in registry.config_sections().items():
+        parent, _, leaf = path.rpartition(".")
+        if not leaf.isidentifier():
+            raise ConfigError(f"Component '{entry.name}' (plugin '{entry.plugin}') cannot own config section "
+                              f"'{path}': '{leaf}' is not a valid key name.")
+        by_parent.setdefault(parent, []).append((leaf, cls, entry.plugin))
+    root_fields = {f.name for f in fields(RLForgeConfig)}
+    extra_root = [("algorithm", algorithm_config, field(default_factory=algorithm_config))]
+    for parent, leaves in sorted(by_parent.items()):
+        if parent and parent not in root_fields:
+            raise ConfigError(f"Config section '{parent}' does not exist (components of plugin "
+                              f"'{leaves[0][2]}' put their options there).")
+        base = _SECTIONS.get(parent)
+        owned = {f.name for f in fields(base)} if base else set(root_fields)
+        clash = [leaf for leaf, _, _ in leaves if leaf in owned]
+        if clash:
+            where = f"{parent}.{clash[0]}" if parent else clash[0]
+            raise ConfigError(f"Plugin '{dict((l, p) for l, _, p in leaves)[clash[0]]}' declares config section "
+                              f"'{where}', which is a core key. Rename the component.")
+        new = [(leaf, cls, field(default_factory=cls)) for leaf, cls, _ in sorted(leaves, key=lambda x: x[0])]
+        if not parent:
+            extra_root += new
+            continue
+        assert base is not None
+        section = make_dataclass(base.__name__, new, bases=(base,))
+        section.__doc__ = base.__doc__
+        extra_root.append((parent, section, field(default_factory=section)))
+    return make_dataclass("RLForgeConfig", extra_root, bases=(RLForgeConfig,))
+
+
+_SECTIONS: dict[str, type] = {
+    name: t for name, t in get_type_hints(RLForgeConfig).items() if isinstance(t, type) and is_dataclass(t)
+}

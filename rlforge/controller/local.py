@@ -3,37 +3,45 @@
 from __future__ import annotations
 
 import time
-from typing import Any
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
-from rlforge.controller.worker import ActorWorker, CriticWorker
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
 from rlforge.protocols import SamplingParams
 
+if TYPE_CHECKING:
+    import torch
+
+    from rlforge.build import Builder
+
 
 class LocalController:
-    """Builds the strategy, actor worker, rollout engine and reward manager from the registries."""
+    """The strategy, the actor (and critic) worker, the rollout engine and the reward manager, in this process."""
 
-    def __init__(self, config: Any, module: RLModule, plugins: Any, trainer: Any = None) -> None:
-        reg = plugins.registry
-        self.config = config
-        factory = reg.strategy.get(config.strategy.name)
-        if config.strategy.num_processes != 1 or getattr(factory, "sharded", False):
+    @staticmethod
+    def validate_config(config: Any, registry: Any) -> None:
+        strategy = registry.strategy.get(config.strategy.name)
+        if config.strategy.num_processes != 1 or getattr(strategy, "sharded", False):
             raise ConfigError(
                 f"strategy.name={config.strategy.name} with strategy.num_processes={config.strategy.num_processes} "
                 f"needs one process per rank, which the local controller (one process) does not start. "
                 f"Set trainer.controller=ray (see docs/distributed.md)."
             )
-        self.strategy = factory(config)
-        self.actor = ActorWorker(config, module, self.strategy, plugins.hook, trainer)
-        self.critic = CriticWorker(config, module, self.strategy, plugins.hook, trainer) if module.critic else None
-        self.rollout = reg.rollout.get(config.rollout.name)(config, self.actor.rollout_model, module.tokenizer)
+
+    def __init__(self, builder: Builder, module: RLModule) -> None:
+        from rlforge.controller.worker import ActorWorker, CriticWorker
+
+        self.config = builder.config
+        module.configure_model()
+        self.strategy = builder.strategy()
+        self.actor = ActorWorker(self.config, module, self.strategy, builder.hook)
+        self.critic = CriticWorker(self.config, module, self.strategy, builder.hook) if module.critic else None
+        self.rollout = builder.rollout(self.actor.rollout_model, module.tokenizer)
         self.logprobs_match_actor = bool(getattr(self.rollout, "logprobs_match_actor", False))
-        self.reward = reg.reward_manager.get(config.reward.manager)(config, module.tokenizer, reg)
+        self.reward = builder.reward(module.tokenizer)
 
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         return self.rollout.generate(batch, params)
@@ -48,11 +56,13 @@ class LocalController:
         return self.actor.update(batch)
 
     def compute_values(self, batch: B.Batch) -> torch.Tensor:
-        assert self.critic is not None, "compute_values needs a critic (module.needs_critic())"
+        if self.critic is None:
+            raise RLForgeError("compute_values needs a critic (the algorithm's needs_critic() is False).")
         return self.critic.compute_values(batch)
 
     def update_critic(self, batch: B.Batch) -> dict[str, float]:
-        assert self.critic is not None, "update_critic needs a critic (module.needs_critic())"
+        if self.critic is None:
+            raise RLForgeError("update_critic needs a critic (the algorithm's needs_critic() is False).")
         return self.critic.update(batch)
 
     def sync_weights(self) -> float:
@@ -60,14 +70,14 @@ class LocalController:
         self.rollout.update_weights(self.actor.named_weights())
         return time.perf_counter() - start
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, staging: Path) -> dict[str, Any]:
         """Optimizer/scheduler state of every worker, and the critic's weights (the actor's are saved as HF)."""
         state: dict[str, Any] = {"actor": self.actor.state_dict()}
         if self.critic is not None:
             state["critic"] = {**self.critic.state_dict(), "model": self.critic.model_state_dict()}
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
         if "sharded_step" in state:
             raise RLForgeError("This checkpoint holds sharded state (strategy.checkpoint=sharded): resume it with "
                                "trainer.controller=ray, or save with strategy.checkpoint=full.")

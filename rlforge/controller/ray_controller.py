@@ -8,8 +8,9 @@
   cannot be satisfied within ``ray.placement_timeout_s`` fails with the cluster's resources in the message.
 - Dispatch: prompts are split over the ranks for generation; training batches are split so that every
   rank gets its slice of every mini-batch (``shard_for_update``); results are gathered in order.
-- The reward manager runs here, in the driver. The driver's ``module.actor`` mirrors the trained weights at
-  each checkpoint, so ``checkpoint.save`` writes the plain HF folder as with the local controller.
+- The reward manager runs here, in the driver. The driver loads only the actor (no reference model, no critic):
+  its ``module.actor`` mirrors the trained weights at each checkpoint, so ``checkpoint.save`` writes the plain
+  HF folder as with the local controller. Each rank builds its own role's models through ``rlforge.build``.
 - A worker that dies or fails ends the run with a ``WorkerError`` naming its role, rank, pid and node.
 
 Ray is imported when this controller is built, never by the core.
@@ -19,20 +20,37 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
-
-import torch
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
+from rlforge.controller.dispatch import shard_for_update, split_even, split_rows
 from rlforge.controller.local import close_reward
-from rlforge.controller.ray_workers import RankWorker
-from rlforge.controller.worker import shard_for_update, split_even, split_rows
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
 from rlforge.protocols import SamplingParams
-from rlforge.trainer import checkpoint as ckpt
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlforge.build import Builder
+
+
+@dataclass
+class RayConfig:
+    """The Ray cluster of ``trainer.controller=ray`` (see docs/distributed.md)."""
+
+    address: Optional[str] = None  # None = start a local cluster; auto | host:port = join a running cluster
+    num_cpus: Optional[int] = None  # CPUs of the local cluster; None = all of this machine's
+    cpus_per_worker: float = 1.0  # CPUs per rank's placement bundle (shared by the roles colocated on it)
+    gpus_per_worker: Optional[float] = None  # GPUs per bundle; None = 1 if the cluster has GPUs and strategy.device != cpu
+    colocate_critic: bool = True  # critic ranks share the actor's bundles (one pool); False = a pool of its own
+    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement group)
+    placement_timeout_s: float = 120.0  # fail with a clear error if the workers cannot be placed by then
+
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 CHECKPOINT_MODES = ("full", "sharded")
@@ -55,7 +73,8 @@ def _import_ray() -> Any:
 
 
 def check_config(config: Any, strategy_factory: Any, needs_critic: bool) -> None:
-    """Fail before any worker starts: rank count, strategy, batch sizes per rank, Ray options."""
+    """Fail before any worker starts: rank count, strategy, batch sizes per rank, Ray options (at compose time
+    with the actor's batch sizes, ``validate_config``; the critic's when the controller starts)."""
     world = config.strategy.num_processes
     if world < 1:
         raise ConfigError(f"strategy.num_processes must be >= 1, got {world}.")
@@ -121,6 +140,8 @@ class WorkerGroup:
 
     def __init__(self, ray: Any, role: str, pool: ResourcePool, share: float, config: Any, module_cls: type) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from rlforge.controller.ray_workers import RankWorker
 
         self.ray, self.role = ray, role
         n = config.strategy.num_processes
@@ -200,13 +221,19 @@ class WorkerGroup:
 class RayController:
     """Starts (or joins) a Ray cluster, places the worker groups, and dispatches the dataflow to them."""
 
-    def __init__(self, config: Any, module: RLModule, plugins: Any, trainer: Any = None) -> None:
-        reg = plugins.registry
+    @staticmethod
+    def validate_config(config: Any, registry: Any) -> None:
+        check_config(config, registry.strategy.get(config.strategy.name), needs_critic=False)
+
+    def __init__(self, builder: Builder, module: RLModule) -> None:
+        config, reg = builder.config, builder.registry
         check_config(config, reg.strategy.get(config.strategy.name), module.needs_critic())
         ray = self.ray = _import_ray()
-        self.config, self.module, self.trainer = config, module, trainer
+        self.config, self.module = config, module
+        module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
+        module.configure_model()
         self.started_ray = self._connect(config.ray)
-        self.reward = reg.reward_manager.get(config.reward.manager)(config, module.tokenizer, reg)
+        self.reward = builder.reward(module.tokenizer)
         # the engines generate with a replica kept equal to the actor: their log-probs are the actor's if the
         # engine's are with the actor itself
         self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
@@ -263,6 +290,8 @@ class RayController:
         return self.reward.score(batch)
 
     def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
+        import torch
+
         shards = split_even(batch, self.actor.world_size, f"{role} log-probs")
         return torch.cat(self.actor.call_each("compute_log_probs", [(s, role) for s in shards]))
 
@@ -272,6 +301,8 @@ class RayController:
         return self.actor.call_each("update", [(s,) for s in shards])[0]
 
     def compute_values(self, batch: B.Batch) -> torch.Tensor:
+        import torch
+
         assert self.critic is not None, "compute_values needs a critic (module.needs_critic())"
         shards = split_even(batch, self.critic.world_size, "values")
         return torch.cat(self.critic.call_each("compute_values", [(s,) for s in shards]))
@@ -289,16 +320,15 @@ class RayController:
     def _roles(self) -> list[WorkerGroup]:
         return [g for g in (self.actor, self.critic) if g is not None]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, staging: Path) -> dict[str, Any]:
         """The local controller's layout (gathered optimizer state; critic weights) plus each rank's RNG state,
-        or with ``strategy.checkpoint=sharded`` the small state while the ranks write their shards."""
+        or with ``strategy.checkpoint=sharded`` the small state while the ranks write their shards to ``staging``
+        (``checkpoint.save`` moves that folder into the checkpoint as ``sharded/``)."""
         state: dict[str, Any] = {"world_size": self.actor.world_size, "rng": {}}
         sharded = self.config.strategy.checkpoint == "sharded"
         if sharded:
-            if self.trainer is None:
-                raise RLForgeError("strategy.checkpoint=sharded needs the Trainer's run folder.")
-            state["sharded_step"] = self.trainer.step
-            staging = ckpt.staging_dir(self.trainer.run_dir, self.trainer.step).resolve()  # workers' cwd may differ
+            state["sharded"] = True
+            staging = staging.resolve()  # the workers' working folder may differ
         for group in self._roles():
             if sharded:
                 results = group.call("save_sharded", str(staging / group.role))
@@ -310,16 +340,17 @@ class RayController:
         self.module.actor.load_state_dict(weights)  # the driver's mirror: checkpoint.save writes it as actor/
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` (or the local controller) saved; ``checkpoint.load`` has already put
-        the actor's weights into the driver's ``module.actor``."""
+    def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
+        """Restore what :meth:`state_dict` (or the local controller) saved in the checkpoint ``folder``;
+        ``checkpoint.load`` has already put the actor's weights into the driver's ``module.actor``."""
+        from rlforge.checkpoint import SHARDED_DIR
+
         same_ranks = state.get("world_size") == self.actor.world_size
         for group in self._roles():
             rngs = state.get("rng", {}).get(group.role) if same_ranks else None
             rngs = rngs or [None] * group.world_size
-            if "sharded_step" in state:
-                folder = ckpt.step_dir(self.trainer.run_dir, state["sharded_step"]).resolve()
-                path = folder / ckpt.SHARDED_DIR / group.role
+            if state.get("sharded") or "sharded_step" in state:
+                path = folder.resolve() / SHARDED_DIR / group.role
                 if not path.is_dir():
                     raise RLForgeError(f"Checkpoint shards missing: {path} (strategy.checkpoint=sharded).")
                 group.call_each("load_sharded", [(str(path), state[group.role], rng) for rng in rngs])
@@ -345,5 +376,5 @@ class RayController:
 @hookimpl
 def rlforge_register(registry):
     registry.controller.register(
-        "ray", RayController, description="worker groups as Ray actors on placement groups (pip install rlforge[ray])"
+        "ray", RayController, config=RayConfig, description="worker groups as Ray actors on placement groups (pip install rlforge[ray])"
     )

@@ -18,9 +18,11 @@ from typing import Any
 import torch
 
 from rlforge import batch as B
+from rlforge import checkpoint as ckpt
 from rlforge.controller.worker import ActorWorker, CriticWorker, TrainWorker
 from rlforge.protocols import SamplingParams
-from rlforge.trainer import checkpoint as ckpt
+
+ROLE_MODELS = {"actor": ("actor", "ref"), "critic": ("critic",)}  # the models each role's ranks load
 
 
 class RankWorker:
@@ -41,26 +43,24 @@ class RankWorker:
         return ray.util.get_node_ip_address(), port, os.getpid()
 
     def setup(self, config: Any, module_cls: type, master: tuple[str, int]) -> None:
-        """Join the process group, load this role's models on the strategy, build the rollout engine (actor)."""
+        """Join the process group, load this role's models on the strategy, build the rollout engine (actor).
+        Everything is built through ``rlforge.build.Builder``, as in the driver; only this role's models load."""
+        from rlforge.build import Builder
         from rlforge.plugin_manager import PluginManager
 
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
                           MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
         random.seed(config.trainer.seed + self.rank)
         torch.manual_seed(config.trainer.seed + self.rank)  # ranks sample different responses
-        plugins = PluginManager(disable=config.plugins.disable)
-        reg = plugins.registry
-        module = module_cls(config)
-        module.configure_tokenizer()
+        builder = Builder(config, PluginManager(disable=config.plugins.disable))  # hooks fire in this process
+        module = builder.module(module_cls(config), roles=ROLE_MODELS[self.role])
         module.configure_model()
-        strategy = reg.strategy.get(config.strategy.name)(config)
+        strategy = builder.strategy()
         if self.role == "actor":
-            module.critic = None  # the critic group owns it
-            self.worker = ActorWorker(config, module, strategy, plugins.hook)
-            self.rollout = reg.rollout.get(config.rollout.name)(config, self.worker.rollout_model, module.tokenizer)
+            self.worker = ActorWorker(config, module, strategy, builder.hook)
+            self.rollout = builder.rollout(self.worker.rollout_model, module.tokenizer)
         else:
-            module.actor = module.ref = None
-            self.worker = CriticWorker(config, module, strategy, plugins.hook)
+            self.worker = CriticWorker(config, module, strategy, builder.hook)
 
     # --- dataflow ------------------------------------------------------------------------------------
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:

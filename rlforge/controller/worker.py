@@ -4,9 +4,9 @@
 generates with); ``CriticWorker`` trains the value model. The same classes serve the local controller
 (one process) and the Ray controller (one worker per data-parallel rank, see ``ray_workers.py``).
 
-With several ranks, each worker sees its share of every mini-batch (``shard_for_update``); losses are
-normalized by mini-batch-wide counts summed over the ranks, so the summed gradients equal one process's.
-State dicts go through ``torch.distributed.checkpoint.state_dict``, which handles plain and FSDP2 models.
+With several ranks, each worker sees its share of every mini-batch (``dispatch.shard_for_update``); losses
+are normalized by mini-batch-wide counts summed over the ranks, so the summed gradients equal one
+process's. The strategy does the rest: backward, clipping, the optimizer step and the state dicts.
 """
 
 from __future__ import annotations
@@ -20,72 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
-from rlforge.controller.microbatch import balanced_split, fixed_plan, token_budget_plan
-from rlforge.errors import RLForgeError
+from rlforge.controller.microbatch import fixed_plan, token_budget_plan
+from rlforge.errors import NonFiniteError
 from rlforge.module import LossContext, RLModule
 from rlforge.ops import compile_forward, response_logprobs, response_values
 
-
 log = logging.getLogger("rlforge")
-
-
-# gathered on rank 0, on the CPU: what full checkpoints store and what any number of ranks can load
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-class NonFiniteError(RLForgeError):
-    """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""
-
-
-def split_rows(batch: B.Batch, parts: int) -> list[B.Batch]:
-    """``parts`` consecutive chunks whose sizes differ by at most one (some may be empty)."""
-    base, extra = divmod(len(batch), parts)
-    bounds = [0]
-    for i in range(parts):
-        bounds.append(bounds[-1] + base + (i < extra))
-    return [batch.select(list(range(a, b))) for a, b in zip(bounds, bounds[1:])]
-
-
-def _check_even(batch: B.Batch, parts: int, what: str) -> None:
-    """Sharded models run collectives, so every rank needs the same number of rows."""
-    if len(batch) % parts:
-        raise RLForgeError(
-            f"{what}: a batch of {len(batch)} sequences does not split evenly over {parts} data-parallel ranks "
-            f"(strategy.num_processes={parts}). Make data.train_batch_size x rollout.n a multiple of it."
-        )
-
-
-def split_even(batch: B.Batch, parts: int, what: str) -> list[B.Batch]:
-    """``parts`` equal consecutive chunks (see ``_check_even``)."""
-    _check_even(batch, parts, what)
-    return split_rows(batch, parts)
-
-
-def shard_for_update(batch: B.Batch, parts: int, mini_size: int, balance: bool = False) -> list[B.Batch]:
-    """Rank ``r``'s share of an update batch: the ``r``-th slice of every mini-batch of ``mini_size`` rows, so the
-    ranks' ``TrainWorker.update`` steps see together exactly the mini-batches one process would. With
-    ``balance`` the slices are equal in rows and similar in real tokens (``balanced_split``) instead of consecutive."""
-    shards: list[list[B.Batch]] = [[] for _ in range(parts)]
-    for mini in batch.split(mini_size):
-        if balance:
-            _check_even(mini, parts, "update")
-            pieces = [mini.select(g) for g in balanced_split(_lengths(mini), parts)]
-        else:
-            pieces = split_even(mini, parts, "update")
-        for rank, piece in enumerate(pieces):
-            shards[rank].append(piece)
-    return [B.Batch.concat(pieces) for pieces in shards]
 
 
 def _lengths(batch: B.Batch) -> list[int]:
@@ -99,13 +42,12 @@ class TrainWorker:
 
     role = ""  # config section and metric prefix: "actor" or "critic"
 
-    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None, trainer: Any = None) -> None:
+    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None) -> None:
         self.config = config
         self.section = config[self.role]
         self.module = module
         self.strategy = strategy
         self.hook = hook
-        self.trainer = trainer
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient, in total
         self.bad_in_a_row = 0
         self.micro_size = micro_batch_size(config, self.role)
@@ -203,7 +145,7 @@ class TrainWorker:
                 sums[k] += v
         if self.strategy.world_size > 1:  # each rank's metrics are its share of the mini-batch value
             sums = defaultdict(float, {k: self.strategy.all_reduce_sum(sums[k]) for k in sorted(sums)})
-        grad_norm = self.strategy.clip_grad_norm(self.model.parameters(), self.section.grad_clip)
+        grad_norm = self.strategy.clip_grad_norm(self.model, self.section.grad_clip)
         sums[f"{self.role}/grad_norm"] = grad_norm
         if not math.isfinite(grad_norm):
             self.skipped_steps += 1
@@ -220,48 +162,38 @@ class TrainWorker:
             return dict(sums)
         self.bad_in_a_row = 0
         if self.hook is not None:
-            self.hook.rlforge_before_optimizer_step(trainer=self.trainer, module=self.module, optimizer=self.optimizer)
-        self.optimizer.step()
+            self.hook.rlforge_before_optimizer_step(trainer=None, module=self.module, optimizer=self.optimizer,
+                                                    rank=self.strategy.rank)
+        self.strategy.optimizer_step(self.optimizer)
         return dict(sums)
 
-    # --- state: full (gathered on rank 0) or sharded (one torch.distributed.checkpoint folder) ----------
+    # --- state: full (gathered on rank 0) or sharded (the strategy's checkpoint layout) -------------------
     def state_dict(self) -> dict[str, Any]:
         """Optimizer (gathered: complete on rank 0 only), scheduler and counters. Collective: every rank calls it."""
-        return {
-            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=FULL),
-            **self._small_state(),
-        }
+        return {"optimizer": self.strategy.optimizer_state_dict(self.model, self.optimizer), **self._small_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load what :meth:`state_dict` returned (every rank gets the complete state)."""
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+        self.strategy.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         self._load_small_state(state)
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full weights on the CPU (complete on rank 0 only). Collective."""
-        return get_model_state_dict(self.model, options=FULL)
+        return self.strategy.model_state_dict(self.model)
 
     def load_model_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
         """Load full weights (every rank gets them; sharded models keep their shard)."""
-        set_model_state_dict(self.model, weights, options=StateDictOptions(full_state_dict=True))
+        self.strategy.load_model_state_dict(self.model, weights)
 
     def save_sharded(self, path: Path) -> dict[str, Any]:
         """Write model and optimizer shards to ``path`` (every rank its own) and return the small state."""
-        dcp.save(self._sharded_state(), checkpoint_id=str(path))
+        self.strategy.save_sharded(path, self.model, self.optimizer)
         return self._small_state()
 
     def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
         """Load what :meth:`save_sharded` wrote, into any number of ranks."""
-        sharded = self._sharded_state()
-        dcp.load(sharded, checkpoint_id=str(path))
-        set_model_state_dict(self.model, sharded["model"])
-        set_optimizer_state_dict(self.model, self.optimizer, sharded["optimizer"])
+        self.strategy.load_sharded(path, self.model, self.optimizer)
         self._load_small_state(state)
-
-    def _sharded_state(self) -> dict[str, Any]:
-        return {"model": get_model_state_dict(self.model),
-                "optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
 
     def _small_state(self) -> dict[str, Any]:
         return {
@@ -280,8 +212,8 @@ class ActorWorker(TrainWorker):
 
     role = "actor"
 
-    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None, trainer: Any = None) -> None:
-        super().__init__(config, module, strategy, hook, trainer)
+    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None) -> None:
+        super().__init__(config, module, strategy, hook)
         # The rollout engine generates with the actor itself, unless the strategy shards it: then with a full
         # replica (the hybrid engine), refreshed by streaming gathered weights in ``named_weights``.
         self.rollout_model = module.actor
@@ -316,8 +248,8 @@ class CriticWorker(TrainWorker):
 
     role = "critic"
 
-    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None, trainer: Any = None) -> None:
-        super().__init__(config, module, strategy, hook, trainer)
+    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None) -> None:
+        super().__init__(config, module, strategy, hook)
         module.critic = self._prepare(module.critic)
         module.critic.train()
         self.optimizer, self.scheduler = module.configure_critic_optimizers()

@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlforge import batch as B
+from rlforge.build import Builder
 from rlforge.errors import RLForgeError
 from rlforge.models import load_tokenizer
 from rlforge.protocols import SamplingParams
@@ -69,7 +70,7 @@ def evaluate(
     k_list = parse_ks(ks, params.n)
     tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     batches, rows = prompt_batches(cfg, pm, tokenizer, split, limit)
-    reward = pm.registry.reward_manager.get(cfg.reward.manager)(cfg, tokenizer, pm.registry)
+    reward = Builder(cfg, pm).reward(tokenizer)
     engine = load_engine(cfg, pm, tokenizer)
     groups: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     source: dict[Any, str] = {}

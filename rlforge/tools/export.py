@@ -1,6 +1,6 @@
 """Checkpoints as models: find the model folder of a run or checkpoint, and ``rlforge export`` it.
 
-A checkpoint (``<run>/checkpoints/step_N/``, see ``rlforge.trainer.checkpoint``) is exported by the strategy
+A checkpoint (``<run>/checkpoints/step_N/``, see ``rlforge.checkpoint``) is exported by the strategy
 that wrote it: a strategy class may define ``export_checkpoint(checkpoint: Path, out: Path)`` for its own
 layout (e.g. sharded weights to gather). Strategies without one write ``actor/`` as a plain Hugging Face
 folder, which is copied as it is.
@@ -12,9 +12,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rlforge import checkpoint as ckpt
 from rlforge.errors import RLForgeError
 from rlforge.models import BUILTIN_PREFIX
-from rlforge.trainer import checkpoint as ckpt
 
 ACTOR_DIR = "actor"
 

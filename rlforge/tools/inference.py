@@ -54,12 +54,13 @@ def compose_for_model(
 
 def load_engine(cfg: DictConfig, pm: Any, tokenizer: Any) -> Any:
     """The rollout engine for ``model.path``, the model placed by the configured strategy."""
+    from rlforge.build import Builder
     from rlforge.models import load_model
 
     m = cfg.model
+    builder = Builder(cfg, pm)
     model = load_model(m.path, m.dtype, trust_remote_code=m.trust_remote_code)
-    model = pm.registry.strategy.get(cfg.strategy.name)(cfg).setup_model(model).eval()
-    return pm.registry.rollout.get(cfg.rollout.name)(cfg, model, tokenizer)
+    return builder.rollout(builder.strategy().setup_model(model).eval(), tokenizer)
 
 
 def prompt_batches(
@@ -68,7 +69,9 @@ def prompt_batches(
     """The split's prompts (the first ``limit`` rows) with the chat template applied, in batches of
     ``rollout.micro_batch_size``, and the number of rows read (prompts over ``data.max_prompt_length`` are
     dropped when ``data.filter_overlong_prompts`` is on). Each prompt's ``uid`` is its row index."""
-    rows = pm.registry.dataset.get(cfg.data.name)(cfg, split)
+    from rlforge.build import Builder
+
+    rows = Builder(cfg, pm).dataset(split)
     if not rows:
         hint = " Pass --data FILE or set data.val_files." if cfg.data.name == "files" and split == "val" else ""
         raise RLForgeError(f"Dataset '{cfg.data.name}' (data.name) has no rows in the '{split}' split.{hint}")

@@ -13,18 +13,17 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlforge import batch as B
+from rlforge import checkpoint as ckpt
+from rlforge.build import Builder
 from rlforge.config import compose
-from rlforge.controller.worker import NonFiniteError
 from rlforge.data import PromptSampler, collate, tokenize_rows
-from rlforge.dataflow import Stage
-from rlforge.errors import RLForgeError
+from rlforge.dataflow import DataFlow, StepContext
+from rlforge.errors import NonFiniteError, RLForgeError
 from rlforge.module import RLModule
 from rlforge.plugin_manager import PluginManager
 from rlforge.protocols import SamplingParams
-from rlforge.trainer import checkpoint as ckpt
 from rlforge.trainer.metrics import data_metrics, token_count, validation_metrics
 from rlforge.trainer.report import print_summary
-from rlforge.trainer.stages import STAGE_IMPLS
 
 
 class Trainer:
@@ -44,14 +43,17 @@ class Trainer:
         callbacks: Iterable[object] = (),
         plugins: PluginManager | None = None,
     ) -> None:
-        disable = list(config.plugins.disable) if config is not None else []
-        self.plugins = plugins or PluginManager(disable=disable)
+        if plugins is None and config is None:
+            from rlforge.config import compose_with_plugins
+
+            plugins, config = compose_with_plugins(algo, None, list(overrides))
+        self.plugins = plugins or PluginManager(disable=list(config.plugins.disable) if config is not None else [])
         self.config = config if config is not None else compose(self.plugins.registry, algo, None, list(overrides))
         for cb in callbacks:
             self.plugins.register(cb)
         self.hook = self.plugins.hook
+        self.builder = Builder(self.config, self.plugins)
         self.step = 0
-        self.step_metrics: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
         self.run_dir: Path | None = None
 
@@ -81,12 +83,11 @@ class Trainer:
         return resume_from
 
     def _load_data(self, tokenizer: Any) -> None:
-        reg, d = self.plugins.registry, self.config.data
-        factory = reg.dataset.get(d.name)
-        train = tokenize_rows(factory(self.config, "train"), tokenizer, d.max_prompt_length,
+        d = self.config.data
+        train = tokenize_rows(self.builder.dataset("train"), tokenizer, d.max_prompt_length,
                               d.filter_overlong_prompts, f"{d.name} (train)")
         self.train_prompts = train
-        self.val_prompts = tokenize_rows(factory(self.config, "val"), tokenizer, d.max_prompt_length,
+        self.val_prompts = tokenize_rows(self.builder.dataset("val"), tokenizer, d.max_prompt_length,
                                          d.filter_overlong_prompts, f"{d.name} (val)")
         self.sampler = PromptSampler(len(train), d.train_batch_size, d.shuffle, self.config.trainer.seed)
 
@@ -97,23 +98,17 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------
     def fit(self, module: RLModule | None = None) -> dict[str, Any]:
-        cfg = self.config
-        module = module or self.plugins.registry.algorithm.get(cfg.algorithm.name)(cfg)
-        module.trainer = self
-        self.module = module
-        flow = self.flow = module.flow().compile()
-        for step in flow.steps:
-            if step.stage is not None and step.stage not in STAGE_IMPLS:
-                raise RLForgeError(f"Dataflow stage '{step.name}' is not implemented by this version of rlforge.")
-        module.configure_tokenizer()
+        """Train ``module`` (default: the algorithm ``algorithm.name``) and return the run's summary."""
+        module = self.module = self.builder.module(module)
+        self.flow = self.build_flow(module)
         self._load_data(module.tokenizer)  # data mistakes surface before any model loads or folder is made
         resume_from = self._resolve_run()
         self._seed()
-        module.configure_model()
-        self.controller = self.plugins.registry.controller.get(cfg.trainer.controller)(cfg, module, self.plugins, self)
-        self.loggers = [self.plugins.registry.logger.get(n)(cfg, str(self.run_dir)) for n in cfg.logger.backends]
+        self.controller = self.builder.controller(module)  # loads the models this process needs
+        self.loggers = []
         try:
-            return self._fit(module, flow, resume_from)
+            self.loggers = self.builder.loggers(str(self.run_dir))
+            return self._fit(module, self.flow, resume_from)
         except BaseException as exc:
             self.hook.rlforge_exception(trainer=self, exception=exc)
             raise
@@ -122,13 +117,20 @@ class Trainer:
                 lg.close()
             self.controller.shutdown()
 
-    def _fit(self, module: RLModule, flow: Any, resume_from: Path | None) -> dict[str, Any]:
+    def build_flow(self, module: RLModule) -> DataFlow:
+        """The module's dataflow, edited by the plugins (``rlforge_before_flow_compile``), then compiled."""
+        flow = module.flow()
+        self.hook.rlforge_before_flow_compile(flow=flow, module=module, config=self.config)
+        return flow.compile()
+
+    def _fit(self, module: RLModule, flow: DataFlow, resume_from: Path | None) -> dict[str, Any]:
         cfg, t = self.config, self.config.trainer
         for lg in self.loggers:
             lg.log_params(OmegaConf.to_container(cfg, resolve=True))
         if resume_from is not None:
             self._restore(resume_from)
             OmegaConf.save(self.config, self.run_dir / "config.yaml")
+            print(f"rlforge: resumed from {resume_from} (step {self.step})")
         self.hook.rlforge_fit_start(trainer=self, module=module)
         start = time.perf_counter()
         val_before = self.validate() if t.val_before_train and self.step == 0 else None
@@ -162,19 +164,24 @@ class Trainer:
         print_summary(summary, "mlflow" in cfg.logger.backends)
         return summary
 
-    def _train_step(self, flow: Any) -> int:
-        self.step_metrics = {}
+    def _train_step(self, flow: DataFlow) -> int:
         self.hook.rlforge_step_start(trainer=self, step=self.step)
         step_start = time.perf_counter()
-        batch = self.next_prompts()
-        for fs in flow.steps:
-            batch = self._run_stage(fs, batch)
+        ctx = StepContext(config=self.config, controller=self.controller, module=self.module, hook=self.hook,
+                          step=self.step, sampling=SamplingParams.from_config(self.config.rollout), flow=flow,
+                          draw=self.next_prompts, hook_trainer=self)
+        self.module.step, self.module._metrics = self.step, ctx.metrics
+        try:
+            batch = self.next_prompts()
+            for stage in flow.stages:
+                batch = ctx.run(stage, batch)
+        finally:
+            self.module._metrics = None
         n_tokens = token_count(batch)
-        metrics = {**data_metrics(batch, self.config.rollout.max_new_tokens), **self.step_metrics,
-                   **batch.meta.get("metrics", {})}
+        metrics = {**data_metrics(batch, self.config.rollout.max_new_tokens), **ctx.metrics}
         self._write_samples("samples.jsonl", batch, self.config.trainer.samples_to_save)
         elapsed = time.perf_counter() - step_start
-        staged = sum(v for k, v in self.step_metrics.items() if k.startswith("timing_s/"))
+        staged = sum(v for k, v in ctx.metrics.items() if k.startswith("timing_s/"))
         metrics.update({"timing_s/step": elapsed, "timing_s/other": elapsed - staged,
                         "perf/throughput": n_tokens / elapsed, "perf/total_num_tokens": float(n_tokens),
                         "training/epoch": float(self.sampler.epoch)})
@@ -184,31 +191,12 @@ class Trainer:
         self._log(metrics)
         return n_tokens
 
-    def _run_stage(self, fs: Any, batch: B.Batch) -> B.Batch:
-        self.hook.rlforge_stage_start(trainer=self, stage=fs.name, batch=batch)
-        t0 = time.perf_counter()
-        batch = STAGE_IMPLS[fs.stage](self, batch) if fs.stage is not None else fs.fn(batch)
-        seconds = time.perf_counter() - t0
-        key = f"timing_s/{fs.name}"
-        self.step_metrics[key] = self.step_metrics.get(key, 0.0) + seconds
-        self.hook.rlforge_stage_end(trainer=self, stage=fs.name, batch=batch, seconds=seconds)
-        return batch
-
     def next_prompts(self) -> B.Batch:
         """The next ``data.train_batch_size`` training prompts (the data cursor advances)."""
         idx = self.sampler.next_indices()
         draw = f"{self.sampler.epoch}.{self.sampler.position}"  # unique per draw: samples of a prompt share it
         return collate([self.train_prompts[i] for i in idx], self.module.tokenizer.pad_token_id,
                        [f"{draw}-{i}" for i in idx])
-
-    def generate_and_score(self) -> B.Batch:
-        """Draw more prompts and run the flow's stages before the filter on them (for dynamic sampling)."""
-        batch = self.next_prompts()
-        for fs in self.flow.steps:
-            if fs.stage is Stage.FILTER:
-                break
-            batch = self._run_stage(fs, batch)
-        return batch
 
     def validate(self) -> dict[str, float]:
         """Generate on the held-out prompts with the validation sampling config and score them."""
@@ -218,6 +206,7 @@ class Trainer:
         batch = collate(self.val_prompts, self.module.tokenizer.pad_token_id, list(range(len(self.val_prompts))))
         batch = self.controller.generate(batch, SamplingParams.from_config(self.config.rollout, validation=True))
         batch = self.controller.score(batch)
+        batch.meta.pop("metrics", None)  # the reward manager's counters are for training steps
         torch.set_rng_state(rng)
         metrics = validation_metrics(batch)
         self._write_samples("val_samples.jsonl", batch, len(batch))
@@ -246,7 +235,7 @@ class Trainer:
     def save(self) -> Path:
         state = {
             "step": self.step,
-            "controller": self.controller.state_dict(),
+            "controller": self.controller.state_dict(ckpt.staging_dir(self.run_dir, self.step)),
             "sampler": self.sampler.state_dict(),
             "module": self.module.state_dict(),
             "rng": ckpt.rng_state(),
@@ -258,7 +247,7 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = ckpt.load(path, self.module.actor)
-        self.controller.load_state_dict(state["controller"])
+        self.controller.load_state_dict(state["controller"], path)
         self.controller.sync_weights()
         self.sampler.load_state_dict(state["sampler"])
         self.module.load_state_dict(state.get("module", {}))

@@ -65,27 +65,42 @@ def _scored(uids, scores, lengths, width=4):
 
 
 class FakeTrainer:
-    """Serves pre-made batches from generate_and_score, as dynamic sampling asks for more."""
+    """What the overlong-shaping hook reads: the config."""
 
-    def __init__(self, cfg, more):
+    def __init__(self, cfg):
         self.config = cfg
-        self.more = list(more)
-        self.calls = 0
 
-    def generate_and_score(self):
-        self.calls += 1
-        return self.more.pop(0)
+
+def _ctx(cfg, more=(), controller=None):
+    """A step context whose ``regenerate`` serves pre-made batches, as dynamic sampling asks for more."""
+    from rlforge.dataflow import DataFlow, StepContext
+    from rlforge.protocols import SamplingParams
+
+    more = list(more)
+    hook = SimpleNamespace(rlforge_stage_start=lambda **kw: None, rlforge_stage_end=lambda **kw: None)
+    ctx = StepContext(config=cfg, controller=controller, module=None, hook=hook, step=1,
+                      sampling=SamplingParams(), flow=DataFlow("t", []), draw=lambda: more.pop(0))
+    ctx.regenerate = lambda before: ctx._draw()  # the flow before the stage is the identity here
+    return ctx, more
+
+
+def test_dapo_flow_has_the_dynamic_sampling_stage_and_others_can_turn_it_on(pm):
+    names = pm.registry.algorithm.get("dapo")(load_config("dapo", plugins=pm)).flow().names()
+    assert names.index("reward") < names.index("dynamic_sampling") < names.index("old_logprob")
+    cfg = load_config("rloo", ["algorithm.filter_groups=true"], plugins=pm)
+    assert "dynamic_sampling" in pm.registry.algorithm.get("rloo")(cfg).flow().compile().names()
+    assert "dynamic_sampling" not in pm.registry.algorithm.get("grpo")(load_config("grpo", plugins=pm)).flow().names()
 
 
 def test_dynamic_sampling_drops_uniform_groups_and_refills(pm):
     cfg = load_config("dapo", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2"], plugins=pm)
     first = _scored(["a", "a", "b", "b"], [1, 1, 0, 1], [2, 2, 2, 2])  # a uniform -> dropped, b kept
     second = _scored(["c", "c", "d", "d"], [0, 0, 1, 0], [1, 3, 2, 2])  # c dropped, d kept
-    trainer = FakeTrainer(cfg, [second])
-    out = shaping.rlforge_filter_groups(trainer=trainer, batch=first)
+    ctx, more = _ctx(cfg, [second])
+    out = shaping.DynamicSampling().run(ctx, first)
     assert out[B.UID] == ["b", "b", "d", "d"]
-    assert trainer.calls == 1
-    assert out.meta["metrics"] == {"train/gen_batches": 2.0, "train/kept_groups": 2.0}
+    assert more == []
+    assert ctx.metrics == {"train/gen_batches": 2.0, "train/kept_groups": 2.0}
     # prompt layout stays [left-padded prompt | response] after concatenation
     assert out[B.INPUT_IDS].shape[1] == out[B.PROMPTS].shape[1] + out[B.RESPONSES].shape[1]
 
@@ -94,24 +109,23 @@ def test_dynamic_sampling_stops_at_the_generation_cap(pm):
     cfg = load_config("dapo", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
                                "algorithm.max_gen_batches=2"], plugins=pm)
     uniform = _scored(["a", "a"], [1, 1], [2, 2])
-    trainer = FakeTrainer(cfg, [_scored(["c", "c"], [0, 0], [2, 2])])
-    out = shaping.rlforge_filter_groups(trainer=trainer, batch=uniform)
-    assert trainer.calls == 1
+    ctx, more = _ctx(cfg, [_scored(["c", "c"], [0, 0], [2, 2])])
+    out = shaping.DynamicSampling().run(ctx, uniform)
+    assert more == []
     assert out[B.UID] == ["a", "a"]  # nothing informative: the original batch trains (zero advantages)
-    assert out.meta["metrics"]["train/kept_groups"] == 0.0
+    assert ctx.metrics["train/kept_groups"] == 0.0
 
 
-def test_filter_hook_is_off_unless_enabled(pm):
+def test_overlong_hook_is_off_unless_enabled(pm):
     cfg = load_config("grpo", plugins=pm)
-    assert shaping.rlforge_filter_groups(trainer=FakeTrainer(cfg, []), batch=_scored(["a", "a"], [1, 1], [2, 2])) is None
-    assert shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg, []), batch=_scored(["a"], [1], [2])) is None
+    assert shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg), batch=_scored(["a"], [1], [2])) is None
 
 
 def test_overlong_shaping_penalizes_the_last_token(pm):
     cfg = load_config("dapo", ["rollout.max_new_tokens=4", "algorithm.overlong_buffer=2",
                                "algorithm.overlong_penalty=1.0"], plugins=pm)
     batch = _scored(["a", "a", "a"], [1, 1, 1], [2, 3, 4])
-    out = shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg, []), batch=batch)
+    out = shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg), batch=batch)
     # expected length 4 - 2 = 2: lengths 2, 3, 4 exceed it by 0, 1, 2 -> penalties 0, -0.5, -1
     assert out[B.TOKEN_LEVEL_REWARDS].sum(-1).tolist() == [1.0, 0.5, 0.0]
     assert out[B.TOKEN_LEVEL_REWARDS][1, 2] == 0.5
@@ -130,12 +144,14 @@ def test_remax_baseline_is_the_greedy_score(pm):
         batch[B.SCORES] = torch.tensor([0.25 if u == "p" else 0.75 for u in batch[B.UID]])
         return batch
 
-    module.trainer = SimpleNamespace(controller=SimpleNamespace(generate=generate, score=score))
+    ctx, _ = _ctx(cfg, controller=SimpleNamespace(generate=generate, score=score))
     batch = _scored(["p", "p", "q", "q"], [1, 0, 0, 1], [2, 2, 2, 2])
     batch[B.RAW_PROMPT] = [[{"content": "x"}]] * 4
     for col in (B.DATA_SOURCE, B.GROUND_TRUTH, B.EXTRA_INFO):
         batch[col] = [None] * 4
-    out = module.greedy_baseline(batch)
+    stage = next(s for s in module.flow().stages if s.name == "greedy_baseline")
+    out = stage.run(ctx, batch)
+    assert ctx.metrics["critic/greedy_score/mean"] == 0.5
     assert calls[0].temperature == 0 and calls[0].n == 1
     assert out[B.REWARD_BASELINES].tolist() == [0.25, 0.25, 0.75, 0.75]
     adv = module.compute_advantages(out)[B.ADVANTAGES]

@@ -20,7 +20,7 @@ STEPS, WINDOW = 40, 10
 def test_algorithm_raises_the_reward(tmp_path, algo):
     cfg = load_config(algo, [
         f"trainer.runs_root={tmp_path}", f"trainer.total_steps={STEPS}", "trainer.val_before_train=false",
-        "trainer.save_every=0", "trainer.val_every=0", "data.val_size=16", "trainer.progress=false",
+        "trainer.save_every=0", "trainer.val_every=0", "data.arith.val_size=16", "trainer.progress=false",
         "logger.backends=[]",
     ])
     trainer = Trainer(cfg)

@@ -187,7 +187,7 @@ def test_arith_rows_unique_and_exclude() -> None:
 
 
 def test_arith_rows_too_many_unique() -> None:
-    with pytest.raises(DataError, match="data.max_operand"):
+    with pytest.raises(DataError, match="data.arith.max_operand"):
         arith_rows(17, 3, seed=0, unique=True)  # only 16 distinct questions
     assert len(arith_rows(16, 3, seed=0, unique=True)) == 16
 
@@ -195,7 +195,7 @@ def test_arith_rows_too_many_unique() -> None:
 @pytest.fixture(scope="module")
 def arith_config():
     return rlforge.load_config(
-        overrides=["data.train_size=3000", "data.val_size=60", "data.max_operand=15"],
+        overrides=["data.arith.train_size=3000", "data.arith.val_size=60", "data.arith.max_operand=15"],
         plugins=PluginManager(autoload=False),
     )
 
@@ -217,7 +217,7 @@ def test_arith_dataset_is_deterministic(arith_config) -> None:
 
 def test_arith_dataset_train_depends_on_seed_val_does_not(arith_config) -> None:
     other = rlforge.load_config(
-        overrides=["data.train_size=3000", "data.val_size=60", "data.max_operand=15", "trainer.seed=2"],
+        overrides=["data.arith.train_size=3000", "data.arith.val_size=60", "data.arith.max_operand=15", "trainer.seed=2"],
         plugins=PluginManager(autoload=False),
     )
     assert arith_dataset(other, "val") == arith_dataset(arith_config, "val")

@@ -21,7 +21,8 @@ import torch.multiprocessing as mp
 from rlforge import batch as B
 from rlforge import load_config
 from rlforge.algorithms.grpo import GRPO
-from rlforge.controller.worker import ActorWorker, shard_for_update, split_even, split_rows
+from rlforge.controller.dispatch import shard_for_update, split_even, split_rows
+from rlforge.controller.worker import ActorWorker
 from rlforge.plugin_manager import PluginManager
 from rlforge.protocols import SamplingParams
 from tests.controller.test_worker import SGDGRPO, _rollout_batch
@@ -69,7 +70,7 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     torch.set_num_threads(1)
     pm = PluginManager(autoload=False)
     cfg = _config(pm, "strategy.name=fsdp", "strategy.device=cpu", f"strategy.num_processes={WORLD}",
-                  f"strategy.weight_sync_bucket_mb={BUCKET_MB}")
+                  f"strategy.fsdp.weight_sync_bucket_mb={BUCKET_MB}")
     out: dict = {}
     # 1. SGD update on this rank's share of the same batch
     worker, module = _worker(pm, cfg, SGDGRPO)

@@ -1,4 +1,4 @@
-"""The hf engine with ``rollout.compile=true``: a compiled decoding step on a static KV cache generates what
+"""The hf engine with ``rollout.hf.compile=true``: a compiled decoding step on a static KV cache generates what
 the plain engine generates, follows in-place weight updates, and reports the actor's log-probs."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ GREEDY = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
 @pytest.fixture(scope="module")
 def engines(pm):
     cfg = load_config("grpo", ["rollout.max_new_tokens=6", "data.max_prompt_length=24"], plugins=pm)
-    compiled_cfg = load_config("grpo", ["rollout.max_new_tokens=6", "data.max_prompt_length=24", "rollout.compile=true"],
+    compiled_cfg = load_config("grpo", ["rollout.max_new_tokens=6", "data.max_prompt_length=24", "rollout.hf.compile=true"],
                                plugins=pm)
     tok = load_tokenizer(cfg.model.path)
     actor = load_model(cfg.model.path)

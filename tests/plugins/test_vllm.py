@@ -266,7 +266,7 @@ def test_other_algorithms_run_on_vllm(tmp_path, algo):
     repeated generation rounds of dynamic sampling (dapo)."""
     cfg = load_config(algo, [
         "rollout.name=vllm", f"trainer.runs_root={tmp_path}", "trainer.total_steps=2", "trainer.val_every=0",
-        "trainer.val_before_train=false", "data.val_size=8", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
+        "trainer.val_before_train=false", "data.arith.val_size=8", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
         "critic.ppo_mini_batch_size=4", "trainer.progress=false", "logger.backends=[]",
     ])
     trainer = Trainer(cfg)

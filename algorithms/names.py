@@ -1,0 +1,7 @@
+"""The names of the loss-aggregation modes and KL estimators (no torch here: config validation uses them
+before any model or heavy library loads)."""
+
+from __future__ import annotations
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs")

@@ -1,0 +1,88 @@
+"""The one place where a composed config becomes objects (Lightning's connector).
+
+``Builder(config, plugins)`` looks every component up in the registries by the name the config gives and
+constructs it with the factory signature of its kind (``rlforge.protocols``). The Trainer, each Ray rank
+(for its own role), ``rlforge eval``/``generate``/``sft`` and the tests all build through it, so a component
+is configured the same way wherever it runs. A built object that does not satisfy its kind's Protocol is an
+error naming the component and its plugin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from rlforge.errors import RLForgeError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from rlforge.module import RLModule
+    from rlforge.plugin_manager import PluginManager
+    from rlforge.protocols import (
+        Controller,
+        Logger,
+        RewardManager,
+        RolloutEngine,
+        Strategy,
+    )
+
+
+class Builder:
+    """Builds the components a config selects. ``plugins``: the PluginManager the config was composed with."""
+
+    def __init__(self, config: DictConfig, plugins: PluginManager) -> None:
+        self.config = config
+        self.plugins = plugins
+        self.registry = plugins.registry
+        self.hook = plugins.hook
+
+    def _build(self, kind: str, name: str, *args: Any) -> Any:
+        from rlforge import protocols
+
+        entry = getattr(self.registry, kind).entry(name)
+        obj = entry.obj(*args)
+        proto = getattr(protocols, self.registry.SPECS[kind].protocol, None)
+        if proto is not None and getattr(proto, "_is_runtime_protocol", False) and not isinstance(obj, proto):
+            missing = [m for m in _members(proto) if not hasattr(obj, m)]
+            raise RLForgeError(
+                f"{self.registry.SPECS[kind].key}={name}: the {kind.replace('_', ' ')} registered by plugin "
+                f"'{entry.plugin}' does not implement rlforge.protocols.{proto.__name__} (missing: "
+                f"{', '.join(missing)}). See docs/plugins.md."
+            )
+        return obj
+
+    def module(self, module: RLModule | None = None, roles: Collection[str] | None = None) -> RLModule:
+        """The algorithm (``algorithm.name``) or the given module, with its tokenizer loaded; ``roles`` limits
+        the models ``configure_model`` will load (default: all the algorithm needs)."""
+        if module is None:
+            module = self.registry.algorithm.get(self.config.algorithm.name)(self.config)
+        if roles is not None:
+            module.roles = frozenset(roles)
+        if module.tokenizer is None:
+            module.configure_tokenizer()
+        return module
+
+    def strategy(self) -> Strategy:
+        return self._build("strategy", self.config.strategy.name, self.config)
+
+    def rollout(self, model: Any, tokenizer: Any) -> RolloutEngine:
+        return self._build("rollout", self.config.rollout.name, self.config, model, tokenizer)
+
+    def reward(self, tokenizer: Any) -> RewardManager:
+        return self._build("reward_manager", self.config.reward.manager, self.config, tokenizer, self.registry)
+
+    def loggers(self, run_dir: str) -> list[Logger]:
+        return [self._build("logger", name, self.config, run_dir) for name in self.config.logger.backends]
+
+    def dataset(self, split: str) -> list[dict[str, Any]]:
+        """The rows of ``split`` (``train`` or ``val``) of ``data.name``."""
+        return self.registry.dataset.get(self.config.data.name)(self.config, split)
+
+    def controller(self, module: RLModule) -> Controller:
+        """The controller (``trainer.controller``); it builds its workers through this builder."""
+        return self._build("controller", self.config.trainer.controller, self, module)
+
+
+def _members(proto: type) -> list[str]:
+    return sorted(n for n in getattr(proto, "__protocol_attrs__", set()) if not n.startswith("_"))

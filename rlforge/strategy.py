@@ -1,0 +1,122 @@
+"""``BaseStrategy``: what every strategy shares. A strategy owns the parts of training that depend on how the
+model is laid out over devices: placement, backward, gradient clipping, the optimizer step, state dicts and
+the sharded checkpoint layout (the ``Strategy`` Protocol in ``rlforge.protocols``).
+
+State dicts go through ``torch.distributed.checkpoint.state_dict``, which handles plain and FSDP2 models
+alike: full state dicts are gathered on the CPU (complete on rank 0), sharded ones are written by every rank
+into one ``torch.distributed.checkpoint`` folder that any number of ranks can load. Subclasses implement
+``setup_model`` and the collectives (``all_reduce_sum``/``all_reduce_max``; one process: the identity).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _full_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # gathered on rank 0, on the CPU: what full checkpoints store and what any number of ranks can load
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class BaseStrategy:
+    """Defaults for the ``Strategy`` contract; a subclass sets ``device``, ``rank``, ``world_size``."""
+
+    device: torch.device
+    rank = 0
+    world_size = 1
+
+    def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        raise NotImplementedError(f"{type(self).__name__}.setup_model")  # abstract
+
+    def all_reduce_sum(self, value: float) -> float:
+        raise NotImplementedError(f"{type(self).__name__}.all_reduce_sum")  # abstract
+
+    def all_reduce_max(self, value: float) -> float:
+        raise NotImplementedError(f"{type(self).__name__}.all_reduce_max")  # abstract
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float:
+        """Clip the gradients of ``model`` to ``max_norm`` (0: only measure) and return their total norm."""
+        import torch
+
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if max_norm and max_norm > 0:
+            return float(torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None],
+                                                        max_norm))
+        return float(torch.nn.utils.get_total_norm(grads))
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights, name by name, for the rollout engine (a sharded strategy gathers them)."""
+        for name, p in model.named_parameters():
+            yield name, p.detach()
+
+    # --- state ------------------------------------------------------------------------------------------
+    def model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The model's full weights on the CPU (complete on rank 0 only). Collective."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=_full_options())
+
+    def load_model_state_dict(self, model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+        """Load full weights (every rank gets them; sharded models keep their shard)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+
+    def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer state, gathered (complete on rank 0 only). Collective."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=_full_options())
+
+    def load_optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                                  state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+    def save_sharded(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Write model and optimizer shards to ``path`` (every rank its own part). Collective."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(_sharded_state(model, optimizer), checkpoint_id=str(path))
+
+    def load_sharded(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Load what :meth:`save_sharded` wrote, into any number of ranks. Collective."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        state = _sharded_state(model, optimizer)
+        dcp.load(state, checkpoint_id=str(path))
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def _sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
