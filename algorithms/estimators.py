@@ -253,17 +253,19 @@ def reinforce_pp_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted reward-to-go per token, whitened over the batch.
 
-    Backwards: ``G_t = r_t + gamma * G_{t+1}``, with the running return reset to 0 at every masked
-    position (so nothing flows backwards across padding or a masked span, as in verl).
-    ``advantages = masked_whiten(G)``; ``returns = G``. Both are 0 on masked positions.
+    Backwards over valid positions: ``G_t = r_t + gamma * G_next``, where ``G_next`` belongs to the next
+    *valid* position (0 past the end). Masked positions (padding, or a tool-output / user-turn span of a
+    multi-turn response) are skipped as in verl: the running return is carried through them unchanged,
+    their rewards are ignored and they do not count as a discount step, so the final score reaches every
+    earlier turn. ``advantages = masked_whiten(G)``; ``returns = G``. Both are 0 on masked positions.
     """
     with torch.no_grad():
         valid = mask.bool()
         running = torch.zeros_like(token_level_rewards[:, 0])
         returns = torch.zeros_like(token_level_rewards)
         for t in reversed(range(token_level_rewards.shape[-1])):
-            running = torch.where(valid[:, t], token_level_rewards[:, t] + gamma * running, 0.0)
-            returns[:, t] = running
+            running = torch.where(valid[:, t], token_level_rewards[:, t] + gamma * running, running)
+            returns[:, t] = torch.where(valid[:, t], running, 0.0)
         advantages = _where(mask, masked_whiten(returns, mask))
     return advantages, returns
 

@@ -157,6 +157,26 @@ def test_agg_loss_ignores_masked_values_even_if_huge() -> None:
         assert F.agg_loss(loss, MASK, mode).item() == pytest.approx(EXPECTED[mode], rel=1e-6)
 
 
+# multi-turn masks: holes where tool output / user turns were inserted, padding after the last turn
+MT_MASK = torch.tensor([[1.0, 1, 0, 0, 0, 1, 1, 0], [1.0, 0, 0, 1, 1, 0, 0, 0]])
+MT_LOSS = torch.tensor([[1.0, 2, 50, 50, 50, 3, 4, 50], [6.0, 50, 50, 3, 3, 50, 50, 50]])  # 50: masked
+# row 0: model tokens 1 + 2 + 3 + 4 = 10 (4 tokens); row 1: 6 + 3 + 3 = 12 (3 tokens); 7 tokens, 2 rows
+MT_EXPECTED = {
+    "token-mean": (10 + 12) / 7,
+    "seq-mean-token-sum": (10 + 12) / 2,
+    "seq-mean-token-mean": (10 / 4 + 12 / 3) / 2,  # (2.5 + 4) / 2 = 3.25: the holes do not count
+    "seq-mean-token-sum-norm": (10 / 8 + 12 / 8) / 2,  # the padded width 8, holes included
+}
+
+
+@pytest.mark.parametrize("mode", F.LOSS_AGG_MODES)
+def test_agg_loss_multi_turn_mask(mode: str) -> None:
+    assert F.agg_loss(MT_LOSS, MT_MASK, mode).item() == pytest.approx(MT_EXPECTED[mode], rel=1e-6)
+    loss = MT_LOSS.clone().requires_grad_(True)
+    F.agg_loss(loss, MT_MASK, mode).backward()
+    assert (loss.grad[MT_MASK == 0] == 0).all()  # no gradient reaches an observation or padding token
+
+
 @pytest.mark.parametrize("mode", F.LOSS_AGG_MODES)
 @pytest.mark.parametrize("split", [[1, 2], [2, 1], [1, 1, 1]])
 def test_agg_loss_micro_batches_sum_to_full_batch(mode: str, split: list[int]) -> None:
