@@ -22,6 +22,7 @@ from rlforge.algorithms.estimators import (
     gpg_advantage,
     group_index,
     grpo_outcome_advantage,
+    grpo_passk_advantage,
     masked_var,
     masked_whiten,
     opo_advantage,
@@ -158,8 +159,8 @@ __all__ = [
     # constants
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "LOG_RATIO_CLAMP", "GSPO_LOG_RATIO_CLAMP",
     # advantage estimators (estimators.py)
-    "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "rloo_outcome_advantage",
-    "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
+    "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "grpo_passk_advantage",
+    "rloo_outcome_advantage", "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
     "reinforce_pp_advantage", "remax_advantage",
     # losses (losses.py)
     "agg_loss", "clipped_policy_loss", "gspo_policy_loss", "gpg_policy_loss", "value_loss", "kl_penalty",

@@ -12,13 +12,28 @@ import torch
 
 from rlforge.ops import masked_sum
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "kl", "k2", "mse", "k3", "low_var_kl", "abs")
 LOG_RATIO_CLAMP = 20.0
 GSPO_LOG_RATIO_CLAMP = 10.0  # upper clamp of GSPO's sequence log-ratio (verl)
 
 
 # --- loss aggregation -----------------------------------------------------------------------------
+# Each mode: (loss_mat, mask, tokens, seqs, norm_length) -> scalar. ``tokens``/``seqs`` are the counts
+# of the whole mini-batch (all micro-batches and ranks); the workers sum gradients over ranks.
+
+
+def _seq_sums(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked_sum(loss_mat, mask, dim=-1)
+
+
+_AGG_MODES = {
+    "token-mean": lambda x, m, tokens, seqs, n: masked_sum(x, m) / tokens,
+    "token-sum": lambda x, m, tokens, seqs, n: masked_sum(x, m),
+    "seq-mean-token-sum": lambda x, m, tokens, seqs, n: _seq_sums(x, m).sum() / seqs,
+    "seq-mean-token-mean": lambda x, m, tokens, seqs, n: (_seq_sums(x, m) / m.sum(-1).clamp(min=1)).sum() / seqs,
+    "seq-mean-token-sum-norm": lambda x, m, tokens, seqs, n: (_seq_sums(x, m) / n).sum() / seqs,
+}
+LOSS_AGG_MODES = tuple(_AGG_MODES)
 
 
 def agg_loss(
@@ -32,31 +47,26 @@ def agg_loss(
     """Aggregate a ``[B, R]`` loss matrix to a scalar.
 
     - ``token-mean``: sum over valid tokens / ``global_tokens``.
+    - ``token-sum``: sum over valid tokens (no normalization).
     - ``seq-mean-token-sum``: per-sequence token sum, then sum / ``global_seqs``.
     - ``seq-mean-token-mean``: per-sequence token mean, then sum / ``global_seqs``.
     - ``seq-mean-token-sum-norm``: per-sequence token sum / ``norm_length``, then sum / ``global_seqs``
       (Dr. GRPO; ``norm_length`` defaults to the padded response length ``R``).
 
     ``global_tokens``/``global_seqs`` are the counts over the whole mini-batch (all micro-batches and
-    ranks); they default to this batch's own counts, which makes the result a plain mean. Passing the
-    global counts makes the sum of micro-batch losses equal the mini-batch loss.
+    ranks); passing them makes the sum of micro-batch losses equal the mini-batch loss. They default to
+    this batch's own counts: its valid tokens, and its sequences with at least one valid token (as verl
+    counts them), so the result is a plain mean over the non-empty rows. Both are clamped to >= 1.
     """
+    aggregate = _AGG_MODES.get(mode)
+    if aggregate is None:
+        raise ValueError(f"Unknown loss_agg_mode '{mode}'. Allowed: {', '.join(LOSS_AGG_MODES)}.")
     mask = mask.to(loss_mat.dtype)
     if global_tokens is None:
         global_tokens = float(mask.sum().clamp(min=1))
     if global_seqs is None:
-        global_seqs = float(loss_mat.shape[0])
-    if mode == "token-mean":
-        return masked_sum(loss_mat, mask) / global_tokens
-    seq_sum = masked_sum(loss_mat, mask, dim=-1)
-    if mode == "seq-mean-token-sum":
-        return seq_sum.sum() / global_seqs
-    if mode == "seq-mean-token-mean":
-        return (seq_sum / mask.sum(-1).clamp(min=1)).sum() / global_seqs
-    if mode == "seq-mean-token-sum-norm":
-        length = float(norm_length or loss_mat.shape[-1])
-        return (seq_sum / length).sum() / global_seqs
-    raise ValueError(f"Unknown loss_agg_mode '{mode}'. Allowed: {', '.join(LOSS_AGG_MODES)}.")
+        global_seqs = float((mask.sum(-1) > 0).sum().clamp(min=1))
+    return aggregate(loss_mat, mask, global_tokens, global_seqs, float(norm_length or loss_mat.shape[-1]))
 
 
 # --- policy loss ----------------------------------------------------------------------------------

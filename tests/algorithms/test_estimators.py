@@ -167,6 +167,31 @@ def test_group_ids_length_must_match() -> None:
         F.grpo_outcome_advantage(rewards, mask, ["a", "a", "b"])
 
 
+# --- GRPO pass@k -----------------------------------------------------------------------------------------
+
+
+def test_grpo_passk_only_the_best_sample_learns() -> None:
+    rewards, mask = _outcome([1.0, 3.0, 2.0, 0.5, 0.5, 0.0, 4.0, 1.0, 1.0], [3, 2, 1, 3, 3, 1, 2, 3, 3])
+    ids = ["a"] * 3 + ["b"] * 2 + ["c"] * 4
+    adv, ret = F.grpo_passk_advantage(rewards, mask, ids)
+    # a: best 3, second 2 -> 1; std of [1, 3, 2]: mean 2, squares 1 + 1 + 0 = 2, unbiased 2/2 = 1 -> 1/(1+eps)
+    # b: tie [0.5, 0.5] -> the first is "best", 0.5 - 0.5 = 0 (std 0: 0 / eps = 0)
+    # c: best 4, second 1 -> 3; std of [0, 4, 1, 1]: mean 1.5, squares 2.25 + 6.25 + .25 + .25 = 9, /3 -> sqrt 3
+    a, c = 1.0 / (1.0 + EPS), 3.0 / (math.sqrt(3.0) + EPS)
+    _close(adv, _broadcast([0.0, a, 0.0, 0.0, 0.0, 0.0, c, 0.0, 0.0], mask))
+    _close(ret, adv)
+    adv, _ = F.grpo_passk_advantage(rewards, mask, ids, norm_adv_by_std=False)
+    _close(adv, _broadcast([0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 3.0, 0.0, 0.0], mask))
+
+
+def test_grpo_passk_interleaved_groups_and_singleton() -> None:
+    rewards, mask = _outcome([0.0, 2.0, 1.0, 0.0], [1, 1, 1, 1], width=1)
+    adv, _ = F.grpo_passk_advantage(rewards, mask, [1, 2, 1, 2], norm_adv_by_std=False)
+    _close(adv[:, 0], [0.0, 2.0, 1.0, 0.0])  # group 1: [0, 1] -> row 2 gets 1; group 2: [2, 0] -> row 1 gets 2
+    with pytest.raises(ValueError, match="row 2 is alone"):
+        F.grpo_passk_advantage(rewards[:3], mask[:3], [1, 1, 2])
+
+
 # --- RLOO ----------------------------------------------------------------------------------------------
 
 
@@ -322,6 +347,12 @@ def test_multi_turn_grpo_and_dr_grpo() -> None:
     _close(adv, _mt([0.5, -0.5, 1.0, -1.0]))
 
 
+def test_multi_turn_grpo_passk() -> None:
+    adv, _ = F.grpo_passk_advantage(_trajectory(MT_SCORES), MT_MASK, MT_IDS)
+    # a: best row 0, 1 - 0 = 1 over std sqrt(0.5); b: best row 2, 2 - 0 = 2 over std sqrt(2)
+    _close(adv, _mt([1.0 / (math.sqrt(0.5) + EPS), 0.0, 2.0 / (math.sqrt(2.0) + EPS), 0.0]))
+
+
 def test_multi_turn_rloo() -> None:
     adv, ret = F.rloo_outcome_advantage(_trajectory(MT_SCORES), MT_MASK, MT_IDS)
     # groups of 2: r_i - r_other -> a: 1 - 0, 0 - 1; b: 2 - 0, 0 - 2
@@ -429,7 +460,7 @@ def test_multi_turn_gae_and_reinforce_pp_match_verl_on_model_tokens(seed: int) -
 
 
 @pytest.mark.parametrize(
-    "name", ["grpo", "rloo", "opo", "gpg", "rpp_baseline", "rpp", "remax", "gae"]
+    "name", ["grpo", "passk", "rloo", "opo", "gpg", "rpp_baseline", "rpp", "remax", "gae"]
 )
 def test_masked_positions_are_zero_and_do_not_matter(name: str) -> None:
     g = torch.Generator().manual_seed(0)
@@ -439,6 +470,7 @@ def test_masked_positions_are_zero_and_do_not_matter(name: str) -> None:
     ids = ["a", "a", "b", "b"]
     fns = {
         "grpo": lambda r, v: F.grpo_outcome_advantage(r, mask, ids),
+        "passk": lambda r, v: F.grpo_passk_advantage(r, mask, ids),
         "rloo": lambda r, v: F.rloo_outcome_advantage(r, mask, ids),
         "opo": lambda r, v: F.opo_advantage(r, mask, ids),
         "gpg": lambda r, v: F.gpg_advantage(r, mask, ids),
@@ -453,7 +485,7 @@ def test_masked_positions_are_zero_and_do_not_matter(name: str) -> None:
     assert adv[mask == 1].abs().sum() > 0
     # garbage values on masked positions change nothing (outcome estimators sum the reward row as
     # verl does, so their masked *rewards* stay 0 here; token-level ones also get garbage rewards)
-    outcome = name in ("grpo", "rloo", "opo", "gpg", "rpp_baseline")
+    outcome = name in ("grpo", "passk", "rloo", "opo", "gpg", "rpp_baseline")
     dirty_r = rewards if outcome else torch.where(mask.bool(), rewards, 123.0)
     adv2, ret2 = fns[name](dirty_r, torch.where(mask.bool(), values, -77.0))
     _close(adv2, adv)

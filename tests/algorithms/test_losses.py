@@ -128,6 +128,7 @@ VMASK = _t([[1, 1], [1, 0]])
 # tok2: clip(2.0, 2.5, 3.5) = 2.5; (2-1)^2 = 1 < (2.5-1)^2 = 2.25 -> 2.25, clipped
 VALUE_EXPECTED = {
     "token-mean": 0.5 * (0.25 + 1 + 2.25) / 3,
+    "token-sum": 0.5 * (0.25 + 1 + 2.25),
     "seq-mean-token-sum": 0.5 * ((0.25 + 1) + 2.25) / 2,
     "seq-mean-token-mean": 0.5 * ((0.25 + 1) / 2 + 2.25 / 1) / 2,
     "seq-mean-token-sum-norm": 0.5 * ((0.25 + 1) / 2 + 2.25 / 2) / 2,
