@@ -2,7 +2,8 @@
 
 This module is the public import point (``from rlforge.algorithms import functional as F``). The
 advantage estimators live in :mod:`rlforge.algorithms.estimators`, the losses in
-:mod:`rlforge.algorithms.losses`; both are re-exported here. Defined here: the KL-in-reward penalty
+:mod:`rlforge.algorithms.losses`, the rollout correction in :mod:`rlforge.algorithms.rollout_correction`;
+all are re-exported here. Defined here: the KL-in-reward penalty
 and its coefficient controllers, and DAPO's reward shaping and group filter.
 
 Semantics follow verl's definitions (docs/algorithms/formulas.md lists each formula, its verl
@@ -42,6 +43,18 @@ from rlforge.algorithms.losses import (
     gspo_policy_loss,
     kl_penalty,
     value_loss,
+)
+from rlforge.algorithms.rollout_correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_OPTIONS,
+    compute_rollout_correction,
+    normalize_is_weights,
+    parse_is_threshold,
+    parse_rs_options,
+    parse_rs_thresholds,
+    rollout_correction_metrics,
+    rollout_is_weights,
+    rollout_rejection_mask,
 )
 
 # --- KL penalty in the reward ---------------------------------------------------------------------
@@ -164,6 +177,10 @@ __all__ = [
     "reinforce_pp_advantage", "remax_advantage",
     # losses (losses.py)
     "agg_loss", "clipped_policy_loss", "gspo_policy_loss", "gpg_policy_loss", "value_loss", "kl_penalty",
+    # rollout correction (rollout_correction.py)
+    "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "parse_is_threshold", "parse_rs_options", "parse_rs_thresholds",
+    "rollout_is_weights", "normalize_is_weights", "rollout_rejection_mask", "rollout_correction_metrics",
+    "compute_rollout_correction",
     # KL in reward, DAPO (here)
     "kl_in_reward", "FixedKLController", "AdaptiveKLController", "overlong_penalty", "uniform_group_mask",
 ]

@@ -69,6 +69,11 @@ def agg_loss(
     return aggregate(loss_mat, mask, global_tokens, global_seqs, float(norm_length or loss_mat.shape[-1]))
 
 
+def _weighted(loss: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """The per-token loss times the rollout-correction weights, when given (as verl's policy losses)."""
+    return loss if rollout_is_weights is None else loss * rollout_is_weights
+
+
 # --- policy loss ----------------------------------------------------------------------------------
 
 
@@ -80,14 +85,16 @@ def clipped_policy_loss(
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate per token, with dual-clip where the advantage is negative.
 
     ``ratio = exp(clamp(log_prob - old_log_prob, -20, 20))``;
     ``L = max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``, and where ``A < 0`` additionally
-    ``L = min(L, -A * clip_ratio_c)``. Returns the ``[B, R]`` loss matrix (to be aggregated with
-    :func:`agg_loss`) and ``[B, R]`` indicator matrices for metrics: ``clipped``, ``clipped_lower``,
-    ``neg_log_ratio`` (the per-token approximate KL ``old - new``).
+    ``L = min(L, -A * clip_ratio_c)``; times ``rollout_is_weights`` (``[B, R]``, rollout correction)
+    when given. Returns the ``[B, R]`` loss matrix (to be aggregated with :func:`agg_loss`) and
+    ``[B, R]`` indicator matrices for metrics: ``clipped``, ``clipped_lower``, ``neg_log_ratio`` (the
+    per-token approximate KL ``old - new``).
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip, got {clip_ratio_c}")
@@ -104,7 +111,7 @@ def clipped_policy_loss(
         "clipped_lower": ((loss_ppo > loss_dual) & negative).float(),
         "neg_log_ratio": -log_ratio,
     }
-    return loss * mask, stats
+    return _weighted(loss, rollout_is_weights) * mask, stats
 
 
 # --- KL -------------------------------------------------------------------------------------------
@@ -147,6 +154,7 @@ def gspo_policy_loss(
     mask: torch.Tensor,
     clip_ratio_low: float = 3e-4,
     clip_ratio_high: float = 4e-4,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO (token form): PPO clipping on the length-normalized *sequence* importance ratio.
 
@@ -155,8 +163,8 @@ def gspo_policy_loss(
     every token of the sequence while the gradient flows through each token's own log-prob
     (``d s_{i,t} / d log_prob_t = s_{i,t}``); ``sg`` stops the gradient.
     ``L = max(-A s_{i,t}, -A clip(s_{i,t}, 1 - low, 1 + high))``, no dual clip. The clip ranges are
-    tiny because ``s_i`` is a geometric mean. Aggregate with ``seq-mean-token-mean`` to get GSPO's
-    objective. Stats (``[B, R]``): ``clipped``, ``clipped_lower`` (always 0), ``neg_log_ratio``
+    tiny because ``s_i`` is a geometric mean. ``rollout_is_weights`` multiply the per-token loss when
+    given. Aggregate with ``seq-mean-token-mean`` to get GSPO's objective. Stats (``[B, R]``): ``clipped``, ``clipped_lower`` (always 0), ``neg_log_ratio``
     (per token ``old - new``).
     """
     valid = mask.bool()
@@ -173,17 +181,21 @@ def gspo_policy_loss(
         "clipped_lower": torch.zeros_like(loss, dtype=torch.float32),
         "neg_log_ratio": -log_ratio.detach(),
     }
-    return torch.where(valid, loss, 0.0), stats
+    return torch.where(valid, _weighted(loss, rollout_is_weights), 0.0), stats
 
 
 def gpg_policy_loss(
-    log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GPG: the plain policy-gradient loss ``-log_prob * A`` per valid token (no ratio, no clipping).
+    """GPG: the plain policy-gradient loss ``-log_prob * A`` per valid token (no ratio, no clipping),
+    times ``rollout_is_weights`` when given.
 
     Stats ``clipped`` and ``clipped_lower`` are ``[B, R]`` zeros, for metric code shared with PPO.
     """
-    loss = torch.where(mask.bool(), -log_prob * advantages, 0.0)
+    loss = torch.where(mask.bool(), _weighted(-log_prob * advantages, rollout_is_weights), 0.0)
     zeros = torch.zeros_like(loss, dtype=torch.float32)
     return loss, {"clipped": zeros, "clipped_lower": zeros.clone()}
 
