@@ -3,7 +3,9 @@
 - the clipped policy loss (dual-clip) + optional KL loss to the reference + entropy bonus;
 - the shared ``algorithm.*`` options: KL in the reward (fixed or adaptive coefficient), the constant
   length of ``seq-mean-token-sum-norm``, DAPO's dynamic sampling and overlong shaping (applied by the
-  hooks in :mod:`rlforge.algorithms.shaping`, for any algorithm that turns them on).
+  hooks in :mod:`rlforge.algorithms.shaping`, for any algorithm that turns them on), and the rollout
+  correction options ``rollout_is*``/``rollout_rs*`` (the policy loss multiplies its per-token loss by
+  the batch's ``rollout_is_weights`` column when a stage has written it).
 
 Subclasses implement ``compute_advantages`` and may swap ``pg_loss_matrix`` (GSPO, GPG).
 """
