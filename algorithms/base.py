@@ -3,7 +3,9 @@
 - the clipped policy loss (dual-clip) + optional KL loss to the reference + entropy bonus;
 - the shared ``algorithm.*`` options: KL in the reward (fixed or adaptive coefficient), the constant
   length of ``seq-mean-token-sum-norm``, DAPO's dynamic sampling and overlong shaping (applied by the
-  hooks in :mod:`rlforge.algorithms.shaping`, for any algorithm that turns them on).
+  hooks in :mod:`rlforge.algorithms.shaping`, for any algorithm that turns them on), and the rollout
+  correction options ``rollout_is*``/``rollout_rs*`` (the policy loss multiplies its per-token loss by
+  the batch's ``rollout_is_weights`` column when a stage has written it).
 
 Subclasses implement ``compute_advantages`` and may swap ``pg_loss_matrix`` (GSPO, GPG).
 """
@@ -11,8 +13,9 @@ Subclasses implement ``compute_advantages`` and may swap ``pg_loss_matrix`` (GSP
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
+from rlforge.algorithms import rollout_correction as RC
 from rlforge.algorithms.names import KL_ESTIMATORS, LOSS_AGG_MODES
 from rlforge.algorithms.shaping import DynamicSampling
 
@@ -31,6 +34,9 @@ else:
     F = lazy_import("rlforge.algorithms.functional")
 
 KL_TYPES = KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS)
+# [B, R] rollout-correction importance weights (algorithm.rollout_is), written by the rollout-correction
+# stage; the policy losses multiply their per-token loss by them when the column is present
+ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
 
 
 @dataclass
@@ -46,6 +52,12 @@ class PolicyGradientConfig(AlgorithmConfig):
     max_gen_batches: int = 4  # dynamic sampling: at most this many generation rounds per step
     overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens (0 = off)
     overlong_penalty: float = 1.0  # DAPO overlong shaping: penalty at the maximum length
+    # rollout correction, engine vs trainer log-probs (verl: algorithm.rollout_correction.*)
+    rollout_is: Optional[str] = None  # weights pi_old / pi_rollout in the policy loss, per token | sequence; None = off
+    rollout_is_threshold: str = "2.0"  # a number: weights truncated above it (TIS); "lower_upper" (e.g. "0.5_5.0", quoted in YAML): 0 outside (IcePop)
+    rollout_is_batch_normalize: bool = False  # rescale the weights to mean 1 over the batch
+    rollout_rs: Optional[str] = None  # rejection, comma-separated: token_k1..3, seq_sum_k1..3, seq_mean_k1..3, seq_max_k2..3; None = off
+    rollout_rs_threshold: Optional[str] = None  # per rollout_rs option, or one for all: k1 "lower_upper" (u alone = 1/u to u), k2/k3 an upper bound
 
 
 class PolicyGradientModule(RLModule):
@@ -82,6 +94,19 @@ class PolicyGradientModule(RLModule):
             )
         if alg.max_gen_batches < 1:
             raise ConfigError(f"'algorithm.max_gen_batches' must be >= 1, got {alg.max_gen_batches}.")
+        cls._validate_rollout_correction(alg)
+
+    @staticmethod
+    def _validate_rollout_correction(alg: DictConfig) -> None:
+        if alg.rollout_is is not None and alg.rollout_is not in RC.ROLLOUT_IS_LEVELS:
+            raise ConfigError(f"'algorithm.rollout_is' is '{alg.rollout_is}'. "
+                              f"Allowed: {', '.join(RC.ROLLOUT_IS_LEVELS)}, or null (off).")
+        try:
+            RC.parse_is_threshold(alg.rollout_is_threshold)
+            if alg.rollout_rs is not None:
+                RC.parse_rs_thresholds(alg.rollout_rs, alg.rollout_rs_threshold)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("'rollout_", "'algorithm.rollout_")) from None  # name the config key
 
     def needs_reference(self) -> bool:
         return bool(self.config.actor.use_kl_loss or self.config.algorithm.use_kl_in_reward)
@@ -120,8 +145,13 @@ class PolicyGradientModule(RLModule):
         a = self.config.actor
         return F.clipped_policy_loss(
             log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask,
-            a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c,
+            a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c, self.is_weights(batch),
         )
+
+    @staticmethod
+    def is_weights(batch: B.Batch) -> torch.Tensor | None:
+        """The rollout-correction weights column, or None when the batch has none."""
+        return batch[ROLLOUT_IS_WEIGHTS] if ROLLOUT_IS_WEIGHTS in batch else None
 
     def policy_loss(
         self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext

@@ -129,6 +129,39 @@ def grpo_outcome_advantage(
     return _outcome(adv, token_level_rewards, mask)
 
 
+def grpo_passk_advantage(
+    token_level_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO for pass@k (arXiv:2503.19595): only the best sample of each group gets an advantage.
+
+    ``A_best = r_max - r_second_max`` of the group, divided by ``std_g + epsilon`` (unbiased std) when
+    ``norm_adv_by_std``; every other sample gets 0. Among tied best samples the first in batch order is
+    "best" (its advantage is then 0 anyway). Every group needs >= 2 samples (``ValueError`` otherwise).
+    Returns ``(advantages, returns)``, which are equal.
+    """
+    g = _Groups(token_level_rewards.sum(-1), group_ids)
+    if bool(g.singleton().any()):
+        row = int(g.singleton().nonzero()[0])
+        raise ValueError(f"grpo_passk_advantage: pass@k needs >= 2 samples per group; row {row} is alone in its "
+                         "group (set rollout.n >= 2).")
+    rows = torch.arange(len(g.scores))
+    n = len(g.count)
+    top = torch.full((n,), float("-inf"), dtype=torch.float64).scatter_reduce(0, g.index, g.scores, "amax")
+    is_top = g.scores == top[g.index]
+    first = torch.full((n,), len(rows)).scatter_reduce(0, g.index[is_top], rows[is_top], "amin")
+    best = rows == first[g.index]
+    others = torch.where(best, float("-inf"), g.scores)
+    second = torch.full((n,), float("-inf"), dtype=torch.float64).scatter_reduce(0, g.index, others, "amax")
+    adv = torch.where(best, g.scores - second[g.index], 0.0)
+    if norm_adv_by_std:
+        adv = adv / (g.std() + epsilon)
+    return _outcome(adv, token_level_rewards, mask)
+
+
 def rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -253,17 +286,19 @@ def reinforce_pp_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted reward-to-go per token, whitened over the batch.
 
-    Backwards: ``G_t = r_t + gamma * G_{t+1}``, with the running return reset to 0 at every masked
-    position (so nothing flows backwards across padding or a masked span, as in verl).
-    ``advantages = masked_whiten(G)``; ``returns = G``. Both are 0 on masked positions.
+    Backwards over valid positions: ``G_t = r_t + gamma * G_next``, where ``G_next`` belongs to the next
+    *valid* position (0 past the end). Masked positions (padding, or a tool-output / user-turn span of a
+    multi-turn response) are skipped as in verl: the running return is carried through them unchanged,
+    their rewards are ignored and they do not count as a discount step, so the final score reaches every
+    earlier turn. ``advantages = masked_whiten(G)``; ``returns = G``. Both are 0 on masked positions.
     """
     with torch.no_grad():
         valid = mask.bool()
         running = torch.zeros_like(token_level_rewards[:, 0])
         returns = torch.zeros_like(token_level_rewards)
         for t in reversed(range(token_level_rewards.shape[-1])):
-            running = torch.where(valid[:, t], token_level_rewards[:, t] + gamma * running, 0.0)
-            returns[:, t] = running
+            running = torch.where(valid[:, t], token_level_rewards[:, t] + gamma * running, running)
+            returns[:, t] = torch.where(valid[:, t], running, 0.0)
         advantages = _where(mask, masked_whiten(returns, mask))
     return advantages, returns
 
@@ -286,7 +321,7 @@ def remax_advantage(
 
 
 __all__ = [
-    "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "rloo_outcome_advantage",
-    "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
+    "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "grpo_passk_advantage",
+    "rloo_outcome_advantage", "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
     "reinforce_pp_advantage", "remax_advantage",
 ]

@@ -2,7 +2,8 @@
 
 This module is the public import point (``from rlforge.algorithms import functional as F``). The
 advantage estimators live in :mod:`rlforge.algorithms.estimators`, the losses in
-:mod:`rlforge.algorithms.losses`; both are re-exported here. Defined here: the KL-in-reward penalty
+:mod:`rlforge.algorithms.losses`, the rollout correction in :mod:`rlforge.algorithms.rollout_correction`;
+all are re-exported here. Defined here: the KL-in-reward penalty
 and its coefficient controllers, and DAPO's reward shaping and group filter.
 
 Semantics follow verl's definitions (docs/algorithms/formulas.md lists each formula, its verl
@@ -21,6 +22,7 @@ from rlforge.algorithms.estimators import (
     gpg_advantage,
     group_index,
     grpo_outcome_advantage,
+    grpo_passk_advantage,
     masked_var,
     masked_whiten,
     opo_advantage,
@@ -40,6 +42,18 @@ from rlforge.algorithms.losses import (
     gspo_policy_loss,
     kl_penalty,
     value_loss,
+)
+from rlforge.algorithms.rollout_correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_OPTIONS,
+    compute_rollout_correction,
+    normalize_is_weights,
+    parse_is_threshold,
+    parse_rs_options,
+    parse_rs_thresholds,
+    rollout_correction_metrics,
+    rollout_is_weights,
+    rollout_rejection_mask,
 )
 
 # --- KL penalty in the reward ---------------------------------------------------------------------
@@ -157,11 +171,15 @@ __all__ = [
     # constants
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "LOG_RATIO_CLAMP", "GSPO_LOG_RATIO_CLAMP",
     # advantage estimators (estimators.py)
-    "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "rloo_outcome_advantage",
-    "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
+    "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "grpo_passk_advantage",
+    "rloo_outcome_advantage", "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
     "reinforce_pp_advantage", "remax_advantage",
     # losses (losses.py)
     "agg_loss", "clipped_policy_loss", "gspo_policy_loss", "gpg_policy_loss", "value_loss", "kl_penalty",
+    # rollout correction (rollout_correction.py)
+    "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "parse_is_threshold", "parse_rs_options", "parse_rs_thresholds",
+    "rollout_is_weights", "normalize_is_weights", "rollout_rejection_mask", "rollout_correction_metrics",
+    "compute_rollout_correction",
     # KL in reward, DAPO (here)
     "kl_in_reward", "FixedKLController", "AdaptiveKLController", "overlong_penalty", "uniform_group_mask",
 ]

@@ -39,7 +39,7 @@ class GPG(PolicyGradientModule):
     def pg_loss_matrix(
         self, batch: B.Batch, log_probs: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return F.gpg_policy_loss(log_probs, batch[B.ADVANTAGES], mask)
+        return F.gpg_policy_loss(log_probs, batch[B.ADVANTAGES], mask, self.is_weights(batch))
 
 
 @hookimpl

@@ -31,7 +31,8 @@ class GSPO(GRPO):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         a = self.config.actor
         return F.gspo_policy_loss(
-            log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask, a.clip_ratio_low, a.clip_ratio_high
+            log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask, a.clip_ratio_low, a.clip_ratio_high,
+            self.is_weights(batch),
         )
 
 

@@ -9,7 +9,8 @@ the ``[B, R]`` loss matrix (zero on masked positions) plus ``[B, R]`` statistics
 from __future__ import annotations
 
 import torch
-from rlforge.algorithms.names import KL_ESTIMATORS, LOSS_AGG_MODES
+from rlforge.algorithms import names
+from rlforge.algorithms.names import KL_ESTIMATORS
 
 from rlforge.ops import masked_sum
 
@@ -18,6 +19,23 @@ GSPO_LOG_RATIO_CLAMP = 10.0  # upper clamp of GSPO's sequence log-ratio (verl)
 
 
 # --- loss aggregation -----------------------------------------------------------------------------
+# Each mode: (loss_mat, mask, tokens, seqs, norm_length) -> scalar. ``tokens``/``seqs`` are the counts
+# of the whole mini-batch (all micro-batches and ranks); the workers sum gradients over ranks.
+
+
+def _seq_sums(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked_sum(loss_mat, mask, dim=-1)
+
+
+_AGG_MODES = {
+    "token-mean": lambda x, m, tokens, seqs, n: masked_sum(x, m) / tokens,
+    "token-sum": lambda x, m, tokens, seqs, n: masked_sum(x, m),
+    "seq-mean-token-sum": lambda x, m, tokens, seqs, n: _seq_sums(x, m).sum() / seqs,
+    "seq-mean-token-mean": lambda x, m, tokens, seqs, n: (_seq_sums(x, m) / m.sum(-1).clamp(min=1)).sum() / seqs,
+    "seq-mean-token-sum-norm": lambda x, m, tokens, seqs, n: (_seq_sums(x, m) / n).sum() / seqs,
+}
+LOSS_AGG_MODES = tuple(_AGG_MODES)
+assert LOSS_AGG_MODES == names.LOSS_AGG_MODES, "algorithms/names.py lists the modes for config validation"
 
 
 def agg_loss(
@@ -31,31 +49,31 @@ def agg_loss(
     """Aggregate a ``[B, R]`` loss matrix to a scalar.
 
     - ``token-mean``: sum over valid tokens / ``global_tokens``.
+    - ``token-sum``: sum over valid tokens (no normalization).
     - ``seq-mean-token-sum``: per-sequence token sum, then sum / ``global_seqs``.
     - ``seq-mean-token-mean``: per-sequence token mean, then sum / ``global_seqs``.
     - ``seq-mean-token-sum-norm``: per-sequence token sum / ``norm_length``, then sum / ``global_seqs``
       (Dr. GRPO; ``norm_length`` defaults to the padded response length ``R``).
 
     ``global_tokens``/``global_seqs`` are the counts over the whole mini-batch (all micro-batches and
-    ranks); they default to this batch's own counts, which makes the result a plain mean. Passing the
-    global counts makes the sum of micro-batch losses equal the mini-batch loss.
+    ranks); passing them makes the sum of micro-batch losses equal the mini-batch loss. They default to
+    this batch's own counts: its valid tokens, and its sequences with at least one valid token (as verl
+    counts them), so the result is a plain mean over the non-empty rows. Both are clamped to >= 1.
     """
+    aggregate = _AGG_MODES.get(mode)
+    if aggregate is None:
+        raise ValueError(f"Unknown loss_agg_mode '{mode}'. Allowed: {', '.join(LOSS_AGG_MODES)}.")
     mask = mask.to(loss_mat.dtype)
     if global_tokens is None:
         global_tokens = float(mask.sum().clamp(min=1))
     if global_seqs is None:
-        global_seqs = float(loss_mat.shape[0])
-    if mode == "token-mean":
-        return masked_sum(loss_mat, mask) / global_tokens
-    seq_sum = masked_sum(loss_mat, mask, dim=-1)
-    if mode == "seq-mean-token-sum":
-        return seq_sum.sum() / global_seqs
-    if mode == "seq-mean-token-mean":
-        return (seq_sum / mask.sum(-1).clamp(min=1)).sum() / global_seqs
-    if mode == "seq-mean-token-sum-norm":
-        length = float(norm_length or loss_mat.shape[-1])
-        return (seq_sum / length).sum() / global_seqs
-    raise ValueError(f"Unknown loss_agg_mode '{mode}'. Allowed: {', '.join(LOSS_AGG_MODES)}.")
+        global_seqs = float((mask.sum(-1) > 0).sum().clamp(min=1))
+    return aggregate(loss_mat, mask, global_tokens, global_seqs, float(norm_length or loss_mat.shape[-1]))
+
+
+def _weighted(loss: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """The per-token loss times the rollout-correction weights, when given (as verl's policy losses)."""
+    return loss if rollout_is_weights is None else loss * rollout_is_weights
 
 
 # --- policy loss ----------------------------------------------------------------------------------
@@ -69,14 +87,16 @@ def clipped_policy_loss(
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate per token, with dual-clip where the advantage is negative.
 
     ``ratio = exp(clamp(log_prob - old_log_prob, -20, 20))``;
     ``L = max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))``, and where ``A < 0`` additionally
-    ``L = min(L, -A * clip_ratio_c)``. Returns the ``[B, R]`` loss matrix (to be aggregated with
-    :func:`agg_loss`) and ``[B, R]`` indicator matrices for metrics: ``clipped``, ``clipped_lower``,
-    ``neg_log_ratio`` (the per-token approximate KL ``old - new``).
+    ``L = min(L, -A * clip_ratio_c)``; times ``rollout_is_weights`` (``[B, R]``, rollout correction)
+    when given. Returns the ``[B, R]`` loss matrix (to be aggregated with :func:`agg_loss`) and
+    ``[B, R]`` indicator matrices for metrics: ``clipped``, ``clipped_lower``, ``neg_log_ratio`` (the
+    per-token approximate KL ``old - new``).
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip, got {clip_ratio_c}")
@@ -93,7 +113,7 @@ def clipped_policy_loss(
         "clipped_lower": ((loss_ppo > loss_dual) & negative).float(),
         "neg_log_ratio": -log_ratio,
     }
-    return loss * mask, stats
+    return _weighted(loss, rollout_is_weights) * mask, stats
 
 
 # --- KL -------------------------------------------------------------------------------------------
@@ -136,6 +156,7 @@ def gspo_policy_loss(
     mask: torch.Tensor,
     clip_ratio_low: float = 3e-4,
     clip_ratio_high: float = 4e-4,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO (token form): PPO clipping on the length-normalized *sequence* importance ratio.
 
@@ -144,8 +165,8 @@ def gspo_policy_loss(
     every token of the sequence while the gradient flows through each token's own log-prob
     (``d s_{i,t} / d log_prob_t = s_{i,t}``); ``sg`` stops the gradient.
     ``L = max(-A s_{i,t}, -A clip(s_{i,t}, 1 - low, 1 + high))``, no dual clip. The clip ranges are
-    tiny because ``s_i`` is a geometric mean. Aggregate with ``seq-mean-token-mean`` to get GSPO's
-    objective. Stats (``[B, R]``): ``clipped``, ``clipped_lower`` (always 0), ``neg_log_ratio``
+    tiny because ``s_i`` is a geometric mean. ``rollout_is_weights`` multiply the per-token loss when
+    given. Aggregate with ``seq-mean-token-mean`` to get GSPO's objective. Stats (``[B, R]``): ``clipped``, ``clipped_lower`` (always 0), ``neg_log_ratio``
     (per token ``old - new``).
     """
     valid = mask.bool()
@@ -162,17 +183,21 @@ def gspo_policy_loss(
         "clipped_lower": torch.zeros_like(loss, dtype=torch.float32),
         "neg_log_ratio": -log_ratio.detach(),
     }
-    return torch.where(valid, loss, 0.0), stats
+    return torch.where(valid, _weighted(loss, rollout_is_weights), 0.0), stats
 
 
 def gpg_policy_loss(
-    log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GPG: the plain policy-gradient loss ``-log_prob * A`` per valid token (no ratio, no clipping).
+    """GPG: the plain policy-gradient loss ``-log_prob * A`` per valid token (no ratio, no clipping),
+    times ``rollout_is_weights`` when given.
 
     Stats ``clipped`` and ``clipped_lower`` are ``[B, R]`` zeros, for metric code shared with PPO.
     """
-    loss = torch.where(mask.bool(), -log_prob * advantages, 0.0)
+    loss = torch.where(mask.bool(), _weighted(-log_prob * advantages, rollout_is_weights), 0.0)
     zeros = torch.zeros_like(loss, dtype=torch.float32)
     return loss, {"clipped": zeros, "clipped_lower": zeros.clone()}
 

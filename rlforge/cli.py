@@ -36,17 +36,17 @@ def _compose(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    pm, cfg = _compose(args)  # config mistakes answer before torch is imported
     from rlforge.trainer import Trainer
 
-    pm, cfg = _compose(args)
     Trainer(cfg, plugins=pm).fit()
     return 0
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
+    pm, cfg = _compose(args)
     from rlforge.sft import run_sft
 
-    pm, cfg = _compose(args)
     run_sft(cfg, pm)
     return 0
 

@@ -77,11 +77,15 @@ class PluginInfo:
 
 
 class _Pluggy(pluggy.PluginManager):
-    """pluggy's manager, reading unmarked ``rlforge_*`` functions as hook implementations (as pytest does)."""
+    """pluggy's manager: hook implementations are the ``rlforge_*`` functions of a plugin, marked with
+    ``@hookimpl`` or not (as pytest reads ``pytest_*``). Other attributes are never looked at, so a plugin's
+    lazily imported modules (``rlforge.lazy``) stay unloaded."""
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
+        if not name.startswith(HOOK_PREFIX):
+            return None
         opts = super().parse_hookimpl_opts(plugin, name)
-        if opts is None and name.startswith(HOOK_PREFIX) and callable(getattr(plugin, name, None)):
+        if opts is None and callable(getattr(plugin, name, None)):
             opts = {}
         return opts
 

@@ -277,10 +277,10 @@ def test_non_positive_sizes(registry, key: str) -> None:
 
 def test_invalid_loss_agg_mode(registry) -> None:
     with pytest.raises(ConfigError) as info:
-        compose(registry, None, None, ["actor.loss_agg_mode=token-sum"])
+        compose(registry, None, None, ["actor.loss_agg_mode=token-median"])
     msg = str(info.value)
-    assert "actor.loss_agg_mode" in msg and "token-sum" in msg
-    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+    assert "actor.loss_agg_mode" in msg and "token-median" in msg
+    for mode in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         assert mode in msg
 
 

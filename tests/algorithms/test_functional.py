@@ -123,6 +123,7 @@ MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
 # valid tokens: row0 1+2=3 (2 tok), row1 4 (1 tok), row2 7+8+9=24 (3 tok); 6 tokens, 3 sequences
 EXPECTED = {
     "token-mean": (3 + 4 + 24) / 6,
+    "token-sum": 3 + 4 + 24,
     "seq-mean-token-sum": (3 + 4 + 24) / 3,
     "seq-mean-token-mean": (3 / 2 + 4 / 1 + 24 / 3) / 3,
     "seq-mean-token-sum-norm": (3 / 3 + 4 / 3 + 24 / 3) / 3,
@@ -157,6 +158,48 @@ def test_agg_loss_ignores_masked_values_even_if_huge() -> None:
         assert F.agg_loss(loss, MASK, mode).item() == pytest.approx(EXPECTED[mode], rel=1e-6)
 
 
+# multi-turn masks: holes where tool output / user turns were inserted, padding after the last turn
+MT_MASK = torch.tensor([[1.0, 1, 0, 0, 0, 1, 1, 0], [1.0, 0, 0, 1, 1, 0, 0, 0]])
+MT_LOSS = torch.tensor([[1.0, 2, 50, 50, 50, 3, 4, 50], [6.0, 50, 50, 3, 3, 50, 50, 50]])  # 50: masked
+# row 0: model tokens 1 + 2 + 3 + 4 = 10 (4 tokens); row 1: 6 + 3 + 3 = 12 (3 tokens); 7 tokens, 2 rows
+MT_EXPECTED = {
+    "token-mean": (10 + 12) / 7,
+    "token-sum": 10 + 12,
+    "seq-mean-token-sum": (10 + 12) / 2,
+    "seq-mean-token-mean": (10 / 4 + 12 / 3) / 2,  # (2.5 + 4) / 2 = 3.25: the holes do not count
+    "seq-mean-token-sum-norm": (10 / 8 + 12 / 8) / 2,  # the padded width 8, holes included
+}
+
+
+@pytest.mark.parametrize("mode", F.LOSS_AGG_MODES)
+def test_agg_loss_multi_turn_mask(mode: str) -> None:
+    assert F.agg_loss(MT_LOSS, MT_MASK, mode).item() == pytest.approx(MT_EXPECTED[mode], rel=1e-6)
+    loss = MT_LOSS.clone().requires_grad_(True)
+    F.agg_loss(loss, MT_MASK, mode).backward()
+    assert (loss.grad[MT_MASK == 0] == 0).all()  # no gradient reaches an observation or padding token
+
+
+def test_agg_loss_default_sequence_count_skips_empty_rows() -> None:
+    # a third row without any model token (e.g. every token rejected): 50 everywhere, all masked
+    loss = torch.cat([MT_LOSS, torch.full((1, 8), 50.0)])
+    mask = torch.cat([MT_MASK, torch.zeros(1, 8)])
+    # default: sequences with >= 1 valid token, as verl counts them when no global count is given: 2
+    assert F.agg_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx(22 / 2)
+    assert F.agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx((10 / 4 + 12 / 3) / 2)
+    assert F.agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(22 / 8 / 2)
+    # a caller-given count is used as is (the workers pass every row of the mini-batch, as verl's
+    # global_batch_size = ppo_mini_batch_size * rollout.n does)
+    assert F.agg_loss(loss, mask, "seq-mean-token-sum", global_seqs=3).item() == pytest.approx(22 / 3)
+    # an all-empty batch: both counts clamp to 1, the loss is 0 in every mode
+    for mode in F.LOSS_AGG_MODES:
+        assert F.agg_loss(loss[2:], mask[2:], mode).item() == 0.0
+
+
+def test_agg_loss_token_sum_ignores_global_counts() -> None:
+    # token-sum never divides: the micro-batch sums add up to the mini-batch sum whatever the counts
+    assert F.agg_loss(LOSS, MASK, "token-sum", global_tokens=100, global_seqs=100).item() == pytest.approx(31.0)
+
+
 @pytest.mark.parametrize("mode", F.LOSS_AGG_MODES)
 @pytest.mark.parametrize("split", [[1, 2], [2, 1], [1, 1, 1]])
 def test_agg_loss_micro_batches_sum_to_full_batch(mode: str, split: list[int]) -> None:
@@ -173,8 +216,8 @@ def test_agg_loss_micro_batches_sum_to_full_batch(mode: str, split: list[int]) -
 
 
 def test_agg_loss_unknown_mode() -> None:
-    with pytest.raises(ValueError, match="token-sum"):
-        F.agg_loss(LOSS, MASK, "token-sum")
+    with pytest.raises(ValueError, match="Unknown loss_agg_mode 'token-median'. Allowed: token-mean, token-sum"):
+        F.agg_loss(LOSS, MASK, "token-median")
 
 
 def test_agg_loss_empty_mask_is_zero_not_nan() -> None:

@@ -79,6 +79,16 @@ def test_gspo_sequences_are_independent_and_padding_is_ignored() -> None:
     _close(loss, [[2 * math.exp(0.3), 2 * math.exp(0.3), 0.0], [-3 * math.exp(-0.3), 0.0, 0.0]])
 
 
+def test_gspo_multi_turn_sequence_ratio_spans_the_turns_only() -> None:
+    mask = _t([[1, 1, 0, 0, 0, 1, 1, 0]])  # turn, observation, turn, padding
+    old = torch.zeros(1, 8, dtype=torch.float64)
+    new = _t([[0.1, 0.3, 5.0, 5.0, 5.0, -0.2, 0.2, 5.0]])  # 5.0: observation / padding, ignored
+    loss, _ = F.gspo_policy_loss(new, old, -torch.ones(1, 8, dtype=torch.float64), mask, 0.5, 0.5)
+    # log s = (0.1 + 0.3 - 0.2 + 0.2) / 4 model tokens = 0.1; -A s = e^0.1 on the model tokens of both turns
+    s = math.exp(0.1)
+    _close(loss, [[s, s, 0, 0, 0, s, s, 0]])
+
+
 def test_gspo_log_ratio_clamped_at_10() -> None:
     old = torch.zeros(1, 2, dtype=torch.float64)
     new = torch.full((1, 2), 12.0, dtype=torch.float64)  # sequence log-ratio 12 -> clamped to 10
@@ -118,6 +128,7 @@ VMASK = _t([[1, 1], [1, 0]])
 # tok2: clip(2.0, 2.5, 3.5) = 2.5; (2-1)^2 = 1 < (2.5-1)^2 = 2.25 -> 2.25, clipped
 VALUE_EXPECTED = {
     "token-mean": 0.5 * (0.25 + 1 + 2.25) / 3,
+    "token-sum": 0.5 * (0.25 + 1 + 2.25),
     "seq-mean-token-sum": 0.5 * ((0.25 + 1) + 2.25) / 2,
     "seq-mean-token-mean": 0.5 * ((0.25 + 1) / 2 + 2.25 / 1) / 2,
     "seq-mean-token-sum-norm": 0.5 * ((0.25 + 1) / 2 + 2.25 / 2) / 2,
