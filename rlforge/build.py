@@ -85,4 +85,9 @@ class Builder:
 
 
 def _members(proto: type) -> list[str]:
-    return sorted(n for n in getattr(proto, "__protocol_attrs__", set()) if not n.startswith("_"))
+    """The attributes and methods a Protocol asks for."""
+    names: set[str] = set()
+    for base in proto.__mro__:
+        if base.__name__ not in ("Protocol", "Generic", "object"):
+            names |= set(vars(base)) | set(getattr(base, "__annotations__", {}))
+    return sorted(n for n in names if not n.startswith("_"))

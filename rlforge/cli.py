@@ -31,8 +31,7 @@ def _plugins() -> Any:
 def _compose(args: argparse.Namespace) -> tuple[Any, Any]:
     from rlforge.config import compose_with_plugins
 
-    pm, cfg = compose_with_plugins(getattr(args, "algo", None), args.config, args.overrides)
-    return _warn(pm), cfg
+    return compose_with_plugins(getattr(args, "algo", None), args.config, args.overrides, loaded=_warn)
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -54,9 +53,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_algos(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
-    from rlforge.plugin_manager import PluginManager
-
-    for entry in PluginManager().registry.algorithm.entries():
+    for entry in _plugins().registry.algorithm.entries():
         flat = OmegaConf.to_container(OmegaConf.create(entry.obj.preset or {}))
         preset = " ".join(f"{k}={v}" for k, v in _flatten(flat) if k != "algorithm.name") or "(defaults)"
         print(f"{entry.name:<22} {entry.description}  [plugin: {entry.plugin}]\n{'':<22} preset: {preset}")
@@ -116,9 +113,8 @@ def cmd_new(args: argparse.Namespace) -> int:
 def _inference_config(args: argparse.Namespace) -> tuple[Any, Any]:
     from rlforge.tools.inference import compose_for_model
 
-    pm, cfg = compose_for_model(args.model, data=args.data, split=args.split, n=args.n,
-                                temperature=args.temperature, config_file=args.config, overrides=args.overrides)
-    return _warn(pm), cfg
+    return compose_for_model(args.model, data=args.data, split=args.split, n=args.n, temperature=args.temperature,
+                             config_file=args.config, overrides=args.overrides, loaded=_warn)
 
 
 def _progress(line: str) -> None:

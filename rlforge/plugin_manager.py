@@ -86,7 +86,7 @@ class _Pluggy(pluggy.PluginManager):
             return None
         opts = super().parse_hookimpl_opts(plugin, name)
         if opts is None and callable(getattr(plugin, name, None)):
-            opts = {}
+            return {}  # pluggy fills in the defaults of an unmarked implementation
         return opts
 
 

@@ -137,6 +137,16 @@ def _first_doc_line(obj: object) -> str:
 class Registries:
     """The set of registries handed to ``rlforge_register``: one attribute per component kind."""
 
+    algorithm: Registry[Any]
+    rollout: Registry[Any]
+    reward_manager: Registry[Any]
+    reward_fn: Registry[Any]
+    strategy: Registry[Any]
+    logger: Registry[Any]
+    dataset: Registry[Any]
+    controller: Registry[Any]
+    plugin_config: Registry[Any]
+
     SPECS: dict[str, Kind] = {
         "algorithm": Kind("algorithm.name", None, "RLModule"),
         "rollout": Kind("rollout.name", "rollout", "RolloutEngine"),
@@ -161,8 +171,7 @@ class Registries:
         """Declare the options of a plugin without components: ``plugins.<name>.*`` (``name`` defaults to the
         plugin's own name, e.g. its entry-point name). Returns ``config``; read the values from
         ``config.plugins.<name>`` in the plugin's hooks."""
-        reg: Registry[Any] = getattr(self, "plugin_config")
-        reg.register(name or reg.current_plugin, config, config=config)
+        self.plugin_config.register(name or self.plugin_config.current_plugin, config, config=config)
         return config
 
     def set_current_plugin(self, name: str) -> None:

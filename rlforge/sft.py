@@ -43,8 +43,8 @@ def sft_rows(config: DictConfig, registry: Any) -> list[dict[str, Any]]:
 def _with_files(config: DictConfig, path: str) -> DictConfig:
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(config)
-    cfg["data"]["train_files"] = [path]  # type: ignore[index]
+    cfg: Any = OmegaConf.to_container(config)
+    cfg["data"]["train_files"] = [path]
     return OmegaConf.create(cfg)
 
 

@@ -111,6 +111,9 @@ class VLLMRollout:
     """Generates with a vLLM engine of its own, kept equal to ``model`` (the actor): the engine starts from
     ``model.path``, receives ``model``'s weights once started, and every ``update_weights`` after that."""
 
+    # its own kernels (and on GPUs its own precision): the trainer recomputes the old log-probs
+    logprobs_match_actor = False
+
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
         v = config.rollout.vllm

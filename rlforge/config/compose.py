@@ -6,7 +6,7 @@ inconsistent batch sizes fail with a message that names the key, the value and t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
         key = exc.full_key or "?"
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(base, parent) if parent else base
-        known = list(node.keys()) if isinstance(node, DictConfig) else []
+        known = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
         hint = did_you_mean(leaf, known, prefix=f"{parent}." if parent else "")
         raise ConfigError(
             f"Unknown config key '{key}' (in {source}).{hint} Run 'rlforge config show' to list every key."
@@ -88,10 +88,11 @@ def _compose(registry: Any, algo: str | None, file_cfg: DictConfig, file_name: s
 
 
 def compose_with_plugins(
-    algo: str | None = None, config_file: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+    algo: str | None = None, config_file: str | None = None, overrides: list[str] | tuple[str, ...] = (),
+    loaded: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, DictConfig]:
     """Load the plugins minus ``plugins.disable`` (read from the file and the overrides first), then compose:
-    returns (plugin manager, config)."""
+    returns (plugin manager, config). ``loaded(plugin_manager)`` runs in between (the CLI prints warnings)."""
     from rlforge.plugin_manager import PluginManager
 
     over = parse_overrides(list(overrides))
@@ -102,6 +103,8 @@ def compose_with_plugins(
     if disable is not None and not OmegaConf.is_list(disable):
         raise ConfigError(f"'plugins.disable' must be a list of plugin names, got {disable!r}.")
     pm = PluginManager(disable=list(disable or []))
+    if loaded is not None:
+        loaded(pm)
     return pm, _compose(pm.registry, algo, file_cfg, config_file or "", over)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge import checkpoint as ckpt
-from rlforge.controller.worker import ActorWorker, CriticWorker, TrainWorker
+from rlforge.controller.worker import ActorWorker, CriticWorker
 from rlforge.protocols import SamplingParams
 
 ROLE_MODELS = {"actor": ("actor", "ref"), "critic": ("critic",)}  # the models each role's ranks load
@@ -30,7 +30,7 @@ class RankWorker:
 
     def __init__(self, role: str, rank: int, world_size: int) -> None:
         self.role, self.rank, self.world_size = role, rank, world_size
-        self.worker: TrainWorker | None = None
+        self.worker: Any = None  # ActorWorker or CriticWorker, after setup
         self.rollout: Any = None
 
     def address(self) -> tuple[str, int, int]:

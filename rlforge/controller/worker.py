@@ -41,6 +41,8 @@ class TrainWorker:
     gradients accumulated over micro-batches whose losses are normalized by mini-batch-wide counts."""
 
     role = ""  # config section and metric prefix: "actor" or "critic"
+    optimizer: torch.optim.Optimizer  # set by the subclass (the module's configure_*optimizers)
+    scheduler: Any
 
     def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None) -> None:
         self.config = config

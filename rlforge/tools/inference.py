@@ -25,6 +25,7 @@ SPLITS = ("train", "val")
 def compose_for_model(
     model: str, *, data: list[str] | None = None, split: str = "val", n: int | None = None,
     temperature: float | None = None, config_file: str | None = None, overrides: list[str] | None = None,
+    loaded: Any = None,
 ) -> tuple[Any, DictConfig]:
     """(plugin manager, config) for running ``model`` (a model, checkpoint or run folder) on a dataset split.
 
@@ -42,7 +43,7 @@ def compose_for_model(
         extra.append(f"rollout.val_n={n}")
     if temperature is not None:
         extra.append(f"rollout.val_temperature={temperature}")
-    pm, cfg = compose_with_plugins(None, config_file, [*(overrides or []), *extra])
+    pm, cfg = compose_with_plugins(None, config_file, [*(overrides or []), *extra], loaded=loaded)
     params = SamplingParams.from_config(cfg.rollout, validation=True)
     if params.n > 1 and params.temperature == 0:
         raise RLForgeError(

@@ -126,7 +126,7 @@ class Trainer:
     def _fit(self, module: RLModule, flow: DataFlow, resume_from: Path | None) -> dict[str, Any]:
         cfg, t = self.config, self.config.trainer
         for lg in self.loggers:
-            lg.log_params(OmegaConf.to_container(cfg, resolve=True))
+            lg.log_params(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]  # a dict at the root
         if resume_from is not None:
             self._restore(resume_from)
             OmegaConf.save(self.config, self.run_dir / "config.yaml")

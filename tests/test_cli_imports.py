@@ -1,0 +1,35 @@
+"""The CLI answers without loading torch: `rlforge --help`, `rlforge algos`, `rlforge plugins list` and config
+errors (their speed is measured by benchmarks/cli_latency.py; here: what they import)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import sys
+from rlforge.lazy import is_loaded
+{body}
+heavy = [m for m in ("torch", "transformers", "vllm", "ray", "mlflow", "matplotlib") if is_loaded(m)]
+print("HEAVY:" + ",".join(heavy))
+"""
+
+
+def _heavy(body: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(body=body)], capture_output=True, text=True, timeout=300)
+    line = [x for x in out.stdout.splitlines() if x.startswith("HEAVY:")]
+    assert line, out.stdout + out.stderr
+    return [m for m in line[0][len("HEAVY:"):].split(",") if m]
+
+
+def test_importing_the_cli_loads_no_heavy_library() -> None:
+    assert _heavy("import rlforge.cli") == []
+
+
+@pytest.mark.parametrize("argv", [["algos"], ["plugins", "list"], ["fit", "actor.lr=abc"],
+                                  ["fit", "actor.ppo_mini_batch_size=7"], ["config", "show", "actor.lr=1e-5"]])
+def test_listing_and_config_commands_load_no_heavy_library(argv: list[str]) -> None:
+    body = f"from rlforge.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+    assert _heavy(body) == []

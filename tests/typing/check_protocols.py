@@ -1,0 +1,55 @@
+"""Type-checked (not run): every built-in component satisfies its kind's Protocol (``rlforge.protocols``).
+
+``tests/test_typecheck.py`` runs mypy over the package and this file. A component that drifts from its
+contract (a renamed method, a missing attribute, a wrong signature) fails the type check, naming it here.
+"""
+
+from __future__ import annotations
+
+from rlforge.controller.local import LocalController
+from rlforge.controller.ray_controller import RayController
+from rlforge.plugins.data.builtin import arith_dataset, files_dataset
+from rlforge.plugins.logger.console import ConsoleLogger
+from rlforge.plugins.logger.mlflow_logger import MlflowLogger
+from rlforge.plugins.logger.tensorboard import TensorBoardLogger
+from rlforge.plugins.logger.wandb_logger import WandbLogger
+from rlforge.plugins.reward.code import code_exec_score
+from rlforge.plugins.reward.functions import arith_score, gsm8k_score
+from rlforge.plugins.reward.rule import RuleRewardManager
+from rlforge.plugins.rollout.hf import HFRollout
+from rlforge.plugins.rollout.vllm import VLLMRollout
+from rlforge.plugins.strategy.fsdp import FSDPStrategy
+from rlforge.plugins.strategy.single import SingleDeviceStrategy
+from rlforge.protocols import (
+    Controller,
+    Dataset,
+    Logger,
+    RewardFunction,
+    RewardManager,
+    RolloutEngine,
+    Strategy,
+)
+
+
+def rollout_engines(hf: HFRollout, vllm: VLLMRollout) -> list[RolloutEngine]:
+    return [hf, vllm]
+
+
+def reward_managers(rule: RuleRewardManager) -> list[RewardManager]:
+    return [rule]
+
+
+def strategies(single: SingleDeviceStrategy, fsdp: FSDPStrategy) -> list[Strategy]:
+    return [single, fsdp]
+
+
+def controllers(local: LocalController, ray: RayController) -> list[Controller]:
+    return [local, ray]
+
+
+def loggers(console: ConsoleLogger, mlflow: MlflowLogger, tb: TensorBoardLogger, wandb: WandbLogger) -> list[Logger]:
+    return [console, mlflow, tb, wandb]
+
+
+REWARD_FUNCTIONS: list[RewardFunction] = [arith_score, gsm8k_score, code_exec_score]
+DATASETS: list[Dataset] = [arith_dataset, files_dataset]
