@@ -47,7 +47,12 @@ STOP_SIGNALS = {"namespaces": signal.SIGTERM, "userns": signal.SIGTERM, "audit":
 
 
 class SandboxError(RLForgeError):
-    """The sandbox refused to run (no isolation here, weak mode not allowed) or could not be set up."""
+    """The sandbox refuses to run: no isolation works here and the weak mode is not allowed, or the mode
+    asked for does not work. A configuration problem: a reward run stops with this message."""
+
+
+class SandboxSetupError(RuntimeError):
+    """A run could not be set up (a system call failed). For a reward, one failed sample."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ def _probe(mode: str, euid: int) -> _Probe:
     for python in _python_candidates():
         try:
             result = _run(PROBE, "", probe, mode, python, 1024)
-        except SandboxError as exc:
+        except SandboxSetupError as exc:
             reasons.append(str(exc))
             continue
         if result.exit_code == 0 and result.stdout.strip() == "ok":
@@ -225,7 +230,7 @@ def _run(code: str, stdin: str, limits: _Limits, mode: str, python: str, output_
             _kill(proc, mode)
         problem = _read_report(report_r)
         if problem:
-            raise SandboxError(f"The code sandbox could not start ({mode} isolation, {python}): {problem}")
+            raise SandboxSetupError(f"The code sandbox could not start ({mode} isolation, {python}): {problem}")
         exit_code = proc.returncode
         reason = _killed_reason(exit_code, timed_out, limits)
         return SandboxResult(out, err, exit_code, timed_out or exit_code == -signal.SIGXCPU, reason, truncated, mode)
@@ -244,7 +249,7 @@ def _start(argv: list[str], stdin: str, cwd: str, env: dict[str, str], report_fd
             return subprocess.Popen(argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
                                     env=env, start_new_session=True, pass_fds=(report_fd,))
         except OSError as exc:
-            raise SandboxError(f"Could not start the sandboxed program with {argv[0]}: {exc}") from None
+            raise SandboxSetupError(f"Could not start the sandboxed program with {argv[0]}: {exc}") from None
 
 
 def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[str, str, bool, bool]:
