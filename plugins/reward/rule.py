@@ -100,7 +100,7 @@ def _import_function(path: str, name: str) -> ScoreFn:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         raise RLForgeError(f"Reward file {path} has a syntax error at line {exc.lineno}: {exc.msg}.") from None
-    except BaseException as exc:  # SystemExit included: importing must never end the trainer
+    except BaseException as exc:  # noqa: BLE001 - SystemExit included: importing must never end the trainer
         raise RLForgeError(f"Reward file {path} failed to import: {_describe(exc)}") from None
     fn = getattr(module, name, None)
     if not callable(fn):
@@ -178,7 +178,7 @@ def _evaluate(fn: ScoreFn, args: tuple[Any, ...]) -> Outcome:
         result = fn(*args)
     except RLForgeError as exc:
         return FATAL, str(exc)
-    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the worker must answer
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too: the worker must answer
         return RAISED, f"raised {_describe(exc)}"
     try:
         return OK, split_result(result)

@@ -327,7 +327,7 @@ def audit(cfg: dict):
     os.close(cfg["report_fd"])
     sys.argv = [program]
     sys.modules["__main__"] = module
-    return lambda: exec(compile(source, program, "exec"), module.__dict__)
+    return lambda: exec(compile(source, program, "exec"), module.__dict__)  # noqa: S102 - the program itself
 
 
 # ``_imp.create_builtin``/``create_dynamic`` replacements; compiled with globals that hold nothing of this file
@@ -350,7 +350,7 @@ def _guard_module_creation() -> None:
     vars(proxy).update(vars(_imp))
     for kind in ("builtin", "dynamic"):
         scope = {"__builtins__": {}, "audit": sys.audit, "getattr": getattr, "event": CREATE_MODULE, "kind": kind}
-        exec(_CREATOR, scope)
+        exec(_CREATOR, scope)  # noqa: S102 - our constant source, compiled with globals free of this file
         setattr(proxy, f"create_{kind}", scope["create"])
     for loaded in list(sys.modules.values()):
         if getattr(loaded, "_imp", None) is _imp:

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 from rlforge import batch as B
 from rlforge.config.schema import RewardConfig
 from rlforge.errors import RLForgeError
-from rlforge.plugins.reward.code import code_exec_score, extract_code, load_tests, outputs_match
 from rlforge.plugins.reward import rule
+from rlforge.plugins.reward.code import code_exec_score, extract_code, load_tests, outputs_match
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
 from rlforge.plugins.reward.rule import RuleRewardManager, bind_config, load_user_function, split_result
 

@@ -118,12 +118,12 @@ def test_bad_values_are_one_counted_error_each_and_one_log_line(
     ("body", "message"),
     [
         ("import sys\nsys.exit(3)", r"Reward file .*bad.py failed to import: SystemExit: 3"),
-        ("import os\nos._exit(4)", r"Reward file .*bad.py ended its process while being imported: reward worker "
-                                   r"exited with code 4"),
-        ("while True:\n    pass", r"Reward file .*bad.py did not finish importing: it used more than "
-                                   r"reward.timeout_s=0.5 s of CPU time"),
-        ("import time\ntime.sleep(60)", r"Reward file .*bad.py did not finish importing: it gave no result within "
-                                        r"the wall-clock backstop of 2 s"),
+        ("import os\nos._exit(4)", (r"Reward file .*bad.py ended its process while being imported: reward worker "
+                                    r"exited with code 4")),
+        ("while True:\n    pass", (r"Reward file .*bad.py did not finish importing: it used more than "
+                                    r"reward.timeout_s=0.5 s of CPU time")),
+        ("import time\ntime.sleep(60)", (r"Reward file .*bad.py did not finish importing: it gave no result within "
+                                         r"the wall-clock backstop of 2 s")),
     ],
     ids=["sys.exit", "os._exit", "loop", "sleep"],
 )
