@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any
 
+from rlforge.plugins.reward.cputime import process_cpu_seconds
 from rlforge.plugins.reward.sandbox import run_sandboxed
 
 _FENCE = re.compile(r"```(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -52,22 +52,27 @@ def code_exec_score(
     timeout_s: float = 10.0,
     sandbox_timeout_s: float = 5.0,
     sandbox_memory_mb: int = 512,
+    sandbox_allow_weak: bool = False,
 ) -> dict[str, float]:
     """Fraction of the tests whose stdout the program reproduces; ``acc`` is 1 when all pass.
 
-    Each test runs in a fresh sandbox for at most ``sandbox_timeout_s``. The tests stop at the first one
-    that times out (the rest count as failed) or when 80% of ``timeout_s`` (the reward manager's limit on
-    the whole call) is spent, so the call returns before the manager has to kill it.
+    Each test runs in a fresh sandbox with a CPU-time limit of ``sandbox_timeout_s``. The tests stop at the
+    first one that runs out of time (the rest count as failed) or when 80% of ``timeout_s`` (the reward
+    manager's CPU-time limit on the whole call, which counts the sandboxed programs too) is spent, so the
+    call returns before the manager has to kill it. CPU time, not wall-clock time: the score is the same on
+    a loaded machine. ``sandbox_allow_weak`` (``reward.sandbox_allow_weak``) lets the sandbox fall back to
+    its weak audit-hook isolation where no real isolation works; without it such a machine refuses.
     """
     tests = load_tests(ground_truth)
     code = extract_code(solution_str)
-    deadline = time.monotonic() + 0.8 * timeout_s
+    budget = 0.8 * timeout_s + (process_cpu_seconds() or 0.0)  # the manager measures the same clock
     passed = 0
     for stdin, expected in tests:
-        budget = min(sandbox_timeout_s, deadline - time.monotonic())
-        if budget <= 0:
+        left = min(sandbox_timeout_s, budget - (process_cpu_seconds() or 0.0))
+        if left <= 0:
             break
-        result = run_sandboxed(code, stdin, timeout_s=budget, memory_mb=sandbox_memory_mb)
+        result = run_sandboxed(code, stdin, timeout_s=left, memory_mb=sandbox_memory_mb,
+                               allow_weak=sandbox_allow_weak)
         if result.timed_out:
             break
         passed += result.exit_code == 0 and outputs_match(result.stdout, expected)

@@ -2,11 +2,18 @@
 
 A user function loads from a file (``reward.file``, ``reward.fn_name``) with verl's contract
 ``compute_score(data_source, solution_str, ground_truth, extra_info)``, so verl reward code ports unchanged.
+The file is imported once in a throwaway child process first, so one that exits or hangs at import time is
+a clear error instead of a dead or stuck trainer.
 
 Reward functions run in persistent worker processes (``RewardWorkers``), forked from this process on the
-first ``score`` and reused across steps. A call that takes longer than ``reward.timeout_s`` is stopped by
-killing its worker (which is then restarted); a call that raises, or returns NaN/inf or a non-number, gives
-the sample ``reward.fallback_score``. The run continues; ``reward/errors`` and ``reward/timeouts`` count them.
+first ``score`` and reused across steps. A call that uses more than ``reward.timeout_s`` of CPU time (its
+worker's, sandboxed programs included), or gives no result within a wall-clock backstop of
+``WALL_BACKSTOP`` times that, is stopped by killing its worker (which is then restarted): a CPU-time limit
+gives the same verdict on a loaded machine as on an idle one. A call that raises, or returns NaN/inf, a
+value outside the float32 range of the reward tensor or a non-number, gives the sample
+``reward.fallback_score``. The run continues; ``reward/errors`` and ``reward/timeouts`` count them. A
+reward function that raises ``RLForgeError`` (a configuration mistake, such as the code sandbox refusing
+to run without isolation) stops the run with that message.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 from rlforge.plugins.reward.code import code_exec_score
+from rlforge.plugins.reward.cputime import process_cpu_seconds
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
 
 if TYPE_CHECKING:
@@ -45,18 +53,49 @@ ScoreFn = Callable[..., Any]
 log = logging.getLogger("rlforge.reward")
 
 OK, RAISED, BAD_VALUE, CRASHED, TIMEOUT = "ok", "raised", "bad value", "crashed", "timeout"
+FATAL = "fatal"  # the function raised RLForgeError: the run stops
 ERROR_KINDS = (RAISED, BAD_VALUE, CRASHED)  # counted in reward/errors; TIMEOUT in reward/timeouts
 FIXED = "<reward.fn or reward.file>"  # the function table's key for a function set by config
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # scores go into float32 tensors
+WALL_BACKSTOP = 10.0  # wall-clock limit of a call, as a multiple of its CPU-time limit (reward.timeout_s)
+POLL_S = 0.05  # how often the CPU time of a running call is checked
 
 Task = tuple[int, str, tuple[Any, ...]]  # (sample index, function key, call arguments)
 Outcome = tuple[str, Any]  # (OK, (score, acc)) or (error kind, reason)
 
 
-def load_user_function(path: str, name: str = "compute_score") -> ScoreFn:
-    """Import ``name`` from the Python file at ``path``, with errors that name the file and function."""
-    file = Path(path)
-    if not file.is_file():
+def load_user_function(path: str, name: str = "compute_score", timeout_s: float = 10.0) -> ScoreFn:
+    """Import ``name`` from the Python file at ``path``, with errors that name the file and function.
+
+    The file is imported in a throwaway child process first, limited like a reward call (``timeout_s`` of
+    CPU time, a wall-clock backstop of ``WALL_BACKSTOP`` times that): a file that calls ``sys.exit``, kills
+    its process or loops forever at import time is an ``RLForgeError`` instead of a dead or hung trainer.
+    """
+    if not Path(path).is_file():
         raise RLForgeError(f"Reward file not found: {path} (reward.file).")
+    probe = RewardWorkers({"import": lambda: _import_function(path, name) and 0.0}, 1, timeout_s)
+    try:
+        kind, reason = probe.run([(0, "import", ())])[0]
+    finally:
+        probe.close()
+    if kind != OK:
+        raise RLForgeError(_IMPORT_FAILURES[kind].format(path=path, reason=reason, timeout_s=timeout_s))
+    return _import_function(path, name)  # now in this process: the workers are forked from it
+
+
+# what a failed import check means (a file that raises at import comes back as the RLForgeError of
+# _import_function, which RewardWorkers.run raises itself)
+_IMPORT_FAILURES = {
+    RAISED: "Reward file {path} failed to import: {reason}.",
+    CRASHED: "Reward file {path} ended its process while being imported: {reason} (os._exit or a crash at "
+             "import time?).",
+    TIMEOUT: "Reward file {path} did not finish importing: it {reason} (reward.timeout_s={timeout_s:g}). An "
+             "infinite loop or a blocking call at import time?",
+}
+
+
+def _import_function(path: str, name: str) -> ScoreFn:
+    file = Path(path)
     spec = importlib.util.spec_from_file_location(f"rlforge_user_reward_{file.stem}", file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -64,8 +103,8 @@ def load_user_function(path: str, name: str = "compute_score") -> ScoreFn:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
         raise RLForgeError(f"Reward file {path} has a syntax error at line {exc.lineno}: {exc.msg}.") from None
-    except Exception as exc:
-        raise RLForgeError(f"Reward file {path} failed to import: {type(exc).__name__}: {exc}") from None
+    except BaseException as exc:  # noqa: BLE001 - SystemExit included: importing must never end the trainer
+        raise RLForgeError(f"Reward file {path} failed to import: {_describe(exc)}") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         raise RLForgeError(
@@ -78,18 +117,52 @@ def load_user_function(path: str, name: str = "compute_score") -> ScoreFn:
 def split_result(result: Any) -> tuple[float, float]:
     """A reward function's result -> (score, accuracy). Accuracy is ``acc`` if given, else score >= 1.
 
-    Raises ``ValueError`` naming the problem unless the score is a finite real number (a float, int or
-    numpy scalar, alone or as the dict's ``score``).
+    Raises ``ValueError`` naming the problem unless the score (and ``acc``, when given) is a real number
+    (a float, int, bool or numpy scalar) that is finite and within the float32 range of the reward tensor.
+    Both stay Python floats (float64) here; the manager builds the float32 tensor from them.
     """
-    raw = result.get("score") if isinstance(result, dict) else result
-    if not isinstance(raw, numbers.Real):
-        what = "a dict without a numeric 'score'" if isinstance(result, dict) else type(result).__name__
-        raise ValueError(f"returned {what} ({result!r:.100}), not a number")
-    score = float(raw)
-    if not math.isfinite(score):
-        raise ValueError(f"returned {score}")
-    acc = float(result.get("acc", score >= 1.0)) if isinstance(result, dict) else float(score >= 1.0)
-    return score, acc
+    if isinstance(result, dict):
+        if not isinstance(result.get("score"), numbers.Real):
+            raise ValueError(f"returned a dict without a numeric 'score' ({_short(result)})")
+        score = _real(result["score"], "score")
+        acc = _real(result["acc"], "'acc'") if "acc" in result else float(score >= 1.0)
+        return score, acc
+    if not isinstance(result, numbers.Real):
+        raise ValueError(f"returned {type(result).__name__} ({_short(result)}), not a number")
+    score = _real(result, "score")
+    return score, float(score >= 1.0)
+
+
+def _real(value: Any, what: str) -> float:
+    if not isinstance(value, numbers.Real):
+        raise ValueError(f"returned {what} {type(value).__name__} ({_short(value)}), not a number")
+    try:
+        number = float(value)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise ValueError(f"returned {what} {_short(value)}, which is not a float ({exc})") from None
+    if not math.isfinite(number):
+        raise ValueError(f"returned {number}" if what == "score" else f"returned {what} {number}")
+    if abs(number) > FLOAT32_MAX:
+        raise ValueError(f"returned {what} {number:g}, beyond the float32 range of the reward tensor "
+                         f"(|x| <= {FLOAT32_MAX:.4g})")
+    return number
+
+
+def _short(value: Any, limit: int = 100) -> str:
+    """``repr`` cut to ``limit`` characters; never raises (a huge int's repr does, past 4300 digits)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - any broken __repr__
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception; never raises."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - a broken __str__
+        return type(exc).__name__
 
 
 def bind_config(fn: ScoreFn, reward_config: Any) -> ScoreFn:
@@ -106,12 +179,14 @@ def bind_config(fn: ScoreFn, reward_config: Any) -> ScoreFn:
 def _evaluate(fn: ScoreFn, args: tuple[Any, ...]) -> Outcome:
     try:
         result = fn(*args)
-    except Exception as exc:
-        return RAISED, f"raised {type(exc).__name__}: {exc}"
+    except RLForgeError as exc:
+        return FATAL, str(exc)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too: the worker must answer
+        return RAISED, f"raised {_describe(exc)}"
     try:
         return OK, split_result(result)
-    except ValueError as exc:
-        return BAD_VALUE, str(exc)
+    except Exception as exc:  # noqa: BLE001 - ValueError, or a number type whose __float__ misbehaves
+        return BAD_VALUE, str(exc) if isinstance(exc, ValueError) else f"returned a value that broke: {_describe(exc)}"
 
 
 def _die_with_parent() -> None:
@@ -134,16 +209,18 @@ def _serve(conn: Connection, parent_end: Connection, fns: dict[str, ScoreFn]) ->
         except EOFError:  # the trainer closed the pipe or died
             return
         for index, key, args in tasks:
-            conn.send((index, _evaluate(fns[key], args)))
+            outcome = _evaluate(fns[key], args)
+            conn.send((index, outcome, process_cpu_seconds()))
 
 
 class _Worker:
-    """One forked worker process and the tasks it has been sent but not yet answered."""
+    """One forked worker process, the tasks it has been sent but not yet answered, and the clock of the
+    call it is running (its CPU time and the wall clock when that call started)."""
 
     def __init__(self, fns: dict[str, ScoreFn]) -> None:
         self.fns = fns
         self.pending: deque[Task] = deque()
-        self.deadline = math.inf
+        self.cpu_start, self.wall_start = 0.0, math.inf
         self._start()
 
     def _start(self) -> None:
@@ -155,7 +232,7 @@ class _Worker:
         self.process.start()
         child.close()
 
-    def send(self, tasks: list[Task], timeout_s: float) -> None:
+    def send(self, tasks: list[Task]) -> None:
         if not self.process.is_alive():  # died while idle (e.g. the OOM killer)
             self.stop()
             self._start()
@@ -166,7 +243,21 @@ class _Worker:
                                f"{tasks[0][0]}..{tasks[-1][0]} cannot be sent to the reward worker process; "
                                f"they must be picklable: {exc}") from None
         self.pending.extend(tasks)
-        self.deadline = time.monotonic() + timeout_s
+        self.start_clock(process_cpu_seconds(self.process.pid))
+
+    def start_clock(self, cpu: float | None) -> None:
+        """The next call starts now, with the worker's CPU time at ``cpu``."""
+        self.cpu_start, self.wall_start = cpu or 0.0, time.monotonic()
+
+    def overrun(self, cpu_limit_s: float, wall_limit_s: float) -> str | None:
+        """Why the running call is past its limits, or None while it is within them."""
+        cpu = process_cpu_seconds(self.process.pid)
+        if cpu is not None and cpu - self.cpu_start > cpu_limit_s:
+            return f"used more than reward.timeout_s={cpu_limit_s:g} s of CPU time"
+        if time.monotonic() - self.wall_start > wall_limit_s:
+            return (f"gave no result within the wall-clock backstop of {wall_limit_s:g} s ({WALL_BACKSTOP:g} x "
+                    f"reward.timeout_s): it waits without using CPU, or the machine is overloaded")
+        return None
 
     def restart(self) -> list[Task]:
         """Kill the process, start a fresh one; return the tasks it still owed."""
@@ -192,13 +283,18 @@ class _Worker:
 
 
 class RewardWorkers:
-    """A pool of forked worker processes that evaluate reward calls with a per-call wall-clock timeout.
+    """A pool of forked worker processes that evaluate reward calls, each limited in CPU time.
 
-    Tasks go out in chunks and results stream back one by one; the timeout of a call starts when the previous
-    result of its worker arrived. A worker that overruns is killed and replaced; its unfinished tasks are resent.
+    Tasks go out in chunks and results stream back one by one; a call's clock starts when the previous
+    result of its worker arrived. A call over ``timeout_s`` of CPU time, or over ``WALL_BACKSTOP`` times
+    that of wall-clock time, is a timeout: its worker is killed and replaced, and its unfinished tasks are
+    resent. Each step with timeouts logs a warning with their count.
     """
 
     def __init__(self, fns: dict[str, ScoreFn], num_workers: int, timeout_s: float) -> None:
+        if not (isinstance(num_workers, int) and num_workers >= 1):
+            raise RLForgeError(f"reward.num_workers must be an integer >= 1 (worker processes that run reward "
+                               f"functions), got {num_workers!r}.")
         self.fns = fns
         self.num_workers = num_workers
         self.timeout_s = timeout_s
@@ -206,7 +302,7 @@ class RewardWorkers:
         self._finalizer: weakref.finalize | None = None
 
     def run(self, tasks: list[Task]) -> dict[int, Outcome]:
-        """Evaluate every task; return ``{sample index: outcome}``."""
+        """Evaluate every task; return ``{sample index: outcome}``. ``RLForgeError`` if a function raised one."""
         if not self.workers:  # first use, or first use after close()
             self.workers.extend(_Worker(self.fns) for _ in range(self.num_workers))
             self._finalizer = weakref.finalize(self, _stop_all, self.workers)
@@ -219,29 +315,38 @@ class RewardWorkers:
         while len(outcomes) < len(tasks):
             for w in self.workers:
                 if not w.pending and queue:
-                    w.send([queue.popleft() for _ in range(min(chunk, len(queue)))], self.timeout_s)
+                    w.send([queue.popleft() for _ in range(min(chunk, len(queue)))])
             busy = [w for w in self.workers if w.pending]
-            ready = wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - time.monotonic()))
+            ready = wait([w.conn for w in busy], timeout=POLL_S)
             for w in busy:
                 if w.conn in ready:
                     self._receive(w, outcomes, queue)
-                elif time.monotonic() >= w.deadline:
-                    index = w.pending.popleft()[0]
-                    outcomes[index] = (TIMEOUT, f"took longer than reward.timeout_s={self.timeout_s:g} s")
+                elif reason := w.overrun(self.timeout_s, WALL_BACKSTOP * self.timeout_s):
+                    outcomes[w.pending.popleft()[0]] = (TIMEOUT, reason)
                     queue.extendleft(reversed(w.restart()))
+        self._warn_timeouts(outcomes)
         return outcomes
 
     def _receive(self, w: _Worker, outcomes: dict[int, Outcome], queue: deque[Task]) -> None:
         try:
             while w.pending and w.conn.poll():
-                index, outcome = w.conn.recv()
+                index, outcome, cpu = w.conn.recv()
                 w.pending.popleft()
+                if outcome[0] == FATAL:
+                    raise RLForgeError(outcome[1])
                 outcomes[index] = outcome
-                w.deadline = time.monotonic() + self.timeout_s
+                w.start_clock(cpu)
         except (EOFError, OSError):  # the worker died mid-call (os._exit, a segfault, the OOM killer)
             index = w.pending.popleft()[0]
             outcomes[index] = (CRASHED, w.exit_description())
             queue.extendleft(reversed(w.restart()))
+
+    def _warn_timeouts(self, outcomes: dict[int, Outcome]) -> None:
+        count = sum(kind == TIMEOUT for kind, _ in outcomes.values())
+        if count:
+            log.warning("%d of %d reward calls timed out (over reward.timeout_s=%g s of CPU time, or %g s of wall "
+                        "clock); they get reward.fallback_score and are counted in reward/timeouts.",
+                        count, len(outcomes), self.timeout_s, WALL_BACKSTOP * self.timeout_s)
 
     def close(self) -> None:
         """Stop the worker processes (they are also stopped when this object is collected or at exit)."""
@@ -272,7 +377,7 @@ class RuleRewardManager:
         self.fixed = rc.file or rc.fn
         fns = {name: bind_config(registry.reward_fn.get(name), rc) for name in registry.reward_fn.available()}
         if rc.file:
-            fns[FIXED] = bind_config(load_user_function(rc.file, rc.fn_name), rc)
+            fns[FIXED] = bind_config(load_user_function(rc.file, rc.fn_name, float(rc.timeout_s)), rc)
         elif rc.fn:
             fns[FIXED] = bind_config(registry.reward_fn.get(rc.fn), rc)
         self.workers = RewardWorkers(fns, int(rc.get("num_workers", 1)), float(rc.timeout_s))

@@ -66,6 +66,7 @@ class RewardConfig:
     fallback_score: float = 0.0  # score of a sample whose reward function raised, hung or returned a non-number
     sandbox_timeout_s: float = 5.0  # code-execution rewards: wall-clock limit of the sandboxed program
     sandbox_memory_mb: int = 512  # code-execution rewards: address-space limit of the sandboxed program
+    sandbox_allow_weak: bool = False  # code rewards without root or user namespaces: run under the weak audit hook (no security boundary) instead of refusing
 
 
 @dataclass

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from rlforge import batch as B
 from rlforge.config.schema import RewardConfig
 from rlforge.errors import RLForgeError
+from rlforge.plugins.reward import rule
 from rlforge.plugins.reward.code import code_exec_score, extract_code, load_tests, outputs_match
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
 from rlforge.plugins.reward.rule import RuleRewardManager, bind_config, load_user_function, split_result
@@ -345,6 +346,12 @@ def faulty_file(tmp_path: Path) -> str:
     return str(path)
 
 
+@pytest.fixture
+def short_backstop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wall-clock backstop of 4 x reward.timeout_s (10 x by default), so "sleep" samples end sooner."""
+    monkeypatch.setattr(rule, "WALL_BACKSTOP", 4.0)
+
+
 def _fault_batch(tok, texts: list[str]) -> B.Batch:
     return _response_batch(tok, texts, ["faulty"] * len(texts), ["ok"] * len(texts), width=8)
 
@@ -362,7 +369,9 @@ def test_fault_gives_fallback_and_counts_an_error(
 
 
 @pytest.mark.parametrize("fault", ["hang", "sleep"])
-def test_hung_function_is_stopped_at_the_timeout(fault, char_tokenizer, registry, manager_factory, faulty_file) -> None:
+def test_hung_function_is_stopped_at_the_timeout(
+    fault, char_tokenizer, registry, manager_factory, faulty_file, short_backstop
+) -> None:
     mgr = manager_factory(char_tokenizer, registry, file=faulty_file, timeout_s=0.5)
     start = time.monotonic()
     out = mgr.score(_fault_batch(char_tokenizer, ["ok", fault, "ok", "no"]))
@@ -371,7 +380,9 @@ def test_hung_function_is_stopped_at_the_timeout(fault, char_tokenizer, registry
     assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 1.0}
 
 
-def test_all_faults_in_one_batch_with_two_workers(char_tokenizer, registry, manager_factory, faulty_file) -> None:
+def test_all_faults_in_one_batch_with_two_workers(
+    char_tokenizer, registry, manager_factory, faulty_file, short_backstop
+) -> None:
     mgr = manager_factory(char_tokenizer, registry, file=faulty_file, timeout_s=0.5, num_workers=2)
     texts = ["ok", "raise", "hang", "nan", "none", "ok", "str", "exit", "sleep", "dict", "ok", "no"]
     batch = _fault_batch(char_tokenizer, texts)
@@ -415,13 +426,14 @@ def test_first_fault_of_each_kind_is_logged_once(
     with caplog.at_level(logging.WARNING, logger="rlforge.reward"):
         mgr.score(_fault_batch(char_tokenizer, ["ok", "raise", "raise", "none", "hang"]))
         mgr.score(_fault_batch(char_tokenizer, ["raise", "none", "hang"]))
-    messages = [r.getMessage() for r in caplog.records]
+    messages = [r.getMessage() for r in caplog.records if "failed on sample" in r.getMessage()]
     assert len(messages) == 3
     raised, bad, timeout = messages
     assert "data_source 'faulty' failed on sample 1 (raised): raised ValueError: bad row" in raised
     assert "reward.fallback_score=0" in raised and "reward/errors" in raised
     assert "on sample 3 (bad value): returned NoneType (None), not a number" in bad
-    assert "on sample 4 (timeout): took longer than reward.timeout_s=0.5 s" in timeout and "reward/timeouts" in timeout
+    assert "on sample 4 (timeout): used more than reward.timeout_s=0.5 s of CPU time" in timeout
+    assert "reward/timeouts" in timeout
 
 
 def test_clean_batch_reports_zero_faults(char_tokenizer, registry, manager_factory) -> None:
