@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from rlforge.plugins.reward.cputime import process_cpu_seconds
@@ -43,6 +44,15 @@ def _lines(text: str) -> list[str]:
     return [line.rstrip() for line in text.rstrip().splitlines()]
 
 
+@dataclass
+class CodeRewardConfig:
+    """The ``code`` reward function (runs the model's program in the sandbox, docs/reliability.md)."""
+
+    sandbox_timeout_s: float = 5.0  # CPU-time limit of each run of the sandboxed program
+    sandbox_memory_mb: int = 512  # address-space limit of each process of the program
+    sandbox_allow_weak: bool = False  # without root or user namespaces: run under the weak audit hook (no security boundary) instead of refusing
+
+
 def code_exec_score(
     data_source: str,
     solution_str: str,
@@ -60,7 +70,7 @@ def code_exec_score(
     first one that runs out of time (the rest count as failed) or when 80% of ``timeout_s`` (the reward
     manager's CPU-time limit on the whole call, which counts the sandboxed programs too) is spent, so the
     call returns before the manager has to kill it. CPU time, not wall-clock time: the score is the same on
-    a loaded machine. ``sandbox_allow_weak`` (``reward.sandbox_allow_weak``) lets the sandbox fall back to
+    a loaded machine. ``sandbox_allow_weak`` (``reward.code.sandbox_allow_weak``) lets the sandbox fall back to
     its weak audit-hook isolation where no real isolation works; without it such a machine refuses.
     """
     tests = load_tests(ground_truth)

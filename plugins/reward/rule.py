@@ -36,13 +36,14 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlforge.plugins.reward.code import CodeRewardConfig, code_exec_score
+from rlforge.plugins.reward.cputime import process_cpu_seconds
+from rlforge.plugins.reward.functions import arith_score, gsm8k_score
+
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
-from rlforge.plugins.reward.code import code_exec_score
-from rlforge.plugins.reward.cputime import process_cpu_seconds
-from rlforge.plugins.reward.functions import arith_score, gsm8k_score
 
 if TYPE_CHECKING:
     import torch
@@ -165,15 +166,26 @@ def _describe(exc: BaseException) -> str:
         return type(exc).__name__
 
 
-def bind_config(fn: ScoreFn, reward_config: Any) -> ScoreFn:
-    """Pass ``reward.<key>`` to each keyword-only parameter of ``fn`` named ``<key>`` (e.g. sandbox_timeout_s)."""
+def bind_config(fn: ScoreFn, *sections: Any) -> ScoreFn:
+    """Pass each config value to the keyword-only parameter of ``fn`` of the same name. ``sections``: the core
+    ``reward`` section (e.g. ``timeout_s``), then the function's own (``reward.<fn name>.*``, e.g. the ``code``
+    function's ``sandbox_timeout_s``); a later section wins."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # some builtins and C callables have no signature
         return fn
-    keys = set(reward_config.keys())
-    kwargs = {p.name: reward_config[p.name] for p in params if p.kind is p.KEYWORD_ONLY and p.name in keys}
+    wanted = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    kwargs = {k: section[k] for section in sections if section is not None for k in section.keys() if k in wanted}
     return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def _fn_section(config: Any, registry: Any, name: str) -> Any:
+    """The reward function ``name``'s own config section, if it declared one."""
+    path = registry.reward_fn.entry(name).config_path(registry.SPECS["reward_fn"])
+    section = config if path else None
+    for part in (path or "").split("."):
+        section = getattr(section, part, None)
+    return section
 
 
 def _evaluate(fn: ScoreFn, args: tuple[Any, ...]) -> Outcome:
@@ -375,11 +387,13 @@ class RuleRewardManager:
             raise RLForgeError(f"reward.timeout_s must be > 0 seconds, got {rc.timeout_s}.")
         self.fallback_score = float(rc.fallback_score)
         self.fixed = rc.file or rc.fn
-        fns = {name: bind_config(registry.reward_fn.get(name), rc) for name in registry.reward_fn.available()}
+        fns = {name: bind_config(registry.reward_fn.get(name), rc, _fn_section(config, registry, name))
+               for name in registry.reward_fn.available()}
         if rc.file:
             fns[FIXED] = bind_config(load_user_function(rc.file, rc.fn_name, float(rc.timeout_s)), rc)
         elif rc.fn:
-            fns[FIXED] = bind_config(registry.reward_fn.get(rc.fn), rc)
+            registry.reward_fn.get(rc.fn)  # an unknown name: the registry's error, with the known ones
+            fns[FIXED] = fns[rc.fn]
         self.workers = RewardWorkers(fns, int(rc.get("num_workers", 1)), float(rc.timeout_s))
         self._logged: set[str] = set()
 
@@ -444,5 +458,5 @@ def rlforge_register(registry):
     registry.reward_fn.register("arith", arith_score)
     registry.reward_fn.register("gsm8k", gsm8k_score)
     registry.reward_fn.register("openai/gsm8k", gsm8k_score, description="alias of gsm8k (verl's data_source)")
-    registry.reward_fn.register("code", code_exec_score,
+    registry.reward_fn.register("code", code_exec_score, config=CodeRewardConfig,
                                 description="runs the program in the sandbox on stdin/stdout tests; pass fraction")

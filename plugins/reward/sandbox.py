@@ -102,7 +102,7 @@ def run_sandboxed(
         working directory).
     :param max_processes: processes and threads the program may run at once (``RLIMIT_NPROC``).
     :param isolation: ``auto``, ``namespaces``, ``userns`` or ``audit`` (see the module docstring).
-    :param allow_weak: allow the ``audit`` mode (``reward.sandbox_allow_weak``); without it a machine with
+    :param allow_weak: allow the ``audit`` mode (``reward.code.sandbox_allow_weak``); without it a machine with
         no real isolation refuses to run the program.
     """
     mode = _resolve(isolation, allow_weak)
@@ -174,7 +174,7 @@ def _require(mode: str) -> None:
 
 def _refusal(isolation: str) -> str:
     weak = ("the weak audit-hook isolation, which is not a security boundary, runs only with "
-            "reward.sandbox_allow_weak=true (run_sandboxed(..., allow_weak=True))")
+            "reward.code.sandbox_allow_weak=true (run_sandboxed(..., allow_weak=True))")
     if isolation == "audit":
         return f"Sandbox isolation 'audit' was asked for, but {weak}."
     why = "; ".join(f"{m}: {_probe(m, os.geteuid()).reason}" for m in STRONG_MODES)
@@ -187,7 +187,7 @@ def _refusal(isolation: str) -> str:
 @functools.cache
 def _warn_weak() -> None:
     log.warning("Code sandbox: running model-written code under the weak 'audit' isolation "
-                "(reward.sandbox_allow_weak=true). A Python audit hook is not a security boundary: a "
+                "(reward.code.sandbox_allow_weak=true). A Python audit hook is not a security boundary: a "
                 "determined program can escape it. See docs/reliability.md.")
 
 

@@ -62,11 +62,8 @@ class RewardConfig:
     file: Optional[str] = None  # python file with compute_score(data_source, solution_str, ground_truth, extra_info)
     fn_name: str = "compute_score"  # function to load from `file`
     num_workers: int = 1  # worker processes that evaluate reward functions (a hung one is killed and replaced)
-    timeout_s: float = 10.0  # per-sample wall-clock limit of a reward function call
+    timeout_s: float = 10.0  # per-sample CPU-time limit of a reward function call (wall-clock backstop: 10x)
     fallback_score: float = 0.0  # score of a sample whose reward function raised, hung or returned a non-number
-    sandbox_timeout_s: float = 5.0  # code-execution rewards: wall-clock limit of the sandboxed program
-    sandbox_memory_mb: int = 512  # code-execution rewards: address-space limit of the sandboxed program
-    sandbox_allow_weak: bool = False  # code rewards without root or user namespaces: run under the weak audit hook (no security boundary) instead of refusing
 
 
 @dataclass

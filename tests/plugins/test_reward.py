@@ -13,14 +13,25 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from rlforge.plugins.reward import rule
+from rlforge.plugins.reward.code import (
+    CodeRewardConfig,
+    code_exec_score,
+    extract_code,
+    load_tests,
+    outputs_match,
+)
+from rlforge.plugins.reward.functions import arith_score, gsm8k_score
+from rlforge.plugins.reward.rule import (
+    RuleRewardManager,
+    bind_config,
+    load_user_function,
+    split_result,
+)
 
 from rlforge import batch as B
 from rlforge.config.schema import RewardConfig
 from rlforge.errors import RLForgeError
-from rlforge.plugins.reward import rule
-from rlforge.plugins.reward.code import code_exec_score, extract_code, load_tests, outputs_match
-from rlforge.plugins.reward.functions import arith_score, gsm8k_score
-from rlforge.plugins.reward.rule import RuleRewardManager, bind_config, load_user_function, split_result
 
 # --- arith ------------------------------------------------------------------------------------------------
 
@@ -199,16 +210,21 @@ def test_bind_config_passes_matching_keyword_only_parameters() -> None:
     def fn(ds, s, gt, extra=None, *, sandbox_timeout_s=1.0, other=2):
         return (sandbox_timeout_s, other)
 
-    rc = OmegaConf.structured(RewardConfig(sandbox_timeout_s=3.5))
-    assert bind_config(fn, rc)("d", "s", "g") == (3.5, 2)
-    assert bind_config(arith_score, rc) is arith_score  # no keyword-only parameters: unchanged
+    rc = OmegaConf.structured(RewardConfig())
+    own = OmegaConf.structured(CodeRewardConfig(sandbox_timeout_s=3.5))
+    assert bind_config(fn, rc, own)("d", "s", "g") == (3.5, 2)
+    assert bind_config(fn, rc, None)("d", "s", "g") == (1.0, 2)
+    assert bind_config(arith_score, rc, own) is arith_score  # no keyword-only parameters: unchanged
 
 
 # --- the rule reward manager ---------------------------------------------------------------------------
 
 
 def _reward_config(file: str | None = None, fn: str | None = None, num_workers: int | None = None, **kwargs):
+    code = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("sandbox_")}  # the code function's section
     reward = OmegaConf.structured(RewardConfig(file=file, fn=fn, **kwargs))
+    OmegaConf.set_struct(reward, False)
+    reward.code = OmegaConf.structured(CodeRewardConfig(**code))
     if num_workers is not None:  # not in the schema yet: read with reward.get("num_workers", 1)
         OmegaConf.set_struct(reward, False)
         reward.num_workers = num_workers

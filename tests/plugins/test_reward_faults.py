@@ -204,7 +204,7 @@ def test_code_reward_without_isolation_stops_the_run_unless_weak_is_allowed(
 ) -> None:
     batch = _batch(char_tokenizer, ["print(2*2)"], source="code", truth=CODE_TRUTH, width=12)
     refusing = manager_factory(char_tokenizer, registry)
-    with pytest.raises(RLForgeError, match=r"No real isolation works here.*reward.sandbox_allow_weak=true"):
+    with pytest.raises(RLForgeError, match=r"No real isolation works here.*reward.code.sandbox_allow_weak=true"):
         refusing.score(batch)
     weak = manager_factory(char_tokenizer, registry, sandbox_allow_weak=True)  # (its warning: test_sandbox.py)
     assert weak.score(batch)[B.SCORES].tolist() == [1.0]

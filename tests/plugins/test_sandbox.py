@@ -136,7 +136,7 @@ def test_without_real_isolation_auto_refuses_unless_weak_is_allowed(monkeypatch,
     monkeypatch.setattr(sandbox, "_probe", lambda mode, euid: sandbox._Probe(None, "unshare failed: Operation not "
                         "permitted") if mode in sandbox.STRONG_MODES else real_probe(mode, euid))
     with pytest.raises(SandboxError, match=r"No real isolation works here.*namespaces: unshare failed.*"
-                                           r"reward.sandbox_allow_weak=true"):
+                                           r"reward.code.sandbox_allow_weak=true"):
         run_sandboxed("print(1)")
     sandbox._warn_weak.cache_clear()
     with caplog.at_level(logging.WARNING, logger="rlforge.reward.sandbox"):
@@ -146,7 +146,7 @@ def test_without_real_isolation_auto_refuses_unless_weak_is_allowed(monkeypatch,
 
 def test_weak_mode_needs_its_flag() -> None:
     with pytest.raises(SandboxError, match="'audit' was asked for, but the weak audit-hook isolation.*"
-                                           "reward.sandbox_allow_weak=true"):
+                                           "reward.code.sandbox_allow_weak=true"):
         run_sandboxed("print(1)", isolation="audit")
 
 
