@@ -1,4 +1,5 @@
-"""Generate docs/config.md (from rlforge/config/schema.py) and docs/hooks.md (from rlforge/hookspecs.py).
+"""Generate docs/config.md (from rlforge/config/schema.py and the config dataclasses the built-in components
+register) and docs/hooks.md (from rlforge/hookspecs.py).
 
     python scripts/gen_docs.py           # write both files
     python scripts/gen_docs.py --check   # exit 1 if either file is out of date (CI)
@@ -76,7 +77,15 @@ def config_md() -> str:
            rst_to_md(inspect.getdoc(schema) or ""), "",
            "Set any key on the command line as `key=value` (e.g. `actor.lr=1e-5`), or in a YAML file passed with "
            "`--config`. `rlforge config show` prints the resolved tree and the batch-size arithmetic.", ""]
-    algos = PluginManager(autoload=False).registry.algorithm
+    registry = PluginManager(autoload=False).registry
+    algos = registry.algorithm
+    owned: dict[str, list[tuple[str, type, str]]] = {}
+    for kind, reg in registry.all().items():
+        for entry in reg.entries():
+            path = entry.config_path(registry.SPECS[kind])
+            if path:
+                about = f"Owned by the {reg.kind} `{entry.name}` (plugin `{entry.plugin}`): {entry.description}"
+                owned.setdefault(path.rpartition(".")[0], []).append((path, entry.config, about))
     for f in dataclasses.fields(schema.RLForgeConfig):
         if f.name == "algorithm":
             out += ["## `algorithm`", "", rst_to_md(inspect.getdoc(schema.AlgorithmConfig) or ""), ""]
@@ -91,7 +100,17 @@ def config_md() -> str:
         if doc and not doc.startswith(cls.__name__ + "("):  # skip the auto-generated dataclass signature
             out += [rst_to_md(doc), ""]
         out += table(cls, f.name)
+        out += component_tables(owned.get(f.name, []), "###")
+    out += component_tables(owned.get("", []), "##")  # components whose options are a top-level section
     return "\n".join(out).rstrip() + "\n"
+
+
+def component_tables(sections: list[tuple[str, type, str]], level: str) -> list[str]:
+    """One table per component's own section, naming the component and the plugin that owns it."""
+    out: list[str] = []
+    for path, cls, about in sorted(sections):
+        out += [f"{level} `{path}`", "", about, ""] + table(cls, path)
+    return out
 
 
 def rst_to_md(doc: str) -> str:
