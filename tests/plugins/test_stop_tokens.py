@@ -138,8 +138,9 @@ def test_hf_engine_stops_tiny_chat_model_at_im_end(pm, default_config, tiny_chat
 
 
 @pytest.mark.slow
-def test_vllm_engine_loads_tiny_chat_model_and_stops_like_hf(pm, tiny_chat_model, repro, tmp_path, monkeypatch):
-    """One engine: the tiny chat model (edited, saved) runs in vLLM and stops at <|im_end|>, as the hf engine."""
+def test_vllm_engine_runs_tiny_chat_model_and_stops_like_hf(pm, tiny_chat_model, repro, monkeypatch):
+    """One engine: vLLM loads the tiny chat model, receives the edited actor's weights (a tied lm_head included:
+    on CPU its packed copy must be refreshed) and stops at <|im_end|>, exactly as the hf engine."""
     pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm]'")
     from rlforge import load_config
 
@@ -149,12 +150,9 @@ def test_vllm_engine_loads_tiny_chat_model_and_stops_like_hf(pm, tiny_chat_model
     assert repro_engine._sampling_params(SamplingParams(n=1, temperature=0.0), None).stop_token_ids == [END, UNK]
 
     tok = load_tokenizer(str(tiny_chat_model))
-    folder = tmp_path / "chat-ends-turns"
-    end_turn_after(load_model(str(tiny_chat_model)), tok, "Hello").save_pretrained(folder)
-    tok.save_pretrained(folder)
-    shutil.copy(tiny_chat_model / "generation_config.json", folder)
-    cfg = load_config("grpo", ["rollout.name=vllm", f"model.path={folder}", "rollout.max_new_tokens=8"], plugins=pm)
-    model = load_model(str(folder))
+    model = end_turn_after(load_model(str(tiny_chat_model)), tok, "Hello")  # the actor differs from model.path
+    cfg = load_config("grpo", ["rollout.name=vllm", f"model.path={tiny_chat_model}", "rollout.max_new_tokens=8"],
+                      plugins=pm)
     batch = _prompts(tok, _chat_rows(3))
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=8, min_new_tokens=3)
     engine = pm.registry.rollout.get("vllm")(cfg, model, tok)
