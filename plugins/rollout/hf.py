@@ -1,7 +1,9 @@
 """``hf`` rollout engine: batched sampling with transformers ``generate`` (CPU or GPU).
 
 A response ends at the first of the model's stop tokens (``rlforge.models.stop_token_ids``: the
-generation config's EOS ids, the tokenizer's EOS and the chat template's end-of-turn token).
+generation config's EOS ids, the tokenizer's EOS and the chat template's end-of-turn token). The checkpoint's
+other generation defaults (temperature, top-k, repetition penalty, ...) are not used: sampling follows
+``SamplingParams`` only, as in the vllm engine.
 
 With ``rollout.compile=true`` the decoding step runs on a static KV cache through ``torch.compile`` (on
 every device: transformers does that by itself only on GPUs). Prompts are then left-padded to
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from transformers import GenerationConfig
 from transformers.generation.configuration_utils import CompileConfig
 
 from rlforge import batch as B
@@ -83,8 +86,12 @@ class HFRollout:
         if not greedy:
             sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
                         "top_k": params.top_k or None}
-        was_training = self.model.training
+        was_training, defaults = self.model.training, self.model.generation_config
         self.model.eval()
+        # rlforge's sampling parameters only: transformers fills every unset one from the checkpoint's
+        # generation_config.json (Qwen2.5-Instruct: repetition_penalty=1.05, top_k=20), which would sample from
+        # another distribution than the one the log-probs describe, and than the vllm engine samples from
+        self.model.generation_config = GenerationConfig()
         try:
             gen = self.model.generate(
                 input_ids=prompts,
@@ -99,6 +106,7 @@ class HFRollout:
                 **self.compiled,
             )
         finally:
+            self.model.generation_config = defaults
             self.model.train(was_training)
         responses = gen.sequences[:, prompts.shape[1]:].cpu()
         logits = torch.stack(gen.logits, dim=1)

@@ -13,7 +13,8 @@ It has the shape of a real instruct model, down to the details that trip framewo
 - a chat template that renders ``tools=`` into the system message, assistant ``tool_calls`` as
   ``<tool_call>{json}</tool_call>`` and ``tool`` messages as ``<tool_response>`` blocks in a user turn;
 - Llama-3 / Qwen2.5-Instruct's end-of-turn shape: the tokenizer's ``eos_token`` is ``<|endoftext|>``, not the
-  end-of-turn token; ``generation_config.json`` lists both: ``eos_token_id = [<|im_end|>, <|endoftext|>]``.
+  end-of-turn token; ``generation_config.json`` lists both: ``eos_token_id = [<|im_end|>, <|endoftext|>]``, with
+  Qwen2.5-Instruct's sampling defaults (temperature, top-p, top-k, repetition penalty).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 DEFAULT_SYSTEM = "You are a helpful assistant."
+# what instruct checkpoints put in generation_config.json (these are Qwen2.5-Instruct's); rollouts must ignore them
+INSTRUCT_SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+                              "repetition_penalty": 1.05}
 
 # ChatML with tools, in the layout of Qwen2.5's template (written for rlforge).
 CHAT_TEMPLATE = """\
@@ -132,7 +136,8 @@ def build_tiny_chat_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(bos_token_id=eos, eos_token_id=[eot, eos], pad_token_id=eos)
+    model.generation_config = GenerationConfig(  # Qwen2.5-Instruct's, sampling defaults included
+        bos_token_id=eos, eos_token_id=[eot, eos], pad_token_id=eos, **INSTRUCT_SAMPLING_DEFAULTS)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out

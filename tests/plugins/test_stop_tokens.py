@@ -1,5 +1,6 @@
 """Stop tokens: a response ends at the first of the model's stop tokens (generation config, tokenizer EOS,
-chat template's end-of-turn), in the hf and vllm engines, and so in fit, ``rlforge generate`` and ``rlforge eval``.
+chat template's end-of-turn), in the hf and vllm engines, and so in fit, ``rlforge generate`` and ``rlforge eval``;
+the checkpoint's other generation defaults do not change what the rollouts sample.
 
 The reproduction of the bug: ``builtin:tiny-arith`` copied with its tokenizer's eos set to ``<unk>`` (id 3) and
 ``generation_config.eos_token_id = [2, 3]`` (2 = ``<|end|>``, the token the model ends its answers with).
@@ -135,6 +136,26 @@ def test_hf_engine_stops_tiny_chat_model_at_im_end(pm, default_config, tiny_chat
                                                                       min_new_tokens=3))
     assert tok.batch_decode(out[B.RESPONSES], skip_special_tokens=False) == ["HelloHelloHello<|im_end|>"] * 2
     assert out[B.RESPONSE_MASK].tolist() == [[1, 1, 1, 1]] * 2
+
+
+def test_hf_engine_ignores_the_checkpoints_sampling_defaults(pm, default_config, tiny_chat_model):
+    """Greedy rollouts are the plain argmax chain, without generation_config.json's repetition_penalty=1.05 (and a
+    no_repeat_ngram_size=1 added here, which would forbid the repeats this random model makes)."""
+    tok, model = load_tokenizer(str(tiny_chat_model)), load_model(str(tiny_chat_model))
+    assert model.generation_config.repetition_penalty == 1.05
+    model.generation_config.no_repeat_ngram_size = 1
+    batch = _prompts(tok, _chat_rows(2))
+    assert batch[B.PROMPT_MASK].all()  # same length: no padding, plain positions in the loop below
+    out = pm.registry.rollout.get("hf")(default_config, model, tok).generate(
+        batch, SamplingParams(n=1, temperature=0.0, max_new_tokens=6))
+    ids = batch[B.PROMPTS]
+    with torch.no_grad():
+        for _ in range(6):
+            ids = torch.cat([ids, model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    responses = ids[:, batch[B.PROMPTS].shape[1]:]
+    assert out[B.RESPONSE_MASK].all() and any(len(set(r)) < 6 for r in responses.tolist())  # no stop; repeats
+    assert torch.equal(out[B.RESPONSES], responses)
+    assert model.generation_config.repetition_penalty == 1.05  # the model's own config is left as it was
 
 
 @pytest.mark.slow
