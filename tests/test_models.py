@@ -63,10 +63,12 @@ def _cache_model(cache: Path, repo_id: str, source: Path) -> Path:
 
 RESOLVE = """
 import json, sys
+from rlforge.cli import main
 from rlforge.errors import RLForgeError
 from rlforge.models import load_tokenizer, resolve_model_path
-out = {}
-for repo_id in sys.argv[1:]:
+args = json.loads(sys.argv[1])
+out = {"generate": main(["generate", *args["generate"]]) if args["generate"] else None}
+for repo_id in args["ids"]:
     try:
         out[repo_id] = str(resolve_model_path(repo_id))
         out[repo_id + " tokens"] = load_tokenizer(repo_id)("What is 1+2?")["input_ids"]
@@ -76,10 +78,12 @@ print(json.dumps(out))
 """
 
 
-def _resolve_in_fresh_process(env: dict[str, str], *repo_ids: str) -> dict:
-    """huggingface_hub reads its environment once, at import: each setting gets a fresh interpreter."""
+def _resolve_in_fresh_process(env: dict[str, str], ids: list[str], generate: list[str] | None = None) -> dict:
+    """Resolve ``ids`` (and run ``rlforge generate`` with the ``generate`` arguments) in a fresh interpreter:
+    huggingface_hub reads its environment once, at import."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))}
-    done = subprocess.run([sys.executable, "-c", RESOLVE, *repo_ids], env={**clean, **env}, capture_output=True,
+    args = json.dumps({"ids": ids, "generate": generate})
+    done = subprocess.run([sys.executable, "-c", RESOLVE, args], env={**clean, **env}, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -90,7 +94,12 @@ def test_hub_ids_resolve_from_the_cache_offline(tiny_chat_model, tmp_path):
 
     snapshot = _cache_model(tmp_path / "home" / "hub", "tiny-org/Tiny-Chat-Instruct", tiny_chat_model)
     env = {"HF_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
-    out = _resolve_in_fresh_process(env, "tiny-org/Tiny-Chat-Instruct", "tiny-org/Not-Cached")
+    prompts, samples = tmp_path / "prompts.jsonl", tmp_path / "samples.jsonl"
+    prompts.write_text('{"prompt": "What is 1+2?"}\n')
+    out = _resolve_in_fresh_process(env, ["tiny-org/Tiny-Chat-Instruct", "tiny-org/Not-Cached"],
+                                    ["tiny-org/Tiny-Chat-Instruct", "--data", str(prompts), "--out", str(samples)])
+    assert out["generate"] == 0 and json.loads(samples.read_text())["prompt"] == [
+        {"role": "user", "content": "What is 1+2?"}]
     assert out["tiny-org/Tiny-Chat-Instruct"] == str(snapshot)
     assert out["tiny-org/Tiny-Chat-Instruct tokens"] == AutoTokenizer.from_pretrained(tiny_chat_model)("What is 1+2?")[
         "input_ids"]
@@ -104,7 +113,7 @@ def test_hub_ids_when_the_hub_is_unreachable(tiny_chat_model, tmp_path):
     snapshot = _cache_model(tmp_path / "cache", "tiny-org/Tiny-Chat-Instruct", tiny_chat_model)
     env = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_ETAG_TIMEOUT": "2",
            "HF_HUB_DOWNLOAD_TIMEOUT": "2"}
-    out = _resolve_in_fresh_process(env, "tiny-org/Tiny-Chat-Instruct", "tiny-org/Not-Cached")
+    out = _resolve_in_fresh_process(env, ["tiny-org/Tiny-Chat-Instruct", "tiny-org/Not-Cached"])
     assert out["tiny-org/Tiny-Chat-Instruct"] == str(snapshot)  # the cached copy serves
     error = out["tiny-org/Not-Cached"]
     assert f"is not a local folder and not in the Hugging Face cache {tmp_path / 'cache'}" in error
