@@ -1,4 +1,5 @@
-"""Model and tokenizer loading, and the project's own tiny char-level Llama (no model hub needed)."""
+"""Model and tokenizer loading (builtin names, local folders, Hub ids), stop tokens, and the project's own tiny
+char-level Llama (no model hub needed)."""
 
 from __future__ import annotations
 
@@ -128,7 +129,7 @@ def end_of_turn_id(tokenizer: Any) -> int | None:
         text = tokenizer.apply_chat_template(messages, tokenize=False)
     except Exception:  # any template error: a template that needs other messages still stops at its EOS
         return None
-    head, probe, tail = text.rpartition(EOT_PROBE)
+    _, probe, tail = text.rpartition(EOT_PROBE)
     if not probe:
         return None
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}

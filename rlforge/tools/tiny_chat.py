@@ -93,7 +93,8 @@ def corpus(lines: int = 3000, seed: int = 0) -> Iterator[str]:
 
 
 def build_tokenizer(vocab_size: int = 512, seed: int = 0) -> Any:
-    """A byte-level BPE of ``vocab_size`` merges+bytes trained on ``corpus``, then the ChatML tokens after it."""
+    """A byte-level BPE (256 bytes + merges, at most ``vocab_size`` tokens) trained on ``corpus``, then the ChatML
+    and tool tokens after it."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import Qwen2Tokenizer
 

@@ -90,7 +90,8 @@ def test_math_dapo_score():
 
 def test_geo3k_score():
     # (1 - 0.1) * correct + 0.1 * format
-    assert geo3k_score("hiyouga/geometry3k", "<think>angles</think> so \\boxed{30}", "30")["score"] == pytest.approx(1.0)
+    right = geo3k_score("hiyouga/geometry3k", "<think>angles</think> so \\boxed{30}", "30")
+    assert right["score"] == pytest.approx(1.0)
     assert geo3k_score("hiyouga/geometry3k", "so \\boxed{30}", "30") == {"score": 0.9, "acc": 1.0, "format": 0.0}
     assert geo3k_score("hiyouga/geometry3k", "<think>x</think> \\boxed{31}", "30")["score"] == pytest.approx(0.1)
 

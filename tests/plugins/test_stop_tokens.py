@@ -44,7 +44,8 @@ def _prompts(tok, rows):
 
 
 def _chat_rows(n):
-    return [{"prompt": f"What is {i} + 2?", "data_source": "x", "reward_model": {"ground_truth": "1"}} for i in range(n)]
+    return [{"prompt": f"What is {i} + 2?", "data_source": "x", "reward_model": {"ground_truth": "1"}}
+            for i in range(n)]
 
 
 def test_response_mask_stops_at_the_first_stop_token_of_any_kind():
