@@ -1,7 +1,9 @@
-"""Model and tokenizer loading, and the project's own tiny char-level Llama (no model hub needed)."""
+"""Model and tokenizer loading (builtin names, local folders, Hub ids), stop tokens, and the project's own tiny
+char-level Llama (no model hub needed)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +17,9 @@ else:
 
 BUILTIN_PREFIX = "builtin:"
 ASSETS = Path(__file__).parent / "assets"
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # ORG/NAME, as the Hub spells model ids
+# weights in other formats than safetensors (and Meta's original checkpoints) are not downloaded
+HUB_IGNORE = ["original/*", "*.pth", "*.pt", "*.bin", "*.gguf", "*.onnx", "*.h5", "*.msgpack", "*.ot"]
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|end|>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
@@ -24,23 +29,58 @@ CHAT_TEMPLATE = (
 
 
 def resolve_model_path(path: str, key: str = "model.path") -> Path:
-    """``builtin:NAME`` -> the shipped asset folder; otherwise the folder itself, which must exist.
+    """The model folder that ``path`` names; ``key`` is the config key named in errors.
 
-    ``key`` is the config key named in errors.
+    - ``builtin:NAME``: the shipped folder ``rlforge/assets/NAME`` (only names of folders there);
+    - an existing local folder, which must hold a ``config.json``;
+    - otherwise a Hugging Face Hub id ``ORG/NAME``: its snapshot in the hub's cache, downloaded on first use
+      (``huggingface_hub.snapshot_download``; ``HF_HUB_CACHE``/``HF_HOME``, ``HF_HUB_OFFLINE`` and ``HF_TOKEN``
+      apply). Weight files in other formats than safetensors are not downloaded (``HUB_IGNORE``).
     """
     if path.startswith(BUILTIN_PREFIX):
-        name = path[len(BUILTIN_PREFIX):]
-        folder = ASSETS / name
-        if not folder.is_dir():
-            known = sorted(p.name for p in ASSETS.iterdir() if p.is_dir()) if ASSETS.is_dir() else []
-            raise RLForgeError(f"Unknown built-in model '{path}' ({key}). Built-in models: {known}.")
-        return folder
+        return _builtin_folder(path, key)
     folder = Path(path).expanduser()
+    if not folder.exists() and HUB_ID.fullmatch(path):
+        folder = hub_snapshot(path, key)
     if not folder.exists():
         raise RLForgeError(f"Model path '{path}' does not exist ({key}).")
     if not (folder / "config.json").is_file():
         raise RLForgeError(f"Model path '{path}' has no config.json: not a Hugging Face model folder ({key}).")
     return folder
+
+
+def _builtin_folder(path: str, key: str) -> Path:
+    known = sorted(p.name for p in ASSETS.iterdir() if p.is_dir()) if ASSETS.is_dir() else []
+    name = path[len(BUILTIN_PREFIX):]
+    if name not in known:  # a name, never a path: builtin:../x cannot leave the assets folder
+        raise RLForgeError(f"Unknown built-in model '{path}' ({key}). Built-in models: {known}.")
+    return ASSETS / name
+
+
+def hub_snapshot(repo_id: str, key: str = "model.path") -> Path:
+    """The local snapshot folder of the Hub model ``repo_id``, from the cache or downloaded into it."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    where = f"the Hugging Face cache {constants.HF_HUB_CACHE} (HF_HUB_CACHE, HF_HOME)"
+    try:
+        return Path(snapshot_download(repo_id, ignore_patterns=HUB_IGNORE))
+    except LocalEntryNotFoundError:
+        why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE
+               else f"the Hub ({constants.ENDPOINT}) cannot be reached")
+        raise RLForgeError(
+            f"Model '{repo_id}' ({key}) is not a local folder and not in {where}, and {why}. Download it where "
+            f"the Hub is reachable (`hf download {repo_id}`) with the same cache folder, or set {key} to a "
+            f"local model folder."
+        ) from None
+    except RepositoryNotFoundError:  # also gated and private models without a token
+        raise RLForgeError(
+            f"Model '{repo_id}' ({key}) is not a local folder, and the Hugging Face Hub has no model by that name "
+            f"that you can access (a gated or private model needs `hf auth login` or HF_TOKEN)."
+        ) from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise RLForgeError(f"Model '{repo_id}' ({key}) could not be downloaded into {where}: "
+                           f"{type(exc).__name__}: {exc}") from None
 
 
 def build_char_tokenizer() -> Any:
@@ -80,6 +120,43 @@ def build_tiny_llama(tokenizer: Any, hidden: int = 128, layers: int = 4, heads: 
         tie_word_embeddings=False,
     )
     return LlamaForCausalLM(config)
+
+
+EOT_PROBE = "rlforge end-of-turn probe"  # an assistant message rendered to find the token that closes it
+
+
+def end_of_turn_id(tokenizer: Any) -> int | None:
+    """The special token the chat template closes an assistant message with (``<|im_end|>`` in ChatML,
+    ``<|eot_id|>`` in Llama 3), or None when the template has none or cannot render such a conversation."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": EOT_PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # any template error: a template that needs other messages still stops at its EOS
+        return None
+    _, probe, tail = text.rpartition(EOT_PROBE)
+    if not probe:
+        return None
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    return next((i for i in tokenizer.encode(tail, add_special_tokens=False) if i in special), None)
+
+
+def stop_token_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """Every token id that ends a response: ``model.generation_config.eos_token_id`` (an id or a list), the
+    tokenizer's EOS and the chat template's end-of-turn token (``end_of_turn_id``), without repeats.
+
+    Chat models often end a turn with a token that is not the tokenizer's ``eos_token`` (Llama 3's
+    ``<|eot_id|>``, ChatML's ``<|im_end|>``) and list it in ``generation_config.json`` only.
+    """
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    ids += [tokenizer.eos_token_id, end_of_turn_id(tokenizer)]
+    found = list(dict.fromkeys(int(i) for i in ids if i is not None))
+    if not found:
+        raise RLForgeError(
+            "The model has no stop token: its tokenizer has no eos_token, generation_config.json no eos_token_id, "
+            "and its chat template closes an assistant message with no special token (model.path)."
+        )
+    return found
 
 
 def quiet_transformers() -> None:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the plugin manager with the built-ins, a composed default config, the char tokenizer."""
+"""Shared fixtures: the plugin manager with the built-ins, a composed default config, the char tokenizer, the tiny
+chat model."""
 
 from __future__ import annotations
 
@@ -42,6 +43,14 @@ def char_tokenizer():
     from rlforge.models import build_char_tokenizer
 
     return build_char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory):
+    """Folder of the tiny Qwen2 chat model (rlforge.tools.tiny_chat): ChatML, tools, eos != end-of-turn."""
+    from rlforge.tools.tiny_chat import build_tiny_chat_model
+
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ Each takes ``(data_source, solution_str, ground_truth, extra_info)`` and returns
 from __future__ import annotations
 
 import re
+import string
 from typing import Any
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -44,3 +45,32 @@ def gsm8k_score(
     if answer is None:
         return 0.0
     return score if answer == _to_number(str(ground_truth)) else format_score
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+MAX_ANSWER_TAGS = 10  # more <answer> tags than this: the reward is quartered (verl's guard against tag spam)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD-style normalization: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def qa_em_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    """Search-R1 exact match: the last ``<answer>...</answer>`` equals one of ``ground_truth["target"]`` (a string
+    or a list) after ``normalize_answer``. ``score`` when it does (a quarter with more than ``MAX_ANSWER_TAGS``
+    answer tags), ``format_score`` when an answer is there but wrong, 0 without one."""
+    found = _ANSWER_TAG.findall(solution_str)
+    if not found:
+        return 0.0
+    targets = ground_truth["target"] if isinstance(ground_truth, dict) else ground_truth
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    if normalize_answer(found[-1]) not in {normalize_answer(str(t)) for t in targets}:
+        return format_score
+    tags = max(solution_str.count("<answer>"), solution_str.count("</answer>"))
+    return score / 4 if tags > MAX_ANSWER_TAGS else score

@@ -4,6 +4,9 @@ A user function loads from a file (``reward.file``, ``reward.fn_name``) with ver
 ``compute_score(data_source, solution_str, ground_truth, extra_info)``, so verl reward code ports unchanged.
 The file is imported once in a throwaway child process first, so one that exits or hangs at import time is
 a clear error instead of a dead or stuck trainer.
+Without one, each row's ``data_source`` picks the function: one registered under that name, else the built-in
+that verl's default scorer uses for it (``DATA_SOURCES``). Keys of a dict result besides ``score`` and ``acc``
+are kept per sample (column ``reward_extra_info``) and their batch means reported as ``reward/extra/<key>/mean``.
 
 Reward functions run in persistent worker processes (``RewardWorkers``), forked from this process on the
 first ``score`` and reused across steps. A call that uses more than ``reward.timeout_s`` of CPU time (its
@@ -31,17 +34,18 @@ import signal
 import time
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge.plugins.reward.code import CodeRewardConfig, code_exec_score
 from rlforge.plugins.reward.cputime import process_cpu_seconds
-from rlforge.plugins.reward.functions import arith_score, gsm8k_score
+from rlforge.plugins.reward.functions import arith_score, gsm8k_score, qa_em_score
+from rlforge.plugins.reward.math import geo3k_score, math_boxed_score, math_dapo_score
 
 from rlforge import batch as B
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
@@ -57,12 +61,30 @@ OK, RAISED, BAD_VALUE, CRASHED, TIMEOUT = "ok", "raised", "bad value", "crashed"
 FATAL = "fatal"  # the function raised RLForgeError: the run stops
 ERROR_KINDS = (RAISED, BAD_VALUE, CRASHED)  # counted in reward/errors; TIMEOUT in reward/timeouts
 FIXED = "<reward.fn or reward.file>"  # the function table's key for a function set by config
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)  # scores go into float32 tensors
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores go into float32 tensors
 WALL_BACKSTOP = 10.0  # wall-clock limit of a call, as a multiple of its CPU-time limit (reward.timeout_s)
 POLL_S = 0.05  # how often the CPU time of a running call is checked
 
+REWARD_EXTRA_INFO = "reward_extra_info"  # list column: each sample's extra keys (verl's reward_extra_info)
+EXTRA_METRIC = "reward/extra/{key}/mean"  # batch mean of a numeric extra key
+
 Task = tuple[int, str, tuple[Any, ...]]  # (sample index, function key, call arguments)
-Outcome = tuple[str, Any]  # (OK, (score, acc)) or (error kind, reason)
+Outcome = tuple[str, Any]  # (OK, (score, acc, extras)) or (error kind, reason)
+
+# verl's data_source names (default_compute_score, verl/utils/reward_score/__init__.py) -> built-in reward function.
+# A reward function registered under the data_source itself comes first.
+DATA_SOURCES: dict[str, str] = {
+    "openai/gsm8k": "gsm8k",
+    **dict.fromkeys(["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"], "math_boxed"),
+    **dict.fromkeys(["math_dapo", "math", "math_dapo_reasoning"], "math_dapo"),
+    **dict.fromkeys([f"numina_{name}" for name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc",
+                                                   "cn_k12", "olympiads")], "math_boxed"),
+    **dict.fromkeys(["codecontests", "apps", "codeforces", "taco"], "code"),
+    "hiyouga/geometry3k": "geo3k",
+    **dict.fromkeys([f"searchR1_{name}" for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa",
+                                                     "musique", "bamboogle")], "qa_em"),
+}
+DATA_SOURCE_PREFIXES: dict[str, str] = {"aime": "math_dapo"}  # aime2024, aime_2025, ...
 
 
 def load_user_function(path: str, name: str = "compute_score", timeout_s: float = 10.0) -> ScoreFn:
@@ -188,6 +210,15 @@ def _fn_section(config: Any, registry: Any, name: str) -> Any:
     return section
 
 
+def extra_values(result: Any) -> dict[str, float | str]:
+    """A dict result's keys besides ``score`` and ``acc`` whose values are finite numbers (as floats) or strings
+    (verl's ``reward_extra_info``); other values are dropped."""
+    if not isinstance(result, dict):
+        return {}
+    return {str(k): v if isinstance(v, str) else float(v) for k, v in result.items()
+            if k not in ("score", "acc") and (isinstance(v, str) or isinstance(v, numbers.Real) and math.isfinite(v))}
+
+
 def _evaluate(fn: ScoreFn, args: tuple[Any, ...]) -> Outcome:
     try:
         result = fn(*args)
@@ -196,7 +227,7 @@ def _evaluate(fn: ScoreFn, args: tuple[Any, ...]) -> Outcome:
     except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too: the worker must answer
         return RAISED, f"raised {_describe(exc)}"
     try:
-        return OK, split_result(result)
+        return OK, (*split_result(result), extra_values(result))
     except Exception as exc:  # noqa: BLE001 - ValueError, or a number type whose __float__ misbehaves
         return BAD_VALUE, str(exc) if isinstance(exc, ValueError) else f"returned a value that broke: {_describe(exc)}"
 
@@ -400,13 +431,10 @@ class RuleRewardManager:
     def key_for(self, data_source: str) -> str:
         if self.fixed:
             return FIXED
-        if data_source not in self.registry.reward_fn:
-            known = ", ".join(self.registry.reward_fn.available())
-            raise RLForgeError(
-                f"No reward function for data_source '{data_source}'. Known: {known}. Set reward.fn=NAME or "
-                f"reward.file=path.py (a compute_score function)."
-            )
-        return data_source
+        name = function_for(data_source, self.registry)
+        if name is None:
+            raise RLForgeError(no_function_message([data_source], self.registry))
+        return name
 
     def score(self, batch: B.Batch) -> B.Batch:
         texts = self.tokenizer.batch_decode(batch[B.RESPONSES], skip_special_tokens=True)
@@ -417,11 +445,12 @@ class RuleRewardManager:
         outcomes = self.workers.run(tasks)
         scores = torch.full((n,), self.fallback_score)
         accs = torch.zeros(n)
+        extras: list[dict[str, Any]] = [{} for _ in range(n)]
         faults: Counter[str] = Counter()
         for i in range(n):
             kind, value = outcomes[i]
             if kind == OK:
-                scores[i], accs[i] = value
+                scores[i], accs[i], extras[i] = value
             else:
                 faults[kind] += 1
                 self._log_first(kind, sources[i], i, value)
@@ -433,9 +462,11 @@ class RuleRewardManager:
         batch[B.TOKEN_LEVEL_SCORES] = token_scores
         batch[B.ACC] = accs
         batch[B.RESPONSE_TEXT] = texts
+        batch[REWARD_EXTRA_INFO] = extras
         batch.meta["metrics"] = {**batch.meta.get("metrics", {}),
                                  "reward/errors": float(sum(faults[k] for k in ERROR_KINDS)),
-                                 "reward/timeouts": float(faults[TIMEOUT])}
+                                 "reward/timeouts": float(faults[TIMEOUT]),
+                                 **extra_metrics(extras)}
         return batch
 
     def _log_first(self, kind: str, data_source: str, index: int, reason: str) -> None:
@@ -452,11 +483,61 @@ class RuleRewardManager:
         self.workers.close()
 
 
+def extra_metrics(extras: list[dict[str, Any]]) -> dict[str, float]:
+    """``EXTRA_METRIC`` for each numeric extra key: its mean over the samples that returned it."""
+    values: dict[str, list[float]] = {}
+    for sample in extras:
+        for key, value in sample.items():
+            if isinstance(value, float):
+                values.setdefault(key, []).append(value)
+    return {EXTRA_METRIC.format(key=key): sum(v) / len(v) for key, v in sorted(values.items())}
+
+
+def function_for(data_source: str, registry: Any) -> str | None:
+    """The reward function for rows of ``data_source``: one registered under that name, else verl's name for it
+    (``DATA_SOURCES``, ``DATA_SOURCE_PREFIXES``); None when there is none."""
+    if data_source in registry.reward_fn:
+        return data_source
+    name = DATA_SOURCES.get(data_source) or next(
+        (fn for prefix, fn in DATA_SOURCE_PREFIXES.items() if data_source.startswith(prefix)), None)
+    return name if name is not None and name in registry.reward_fn else None
+
+
+def no_function_message(data_sources: list[str], registry: Any) -> str:
+    names = ", ".join(f"'{s}'" for s in data_sources)
+    return (f"No reward function for data_source {names}. Reward functions: {', '.join(registry.reward_fn.available())}"
+            f", and verl's data_source names for them (openai/gsm8k, lighteval/MATH, math_dapo, aime*, ...: "
+            f"docs/migration-from-verl.md). Set reward.fn=NAME or reward.file=path.py (a compute_score function), "
+            f"or register a function under the data_source's name in a plugin.")
+
+
+def check_data_sources(config: Any, registry: Any, data_sources: Iterable[str]) -> None:
+    """Fail before any model loads when rows of a dataset would have no reward function (rule manager).
+
+    :param config: the composed config; nothing to check when ``reward.fn`` or ``reward.file`` is set
+    :param registry: the registries (``registry.reward_fn``)
+    :param data_sources: the ``data_source`` values of the dataset's rows
+    :raises ConfigError: naming every data source without a function, the known names and the keys to set
+    """
+    if config.reward.file or config.reward.fn:
+        return
+    missing = sorted({str(s) for s in data_sources if function_for(str(s), registry) is None})
+    if missing:
+        raise ConfigError(no_function_message(missing, registry))
+
+
 @hookimpl
 def rlforge_register(registry):
     registry.reward_manager.register("rule", RuleRewardManager)
     registry.reward_fn.register("arith", arith_score)
-    registry.reward_fn.register("gsm8k", gsm8k_score)
-    registry.reward_fn.register("openai/gsm8k", gsm8k_score, description="alias of gsm8k (verl's data_source)")
+    registry.reward_fn.register("gsm8k", gsm8k_score, description="GSM8K: the number after '####' (verl's rule)")
+    registry.reward_fn.register("math_boxed", math_boxed_score,
+                                description="MATH: last \\boxed{} answer, math-verify equivalence; 1/0")
+    registry.reward_fn.register("math_dapo", math_dapo_score,
+                                description="DAPO/AIME: last 'Answer:' line, math-verify equivalence; 1/-1")
+    registry.reward_fn.register("geo3k", geo3k_score,
+                                description="Geometry3K: 0.9 boxed answer (math-verify) + 0.1 <think> format")
+    registry.reward_fn.register("qa_em", qa_em_score,
+                                description="Search-R1 QA: exact match of the last <answer></answer>")
     registry.reward_fn.register("code", code_exec_score, config=CodeRewardConfig,
                                 description="runs the program in the sandbox on stdin/stdout tests; pass fraction")

@@ -1,5 +1,10 @@
 """``hf`` rollout engine: batched sampling with transformers ``generate`` (CPU or GPU).
 
+A response ends at the first of the model's stop tokens (``rlforge.models.stop_token_ids``: the
+generation config's EOS ids, the tokenizer's EOS and the chat template's end-of-turn token). The checkpoint's
+other generation defaults (temperature, top-k, repetition penalty, ...) are not used: sampling follows
+``SamplingParams`` only, as in the vllm engine.
+
 With ``rollout.hf.compile=true`` the decoding step runs on a static KV cache through ``torch.compile`` (on
 every device: transformers does that by itself only on GPUs). Prompts are then left-padded to
 ``data.max_prompt_length`` so that shapes repeat: each new (batch size, length) compiles once, which takes
@@ -15,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
+from rlforge.models import stop_token_ids
 from rlforge.protocols import SamplingParams
 
 if TYPE_CHECKING:
@@ -26,11 +32,11 @@ else:
     ops = lazy_import("rlforge.ops")
 
 
-def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """1 on tokens up to and including the first EOS (all tokens if there is none)."""
-    is_eos = (responses == eos_id).long()
-    after_eos = (is_eos.cumsum(-1) - is_eos) > 0
-    return (~after_eos).long()
+def response_mask(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
+    """1 on tokens up to and including the first stop token of any kind (all tokens if there is none)."""
+    is_stop = torch.isin(responses, torch.tensor(stop_ids, dtype=responses.dtype)).long()
+    after_stop = (is_stop.cumsum(-1) - is_stop) > 0
+    return (~after_stop).long()
 
 
 @dataclass
@@ -51,6 +57,7 @@ class HFRollout:
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer, model)
         self.micro_batch_size = config.rollout.micro_batch_size
         self.compiled: dict[str, Any] = {}
         if config.rollout.hf.compile:
@@ -71,7 +78,7 @@ class HFRollout:
             return torch.cat([torch.nn.functional.pad(p[i], (0, width - p[i].shape[1]), value=fill) for p in parts])
 
         responses, log_probs = cat(0, pad), cat(1, 0.0)
-        mask = response_mask(responses, self.tokenizer.eos_token_id)
+        mask = response_mask(responses, self.stop_ids)
         responses = responses.masked_fill(mask == 0, pad)
         out[B.RESPONSES] = responses
         out[B.RESPONSE_MASK] = mask
@@ -92,8 +99,14 @@ class HFRollout:
         if not greedy:
             sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
                         "top_k": params.top_k or None}
-        was_training = self.model.training
+        was_training, defaults = self.model.training, self.model.generation_config
         self.model.eval()
+        # rlforge's sampling parameters only: transformers fills every unset one from the checkpoint's
+        # generation_config.json (Qwen2.5-Instruct: repetition_penalty=1.05, top_k=20), which would sample from
+        # another distribution than the one the log-probs describe, and than the vllm engine samples from
+        from transformers import GenerationConfig
+
+        self.model.generation_config = GenerationConfig()
         try:
             gen = self.model.generate(
                 input_ids=prompts,
@@ -101,13 +114,14 @@ class HFRollout:
                 max_new_tokens=params.max_new_tokens,
                 min_new_tokens=params.min_new_tokens or None,
                 pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.tokenizer.eos_token_id,
+                eos_token_id=self.stop_ids,
                 output_logits=True,
                 return_dict_in_generate=True,
                 **sampling,
                 **self.compiled,
             )
         finally:
+            self.model.generation_config = defaults
             self.model.train(was_training)
         responses = gen.sequences[:, prompts.shape[1]:].cpu()
         logits = torch.stack(gen.logits, dim=1)

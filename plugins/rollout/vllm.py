@@ -31,7 +31,8 @@ from rlforge import batch as B
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
-from rlforge.models import resolve_model_path
+from rlforge.models import resolve_model_path, stop_token_ids
+from rlforge.plugins.rollout.hf import response_mask
 from rlforge.protocols import SamplingParams
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ class VLLMRollout:
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer, model)
         self.model_path = str(resolve_model_path(config.model.path))
         self.supports_sleep = bool(current_platform.is_sleep_mode_available())
         self.on_cpu = bool(current_platform.is_cpu())
@@ -209,10 +211,10 @@ class VLLMRollout:
                 top_p=1.0 if greedy else params.top_p,
                 top_k=0 if greedy else params.top_k,  # 0 = disabled in both rlforge and vLLM
                 max_tokens=params.max_new_tokens,
-                min_tokens=params.min_new_tokens,  # EOS is masked before this many tokens, as in the hf engine
-                # stop at the tokenizer's EOS only, as the hf engine does (not at extra generation_config ids)
+                min_tokens=params.min_new_tokens,  # stop tokens are masked before this many tokens, as in hf
+                # exactly the hf engine's stop tokens (vLLM's own EOS handling off)
                 ignore_eos=True,
-                stop_token_ids=[self.tokenizer.eos_token_id],
+                stop_token_ids=self.stop_ids,
                 seed=seed,
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=False,
@@ -255,10 +257,12 @@ class VLLMRollout:
             ids = list(c.token_ids)
             responses[i, :len(ids)] = torch.tensor(ids)
             log_probs[i, :len(ids)] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, ids)])
-            mask[i, :len(ids)] = 1  # vLLM stops at the first EOS and keeps it: the hf engine's mask
+            mask[i, :len(ids)] = 1
+        mask *= response_mask(responses, self.stop_ids)  # vLLM stops at the first stop token and keeps it
+        responses = responses.masked_fill(mask == 0, self.tokenizer.pad_token_id)
         out[B.RESPONSES] = responses
         out[B.RESPONSE_MASK] = mask
-        out[B.ROLLOUT_LOG_PROBS] = log_probs
+        out[B.ROLLOUT_LOG_PROBS] = log_probs * mask
         out[B.INPUT_IDS] = torch.cat([out[B.PROMPTS], responses], dim=1)
         out[B.ATTENTION_MASK] = torch.cat([out[B.PROMPT_MASK], mask], dim=1)
         return out

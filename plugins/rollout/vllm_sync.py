@@ -55,6 +55,19 @@ def unpack_bucket(specs: list[TensorSpec], blob: bytes) -> Iterator[tuple[str, t
         yield name, raw[offset:offset + size].view(getattr(torch, dtype)).reshape(shape)
 
 
+def refresh_tied_lm_head(model: Any) -> None:
+    """Re-run the post-load processing of an ``lm_head`` tied to the input embedding (Qwen2.5-0.5B, Llama 3.2 1B).
+
+    It receives its weight through the embedding's name, so the layerwise reload never re-processes it, and on CPU
+    its pre-packed GEMM copy of the weight (made at load time) would keep the old values.
+    """
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if embed is not None and method is not None and getattr(head, "weight", None) is embed.weight:
+        method.process_weights_after_loading(head)
+
+
 class WeightSyncExtension:
     """vLLM worker extension (``LLM(worker_extension_cls=...)``); methods run in the worker process."""
 
@@ -92,4 +105,5 @@ class WeightSyncExtension:
         model = worker.model_runner.get_model()
         with set_current_vllm_config(worker.vllm_config):
             finalize_layerwise_reload(model, worker.vllm_config.model_config)
+            refresh_tied_lm_head(model)
         return sorted({name for name, _ in model.named_parameters()} - worker._rlforge_loaded)

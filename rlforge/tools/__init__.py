@@ -7,4 +7,5 @@
 - ``export``: ``rlforge export`` and finding the model folder of a checkpoint or run
 - ``data_prep``: ``rlforge data gsm8k|math`` (verl-compatible parquet)
 - ``plots``: training curves as PNG, ``rlforge report``
+- ``tiny_chat``: a tiny Qwen2 chat model built offline (tests, docs, ``scripts/build_tiny_chat_model.py``)
 """

@@ -14,7 +14,7 @@ from typing import Any
 
 from rlforge import checkpoint as ckpt
 from rlforge.errors import RLForgeError
-from rlforge.models import BUILTIN_PREFIX
+from rlforge.models import BUILTIN_PREFIX, HUB_ID
 
 ACTOR_DIR = "actor"
 
@@ -36,10 +36,11 @@ def find_checkpoint(path: str | Path) -> Path:
 
 
 def model_folder(path: str) -> str:
-    """The Hugging Face folder to load for ``path``: a model folder or ``builtin:NAME`` as given, a checkpoint's
-    ``actor/``, or a run's newest checkpoint's ``actor/``."""
+    """The Hugging Face folder to load for ``path``: a model folder, ``builtin:NAME`` or a Hub id as given, a
+    checkpoint's ``actor/``, or a run's newest checkpoint's ``actor/``."""
     folder = Path(path).expanduser()
-    if path.startswith(BUILTIN_PREFIX) or (folder / "config.json").is_file():
+    hub_id = not folder.exists() and HUB_ID.fullmatch(path)
+    if path.startswith(BUILTIN_PREFIX) or (folder / "config.json").is_file() or hub_id:
         return path
     return str(find_checkpoint(folder) / ACTOR_DIR)
 
