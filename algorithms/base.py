@@ -34,9 +34,7 @@ else:
     F = lazy_import("rlforge.algorithms.functional")
 
 KL_TYPES = KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS)
-# [B, R] rollout-correction importance weights (algorithm.rollout_is), written by the rollout-correction
-# stage; the policy losses multiply their per-token loss by them when the column is present
-ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
+ROLLOUT_IS_WEIGHTS = RC.ROLLOUT_IS_WEIGHTS
 
 
 @dataclass
@@ -94,10 +92,16 @@ class PolicyGradientModule(RLModule):
             )
         if alg.max_gen_batches < 1:
             raise ConfigError(f"'algorithm.max_gen_batches' must be >= 1, got {alg.max_gen_batches}.")
-        cls._validate_rollout_correction(alg)
+        cls._validate_rollout_correction(config)
 
     @staticmethod
-    def _validate_rollout_correction(alg: DictConfig) -> None:
+    def _validate_rollout_correction(config: DictConfig) -> None:
+        alg = config.algorithm
+        if (alg.rollout_is is not None or alg.rollout_rs is not None) and config.actor.reuse_rollout_log_probs:
+            raise ConfigError(
+                "Rollout correction (algorithm.rollout_is / algorithm.rollout_rs) compares the engine's log-probs "
+                "with the trainer's: set actor.reuse_rollout_log_probs=null (recompute when correcting) or false."
+            )
         if alg.rollout_is is not None and alg.rollout_is not in RC.ROLLOUT_IS_LEVELS:
             raise ConfigError(f"'algorithm.rollout_is' is '{alg.rollout_is}'. "
                               f"Allowed: {', '.join(RC.ROLLOUT_IS_LEVELS)}, or null (off).")
@@ -113,8 +117,11 @@ class PolicyGradientModule(RLModule):
 
     def flow(self) -> DataFlow:
         flow = super().flow()
-        if self.config.algorithm.filter_groups:
+        alg = self.config.algorithm
+        if alg.filter_groups:
             flow.insert_before(Stage.FILTER, DynamicSampling())
+        if alg.rollout_is is not None or alg.rollout_rs is not None:
+            flow.insert_after(Stage.OLD_LOGPROB, RC.RolloutCorrection())
         return flow
 
     # --- rewards ----------------------------------------------------------------------------------

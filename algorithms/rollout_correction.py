@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from rlforge import batch as B
+from rlforge.dataflow import Stage, StepContext
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:  # torch loads on first use: config validation parses the thresholds without it
@@ -33,6 +35,9 @@ else:
     torch = lazy_import("torch")
     ops = lazy_import("rlforge.ops")
 
+# [B, R] importance weights (algorithm.rollout_is), written by RolloutCorrection;
+# the policy losses multiply their per-token loss by them when the column is present
+ROLLOUT_IS_WEIGHTS = "rollout_is_weights"
 SAFETY_BOUND = 20.0  # log-ratios (and their sequence sums) are clamped to +-20 before exp
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 
@@ -354,7 +359,33 @@ def compute_rollout_correction(
     return weights, (mask if kept is None else kept), metrics
 
 
+class RolloutCorrection(Stage):
+    """After ``old_logprob``: the rollout-correction weights (column ``rollout_is_weights``) and the response
+    mask after rejection, from the ``algorithm.rollout_*`` options, with their ``rollout_corr/*`` metrics.
+
+    The correction compares the engine's log-probs with the trainer's, so when the old log-probs were taken
+    from the engine (``actor.reuse_rollout_log_probs``), this stage recomputes them with the actor."""
+
+    name = "rollout_correction"
+    requires = frozenset({B.OLD_LOG_PROBS, B.ROLLOUT_LOG_PROBS, B.RESPONSE_MASK})
+    produces = frozenset({ROLLOUT_IS_WEIGHTS})
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        alg = ctx.config.algorithm
+        if batch[B.OLD_LOG_PROBS] is batch[B.ROLLOUT_LOG_PROBS]:
+            batch[B.OLD_LOG_PROBS] = ctx.controller.compute_log_probs(batch, "actor")
+        weights, mask, metrics = compute_rollout_correction(
+            batch[B.OLD_LOG_PROBS], batch[B.ROLLOUT_LOG_PROBS], batch[B.RESPONSE_MASK], alg.rollout_is,
+            alg.rollout_is_threshold, alg.rollout_is_batch_normalize, alg.rollout_rs, alg.rollout_rs_threshold)
+        batch[B.RESPONSE_MASK] = mask.to(batch[B.RESPONSE_MASK].dtype)
+        if weights is not None:
+            batch[ROLLOUT_IS_WEIGHTS] = weights
+        ctx.log(metrics)
+        return batch
+
+
 __all__ = [
+    "RolloutCorrection", "ROLLOUT_IS_WEIGHTS",
     "SAFETY_BOUND", "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "parse_is_threshold", "parse_rs_options",
     "parse_rs_thresholds", "rollout_is_weights", "normalize_is_weights", "rollout_rejection_mask",
     "rollout_correction_metrics", "compute_rollout_correction",

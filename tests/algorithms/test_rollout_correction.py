@@ -10,6 +10,7 @@ import torch
 from rlforge import batch as B
 from rlforge import load_config
 from rlforge.algorithms import functional as F
+from rlforge.algorithms import rollout_correction as RC
 from rlforge.algorithms.base import ROLLOUT_IS_WEIGHTS
 from rlforge.errors import ConfigError
 from rlforge.module import LossContext
@@ -334,3 +335,52 @@ def test_rollout_correction_config_defaults_and_validation(pm) -> None:
 def test_rollout_correction_config_errors_name_the_key(pm, override, message) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config("grpo", override, plugins=pm)
+
+
+# --- the stage ---------------------------------------------------------------------------------------
+
+
+def test_the_stage_is_in_the_flow_only_when_on_and_refuses_reused_log_probs(pm):
+    from rlforge import load_config
+
+    names = pm.registry.algorithm.get("grpo")(load_config("grpo", plugins=pm)).flow().names()
+    assert "rollout_correction" not in names
+    cfg = load_config("grpo", ["algorithm.rollout_is=token"], plugins=pm)
+    names = pm.registry.algorithm.get("grpo")(cfg).flow().compile().names()
+    assert names.index("old_logprob") + 1 == names.index("rollout_correction") < names.index("update_actor")
+    with pytest.raises(ConfigError, match="actor.reuse_rollout_log_probs=null"):
+        load_config("grpo", ["algorithm.rollout_is=token", "actor.reuse_rollout_log_probs=true"], plugins=pm)
+
+
+def test_the_stage_recomputes_reused_log_probs_writes_weights_and_rejects(pm):
+    from types import SimpleNamespace
+
+    from rlforge import batch as B
+    from rlforge import load_config
+    from rlforge.dataflow import DataFlow, StepContext
+    from rlforge.protocols import SamplingParams
+
+    cfg = load_config("grpo", ["algorithm.rollout_is=token", "algorithm.rollout_is_threshold=2.0",
+                               "algorithm.rollout_rs=token_k1", "algorithm.rollout_rs_threshold=0.5_2.0"], plugins=pm)
+    rollout = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]]))
+    trainer = torch.log(torch.tensor([[0.5, 0.75, 1.0], [0.1, 0.5, 0.5]]))  # ratios 1, 1.5, 2 / 0.2, 1, 1
+    calls = []
+
+    def compute_log_probs(batch, role):
+        calls.append(role)
+        return trainer
+
+    batch = B.Batch({B.ROLLOUT_LOG_PROBS: rollout, B.RESPONSE_MASK: torch.ones(2, 3, dtype=torch.long)})
+    batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]  # what OLD_LOGPROB does when it reuses the engine's
+    hook = SimpleNamespace(rlforge_stage_start=lambda **k: None, rlforge_stage_end=lambda **k: None)
+    ctx = StepContext(config=cfg, controller=SimpleNamespace(compute_log_probs=compute_log_probs), module=None,
+                      hook=hook, step=1, sampling=SamplingParams(), flow=DataFlow("t", []), draw=lambda: None)
+    out = RC.RolloutCorrection().run(ctx, batch)
+    assert calls == ["actor"] and torch.equal(out[B.OLD_LOG_PROBS], trainer)
+    # token weights: min(ratio, 2) = 1, 1.5, 2 / 0.2, 1, 1
+    assert torch.allclose(out[RC.ROLLOUT_IS_WEIGHTS], torch.tensor([[1.0, 1.5, 2.0], [0.2, 1.0, 1.0]]))
+    # token_k1 rejection keeps ratios in [0.5, 2] of pi_rollout / pi_old: 1, 0.667, 0.5 / 5 (rejected), 1, 1
+    assert out[B.RESPONSE_MASK].tolist() == [[1, 1, 1], [0, 1, 1]]
+    assert ctx.metrics["rollout_corr/rollout_is_max"] == pytest.approx(2.0)
+    assert ctx.metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 6)
+    assert ctx.metrics["rollout_corr/kl"] != 0.0
