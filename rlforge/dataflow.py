@@ -55,12 +55,12 @@ class StepContext:
         self.metrics.update(metrics)
 
     def run(self, stage: Stage, batch: B.Batch) -> B.Batch:
-        """Run one stage with its hooks, adding its seconds to ``timing_s/<stage name>``."""
+        """Run one stage with its hooks, adding its seconds to ``timing_s/<stage.timing_name>``."""
         self.call_hook("stage_start", stage=stage.name, batch=batch)
         t0 = time.perf_counter()
         batch = stage.run(self, batch)
         seconds = time.perf_counter() - t0
-        key = f"timing_s/{stage.name}"
+        key = f"timing_s/{stage.timing_name or stage.name}"
         self.metrics[key] = self.metrics.get(key, 0.0) + seconds
         self.call_hook("stage_end", stage=stage.name, batch=batch, seconds=seconds)
         return batch
@@ -86,6 +86,7 @@ class Stage:
     name: str = ""
     requires: frozenset[str] = frozenset()
     produces: frozenset[str] = frozenset()
+    timing_name: str = ""  # the name in ``timing_s/<name>`` (default: ``name``); built-ins use verl's
 
     ROLLOUT: ClassVar[Stage]
     REWARD: ClassVar[Stage]
@@ -193,15 +194,18 @@ class DataFlow:
 # --- the built-in stages -----------------------------------------------------------------------------
 
 
-def _stage(name: str, requires: set[str], produces: set[str]) -> Callable[[type[Stage]], type[Stage]]:
+def _stage(name: str, requires: set[str], produces: set[str], timing: str = "") -> Callable[[type[Stage]], type[Stage]]:
     def deco(cls: type[Stage]) -> type[Stage]:
         cls.name, cls.requires, cls.produces = name, frozenset(requires), frozenset(produces)
+        cls.timing_name = timing
         return cls
     return deco
 
 
+# the built-in stages' timings use verl's names: timing_s/gen, old_log_prob, ref, values, adv, update_critic,
+# update_actor, update_weights (and the trainer adds step, testing, save_checkpoint)
 @_stage("rollout", {B.PROMPTS, B.PROMPT_MASK, B.UID},
-        {B.RESPONSES, B.INPUT_IDS, B.ATTENTION_MASK, B.RESPONSE_MASK, B.ROLLOUT_LOG_PROBS})
+        {B.RESPONSES, B.INPUT_IDS, B.ATTENTION_MASK, B.RESPONSE_MASK, B.ROLLOUT_LOG_PROBS}, "gen")
 class RolloutStage(Stage):
     """Generate ``rollout.n`` samples per prompt."""
 
@@ -237,7 +241,7 @@ class FilterStage(Stage):
         return filtered if filtered is not None else batch
 
 
-@_stage("old_logprob", {B.INPUT_IDS, B.ATTENTION_MASK}, {B.OLD_LOG_PROBS})
+@_stage("old_logprob", {B.INPUT_IDS, B.ATTENTION_MASK}, {B.OLD_LOG_PROBS}, "old_log_prob")
 class OldLogProbStage(Stage):
     """Log-probs of the policy that generated: the engine's own when they match the actor's recomputation
     (``actor.reuse_rollout_log_probs``, default: when the engine says so), else a forward pass."""
@@ -253,7 +257,7 @@ class OldLogProbStage(Stage):
         return batch
 
 
-@_stage("ref_logprob", {B.INPUT_IDS, B.ATTENTION_MASK}, {B.REF_LOG_PROBS})
+@_stage("ref_logprob", {B.INPUT_IDS, B.ATTENTION_MASK}, {B.REF_LOG_PROBS}, "ref")
 class RefLogProbStage(Stage):
     """Log-probs of the frozen reference model."""
 
@@ -271,7 +275,7 @@ class ValuesStage(Stage):
         return batch
 
 
-@_stage("advantage", {B.TOKEN_LEVEL_REWARDS, B.RESPONSE_MASK}, {B.ADVANTAGES, B.RETURNS})
+@_stage("advantage", {B.TOKEN_LEVEL_REWARDS, B.RESPONSE_MASK}, {B.ADVANTAGES, B.RETURNS}, "adv")
 class AdvantageStage(Stage):
     """The module's rewards and advantages (``RLModule.advantages``)."""
 
@@ -304,7 +308,7 @@ class UpdateActorStage(Stage):
         return batch
 
 
-@_stage("sync_weights", set(), set())
+@_stage("sync_weights", set(), set(), "update_weights")
 class SyncWeightsStage(Stage):
     """The rollout engine gets the actor's new weights."""
 

@@ -115,7 +115,9 @@ def rlforge_stage_start(trainer: Any, stage: str, batch: Any) -> None:
 def rlforge_stage_end(trainer: Any, stage: str, batch: Any, seconds: float) -> None:
     """A dataflow stage finished.
 
-    :param seconds: wall-clock time the stage took (logged as ``timing_s/<stage>``).
+    :param seconds: wall-clock time the stage took (logged as ``timing_s/<name>``, verl's names for the built-in
+        stages: ``gen``, ``reward``, ``old_log_prob``, ``ref``, ``values``, ``adv``, ``update_critic``,
+        ``update_actor``, ``update_weights``).
     """
 
 

@@ -62,7 +62,7 @@ def test_grpo_end_to_end_writes_run_folder_and_mlflow(tmp_path):
     assert [e[1] for e in step_events] == [1, 2, 3]
     keys = step_events[0][2]
     for k in ["critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl",
-              "response_length/mean", "timing_s/rollout", "timing_s/update_actor", "timing_s/step",
+              "response_length/mean", "timing_s/gen", "timing_s/update_actor", "timing_s/step",
               "perf/throughput"]:
         assert k in keys, k
     # the rollout engine's log-probs match the trainer's recomputation with the same weights
