@@ -46,6 +46,7 @@ class StepContext:
         self._hook = hook
         self._draw = draw
         self._hook_trainer = hook_trainer  # passed as the hooks' ``trainer`` argument (kept for compatibility)
+        self._nested: list[float] = []  # seconds of the stages run inside the running ones (ctx.run within run)
 
     def call_hook(self, name: str, **kwargs: Any) -> Any:
         """Fire hook ``rlforge_<name>`` with these keyword arguments (plus ``trainer``)."""
@@ -55,13 +56,20 @@ class StepContext:
         self.metrics.update(metrics)
 
     def run(self, stage: Stage, batch: B.Batch) -> B.Batch:
-        """Run one stage with its hooks, adding its seconds to ``timing_s/<stage.timing_name>``."""
+        """Run one stage with its hooks, adding its own seconds to ``timing_s/<stage.timing_name>`` (a stage that
+        runs others, like dynamic sampling, is charged without theirs: each second is counted once)."""
         self.call_hook("stage_start", stage=stage.name, batch=batch)
         t0 = time.perf_counter()
-        batch = stage.run(self, batch)
+        self._nested.append(0.0)
+        try:
+            batch = stage.run(self, batch)
+        finally:
+            inner = self._nested.pop()
         seconds = time.perf_counter() - t0
+        if self._nested:
+            self._nested[-1] += seconds
         key = f"timing_s/{stage.timing_name or stage.name}"
-        self.metrics[key] = self.metrics.get(key, 0.0) + seconds
+        self.metrics[key] = self.metrics.get(key, 0.0) + seconds - inner
         self.call_hook("stage_end", stage=stage.name, batch=batch, seconds=seconds)
         return batch
 

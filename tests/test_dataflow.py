@@ -251,3 +251,25 @@ def test_context_regenerate_runs_the_stages_before_the_given_one() -> None:
     assert seen == ["first"] and "n_tokens" not in batch
     with pytest.raises(RLForgeError, match="not in dataflow"):
         ctx.regenerate(before=CountTokens())
+
+
+def test_a_stage_that_runs_others_is_timed_without_them() -> None:
+    import time
+
+    class Slow(Stage):
+        name = "slow"
+
+        def run(self, ctx, batch):
+            time.sleep(0.05)
+            return batch
+
+    class Outer(Stage):
+        name = "outer"
+
+        def run(self, ctx, batch):
+            return ctx.run(Slow(), batch)
+
+    ctx, _ = _ctx(DataFlow("f", []))
+    ctx.run(Outer(), B.Batch())
+    assert ctx.metrics["timing_s/slow"] >= 0.05
+    assert ctx.metrics["timing_s/outer"] < ctx.metrics["timing_s/slow"]  # its own few microseconds only
