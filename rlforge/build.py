@@ -76,8 +76,14 @@ class Builder:
         return [self._build("logger", name, self.config, run_dir) for name in self.config.logger.backends]
 
     def dataset(self, split: str) -> list[dict[str, Any]]:
-        """The rows of ``split`` (``train`` or ``val``) of ``data.name``."""
-        return self.registry.dataset.get(self.config.data.name)(self.config, split)
+        """The rows of ``split`` (``train`` or ``val``) of ``data.name``. A reward manager that defines
+        ``check_data_sources(config, registry, data_sources)`` checks their ``data_source`` values here, so a
+        row no reward function can score fails before any model loads."""
+        rows = self.registry.dataset.get(self.config.data.name)(self.config, split)
+        check = getattr(self.registry.reward_manager.get(self.config.reward.manager), "check_data_sources", None)
+        if check is not None and rows:
+            check(self.config, self.registry, {r["data_source"] for r in rows if isinstance(r, dict) and "data_source" in r})
+        return rows
 
     def controller(self, module: RLModule) -> Controller:
         """The controller (``trainer.controller``); it builds its workers through this builder."""

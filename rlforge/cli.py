@@ -89,12 +89,45 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     from rlforge.config import explain_batch_sizes
 
+    if args.action == "from-verl":
+        return _from_verl(args)
     pm, cfg = _compose(args)
     print(OmegaConf.to_yaml(cfg), end="")
     print("\n# batch sizes\n# " + explain_batch_sizes(cfg).replace("\n", "\n# "))
     owners = [f"{path} ({entry.plugin})" for path, (_, entry) in sorted(pm.registry.config_sections().items())]
     if owners:
         print("\n# sections owned by plugins\n# " + "\n# ".join(owners))
+    return 0
+
+
+def _from_verl(args: argparse.Namespace) -> int:
+    """``rlforge config from-verl VERL.yaml [--out FILE]``: translate, report every key, check the result."""
+    from pathlib import Path
+
+    import yaml
+    from omegaconf import OmegaConf
+
+    from rlforge.config import compose_with_plugins, verl
+    from rlforge.config.compose import load_file
+
+    if len(args.overrides) != 1:
+        raise RLForgeError("Usage: rlforge config from-verl VERL_CONFIG.yaml [--out rlforge.yaml]")
+    result = verl.translate(OmegaConf.to_container(load_file(args.overrides[0])))  # type: ignore[arg-type]
+    text = yaml.safe_dump(result.nested(), sort_keys=False)
+    report = [f"# translated from {args.overrides[0]} ({len(result.mapped)} mapped, {len(result.ignored)} ignored, "
+              f"{len(result.unmapped)} not mapped); see docs/migration-from-verl.md", f"# algorithm: {result.algorithm}"]
+    report += [f"# mapped      {v} -> {r} = {val!r}" for v, r, val in result.mapped]
+    report += [f"# ignored     {v}: {why}" for v, why in result.ignored]
+    report += [f"# NOT MAPPED  {v} = {val!r}: {why}" for v, val, why in result.unmapped]
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        out.write_text("\n".join(report) + "\n" + text, encoding="utf-8")
+    else:
+        print(text, end="")
+    print("\n".join(report), file=sys.stderr if out is None else sys.stdout)
+    if out is not None:
+        compose_with_plugins(None, str(out), [], loaded=_warn)  # the translation composes as it is
+        print(f"wrote {out}: rlforge fit --config {out}")
     return 0
 
 
@@ -191,7 +224,9 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name in ("fit", "sft"):
         _add_config_args(p)
     elif name == "config":
-        p.add_argument("action", choices=["show"])
+        p.add_argument("action", choices=["show", "from-verl"],
+                       help="show: the resolved config; from-verl FILE: translate a verl config (see --out)")
+        p.add_argument("--out", help="from-verl: write the rlforge config here (and check that it composes)")
         _add_config_args(p)
     elif name == "plugins":
         p.add_argument("action", nargs="?", choices=["list"], default="list")

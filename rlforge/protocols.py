@@ -60,7 +60,8 @@ class RolloutEngine(Protocol):
 @runtime_checkable
 class RewardManager(Protocol):
     """Scores a batch. Registered under ``reward_manager``; built as ``factory(config, tokenizer, registry)``.
-    May define ``close()`` to stop processes it started."""
+    May define ``close()`` to stop processes it started, and a static ``check_data_sources(config, registry,
+    data_sources)`` that refuses data it cannot score (called on every dataset before any model loads)."""
 
     def score(self, batch: Batch) -> Batch:
         """Set ``scores`` [B], ``token_level_scores`` [B, R] (and ``acc`` [B]); metrics it measured go to

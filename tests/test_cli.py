@@ -141,7 +141,7 @@ def test_plugins_list_header_and_tool_plugins(capsys, monkeypatch) -> None:
     assert main(["plugins", "list"]) == 0
     out = capsys.readouterr().out
     first = out.splitlines()[0]
-    assert first.startswith("# hook spec version 1; entry-point plugins: off (RLFORGE_DISABLE_PLUGIN_AUTOLOAD)")
+    assert first.startswith("# hook spec version 2; entry-point plugins: off (RLFORGE_DISABLE_PLUGIN_AUTOLOAD)")
     assert "plugins.disable=[NAME,...]" in first
     for comp in ("logger:tensorboard", "logger:wandb"):
         assert f"    {comp}\n" in out

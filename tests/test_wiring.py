@@ -350,3 +350,20 @@ def test_a_plugin_stage_goes_into_every_algorithms_flow(wiring_package, monkeypa
         flow = trainer.build_flow(module)
         assert flow.names().index("longest_response") == flow.names().index("reward") + 1, algo
         assert Builder(cfg, pm).registry is pm.registry
+
+
+def test_rows_no_reward_function_can_score_fail_before_any_model_or_folder(tmp_path, capsys, no_autoload) -> None:
+    import json
+
+    from rlforge.cli import main
+
+    data = tmp_path / "rows.jsonl"
+    rows = [{"data_source": src, "prompt": "What is 1+1?", "reward_model": {"ground_truth": "2"}}
+            for src in ("arith", "my_task", "other_task")]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows * 12))
+    code = main(["fit", "data.name=files", f"data.train_files=[{data}]", "data.train_batch_size=4",
+                 "actor.ppo_mini_batch_size=4", f"trainer.runs_root={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "No reward function for data_source" in err and "'my_task'" in err and "'other_task'" in err
+    assert not (tmp_path / "runs").exists()  # no run folder was made

@@ -428,6 +428,11 @@ class RuleRewardManager:
         self.workers = RewardWorkers(fns, int(rc.get("num_workers", 1)), float(rc.timeout_s))
         self._logged: set[str] = set()
 
+    @staticmethod
+    def check_data_sources(config: Any, registry: Any, data_sources: Iterable[str]) -> None:
+        """Called by the Builder on every dataset it loads, before any model loads (module function below)."""
+        check_data_sources(config, registry, data_sources)
+
     def key_for(self, data_source: str) -> str:
         if self.fixed:
             return FIXED

@@ -51,9 +51,13 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(base, parent) if parent else base
         known = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
-        hint = did_you_mean(leaf, known, prefix=f"{parent}." if parent else "")
+        from rlforge.config import verl
+
+        leaves = [k for k, _ in verl.flatten(OmegaConf.to_container(OmegaConf.create(layer)))]
+        full = next((k for k in leaves if k.startswith(key + ".")), key)  # the whole key, not its first unknown part
+        hint = verl.hint(full) or did_you_mean(leaf, known, prefix=f"{parent}." if parent else "")
         raise ConfigError(
-            f"Unknown config key '{key}' (in {source}).{hint} Run 'rlforge config show' to list every key."
+            f"Unknown config key '{full}' (in {source}).{hint} Run 'rlforge config show' to list every key."
         ) from None
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", "") or "?"
