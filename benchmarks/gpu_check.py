@@ -189,7 +189,7 @@ def check_grpo_step(folder: Path, shape: str, s: dict, device: str, dtype: str) 
     p, g, t = s["grpo_prompts"], s["grpo_n"], s["grpo_tokens"]
     with tempfile.TemporaryDirectory() as runs:
         cfg = load_config("grpo", [
-            f"model.path={folder}", f"model.dtype={dtype}", f"strategy.device={device}", f"trainer.runs_root={runs}",
+            f"model.path={folder}", f"model.precision={'32-true' if dtype == 'float32' else 'bf16-mixed'}", f"strategy.device={device}", f"trainer.runs_root={runs}",
             f"trainer.total_steps={s['grpo_steps']}", f"data.train_batch_size={p}", f"rollout.n={g}",
             f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}", f"rollout.micro_batch_size={p * g}",
             f"actor.ppo_mini_batch_size={p}", f"actor.ppo_micro_batch_size={s['grpo_micro']}", "actor.lr=1e-7",

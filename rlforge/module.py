@@ -103,18 +103,20 @@ class RLModule:
     def configure_model(self) -> None:
         """Load the actor, and the reference and critic models when the algorithm needs them (only those in
         ``self.roles``: a Ray rank of the critic group loads just the critic)."""
+        from rlforge import precision
         from rlforge.models import load_model, load_value_model
 
         cfg = self.config.model
+        p = precision.for_config(self.config)  # trained models hold p.weights; the frozen reference p.frozen
         if self.tokenizer is None:
             self.configure_tokenizer()
         if "actor" in self.roles:
-            self.actor = load_model(cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+            self.actor = load_model(cfg.path, p.weights, trust_remote_code=cfg.trust_remote_code)
         if self.needs_reference() and "ref" in self.roles:
-            self.ref = load_model(cfg.ref_path or cfg.path, cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+            self.ref = load_model(cfg.ref_path or cfg.path, p.frozen, trust_remote_code=cfg.trust_remote_code)
             self.ref.requires_grad_(False).eval()
         if self.needs_critic() and "critic" in self.roles:
-            self.critic = load_value_model(self.config.critic.path or cfg.path, cfg.dtype, cfg.trust_remote_code)
+            self.critic = load_value_model(self.config.critic.path or cfg.path, p.weights, cfg.trust_remote_code)
 
     def configure_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
         """The actor's AdamW with linear warm-up (``actor.*``). Returns (optimizer, scheduler or None)."""

@@ -79,7 +79,7 @@ def run_sft(config: DictConfig, plugins: Any, log: Any = print) -> dict[str, flo
         model = build_tiny_llama(tokenizer)
     else:
         tokenizer = load_tokenizer(s.init)
-        model = load_model(s.init, config.model.dtype)
+        model = load_model(s.init)
     examples = build_examples(sft_rows(config, plugins.registry), tokenizer, config.data.max_prompt_length)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
 

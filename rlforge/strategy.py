@@ -1,6 +1,7 @@
 """``BaseStrategy``: what every strategy shares. A strategy owns the parts of training that depend on how the
-model is laid out over devices: placement, backward, gradient clipping, the optimizer step, state dicts and
-the sharded checkpoint layout (the ``Strategy`` Protocol in ``rlforge.protocols``).
+model is laid out over devices: placement, precision (autocast and loss scaling, ``model.precision``),
+backward, gradient clipping, the optimizer step, state dicts and the sharded checkpoint layout (the
+``Strategy`` Protocol in ``rlforge.protocols``).
 
 State dicts go through ``torch.distributed.checkpoint.state_dict``, which handles plain and FSDP2 models
 alike: full state dicts are gathered on the CPU (complete on rank 0), sharded ones are written by every rank
@@ -10,9 +11,12 @@ into one ``torch.distributed.checkpoint`` folder that any number of ranks can lo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from rlforge import precision
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +35,25 @@ class BaseStrategy:
     device: torch.device
     rank = 0
     world_size = 1
+    precision: precision.Precision = precision.resolve("32-true")
+    scaler: Any = None  # torch.amp.GradScaler with 16-mixed
+
+    def configure_precision(self, config: Any) -> None:
+        """Set ``precision`` (and the loss scaler of ``16-mixed``) from ``model.precision`` for ``self.device``.
+        Subclasses call it once ``self.device`` is known."""
+        self.precision = precision.resolve(config.model.precision, self.device)
+        if self.precision.scaler:
+            import torch
+
+            self.scaler = torch.amp.GradScaler(self.device.type)
+
+    def autocast(self) -> Any:
+        """The context for forward passes: autocast to the compute dtype of a mixed precision, else nothing."""
+        if self.precision.compute is None:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.autocast(self.device.type, dtype=self.precision.dtype("compute"))
 
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         raise NotImplementedError(f"{type(self).__name__}.setup_model")  # abstract
@@ -42,7 +65,12 @@ class BaseStrategy:
         raise NotImplementedError(f"{type(self).__name__}.all_reduce_max")  # abstract
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients by the loss scale (``16-mixed``), before they are measured or clipped."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float:
         """Clip the gradients of ``model`` to ``max_norm`` (0: only measure) and return their total norm."""
@@ -55,7 +83,24 @@ class BaseStrategy:
         return float(torch.nn.utils.get_total_norm(grads))
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        optimizer.step()
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+    def skip_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """A step skipped for a non-finite gradient: with loss scaling, lower the scale for the next one."""
+        if self.scaler is not None:
+            self.scaler.update()
+
+    def precision_state(self) -> dict[str, Any]:
+        """The loss scaler's state (for exact resume); empty without one."""
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_precision_state(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
 
     def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """The full weights, name by name, for the rollout engine (a sharded strategy gathers them)."""

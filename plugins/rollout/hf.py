@@ -108,18 +108,19 @@ class HFRollout:
 
         self.model.generation_config = GenerationConfig()
         try:
-            gen = self.model.generate(
-                input_ids=prompts,
-                attention_mask=prompt_mask,
-                max_new_tokens=params.max_new_tokens,
-                min_new_tokens=params.min_new_tokens or None,
-                pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.stop_ids,
-                output_logits=True,
-                return_dict_in_generate=True,
-                **sampling,
-                **self.compiled,
-            )
+            with self.autocast(prompts.device):
+                gen = self.model.generate(
+                    input_ids=prompts,
+                    attention_mask=prompt_mask,
+                    max_new_tokens=params.max_new_tokens,
+                    min_new_tokens=params.min_new_tokens or None,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=self.stop_ids,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                    **sampling,
+                    **self.compiled,
+                )
         finally:
             self.model.generation_config = defaults
             self.model.train(was_training)
@@ -128,6 +129,15 @@ class HFRollout:
         if not greedy:
             logits = logits / params.temperature
         return responses, ops.token_logprobs(logits, responses.to(logits.device))[0].cpu()
+
+    def autocast(self, device: Any) -> Any:
+        """Generation runs in the compute dtype of a mixed ``model.precision``, as the trainer's forward passes."""
+        import contextlib
+
+        from rlforge import precision
+
+        compute = precision.for_config(self.config).compute
+        return torch.autocast(device.type, dtype=getattr(torch, compute)) if compute else contextlib.nullcontext()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())

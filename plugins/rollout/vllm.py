@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 else:
     torch = lazy_import("torch")
 
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 MIN_BATCHED_TOKENS = 8192  # tokens per engine step (at least one whole prompt + response fits)
 SMALL_CPU_MACHINE = 4  # CPUs; on machines this small vLLM's CPU build gets every core (see _start)
 SHUTDOWN_TIMEOUT_S = 15  # graceful-exit budget of the engine's processes before they are killed
@@ -103,6 +104,7 @@ def _close(llm: Any) -> None:
 class VLLMConfig:
     """The ``vllm`` engine (``rollout.name=vllm``)."""
 
+    dtype: str = "auto"  # the engine's dtype: auto = model.precision's compute dtype (bf16 for bf16-mixed) | float32 | bfloat16 | float16
     gpu_memory_utilization: float = 0.5  # GPU: share of the device memory vLLM may take (weights + KV cache)
     enforce_eager: Optional[bool] = None  # no torch.compile / CUDA graphs; None = on CPU only (no gain there)
     weight_bucket_mb: int = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
@@ -118,6 +120,8 @@ class VLLMRollout:
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
         v = config.rollout.vllm
+        if v.dtype not in ENGINE_DTYPES:
+            raise ConfigError(f"rollout.vllm.dtype='{v.dtype}'. Allowed: {', '.join(ENGINE_DTYPES)}.")
         if not 0.0 < v.gpu_memory_utilization <= 1.0:
             raise ConfigError(
                 f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}.")
@@ -133,6 +137,11 @@ class VLLMRollout:
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer, model)
         self.model_path = str(resolve_model_path(config.model.path))
+        self.dtype = config.rollout.vllm.dtype
+        if self.dtype == "auto":
+            from rlforge import precision
+
+            self.dtype = precision.for_config(config).frozen
         self.supports_sleep = bool(current_platform.is_sleep_mode_available())
         self.on_cpu = bool(current_platform.is_cpu())
         self.bucket_bytes = int(config.rollout.vllm.weight_bucket_mb) << 20
@@ -151,11 +160,11 @@ class VLLMRollout:
         max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
         if self.on_cpu:  # read by the engine's processes when they start; an explicit setting wins
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib(
-                self.model.config, max_len, cfg.rollout.micro_batch_size, getattr(torch, cfg.model.dtype))))
+                self.model.config, max_len, cfg.rollout.micro_batch_size, getattr(torch, self.dtype))))
         try:
             return self.vllm.LLM(
                 model=self.model_path,
-                dtype=cfg.model.dtype,
+                dtype=self.dtype,
                 trust_remote_code=cfg.model.trust_remote_code,
                 seed=cfg.trainer.seed,
                 max_model_len=max_len,

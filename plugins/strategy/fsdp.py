@@ -9,13 +9,16 @@ and ``torch.multiprocessing`` when the workers are used as a library (the tests 
 - Gradients are *summed* over ranks, not averaged: the workers normalize every loss by counts summed over
   the ranks (``all_reduce_sum``), so the summed gradient is the one-process gradient of the mini-batch.
 - Gradient clipping uses the total norm over all shards (one all-reduce of the squared local norms).
-- Mixed precision (``strategy.fsdp.mixed_precision``) applies on GPU only; CPU runs in ``model.dtype``.
+- Mixed precision (``model.precision``): on GPUs a mixed mode becomes FSDP2's ``MixedPrecisionPolicy`` (parameters
+  cast to the compute dtype for the forward/backward, gradients reduced in fp32, fp32 master shards); on CPU
+  the forward runs under autocast, as with the single strategy.
 - ``named_weights`` streams gathered full tensors in buckets of ``strategy.fsdp.weight_sync_bucket_mb`` to the
   rollout replica: no more than one bucket of gathered weights is alive beyond the model itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +35,6 @@ else:
     torch = lazy_import("torch")
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "none": None}  # torch dtype names
 BACKENDS = ("auto", "nccl", "gloo")
 
 
@@ -53,7 +55,6 @@ class FSDPConfig:
     """The ``fsdp`` strategy (``strategy.name=fsdp``)."""
 
     backend: str = "auto"  # torch.distributed backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
-    mixed_precision: str = "bf16"  # on GPU: bf16 | fp16 | none (compute dtype; reductions in fp32). CPU: none
     weight_sync_bucket_mb: float = 256.0  # gathered weights streamed to the rollout replica per bucket
 
 
@@ -65,9 +66,6 @@ class FSDPStrategy(BaseStrategy):
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
         f = config.strategy.fsdp
-        if f.mixed_precision not in PRECISIONS:
-            raise ConfigError(
-                f"strategy.fsdp.mixed_precision='{f.mixed_precision}'. Allowed: {', '.join(PRECISIONS)}.")
         if f.backend not in BACKENDS:
             raise ConfigError(f"strategy.fsdp.backend='{f.backend}'. Allowed: {', '.join(BACKENDS)}.")
         if f.weight_sync_bucket_mb <= 0:
@@ -91,10 +89,15 @@ class FSDPStrategy(BaseStrategy):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         self.mesh = init_device_mesh(self.device.type, (self.world_size,))
-        precision = PRECISIONS[f.mixed_precision]
-        dtype = getattr(torch, precision) if precision and self.device.type == "cuda" else None
+        self.configure_precision(config)
+        compute = self.precision.compute
+        self.fsdp_casts = compute is not None and self.device.type == "cuda"  # FSDP2 casts: no autocast needed
+        dtype = getattr(torch, compute) if self.fsdp_casts else None
         self.mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         self.bucket_bytes = max(1, int(f.weight_sync_bucket_mb * 2**20))
+
+    def autocast(self) -> Any:
+        return contextlib.nullcontext() if self.fsdp_casts else super().autocast()
 
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Shard each decoder layer, then the root (embeddings, norm, head) with what is left."""

@@ -30,6 +30,7 @@ class SingleDeviceStrategy(BaseStrategy):
 
     def __init__(self, config: Any) -> None:
         self.device = pick_device(config.strategy.device)
+        self.configure_precision(config)
 
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)

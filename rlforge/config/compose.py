@@ -14,6 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from rlforge import precision
 from rlforge.config import schema
 from rlforge.errors import ConfigError, did_you_mean
 from rlforge.models import resolve_model_path
@@ -157,9 +158,7 @@ def validate(cfg: DictConfig, registry: Any) -> None:
         raise ConfigError(f"'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}.")
     if cfg.rollout.temperature < 0 or cfg.rollout.val_temperature < 0:
         raise ConfigError("'rollout.temperature' and 'rollout.val_temperature' must be >= 0.")
-    dtypes = ("float32", "bfloat16", "float16")
-    if cfg.model.dtype not in dtypes:
-        raise ConfigError(f"'model.dtype' is '{cfg.model.dtype}'. Allowed: {', '.join(dtypes)}.")
+    precision.check(cfg.model.precision)
     check_batch_sizes(cfg)
     for _, entry in components:
         check = getattr(entry.obj, "validate_config", None)

@@ -23,7 +23,7 @@ BUILTIN_MODEL = "builtin:tiny-arith"
 class ModelConfig:
     path: str = BUILTIN_MODEL  # HF folder, or builtin:tiny-arith (the shipped SFT'd tiny model)
     ref_path: Optional[str] = None  # reference model for the KL term; None = same as `path`
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    precision: str = "auto"  # auto (bf16-mixed on CUDA, 32-true on CPU) | 32-true | bf16-mixed | 16-mixed | bf16-true (rlforge/precision.py)
     trust_remote_code: bool = False  # never on unless you set it
     remove_padding: bool = False  # packed forward passes of actor, reference, critic: no padding computed (GPU; docs/performance.md)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)

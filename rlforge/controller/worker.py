@@ -93,7 +93,8 @@ class TrainWorker:
         """``forward(micro)`` over the micro-batches, the results (0 at padding) put back in ``batch``'s row order."""
         out = torch.zeros(batch[B.RESPONSE_MASK].shape)
         for rows in self.micro_plan(batch):
-            out[rows] = forward(batch.select(rows).to(self.strategy.device)).float().cpu()
+            with self.strategy.autocast():
+                out[rows] = forward(batch.select(rows).to(self.strategy.device)).float().cpu()
         return out
 
     def update(self, batch: B.Batch) -> dict[str, float]:
@@ -141,17 +142,20 @@ class TrainWorker:
         sums: dict[str, float] = defaultdict(float)
         for rows in self.micro_plan(mini):
             micro = mini.select(rows)
-            loss, metrics = self.loss(micro.to(self.strategy.device), ctx)
+            with self.strategy.autocast():
+                loss, metrics = self.loss(micro.to(self.strategy.device), ctx)
             self.strategy.backward(loss)
             for k, v in metrics.items():
                 sums[k] += v
         if self.strategy.world_size > 1:  # each rank's metrics are its share of the mini-batch value
             sums = defaultdict(float, {k: self.strategy.all_reduce_sum(sums[k]) for k in sorted(sums)})
+        self.strategy.unscale_gradients(self.optimizer)
         grad_norm = self.strategy.clip_grad_norm(self.model, self.section.grad_clip)
         sums[f"{self.role}/grad_norm"] = grad_norm
         if not math.isfinite(grad_norm):
             self.skipped_steps += 1
             self.bad_in_a_row += 1
+            self.strategy.skip_step(self.optimizer)
             self.optimizer.zero_grad(set_to_none=True)
             limit = self.config.trainer.max_nonfinite_steps
             log.warning("%s: non-finite gradient norm (%s); optimizer step skipped (%d in a row, limit %d)",
@@ -201,12 +205,14 @@ class TrainWorker:
         return {
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "skipped_steps": self.skipped_steps,
+            "precision": self.strategy.precision_state(),  # the loss scale of 16-mixed
         }
 
     def _load_small_state(self, state: dict[str, Any]) -> None:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.strategy.load_precision_state(state.get("precision", {}))
 
 
 class ActorWorker(TrainWorker):

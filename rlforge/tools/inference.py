@@ -55,12 +55,13 @@ def compose_for_model(
 
 def load_engine(cfg: DictConfig, pm: Any, tokenizer: Any) -> Any:
     """The rollout engine for ``model.path``, the model placed by the configured strategy."""
+    from rlforge import precision
     from rlforge.build import Builder
     from rlforge.models import load_model
 
     m = cfg.model
     builder = Builder(cfg, pm)
-    model = load_model(m.path, m.dtype, trust_remote_code=m.trust_remote_code)
+    model = load_model(m.path, precision.for_config(cfg).frozen, trust_remote_code=m.trust_remote_code)
     return builder.rollout(builder.strategy().setup_model(model).eval(), tokenizer)
 
 
