@@ -17,6 +17,7 @@ from rlforge.errors import RLForgeError
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from rlforge.agent.runner import AgentRunner
     from rlforge.module import RLModule
     from rlforge.plugin_manager import PluginManager
     from rlforge.protocols import (
@@ -78,6 +79,19 @@ class Builder:
     def dataset(self, split: str) -> list[dict[str, Any]]:
         """The rows of ``split`` (``train`` or ``val``) of ``data.name``."""
         return self.registry.dataset.get(self.config.data.name)(self.config, split)
+
+    def agent(self, tokenizer: Any) -> AgentRunner:
+        """The agent loop (``rollout.agent.loop``) with its tools, tool parser and interaction (docs/agentic.md)."""
+        from rlforge.agent.base import AgentContext
+        from rlforge.agent.runner import AgentRunner
+        from rlforge.agent.toolbox import Toolbox
+
+        cfg, a = self.config, self.config.rollout.agent
+        tools = Toolbox({name: self._build("tool", name, cfg) for name in a.tools}, a)
+        parser = self._build("tool_parser", a.tool_parser, cfg)
+        new_interaction = (lambda: self._build("interaction", a.interaction, cfg)) if a.interaction else None
+        context = AgentContext(cfg, tokenizer, tools, parser, new_interaction)
+        return AgentRunner(self._build("agent_loop", a.loop, cfg, context), a.loop, context)
 
     def controller(self, module: RLModule) -> Controller:
         """The controller (``trainer.controller``); it builds its workers through this builder."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
-from rlforge.protocols import SamplingParams
+from rlforge.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -114,6 +114,13 @@ class HFRollout:
         if not greedy:
             logits = logits / params.temperature
         return responses, ops.token_logprobs(logits, responses.to(logits.device))[0].cpu()
+
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """Token-in/token-out requests of agent loops: one batched ``generate`` per group of requests whose sampling
+        parameters differ at most in ``max_new_tokens`` (``rlforge.agent.engine.tokens_via_generate``)."""
+        from rlforge.agent.engine import tokens_via_generate
+
+        return tokens_via_generate(self, prompts, params, self.tokenizer.pad_token_id, {self.tokenizer.eos_token_id})
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())
