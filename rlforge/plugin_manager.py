@@ -59,6 +59,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.agent.tools",
     "rlforge.plugins.agent.parsers",
     "rlforge.plugins.agent.interactions",
+    "rlforge.plugins.agent.openai_server",
 )
 
 

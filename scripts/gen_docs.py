@@ -65,6 +65,8 @@ def table(cls: type, section: str) -> list[str]:
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):  # a nested section: its own table (section_md)
+            continue
         kind, desc = docs.get(f.name, ("", ""))
         desc = desc.replace("|", r"\|").replace("<", "&lt;")
         rows.append(f"| `{section}.{f.name}` | `{kind}` | `{show(default)}` | {desc} |")
@@ -85,13 +87,21 @@ def config_md() -> str:
                         f"Preset (applied over the defaults): `{json.dumps(entry.obj.preset)}`", ""]
                 out += table(entry.obj.config_class, "algorithm")
             continue
-        cls = type(f.default_factory())
-        out += [f"## `{f.name}`", ""]
-        doc = inspect.getdoc(cls)
-        if doc and not doc.startswith(cls.__name__ + "("):  # skip the auto-generated dataclass signature
-            out += [rst_to_md(doc), ""]
-        out += table(cls, f.name)
+        out += section_md(type(f.default_factory()), f.name)
     return "\n".join(out).rstrip() + "\n"
+
+
+def section_md(cls: type, path: str) -> list[str]:
+    """The table of one core section, then those of its nested sections (e.g. ``rollout.agent``)."""
+    out = [f"{'#' * (path.count('.') + 2)} `{path}`", ""]
+    doc = inspect.getdoc(cls)
+    if doc and not doc.startswith(cls.__name__ + "("):  # skip the auto-generated dataclass signature
+        out += [rst_to_md(doc), ""]
+    out += table(cls, path)
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory()):
+            out += section_md(type(f.default_factory()), f"{path}.{f.name}")
+    return out
 
 
 def rst_to_md(doc: str) -> str:

@@ -184,7 +184,8 @@ class AgentLoop:
         ``tools=``); ``messages``: added to the prompt's messages (e.g. an interaction's opening message)."""
         from rlforge.agent.trajectory import Conversation
 
-        return Conversation(self.context, sample, tools=tools, extra_messages=messages or [])
+        return Conversation(self.context, sample, tools=tools,
+                            opening=[*sample.messages, *messages] if messages else None)
 
     async def run(self, sample: Sample, engine: TrajectoryEngine) -> Trajectory:
         raise NotImplementedError(f"{type(self).__name__} must implement run")  # abstract

@@ -88,14 +88,16 @@ class Conversation:
     ``add_messages([...])`` inserts tool replies or user messages (False when they do not fit); ``finish()``
     returns the :class:`Trajectory`."""
 
-    def __init__(self, context: AgentContext, sample: Sample, *, tools: bool = False,
-                 extra_messages: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, context: AgentContext, sample: Sample, *, tools: bool | list[dict[str, Any]] = False,
+                 opening: list[dict[str, Any]] | None = None) -> None:
+        """``tools``: render the prompt with the run's tool schemas (True) or with these schemas (a list);
+        ``opening``: the conversation's first messages (default: the sample's, tokenized as the loader did)."""
         self.context = context
         self.chat = context.chat
         self.sample = sample
-        self.messages = [*sample.messages, *(extra_messages or [])]
-        schemas = context.tools.schemas() if tools else None
-        if schemas or extra_messages:
+        self.messages = list(opening if opening is not None else sample.messages)
+        schemas = (context.tools.schemas() if tools is True else tools) or None
+        if schemas or opening is not None:
             self.prompt_ids = self.chat.prompt_ids(self.messages, schemas)
         else:
             self.prompt_ids = list(sample.prompt_ids)
@@ -112,6 +114,7 @@ class Conversation:
         self.stop_reason: str | None = None
         self.stats = ToolStats()
         self._stop_text = ""  # text of the stop token that ended the last model turn ("" if cut by length)
+        self.last: Generation | None = None  # the last model turn's generation
 
     @property
     def turns(self) -> int:
@@ -130,22 +133,23 @@ class Conversation:
     def stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
 
-    async def generate(self, engine: TrajectoryEngine, **overrides: Any) -> str | None:
-        """One model turn (at most ``rollout.agent.max_tokens_per_turn`` tokens and what is left of the budget);
-        returns its text, or None (and records why) when the turn or token limit is reached. ``overrides`` are
-        sampling parameters (``temperature=0``)."""
+    async def generate(self, engine: TrajectoryEngine, max_new_tokens: int | None = None, **overrides: Any
+                       ) -> str | None:
+        """One model turn (at most ``max_new_tokens``, ``rollout.agent.max_tokens_per_turn`` and what is left of the
+        budget); returns its text, or None (and records why) when the turn or token limit is reached. ``overrides``
+        are sampling parameters (``temperature=0``)."""
         if self.stop_reason is not None:
             return None
         if self.turns_left <= 0:
             self.stop(TURN_LIMIT)
             return None
-        per_turn = self.context.limits.max_tokens_per_turn or self.remaining
+        per_turn = min(self.context.limits.max_tokens_per_turn or self.remaining, max_new_tokens or self.remaining)
         if self.remaining <= 0:
             self.stop(TOKEN_LIMIT)
             return None
-        gen = await engine.generate([*self.prompt_ids, *self.response_ids],
-                                    max_new_tokens=min(per_turn, self.remaining), **overrides)
-        return self.add_generation(gen)
+        self.last = await engine.generate([*self.prompt_ids, *self.response_ids],
+                                          max_new_tokens=min(per_turn, self.remaining), **overrides)
+        return self.add_generation(self.last)
 
     def add_generation(self, gen: Generation) -> str:
         """Append a model turn (mask 1) and its assistant message; returns its text."""
