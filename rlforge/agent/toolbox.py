@@ -63,15 +63,17 @@ class ToolSession:
 
     def __init__(self, box: Toolbox, sample: Sample, chat: ChatFormat, stats: ToolStats) -> None:
         self.box, self.sample, self.chat, self.stats = box, sample, chat, stats
-        self.states: dict[str, Any] = {}
+        self.states: dict[str, asyncio.Future[Any]] = {}  # each tool's create(), run once per trajectory
 
     async def __aenter__(self) -> ToolSession:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        for name, state in self.states.items():
+        for name, created in self.states.items():
+            if not created.done() or created.cancelled() or created.exception() is not None:
+                continue
             try:
-                await self.box.call(self.box.tools[name].release, state)
+                await self.box.call(self.box.tools[name].release, created.result())
             except Exception as err:  # the trajectory is done; a failed release must not fail the run
                 log.warning("Tool '%s': release() raised %s: %s", name, type(err).__name__, err)
 
@@ -112,9 +114,10 @@ class ToolSession:
         if tool is None:
             known = ", ".join(self.box.tools) or "(none)"
             raise ToolError(f"there is no tool '{call.name}'. Available tools: {known}")
-        if call.name not in self.states:
-            self.states[call.name] = await self.box.call(tool.create, self.sample)
-        result = await self.box.call(tool.execute, call.arguments, self.states[call.name])
+        if call.name not in self.states:  # concurrent calls of one tool share the state
+            self.states[call.name] = asyncio.ensure_future(self.box.call(tool.create, self.sample))
+        state = await asyncio.shield(self.states[call.name])
+        result = await self.box.call(tool.execute, call.arguments, state)
         if isinstance(result, ToolResult) and isinstance(result.text, str):
             if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
                 raise ToolError(f"the tool '{call.name}' returned the reward {result.reward!r}, not a finite number")
