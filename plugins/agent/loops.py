@@ -80,7 +80,9 @@ class InteractionLoop(AgentLoop):
                     break
             return conv.finish()
         finally:
-            await maybe_await(interaction.close())
+            close = getattr(interaction, "close", None)  # optional for interactions that do not subclass Interaction
+            if close is not None:
+                await maybe_await(close())
 
 
 def _step_result(result: Any) -> tuple[str, float, bool]:

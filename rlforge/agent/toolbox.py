@@ -72,8 +72,10 @@ class ToolSession:
         for name, created in self.states.items():
             if not created.done() or created.cancelled() or created.exception() is not None:
                 continue
+            release = getattr(self.box.tools[name], "release", None)  # optional outside the Tool base class
             try:
-                await self.box.call(self.box.tools[name].release, created.result())
+                if release is not None:
+                    await self.box.call(release, created.result())
             except Exception as err:  # the trajectory is done; a failed release must not fail the run
                 log.warning("Tool '%s': release() raised %s: %s", name, type(err).__name__, err)
 
@@ -115,7 +117,8 @@ class ToolSession:
             known = ", ".join(self.box.tools) or "(none)"
             raise ToolError(f"there is no tool '{call.name}'. Available tools: {known}")
         if call.name not in self.states:  # concurrent calls of one tool share the state
-            self.states[call.name] = asyncio.ensure_future(self.box.call(tool.create, self.sample))
+            create = getattr(tool, "create", None) or (lambda sample: None)
+            self.states[call.name] = asyncio.ensure_future(self.box.call(create, self.sample))
         state = await asyncio.shield(self.states[call.name])
         result = await self.box.call(tool.execute, call.arguments, state)
         if isinstance(result, ToolResult) and isinstance(result.text, str):

@@ -203,3 +203,28 @@ def test_long_tool_output_is_truncated_with_a_marker(tok):
 def test_schema_name_must_be_the_registered_name():
     with pytest.raises(RLForgeError, match="declares the function name 'calculator'"):
         Toolbox({"calc": Calculator(None)}, Limits())
+
+
+class Duck:
+    """A tool that only has what the Tool Protocol asks for (no base class, no create/release)."""
+
+    name = "duck"
+
+    def schema(self):
+        return {"type": "function", "function": {"name": "duck", "description": "", "parameters": {}}}
+
+    def execute(self, arguments, state):
+        return f"quack {state}"
+
+
+def test_a_duck_typed_tool_works_without_create_and_release(tok):
+    box = Toolbox({"duck": Duck()}, Limits())
+    stats = ToolStats()
+
+    async def go():
+        async with box.session(SAMPLE, ChatFormat(tok), stats) as session:
+            return await session.run(ParsedTurn("", [ToolCall("duck", {}, "d")]))
+
+    messages, _ = asyncio.run(go())
+    box.close()
+    assert messages[0]["content"] == "quack None" and stats.errors == 0
