@@ -84,7 +84,7 @@ class HFRollout:
         device = next(self.model.parameters()).device
         prompts, prompt_mask = mb[B.PROMPTS].to(device), mb[B.PROMPT_MASK].to(device)
         if self.compiled:  # one prompt width for every batch: one compiled shape per batch size
-            extra = self.config.data.max_prompt_length - prompts.shape[1]
+            extra = max(0, self.config.data.max_prompt_length - prompts.shape[1])  # agent turns may be longer
             prompts = torch.nn.functional.pad(prompts, (extra, 0), value=self.tokenizer.pad_token_id)
             prompt_mask = torch.nn.functional.pad(prompt_mask, (extra, 0), value=0)
         greedy = params.temperature == 0

@@ -60,9 +60,13 @@ class ChatFormat:
                 f"The chat template renders a conversation differently once messages with roles "
                 f"{[m.get('role') for m in messages]} follow it, so inserted turns cannot be appended token by token. "
                 "Override Conversation.add_messages for this template (docs/agentic.md).")
+        added = full[len(self._base):]
+        if not added:
+            raise RLForgeError(f"The chat template renders messages with roles {[m.get('role') for m in messages]} "
+                               "as nothing, so the model would never see them.")
         end = self.end_of_message
         closing = end[len(stop_text):] if stop_text and end.startswith(stop_text) else end
-        return self.encode(closing + full[len(self._base):])
+        return self.encode(closing + added)
 
     def truncate(self, text: str, max_tokens: int) -> tuple[str, bool]:
         """``text`` cut to at most ``max_tokens`` tokens, the last of them a truncation marker; (text, whether cut)."""
