@@ -142,7 +142,8 @@ class Batch:
             tensors[INPUT_IDS] = torch.cat([tensors[PROMPTS], tensors[RESPONSES]], dim=1)
             width = tensors[RESPONSES].shape[1]
             # the response part of each attention mask, not response_mask: an agent loop's inserted tokens are real
-            real = [b.tensors[ATTENTION_MASK][:, b.tensors[PROMPTS].shape[1]:] for b in batches]
+            real = [b.tensors[ATTENTION_MASK][:, b.tensors[PROMPTS].shape[1]:] if ATTENTION_MASK in b.tensors
+                    else b.tensors[RESPONSE_MASK] for b in batches]
             real = [torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in real]
             tensors[ATTENTION_MASK] = torch.cat([tensors[PROMPT_MASK], torch.cat(real)], dim=1)
         lists = {k: [x for b in batches for x in b.lists[k]] for k in batches[0].lists}
