@@ -18,7 +18,7 @@ PROMPT_MASK = "prompt_mask"  # [B, P] 1 on real prompt tokens
 RESPONSES = "responses"  # [B, R] right-padded response token ids
 INPUT_IDS = "input_ids"  # [B, P+R] prompts ++ responses
 ATTENTION_MASK = "attention_mask"  # [B, P+R] 1 on real tokens
-RESPONSE_MASK = "response_mask"  # [B, R] 1 on generated tokens up to and including EOS
+RESPONSE_MASK = "response_mask"  # [B, R] 1 on generated tokens up to and including EOS (0 on tokens an agent loop inserted)
 ROLLOUT_LOG_PROBS = "rollout_log_probs"  # [B, R] log-probs reported by the rollout engine
 OLD_LOG_PROBS = "old_log_probs"  # [B, R] log-probs of the policy that generated (recomputed)
 REF_LOG_PROBS = "ref_log_probs"  # [B, R] log-probs of the reference model
@@ -36,6 +36,7 @@ GROUND_TRUTH = "ground_truth"
 EXTRA_INFO = "extra_info"
 RAW_PROMPT = "raw_prompt"  # chat messages
 RESPONSE_TEXT = "response_text"
+SOLUTION_TEXT = "solution_text"  # what the reward function scores when set (an agent loop's answer); else the decoded response
 REWARD_BASELINES = "reward_baselines"  # [B] per-sample baseline score (ReMax: the greedy response's score)
 
 LEFT_PADDED = frozenset({PROMPTS, PROMPT_MASK})
@@ -139,6 +140,11 @@ class Batch:
             tensors[k] = torch.cat(parts)
         if INPUT_IDS in tensors and RESPONSES in tensors:
             tensors[INPUT_IDS] = torch.cat([tensors[PROMPTS], tensors[RESPONSES]], dim=1)
-            tensors[ATTENTION_MASK] = torch.cat([tensors[PROMPT_MASK], tensors[RESPONSE_MASK]], dim=1)
+            width = tensors[RESPONSES].shape[1]
+            # the response part of each attention mask, not response_mask: an agent loop's inserted tokens are real
+            real = [b.tensors[ATTENTION_MASK][:, b.tensors[PROMPTS].shape[1]:] if ATTENTION_MASK in b.tensors
+                    else b.tensors[RESPONSE_MASK] for b in batches]
+            real = [torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in real]
+            tensors[ATTENTION_MASK] = torch.cat([tensors[PROMPT_MASK], torch.cat(real)], dim=1)
         lists = {k: [x for b in batches for x in b.lists[k]] for k in batches[0].lists}
         return Batch(tensors, lists, batches[0].meta)

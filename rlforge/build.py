@@ -17,6 +17,7 @@ from rlforge.errors import RLForgeError
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from rlforge.agent.runner import AgentRunner
     from rlforge.module import RLModule
     from rlforge.plugin_manager import PluginManager
     from rlforge.protocols import (
@@ -84,6 +85,19 @@ class Builder:
         if check is not None and rows:
             check(self.config, self.registry, {r["data_source"] for r in rows if isinstance(r, dict) and "data_source" in r})
         return rows
+
+    def agent(self, tokenizer: Any) -> AgentRunner:
+        """The agent loop (``rollout.agent.loop``) with its tools, tool parser and interaction (docs/agentic.md)."""
+        from rlforge.agent.base import AgentContext
+        from rlforge.agent.runner import AgentRunner
+        from rlforge.agent.toolbox import Toolbox
+
+        cfg, a = self.config, self.config.rollout.agent
+        tools = Toolbox({name: self._build("tool", name, cfg) for name in a.tools}, a)
+        parser = self._build("tool_parser", a.tool_parser, cfg)
+        new_interaction = (lambda: self._build("interaction", a.interaction, cfg)) if a.interaction else None
+        context = AgentContext(cfg, tokenizer, tools, parser, new_interaction)
+        return AgentRunner(self._build("agent_loop", a.loop, cfg, context), a.loop, context)
 
     def controller(self, module: RLModule) -> Controller:
         """The controller (``trainer.controller``); it builds its workers through this builder."""

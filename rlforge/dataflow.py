@@ -31,12 +31,15 @@ class StepContext:
         what the loggers receive (one route for every metric).
     :param draw: a callable returning the next ``data.train_batch_size`` training prompts (the data cursor
         advances), for stages that need more prompts (dynamic sampling).
+    :param builder: the run's :class:`rlforge.build.Builder`, for stages that build components of their own (the
+        agentic rollout stage builds the agent loop and its tools on first use).
     """
 
     def __init__(self, *, config: Any, controller: Controller, module: Any, hook: Any, step: int,
-                 sampling: SamplingParams, flow: DataFlow, draw: Callable[[], B.Batch], hook_trainer: Any = None
-                 ) -> None:
+                 sampling: SamplingParams, flow: DataFlow, draw: Callable[[], B.Batch], hook_trainer: Any = None,
+                 builder: Any = None) -> None:
         self.config = config
+        self.builder = builder
         self.controller = controller
         self.module = module
         self.step = step

@@ -22,8 +22,16 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # ORG/NAME, as the Hub spell
 HUB_IGNORE = ["original/*", "*.pth", "*.pt", "*.bin", "*.gguf", "*.onnx", "*.h5", "*.msgpack", "*.ot"]
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|end|>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
+# Plain messages render as "<|role|>content<|end|>" (the shipped model's format, unchanged). With ``tools=`` a
+# system turn lists their names; an assistant message's ``tool_calls`` render as Hermes calls after its content;
+# a tool reply is a "<|tool|>...<|end|>" turn. Kept short: the model reads characters.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if tools %}<|system|>tools: {% for t in tools %}{{ (t.function or t).name }}"
+    "{% if not loop.last %}, {% endif %}{% endfor %}<|end|>{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] if m['content'] is string else '' }}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    "{{ c.function.arguments if c.function.arguments is string else c.function.arguments | tojson }}}</tool_call>"
+    "{% endfor %}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 

@@ -54,6 +54,12 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.data.builtin",
     "rlforge.controller.local",
     "rlforge.controller.ray_controller",
+    "rlforge.agent.stage",
+    "rlforge.plugins.agent.loops",
+    "rlforge.plugins.agent.tools",
+    "rlforge.plugins.agent.parsers",
+    "rlforge.plugins.agent.interactions",
+    "rlforge.plugins.agent.openai_server",
 )
 
 

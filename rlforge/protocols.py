@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from rlforge.agent.base import ParsedTurn, Sample, ToolResult
+    from rlforge.agent.trajectory import Trajectory
     from rlforge.batch import Batch
 
 
@@ -37,10 +39,23 @@ class SamplingParams:
                    rollout.min_new_tokens)
 
 
+@dataclass(frozen=True)
+class Generation:
+    """One completion of a token-in/token-out request (``generate_tokens``)."""
+
+    ids: list[int]  # the generated token ids, up to and including the stop token
+    log_probs: list[float]  # the engine's log-prob of each generated token, at the sampling temperature
+    finish: str  # "stop" (a stop token ended it) or "length" (max_new_tokens reached)
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """Generates ``n`` samples per prompt. Registered under ``rollout``; built as ``factory(config, model,
-    tokenizer)`` where ``model`` is the actor (or its replica) that the engine must follow."""
+    tokenizer)`` where ``model`` is the actor (or its replica) that the engine must follow.
+
+    Agent loops (``rollout.agent.loop``) need token-in/token-out requests: an engine provides them with
+    ``generate_tokens`` (:class:`TokenGenerator`); for one without it, rlforge builds the requests on ``generate``
+    (``rlforge.agent.engine.tokens_via_generate``)."""
 
     supports_sleep: bool
     # True when rollout_log_probs equal the actor's recomputed log-probs up to float noise (same weights and
@@ -55,6 +70,15 @@ class RolloutEngine(Protocol):
         """Load new weights (name, tensor) in place."""
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class TokenGenerator(Protocol):
+    """The token-in/token-out request API of a rollout engine (and of a controller, for its engines)."""
+
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """One completion per prompt (``params[i]`` for ``prompts[i]``; ``n`` is ignored); each ends at a stop token
+        or after ``max_new_tokens``. Many agent loops' requests arrive here together, batched in waves."""
 
 
 @runtime_checkable
@@ -152,6 +176,8 @@ class Controller(Protocol):
 
     def sync_weights(self) -> float: ...
 
+    # optional: generate_tokens(prompts, params) -> list[Generation] (TokenGenerator), used by agent loops
+
     def state_dict(self, staging: Path) -> dict[str, Any]:
         """The workers' state for a checkpoint (``staging``: a folder for sharded state, moved into the
         checkpoint by ``rlforge.checkpoint.save``). Leaves the trained actor weights in ``module.actor``."""
@@ -173,3 +199,52 @@ class Logger(Protocol):
     def log_artifact(self, path: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+# --- agentic rollouts (rollout.agent.*, docs/agentic.md) ----------------------------------------------------
+
+
+@runtime_checkable
+class AgentLoop(Protocol):
+    """Owns one trajectory at a time (many run concurrently). Registered under ``agent_loop``; built once per run as
+    ``factory(config, context)`` (:class:`rlforge.agent.AgentContext`: tokenizer, tools, parser, interaction).
+    Subclass :class:`rlforge.agent.AgentLoop`."""
+
+    async def run(self, sample: Sample, engine: Any) -> Trajectory:
+        """Generate through ``engine`` (``await engine.generate(prompt_ids, ...)``), call tools or an interaction,
+        and return the trajectory (token ids, response mask, log-probs, rewards, metrics)."""
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A function the model may call. Registered under ``tool`` (the registered name is the function's name);
+    built once per run as ``factory(config)``; options at ``rollout.agent.<name>``. Subclass
+    :class:`rlforge.agent.Tool`, which adds per-trajectory state (``create``/``release``)."""
+
+    name: str
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema ``{"type": "function", "function": {name, description, parameters}}``."""
+
+    def execute(self, arguments: dict[str, Any], state: Any) -> str | ToolResult | Any:
+        """The tool's reply as text (or a ToolResult with a reward); may be ``async``."""
+
+
+@runtime_checkable
+class ToolParser(Protocol):
+    """Reads tool calls from a model turn's text. Registered under ``tool_parser``; built as ``factory(config)``."""
+
+    def parse(self, text: str) -> ParsedTurn:
+        """The turn's plain content, its well-formed calls and one message per malformed call."""
+
+
+@runtime_checkable
+class Interaction(Protocol):
+    """A simulated user or environment, one instance per trajectory. Registered under ``interaction``; built as
+    ``factory(config)``; options at ``rollout.agent.<name>``. Both methods may be ``async``."""
+
+    def reset(self, sample: Sample) -> str | None | Any:
+        """The first message of the user (None: the prompt alone opens the conversation)."""
+
+    def step(self, message: str) -> tuple[str, float, bool] | Any:
+        """React to the model's message: ``(reply, reward, done)``."""

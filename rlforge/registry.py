@@ -156,6 +156,10 @@ class Registries:
         "logger": Kind("logger.backends", "logger", "Logger"),
         "dataset": Kind("data.name", "data", "Dataset"),
         "controller": Kind("trainer.controller", "", "Controller"),
+        "agent_loop": Kind("rollout.agent.loop", "rollout.agent", "AgentLoop"),
+        "tool": Kind("rollout.agent.tools", "rollout.agent", "Tool"),
+        "tool_parser": Kind("rollout.agent.tool_parser", "rollout.agent", "ToolParser"),
+        "interaction": Kind("rollout.agent.interaction", "rollout.agent", "Interaction"),
         "plugin_config": Kind("", "plugins", ""),
     }
     KINDS: dict[str, str] = {kind: spec.key for kind, spec in SPECS.items()}

@@ -66,6 +66,8 @@ def table(cls: type, section: str) -> list[str]:
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):  # a nested section: its own table (section_md)
+            continue
         kind, desc = docs.get(f.name, ("", ""))
         desc = desc.replace("|", r"\|").replace("<", "&lt;")
         rows.append(f"| `{section}.{f.name}` | `{kind}` | `{show(default)}` | {desc} |")
@@ -94,15 +96,23 @@ def config_md() -> str:
                         f"Preset (applied over the defaults): `{json.dumps(entry.obj.preset)}`", ""]
                 out += table(entry.obj.config_class, "algorithm")
             continue
-        cls = type(f.default_factory())
-        out += [f"## `{f.name}`", ""]
-        doc = inspect.getdoc(cls)
-        if doc and not doc.startswith(cls.__name__ + "("):  # skip the auto-generated dataclass signature
-            out += [rst_to_md(doc), ""]
-        out += table(cls, f.name)
-        out += component_tables(owned.get(f.name, []), "###")
+        out += section_md(type(f.default_factory()), f.name, owned)
     out += component_tables(owned.get("", []), "##")  # components whose options are a top-level section
     return "\n".join(out).rstrip() + "\n"
+
+
+def section_md(cls: type, path: str, owned: dict[str, list[tuple[str, type, str]]]) -> list[str]:
+    """The table of one core section, then those of its nested core sections (e.g. ``rollout.agent``) and
+    of the components that own a section inside it (e.g. ``rollout.hf``)."""
+    out = [f"{'#' * (path.count('.') + 2)} `{path}`", ""]
+    doc = inspect.getdoc(cls)
+    if doc and not doc.startswith(cls.__name__ + "("):  # skip the auto-generated dataclass signature
+        out += [rst_to_md(doc), ""]
+    out += table(cls, path)
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory()):
+            out += section_md(type(f.default_factory()), f"{path}.{f.name}", owned)
+    return out + component_tables(owned.get(path, []), "#" * (path.count(".") + 3))
 
 
 def component_tables(sections: list[tuple[str, type, str]], level: str) -> list[str]:

@@ -404,7 +404,8 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 
 class RuleRewardManager:
-    """Decodes each response and calls its reward function; the score goes on the last valid token.
+    """Decodes each response and calls its reward function; the score goes on the last token of the response mask.
+    With an agent loop the function scores the trajectory's answer (``solution_text``), not the whole response.
 
     Faults never stop the run: a sample whose function raised, hung past ``reward.timeout_s`` or returned
     a non-number gets ``reward.fallback_score``; the first fault of each kind is logged.
@@ -443,10 +444,11 @@ class RuleRewardManager:
 
     def score(self, batch: B.Batch) -> B.Batch:
         texts = self.tokenizer.batch_decode(batch[B.RESPONSES], skip_special_tokens=True)
+        solutions = batch.lists.get(B.SOLUTION_TEXT, texts)  # an agent loop's answer, when it gives one
         n = len(batch)
         sources, truths = batch[B.DATA_SOURCE], batch[B.GROUND_TRUTH]
         extra = batch.lists.get(B.EXTRA_INFO, [None] * n)
-        tasks = [(i, self.key_for(sources[i]), (sources[i], texts[i], truths[i], extra[i])) for i in range(n)]
+        tasks = [(i, self.key_for(sources[i]), (sources[i], solutions[i], truths[i], extra[i])) for i in range(n)]
         outcomes = self.workers.run(tasks)
         scores = torch.full((n,), self.fallback_score)
         accs = torch.zeros(n)
@@ -460,7 +462,7 @@ class RuleRewardManager:
                 faults[kind] += 1
                 self._log_first(kind, sources[i], i, value)
         mask = batch[B.RESPONSE_MASK]
-        last = (mask.sum(-1) - 1).clamp(min=0)
+        last = (mask * torch.arange(1, mask.shape[1] + 1)).argmax(-1)  # the last response token of the model
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)
         token_scores[torch.arange(n), last] = scores
         batch[B.SCORES] = scores

@@ -21,7 +21,7 @@ from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import stop_token_ids
-from rlforge.protocols import SamplingParams
+from rlforge.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -91,7 +91,7 @@ class HFRollout:
         device = next(self.model.parameters()).device
         prompts, prompt_mask = mb[B.PROMPTS].to(device), mb[B.PROMPT_MASK].to(device)
         if self.compiled:  # one prompt width for every batch: one compiled shape per batch size
-            extra = self.config.data.max_prompt_length - prompts.shape[1]
+            extra = max(0, self.config.data.max_prompt_length - prompts.shape[1])  # agent turns may be longer
             prompts = torch.nn.functional.pad(prompts, (extra, 0), value=self.tokenizer.pad_token_id)
             prompt_mask = torch.nn.functional.pad(prompt_mask, (extra, 0), value=0)
         greedy = params.temperature == 0
@@ -138,6 +138,13 @@ class HFRollout:
 
         compute = precision.for_config(self.config).compute
         return torch.autocast(device.type, dtype=getattr(torch, compute)) if compute else contextlib.nullcontext()
+
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """Token-in/token-out requests of agent loops: one batched ``generate`` per group of requests whose sampling
+        parameters differ at most in ``max_new_tokens`` (``rlforge.agent.engine.tokens_via_generate``)."""
+        from rlforge.agent.engine import tokens_via_generate
+
+        return tokens_via_generate(self, prompts, params, self.tokenizer.pad_token_id, set(self.stop_ids))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.model.named_parameters())

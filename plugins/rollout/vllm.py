@@ -24,7 +24,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge import batch as B
@@ -33,7 +33,7 @@ from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, stop_token_ids
 from rlforge.plugins.rollout.hf import response_mask
-from rlforge.protocols import SamplingParams
+from rlforge.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -275,6 +275,23 @@ class VLLMRollout:
         out[B.INPUT_IDS] = torch.cat([out[B.PROMPTS], responses], dim=1)
         out[B.ATTENTION_MASK] = torch.cat([out[B.PROMPT_MASK], mask], dim=1)
         return out
+
+    @no_grad
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """Token-in/token-out requests of agent loops: the whole wave in one engine call, each request with its own
+        sampling parameters (seeded as in ``generate``); ``finish`` is vLLM's finish reason."""
+        seed = int(torch.randint(0, 2**31 - len(prompts), ())) if any(p.temperature > 0 for p in params) else 0
+        sampling = [self._sampling_params(replace(p, n=1), seed + i if p.temperature > 0 else None)
+                    for i, p in enumerate(params)]
+        llm = self._engine()
+        results = interruptible(llm.generate, [self.vllm.TokensPrompt(prompt_token_ids=ids) for ids in prompts],
+                                sampling, use_tqdm=False)
+        if self.supports_sleep:
+            llm.sleep(level=1)
+            self._asleep = True
+        return [Generation(list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)],
+                           "length" if c.finish_reason == "length" else "stop")
+                for c in (r.outputs[0] for r in results)]
 
     # --- weight sync ----------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, Optional, get_type_hints
 
+from rlforge.agent.config import AgentConfig
 from rlforge.errors import ConfigError
 
 BUILTIN_MODEL = "builtin:tiny-arith"
@@ -53,6 +54,7 @@ class RolloutConfig:
     micro_batch_size: int = 256  # sequences per generate() call
     val_temperature: float = 0.0  # 0 = greedy validation
     val_n: int = 1  # samples per validation prompt
+    agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn rollouts: agent loop, tools, limits
 
 
 @dataclass
@@ -181,38 +183,56 @@ class RLForgeConfig:
 
 def build(registry: Any, algorithm_config: type) -> type:
     """The full schema: :class:`RLForgeConfig` with the ``algorithm`` section of ``algorithm_config`` and every
-    registered component's section inserted where its kind puts it (``registry.config_sections()``)."""
+    registered component's section inserted where its kind puts it (``registry.config_sections()``), at any depth
+    of the core sections (``rollout.vllm``, ``rollout.agent.calculator``)."""
     by_parent: dict[str, list[tuple[str, type, str]]] = {}
     for path, (cls, entry) in registry.config_sections().items():
         parent, _, leaf = path.rpartition(".")
         if not leaf.isidentifier():
             raise ConfigError(f"Component '{entry.name}' (plugin '{entry.plugin}') cannot own config section "
                               f"'{path}': '{leaf}' is not a valid key name.")
-        by_parent.setdefault(parent, []).append((leaf, cls, entry.plugin))
-    root_fields = {f.name for f in fields(RLForgeConfig)}
-    extra_root = [("algorithm", algorithm_config, field(default_factory=algorithm_config))]
-    for parent, leaves in sorted(by_parent.items()):
-        if parent and parent not in root_fields:
+        if parent and parent not in _SECTIONS:
             raise ConfigError(f"Config section '{parent}' does not exist (components of plugin "
-                              f"'{leaves[0][2]}' put their options there).")
-        base = _SECTIONS.get(parent)
-        owned = {f.name for f in fields(base)} if base else set(root_fields)
-        clash = [leaf for leaf, _, _ in leaves if leaf in owned]
-        if clash:
-            where = f"{parent}.{clash[0]}" if parent else clash[0]
-            raise ConfigError(f"Plugin '{dict((l, p) for l, _, p in leaves)[clash[0]]}' declares config section "
-                              f"'{where}', which is a core key. Rename the component.")
-        new = [(leaf, cls, field(default_factory=cls)) for leaf, cls, _ in sorted(leaves, key=lambda x: x[0])]
-        if not parent:
-            extra_root += new
-            continue
-        assert base is not None
-        section = make_dataclass(base.__name__, new, bases=(base,))
-        section.__doc__ = base.__doc__
-        extra_root.append((parent, section, field(default_factory=section)))
-    return make_dataclass("RLForgeConfig", extra_root, bases=(RLForgeConfig,))
+                              f"'{entry.plugin}' put their options there).")
+        by_parent.setdefault(parent, []).append((leaf, cls, entry.plugin))
+    algorithm = ("algorithm", algorithm_config, field(default_factory=algorithm_config))
+    return _extend(RLForgeConfig, "", by_parent, [algorithm])
 
 
-_SECTIONS: dict[str, type] = {
-    name: t for name, t in get_type_hints(RLForgeConfig).items() if isinstance(t, type) and is_dataclass(t)
-}
+def _extend(base: type, path: str, by_parent: dict[str, list[tuple[str, type, str]]],
+            extra: list[tuple[str, type, Any]] | None = None) -> type:
+    """``base`` (the core section at ``path``) with the component sections placed under it, and its nested core
+    sections extended the same way; ``base`` itself when nothing is added."""
+    new = list(extra or [])
+    for f in fields(base):
+        sub = f"{path}.{f.name}" if path else f.name
+        if sub in _SECTIONS and any(p == sub or p.startswith(sub + ".") for p in by_parent):
+            section = _extend(_SECTIONS[sub], sub, by_parent)
+            new.append((f.name, section, field(default_factory=section)))
+    leaves = by_parent.get(path, [])
+    owned = {f.name for f in fields(base)}
+    clash = [(leaf, plugin) for leaf, _, plugin in leaves if leaf in owned]
+    if clash:
+        where = f"{path}.{clash[0][0]}" if path else clash[0][0]
+        raise ConfigError(f"Plugin '{clash[0][1]}' declares config section '{where}', which is a core key. "
+                          f"Rename the component.")
+    new += [(leaf, cls, field(default_factory=cls)) for leaf, cls, _ in sorted(leaves, key=lambda x: x[0])]
+    if not new:
+        return base
+    section = make_dataclass(base.__name__, new, bases=(base,))
+    section.__doc__ = base.__doc__
+    return section
+
+
+def _core_sections(cls: type, path: str = "") -> dict[str, type]:
+    """Every core section below ``cls``, by dotted path (``rollout``, ``rollout.agent``, ...)."""
+    out: dict[str, type] = {}
+    for name, t in get_type_hints(cls).items():
+        if isinstance(t, type) and is_dataclass(t):
+            sub = f"{path}.{name}" if path else name
+            out[sub] = t
+            out.update(_core_sections(t, sub))
+    return out
+
+
+_SECTIONS: dict[str, type] = _core_sections(RLForgeConfig)

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
+from rlforge.agent.engine import token_generator
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
-from rlforge.protocols import SamplingParams
+from rlforge.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -41,10 +42,15 @@ class LocalController:
         self.critic = CriticWorker(self.config, module, self.strategy, builder.hook) if module.critic else None
         self.rollout = builder.rollout(self.actor.rollout_model, module.tokenizer)
         self.logprobs_match_actor = bool(getattr(self.rollout, "logprobs_match_actor", False))
+        self._tokens = token_generator(self.rollout, module.tokenizer)
         self.reward = builder.reward(module.tokenizer)
 
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         return self.rollout.generate(batch, params)
+
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """Token-in/token-out requests of agent loops (``rlforge.protocols.TokenGenerator``)."""
+        return self._tokens(prompts, params)
 
     def score(self, batch: B.Batch) -> B.Batch:
         return self.reward.score(batch)

@@ -31,7 +31,7 @@ from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
-from rlforge.protocols import SamplingParams
+from rlforge.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -285,6 +285,13 @@ class RayController:
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         shards = split_rows(batch, self.actor.world_size)
         return B.Batch.concat(self.actor.call_each("generate", [(s, params) if len(s) else None for s in shards]))
+
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """Agent loops' requests (one wave), split in contiguous parts over the actor ranks' engines."""
+        n = self.actor.world_size
+        bounds = [round(i * len(prompts) / n) for i in range(n + 1)]
+        parts = [(prompts[a:b], params[a:b]) if b > a else None for a, b in zip(bounds, bounds[1:])]
+        return [g for part in self.actor.call_each("generate_tokens", parts) for g in part]
 
     def score(self, batch: B.Batch) -> B.Batch:
         return self.reward.score(batch)

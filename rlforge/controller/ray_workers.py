@@ -19,8 +19,9 @@ import torch
 
 from rlforge import batch as B
 from rlforge import checkpoint as ckpt
+from rlforge.agent.engine import token_generator
 from rlforge.controller.worker import ActorWorker, CriticWorker
-from rlforge.protocols import SamplingParams
+from rlforge.protocols import Generation, SamplingParams
 
 ROLE_MODELS = {"actor": ("actor", "ref"), "critic": ("critic",)}  # the models each role's ranks load
 
@@ -59,12 +60,16 @@ class RankWorker:
         if self.role == "actor":
             self.worker = ActorWorker(config, module, strategy, builder.hook)
             self.rollout = builder.rollout(self.worker.rollout_model, module.tokenizer)
+            self.tokens = token_generator(self.rollout, module.tokenizer)
         else:
             self.worker = CriticWorker(config, module, strategy, builder.hook)
 
     # --- dataflow ------------------------------------------------------------------------------------
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         return self.rollout.generate(batch, params)
+
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        return self.tokens(prompts, params)
 
     def compute_log_probs(self, batch: B.Batch, role: str) -> torch.Tensor:
         return self.worker.compute_log_probs(batch, role)

@@ -169,7 +169,7 @@ class Trainer:
         step_start = time.perf_counter()
         ctx = StepContext(config=self.config, controller=self.controller, module=self.module, hook=self.hook,
                           step=self.step, sampling=SamplingParams.from_config(self.config.rollout), flow=flow,
-                          draw=self.next_prompts, hook_trainer=self)
+                          draw=self.next_prompts, hook_trainer=self, builder=self.builder)
         self.module.step, self.module._metrics = self.step, ctx.metrics
         try:
             batch = self.next_prompts()

@@ -1,0 +1,77 @@
+"""Chat-template rendering for trajectories built token by token.
+
+A trajectory is one token stream: the prompt, then model turns (their tokens as generated, never re-tokenized)
+and inserted turns (tool replies, user messages). The tokens of an inserted turn are what the chat template puts
+after a finished assistant message, found by rendering a fixed two-message conversation with and without the new
+messages and taking the difference. The text that the template writes after an assistant message's content (its
+end marker, e.g. ``<|im_end|>\\n``) is added in front, minus the stop token the model generated itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlforge.errors import RLForgeError
+
+TRUNCATION_MARKER = "...(truncated)"
+_USER, _ASSISTANT = "RLFORGE_USER_SENTINEL", "RLFORGE_ASSISTANT_SENTINEL"
+_BASE = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
+
+
+class ChatFormat:
+    """Renders prompts (with tool schemas) and inserted turns for one tokenizer's chat template."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._base = self.render(_BASE, add_generation_prompt=False)
+        at = self._base.rfind(_ASSISTANT)
+        if at < 0:
+            raise RLForgeError("The tokenizer's chat template drops the content of assistant messages, so agent loops "
+                               "cannot build multi-turn trajectories with it (rollout.agent.loop).")
+        self.end_of_message = self._base[at + len(_ASSISTANT):]  # e.g. "<|end|>" or "<|im_end|>\n"
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+               add_generation_prompt: bool = True) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
+        except Exception as exc:  # jinja errors: a role or field the template does not handle
+            roles = [m.get("role") for m in messages]
+            raise RLForgeError(f"The chat template cannot render messages with roles {roles}"
+                               f"{' and tools' if tools else ''}: {type(exc).__name__}: {exc}") from None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The opening prompt, ending with the template's generation prompt (as the data loader renders it)."""
+        return self.encode(self.render(messages, tools))
+
+    def inserted_ids(self, messages: list[dict[str, Any]], stop_text: str = "") -> list[int]:
+        """The tokens that follow a model turn when ``messages`` (tool replies, a user message) come next, up to the
+        generation prompt of the next model turn. ``stop_text``: the text of the stop token that ended the model
+        turn ("" when it was cut by the length limit: the template's end marker is inserted whole)."""
+        full = self.render([*_BASE, *messages])
+        if not full.startswith(self._base):
+            raise RLForgeError(
+                f"The chat template renders a conversation differently once messages with roles "
+                f"{[m.get('role') for m in messages]} follow it, so inserted turns cannot be appended token by token. "
+                "Override Conversation.add_messages for this template (docs/agentic.md).")
+        added = full[len(self._base):]
+        if not added:
+            raise RLForgeError(f"The chat template renders messages with roles {[m.get('role') for m in messages]} "
+                               "as nothing, so the model would never see them.")
+        end = self.end_of_message
+        closing = end[len(stop_text):] if stop_text and end.startswith(stop_text) else end
+        return self.encode(closing + added)
+
+    def truncate(self, text: str, max_tokens: int) -> tuple[str, bool]:
+        """``text`` cut to at most ``max_tokens`` tokens, the last of them a truncation marker; (text, whether cut)."""
+        ids = self.encode(text)
+        if len(ids) <= max_tokens:
+            return text, False
+        keep = max(0, max_tokens - len(self.encode(TRUNCATION_MARKER)))
+        return self.decode(ids[:keep]) + TRUNCATION_MARKER, True

@@ -1,0 +1,44 @@
+"""The ``rollout.agent`` config section: which agent loop, tools, tool parser and interaction a rollout uses, and
+the limits every trajectory obeys (docs/agentic.md). Components put their own options under
+``rollout.agent.<component name>`` (e.g. ``rollout.agent.calculator.max_exponent``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from rlforge.errors import ConfigError
+
+SINGLE_TURN = "single_turn"
+
+
+@dataclass
+class AgentConfig:
+    """Multi-turn rollouts (docs/agentic.md). A trajectory's response (model tokens and inserted tokens together)
+    is at most ``rollout.max_new_tokens`` tokens; ``loop=single_turn`` is the one-prompt, one-completion rollout."""
+
+    loop: str = SINGLE_TURN  # agent loop registry name: single_turn | tool_agent | interaction | openai_agent
+    tools: list[str] = field(default_factory=list)  # tool registry names offered to the model
+    tool_parser: str = "hermes"  # reads tool calls from the model's text (tool parser registry name)
+    interaction: Optional[str] = None  # interaction registry name: the simulated user of loop=interaction
+    max_turns: int = 4  # model turns (generate calls) per trajectory
+    max_tokens_per_turn: int = 0  # new tokens per model turn; 0 = what is left of rollout.max_new_tokens
+    max_tool_calls_per_turn: int = 4  # tool calls run per model turn; further calls get an error reply
+    max_tool_output_tokens: int = 256  # a tool's reply is cut to this many tokens, with a marker
+    tool_timeout_s: float = 10.0  # wall-clock limit of one tool call; then the model gets an error reply
+
+
+def validate_agent_config(config: Any) -> None:
+    """Limits are positive and the tool list has no repeats (component names are checked by the registries)."""
+    a = config.rollout.agent
+    for key in ("max_turns", "max_tool_calls_per_turn", "max_tool_output_tokens"):
+        if a[key] <= 0:
+            raise ConfigError(f"'rollout.agent.{key}' must be a positive integer, got {a[key]}.")
+    if a.max_tokens_per_turn < 0:
+        raise ConfigError(f"'rollout.agent.max_tokens_per_turn' must be >= 0 (0 = no per-turn limit), "
+                          f"got {a.max_tokens_per_turn}.")
+    if not a.tool_timeout_s > 0:
+        raise ConfigError(f"'rollout.agent.tool_timeout_s' must be > 0 seconds, got {a.tool_timeout_s}.")
+    repeated = sorted({t for t in a.tools if list(a.tools).count(t) > 1})
+    if repeated:
+        raise ConfigError(f"'rollout.agent.tools' names '{repeated[0]}' twice: {list(a.tools)}.")

@@ -1,0 +1,186 @@
+"""The async engine handle of agent loops: token-in/token-out requests from every live trajectory, batched.
+
+A request waits until the engine is free; then the pending requests go to the engine in one ``generate_tokens``
+call (a *wave*), which runs in a worker thread while the event loop keeps running tools and other loops. A wave
+starts once every live trajectory waits for the engine, or ``WAVE_WAIT_S`` after its first request (so a slow tool
+does not hold the others back). Which requests share a wave thus depends on how long tools take: with sampling, a
+run is reproducible only when the tools' timing is (greedy decoding always is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from rlforge.protocols import Generation, SamplingParams
+
+if TYPE_CHECKING:
+    from rlforge.batch import Batch
+
+WAVE_WAIT_S = 0.05  # longest wait for trajectories still in a tool call before a wave starts without them
+Backend = Callable[[list[list[int]], list[SamplingParams]], list[Generation]]
+
+
+class EngineHandle:
+    """Batches the ``generate`` requests of concurrent agent loops into waves of ``backend`` calls.
+
+    :param backend: ``generate_tokens(prompts, params) -> generations`` of the rollout engine (or controller).
+    :param defaults: the sampling parameters of a request that does not override them (``n`` is ignored).
+    :param max_len: the longest sequence (prompt + new tokens) a request may ask for.
+    """
+
+    def __init__(self, backend: Backend, defaults: SamplingParams, max_len: int) -> None:
+        self.backend = backend
+        self.defaults = replace(defaults, n=1)
+        self.max_len = max_len
+        self.waves: list[int] = []  # requests per backend call, in order
+        self.live = 0  # trajectories running (TrajectoryEngine.track); a wave waits a little for all of them
+        self._arrived = asyncio.Event()
+        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future[Generation]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="rlforge-engine")
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                       **overrides: Any) -> Generation:
+        """One completion of ``prompt_ids``; ``overrides`` replace fields of ``params`` (default: the rollout's
+        sampling parameters), e.g. ``max_new_tokens=64, temperature=0``."""
+        p = replace(params or self.defaults, n=1, **overrides)
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ValueError("generate() needs at least one prompt token")
+        if p.max_new_tokens <= 0 or len(ids) + p.max_new_tokens > self.max_len:
+            raise ValueError(f"a request of {len(ids)} prompt tokens + max_new_tokens={p.max_new_tokens} does not fit "
+                             f"the engine's {self.max_len} tokens (data.max_prompt_length + rollout.max_new_tokens)")
+        future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        self._pending.append((ids, p, future))
+        self._arrived.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._dispatch())
+        return await future
+
+    async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            await self._gather()
+            wave, self._pending = self._pending, []
+            self.waves.append(len(wave))
+            try:
+                outs = await loop.run_in_executor(self._executor, self.backend, [w[0] for w in wave],
+                                                  [w[1] for w in wave])
+                if len(outs) != len(wave):
+                    raise RuntimeError(f"generate_tokens returned {len(outs)} generations for {len(wave)} prompts")
+            except Exception as exc:  # every waiting loop fails with the engine's error
+                for _, _, future in wave:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, _, future), out in zip(wave, outs):
+                if not future.done():  # a cancelled loop no longer waits
+                    future.set_result(out)
+
+    async def _gather(self) -> None:
+        """Wait until every live trajectory has a request pending, at most ``WAVE_WAIT_S``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAVE_WAIT_S
+        await self._settle()
+        while len(self._pending) < self.live and loop.time() < deadline:
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
+            except asyncio.TimeoutError:
+                break
+            await self._settle()
+
+    def finished(self) -> None:
+        """A trajectory ended: the wave being gathered no longer waits for it."""
+        self.live -= 1
+        self._arrived.set()
+
+    async def _settle(self) -> None:
+        """Let every loop that can run reach its next request (or a tool call) before a wave is formed."""
+        count = -1
+        while count != len(self._pending):
+            count = len(self._pending)
+            for _ in range(3):
+                await asyncio.sleep(0)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+
+class TrajectoryEngine:
+    """One trajectory's view of the :class:`EngineHandle` (what ``AgentLoop.run`` receives): counts its turns
+    and the seconds it waited for generations."""
+
+    def __init__(self, handle: EngineHandle) -> None:
+        self.handle = handle
+        self.calls = 0
+        self.seconds = 0.0
+        handle.live += 1
+
+    def finished(self) -> None:
+        self.handle.finished()
+
+    @property
+    def defaults(self) -> SamplingParams:
+        return self.handle.defaults
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                       **overrides: Any) -> Generation:
+        self.calls += 1
+        start = time.perf_counter()
+        try:
+            return await self.handle.generate(prompt_ids, params, **overrides)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def token_generator(engine: Any, tokenizer: Any) -> Backend:
+    """``engine.generate_tokens``, or for an engine without it, :func:`tokens_via_generate` on its ``generate``."""
+    native = getattr(engine, "generate_tokens", None)
+    if native is not None:
+        return native
+    return functools.partial(tokens_via_generate, engine, pad_id=tokenizer.pad_token_id,
+                             stop_ids={tokenizer.eos_token_id})
+
+
+def tokens_via_generate(engine: Any, prompts: list[list[int]], params: list[SamplingParams], pad_id: int,
+                        stop_ids: set[int]) -> list[Generation]:
+    """``generate_tokens`` on top of a batch ``engine.generate``: requests that differ only in ``max_new_tokens``
+    share one call (with the largest; each result is cut to its own limit, which a sampled sequence allows)."""
+    groups: dict[SamplingParams, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(replace(p, n=1, max_new_tokens=1), []).append(i)
+    out: dict[int, Generation] = {}
+    for key, rows in groups.items():
+        longest = max(params[i].max_new_tokens for i in rows)
+        batch = engine.generate(prompt_batch([prompts[i] for i in rows], pad_id), replace(key, max_new_tokens=longest))
+        for j, i in enumerate(rows):
+            out[i] = _row_generation(batch, j, params[i].max_new_tokens, stop_ids)
+    return [out[i] for i in range(len(prompts))]
+
+
+def prompt_batch(prompts: list[list[int]], pad_id: int) -> Batch:
+    """The loader's columns ``prompts``/``prompt_mask`` (left-padded) for these prompts."""
+    from rlforge import batch as B
+    from rlforge.agent.batching import pad_rows
+
+    return B.Batch({B.PROMPTS: pad_rows(prompts, pad_id, left=True),
+                    B.PROMPT_MASK: pad_rows([[1] * len(p) for p in prompts], 0, left=True)})
+
+
+def _row_generation(batch: Batch, row: int, limit: int, stop_ids: set[int]) -> Generation:
+    from rlforge import batch as B
+
+    keep = batch[B.RESPONSE_MASK][row].bool()
+    ids = batch[B.RESPONSES][row][keep].tolist()
+    log_probs = batch[B.ROLLOUT_LOG_PROBS][row][keep].tolist()
+    cut = len(ids) > limit
+    ids, log_probs = ids[:limit], log_probs[:limit]
+    stopped = not cut and bool(ids) and ids[-1] in stop_ids
+    return Generation(ids, log_probs, "stop" if stopped else "length")

@@ -1,0 +1,94 @@
+"""The agentic rollout stage. When ``rollout.agent.loop`` is not ``single_turn``, this built-in plugin replaces
+``Stage.ROLLOUT`` of every algorithm's flow by :class:`AgentRolloutStage` (``rlforge_before_flow_compile``) and adds
+:class:`AgentRewardStage` after ``Stage.REWARD``. With ``single_turn`` the flow is left as it is (the engines' batch
+``generate``, today's fast path)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rlforge import batch as B
+from rlforge.agent.batching import AGENT_REWARDS
+from rlforge.agent.config import SINGLE_TURN
+from rlforge.dataflow import RolloutStage, Stage, StepContext
+from rlforge.errors import RLForgeError
+from rlforge.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from rlforge.agent.runner import AgentRunner
+
+
+class AgentRolloutStage(Stage):
+    """``rollout.n`` agent-loop trajectories per prompt (``rollout.agent.loop``), batched into one training batch."""
+
+    name = RolloutStage.name
+    requires = RolloutStage.requires
+    produces = RolloutStage.produces | {AGENT_REWARDS, B.SOLUTION_TEXT}
+
+    def __init__(self) -> None:
+        self.runner: AgentRunner | None = None
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        ctx.call_hook("rollout_start", batch=batch)
+        backend = getattr(ctx.controller, "generate_tokens", None)
+        if backend is None:
+            raise RLForgeError(f"rollout.agent.loop={ctx.config.rollout.agent.loop} needs token-in/token-out "
+                               f"generation, which the controller {type(ctx.controller).__name__} "
+                               f"(trainer.controller) does not provide (generate_tokens).")
+        if self.runner is None:
+            if ctx.builder is None:
+                raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
+            self.runner = ctx.builder.agent(ctx.module.tokenizer)
+        out, metrics = self.runner.rollout(batch, ctx.sampling, backend)
+        ctx.log(metrics)
+        ctx.module.on_rollout_end(out)
+        ctx.call_hook("rollout_end", batch=out)
+        return out
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
+
+
+class AgentRewardStage(Stage):
+    """Adds the trajectories' per-turn, tool and loop rewards (``agent_rewards``) to the reward function's
+    ``scores``, ``token_level_scores`` and ``token_level_rewards``."""
+
+    name = "agent_reward"
+    requires = frozenset({AGENT_REWARDS, B.TOKEN_LEVEL_SCORES, B.TOKEN_LEVEL_REWARDS})
+    produces: frozenset[str] = frozenset()
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        extra = batch[AGENT_REWARDS]
+        batch[B.SCORES] = batch[B.SCORES] + extra.sum(-1)
+        batch[B.TOKEN_LEVEL_SCORES] = batch[B.TOKEN_LEVEL_SCORES] + extra
+        batch[B.TOKEN_LEVEL_REWARDS] = batch[B.TOKEN_LEVEL_REWARDS] + extra
+        ctx.log({"agent/reward/mean": extra.sum(-1).mean().item()})
+        return batch
+
+
+@hookimpl
+def rlforge_before_flow_compile(flow: Any, config: Any) -> None:
+    if config.rollout.agent.loop == SINGLE_TURN or Stage.ROLLOUT not in flow:
+        return
+    flow.replace(Stage.ROLLOUT, AgentRolloutStage())
+    if Stage.REWARD in flow:
+        flow.insert_after(Stage.REWARD, AgentRewardStage())
+
+
+def close_stages(trainer: Any) -> None:
+    """Stop what the agent stages of the trainer's flow hold (tool threads, servers)."""
+    for stage in getattr(getattr(trainer, "flow", None), "stages", ()):
+        if isinstance(stage, AgentRolloutStage):
+            stage.close()
+
+
+@hookimpl
+def rlforge_fit_end(trainer: Any) -> None:
+    close_stages(trainer)
+
+
+@hookimpl
+def rlforge_exception(trainer: Any) -> None:
+    close_stages(trainer)

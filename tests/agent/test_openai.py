@@ -1,0 +1,172 @@
+"""The OpenAI-compatible endpoint with the real ``openai`` client: an agent written against the client (tool calls
+included) produces the same trajectory, token for token, as the built-in ``tool_agent`` loop."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import openai
+import pytest
+
+import rlforge
+from rlforge import batch as B
+from rlforge.agent import AgentLoopError
+from rlforge.build import Builder
+from rlforge.hookspecs import hookimpl
+from rlforge.plugin_manager import PluginManager
+from rlforge.plugins.agent.openai_server import OpenAIAgentLoop
+from rlforge.plugins.agent.tools import Calculator
+from tests.agent.conftest import LOGPROB, Scripted, calculator_then_answer, prompt_batch, sampling
+
+TOOLS = [Calculator(None).schema()]
+
+
+def client(endpoint):
+    return openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+
+
+def calculator_agent(sample, endpoint):
+    """A plain OpenAI-client agent: call tools until the model answers."""
+    api = client(endpoint)
+    messages = list(sample.messages)
+    for _ in range(4):
+        reply = api.chat.completions.create(model=endpoint.model, messages=messages, tools=TOOLS, temperature=0,
+                                            logprobs=True)
+        message = reply.choices[0].message
+        messages.append(message)
+        if not message.tool_calls:
+            return message.content
+        for call in message.tool_calls:
+            result = Calculator(None).execute(json.loads(call.function.arguments), None)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return None
+
+
+class SyncAgent(OpenAIAgentLoop):
+    def agent(self, sample, endpoint):
+        return calculator_agent(sample, endpoint)
+
+
+class AsyncAgent(OpenAIAgentLoop):
+    async def agent(self, sample, endpoint):
+        api = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+        reply = await api.chat.completions.create(model=endpoint.model, messages=sample.messages)
+        return {"answer": reply.choices[0].message.content, "reward": 0.5, "metrics": {"requests": 1}}
+
+
+class Probe(OpenAIAgentLoop):
+    """Records what the endpoint answers to edge cases."""
+
+    seen: list = []
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        for kwargs in ({"stream": True}, {"n": 2}, {"stop": ["\n"]}):
+            try:
+                api.chat.completions.create(model="m", messages=sample.messages, **kwargs)
+            except openai.BadRequestError as exc:
+                Probe.seen.append(exc.body["message"])
+        first = api.chat.completions.create(model="m", messages=sample.messages)
+        other = api.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+1?"}])  # not a reply
+        Probe.seen.append((first.choices[0].finish_reason, other.choices[0].message.content))
+        return other.choices[0].message.content
+
+
+class Plugin:
+    @hookimpl
+    def rlforge_register(self, registry):
+        registry.agent_loop.register("sync_agent", SyncAgent)
+        registry.agent_loop.register("async_agent", AsyncAgent)
+        registry.agent_loop.register("probe", Probe)
+
+
+@pytest.fixture(scope="module")
+def agent_pm():
+    pm = PluginManager(autoload=False)
+    pm.register(Plugin(), name="openai_test_agents")
+    return pm
+
+
+def runner_for(pm, tok, *overrides):
+    cfg = rlforge.load_config("grpo", ["data.max_prompt_length=64", "rollout.max_new_tokens=160", *overrides],
+                              plugins=pm)
+    return Builder(cfg, pm).agent(tok)
+
+
+def test_openai_client_agent_matches_the_tool_agent_loop(agent_pm, tok):
+    batch = prompt_batch(tok, [("2+3?", "5"), ("2+3?", "5")])
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=sync_agent")
+    try:
+        ours, metrics = runner.rollout(batch, sampling(), Scripted(tok, calculator_then_answer))
+    finally:
+        runner.close()
+    reference = runner_for(agent_pm, tok, "rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]")
+    theirs, _ = reference.rollout(batch, sampling(), Scripted(tok, calculator_then_answer))
+    for col in (B.PROMPTS, B.RESPONSES, B.RESPONSE_MASK, B.ATTENTION_MASK, B.ROLLOUT_LOG_PROBS):
+        assert ours[col].tolist() == theirs[col].tolist(), col
+    assert ours[B.RESPONSE_MASK][0].tolist() == [1] * 82 + [0] * 11 + [1] * 2  # as in test_masks
+    assert ours[B.SOLUTION_TEXT] == ["5", "5"]  # the agent's return value
+    assert metrics["agent/restarts/mean"] == 0 and metrics["agent/model_turns/mean"] == 2
+
+
+def test_async_agent_entry_reward_and_metrics(agent_pm, tok):
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=async_agent")
+    try:
+        out, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(n=2), Scripted(tok, lambda _: "5"))
+    finally:
+        runner.close()
+    assert out[B.RESPONSE_MASK].tolist() == [[1, 1]] * 2 and out[B.ROLLOUT_LOG_PROBS].tolist() == [[LOGPROB] * 2] * 2
+    assert out["agent_rewards"][:, 1].tolist() == [0.5, 0.5] and metrics["agent/requests/mean"] == 1
+
+
+def test_entry_function_from_a_file(pm, tok, tmp_path):
+    agent_file = tmp_path / "my_agent.py"
+    agent_file.write_text(textwrap.dedent("""
+        import openai
+
+        def agent(sample, endpoint):
+            api = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+            reply = api.chat.completions.create(model=endpoint.model, messages=sample.messages, max_tokens=1)
+            assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 1
+            return None
+    """))
+    runner = runner_for(pm, tok, "rollout.agent.loop=openai_agent",
+                        f"rollout.agent.openai_agent.entry={agent_file}:agent")
+    try:
+        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "42"))
+    finally:
+        runner.close()
+    assert tok.decode(out[B.RESPONSES][0]) == "4" and out[B.SOLUTION_TEXT] == ["4"]
+
+
+def test_unsupported_requests_are_400s_and_a_new_conversation_restarts(agent_pm, tok):
+    Probe.seen.clear()
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=probe")
+    try:
+        out, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "7"))
+    finally:
+        runner.close()
+    assert Probe.seen[:3] == [
+        "stream=true is not supported by the rlforge endpoint",
+        "n > 1 is not supported: send one request per completion",
+        "'stop' sequences are not supported: the model stops at its end-of-turn token"]
+    assert Probe.seen[3] == ("stop", "7")
+    assert metrics["agent/restarts/mean"] == 1
+    assert tok.decode(out[B.PROMPTS][0]) == "<|user|>1+1?<|end|><|assistant|>"  # the last conversation
+
+
+def test_openai_agent_needs_an_entry(pm):
+    with pytest.raises(rlforge.errors.ConfigError, match="rollout.agent.openai_agent.entry"):
+        rlforge.load_config("grpo", ["rollout.agent.loop=openai_agent"], plugins=pm)
+
+
+def test_an_agent_that_never_calls_the_endpoint_fails_the_run(pm, tok, tmp_path):
+    (tmp_path / "lazy.py").write_text("def agent(sample, endpoint):\n    return 'done'\n")
+    runner = runner_for(pm, tok, "rollout.agent.loop=openai_agent",
+                        f"rollout.agent.openai_agent.entry={tmp_path / 'lazy.py'}:agent")
+    try:
+        with pytest.raises(AgentLoopError, match="'openai_agent'.*without sending a chat-completions request"):
+            runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "5"))
+    finally:
+        runner.close()

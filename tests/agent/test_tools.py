@@ -1,0 +1,230 @@
+"""Tools: the calculator's arithmetic and refusals, the python tool in the sandbox, and the toolbox's handling of
+tools that raise, hang, return junk, do not exist or say too much (an error reply, counted; never a crash)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rlforge.agent import ParsedTurn, Sample, Tool, ToolCall, ToolResult
+from rlforge.agent.chat import TRUNCATION_MARKER, ChatFormat
+from rlforge.agent.toolbox import Toolbox
+from rlforge.agent.trajectory import ToolStats
+from rlforge.errors import RLForgeError
+from rlforge.plugins.agent.tools import Calculator, CalculatorConfig, PythonTool
+
+SAMPLE = Sample([], [1], "arith", "5", None, "u", 0)
+
+
+def calc(expression, **limits):
+    tool = Calculator(None)
+    tool.__dict__["options"] = CalculatorConfig(**limits)
+    return tool.execute({"expression": expression}, None)
+
+
+@pytest.mark.parametrize("expression, value", [
+    ("1 + 2 * 3", "7"), ("(1 + 2) * 3", "9"), ("7 // 2", "3"), ("7 % 3", "1"), ("-7 // 2", "-4"), ("8 / 2", "4"),
+    ("1 / 4", "0.25"), ("0.1 + 0.2", "0.3"), ("2 ** 10", "1024"), ("-2 ** 2", "-4"), ("(-2) ** 2", "4"),
+    ("2 ** -1", "0.5"), ("--3", "3"), ("+3", "3"), ("1.5 * 2", "3"), ("10 - 2 - 3", "5"),
+])
+def test_calculator_results(expression, value):
+    assert calc(expression) == value
+
+
+@pytest.mark.parametrize("expression, reason", [
+    ("x + 1", "names are not allowed"),
+    ("__import__('os')", "function calls are not allowed"),
+    ("abs(-1)", "function calls are not allowed"),
+    ("(1).real", "attributes are not allowed"),
+    ("[1][0]", "subscripts are not allowed"),
+    ("[1, 2]", "List is not allowed"),
+    ("'a' * 3", "the constant 'a' is not allowed"),
+    ("True + 1", "the constant True is not allowed"),
+    ("1j * 2", "the constant 1j is not allowed"),
+    ("1 << 3", "operator LShift is not allowed"),
+    ("not 1", "operator Not is not allowed"),
+    ("1 if 1 else 2", "IfExp is not allowed"),
+    ("2 ** 100", "exponents are limited to 64"),
+    ("9 ** 9 ** 9", "exponents are limited to 64"),
+    ("99 ** 60", "more than 100 digits"),
+    ("10 ** 60 * 10 ** 60", "more than 100 digits"),
+    ("1e300 * 1e300", "too large"),
+    ("(-8) ** 0.5", "not a real number"),
+    ("1 / 0", "division by zero"),
+    ("5 % 0", "division by zero"),
+    ("1 +", "not an arithmetic expression"),
+    ("1" * 201, "over 200"),
+])
+def test_calculator_refusals(expression, reason):
+    from rlforge.agent import ToolError
+
+    with pytest.raises(ToolError, match=reason):
+        calc(expression)
+
+
+def test_calculator_limits_come_from_its_options():
+    assert calc("2 ** 8", max_exponent=8) == "256"
+    with pytest.raises(Exception, match="limited to 7"):
+        calc("2 ** 8", max_exponent=7)
+
+
+def test_python_tool_runs_in_the_sandbox(make_config):
+    tool = PythonTool(make_config("rollout.agent.tools=[python]"))
+    assert tool.execute({"code": "print(6 * 7)"}, None).strip() == "42"
+    failed = tool.execute({"code": "raise ValueError('boom')"}, None)
+    assert "ValueError: boom" in failed and "[exit code 1]" in failed
+
+
+# --- the toolbox: bad tools ------------------------------------------------------------------------
+
+
+class Raises(Tool):
+    name = "raises"
+
+    def execute(self, arguments, state):
+        raise KeyError("no such key")
+
+
+class Hangs(Tool):
+    name = "hangs"
+
+    async def execute(self, arguments, state):
+        await asyncio.sleep(60)
+
+
+class HangsSync(Tool):
+    name = "hangs_sync"
+
+    def execute(self, arguments, state):
+        time.sleep(1.0)
+        return "late"
+
+
+class Junk(Tool):
+    name = "junk"
+
+    def execute(self, arguments, state):
+        return {"not": "text"}
+
+
+class BadReward(Tool):
+    name = "bad_reward"
+
+    def execute(self, arguments, state):
+        return ToolResult("ok", float("nan"))
+
+
+class Chatty(Tool):
+    name = "chatty"
+
+    def execute(self, arguments, state):
+        return "x" * 1000
+
+
+class Counter(Tool):
+    """Per-trajectory state: create/release, a reward per call."""
+
+    name = "counter"
+    released: list[int] = []
+
+    def create(self, sample):
+        return {"calls": 0}
+
+    async def execute(self, arguments, state):
+        state["calls"] += 1
+        return ToolResult(f"call {state['calls']}", reward=0.25)
+
+    def release(self, state):
+        Counter.released.append(state["calls"])
+
+
+class Limits:
+    max_tool_calls_per_turn = 3
+    tool_timeout_s = 0.3
+    max_tool_output_tokens = 100
+
+
+def run_calls(tok, tools, calls, errors=()):
+    box = Toolbox({t.name: t(None) for t in tools}, Limits())
+    stats = ToolStats()
+
+    async def go():
+        async with box.session(SAMPLE, ChatFormat(tok), stats) as session:
+            return await session.run(ParsedTurn("", [ToolCall(n, {}, f"id{i}") for i, n in enumerate(calls)],
+                                                list(errors)))
+
+    try:
+        messages, reward = asyncio.run(go())
+    finally:
+        box.close()
+    return messages, reward, stats
+
+
+@pytest.mark.parametrize("tool, reply", [
+    (Raises, "Error: the tool 'raises' failed: KeyError: 'no such key'"),
+    (Hangs, "Error: the tool 'hangs' did not answer within 0.3 s (rollout.agent.tool_timeout_s)"),
+    (HangsSync, "Error: the tool 'hangs_sync' did not answer within 0.3 s"),
+    (Junk, "Error: the tool 'junk' returned dict"),
+    (BadReward, "Error: the tool 'bad_reward' returned the reward nan, not a finite number"),
+])
+def test_a_failing_tool_gives_an_error_reply(tok, tool, reply):
+    messages, reward, stats = run_calls(tok, [tool], [tool.name])
+    assert messages[0]["role"] == "tool" and messages[0]["tool_call_id"] == "id0"
+    assert messages[0]["content"].startswith(reply), messages[0]["content"]
+    assert (stats.calls, stats.errors, reward) == (1, 1, 0.0)
+
+
+def test_unknown_tool_and_too_many_calls_and_parse_errors(tok):
+    messages, _, stats = run_calls(tok, [Counter], ["nope", "counter", "counter", "counter"], ["not valid JSON"])
+    texts = [m["content"] for m in messages]
+    assert texts[0] == "Error: there is no tool 'nope'. Available tools: counter"
+    assert texts[1:3] == ["call 1", "call 2"]
+    assert texts[3].startswith("Error: only 3 tool calls per turn are run")
+    assert texts[4] == "Error: the tool call could not be read: not valid JSON"
+    assert (stats.calls, stats.errors, stats.parse_errors) == (3, 2, 1)
+
+
+def test_tool_state_reward_and_release(tok):
+    Counter.released.clear()
+    messages, reward, stats = run_calls(tok, [Counter], ["counter", "counter"])
+    assert sorted(m["content"] for m in messages) == ["call 1", "call 2"]
+    assert reward == 0.5 and Counter.released == [2] and len(stats.seconds) == 2
+
+
+def test_long_tool_output_is_truncated_with_a_marker(tok):
+    messages, _, stats = run_calls(tok, [Chatty], ["chatty"])
+    text = messages[0]["content"]
+    assert text.endswith(TRUNCATION_MARKER) and len(tok.encode(text, add_special_tokens=False)) == 100
+    assert stats.errors == 0
+
+
+def test_schema_name_must_be_the_registered_name():
+    with pytest.raises(RLForgeError, match="declares the function name 'calculator'"):
+        Toolbox({"calc": Calculator(None)}, Limits())
+
+
+class Duck:
+    """A tool that only has what the Tool Protocol asks for (no base class, no create/release)."""
+
+    name = "duck"
+
+    def schema(self):
+        return {"type": "function", "function": {"name": "duck", "description": "", "parameters": {}}}
+
+    def execute(self, arguments, state):
+        return f"quack {state}"
+
+
+def test_a_duck_typed_tool_works_without_create_and_release(tok):
+    box = Toolbox({"duck": Duck()}, Limits())
+    stats = ToolStats()
+
+    async def go():
+        async with box.session(SAMPLE, ChatFormat(tok), stats) as session:
+            return await session.run(ParsedTurn("", [ToolCall("duck", {}, "d")]))
+
+    messages, _ = asyncio.run(go())
+    box.close()
+    assert messages[0]["content"] == "quack None" and stats.errors == 0
