@@ -137,16 +137,28 @@ def save(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, 
 
 
 def load(path: Path, model: Any) -> dict[str, Any]:
-    """Load the actor weights into ``model`` in place and return the trainer state."""
-    weights = path / "actor" / "model.safetensors"
+    """Load the actor weights into ``model`` in place and return the trainer state. A LoRA run's checkpoint holds
+    the adapter only (``actor/adapter_model.safetensors``, what peft's ``save_pretrained`` writes)."""
+    from rlforge import lora
+
+    adapter = lora.is_lora(model)
+    weights = path / "actor" / (lora.ADAPTER_WEIGHTS if adapter else "model.safetensors")
     state_file = path / STATE_FILE
     if not weights.is_file() or not state_file.is_file():
-        raise RLForgeError(f"Checkpoint {path} is incomplete: expected actor/model.safetensors and {STATE_FILE}.")
+        raise RLForgeError(f"Checkpoint {path} is incomplete: expected actor/{weights.name} and {STATE_FILE}.")
     try:
         tensors = load_file(str(weights))
         state = torch.load(state_file, weights_only=True)
     except Exception as exc:
         raise RLForgeError(f"Checkpoint {path} is corrupted and cannot be read: {exc}") from None
+    if adapter:
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, tensors)
+        if result.unexpected_keys:
+            raise RLForgeError(f"Checkpoint {path}'s adapter does not match model.lora: unexpected "
+                               f"{result.unexpected_keys[:3]}.")
+        return state
     try:
         missing, unexpected = model.load_state_dict(tensors, strict=False)
     except RuntimeError as exc:

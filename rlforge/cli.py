@@ -180,7 +180,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from rlforge.tools.export import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out, _plugins().registry)
+    out = export_checkpoint(args.checkpoint, args.out, _plugins().registry, adapter_only=args.adapter)
     print(f"exported to {out} (load it with AutoModelForCausalLM.from_pretrained or model.path={out})")
     return 0
 
@@ -244,6 +244,8 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     elif name == "export":
         p.add_argument("checkpoint", help="checkpoints/step_N folder, or a run folder (its newest checkpoint)")
         p.add_argument("out", help="new folder for the Hugging Face model")
+        p.add_argument("--adapter", action="store_true",
+                       help="LoRA runs: write the adapter (peft folder) instead of the merged model")
     elif name == "data":
         p.add_argument("dataset", choices=["gsm8k", "math"])
         p.add_argument("--input", action="append", required=True, metavar="FILE",

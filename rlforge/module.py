@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlforge import batch as B
+from rlforge import lora
 from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import DataFlow, Stage
 from rlforge.lazy import lazy_import
@@ -94,6 +95,10 @@ class RLModule:
         """Whether a value model is trained (PPO)."""
         return False
 
+    def reference_is_base(self) -> bool:
+        """Whether the reference policy is the actor's base model with its LoRA adapter disabled."""
+        return lora.enabled(self.config) and not self.config.model.ref_path
+
     def configure_tokenizer(self) -> None:
         """Load the tokenizer of ``model.path`` (called before the data is prepared)."""
         from rlforge.models import load_tokenizer
@@ -112,7 +117,10 @@ class RLModule:
             self.configure_tokenizer()
         if "actor" in self.roles:
             self.actor = load_model(cfg.path, p.weights, trust_remote_code=cfg.trust_remote_code)
-        if self.needs_reference() and "ref" in self.roles:
+            if lora.enabled(self.config):
+                self.actor = lora.wrap(self.actor, self.config)
+        # with LoRA (and no model.ref_path) the reference is the actor with its adapter off: no second copy
+        if self.needs_reference() and "ref" in self.roles and not self.reference_is_base():
             self.ref = load_model(cfg.ref_path or cfg.path, p.frozen, trust_remote_code=cfg.trust_remote_code)
             self.ref.requires_grad_(False).eval()
         if self.needs_critic() and "critic" in self.roles:
@@ -197,7 +205,8 @@ class RLModule:
 
 
 def _adamw(model: torch.nn.Module, section: Any) -> tuple[torch.optim.Optimizer, Any]:
-    opt = torch.optim.AdamW(model.parameters(), lr=section.lr, weight_decay=section.weight_decay)
+    """AdamW over the trainable parameters (with LoRA: the adapter's only) with linear warm-up."""
+    opt = torch.optim.AdamW(lora.trainable_parameters(model), lr=section.lr, weight_decay=section.weight_decay)
     warm = max(section.warmup_steps, 0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
     return opt, sched

@@ -147,6 +147,10 @@ class HFRollout:
         return tokens_via_generate(self, prompts, params, self.tokenizer.pad_token_id, set(self.stop_ids))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        from rlforge.lora import is_lora
+
+        if is_lora(self.model):  # the LoRA actor itself (LoRA runs on one device): its adapter is already live
+            return
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, tensor in named_tensors:

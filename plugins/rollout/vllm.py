@@ -196,7 +196,10 @@ class VLLMRollout:
             self._llm = self._start()
             self._finalizer = weakref.finalize(self, _close, self._llm)
             if sync_model:  # the actor may already differ from model.path (e.g. a module that changed it)
-                self._load((name, p.detach()) for name, p in self.model.named_parameters())
+                from rlforge.lora import is_lora, merged_weights
+
+                self._load(merged_weights(self.model) if is_lora(self.model) else
+                           ((name, p.detach()) for name, p in self.model.named_parameters()))
         if self._asleep:
             self._llm.wake_up()
             self._asleep = False

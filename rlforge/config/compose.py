@@ -14,7 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from rlforge import precision
+from rlforge import lora, precision
 from rlforge.config import schema
 from rlforge.errors import ConfigError, did_you_mean
 from rlforge.models import resolve_model_path
@@ -159,6 +159,7 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     if cfg.rollout.temperature < 0 or cfg.rollout.val_temperature < 0:
         raise ConfigError("'rollout.temperature' and 'rollout.val_temperature' must be >= 0.")
     precision.check(cfg.model.precision)
+    lora.validate(cfg)
     check_batch_sizes(cfg)
     for _, entry in components:
         check = getattr(entry.obj, "validate_config", None)

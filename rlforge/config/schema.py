@@ -16,6 +16,7 @@ from typing import Any, Optional, get_type_hints
 
 from rlforge.agent.config import AgentConfig
 from rlforge.errors import ConfigError
+from rlforge.lora import LoraConfig
 
 BUILTIN_MODEL = "builtin:tiny-arith"
 
@@ -29,6 +30,7 @@ class ModelConfig:
     remove_padding: bool = False  # packed forward passes of actor, reference, critic: no padding computed (GPU; docs/performance.md)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)
     compile: bool = False  # torch.compile the training and scoring forward passes (not generation; docs/performance.md)
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (rank 0 = off; docs/models.md)
 
 
 @dataclass

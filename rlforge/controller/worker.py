@@ -11,6 +11,7 @@ process's. The strategy does the rest: backward, clipping, the optimizer step an
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from rlforge import batch as B
+from rlforge import lora
 from rlforge.config.compose import micro_batch_size
 from rlforge.controller.microbatch import fixed_plan, token_budget_plan
 from rlforge.errors import NonFiniteError
@@ -238,16 +240,23 @@ class ActorWorker(TrainWorker):
 
     @torch.no_grad()
     def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
-        """Per-token log-probs of the responses under the actor or the reference model."""
-        model = self.module.actor if role == "actor" else self.module.ref
+        """Per-token log-probs of the responses under the actor or the reference model (with LoRA and no
+        ``model.ref_path``: the actor with its adapter disabled)."""
+        base = role == "ref" and self.module.ref is None and self.module.reference_is_base()
+        model = self.module.actor if role == "actor" or base else self.module.ref
         if model is None:
             raise RuntimeError(f"No {role} model is loaded (does the algorithm need a reference model?)")
         resp_len = batch[B.RESPONSES].shape[1]
-        return self._per_row(batch, lambda mb: response_logprobs(
-            model, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len, self.config.rollout.temperature,
-            remove_padding=self.remove_padding)[0])
+        with lora.base_model_context(model) if base else contextlib.nullcontext():
+            return self._per_row(batch, lambda mb: response_logprobs(
+                model, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len, self.config.rollout.temperature,
+                remove_padding=self.remove_padding)[0])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The actor's weights for the rollout engine: with LoRA the merged weights under the base model's names
+        (what an engine holding a plain copy of the model loads), else the strategy's stream of full weights."""
+        if lora.is_lora(self.module.actor):
+            return lora.merged_weights(self.module.actor)
         return self.strategy.named_weights(self.module.actor)
 
 

@@ -9,6 +9,7 @@ folder, which is copied as it is.
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from rlforge.errors import RLForgeError
 from rlforge.models import BUILTIN_PREFIX, HUB_ID
 
 ACTOR_DIR = "actor"
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: a LoRA run's checkpoint holds an adapter
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -62,15 +64,42 @@ def _strategy_of(checkpoint: Path, registry: Any) -> Any:
     return registry.strategy.get(name or "single")
 
 
-def export_checkpoint(path: str | Path, out: str | Path, registry: Any) -> Path:
-    """Write the checkpoint at ``path`` (or a run's newest one) to ``out`` as a plain Hugging Face folder."""
+def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_only: bool = False) -> Path:
+    """Write the checkpoint at ``path`` (or a run's newest one) to ``out`` as a plain Hugging Face folder. A LoRA
+    run's checkpoint (an adapter) is merged into its base model, or with ``adapter_only`` copied as the adapter
+    folder that peft loads (``PeftModel.from_pretrained(base, out)``)."""
     checkpoint = find_checkpoint(path)
     target = Path(out).expanduser()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise RLForgeError(f"Output folder {out} exists and is not empty: choose a new folder.")
-    exporter = getattr(_strategy_of(checkpoint, registry), "export_checkpoint", None) or copy_hf_folder
+    is_adapter = (checkpoint / ACTOR_DIR / ADAPTER_CONFIG).is_file()
+    if adapter_only and not is_adapter:
+        raise RLForgeError(f"{checkpoint} is not a LoRA checkpoint (no {ACTOR_DIR}/{ADAPTER_CONFIG}): --adapter "
+                           f"applies to runs with model.lora.rank > 0.")
+    exporter = (partial(export_lora, adapter_only=adapter_only) if is_adapter else
+                getattr(_strategy_of(checkpoint, registry), "export_checkpoint", None) or copy_hf_folder)
     target.mkdir(parents=True, exist_ok=True)
     exporter(checkpoint, target)
-    if not (target / "config.json").is_file():
-        raise RLForgeError(f"Exporting {checkpoint} wrote no config.json into {out}.")
+    expected = ADAPTER_CONFIG if adapter_only else "config.json"
+    if not (target / expected).is_file():
+        raise RLForgeError(f"Exporting {checkpoint} wrote no {expected} into {out}.")
     return target
+
+
+def export_lora(checkpoint: Path, out: Path, adapter_only: bool = False) -> None:
+    """A LoRA checkpoint's adapter, merged into the base model it names (``base_model_name_or_path``)."""
+    actor = checkpoint / ACTOR_DIR
+    if adapter_only:
+        shutil.copytree(actor, out, dirs_exist_ok=True)
+        return
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    from rlforge.models import load_model
+
+    base_path = json.loads((actor / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    merged = PeftModel.from_pretrained(load_model(str(base_path)), actor).merge_and_unload()
+    merged.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(actor).save_pretrained(out)
