@@ -132,7 +132,7 @@ def test_checkpoints_hold_the_adapter_resume_exactly_and_export_both_ways(tmp_pa
 def test_grpo_with_lora_learns(tmp_path) -> None:
     from rlforge import Trainer
 
-    cfg = load_config("grpo", ["model.lora.rank=16", "model.lora.alpha=32", "actor.lr=2e-3",
+    cfg = load_config("grpo", ["model.lora.rank=16", "model.lora.alpha=32", "actor.lr=3e-4",
                                f"trainer.runs_root={tmp_path}", "trainer.total_steps=30",
                                "trainer.val_before_train=false", "trainer.save_every=0", "trainer.val_every=0",
                                "data.arith.val_size=16", "trainer.progress=false", "logger.backends=[]"])
