@@ -1,0 +1,163 @@
+"""``rlforge sft``: the config -> data, model, Lightning Trainer -> fit -> Hugging Face folder + accuracy."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import FSDPStrategy, Strategy, StrategyRegistry
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from omegaconf import DictConfig
+
+from rlforge.errors import ConfigError
+from rlforge.models import quiet_transformers
+from rlforge.sft.accuracy import GreedyAccuracy
+from rlforge.sft.data import BatchPlan, SFTData, train_examples, val_examples
+from rlforge.sft.formats import FORMATS, TRUNCATIONS
+from rlforge.sft.module import SFTModule, build_model, build_tokenizer
+from rlforge.sft.outputs import CHECKPOINTS, LAST, LOGGERS, ExportHF, RunRecord, checkpointing
+
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed")
+QUIET = (  # Lightning warnings that do not apply here
+    "Checkpoint directory .* exists and is not empty",  # a resumed run writes into its own folder again
+    "You're resuming from a checkpoint that ended before the epoch ended",  # our batches resume by step
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # inside Lightning (torch 2.13)
+)
+
+
+def _fsdp(model: torch.nn.Module) -> Strategy:
+    """Lightning's FSDP, wrapping each of the model's repeated blocks (its ``_no_split_modules``) as a unit."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = {type(m) for m in model.modules() if type(m).__name__ in names}
+    return FSDPStrategy(auto_wrap_policy=blocks or None)
+
+
+STRATEGIES: dict[str, Callable[[torch.nn.Module], Strategy]] = {"fsdp": _fsdp}  # other names go to Lightning
+
+
+def hide_lightning_tips() -> None:
+    """Drop Lightning's advertising line ("Tip: ... litlogger") from its rank-zero log; keep its other lines."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoTips) for f in logger.filters):
+        logger.addFilter(_NoTips())
+
+
+class _NoTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in str(record.msg)
+
+
+def check_config(s: DictConfig) -> None:
+    """Fail before any model is loaded: every ``sft`` choice and size is checked here."""
+    choices = {"precision": PRECISIONS, "format": ("auto", *FORMATS), "truncation": ("error", *TRUNCATIONS),
+               "strategy": ("auto", *sorted(StrategyRegistry.available_strategies()))}
+    for key, allowed in choices.items():
+        if s[key] not in allowed:
+            raise ConfigError(f"Unknown sft.{key} '{s[key]}'. Choose one of: {', '.join(allowed)}.")
+    for name in s.loggers:
+        if name not in LOGGERS:
+            raise ConfigError(f"Unknown logger '{name}' in sft.loggers. Available: {', '.join(LOGGERS)}.")
+    for key in ("steps", "batch_size", "max_length", "lr", "log_every"):
+        if not s[key] > 0:
+            raise ConfigError(f"sft.{key} must be > 0, got {s[key]}.")
+    for key in ("warmup_steps", "save_every", "val_every", "grad_clip", "weight_decay"):
+        if s[key] < 0:
+            raise ConfigError(f"sft.{key} must be >= 0, got {s[key]}.")
+
+
+def _latest(s: DictConfig) -> str | None:
+    last = Path(s.output_dir) / CHECKPOINTS / LAST
+    return str(last) if last.exists() else None
+
+
+def _given(s: DictConfig) -> str:
+    if not Path(s.resume).exists():
+        raise ConfigError(f"sft.resume={s.resume}: no such checkpoint. Use never, auto (<sft.output_dir>/"
+                          f"{CHECKPOINTS}/{LAST} if there is one) or the path of a .ckpt.")
+    return s.resume
+
+
+RESUME: dict[str, Callable[[DictConfig], str | None]] = {"never": lambda s: None, "auto": _latest}
+
+
+def resume_from(s: DictConfig) -> str | None:
+    """The checkpoint to resume from (``sft.resume``), or None for a fresh start."""
+    return RESUME.get(s.resume, _given)(s)
+
+
+def make_trainer(s: DictConfig, model: torch.nn.Module, callbacks: list[Callback], loggers: list[Logger],
+                 validate: bool) -> L.Trainer:
+    strategy = STRATEGIES[s.strategy](model) if s.strategy in STRATEGIES else s.strategy
+    try:
+        return L.Trainer(
+            accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
+            precision=s.precision, max_steps=s.steps, gradient_clip_val=s.grad_clip or None,
+            default_root_dir=s.output_dir, logger=loggers or False, callbacks=callbacks,
+            enable_checkpointing=bool(s.save_every), enable_progress_bar=s.progress,
+            log_every_n_steps=min(s.log_every, s.steps),
+            num_sanity_val_steps=0, use_distributed_sampler=False, limit_val_batches=1.0 if validate else 0,
+        )
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as exc:
+        raise ConfigError(f"Lightning cannot run sft.accelerator={s.accelerator} sft.devices={s.devices} "
+                          f"sft.num_nodes={s.num_nodes} sft.strategy={s.strategy} sft.precision={s.precision}: "
+                          f"{exc}") from None
+
+
+def _schedule(trainer: L.Trainer, plan: BatchPlan, s: DictConfig) -> None:
+    """Settings that depend on the number of ranks, known once the Trainer exists (it counts micro-batches)."""
+    trainer.accumulate_grad_batches = plan.accumulation
+    if s.val_every:
+        trainer.val_check_interval = min(s.val_every, s.steps) * plan.accumulation
+        trainer.check_val_every_n_epoch = None
+
+
+def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
+            callbacks: Sequence[Callback] = ()) -> dict[str, float]:
+    """Fine-tune ``sft.init`` on the SFT data; returns the last logged metrics (``train/loss``, ``val/loss``,
+    ``val/accuracy``). ``callbacks`` are extra Lightning callbacks."""
+    s = config.sft
+    check_config(s)
+    ckpt = resume_from(s)
+    say = rank_zero_only(log)
+    quiet_transformers()
+    hide_lightning_tips()
+    out = Path(s.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(config)
+    train, dropped = train_examples(config, plugins.registry, tokenizer)
+    val, val_dropped = val_examples(config, plugins.registry, tokenizer)
+    say(f"sft data: {len(train)} training examples, {len(val)} validation examples"
+        f"{f' ({dropped} + {val_dropped} rows dropped by sft.truncation)' if dropped + val_dropped else ''}")
+    accuracy = GreedyAccuracy(config, plugins, tokenizer) if s.val_accuracy else None
+    L.seed_everything(s.seed, verbose=False)
+    model = build_model(config, tokenizer)
+    export = ExportHF(out, tokenizer, accuracy, config.model)
+    loggers = [LOGGERS[name](config, out, ckpt is not None) for name in s.loggers]
+    trainer = make_trainer(s, model, [*checkpointing(s), RunRecord(config, out, ckpt is not None), export,
+                                      *callbacks], loggers, bool(val))
+    plan = BatchPlan.from_config(s, trainer.world_size)
+    _schedule(trainer, plan, s)
+    if ckpt:
+        say(f"resuming from {ckpt}")
+    try:
+        with warnings.catch_warnings():
+            for message in QUIET:
+                warnings.filterwarnings("ignore", message=message)
+            trainer.fit(SFTModule(model, s, plan.world),
+                        SFTData(train, val, plan, s.steps, s.seed, tokenizer.pad_token_id), ckpt_path=ckpt)
+    finally:
+        if accuracy is not None:
+            accuracy.close()
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()} | export.metrics
+    acc = export.metrics.get("val/accuracy")
+    say(f"saved {out} | step {trainer.global_step} | loss {metrics.get('train/loss', float('nan')):.4f}"
+        + (f" | greedy validation accuracy {100 * acc:.1f}%" if acc is not None else ""))
+    return metrics
