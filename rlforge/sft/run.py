@@ -21,7 +21,7 @@ from rlforge.errors import ConfigError
 from rlforge.models import quiet_transformers
 from rlforge.sft.accuracy import GreedyAccuracy
 from rlforge.sft.data import BatchPlan, SFTData, train_examples, val_examples
-from rlforge.sft.formats import FORMATS, TRUNCATIONS
+from rlforge.sft.formats import FORMATS, TRUNCATIONS, Example
 from rlforge.sft.module import SFTModule, build_model, build_tokenizer
 from rlforge.sft.outputs import CHECKPOINTS, LAST, LOGGERS, ExportHF, RunRecord, checkpointing
 
@@ -33,14 +33,24 @@ QUIET = (  # Lightning warnings that do not apply here
 )
 
 
-def _fsdp(model: torch.nn.Module) -> Strategy:
-    """Lightning's FSDP, wrapping each of the model's repeated blocks (its ``_no_split_modules``) as a unit."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = {type(m) for m in model.modules() if type(m).__name__ in names}
-    return FSDPStrategy(auto_wrap_policy=blocks or None)
+class HFBlocks:
+    """FSDP auto-wrap policy: each block that a Hugging Face model names in its ``_no_split_modules`` (e.g.
+    ``LlamaDecoderLayer``) is one FSDP unit. FSDP visits a parent (``recurse=True``) before its children, so the
+    names are known by the time the blocks are asked about."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def __call__(self, module: torch.nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+        if recurse:
+            self.names.update(getattr(module, "_no_split_modules", None) or [])
+            return True
+        return type(module).__name__ in self.names
 
 
-STRATEGIES: dict[str, Callable[[torch.nn.Module], Strategy]] = {"fsdp": _fsdp}  # other names go to Lightning
+STRATEGIES: dict[str, Callable[[], Strategy]] = {  # other names go to Lightning as they are
+    "fsdp": lambda: FSDPStrategy(auto_wrap_policy=HFBlocks()),
+}
 
 
 def hide_lightning_tips() -> None:
@@ -93,9 +103,8 @@ def resume_from(s: DictConfig) -> str | None:
     return RESUME.get(s.resume, _given)(s)
 
 
-def make_trainer(s: DictConfig, model: torch.nn.Module, callbacks: list[Callback], loggers: list[Logger],
-                 validate: bool) -> L.Trainer:
-    strategy = STRATEGIES[s.strategy](model) if s.strategy in STRATEGIES else s.strategy
+def make_trainer(s: DictConfig, callbacks: list[Callback], loggers: list[Logger], validate: bool) -> L.Trainer:
+    strategy = STRATEGIES[s.strategy]() if s.strategy in STRATEGIES else s.strategy
     try:
         return L.Trainer(
             accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
@@ -119,40 +128,45 @@ def _schedule(trainer: L.Trainer, plan: BatchPlan, s: DictConfig) -> None:
         trainer.check_val_every_n_epoch = None
 
 
+def load_data(config: DictConfig, plugins: Any, tokenizer: Any, say: Callable[[str], Any]
+              ) -> tuple[list[Example], list[Example]]:
+    train, dropped = train_examples(config, plugins.registry, tokenizer)
+    val, val_dropped = val_examples(config, plugins.registry, tokenizer)
+    say(f"sft data: {len(train)} training examples, {len(val)} validation examples"
+        + (f" ({dropped} + {val_dropped} rows dropped by sft.truncation)" if dropped + val_dropped else ""))
+    return train, val
+
+
 def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
             callbacks: Sequence[Callback] = ()) -> dict[str, float]:
     """Fine-tune ``sft.init`` on the SFT data; returns the last logged metrics (``train/loss``, ``val/loss``,
-    ``val/accuracy``). ``callbacks`` are extra Lightning callbacks."""
-    s = config.sft
+    ``val/accuracy``). ``callbacks`` are extra Lightning callbacks. Everything that can be checked is checked
+    before the model is created."""
+    s, say = config.sft, rank_zero_only(log)
     check_config(s)
     ckpt = resume_from(s)
-    say = rank_zero_only(log)
     quiet_transformers()
     hide_lightning_tips()
     out = Path(s.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config)
-    train, dropped = train_examples(config, plugins.registry, tokenizer)
-    val, val_dropped = val_examples(config, plugins.registry, tokenizer)
-    say(f"sft data: {len(train)} training examples, {len(val)} validation examples"
-        f"{f' ({dropped} + {val_dropped} rows dropped by sft.truncation)' if dropped + val_dropped else ''}")
+    train, val = load_data(config, plugins, tokenizer, say)
     accuracy = GreedyAccuracy(config, plugins, tokenizer) if s.val_accuracy else None
-    L.seed_everything(s.seed, verbose=False)
-    model = build_model(config, tokenizer)
     export = ExportHF(out, tokenizer, accuracy, config.model)
     loggers = [LOGGERS[name](config, out, ckpt is not None) for name in s.loggers]
-    trainer = make_trainer(s, model, [*checkpointing(s), RunRecord(config, out, ckpt is not None), export,
-                                      *callbacks], loggers, bool(val))
+    trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, ckpt is not None), export, *callbacks],
+                           loggers, bool(val))
     plan = BatchPlan.from_config(s, trainer.world_size)
     _schedule(trainer, plan, s)
+    L.seed_everything(s.seed, verbose=False)
+    module = SFTModule(build_model(config, tokenizer), s, plan.world)
     if ckpt:
         say(f"resuming from {ckpt}")
     try:
         with warnings.catch_warnings():
             for message in QUIET:
                 warnings.filterwarnings("ignore", message=message)
-            trainer.fit(SFTModule(model, s, plan.world),
-                        SFTData(train, val, plan, s.steps, s.seed, tokenizer.pad_token_id), ckpt_path=ckpt)
+            trainer.fit(module, SFTData(train, val, plan, s.steps, s.seed, tokenizer.pad_token_id), ckpt_path=ckpt)
     finally:
         if accuracy is not None:
             accuracy.close()
