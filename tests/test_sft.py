@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -298,3 +301,17 @@ def test_fsdp_wraps_each_decoder_layer(char_tokenizer):
 
     visit(model)
     assert [type(m) for m in wrapped] == [LlamaDecoderLayer, LlamaDecoderLayer]
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes_matches_one_device(tmp_path, small_model):
+    # Lightning's ddp starts the second rank by running the command again: run the CLI itself
+    cli = Path(sys.executable).with_name("rlforge")
+    common = [f"sft.init={small_model}", "sft.accelerator=cpu", "sft.steps=2", "sft.batch_size=8",
+              "data.train_size=32", "sft.progress=false", "sft.save_every=0", "sft.loggers=[]", "sft.val_accuracy=false"]
+    for name, extra in {"one": ["sft.devices=1"], "two": ["sft.devices=2", "sft.strategy=ddp"]}.items():
+        proc = subprocess.run([str(cli), "sft", *common, *extra, f"sft.output_dir={tmp_path / name}"],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
