@@ -142,6 +142,20 @@ def test_bad_conversations_name_the_row(chatml):
             conversation({"messages": messages}, chatml, Keys(), "data.jsonl, row 7")
 
 
+def test_templates_that_cannot_be_diffed_or_reject_a_row_name_it():
+    tok = build_char_tokenizer()  # a template that drops the content of past assistant turns
+    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{% if loop.last or m['role'] != 'assistant' %}"
+                         "{{ m['content'] }}{% endif %}<|end|>{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    with pytest.raises(DataError, match="row 2: the chat template renders message 1 differently"):
+        conversation({"messages": chat}, tok, Keys(), "row 2")
+    tok.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+    with pytest.raises(DataError, match="row 4: the chat template rejects this row: Conversation roles must alt"):
+        conversation({"messages": chat}, tok, Keys(), "row 4")
+
+
 def test_truncation():
     ex = Example([1, 2, 3, 4], [0, 0, 1, 1])
     assert truncate(ex, 4, "error", "r") is ex

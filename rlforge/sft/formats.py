@@ -62,10 +62,16 @@ def need(row: dict[str, Any], key: str, config_key: str, where: str) -> Any:
     return value
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any = None) -> list[int]:
-    """Token ids of ``messages`` through the chat template."""
-    enc = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                        tokenize=True)
+def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, where: str,
+           tools: Any = None) -> list[int]:
+    """Token ids of ``messages`` through the chat template; a template's own error names the row."""
+    from jinja2 import TemplateError
+
+    try:
+        enc = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
+                                            tokenize=True)
+    except TemplateError as exc:
+        raise DataError(f"{where}: the chat template rejects this row: {exc}") from None
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
@@ -90,7 +96,7 @@ def prompt_response(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str)
     if not isinstance(response, str):
         raise DataError(f"{where}: '{keys.response}' (sft.response_key) must be a string, "
                         f"got {type(response).__name__}.")
-    prompt = render(tokenizer, messages, True)
+    prompt = render(tokenizer, messages, True, where)
     answer = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return Example(prompt + answer, [0] * len(prompt) + [1] * len(answer))
 
@@ -126,11 +132,11 @@ def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) ->
         raise DataError(f"{where}: the conversation has no assistant message to train on.")
     if all(m["role"] == "system" for m in messages[:turns[0]]):
         raise DataError(f"{where}: the conversation starts with an assistant message; put a user message first.")
-    full = render(tokenizer, messages, False, tools)
+    full = render(tokenizer, messages, False, where, tools)
     mask = [0] * len(full)
     for i in turns:
-        opened = render(tokenizer, messages[:i], True, tools)
-        closed = render(tokenizer, messages[: i + 1], False, tools)
+        opened = render(tokenizer, messages[:i], True, where, tools)
+        closed = render(tokenizer, messages[: i + 1], False, where, tools)
         if full[: len(closed)] != closed:
             raise DataError(
                 f"{where}: the chat template renders message {i} differently once later messages follow (e.g. a "
