@@ -9,11 +9,12 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from rlforge.models import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
-from rlforge.ops import masked_sum, token_logprobs
 
+IGNORE = -100  # label of positions out of the loss
 FRESH_TINY = "tiny-arith"  # sft.init value: a freshly initialised tiny char-level Llama
 
 
@@ -54,11 +55,12 @@ def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.1) -> flo
 
 def token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the trained tokens' negative log-likelihoods, number of trained tokens) of a padded batch."""
-    ids = batch["input_ids"]
+    ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
     logits = model(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False).logits
-    logp, _ = token_logprobs(logits[:, :-1], ids[:, 1:])
-    mask = batch["loss_mask"][:, 1:]
-    return -masked_sum(logp, mask), mask.sum()
+    labels = ids[:, 1:].masked_fill(mask == 0, IGNORE)
+    total = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
+                            reduction="sum")
+    return total, mask.sum()
 
 
 class SFTModule(L.LightningModule):
