@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from rlforge.models import build_char_tokenizer, build_tiny_llama
 from rlforge.sft import run_sft
 from rlforge.sft.formats import Example, Keys, conversation, prompt_response, truncate
 from rlforge.sft.module import warmup_cosine
+from rlforge.sft.order import EpochOrder, RandomOrder
 
 FAST = ["data.train_size=32", "data.val_size=8", "sft.batch_size=8", "sft.steps=4", "sft.warmup_steps=1",
         "sft.progress=false", "sft.loggers=[]", "sft.save_every=0", "sft.val_accuracy=false"]
@@ -170,6 +172,20 @@ def test_warmup_cosine_by_hand():
     # warm-up 2 of 6 steps: (0+1)/2, (1+1)/2; then 0.1 + 0.9 * (1 + cos(pi * (step - 2) / 4)) / 2
     assert [warmup_cosine(s, 2, 6) for s in (0, 1, 2, 4, 6)] == pytest.approx([0.5, 1.0, 1.0, 0.55, 0.1])
     assert warmup_cosine(3, 2, 6) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))
+
+
+def test_batch_orders_answer_any_step():
+    epoch = EpochOrder(10, 3, seed=5)
+    perm = [torch.randperm(10, generator=torch.Generator().manual_seed(5 + e)).tolist() for e in (0, 1)]
+    # 3 batches per epoch from the permutation seeded with seed + epoch; the tenth example waits for a later epoch
+    assert [epoch.batch(s) for s in range(4)] == [perm[0][0:3], perm[0][3:6], perm[0][6:9], perm[1][0:3]]
+    assert epoch.batch(1) == perm[0][3:6]
+    rng = random.Random(5)
+    expected = [rng.sample(range(10), 3) for _ in range(4)]  # the old loop's draws: one stream, step after step
+    order = RandomOrder(10, 3, seed=5)
+    assert [order.batch(s) for s in range(4)] == expected
+    assert order.batch(3) == expected[3] and order.batch(1) == expected[1]
+    assert RandomOrder(10, 3, seed=5).batch(2) == expected[2]  # a resumed run replays the stream
 
 
 # --- files: jsonl, verl parquet (single- and multi-turn), bad rows ----------------------------------------------

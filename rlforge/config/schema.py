@@ -189,6 +189,7 @@ class SFTConfig:
     grad_clip: float = 1.0  # max global gradient norm (0 = no clipping)
     init: str = "tiny-arith"  # model to start from: an HF folder, builtin:NAME, or tiny-arith = fresh random tiny Llama
     seed: int = 0  # seeds initialisation and example order
+    sampling: str = "epoch"  # epoch (each example once per epoch, reshuffled) | random (each step draws its batch at random)
     accelerator: str = "auto"  # auto | cpu | gpu
     devices: Any = "auto"  # auto | number of devices | list of device ids
     num_nodes: int = 1  # machines (with strategy ddp or fsdp)

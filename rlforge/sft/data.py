@@ -1,15 +1,14 @@
 """SFT data: rows (files, or the built-in dataset) -> examples -> step-indexed micro-batches for Lightning.
 
-Batch ``j`` of a rank is a pure function of ``j`` (seed, epoch permutation, step, rank), so a resumed run
-restarts its loader at ``j = global_step * accumulation`` and sees exactly the batches an uninterrupted run
-would have seen, without any sampler state in the checkpoint.
+Batch ``j`` of a rank is a function of ``j`` alone (seed, step, rank), so a resumed run restarts its loader at
+``j = global_step * accumulation`` and sees exactly the batches an uninterrupted run would have seen, without
+any sampler state in the checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import lightning as L
@@ -19,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from rlforge.errors import ConfigError, DataError
 from rlforge.sft.formats import FORMATS, MISSING, Example, Keys, dig, row_format, truncate
+from rlforge.sft.order import ORDERS, BatchOrder
 
 
 def file_rows(config: DictConfig, registry: Any, path: str) -> list[dict[str, Any]]:
@@ -104,31 +104,22 @@ class BatchPlan:
 class StepBatches(Dataset):
     """Item ``j``: micro-batch ``j % accumulation`` of this rank's share of step ``j // accumulation``.
 
-    A step's global batch is a slice of an epoch-wise permutation (seeded with ``seed + epoch``; the tail that
-    does not fill a batch is left out). Each item carries ``num_tokens``, the trained tokens of the whole global
-    batch, so that the loss is the token mean over the global batch however it is split.
+    ``order`` picks each step's global batch (``rlforge.sft.order``). Each item carries ``num_tokens``, the
+    trained tokens of the whole global batch, so that the loss is the token mean over the global batch however
+    it is split.
     """
 
-    def __init__(self, examples: list[Example], plan: BatchPlan, steps: int, rank: int, seed: int, pad_id: int):
-        if len(examples) < plan.batch_size:
-            raise DataError(f"The SFT data has {len(examples)} examples, fewer than sft.batch_size={plan.batch_size}.")
-        self.examples, self.plan, self.steps, self.rank, self.seed, self.pad_id = (
-            examples, plan, steps, rank, seed, pad_id)
+    def __init__(self, examples: list[Example], plan: BatchPlan, steps: int, rank: int, order: BatchOrder,
+                 pad_id: int) -> None:
+        self.examples, self.plan, self.steps, self.rank, self.order, self.pad_id = (
+            examples, plan, steps, rank, order, pad_id)
 
     def __len__(self) -> int:
         return self.steps * self.plan.accumulation
 
-    @lru_cache(maxsize=2)
-    def _order(self, epoch: int) -> list[int]:
-        return torch.randperm(len(self.examples), generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
-
-    def global_batch(self, step: int) -> list[int]:
-        epoch, position = divmod(step, len(self.examples) // self.plan.batch_size)
-        return self._order(epoch)[position * self.plan.batch_size : (position + 1) * self.plan.batch_size]
-
     def __getitem__(self, j: int) -> dict[str, torch.Tensor]:
         step, part = divmod(j, self.plan.accumulation)
-        batch = self.global_batch(step)
+        batch = self.order.batch(step)
         share = batch[self.rank * self.plan.per_rank : (self.rank + 1) * self.plan.per_rank]
         mine = share[part * self.plan.micro : (part + 1) * self.plan.micro]
         out = pad([self.examples[i] for i in mine], self.pad_id)
@@ -152,15 +143,17 @@ class FromIndex(Sampler[int]):
 class SFTData(L.LightningDataModule):
     """Training micro-batches by step (see ``StepBatches``); validation examples split over the ranks."""
 
-    def __init__(self, train: list[Example], val: list[Example], plan: BatchPlan, steps: int, seed: int,
-                 pad_id: int) -> None:
+    def __init__(self, train: list[Example], val: list[Example], plan: BatchPlan, s: DictConfig, pad_id: int) -> None:
         super().__init__()
-        self.train, self.val, self.plan, self.steps, self.seed, self.pad_id = train, val, plan, steps, seed, pad_id
+        if len(train) < plan.batch_size:
+            raise DataError(f"The SFT data has {len(train)} examples, fewer than sft.batch_size={plan.batch_size}.")
+        self.train, self.val, self.plan, self.steps, self.pad_id = train, val, plan, s.steps, pad_id
+        self.order = ORDERS[s.sampling](len(train), plan.batch_size, s.seed)
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         assert trainer is not None
-        data = StepBatches(self.train, self.plan, self.steps, trainer.global_rank, self.seed, self.pad_id)
+        data = StepBatches(self.train, self.plan, self.steps, trainer.global_rank, self.order, self.pad_id)
         start = FromIndex(len(data), lambda: trainer.global_step * self.plan.accumulation)
         return DataLoader(data, batch_size=None, sampler=start)
 

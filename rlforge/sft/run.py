@@ -23,6 +23,7 @@ from rlforge.sft.accuracy import GreedyAccuracy
 from rlforge.sft.data import BatchPlan, SFTData, train_examples, val_examples
 from rlforge.sft.formats import FORMATS, TRUNCATIONS, Example
 from rlforge.sft.module import SFTModule, build_model, build_tokenizer
+from rlforge.sft.order import ORDERS
 from rlforge.sft.outputs import CHECKPOINTS, LAST, LOGGERS, ExportHF, RunRecord, checkpointing
 
 PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-mixed")
@@ -68,6 +69,7 @@ class _NoTips(logging.Filter):
 def check_config(s: DictConfig) -> None:
     """Fail before any model is loaded: every ``sft`` choice and size is checked here."""
     choices = {"precision": PRECISIONS, "format": ("auto", *FORMATS), "truncation": ("error", *TRUNCATIONS),
+               "sampling": tuple(ORDERS),
                "strategy": ("auto", *sorted(StrategyRegistry.available_strategies()))}
     for key, allowed in choices.items():
         if s[key] not in allowed:
@@ -147,31 +149,39 @@ def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
     ckpt = resume_from(s)
     quiet_transformers()
     hide_lightning_tips()
-    out = Path(s.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    Path(s.output_dir).mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config)
     train, val = load_data(config, plugins, tokenizer, say)
     accuracy = GreedyAccuracy(config, plugins, tokenizer) if s.val_accuracy else None
+    try:
+        metrics, step = fit(config, tokenizer, train, val, accuracy, ckpt, [*callbacks], say)
+    finally:
+        if accuracy is not None:
+            accuracy.close()
+    acc = metrics.get("val/accuracy")
+    say(f"saved {s.output_dir} | step {step} | loss {metrics.get('train/loss', float('nan')):.4f}"
+        + (f" | greedy validation accuracy {100 * acc:.1f}%" if acc is not None else ""))
+    return metrics
+
+
+def fit(config: DictConfig, tokenizer: Any, train: list[Example], val: list[Example],
+        accuracy: GreedyAccuracy | None, ckpt: str | None, callbacks: list[Callback], say: Callable[[str], Any]
+        ) -> tuple[dict[str, float], int]:
+    """Build the Trainer, check the batch arithmetic, create the model and fit: (last metrics, last step)."""
+    s, out, resuming = config.sft, Path(config.sft.output_dir), ckpt is not None
     export = ExportHF(out, tokenizer, accuracy, config.model)
-    loggers = [LOGGERS[name](config, out, ckpt is not None) for name in s.loggers]
-    trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, ckpt is not None), export, *callbacks],
-                           loggers, bool(val))
+    loggers = [LOGGERS[name](config, out, resuming) for name in s.loggers]
+    trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, resuming), export, *callbacks], loggers,
+                           bool(val))
     plan = BatchPlan.from_config(s, trainer.world_size)
     _schedule(trainer, plan, s)
+    data = SFTData(train, val, plan, s, tokenizer.pad_token_id)
     L.seed_everything(s.seed, verbose=False)
     module = SFTModule(build_model(config, tokenizer), s, plan.world)
     if ckpt:
         say(f"resuming from {ckpt}")
-    try:
-        with warnings.catch_warnings():
-            for message in QUIET:
-                warnings.filterwarnings("ignore", message=message)
-            trainer.fit(module, SFTData(train, val, plan, s.steps, s.seed, tokenizer.pad_token_id), ckpt_path=ckpt)
-    finally:
-        if accuracy is not None:
-            accuracy.close()
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()} | export.metrics
-    acc = export.metrics.get("val/accuracy")
-    say(f"saved {out} | step {trainer.global_step} | loss {metrics.get('train/loss', float('nan')):.4f}"
-        + (f" | greedy validation accuracy {100 * acc:.1f}%" if acc is not None else ""))
-    return metrics
+    with warnings.catch_warnings():
+        for message in QUIET:
+            warnings.filterwarnings("ignore", message=message)
+        trainer.fit(module, data, ckpt_path=ckpt)
+    return {k: float(v) for k, v in trainer.callback_metrics.items()} | export.metrics, trainer.global_step
