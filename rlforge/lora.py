@@ -96,6 +96,13 @@ def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             model.unmerge_adapter()
 
 
+def merged_model(model: Any) -> torch.nn.Module:
+    """A plain model with the adapter merged in, leaving ``model`` (the adapter model) as it is."""
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload()
+
+
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters an optimizer should hold: all of them, or only the adapter's with LoRA."""
     return [p for p in model.parameters() if p.requires_grad]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "rlforge"
 # the core's parts, lowest first: a part may import its own modules and the parts below it, never above
-LAYERS = ["base", "build", "controller", "trainer", "tools", "cli"]
+LAYERS = ["base", "build", "controller", "trainer", "sft", "tools", "cli"]
 
 
 def _imports(path: Path) -> set[str]:

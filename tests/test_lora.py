@@ -140,3 +140,20 @@ def test_grpo_with_lora_learns(tmp_path) -> None:
     trainer.fit()
     scores = [h["critic/score/mean"] for h in trainer.history]
     assert sum(scores[-10:]) / 10 > sum(scores[:10]) / 10 + 0.03, scores
+
+
+def test_sft_with_lora_trains_the_adapter_and_writes_the_merged_model(tmp_path: Path, pm) -> None:
+    from safetensors.torch import load_file
+
+    from rlforge.sft import run_sft
+
+    out = tmp_path / "out"
+    cfg = load_config(overrides=["data.arith.train_size=32", "data.arith.val_size=8", "sft.batch_size=8", "sft.steps=3",
+                                 "sft.warmup_steps=1", "sft.progress=false", "sft.loggers=[]", "sft.save_every=0",
+                                 "sft.val_accuracy=false", "sft.init=builtin:tiny-arith", f"sft.output_dir={out}",
+                                 "sft.lr=1e-2", "model.lora.rank=4"], plugins=pm)
+    run_sft(cfg, pm, log=lambda *_: None)
+    assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
+    trained, base = load_file(str(out / "model.safetensors")), load_model("builtin:tiny-arith").state_dict()
+    assert set(trained) <= set(base) and any(not torch.equal(trained[k], base[k]) for k in trained)
+    assert torch.equal(trained["model.embed_tokens.weight"], base["model.embed_tokens.weight"])  # not adapted

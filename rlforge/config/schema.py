@@ -157,14 +157,39 @@ class PluginsConfig:
 
 @dataclass
 class SFTConfig:
-    train_file: Optional[str] = None  # jsonl/parquet rows with `prompt` (chat messages) and `response`; None = data.name
-    output_dir: str = "sft_out"  # where the fine-tuned model and tokenizer are saved
+    """``rlforge sft``: supervised fine-tuning on Lightning (docs/sft.md)."""
+
+    train_file: Optional[str] = None  # .jsonl/.json/.parquet SFT rows (prompt/response or messages); None = data.name's rows, ground truth as response
+    val_file: Optional[str] = None  # rows in the same formats for the validation loss (val/loss); None = none
+    format: str = "auto"  # auto (a row with sft.messages_key is a conversation, else prompt/response) | prompt_response | messages
+    prompt_key: str = "prompt"  # prompt column (chat messages or a string); dots reach nested fields: extra_info.question
+    response_key: str = "response"  # response column (a string); dots reach nested fields: extra_info.answer
+    messages_key: str = "messages"  # conversation column (multi-turn chat; loss on assistant turns)
+    tools_key: str = "tools"  # column of tool schemas given to the chat template (rows without it: none)
+    max_length: int = 1024  # tokens per example (prompt + response, or the whole conversation)
+    truncation: str = "error"  # longer examples: error (names the row) | left | right (cut that end) | drop
     steps: int = 400  # optimizer steps
-    batch_size: int = 64  # examples per step
+    batch_size: int = 64  # examples per optimizer step, over all devices
+    micro_batch_size: Optional[int] = None  # examples per forward/backward on one device; None = batch_size / devices
     lr: float = 1e-3  # peak learning rate (linear warm-up, cosine decay to 10%)
     warmup_steps: int = 20  # warm-up steps
-    init: str = "tiny-arith"  # model to start from: an HF folder, or tiny-arith = fresh random tiny Llama
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # max global gradient norm (0 = no clipping)
+    init: str = "tiny-arith"  # model to start from: an HF folder, builtin:NAME, or tiny-arith = fresh random tiny Llama
     seed: int = 0  # seeds initialisation and example order
+    sampling: str = "epoch"  # epoch (each example once per epoch, reshuffled) | random (each step draws its batch at random)
+    accelerator: str = "auto"  # auto | cpu | gpu
+    devices: Any = "auto"  # auto | number of devices | list of device ids
+    num_nodes: int = 1  # machines (with strategy ddp or fsdp)
+    strategy: str = "auto"  # auto | ddp | fsdp (GPU) | deepspeed | ... (Lightning strategy names)
+    output_dir: str = "sft_out"  # the fine-tuned model and tokenizer; checkpoints/ and logs inside
+    loggers: list[str] = field(default_factory=lambda: ["mlflow"])  # mlflow (sqlite store in output_dir) | tensorboard
+    log_every: int = 10  # steps between logged metrics
+    progress: bool = True  # Lightning's progress bar
+    save_every: int = 100  # steps between checkpoints in output_dir/checkpoints (the newest kept; 0 = none)
+    resume: str = "never"  # never | auto (output_dir/checkpoints/last.ckpt if present) | path of a .ckpt
+    val_every: int = 0  # steps between validation losses on sft.val_file; 0 = once, at the end
+    val_accuracy: bool = True  # greedy accuracy on data.name's validation split at the end (needs its reward function)
 
 
 @dataclass

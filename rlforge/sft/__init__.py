@@ -1,0 +1,16 @@
+"""Supervised fine-tuning on Lightning: ``rlforge sft`` (docs/sft.md).
+
+- ``formats``: SFT rows (prompt/response, multi-turn ``messages``) -> token ids and a loss mask
+- ``data``: rows -> examples -> step-indexed micro-batches (exact resume without sampler state)
+- ``module``: the LightningModule (token-mean loss, AdamW, warm-up + cosine decay) and model creation
+- ``accuracy``: greedy accuracy on the validation split of ``data.name``
+- ``outputs``: loggers, checkpoints and the final Hugging Face folder
+- ``run``: ``run_sft(config, plugins)``, which builds the Lightning Trainer from ``sft.*`` and fits
+"""
+
+from __future__ import annotations
+
+from rlforge.sft.module import SFTModule, build_model, build_tokenizer
+from rlforge.sft.run import run_sft
+
+__all__ = ["SFTModule", "build_model", "build_tokenizer", "run_sft"]

@@ -1,0 +1,178 @@
+"""SFT row formats -> token ids and a loss mask (1 on the tokens the model is trained to produce).
+
+Two formats, chosen per row by ``sft.format`` (``auto``: a row with the ``sft.messages_key`` column is a
+conversation, any other row a prompt/response pair):
+
+- ``prompt_response``: the prompt (chat messages, or a string = one user message) rendered with the chat
+  template and its generation prompt, then the response tokens and EOS. Loss on the response and EOS.
+- ``messages``: a multi-turn conversation (system/user/assistant/tool messages; assistant messages may carry
+  ``tool_calls``), rendered whole with the chat template. Loss on each assistant turn: its content (tool calls
+  included) and its end-of-turn token, never the template's glue that opens the turn. The turns are found by
+  rendering the conversation incrementally and comparing token prefixes, so any chat template works, with or
+  without ``{% generation %}`` markers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlforge.errors import DataError
+
+ROLES = ("system", "user", "assistant", "tool")
+MISSING = object()
+
+
+@dataclass
+class Example:
+    ids: list[int]
+    mask: list[int]  # 1 where the token is a training target
+
+    @property
+    def trained(self) -> int:
+        """Tokens in the loss; the first position never is one (no token precedes it)."""
+        return sum(self.mask[1:])
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Where a row keeps its fields (``sft.*_key``); dots reach into nested dicts (``extra_info.question``)."""
+
+    prompt: str = "prompt"
+    response: str = "response"
+    messages: str = "messages"
+    tools: str = "tools"
+
+
+def dig(row: dict[str, Any], key: str) -> Any:
+    """``row['a']['b']`` for ``key='a.b'``; ``MISSING`` when any level is absent."""
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return MISSING
+        value = value[part]
+    return value
+
+
+def need(row: dict[str, Any], key: str, config_key: str, where: str) -> Any:
+    value = dig(row, key)
+    if value is MISSING:
+        raise DataError(f"{where}: missing '{key}' ({config_key}). Columns present: {sorted(row)}.")
+    return value
+
+
+def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, where: str,
+           tools: Any = None) -> list[int]:
+    """Token ids of ``messages`` through the chat template; a template's own error names the row."""
+    from jinja2 import TemplateError
+
+    try:
+        enc = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
+                                            tokenize=True)
+    except TemplateError as exc:
+        raise DataError(f"{where}: the chat template rejects this row: {exc}") from None
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def check_messages(messages: Any, key: str, where: str) -> list[dict[str, Any]]:
+    """Chat messages with known roles; string content (or none, for an assistant message with tool calls)."""
+    if isinstance(messages, str):
+        return [{"role": "user", "content": messages}]
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: '{key}' must be a non-empty list of chat messages {{role, content}}.")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise DataError(f"{where}: '{key}' message {i} needs a role in {list(ROLES)}, got {m!r:.80}.")
+        content_ok = isinstance(m.get("content"), str) or (m.get("content") is None and m.get("tool_calls"))
+        if not content_ok:
+            raise DataError(f"{where}: '{key}' message {i} ({m['role']}) needs a string 'content'.")
+    return messages
+
+
+def prompt_response(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) -> Example:
+    messages = check_messages(need(row, keys.prompt, "sft.prompt_key", where), keys.prompt, where)
+    response = need(row, keys.response, "sft.response_key", where)
+    if not isinstance(response, str):
+        raise DataError(f"{where}: '{keys.response}' (sft.response_key) must be a string, "
+                        f"got {type(response).__name__}.")
+    prompt = render(tokenizer, messages, True, where)
+    answer = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return Example(prompt + answer, [0] * len(prompt) + [1] * len(answer))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def turn_end(tokenizer: Any, span: list[int]) -> int:
+    """Length of an assistant turn's span without the glue after its end-of-turn token: the span ends at its
+    last special token when only whitespace follows (``<|im_end|>\\n`` -> ``<|im_end|>``)."""
+    added = tokenizer.added_tokens_decoder
+    last = max((i for i, t in enumerate(span) if t in added and added[t].special), default=-1)
+    if last >= 0 and not tokenizer.decode(span[last + 1:]).strip():
+        return last + 1
+    return len(span)
+
+
+def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) -> Example:
+    raw = need(row, keys.messages, "sft.messages_key", where)
+    if isinstance(raw, str):
+        raise DataError(f"{where}: '{keys.messages}' (sft.messages_key) must be a list of chat messages, not a string.")
+    messages = check_messages(raw, keys.messages, where)
+    tools = dig(row, keys.tools)
+    tools = None if tools is MISSING else tools
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
+        raise DataError(f"{where}: the conversation has no assistant message to train on.")
+    if all(m["role"] == "system" for m in messages[:turns[0]]):
+        raise DataError(f"{where}: the conversation starts with an assistant message; put a user message first.")
+    full = render(tokenizer, messages, False, where, tools)
+    mask = [0] * len(full)
+    for i in turns:
+        opened = render(tokenizer, messages[:i], True, where, tools)
+        closed = render(tokenizer, messages[: i + 1], False, where, tools)
+        if full[: len(closed)] != closed:
+            raise DataError(
+                f"{where}: the chat template renders message {i} differently once later messages follow (e.g. a "
+                f"template that drops the reasoning of earlier turns), so its tokens cannot be located. Split the "
+                f"conversation into one row per assistant turn."
+            )
+        start = common_prefix(opened, closed)
+        end = start + turn_end(tokenizer, closed[start:])
+        mask[start:end] = [1] * (end - start)
+    return Example(full, mask)
+
+
+FORMATS: dict[str, Callable[[dict[str, Any], Any, Keys, str], Example]] = {
+    "prompt_response": prompt_response,
+    "messages": conversation,
+}
+
+
+def row_format(row: dict[str, Any], fmt: str, keys: Keys) -> str:
+    if fmt != "auto":
+        return fmt
+    return "messages" if dig(row, keys.messages) is not MISSING else "prompt_response"
+
+
+def truncate(example: Example, max_length: int, how: str, where: str) -> Example | None:
+    """Fit ``example`` into ``max_length`` tokens as ``sft.truncation`` says; None = drop it."""
+    if len(example.ids) <= max_length:
+        return example
+    if how not in TRUNCATIONS:
+        raise DataError(f"{where}: {len(example.ids)} tokens, over sft.max_length={max_length} "
+                        f"(sft.truncation={how}; the other choices: {', '.join(TRUNCATIONS)}).")
+    return TRUNCATIONS[how](example, max_length)
+
+
+TRUNCATIONS: dict[str, Callable[[Example, int], Example | None]] = {  # besides "error"
+    "left": lambda e, n: Example(e.ids[-n:], e.mask[-n:]),
+    "right": lambda e, n: Example(e.ids[:n], e.mask[:n]),
+    "drop": lambda e, n: None,
+}

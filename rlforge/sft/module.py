@@ -1,0 +1,113 @@
+"""The SFT LightningModule: token-mean cross-entropy on the trained tokens, AdamW, warm-up + cosine decay."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from rlforge import lora
+from rlforge.models import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
+
+IGNORE = -100  # label of positions out of the loss
+FRESH_TINY = "tiny-arith"  # sft.init value: a freshly initialised tiny char-level Llama
+
+
+def _pretrained_tokenizer(config: DictConfig) -> Any:
+    return load_tokenizer(config.sft.init, config.model.trust_remote_code)
+
+
+def _pretrained_model(config: DictConfig, tokenizer: Any) -> torch.nn.Module:
+    return load_model(config.sft.init, "float32", config.model.trust_remote_code)  # Lightning applies the precision
+
+
+# sft.init -> (tokenizer factory, model factory); any other value is a model folder or builtin:NAME
+INITS: dict[str, tuple[Callable[[DictConfig], Any], Callable[[DictConfig, Any], torch.nn.Module]]] = {
+    FRESH_TINY: (lambda config: build_char_tokenizer(), lambda config, tokenizer: build_tiny_llama(tokenizer)),
+}
+PRETRAINED = (_pretrained_tokenizer, _pretrained_model)
+
+
+def build_tokenizer(config: DictConfig) -> Any:
+    """The tokenizer of ``sft.init`` (read before the model, so that the data is checked before a model loads)."""
+    return INITS.get(config.sft.init, PRETRAINED)[0](config)
+
+
+def build_model(config: DictConfig, tokenizer: Any) -> torch.nn.Module:
+    """The model SFT starts from (``sft.init``): a fresh tiny Llama for ``tiny-arith``, else an HF folder or
+    ``builtin:NAME``. The model options shared with RL apply: ``model.trust_remote_code``, ``model.lora.*``
+    (adapters on it), and ``model.precision`` (given to Lightning's Trainer)."""
+    model = INITS.get(config.sft.init, PRETRAINED)[1](config, tokenizer)
+    return lora.wrap(model, config) if lora.enabled(config) else model
+
+
+def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
+    """Learning-rate factor at optimizer step ``step`` (from 0): linear warm-up to 1 over ``warmup`` steps, then
+    a cosine decay that reaches ``floor`` at step ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of the trained tokens' negative log-likelihoods, number of trained tokens) of a padded batch."""
+    ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
+    logits = model(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False).logits
+    labels = ids[:, 1:].masked_fill(mask == 0, IGNORE)
+    total = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
+                            reduction="sum")
+    return total, mask.sum()
+
+
+class SFTModule(L.LightningModule):
+    """Trains ``model`` on micro-batches from ``rlforge.sft.data``.
+
+    A micro-batch's loss is its summed token loss over the trained tokens of the whole global batch
+    (``num_tokens``), times ``ranks * accumulation`` to undo Lightning's division by the accumulation and the
+    ranks' gradient averaging: each optimizer step follows the token mean over the global batch, however the
+    batch is split over devices and micro-batches.
+    """
+
+    def __init__(self, model: torch.nn.Module, s: DictConfig, ranks: int) -> None:
+        super().__init__()
+        self.model = model.train()  # from_pretrained returns a model in eval mode
+        self.lr, self.weight_decay, self.warmup, self.steps = s.lr, s.weight_decay, s.warmup_steps, s.steps
+        self.ranks = ranks
+        self._step_loss = torch.zeros(())
+        self._val = torch.zeros(2)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        total, _ = token_loss(self.model, batch)
+        share = total / batch["num_tokens"].clamp(min=1)
+        self._step_loss = self._step_loss.to(share.device) + share.detach().float()
+        accumulation = self.trainer.accumulate_grad_batches
+        if (batch_idx + 1) % accumulation == 0:
+            loss = self.trainer.strategy.reduce(self._step_loss, reduce_op="sum")
+            self.log("train/loss", loss, prog_bar=True, batch_size=1)
+            self.log("train/lr", self.lr_schedulers().get_last_lr()[0], batch_size=1)  # type: ignore[union-attr]
+            self._step_loss = torch.zeros((), device=share.device)
+        return share * self.ranks * accumulation
+
+    def on_validation_epoch_start(self) -> None:
+        self._val = torch.zeros(2, device=self.device)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        total, count = token_loss(self.model, batch)
+        self._val += torch.stack([total.float(), count.float()])
+
+    def on_validation_epoch_end(self) -> None:
+        total, count = self.trainer.strategy.reduce(self._val, reduce_op="sum").tolist()
+        self.log("val/loss", total / max(count, 1.0), prog_bar=True, rank_zero_only=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        opt = torch.optim.AdamW(lora.trainable_parameters(self.model), lr=self.lr, weight_decay=self.weight_decay)
+        factor = partial(warmup_cosine, warmup=self.warmup, total=self.steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,199 @@
+"""``rlforge sft``: the config -> data, model, Lightning Trainer -> fit -> Hugging Face folder + accuracy."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import FSDPStrategy, Strategy, StrategyRegistry
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from omegaconf import DictConfig
+
+from rlforge.errors import ConfigError
+from rlforge.models import quiet_transformers
+from rlforge.sft.accuracy import GreedyAccuracy
+from rlforge.sft.data import BatchPlan, SFTData, train_examples, val_examples
+from rlforge.sft.formats import FORMATS, TRUNCATIONS, Example
+from rlforge.sft.module import SFTModule, build_model, build_tokenizer
+from rlforge.sft.order import ORDERS
+from rlforge.sft.outputs import CHECKPOINTS, LAST, LOGGERS, ExportHF, RunRecord, checkpointing
+
+QUIET = (  # Lightning warnings that do not apply here
+    "Checkpoint directory .* exists and is not empty",  # a resumed run writes into its own folder again
+    "You're resuming from a checkpoint that ended before the epoch ended",  # our batches resume by step
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # inside Lightning (torch 2.13)
+)
+
+
+class HFBlocks:
+    """FSDP auto-wrap policy: each block that a Hugging Face model names in its ``_no_split_modules`` (e.g.
+    ``LlamaDecoderLayer``) is one FSDP unit. FSDP visits a parent (``recurse=True``) before its children, so the
+    names are known by the time the blocks are asked about."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def __call__(self, module: torch.nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+        if recurse:
+            self.names.update(getattr(module, "_no_split_modules", None) or [])
+            return True
+        return type(module).__name__ in self.names
+
+
+STRATEGIES: dict[str, Callable[[], Strategy]] = {  # other names go to Lightning as they are
+    "fsdp": lambda: FSDPStrategy(auto_wrap_policy=HFBlocks()),
+}
+
+
+def hide_lightning_tips() -> None:
+    """Drop Lightning's advertising line ("Tip: ... litlogger") from its rank-zero log; keep its other lines."""
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoTips) for f in logger.filters):
+        logger.addFilter(_NoTips())
+
+
+class _NoTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in str(record.msg)
+
+
+def check_config(s: DictConfig) -> None:
+    """Fail before any model is loaded: every ``sft`` choice and size is checked here."""
+    choices = {"format": ("auto", *FORMATS), "truncation": ("error", *TRUNCATIONS),
+               "sampling": tuple(ORDERS),
+               "strategy": ("auto", *sorted(StrategyRegistry.available_strategies()))}
+    for key, allowed in choices.items():
+        if s[key] not in allowed:
+            raise ConfigError(f"Unknown sft.{key} '{s[key]}'. Choose one of: {', '.join(allowed)}.")
+    for name in s.loggers:
+        if name not in LOGGERS:
+            raise ConfigError(f"Unknown logger '{name}' in sft.loggers. Available: {', '.join(LOGGERS)}.")
+    for key in ("steps", "batch_size", "max_length", "lr", "log_every"):
+        if not s[key] > 0:
+            raise ConfigError(f"sft.{key} must be > 0, got {s[key]}.")
+    for key in ("warmup_steps", "save_every", "val_every", "grad_clip", "weight_decay"):
+        if s[key] < 0:
+            raise ConfigError(f"sft.{key} must be >= 0, got {s[key]}.")
+
+
+def _latest(s: DictConfig) -> str | None:
+    last = Path(s.output_dir) / CHECKPOINTS / LAST
+    return str(last) if last.exists() else None
+
+
+def _given(s: DictConfig) -> str:
+    if not Path(s.resume).exists():
+        raise ConfigError(f"sft.resume={s.resume}: no such checkpoint. Use never, auto (<sft.output_dir>/"
+                          f"{CHECKPOINTS}/{LAST} if there is one) or the path of a .ckpt.")
+    return s.resume
+
+
+RESUME: dict[str, Callable[[DictConfig], str | None]] = {"never": lambda s: None, "auto": _latest}
+
+
+def resume_from(s: DictConfig) -> str | None:
+    """The checkpoint to resume from (``sft.resume``), or None for a fresh start."""
+    return RESUME.get(s.resume, _given)(s)
+
+
+def lightning_precision(config: DictConfig) -> str:
+    """``model.precision`` (the names are Lightning's), ``auto`` resolved by the accelerator SFT runs on."""
+    from rlforge import precision
+
+    accelerator = config.sft.accelerator
+    if accelerator == "auto":
+        import torch
+
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    return precision.resolve(config.model.precision, "cuda" if accelerator in ("gpu", "cuda") else "cpu").name
+
+
+def make_trainer(s: DictConfig, callbacks: list[Callback], loggers: list[Logger], validate: bool,
+                 precision: str = "32-true") -> L.Trainer:
+    strategy = STRATEGIES[s.strategy]() if s.strategy in STRATEGIES else s.strategy
+    try:
+        return L.Trainer(
+            accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
+            precision=precision, max_steps=s.steps, gradient_clip_val=s.grad_clip or None,
+            default_root_dir=s.output_dir, logger=loggers or False, callbacks=callbacks,
+            enable_checkpointing=bool(s.save_every), enable_progress_bar=s.progress,
+            log_every_n_steps=min(s.log_every, s.steps),
+            num_sanity_val_steps=0, use_distributed_sampler=False, limit_val_batches=1.0 if validate else 0,
+        )
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as exc:
+        raise ConfigError(f"Lightning cannot run sft.accelerator={s.accelerator} sft.devices={s.devices} "
+                          f"sft.num_nodes={s.num_nodes} sft.strategy={s.strategy} model.precision={precision}: "
+                          f"{exc}") from None
+
+
+def _schedule(trainer: L.Trainer, plan: BatchPlan, s: DictConfig) -> None:
+    """Settings that depend on the number of ranks, known once the Trainer exists (it counts micro-batches)."""
+    trainer.accumulate_grad_batches = plan.accumulation
+    if s.val_every:
+        trainer.val_check_interval = min(s.val_every, s.steps) * plan.accumulation
+        trainer.check_val_every_n_epoch = None
+
+
+def load_data(config: DictConfig, plugins: Any, tokenizer: Any, say: Callable[[str], Any]
+              ) -> tuple[list[Example], list[Example]]:
+    train, dropped = train_examples(config, plugins.registry, tokenizer)
+    val, val_dropped = val_examples(config, plugins.registry, tokenizer)
+    say(f"sft data: {len(train)} training examples, {len(val)} validation examples"
+        + (f" ({dropped} + {val_dropped} rows dropped by sft.truncation)" if dropped + val_dropped else ""))
+    return train, val
+
+
+def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
+            callbacks: Sequence[Callback] = ()) -> dict[str, float]:
+    """Fine-tune ``sft.init`` on the SFT data; returns the last logged metrics (``train/loss``, ``val/loss``,
+    ``val/accuracy``). ``callbacks`` are extra Lightning callbacks. Everything that can be checked is checked
+    before the model is created."""
+    s, say = config.sft, rank_zero_only(log)
+    check_config(s)
+    ckpt = resume_from(s)
+    quiet_transformers()
+    hide_lightning_tips()
+    Path(s.output_dir).mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(config)
+    train, val = load_data(config, plugins, tokenizer, say)
+    accuracy = GreedyAccuracy(config, plugins, tokenizer) if s.val_accuracy else None
+    try:
+        metrics, step = fit(config, tokenizer, train, val, accuracy, ckpt, [*callbacks], say)
+    finally:
+        if accuracy is not None:
+            accuracy.close()
+    acc = metrics.get("val/accuracy")
+    say(f"saved {s.output_dir} | step {step} | loss {metrics.get('train/loss', float('nan')):.4f}"
+        + (f" | greedy validation accuracy {100 * acc:.1f}%" if acc is not None else ""))
+    return metrics
+
+
+def fit(config: DictConfig, tokenizer: Any, train: list[Example], val: list[Example],
+        accuracy: GreedyAccuracy | None, ckpt: str | None, callbacks: list[Callback], say: Callable[[str], Any]
+        ) -> tuple[dict[str, float], int]:
+    """Build the Trainer, check the batch arithmetic, create the model and fit: (last metrics, last step)."""
+    s, out, resuming = config.sft, Path(config.sft.output_dir), ckpt is not None
+    export = ExportHF(out, tokenizer, accuracy, config.model)
+    loggers = [LOGGERS[name](config, out, resuming) for name in s.loggers]
+    trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, resuming), export, *callbacks], loggers,
+                           bool(val), lightning_precision(config))
+    plan = BatchPlan.from_config(s, trainer.world_size)
+    _schedule(trainer, plan, s)
+    data = SFTData(train, val, plan, s, tokenizer.pad_token_id)
+    L.seed_everything(s.seed, verbose=False)
+    module = SFTModule(build_model(config, tokenizer), s, plan.world)
+    if ckpt:
+        say(f"resuming from {ckpt}")
+    with warnings.catch_warnings():
+        for message in QUIET:
+            warnings.filterwarnings("ignore", message=message)
+        trainer.fit(module, data, ckpt_path=ckpt)
+    return {k: float(v) for k, v in trainer.callback_metrics.items()} | export.metrics, trainer.global_step
