@@ -67,6 +67,8 @@ def table(cls: type, section: str) -> list[str]:
     for f in dataclasses.fields(cls):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         kind, desc = docs.get(f.name, ("", ""))
+        rule = f.metadata.get("valid")  # the field's declared valid values (rlforge.config.schema.option)
+        desc = f"{desc}; valid: {rule.describe('int' in kind)}" if rule else desc
         desc = desc.replace("|", r"\|").replace("<", "&lt;")
         rows.append(f"| `{section}.{f.name}` | `{kind}` | `{show(default)}` | {desc} |")
     return rows + [""]
