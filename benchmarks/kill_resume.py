@@ -4,16 +4,17 @@
 
 Each trial trains one run of ``--steps`` steps on the tiny model through the real CLI
 (``rlforge fit ... trainer.resume=auto``, a checkpoint after every step, all kept). Each cycle starts the
-command and sends ``SIGKILL`` at a random moment (start-up, rollout, update, checkpoint writing: wherever
-it lands); about half of the cycles start a second process on the same run a moment later, which must be
-refused (the run folder's lock) while the first one holds the run. After its cycles a trial runs the command
-to the end. Then every checkpoint of every trial is compared with the same step of an uninterrupted
+command and sends ``SIGKILL`` at a random moment: during start-up (one cycle in five), else at a random time
+after the process took the run (a rollout, an update, a checkpoint write: wherever it lands). Once the run
+exists, about half of the cycles start a second process on the same run while the first holds it, which must
+be refused (the run folder's lock). After its cycles a trial runs the command to the end. Then every checkpoint of every trial is compared with the same step of an uninterrupted
 reference run. Prints a table; the exit status is 1 if any weight differs or a second writer was not refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import signal
 import subprocess
@@ -47,36 +48,48 @@ def started_runs(root: Path) -> list[Path]:
     return [p.parent for p in (root / "default").glob("*/config.yaml")]
 
 
-def cycle(cmd: list[str], root: Path, rng: random.Random, max_kill_s: float, stats: dict[str, int]) -> None:
-    """Start the command (and, once the run exists, maybe a second copy), kill the first at a random moment,
-    wait for both. (Before the run exists, two starts rightly make two new runs.)"""
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    second = None
-    if started_runs(root) and rng.random() < 0.5:
-        time.sleep(rng.uniform(0.0, 2.0))
-        second = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        first.wait(timeout=rng.uniform(1.0, max_kill_s))
-    except subprocess.TimeoutExpired:
-        first.send_signal(signal.SIGKILL)
-        stats["kills"] += 1
-    _, err1 = first.communicate()
-    if second is not None:
-        if second.poll() is None:  # it got the run (the first was killed before taking it): kill it too
+def holds_run(root: Path, proc: subprocess.Popen) -> bool:
+    """Wait until ``proc`` holds a run folder's lock (its pid is in the lock file); False if it exits first."""
+    while proc.poll() is None:
+        for lock in (root / "default").glob("*/.rlforge.lock"):
             try:
-                second.wait(timeout=rng.uniform(1.0, max_kill_s))
-            except subprocess.TimeoutExpired:
-                second.send_signal(signal.SIGKILL)
-                stats["kills"] += 1
-        _, err2 = second.communicate()
-        refused = [REFUSED in e for e in (err1 or "", err2 or "")]
-        stats["concurrent starts"] += 1
-        stats["refused second writers"] += sum(refused)
-        # both ran to completion or both were killed after taking the run: only possible without the lock
-        stats["unrefused overlaps"] += int(first.returncode == second.returncode == 0)
-    for proc, err in ((first, err1),) + (((second, err2),) if second is not None else ()):
-        if proc.returncode not in (0, -signal.SIGKILL) and REFUSED not in (err or ""):
-            sys.exit(f"unexpected exit {proc.returncode}: {(err or '')[-2000:]}")
+                if json.loads(lock.read_text() or "{}").get("pid") == proc.pid:
+                    return True
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.05)
+    return False
+
+
+def kill(proc: subprocess.Popen, after_s: float, stats: dict[str, int], when: str) -> None:
+    """SIGKILL ``proc`` after ``after_s`` seconds unless it ends first; counted under ``kills <when>``."""
+    try:
+        proc.wait(timeout=after_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        stats[f"kills {when}"] += 1
+
+
+def cycle(cmd: list[str], root: Path, rng: random.Random, max_kill_s: float, stats: dict[str, int]) -> None:
+    """Start the command; kill it at a random moment: during start-up (1 in 5), or once it holds the run (during
+    a rollout, an update, a checkpoint write...). Once the run exists, every other cycle starts a second copy
+    while the first holds the run: it must be refused. (Before the run exists two starts make two new runs.)"""
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if rng.random() < 0.2:
+        kill(first, rng.uniform(0.5, 10.0), stats, "in start-up")
+    elif holds_run(root, first):
+        if started_runs(root) and rng.random() < 0.5:
+            second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            stats["concurrent starts"] += 1
+            if REFUSED in second.stderr:
+                stats["refused second writers"] += 1
+            elif first.poll() is None:  # the second trained while the first still held the run
+                stats["unrefused overlaps"] += 1
+        kill(first, rng.uniform(0.0, max_kill_s), stats, "while training")
+    _, err = first.communicate()
+    if first.returncode not in (0, -signal.SIGKILL):
+        sys.exit(f"unexpected exit {first.returncode}: {err[-2000:]}")
     stats["cycles"] += 1
 
 
@@ -88,8 +101,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=10, help="kill/resume cycles in all (split over the trials)")
     parser.add_argument("--trials", type=int, default=2, help="independent killed runs")
-    parser.add_argument("--steps", type=int, default=8, help="training steps of each run")
-    parser.add_argument("--max-kill-s", type=float, default=25.0, help="latest moment of a kill after a start")
+    parser.add_argument("--steps", type=int, default=16, help="training steps of each run")
+    parser.add_argument("--max-kill-s", type=float, default=12.0,
+                        help="latest moment of a kill after the process took the run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
@@ -98,7 +112,7 @@ def main() -> int:
     start = time.perf_counter()
     finish(command(work / "reference", args.steps))
     (reference,) = (work / "reference" / "default").iterdir()
-    stats = dict.fromkeys(["cycles", "kills", "concurrent starts", "refused second writers", "unrefused overlaps",
+    stats = dict.fromkeys(["cycles", "kills in start-up", "kills while training", "concurrent starts", "refused second writers", "unrefused overlaps",
                            "checkpoints compared", "mismatches"], 0)
     for trial in range(args.trials):
         root = work / f"trial{trial}"

@@ -44,6 +44,7 @@ MAY_CHANGE = (
     "trainer.resume", "trainer.resume_force", "trainer.run_dir", "trainer.runs_root", "trainer.experiment",
     "logger.*", "reward.num_workers", "ray.address", "ray.num_cpus", "ray.placement_timeout_s",
     "data.train_files", "data.val_files",  # the data itself is compared by its fingerprint
+    "sft.*",  # options of `rlforge sft`, not read by `rlforge fit`
 )
 MAX_LISTED = 8
 log = logging.getLogger("rlforge.run")

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from rlforge import Trainer, hookimpl, load_config
 from rlforge.cli import main
 from rlforge.config import compose
+from rlforge.errors import RLForgeError
 from rlforge.resume import compare_configs
 from rlforge.runlock import RunLock
 from tests.test_bad_inputs import QUICK, _error, _jsonl, _row
@@ -199,7 +200,7 @@ def test_the_lock_dies_with_its_holder_even_on_kill_9(tmp_path, caplog):
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "locked"
-        with pytest.raises(Exception, match=rf"in use by another rlforge process \(pid {proc.pid} on"):
+        with pytest.raises(RLForgeError, match=rf"in use by another rlforge process \(pid {proc.pid} on"):
             RunLock(tmp_path)
     finally:
         proc.send_signal(signal.SIGKILL)
