@@ -61,14 +61,19 @@ def tokenize_rows(
         for j, m in enumerate(messages, 1):
             problem = _message_problem(m)
             if problem:
-                raise DataError(f"{where}: prompt message {j} {problem}; each message is {{\"role\": str, "
-                                f"\"content\": str}}.")
+                raise DataError(f"{where}: prompt message {j} {problem}: 'prompt' must be a list of chat messages "
+                                f"{{\"role\": str, \"content\": str}}.")
         if not any(str(m.get("content", "")).strip() for m in messages):
             raise DataError(f"{where}: the prompt is empty.")
         reward = row.get("reward_model") or {}
         if need_reward and (not isinstance(reward, dict) or "ground_truth" not in reward):
             raise DataError(f"{where}: missing 'reward_model.ground_truth'.")
-        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        try:
+            enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # a template that rejects a role or an order of messages (jinja raise_exception)
+            raise DataError(f"{where}: the tokenizer's chat template cannot render this prompt "
+                            f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})."
+                            ) from None
         ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
         if len(ids) > max_len:
             if not filter_overlong:

@@ -8,10 +8,11 @@
   when it has none (it was stopped before its first checkpoint); a new run when the experiment has none.
 - ``trainer.resume=PATH``: that checkpoint (no fallback), or that run folder as with ``auto``.
 
-A continuation must match the checkpoint: the same config in every key but :data:`MAY_CHANGE`, and the same
-training data (:func:`data_fingerprint`). ``trainer.resume_force=true`` continues anyway, with a warning. The
-run's ``config.yaml`` is written once, when the run starts; each continuation appends a line to
-``resumes.jsonl`` (from where, which keys changed, whether forced).
+A continuation must match the checkpoint: the same config in every key but :data:`MAY_CHANGE`, the same
+training data (:func:`data_fingerprint`) and the same contents of the files in :data:`CONTENT_KEYS`.
+``trainer.resume_force=true`` continues anyway, with a warning. The run's ``config.yaml`` is written once, when
+the run starts; each continuation appends a line to ``resumes.jsonl`` (from where, which keys changed, whether
+forced).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ MAY_CHANGE = (
     "data.train_files", "data.val_files",  # the data itself is compared by its fingerprint
     "sft.*",  # options of `rlforge sft`, not read by `rlforge fit`
 )
+# files whose contents change the result although their path stays the same (hashed into each checkpoint)
+CONTENT_KEYS = ("reward.file",)
 MAX_LISTED = 8
 log = logging.getLogger("rlforge.run")
 _MISSING = object()
@@ -63,10 +66,10 @@ class Binding:
     changed: dict[str, list[Any]] = field(default_factory=dict)  # allowed (or forced) changes: key -> [old, new]
 
 
-def bind(config: DictConfig, fingerprint: dict[str, Any], defaults: Callable[[], DictConfig]) -> Binding:
+def bind(config: DictConfig, prints: dict[str, Any], defaults: Callable[[], DictConfig]) -> Binding:
     """Lock and return the run to write; read its checkpoint; refuse an unsound continuation.
 
-    ``fingerprint``: :func:`data_fingerprint` of the training prompts; ``defaults()``: the default config of
+    ``prints``: :func:`fingerprint` of the training prompts and files; ``defaults()``: the default config of
     the algorithm (keys added since a checkpoint was written pass when they hold their default).
     """
     t = config.trainer
@@ -79,28 +82,33 @@ def bind(config: DictConfig, fingerprint: dict[str, Any], defaults: Callable[[],
             return _new_run(config, run_dir)
     else:
         run_dir, explicit = _resume_target(Path(t.resume).expanduser())
+        if t.run_dir and Path(t.run_dir).resolve() != run_dir.resolve():
+            raise RLForgeError(f"trainer.resume={t.resume} belongs to the run {run_dir}, not to trainer.run_dir="
+                               f"{t.run_dir}. Set one of them (a new run from a checkpoint's weights: "
+                               f"model.path=<checkpoint>/actor).")
     lock = RunLock(run_dir)
     try:
         ckpt.clean_temporaries(run_dir)
-        return _continue(config, run_dir, lock, explicit, fingerprint, defaults)
+        return _continue(config, run_dir, lock, explicit, prints, defaults)
     except BaseException:
         lock.release()
         raise
 
 
 def _new_run(config: DictConfig, run_dir: Path | None) -> Binding:
+    explicit = run_dir is not None
     if run_dir is None:
         run_dir = ckpt.new_run_dir(config.trainer.runs_root, config.trainer.experiment)
-    elif ckpt.holds_run(run_dir):
-        raise RLForgeError(
-            f"trainer.run_dir={run_dir} already holds a run (config.yaml or checkpoints): starting over in it would "
-            f"overwrite that run. Continue it with trainer.resume=auto, or choose a new folder."
-        )
     else:
         with ckpt.disk_errors(f"create the run folder {run_dir} (trainer.run_dir)", "Choose a writable folder."):
             run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir)
     try:
+        if explicit and ckpt.holds_run(run_dir):  # checked under the lock: another process may have just started it
+            raise RLForgeError(
+                f"trainer.run_dir={run_dir} already holds a run (config.yaml or checkpoints): starting over in it "
+                f"would overwrite that run. Continue it with trainer.resume=auto, or choose a new folder."
+            )
         write_run_config(run_dir, config)
     except BaseException:
         lock.release()
@@ -127,7 +135,7 @@ def _resume_target(path: Path) -> tuple[Path, Path | None]:
 
 
 def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path | None,
-              fingerprint: dict[str, Any], defaults: Callable[[], DictConfig]) -> Binding:
+              prints: dict[str, Any], defaults: Callable[[], DictConfig]) -> Binding:
     force = bool(config.trainer.resume_force)
     saved, damage = read_run_config(run_dir)
     if damage and not force:
@@ -136,8 +144,8 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
     checkpoint, state, meta = _pick_checkpoint(run_dir, explicit)
     reference = meta.get("config") or (_plain(saved) if saved is not None else None)
     blocking, changed = compare_configs(reference, _plain(config), lambda: _plain(defaults()))
-    if checkpoint is not None and meta.get("data") and meta["data"] != fingerprint:
-        blocking.append(f"the training data: {_describe(meta['data'])} then, {_describe(fingerprint)} now")
+    if checkpoint is not None:
+        blocking += compare_fingerprints(meta, prints)
     where = f"{run_dir} from {checkpoint.name}" if checkpoint else f"{run_dir} (it has no checkpoint: from step 0)"
     if blocking:
         listed = "; ".join(blocking[:MAX_LISTED]) + (f"; and {len(blocking) - MAX_LISTED} more" if len(blocking) >
@@ -285,6 +293,33 @@ def _show(value: Any) -> str:
 
 
 # --- the data ----------------------------------------------------------------------------------------
+def fingerprint(prompts: list[Any], config: DictConfig) -> dict[str, Any]:
+    """What a checkpoint records besides its config: ``data`` (:func:`data_fingerprint` of the training
+    prompts) and ``files`` (SHA-256 of the files in :data:`CONTENT_KEYS` that the config names)."""
+    files = {key: _sha256(Path(path)) for key in CONTENT_KEYS if (path := OmegaConf.select(config, key))}
+    return {"data": data_fingerprint(prompts), "files": files}
+
+
+def compare_fingerprints(meta: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The differences in words between a checkpoint's fingerprints (its meta.json) and the current ones."""
+    out = []
+    if meta.get("data") and meta["data"] != now["data"]:
+        out.append(f"the training data: {_describe(meta['data'])} then, {_describe(now['data'])} now")
+    then = meta.get("files") or {}
+    for key in sorted(set(then) & set(now["files"])):
+        if then[key] != now["files"][key]:
+            out.append(f"the contents of {key}: sha256 {then[key][:12]} then, {now['files'][key][:12]} now")
+    return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def data_fingerprint(prompts: list[Any]) -> dict[str, Any]:
     """What the training trains on, in a few bytes: the number of prompts and a SHA-256 over each prompt's
     token ids, messages, data source, ground truth and extra info, in order. Any change to the rows, their

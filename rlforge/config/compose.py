@@ -141,6 +141,11 @@ def validate(cfg: DictConfig, registry: Any) -> None:
             check_model_folder(resolve_model_path(OmegaConf.select(cfg, key), key), key, cfg)
     check_resume_value(cfg.trainer.resume)
     check_no_duplicates(cfg, "logger.backends")
+    if cfg.rollout.val_n > 1 and cfg.rollout.val_temperature == 0:
+        raise ConfigError(
+            f"{cfg.rollout.val_n} samples per prompt (rollout.val_n) at temperature 0 are {cfg.rollout.val_n} "
+            f"identical greedy answers: set rollout.val_temperature, e.g. 1.0 (--temperature 1.0 in rlforge eval)."
+        )
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(
             f"'rollout.min_new_tokens' ({cfg.rollout.min_new_tokens}) must be between 0 and 'rollout.max_new_tokens' "

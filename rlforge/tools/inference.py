@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 from rlforge.batch import Batch
 from rlforge.data import collate, tokenize_rows
 from rlforge.errors import RLForgeError
-from rlforge.protocols import SamplingParams
 from rlforge.models import BUILTIN_PREFIX
 from rlforge.tools.export import find_checkpoint, model_folder
 
@@ -49,15 +48,8 @@ def compose_for_model(
         extra.append(f"rollout.val_n={n}")
     if temperature is not None:
         extra.append(f"rollout.val_temperature={temperature}")
-    pm, cfg = compose_with_plugins(None, config_file, [*(overrides or []), *extra], loaded=loaded,
-                                   base=training_config(model))
-    params = SamplingParams.from_config(cfg.rollout, validation=True)
-    if params.n > 1 and params.temperature == 0:
-        raise RLForgeError(
-            f"{params.n} samples per prompt (rollout.val_n) at temperature 0 are {params.n} identical greedy "
-            f"answers: set a temperature, e.g. --temperature 1.0."
-        )
-    return pm, cfg
+    return compose_with_plugins(None, config_file, [*(overrides or []), *extra], loaded=loaded,
+                                base=training_config(model))
 
 
 def training_config(model: str) -> tuple[DictConfig, str] | None:

@@ -63,7 +63,7 @@ class Trainer:
     # --- setup ------------------------------------------------------------------------------------
     def _resolve_run(self) -> resume.Binding:
         """Lock the run folder to write and read the checkpoint to continue from (rlforge.resume)."""
-        binding = resume.bind(self.config, self.data_fingerprint,
+        binding = resume.bind(self.config, self.fingerprint,
                               lambda: compose(self.plugins.registry, self.config.algorithm.name))
         self.run_dir = binding.run_dir
         return binding
@@ -76,7 +76,7 @@ class Trainer:
         self.val_prompts = tokenize_rows(self.builder.dataset("val"), tokenizer, d.max_prompt_length,
                                          d.filter_overlong_prompts, f"{d.name} (val)")
         self.sampler = PromptSampler(len(train), d.train_batch_size, d.shuffle, self.config.trainer.seed)
-        self.data_fingerprint = resume.data_fingerprint(train)
+        self.fingerprint = resume.fingerprint(train, self.config)
 
     def _seed(self) -> None:
         seed = self.config.trainer.seed
@@ -238,7 +238,7 @@ class Trainer:
             "extra": {},
         }
         self.hook.rlforge_save_checkpoint(trainer=self, checkpoint=state["extra"])
-        meta = {"config": OmegaConf.to_container(self.config, resolve=True), "data": self.data_fingerprint}
+        meta = {"config": OmegaConf.to_container(self.config, resolve=True), **self.fingerprint}
         return ckpt.save(self.run_dir, self.step, self.module.actor, self.module.tokenizer, state,
                          self.config.trainer.keep_last_n, meta)
 
