@@ -192,6 +192,17 @@ def test_corrupted_and_foreign_checkpoints(capsys, tmp_path, model_copy):
     assert "trainer_state.pt cannot be read: it is truncated or corrupted" in err
 
 
+def test_chat_template_that_rejects_a_row(capsys, tmp_path, model_copy):
+    (model_copy / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] != 'user' %}{{ raise_exception('Unknown role ' + m['role']) }}"
+        "{% endif %}<|user|>{{ m['content'] }}<|end|>{% endfor %}<|assistant|>")
+    data = _jsonl(tmp_path / "tool.jsonl", [_row(), {**_row(), "prompt": [{"role": "tool", "content": "4"}]}])
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", f"model.path={model_copy}",
+                          "data.name=files", f"data.train_files=[{data}]"])
+    assert f"{data}, row 2: the tokenizer's chat template cannot render this prompt" in err
+    assert "Unknown role tool" in err
+
+
 def test_pickle_only_model_is_refused(capsys, tmp_path, model_copy):
     from safetensors.torch import load_file
 

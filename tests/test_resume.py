@@ -24,7 +24,7 @@ from rlforge import Trainer, hookimpl, load_config
 from rlforge.cli import main
 from rlforge.config import compose
 from rlforge.errors import RLForgeError
-from rlforge.resume import compare_configs
+from rlforge.resume import compare_configs, compare_fingerprints, fingerprint
 from rlforge.runlock import RunLock
 from tests.test_bad_inputs import QUICK, _error, _jsonl, _row
 
@@ -106,6 +106,17 @@ def test_changed_config_or_training_data_is_refused(capsys, run, tmp_path):
     shorter = _jsonl(tmp_path / "shorter.jsonl", ROWS[:8])
     assert "16 prompts (sha256" in _error(capsys, ["fit", *overrides, f"data.train_files=[{shorter}]"])
     assert "data.shuffle: True -> False" in _error(capsys, ["fit", *overrides, "data.shuffle=false"])
+
+
+def test_the_reward_file_contents_are_fingerprinted(tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(*a): return 1.0\n")
+    cfg = OmegaConf.create({"reward": {"file": str(reward)}})
+    before = fingerprint([], cfg)
+    assert compare_fingerprints(before, fingerprint([], cfg)) == []
+    reward.write_text("def compute_score(*a): return 0.0\n")
+    (change,) = compare_fingerprints(before, fingerprint([], cfg))
+    assert change.startswith("the contents of reward.file: sha256 ")
 
 
 def test_changed_builtin_task_is_refused(registry):
@@ -190,6 +201,9 @@ def test_a_second_writer_is_refused(capsys, run):
     assert f"Run folder {run_dir} is in use by another rlforge process (pid {os.getpid()} on" in err
     err = _error(capsys, ["fit", *overrides, "trainer.resume=never", f"trainer.run_dir={run_dir}"])
     assert f"trainer.run_dir={run_dir} already holds a run" in err
+    step = run_dir / "checkpoints" / "step_000001"
+    err = _error(capsys, ["fit", *overrides, f"trainer.resume={step}", f"trainer.run_dir={run_dir.parent / 'other'}"])
+    assert f"trainer.resume={step} belongs to the run {run_dir}, not to trainer.run_dir=" in err
 
 
 HOLD = "import sys, time; from pathlib import Path; from rlforge.runlock import RunLock; RunLock(Path(sys.argv[1])); " \
