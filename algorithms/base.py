@@ -20,7 +20,7 @@ from rlforge.algorithms.names import KL_ESTIMATORS, LOSS_AGG_MODES
 from rlforge.algorithms.shaping import DynamicSampling
 
 from rlforge import batch as B
-from rlforge.config.schema import AlgorithmConfig
+from rlforge.config.schema import AlgorithmConfig, option
 from rlforge.dataflow import DataFlow, Stage
 from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
@@ -42,14 +42,14 @@ class PolicyGradientConfig(AlgorithmConfig):
     use_kl_in_reward: bool = False  # subtract kl_coef x KL(old || ref) from the token rewards
     kl_penalty: str = "kl"  # KL estimator for the reward penalty (k1/kl, k2, k3/low_var_kl, abs)
     kl_ctrl: str = "fixed"  # fixed | adaptive (Ziegler et al. proportional controller)
-    kl_coef: float = 0.001  # initial KL-in-reward coefficient
-    kl_target: float = 0.1  # adaptive controller: target KL per token
-    kl_horizon: int = 10000  # adaptive controller: horizon in samples
-    norm_length: int = 0  # constant length of seq-mean-token-sum-norm; 0 = rollout.max_new_tokens
+    kl_coef: float = option(0.001, ge=0)  # initial KL-in-reward coefficient
+    kl_target: float = option(0.1, gt=0)  # adaptive controller: target KL per token
+    kl_horizon: int = option(10000, ge=1)  # adaptive controller: horizon in samples
+    norm_length: int = option(0, ge=0)  # constant length of seq-mean-token-sum-norm; 0 = rollout.max_new_tokens
     filter_groups: bool = False  # DAPO dynamic sampling: drop groups whose rewards all agree, refill
-    max_gen_batches: int = 4  # dynamic sampling: at most this many generation rounds per step
-    overlong_buffer: int = 0  # DAPO overlong shaping: penalty ramps over the last N tokens (0 = off)
-    overlong_penalty: float = 1.0  # DAPO overlong shaping: penalty at the maximum length
+    max_gen_batches: int = option(4, ge=1)  # dynamic sampling: at most this many generation rounds per step
+    overlong_buffer: int = option(0, ge=0)  # DAPO overlong shaping: penalty ramps over the last N tokens (0 = off)
+    overlong_penalty: float = option(1.0, ge=0)  # DAPO overlong shaping: penalty at the maximum length
     # rollout correction, engine vs trainer log-probs (verl: algorithm.rollout_correction.*)
     rollout_is: Optional[str] = None  # weights pi_old / pi_rollout in the policy loss, per token | sequence; None = off
     rollout_is_threshold: str = "2.0"  # a number: weights truncated above it (TIS); "lower_upper" (e.g. "0.5_5.0", quoted in YAML): 0 outside (IcePop)
@@ -83,15 +83,11 @@ class PolicyGradientModule(RLModule):
         for key, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ConfigError(f"'{key}' is '{value}'. Allowed: {', '.join(allowed)}.")
-        if a.clip_ratio_c <= 1.0:
-            raise ConfigError(f"'actor.clip_ratio_c' must be > 1.0 (dual-clip), got {a.clip_ratio_c}.")
         if alg.overlong_buffer >= config.rollout.max_new_tokens:
             raise ConfigError(
                 f"'algorithm.overlong_buffer' ({alg.overlong_buffer}) must be smaller than "
                 f"'rollout.max_new_tokens' ({config.rollout.max_new_tokens})."
             )
-        if alg.max_gen_batches < 1:
-            raise ConfigError(f"'algorithm.max_gen_batches' must be >= 1, got {alg.max_gen_batches}.")
         cls._validate_rollout_correction(config)
 
     @staticmethod

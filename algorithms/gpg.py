@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
+from rlforge.config.schema import option
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
@@ -20,8 +21,8 @@ else:
 
 @dataclass
 class GPGConfig(PolicyGradientConfig):
-    f_norm: float = 1.0  # divides the advantage
-    alpha: float = 1.0  # multiplies the batch-size / non-zero-reward count factor
+    f_norm: float = option(1.0, gt=0)  # divides the advantage
+    alpha: float = option(1.0, gt=0)  # multiplies the batch-size / non-zero-reward count factor
 
 
 class GPG(PolicyGradientModule):

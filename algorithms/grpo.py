@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
+from rlforge.config.schema import option
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
@@ -21,7 +22,7 @@ else:
 @dataclass
 class GRPOConfig(PolicyGradientConfig):
     norm_adv_by_std: bool = True  # divide by the group std (False: Dr. GRPO-style mean-centering only)
-    epsilon: float = 1e-6  # added to the group std
+    epsilon: float = option(1e-6, gt=0)  # added to the group std
 
 
 class GRPO(PolicyGradientModule):

@@ -9,6 +9,7 @@ from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
 from rlforge.config.compose import check_batch_sizes
+from rlforge.config.schema import option
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
@@ -24,8 +25,8 @@ else:
 
 @dataclass
 class PPOConfig(PolicyGradientConfig):
-    gamma: float = 1.0  # discount factor
-    lam: float = 1.0  # GAE lambda
+    gamma: float = option(1.0, ge=0, le=1)  # discount factor
+    lam: float = option(1.0, ge=0, le=1)  # GAE lambda
 
 
 class PPO(PolicyGradientModule):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
+from rlforge.config.schema import option
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
@@ -20,7 +21,7 @@ else:
 
 @dataclass
 class ReinforcePPConfig(PolicyGradientConfig):
-    gamma: float = 1.0  # discount of the returns-to-go
+    gamma: float = option(1.0, ge=0, le=1)  # discount of the returns-to-go
 
 
 class ReinforcePP(PolicyGradientModule):

@@ -1,9 +1,11 @@
 """Run folders and atomic checkpoints.
 
 A checkpoint is ``<run_dir>/checkpoints/step_NNNNNN/`` holding ``actor/`` (a plain HF folder: weights in
-safetensors, config, tokenizer) and ``trainer_state.pt`` (optimizer, scheduler, RNG states, data cursor,
-step; loaded with ``weights_only=True``). It is written to a temporary folder and renamed only when
-complete, so a half-written checkpoint is never picked up.
+safetensors, config, tokenizer), ``trainer_state.pt`` (optimizer, scheduler, RNG states, data cursor, step;
+loaded with ``weights_only=True``) and ``meta.json`` (the config it was trained with and the fingerprint of its
+training data, read before resuming). It is written to a temporary folder, flushed to disk, and renamed only
+when complete, so a half-written checkpoint is never picked up; a failed write (a full disk) removes the
+temporary folder and leaves the previous checkpoints as they were.
 
 With ``strategy.checkpoint=sharded`` the ranks of each role also write their model and optimizer shards
 (torch.distributed.checkpoint) into ``staging_dir`` before ``save``; ``save`` moves that folder into the
@@ -13,26 +15,38 @@ always the full, gathered model: any checkpoint exports and serves as it is.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import json
+import os
 import random
 import re
 import shutil
+import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import RLForgeError
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
-# keys that must not change between a checkpoint and its resumption: the model and the batch shapes
-RESUME_KEYS = (
-    "model.path", "algorithm.name", "data.name", "data.train_batch_size", "rollout.n", "actor.ppo_mini_batch_size",
-    "actor.ppo_epochs", "trainer.seed",
-)
+RUN_NAME = re.compile(r"^(\d{8}-\d{6})(?:-(\d+))?$")  # <runs_root>/<experiment>/<timestamp>[-N]
 STATE_FILE = "trainer_state.pt"
+META_FILE = "meta.json"
 SHARDED_DIR = "sharded"
+SET_ASIDE_DIR = "set_aside"  # checkpoints that a resume did not continue from (corrupt, or newer than it)
+TEMPORARY = (".tmp_step_*", ".staged_step_*", ".deleting_*")
+
+
+class CorruptCheckpoint(RLForgeError):
+    """A checkpoint that cannot be read: the message names the file and the reason."""
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -45,15 +59,71 @@ def staging_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f".staged_step_{step:06d}"
 
 
+def step_of(checkpoint: Path) -> int:
+    m = STEP_DIR.match(checkpoint.name)
+    return int(m.group(1)) if m else -1
+
+
+# --- run folders ----------------------------------------------------------------------------------
+def run_order(name: str) -> tuple[str, int] | None:
+    """Sort key of a run folder name made by :func:`new_run_dir` (None for other names)."""
+    m = RUN_NAME.match(name)
+    return (m.group(1), int(m.group(2) or 0)) if m else None
+
+
+def runs_of(experiment_dir: Path) -> list[Path]:
+    """The run folders rlforge made under ``<runs_root>/<experiment>``, oldest first."""
+    if not experiment_dir.is_dir():
+        return []
+    found = [(key, p) for p in experiment_dir.iterdir() if p.is_dir() and (key := run_order(p.name))]
+    return [p for _, p in sorted(found)]
+
+
 def new_run_dir(root: str, experiment: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = Path(root) / experiment / stamp
-    suffix = 1
-    while path.exists():
-        path = Path(root) / experiment / f"{stamp}-{suffix}"
-        suffix += 1
-    path.mkdir(parents=True)
-    return path
+    """A new folder ``<root>/<experiment>/<timestamp>[-N]`` whose name sorts after every existing run's, even
+    if the clock went back, so that name order is creation order."""
+    base = Path(root) / experiment
+    with disk_errors(f"create a run folder in {base} (trainer.runs_root={root})", "Choose a writable trainer.runs_root."):
+        base.mkdir(parents=True, exist_ok=True)
+        runs = runs_of(base)
+        newest = (run_order(runs[-1].name) if runs else None) or ("", -1)
+        stamp, suffix = max(time.strftime("%Y%m%d-%H%M%S"), newest[0]), 0
+        while True:
+            if (stamp, suffix) > newest:
+                path = base / (f"{stamp}-{suffix}" if suffix else stamp)
+                try:
+                    path.mkdir()
+                    return path
+                except FileExistsError:
+                    pass
+            suffix += 1
+
+
+def holds_run(folder: Path) -> bool:
+    """Whether ``folder`` already holds a run (its config or a checkpoint)."""
+    return (folder / "config.yaml").exists() or bool(list_checkpoints(folder))
+
+
+def clean_temporaries(run_dir: Path) -> None:
+    """Remove what a killed writer left half-done (only call it while holding the run's lock)."""
+    folder = run_dir / "checkpoints"
+    for pattern in TEMPORARY if folder.is_dir() else ():
+        for stale in folder.glob(pattern):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def set_aside(checkpoints: list[Path]) -> Path | None:
+    """Move checkpoints out of the resume path into ``checkpoints/set_aside/`` (kept for inspection)."""
+    if not checkpoints:
+        return None
+    target = checkpoints[0].parent / SET_ASIDE_DIR
+    target.mkdir(exist_ok=True)
+    for ckpt in checkpoints:
+        dest, n = target / ckpt.name, 1
+        while dest.exists():
+            dest, n = target / f"{ckpt.name}-{n}", n + 1
+        ckpt.rename(dest)
+    return target
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -65,36 +135,208 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def find_latest(root: str, experiment: str) -> Path | None:
-    """The newest complete checkpoint of any run of ``experiment`` (by modification time of the run)."""
-    base = Path(root) / experiment
-    if not base.is_dir():
-        return None
-    runs = sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True)
-    for run in runs:
-        ckpts = list_checkpoints(run)
-        if ckpts:
-            return ckpts[-1]
+# --- writing --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def disk_errors(what: str, hint: str = "") -> Iterator[None]:
+    """Turn a failed write (full disk, no permission, read-only file system) into an RLForgeError: "Cannot
+    <what>: <reason>. <hint>"."""
+    try:
+        yield
+    except Exception as exc:
+        reason = write_failure(exc)
+        if reason is None:
+            raise
+        raise RLForgeError(f"Cannot {what}: {reason}.{' ' + hint if hint else ''}") from None
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """The reason in words if ``exc`` is a failed file write, else None. Libraries that write in native code
+    (safetensors) and sqlite (mlflow's store) report a full disk as their own exception, recognized by its text."""
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+    text = str(exc)
+    if any(sign in text for sign in ("No space left on device", "StorageFull", "database or disk is full")):
+        return os.strerror(errno.ENOSPC)
     return None
 
 
-def check_resumable(saved_config: Path, config: Any) -> None:
-    """Refuse to resume when the model or the batch shape differ from the run's saved config."""
-    from omegaconf import OmegaConf
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a flushed temporary file and a rename: readers see all or nothing."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
 
-    if not saved_config.is_file():
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some file systems cannot sync a folder; the files themselves are synced
+        if exc.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file and folder under ``folder`` to disk, so a rename after it never exposes empty files."""
+    for path in sorted(folder.rglob("*"), reverse=True):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+        elif path.is_dir():
+            _fsync_dir(path)
+    _fsync_dir(folder)
+
+
+def save(
+    run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep_last_n: int,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint of ``step`` atomically; keep the newest ``keep_last_n`` (0 = all)."""
+    folder = run_dir / "checkpoints"
+    final = step_dir(run_dir, step)
+    tmp = folder / f".tmp_step_{step:06d}"
+    previous = list_checkpoints(run_dir)
+    kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+    try:
+        with disk_errors(f"write checkpoint step {step} into {folder}",
+                         f"{kept[0].upper()}{kept[1:]}: free space, then continue with trainer.resume=auto."):
+            folder.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            model.save_pretrained(tmp / "actor", safe_serialization=True)
+            tokenizer.save_pretrained(tmp / "actor")
+            staged = staging_dir(run_dir, step)
+            if staged.is_dir():
+                staged.rename(tmp / SHARDED_DIR)
+            torch.save(state, tmp / STATE_FILE)
+            (tmp / META_FILE).write_text(json.dumps({"step": step, **(meta or {})}, indent=1, default=str))
+            _fsync_tree(tmp)
+            if final.exists():
+                _delete(final)
+            tmp.rename(final)
+            _fsync_dir(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for stale in folder.glob(".staged_step_*"):  # left by a run killed between staging and saving
+        shutil.rmtree(stale, ignore_errors=True)
+    if keep_last_n > 0:
+        for old in list_checkpoints(run_dir)[:-keep_last_n]:
+            _delete(old)
+    return final
+
+
+def _delete(checkpoint: Path) -> None:
+    """Rename first, then remove: a process killed half-way never leaves a partial ``step_N`` folder."""
+    doomed = checkpoint.with_name(f".deleting_{checkpoint.name}")
+    shutil.rmtree(doomed, ignore_errors=True)
+    checkpoint.rename(doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+# --- reading --------------------------------------------------------------------------------------
+def weight_files(checkpoint: Path) -> list[Path]:
+    """The actor's safetensors files (one file, or the shards an index lists; a LoRA run's adapter)."""
+    actor = checkpoint / "actor"
+    from rlforge import lora
+
+    if (actor / lora.ADAPTER_CONFIG).is_file():
+        return [actor / lora.ADAPTER_WEIGHTS]
+    index = actor / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError):
+            raise CorruptCheckpoint(f"{index} cannot be read: it is truncated or corrupted.") from None
+        return [actor / s for s in shards]
+    return [actor / "model.safetensors"]
+
+
+def _check_safetensors(path: Path) -> None:
+    """The file is complete: its header parses and its size is what the header says (truncation shows)."""
+    if not path.is_file():
+        raise CorruptCheckpoint(f"{path} is missing: the checkpoint is incomplete.")
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n)) if 0 < n <= size - 8 else None
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, TypeError, KeyError, AttributeError):
+        header, end = None, 0
+    if size == 0:
+        raise CorruptCheckpoint(f"{path} is empty (0 bytes).")
+    if header is None or size != 8 + n + end:
+        raise CorruptCheckpoint(f"{path} cannot be read: it is truncated or corrupted ({size} bytes).")
+
+
+def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(trainer state, meta)`` of a checkpoint, after checking that its weights are complete.
+
+    :raises CorruptCheckpoint: naming the file and what is wrong with it.
+    """
+    state_file = checkpoint / STATE_FILE
+    if not state_file.is_file():
+        raise CorruptCheckpoint(f"{state_file} is missing: the checkpoint is incomplete.")
+    if state_file.stat().st_size == 0:
+        raise CorruptCheckpoint(f"{state_file} is empty (0 bytes).")
+    for weights in weight_files(checkpoint):
+        _check_safetensors(weights)
+    try:
+        state = torch.load(state_file, weights_only=True)
+    except Exception as exc:
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise CorruptCheckpoint(f"{state_file} cannot be read: it is truncated or corrupted ({detail}).") from None
+    meta: dict[str, Any] = {}
+    meta_file = checkpoint / META_FILE
+    if meta_file.exists():
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise CorruptCheckpoint(f"{meta_file} cannot be read: it is truncated or corrupted.") from None
+    return state, meta
+
+
+def load_weights(checkpoint: Path, model: Any) -> None:
+    """Load the actor weights of ``checkpoint`` into ``model`` in place (a LoRA run's: its adapter only)."""
+    from safetensors.torch import load_file
+
+    from rlforge import lora
+
+    tensors: dict[str, Any] = {}
+    for path in weight_files(checkpoint):
+        try:
+            tensors.update(load_file(str(path)))
+        except Exception as exc:
+            raise CorruptCheckpoint(f"{path} cannot be read: {str(exc).splitlines()[0]}") from None
+    if lora.is_lora(model) != (checkpoint / "actor" / lora.ADAPTER_CONFIG).is_file():
+        raise RLForgeError(f"Checkpoint {checkpoint} {'holds' if not lora.is_lora(model) else 'does not hold'} a "
+                           f"LoRA adapter but model.lora.rank is {'0' if not lora.is_lora(model) else '> 0'}.")
+    if lora.is_lora(model):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, tensors)
+        if result.unexpected_keys:
+            raise RLForgeError(f"Checkpoint {checkpoint}'s adapter does not match model.lora: unexpected "
+                               f"{result.unexpected_keys[:3]}.")
         return
-    saved = OmegaConf.load(saved_config)
-    changed = [
-        f"{key}: {OmegaConf.select(saved, key)!r} -> {OmegaConf.select(config, key)!r}"
-        for key in RESUME_KEYS
-        if OmegaConf.select(saved, key) != OmegaConf.select(config, key)
-    ]
-    if changed:
+    try:
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+    except RuntimeError as exc:
+        raise RLForgeError(f"Checkpoint {checkpoint} does not match model.path: {str(exc).splitlines()[0]}") from None
+    # tied weights are saved once; anything else missing means a different model
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
         raise RLForgeError(
-            f"Cannot resume {saved_config.parent}: the config changed in ways that make resuming unsound "
-            f"({'; '.join(changed)}). Start a new run (trainer.resume=never or another trainer.experiment), "
-            f"or force it with trainer.resume_force=true."
+            f"Checkpoint {checkpoint} does not match model.path: missing {missing[:3]}, unexpected {unexpected[:3]}."
         )
 
 
@@ -110,63 +352,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save(run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep_last_n: int) -> Path:
-    folder = run_dir / "checkpoints"
-    folder.mkdir(parents=True, exist_ok=True)
-    final = step_dir(run_dir, step)
-    tmp = folder / f".tmp_step_{step:06d}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp / "actor", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "actor")
-    staged = staging_dir(run_dir, step)
-    if staged.is_dir():
-        staged.rename(tmp / SHARDED_DIR)
-    for stale in folder.glob(".staged_step_*"):  # left by a run killed between staging and saving
-        shutil.rmtree(stale, ignore_errors=True)
-    torch.save(state, tmp / STATE_FILE)
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    if keep_last_n > 0:
-        for old in list_checkpoints(run_dir)[:-keep_last_n]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def load(path: Path, model: Any) -> dict[str, Any]:
-    """Load the actor weights into ``model`` in place and return the trainer state. A LoRA run's checkpoint holds
-    the adapter only (``actor/adapter_model.safetensors``, what peft's ``save_pretrained`` writes)."""
-    from rlforge import lora
-
-    adapter = lora.is_lora(model)
-    weights = path / "actor" / (lora.ADAPTER_WEIGHTS if adapter else "model.safetensors")
-    state_file = path / STATE_FILE
-    if not weights.is_file() or not state_file.is_file():
-        raise RLForgeError(f"Checkpoint {path} is incomplete: expected actor/{weights.name} and {STATE_FILE}.")
-    try:
-        tensors = load_file(str(weights))
-        state = torch.load(state_file, weights_only=True)
-    except Exception as exc:
-        raise RLForgeError(f"Checkpoint {path} is corrupted and cannot be read: {exc}") from None
-    if adapter:
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(model, tensors)
-        if result.unexpected_keys:
-            raise RLForgeError(f"Checkpoint {path}'s adapter does not match model.lora: unexpected "
-                               f"{result.unexpected_keys[:3]}.")
-        return state
-    try:
-        missing, unexpected = model.load_state_dict(tensors, strict=False)
-    except RuntimeError as exc:
-        raise RLForgeError(f"Checkpoint {path} does not match model.path: {str(exc).splitlines()[0]}") from None
-    # tied weights are saved once; anything else missing means a different model
-    missing = [k for k in missing if not k.endswith("lm_head.weight")]
-    if missing or unexpected:
-        raise RLForgeError(
-            f"Checkpoint {path} does not match model.path: missing {missing[:3]}, unexpected {unexpected[:3]}."
-        )
-    return state

@@ -25,6 +25,19 @@ def _origin(row: dict[str, Any], index: int, name: str) -> str:
     return str(row.get("_origin") or f"{name}, row {index + 1}")
 
 
+def _message_problem(message: Any) -> str:
+    """What is wrong with one chat message, or '' (a dict with a non-empty string role and string content)."""
+    if not isinstance(message, dict):
+        return f"is a {type(message).__name__}, not a {{role, content}} object"
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not role.strip():
+        return "has no role" if role is None else f"has a role that is not a non-empty string ({role!r})"
+    if not isinstance(content, str):
+        return ("has no content" if "content" not in message
+                else f"has content of type {type(content).__name__}, not a string")
+    return ""
+
+
 def tokenize_rows(
     rows: list[dict[str, Any]], tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
     need_reward: bool = True,
@@ -42,14 +55,25 @@ def tokenize_rows(
         messages = row["prompt"]
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages):
-            raise DataError(f"{where}: 'prompt' must be a list of chat messages {{role, content}}.")
+        if not isinstance(messages, list) or not messages:
+            raise DataError(f"{where}: 'prompt' must be a list of chat messages {{role, content}}, got "
+                            f"{type(messages).__name__}{' (empty)' if isinstance(messages, list) else ''}.")
+        for j, m in enumerate(messages, 1):
+            problem = _message_problem(m)
+            if problem:
+                raise DataError(f"{where}: prompt message {j} {problem}: 'prompt' must be a list of chat messages "
+                                f"{{\"role\": str, \"content\": str}}.")
         if not any(str(m.get("content", "")).strip() for m in messages):
             raise DataError(f"{where}: the prompt is empty.")
         reward = row.get("reward_model") or {}
         if need_reward and (not isinstance(reward, dict) or "ground_truth" not in reward):
             raise DataError(f"{where}: missing 'reward_model.ground_truth'.")
-        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        try:
+            enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # a template that rejects a role or an order of messages (jinja raise_exception)
+            raise DataError(f"{where}: the tokenizer's chat template cannot render this prompt "
+                            f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})."
+                            ) from None
         ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
         if len(ids) > max_len:
             if not filter_overlong:

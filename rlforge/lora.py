@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # what peft's save_pretrained writes for an adapter
+ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."  # peft's name prefix over the base model's parameters
 
 

@@ -69,6 +69,8 @@ def table(cls: type, section: str) -> list[str]:
         if dataclasses.is_dataclass(default):  # a nested section: its own table (section_md)
             continue
         kind, desc = docs.get(f.name, ("", ""))
+        rule = f.metadata.get("valid")  # the field's declared valid values (rlforge.config.schema.option)
+        desc = f"{desc}; valid: {rule.describe('int' in kind)}" if rule else desc
         desc = desc.replace("|", r"\|").replace("<", "&lt;")
         rows.append(f"| `{section}.{f.name}` | `{kind}` | `{show(default)}` | {desc} |")
     return rows + [""]

@@ -3,12 +3,18 @@ and no traceback."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import pathlib
 import shutil
 
 import pytest
+import torch
 
+from rlforge import checkpoint as ckpt
 from rlforge.cli import main
+from rlforge.errors import RLForgeError
 from rlforge.models import ASSETS
 
 QUICK = ["trainer.total_steps=1", "data.train_batch_size=8", "rollout.n=2", "data.arith.val_size=4",
@@ -53,6 +59,43 @@ CASES = {
     "missing data file": (["data.name=files", "data.train_files=[/no/such.jsonl]"],
                           "Data file not found: /no/such.jsonl (data.train_files)", ""),
     "missing reward file": (["reward.file=/no/reward.py"], "Reward file not found: /no/reward.py (reward.file)", ""),
+    # every value has a declared range (rlforge.config.schema.Valid), core, algorithm and component sections alike
+    "negative learning rate": (["actor.lr=-1"], "'actor.lr' must be > 0, got -1.0.", ""),
+    "NaN coefficient": (["actor.kl_loss_coef=.nan"], "'actor.kl_loss_coef' must be a finite number, got nan.", ""),
+    "infinite value": (["reward.fallback_score=-.inf"], "'reward.fallback_score' must be a finite number", ""),
+    "negative weight decay": (["critic.weight_decay=-0.1"], "'critic.weight_decay' must be >= 0", ""),
+    "negative entropy coefficient": (["actor.entropy_coeff=-0.01"], "'actor.entropy_coeff' must be >= 0", ""),
+    "greedy training": (["rollout.temperature=0"], "'rollout.temperature' must be > 0", "rollout.val_temperature=0"),
+    "clip ratio": (["actor.clip_ratio_low=1.5"], "'actor.clip_ratio_low' must be in [0, 1), got 1.5.", ""),
+    "dual clip": (["actor.clip_ratio_c=0.5"], "'actor.clip_ratio_c' must be > 1, got 0.5.", ""),
+    "top_k": (["rollout.top_k=-1"], "'rollout.top_k' must be an integer >= 0, got -1.", ""),
+    "top_p": (["rollout.top_p=0"], "'rollout.top_p' must be in (0, 1], got 0.0.", ""),
+    "sizes": (["rollout.micro_batch_size=0"], "'rollout.micro_batch_size' must be a positive integer, got 0.", ""),
+    "stop criterion": (["trainer.max_nonfinite_steps=0"], "'trainer.max_nonfinite_steps' must be a positive", ""),
+    "seed": (["trainer.seed=-1"], "'trainer.seed' must be an integer in [0, 4294967295], got -1.", ""),
+    "precision": (["model.precision=fp16"], "'model.precision' must be one of auto, 32-true, bf16-mixed, 16-mixed, bf16-true, got 'fp16'.", ""),
+    "device": (["strategy.device=gpu 0"], "'strategy.device' must be auto, cpu, cuda or cuda:N", ""),
+    "grpo epsilon": (["algorithm.epsilon=0"], "'algorithm.epsilon' must be > 0, got 0.0.", ""),
+    "ppo lambda": (["--algo", "ppo", "algorithm.lam=1.5"], "'algorithm.lam' must be in [0, 1], got 1.5.", ""),
+    "kl horizon": (["algorithm.kl_horizon=0"], "'algorithm.kl_horizon' must be a positive integer", ""),
+    "reward timeout": (["reward.timeout_s=0"], "'reward.timeout_s' must be > 0, got 0.0.", ""),
+    "reward function name": (["reward.fn_name=compute-score"], "'reward.fn_name' must be a Python identifier", ""),
+    "sandbox limit": (["reward.code.sandbox_timeout_s=-1"], "'reward.code.sandbox_timeout_s' must be > 0", ""),
+    "arith operands": (["data.arith.max_operand=-1"], "'data.arith.max_operand' must be a positive integer", ""),
+    "ray cpus": (["ray.num_cpus=0"], "'ray.num_cpus' must be a positive integer, got 0.", ""),
+    "duplicate logger": (["logger.backends=[console,console]"], "'logger.backends' names 'console' more than once", ""),
+    "response beyond the context": (["rollout.max_new_tokens=300"], "rollout.max_new_tokens (300) = 364 tokens exceed "
+                                    "the context of model.path: max_position_embeddings = 256", "config.json"),
+    "prompt + response beyond the context": (["data.max_prompt_length=200", "rollout.max_new_tokens=60"],
+                                             "data.max_prompt_length (200) + rollout.max_new_tokens (60) = 260", ""),
+    "missing resume folder": (["trainer.resume=/no/such/step_000001"], "trainer.resume='/no/such/step_000001': no "
+                              "such folder", ""),
+    # paths stay under trainer.runs_root
+    "experiment leaves the runs root": (["trainer.experiment=../../x"], "'trainer.experiment' must be a folder name",
+                                        "got '../../x'"),
+    "absolute experiment": (["trainer.experiment=/tmp/x"], "'trainer.experiment' must be a folder name", ""),
+    "experiment with a slash": (["trainer.experiment=a/b"], "'trainer.experiment' must be a folder name", ""),
+    "empty experiment": (['trainer.experiment=""'], "'trainer.experiment' must be a folder name", "got ''"),
 }
 
 
@@ -76,6 +119,20 @@ def test_unknown_algorithm(capsys):
     (b'{"data_source": "arith", "prompt": [{"role": "user", "content": "  "}], "reward_model": {"ground_truth": "1"}}\n',
      "row 1: the prompt is empty"),
     (b"\xff\xfe\x00bad", "is not UTF-8"),
+    (b'{"data_source": "arith", "prompt": [{"content": "hi"}], "reward_model": {"ground_truth": "1"}}\n',
+     "row 1: prompt message 1 has no role"),
+    (b'{"data_source": "arith", "prompt": [{"role": "user", "content": ["hi"]}], "reward_model": {"ground_truth": "1"}}\n',
+     "row 1: prompt message 1 has content of type list, not a string"),
+    (b'{"data_source": "arith", "prompt": [{"role": "user", "content": null}], "reward_model": {"ground_truth": "1"}}\n',
+     "row 1: prompt message 1 has content of type NoneType, not a string"),
+    (b'{"data_source": "arith", "prompt": [{"role": "user"}], "reward_model": {"ground_truth": "1"}}\n',
+     "row 1: prompt message 1 has no content"),
+    (b'{"data_source": "arith", "prompt": [{"role": 1, "content": "hi"}], "reward_model": {"ground_truth": "1"}}\n',
+     "row 1: prompt message 1 has a role that is not a non-empty string (1)"),
+    (b'{"data_source": "arith", "prompt": ["hi"], "reward_model": {"ground_truth": "1"}}\n',
+     "row 1: prompt message 1 is a str, not a {role, content} object"),
+    (b'{"data_source": "arith", "prompt": [], "reward_model": {"ground_truth": "1"}}\n',
+     "row 1: 'prompt' must be a list of chat messages {role, content}, got list (empty)"),
 ])
 def test_data_file_mistakes(capsys, tmp_path, content, needle):
     bad = tmp_path / "bad.jsonl"
@@ -132,4 +189,87 @@ def test_corrupted_and_foreign_checkpoints(capsys, tmp_path, model_copy):
     state = ckpt / "trainer_state.pt"
     state.write_bytes(state.read_bytes()[:100])
     err = _error(capsys, ["fit", *QUICK, "trainer.total_steps=2", f"trainer.resume={ckpt}"])
-    assert "is corrupted and cannot be read" in err
+    assert "trainer_state.pt cannot be read: it is truncated or corrupted" in err
+
+
+def test_chat_template_that_rejects_a_row(capsys, tmp_path, model_copy):
+    (model_copy / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] != 'user' %}{{ raise_exception('Unknown role ' + m['role']) }}"
+        "{% endif %}<|user|>{{ m['content'] }}<|end|>{% endfor %}<|assistant|>")
+    data = _jsonl(tmp_path / "tool.jsonl", [_row(), {**_row(), "prompt": [{"role": "tool", "content": "4"}]}])
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", f"model.path={model_copy}",
+                          "data.name=files", f"data.train_files=[{data}]"])
+    assert f"{data}, row 2: the tokenizer's chat template cannot render this prompt" in err
+    assert "Unknown role tool" in err
+
+
+def test_pickle_only_model_is_refused(capsys, tmp_path, model_copy):
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(model_copy / "model.safetensors")), model_copy / "pytorch_model.bin")
+    (model_copy / "model.safetensors").unlink()
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", f"model.path={model_copy}"])
+    assert f"Model folder '{model_copy}' (model.path) holds its weights only as a pickle (pytorch_model.bin)" in err
+    assert "save_pretrained(o)" in err and f"model.path={model_copy}-safetensors" in err
+    assert not (tmp_path / "default").exists()  # refused before any run folder is made
+
+
+def test_runs_root_that_cannot_be_written(capsys, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={blocker / 'runs'}"])
+    assert f"Cannot create a run folder in {blocker / 'runs' / 'default'}" in err
+    assert "Not a directory" in err and "Choose a writable trainer.runs_root" in err
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(capsys, tmp_path, monkeypatch):
+    real_save = torch.save
+
+    def full_at_step_2(obj, path, *args, **kwargs):
+        if "step_000002" in str(path):
+            _enospc()
+        real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_at_step_2)
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", "trainer.total_steps=2",
+                          "trainer.save_every=1"])
+    (run,) = (tmp_path / "default").iterdir()
+    ckpts = run / "checkpoints"
+    assert f"Cannot write checkpoint step 2 into {ckpts}: No space left on device." in err
+    assert f"The previous checkpoint {ckpts / 'step_000001'} is intact" in err and "trainer.resume=auto" in err
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001"]  # no half-written temporary folder
+    ckpt.read(ckpts / "step_000001")  # complete and readable
+
+
+def test_disk_full_while_writing_samples(capsys, tmp_path, monkeypatch):
+    real_open = pathlib.Path.open
+
+    def full_at_step_2(self, *args, **kwargs):
+        if self.name == "samples.jsonl" and (self.parent / "checkpoints" / "step_000001").is_dir():
+            _enospc()
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "open", full_at_step_2)
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", "trainer.total_steps=2",
+                          "trainer.save_every=1"])
+    (run,) = (tmp_path / "default").iterdir()
+    assert f"Cannot write {run / 'samples.jsonl'}: No space left on device." in err and "trainer.resume=auto" in err
+    ckpt.read(run / "checkpoints" / "step_000001")
+
+
+@pytest.mark.parametrize("exc", [
+    OSError(errno.EROFS, "Read-only file system", "/x"),
+    RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'),
+    Exception("database or disk is full"),
+])
+def test_write_failures_from_native_writers_are_recognized(exc):
+    with pytest.raises(RLForgeError, match=r"^Cannot save it: (Read-only file system \(/x\)|No space left on device)"):
+        with ckpt.disk_errors("save it"):
+            raise exc
+    with pytest.raises(KeyError):  # anything else is not a write failure and passes through
+        with ckpt.disk_errors("save it"):
+            raise KeyError("x")

@@ -295,7 +295,7 @@ def test_invalid_kl_loss_type(registry) -> None:
 
 
 def test_invalid_dtype_and_top_p(registry) -> None:
-    with pytest.raises(ConfigError, match=r"'model.precision' is 'float64'. Allowed: auto, 32-true"):
+    with pytest.raises(ConfigError, match=r"'model.precision' must be one of auto, 32-true"):
         compose(registry, None, None, ["model.precision=float64"])
     with pytest.raises(ConfigError, match="rollout.top_p"):
         compose(registry, None, None, ["rollout.top_p=1.5"])

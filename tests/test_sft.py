@@ -210,7 +210,7 @@ def test_bad_row_names_file_and_row(tmp_path, pm, sft_config):
 
 
 def test_config_errors_name_key_and_choices(tmp_path, pm, sft_config):
-    with pytest.raises(ConfigError, match="'model.precision' is 'bf17'. Allowed: auto, 32-true"):
+    with pytest.raises(ConfigError, match="'model.precision' must be one of auto, 32-true"):
         run_sft(sft_config(tmp_path, "model.precision=bf17"), pm)
     with pytest.raises(ConfigError, match="sft.resume=nowhere.ckpt: no such checkpoint"):
         run_sft(sft_config(tmp_path, "sft.resume=nowhere.ckpt"), pm)

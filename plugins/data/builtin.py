@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlforge.config.schema import option
 from rlforge.errors import DataError
 from rlforge.hookspecs import hookimpl
 
@@ -18,9 +19,9 @@ ARITH_SOURCE = "arith"
 class ArithConfig:
     """The built-in arithmetic task (``data.name=arith``)."""
 
-    train_size: int = 20000  # training prompts
-    val_size: int = 200  # distinct held-out prompts, never seen in training
-    max_operand: int = 99  # operands a, b in 0..max_operand
+    train_size: int = option(20000, ge=1)  # training prompts
+    val_size: int = option(200, ge=0)  # distinct held-out prompts, never seen in training
+    max_operand: int = option(99, ge=1)  # operands a, b in 0..max_operand
 
 
 def arith_rows(

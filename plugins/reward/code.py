@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rlforge.config.schema import option
 from rlforge.plugins.reward.cputime import process_cpu_seconds
 from rlforge.plugins.reward.sandbox import run_sandboxed
 
@@ -48,8 +49,8 @@ def _lines(text: str) -> list[str]:
 class CodeRewardConfig:
     """The ``code`` reward function (runs the model's program in the sandbox, docs/reliability.md)."""
 
-    sandbox_timeout_s: float = 5.0  # CPU-time limit of each run of the sandboxed program
-    sandbox_memory_mb: int = 512  # address-space limit of each process of the program
+    sandbox_timeout_s: float = option(5.0, gt=0)  # CPU-time limit of each run of the sandboxed program
+    sandbox_memory_mb: int = option(512, ge=16)  # address-space limit of each process of the program
     sandbox_allow_weak: bool = False  # without root or user namespaces: run under the weak audit hook (no security boundary) instead of refusing
 
 

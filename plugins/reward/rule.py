@@ -61,7 +61,7 @@ OK, RAISED, BAD_VALUE, CRASHED, TIMEOUT = "ok", "raised", "bad value", "crashed"
 FATAL = "fatal"  # the function raised RLForgeError: the run stops
 ERROR_KINDS = (RAISED, BAD_VALUE, CRASHED)  # counted in reward/errors; TIMEOUT in reward/timeouts
 FIXED = "<reward.fn or reward.file>"  # the function table's key for a function set by config
-FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores go into float32 tensors
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max (scores go into float32 tensors); no torch import at registration
 WALL_BACKSTOP = 10.0  # wall-clock limit of a call, as a multiple of its CPU-time limit (reward.timeout_s)
 POLL_S = 0.05  # how often the CPU time of a running call is checked
 

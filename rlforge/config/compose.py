@@ -16,6 +16,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from rlforge import lora, precision
 from rlforge.config import schema
+from rlforge.config.checks import check_model_folder, check_no_duplicates, check_resume_value, check_values
 from rlforge.errors import ConfigError, did_you_mean
 from rlforge.models import resolve_model_path
 
@@ -73,18 +74,22 @@ def compose(
     overrides: list[str] | tuple[str, ...] = (),
 ) -> DictConfig:
     """Return the validated, read-only config. ``registry`` is the plugin manager's Registries."""
-    return _compose(registry, algo, load_file(config_file) if config_file else OmegaConf.create({}),
-                    config_file or "", parse_overrides(list(overrides)))
+    file_cfg = load_file(config_file) if config_file else OmegaConf.create({})
+    return _compose(registry, algo, [(file_cfg, config_file or ""), (parse_overrides(list(overrides)), OVERRIDES)])
 
 
-def _compose(registry: Any, algo: str | None, file_cfg: DictConfig, file_name: str, over: DictConfig) -> DictConfig:
-    name = algo or OmegaConf.select(over, "algorithm.name") or OmegaConf.select(file_cfg, "algorithm.name")
+OVERRIDES = "command-line overrides"
+
+
+def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str]]) -> DictConfig:
+    """Defaults < the algorithm's preset < each of ``layers`` (config, where it comes from), in order."""
+    name = algo or next((n for layer, _ in reversed(layers) if (n := OmegaConf.select(layer, "algorithm.name"))), None)
     name = name or "grpo"
     algo_cls = registry.algorithm.get(name)
     cfg = OmegaConf.structured(schema.build(registry, algo_cls.config_class))
     cfg = _merge(cfg, OmegaConf.create(algo_cls.preset), f"the '{name}' preset")
-    cfg = _merge(cfg, file_cfg, file_name)
-    cfg = _merge(cfg, over, "command-line overrides")
+    for layer, source in layers:
+        cfg = _merge(cfg, layer, source)
     cfg.algorithm.name = name
     validate(cfg, registry)
     algo_cls.validate_config(cfg)
@@ -94,23 +99,24 @@ def _compose(registry: Any, algo: str | None, file_cfg: DictConfig, file_name: s
 
 def compose_with_plugins(
     algo: str | None = None, config_file: str | None = None, overrides: list[str] | tuple[str, ...] = (),
-    loaded: Callable[[Any], Any] | None = None,
+    loaded: Callable[[Any], Any] | None = None, base: tuple[DictConfig, str] | None = None,
 ) -> tuple[Any, DictConfig]:
-    """Load the plugins minus ``plugins.disable`` (read from the file and the overrides first), then compose:
-    returns (plugin manager, config). ``loaded(plugin_manager)`` runs in between (the CLI prints warnings)."""
+    """Load the plugins minus ``plugins.disable`` (read from the overrides, the file or ``base`` first), then
+    compose: returns (plugin manager, config). ``loaded(plugin_manager)`` runs in between (the CLI prints
+    warnings). ``base``: (config, its origin) merged under the file, e.g. the config of the run being evaluated."""
     from rlforge.plugin_manager import PluginManager
 
     over = parse_overrides(list(overrides))
     file_cfg = load_file(config_file) if config_file else OmegaConf.create({})
-    disable = OmegaConf.select(over, "plugins.disable", default=None)
-    if disable is None:
-        disable = OmegaConf.select(file_cfg, "plugins.disable", default=None)
+    layers = [*([base] if base else []), (file_cfg, config_file or ""), (over, OVERRIDES)]
+    disable = next((d for layer, _ in reversed(layers)
+                    if (d := OmegaConf.select(layer, "plugins.disable", default=None)) is not None), None)
     if disable is not None and not OmegaConf.is_list(disable):
         raise ConfigError(f"'plugins.disable' must be a list of plugin names, got {disable!r}.")
     pm = PluginManager(disable=list(disable or []))
     if loaded is not None:
         loaded(pm)
-    return pm, _compose(pm.registry, algo, file_cfg, config_file or "", over)
+    return pm, _compose(pm.registry, algo, layers)
 
 
 def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:
@@ -125,39 +131,31 @@ def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:
 
 
 def validate(cfg: DictConfig, registry: Any) -> None:
-    """Cross-field checks: component names exist, sizes are positive, batch arithmetic adds up; then each
-    selected component's own ``validate_config(cfg)`` (if it has one)."""
+    """Every value against its field's rule (``schema.Valid``), the files the config names, the model's context,
+    the batch arithmetic; then each selected component's own ``validate_config(cfg, registry)`` (if it has one)."""
     components = list(selected(cfg, registry))
+    check_values(cfg)
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
     for key in ("data.train_files", "data.val_files"):
         missing = [f for f in OmegaConf.select(cfg, key) if not Path(f).is_file()]
         if missing and cfg.data.name == "files":
             raise ConfigError(f"Data file not found: {missing[0]} ({key}).")
-    resolve_model_path(cfg.model.path)
-    if cfg.model.ref_path:
-        resolve_model_path(cfg.model.ref_path, "model.ref_path")
-    positive = [
-        "data.train_batch_size", "data.max_prompt_length", "rollout.n", "rollout.max_new_tokens",
-        "rollout.micro_batch_size", "rollout.val_n", "actor.ppo_epochs", "actor.ppo_mini_batch_size",
-        "trainer.total_steps",
-    ]
-    for key in positive:
-        value = OmegaConf.select(cfg, key)
-        if value <= 0:
-            raise ConfigError(f"'{key}' must be a positive integer, got {value}.")
-    for key in ["trainer.save_every", "trainer.val_every", "trainer.keep_last_n", "actor.warmup_steps"]:
-        if OmegaConf.select(cfg, key) < 0:
-            raise ConfigError(f"'{key}' must be >= 0, got {OmegaConf.select(cfg, key)}.")
-    if not 0 <= cfg.rollout.min_new_tokens <= cfg.rollout.max_new_tokens:
+    for key in ("model.path", "model.ref_path", "critic.path"):
+        if OmegaConf.select(cfg, key):
+            check_model_folder(resolve_model_path(OmegaConf.select(cfg, key), key), key, cfg)
+    check_resume_value(cfg.trainer.resume)
+    check_no_duplicates(cfg, "logger.backends")
+    if cfg.rollout.val_n > 1 and cfg.rollout.val_temperature == 0:
+        raise ConfigError(
+            f"{cfg.rollout.val_n} samples per prompt (rollout.val_n) at temperature 0 are {cfg.rollout.val_n} "
+            f"identical greedy answers: set rollout.val_temperature, e.g. 1.0 (--temperature 1.0 in rlforge eval)."
+        )
+    if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(
             f"'rollout.min_new_tokens' ({cfg.rollout.min_new_tokens}) must be between 0 and 'rollout.max_new_tokens' "
             f"({cfg.rollout.max_new_tokens})."
         )
-    if not 0.0 < cfg.rollout.top_p <= 1.0:
-        raise ConfigError(f"'rollout.top_p' must be in (0, 1], got {cfg.rollout.top_p}.")
-    if cfg.rollout.temperature < 0 or cfg.rollout.val_temperature < 0:
-        raise ConfigError("'rollout.temperature' and 'rollout.val_temperature' must be >= 0.")
     precision.check(cfg.model.precision)
     lora.validate(cfg)
     check_batch_sizes(cfg)

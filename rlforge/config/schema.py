@@ -11,21 +11,78 @@ Algorithm presets, ``--config FILE`` and CLI ``key=value`` overrides are merged 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, Optional, get_type_hints
 
 from rlforge.agent.config import AgentConfig
 from rlforge.errors import ConfigError
 from rlforge.lora import LoraConfig
+from rlforge.precision import PRECISIONS
 
 BUILTIN_MODEL = "builtin:tiny-arith"
+IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+# a run or experiment folder name: one path component, never "." or ".." (it cannot leave trainer.runs_root)
+RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,127}"
+RUN_NAME_WHAT = "a folder name of letters, digits and _ . + = @ , - (not starting with . or -), at most 128 characters"
+
+
+@dataclass(frozen=True)
+class Valid:
+    """What a config value may be: the field metadata ``valid``, checked by ``rlforge.config.compose`` for every
+    section (core, algorithm, components). Bounds: ``ge``/``le`` inclusive, ``gt``/``lt`` strict. ``choices``:
+    the allowed strings; ``pattern``: a regular expression the whole string matches, ``what`` says it in words.
+    ``None`` is always allowed where the type is Optional; floats must be finite (no NaN or inf) in any case.
+    ``why`` is added to the error message."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple[str, ...] = ()
+    pattern: str = ""
+    what: str = ""
+    why: str = ""  # appended to the error message
+
+    def describe(self, integer: bool = False) -> str:
+        """The rule in words: ``a positive integer``, ``> 0``, ``in (0, 1]``, ``one of a, b``."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.pattern:
+            return self.what or f"a string matching {self.pattern}"
+        low = (self.gt, "(", ">") if self.gt is not None else (self.ge, "[", ">=") if self.ge is not None else None
+        high = (self.lt, ")", "<") if self.lt is not None else (self.le, "]", "<=") if self.le is not None else None
+        if integer and low and low[0] == 1 and low[2] == ">=" and not high:
+            return "a positive integer"
+        kind = "an integer " if integer else ""
+        if low and high:
+            return f"{kind}in {low[1]}{_num(low[0])}, {_num(high[0])}{high[1]}"
+        bound = low or high
+        return f"{kind}{bound[2]} {_num(bound[0])}" if bound else "any value"
+
+    def allows(self, value: Any) -> bool:
+        if self.choices:
+            return value in self.choices
+        if self.pattern:
+            return isinstance(value, str) and re.fullmatch(self.pattern, value) is not None
+        return not ((self.ge is not None and value < self.ge) or (self.gt is not None and value <= self.gt)
+                    or (self.le is not None and value > self.le) or (self.lt is not None and value >= self.lt))
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def option(default: Any, **valid: Any) -> Any:
+    """A config field with its valid values: ``lr: float = option(5e-5, gt=0)  # the description``."""
+    return field(default=default, metadata={"valid": Valid(**valid)})
 
 
 @dataclass
 class ModelConfig:
     path: str = BUILTIN_MODEL  # HF folder, or builtin:tiny-arith (the shipped SFT'd tiny model)
     ref_path: Optional[str] = None  # reference model for the KL term; None = same as `path`
-    precision: str = "auto"  # auto (bf16-mixed on CUDA, 32-true on CPU) | 32-true | bf16-mixed | 16-mixed | bf16-true (rlforge/precision.py)
+    precision: str = option("auto", choices=PRECISIONS)  # auto (bf16-mixed on CUDA, 32-true on CPU) | 32-true | bf16-mixed | 16-mixed | bf16-true (docs/models.md)
     trust_remote_code: bool = False  # never on unless you set it
     remove_padding: bool = False  # packed forward passes of actor, reference, critic: no padding computed (GPU; docs/performance.md)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)
@@ -38,8 +95,8 @@ class DataConfig:
     name: str = "arith"  # dataset registry name: arith (built-in, generated offline) | files
     train_files: list[str] = field(default_factory=list)  # jsonl/parquet files (data.name=files)
     val_files: list[str] = field(default_factory=list)  # held-out files for validation (optional)
-    train_batch_size: int = 32  # prompts per step (each sampled rollout.n times)
-    max_prompt_length: int = 64  # in tokens, after the chat template
+    train_batch_size: int = option(32, ge=1)  # prompts per step (each sampled rollout.n times)
+    max_prompt_length: int = option(64, ge=1)  # in tokens, after the chat template
     filter_overlong_prompts: bool = True  # drop longer prompts (False: fail naming the row)
     shuffle: bool = True  # reshuffle the prompts every epoch (seeded, resumable)
 
@@ -47,15 +104,15 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     name: str = "hf"  # rollout engine registry name
-    n: int = 8  # samples per prompt
-    temperature: float = 1.0  # sampling temperature; log-probs are computed at this temperature
-    top_p: float = 1.0  # nucleus sampling (1.0 = off)
-    top_k: int = 0  # 0 = disabled
-    max_new_tokens: int = 8  # response length limit (EOS ends a response earlier)
-    min_new_tokens: int = 0  # EOS is suppressed before this many tokens (training rollouts only)
-    micro_batch_size: int = 256  # sequences per generate() call
-    val_temperature: float = 0.0  # 0 = greedy validation
-    val_n: int = 1  # samples per validation prompt
+    n: int = option(8, ge=1)  # samples per prompt
+    temperature: float = option(1.0, gt=0, why="training samples (greedy samples of a prompt would all be the same; greedy validation is rollout.val_temperature=0)")  # sampling temperature; log-probs are computed at this temperature
+    top_p: float = option(1.0, gt=0, le=1)  # nucleus sampling (1.0 = off)
+    top_k: int = option(0, ge=0)  # 0 = disabled
+    max_new_tokens: int = option(8, ge=1)  # response length limit (EOS ends a response earlier)
+    min_new_tokens: int = option(0, ge=0)  # EOS is suppressed before this many tokens (training rollouts only)
+    micro_batch_size: int = option(256, ge=1)  # sequences per generate() call
+    val_temperature: float = option(0.0, ge=0)  # 0 = greedy validation
+    val_n: int = option(1, ge=1)  # samples per validation prompt
     agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn rollouts: agent loop, tools, limits
 
 
@@ -64,9 +121,9 @@ class RewardConfig:
     manager: str = "rule"  # reward manager registry name
     fn: Optional[str] = None  # reward function name; None = chosen by each row's data_source
     file: Optional[str] = None  # python file with compute_score(data_source, solution_str, ground_truth, extra_info)
-    fn_name: str = "compute_score"  # function to load from `file`
-    num_workers: int = 1  # worker processes that evaluate reward functions (a hung one is killed and replaced)
-    timeout_s: float = 10.0  # per-sample CPU-time limit of a reward function call (wall-clock backstop: 10x)
+    fn_name: str = option("compute_score", pattern=IDENTIFIER, what="a Python identifier")  # function to load from `file`
+    num_workers: int = option(1, ge=1)  # worker processes that evaluate reward functions (a hung one is killed and replaced)
+    timeout_s: float = option(10.0, gt=0)  # per-sample CPU-time limit of a reward function call (wall-clock backstop: 10x)
     fallback_score: float = 0.0  # score of a sample whose reward function raised, hung or returned a non-number
 
 
@@ -79,22 +136,22 @@ class AlgorithmConfig:
 
 @dataclass
 class ActorConfig:
-    lr: float = 5e-5  # AdamW learning rate of the actor
-    weight_decay: float = 0.0  # AdamW weight decay
-    warmup_steps: int = 0  # linear learning-rate warm-up, in training steps
-    grad_clip: float = 1.0  # max global gradient norm (0 = no clipping, norm still logged)
-    ppo_epochs: int = 1  # passes over each rollout batch
-    ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
-    ppo_micro_batch_size: Optional[int] = None  # samples per forward/backward (gradient accumulation); None = whole mini-batch
-    max_tokens_per_micro_batch: int = 0  # > 0: micro-batches by token budget (per rank) instead of ppo_micro_batch_size
-    clip_ratio_low: float = 0.2  # ratio clipped below at 1 - clip_ratio_low
-    clip_ratio_high: float = 0.2  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
-    clip_ratio_c: float = 3.0  # dual-clip bound, applied where the advantage is negative
+    lr: float = option(5e-5, gt=0)  # AdamW learning rate of the actor
+    weight_decay: float = option(0.0, ge=0)  # AdamW weight decay
+    warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up, in training steps
+    grad_clip: float = option(1.0, ge=0)  # max global gradient norm (0 = no clipping, norm still logged)
+    ppo_epochs: int = option(1, ge=1)  # passes over each rollout batch
+    ppo_mini_batch_size: int = option(8, ge=1)  # prompts per optimizer step (x rollout.n samples)
+    ppo_micro_batch_size: Optional[int] = option(None, ge=1)  # samples per forward/backward (gradient accumulation); None = whole mini-batch
+    max_tokens_per_micro_batch: int = option(0, ge=0)  # > 0: micro-batches by token budget (per rank) instead of ppo_micro_batch_size
+    clip_ratio_low: float = option(0.2, ge=0, lt=1)  # ratio clipped below at 1 - clip_ratio_low
+    clip_ratio_high: float = option(0.2, ge=0)  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
+    clip_ratio_c: float = option(3.0, gt=1)  # dual-clip bound, applied where the advantage is negative
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     reuse_rollout_log_probs: Optional[bool] = None  # old log-probs = the engine's: None = if they are the actor's (hf), True = always, False = recompute
-    entropy_coeff: float = 0.0  # entropy bonus weight (the loss subtracts coeff x entropy)
+    entropy_coeff: float = option(0.0, ge=0)  # entropy bonus weight (the loss subtracts coeff x entropy)
     use_kl_loss: bool = False  # add a KL(actor || reference) term to the loss (loads a reference model)
-    kl_loss_coef: float = 0.001  # weight of the KL loss
+    kl_loss_coef: float = option(0.001, ge=0)  # weight of the KL loss
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 (= low_var_kl) | abs | mse | kl, or any of them with "+"
 
 
@@ -103,45 +160,45 @@ class CriticConfig:
     """The value model, used by algorithms with a critic (PPO)."""
 
     path: Optional[str] = None  # value model init; None = model.path's body with a fresh scalar head
-    lr: float = 1e-4  # AdamW learning rate of the critic
-    weight_decay: float = 0.0  # AdamW weight decay
-    warmup_steps: int = 0  # linear learning-rate warm-up, in training steps
-    grad_clip: float = 1.0  # max global gradient norm
-    ppo_epochs: int = 1  # passes over each rollout batch
-    ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n samples)
-    ppo_micro_batch_size: Optional[int] = None  # samples per forward/backward; None = whole mini-batch
-    max_tokens_per_micro_batch: int = 0  # > 0: micro-batches by token budget (per rank), as actor's
-    cliprange_value: float = 0.5  # values clipped to old +- cliprange_value in the loss
+    lr: float = option(1e-4, gt=0)  # AdamW learning rate of the critic
+    weight_decay: float = option(0.0, ge=0)  # AdamW weight decay
+    warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up, in training steps
+    grad_clip: float = option(1.0, ge=0)  # max global gradient norm
+    ppo_epochs: int = option(1, ge=1)  # passes over each rollout batch
+    ppo_mini_batch_size: int = option(8, ge=1)  # prompts per optimizer step (x rollout.n samples)
+    ppo_micro_batch_size: Optional[int] = option(None, ge=1)  # samples per forward/backward; None = whole mini-batch
+    max_tokens_per_micro_batch: int = option(0, ge=0)  # > 0: micro-batches by token budget (per rank), as actor's
+    cliprange_value: float = option(0.5, gt=0)  # values clipped to old +- cliprange_value in the loss
     loss_agg_mode: str = "token-mean"  # as actor.loss_agg_mode
 
 
 @dataclass
 class StrategyConfig:
     name: str = "single"  # strategy registry name: single (one device) | fsdp (FSDP2, one process per rank)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    num_processes: int = 1  # data-parallel ranks; > 1 needs strategy.name=fsdp and trainer.controller=ray
-    checkpoint: str = "full"  # full (gathered; any rank count resumes) | sharded (torch.distributed.checkpoint)
+    device: str = option("auto", pattern=r"auto|[a-z]+(:\d+)?", what="auto, cpu, cuda or cuda:N")  # auto | cpu | cuda | cuda:N
+    num_processes: int = option(1, ge=1)  # data-parallel ranks; > 1 needs strategy.name=fsdp and trainer.controller=ray
+    checkpoint: str = option("full", choices=("full", "sharded"))  # full (gathered; any rank count resumes) | sharded (torch.distributed.checkpoint)
     offload_optimizer: bool = False  # optimizer state in CPU memory between updates (frees GPU memory for rollout)
 
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 200  # training steps (one rollout batch each)
-    seed: int = 1  # seeds torch, python and the data order
+    total_steps: int = option(200, ge=1)  # training steps (one rollout batch each)
+    seed: int = option(1, ge=0, le=2**32 - 1)  # seeds torch, python and the data order
     controller: str = "local"  # controller registry name: local (in-process) | ray (Ray actors)
-    critic_warmup: int = 0  # first steps in which only the critic is trained (the actor waits)
-    project: str = "rlforge"  # mlflow experiment name
-    experiment: str = "default"  # run folders go to <runs_root>/<experiment>/<timestamp>
-    runs_root: str = "rlforge_runs"  # root folder of all runs
+    critic_warmup: int = option(0, ge=0)  # first steps in which only the critic is trained (the actor waits)
+    project: str = option("rlforge", pattern=r"\S.*", what="a non-empty name")  # mlflow experiment name
+    experiment: str = option("default", pattern=RUN_NAME, what=RUN_NAME_WHAT)  # run folders go to <runs_root>/<experiment>/<timestamp>
+    runs_root: str = option("rlforge_runs", pattern=r".+", what="a folder")  # root folder of all runs
     run_dir: Optional[str] = None  # explicit run folder; None = <runs_root>/<experiment>/<timestamp>
-    resume: str = "never"  # never | auto (latest checkpoint of the experiment) | a checkpoint folder
-    save_every: int = 50  # steps; a final checkpoint is always written
-    keep_last_n: int = 2  # checkpoints kept (0 = keep all)
-    val_every: int = 50  # steps; 0 = only at the end (and before training if val_before_train)
+    resume: str = "never"  # never | auto (the newest run of the experiment, docs/reliability.md) | a checkpoint or run folder
+    save_every: int = option(50, ge=0)  # steps; a final checkpoint is always written
+    keep_last_n: int = option(2, ge=0)  # checkpoints kept (0 = keep all)
+    val_every: int = option(50, ge=0)  # steps; 0 = only at the end (and before training if val_before_train)
     val_before_train: bool = True  # validate once before the first step
-    max_nonfinite_steps: int = 5  # stop after this many optimizer steps in a row with a NaN/Inf gradient
-    resume_force: bool = False  # resume even if the model or batch shape changed since the checkpoint
-    samples_to_save: int = 8  # generated samples written per step to samples.jsonl
+    max_nonfinite_steps: int = option(5, ge=1)  # stop after this many optimizer steps in a row with a NaN/Inf gradient
+    resume_force: bool = False  # resume even if the config or the training data changed since the checkpoint (warns)
+    samples_to_save: int = option(8, ge=0)  # generated samples written per step to samples.jsonl
     progress: bool = True  # live progress bar
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
+from rlforge.config.schema import option
 from rlforge.controller.dispatch import shard_for_update, split_even, split_rows
 from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
@@ -44,12 +45,12 @@ class RayConfig:
     """The Ray cluster of ``trainer.controller=ray`` (see docs/distributed.md)."""
 
     address: Optional[str] = None  # None = start a local cluster; auto | host:port = join a running cluster
-    num_cpus: Optional[int] = None  # CPUs of the local cluster; None = all of this machine's
-    cpus_per_worker: float = 1.0  # CPUs per rank's placement bundle (shared by the roles colocated on it)
-    gpus_per_worker: Optional[float] = None  # GPUs per bundle; None = 1 if the cluster has GPUs and strategy.device != cpu
+    num_cpus: Optional[int] = option(None, ge=1)  # CPUs of the local cluster; None = all of this machine's
+    cpus_per_worker: float = option(1.0, gt=0)  # CPUs per rank's placement bundle (shared by the roles colocated on it)
+    gpus_per_worker: Optional[float] = option(None, ge=0)  # GPUs per bundle; None = 1 if the cluster has GPUs and strategy.device != cpu
     colocate_critic: bool = True  # critic ranks share the actor's bundles (one pool); False = a pool of its own
     placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement group)
-    placement_timeout_s: float = 120.0  # fail with a clear error if the workers cannot be placed by then
+    placement_timeout_s: float = option(120.0, gt=0)  # fail with a clear error if the workers cannot be placed by then
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -349,7 +350,7 @@ class RayController:
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
         """Restore what :meth:`state_dict` (or the local controller) saved in the checkpoint ``folder``;
-        ``checkpoint.load`` has already put the actor's weights into the driver's ``module.actor``."""
+        ``checkpoint.load_weights`` has already put the actor's weights into the driver's ``module.actor``."""
         from rlforge.checkpoint import SHARDED_DIR
 
         same_ranks = state.get("world_size") == self.actor.world_size

@@ -15,10 +15,10 @@ from typing import Any
 
 from rlforge import checkpoint as ckpt
 from rlforge.errors import RLForgeError
+from rlforge.lora import ADAPTER_CONFIG  # peft's: a LoRA run's checkpoint holds an adapter
 from rlforge.models import BUILTIN_PREFIX, HUB_ID
 
 ACTOR_DIR = "actor"
-ADAPTER_CONFIG = "adapter_config.json"  # peft's: a LoRA run's checkpoint holds an adapter
 
 
 def find_checkpoint(path: str | Path) -> Path:

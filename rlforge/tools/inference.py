@@ -4,20 +4,25 @@ and the dataset's prompts in batches.
 Prompts are read and checked before the model loads, so data mistakes fail fast. Everything comes from the registries, as in training: the dataset (``data.name``), the strategy that
 places the model (``strategy.name``) and the rollout engine (``rollout.name``). Sampling uses the
 validation settings ``rollout.val_n`` and ``rollout.val_temperature`` (greedy by default).
+
+A run folder or checkpoint is run with the config it was trained with (data, prompt and response lengths,
+reward, rollout and template settings), under ``--config`` and ``key=value`` overrides; a plain model folder
+starts from the defaults.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlforge.batch import Batch
 from rlforge.data import collate, tokenize_rows
 from rlforge.errors import RLForgeError
-from rlforge.protocols import SamplingParams
-from rlforge.tools.export import model_folder
+from rlforge.models import BUILTIN_PREFIX
+from rlforge.tools.export import find_checkpoint, model_folder
 
 SPLITS = ("train", "val")
 
@@ -43,14 +48,33 @@ def compose_for_model(
         extra.append(f"rollout.val_n={n}")
     if temperature is not None:
         extra.append(f"rollout.val_temperature={temperature}")
-    pm, cfg = compose_with_plugins(None, config_file, [*(overrides or []), *extra], loaded=loaded)
-    params = SamplingParams.from_config(cfg.rollout, validation=True)
-    if params.n > 1 and params.temperature == 0:
-        raise RLForgeError(
-            f"{params.n} samples per prompt (rollout.val_n) at temperature 0 are {params.n} identical greedy "
-            f"answers: set a temperature, e.g. --temperature 1.0."
-        )
-    return pm, cfg
+    return compose_with_plugins(None, config_file, [*(overrides or []), *extra], loaded=loaded,
+                                base=training_config(model))
+
+
+def training_config(model: str) -> tuple[DictConfig, str] | None:
+    """(the config ``model`` was trained with, where it is) for a run folder, a checkpoint or a checkpoint's
+    ``actor/`` folder; None for any other model. The keys of the training run's own bookkeeping are dropped."""
+    from rlforge.resume import run_config_of
+
+    folder = Path(model).expanduser()
+    if model.startswith(BUILTIN_PREFIX) or not folder.is_dir():
+        return None
+    if (folder / "config.json").is_file():  # a model folder: a checkpoint's actor/, or a plain model
+        if folder.name != "actor" or not (folder.parent / "trainer_state.pt").is_file():
+            return None
+        folder = folder.parent
+    checkpoint = find_checkpoint(folder)
+    found = run_config_of(checkpoint)
+    if found is None:
+        return None
+    cfg = OmegaConf.create(found)
+    # the run's bookkeeping, and models that evaluation does not load (they may have moved since)
+    for section, key in (("trainer", "resume"), ("trainer", "resume_force"), ("trainer", "run_dir"),
+                         ("model", "ref_path"), ("critic", "path")):
+        if isinstance(cfg.get(section), DictConfig):
+            cfg[section].pop(key, None)
+    return cfg, f"the training config of {checkpoint}"
 
 
 def load_engine(cfg: DictConfig, pm: Any, tokenizer: Any) -> Any:

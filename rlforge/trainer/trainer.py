@@ -14,16 +14,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlforge import batch as B
 from rlforge import checkpoint as ckpt
+from rlforge import resume
 from rlforge.build import Builder
 from rlforge.config import compose
 from rlforge.data import PromptSampler, collate, tokenize_rows
 from rlforge.dataflow import DataFlow, StepContext
-from rlforge.errors import NonFiniteError, RLForgeError
+from rlforge.errors import NonFiniteError
 from rlforge.module import RLModule
 from rlforge.plugin_manager import PluginManager
 from rlforge.protocols import SamplingParams
 from rlforge.trainer.metrics import data_metrics, token_count, validation_metrics
 from rlforge.trainer.report import print_summary
+
+RESUME_HINT = "Free space, then continue with trainer.resume=auto (the last checkpoint is complete)."
 
 
 class Trainer:
@@ -58,29 +61,12 @@ class Trainer:
         self.run_dir: Path | None = None
 
     # --- setup ------------------------------------------------------------------------------------
-    def _resolve_run(self) -> Path | None:
-        """Pick the run folder; return the checkpoint to resume from, if any."""
-        t = self.config.trainer
-        resume_from: Path | None = None
-        if t.resume == "auto":
-            resume_from = (ckpt.list_checkpoints(Path(t.run_dir)) or [None])[-1] if t.run_dir else (
-                ckpt.find_latest(t.runs_root, t.experiment))
-        elif t.resume != "never":
-            resume_from = Path(t.resume)
-            if not (resume_from / ckpt.STATE_FILE).is_file():
-                raise RLForgeError(f"trainer.resume={t.resume}: not a checkpoint folder (no {ckpt.STATE_FILE}).")
-        if resume_from is not None:
-            self.run_dir = resume_from.parent.parent
-            if not t.resume_force:
-                ckpt.check_resumable(self.run_dir / "config.yaml", self.config)
-        elif t.run_dir:
-            self.run_dir = Path(t.run_dir)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        else:
-            self.run_dir = ckpt.new_run_dir(t.runs_root, t.experiment)
-        if resume_from is None:  # a resumed run's config is rewritten once its checkpoint has loaded
-            OmegaConf.save(self.config, self.run_dir / "config.yaml")
-        return resume_from
+    def _resolve_run(self) -> resume.Binding:
+        """Lock the run folder to write and read the checkpoint to continue from (rlforge.resume)."""
+        binding = resume.bind(self.config, self.fingerprint,
+                              lambda: compose(self.plugins.registry, self.config.algorithm.name))
+        self.run_dir = binding.run_dir
+        return binding
 
     def _load_data(self, tokenizer: Any) -> None:
         d = self.config.data
@@ -90,6 +76,7 @@ class Trainer:
         self.val_prompts = tokenize_rows(self.builder.dataset("val"), tokenizer, d.max_prompt_length,
                                          d.filter_overlong_prompts, f"{d.name} (val)")
         self.sampler = PromptSampler(len(train), d.train_batch_size, d.shuffle, self.config.trainer.seed)
+        self.fingerprint = resume.fingerprint(train, self.config)
 
     def _seed(self) -> None:
         seed = self.config.trainer.seed
@@ -102,20 +89,23 @@ class Trainer:
         module = self.module = self.builder.module(module)
         self.flow = self.build_flow(module)
         self._load_data(module.tokenizer)  # data mistakes surface before any model loads or folder is made
-        resume_from = self._resolve_run()
-        self._seed()
-        self.controller = self.builder.controller(module)  # loads the models this process needs
-        self.loggers = []
+        binding = self._resolve_run()
         try:
-            self.loggers = self.builder.loggers(str(self.run_dir))
-            return self._fit(module, self.flow, resume_from)
-        except BaseException as exc:
-            self.hook.rlforge_exception(trainer=self, exception=exc)
-            raise
+            self._seed()
+            self.controller = self.builder.controller(module)  # loads the models this process needs
+            self.loggers = []
+            try:
+                self.loggers = self.builder.loggers(str(self.run_dir))
+                return self._fit(module, self.flow, binding)
+            except BaseException as exc:
+                self.hook.rlforge_exception(trainer=self, exception=exc)
+                raise
+            finally:
+                for lg in self.loggers:
+                    lg.close()
+                self.controller.shutdown()
         finally:
-            for lg in self.loggers:
-                lg.close()
-            self.controller.shutdown()
+            binding.lock.release()
 
     def build_flow(self, module: RLModule) -> DataFlow:
         """The module's dataflow, edited by the plugins (``rlforge_before_flow_compile``), then compiled."""
@@ -123,14 +113,17 @@ class Trainer:
         self.hook.rlforge_before_flow_compile(flow=flow, module=module, config=self.config)
         return flow.compile()
 
-    def _fit(self, module: RLModule, flow: DataFlow, resume_from: Path | None) -> dict[str, Any]:
+    def _fit(self, module: RLModule, flow: DataFlow, binding: resume.Binding) -> dict[str, Any]:
         cfg, t = self.config, self.config.trainer
         for lg in self.loggers:
             lg.log_params(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]  # a dict at the root
-        if resume_from is not None:
-            self._restore(resume_from)
-            OmegaConf.save(self.config, self.run_dir / "config.yaml")
-            print(f"rlforge: resumed from {resume_from} (step {self.step})")
+        if binding.checkpoint is not None:
+            self._restore(binding.checkpoint, binding.state)
+            changed = "".join(f"; {k}: {a!r} -> {b!r}" for k, (a, b) in binding.changed.items()
+                              if not k.startswith("trainer.resume"))
+            print(f"rlforge: resumed from {binding.checkpoint} (step {self.step}){changed}")
+        elif not binding.new:
+            print(f"rlforge: restarting {self.run_dir} from step 0 (it was stopped before its first checkpoint)")
         self.hook.rlforge_fit_start(trainer=self, module=module)
         start = time.perf_counter()
         val_before = self.validate() if t.val_before_train and self.step == 0 else None
@@ -159,7 +152,8 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "mlflow_uri": f"sqlite:///{(self.run_dir / 'mlflow.db').resolve()}",
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        with ckpt.disk_errors(f"write {self.run_dir / 'summary.json'}", "The last checkpoint is complete."):
+            ckpt.write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         self.hook.rlforge_fit_end(trainer=self, module=module, summary=summary)
         print_summary(summary, "mlflow" in cfg.logger.backends)
         return summary
@@ -215,13 +209,15 @@ class Trainer:
         return metrics
 
     def _log(self, metrics: dict[str, float]) -> None:
-        for lg in self.loggers:
-            lg.log_metrics(metrics, self.step)
+        with ckpt.disk_errors(f"log the metrics of step {self.step} into {self.run_dir}", RESUME_HINT):
+            for lg in self.loggers:
+                lg.log_metrics(metrics, self.step)
 
     def _write_samples(self, name: str, batch: B.Batch, limit: int) -> None:
         if limit <= 0:
             return
-        with (self.run_dir / name).open("a", encoding="utf-8") as fh:
+        with ckpt.disk_errors(f"write {self.run_dir / name}", RESUME_HINT), \
+                (self.run_dir / name).open("a", encoding="utf-8") as fh:
             for i in range(min(limit, len(batch))):
                 fh.write(json.dumps({
                     "step": self.step,
@@ -242,11 +238,12 @@ class Trainer:
             "extra": {},
         }
         self.hook.rlforge_save_checkpoint(trainer=self, checkpoint=state["extra"])
+        meta = {"config": OmegaConf.to_container(self.config, resolve=True), **self.fingerprint}
         return ckpt.save(self.run_dir, self.step, self.module.actor, self.module.tokenizer, state,
-                         self.config.trainer.keep_last_n)
+                         self.config.trainer.keep_last_n, meta)
 
-    def _restore(self, path: Path) -> None:
-        state = ckpt.load(path, self.module.actor)
+    def _restore(self, path: Path, state: dict[str, Any]) -> None:
+        ckpt.load_weights(path, self.module.actor)
         self.controller.load_state_dict(state["controller"], path)
         self.controller.sync_weights()
         self.sampler.load_state_dict(state["sampler"])

@@ -1,0 +1,113 @@
+"""Value checks that run at compose time, before any folder is made or any model is loaded.
+
+- :func:`check_values`: every field of every section (core, algorithm, components) against its declared
+  :class:`~rlforge.config.schema.Valid` rule, and every float is finite. The rules live on the fields
+  (``option(default, gt=0)``), so a plugin's options are checked like the core's.
+- :func:`check_model_folder`: a model folder's weights are safetensors (pickles are refused) and its context
+  holds ``data.max_prompt_length + rollout.max_new_tokens``, read from ``config.json`` without loading anything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlforge.errors import ConfigError
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# config.json keys that give a model's context length, most common first
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def check_values(node: DictConfig, prefix: str = "") -> None:
+    """Raise a ConfigError naming the first key whose value breaks its field's rule (or is NaN/inf)."""
+    cls = OmegaConf.get_type(node)
+    if not (isinstance(cls, type) and is_dataclass(cls)):
+        return
+    for f in fields(cls):
+        key, value = f"{prefix}{f.name}", node[f.name]
+        if isinstance(value, DictConfig):
+            check_values(value, key + ".")
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"'{key}' must be a finite number, got {value}.")
+        rule = f.metadata.get("valid")
+        if rule is not None and value is not None and not rule.allows(value):
+            integer = isinstance(value, int) and not isinstance(value, bool)
+            why = f": {rule.why}" if rule.why else ""
+            raise ConfigError(f"'{key}' must be {rule.describe(integer)}, got {value!r}{why}.")
+
+
+def check_model_folder(folder: Path, key: str, cfg: DictConfig) -> None:
+    """Refuse pickle-only weights; check the context length against the longest sequence of ``cfg``."""
+    names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    pickles = sorted(n for n in names if n.endswith(PICKLE_SUFFIXES))
+    if pickles and not any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
+        raise ConfigError(
+            f"Model folder '{folder}' ({key}) holds its weights only as a pickle ({', '.join(pickles[:3])}), no "
+            f"safetensors. rlforge does not load pickles: unpickling an untrusted file can run code, and torch's "
+            f"weights_only loader has had bypasses. If you trust the file, convert it once: python -c \"from "
+            f"transformers import AutoModelForCausalLM as M, AutoTokenizer as T; p, o = '{folder}', "
+            f"'{folder}-safetensors'; M.from_pretrained(p).save_pretrained(o); T.from_pretrained(p).save_pretrained(o)\" "
+            f"and set {key}={folder}-safetensors."
+        )
+    found = model_context(folder / "config.json")
+    if found is None:
+        return
+    context, source = found
+    prompt, new = cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+    if prompt + new > context:
+        raise ConfigError(
+            f"data.max_prompt_length ({prompt}) + rollout.max_new_tokens ({new}) = {prompt + new} tokens exceed the "
+            f"context of {key}: {source} = {context} in {folder / 'config.json'}. Lower one of them."
+        )
+
+
+def model_context(config_json: Path) -> tuple[int, str] | None:
+    """(context length, where it came from) of a Hugging Face ``config.json``; None when it does not say.
+
+    RoPE scaling that extends the context (YaRN, linear, dynamic: a ``factor`` over
+    ``original_max_position_embeddings``) counts; a nested ``text_config`` (multimodal models) is read too.
+    """
+    try:
+        data = json.loads(config_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the model loader reports an unreadable config.json with its own message
+    if not isinstance(data, dict):
+        return None
+    section = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
+    key = next((k for k in CONTEXT_KEYS if isinstance(section.get(k), int) and section[k] > 0), None)
+    if key is None:
+        return None
+    context = section[key]
+    rope = section.get("rope_scaling") or section.get("rope_parameters") or {}
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if isinstance(factor, (int, float)) and factor > 1:
+        original = rope.get("original_max_position_embeddings") or context
+        if context <= original:  # the scaled context is not already the stated one (as in Llama 3.1's config)
+            return int(original * factor), f"{key} x rope factor {factor}"
+    return context, key
+
+
+def check_resume_value(value: str) -> None:
+    """``trainer.resume`` is never, auto, or an existing folder (a checkpoint or a run: checked when resuming)."""
+    if value in ("never", "auto"):
+        return
+    if not Path(value).expanduser().is_dir():
+        raise ConfigError(
+            f"trainer.resume='{value}': no such folder. Use never, auto (the newest run of trainer.experiment), a "
+            f"checkpoint folder (<run>/checkpoints/step_N) or a run folder."
+        )
+
+
+def check_no_duplicates(cfg: DictConfig, key: str) -> None:
+    values = list(OmegaConf.select(cfg, key))
+    dupes = sorted({v for v in values if values.count(v) > 1})
+    if dupes:
+        raise ConfigError(f"'{key}' names {dupes[0]!r} more than once: {values}.")
+

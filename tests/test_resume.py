@@ -1,0 +1,255 @@
+"""Resume never continues the wrong thing (docs/reliability.md, "Resuming"): trainer.resume=auto binds to the
+newest run only, a changed config or training data is refused, a corrupt newest checkpoint falls back to the
+newest good one, a damaged config.yaml says so, one process writes a run folder at a time; `rlforge eval RUN`
+runs with the run's own config. Through the CLI where a user would meet it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from rlforge import Trainer, hookimpl, load_config
+from rlforge.cli import main
+from rlforge.config import compose
+from rlforge.errors import RLForgeError
+from rlforge.resume import compare_configs, compare_fingerprints, fingerprint
+from rlforge.runlock import RunLock
+from tests.test_bad_inputs import QUICK, _error, _jsonl, _row
+
+ROWS = [_row(f"What is {a}+{b}?", str(a + b)) for a, b in zip(range(16), range(3, 19))]
+RUN = [*QUICK, "data.name=files", "trainer.total_steps=2", "trainer.save_every=1", "trainer.keep_last_n=0",
+       "rollout.max_new_tokens=6"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished 2-step run on a jsonl file, with checkpoints step_1 and step_2 (never modified: tests copy it)."""
+    root = tmp_path_factory.mktemp("trained")
+    train = _jsonl(root / "train.jsonl", ROWS)
+    val = _jsonl(root / "val.jsonl", ROWS[:3])
+    overrides = [*RUN, f"data.train_files=[{train}]", f"data.val_files=[{val}]", f"trainer.runs_root={root / 'runs'}"]
+    assert main(["fit", *overrides]) == 0
+    (run,) = (root / "runs" / "default").iterdir()
+    return {"run": run, "train": train, "overrides": overrides}
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+    """A copy of the trained run in a runs root of its own; ``run.overrides`` resume it with trainer.resume=auto."""
+    copy = tmp_path / "runs" / "default" / trained["run"].name
+    shutil.copytree(trained["run"], copy)
+    return copy, [*trained["overrides"], f"trainer.runs_root={tmp_path / 'runs'}", "trainer.resume=auto"]
+
+
+def _state(run_dir, step):
+    return run_dir / "checkpoints" / f"step_{step:06d}" / "trainer_state.pt"
+
+
+def _weights(path):
+    return load_file(str(path / "actor" / "model.safetensors"))
+
+
+class StopAt:
+    """Interrupts a run at the start of a step (before that step's checkpoint)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    @hookimpl
+    def rlforge_step_start(self, step):
+        if step == self.step:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.slow
+def test_auto_continues_the_newest_run_only(capsys, run, tmp_path):
+    finished, overrides = run
+    record = {p.relative_to(finished): p.read_bytes() for p in sorted(finished.rglob("*")) if p.is_file()}
+    # a new run of the experiment, stopped before its first checkpoint
+    new = [o for o in overrides if o != "trainer.resume=auto"] + ["actor.lr=1e-4"]
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(load_config("grpo", new), callbacks=[StopAt(1)]).fit()
+    stopped = max((tmp_path / "runs" / "default").iterdir())
+    assert stopped != finished and not (stopped / "checkpoints").exists()
+    capsys.readouterr()
+    # auto binds to that newest run: a changed learning rate is refused, naming the run and the key ...
+    err = _error(capsys, ["fit", *overrides, "actor.lr=1e-5"])
+    assert f"Cannot resume {stopped} (it has no checkpoint: from step 0)" in err
+    assert "actor.lr: 0.0001 -> 1e-05" in err and "trainer.resume_force=true" in err
+    # ... and the same config restarts it from step 0; the older, finished run is never touched
+    assert main(["fit", *overrides, "actor.lr=1e-4"]) == 0
+    assert f"rlforge: restarting {stopped} from step 0" in capsys.readouterr().out
+    assert (stopped / "checkpoints" / "step_000002").is_dir()
+    assert {p.relative_to(finished): p.read_bytes() for p in sorted(finished.rglob("*")) if p.is_file()} == record
+
+
+def test_changed_config_or_training_data_is_refused(capsys, run, tmp_path):
+    run_dir, overrides = run
+    err = _error(capsys, ["fit", *overrides, "rollout.temperature=0.9"])
+    assert f"Cannot resume {run_dir} from step_000002" in err and "rollout.temperature: 1.0 -> 0.9" in err
+    # the same file with other rows, or another file: the training data changed
+    changed = _jsonl(tmp_path / "changed.jsonl", ROWS[::-1])
+    err = _error(capsys, ["fit", *overrides, f"data.train_files=[{changed}]"])
+    assert "the training data: 16 prompts (sha256" in err
+    shorter = _jsonl(tmp_path / "shorter.jsonl", ROWS[:8])
+    assert "16 prompts (sha256" in _error(capsys, ["fit", *overrides, f"data.train_files=[{shorter}]"])
+    assert "data.shuffle: True -> False" in _error(capsys, ["fit", *overrides, "data.shuffle=false"])
+
+
+def test_the_reward_file_contents_are_fingerprinted(tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(*a): return 1.0\n")
+    cfg = OmegaConf.create({"reward": {"file": str(reward)}})
+    before = fingerprint([], cfg)
+    assert compare_fingerprints(before, fingerprint([], cfg)) == []
+    reward.write_text("def compute_score(*a): return 0.0\n")
+    (change,) = compare_fingerprints(before, fingerprint([], cfg))
+    assert change.startswith("the contents of reward.file: sha256 ")
+
+
+def test_changed_builtin_task_is_refused(registry):
+    """data.arith.* (size, operands, held-out size), shuffle and seed are compared key by key."""
+    def plain(*overrides):
+        return OmegaConf.to_container(compose(registry, "grpo", None, list(overrides)), resolve=True)
+
+    saved = plain()
+    for key, value in [("data.arith.train_size", 500), ("data.arith.max_operand", 9), ("data.arith.val_size", 10),
+                       ("data.shuffle", False), ("trainer.seed", 2), ("actor.clip_ratio_high", 0.28)]:
+        blocking, _ = compare_configs(saved, plain(f"{key}={value}"), lambda: saved)
+        assert len(blocking) == 1 and blocking[0].startswith(f"{key}: "), (key, blocking)
+    blocking, changed = compare_configs(saved, plain("trainer.total_steps=9", "logger.backends=[console]",
+                                                     "trainer.save_every=3"), lambda: saved)
+    assert blocking == [] and sorted(changed) == ["logger.backends", "trainer.save_every", "trainer.total_steps"]
+    # a key added since the checkpoint passes at its default, not at another value
+    older = {**saved, "actor": {k: v for k, v in saved["actor"].items() if k != "entropy_coeff"}}
+    assert compare_configs(older, saved, lambda: saved) == ([], {})
+    assert compare_configs(older, plain("actor.entropy_coeff=0.1"), lambda: saved)[0] == [
+        "actor.entropy_coeff: (absent) -> 0.1"]
+
+
+@pytest.mark.slow
+def test_moved_data_and_forced_changes_continue(capsys, caplog, run, trained, tmp_path):
+    run_dir, overrides = run
+    moved = tmp_path / "elsewhere.jsonl"
+    shutil.copy(trained["train"], moved)
+    assert main(["fit", *overrides, f"data.train_files=[{moved}]", "trainer.total_steps=3"]) == 0
+    out = capsys.readouterr().out
+    assert f"rlforge: resumed from {run_dir / 'checkpoints' / 'step_000002'} (step 2)" in out
+    assert "trainer.total_steps: 2 -> 3" in out
+    assert main(["fit", *overrides, "trainer.total_steps=3", "actor.lr=1e-3", "trainer.resume_force=true"]) == 0
+    assert "actor.lr: 5e-05 -> 0.001" in caplog.text and "trainer.resume_force=true" in caplog.text
+    records = [json.loads(line) for line in (run_dir / "resumes.jsonl").read_text().splitlines()]
+    assert records[-1]["forced"] == ["actor.lr: 5e-05 -> 0.001"] and records[-1]["checkpoint"] == "step_000003"
+    assert OmegaConf.load(run_dir / "config.yaml").actor.lr == 5e-5  # the run's record is never rewritten
+
+
+@pytest.mark.slow
+def test_corrupt_newest_checkpoint_falls_back_to_the_newest_good_one(capsys, caplog, run, trained):
+    run_dir, overrides = run
+    _state(run_dir, 2).write_bytes(b"")
+    err = _error(capsys, ["fit", *overrides, f"trainer.resume={_state(run_dir, 2).parent}"])  # named: no fallback
+    assert f"{_state(run_dir, 2)} is empty (0 bytes)" in err
+    assert main(["fit", *overrides]) == 0
+    assert f"resumed from {run_dir / 'checkpoints' / 'step_000001'} (step 1)" in capsys.readouterr().out
+    assert f"{_state(run_dir, 2)} is empty (0 bytes)" in caplog.text
+    assert (run_dir / "checkpoints" / "set_aside" / "step_000002").is_dir()
+    # step 2, trained again from step 1, is the same as the original step 2
+    a, b = _weights(trained["run"] / "checkpoints" / "step_000002"), _weights(_state(run_dir, 2).parent)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_no_readable_checkpoint_and_truncated_weights(capsys, run):
+    run_dir, overrides = run
+    weights = run_dir / "checkpoints" / "step_000002" / "actor" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    _state(run_dir, 1).write_bytes(_state(run_dir, 1).read_bytes()[:5000])
+    err = _error(capsys, ["fit", *overrides])
+    assert f"No readable checkpoint in {run_dir / 'checkpoints'}" in err
+    assert f"{weights} cannot be read: it is truncated or corrupted" in err
+    assert f"{_state(run_dir, 1)} cannot be read: it is truncated or corrupted" in err
+
+
+@pytest.mark.parametrize("damage, says", [(lambda t: "", "is empty (0 bytes)"),
+                                          (lambda t: t[: len(t) // 2], "is truncated: it does not end with")])
+def test_damaged_run_config_says_so(capsys, run, damage, says):
+    run_dir, overrides = run
+    config = run_dir / "config.yaml"
+    config.write_text(damage(config.read_text()))
+    err = _error(capsys, ["fit", *overrides])
+    assert f"{config} {says}" in err and "trainer.resume_force=true" in err
+
+
+def test_a_second_writer_is_refused(capsys, run):
+    run_dir, overrides = run
+    lock = RunLock(run_dir)
+    try:
+        err = _error(capsys, ["fit", *overrides])
+    finally:
+        lock.release()
+    assert f"Run folder {run_dir} is in use by another rlforge process (pid {os.getpid()} on" in err
+    err = _error(capsys, ["fit", *overrides, "trainer.resume=never", f"trainer.run_dir={run_dir}"])
+    assert f"trainer.run_dir={run_dir} already holds a run" in err
+    step = run_dir / "checkpoints" / "step_000001"
+    err = _error(capsys, ["fit", *overrides, f"trainer.resume={step}", f"trainer.run_dir={run_dir.parent / 'other'}"])
+    assert f"trainer.resume={step} belongs to the run {run_dir}, not to trainer.run_dir=" in err
+
+
+HOLD = "import sys, time; from pathlib import Path; from rlforge.runlock import RunLock; RunLock(Path(sys.argv[1])); " \
+       "print('locked', flush=True); time.sleep(600)"
+
+
+def test_the_lock_dies_with_its_holder_even_on_kill_9(tmp_path, caplog):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(RLForgeError, match=rf"in use by another rlforge process \(pid {proc.pid} on"):
+            RunLock(tmp_path)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with caplog.at_level(logging.WARNING, logger="rlforge.run"):
+        RunLock(tmp_path).release()
+    assert f"the previous writer (pid {proc.pid} on" in caplog.text and "did not exit cleanly" in caplog.text
+
+
+def _sleep(started) -> None:
+    started.set()
+    time.sleep(60)
+
+
+def test_forked_children_do_not_keep_the_lock(tmp_path):
+    lock = RunLock(tmp_path)
+    fork = multiprocessing.get_context("fork")
+    started = fork.Event()
+    child = fork.Process(target=_sleep, args=(started,), daemon=True)
+    child.start()
+    try:
+        assert started.wait(60)
+        lock.release()
+        RunLock(tmp_path).release()  # free although the child (a forked reward worker, say) still runs
+    finally:
+        child.kill()
+        child.join()
+
+
+def test_eval_of_a_run_uses_its_training_config(capsys, trained, tmp_path):
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(trained["run"]), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["dataset"], report["rows"], report["max_new_tokens"]) == ("files", 3, 6)
+    checkpoint = trained["run"] / "checkpoints" / "step_000001" / "actor"
+    assert main(["eval", str(checkpoint), "--out", str(out), "rollout.max_new_tokens=4", "--limit", "1"]) == 0
+    report = json.loads(out.read_text())
+    assert (report["dataset"], report["rows"], report["max_new_tokens"]) == ("files", 1, 4)
