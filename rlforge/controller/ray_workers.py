@@ -57,8 +57,11 @@ class RankWorker:
         module.configure_model()
         strategy = builder.strategy()
         if self.role == "actor":
-            self.worker = ActorWorker(config, module, strategy, builder.hook)
+            owns = bool(getattr(builder.registry.rollout.get(config.rollout.name), "owns_weights", False))
+            self.worker = ActorWorker(config, module, strategy, builder.hook, engine_owns_weights=owns)
             self.rollout = builder.rollout(self.worker.rollout_model, module.tokenizer)
+            if owns:  # the engine starts from model.path: give it the actor's weights (collective over the ranks)
+                self.sync_weights()
         else:
             self.worker = CriticWorker(config, module, strategy, builder.hook)
 
@@ -79,6 +82,15 @@ class RankWorker:
         start = time.perf_counter()
         self.rollout.update_weights(self.worker.named_weights())
         return time.perf_counter() - start
+
+    def holds_replica(self) -> bool:
+        """Whether this rank keeps a full copy of the policy for its rollout engine (see ``ActorWorker``)."""
+        return self.worker.rollout_model is not self.worker.model
+
+    def engine_weights(self) -> list[dict[str, torch.Tensor]]:
+        """What this rank's rollout engine computes with, one dict per engine worker (engines with
+        ``read_weights``, e.g. vllm): a check that the engine holds the trained weights."""
+        return self.rollout.read_weights()
 
     # --- state ---------------------------------------------------------------------------------------
     def state_dict(self, with_model: bool) -> dict[str, Any]:

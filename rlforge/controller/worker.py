@@ -214,12 +214,15 @@ class ActorWorker(TrainWorker):
 
     role = "actor"
 
-    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None) -> None:
+    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None,
+                 engine_owns_weights: bool = False) -> None:
         super().__init__(config, module, strategy, hook)
         # The rollout engine generates with the actor itself, unless the strategy shards it: then with a full
-        # replica (the hybrid engine), refreshed by streaming gathered weights in ``named_weights``.
+        # replica (the hybrid engine), refreshed by streaming gathered weights in ``named_weights``. An engine that
+        # keeps its own weights (vLLM: ``owns_weights``) needs no replica: it gets the sharded actor (for its config)
+        # and the gathered weight stream.
         self.rollout_model = module.actor
-        if getattr(strategy, "sharded", False):
+        if getattr(strategy, "sharded", False) and not engine_owns_weights:
             self.rollout_model = copy.deepcopy(module.actor).requires_grad_(False).to(strategy.device)
         module.actor = self._prepare(module.actor)
         module.actor.train()
