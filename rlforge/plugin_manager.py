@@ -46,6 +46,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.reward.rule",
     "rlforge.plugins.strategy.single",
     "rlforge.plugins.strategy.fsdp",
+    "rlforge.plugins.strategy.tp",
     "rlforge.plugins.logger.console",
     "rlforge.plugins.logger.mlflow_logger",
     "rlforge.plugins.logger.tensorboard",
