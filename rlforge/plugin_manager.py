@@ -47,6 +47,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.strategy.single",
     "rlforge.plugins.strategy.fsdp",
     "rlforge.plugins.strategy.tp",
+    "rlforge.plugins.strategy.megatron",
     "rlforge.plugins.logger.console",
     "rlforge.plugins.logger.mlflow_logger",
     "rlforge.plugins.logger.tensorboard",
