@@ -48,6 +48,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.strategy.fsdp",
     "rlforge.plugins.strategy.tp",
     "rlforge.plugins.strategy.megatron",
+    "rlforge.plugins.strategy.fabric",
     "rlforge.plugins.logger.console",
     "rlforge.plugins.logger.mlflow_logger",
     "rlforge.plugins.logger.tensorboard",

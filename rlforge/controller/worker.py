@@ -63,6 +63,12 @@ class TrainWorker:
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError  # abstract: each worker's loss
 
+    def _setup_optimizer(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
+        """A strategy that wraps model and optimizer together (DeepSpeed through ``fabric``) defines
+        ``setup_optimizer(model, optimizer) -> (model, optimizer)``; the others keep both as they are."""
+        setup = getattr(self.strategy, "setup_optimizer", None)
+        return (model, optimizer) if setup is None else setup(model, optimizer)
+
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """Put a model of this role on the strategy, with the ``model.*`` training options."""
         if self.config.model.gradient_checkpointing:
@@ -229,6 +235,7 @@ class ActorWorker(TrainWorker):
         if module.ref is not None:
             module.ref = self._setup(module.ref)
         self.optimizer, self.scheduler = module.configure_optimizers()
+        module.actor, self.optimizer = self._setup_optimizer(module.actor, self.optimizer)
 
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.training_step(micro, ctx)
@@ -258,6 +265,7 @@ class CriticWorker(TrainWorker):
         module.critic = self._prepare(module.critic)
         module.critic.train()
         self.optimizer, self.scheduler = module.configure_critic_optimizers()
+        module.critic, self.optimizer = self._setup_optimizer(module.critic, self.optimizer)
 
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.critic_step(micro, ctx)
