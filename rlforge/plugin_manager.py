@@ -57,6 +57,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.data.builtin",
     "rlforge.controller.local",
     "rlforge.controller.ray_controller",
+    "rlforge.controller.torchrun",
 )
 
 

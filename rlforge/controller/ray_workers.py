@@ -1,9 +1,10 @@
-"""The body of one Ray worker process: one data-parallel rank of a role.
+"""The body of one worker process: one rank of a role (a Ray actor, or a process torchrun started).
 
 Roles (verl's layout): ``actor`` holds the policy being trained, the reference model and the rollout engine
 (colocated: the hybrid engine); ``critic`` holds the value model. Each rank joins its role's
 torch.distributed process group (the torchrun variables), so the strategy (e.g. ``fsdp``) runs as under any
-launcher. This is plain Python: ``ray_controller`` wraps it with ``ray.remote``.
+launcher. This is plain Python: ``ray_controller`` wraps it with ``ray.remote``; the ``torchrun`` controller
+calls it in place.
 """
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ class RankWorker:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port, os.getpid()
 
-    def setup(self, config: Any, module_cls: type, master: tuple[str, int]) -> None:
+    def setup(self, config: Any, module_cls: type, master: tuple[str, int] | None) -> None:
         """Join the process group, load this role's models on the strategy, build the rollout engine (actor).
-        Everything is built through ``rlforge.build.Builder``, as in the driver; only this role's models load."""
+        Everything is built through ``rlforge.build.Builder``, as in the driver; only this role's models load.
+        ``master``: rank 0's address (Ray); None when a launcher (torchrun) has set the environment."""
         from rlforge.build import Builder
         from rlforge.plugin_manager import PluginManager
 
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
+        if master is not None:
+            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
         random.seed(config.trainer.seed + self.rank)
         torch.manual_seed(config.trainer.seed + self.rank)  # ranks sample different responses
         builder = Builder(config, PluginManager(disable=config.plugins.disable))  # hooks fire in this process
