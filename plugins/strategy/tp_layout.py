@@ -103,7 +103,7 @@ def vocab(t: torch.Tensor, rank: int, tp: int, pad: int = VLLM_VOCAB_PAD) -> tor
     return _part(full, rank, tp, 0)
 
 
-Slicer = Callable[[torch.Tensor, Heads, int, int], torch.Tensor]
+Slicer = Callable[["torch.Tensor", Heads, int, int], "torch.Tensor"]
 # the last module name of an HF Llama/Qwen2 parameter -> how it is split
 SLICERS: dict[str, Slicer] = {
     "q_proj": query_heads,

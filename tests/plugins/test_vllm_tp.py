@@ -49,6 +49,17 @@ def test_a_sleeping_engine_wakes_its_weights_for_a_sync_and_its_kv_cache_to_gene
     engine._llm = None
 
 
+def test_each_rank_engine_gets_its_own_gpus():
+    from rlforge.errors import RLForgeError
+    from rlforge.plugins.rollout.vllm import rank_gpus
+
+    assert rank_gpus("0,1,2,3", 1, 1) == "1"  # torchrun: local rank 1 of a machine's GPUs
+    assert rank_gpus("5", 0, 1) == "5"  # Ray: the worker's assigned GPU
+    assert rank_gpus("4,5,6,7", 1, 2) == "6,7"
+    with pytest.raises(RLForgeError, match="local rank 1 needs GPUs 2..3 of the 3 visible"):
+        rank_gpus("0,1,2", 1, 2)
+
+
 @pytest.mark.slow
 def test_two_engine_workers_hold_their_slices_of_the_synced_weights(pm):
     cfg = load_config("grpo", ["rollout.name=vllm", "rollout.max_new_tokens=8",
