@@ -71,7 +71,6 @@ def check_megatron(folder: Path, device: str, seqs: int, seq_len: int, timed: An
                 out[f"{name}_logprob_max_diff"] = float((a.log_softmax(-1) - b.log_softmax(-1)).abs().max())
                 out[f"{name}_hf_forward_s"] = timed(lambda: ref(input_ids=ids), torch.device("cuda"))
                 out[f"{name}_megatron_forward_s"] = timed(lambda: mg(input_ids=ids), torch.device("cuda"))
-            del ref, mg
     finally:
         parallel_state.destroy_model_parallel()
         torch.distributed.destroy_process_group()
@@ -148,7 +147,8 @@ def check_vllm_ray(steps: int, device: str) -> dict[str, Any]:
     from rlforge.plugins.strategy.tp_layout import vllm_shard
 
     class Probe:
-        seen: dict[str, Any] = {}
+        def __init__(self) -> None:
+            self.seen: dict[str, Any] = {}
 
         @hookimpl
         def rlforge_weight_sync_end(self, trainer, seconds):
