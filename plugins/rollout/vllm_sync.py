@@ -68,6 +68,22 @@ def refresh_tied_lm_head(model: Any) -> None:
         method.process_weights_after_loading(head)
 
 
+def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights a vLLM model computes with, in its own layout (this tensor-parallel rank's part; a tied weight
+    once). vLLM's CPU backend packs linear weights into its GEMM kernel and leaves the parameter empty: those are
+    read back through the kernel itself, ``y = x W^T`` with ``x = I`` (exact: one product by 1 per output)."""
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if pname == "weight" and p.numel() == 0 and hasattr(module, "cpu_linear"):
+                eye = torch.eye(module.input_size_per_partition, dtype=p.dtype)
+                p = module.cpu_linear(eye, None, None).t()
+            yield f"{module_name}.{pname}", p.detach()
+
+
 class WeightSyncExtension:
     """vLLM worker extension (``LLM(worker_extension_cls=...)``); methods run in the worker process."""
 
@@ -93,6 +109,13 @@ class WeightSyncExtension:
         with set_current_vllm_config(worker.vllm_config), torch.no_grad():
             loaded = worker.model_runner.get_model().load_weights(unpack_bucket(specs, blob))
         worker._rlforge_loaded.update(loaded or ())
+
+    def rlforge_read_weights(self, bucket_bytes: int) -> list[tuple[list[TensorSpec], bytes]]:
+        """This worker's weights as the engine computes with them (:func:`engine_weights`), packed in buckets."""
+        worker: Any = self
+        with torch.no_grad():
+            weights = engine_weights(worker.model_runner.get_model())
+            return [(specs, bytes(blob)) for specs, blob in pack_buckets(weights, bucket_bytes)]
 
     def rlforge_finish_weight_sync(self) -> list[str]:
         """Finish the session; return the engine parameters that no bucket updated."""

@@ -85,10 +85,9 @@ class FSDPStrategy(BaseStrategy):
         backend = f.backend if f.backend != "auto" else ("nccl" if self.device.type == "cuda" else "gloo")
         if not torch.distributed.is_initialized():
             torch.distributed.init_process_group(backend, rank=self.rank, world_size=self.world_size)
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,))
+        self.mesh = self._init_mesh()
         self.configure_precision(config)
         compute = self.precision.compute
         self.fsdp_casts = compute is not None and self.device.type == "cuda"  # FSDP2 casts: no autocast needed
@@ -98,6 +97,12 @@ class FSDPStrategy(BaseStrategy):
 
     def autocast(self) -> Any:
         return contextlib.nullcontext() if self.fsdp_casts else super().autocast()
+
+    def _init_mesh(self) -> Any:
+        """The mesh FSDP shards over: all ranks (a subclass may shard over a part of a larger mesh)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.device.type, (self.world_size,))
 
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Shard each decoder layer, then the root (embeddings, norm, head) with what is left."""
@@ -140,7 +145,7 @@ class FSDPStrategy(BaseStrategy):
 
     def _all_reduce(self, value: float, op: Any) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t, op=op)
+        torch.distributed.all_reduce(t, op=op, group=self.mesh.get_group())
         return float(t.item())
 
     def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

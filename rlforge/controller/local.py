@@ -29,7 +29,7 @@ class LocalController:
             raise ConfigError(
                 f"strategy.name={config.strategy.name} with strategy.num_processes={config.strategy.num_processes} "
                 f"needs one process per rank, which the local controller (one process) does not start. "
-                f"Set trainer.controller=ray (see docs/distributed.md)."
+                f"Set trainer.controller=ray, or torchrun under torchrun (see docs/distributed.md)."
             )
 
     def __init__(self, builder: Builder, module: RLModule) -> None:

@@ -2,7 +2,9 @@
 
 - Worker groups, one Ray actor per data-parallel rank (``strategy.num_processes``): ``actor`` (policy,
   reference model and rollout engine colocated) and ``critic`` (algorithms with a value model). Each group is
-  its own torch.distributed world; the strategy (``fsdp``) shards the models over it.
+  its own torch.distributed world; the strategy (``fsdp``) shards the models over it. Each actor rank owns one
+  rollout engine: the hf engine generates with a full replica of the policy, an engine that keeps its own weights
+  (vllm) gets the gathered weight stream and the rank keeps no replica.
 - Resource pools: a placement group with one bundle per rank (``ray.cpus_per_worker``/``gpus_per_worker``);
   the critic shares the actor's bundles (``ray.colocate_critic``) or gets a pool of its own. Placement that
   cannot be satisfied within ``ray.placement_timeout_s`` fails with the cluster's resources in the message.
@@ -21,22 +23,21 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from rlforge import batch as B
-from rlforge.config.compose import micro_batch_size
 from rlforge.config.schema import option
-from rlforge.controller.dispatch import shard_for_update, split_even, split_rows
+from rlforge.controller.groups import (
+    GroupController,
+    check_layout,
+    data_parallel_call,
+    data_parallel_size,
+)
 from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
-from rlforge.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
-    import torch
-
     from rlforge.build import Builder
 
 
@@ -54,7 +55,6 @@ class RayConfig:
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-CHECKPOINT_MODES = ("full", "sharded")
 SHUTDOWN_WAIT_S = 10.0
 DEATH_GRACE_S = 5.0  # after a failed collective, how long to look for a dead peer to blame
 
@@ -74,43 +74,12 @@ def _import_ray() -> Any:
 
 
 def check_config(config: Any, strategy_factory: Any, needs_critic: bool) -> None:
-    """Fail before any worker starts: rank count, strategy, batch sizes per rank, Ray options (at compose time
-    with the actor's batch sizes, ``validate_config``; the critic's when the controller starts)."""
-    world = config.strategy.num_processes
-    if world < 1:
-        raise ConfigError(f"strategy.num_processes must be >= 1, got {world}.")
-    if world > 1 and not getattr(strategy_factory, "sharded", False):
-        raise ConfigError(
-            f"strategy.name={config.strategy.name} trains one copy per process without synchronizing gradients: "
-            f"with strategy.num_processes={world} use strategy.name=fsdp."
-        )
-    if config.strategy.checkpoint not in CHECKPOINT_MODES:
-        raise ConfigError(
-            f"strategy.checkpoint='{config.strategy.checkpoint}'. Allowed: {', '.join(CHECKPOINT_MODES)}."
-        )
+    """:func:`rlforge.controller.groups.check_layout` and the Ray options."""
+    check_layout(config, strategy_factory, needs_critic)
     if config.ray.placement_strategy not in PLACEMENT_STRATEGIES:
         raise ConfigError(
             f"ray.placement_strategy='{config.ray.placement_strategy}'. Allowed: {', '.join(PLACEMENT_STRATEGIES)}."
         )
-    n = config.rollout.n
-    if (config.data.train_batch_size * n) % world:
-        raise ConfigError(
-            f"data.train_batch_size x rollout.n = {config.data.train_batch_size * n} sequences must split evenly "
-            f"over strategy.num_processes={world} ranks."
-        )
-    for section in ("actor", "critic") if needs_critic else ("actor",):
-        mini, micro = config[section].ppo_mini_batch_size * n, micro_batch_size(config, section)
-        if mini % world:
-            raise ConfigError(
-                f"{section}.ppo_mini_batch_size x rollout.n = {mini} sequences must split evenly over "
-                f"strategy.num_processes={world} ranks."
-            )
-        by_count = not config[section].max_tokens_per_micro_batch
-        if by_count and micro < mini // world and (mini // world) % micro:
-            raise ConfigError(
-                f"{section}.ppo_micro_batch_size ({micro} sequences per rank) must divide each rank's share of the "
-                f"mini-batch ({mini // world} sequences with strategy.num_processes={world})."
-            )
 
 
 class ResourcePool:
@@ -139,12 +108,13 @@ class ResourcePool:
 class WorkerGroup:
     """The ranks of one role, as Ray actors on a resource pool; ``call`` runs a method on all and gathers."""
 
-    def __init__(self, ray: Any, role: str, pool: ResourcePool, share: float, config: Any, module_cls: type) -> None:
+    def __init__(self, ray: Any, role: str, pool: ResourcePool, share: float, config: Any, module_cls: type,
+                 dp_size: int) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from rlforge.controller.ray_workers import RankWorker
 
-        self.ray, self.role = ray, role
+        self.ray, self.role, self.dp_size = ray, role, dp_size
         n = config.strategy.num_processes
         remote = ray.remote(RankWorker)
         self.handles = [
@@ -167,6 +137,11 @@ class WorkerGroup:
     def call(self, method: str, *args: Any) -> list[Any]:
         """Run ``method(*args)`` on every rank; the results in rank order."""
         return self.call_each(method, [args] * self.world_size)
+
+    def call_dp(self, method: str, shards: list[tuple]) -> list[Any]:
+        """Run ``method(*shards[g])`` on every rank of data-parallel group ``g`` (consecutive ranks: a tensor-parallel
+        group); the results of each group's first rank, in group order."""
+        return data_parallel_call(self, method, shards)
 
     def call_each(self, method: str, args: list[tuple | None]) -> list[Any]:
         """Run ``method(*args[rank])`` on each rank whose args are not None; their results in rank order."""
@@ -193,7 +168,7 @@ class WorkerGroup:
                     self.ray.get(ref)
                 except RayActorError as dead:
                     return self._error(dead, others[ref], method, {})
-                except Exception:  # noqa: BLE001 - only a death outranks the first failure
+                except Exception:
                     continue
         who = f"The {self.role} worker (rank {rank} of {self.world_size}, {self.procs[rank]})"
         if isinstance(exc, RayActorError):
@@ -219,7 +194,7 @@ class WorkerGroup:
             self.ray.kill(h)
 
 
-class RayController:
+class RayController(GroupController):
     """Starts (or joins) a Ray cluster, places the worker groups, and dispatches the dataflow to them."""
 
     @staticmethod
@@ -228,7 +203,8 @@ class RayController:
 
     def __init__(self, builder: Builder, module: RLModule) -> None:
         config, reg = builder.config, builder.registry
-        check_config(config, reg.strategy.get(config.strategy.name), module.needs_critic())
+        self.strategy_factory = reg.strategy.get(config.strategy.name)
+        check_config(config, self.strategy_factory, module.needs_critic())
         ray = self.ray = _import_ray()
         self.config, self.module = config, module
         module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
@@ -274,100 +250,13 @@ class RayController:
         return pool
 
     def _group(self, role: str, pool: ResourcePool, share: float, module_cls: type) -> WorkerGroup:
-        group = WorkerGroup(self.ray, role, pool, share, self.config, module_cls)
+        dp = data_parallel_size(self.config, self.strategy_factory)
+        group = WorkerGroup(self.ray, role, pool, share, self.config, module_cls, dp)
         self.groups.append(group)
         return group
 
-    # --- the dataflow ------------------------------------------------------------------------------
-    def _balance(self, role: str) -> bool:
-        """Spread real tokens evenly over the ranks when micro-batches are cut by token budget."""
-        return bool(self.config[role].max_tokens_per_micro_batch)
-
-    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
-        shards = split_rows(batch, self.actor.world_size)
-        return B.Batch.concat(self.actor.call_each("generate", [(s, params) if len(s) else None for s in shards]))
-
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
-        """Agent loops' requests (one wave), split in contiguous parts over the actor ranks' engines."""
-        n = self.actor.world_size
-        bounds = [round(i * len(prompts) / n) for i in range(n + 1)]
-        parts = [(prompts[a:b], params[a:b]) if b > a else None for a, b in zip(bounds, bounds[1:])]
-        return [g for part in self.actor.call_each("generate_tokens", parts) for g in part]
-
-    def score(self, batch: B.Batch) -> B.Batch:
-        return self.reward.score(batch)
-
-    def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
-        import torch
-
-        shards = split_even(batch, self.actor.world_size, f"{role} log-probs")
-        return torch.cat(self.actor.call_each("compute_log_probs", [(s, role) for s in shards]))
-
-    def update_actor(self, batch: B.Batch) -> dict[str, float]:
-        mini = self.config.actor.ppo_mini_batch_size * self.config.rollout.n
-        shards = shard_for_update(batch, self.actor.world_size, mini, balance=self._balance("actor"))
-        return self.actor.call_each("update", [(s,) for s in shards])[0]
-
-    def compute_values(self, batch: B.Batch) -> torch.Tensor:
-        import torch
-
-        assert self.critic is not None, "compute_values needs a critic (module.needs_critic())"
-        shards = split_even(batch, self.critic.world_size, "values")
-        return torch.cat(self.critic.call_each("compute_values", [(s,) for s in shards]))
-
-    def update_critic(self, batch: B.Batch) -> dict[str, float]:
-        assert self.critic is not None, "update_critic needs a critic (module.needs_critic())"
-        mini = self.config.critic.ppo_mini_batch_size * self.config.rollout.n
-        shards = shard_for_update(batch, self.critic.world_size, mini, balance=self._balance("critic"))
-        return self.critic.call_each("update", [(s,) for s in shards])[0]
-
-    def sync_weights(self) -> float:
-        return max(self.actor.call("sync_weights"))
-
-    # --- checkpoints -------------------------------------------------------------------------------
-    def _roles(self) -> list[WorkerGroup]:
-        return [g for g in (self.actor, self.critic) if g is not None]
-
-    def state_dict(self, staging: Path) -> dict[str, Any]:
-        """The local controller's layout (gathered optimizer state; critic weights) plus each rank's RNG state,
-        or with ``strategy.checkpoint=sharded`` the small state while the ranks write their shards to ``staging``
-        (``checkpoint.save`` moves that folder into the checkpoint as ``sharded/``)."""
-        state: dict[str, Any] = {"world_size": self.actor.world_size, "rng": {}}
-        sharded = self.config.strategy.checkpoint == "sharded"
-        if sharded:
-            state["sharded"] = True
-            staging = staging.resolve()  # the workers' working folder may differ
-        for group in self._roles():
-            if sharded:
-                results = group.call("save_sharded", str(staging / group.role))
-            else:
-                results = group.call("state_dict", True)
-            state["rng"][group.role] = [r.pop("rng") for r in results]
-            state[group.role] = results[0]
-        weights = self.actor.call("model_state_dict")[0] if sharded else state["actor"].pop("model")
-        self.module.actor.load_state_dict(weights)  # the driver's mirror: checkpoint.save writes it as actor/
-        return state
-
-    def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
-        """Restore what :meth:`state_dict` (or the local controller) saved in the checkpoint ``folder``;
-        ``checkpoint.load_weights`` has already put the actor's weights into the driver's ``module.actor``."""
-        from rlforge.checkpoint import SHARDED_DIR
-
-        same_ranks = state.get("world_size") == self.actor.world_size
-        for group in self._roles():
-            rngs = state.get("rng", {}).get(group.role) if same_ranks else None
-            rngs = rngs or [None] * group.world_size
-            if state.get("sharded") or "sharded_step" in state:
-                path = folder.resolve() / SHARDED_DIR / group.role
-                if not path.is_dir():
-                    raise RLForgeError(f"Checkpoint shards missing: {path} (strategy.checkpoint=sharded).")
-                group.call_each("load_sharded", [(str(path), state[group.role], rng) for rng in rngs])
-                continue
-            role_state = dict(state[group.role])
-            if group.role == "actor":
-                role_state["model"] = self.module.actor.state_dict()
-            ref = self.ray.put(role_state)  # one copy in the object store for all ranks
-            group.call_each("load_state_dict", [(ref, rng) for rng in rngs])
+    def _share(self, obj: Any) -> Any:
+        return self.ray.put(obj)  # one copy in the object store for all ranks
 
     def shutdown(self) -> None:
         close_reward(self.reward)

@@ -1,9 +1,10 @@
-"""The body of one Ray worker process: one data-parallel rank of a role.
+"""The body of one worker process: one rank of a role (a Ray actor, or a process torchrun started).
 
 Roles (verl's layout): ``actor`` holds the policy being trained, the reference model and the rollout engine
 (colocated: the hybrid engine); ``critic`` holds the value model. Each rank joins its role's
 torch.distributed process group (the torchrun variables), so the strategy (e.g. ``fsdp``) runs as under any
-launcher. This is plain Python: ``ray_controller`` wraps it with ``ray.remote``.
+launcher. This is plain Python: ``ray_controller`` wraps it with ``ray.remote``; the ``torchrun`` controller
+calls it in place.
 """
 
 from __future__ import annotations
@@ -43,14 +44,16 @@ class RankWorker:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port, os.getpid()
 
-    def setup(self, config: Any, module_cls: type, master: tuple[str, int]) -> None:
+    def setup(self, config: Any, module_cls: type, master: tuple[str, int] | None) -> None:
         """Join the process group, load this role's models on the strategy, build the rollout engine (actor).
-        Everything is built through ``rlforge.build.Builder``, as in the driver; only this role's models load."""
+        Everything is built through ``rlforge.build.Builder``, as in the driver; only this role's models load.
+        ``master``: rank 0's address (Ray); None when a launcher (torchrun) has set the environment."""
         from rlforge.build import Builder
         from rlforge.plugin_manager import PluginManager
 
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
+        if master is not None:
+            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
         random.seed(config.trainer.seed + self.rank)
         torch.manual_seed(config.trainer.seed + self.rank)  # ranks sample different responses
         builder = Builder(config, PluginManager(disable=config.plugins.disable))  # hooks fire in this process
@@ -58,9 +61,12 @@ class RankWorker:
         module.configure_model()
         strategy = builder.strategy()
         if self.role == "actor":
-            self.worker = ActorWorker(config, module, strategy, builder.hook)
+            owns = bool(getattr(builder.registry.rollout.get(config.rollout.name), "owns_weights", False))
+            self.worker = ActorWorker(config, module, strategy, builder.hook, engine_owns_weights=owns)
             self.rollout = builder.rollout(self.worker.rollout_model, module.tokenizer)
             self.tokens = token_generator(self.rollout, module.tokenizer)
+            if owns:  # the engine starts from model.path: give it the actor's weights (collective over the ranks)
+                self.sync_weights()
         else:
             self.worker = CriticWorker(config, module, strategy, builder.hook)
 
@@ -84,6 +90,15 @@ class RankWorker:
         start = time.perf_counter()
         self.rollout.update_weights(self.worker.named_weights())
         return time.perf_counter() - start
+
+    def holds_replica(self) -> bool:
+        """Whether this rank keeps a full copy of the policy for its rollout engine (see ``ActorWorker``)."""
+        return self.worker.rollout_model is not self.worker.model
+
+    def engine_weights(self) -> list[dict[str, torch.Tensor]]:
+        """What this rank's rollout engine computes with, one dict per engine worker (engines with
+        ``read_weights``, e.g. vllm): a check that the engine holds the trained weights."""
+        return self.rollout.read_weights()
 
     # --- state ---------------------------------------------------------------------------------------
     def state_dict(self, with_model: bool) -> dict[str, Any]:

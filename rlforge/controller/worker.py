@@ -65,6 +65,12 @@ class TrainWorker:
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError  # abstract: each worker's loss
 
+    def _setup_optimizer(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
+        """A strategy that wraps model and optimizer together (DeepSpeed through ``fabric``) defines
+        ``setup_optimizer(model, optimizer) -> (model, optimizer)``; the others keep both as they are."""
+        setup = getattr(self.strategy, "setup_optimizer", None)
+        return (model, optimizer) if setup is None else setup(model, optimizer)
+
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """Put a model of this role on the strategy, with the ``model.*`` training options."""
         if self.config.model.gradient_checkpointing:
@@ -222,18 +228,22 @@ class ActorWorker(TrainWorker):
 
     role = "actor"
 
-    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None) -> None:
+    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None,
+                 engine_owns_weights: bool = False) -> None:
         super().__init__(config, module, strategy, hook)
         # The rollout engine generates with the actor itself, unless the strategy shards it: then with a full
-        # replica (the hybrid engine), refreshed by streaming gathered weights in ``named_weights``.
+        # replica (the hybrid engine), refreshed by streaming gathered weights in ``named_weights``. An engine that
+        # keeps its own weights (vLLM: ``owns_weights``) needs no replica: it gets the sharded actor (for its config)
+        # and the gathered weight stream.
         self.rollout_model = module.actor
-        if getattr(strategy, "sharded", False):
+        if getattr(strategy, "sharded", False) and not engine_owns_weights:
             self.rollout_model = copy.deepcopy(module.actor).requires_grad_(False).to(strategy.device)
         module.actor = self._prepare(module.actor)
         module.actor.train()
         if module.ref is not None:
             module.ref = self._setup(module.ref)
         self.optimizer, self.scheduler = module.configure_optimizers()
+        module.actor, self.optimizer = self._setup_optimizer(module.actor, self.optimizer)
 
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.training_step(micro, ctx)
@@ -270,6 +280,7 @@ class CriticWorker(TrainWorker):
         module.critic = self._prepare(module.critic)
         module.critic.train()
         self.optimizer, self.scheduler = module.configure_critic_optimizers()
+        module.critic, self.optimizer = self._setup_optimizer(module.critic, self.optimizer)
 
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.critic_step(micro, ctx)

@@ -89,6 +89,9 @@ class Trainer:
         module = self.module = self.builder.module(module)
         self.flow = self.build_flow(module)
         self._load_data(module.tokenizer)  # data mistakes surface before any model loads or folder is made
+        served = self.builder.follow(module)  # a torchrun rank > 0 serves rank 0, which runs the loop below
+        if served is not None:
+            return served
         binding = self._resolve_run()
         try:
             self._seed()

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from rlforge import Trainer, hookimpl, load_config
@@ -58,10 +59,12 @@ def ray_session():
     (["ray.placement_strategy=TIGHT"], "ray.placement_strategy='TIGHT'"),
 ])
 def test_config_mistakes_fail_before_any_worker_starts(tmp_path, overrides, needle):
-    cfg = _config(tmp_path, *overrides)
-    pm = PluginManager(autoload=False)
+    with pytest.raises(ConfigError) as info:  # when the config is composed (the controller's validate_config)
+        _config(tmp_path, *overrides)
+    assert needle in str(info.value)
+    cfg = OmegaConf.merge(_config(tmp_path), OmegaConf.from_dotlist(list(overrides)))  # and when the controller starts
     with pytest.raises(ConfigError) as info:
-        check_config(cfg, pm.registry.strategy.get(cfg.strategy.name), needs_critic=False)
+        check_config(cfg, PluginManager(autoload=False).registry.strategy.get(cfg.strategy.name), needs_critic=False)
     assert needle in str(info.value)
 
 

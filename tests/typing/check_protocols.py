@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rlforge.controller.local import LocalController
 from rlforge.controller.ray_controller import RayController
+from rlforge.controller.torchrun import TorchrunController
 from rlforge.plugins.data.builtin import arith_dataset, files_dataset
 from rlforge.plugins.logger.console import ConsoleLogger
 from rlforge.plugins.logger.mlflow_logger import MlflowLogger
@@ -18,8 +19,11 @@ from rlforge.plugins.reward.functions import arith_score, gsm8k_score
 from rlforge.plugins.reward.rule import RuleRewardManager
 from rlforge.plugins.rollout.hf import HFRollout
 from rlforge.plugins.rollout.vllm import VLLMRollout
+from rlforge.plugins.strategy.fabric import FabricStrategy
 from rlforge.plugins.strategy.fsdp import FSDPStrategy
+from rlforge.plugins.strategy.megatron import MegatronStrategy
 from rlforge.plugins.strategy.single import SingleDeviceStrategy
+from rlforge.plugins.strategy.tp import TPStrategy
 from rlforge.protocols import (
     Controller,
     Dataset,
@@ -39,12 +43,13 @@ def reward_managers(rule: RuleRewardManager) -> list[RewardManager]:
     return [rule]
 
 
-def strategies(single: SingleDeviceStrategy, fsdp: FSDPStrategy) -> list[Strategy]:
-    return [single, fsdp]
+def strategies(single: SingleDeviceStrategy, fsdp: FSDPStrategy, tp: TPStrategy, megatron: MegatronStrategy,
+               fabric: FabricStrategy) -> list[Strategy]:
+    return [single, fsdp, tp, megatron, fabric]
 
 
-def controllers(local: LocalController, ray: RayController) -> list[Controller]:
-    return [local, ray]
+def controllers(local: LocalController, ray: RayController, torchrun: TorchrunController) -> list[Controller]:
+    return [local, ray, torchrun]
 
 
 def loggers(console: ConsoleLogger, mlflow: MlflowLogger, tb: TensorBoardLogger, wandb: WandbLogger) -> list[Logger]:

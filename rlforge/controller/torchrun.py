@@ -1,0 +1,189 @@
+"""``torchrun`` controller: several processes on one machine without Ray, started by ``torchrun``.
+
+    torchrun --nproc-per-node 4 -m rlforge.cli fit --algo grpo trainer.controller=torchrun \\
+        strategy.name=fsdp strategy.num_processes=4
+
+Every process runs the same command. Rank 0 drives (HybridFlow's single controller, as with Ray): it runs the
+Trainer (data, rewards, advantages, loggers, checkpoints) and is also rank 0 of the worker groups. The other
+ranks serve it: ``Trainer.fit`` on them builds nothing but their ``RankWorker`` s (``follow``), runs what rank 0
+sends and returns ``{"rank": r}`` when the run ends. Every process sets up its workers from its own (identical)
+config, in the same order. The dataflow, the dispatch and the checkpoints are the Ray controller's
+(``groups.GroupController``); only the transport differs: rank 0 scatters ``(role, method, per-rank arguments)``
+over a gloo control group, every rank runs its part (the collectives inside line up), and the results come back
+by ``gather_object``.
+
+Each process holds its actor rank (and, with a critic, its critic rank: both roles share the processes and the
+default process group, gloo on CPU, NCCL for CUDA tensors). If a process dies, torchrun stops the others.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from rlforge.controller.groups import GroupController, check_layout, data_parallel_call, data_parallel_size
+from rlforge.controller.local import close_reward
+from rlforge.errors import ConfigError, RLForgeError
+from rlforge.hookspecs import hookimpl
+from rlforge.module import RLModule
+
+if TYPE_CHECKING:
+    from rlforge.build import Builder
+
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+CONTROL_TIMEOUT = timedelta(hours=6)  # ranks > 0 wait this long for rank 0's next call (rewards, validation)
+STOP = "__stop__"
+
+
+def _roles(module: RLModule) -> list[str]:
+    return ["actor", "critic"] if module.needs_critic() else ["actor"]
+
+
+def _join(config: Any) -> tuple[int, int, Any]:
+    """Join the processes torchrun started: (rank, world size, the control group)."""
+    import torch
+
+    missing = [k for k in LAUNCH_ENV if k not in os.environ]
+    if missing:
+        raise ConfigError(
+            f"trainer.controller=torchrun runs under torchrun: torchrun --nproc-per-node "
+            f"{config.strategy.num_processes} -m rlforge.cli fit ... (missing environment: {', '.join(missing)})."
+        )
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.strategy.num_processes:
+        raise ConfigError(f"torchrun started {world} processes but strategy.num_processes="
+                          f"{config.strategy.num_processes}: make them equal.")
+    if not torch.distributed.is_initialized():
+        gpu = torch.cuda.is_available() and config.strategy.device != "cpu"
+        torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo")
+    return rank, world, torch.distributed.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+
+
+class Channel:
+    """Rank 0's calls to every process; ``workers``: this process's ``RankWorker`` per role."""
+
+    def __init__(self, group: Any, rank: int, world: int, workers: dict[str, Any]) -> None:
+        self.group, self.rank, self.world, self.workers = group, rank, world, workers
+        self.busy = False  # a call is in flight (after a failure in it, the ranks may be stuck in a collective)
+
+    def run(self, role: str, method: str, args: list[tuple | None]) -> list[Any]:
+        """On rank 0: ``method(*args[r])`` on each rank ``r`` whose args are not None; their results in rank order."""
+        import torch
+
+        self.busy = True
+        box: list[Any] = [None]
+        torch.distributed.scatter_object_list(box, [(role, method, a) for a in args], src=0, group=self.group)
+        results: list[Any] = [None] * self.world
+        torch.distributed.gather_object(self._execute(role, method, args[0]), results, dst=0, group=self.group)
+        self.busy = False
+        for rank, (status, value) in enumerate(results):
+            if status == "error":
+                raise value if isinstance(value, RLForgeError) else RLForgeError(
+                    f"The {role} worker (rank {rank} of {self.world}) failed during '{method}': {value}")
+        return [value for status, value in results if status == "ok"]
+
+    def serve(self) -> None:
+        """On ranks > 0: run rank 0's calls until it stops the run."""
+        import torch
+
+        while True:
+            box: list[Any] = [None]
+            torch.distributed.scatter_object_list(box, None, src=0, group=self.group)
+            role, method, args = box[0]
+            if method == STOP:
+                return
+            torch.distributed.gather_object(self._execute(role, method, args), None, dst=0, group=self.group)
+
+    def stop(self) -> None:
+        import torch
+
+        if self.rank == 0 and not self.busy:
+            torch.distributed.scatter_object_list([None], [("", STOP, None)] * self.world, src=0, group=self.group)
+
+    def _execute(self, role: str, method: str, args: tuple | None) -> tuple[str, Any]:
+        if args is None:
+            return "skip", None
+        try:
+            return "ok", getattr(self.workers[role], method)(*args)
+        except RLForgeError as exc:
+            return "error", exc
+        except Exception as exc:  # noqa: BLE001 - reported to rank 0 with its traceback
+            return "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+
+
+class ProcessGroupWorkers:
+    """One role's ranks in torchrun's processes: the worker-group interface of ``groups.py`` over a Channel."""
+
+    def __init__(self, channel: Channel, role: str, dp_size: int) -> None:
+        self.channel, self.role, self.dp_size = channel, role, dp_size
+        self.world_size = channel.world
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        return self.call_each(method, [args] * self.world_size)
+
+    def call_each(self, method: str, args: list[tuple | None]) -> list[Any]:
+        return self.channel.run(self.role, method, args)
+
+    def call_dp(self, method: str, shards: list[tuple]) -> list[Any]:
+        return data_parallel_call(self, method, shards)
+
+
+def _workers(rank: int, world: int, module: RLModule) -> dict[str, Any]:
+    from rlforge.controller.ray_workers import RankWorker
+
+    return {role: RankWorker(role, rank, world) for role in _roles(module)}
+
+
+class TorchrunController(GroupController):
+    """Rank 0 of a torchrun launch: drives the run and dispatches the dataflow to every process."""
+
+    @staticmethod
+    def validate_config(config: Any, registry: Any) -> None:
+        check_layout(config, registry.strategy.get(config.strategy.name), needs_critic=False)
+
+    @staticmethod
+    def follow(builder: Builder, module: RLModule) -> dict[str, Any] | None:
+        """On ranks > 0: serve rank 0 until the run ends and return ``{"rank": r}``; None on rank 0 (it drives)."""
+        if int(os.environ.get("RANK", "0")) == 0:
+            return None
+        rank, world, group = _join(builder.config)
+        workers = _workers(rank, world, module)
+        try:
+            for worker in workers.values():  # as rank 0 does, in the same order: their collectives line up
+                worker.setup(builder.config, type(module), None)
+            Channel(group, rank, world, workers).serve()
+        finally:
+            for worker in workers.values():
+                worker.shutdown()
+        return {"rank": rank}
+
+    def __init__(self, builder: Builder, module: RLModule) -> None:
+        config, reg = builder.config, builder.registry
+        strategy = reg.strategy.get(config.strategy.name)
+        check_layout(config, strategy, module.needs_critic())
+        self.config, self.module = config, module
+        rank, world, group = _join(config)
+        self.channel = Channel(group, rank, world, _workers(rank, world, module))
+        module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
+        module.configure_model()
+        self.reward = builder.reward(module.tokenizer)
+        self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
+        dp = data_parallel_size(config, strategy)
+        groups = {role: ProcessGroupWorkers(self.channel, role, dp) for role in self.channel.workers}
+        self.actor, self.critic = groups["actor"], groups.get("critic")
+        for worker in self.channel.workers.values():  # every process sets up its own (same config, same order)
+            worker.setup(config, type(module), None)
+
+    def shutdown(self) -> None:
+        close_reward(self.reward)
+        self.channel.stop()
+        for worker in self.channel.workers.values():
+            worker.shutdown()
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.controller.register("torchrun", TorchrunController,
+                                 description="processes started by torchrun on one machine, rank 0 drives (no Ray)")
