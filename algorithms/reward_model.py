@@ -41,14 +41,6 @@ class RewardModelConfig(AlgorithmConfig):
     max_completion_length: int = 256  # completion tokens kept: longer completions are cut (as TRL truncates)
 
 
-def sequence_rewards(model: torch.nn.Module, batch: B.Batch, pad_token_id: int) -> torch.Tensor:
-    """The reward model's score of each row [B] (float32), pooled by the model at the row's last real token."""
-    mask = batch[B.ATTENTION_MASK]
-    ids = batch[B.INPUT_IDS].masked_fill(mask == 0, pad_token_id)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=ops.position_ids_from_mask(mask), use_cache=False)
-    return out.logits[:, 0].float()
-
-
 class RewardModel(PreferenceModule):
     """Bradley-Terry reward model: a sequence-classification head trained on preference pairs."""
 
@@ -67,9 +59,13 @@ class RewardModel(PreferenceModule):
         if "actor" in self.roles:
             self.actor = load_reward_model(cfg.path, self.tokenizer.pad_token_id, cfg.dtype, cfg.trust_remote_code)
 
+    def rewards(self, model: torch.nn.Module, batch: B.Batch) -> torch.Tensor:
+        """The reward of each row [B] (``ops.sequence_scores``)."""
+        return ops.sequence_scores(model, batch[B.INPUT_IDS], batch[B.ATTENTION_MASK], self.tokenizer.pad_token_id)
+
     def forward_responses(self, model: torch.nn.Module, micro: B.Batch, temperature: float) -> torch.Tensor:
         """The sequence's reward on its last response token, 0 elsewhere (what ``compute_log_probs`` returns)."""
-        rewards = sequence_rewards(model, micro, self.tokenizer.pad_token_id)
+        rewards = self.rewards(model, micro)
         mask = micro[B.RESPONSE_MASK]
         out = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
         out[torch.arange(len(mask)), (mask.sum(-1) - 1).clamp(min=0)] = rewards
@@ -77,7 +73,7 @@ class RewardModel(PreferenceModule):
 
     def training_step(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         assert self.actor is not None
-        loss_sum, sums = self.pair_rewards_loss(micro, sequence_rewards(self.actor, micro, self.tokenizer.pad_token_id))
+        loss_sum, sums = self.pair_rewards_loss(micro, self.rewards(self.actor, micro))
         loss = loss_sum / (ctx.global_seqs / 2)
         return loss, {"actor/loss": loss.item(), **sums}
 

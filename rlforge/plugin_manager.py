@@ -48,6 +48,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.rollout.hf",
     "rlforge.plugins.rollout.vllm",
     "rlforge.plugins.reward.rule",
+    "rlforge.plugins.reward.model",
     "rlforge.plugins.strategy.single",
     "rlforge.plugins.strategy.fsdp",
     "rlforge.plugins.logger.console",
