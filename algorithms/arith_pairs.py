@@ -2,8 +2,9 @@
 
 Each row of the ``arith`` dataset (same questions, same train/val split, same ``data.arith.*`` options) gains
 ``chosen`` (the right answer) and ``rejected`` (a wrong one: the sum moved by 1 to 10, never below 0, drawn
-with a seeded generator: trainer.seed for training, a fixed seed for validation). The rows keep ``reward_model.ground_truth``, so a policy trained on them is also
-validated by generating answers (exact match), and a reward model by its held-out pairwise accuracy.
+with a seeded generator: ``trainer.seed`` for training, a fixed seed for validation). The rows keep
+``reward_model.ground_truth``, so a policy trained on them is also validated by generating answers (exact
+match), and a reward model by its held-out pairwise accuracy.
 """
 
 from __future__ import annotations

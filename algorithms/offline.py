@@ -139,13 +139,13 @@ class PreferenceModule(RLModule):
     # --- configuration ----------------------------------------------------------------------------
     @classmethod
     def validate_config(cls, config: DictConfig) -> None:
-        alg, rows = config.algorithm, 2 if cls.paired else 1
+        alg, rows, unit = config.algorithm, 2 if cls.paired else 1, "pair" if cls.paired else "example"
         if config.rollout.n != rows:
-            raise ConfigError(f"'rollout.n' is {config.rollout.n}: '{alg.name}' lays each {'pair' if cls.paired else 'example'} "
-                              f"out as {rows} row(s), so rollout.n must be {rows} (the preset sets it).")
+            raise ConfigError(f"'rollout.n' is {config.rollout.n}: '{alg.name}' lays each {unit} out as {rows} "
+                              f"row(s), so rollout.n must be {rows} (the preset sets it).")
         if config.rollout.temperature != 1.0:
             raise ConfigError(f"'rollout.temperature' is {config.rollout.temperature}: preference losses use the "
-                              f"model's log-probs at temperature 1.0 (validation samples with rollout.val_temperature).")
+                              f"model's log-probs at temperature 1.0 (validation samples at rollout.val_temperature).")
         for key in ("beta", "max_completion_length"):
             if alg.get(key, 1) <= 0:
                 raise ConfigError(f"'algorithm.{key}' must be > 0, got {alg[key]}.")
@@ -157,7 +157,8 @@ class PreferenceModule(RLModule):
                               f"chosen and rejected rows go into the same micro-batch.")
         if cls.paired and config.actor.ppo_mini_batch_size % config.strategy.num_processes:
             raise ConfigError(f"'actor.ppo_mini_batch_size' ({config.actor.ppo_mini_batch_size} pairs) must split "
-                              f"evenly over strategy.num_processes={config.strategy.num_processes} ranks (whole pairs).")
+                              f"evenly over strategy.num_processes={config.strategy.num_processes} ranks (whole "
+                              f"pairs).")
 
     def needs_reference(self) -> bool:
         return self.reference

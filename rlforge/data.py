@@ -36,13 +36,14 @@ def row_origin(row: dict[str, Any], index: int, name: str) -> str:
 
 
 def _messages(value: Any, where: str, column: str) -> list[dict[str, Any]]:
-    """A string or a list of chat messages, as a list of messages (a string is one ``role`` message)."""
+    """A string or a list of chat messages, as a list of messages (a string is one ``role`` message). A prompt must
+    have some text; a completion may be empty (the model answered nothing but the end of its turn)."""
     role = "user" if column == "prompt" else "assistant"
     messages = [{"role": role, "content": value}] if isinstance(value, str) else value
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages):
         raise DataError(f"{where}: '{column}' must be a string or a list of chat messages {{role, content}}.")
-    if not any(str(m.get("content", "")).strip() for m in messages):
-        raise DataError(f"{where}: the {column} is empty.")
+    if column == "prompt" and not any(str(m.get("content", "")).strip() for m in messages):
+        raise DataError(f"{where}: the prompt is empty.")
     return messages
 
 
@@ -149,7 +150,11 @@ def _completion_ids(tokenizer: Any, prompt: Prompt, value: Any, where: str, colu
     if full[: len(prompt.ids)] != prompt.ids:
         raise DataError(f"{where}: the chat template does not render '{column}' as a continuation of the prompt "
                         f"(the prompt with the generation prompt is not a prefix of prompt + {column}).")
-    return full[len(prompt.ids):][:max_len]
+    ids = full[len(prompt.ids):][:max_len]
+    if not ids:
+        raise DataError(f"{where}: '{column}' renders as no tokens after the prompt (an empty completion needs a chat "
+                        f"template that closes the turn).")
+    return ids
 
 
 def _pair_columns(row: dict[str, Any], where: str, paired: bool) -> list[tuple[str, Any, float]]:

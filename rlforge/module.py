@@ -84,7 +84,8 @@ class RLModule:
         from rlforge.data import tokenize_rows
 
         d = self.config.data
-        return tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, f"{d.name} ({split})")
+        name = f"{d.name} ({split})"
+        return tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name)
 
     def collate(self, examples: list[Any], uids: list[Any]) -> B.Batch:
         """A training batch of ``examples``, whose group ids are ``uids`` (one per example, unique per draw).

@@ -6,15 +6,15 @@ and DPO on the same pairs.
 
 1. Pairs: the shipped SFT model (builtin:tiny-arith) samples ``--samples`` answers at temperature 1 to each of
    ``--prompts`` training questions of the arith task; the rule reward (exact match) marks them right or wrong; a
-   question with both gives a pair (chosen = a right answer, rejected = a wrong one). A tenth of the questions'
-   pairs are held out.
+   question with both gives pairs (a right answer against each distinct wrong one, up to
+   ``--pairs-per-question``). The pairs of a tenth of the questions are held out.
 2. Reward model: ``rlforge fit --algo rm`` on the pairs; held-out pairwise accuracy before and after; exported.
 3. GRPO with ``reward.manager=model`` (the learned reward only: ``rule_weight=0``); validation still reports the
    exact-match accuracy on the held-out questions (the rule's ``acc``), greedy, before and after.
 4. DPO on the same pairs, validated the same way.
 
-Writes ``pairs_train.jsonl``, ``pairs_heldout.jsonl``, ``val_prompts.jsonl``, the runs, ``rm/`` (the exported
-reward model) and ``results.json`` into ``--out``, and prints a table.
+Writes ``pairs_train.jsonl``, ``pairs_heldout.jsonl``, ``val_prompts.jsonl``, the runs (a folder per algorithm),
+``reward_model/`` (the exported reward model) and ``results.json`` into ``--out``, and prints a table.
 """
 
 from __future__ import annotations
@@ -36,13 +36,16 @@ from rlforge.plugin_manager import PluginManager
 class Sizes:
     prompts: int = 1024  # training questions sampled for pairs
     samples: int = 8  # answers sampled per question
+    pairs_per_question: int = 4  # a right answer against up to this many distinct wrong ones
     rm_steps: int = 60  # reward-model steps (32 pairs each)
     grpo_steps: int = 60  # GRPO steps on the learned reward
     dpo_steps: int = 60  # DPO steps (32 pairs each)
     val_size: int = 200  # held-out questions for exact-match accuracy
+    batch: int = 32  # pairs (reward model, DPO) or prompts (GRPO) per step
 
 
-QUICK = Sizes(prompts=64, samples=4, rm_steps=3, grpo_steps=2, dpo_steps=2, val_size=16)
+QUICK = Sizes(prompts=64, samples=4, rm_steps=3, grpo_steps=2, dpo_steps=2, val_size=16, batch=4)
+PAIR_ACC = "val/rewards/accuracies"
 COMMON = ["trainer.progress=false", "logger.backends=[console]", "trainer.save_every=0", "trainer.val_every=0"]
 
 
@@ -66,12 +69,22 @@ def sample_pairs(sizes: Sizes, seed: int = 1) -> tuple[list[dict[str, Any]], int
         batch = reward.score(batch)
     finally:
         reward.close()
-    by_prompt: dict[int, dict[bool, str]] = {}
+    answers: dict[int, tuple[list[str], list[str]]] = {}  # question -> (distinct right, distinct wrong answers)
     for uid, text, acc in zip(batch[B.UID], batch[B.RESPONSE_TEXT], batch[B.ACC].tolist()):
-        by_prompt.setdefault(uid, {}).setdefault(acc == 1.0, text)
-    pairs = [{**rows[uid], "chosen": answers[True], "rejected": answers[False]}
-             for uid, answers in sorted(by_prompt.items()) if len(answers) == 2]
+        side = answers.setdefault(uid, ([], []))[0 if acc == 1.0 else 1]
+        if text not in side:
+            side.append(text)
+    pairs = []
+    for uid, (right, wrong) in sorted(answers.items()):
+        for j, bad in enumerate(wrong[: sizes.pairs_per_question] if right else []):
+            # no ground truth in the pairs: validation's exact match is on the held-out questions only
+            pairs.append({"prompt": rows[uid]["prompt"], "data_source": rows[uid]["data_source"], "question": uid,
+                          "chosen": right[j % len(right)], "rejected": bad})
     return pairs, len(batch)
+
+
+def log(message: str, start: float) -> None:
+    print(f"[rlhf_demo {time.perf_counter() - start:5.0f} s] {message}", flush=True)
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -98,27 +111,34 @@ def run(out: Path, sizes: Sizes) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     pairs, drawn = sample_pairs(sizes)
-    rng = random.Random(0)
-    rng.shuffle(pairs)
-    held = max(1, len(pairs) // 10)
-    train = write_jsonl(out / "pairs_train.jsonl", pairs[held:])
-    heldout = write_jsonl(out / "pairs_heldout.jsonl", pairs[:held])
+    log(f"{len(pairs)} pairs from {drawn} sampled answers", start)
+    questions = sorted({p["question"] for p in pairs})
+    random.Random(0).shuffle(questions)
+    held_out = set(questions[: max(1, len(questions) // 10)])  # a tenth of the questions, all their pairs
+    train = write_jsonl(out / "pairs_train.jsonl", [p for p in pairs if p["question"] not in held_out])
+    heldout = write_jsonl(out / "pairs_heldout.jsonl", [p for p in pairs if p["question"] in held_out])
+    held = sum(p["question"] in held_out for p in pairs)
     pm = PluginManager(autoload=False)
     val_rows = Builder(load_config("grpo", [f"data.arith.val_size={sizes.val_size}"], plugins=pm), pm).dataset("val")
     val = write_jsonl(out / "val_prompts.jsonl", val_rows)
-    files = ["data.name=files", f"data.train_files=[{train}]"]
+    files = ["data.name=files", f"data.train_files=[{train}]", f"data.train_batch_size={sizes.batch}",
+             f"actor.ppo_mini_batch_size={sizes.batch}"]
     results: dict[str, Any] = {"sizes": asdict(sizes), "samples_drawn": drawn, "pairs_train": len(pairs) - held,
                                "pairs_heldout": held}
 
     rm = fit("rm", out, [*files, f"data.val_files=[{heldout}]", f"trainer.total_steps={sizes.rm_steps}",
-                         "actor.lr=3e-4", "actor.ppo_mini_batch_size=32"])
+                         "actor.lr=3e-4"])
     from rlforge.tools.export import export_checkpoint
 
-    export_checkpoint(rm["run_dir"], out / "rm", pm.registry)
+    export_checkpoint(rm["run_dir"], out / "reward_model", pm.registry)
     results["rm"] = rm
+    log(f"reward model: held-out pairwise accuracy {rm['accuracy_before']:.3f} -> {rm['accuracy_after']:.3f}", start)
     results["grpo_model_reward"] = fit("grpo", out, [
-        "reward.manager=model", f"reward.model.path={out / 'rm'}", f"trainer.total_steps={sizes.grpo_steps}",
-        f"data.arith.val_size={sizes.val_size}"])
+        "reward.manager=model", f"reward.model.path={out / 'reward_model'}", f"trainer.total_steps={sizes.grpo_steps}",
+        f"data.arith.val_size={sizes.val_size}", f"data.train_batch_size={sizes.batch}",
+        f"actor.ppo_mini_batch_size={min(8, sizes.batch)}"])
+    log(f"GRPO on the learned reward: exact match {results['grpo_model_reward']['accuracy_before']:.3f} -> "
+        f"{results['grpo_model_reward']['accuracy_after']:.3f}", start)
     results["dpo"] = fit("dpo", out, [*files, f"data.val_files=[{val},{heldout}]",
                                       f"trainer.total_steps={sizes.dpo_steps}", "actor.lr=5e-5"])
     results["seconds"] = time.perf_counter() - start
@@ -142,7 +162,7 @@ def report(results: dict[str, Any]) -> str:
         f"| DPO on the pairs ({results['sizes']['dpo_steps']} steps) | greedy exact match | "
         f"{pct(dpo['accuracy_before'])} | {pct(dpo['accuracy_after'])} |",
         f"| DPO on the pairs | held-out pair accuracy (implicit reward) | "
-        f"{pct(dpo['val_before'].get('val/rewards/accuracies'))} | {pct(dpo['val_after'].get('val/rewards/accuracies'))} |",
+        f"{pct(dpo['val_before'].get(PAIR_ACC))} | {pct(dpo['val_after'].get(PAIR_ACC))} |",
         f"total: {results['seconds']:.0f} s",
     ]
     return "\n".join(lines)

@@ -47,13 +47,13 @@ DTYPES = ("float32", "bfloat16", "float16")
 class ModelRewardConfig:
     """The reward model of ``reward.manager=model``."""
 
-    path: Optional[str] = None  # HF ...ForSequenceClassification folder, Hub id, or a run/checkpoint of `rlforge fit --algo rm`
+    path: Optional[str] = None  # HF ...ForSequenceClassification folder, Hub id, or a run/checkpoint of `--algo rm`
     device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N: where the reward model runs
     dtype: str = "float32"  # float32 | bfloat16 | float16
     batch_size: int = 64  # sequences per forward pass of the reward model
     model_weight: float = 1.0  # weight of the reward model's score
     rule_weight: float = 0.0  # weight of the rule reward (reward.fn, reward.file or the data_source's function)
-    rule: bool = True  # also run the rule reward: for rule_weight and for `acc` (exact match; val/accuracy); false = model only
+    rule: bool = True  # also run the rule reward: for rule_weight and `acc` (exact match, val/accuracy); false = model only
     trust_remote_code: bool = False  # for the reward model's code
 
 
@@ -145,5 +145,6 @@ class ModelRewardManager:
 
 @hookimpl
 def rlforge_register(registry):
-    registry.reward_manager.register("model", ModelRewardManager, config=ModelRewardConfig,
-                                     description="a reward model (HF sequence classifier), plus the weighted rule reward")
+    registry.reward_manager.register(
+        "model", ModelRewardManager, config=ModelRewardConfig,
+        description="a reward model (HF sequence classifier), plus the weighted rule reward")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
 import pytest
 import torch
@@ -133,3 +134,27 @@ def test_the_model_reward_runs_in_the_ray_driver(tmp_path, reward_model):
     trainer = Trainer(cfg)
     trainer.fit()
     assert trainer.history[0]["reward/model/mean"] == pytest.approx(trainer.history[0]["critic/score/mean"])
+
+
+@pytest.mark.slow
+def test_the_rlhf_path_end_to_end(tmp_path):
+    """scripts/rlhf_demo.py with its --quick sizes: sampled pairs -> reward model -> GRPO on it; DPO on the pairs."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "rlhf_demo.py"
+    spec = importlib.util.spec_from_file_location("rlhf_demo", script)
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = demo  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(demo)
+    finally:
+        del sys.modules[spec.name]
+    results = demo.run(tmp_path, demo.QUICK)
+    assert results["pairs_train"] > 0 and results["pairs_heldout"] > 0
+    assert (tmp_path / "reward_model" / "config.json").is_file()
+    for run in ("rm", "grpo_model_reward", "dpo"):
+        assert results[run]["accuracy_before"] is not None and results[run]["accuracy_after"] is not None, run
+    assert "val/rewards/accuracies" in results["dpo"]["val_after"]  # the held-out pairs, besides exact match
+    assert "| reward model (3 steps) | held-out pairwise accuracy |" in demo.report(results)
