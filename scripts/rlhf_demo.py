@@ -9,8 +9,9 @@ and DPO on the same pairs.
    question with both gives pairs (a right answer against each distinct wrong one, up to
    ``--pairs-per-question``). The pairs of a tenth of the questions are held out.
 2. Reward model: ``rlforge fit --algo rm`` on the pairs; held-out pairwise accuracy before and after; exported.
-3. GRPO with ``reward.manager=model`` (the learned reward only: ``rule_weight=0``); validation still reports the
-   exact-match accuracy on the held-out questions (the rule's ``acc``), greedy, before and after.
+3. GRPO with ``reward.manager=model``: on the learned reward only (``rule_weight=0``), then on the learned reward
+   plus the rule reward (``rule_weight=1``); validation reports the exact-match accuracy on the held-out questions
+   (the rule's ``acc``), greedy, before and after.
 4. DPO on the same pairs, validated the same way.
 
 Writes ``pairs_train.jsonl``, ``pairs_heldout.jsonl``, ``val_prompts.jsonl``, the runs (a folder per algorithm),
@@ -38,7 +39,7 @@ class Sizes:
     samples: int = 8  # answers sampled per question
     pairs_per_question: int = 4  # a right answer against up to this many distinct wrong ones
     rm_steps: int = 60  # reward-model steps (32 pairs each)
-    grpo_steps: int = 60  # GRPO steps on the learned reward
+    grpo_steps: int = 40  # GRPO steps on the learned reward
     dpo_steps: int = 60  # DPO steps (32 pairs each)
     val_size: int = 200  # held-out questions for exact-match accuracy
     batch: int = 32  # pairs (reward model, DPO) or prompts (GRPO) per step
@@ -52,6 +53,8 @@ COMMON = ["trainer.progress=false", "logger.backends=[console]", "trainer.save_e
 def sample_pairs(sizes: Sizes, seed: int = 1) -> tuple[list[dict[str, Any]], int]:
     """Pairs (right vs wrong sampled answer) from the SFT model on the first training questions; and the number of
     samples drawn."""
+    import torch
+
     from rlforge.data import collate, tokenize_rows
     from rlforge.protocols import SamplingParams
 
@@ -64,6 +67,7 @@ def sample_pairs(sizes: Sizes, seed: int = 1) -> tuple[list[dict[str, Any]], int
     prompts = tokenize_rows(rows, module.tokenizer, cfg.data.max_prompt_length, True, "arith (train)")
     engine, reward = builder.rollout(module.actor, module.tokenizer), builder.reward(module.tokenizer)
     params = SamplingParams(sizes.samples, 1.0, 1.0, 0, cfg.rollout.max_new_tokens)
+    torch.manual_seed(seed)  # the same pairs on every run
     try:
         batch = engine.generate(collate(prompts, module.tokenizer.pad_token_id, list(range(len(prompts)))), params)
         batch = reward.score(batch)
@@ -101,8 +105,8 @@ def fit(algo: str, out: Path, overrides: list[str]) -> dict[str, Any]:
         def rlforge_validation_end(metrics: dict[str, float]) -> None:
             validations.append(metrics)
 
-    trainer = Trainer(load_config(algo, [*COMMON, f"trainer.runs_root={out}", f"trainer.experiment={algo}",
-                                         *overrides]), callbacks=[Record()])
+    config = load_config(algo, [*COMMON, f"trainer.runs_root={out}", f"trainer.experiment={algo}", *overrides])
+    trainer = Trainer(config, callbacks=[Record()])
     summary = trainer.fit()
     return {**summary, "val_before": validations[0], "val_after": validations[-1]}
 
@@ -133,12 +137,13 @@ def run(out: Path, sizes: Sizes) -> dict[str, Any]:
     export_checkpoint(rm["run_dir"], out / "reward_model", pm.registry)
     results["rm"] = rm
     log(f"reward model: held-out pairwise accuracy {rm['accuracy_before']:.3f} -> {rm['accuracy_after']:.3f}", start)
-    results["grpo_model_reward"] = fit("grpo", out, [
-        "reward.manager=model", f"reward.model.path={out / 'reward_model'}", f"trainer.total_steps={sizes.grpo_steps}",
-        f"data.arith.val_size={sizes.val_size}", f"data.train_batch_size={sizes.batch}",
-        f"actor.ppo_mini_batch_size={min(8, sizes.batch)}"])
-    log(f"GRPO on the learned reward: exact match {results['grpo_model_reward']['accuracy_before']:.3f} -> "
-        f"{results['grpo_model_reward']['accuracy_after']:.3f}", start)
+    grpo = ["reward.manager=model", f"reward.model.path={out / 'reward_model'}",
+            f"trainer.total_steps={sizes.grpo_steps}", f"data.arith.val_size={sizes.val_size}",
+            f"data.train_batch_size={sizes.batch}", f"actor.ppo_mini_batch_size={min(8, sizes.batch)}"]
+    for name, weight in (("grpo_model_reward", 0.0), ("grpo_model_and_rule", 1.0)):
+        results[name] = fit("grpo", out, [*grpo, f"reward.model.rule_weight={weight}", f"trainer.experiment={name}"])
+        log(f"{name}: exact match {results[name]['accuracy_before']:.3f} -> {results[name]['accuracy_after']:.3f}",
+            start)
     results["dpo"] = fit("dpo", out, [*files, f"data.val_files=[{val},{heldout}]",
                                       f"trainer.total_steps={sizes.dpo_steps}", "actor.lr=5e-5"])
     results["seconds"] = time.perf_counter() - start
@@ -150,7 +155,8 @@ def report(results: dict[str, Any]) -> str:
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{100 * x:.1f}%"
 
-    rm, grpo, dpo = results["rm"], results["grpo_model_reward"], results["dpo"]
+    rm, dpo = results["rm"], results["dpo"]
+    grpo, mixed = results["grpo_model_reward"], results["grpo_model_and_rule"]
     lines = [
         f"pairs: {results['pairs_train']} for training, {results['pairs_heldout']} held out "
         f"(from {results['samples_drawn']} sampled answers)",
@@ -159,10 +165,13 @@ def report(results: dict[str, Any]) -> str:
         f"{pct(rm['accuracy_before'])} | {pct(rm['accuracy_after'])} |",
         f"| GRPO on the learned reward ({results['sizes']['grpo_steps']} steps) | greedy exact match | "
         f"{pct(grpo['accuracy_before'])} | {pct(grpo['accuracy_after'])} |",
+        f"| GRPO on the learned reward + the rule reward ({results['sizes']['grpo_steps']} steps) | "
+        f"greedy exact match | "
+        f"{pct(mixed['accuracy_before'])} | {pct(mixed['accuracy_after'])} |",
         f"| DPO on the pairs ({results['sizes']['dpo_steps']} steps) | greedy exact match | "
         f"{pct(dpo['accuracy_before'])} | {pct(dpo['accuracy_after'])} |",
-        f"| DPO on the pairs | held-out pair accuracy (implicit reward) | "
-        f"{pct(dpo['val_before'].get(PAIR_ACC))} | {pct(dpo['val_after'].get(PAIR_ACC))} |",
+        f"| DPO on the pairs | held-out pair accuracy (implicit reward) | - (all 0) | "
+        f"{pct(dpo['val_after'].get(PAIR_ACC))} |",
         f"total: {results['seconds']:.0f} s",
     ]
     return "\n".join(lines)

@@ -154,7 +154,7 @@ def test_the_rlhf_path_end_to_end(tmp_path):
     results = demo.run(tmp_path, demo.QUICK)
     assert results["pairs_train"] > 0 and results["pairs_heldout"] > 0
     assert (tmp_path / "reward_model" / "config.json").is_file()
-    for run in ("rm", "grpo_model_reward", "dpo"):
+    for run in ("rm", "grpo_model_reward", "grpo_model_and_rule", "dpo"):
         assert results[run]["accuracy_before"] is not None and results[run]["accuracy_after"] is not None, run
     assert "val/rewards/accuracies" in results["dpo"]["val_after"]  # the held-out pairs, besides exact match
     assert "| reward model (3 steps) | held-out pairwise accuracy |" in demo.report(results)
