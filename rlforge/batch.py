@@ -29,6 +29,8 @@ TOKEN_LEVEL_REWARDS = "token_level_rewards"  # [B, R] scores after KL-in-reward 
 ADVANTAGES = "advantages"  # [B, R]
 RETURNS = "returns"  # [B, R]
 ACC = "acc"  # [B] 1.0 where the answer is right (reward function's `acc`, else score >= 1)
+LABEL = "label"  # [B] preference data: 1.0 on chosen / desirable completions, 0.0 on rejected / undesirable ones
+MARGIN = "margin"  # [B] preference pairs: the pair's `margin` column (reward-model training), 0 when not given
 # --- non-tensor columns (lists of length B) ------------------------------------------------------
 UID = "uid"  # group id: samples of the same prompt share it
 DATA_SOURCE = "data_source"

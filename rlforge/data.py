@@ -1,4 +1,13 @@
-"""Prompt data: verl-style rows -> tokenized prompts (chat template applied), and a resumable sampler."""
+"""Training data: verl-style rows -> tokenized prompts (chat template applied), preference rows -> tokenized
+pairs or labelled completions, and a resumable sampler.
+
+Preference rows follow TRL's formats. Paired: ``prompt``, ``chosen``, ``rejected`` (optional ``margin``, a
+number). Unpaired (KTO): ``prompt``, ``completion``, ``label`` (true = desirable). The prompt is a string or
+a list of chat messages; each completion is a string (one assistant message) or a list of messages. A paired
+row without ``prompt`` whose ``chosen`` and ``rejected`` are conversations takes their common leading messages
+as the prompt (TRL's implicit prompt). The completion's tokens are what the chat template adds after the
+prompt rendered with the generation prompt: the tokens the model would generate, end-of-turn included.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +30,8 @@ class Prompt:
     index: int  # position of the source row
 
 
-def _origin(row: dict[str, Any], index: int, name: str) -> str:
+def row_origin(row: dict[str, Any], index: int, name: str) -> str:
+    """Where a row comes from, for error messages: its ``_origin`` (file and line) or ``<name>, row <n>``."""
     return str(row.get("_origin") or f"{name}, row {index + 1}")
 
 
@@ -38,6 +48,39 @@ def _message_problem(message: Any) -> str:
     return ""
 
 
+def _messages(value: Any, where: str, column: str) -> list[dict[str, Any]]:
+    """A string or a list of chat messages, as a list of messages (a string is one ``role`` message). A prompt must
+    have some text; a completion may be empty (the model answered nothing but the end of its turn)."""
+    role = "user" if column == "prompt" else "assistant"
+    messages = [{"role": role, "content": value}] if isinstance(value, str) else value
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: '{column}' must be a string or a list of chat messages {{role, content}}, got "
+                        f"{type(messages).__name__}{' (empty)' if isinstance(messages, list) else ''}.")
+    for j, m in enumerate(messages, 1):
+        problem = _message_problem(m)
+        if problem:
+            raise DataError(f"{where}: {column} message {j} {problem}: '{column}' must be a list of chat messages "
+                            f"{{\"role\": str, \"content\": str}}.")
+    if column == "prompt" and not any(m["content"].strip() for m in messages):
+        raise DataError(f"{where}: the prompt is empty.")
+    return messages
+
+
+def apply_template(tokenizer: Any, messages: list[dict[str, Any]], where: str, **kwargs: Any) -> list[int]:
+    """Token ids of ``messages`` through the tokenizer's chat template; a template that refuses them (a role or an
+    order of messages it does not accept) is a DataError naming the row."""
+    try:
+        return _ids(tokenizer.apply_chat_template(messages, tokenize=True, **kwargs))
+    except Exception as exc:  # jinja's raise_exception, or a template that breaks on the input
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise DataError(f"{where}: the tokenizer's chat template cannot render this row "
+                        f"({type(exc).__name__}: {detail}).") from None
+
+
+def _ids(encoded: Any) -> list[int]:
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
 def tokenize_rows(
     rows: list[dict[str, Any]], tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
     need_reward: bool = True,
@@ -48,47 +91,36 @@ def tokenize_rows(
     """
     prompts: list[Prompt] = []
     for i, row in enumerate(rows):
-        where = _origin(row, i, name)
-        for col in ("prompt", "data_source") if need_reward else ("prompt",):
-            if col not in row:
-                raise DataError(f"{where}: missing column '{col}'. Columns present: {sorted(row)}.")
-        messages = row["prompt"]
-        if isinstance(messages, str):
-            messages = [{"role": "user", "content": messages}]
-        if not isinstance(messages, list) or not messages:
-            raise DataError(f"{where}: 'prompt' must be a list of chat messages {{role, content}}, got "
-                            f"{type(messages).__name__}{' (empty)' if isinstance(messages, list) else ''}.")
-        for j, m in enumerate(messages, 1):
-            problem = _message_problem(m)
-            if problem:
-                raise DataError(f"{where}: prompt message {j} {problem}: 'prompt' must be a list of chat messages "
-                                f"{{\"role\": str, \"content\": str}}.")
-        if not any(str(m.get("content", "")).strip() for m in messages):
-            raise DataError(f"{where}: the prompt is empty.")
-        reward = row.get("reward_model") or {}
-        if need_reward and (not isinstance(reward, dict) or "ground_truth" not in reward):
-            raise DataError(f"{where}: missing 'reward_model.ground_truth'.")
-        try:
-            enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        except Exception as exc:  # a template that rejects a role or an order of messages (jinja raise_exception)
-            raise DataError(f"{where}: the tokenizer's chat template cannot render this prompt "
-                            f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})."
-                            ) from None
-        ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
-        if len(ids) > max_len:
-            if not filter_overlong:
-                raise DataError(
-                    f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={max_len} "
-                    f"(set data.filter_overlong_prompts=true to drop such rows)."
-                )
-            continue
-        truth = reward.get("ground_truth") if isinstance(reward, dict) else None
-        prompts.append(Prompt(ids, messages, row.get("data_source", ""), truth, row.get("extra_info"), i))
+        prompt = _tokenize_prompt(row, i, tokenizer, max_len, filter_overlong, row_origin(row, i, name), need_reward)
+        if prompt is not None:
+            prompts.append(prompt)
     if rows and not prompts:
         raise DataError(
             f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_len} tokens."
         )
     return prompts
+
+
+def _tokenize_prompt(row: dict[str, Any], index: int, tokenizer: Any, max_len: int, filter_overlong: bool,
+                     where: str, need_reward: bool) -> Prompt | None:
+    """One row's prompt with the chat template applied; None when it is overlong and filtered out."""
+    for col in ("prompt", "data_source") if need_reward else ("prompt",):
+        if col not in row:
+            raise DataError(f"{where}: missing column '{col}'. Columns present: {sorted(row)}.")
+    messages = _messages(row["prompt"], where, "prompt")
+    reward = row.get("reward_model") or {}
+    if need_reward and (not isinstance(reward, dict) or "ground_truth" not in reward):
+        raise DataError(f"{where}: missing 'reward_model.ground_truth'.")
+    ids = apply_template(tokenizer, messages, where, add_generation_prompt=True)
+    if len(ids) > max_len:
+        if not filter_overlong:
+            raise DataError(
+                f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={max_len} "
+                f"(set data.filter_overlong_prompts=true to drop such rows)."
+            )
+        return None
+    truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+    return Prompt(ids, messages, row.get("data_source", ""), truth, row.get("extra_info"), index)
 
 
 def collate(prompts: list[Prompt], pad_id: int, uids: list[Any]) -> B.Batch:
@@ -111,6 +143,123 @@ def collate(prompts: list[Prompt], pad_id: int, uids: list[Any]) -> B.Batch:
     )
 
 
+@dataclass
+class PreferenceExample:
+    """A prompt and its labelled completions: chosen then rejected (a pair), or one completion (unpaired)."""
+
+    prompt: Prompt
+    completions: list[list[int]]  # token ids of each completion (end-of-turn included)
+    labels: list[float]  # 1.0 = chosen / desirable, 0.0 = rejected / undesirable
+    margin: float = 0.0  # a pair's ``margin`` column (reward-model training)
+
+
+def is_preference_row(row: dict[str, Any]) -> bool:
+    """Whether a row is in a preference format (paired ``chosen``/``rejected`` or unpaired ``completion``)."""
+    return "chosen" in row or "rejected" in row or "completion" in row
+
+
+def _split_implicit_prompt(row: dict[str, Any], where: str) -> dict[str, Any]:
+    """TRL's implicit prompt: the leading messages ``chosen`` and ``rejected`` share become the prompt."""
+    chosen, rejected = row.get("chosen"), row.get("rejected")
+    if not (isinstance(chosen, list) and isinstance(rejected, list)):
+        raise DataError(f"{where}: missing column 'prompt' (only conversations in 'chosen' and 'rejected' may "
+                        f"carry the prompt as their common first messages). Columns present: {sorted(row)}.")
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
+        shared += 1
+    if not shared:
+        raise DataError(f"{where}: no 'prompt' column, and 'chosen' and 'rejected' share no first message to "
+                        f"take as the prompt.")
+    return {**row, "prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
+
+
+def _completion_ids(tokenizer: Any, prompt: Prompt, value: Any, where: str, column: str, max_len: int) -> list[int]:
+    """The tokens the chat template adds after the prompt (rendered with the generation prompt), cut to ``max_len``."""
+    turns = _messages(value, where, column)
+    full = apply_template(tokenizer, prompt.messages + turns, where)
+    if full[: len(prompt.ids)] != prompt.ids:
+        raise DataError(f"{where}: the chat template does not render '{column}' as a continuation of the prompt "
+                        f"(the prompt with the generation prompt is not a prefix of prompt + {column}).")
+    ids = full[len(prompt.ids):][:max_len]
+    if not ids:
+        raise DataError(f"{where}: '{column}' renders as no tokens after the prompt (an empty completion needs a chat "
+                        f"template that closes the turn).")
+    return ids
+
+
+def _pair_columns(row: dict[str, Any], where: str, paired: bool) -> list[tuple[str, Any, float]]:
+    """(column, completion, label) of a row; paired algorithms need ``chosen`` and ``rejected``."""
+    if "completion" in row and "chosen" not in row:
+        if paired:
+            raise DataError(f"{where}: a 'completion' with a 'label' is unpaired data (KTO); this algorithm trains "
+                            f"on pairs: columns 'prompt', 'chosen', 'rejected'.")
+        if not isinstance(row.get("label"), bool):
+            raise DataError(f"{where}: unpaired rows need a boolean 'label' (true = desirable), got "
+                            f"{row.get('label')!r}.")
+        return [("completion", row["completion"], float(row["label"]))]
+    missing = [c for c in ("chosen", "rejected") if c not in row]
+    if missing:
+        raise DataError(f"{where}: missing column '{missing[0]}'. Preference rows have 'prompt', 'chosen' and "
+                        f"'rejected' (or 'prompt', 'completion', 'label' for KTO). Columns present: {sorted(row)}.")
+    return [("chosen", row["chosen"], 1.0), ("rejected", row["rejected"], 0.0)]
+
+
+def _margin(row: dict[str, Any], where: str) -> float:
+    value = row.get("margin", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataError(f"{where}: 'margin' must be a number, got {value!r}.")
+    return float(value)
+
+
+def tokenize_preferences(
+    rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: int, max_completion_len: int,
+    filter_overlong: bool, name: str, paired: bool = True,
+) -> list[PreferenceExample]:
+    """Validate preference rows (see the module doc) and tokenize them. ``paired=False`` (KTO) takes unpaired rows
+    and splits each pair into a desirable and an undesirable example. Completions longer than
+    ``max_completion_len`` tokens are cut (as TRL truncates); overlong prompts are dropped or an error, as for
+    ``tokenize_rows``."""
+    examples: list[PreferenceExample] = []
+    for i, row in enumerate(rows):
+        where = row_origin(row, i, name)
+        if "prompt" not in row:
+            row = _split_implicit_prompt(row, where)
+        prompt = _tokenize_prompt(row, i, tokenizer, max_prompt_len, filter_overlong, where, need_reward=False)
+        if prompt is None:
+            continue
+        parts = _pair_columns(row, where, paired)
+        ids = [_completion_ids(tokenizer, prompt, value, where, col, max_completion_len) for col, value, _ in parts]
+        labels = [label for _, _, label in parts]
+        if paired:
+            examples.append(PreferenceExample(prompt, ids, labels, _margin(row, where)))
+        else:
+            examples += [PreferenceExample(prompt, [c], [label]) for c, label in zip(ids, labels)]
+    if rows and not examples:
+        raise DataError(f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_prompt_len} "
+                        f"tokens.")
+    return examples
+
+
+def collate_preferences(examples: list[PreferenceExample], pad_id: int, uids: list[Any]) -> B.Batch:
+    """One row per completion, an example's rows adjacent and sharing its uid (a pair: chosen, then rejected), in
+    the rollout layout: left-padded ``prompts``, right-padded ``responses``, ``input_ids`` = prompt ++ response;
+    plus ``label`` (1.0 chosen/desirable) and ``margin``."""
+    rows = [(ex, ids, label, uid) for ex, uid in zip(examples, uids) for ids, label in zip(ex.completions, ex.labels)]
+    batch = collate([ex.prompt for ex, _, _, _ in rows], pad_id, [uid for _, _, _, uid in rows])
+    width = max(len(ids) for _, ids, _, _ in rows)
+    responses = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (_, ids, _, _) in enumerate(rows):
+        responses[i, : len(ids)] = torch.tensor(ids)
+        mask[i, : len(ids)] = 1
+    batch[B.RESPONSES], batch[B.RESPONSE_MASK] = responses, mask
+    batch[B.INPUT_IDS] = torch.cat([batch[B.PROMPTS], responses], dim=1)
+    batch[B.ATTENTION_MASK] = torch.cat([batch[B.PROMPT_MASK], mask], dim=1)
+    batch[B.LABEL] = torch.tensor([label for _, _, label, _ in rows])
+    batch[B.MARGIN] = torch.tensor([ex.margin for ex, _, _, _ in rows])
+    return batch
+
+
 class PromptSampler:
     """Yields batches of prompt indices epoch after epoch; its state (epoch, position) resumes exactly.
 
@@ -120,7 +269,8 @@ class PromptSampler:
 
     def __init__(self, size: int, batch_size: int, shuffle: bool, seed: int) -> None:
         if size < batch_size:
-            raise DataError(f"The training set has {size} prompts, fewer than data.train_batch_size={batch_size}.")
+            raise DataError(f"The training set has {size} examples (prompts, pairs), fewer than "
+                            f"data.train_batch_size={batch_size}.")
         self.size, self.batch_size, self.shuffle, self.seed = size, batch_size, shuffle, seed
         self.epoch, self.position = 0, 0
 

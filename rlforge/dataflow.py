@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 LOADER_COLUMNS = frozenset({B.PROMPTS, B.PROMPT_MASK, B.UID, B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH,
                             B.EXTRA_INFO})
+# what a batch of preference data brings (``rlforge.data.collate_preferences``): completions in the rollout layout
+PAIR_COLUMNS = LOADER_COLUMNS | {B.RESPONSES, B.RESPONSE_MASK, B.INPUT_IDS, B.ATTENTION_MASK, B.LABEL, B.MARGIN}
 
 
 class StepContext:
@@ -142,11 +144,16 @@ def as_stage(item: StageLike) -> Stage:
 
 
 class DataFlow:
-    """An ordered, editable list of stages; ``compile()`` validates it."""
+    """An ordered, editable list of stages; ``compile()`` validates it.
 
-    def __init__(self, name: str, stages: Iterable[StageLike]) -> None:
+    :param inputs: the columns the batch has before the first stage: the loader's prompt columns by default; an
+        offline algorithm's batches (``RLModule.collate``) bring more, e.g. responses (``PAIR_COLUMNS``).
+    """
+
+    def __init__(self, name: str, stages: Iterable[StageLike], inputs: Iterable[str] = LOADER_COLUMNS) -> None:
         self.name = name
         self.stages: list[Stage] = [as_stage(s) for s in stages]
+        self.inputs = frozenset(inputs)
 
     def _index(self, anchor: StageLike | str) -> int:
         for i, stage in enumerate(self.stages):
@@ -182,12 +189,12 @@ class DataFlow:
         return True
 
     def compile(self) -> DataFlow:
-        """Check that stage names are unique and every stage's inputs come from the loader or an earlier stage."""
+        """Check that stage names are unique and every stage's inputs come from ``inputs`` or an earlier stage."""
         names = self.names()
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise RLForgeError(f"Dataflow '{self.name}' has two stages named '{dupes[0]}': {' -> '.join(names)}")
-        have = set(LOADER_COLUMNS)
+        have = set(self.inputs)
         for stage in self.stages:
             missing = stage.requires - have
             if missing:

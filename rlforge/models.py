@@ -220,3 +220,27 @@ def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool 
         raise RLForgeError(f"Cannot load a value model from '{path}' (critic.path): {exc}") from None
     finally:
         hf_logging.set_verbosity(level)
+
+
+def load_reward_model(path: str, pad_token_id: int, dtype: str = "float32", trust_remote_code: bool = False,
+                      key: str = "model.path") -> torch.nn.Module:
+    """A reward model: ``...ForSequenceClassification`` with one label. From a causal LM's folder the head is new
+    (reward-model training); from a reward model's folder it is the trained one. ``pad_token_id`` is set in the
+    model's config: the model pools its score at each row's last token that is not padding."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    quiet_transformers()
+    folder = resolve_model_path(path, key)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a fresh score head is expected when starting from a causal LM
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            folder, num_labels=1, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        raise RLForgeError(f"Cannot load a sequence-classification reward model from '{path}' ({key}): {exc}") from None
+    finally:
+        hf_logging.set_verbosity(level)
+    model.config.pad_token_id = pad_token_id
+    return model

@@ -3,6 +3,10 @@
 Algorithms subclass it and register under a name. Users subclass an algorithm and override only what
 differs (``compute_advantages``, ``policy_loss``, ...). The public wrapper ``advantages`` enforces the
 invariants (columns set, shapes right) and is not meant to be overridden.
+
+The module also owns its data: ``prepare_data`` turns the dataset's rows into examples, ``collate`` makes a
+training batch of them, and ``validate`` measures held-out examples. The defaults are RL's (prompts in, generate
+and score to validate); an offline algorithm (DPO, a reward model) brings preference pairs instead.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from rlforge import ops
+    from rlforge.protocols import Controller
 else:
     torch = lazy_import("torch")
     ops = lazy_import("rlforge.ops")
@@ -68,6 +73,47 @@ class RLModule:
         """Log a metric for the running step (like ``LightningModule.log``); ignored outside a step."""
         if self._metrics is not None:
             self._metrics[name] = float(value)
+
+    # --- data -------------------------------------------------------------------------------------
+    def prepare_data(self, rows: list[dict[str, Any]], split: str) -> list[Any]:
+        """The examples of ``split`` (``train`` or ``val``) made from the dataset's rows (``data.name``).
+
+        Called once per run with the tokenizer loaded, before any model loads (data mistakes fail fast). The
+        Trainer draws ``data.train_batch_size`` training examples per step for :meth:`collate` and gives the
+        validation examples to :meth:`validate`. Default: the prompts, chat template applied (``tokenize_rows``).
+        """
+        from rlforge.data import tokenize_rows
+
+        d = self.config.data
+        name = f"{d.name} ({split})"
+        return tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name)
+
+    def collate(self, examples: list[Any], uids: list[Any]) -> B.Batch:
+        """A training batch of ``examples``, whose group ids are ``uids`` (one per example, unique per draw).
+        Its columns are the first stage's inputs (``DataFlow.inputs``). Default: left-padded prompts."""
+        from rlforge.data import collate
+
+        return collate(examples, self.tokenizer.pad_token_id, uids)
+
+    def validate(self, controller: Controller, examples: list[Any]) -> tuple[dict[str, float], B.Batch | None]:
+        """Measure the held-out ``examples``: the ``val/*`` metrics, and the batch whose samples go to
+        ``val_samples.jsonl`` (None: no samples). Default: generate from the prompts with the validation sampling
+        settings (``rollout.val_*``), score with the reward manager: ``val/reward``, ``val/accuracy``."""
+        from rlforge.data import collate
+        from rlforge.protocols import SamplingParams
+
+        batch = collate(examples, self.tokenizer.pad_token_id, list(range(len(examples))))
+        batch = controller.generate(batch, SamplingParams.from_config(self.config.rollout, validation=True))
+        batch = controller.score(batch)
+        batch.meta.pop("metrics", None)  # the reward manager's counters are for training steps
+        return generation_metrics(batch), batch
+
+    def forward_responses(self, model: torch.nn.Module, micro: B.Batch, temperature: float) -> torch.Tensor:
+        """What the log-prob stages store for ``micro`` under ``model`` (``controller.compute_log_probs``), [B, R]
+        with 0 at padding: the responses' per-token log-probs at ``temperature``. A module whose model is not a
+        causal LM overrides it (a reward model puts its reward on each sequence's last token)."""
+        return ops.response_logprobs(model, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], micro[B.RESPONSES].shape[1],
+                                     temperature, remove_padding=self.config.model.remove_padding)[0]
 
     # --- configuration ----------------------------------------------------------------------------
     @classmethod
@@ -202,6 +248,21 @@ class RLModule:
                 f"{tuple(batch[B.RESPONSE_MASK].shape)}"
             )
         return out
+
+
+def generation_metrics(batch: B.Batch) -> dict[str, float]:
+    """``val/reward`` (mean score), ``val/accuracy`` (mean ``acc``, when the reward manager sets it) and, with several
+    data sources, ``val/<source>/accuracy``."""
+    out = {"val/reward": batch[B.SCORES].mean().item()}
+    if B.ACC not in batch:
+        return out
+    out["val/accuracy"] = batch[B.ACC].mean().item()
+    sources = sorted(set(batch[B.DATA_SOURCE]))
+    if len(sources) > 1:
+        for src in sources:
+            rows = [i for i, s in enumerate(batch[B.DATA_SOURCE]) if s == src]
+            out[f"val/{src}/accuracy"] = batch[B.ACC][rows].mean().item()
+    return out
 
 
 def _adamw(model: torch.nn.Module, section: Any) -> tuple[torch.optim.Optimizer, Any]:

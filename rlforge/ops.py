@@ -170,3 +170,14 @@ def response_values(
                               use_cache=False).logits
     values = scores[:, -kept - 1 : -1, 0].float()
     return torch.nn.functional.pad(values, (0, response_len - kept)) * attention_mask[:, -response_len:]
+
+
+def sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    pad_token_id: int) -> torch.Tensor:
+    """One score per row [B] (float32) from a ``...ForSequenceClassification`` model with one label, pooled by the
+    model's own forward at each row's last real token. Padding positions are set to ``pad_token_id`` first (the
+    model finds the last token by it), so left, right or mixed padding pools the same token."""
+    ids = input_ids.masked_fill(attention_mask == 0, pad_token_id)
+    out = _forward(model)(input_ids=ids, attention_mask=attention_mask,
+                          position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    return out.logits[:, 0].float()

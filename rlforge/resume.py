@@ -17,6 +17,7 @@ forced).
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import json
@@ -320,15 +321,17 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def data_fingerprint(prompts: list[Any]) -> dict[str, Any]:
-    """What the training trains on, in a few bytes: the number of prompts and a SHA-256 over each prompt's
-    token ids, messages, data source, ground truth and extra info, in order. Any change to the rows, their
-    order, the chat template or the prompt filter changes it; moving or renaming the files does not."""
+def data_fingerprint(examples: list[Any]) -> dict[str, Any]:
+    """What the training trains on, in a few bytes: the number of examples and a SHA-256 over each example's
+    fields (a prompt's token ids, messages, data source, ground truth and extra info; a preference example's
+    prompt, completions and labels), in order. Any change to the rows, their order, the chat template or the
+    prompt filter changes it; moving or renaming the files does not."""
     digest = hashlib.sha256()
-    for p in prompts:
-        row = [p.ids, p.messages, p.data_source, p.ground_truth, p.extra_info]
+    for example in examples:
+        is_instance = dataclasses.is_dataclass(example) and not isinstance(example, type)
+        row = dataclasses.asdict(example) if is_instance else example  # type: ignore[arg-type]
         digest.update(json.dumps(row, sort_keys=True, default=_jsonable).encode() + b"\n")
-    return {"prompts": len(prompts), "sha256": digest.hexdigest()}
+    return {"prompts": len(examples), "sha256": digest.hexdigest()}
 
 
 def _jsonable(value: Any) -> Any:

@@ -132,7 +132,7 @@ def test_unknown_algorithm(capsys):
     (b'{"data_source": "arith", "prompt": ["hi"], "reward_model": {"ground_truth": "1"}}\n',
      "row 1: prompt message 1 is a str, not a {role, content} object"),
     (b'{"data_source": "arith", "prompt": [], "reward_model": {"ground_truth": "1"}}\n',
-     "row 1: 'prompt' must be a list of chat messages {role, content}, got list (empty)"),
+     "row 1: 'prompt' must be a string or a list of chat messages {role, content}, got list (empty)"),
 ])
 def test_data_file_mistakes(capsys, tmp_path, content, needle):
     bad = tmp_path / "bad.jsonl"
@@ -199,7 +199,7 @@ def test_chat_template_that_rejects_a_row(capsys, tmp_path, model_copy):
     data = _jsonl(tmp_path / "tool.jsonl", [_row(), {**_row(), "prompt": [{"role": "tool", "content": "4"}]}])
     err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", f"model.path={model_copy}",
                           "data.name=files", f"data.train_files=[{data}]"])
-    assert f"{data}, row 2: the tokenizer's chat template cannot render this prompt" in err
+    assert f"{data}, row 2: the tokenizer's chat template cannot render this row" in err
     assert "Unknown role tool" in err
 
 

@@ -28,7 +28,7 @@ from rlforge.config.compose import micro_batch_size
 from rlforge.controller.microbatch import fixed_plan, token_budget_plan
 from rlforge.errors import NonFiniteError
 from rlforge.module import LossContext, RLModule
-from rlforge.ops import compile_forward, response_logprobs, response_values
+from rlforge.ops import compile_forward, response_values
 
 log = logging.getLogger("rlforge")
 
@@ -250,17 +250,15 @@ class ActorWorker(TrainWorker):
 
     @torch.no_grad()
     def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
-        """Per-token log-probs of the responses under the actor or the reference model (with LoRA and no
-        ``model.ref_path``: the actor with its adapter disabled)."""
+        """Per-token log-probs of the responses under the actor or the reference model (``module.forward_responses``;
+        with LoRA and no ``model.ref_path`` the reference is the actor with its adapter disabled)."""
         base = role == "ref" and self.module.ref is None and self.module.reference_is_base()
         model = self.module.actor if role == "actor" or base else self.module.ref
         if model is None:
             raise RuntimeError(f"No {role} model is loaded (does the algorithm need a reference model?)")
-        resp_len = batch[B.RESPONSES].shape[1]
+        temperature = self.config.rollout.temperature
         with lora.base_model_context(model) if base else contextlib.nullcontext():
-            return self._per_row(batch, lambda mb: response_logprobs(
-                model, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len, self.config.rollout.temperature,
-                remove_padding=self.remove_padding)[0])
+            return self._per_row(batch, lambda mb: self.module.forward_responses(model, mb, temperature))
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's weights for the rollout engine: with LoRA the merged weights under the base model's names

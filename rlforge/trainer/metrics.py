@@ -1,4 +1,4 @@
-"""Per-step data metrics in verl's namespace (critic/*, response_length/*, perf/*)."""
+"""Per-step data metrics in verl's namespace (critic/*, response_length/*, perf/*) and the samples written per step."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
 
 
 def data_metrics(batch: B.Batch, max_new_tokens: int) -> dict[str, float]:
-    resp_len = batch[B.RESPONSE_MASK].sum(-1)
-    prompt_len = batch[B.PROMPT_MASK].sum(-1)
+    """Statistics of a step's batch; the reward and rollout ones only when the batch has those columns (an offline
+    algorithm's batch of preference pairs has neither)."""
     out: dict[str, float] = {}
-    out.update(_stats("critic/score", batch[B.SCORES]))
-    out.update(_stats("critic/rewards", batch[B.TOKEN_LEVEL_REWARDS].sum(-1)))
+    if B.SCORES in batch:
+        out.update(_stats("critic/score", batch[B.SCORES]))
+    if B.TOKEN_LEVEL_REWARDS in batch:
+        out.update(_stats("critic/rewards", batch[B.TOKEN_LEVEL_REWARDS].sum(-1)))
     if B.ACC in batch:
         out["critic/acc/mean"] = batch[B.ACC].float().mean().item()
     if B.ADVANTAGES in batch:
@@ -28,23 +30,31 @@ def data_metrics(batch: B.Batch, max_new_tokens: int) -> dict[str, float]:
         valid = batch[B.ADVANTAGES][mask]
         if valid.numel():
             out.update(_stats("critic/advantages", valid))
-    out.update(_stats("response_length", resp_len))
-    out["response_length/clip_ratio"] = (resp_len >= max_new_tokens).float().mean().item()
-    out.update(_stats("prompt_length", prompt_len))
+    if B.RESPONSE_MASK in batch:
+        resp_len = batch[B.RESPONSE_MASK].sum(-1)
+        out.update(_stats("response_length", resp_len))
+        if B.ROLLOUT_LOG_PROBS in batch:  # generated: the share cut at the length limit
+            out["response_length/clip_ratio"] = (resp_len >= max_new_tokens).float().mean().item()
+    out.update(_stats("prompt_length", batch[B.PROMPT_MASK].sum(-1)))
     if B.REF_LOG_PROBS in batch and B.OLD_LOG_PROBS in batch:
         out["actor/ref_kl"] = masked_mean(batch[B.OLD_LOG_PROBS] - batch[B.REF_LOG_PROBS], batch[B.RESPONSE_MASK]).item()
     return out
 
 
 def token_count(batch: B.Batch) -> int:
-    return int(batch[B.RESPONSE_MASK].sum() + batch[B.PROMPT_MASK].sum())
+    """Prompt and response tokens of the batch (prompt tokens only before a rollout)."""
+    responses = batch[B.RESPONSE_MASK].sum() if B.RESPONSE_MASK in batch else 0
+    return int(responses + batch[B.PROMPT_MASK].sum())
 
 
-def validation_metrics(batch: B.Batch) -> dict[str, Any]:
-    out = {"val/reward": batch[B.SCORES].mean().item(), "val/accuracy": batch[B.ACC].mean().item()}
-    sources = sorted(set(batch[B.DATA_SOURCE]))
-    if len(sources) > 1:
-        for src in sources:
-            rows = [i for i, s in enumerate(batch[B.DATA_SOURCE]) if s == src]
-            out[f"val/{src}/accuracy"] = batch[B.ACC][rows].mean().item()
-    return out
+def sample_records(batch: B.Batch, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` samples of a scored batch as JSON-ready records (prompt, response, ground truth, score);
+    none when the batch has no generated text."""
+    if limit <= 0 or B.RESPONSE_TEXT not in batch or B.SCORES not in batch:
+        return []
+    return [{
+        "prompt": batch[B.RAW_PROMPT][i][-1]["content"],
+        "response": batch[B.RESPONSE_TEXT][i],
+        "ground_truth": batch[B.GROUND_TRUTH][i],
+        "score": float(batch[B.SCORES][i]),
+    } for i in range(min(limit, len(batch)))]

@@ -17,13 +17,13 @@ from rlforge import checkpoint as ckpt
 from rlforge import resume
 from rlforge.build import Builder
 from rlforge.config import compose
-from rlforge.data import PromptSampler, collate, tokenize_rows
+from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
 from rlforge.errors import NonFiniteError
 from rlforge.module import RLModule
 from rlforge.plugin_manager import PluginManager
 from rlforge.protocols import SamplingParams
-from rlforge.trainer.metrics import data_metrics, token_count, validation_metrics
+from rlforge.trainer.metrics import data_metrics, sample_records, token_count
 from rlforge.trainer.report import print_summary
 
 RESUME_HINT = "Free space, then continue with trainer.resume=auto (the last checkpoint is complete)."
@@ -68,15 +68,13 @@ class Trainer:
         self.run_dir = binding.run_dir
         return binding
 
-    def _load_data(self, tokenizer: Any) -> None:
+    def _load_data(self, module: RLModule) -> None:
+        """The module's training and validation examples (``RLModule.prepare_data``) and the sampler over them."""
         d = self.config.data
-        train = tokenize_rows(self.builder.dataset("train"), tokenizer, d.max_prompt_length,
-                              d.filter_overlong_prompts, f"{d.name} (train)")
-        self.train_prompts = train
-        self.val_prompts = tokenize_rows(self.builder.dataset("val"), tokenizer, d.max_prompt_length,
-                                         d.filter_overlong_prompts, f"{d.name} (val)")
-        self.sampler = PromptSampler(len(train), d.train_batch_size, d.shuffle, self.config.trainer.seed)
-        self.fingerprint = resume.fingerprint(train, self.config)
+        self.train_examples = module.prepare_data(self.builder.dataset("train"), "train")
+        self.val_examples = module.prepare_data(self.builder.dataset("val"), "val")
+        self.sampler = PromptSampler(len(self.train_examples), d.train_batch_size, d.shuffle, self.config.trainer.seed)
+        self.fingerprint = resume.fingerprint(self.train_examples, self.config)
 
     def _seed(self) -> None:
         seed = self.config.trainer.seed
@@ -88,7 +86,7 @@ class Trainer:
         """Train ``module`` (default: the algorithm ``algorithm.name``) and return the run's summary."""
         module = self.module = self.builder.module(module)
         self.flow = self.build_flow(module)
-        self._load_data(module.tokenizer)  # data mistakes surface before any model loads or folder is made
+        self._load_data(module)  # data mistakes surface before any model loads or folder is made
         served = self.builder.follow(module)  # a torchrun rank > 0 serves rank 0, which runs the loop below
         if served is not None:
             return served
@@ -147,7 +145,7 @@ class Trainer:
         val_after = self.validate()
         elapsed = time.perf_counter() - start
         summary = {
-            "accuracy_before": val_before["val/accuracy"] if val_before else None,
+            "accuracy_before": val_before.get("val/accuracy") if val_before else None,
             "accuracy_after": val_after.get("val/accuracy"),
             "steps": self.step,
             "tokens_per_s": tokens / elapsed if elapsed else 0.0,
@@ -189,24 +187,21 @@ class Trainer:
         return n_tokens
 
     def next_prompts(self) -> B.Batch:
-        """The next ``data.train_batch_size`` training prompts (the data cursor advances)."""
+        """The next ``data.train_batch_size`` training examples as a batch (``RLModule.collate``; the data cursor
+        advances)."""
         idx = self.sampler.next_indices()
         draw = f"{self.sampler.epoch}.{self.sampler.position}"  # unique per draw: samples of a prompt share it
-        return collate([self.train_prompts[i] for i in idx], self.module.tokenizer.pad_token_id,
-                       [f"{draw}-{i}" for i in idx])
+        return self.module.collate([self.train_examples[i] for i in idx], [f"{draw}-{i}" for i in idx])
 
     def validate(self) -> dict[str, float]:
-        """Generate on the held-out prompts with the validation sampling config and score them."""
-        if not self.val_prompts:
+        """The module's validation on the held-out examples (``RLModule.validate``; default: generate and score)."""
+        if not self.val_examples:
             return {}
         rng = torch.get_rng_state()  # validation must not shift the training RNG stream
-        batch = collate(self.val_prompts, self.module.tokenizer.pad_token_id, list(range(len(self.val_prompts))))
-        batch = self.controller.generate(batch, SamplingParams.from_config(self.config.rollout, validation=True))
-        batch = self.controller.score(batch)
-        batch.meta.pop("metrics", None)  # the reward manager's counters are for training steps
+        metrics, batch = self.module.validate(self.controller, self.val_examples)
         torch.set_rng_state(rng)
-        metrics = validation_metrics(batch)
-        self._write_samples("val_samples.jsonl", batch, len(batch))
+        if batch is not None:
+            self._write_samples("val_samples.jsonl", batch, len(batch))
         self.hook.rlforge_validation_end(trainer=self, step=self.step, metrics=metrics)
         self._log(metrics)
         return metrics
@@ -217,18 +212,13 @@ class Trainer:
                 lg.log_metrics(metrics, self.step)
 
     def _write_samples(self, name: str, batch: B.Batch, limit: int) -> None:
-        if limit <= 0:
+        records = sample_records(batch, limit)  # none for batches without generated text (offline algorithms)
+        if not records:
             return
         with ckpt.disk_errors(f"write {self.run_dir / name}", RESUME_HINT), \
                 (self.run_dir / name).open("a", encoding="utf-8") as fh:
-            for i in range(min(limit, len(batch))):
-                fh.write(json.dumps({
-                    "step": self.step,
-                    "prompt": batch[B.RAW_PROMPT][i][-1]["content"],
-                    "response": batch[B.RESPONSE_TEXT][i],
-                    "ground_truth": batch[B.GROUND_TRUTH][i],
-                    "score": float(batch[B.SCORES][i]),
-                }) + "\n")
+            for record in records:
+                fh.write(json.dumps({"step": self.step, **record}) + "\n")
 
     # --- checkpoints ------------------------------------------------------------------------------
     def save(self) -> Path:

@@ -13,8 +13,8 @@ from rlforge.algorithms import shaping
 from rlforge.cli import main
 from rlforge.plugin_manager import PluginManager
 
-ALGOS = ["dapo", "dr_grpo", "gpg", "grpo", "gspo", "opo", "ppo", "reinforce_pp", "reinforce_pp_baseline", "remax",
-         "rloo"]
+ALGOS = ["dapo", "dpo", "dr_grpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "ppo", "reinforce_pp",
+         "reinforce_pp_baseline", "remax", "rloo", "rm", "simpo"]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Every algorithm learns: a short run on the built-in task raises the sampled reward.
+"""Every RL algorithm learns: a short run on the built-in task raises the sampled reward. (The offline preference
+algorithms have no sampled reward: their learning tests are in test_preference_algos.py.)
 
 The longer version (accuracy before/after, more steps) is benchmarks/learning_matrix.py; its latest
 figures are in docs/algorithms/README.md.
@@ -8,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlforge import Trainer, load_config
+from rlforge import Stage, Trainer, load_config
 from rlforge.plugin_manager import PluginManager
 
-ALGOS = PluginManager(autoload=False).registry.algorithm.available()
+_PM = PluginManager(autoload=False)
+ALGOS = [a for a in _PM.registry.algorithm.available()
+         if Stage.ROLLOUT in _PM.registry.algorithm.get(a)(load_config(a, plugins=_PM)).flow()]
 STEPS, WINDOW = 40, 10
 
 

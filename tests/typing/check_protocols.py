@@ -6,6 +6,7 @@ contract (a renamed method, a missing attribute, a wrong signature) fails the ty
 
 from __future__ import annotations
 
+from rlforge.algorithms.arith_pairs import arith_pairs_dataset
 from rlforge.controller.local import LocalController
 from rlforge.controller.ray_controller import RayController
 from rlforge.controller.torchrun import TorchrunController
@@ -16,6 +17,7 @@ from rlforge.plugins.logger.tensorboard import TensorBoardLogger
 from rlforge.plugins.logger.wandb_logger import WandbLogger
 from rlforge.plugins.reward.code import code_exec_score
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
+from rlforge.plugins.reward.model import ModelRewardManager
 from rlforge.plugins.reward.rule import RuleRewardManager
 from rlforge.plugins.rollout.hf import HFRollout
 from rlforge.plugins.rollout.vllm import VLLMRollout
@@ -39,8 +41,8 @@ def rollout_engines(hf: HFRollout, vllm: VLLMRollout) -> list[RolloutEngine]:
     return [hf, vllm]
 
 
-def reward_managers(rule: RuleRewardManager) -> list[RewardManager]:
-    return [rule]
+def reward_managers(rule: RuleRewardManager, model: ModelRewardManager) -> list[RewardManager]:
+    return [rule, model]
 
 
 def strategies(single: SingleDeviceStrategy, fsdp: FSDPStrategy, tp: TPStrategy, megatron: MegatronStrategy,
@@ -57,4 +59,4 @@ def loggers(console: ConsoleLogger, mlflow: MlflowLogger, tb: TensorBoardLogger,
 
 
 REWARD_FUNCTIONS: list[RewardFunction] = [arith_score, gsm8k_score, code_exec_score]
-DATASETS: list[Dataset] = [arith_dataset, files_dataset]
+DATASETS: list[Dataset] = [arith_dataset, files_dataset, arith_pairs_dataset]
