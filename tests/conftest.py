@@ -56,3 +56,21 @@ def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def no_autoload(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(AUTOLOAD_ENV, "1")
+
+
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def no_launch_variables_leak():
+    """A test that joins a process group in this process (Lightning's ddp sets ``MASTER_PORT`` here) must not hand its
+    launch variables to the next test's subprocesses: they would try to listen on a port that is still taken."""
+    import os
+
+    saved = {key: os.environ.get(key) for key in LAUNCH_VARIABLES}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

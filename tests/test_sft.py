@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from rlforge.sft import run_sft
 from rlforge.sft.formats import Example, Keys, conversation, prompt_response, truncate
 from rlforge.sft.module import warmup_cosine
 from rlforge.sft.order import EpochOrder, RandomOrder
+from tests.plugins.megatron_cpu import free_port
 
 FAST = ["data.arith.train_size=32", "data.arith.val_size=8", "sft.batch_size=8", "sft.steps=4", "sft.warmup_steps=1",
         "sft.progress=false", "sft.loggers=[]", "sft.save_every=0", "sft.val_accuracy=false"]
@@ -340,8 +342,9 @@ def test_ddp_on_two_cpu_processes_matches_one_device(tmp_path, small_model):
     common = [f"sft.init={small_model}", "sft.accelerator=cpu", "sft.steps=2", "sft.batch_size=8",
               "data.arith.train_size=32", "sft.progress=false", "sft.save_every=0", "sft.loggers=[]", "sft.val_accuracy=false"]
     for name, extra in {"one": ["sft.devices=1"], "two": ["sft.devices=2", "sft.strategy=ddp"]}.items():
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         proc = subprocess.run([str(cli), "sft", *common, *extra, f"sft.output_dir={tmp_path / name}"],
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=600, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)

@@ -20,7 +20,7 @@ def always_call(_text: str) -> str:
 
 def test_turn_limit_stops_before_running_the_last_turns_tools(make_runner, tok):
     runner, _ = make_runner("rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]",
-                            "rollout.agent.max_turns=2", "rollout.max_new_tokens=400")
+                            "rollout.agent.max_turns=2", "rollout.max_new_tokens=192")
     out, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, always_call))
     assert out[B.RESPONSE_MASK][0].tolist()[-1] == 1  # ends on a model turn: no tool reply after it
     assert metrics["agent/model_turns/max"] == 2 and metrics["tool_call_counts/max"] == 1
@@ -48,7 +48,7 @@ def test_budget_caps_each_request_and_the_whole_response(make_runner, tok):
 def test_turn_cut_by_max_tokens_per_turn_is_closed_and_answered_with_a_parse_error(make_runner, tok):
     runner, _ = make_runner("rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]",
                             "rollout.agent.max_tokens_per_turn=15", "rollout.agent.max_turns=2",
-                            "rollout.max_new_tokens=300")
+                            "data.max_prompt_length=32", "rollout.max_new_tokens=224")
     scripted = Scripted(tok, always_call)
     out, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), scripted)
     assert {p.max_new_tokens for p in scripted.params} == {15}

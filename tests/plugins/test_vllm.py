@@ -277,10 +277,10 @@ def test_other_algorithms_run_on_vllm(tmp_path, algo):
 
 CTRL_C_RUN = textwrap.dedent("""
     import os, signal, sys
-    import rlforge.plugins.rollout.vllm as engine_module
+    import rlforge.plugins.rollout.vllm_sync as sync_module
     from rlforge import Trainer, load_config
 
-    real_pack = engine_module.pack_buckets
+    real_pack = sync_module.pack_buckets
 
     def pack_then_ctrl_c(named_tensors, bucket_bytes):  # Ctrl-C in the middle of the first weight sync
         for bucket in real_pack(named_tensors, bucket_bytes):
@@ -293,7 +293,7 @@ CTRL_C_RUN = textwrap.dedent("""
         # it so) passes SIG_IGN on to its children, and Python keeps an inherited SIG_IGN: the Ctrl-C would
         # then stop only the engine, whose processes install their own handler
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        engine_module.pack_buckets = pack_then_ctrl_c
+        sync_module.pack_buckets = pack_then_ctrl_c
         cfg = load_config("grpo", ["rollout.name=vllm", "trainer.runs_root=" + sys.argv[1], "trainer.total_steps=5",
                                    "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2",
                                    "trainer.val_before_train=false", "trainer.progress=false", "logger.backends=[]"])
