@@ -252,16 +252,39 @@ class RLModule:
 
 def generation_metrics(batch: B.Batch) -> dict[str, float]:
     """``val/reward`` (mean score), ``val/accuracy`` (mean ``acc``, when the reward manager sets it) and, with several
-    data sources, ``val/<source>/accuracy``."""
+    data sources, ``val/<source>/accuracy``; plus verl's names (:func:`verl_validation_metrics`)."""
     out = {"val/reward": batch[B.SCORES].mean().item()}
-    if B.ACC not in batch:
-        return out
-    out["val/accuracy"] = batch[B.ACC].mean().item()
-    sources = sorted(set(batch[B.DATA_SOURCE]))
-    if len(sources) > 1:
-        for src in sources:
-            rows = [i for i, s in enumerate(batch[B.DATA_SOURCE]) if s == src]
-            out[f"val/{src}/accuracy"] = batch[B.ACC][rows].mean().item()
+    if B.ACC in batch:
+        out["val/accuracy"] = batch[B.ACC].mean().item()
+        sources = sorted(set(batch[B.DATA_SOURCE]))
+        if len(sources) > 1:
+            for src in sources:
+                rows = [i for i, s in enumerate(batch[B.DATA_SOURCE]) if s == src]
+                out[f"val/{src}/accuracy"] = batch[B.ACC][rows].mean().item()
+    return {**out, **verl_validation_metrics(batch)}
+
+
+def verl_validation_metrics(batch: B.Batch) -> dict[str, float]:
+    """verl's validation names: per data source and variable (``reward``, and ``acc`` when set), the mean over prompts
+    of each prompt's mean (``mean@N``) and population std (``std@N``) over its N samples. The core variable (``acc``
+    if set, else ``reward``) logs ``mean@N`` as ``val-core/<source>/<var>/mean@N``; the rest goes to ``val-aux/``.
+    verl's bootstrap ``best@N``/``worst@N``/``maj@N`` are not computed (``rlforge eval`` reports pass@k)."""
+    variables = {"reward": batch[B.SCORES].float(), **({"acc": batch[B.ACC].float()} if B.ACC in batch else {})}
+    core = "acc" if "acc" in variables else "reward"
+    groups: dict[tuple[str, Any], list[int]] = {}
+    for i, (src, uid) in enumerate(zip(batch[B.DATA_SOURCE], batch[B.UID])):
+        groups.setdefault((src, uid), []).append(i)
+    out: dict[str, float] = {}
+    for src in sorted({s for s, _ in groups}):
+        prompts = [rows for (s, _), rows in groups.items() if s == src]
+        n = max(len(rows) for rows in prompts)
+        for name, values in variables.items():
+            per_prompt = [values[rows] for rows in prompts]
+            section = "val-core" if name == core else "val-aux"
+            out[f"{section}/{src}/{name}/mean@{n}"] = torch.stack([v.mean() for v in per_prompt]).mean().item()
+            if n > 1:
+                stds = [v.std(unbiased=False) for v in per_prompt]
+                out[f"val-aux/{src}/{name}/std@{n}"] = torch.stack(stds).mean().item()
     return out
 
 

@@ -53,8 +53,9 @@ class ConsoleLogger:
         pass
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        # validation's line shows rlforge's names; verl's duplicates (val-core/, val-aux/) go to the trackers only
         val = {k: v for k, v in metrics.items() if k.startswith("val/")}
-        train = {k: v for k, v in metrics.items() if not k.startswith("val/")}
+        train = {k: v for k, v in metrics.items() if not k.startswith(("val/", "val-core/", "val-aux/"))}
         if train:
             self.console.print(f"step {step:>4}/{self.total} | {format_metrics(train, LINE_KEYS)}")
             if self.progress is not None:
