@@ -1,5 +1,5 @@
 """GPU checks on one device, in one short run: actor update throughput and MFU, the hf rollout engine against
-plain ``generate``, weight sync against the copy bound, a full GRPO step (issue #8), and the distributed sections
+plain ``generate``, weight sync against the copy bound, a full GRPO step (issue #8), the first steps of docs/gpu-recipe.md (``recipe``), and the distributed sections
 of ``gpu_check_dist.py``: Megatron TP=1/PP=1 numerics against HF and the conversion on the device, the ``tp``
 strategy against one process, vLLM inside a Ray worker (docs/distributed.md).
 
@@ -46,7 +46,7 @@ SHAPES = {
 }
 FULL = {"update_seqs": 16, "prompt_len": 512, "resp_len": 512, "micro": 16, "gen_prompts": 256, "gen_tokens": 256,
         "grpo_prompts": 64, "grpo_n": 8, "grpo_tokens": 256, "grpo_micro": 64, "grpo_steps": 4}
-SECTIONS = ("update", "update_compiled", "update_offload", "generation", "grpo", "megatron", "tp", "vllm_ray")
+SECTIONS = ("update", "update_compiled", "update_offload", "generation", "grpo", "recipe", "megatron", "tp", "vllm_ray")
 SMOKE = {"update_seqs": 4, "prompt_len": 16, "resp_len": 16, "micro": 2, "gen_prompts": 8, "gen_tokens": 8,
          "grpo_prompts": 4, "grpo_n": 2, "grpo_tokens": 8, "grpo_micro": 4, "grpo_steps": 3}
 
@@ -212,6 +212,50 @@ def check_grpo_step(folder: Path, shape: str, s: dict, device: str, dtype: str) 
                                        for k in hist[0] if k.startswith("timing_s/")}}
 
 
+def check_recipe(tmp: Path, smoke: bool) -> dict:
+    """The first steps of docs/gpu-recipe.md's commands (GRPO on GSM8K-format parquet, bf16-mixed, full and LoRA)
+    with what this machine can reach: a random chat model of Qwen2.5-0.5B's shape and ChatML tokenizer, and GSM8K
+    rows made up here (``rlforge data gsm8k`` on them). Checks the path runs and records step time and peak memory;
+    the accuracy curve needs the real model and data."""
+    import json as _json
+
+    from rlforge import Trainer, load_config
+    from rlforge.plugin_manager import PluginManager
+    from rlforge.tools.data_prep import prepare
+    from rlforge.tools.tiny_chat import build_tiny_chat_model
+
+    dims = ({"hidden": 128, "layers": 2, "heads": 2, "kv_heads": 1, "ffn": 256} if smoke else
+            {"hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "ffn": 4864})
+    model = build_tiny_chat_model(tmp / "chat", **dims)
+    raw = tmp / "gsm8k_raw"
+    raw.mkdir()
+    for split, count in (("train", 256), ("test", 32)):
+        rows = [{"question": f"Tom has {i} apples and buys {i + 3} more. How many apples does he have?",
+                 "answer": f"{i} + {i + 3} = {2 * i + 3}\n#### {2 * i + 3}"} for i in range(count)]
+        (raw / f"{split}.jsonl").write_text("".join(_json.dumps(r) + "\n" for r in rows))
+    prepare("gsm8k", [str(raw / "train.jsonl"), str(raw / "test.jsonl")], tmp / "gsm8k", PluginManager().registry)
+    device = "cpu" if smoke else "cuda"
+    common = [f"model.path={model}", "data.name=files", f"data.train_files=[{tmp}/gsm8k/train.parquet]",
+              f"data.val_files=[{tmp}/gsm8k/test.parquet]", f"strategy.device={device}",
+              f"model.precision={'32-true' if smoke else 'bf16-mixed'}", "data.max_prompt_length=128",
+              f"rollout.max_new_tokens={16 if smoke else 256}", f"data.train_batch_size={4 if smoke else 32}",
+              f"rollout.n={2 if smoke else 5}", f"actor.ppo_mini_batch_size={4 if smoke else 16}",
+              f"actor.ppo_micro_batch_size={4 if smoke else 16}", "trainer.total_steps=3", "trainer.val_every=0",
+              "trainer.val_before_train=true", "trainer.save_every=0", "trainer.progress=false", "logger.backends=[]"]
+    out: dict[str, Any] = {}
+    for name, extra in (("full", ["actor.lr=1e-6"]), ("lora", ["model.lora.rank=32", "model.lora.alpha=32",
+                                                                 "actor.lr=3e-5"])):
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        with tempfile.TemporaryDirectory() as runs:
+            trainer = Trainer(load_config("grpo", [*common, *extra, f"trainer.runs_root={runs}"]))
+            summary = trainer.fit()
+        out[name] = {"step_s": [h["timing_s/step"] for h in trainer.history],
+                     "accuracy_before": summary["accuracy_before"],
+                     "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="gpu_check.json")
@@ -237,6 +281,7 @@ def main() -> None:
                                                                            ["strategy.offload_optimizer=true"])),
                           ("generation", lambda: check_generation(full, sizes, device, dtype)),
                           ("grpo", lambda: check_grpo_step(char, shape, sizes, device, dtype)),
+                          ("recipe", lambda: check_recipe(Path(tmp), args.smoke)),
                           ("megatron", lambda: check_megatron(full, device, sizes["update_seqs"],
                                                               sizes["prompt_len"] + sizes["resp_len"], timed)),
                           ("tp", lambda: check_tp(device)),
