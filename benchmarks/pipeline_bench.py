@@ -72,13 +72,14 @@ def main() -> None:
                 out = subprocess.run([sys.executable, __file__, "--round", json.dumps(spec)], check=True,
                                      capture_output=True, text=True)
                 kept = json.loads(out.stdout.strip().splitlines()[-1])[2:]
-                print(f"{mode}: {' '.join(f'{s['timing_s/step']:.2f}' for s in kept)} s/step", flush=True)
+                seconds = " ".join(f"{s['timing_s/step']:.2f}" for s in kept)
+                print(f"{mode}: {seconds} s/step", flush=True)
                 steps[mode] += kept
     med = {m: {k: statistics.median(s[k] for s in steps[m]) for k in KEYS} for m in MODES}
     result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
               "engine": args.engine, "median": med, "steps": steps,
               "speedup": med["sync"]["timing_s/step"] / med["one_step_off"]["timing_s/step"]}
-    print(f"| mode | s/step | gen | wait_prev_gen | old_log_prob | update_actor |\n|---|---|---|---|---|---|")
+    print("| mode | s/step | gen | wait_prev_gen | old_log_prob | update_actor |\n|---|---|---|---|---|---|")
     for m in MODES:
         print(f"| {m} | " + " | ".join(f"{med[m][k]:.2f}" for k in KEYS) + " |")
     print(f"{args.size} ({params / 1e6:.1f}M), {args.prompts}x{args.samples}x{args.tokens}, {args.engine}: "
