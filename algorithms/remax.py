@@ -26,6 +26,7 @@ class GreedyBaseline(Stage):
     name = "greedy_baseline"
     requires = frozenset({B.PROMPTS, B.UID, B.SCORES})
     produces = frozenset({B.REWARD_BASELINES})
+    uses_engine = True
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         first: dict[str, int] = {}

@@ -50,6 +50,7 @@ class DynamicSampling(Stage):
 
     name = "dynamic_sampling"
     requires = frozenset({B.TOKEN_LEVEL_REWARDS, B.UID})
+    uses_engine = True  # refills through ctx.regenerate
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         target, most = ctx.config.data.train_batch_size, ctx.config.algorithm.max_gen_batches

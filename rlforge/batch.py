@@ -30,6 +30,7 @@ ADVANTAGES = "advantages"  # [B, R]
 RETURNS = "returns"  # [B, R]
 ACC = "acc"  # [B] 1.0 where the answer is right (reward function's `acc`, else score >= 1)
 LABEL = "label"  # [B] preference data: 1.0 on chosen / desirable completions, 0.0 on rejected / undesirable ones
+POLICY_VERSION = "policy_version"  # [B] the policy version that generated the row: its weights' count of updates (pipelines)
 MARGIN = "margin"  # [B] preference pairs: the pair's `margin` column (reward-model training), 0 when not given
 # --- non-tensor columns (lists of length B) ------------------------------------------------------
 UID = "uid"  # group id: samples of the same prompt share it

@@ -60,6 +60,10 @@ class StepContext:
     def log(self, metrics: dict[str, float]) -> None:
         self.metrics.update(metrics)
 
+    def draw(self) -> B.Batch:
+        """The next ``data.train_batch_size`` training prompts (the data cursor advances)."""
+        return self._draw()
+
     def run(self, stage: Stage, batch: B.Batch) -> B.Batch:
         """Run one stage with its hooks, adding its own seconds to ``timing_s/<stage.timing_name>`` (a stage that
         runs others, like dynamic sampling, is charged without theirs: each second is counted once)."""
@@ -80,7 +84,7 @@ class StepContext:
 
     def regenerate(self, before: Stage) -> B.Batch:
         """New prompts through every stage of the flow that comes before ``before`` (e.g. rollout and reward)."""
-        batch = self._draw()
+        batch = self.draw()
         for stage in self.flow.stages:
             if stage is before:
                 return batch
@@ -100,6 +104,7 @@ class Stage:
     requires: frozenset[str] = frozenset()
     produces: frozenset[str] = frozenset()
     timing_name: str = ""  # the name in ``timing_s/<name>`` (default: ``name``); built-ins use verl's
+    uses_engine: bool = False  # generates (ctx.controller.generate, ctx.regenerate): pipelines check it
 
     ROLLOUT: ClassVar[Stage]
     REWARD: ClassVar[Stage]
@@ -226,6 +231,8 @@ def _stage(name: str, requires: set[str], produces: set[str], timing: str = "") 
         {B.RESPONSES, B.INPUT_IDS, B.ATTENTION_MASK, B.RESPONSE_MASK, B.ROLLOUT_LOG_PROBS}, "gen")
 class RolloutStage(Stage):
     """Generate ``rollout.n`` samples per prompt."""
+
+    uses_engine = True
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         ctx.call_hook("rollout_start", batch=batch)

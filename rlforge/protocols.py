@@ -30,6 +30,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = disabled
     max_new_tokens: int = 16
     min_new_tokens: int = 0  # EOS is suppressed before this many tokens (benchmarks use min = max)
+    # set: the engine samples from a private generator seeded with it, never the global torch RNG (a generation
+    # running beside the training stays reproducible, trainer.pipeline=one_step_off); None: the torch RNG
+    seed: int | None = None
 
     @classmethod
     def from_config(cls, rollout: Any, validation: bool = False) -> SamplingParams:

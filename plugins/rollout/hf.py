@@ -39,6 +39,28 @@ def response_mask(responses: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
     return (~after_stop).long()
 
 
+class SeededSampling:
+    """A logits processor that draws each next token from a private ``torch.Generator`` seeded with
+    ``SamplingParams.seed`` (after temperature, top-k and top-p, transformers' own warpers) and leaves only that token
+    possible, so greedy decoding emits it: sampling that no other thread's use of the global torch RNG can shift."""
+
+    def __init__(self, params: SamplingParams, device: Any) -> None:
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers: list[Any] = [TemperatureLogitsWarper(params.temperature)]
+        if params.top_k:
+            warpers.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(params.top_p))
+        self.warpers = LogitsProcessorList(warpers)
+        self.generator = torch.Generator(device).manual_seed(int(params.seed or 0))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)
+        token = torch.multinomial(probs, 1, generator=self.generator)
+        return torch.full_like(scores, float("-inf")).scatter_(-1, token, 0.0)
+
+
 @dataclass
 class HFRolloutConfig:
     """The ``hf`` engine (``rollout.name=hf``)."""
@@ -70,7 +92,10 @@ class HFRollout:
     @no_grad
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         out = batch.repeat_interleave(params.n) if params.n > 1 else batch
-        parts = [self._generate(mb, params) for mb in out.split(self.micro_batch_size)]
+        seeded = None
+        if params.seed is not None and params.temperature > 0:
+            seeded = SeededSampling(params, next(self.model.parameters()).device)
+        parts = [self._generate(mb, params, seeded) for mb in out.split(self.micro_batch_size)]
         width = max(p[0].shape[1] for p in parts)
         pad = self.tokenizer.pad_token_id
 
@@ -87,7 +112,7 @@ class HFRollout:
         out[B.ATTENTION_MASK] = torch.cat([out[B.PROMPT_MASK], mask], dim=1)
         return out
 
-    def _generate(self, mb: B.Batch, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    def _generate(self, mb: B.Batch, params: SamplingParams, seeded: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(self.model.parameters()).device
         prompts, prompt_mask = mb[B.PROMPTS].to(device), mb[B.PROMPT_MASK].to(device)
         if self.compiled:  # one prompt width for every batch: one compiled shape per batch size
@@ -96,7 +121,9 @@ class HFRollout:
             prompt_mask = torch.nn.functional.pad(prompt_mask, (extra, 0), value=0)
         greedy = params.temperature == 0
         sampling: dict[str, Any] = {"do_sample": False}
-        if not greedy:
+        if seeded is not None:  # greedy decoding of the token SeededSampling drew
+            sampling = {"do_sample": False, "logits_processor": [seeded]}
+        elif not greedy:
             sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
                         "top_k": params.top_k or None}
         was_training, defaults = self.model.training, self.model.generation_config

@@ -310,7 +310,8 @@ class VLLMRollout:
         if params.temperature > 0:
             # per-prompt seeds (vLLM gives sample j of a prompt seed + j) drawn from the torch RNG, so a seeded
             # run is reproducible and a resumed run continues the same stream
-            base = int(torch.randint(0, 2**31 - len(prompts) * params.n, ()))
+            top = 2**31 - len(prompts) * params.n
+            base = params.seed % top if params.seed is not None else int(torch.randint(0, top, ()))
             sampling = [self._sampling_params(params, base + i * params.n) for i in range(len(prompts))]
         else:
             sampling = [self._sampling_params(params, None)] * len(prompts)

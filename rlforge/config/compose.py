@@ -19,6 +19,7 @@ from rlforge.config import schema
 from rlforge.config.checks import check_model_folder, check_no_duplicates, check_resume_value, check_values
 from rlforge.errors import ConfigError, did_you_mean
 from rlforge.models import resolve_model_path
+from rlforge.pipeline import PIPELINES
 
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
@@ -159,6 +160,7 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     precision.check(cfg.model.precision)
     lora.validate(cfg)
     check_batch_sizes(cfg)
+    PIPELINES[cfg.trainer.pipeline].validate_config(cfg)
     for _, entry in components:
         check = getattr(entry.obj, "validate_config", None)
         if check is not None:

@@ -29,6 +29,7 @@ from rlforge.controller.microbatch import fixed_plan, token_budget_plan
 from rlforge.errors import NonFiniteError
 from rlforge.module import LossContext, RLModule
 from rlforge.ops import compile_forward, response_values
+from rlforge.pipeline import PIPELINES
 
 log = logging.getLogger("rlforge")
 
@@ -235,8 +236,10 @@ class ActorWorker(TrainWorker):
         # replica (the hybrid engine), refreshed by streaming gathered weights in ``named_weights``. An engine that
         # keeps its own weights (vLLM: ``owns_weights``) needs no replica: it gets the sharded actor (for its config)
         # and the gathered weight stream.
+        # A pipeline that generates while the actor trains (trainer.pipeline=one_step_off) needs that replica too.
         self.rollout_model = module.actor
-        if getattr(strategy, "sharded", False) and not engine_owns_weights:
+        own = getattr(strategy, "sharded", False) or PIPELINES[config.trainer.pipeline].own_rollout_weights
+        if own and not engine_owns_weights:
             self.rollout_model = copy.deepcopy(module.actor).requires_grad_(False).to(strategy.device)
         module.actor = self._prepare(module.actor)
         module.actor.train()

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlforge import batch as B
 from rlforge import checkpoint as ckpt
+from rlforge import pipeline as pipelines
 from rlforge import resume
 from rlforge.build import Builder
 from rlforge.config import compose
@@ -56,6 +57,7 @@ class Trainer:
             self.plugins.register(cb)
         self.hook = self.plugins.hook
         self.builder = Builder(self.config, self.plugins)
+        self.pipeline = pipelines.for_config(self.config)  # trainer.pipeline: when each step's batch is generated
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.run_dir: Path | None = None
@@ -102,6 +104,7 @@ class Trainer:
                 self.hook.rlforge_exception(trainer=self, exception=exc)
                 raise
             finally:
+                self.pipeline.close()
                 for lg in self.loggers:
                     lg.close()
                 self.controller.shutdown()
@@ -109,10 +112,11 @@ class Trainer:
             binding.lock.release()
 
     def build_flow(self, module: RLModule) -> DataFlow:
-        """The module's dataflow, edited by the plugins (``rlforge_before_flow_compile``), then compiled."""
+        """The module's dataflow, edited by the plugins (``rlforge_before_flow_compile``) and the pipeline
+        (``trainer.pipeline``), then compiled."""
         flow = module.flow()
         self.hook.rlforge_before_flow_compile(flow=flow, module=module, config=self.config)
-        return flow.compile()
+        return self.pipeline.prepare(flow).compile()
 
     def _fit(self, module: RLModule, flow: DataFlow, binding: resume.Binding) -> dict[str, Any]:
         cfg, t = self.config, self.config.trainer
@@ -167,7 +171,7 @@ class Trainer:
                           draw=self.next_prompts, hook_trainer=self, builder=self.builder)
         self.module.step, self.module._metrics = self.step, ctx.metrics
         try:
-            batch = self.next_prompts()
+            batch = self.pipeline.prompts(self.next_prompts)
             for stage in flow.stages:
                 batch = ctx.run(stage, batch)
         finally:
@@ -228,6 +232,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "module": self.module.state_dict(),
             "rng": ckpt.rng_state(),
+            "pipeline": self.pipeline.state_dict(),
             "extra": {},
         }
         self.hook.rlforge_save_checkpoint(trainer=self, checkpoint=state["extra"])
@@ -243,4 +248,5 @@ class Trainer:
         self.module.load_state_dict(state.get("module", {}))
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
+        self.pipeline.load_state_dict(state.get("pipeline", {}), self.step)
         self.hook.rlforge_load_checkpoint(trainer=self, checkpoint=state.get("extra", {}))
