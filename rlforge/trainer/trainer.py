@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlforge import batch as B
 from rlforge import checkpoint as ckpt
 from rlforge import resume
+from rlforge.agent.stage import validation_rollout
 from rlforge.build import Builder
 from rlforge.config import compose
 from rlforge.data import PromptSampler, collate, tokenize_rows
@@ -196,16 +197,18 @@ class Trainer:
                        [f"{draw}-{i}" for i in idx])
 
     def validate(self) -> dict[str, float]:
-        """Generate on the held-out prompts with the validation sampling config and score them."""
+        """Generate on the held-out prompts with the validation sampling config (through the run's agent loop when
+        ``rollout.agent.loop`` is set) and score them."""
         if not self.val_prompts:
             return {}
         rng = torch.get_rng_state()  # validation must not shift the training RNG stream
         batch = collate(self.val_prompts, self.module.tokenizer.pad_token_id, list(range(len(self.val_prompts))))
-        batch = self.controller.generate(batch, SamplingParams.from_config(self.config.rollout, validation=True))
+        params = SamplingParams.from_config(self.config.rollout, validation=True)
+        batch, agent = validation_rollout(self, batch, params)  # the agent loop, if the run has one
         batch = self.controller.score(batch)
         batch.meta.pop("metrics", None)  # the reward manager's counters are for training steps
         torch.set_rng_state(rng)
-        metrics = validation_metrics(batch)
+        metrics = {**validation_metrics(batch), **agent}
         self._write_samples("val_samples.jsonl", batch, len(batch))
         self.hook.rlforge_validation_end(trainer=self, step=self.step, metrics=metrics)
         self._log(metrics)
