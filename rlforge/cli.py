@@ -204,7 +204,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _add_config_args(p: argparse.ArgumentParser, with_algo: bool = True) -> None:
     if with_algo:
         p.add_argument("--algo", help="algorithm name (see `rlforge algos`); default grpo")
-    p.add_argument("--config", help="YAML file merged over the defaults and the algorithm preset")
+    p.add_argument("--config", help="YAML file merged over the defaults and the algorithm preset, or builtin:NAME "
+                   "for a config shipped with rlforge (builtin:agentic)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. actor.lr=1e-5 trainer.total_steps=50")
 
 

@@ -60,6 +60,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.logger.wandb_logger",
     "rlforge.plugins.logger.plots",
     "rlforge.plugins.data.builtin",
+    "rlforge.plugins.data.arith_tool",
     "rlforge.controller.local",
     "rlforge.controller.ray_controller",
     "rlforge.controller.torchrun",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +54,20 @@ class MlflowLogger:
         self.mlflow.log_params({k: v for k, v in flat.items() if k not in existing}, synchronous=False)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step, synchronous=False)
+        self.mlflow.log_metrics({mlflow_name(k): float(v) for k, v in metrics.items()}, step=step, synchronous=False)
 
     def log_artifact(self, path: str) -> None:
         self.mlflow.log_artifact(path)
 
     def close(self) -> None:
         self.mlflow.end_run()
+
+
+def mlflow_name(name: str) -> str:
+    """The metric name as mlflow stores it: mlflow allows letters, digits and ``_-. :/`` only, so ``@`` becomes
+    ``_at_`` (``val-core/gsm8k/acc/mean@4`` -> ``val-core/gsm8k/acc/mean_at_4``, as verl's mlflow logger writes it)
+    and any other character ``_``."""
+    return re.sub(r"[^\w\-. :/]", "_", name.replace("@", "_at_"))
 
 
 @hookimpl

@@ -94,6 +94,9 @@ def agent_metrics(trajectories: list[Trajectory], wait_seconds: list[float], wav
         "agent/response_tokens_per_turn": model_tokens / max(sum(model_turns), 1),
         "agent/engine_calls": float(len(waves)),
     }
+    attempted = sum(t.tools.calls + t.tools.parse_errors for t in trajectories)
+    if attempted:  # the share of tool calls the parser could read (undefined when none was written)
+        out["agent/tool_call_format_ok"] = sum(t.tools.calls for t in trajectories) / attempted
     for key in sorted({k for t in trajectories for k in t.metrics}):
         values = [float(t.metrics[key]) for t in trajectories if key in t.metrics]
         out[f"agent/{key}/mean"] = sum(values) / len(values)

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlforge import batch as B
 from rlforge.agent.batching import AGENT_REWARDS
@@ -13,9 +13,21 @@ from rlforge.agent.config import SINGLE_TURN
 from rlforge.dataflow import RolloutStage, Stage, StepContext
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.protocols import SamplingParams
 
 if TYPE_CHECKING:
     from rlforge.agent.runner import AgentRunner
+
+
+class RunParts(Protocol):
+    """What the agentic rollout needs of a run: a :class:`StepContext`, or the ``Trainer`` for validation (this
+    layer of the core does not import the trainer's)."""
+
+    config: Any
+    controller: Any
+    builder: Any
+    module: Any
+    flow: Any
 
 
 class AgentRolloutStage(Stage):
@@ -30,20 +42,25 @@ class AgentRolloutStage(Stage):
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         ctx.call_hook("rollout_start", batch=batch)
-        backend = getattr(ctx.controller, "generate_tokens", None)
-        if backend is None:
-            raise RLForgeError(f"rollout.agent.loop={ctx.config.rollout.agent.loop} needs token-in/token-out "
-                               f"generation, which the controller {type(ctx.controller).__name__} "
-                               f"(trainer.controller) does not provide (generate_tokens).")
-        if self.runner is None:
-            if ctx.builder is None:
-                raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
-            self.runner = ctx.builder.agent(ctx.module.tokenizer)
-        out, metrics = self.runner.rollout(batch, ctx.sampling, backend)
+        out, metrics = self.rollout(ctx, batch, ctx.sampling)
         ctx.log(metrics)
         ctx.module.on_rollout_end(out)
         ctx.call_hook("rollout_end", batch=out)
         return out
+
+    def rollout(self, run: RunParts, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
+        """``params.n`` trajectories of the run's agent loop per prompt of ``batch``: (the batch, the agent metrics).
+        Training steps call it with the rollout's sampling settings, validation with the validation ones."""
+        backend = getattr(run.controller, "generate_tokens", None)
+        if backend is None:
+            raise RLForgeError(f"rollout.agent.loop={run.config.rollout.agent.loop} needs token-in/token-out "
+                               f"generation, which the controller {type(run.controller).__name__} "
+                               f"(trainer.controller) does not provide (generate_tokens).")
+        if self.runner is None:
+            if run.builder is None:
+                raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
+            self.runner = run.builder.agent(run.module.tokenizer)
+        return self.runner.rollout(batch, params, backend)
 
     def close(self) -> None:
         if self.runner is not None:
@@ -66,6 +83,35 @@ class AgentRewardStage(Stage):
         batch[B.TOKEN_LEVEL_REWARDS] = batch[B.TOKEN_LEVEL_REWARDS] + extra
         ctx.log({"agent/reward/mean": extra.sum(-1).mean().item()})
         return batch
+
+
+VALIDATION_METRICS = ("num_turns/mean", "tool_call_counts/mean", "agent/tool_call_format_ok",
+                      "agent/turn_limit_ratio")  # logged by validation as val/<name>
+
+
+class AgentValidation:
+    """The controller as validation sees it in a run with an agent loop: ``generate`` runs the loop with the given
+    sampling settings and keeps its metrics (``VALIDATION_METRICS`` as ``val/<name>``) in ``metrics``; everything
+    else is the run's controller."""
+
+    def __init__(self, run: RunParts, stage: AgentRolloutStage) -> None:
+        self.run, self.stage = run, stage
+        self.metrics: dict[str, float] = {}
+
+    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
+        out, metrics = self.stage.rollout(self.run, batch, params)
+        self.metrics = {f"val/{k}": metrics[k] for k in VALIDATION_METRICS if k in metrics}
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.run.controller, name)
+
+
+def validation_controller(run: RunParts) -> Any:
+    """What ``RLModule.validate`` gets as its controller: an :class:`AgentValidation` when the run's flow has the
+    agentic rollout stage, else the run's controller."""
+    stage = next((s for s in run.flow.stages if isinstance(s, AgentRolloutStage)), None)
+    return run.controller if stage is None else AgentValidation(run, stage)
 
 
 @hookimpl

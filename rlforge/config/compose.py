@@ -18,7 +18,7 @@ from rlforge import lora, precision
 from rlforge.config import schema
 from rlforge.config.checks import check_model_folder, check_no_duplicates, check_resume_value, check_values
 from rlforge.errors import ConfigError, did_you_mean
-from rlforge.models import resolve_model_path
+from rlforge.models import BUILTIN_PREFIX, resolve_model_path
 from rlforge.pipeline import PIPELINES
 
 
@@ -33,8 +33,23 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         raise ConfigError(f"Cannot parse overrides {overrides}: {exc}") from None
 
 
+PRESETS = Path(__file__).parent / "presets"  # --config builtin:NAME reads NAME.yaml here (package data)
+
+
+def config_file_path(path: str) -> Path:
+    """The file ``--config`` names: a path, or ``builtin:NAME`` for a config shipped with rlforge."""
+    if not path.startswith(BUILTIN_PREFIX):
+        return Path(path)
+    known = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+    name = path[len(BUILTIN_PREFIX):]
+    if name not in known:  # a name, never a path: builtin:../x cannot leave the presets folder
+        raise ConfigError(f"Unknown built-in config '{path}' (--config). Built-in configs: "
+                          f"{', '.join(BUILTIN_PREFIX + k for k in known)}.")
+    return PRESETS / f"{name}.yaml"
+
+
 def load_file(path: str) -> DictConfig:
-    p = Path(path)
+    p = config_file_path(path)
     if not p.is_file():
         raise ConfigError(f"Config file not found: {path} (--config).")
     try:

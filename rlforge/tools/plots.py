@@ -1,4 +1,5 @@
-"""Training curves as PNG files: reward, accuracy, response length, KL and entropy over steps.
+"""Training curves as PNG files: reward, accuracy, response length, KL and entropy over steps (and the tool calls
+and turns of agentic runs).
 
 The ``plots`` plugin (``rlforge.plugins.logger.plots``) draws them at the end of every run from the trainer's
 history; ``rlforge report RUN_DIR`` redraws them from the run's mlflow store (the whole history, resumed
@@ -22,6 +23,9 @@ PLOTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "response_length": ("Response length (tokens)", ("response_length/mean",)),
     "kl": ("KL", ("actor/ppo_kl", "actor/ref_kl", "actor/kl_loss")),
     "entropy": ("Entropy", ("actor/entropy",)),
+    # agentic runs only (rollout.agent.loop, docs/agentic.md)
+    "tool_calls": ("Well-formed tool calls (share)", ("agent/tool_call_format_ok", "val/agent/tool_call_format_ok")),
+    "turns": ("Turns per trajectory", ("num_turns/mean", "val/num_turns/mean")),
 }
 PLOT_DIR = "plots"
 METRICS = tuple(m for _, names in PLOTS.values() for m in names)

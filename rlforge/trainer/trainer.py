@@ -16,6 +16,7 @@ from rlforge import batch as B
 from rlforge import checkpoint as ckpt
 from rlforge import pipeline as pipelines
 from rlforge import resume
+from rlforge.agent.stage import AgentValidation, validation_controller
 from rlforge.build import Builder
 from rlforge.config import compose
 from rlforge.data import PromptSampler
@@ -198,11 +199,15 @@ class Trainer:
         return self.module.collate([self.train_examples[i] for i in idx], [f"{draw}-{i}" for i in idx])
 
     def validate(self) -> dict[str, float]:
-        """The module's validation on the held-out examples (``RLModule.validate``; default: generate and score)."""
+        """The module's validation on the held-out examples (``RLModule.validate``; default: generate and score),
+        through the run's agent loop when it has one (its metrics added as ``val/num_turns/mean``, ...)."""
         if not self.val_examples:
             return {}
         rng = torch.get_rng_state()  # validation must not shift the training RNG stream
-        metrics, batch = self.module.validate(self.controller, self.val_examples)
+        controller = validation_controller(self)
+        metrics, batch = self.module.validate(controller, self.val_examples)
+        if isinstance(controller, AgentValidation):
+            metrics = {**metrics, **controller.metrics}
         torch.set_rng_state(rng)
         if batch is not None:
             self._write_samples("val_samples.jsonl", batch, len(batch))
