@@ -19,12 +19,14 @@ from rlforge.algorithms.offline import PreferenceModule, example_sums, finish_me
 
 from rlforge import batch as B
 from rlforge.config.schema import AlgorithmConfig
+from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 from rlforge.module import LossContext
 
 if TYPE_CHECKING:
     import torch
+    from omegaconf import DictConfig
     from rlforge.algorithms import preference as P
 
     from rlforge import ops
@@ -48,6 +50,13 @@ class RewardModel(PreferenceModule):
     preset = {"rollout": {"n": 2}, "data": {"name": "arith_pairs"}, "algorithm": {"name": "rm"}}
     reference = False
     generates = False
+
+    @classmethod
+    def validate_config(cls, config: DictConfig) -> None:
+        super().validate_config(config)
+        if config.model.lora.rank:
+            raise ConfigError(f"'model.lora.rank' is {config.model.lora.rank}, but '--algo rm' trains the whole reward "
+                              f"model (LoRA is not offered for reward models yet): set model.lora.rank=0.")
 
     def configure_model(self) -> None:
         """The reward model (``model.path``'s body with a scalar head, or a trained reward model) as the actor."""

@@ -11,6 +11,8 @@ prompt rendered with the generation prompt: the tokens the model would generate,
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,8 +208,8 @@ def _pair_columns(row: dict[str, Any], where: str, paired: bool) -> list[tuple[s
 
 def _margin(row: dict[str, Any], where: str) -> float:
     value = row.get("margin", 0.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DataError(f"{where}: 'margin' must be a number, got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(f"{where}: 'margin' must be a finite number, got {value!r}.")
     return float(value)
 
 

@@ -20,6 +20,8 @@ controller (the driver).
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -30,7 +32,7 @@ from rlforge import batch as B
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
-from rlforge.models import BUILTIN_PREFIX, HUB_ID
+from rlforge.models import BUILTIN_PREFIX, HUB_ID, resolve_model_path
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +59,21 @@ class ModelRewardConfig:
     trust_remote_code: bool = False  # for the reward model's code
 
 
+def check_reward_model_folder(folder: Any, path: str) -> None:
+    """Refuse a model that is not a trained reward model (its score head would be random): the architectures in
+    its ``config.json`` must include a ``...ForSequenceClassification``."""
+    config = resolve_model_path(folder, "reward.model.path") / "config.json"
+    if not config.is_file():
+        return  # a Hub snapshot or remote code: the loader reports what is missing
+    architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ConfigError(
+            f"'reward.model.path' ({path}) is a {', '.join(architectures) or 'model without architectures'}, not a "
+            f"reward model (...ForSequenceClassification): its score head would be random. Train one with 'rlforge "
+            f"fit --algo rm' and give its run folder, or give a sequence-classification model."
+        )
+
+
 class ModelRewardManager:
     """Scores with a sequence-classification reward model (plus the weighted rule reward)."""
 
@@ -71,6 +88,8 @@ class ModelRewardManager:
             raise ConfigError(f"'reward.model.path' does not exist: {m.path}.")
         if m.dtype not in DTYPES:
             raise ConfigError(f"'reward.model.dtype' is '{m.dtype}'. Allowed: {', '.join(DTYPES)}.")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", m.device):
+            raise ConfigError(f"'reward.model.device' is '{m.device}'. Allowed: auto, cpu, cuda or cuda:N.")
         if m.batch_size <= 0:
             raise ConfigError(f"'reward.model.batch_size' must be a positive integer, got {m.batch_size}.")
         if m.rule_weight and not m.rule:
@@ -83,6 +102,7 @@ class ModelRewardManager:
 
         m = self.options = config.reward.model
         folder = model_folder(m.path)
+        check_reward_model_folder(folder, m.path)
         self.tokenizer = tokenizer
         self.rm_tokenizer = load_tokenizer(folder, trust_remote_code=m.trust_remote_code)
         self.device = torch.device("cuda" if m.device == "auto" and torch.cuda.is_available() else

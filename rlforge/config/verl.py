@@ -119,6 +119,10 @@ MAPPED: dict[str, tuple[str, Convert]] = {
     "algorithm.filter_groups.max_num_gen_batches": ("algorithm.max_gen_batches", _non_negative),
     "reward_model.overlong_buffer.len": ("algorithm.overlong_buffer", _same),  # DAPO recipe
     "reward_model.overlong_buffer.penalty_factor": ("algorithm.overlong_penalty", _same),
+    "reward_model.enable": ("reward.manager", lambda v: "model" if v else "rule"),  # a learned reward model
+    "reward_model.model.path": ("reward.model.path", _same),
+    "reward_model.micro_batch_size_per_gpu": ("reward.model.batch_size", _same),
+    "reward_model.model.trust_remote_code": ("reward.model.trust_remote_code", _same),
     "custom_reward_function.path": ("reward.file", _same),
     "custom_reward_function.name": ("reward.fn_name", _same),
     "trainer.total_training_steps": ("trainer.total_steps", _same),
@@ -128,6 +132,7 @@ MAPPED: dict[str, tuple[str, Convert]] = {
     "trainer.save_freq": ("trainer.save_every", _non_negative),
     "trainer.test_freq": ("trainer.val_every", _non_negative),
     "trainer.val_before_train": ("trainer.val_before_train", _same),
+    "trainer.default_local_dir": ("trainer.runs_root", _same),
     "trainer.critic_warmup": ("trainer.critic_warmup", _same),
     "trainer.resume_mode": ("trainer.resume", _resume),
     "trainer.resume_from_path": ("trainer.resume", _same),
@@ -202,7 +207,9 @@ IGNORED: dict[str, str] = {
     "algorithm.adv_estimator": "the algorithm (--algo) carries its estimator",
     "algorithm.rollout_correction.bypass_mode": "actor.reuse_rollout_log_probs",
     "trainer.balance_batch": "token-budget micro-batches are balanced over ranks",
-    "trainer.default_local_dir": "trainer.runs_root",
+    "reward_model.reward_manager": "the rule reward scores each sample (verl's naive manager); DAPO's overlong "
+                                   "shaping is algorithm.overlong_buffer",
+    "reward_model.model.input_tokenizer": "the reward model's own tokenizer (responses re-templated when it differs)",
     "trainer.default_hdfs_dir": "no HDFS upload",
     "trainer.del_local_ckpt_after_load": "trainer.keep_last_n",
     "trainer.ray_wait_register_center_timeout": "ray.placement_timeout_s",

@@ -70,7 +70,8 @@ def test_long_completions_are_truncated_and_an_empty_answer_is_the_end_of_turn(c
     ({"prompt": "q", "chosen": "a"}, True, r"prefs, row 1: missing column 'rejected'"),
     ({"prompt": "q", "completion": "a", "label": True}, True, "unpaired data \\(KTO\\)"),
     ({"prompt": "q", "completion": "a", "label": "yes"}, False, "boolean 'label'"),
-    (_pair(margin="big"), True, "'margin' must be a number"),
+    (_pair(margin="big"), True, "'margin' must be a finite number"),
+    (_pair(margin=float("nan")), True, "'margin' must be a finite number, got nan"),
     (_pair(prompt=""), True, "the prompt is empty"),
     ({"chosen": "3", "rejected": "4"}, True, "missing column 'prompt'"),
     ({"prompt": "What is 1+2?", "answer": "3"}, True, "missing column 'chosen'"),
@@ -112,6 +113,7 @@ def test_collate_lays_pairs_out_as_groups_of_two(char_tokenizer) -> None:
     ("simpo", ["algorithm.beta=0"], "'algorithm.beta' must be > 0"),
     ("kto", ["algorithm.undesirable_weight=-1"], "must be >= 0"),
     ("rm", ["algorithm.max_completion_length=0"], "'algorithm.max_completion_length' must be > 0"),
+    ("rm", ["model.lora.rank=4"], "LoRA is not offered for reward models"),
 ])
 def test_config_mistakes(pm, algo, overrides, message) -> None:
     with pytest.raises(ConfigError, match=message):

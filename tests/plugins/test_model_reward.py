@@ -95,10 +95,16 @@ def test_model_only_and_a_policy_with_another_chat_template(pm, reward_model):
     (["reward.model.path=builtin:tiny-arith", "reward.model.rule=false", "reward.model.rule_weight=1"],
      "turn the rule reward on"),
     (["reward.model.path=builtin:tiny-arith", "reward.model.dtype=int8"], "Allowed: float32, bfloat16, float16"),
+    (["reward.model.path=builtin:tiny-arith", "reward.model.device=tpu"], "Allowed: auto, cpu, cuda or cuda:N"),
 ])
 def test_config_mistakes(pm, overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config("grpo", ["reward.manager=model", *overrides], plugins=pm)
+
+
+def test_a_causal_lm_is_refused_as_the_reward_model(pm):
+    with pytest.raises(ConfigError, match=r"is a LlamaForCausalLM, not a reward model \(\.\.\.ForSequenceClassification\)"):
+        _manager(pm, "builtin:tiny-arith")
 
 
 def test_grpo_trains_against_the_learned_reward_and_never_trains_it(tmp_path, reward_model):

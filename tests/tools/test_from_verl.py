@@ -39,6 +39,16 @@ def test_estimators_pick_the_algorithm(estimator: str, algo: str) -> None:
     assert verl.translate({"algorithm": {"adv_estimator": estimator}}).algorithm == algo
 
 
+def test_reward_model_and_checkpoint_folder_keys() -> None:
+    r = verl.translate({"reward_model": {"enable": True, "model": {"path": "/models/rm"}, "micro_batch_size_per_gpu": 8,
+                                         "reward_manager": "naive"},
+                        "trainer": {"default_local_dir": "/ckpts"}})
+    assert r.overrides == {"reward.manager": "model", "reward.model.path": "/models/rm", "reward.model.batch_size": 8,
+                           "trainer.runs_root": "/ckpts"}
+    assert [k for k, _ in r.ignored] == ["reward_model.reward_manager"] and r.unmapped == []
+    assert verl.translate({"reward_model": {"enable": False}}).overrides == {"reward.manager": "rule"}
+
+
 def test_dr_grpo_and_multi_gpu() -> None:
     r = verl.translate({"algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False},
                         "actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-sum-norm"}},
