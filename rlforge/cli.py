@@ -180,8 +180,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from rlforge.tools.export import export_checkpoint
 
+    from rlforge.models import architectures
+
     out = export_checkpoint(args.checkpoint, args.out, _plugins().registry, adapter_only=args.adapter)
-    print(f"exported to {out} (load it with AutoModelForCausalLM.from_pretrained or model.path={out})")
+    if args.adapter:
+        how = "PeftModel.from_pretrained(base_model, OUT)"
+    elif any(a.endswith("ForSequenceClassification") for a in architectures(out)):
+        how = f"AutoModelForSequenceClassification.from_pretrained, or reward.manager=model reward.model.path={out}"
+    else:
+        how = f"AutoModelForCausalLM.from_pretrained or model.path={out}"
+    print(f"exported to {out} (load it with {how})")
     return 0
 
 

@@ -190,11 +190,27 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     return tok
 
 
+SCORING_HEADS = ("ForSequenceClassification", "ForTokenClassification")  # reward and value models: no LM head
+
+
+def architectures(folder: Path) -> list[str]:
+    """The ``architectures`` of a model folder's ``config.json`` (empty when it has none)."""
+    import json
+
+    config = Path(folder) / "config.json"
+    return list(json.loads(config.read_text(encoding="utf-8")).get("architectures") or []) if config.is_file() else []
+
+
 def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
     folder = resolve_model_path(path)
+    scoring = [a for a in architectures(folder) if a.endswith(SCORING_HEADS)]
+    if scoring:
+        raise RLForgeError(f"'{path}' is a {scoring[0]}: a reward or value model scores sequences and cannot generate. "
+                           f"Give a causal LM as the policy; use a reward model as reward.model.path "
+                           f"(reward.manager=model).")
     try:
         return AutoModelForCausalLM.from_pretrained(
             folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code

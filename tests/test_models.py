@@ -189,3 +189,12 @@ def test_build_script(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"wrote the tiny chat model to {tmp_path / 'm'}" in done.stdout
     assert (tmp_path / "m" / "config.json").is_file()
+
+
+def test_a_reward_model_is_refused_as_a_policy(tmp_path):
+    from rlforge.models import load_model
+
+    config = json.loads((resolve_model_path("builtin:tiny-arith") / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"]}))
+    with pytest.raises(RLForgeError, match="is a LlamaForSequenceClassification: a reward or value model scores"):
+        load_model(str(tmp_path))

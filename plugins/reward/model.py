@@ -20,7 +20,6 @@ controller (the driver).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from rlforge import batch as B
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
-from rlforge.models import BUILTIN_PREFIX, HUB_ID, resolve_model_path
+from rlforge.models import BUILTIN_PREFIX, HUB_ID, architectures, resolve_model_path
 
 if TYPE_CHECKING:
     import torch
@@ -62,15 +61,12 @@ class ModelRewardConfig:
 def check_reward_model_folder(folder: Any, path: str) -> None:
     """Refuse a model that is not a trained reward model (its score head would be random): the architectures in
     its ``config.json`` must include a ``...ForSequenceClassification``."""
-    config = resolve_model_path(folder, "reward.model.path") / "config.json"
-    if not config.is_file():
-        return  # a Hub snapshot or remote code: the loader reports what is missing
-    architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+    found = architectures(resolve_model_path(folder, "reward.model.path"))
+    if found and not any(a.endswith("ForSequenceClassification") for a in found):
         raise ConfigError(
-            f"'reward.model.path' ({path}) is a {', '.join(architectures) or 'model without architectures'}, not a "
-            f"reward model (...ForSequenceClassification): its score head would be random. Train one with 'rlforge "
-            f"fit --algo rm' and give its run folder, or give a sequence-classification model."
+            f"'reward.model.path' ({path}) is a {', '.join(found)}, not a reward model "
+            f"(...ForSequenceClassification): its score head would be random. Train one with 'rlforge fit --algo rm' "
+            f"and give its run folder, or give a sequence-classification model."
         )
 
 
