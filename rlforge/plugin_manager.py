@@ -192,6 +192,9 @@ class PluginManager:
         """One line per plugin that failed to load or was disabled (the CLI prints them on every command)."""
         lines = [f"plugin {i.label()} failed to load: {i.error.splitlines()[0]}" for i in self.errors()]
         lines += [f"plugin '{n}' is disabled (plugins.disable)" for n in self.skipped]
+        known = [*self.infos, *self.skipped]
+        lines += [f"plugins.disable names '{n}', which is no plugin here.{did_you_mean(n, known)} 'rlforge plugins "
+                  f"list' shows their names." for n in sorted(self.disabled - set(known))]
         return lines
 
 

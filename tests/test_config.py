@@ -337,3 +337,11 @@ def test_explain_batch_sizes_custom(registry) -> None:
     assert "16 prompts x 4 responses = 64 sequences" in text
     assert "2 epoch(s) of 4 mini-batch(es) of 4 prompts (16 sequences) = 8 optimizer step(s)" in text
     assert "2 micro-batch(es) of 8 sequences" in text
+
+
+def test_one_value_for_a_list_key_is_a_one_item_list(registry) -> None:
+    # verl's habit: data.train_files=train.parquet (no brackets)
+    cfg = compose(registry, None, None, ["data.train_files=/data/train.parquet", "logger.backends=console",
+                                         "model.lora.target_modules=q_proj"])
+    assert list(cfg.data.train_files) == ["/data/train.parquet"] and list(cfg.logger.backends) == ["console"]
+    assert list(cfg.model.lora.target_modules) == ["q_proj"]

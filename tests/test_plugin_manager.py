@@ -70,6 +70,14 @@ def test_disable_blocks_a_builtin_plugin() -> None:
     assert pm.errors() == []
 
 
+def test_disabling_a_name_that_no_plugin_has_is_a_warning() -> None:
+    pm = PluginManager(disable=["rlforge.plugins.logger.mlflow_loger"], autoload=False)
+    assert "mlflow" in pm.registry.logger  # the misspelled name blocked nothing
+    assert pm.warnings() == ["plugins.disable names 'rlforge.plugins.logger.mlflow_loger', which is no plugin here. "
+                             "Did you mean 'rlforge.plugins.logger.mlflow_logger'? 'rlforge plugins list' shows their "
+                             "names."]
+
+
 def test_disable_blocks_an_object_plugin() -> None:
     class P:
         @hookimpl

@@ -61,9 +61,19 @@ def load_file(path: str) -> DictConfig:
     return OmegaConf.create(data)
 
 
+def _one_item_lists(base: DictConfig, layer: DictConfig) -> DictConfig:
+    """verl's habit: one value for a list key (``data.train_files=train.parquet``) is a list of that one value."""
+    from rlforge.config import verl
+
+    for key, value in verl.flatten(OmegaConf.to_container(layer)):
+        if isinstance(value, (str, int, float)) and OmegaConf.is_list(OmegaConf.select(base, key, default=None)):
+            OmegaConf.update(layer, key, [value], merge=False)
+    return layer
+
+
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     try:
-        return OmegaConf.merge(base, layer)  # type: ignore[return-value]
+        return OmegaConf.merge(base, _one_item_lists(base, OmegaConf.create(layer)))  # type: ignore[return-value]
     except ConfigKeyError as exc:
         key = exc.full_key or "?"
         parent, _, leaf = key.rpartition(".")
