@@ -22,6 +22,9 @@ LINE_KEYS = {
     "critic/acc/mean": "acc",
     "response_length/mean": "resp_len",
     "actor/pg_loss": "pg_loss",
+    "actor/loss": "loss",  # preference algorithms and the reward model (TRL's names below)
+    "rewards/accuracies": "pair_acc",
+    "rewards/margins": "margin",
     "actor/entropy": "entropy",
     "actor/kl_loss": "kl",
     "actor/grad_norm": "grad_norm",
