@@ -342,9 +342,12 @@ def test_ddp_on_two_cpu_processes_matches_one_device(tmp_path, small_model):
     common = [f"sft.init={small_model}", "sft.accelerator=cpu", "sft.steps=2", "sft.batch_size=8",
               "data.arith.train_size=32", "sft.progress=false", "sft.save_every=0", "sft.loggers=[]", "sft.val_accuracy=false"]
     for name, extra in {"one": ["sft.devices=1"], "two": ["sft.devices=2", "sft.strategy=ddp"]}.items():
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        # a clean environment: nothing the suite's earlier tests left in this process (launch variables, thread
+        # settings) reaches Lightning's launcher, which re-runs this command as rank 1
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RLFORGE_DISABLE_PLUGIN_AUTOLOAD="1")
         proc = subprocess.run([str(cli), "sft", *common, *extra, f"sft.output_dir={tmp_path / name}"],
-                              capture_output=True, text=True, timeout=600, env=env)
+                              capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
