@@ -14,6 +14,7 @@ from rlforge import Trainer, hookimpl, load_config
 from rlforge import batch as B
 from rlforge.errors import ConfigError
 from rlforge.protocols import SamplingParams
+from tests.test_resume import StopAt
 
 FAST = [
     "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=16",
@@ -92,16 +93,6 @@ def test_sync_pipeline_keeps_the_flow_and_has_no_lag(tmp_path):
                      "sync_weights"]
 
 
-class CrashAt:
-    def __init__(self, step):
-        self.step = step
-
-    @hookimpl
-    def rlforge_step_start(self, step):
-        if step == self.step:
-            raise KeyboardInterrupt
-
-
 def _weights(run_dir, step):
     return load_file(str(run_dir / "checkpoints" / f"step_{step:06d}" / "actor" / "model.safetensors"))
 
@@ -113,7 +104,7 @@ def test_one_step_off_resume_is_bit_identical(tmp_path, algo):
     full = Trainer(_config(tmp_path / "a", *common, algo=algo))
     full.fit()
     with pytest.raises(KeyboardInterrupt):
-        Trainer(_config(tmp_path / "b", *common, algo=algo), callbacks=[CrashAt(3)]).fit()
+        Trainer(_config(tmp_path / "b", *common, algo=algo), callbacks=[StopAt(3)]).fit()
     state = torch.load(next((tmp_path / "b").rglob("step_000002")) / "trainer_state.pt", weights_only=True)
     assert state["pipeline"]["pending"]["version"] == 1
     resumed = Trainer(_config(tmp_path / "b", *common, "trainer.resume=auto", algo=algo))

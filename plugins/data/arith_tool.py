@@ -21,6 +21,7 @@ from rlforge.errors import DataError
 from rlforge.hookspecs import hookimpl
 from rlforge.plugins.agent.parsers import HermesParser
 from rlforge.plugins.agent.tools import Calculator, CalculatorConfig, evaluate, format_number
+from rlforge.plugins.data.builtin import draw_rows
 from rlforge.plugins.reward.functions import arith_score
 
 SOURCE = "arith_tool"
@@ -50,23 +51,12 @@ def arith_tool_rows(size: int, a_digits: int, b_digits: int, seed: int, exclude:
     if len(exclude) + (size if unique else 1) > total:
         raise DataError(f"Cannot draw {size} arith_tool questions from {total} with data.arith_tool.a_digits="
                         f"{a_digits} and b_digits={b_digits}: raise the digits or lower the sizes.")
-    rng = random.Random(seed)
-    seen = set(exclude)
-    rows: list[dict[str, Any]] = []
-    while len(rows) < size:
-        a, b = rng.randint(lo_a, hi_a), rng.randint(lo_b, hi_b)
-        text = question(a, b)
-        if text in seen:
-            continue
-        if unique:
-            seen.add(text)
-        rows.append({
-            "data_source": SOURCE,
-            "prompt": [{"role": "user", "content": text}],
-            "reward_model": {"style": "rule", "ground_truth": str(a * b)},
-            "extra_info": {"a": a, "b": b, "expression": f"{a}*{b}"},
-        })
-    return rows
+    return draw_rows(size, (lo_a, hi_a), (lo_b, hi_b), seed, exclude, unique, lambda a, b: {
+        "data_source": SOURCE,
+        "prompt": [{"role": "user", "content": question(a, b)}],
+        "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+        "extra_info": {"a": a, "b": b, "expression": f"{a}*{b}"},
+    })
 
 
 def arith_tool_dataset(config: Any, split: str) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from rlforge.config.schema import option
@@ -34,22 +35,31 @@ def arith_rows(
     total = (max_operand + 1) ** 2
     if len(exclude) + (size if unique else 1) > total:
         raise DataError(f"Cannot draw {size} arith questions with operands up to {max_operand} (data.arith.max_operand).")
+    return draw_rows(size, (0, max_operand), (0, max_operand), seed, exclude, unique, lambda a, b: {
+        "data_source": ARITH_SOURCE,
+        "prompt": [{"role": "user", "content": f"What is {a}+{b}?"}],
+        "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+        "extra_info": {"a": a, "b": b},
+    })
+
+
+def draw_rows(
+    size: int, a_range: tuple[int, int], b_range: tuple[int, int], seed: int, exclude: frozenset[str], unique: bool,
+    make: Callable[[int, int], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``size`` rows ``make(a, b)`` for operands drawn (seeded) from the inclusive ranges; a row whose question (its
+    first message) is in ``exclude`` is drawn again, and with ``unique`` no question repeats."""
     rng = random.Random(seed)
     seen = set(exclude)
     rows: list[dict[str, Any]] = []
     while len(rows) < size:
-        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
-        question = f"What is {a}+{b}?"
-        if question in seen:
+        row = make(rng.randint(*a_range), rng.randint(*b_range))
+        text = row["prompt"][0]["content"]
+        if text in seen:
             continue
         if unique:
-            seen.add(question)
-        rows.append({
-            "data_source": ARITH_SOURCE,
-            "prompt": [{"role": "user", "content": question}],
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"a": a, "b": b},
-        })
+            seen.add(text)
+        rows.append(row)
     return rows
 
 
