@@ -165,3 +165,26 @@ def _sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     )
 
     return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+
+
+class ProcessGroupCollectives:
+    """``all_reduce_sum``/``all_reduce_max`` of a float over torch.distributed, for the strategies with one process
+    per rank: over ``reduce_group()`` (None: the default group), on the strategy's ``device``."""
+
+    device: torch.device
+
+    def reduce_group(self) -> Any:
+        return None
+
+    def all_reduce_sum(self, value: float) -> float:
+        return self._all_reduce(value, "SUM")
+
+    def all_reduce_max(self, value: float) -> float:
+        return self._all_reduce(value, "MAX")
+
+    def _all_reduce(self, value: float, op: str) -> float:
+        import torch
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op), group=self.reduce_group())
+        return float(t.item())

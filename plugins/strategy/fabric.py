@@ -28,7 +28,7 @@ from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 from rlforge.plugins.strategy.fsdp import LAUNCH_ENV, _device
-from rlforge.strategy import BaseStrategy
+from rlforge.strategy import BaseStrategy, ProcessGroupCollectives
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,7 @@ def _original(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "_original_module", model)
 
 
-class FabricStrategy(BaseStrategy):
+class FabricStrategy(ProcessGroupCollectives, BaseStrategy):
     """A Lightning Fabric strategy under rlforge's workers (summed gradients, gathered weight stream)."""
 
     sharded = True  # several processes; the workers keep a replica for the hf engine
@@ -121,16 +121,6 @@ class FabricStrategy(BaseStrategy):
             return float(self.fabric.clip_gradients(model, _raw(model), max_norm=max_norm or float("inf")))
         return super().clip_grad_norm(_original(model), max_norm)
 
-    def all_reduce_sum(self, value: float) -> float:
-        return self._all_reduce(value, torch.distributed.ReduceOp.SUM)
-
-    def all_reduce_max(self, value: float) -> float:
-        return self._all_reduce(value, torch.distributed.ReduceOp.MAX)
-
-    def _all_reduce(self, value: float, op: Any) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t, op=op)
-        return float(t.item())
 
     # --- weights ---------------------------------------------------------------------------------------
     def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
-from rlforge.strategy import BaseStrategy
+from rlforge.strategy import BaseStrategy, ProcessGroupCollectives
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +58,7 @@ class FSDPConfig:
     weight_sync_bucket_mb: float = 256.0  # gathered weights streamed to the rollout replica per bucket
 
 
-class FSDPStrategy(BaseStrategy):
+class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
     """FSDP2 data parallelism; parameters, gradients and optimizer state are sharded over the ranks."""
 
     sharded = True  # workers keep a full replica for the rollout engine and gather state dicts
@@ -137,16 +137,8 @@ class FSDPStrategy(BaseStrategy):
                 g.mul_(coef.to(g.dtype))
         return float(total)
 
-    def all_reduce_sum(self, value: float) -> float:
-        return self._all_reduce(value, torch.distributed.ReduceOp.SUM)
-
-    def all_reduce_max(self, value: float) -> float:
-        return self._all_reduce(value, torch.distributed.ReduceOp.MAX)
-
-    def _all_reduce(self, value: float, op: Any) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t, op=op, group=self.mesh.get_group())
-        return float(t.item())
+    def reduce_group(self) -> Any:
+        return self.mesh.get_group()
 
     def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """Gathered full parameters, one bucket at a time. Collective: every rank iterates to the end."""

@@ -40,7 +40,7 @@ from rlforge.plugins.strategy.megatron_convert import (
     megatron_tp_shard,
     transformer_config_kwargs,
 )
-from rlforge.strategy import BaseStrategy
+from rlforge.strategy import BaseStrategy, ProcessGroupCollectives
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +68,7 @@ def import_megatron() -> Any:
     return megatron.core
 
 
-class MegatronStrategy(BaseStrategy):
+class MegatronStrategy(ProcessGroupCollectives, BaseStrategy):
     """megatron-core tensor parallelism x data parallelism (summed gradients) over N processes."""
 
     sharded = True
@@ -195,16 +195,8 @@ class MegatronStrategy(BaseStrategy):
                 p.grad.mul_(coef)
         return total
 
-    def all_reduce_sum(self, value: float) -> float:
-        return self._all_reduce(value, torch.distributed.ReduceOp.SUM)
-
-    def all_reduce_max(self, value: float) -> float:
-        return self._all_reduce(value, torch.distributed.ReduceOp.MAX)
-
-    def _all_reduce(self, value: float, op: Any) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t, op=op, group=self.ps.get_data_parallel_group())
-        return float(t.item())
+    def reduce_group(self) -> Any:
+        return self.ps.get_data_parallel_group()
 
     # --- checkpoints ----------------------------------------------------------------------------------
     def optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
