@@ -4,14 +4,16 @@
    call the calculator, read its reply and copy it as the answer; some write a tool call the hermes parser cannot
    read; some answer in the head (a number the tiny model cannot compute). Loss on assistant turns only.
 2. ``rlforge sft`` from the shipped ``builtin:tiny-arith`` (its tokenizer given rlforge's tool-aware chat template,
-   ``rlforge.models.CHAT_TEMPLATE``, which renders plain messages as before) on them, for few steps: a *partial*
-   skill, so that RL has headroom (docs/agentic.md has the measured figures). ``--init`` starts from another model
-   (a further stage of SFT on fresh demonstrations: ``--init FOLDER --seed 1``).
+   ``rlforge.models.CHAT_TEMPLATE``, which renders plain messages as before) on them. Copying the tool's reply is a
+   skill that comes late (after 300 steps the model copies nothing; after 1,500 steps on solved demonstrations only
+   it copies 86% of the replies): 1,100 steps on the mixture give a *partial* skill, so that RL has headroom
+   (docs/agentic.md has the measured figures). ``--init`` starts from another model (a further stage of SFT on
+   fresh demonstrations: ``--init FOLDER --seed 1``).
 
-Deterministic on CPU for a given torch version and thread count; 300 steps take about 11 minutes on 2 busy cores.
+Deterministic on CPU for a given torch version and thread count; 1,100 steps take about 2.5 minutes on 2 cores.
 
     python scripts/build_agentic_base_model.py                      # the shipped model
-    python scripts/build_agentic_base_model.py --out /tmp/m sft.steps=300   # extra key=value go to rlforge sft
+    python scripts/build_agentic_base_model.py --out /tmp/m sft.steps=800   # extra key=value go to rlforge sft
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT = 2000
-SHARES = {"solved": 0.7, "broken": 0.2, "in_the_head": 0.1}
-SFT = ["sft.steps=300", "sft.batch_size=16", "sft.lr=2e-3", "sft.warmup_steps=20",
+SHARES = {"solved": 0.6, "broken": 0.25, "in_the_head": 0.15}
+SFT = ["sft.steps=1100", "sft.batch_size=16", "sft.lr=2e-3", "sft.warmup_steps=20",
        "sft.sampling=random", "sft.save_every=0", "sft.loggers=[]", "sft.val_accuracy=false", "sft.max_length=256",
        "sft.seed=0"]
 

@@ -237,3 +237,28 @@ def test_the_builtin_agentic_preset_composes(pm):
 def test_an_unknown_builtin_config_lists_the_known_ones(pm):
     with pytest.raises(ConfigError, match="Built-in configs: builtin:agentic"):
         rlforge.load_config("grpo", config_file="builtin:agentc", plugins=pm)
+
+
+# --- (slow) GRPO on the task learns to call the tool and copy its reply ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_grpo_on_the_agentic_preset_raises_accuracy_and_well_formed_calls(tmp_path):
+    """A shorter version of the documented run (docs/agentic.md): 12 of its 60 steps, 100 of its 200 held-out
+    questions, the preset's sampled validation (temperature 1, 4 samples per question)."""
+    cfg = rlforge.load_config("grpo", [
+        f"trainer.runs_root={tmp_path}", "trainer.total_steps=12", "trainer.val_every=0", "trainer.save_every=0",
+        "trainer.progress=false", "logger.backends=[console]", "data.arith_tool.val_size=100",
+    ], config_file=PRESET)
+    trainer = rlforge.Trainer(cfg)
+    summary = trainer.fit()
+
+    def mean(key, steps):
+        return sum(h[key] for h in steps) / len(steps)
+
+    first, last = trainer.history[:3], trainer.history[-3:]
+    # measured on a 2-core CPU (2026-12-01): reward 0.17 -> 0.39 (first / last 3 steps), validation 20% -> 30%
+    assert mean("critic/score/mean", last) > mean("critic/score/mean", first) + 0.1, trainer.history
+    assert mean("agent/tool_call_format_ok", last) > mean("agent/tool_call_format_ok", first) + 0.05
+    assert mean("tool_call_counts/mean", last) > mean("tool_call_counts/mean", first) + 0.1
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.08, summary
