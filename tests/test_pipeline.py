@@ -87,7 +87,9 @@ SCHEDULES = {  # (pipeline overrides) -> (policy version per step, staleness per
 def test_each_step_trains_on_the_policy_of_the_schedule(tmp_path, pipeline):
     versions, staleness, ahead = SCHEDULES[pipeline]
     rec = Versions()
-    trainer = Trainer(_config(tmp_path, *pipeline, "trainer.total_steps=5", "actor.lr=1e-3"), callbacks=[rec])
+    # validation after steps 2 and 4 waits for the generations in flight and syncs the engine: the schedule holds
+    trainer = Trainer(_config(tmp_path, *pipeline, "trainer.total_steps=5", "actor.lr=1e-3", "trainer.val_every=2"),
+                      callbacks=[rec])
     trainer.fit()
     assert {s: sorted(set(b[B.POLICY_VERSION].tolist())) for s, b in rec.trained.items()} == {
         s: [v] for s, v in versions.items()}
