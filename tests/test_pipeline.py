@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from rlforge import Trainer, hookimpl, load_config
 from rlforge import batch as B
 from rlforge.errors import ConfigError
+from rlforge.pipeline import OneStepOff
 from rlforge.protocols import SamplingParams
 from tests.test_resume import StopAt
 
@@ -99,8 +100,9 @@ def test_each_step_trains_on_the_policy_of_the_schedule(tmp_path, pipeline):
     assert [h["async/buffer/size"] for h in trainer.history] == ahead
     for step, batch in rec.trained.items():
         mask = batch[B.RESPONSE_MASK]
-        # the engine's log-probs are those of the saved weights of the version that generated ...
-        assert _gap(batch[B.ROLLOUT_LOG_PROBS], _log_probs(trainer, rec.weights[versions[step]], batch), mask) < 1e-4
+        # the engine's log-probs are those of the saved weights of the version that generated, and of no other ...
+        gaps = {v: _gap(batch[B.ROLLOUT_LOG_PROBS], _log_probs(trainer, w, batch), mask) for v, w in rec.weights.items()}
+        assert [v for v, gap in gaps.items() if gap < 1e-4] == [versions[step]], (step, gaps)
         # ... and the old log-probs are recomputed with the trainer's weights (version step - 1)
         assert _gap(batch[B.OLD_LOG_PROBS], _log_probs(trainer, rec.weights[step - 1], batch), mask) < 1e-4, step
         if step > 1:  # the lag is visible: the two differ
@@ -248,3 +250,16 @@ def test_async_with_rollout_correction_learns_on_builtin_task(tmp_path):
     assert summary["accuracy_after"] > summary["accuracy_before"], summary
     assert max(h["async/staleness/max"] for h in trainer.history) == 2.0
     assert "rollout_corr/rollout_is_mean" in trainer.history[-1]
+
+
+def test_a_one_step_off_checkpoint_from_before_async_resumes_its_batch(tmp_path):
+    """Checkpoints written before the buffer (``pipeline.pending``: one batch, or None) load as a buffer of one."""
+    pipeline = OneStepOff(_config(tmp_path, OFF))
+    prompts = {"tensors": {B.PROMPTS: torch.ones(2, 4)}, "lists": {B.UID: ["a", "b"]}, "meta": {}}
+    generated = {"tensors": {B.RESPONSES: torch.ones(2, 3)}, "lists": {}, "meta": {}}
+    pipeline.load_state_dict({"pending": {"version": 1, "prompts": prompts, "batch": generated}}, 2)
+    assert [e.version for e in pipeline.buffer] == [1]
+    assert torch.equal(pipeline.buffer[0].result()[B.RESPONSES], generated["tensors"][B.RESPONSES])
+    assert pipeline.engine_version == 2 and pipeline.prompts(lambda: None) is pipeline.buffer[0].prompts
+    pipeline.load_state_dict({"pending": None}, 2)
+    assert not pipeline.buffer
