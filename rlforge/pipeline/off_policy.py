@@ -231,13 +231,14 @@ class OneStepOff(OffPolicy):
                               f"{config.trainer.max_staleness} use trainer.pipeline=async.")
 
 
-def _generate(controller: WeightSnapshots, prompts: B.Batch, params: SamplingParams,
+def _generate(controller: Any, prompts: B.Batch, params: SamplingParams,
               weights: list[tuple[str, torch.Tensor]] | None) -> B.Batch:
-    """The rollout thread's work: load the weights handed over (if any, then free them), then generate."""
+    """The rollout thread's work: load the weights handed over (if any, then free them), then generate.
+    ``controller``: a ``Controller`` that is also ``WeightSnapshots`` (the local one)."""
     if weights is not None:
         controller.load_weights(weights)
         weights.clear()
-    return cast(Any, controller).generate(prompts, params)
+    return controller.generate(prompts, params)
 
 
 def _plain(batch: B.Batch) -> dict[str, Any]:
