@@ -101,7 +101,8 @@ def test_each_step_trains_on_the_policy_of_the_schedule(tmp_path, pipeline):
     for step, batch in rec.trained.items():
         mask = batch[B.RESPONSE_MASK]
         # the engine's log-probs are those of the saved weights of the version that generated, and of no other ...
-        gaps = {v: _gap(batch[B.ROLLOUT_LOG_PROBS], _log_probs(trainer, w, batch), mask) for v, w in rec.weights.items()}
+        gaps = {v: _gap(batch[B.ROLLOUT_LOG_PROBS], _log_probs(trainer, w, batch), mask)
+                for v, w in rec.weights.items()}
         assert [v for v, gap in gaps.items() if gap < 1e-4] == [versions[step]], (step, gaps)
         # ... and the old log-probs are recomputed with the trainer's weights (version step - 1)
         assert _gap(batch[B.OLD_LOG_PROBS], _log_probs(trainer, rec.weights[step - 1], batch), mask) < 1e-4, step
