@@ -1,15 +1,18 @@
-"""Step time of ``trainer.pipeline=sync`` against ``one_step_off`` on the benchmark model (docs/pipelines.md).
+"""Step time of ``trainer.pipeline=sync`` against ``one_step_off`` and ``async`` on the benchmark model
+(docs/pipelines.md).
 
     python benchmarks/pipeline_bench.py [--size 20m] [--prompts 16] [--samples 8] [--tokens 64] [--steps 6]
-                                        [--rounds 1] [--engine hf] [--out pipeline_bench.json]
+                                        [--rounds 1] [--engine hf] [--modes sync one_step_off async]
+                                        [--max-staleness 2] [--out pipeline_bench.json]
 
 GRPO on a random char-level Llama (``grpo_vs_trl.build_model``), P prompts x G samples, exactly T new tokens
 per sample (min = max new tokens), fp32, one optimizer step per batch; the old log-probs are recomputed in both
 modes (``actor.reuse_rollout_log_probs=false``), so the work per step is the same. The modes alternate, each
 round in a fresh process; the median seconds per step (the first 2 steps of a round skipped: warm-up, and the
 first step of one_step_off has nothing to overlap) are reported with the median ``timing_s/gen`` (sync: the
-generation; one_step_off: serving the batch generated during the previous step) and ``timing_s/wait_prev_gen``
-(one_step_off: the wait for the generation in flight after the update).
+generation; one_step_off and async: serving the batch generated ahead and launching the next ones) and
+``timing_s/wait_prev_gen`` (one_step_off and async: the wait for this step's batch from the rollout thread).
+``async`` runs with ``trainer.max_staleness=--max-staleness``; a speed-up is reported for each mode against sync.
 """
 
 from __future__ import annotations
@@ -24,8 +27,13 @@ from pathlib import Path
 
 from grpo_vs_trl import SIZES, build_model
 
-MODES = ("sync", "one_step_off")
+MODES = ("sync", "one_step_off", "async")
 KEYS = ("timing_s/step", "timing_s/gen", "timing_s/wait_prev_gen", "timing_s/old_log_prob", "timing_s/update_actor")
+
+
+def mode_overrides(mode: str, max_staleness: int) -> list[str]:
+    """The config of one mode (``trainer.max_staleness`` belongs to async only)."""
+    return [f"trainer.pipeline={mode}", *([f"trainer.max_staleness={max_staleness}"] if mode == "async" else [])]
 
 
 def run_steps(spec: dict) -> list[dict[str, float]]:
@@ -37,7 +45,8 @@ def run_steps(spec: dict) -> list[dict[str, float]]:
             f"model.path={spec['folder']}", f"trainer.runs_root={runs}", f"trainer.total_steps={spec['steps']}",
             f"data.train_batch_size={p}", f"rollout.n={g}", f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}",
             f"rollout.micro_batch_size={p * g}", f"actor.ppo_mini_batch_size={p}", "actor.lr=1e-6",
-            "actor.reuse_rollout_log_probs=false", f"rollout.name={spec['engine']}", f"trainer.pipeline={spec['mode']}",
+            "actor.reuse_rollout_log_probs=false", f"rollout.name={spec['engine']}",
+            *mode_overrides(spec["mode"], spec["max_staleness"]),
             "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.arith.val_size=1",
             "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0",
         ])
@@ -55,35 +64,41 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="steps per round; the first 2 are warm-up")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--engine", default="hf", help="rollout.name")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="sync first: the reference")
+    parser.add_argument("--max-staleness", type=int, default=2, help="trainer.max_staleness of the async mode")
     parser.add_argument("--out", default="pipeline_bench.json")
     parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: one round, prints its per-step timings
     args = parser.parse_args()
     if args.round:
         print(json.dumps(run_steps(json.loads(args.round))))
         return
-    steps: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    modes = args.modes
+    steps: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         params = build_model(folder, args.size)
         for _ in range(args.rounds):
-            for mode in MODES:
+            for mode in modes:
                 spec = {"folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
-                        "steps": args.steps, "engine": args.engine, "mode": mode}
+                        "steps": args.steps, "engine": args.engine, "mode": mode, "max_staleness": args.max_staleness}
                 out = subprocess.run([sys.executable, __file__, "--round", json.dumps(spec)], check=True,
                                      capture_output=True, text=True)
                 kept = json.loads(out.stdout.strip().splitlines()[-1])[2:]
                 seconds = " ".join(f"{s['timing_s/step']:.2f}" for s in kept)
                 print(f"{mode}: {seconds} s/step", flush=True)
                 steps[mode] += kept
-    med = {m: {k: statistics.median(s[k] for s in steps[m]) for k in KEYS} for m in MODES}
+    med = {m: {k: statistics.median(s[k] for s in steps[m]) if steps[m] else 0.0 for k in KEYS} for m in modes}
+    speedup = {m: med["sync"]["timing_s/step"] / med[m]["timing_s/step"] for m in modes
+               if m != "sync" and "sync" in med and med[m]["timing_s/step"]}
     result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
-              "engine": args.engine, "median": med, "steps": steps,
-              "speedup": med["sync"]["timing_s/step"] / med["one_step_off"]["timing_s/step"]}
+              "engine": args.engine, "max_staleness": args.max_staleness, "median": med, "steps": steps,
+              "speedup": speedup}
     print("| mode | s/step | gen | wait_prev_gen | old_log_prob | update_actor |\n|---|---|---|---|---|---|")
-    for m in MODES:
+    for m in modes:
         print(f"| {m} | " + " | ".join(f"{med[m][k]:.2f}" for k in KEYS) + " |")
-    print(f"{args.size} ({params / 1e6:.1f}M), {args.prompts}x{args.samples}x{args.tokens}, {args.engine}: "
-          f"one_step_off {result['speedup']:.2f}x the speed of sync")
+    for m, x in speedup.items():
+        print(f"{args.size} ({params / 1e6:.1f}M), {args.prompts}x{args.samples}x{args.tokens}, {args.engine}: "
+              f"{m} {x:.2f}x the speed of sync")
     Path(args.out).write_text(json.dumps(result, indent=2))
 
 

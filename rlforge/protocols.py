@@ -31,7 +31,7 @@ class SamplingParams:
     max_new_tokens: int = 16
     min_new_tokens: int = 0  # EOS is suppressed before this many tokens (benchmarks use min = max)
     # set: the engine samples from a private generator seeded with it, never the global torch RNG (a generation
-    # running beside the training stays reproducible, trainer.pipeline=one_step_off); None: the torch RNG
+    # running beside the training stays reproducible, trainer.pipeline=async); None: the torch RNG
     seed: int | None = None
 
     @classmethod
@@ -189,6 +189,18 @@ class Controller(Protocol):
         """Restore :meth:`state_dict`'s result from the checkpoint ``folder`` (``module.actor`` holds its weights)."""
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class WeightSnapshots(Protocol):
+    """What a controller offers to give its rollout engine weights later than they were taken
+    (``trainer.pipeline=async``, which accepts only controllers that have it: ``local``)."""
+
+    def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """A copy of the weights ``sync_weights`` would give the engine now."""
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> float:
+        """Give the engine a :meth:`snapshot_weights` copy; returns the seconds taken."""
 
 
 @runtime_checkable

@@ -1,5 +1,6 @@
 """kill -9 at random points (rollout, reward, update, mid-checkpoint), resume with trainer.resume=auto:
-the final weights are bit-identical to an uninterrupted run."""
+the final weights are bit-identical to an uninterrupted run (also with trainer.pipeline=async, whose checkpoints
+hold the batches generated ahead)."""
 
 from __future__ import annotations
 
@@ -57,22 +58,35 @@ COMMON = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4
           "logger.backends=[console]", "trainer.total_steps=6", "trainer.save_every=1", "trainer.keep_last_n=2"]
 
 
-def _final_weights(run_dir):
-    return load_file(str(run_dir / "checkpoints" / "step_000006" / "actor" / "model.safetensors"))
+def _final_weights(run_dir, step):
+    return load_file(str(run_dir / "checkpoints" / f"step_{step:06d}" / "actor" / "model.safetensors"))
 
 
-@pytest.mark.slow
-def test_kill_9_anywhere_then_resume_is_bit_identical(tmp_path):
-    reference = Trainer(load_config("grpo", [*COMMON, f"trainer.runs_root={tmp_path / 'ref'}"]))
-    reference.fit()
-
+def _shuffled_kills(stages, steps):
     rng = random.Random(7)
-    stages = ["rollout", "reward", "update_actor", "checkpoint"]
+    stages = list(stages)
     rng.shuffle(stages)
-    kills = [{"step": step, "stage": stage} for step, stage in zip([2, 3, 4, 5], stages)]
+    return [{"step": step, "stage": stage} for step, stage in zip(steps, stages)]
+
+
+# sync: kills at every kind of point; async (max_staleness 2), with batches generated ahead in the rollout thread:
+# while the trainer copies its weights for that thread (which may still be generating step 3's batch), and half-way
+# through a checkpoint (which holds the batches ahead), over 4 steps
+@pytest.mark.slow
+@pytest.mark.parametrize(("extra", "kills"), [
+    ([], _shuffled_kills(["rollout", "reward", "update_actor", "checkpoint"], [2, 3, 4, 5])),
+    (["trainer.pipeline=async", "trainer.max_staleness=2", "trainer.total_steps=4"],
+     [{"step": 2, "stage": "deliver_weights"}, {"step": 3, "stage": "checkpoint"}]),
+], ids=["sync", "async-2"])
+def test_kill_9_anywhere_then_resume_is_bit_identical(tmp_path, extra, kills):
+    common = [*COMMON, *extra]
+    reference = Trainer(load_config("grpo", [*common, f"trainer.runs_root={tmp_path / 'ref'}"]))
+    reference.fit()
+    last = reference.step
+
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    overrides = [*COMMON, f"trainer.runs_root={tmp_path / 'killed'}", "trainer.resume=auto"]
+    overrides = [*common, f"trainer.runs_root={tmp_path / 'killed'}", "trainer.resume=auto"]
     for kill in [*kills, None]:
         proc = subprocess.run([sys.executable, str(script), json.dumps({"overrides": overrides, "kill": kill})],
                               capture_output=True, text=True, timeout=600)
@@ -82,8 +96,8 @@ def test_kill_9_anywhere_then_resume_is_bit_identical(tmp_path):
     runs = list((tmp_path / "killed" / "default").iterdir())
     assert len(runs) == 1  # every resume continued the same run folder
     ckpts = sorted(p.name for p in (runs[0] / "checkpoints").iterdir())
-    assert ckpts == ["step_000005", "step_000006"]  # half-written ones never became checkpoints
-    a, b = _final_weights(reference.run_dir), _final_weights(runs[0])
+    assert ckpts == [f"step_{last - 1:06d}", f"step_{last:06d}"]  # half-written ones never became checkpoints
+    a, b = _final_weights(reference.run_dir, last), _final_weights(runs[0], last)
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k

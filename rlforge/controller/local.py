@@ -76,6 +76,17 @@ class LocalController:
         self.rollout.update_weights(self.actor.named_weights())
         return time.perf_counter() - start
 
+    def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """A copy of the weights :meth:`sync_weights` gives the engine now, for :meth:`load_weights` to give it later
+        (``trainer.pipeline=async``: the actor trains on while the engine finishes older generations)."""
+        return [(name, tensor.clone()) for name, tensor in self.actor.named_weights()]
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> float:
+        """Give the engine a :meth:`snapshot_weights` copy (called from the thread that generates)."""
+        start = time.perf_counter()
+        self.rollout.update_weights(iter(weights))
+        return time.perf_counter() - start
+
     def state_dict(self, staging: Path) -> dict[str, Any]:
         """Optimizer/scheduler state of every worker, and the critic's weights (the actor's are saved as HF)."""
         state: dict[str, Any] = {"actor": self.actor.state_dict()}

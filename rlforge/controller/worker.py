@@ -236,7 +236,7 @@ class ActorWorker(TrainWorker):
         # replica (the hybrid engine), refreshed by streaming gathered weights in ``named_weights``. An engine that
         # keeps its own weights (vLLM: ``owns_weights``) needs no replica: it gets the sharded actor (for its config)
         # and the gathered weight stream.
-        # A pipeline that generates while the actor trains (trainer.pipeline=one_step_off) needs that replica too.
+        # A pipeline that generates while the actor trains (trainer.pipeline=one_step_off, async) needs that replica too.
         self.rollout_model = module.actor
         own = getattr(strategy, "sharded", False) or PIPELINES[config.trainer.pipeline].own_rollout_weights
         if own and not engine_owns_weights:

@@ -203,6 +203,7 @@ class Trainer:
         through the run's agent loop when it has one (its metrics added as ``val/num_turns/mean``, ...)."""
         if not self.val_examples:
             return {}
+        self.pipeline.settle(self.controller, self.step)  # the engine idle, with the trainer's weights
         rng = torch.get_rng_state()  # validation must not shift the training RNG stream
         controller = validation_controller(self)
         metrics, batch = self.module.validate(controller, self.val_examples)

@@ -34,6 +34,7 @@ from rlforge.protocols import (
     RewardManager,
     RolloutEngine,
     Strategy,
+    WeightSnapshots,
 )
 
 
@@ -52,6 +53,10 @@ def strategies(single: SingleDeviceStrategy, fsdp: FSDPStrategy, tp: TPStrategy,
 
 def controllers(local: LocalController, ray: RayController, torchrun: TorchrunController) -> list[Controller]:
     return [local, ray, torchrun]
+
+
+def weight_snapshots(local: LocalController) -> list[WeightSnapshots]:  # what trainer.pipeline=async needs
+    return [local]
 
 
 def loggers(console: ConsoleLogger, mlflow: MlflowLogger, tb: TensorBoardLogger, wandb: WandbLogger) -> list[Logger]:
