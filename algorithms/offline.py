@@ -138,6 +138,10 @@ class PreferenceModule(RLModule):
 
     # --- configuration ----------------------------------------------------------------------------
     @classmethod
+    def batch_words(cls) -> tuple[str, str, str]:
+        return ("reads", "pairs", "rows (chosen, rejected)") if cls.paired else ("reads", "examples", "row(s)")
+
+    @classmethod
     def validate_config(cls, config: DictConfig) -> None:
         alg, rows, unit = config.algorithm, 2 if cls.paired else 1, "pair" if cls.paired else "example"
         if config.rollout.n != rows:

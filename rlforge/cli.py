@@ -93,7 +93,8 @@ def cmd_config(args: argparse.Namespace) -> int:
         return _from_verl(args)
     pm, cfg = _compose(args)
     print(OmegaConf.to_yaml(cfg), end="")
-    print("\n# batch sizes\n# " + explain_batch_sizes(cfg).replace("\n", "\n# "))
+    words = pm.registry.algorithm.get(cfg.algorithm.name).batch_words()
+    print("\n# batch sizes\n# " + explain_batch_sizes(cfg, words).replace("\n", "\n# "))
     owners = [f"{path} ({entry.plugin})" for path, (_, entry) in sorted(pm.registry.config_sections().items())]
     if owners:
         print("\n# sections owned by plugins\n# " + "\n# ".join(owners))

@@ -120,6 +120,12 @@ class RLModule:
     def validate_config(cls, config: DictConfig) -> None:
         """Algorithm-specific checks run at config composition time (before any model loads)."""
 
+    @classmethod
+    def batch_words(cls) -> tuple[str, str, str]:
+        """How ``rlforge config show`` words a step's data: (what a step does, the unit ``data.train_batch_size``
+        counts, what its ``rollout.n`` rows are)."""
+        return "samples", "prompts", "responses"
+
     def flow(self) -> DataFlow:
         """The dataflow of one training step for this algorithm."""
         stages = [Stage.ROLLOUT, Stage.REWARD, Stage.FILTER, Stage.OLD_LOGPROB]

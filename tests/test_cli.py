@@ -158,6 +158,16 @@ def test_config_show_explains_gradient_accumulation(capsys) -> None:
     assert "split into 4 micro-batch(es) of 16 sequences (gradient accumulation steps)" in out
 
 
+@pytest.mark.parametrize("algo, first, mini", [
+    ("dpo", "Each step reads 32 pairs x 2 rows (chosen, rejected) = 64 sequences.", "of 8 pairs (16 sequences)"),
+    ("kto", "Each step reads 32 examples x 1 row(s) = 32 sequences.", "of 8 examples (8 sequences)"),
+])
+def test_config_show_of_an_offline_algorithm_counts_pairs_not_samples(capsys, algo, first, mini) -> None:
+    assert main(["config", "show", "--algo", algo]) == 0
+    out = capsys.readouterr().out.partition("# batch sizes")[2]
+    assert first in out and mini in out and "samples" not in out
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["new", "plugin", "bad name"], "Invalid plugin name 'bad name'"),
     (["export", "/no/such/ckpt", "/tmp/out"], "'/no/such/ckpt' does not exist"),

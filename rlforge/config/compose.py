@@ -88,9 +88,24 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
             f"Unknown config key '{full}' (in {source}).{hint} Run 'rlforge config show' to list every key."
         ) from None
     except OmegaConfBaseException as exc:
+        section = _section_given_a_value(base, layer)
+        if section:
+            keys = ", ".join(f"{section}.{k}" for k in list(OmegaConf.select(base, section).keys())[:3])
+            raise ConfigError(f"'{section}' (in {source}) is a section of the config, not a value: set its keys "
+                              f"({keys}, ...). Run 'rlforge config show' to list every key.") from None
         key = getattr(exc, "full_key", "") or "?"
         reason = str(getattr(exc, "msg", exc)).splitlines()[0]
         raise ConfigError(f"Invalid value for '{key}' (in {source}): {reason}.") from None
+
+
+def _section_given_a_value(base: DictConfig, layer: Any) -> str | None:
+    """The first key of ``layer`` that gives a plain value where ``base`` has a section (``trainer=5``)."""
+    from rlforge.config import verl
+
+    for key, value in verl.flatten(OmegaConf.to_container(OmegaConf.create(layer))):
+        if not isinstance(value, dict) and isinstance(OmegaConf.select(base, key, default=None), DictConfig):
+            return key
+    return None
 
 
 def compose(
@@ -230,14 +245,16 @@ def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:
         )
 
 
-def explain_batch_sizes(cfg: DictConfig) -> str:
-    """The batch-size arithmetic in words (printed by ``rlforge config show``)."""
+def explain_batch_sizes(cfg: DictConfig, words: tuple[str, str, str] = ("samples", "prompts", "responses")) -> str:
+    """The batch-size arithmetic in words (printed by ``rlforge config show``); ``words``: the algorithm's
+    ``RLModule.batch_words()`` (an offline algorithm reads pairs of rows instead of sampling responses)."""
     prompts, n = cfg.data.train_batch_size, cfg.rollout.n
     mini, micro = cfg.actor.ppo_mini_batch_size, micro_batch_size(cfg, "actor")
+    verb, unit, rows = words
     return (
-        f"Each step samples {prompts} prompts x {n} responses = {prompts * n} sequences.\n"
+        f"Each step {verb} {prompts} {unit} x {n} {rows} = {prompts * n} sequences.\n"
         f"The actor update runs {cfg.actor.ppo_epochs} epoch(s) of {prompts // mini} mini-batch(es) of "
-        f"{mini} prompts ({mini * n} sequences) = {cfg.actor.ppo_epochs * prompts // mini} optimizer step(s) per "
+        f"{mini} {unit} ({mini * n} sequences) = {cfg.actor.ppo_epochs * prompts // mini} optimizer step(s) per "
         f"training step;\n" + (
             f"each mini-batch is split into micro-batches of at most {cfg.actor.max_tokens_per_micro_batch} tokens "
             f"(actor.max_tokens_per_micro_batch; their number varies with the sequence lengths)."
