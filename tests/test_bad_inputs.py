@@ -51,6 +51,8 @@ def model_copy(tmp_path):
 CASES = {
     "misspelled key": (["actor.lrr=1"], "Unknown config key 'actor.lrr'", "Did you mean 'actor.lr'?"),
     "wrong type": (["actor.lr=fast"], "Invalid value for 'actor.lr'", "fast"),
+    "a number for a true/false key": (["trainer.val_before_train=2"], "Invalid value for 'trainer.val_before_train'",
+                                      "2; it is true or false"),
     "a value for a section": (["trainer=5"], "'trainer' (in command-line overrides) is a section of the config",
                               "trainer.total_steps"),
     "negative size": (["data.train_batch_size=-4"], "'data.train_batch_size' must be a positive integer", "-4"),

@@ -71,8 +71,19 @@ def _one_item_lists(base: DictConfig, layer: DictConfig) -> DictConfig:
     return layer
 
 
+def _check_bools(base: DictConfig, layer: DictConfig, source: str) -> None:
+    """A number other than 0 or 1 for a true/false key is a mistake, not ``true`` (OmegaConf would take ``2``)."""
+    from rlforge.config import verl
+
+    for key, value in verl.flatten(OmegaConf.to_container(layer)):
+        if (isinstance(value, (int, float)) and not isinstance(value, bool) and value not in (0, 1)
+                and isinstance(OmegaConf.select(base, key, default=None), bool)):
+            raise ConfigError(f"Invalid value for '{key}' (in {source}): {value!r}; it is true or false.")
+
+
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     try:
+        _check_bools(base, OmegaConf.create(layer), source)
         return OmegaConf.merge(base, _one_item_lists(base, OmegaConf.create(layer)))  # type: ignore[return-value]
     except ConfigKeyError as exc:
         key = exc.full_key or "?"
