@@ -1,5 +1,6 @@
 """GPU checks on one device, in one short run: actor update throughput and MFU, the hf rollout engine against
-plain ``generate``, weight sync against the copy bound, a full GRPO step (issue #8), the first steps of docs/gpu-recipe.md (``recipe``), and the distributed sections
+plain ``generate``, weight sync against the copy bound, a full GRPO step (issue #8) and the same step with the
+one-step-off and async pipelines (issue #16), the first steps of docs/gpu-recipe.md (``recipe``), and the distributed sections
 of ``gpu_check_dist.py``: Megatron TP=1/PP=1 numerics against HF and the conversion on the device, the ``tp``
 strategy against one process, vLLM inside a Ray worker (docs/distributed.md).
 
@@ -46,7 +47,10 @@ SHAPES = {
 }
 FULL = {"update_seqs": 16, "prompt_len": 512, "resp_len": 512, "micro": 16, "gen_prompts": 256, "gen_tokens": 256,
         "grpo_prompts": 64, "grpo_n": 8, "grpo_tokens": 256, "grpo_micro": 64, "grpo_steps": 4}
-SECTIONS = ("update", "update_compiled", "update_offload", "generation", "grpo", "recipe", "megatron", "tp", "vllm_ray")
+SECTIONS = ("update", "update_compiled", "update_offload", "generation", "grpo", "grpo_one_step_off", "grpo_async",
+            "recipe", "megatron", "tp", "vllm_ray")
+PIPELINES = {"grpo_one_step_off": ("trainer.pipeline=one_step_off",),  # docs/pipelines.md: step time against "grpo"
+             "grpo_async": ("trainer.pipeline=async", "trainer.max_staleness=2")}
 SMOKE = {"update_seqs": 4, "prompt_len": 16, "resp_len": 16, "micro": 2, "gen_prompts": 8, "gen_tokens": 8,
          "grpo_prompts": 4, "grpo_n": 2, "grpo_tokens": 8, "grpo_micro": 4, "grpo_steps": 3}
 
@@ -190,8 +194,9 @@ def check_generation(folder: Path, s: dict, device: str, dtype: str) -> dict:
     return out
 
 
-def check_grpo_step(folder: Path, shape: str, s: dict, device: str, dtype: str) -> dict:
-    """A full GRPO step on a model of ``shape`` with the character vocabulary: per-stage medians after step 1."""
+def check_grpo_step(folder: Path, shape: str, s: dict, device: str, dtype: str, extra: tuple[str, ...] = ()) -> dict:
+    """A full GRPO step on a model of ``shape`` with the character vocabulary: per-stage medians after step 1;
+    ``extra`` overrides, e.g. a pipeline (``trainer.pipeline=async``: generation ahead, beside the update)."""
     from rlforge import Trainer, load_config
 
     build(folder, shape, char_vocab=True)
@@ -203,13 +208,14 @@ def check_grpo_step(folder: Path, shape: str, s: dict, device: str, dtype: str) 
             f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}", f"rollout.micro_batch_size={p * g}",
             f"actor.ppo_mini_batch_size={p}", f"actor.ppo_micro_batch_size={s['grpo_micro']}", "actor.lr=1e-7",
             "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.arith.val_size=1",
-            "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0",
+            "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0", *extra,
         ])
         trainer = Trainer(cfg)
         trainer.fit()
     hist = trainer.history[1:]
-    return {"P": p, "G": g, "T": t, **{k.removeprefix("timing_s/"): statistics.median(h[k] for h in hist)
-                                       for k in hist[0] if k.startswith("timing_s/")}}
+    keys = sorted({k for h in hist for k in h if k.startswith("timing_s/")})  # some stages skip some steps
+    return {"P": p, "G": g, "T": t, **{k.removeprefix("timing_s/"): statistics.median(h[k] for h in hist if k in h)
+                                       for k in keys}}
 
 
 def check_recipe(tmp: Path, smoke: bool) -> dict:
@@ -281,6 +287,8 @@ def main() -> None:
                                                                            ["strategy.offload_optimizer=true"])),
                           ("generation", lambda: check_generation(full, sizes, device, dtype)),
                           ("grpo", lambda: check_grpo_step(char, shape, sizes, device, dtype)),
+                          *((name, lambda extra=extra: check_grpo_step(char, shape, sizes, device, dtype, extra))
+                            for name, extra in PIPELINES.items()),
                           ("recipe", lambda: check_recipe(Path(tmp), args.smoke)),
                           ("megatron", lambda: check_megatron(full, device, sizes["update_seqs"],
                                                               sizes["prompt_len"] + sizes["resp_len"], timed)),
