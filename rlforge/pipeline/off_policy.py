@@ -19,6 +19,10 @@ sample over the bound cannot occur, so there is nothing to drop or down-weight).
 the other in the rollout thread, each sampling from its own seeded generator (``SamplingParams.seed``), never the
 global RNG the training uses: a run is reproducible bit for bit. A checkpoint holds the batches generated ahead
 (waited for), so a resumed run trains on the same samples, none lost or repeated.
+
+What generates is :meth:`RolloutStage.rollout` of the flow's rollout stage (``source``): the built-in stage's batch
+``generate``, or the agent loops' stage (loops, tools and engine waves, all in the rollout thread); the rollout's
+metrics travel with its batch.
 """
 
 from __future__ import annotations
@@ -248,7 +252,7 @@ def _generate(rollout: Callable[[StepContext, B.Batch, SamplingParams], tuple[B.
     """The rollout thread's work: load the weights handed over (if any, then free them) into the engine of
     ``run.controller`` (a ``Controller`` that is also ``WeightSnapshots``, the local one), then generate."""
     if weights is not None:
-        run.controller.load_weights(weights)
+        cast("WeightSnapshots", run.controller).load_weights(weights)
         weights.clear()
     return rollout(run, prompts, params)
 
