@@ -121,8 +121,8 @@ class OffPolicy(Pipeline):
             raise ConfigError(f"{key} runs the generation of the rollout stage (RolloutStage.rollout) ahead of "
                               f"training; dataflow '{flow.name}' has {type(rollout).__name__} instead, which "
                               f"{'overrides run()' if isinstance(rollout, RolloutStage) else 'is no RolloutStage'}"
-                              f" (a plugin's stage). Subclass RolloutStage and override rollout(), or {hint[0].lower()}"
-                              f"{hint[1:]}")
+                              f" (a plugin's stage). Subclass RolloutStage and override rollout(), or use "
+                              f"trainer.pipeline=sync.")
         others = [s.name for s in flow.stages if s.uses_engine and s is not rollout]
         if others:
             raise ConfigError(f"{key}: stage '{others[0]}' of dataflow '{flow.name}' generates during the step (e.g. "
@@ -132,7 +132,7 @@ class OffPolicy(Pipeline):
             raise ConfigError(f"{key} needs the sync_weights stage in dataflow '{flow.name}' "
                               f"({' -> '.join(flow.names())}). {hint}")
         self.source = rollout
-        flow.replace(rollout, LaggedRollout(self, rollout))
+        flow.replace(rollout, LaggedRollout(self))
         if Stage.OLD_LOGPROB in flow:
             flow.replace(Stage.OLD_LOGPROB, RecomputedOldLogProb())
         flow.remove(Stage.SYNC_WEIGHTS)  # the rollout stage gives the engine its weights (DeliverWeights)
@@ -270,13 +270,14 @@ class LaggedRollout(RolloutStage):
     batches of the next steps, each by :meth:`RolloutStage.rollout` of the stage it replaced (``source``: the
     built-in one, or the agent loops')."""
 
-    def __init__(self, pipeline: OffPolicy, source: RolloutStage) -> None:
-        self.pipeline, self._source = pipeline, source
-        self.requires, self.produces = source.requires, source.produces | {B.POLICY_VERSION}
+    def __init__(self, pipeline: OffPolicy) -> None:
+        assert pipeline.source is not None, "OffPolicy.prepare names the rollout stage first"
+        self.pipeline = pipeline
+        self.requires, self.produces = pipeline.source.requires, pipeline.source.produces | {B.POLICY_VERSION}
 
     @property
     def source(self) -> RolloutStage:
-        return self._source
+        return self.pipeline.source  # named by prepare before this stage is made
 
     def generate(self, ctx: StepContext, batch: B.Batch) -> tuple[B.Batch, dict[str, float]]:
         generated = self.pipeline.collect(ctx, batch)
@@ -284,7 +285,7 @@ class LaggedRollout(RolloutStage):
         return generated
 
     def rollout(self, run: Any, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
-        return self._source.rollout(run, batch, params)
+        return self.source.rollout(run, batch, params)
 
 
 class RecomputedOldLogProb(OldLogProbStage):
