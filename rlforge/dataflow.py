@@ -230,16 +230,36 @@ def _stage(name: str, requires: set[str], produces: set[str], timing: str = "") 
 @_stage("rollout", {B.PROMPTS, B.PROMPT_MASK, B.UID},
         {B.RESPONSES, B.INPUT_IDS, B.ATTENTION_MASK, B.RESPONSE_MASK, B.ROLLOUT_LOG_PROBS}, "gen")
 class RolloutStage(Stage):
-    """Generate ``rollout.n`` samples per prompt."""
+    """Generate ``rollout.n`` samples per prompt. A rollout stage of another kind (the agent loops') overrides
+    :meth:`rollout`; a pipeline that generates ahead (``trainer.pipeline``) overrides :meth:`generate`."""
 
     uses_engine = True
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         ctx.call_hook("rollout_start", batch=batch)
-        batch = ctx.controller.generate(batch, ctx.sampling)
+        batch, metrics = self.generate(ctx, batch)
+        ctx.log(metrics)
         ctx.module.on_rollout_end(batch)
         ctx.call_hook("rollout_end", batch=batch)
         return batch
+
+    def generate(self, ctx: StepContext, batch: B.Batch) -> tuple[B.Batch, dict[str, float]]:
+        """The generated batch this step trains on, and the rollout's metrics: :meth:`rollout` of the step's
+        prompts now."""
+        return self.rollout(ctx, batch, ctx.sampling)
+
+    def rollout(self, run: Any, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
+        """``params.n`` samples per prompt of ``batch`` by the engine's current weights, and the rollout's metrics.
+        ``run`` is a :class:`StepContext` (or the ``Trainer``, for validation): only its ``config``, ``controller``,
+        ``builder``, ``module`` and ``flow`` are read, so the off-policy pipelines can call it from their rollout
+        thread."""
+        return run.controller.generate(batch, params), {}
+
+    @property
+    def source(self) -> RolloutStage:
+        """The stage whose :meth:`rollout` generates (itself; the off-policy pipelines' stage names the one it
+        replaced)."""
+        return self
 
 
 @_stage("reward", {B.RESPONSES, B.RESPONSE_MASK}, {B.SCORES, B.TOKEN_LEVEL_SCORES, B.TOKEN_LEVEL_REWARDS})

@@ -210,7 +210,8 @@ def test_max_staleness_belongs_to_async(tmp_path, extra, says):
     ("dapo", [], "stage 'dynamic_sampling' of dataflow 'dapo' generates during the step"),
     ("remax", [], "stage 'greedy_baseline' of dataflow 'remax' generates during the step"),
     ("dpo", ["rollout.n=2", "actor.ppo_micro_batch_size=8"], "dataflow 'dpo' has none"),
-    ("grpo", ["rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]"], "has AgentRolloutStage instead"),
+    # an agent loop's dynamic sampling: its rollout stage runs ahead (tests/agent/test_off_policy.py), its filter not
+    ("dapo", ["rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]"], "stage 'dynamic_sampling'"),
 ])
 def test_flows_it_cannot_serve_fail_before_any_model_loads(tmp_path, pipeline, algo, extra, says):
     trainer = Trainer(_config(tmp_path, pipeline, *extra, algo=algo))

@@ -349,9 +349,13 @@ class VLLMRollout:
     @no_grad
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         """Token-in/token-out requests of agent loops: the whole wave in one engine call, each request with its own
-        sampling parameters (seeded as in ``generate``); ``finish`` is vLLM's finish reason."""
-        seed = int(torch.randint(0, 2**31 - len(prompts), ())) if any(p.temperature > 0 for p in params) else 0
-        sampling = [self._sampling_params(replace(p, n=1), seed + i if p.temperature > 0 else None)
+        sampling parameters (seeded as in ``generate``: request ``i`` with ``SamplingParams.seed + i`` when set, else
+        from a base drawn from the torch RNG); ``finish`` is vLLM's finish reason."""
+        top = 2**31 - len(prompts)
+        unseeded = any(p.temperature > 0 and p.seed is None for p in params)
+        seed = int(torch.randint(0, top, ())) if unseeded else 0
+        sampling = [self._sampling_params(replace(p, n=1), None if p.temperature == 0 else
+                                          (p.seed % top if p.seed is not None else seed) + i)
                     for i, p in enumerate(params)]
         llm = self._engine()
         results = interruptible(llm.generate, [self.vllm.TokensPrompt(prompt_token_ids=ids) for ids in prompts],

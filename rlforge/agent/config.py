@@ -26,6 +26,7 @@ class AgentConfig:
     max_tool_calls_per_turn: int = 4  # tool calls run per model turn; further calls get an error reply
     max_tool_output_tokens: int = 256  # a tool's reply is cut to this many tokens, with a marker
     tool_timeout_s: float = 10.0  # wall-clock limit of one tool call; then the model gets an error reply
+    wave_wait_s: float = 0.05  # longest wait for trajectories in a tool call before a wave starts without them; above tool_timeout_s, waves never depend on timing (reproducible sampling)
 
 
 def validate_agent_config(config: Any) -> None:
@@ -37,8 +38,9 @@ def validate_agent_config(config: Any) -> None:
     if a.max_tokens_per_turn < 0:
         raise ConfigError(f"'rollout.agent.max_tokens_per_turn' must be >= 0 (0 = no per-turn limit), "
                           f"got {a.max_tokens_per_turn}.")
-    if not a.tool_timeout_s > 0:
-        raise ConfigError(f"'rollout.agent.tool_timeout_s' must be > 0 seconds, got {a.tool_timeout_s}.")
+    for key in ("tool_timeout_s", "wave_wait_s"):
+        if not a[key] > 0:
+            raise ConfigError(f"'rollout.agent.{key}' must be > 0 seconds, got {a[key]}.")
     repeated = sorted({t for t in a.tools if list(a.tools).count(t) > 1})
     if repeated:
         raise ConfigError(f"'rollout.agent.tools' names '{repeated[0]}' twice: {list(a.tools)}.")

@@ -2,9 +2,12 @@
 
 A request waits until the engine is free; then the pending requests go to the engine in one ``generate_tokens``
 call (a *wave*), which runs in a worker thread while the event loop keeps running tools and other loops. A wave
-starts once every live trajectory waits for the engine, or ``WAVE_WAIT_S`` after its first request (so a slow tool
-does not hold the others back). Which requests share a wave thus depends on how long tools take: with sampling, a
-run is reproducible only when the tools' timing is (greedy decoding always is).
+starts once every live trajectory waits for the engine, or ``wave_wait_s`` (``rollout.agent.wave_wait_s``) after its
+first request (so a slow tool does not hold the others back). Which requests share a wave thus depends on how long
+tools take: with sampling, a run is reproducible when every tool answers within ``wave_wait_s`` (greedy decoding
+always is). The order of the requests in a wave does not depend on timing: they are sorted by trajectory (the
+sample's row), and a seeded request (``SamplingParams.seed``, the off-policy pipelines) samples with a seed derived
+from it and the wave's number.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from rlforge.protocols import Generation, SamplingParams
 if TYPE_CHECKING:
     from rlforge.batch import Batch
 
-WAVE_WAIT_S = 0.05  # longest wait for trajectories still in a tool call before a wave starts without them
+WAVE_WAIT_S = 0.05  # default longest wait for trajectories still in a tool call before a wave starts without them
+SEED_RANGE = 2**30  # wave seeds, below every engine's limit (vllm adds the request's index)
+WAVE_SEED_STRIDE = 0x9E3779B1  # wave w samples with seed + w * stride (mod SEED_RANGE): no two waves share a stream
 Backend = Callable[[list[list[int]], list[SamplingParams]], list[Generation]]
 
 
@@ -32,16 +37,20 @@ class EngineHandle:
     :param backend: ``generate_tokens(prompts, params) -> generations`` of the rollout engine (or controller).
     :param defaults: the sampling parameters of a request that does not override them (``n`` is ignored).
     :param max_len: the longest sequence (prompt + new tokens) a request may ask for.
+    :param wave_wait_s: the longest wait for the trajectories not yet waiting before a wave starts without them.
     """
 
-    def __init__(self, backend: Backend, defaults: SamplingParams, max_len: int) -> None:
+    def __init__(self, backend: Backend, defaults: SamplingParams, max_len: int,
+                 wave_wait_s: float = WAVE_WAIT_S) -> None:
         self.backend = backend
+        self.wave_wait_s = wave_wait_s
         self.defaults = replace(defaults, n=1)
         self.max_len = max_len
         self.waves: list[int] = []  # requests per backend call, in order
         self.live = 0  # trajectories running (TrajectoryEngine.track); a wave waits a little for all of them
         self._arrived = asyncio.Event()
-        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future[Generation]]] = []
+        self._pending: list[tuple[tuple[int, int], list[int], SamplingParams, asyncio.Future[Generation]]] = []
+        self._arrivals = 0  # requests so far: the tie-break of a wave's order
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="rlforge-engine")
 
@@ -49,6 +58,11 @@ class EngineHandle:
                        **overrides: Any) -> Generation:
         """One completion of ``prompt_ids``; ``overrides`` replace fields of ``params`` (default: the rollout's
         sampling parameters), e.g. ``max_new_tokens=64, temperature=0``."""
+        return await self.request(0, prompt_ids, params, overrides)
+
+    async def request(self, order: int, prompt_ids: Sequence[int], params: SamplingParams | None,
+                      overrides: dict[str, Any]) -> Generation:
+        """:meth:`generate`, placed in its wave by ``order`` (the trajectory's row), then by arrival."""
         p = replace(params or self.defaults, n=1, **overrides)
         ids = [int(t) for t in prompt_ids]
         if not ids:
@@ -57,7 +71,8 @@ class EngineHandle:
             raise ValueError(f"a request of {len(ids)} prompt tokens + max_new_tokens={p.max_new_tokens} does not fit "
                              f"the engine's {self.max_len} tokens (data.max_prompt_length + rollout.max_new_tokens)")
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        self._pending.append((ids, p, future))
+        self._pending.append(((order, self._arrivals), ids, p, future))
+        self._arrivals += 1
         self._arrived.set()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._dispatch())
@@ -67,26 +82,27 @@ class EngineHandle:
         loop = asyncio.get_running_loop()
         while self._pending:
             await self._gather()
-            wave, self._pending = self._pending, []
+            wave, self._pending = sorted(self._pending, key=lambda w: w[0]), []
+            params = [w[2] if w[2].seed is None else
+                      replace(w[2], seed=(w[2].seed + len(self.waves) * WAVE_SEED_STRIDE) % SEED_RANGE) for w in wave]
             self.waves.append(len(wave))
             try:
-                outs = await loop.run_in_executor(self._executor, self.backend, [w[0] for w in wave],
-                                                  [w[1] for w in wave])
+                outs = await loop.run_in_executor(self._executor, self.backend, [w[1] for w in wave], params)
                 if len(outs) != len(wave):
                     raise RuntimeError(f"generate_tokens returned {len(outs)} generations for {len(wave)} prompts")
             except Exception as exc:  # every waiting loop fails with the engine's error
-                for _, _, future in wave:
+                for *_, future in wave:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for (_, _, future), out in zip(wave, outs):
+            for (*_, future), out in zip(wave, outs):
                 if not future.done():  # a cancelled loop no longer waits
                     future.set_result(out)
 
     async def _gather(self) -> None:
-        """Wait until every live trajectory has a request pending, at most ``WAVE_WAIT_S``."""
+        """Wait until every live trajectory has a request pending, at most ``wave_wait_s``."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + WAVE_WAIT_S
+        deadline = loop.time() + self.wave_wait_s
         await self._settle()
         while len(self._pending) < self.live and loop.time() < deadline:
             self._arrived.clear()
@@ -117,8 +133,9 @@ class TrajectoryEngine:
     """One trajectory's view of the :class:`EngineHandle` (what ``AgentLoop.run`` receives): counts its turns
     and the seconds it waited for generations."""
 
-    def __init__(self, handle: EngineHandle) -> None:
+    def __init__(self, handle: EngineHandle, order: int = 0) -> None:
         self.handle = handle
+        self.order = order  # the sample's row: its requests' place in a wave
         self.calls = 0
         self.seconds = 0.0
         handle.live += 1
@@ -135,7 +152,7 @@ class TrajectoryEngine:
         self.calls += 1
         start = time.perf_counter()
         try:
-            return await self.handle.generate(prompt_ids, params, **overrides)
+            return await self.handle.request(self.order, prompt_ids, params, overrides)
         finally:
             self.seconds += time.perf_counter() - start
 

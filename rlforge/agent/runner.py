@@ -32,7 +32,7 @@ class AgentRunner:
         rows = batch.repeat_interleave(sampling.n)
         cfg = self.context.config
         handle = EngineHandle(backend, replace(sampling, min_new_tokens=0),
-                              cfg.data.max_prompt_length + cfg.rollout.max_new_tokens)
+                              cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, cfg.rollout.agent.wave_wait_s)
         try:
             done = run_async(self._run_all(samples(rows), handle))
         finally:
@@ -57,7 +57,7 @@ class AgentRunner:
             raise
 
     async def _run_one(self, sample: Sample, handle: EngineHandle) -> tuple[Trajectory, float]:
-        engine = TrajectoryEngine(handle)
+        engine = TrajectoryEngine(handle, sample.index)
         try:
             traj = await self.loop.run(sample, engine)
             if not isinstance(traj, Trajectory):

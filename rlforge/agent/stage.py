@@ -30,7 +30,7 @@ class RunParts(Protocol):
     flow: Any
 
 
-class AgentRolloutStage(Stage):
+class AgentRolloutStage(RolloutStage):
     """``rollout.n`` agent-loop trajectories per prompt (``rollout.agent.loop``), batched into one training batch."""
 
     name = RolloutStage.name
@@ -40,17 +40,10 @@ class AgentRolloutStage(Stage):
     def __init__(self) -> None:
         self.runner: AgentRunner | None = None
 
-    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        ctx.call_hook("rollout_start", batch=batch)
-        out, metrics = self.rollout(ctx, batch, ctx.sampling)
-        ctx.log(metrics)
-        ctx.module.on_rollout_end(out)
-        ctx.call_hook("rollout_end", batch=out)
-        return out
-
     def rollout(self, run: RunParts, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
         """``params.n`` trajectories of the run's agent loop per prompt of ``batch``: (the batch, the agent metrics).
-        Training steps call it with the rollout's sampling settings, validation with the validation ones."""
+        Training steps call it with the rollout's sampling settings, validation with the validation ones, the
+        off-policy pipelines from their rollout thread (one call at a time: validation waits for that thread)."""
         backend = getattr(run.controller, "generate_tokens", None)
         if backend is None:
             raise RLForgeError(f"rollout.agent.loop={run.config.rollout.agent.loop} needs token-in/token-out "
@@ -110,8 +103,16 @@ class AgentValidation:
 def validation_controller(run: RunParts) -> Any:
     """What ``RLModule.validate`` gets as its controller: an :class:`AgentValidation` when the run's flow has the
     agentic rollout stage, else the run's controller."""
-    stage = next((s for s in run.flow.stages if isinstance(s, AgentRolloutStage)), None)
+    stage = agent_stage(run.flow)
     return run.controller if stage is None else AgentValidation(run, stage)
+
+
+def agent_stage(flow: Any) -> AgentRolloutStage | None:
+    """The flow's agentic rollout stage: its rollout stage, or the one the off-policy pipelines run ahead."""
+    for stage in getattr(flow, "stages", ()):
+        if isinstance(stage, RolloutStage) and isinstance(stage.source, AgentRolloutStage):
+            return stage.source
+    return None
 
 
 @hookimpl
@@ -125,9 +126,9 @@ def rlforge_before_flow_compile(flow: Any, config: Any) -> None:
 
 def close_stages(trainer: Any) -> None:
     """Stop what the agent stages of the trainer's flow hold (tool threads, servers)."""
-    for stage in getattr(getattr(trainer, "flow", None), "stages", ()):
-        if isinstance(stage, AgentRolloutStage):
-            stage.close()
+    stage = agent_stage(getattr(trainer, "flow", None))
+    if stage is not None:
+        stage.close()
 
 
 @hookimpl

@@ -19,6 +19,10 @@ sample over the bound cannot occur, so there is nothing to drop or down-weight).
 the other in the rollout thread, each sampling from its own seeded generator (``SamplingParams.seed``), never the
 global RNG the training uses: a run is reproducible bit for bit. A checkpoint holds the batches generated ahead
 (waited for), so a resumed run trains on the same samples, none lost or repeated.
+
+What generates is :meth:`RolloutStage.rollout` of the flow's rollout stage (``source``): the built-in stage's batch
+``generate``, or the agent loops' stage (loops, tools and engine waves, all in the rollout thread); the rollout's
+metrics travel with its batch.
 """
 
 from __future__ import annotations
@@ -50,12 +54,13 @@ DEFAULT_STALENESS = 2  # trainer.max_staleness of trainer.pipeline=async when un
 @dataclass
 class InFlight:
     """The batch of one step: its prompts and, once launched, the version of the weights that generate it, running
-    (``future``) or done (``batch``)."""
+    (``future``) or done (``batch``, with the rollout's ``metrics``, e.g. the agent loops')."""
 
     prompts: B.Batch
     version: int | None = None  # None: not launched (the step generates it itself, with the trainer's weights)
-    future: Future[B.Batch] | None = None
+    future: Future[tuple[B.Batch, dict[str, float]]] | None = None
     batch: B.Batch | None = None
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def done(self) -> bool:
         return self.batch is not None or (self.future is not None and self.future.done())
@@ -63,7 +68,7 @@ class InFlight:
     def result(self) -> B.Batch:
         if self.batch is None:
             assert self.future is not None, "a batch that was never launched has no result"
-            self.batch, self.future = self.future.result(), None
+            (self.batch, self.metrics), self.future = self.future.result(), None
         return self.batch
 
 
@@ -82,6 +87,7 @@ class OffPolicy(Pipeline):
         self.buffer: deque[InFlight] = deque()  # the batches of this step and the next ones, in order
         self._handoff: list[tuple[str, torch.Tensor]] | None = None  # DeliverWeights -> launch
         self._executor: ThreadPoolExecutor | None = None
+        self.source: RolloutStage | None = None  # the rollout stage whose generation runs ahead (prepare)
         self.waiting = WaitForRollout(self)
         self.delivering = DeliverWeights(self)
 
@@ -111,10 +117,12 @@ class OffPolicy(Pipeline):
         if rollout is None:
             raise ConfigError(f"{key} needs a rollout stage, and dataflow '{flow.name}' has none "
                               f"({' -> '.join(flow.names())}): an offline algorithm trains on fixed data. {hint}")
-        if type(rollout) is not RolloutStage:
-            raise ConfigError(f"{key} runs the built-in rollout stage ahead of training; dataflow '{flow.name}' "
-                              f"has {type(rollout).__name__} instead (an agent loop, rollout.agent.loop, or a "
-                              f"plugin's stage). {hint}")
+        if not isinstance(rollout, RolloutStage) or type(rollout).run is not RolloutStage.run:
+            raise ConfigError(f"{key} runs the generation of the rollout stage (RolloutStage.rollout) ahead of "
+                              f"training; dataflow '{flow.name}' has {type(rollout).__name__} instead, which "
+                              f"{'overrides run()' if isinstance(rollout, RolloutStage) else 'is no RolloutStage'}"
+                              f" (a plugin's stage). Subclass RolloutStage and override rollout(), or use "
+                              f"trainer.pipeline=sync.")
         others = [s.name for s in flow.stages if s.uses_engine and s is not rollout]
         if others:
             raise ConfigError(f"{key}: stage '{others[0]}' of dataflow '{flow.name}' generates during the step (e.g. "
@@ -123,6 +131,7 @@ class OffPolicy(Pipeline):
         if Stage.SYNC_WEIGHTS not in flow:
             raise ConfigError(f"{key} needs the sync_weights stage in dataflow '{flow.name}' "
                               f"({' -> '.join(flow.names())}). {hint}")
+        self.source = rollout
         flow.replace(rollout, LaggedRollout(self))
         if Stage.OLD_LOGPROB in flow:
             flow.replace(Stage.OLD_LOGPROB, RecomputedOldLogProb())
@@ -135,22 +144,22 @@ class OffPolicy(Pipeline):
         return self.buffer[0].prompts
 
     # --- the rollout stage --------------------------------------------------------------------------
-    def collect(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        """The generated batch of this step (waited for; one that was not launched is generated now)."""
+    def collect(self, ctx: StepContext, batch: B.Batch) -> tuple[B.Batch, dict[str, float]]:
+        """The generated batch of this step and its rollout's metrics (waited for; one that was not launched is
+        generated now)."""
         head = self.buffer[0]
         if head.version is None:
             head.version = ctx.step - 1
             self._weights(ctx, batch, head.version)  # the engine is idle: synced now if it is behind
-            head.batch = ctx.controller.generate(head.prompts, self._params(ctx))
+            head.batch, head.metrics = self._rollout(ctx, head.prompts, self._params(ctx))
         ready = sum(e.done() for e in self.buffer)
         ctx.run(self.waiting, batch)
         generated = self.buffer.popleft().result()
         generated[B.POLICY_VERSION] = torch.full((len(generated),), head.version, dtype=torch.long)
         staleness = (ctx.step - 1) - generated[B.POLICY_VERSION]
-        ctx.log({"async/staleness/mean": float(staleness.double().mean()),
-                 "async/staleness/max": float(staleness.max()), "async/policy_version": float(head.version),
-                 "async/buffer/ready": float(ready)})
-        return generated
+        return generated, {**head.metrics, "async/staleness/mean": float(staleness.double().mean()),
+                           "async/staleness/max": float(staleness.max()), "async/policy_version": float(head.version),
+                           "async/buffer/ready": float(ready)}
 
     def fill(self, ctx: StepContext, batch: B.Batch) -> None:
         """Launch the batches of the steps up to ``step + max_staleness`` (and ``trainer.total_steps``)."""
@@ -161,7 +170,7 @@ class OffPolicy(Pipeline):
             params = self._params(ctx)
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlforge-rollout")
-            future = self._executor.submit(_generate, ctx.controller, prompts, params, weights)
+            future = self._executor.submit(_generate, self._rollout, ctx, prompts, params, weights)
             self.buffer.append(InFlight(prompts, ctx.step - 1, future=future))
         ctx.log({"async/buffer/size": float(len(self.buffer))})
 
@@ -180,6 +189,10 @@ class OffPolicy(Pipeline):
         handoff, self._handoff = self._handoff, None
         return handoff
 
+    def _rollout(self, run: StepContext, prompts: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
+        assert self.source is not None, "prepare() names the rollout stage"
+        return self.source.rollout(run, prompts, params)
+
     @staticmethod
     def _params(ctx: StepContext) -> SamplingParams:
         return dataclasses.replace(ctx.sampling, seed=int(torch.randint(0, SEED_RANGE, ())))
@@ -197,7 +210,8 @@ class OffPolicy(Pipeline):
         """The batches generated for the next steps (waited for), so that a resumed run trains on the same
         samples."""
         return {"buffer": [{"version": e.version, "prompts": _plain(e.prompts),
-                            "batch": None if e.version is None else _plain(e.result())} for e in self.buffer]}
+                            "batch": None if e.version is None else _plain(e.result()), "metrics": dict(e.metrics)}
+                           for e in self.buffer]}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         self.engine_version = step
@@ -205,7 +219,8 @@ class OffPolicy(Pipeline):
         if saved is None:  # a one_step_off checkpoint from before async: its one batch ahead, or none
             saved = [state["pending"]] if state.get("pending") else []
         self.buffer = deque(InFlight(_batch(s["prompts"]), s["version"],
-                                     batch=None if s["batch"] is None else _batch(s["batch"])) for s in saved)
+                                     batch=None if s["batch"] is None else _batch(s["batch"]),
+                                     metrics=dict(s.get("metrics") or {})) for s in saved)
 
     def close(self) -> None:
         if self._executor is not None:
@@ -231,14 +246,15 @@ class OneStepOff(OffPolicy):
                               f"{config.trainer.max_staleness} use trainer.pipeline=async.")
 
 
-def _generate(controller: Any, prompts: B.Batch, params: SamplingParams,
-              weights: list[tuple[str, torch.Tensor]] | None) -> B.Batch:
-    """The rollout thread's work: load the weights handed over (if any, then free them), then generate.
-    ``controller``: a ``Controller`` that is also ``WeightSnapshots`` (the local one)."""
+def _generate(rollout: Callable[[StepContext, B.Batch, SamplingParams], tuple[B.Batch, dict[str, float]]],
+              run: StepContext, prompts: B.Batch, params: SamplingParams,
+              weights: list[tuple[str, torch.Tensor]] | None) -> tuple[B.Batch, dict[str, float]]:
+    """The rollout thread's work: load the weights handed over (if any, then free them) into the engine of
+    ``run.controller`` (a ``Controller`` that is also ``WeightSnapshots``, the local one), then generate."""
     if weights is not None:
-        controller.load_weights(weights)
+        cast("WeightSnapshots", run.controller).load_weights(weights)
         weights.clear()
-    return controller.generate(prompts, params)
+    return rollout(run, prompts, params)
 
 
 def _plain(batch: B.Batch) -> dict[str, Any]:
@@ -251,20 +267,25 @@ def _batch(state: dict[str, Any]) -> B.Batch:
 
 class LaggedRollout(RolloutStage):
     """The rollout stage of the off-policy pipelines: serves the batch generated ahead for this step and launches the
-    batches of the next steps."""
-
-    produces = RolloutStage.produces | {B.POLICY_VERSION}
+    batches of the next steps, each by :meth:`RolloutStage.rollout` of the stage it replaced (``source``: the
+    built-in one, or the agent loops')."""
 
     def __init__(self, pipeline: OffPolicy) -> None:
+        assert pipeline.source is not None, "OffPolicy.prepare names the rollout stage first"
         self.pipeline = pipeline
+        self.requires, self.produces = pipeline.source.requires, pipeline.source.produces | {B.POLICY_VERSION}
 
-    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        ctx.call_hook("rollout_start", batch=batch)
+    @property
+    def source(self) -> RolloutStage:
+        return self.pipeline.source  # named by prepare before this stage is made
+
+    def generate(self, ctx: StepContext, batch: B.Batch) -> tuple[B.Batch, dict[str, float]]:
         generated = self.pipeline.collect(ctx, batch)
         self.pipeline.fill(ctx, batch)
-        ctx.module.on_rollout_end(generated)
-        ctx.call_hook("rollout_end", batch=generated)
         return generated
+
+    def rollout(self, run: Any, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
+        return self.source.rollout(run, batch, params)
 
 
 class RecomputedOldLogProb(OldLogProbStage):

@@ -102,6 +102,7 @@ class Trainer:
                 self.loggers = self.builder.loggers(str(self.run_dir))
                 return self._fit(module, self.flow, binding)
             except BaseException as exc:
+                self.pipeline.close()  # the rollout thread stops before the plugins release what it may use
                 self.hook.rlforge_exception(trainer=self, exception=exc)
                 raise
             finally:

@@ -47,6 +47,36 @@ def test_concurrent_loops_share_waves_and_a_finished_loop_is_not_waited_for():
     assert handle.defaults.n == 1
 
 
+def test_a_wave_is_in_trajectory_order_and_seeded_waves_get_their_own_seeds():
+    """Trajectory 0's tool answers last, yet its request comes first in the wave; a seeded request samples with a
+    seed derived from its seed and the wave's number (wave 0: the seed itself), an unseeded one stays unseeded."""
+    seen: list[tuple[list[int], list[int | None]]] = []
+
+    def backend(prompts, params):
+        seen.append(([p[0] for p in prompts], [p.seed for p in params]))
+        return [Generation([7], [-0.1], "stop") for _ in prompts]
+
+    handle = EngineHandle(backend, SamplingParams(temperature=1.0, max_new_tokens=4, seed=5), max_len=64,
+                          wave_wait_s=30)
+
+    async def trajectory(row, tool_s):
+        engine = TrajectoryEngine(handle, row)
+        try:
+            await engine.generate([row])
+            await asyncio.sleep(tool_s)  # trajectory 0's tool is the slowest
+            await engine.generate([row, 7])
+        finally:
+            engine.finished()
+
+    async def main():
+        await asyncio.gather(*(trajectory(row, tool_s) for row, tool_s in ((2, 0.0), (0, 0.05), (1, 0.01))))
+
+    asyncio.run(main())
+    handle.close()
+    stride, top = 0x9E3779B1, 2**30
+    assert seen == [([0, 1, 2], [5, 5, 5]), ([0, 1, 2], [(5 + stride) % top] * 3)]
+
+
 def test_a_slow_tool_does_not_hold_back_the_others():
     waves: list[int] = []
     released = asyncio.Event()
