@@ -257,8 +257,8 @@ def test_grpo_on_the_agentic_preset_raises_accuracy_and_well_formed_calls(tmp_pa
         return sum(h[key] for h in steps) / len(steps)
 
     first, last = trainer.history[:3], trainer.history[-3:]
-    # measured on a 2-core CPU (2026-12-01): reward 0.17 -> 0.39 (first / last 3 steps), validation 20% -> 30%
+    # measured on a 2-core CPU (2026-12-01): reward 0.17 -> 0.40 (first / last 3 steps), validation 20% -> 30.5%
     assert mean("critic/score/mean", last) > mean("critic/score/mean", first) + 0.1, trainer.history
     assert mean("agent/tool_call_format_ok", last) > mean("agent/tool_call_format_ok", first) + 0.05
     assert mean("tool_call_counts/mean", last) > mean("tool_call_counts/mean", first) + 0.1
-    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.08, summary
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.05, summary  # 400 samples: +-2.3 points
