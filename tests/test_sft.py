@@ -123,6 +123,17 @@ def test_messages_train_assistant_turns_only(chatml):
     assert len(ex.ids) == 70 and ex.trained == 17
 
 
+@pytest.mark.parametrize("tools", ["calc", {"name": "f"}, ["f"], "[1, 2]"])
+def test_tools_that_are_not_a_list_of_schemas_name_the_row(chatml, tools):
+    with pytest.raises(DataError, match=r"row 7: 'tools' \(sft.tools_key\) must be a list of tool schemas"):
+        conversation({"messages": CHAT[1:3], "tools": tools}, chatml, Keys(), "row 7")
+
+
+def test_tools_as_a_json_string_are_read(chatml):
+    as_list = conversation({"messages": CHAT[1:3], "tools": [{"name": "f"}]}, chatml, Keys(), "row 1")
+    assert conversation({"messages": CHAT[1:3], "tools": '[{"name": "f"}]'}, chatml, Keys(), "row 1") == as_list
+
+
 def test_messages_with_tools_and_the_tiny_template(chatml, char_tokenizer):
     ex = conversation({"messages": CHAT[1:3], "tools": [{"name": "f"}]}, chatml, Keys(), "row 1")
     assert chatml.decode(ex.ids).startswith("<|im_start|>system\nT:f<|im_end|>\n")

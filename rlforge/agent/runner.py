@@ -64,10 +64,10 @@ class AgentRunner:
                 raise TypeError(f"run() returned {type(traj).__name__}, not a rlforge.agent.Trajectory")
             traj.check(int(self.context.config.rollout.max_new_tokens))
         except Exception as exc:
-            turn = f"turn {engine.calls}" if engine.calls else "before its first turn"
+            turn = f"at turn {engine.calls}" if engine.calls else "before its first turn"
             raise AgentLoopError(
                 f"Agent loop '{self.name}' (rollout.agent.loop) failed on sample {sample.index} (data_source "
-                f"'{sample.data_source}', uid {sample.uid!r}) at {turn}: {type(exc).__name__}: {exc}") from exc
+                f"'{sample.data_source}', uid {sample.uid!r}) {turn}: {type(exc).__name__}: {exc}") from exc
         finally:
             engine.finished()
         return traj, engine.seconds

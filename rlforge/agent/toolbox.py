@@ -44,13 +44,17 @@ class Toolbox:
         return ToolSession(self, sample, chat, stats)
 
     async def call(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)``: awaited if async, else in a tool thread (so the event loop keeps running)."""
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*args)
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="rlforge-tool")
-        result = await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-        return await maybe_await(result)
+        """``fn(*args)``: awaited if async, else in a tool thread (so the event loop keeps running). A tool's
+        ``sys.exit()`` becomes a ``RuntimeError`` (asyncio would stop the whole run on a ``SystemExit``)."""
+        try:
+            if inspect.iscoroutinefunction(fn):
+                return await fn(*args)
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="rlforge-tool")
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            return await maybe_await(result)
+        except SystemExit as exc:
+            raise RuntimeError(f"sys.exit({exc.code!r}) called") from None
 
     def close(self) -> None:
         if self._executor is not None:

@@ -10,6 +10,8 @@ log-probs) and inserted turns (tool replies, user messages, chat-template glue; 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +80,14 @@ class Trajectory:
             raise ValueError(f"the response has {n} tokens, over rollout.max_new_tokens={budget}")
         if len(self.turn_rewards) > len(self.turn_spans()):
             raise ValueError(f"{len(self.turn_rewards)} turn rewards for {len(self.turn_spans())} model turns")
+        for what, value in [("reward", self.reward), *((f"turn_rewards[{k}]", r) for k, r in
+                                                       enumerate(self.turn_rewards)),
+                            *((f"metrics[{k!r}]", v) for k, v in self.metrics.items())]:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{what} is {value!r}; it must be a finite number")
+        if self.answer is not None and not isinstance(self.answer, str):
+            raise ValueError(f"answer is {type(self.answer).__name__} ({self.answer!r:.40}), not a str (or None: the "
+                             f"text of the last model turn)")
 
 
 class Conversation:

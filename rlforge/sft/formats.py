@@ -14,6 +14,8 @@ conversation, any other row a prompt/response pair):
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -127,6 +129,15 @@ def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) ->
     messages = check_messages(raw, keys.messages, where)
     tools = dig(row, keys.tools)
     tools = None if tools is MISSING else tools
+    if isinstance(tools, str):  # datasets often keep the schemas as a JSON string
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            pass
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise DataError(f"{where}: '{keys.tools}' (sft.tools_key) must be a list of tool schemas (JSON objects such "
+                        f"as {{\"type\": \"function\", \"function\": {{...}}}}), got {type(tools).__name__} "
+                        f"({tools!r:.60}).")
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise DataError(f"{where}: the conversation has no assistant message to train on.")

@@ -3,6 +3,8 @@ that returns junk, a prompt that no longer fits with the tool schemas, an engine
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import rlforge
@@ -81,6 +83,17 @@ class Lopsided(AgentLoop):
         return Trajectory([1, 2], [3, 4], [1], [0.0, 0.0])
 
 
+class BadValues(AgentLoop):
+    """Finishes with the value of the ``extra_info``-free class attribute ``bad`` (set per test)."""
+
+    bad: dict = {}
+
+    async def run(self, sample, engine):
+        conv = self.conversation(sample)
+        await conv.generate(engine)
+        return conv.finish(**self.bad)
+
+
 class Rude(Interaction):
     def step(self, message):
         return "fine"
@@ -92,6 +105,7 @@ class TestLoops:
         registry.agent_loop.register("boom", Boom)
         registry.agent_loop.register("junk", Junk)
         registry.agent_loop.register("lopsided", Lopsided)
+        registry.agent_loop.register("bad_values", BadValues)
         registry.interaction.register("rude", Rude)
 
 
@@ -127,6 +141,18 @@ def test_a_loop_that_raises_names_the_loop_the_sample_and_the_turn(test_pm, tok)
 def test_a_loop_that_returns_junk_fails_clearly(test_pm, tok, loop, reason):
     with pytest.raises(AgentLoopError, match=f"Agent loop '{loop}'.*{reason}".replace("(", r"\(").replace(")", r"\)")):
         rollout(runner_for(test_pm, tok, f"rollout.agent.loop={loop}"), tok)
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"reward": "x"}, "reward is 'x'; it must be a finite number"),
+    ({"reward": float("nan")}, "reward is nan; it must be a finite number"),
+    ({"metrics": {"m": "notanumber"}}, "metrics['m'] is 'notanumber'; it must be a finite number"),
+    ({"answer": 12345}, "answer is int (12345), not a str"),
+])
+def test_a_loop_that_finishes_with_bad_values_fails_clearly(test_pm, tok, monkeypatch, bad, reason):
+    monkeypatch.setattr(BadValues, "bad", bad)
+    with pytest.raises(AgentLoopError, match="Agent loop 'bad_values'.*at turn 1: ValueError: " + re.escape(reason)):
+        rollout(runner_for(test_pm, tok, "rollout.agent.loop=bad_values"), tok)
 
 
 def test_an_interaction_that_returns_junk_fails_clearly(test_pm, tok):

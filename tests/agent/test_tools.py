@@ -87,6 +87,13 @@ class Raises(Tool):
         raise KeyError("no such key")
 
 
+class Exits(Tool):
+    name = "exits"
+
+    def execute(self, arguments, state):
+        raise SystemExit(3)
+
+
 class Hangs(Tool):
     name = "hangs"
 
@@ -164,6 +171,7 @@ def run_calls(tok, tools, calls, errors=()):
 
 @pytest.mark.parametrize("tool, reply", [
     (Raises, "Error: the tool 'raises' failed: KeyError: 'no such key'"),
+    (Exits, "Error: the tool 'exits' failed: RuntimeError: sys.exit(3) called"),  # ends the call, not the run
     (Hangs, "Error: the tool 'hangs' did not answer within 0.3 s (rollout.agent.tool_timeout_s)"),
     (HangsSync, "Error: the tool 'hangs_sync' did not answer within 0.3 s"),
     (Junk, "Error: the tool 'junk' returned dict"),
