@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -301,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except RLForgeError as exc:
+        if os.environ.get("RLFORGE_TRACEBACK"):  # the whole chain: where a plugin's, loop's or tool's code failed
+            traceback.print_exc()
         print(f"rlforge: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -158,6 +158,15 @@ def test_config_show_explains_gradient_accumulation(capsys) -> None:
     assert "split into 4 micro-batch(es) of 16 sequences (gradient accumulation steps)" in out
 
 
+def test_rlforge_traceback_prints_the_chain_of_a_user_error(capsys, monkeypatch) -> None:
+    assert main(["config", "show", "trainer=5"]) == 2
+    assert "Traceback" not in capsys.readouterr().err  # one line by default
+    monkeypatch.setenv("RLFORGE_TRACEBACK", "1")
+    assert main(["config", "show", "trainer=5"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.rstrip().endswith("to list every key.")
+
+
 @pytest.mark.parametrize("algo, first, mini", [
     ("dpo", "Each step reads 32 pairs x 2 rows (chosen, rejected) = 64 sequences.", "of 8 pairs (16 sequences)"),
     ("kto", "Each step reads 32 examples x 1 row(s) = 32 sequences.", "of 8 examples (8 sequences)"),
