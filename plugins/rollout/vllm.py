@@ -137,6 +137,7 @@ class VLLMConfig:
     enforce_eager: Optional[bool] = None  # no torch.compile / CUDA graphs; None = on CPU only (no gain there)
     weight_bucket_mb: int = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
     tensor_parallel_size: int = 1  # engine workers per engine (vLLM's TP; CPU: one core group each, see docs)
+    idle_spin_s: Optional[float] = 0.0  # seconds an engine worker spins after each message before it blocks; null = vLLM's 1 s (a core taken from the update: docs/performance.md)
 
 
 class VLLMRollout:
@@ -161,6 +162,9 @@ class VLLMRollout:
             raise ConfigError(f"rollout.vllm.weight_bucket_mb must be > 0, got {v.weight_bucket_mb}.")
         if v.tensor_parallel_size < 1:
             raise ConfigError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {v.tensor_parallel_size}.")
+        if v.idle_spin_s is not None and v.idle_spin_s < 0:
+            raise ConfigError(f"rollout.vllm.idle_spin_s must be >= 0 seconds or null (vLLM's own 1 s), "
+                              f"got {v.idle_spin_s}.")
 
     def __init__(self, config: Any, model: torch.nn.Module, tokenizer: Any) -> None:
         self.vllm = import_vllm()
@@ -240,6 +244,8 @@ class VLLMRollout:
         if self._llm is None:
             self._llm = self._start()
             self._finalizer = weakref.finalize(self, _close, self._llm)
+            if self.config.rollout.vllm.idle_spin_s is not None:
+                self._rpc("rlforge_set_idle_spin", float(self.config.rollout.vllm.idle_spin_s))
             if sync_model:  # the actor may already differ from model.path (e.g. a module that changed it)
                 self._load(self._model_weights())
         self._wake(None)

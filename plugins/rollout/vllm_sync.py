@@ -87,6 +87,23 @@ def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
 class WeightSyncExtension:
     """vLLM worker extension (``LLM(worker_extension_cls=...)``); methods run in the worker process."""
 
+    def rlforge_set_idle_spin(self, seconds: float) -> int:
+        """How long this worker busy-waits for the next message after its last one before it blocks (vLLM: 1 s).
+
+        vLLM's workers read their work from a shared-memory queue and spin on it (``sched_yield`` in a loop) for
+        ``busy_loop_s`` after every message: colocated with the trainer, that is a core taken from the actor update
+        for the first second after each generation and each weight-sync call. Returns the number of queues set
+        (0 when the engine runs its worker in-process and has none)."""
+        import gc
+
+        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+        # type(), not isinstance(): gc also lists weak proxies, and isinstance() on a dead one raises
+        readers = [o for o in gc.get_objects() if type(o) is SpinCondition and o.is_reader]
+        for reader in readers:
+            reader.busy_loop_s = seconds
+        return len(readers)
+
     def rlforge_begin_weight_sync(self) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.layerwise import (

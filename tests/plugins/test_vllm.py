@@ -168,6 +168,33 @@ def test_bad_sampling_parameters_are_a_clear_error(setup):
         engine.generate(batch, SamplingParams(n=2, temperature=1.0, top_k=-3))
 
 
+def _engine_cpu_s(procs) -> float:
+    """User + system CPU seconds the engine's processes have used (a count: other jobs on the machine cannot raise
+    it, unlike wall-clock times)."""
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+def _idle_cpu_s(engine, batch, seconds=1.0) -> float:
+    """Engine CPU seconds in the ``seconds`` after a generation (where the trainer would run the update)."""
+    procs = _engine_children()
+    engine.generate(batch, GREEDY)
+    before = _engine_cpu_s(procs)
+    time.sleep(seconds)
+    return _engine_cpu_s(procs) - before
+
+
+def test_engine_leaves_the_cores_to_the_trainer_between_rollouts(setup):
+    """rollout.vllm.idle_spin_s=0 (default): after a generation the engine's worker blocks instead of spinning on
+    its message queue for vLLM's 1 s, so the update that follows gets every core."""
+    engine, _, _, _, batch = setup
+    assert _idle_cpu_s(engine, batch) < 0.15  # CPU seconds in 1 s of wall time
+    assert engine._rpc("rlforge_set_idle_spin", 1.0) == [1]  # vLLM's own setting, on the one worker's queue
+    try:
+        assert _idle_cpu_s(engine, batch) > 0.3  # the spin this measures is real
+    finally:
+        engine._rpc("rlforge_set_idle_spin", float(engine.config.rollout.vllm.idle_spin_s))
+
+
 def test_weight_buckets_round_trip_within_the_size_bound():
     tensors = [("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.tensor(3)),
                ("d", torch.arange(10)), ("e", torch.empty(0, 4)), ("f", torch.randn(64, 64)), ("g", torch.randn(9))]
