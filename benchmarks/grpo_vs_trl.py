@@ -26,9 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -142,17 +141,17 @@ def round_output(python: str, script: str, spec: dict):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_round(python: str, who: str, folder: Path, args: argparse.Namespace) -> list[float]:
-    """One round of ``who`` ("trl" or "rlforge-<engine>") in a fresh process; its step times, warm-up skipped."""
-    spec = {"who": who, "folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
-            "steps": args.steps}
-    times = round_output(python, __file__, spec)[2:]
-    print(f"{who}: {' '.join(f'{x:.3f}' for x in times)} s/step", flush=True)
-    return times
+def alternate(args: argparse.Namespace, script: str, folder: Path) -> Iterator[tuple[str, Any]]:
+    """The rounds, contenders alternating (A B C A B C), each a fresh process of ``script``: (who, its output)."""
+    for _ in range(args.rounds):
+        for who in contenders(args):
+            yield who, round_output(args.trl_python if who == "trl" else sys.executable, script,
+                                    round_spec(who, folder, args))
 
 
-def add_work_args(parser: argparse.ArgumentParser, steps: int) -> None:
+def parse_work_args(doc: str | None, steps: int, out: str) -> argparse.Namespace:
     """The options that define the benchmark's work (shared with benchmarks/step_breakdown.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
@@ -162,28 +161,48 @@ def add_work_args(parser: argparse.ArgumentParser, steps: int) -> None:
     parser.add_argument("--engines", default="hf", help=f"rlforge variants to time, comma-separated: {','.join(ENGINES)}")
     parser.add_argument("--trl-python", default=sys.executable, help="interpreter of the environment with TRL")
     parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: run one round, print its result as JSON
+    parser.add_argument("--out", default=out)
+    return parser.parse_args()
+
+
+def served_round(args: argparse.Namespace, trl: Callable[[dict], Any], rlforge: Callable[[dict], Any]) -> bool:
+    """With ``--round SPEC`` (a fresh process of :func:`round_output`): run it, print its result as JSON, True."""
+    if not args.round:
+        return False
+    spec = json.loads(args.round)
+    print(json.dumps((trl if spec["who"] == "trl" else rlforge)(spec)))
+    return True
+
+
+def contenders(args: argparse.Namespace) -> list[str]:
+    return [f"rlforge-{e}" for e in args.engines.split(",")] + ["trl"]
+
+
+def round_spec(who: str, folder: Path, args: argparse.Namespace) -> dict:
+    """What a round of ``who`` runs, as JSON for its process; :func:`work` reads it back."""
+    return {"who": who, "folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
+            "steps": args.steps}
+
+
+def work(spec: dict) -> tuple[Path, int, int, int, int]:
+    """The folder, P, G, T and steps of a round spec."""
+    return Path(spec["folder"]), spec["p"], spec["g"], spec["t"], spec["steps"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_work_args(parser, steps=8)
-    parser.add_argument("--out", default="grpo_vs_trl.json")
-    args = parser.parse_args()
-    if args.round:
-        spec = json.loads(args.round)
-        fn = trl_steps if spec["who"] == "trl" else partial(rlforge_steps, engine=spec["who"].split("-", 1)[1])
-        print(json.dumps(fn(Path(spec["folder"]), spec["p"], spec["g"], spec["t"], spec["steps"])))
+    args = parse_work_args(__doc__, steps=8, out="grpo_vs_trl.json")
+    if served_round(args, lambda spec: trl_steps(*work(spec)),
+                    lambda spec: rlforge_steps(*work(spec), engine=spec["who"].split("-", 1)[1])):
         return
-    contenders = [f"rlforge-{e}" for e in args.engines.split(",")] + ["trl"]
-    times: dict[str, list[float]] = {who: [] for who in contenders}
+    times: dict[str, list[float]] = {who: [] for who in contenders(args)}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         params = build_model(folder, args.size)
-        for _ in range(args.rounds):
-            for who in contenders:
-                times[who] += run_round(args.trl_python if who == "trl" else sys.executable, who, folder, args)
+        for who, got in alternate(args, __file__, folder):
+            times[who] += got[2:]  # warm-up skipped
+            print(f"{who}: {' '.join(f'{x:.3f}' for x in got[2:])} s/step", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    speedup = {who: med["trl"] / med[who] for who in contenders if who != "trl"}
+    speedup = {who: med["trl"] / med[who] for who in times if who != "trl"}
     result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
               "median_s_per_step": med, "speedup_vs_trl": speedup, "times": times}
     print(f"{args.size} ({params / 1e6:.2f}M params), {args.prompts}x{args.samples}x{args.tokens}: "

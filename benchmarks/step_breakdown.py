@@ -26,18 +26,26 @@ Writes a JSON file (``--out``) and prints markdown tables (docs/performance.md k
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from grpo_vs_trl import add_work_args, build_model, rlforge_history, round_output, step_timer, trl_trainer
+from grpo_vs_trl import (
+    alternate,
+    build_model,
+    contenders,
+    parse_work_args,
+    rlforge_history,
+    served_round,
+    step_timer,
+    trl_trainer,
+    work,
+)
 
 from rlforge import hookimpl
 
@@ -121,8 +129,7 @@ class CpuMeter:
 
 def rlforge_round(spec: dict) -> list[dict]:
     meter = CpuMeter()
-    history = rlforge_history(Path(spec["folder"]), spec["p"], spec["g"], spec["t"], spec["steps"],
-                              spec["who"].split("-", 1)[1], callbacks=(meter,))
+    history = rlforge_history(*work(spec), spec["who"].split("-", 1)[1], callbacks=(meter,))
     out = []
     for h, cpu in zip(history, meter.steps):
         row = {phase: sum(h.get(f"timing_s/{k}", 0.0) for k in keys) for phase, keys in RLFORGE_TIMINGS.items()}
@@ -168,7 +175,7 @@ def trl_round(spec: dict) -> list[dict]:
         setattr(trainer, method, timed_call)
 
     with tempfile.TemporaryDirectory() as out:
-        trainer = trl_trainer(Path(spec["folder"]), spec["p"], spec["g"], spec["t"], spec["steps"], out, timer)
+        trainer = trl_trainer(*work(spec), out, timer)
         wrap(trainer, "_prepare_inputs", "prepare")
         wrap(trainer, "_generate", "gen")
         wrap(trainer, "_calculate_rewards", "reward")
@@ -218,33 +225,20 @@ def report(result: dict) -> None:
                               for st, c in m["cpu"].items()))
 
 
-ROUNDS = {"trl": trl_round}  # contender -> its round function; every other contender is an rlforge engine
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_work_args(parser, steps=5)
-    parser.add_argument("--out", default="step_breakdown.json")
-    args = parser.parse_args()
-    if args.round:
-        spec = json.loads(args.round)
-        print(json.dumps(ROUNDS.get(spec["who"], rlforge_round)(spec)))
+    args = parse_work_args(__doc__, steps=5, out="step_breakdown.json")
+    if served_round(args, trl_round, rlforge_round):
         return
-    contenders = [f"rlforge-{e}" for e in args.engines.split(",")] + ["trl"]
     load_before = os.getloadavg()
     threads = torch.get_num_threads()
     peak, peak_1t = matmul_peak(threads), matmul_peak(1)
-    rows: dict[str, list[dict]] = {who: [] for who in contenders}
+    rows: dict[str, list[dict]] = {who: [] for who in contenders(args)}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         params = build_model(folder, args.size)
-        for _ in range(args.rounds):
-            for who in contenders:
-                spec = {"who": who, "folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
-                        "steps": args.steps}
-                got = round_output(args.trl_python if who == "trl" else sys.executable, __file__, spec)
-                rows[who] += got[WARMUP:]
-                print(f"{who}: " + " ".join(f"{r['step']:.3f}" for r in got[WARMUP:]) + " s/step", flush=True)
+        for who, got in alternate(args, __file__, folder):
+            rows[who] += got[WARMUP:]
+            print(f"{who}: " + " ".join(f"{r['step']:.3f}" for r in got[WARMUP:]) + " s/step", flush=True)
     gen_tokens = args.prompts * args.samples * args.tokens
     result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
               "threads": threads, "cpus": os.cpu_count(), "peak_gflops": peak, "peak_gflops_1t": peak_1t,

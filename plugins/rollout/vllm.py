@@ -136,6 +136,7 @@ class VLLMConfig:
     gpu_memory_utilization: float = 0.5  # GPU: share of the device memory vLLM may take (weights + KV cache)
     enforce_eager: Optional[bool] = None  # no torch.compile / CUDA graphs; None = on CPU only (no gain there)
     weight_bucket_mb: int = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
+    weight_sync_dir: Optional[str] = "/dev/shm"  # buckets travel as files in this shared-memory folder, mapped by the engine (2-3x faster than RPC messages); null, or a folder not writable or full = inside vLLM's RPC
     tensor_parallel_size: int = 1  # engine workers per engine (vLLM's TP; CPU: one core group each, see docs)
     idle_spin_s: Optional[float] = 0.0  # seconds an engine worker spins after each message before it blocks; null = vLLM's 1 s (a core taken from the update: docs/performance.md)
 
@@ -391,12 +392,20 @@ class VLLMRollout:
         """``method`` of the weight-sync extension on every engine worker (see ``interruptible``)."""
         return interruptible(self._llm.collective_rpc, method, args=args)
 
-    def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        from rlforge.plugins.rollout.vllm_sync import pack_buckets
+    def _buckets(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[Any, Any]]:
+        """The weight-sync buckets: files in ``rollout.vllm.weight_sync_dir`` where it is a writable folder, else
+        bytes (``vllm_sync.file_buckets``, ``pack_buckets``)."""
+        from rlforge.plugins.rollout import vllm_sync
 
+        folder = self.config.rollout.vllm.weight_sync_dir
+        if folder and os.path.isdir(folder) and os.access(folder, os.W_OK):
+            return vllm_sync.file_buckets(named_tensors, self.bucket_bytes, folder)
+        return vllm_sync.pack_buckets(named_tensors, self.bucket_bytes)
+
+    def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._rpc("rlforge_begin_weight_sync")
         try:
-            for specs, blob in pack_buckets(named_tensors, self.bucket_bytes):
+            for specs, blob in self._buckets(named_tensors):
                 self._rpc("rlforge_load_weights", specs, blob)
         except Exception as exc:  # not on Ctrl-C: the engine may be gone, and an RPC to it would never return
             self._rpc("rlforge_finish_weight_sync")  # back to a consistent model
