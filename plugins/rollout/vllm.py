@@ -16,6 +16,11 @@ for 92% of the machine's memory and refuses to start when it is not free). Sleep
 cache freed while the trainer trains) is used where the platform supports it (CUDA/ROCm/XPU), never on CPU; a
 weight sync wakes only the weights, the next generation the KV cache.
 
+Colocated, the engine and the trainer take turns on the same cores: the engine's worker blocks on its message queue
+as soon as a call is done (``rollout.vllm.idle_spin_s``, vLLM's own busy-wait is 1 s after every message), so the
+update that follows a generation or a weight sync gets every core (tests/plugins/test_vllm.py counts the engine's
+CPU seconds while idle).
+
 The engine keeps its own weights (``owns_weights``): under a launcher a sharded actor rank hands it the gathered
 weight stream and keeps no replica. ``rollout.vllm.tensor_parallel_size`` splits one engine over several workers
 (vLLM slices the streamed full weights itself; on CPU each worker gets its own core group).
