@@ -26,8 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -56,10 +56,14 @@ ENGINES = {  # --engines names: rlforge overrides
     "hf_compiled": ["rollout.hf.compile=true"],  # the first steps of a round compile (skipped as warm-up)
     "hf_compile_train": ["model.compile=true"],  # torch.compile'd training forward (compiles in the first step)
     "vllm": ["rollout.name=vllm", "actor.reuse_rollout_log_probs=true"],
+    # the vllm engine as before issue #20: its worker spins 1 s after every message (vLLM's default)
+    "vllm_spin": ["rollout.name=vllm", "actor.reuse_rollout_log_probs=true", "rollout.vllm.idle_spin_s=null"],
 }
 
 
-def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf") -> list[float]:
+def rlforge_history(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf",
+                    callbacks: tuple[object, ...] = ()) -> list[dict[str, float]]:
+    """One rlforge GRPO run on the benchmark's work; its ``trainer.history`` (``timing_s/*`` per step)."""
     from rlforge import Trainer, load_config
 
     with tempfile.TemporaryDirectory() as runs:
@@ -70,14 +74,36 @@ def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str 
             "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.arith.val_size=1",
             "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0", *ENGINES[engine],
         ])
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, callbacks=callbacks)
         trainer.fit()
-        return [h["timing_s/step"] for h in trainer.history]
+        return trainer.history
 
 
-def trl_steps(folder: Path, p: int, g: int, t: int, steps: int) -> list[float]:
+def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf") -> list[float]:
+    return [h["timing_s/step"] for h in rlforge_history(folder, p, g, t, steps, engine)]
+
+
+def step_timer():
+    """A ``TrainerCallback`` whose ``times`` are each optimizer step's seconds (``on_step_begin`` to ``on_step_end``)."""
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.start)
+
+    return StepTimer()
+
+
+def trl_trainer(folder: Path, p: int, g: int, t: int, steps: int, out: str, timer: Any):
+    """TRL's ``GRPOTrainer`` set up for the same work as :func:`rlforge_history` (output in ``out``)."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from rlforge.plugins.data.builtin import arith_rows
@@ -88,71 +114,95 @@ def trl_steps(folder: Path, p: int, g: int, t: int, steps: int) -> list[float]:
     def exact(completions, answer, **_):
         return [1.0 if c[0]["content"].strip() == a else 0.0 for c, a in zip(completions, answer)]
 
-    class Timer(TrainerCallback):
-        def __init__(self):
-            self.times: list[float] = []
+    args = GRPOConfig(
+        output_dir=out, per_device_train_batch_size=p * g, gradient_accumulation_steps=1, num_generations=g,
+        max_completion_length=t, generation_kwargs={"min_new_tokens": t}, beta=0.0, learning_rate=1e-6,
+        max_steps=steps, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
+        seed=0, dataloader_num_workers=0, disable_tqdm=True,
+    )
+    return GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(folder), reward_funcs=exact, args=args, train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(folder), callbacks=[timer],
+    )
 
-        def on_step_begin(self, args, state, control, **kw):
-            self.start = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kw):
-            self.times.append(time.perf_counter() - self.start)
-
-    timer = Timer()
+def trl_steps(folder: Path, p: int, g: int, t: int, steps: int) -> list[float]:
+    timer = step_timer()
     with tempfile.TemporaryDirectory() as out:
-        args = GRPOConfig(
-            output_dir=out, per_device_train_batch_size=p * g, gradient_accumulation_steps=1, num_generations=g,
-            max_completion_length=t, generation_kwargs={"min_new_tokens": t}, beta=0.0, learning_rate=1e-6,
-            max_steps=steps, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
-            seed=0, dataloader_num_workers=0, disable_tqdm=True,
-        )
-        trainer = GRPOTrainer(
-            model=AutoModelForCausalLM.from_pretrained(folder), reward_funcs=exact, args=args, train_dataset=data,
-            processing_class=AutoTokenizer.from_pretrained(folder), callbacks=[timer],
-        )
-        trainer.train()
+        trl_trainer(folder, p, g, t, steps, out, timer).train()
     return timer.times
 
 
-def run_round(python: str, who: str, folder: Path, args: argparse.Namespace) -> list[float]:
-    """One round of ``who`` ("trl" or "rlforge-<engine>") in a fresh process; its step times, warm-up skipped."""
-    spec = json.dumps({"who": who, "folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
-                       "steps": args.steps})
+def round_output(python: str, script: str, spec: dict):
+    """``script --round SPEC`` in a fresh process of ``python``; the JSON it prints last."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    out = subprocess.run([python, __file__, "--round", spec], check=True, capture_output=True, text=True, env=env)
-    times = json.loads(out.stdout.strip().splitlines()[-1])[2:]
-    print(f"{who}: {' '.join(f'{x:.3f}' for x in times)} s/step", flush=True)
-    return times
+    out = subprocess.run([python, script, "--round", json.dumps(spec)], check=True, capture_output=True, text=True,
+                         env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def alternate(args: argparse.Namespace, script: str, folder: Path) -> Iterator[tuple[str, Any]]:
+    """The rounds, contenders alternating (A B C A B C), each a fresh process of ``script``: (who, its output)."""
+    for _ in range(args.rounds):
+        for who in contenders(args):
+            yield who, round_output(args.trl_python if who == "trl" else sys.executable, script,
+                                    round_spec(who, folder, args))
+
+
+def parse_work_args(doc: str | None, steps: int, out: str) -> argparse.Namespace:
+    """The options that define the benchmark's work (shared with benchmarks/step_breakdown.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=8, help="steps per round; the first 2 of each are warm-up")
+    parser.add_argument("--steps", type=int, default=steps, help="steps per round; the first 2 of each are warm-up")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--engines", default="hf", help=f"rlforge variants to time, comma-separated: {','.join(ENGINES)}")
     parser.add_argument("--trl-python", default=sys.executable, help="interpreter of the environment with TRL")
-    parser.add_argument("--out", default="grpo_vs_trl.json")
-    parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: run one round, print its step times
-    args = parser.parse_args()
-    if args.round:
-        spec = json.loads(args.round)
-        fn = trl_steps if spec["who"] == "trl" else partial(rlforge_steps, engine=spec["who"].split("-", 1)[1])
-        print(json.dumps(fn(Path(spec["folder"]), spec["p"], spec["g"], spec["t"], spec["steps"])))
+    parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: run one round, print its result as JSON
+    parser.add_argument("--out", default=out)
+    return parser.parse_args()
+
+
+def served_round(args: argparse.Namespace, trl: Callable[[dict], Any], rlforge: Callable[[dict], Any]) -> bool:
+    """With ``--round SPEC`` (a fresh process of :func:`round_output`): run it, print its result as JSON, True."""
+    if not args.round:
+        return False
+    spec = json.loads(args.round)
+    print(json.dumps((trl if spec["who"] == "trl" else rlforge)(spec)))
+    return True
+
+
+def contenders(args: argparse.Namespace) -> list[str]:
+    return [f"rlforge-{e}" for e in args.engines.split(",")] + ["trl"]
+
+
+def round_spec(who: str, folder: Path, args: argparse.Namespace) -> dict:
+    """What a round of ``who`` runs, as JSON for its process; :func:`work` reads it back."""
+    return {"who": who, "folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
+            "steps": args.steps}
+
+
+def work(spec: dict) -> tuple[Path, int, int, int, int]:
+    """The folder, P, G, T and steps of a round spec."""
+    return Path(spec["folder"]), spec["p"], spec["g"], spec["t"], spec["steps"]
+
+
+def main() -> None:
+    args = parse_work_args(__doc__, steps=8, out="grpo_vs_trl.json")
+    if served_round(args, lambda spec: trl_steps(*work(spec)),
+                    lambda spec: rlforge_steps(*work(spec), engine=spec["who"].split("-", 1)[1])):
         return
-    contenders = [f"rlforge-{e}" for e in args.engines.split(",")] + ["trl"]
-    times: dict[str, list[float]] = {who: [] for who in contenders}
+    times: dict[str, list[float]] = {who: [] for who in contenders(args)}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         params = build_model(folder, args.size)
-        for _ in range(args.rounds):
-            for who in contenders:
-                times[who] += run_round(args.trl_python if who == "trl" else sys.executable, who, folder, args)
+        for who, got in alternate(args, __file__, folder):
+            times[who] += got[2:]  # warm-up skipped
+            print(f"{who}: {' '.join(f'{x:.3f}' for x in got[2:])} s/step", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    speedup = {who: med["trl"] / med[who] for who in contenders if who != "trl"}
+    speedup = {who: med["trl"] / med[who] for who in times if who != "trl"}
     result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
               "median_s_per_step": med, "speedup_vs_trl": speedup, "times": times}
     print(f"{args.size} ({params / 1e6:.2f}M params), {args.prompts}x{args.samples}x{args.tokens}: "

@@ -47,6 +47,8 @@ def test_selected_components_validate_their_own_section(registry) -> None:
     assert compose(registry, None, None, ["strategy.fsdp.backend=mpi"]).strategy.fsdp.backend == "mpi"
     with pytest.raises(ConfigError, match="rollout.vllm.gpu_memory_utilization must be in"):
         compose(registry, None, None, ["rollout.name=vllm", "rollout.vllm.gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match=r"rollout.vllm.idle_spin_s must be >= 0 seconds or null"):
+        compose(registry, None, None, ["rollout.name=vllm", "rollout.vllm.idle_spin_s=-1"])
     with pytest.raises(ConfigError, match="needs one process per rank"):
         compose(registry, None, None, ["strategy.name=fsdp"])
 

@@ -1,10 +1,12 @@
 """Weight sync for the ``vllm`` rollout engine: named tensors -> size-bounded buckets -> the engine's loader.
 
-The trainer side (:func:`pack_buckets`) packs ``(name, tensor)`` pairs into buckets of raw bytes plus a spec
-list; each bucket crosses into the engine's worker process through ``LLM.collective_rpc`` (vLLM's own RPC
-channel: no files, no engine restart) and :class:`WeightSyncExtension` (a vLLM worker extension, mixed into
-the worker class) unpacks it and hands it to the model's own ``load_weights``. Raw bytes rather than tensors
-because vLLM's RPC decoder keeps tensor metadata but not tensor data for untyped arguments.
+The trainer side (:func:`plan_buckets`) groups ``(name, tensor)`` pairs into buckets of raw bytes plus a spec
+list. A bucket is written into a file in a shared-memory folder (:func:`file_buckets`, ``/dev/shm`` by default)
+whose path travels in an ``LLM.collective_rpc`` call (vLLM's own RPC channel; no engine restart), or, without such
+a folder, travels as bytes inside the call (:func:`pack_buckets`). :class:`WeightSyncExtension` (a vLLM worker
+extension, mixed into the worker class) maps or unpacks it and hands it to the model's own ``load_weights``. Raw
+bytes rather than tensors because vLLM's RPC decoder keeps tensor metadata but not tensor data for untyped
+arguments; files because each RPC message is copied several times on its way (trainer -> engine core -> worker).
 
 A sync is a session: ``rlforge_begin_weight_sync`` puts the model into vLLM's layerwise-reload mode, every
 bucket is loaded, and ``rlforge_finish_weight_sync`` re-runs each layer's post-load processing (e.g. the CPU
@@ -15,6 +17,8 @@ updated. Nothing here imports vllm at module level: the trainer process imports 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -26,31 +30,82 @@ TensorSpec = tuple[str, str, list[int], int, int]
 ALIGN = 16  # bytes; every tensor starts at a multiple of this offset in its bucket
 
 
-def pack_buckets(
+def plan_buckets(
     named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[tuple[list[TensorSpec], bytearray]]:
-    """Group tensors, in order, into buckets of at most ``bucket_bytes`` (a larger tensor gets its own)."""
+) -> Iterator[tuple[list[TensorSpec], list[torch.Tensor]]]:
+    """Group tensors, in order, into buckets of at most ``bucket_bytes`` (a larger tensor gets its own): each bucket's
+    specs (byte offsets within the bucket) and its tensors as flat bytes on the CPU."""
     specs: list[TensorSpec] = []
-    blob = bytearray()
+    parts: list[torch.Tensor] = []
+    end = 0
     for name, tensor in named_tensors:
         t = tensor.detach().to("cpu").contiguous()
         size = t.numel() * t.element_size()
-        pad = -len(blob) % ALIGN  # dtype views need aligned offsets
-        if specs and len(blob) + pad + size > bucket_bytes:
-            yield specs, blob
-            specs, blob, pad = [], bytearray(), 0
-        blob += bytes(pad)
-        specs.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), len(blob), size))
-        blob += memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        offset = end + (-end % ALIGN)  # dtype views need aligned offsets
+        if specs and offset + size > bucket_bytes:
+            yield specs, parts
+            specs, parts, offset = [], [], 0
+        specs.append((name, str(t.dtype).removeprefix("torch."), list(t.shape), offset, size))
+        parts.append(t.reshape(-1).view(torch.uint8))
+        end = offset + size
     if specs:
-        yield specs, blob
+        yield specs, parts
 
 
-def unpack_bucket(specs: list[TensorSpec], blob: bytes) -> Iterator[tuple[str, torch.Tensor]]:
-    """The tensors of one bucket, as views on ``blob`` (the loader copies them into the parameters)."""
-    with warnings.catch_warnings():  # blob is read-only bytes; the views are only read
-        warnings.simplefilter("ignore", UserWarning)
-        raw = torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.empty(0, dtype=torch.uint8)
+def bucket_size(specs: list[TensorSpec]) -> int:
+    return specs[-1][3] + specs[-1][4]
+
+
+def pack_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> Iterator[tuple[list[TensorSpec], bytearray]]:
+    """The buckets of :func:`plan_buckets` as raw bytes (to travel inside vLLM's RPC messages)."""
+    for specs, parts in plan_buckets(named_tensors, bucket_bytes):
+        yield specs, _as_bytes(specs, parts)
+
+
+def _as_bytes(specs: list[TensorSpec], parts: list[torch.Tensor]) -> bytearray:
+    blob = bytearray(bucket_size(specs))
+    for (_, _, _, offset, size), part in zip(specs, parts):
+        blob[offset:offset + size] = memoryview(part.numpy())
+    return blob
+
+
+def file_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, folder: str
+) -> Iterator[tuple[list[TensorSpec], str | bytearray]]:
+    """The buckets of :func:`plan_buckets`, each written into a new file in ``folder`` (a tmpfs such as /dev/shm: the
+    engine maps it, no bytes cross vLLM's RPC); the file is removed when the caller asks for the next bucket (the
+    engine's mapping keeps its pages). A bucket the folder has no room for comes as bytes (:func:`pack_buckets`)."""
+    for specs, parts in plan_buckets(named_tensors, bucket_bytes):
+        size = bucket_size(specs)
+        fd, path = tempfile.mkstemp(prefix="rlforge-weights-", dir=folder)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, max(size, 1))  # ENOSPC now rather than SIGBUS when writing the mapping
+            except OSError:
+                yield specs, _as_bytes(specs, parts)
+                continue
+            mapped = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+            for (_, _, _, offset, length), part in zip(specs, parts):
+                mapped[offset:offset + length].copy_(part)
+            del mapped
+            yield specs, path
+        finally:
+            os.close(fd)
+            os.unlink(path)
+
+
+def unpack_bucket(specs: list[TensorSpec], blob: bytes | str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of one bucket, as views on ``blob`` (bytes, or the path of a :func:`file_buckets` file, mapped)."""
+    if isinstance(blob, str):
+        raw = torch.from_file(blob, shared=True, size=max(bucket_size(specs), 1), dtype=torch.uint8)
+    elif len(blob):
+        with warnings.catch_warnings():  # blob is read-only bytes; the views are only read
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.frombuffer(blob, dtype=torch.uint8)
+    else:
+        raw = torch.empty(0, dtype=torch.uint8)
     for name, dtype, shape, offset, size in specs:
         yield name, raw[offset:offset + size].view(getattr(torch, dtype)).reshape(shape)
 
@@ -87,6 +142,23 @@ def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
 class WeightSyncExtension:
     """vLLM worker extension (``LLM(worker_extension_cls=...)``); methods run in the worker process."""
 
+    def rlforge_set_idle_spin(self, seconds: float) -> int:
+        """How long this worker busy-waits for the next message after its last one before it blocks (vLLM: 1 s).
+
+        vLLM's workers read their work from a shared-memory queue and spin on it (``sched_yield`` in a loop) for
+        ``busy_loop_s`` after every message: colocated with the trainer, that is a core taken from the actor update
+        for the first second after each generation and each weight-sync call. Returns the number of queues set
+        (0 when the engine runs its worker in-process and has none)."""
+        import gc
+
+        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+        # type(), not isinstance(): gc also lists weak proxies, and isinstance() on a dead one raises
+        readers = [o for o in gc.get_objects() if type(o) is SpinCondition and o.is_reader]
+        for reader in readers:
+            reader.busy_loop_s = seconds
+        return len(readers)
+
     def rlforge_begin_weight_sync(self) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.layerwise import (
@@ -102,7 +174,7 @@ class WeightSyncExtension:
         with set_current_vllm_config(worker.vllm_config):
             initialize_layerwise_reload(model)
 
-    def rlforge_load_weights(self, specs: list[TensorSpec], blob: bytes) -> None:
+    def rlforge_load_weights(self, specs: list[TensorSpec], blob: bytes | str) -> None:
         from vllm.config import set_current_vllm_config
 
         worker: Any = self

@@ -28,7 +28,7 @@ from rlforge.data import collate, tokenize_rows  # noqa: E402
 from rlforge.errors import RLForgeError  # noqa: E402
 from rlforge.models import load_model, load_tokenizer  # noqa: E402
 from rlforge.ops import response_logprobs  # noqa: E402
-from rlforge.plugins.rollout.vllm_sync import pack_buckets, unpack_bucket  # noqa: E402
+from rlforge.plugins.rollout.vllm_sync import file_buckets, pack_buckets, unpack_bucket  # noqa: E402
 from rlforge.protocols import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -168,16 +168,75 @@ def test_bad_sampling_parameters_are_a_clear_error(setup):
         engine.generate(batch, SamplingParams(n=2, temperature=1.0, top_k=-3))
 
 
+def _engine_cpu_s(procs) -> float:
+    """User + system CPU seconds the engine's processes have used (a count: other jobs on the machine cannot raise
+    it, unlike wall-clock times)."""
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+def _idle_cpu_s(engine, batch, seconds=1.0) -> float:
+    """Engine CPU seconds in the ``seconds`` after a generation (where the trainer would run the update)."""
+    procs = _engine_children()
+    engine.generate(batch, GREEDY)
+    before = _engine_cpu_s(procs)
+    time.sleep(seconds)
+    return _engine_cpu_s(procs) - before
+
+
+def test_engine_leaves_the_cores_to_the_trainer_between_rollouts(setup):
+    """rollout.vllm.idle_spin_s=0 (default): after a generation the engine's worker blocks instead of spinning on
+    its message queue for vLLM's 1 s, so the update that follows gets every core."""
+    engine, _, _, _, batch = setup
+    assert _idle_cpu_s(engine, batch) < 0.15  # CPU seconds in 1 s of wall time
+    assert engine._rpc("rlforge_set_idle_spin", 1.0) == [1]  # vLLM's own setting, on the one worker's queue
+    try:
+        assert _idle_cpu_s(engine, batch) > 0.3  # the spin this measures is real
+    finally:
+        engine._rpc("rlforge_set_idle_spin", float(engine.config.rollout.vllm.idle_spin_s))
+
+
+BUCKET_TENSORS = [("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.tensor(3)),
+                  ("d", torch.arange(10)), ("e", torch.empty(0, 4)), ("f", torch.randn(64, 64)), ("g", torch.randn(9))]
+
+
+def _round_trip(buckets) -> list[tuple[str, torch.Tensor]]:
+    out = []
+    for specs, blob in buckets:  # as the engine reads them: views on bytes or on the mapped file, then copied
+        out += [(name, t.clone()) for name, t in unpack_bucket(specs, blob if isinstance(blob, str) else bytes(blob))]
+    assert [name for name, _ in out] == [name for name, _ in BUCKET_TENSORS]
+    for (_, sent), (_, got) in zip(BUCKET_TENSORS, out):
+        assert got.dtype == sent.dtype and torch.equal(got, sent)
+    return out
+
+
 def test_weight_buckets_round_trip_within_the_size_bound():
-    tensors = [("a", torch.randn(3, 5)), ("b", torch.randn(7).to(torch.bfloat16)), ("c", torch.tensor(3)),
-               ("d", torch.arange(10)), ("e", torch.empty(0, 4)), ("f", torch.randn(64, 64)), ("g", torch.randn(9))]
-    buckets = list(pack_buckets(tensors, bucket_bytes=256))
+    buckets = list(pack_buckets(BUCKET_TENSORS, bucket_bytes=256))
     assert len(buckets) == 3  # a..e | f (16 KiB, alone) | g
     assert all(len(blob) <= 256 for specs, blob in buckets if len(specs) > 1)
-    out = [pair for specs, blob in buckets for pair in unpack_bucket(specs, bytes(blob))]
-    assert [name for name, _ in out] == [name for name, _ in tensors]
-    for (_, sent), (_, got) in zip(tensors, out):
-        assert got.dtype == sent.dtype and torch.equal(got, sent)
+    _round_trip(buckets)
+
+
+def test_weight_buckets_travel_as_shared_memory_files(tmp_path, monkeypatch):
+    """rollout.vllm.weight_sync_dir: each bucket a file the engine maps, removed once the next one is asked for; a
+    bucket the folder has no room for travels as bytes."""
+    seen = []
+
+    def files():
+        for specs, blob in file_buckets(BUCKET_TENSORS, 256, str(tmp_path)):
+            seen.append((blob, sorted(os.listdir(tmp_path))))
+            yield specs, blob
+
+    _round_trip(files())
+    assert [len(names) for _, names in seen] == [1, 1, 1] and os.listdir(tmp_path) == []
+    assert all(isinstance(blob, str) and blob.startswith(str(tmp_path)) for blob, _ in seen)
+
+    def full(fd, offset, size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    buckets = list(file_buckets(BUCKET_TENSORS, 256, str(tmp_path)))
+    assert all(isinstance(blob, bytearray) for _, blob in buckets) and os.listdir(tmp_path) == []
+    _round_trip(buckets)
 
 
 def test_engine_waits_see_a_ctrl_c_that_landed_on_another_thread():
@@ -280,10 +339,10 @@ CTRL_C_RUN = textwrap.dedent("""
     import rlforge.plugins.rollout.vllm_sync as sync_module
     from rlforge import Trainer, load_config
 
-    real_pack = sync_module.pack_buckets
+    real_plan = sync_module.plan_buckets
 
-    def pack_then_ctrl_c(named_tensors, bucket_bytes):  # Ctrl-C in the middle of the first weight sync
-        for bucket in real_pack(named_tensors, bucket_bytes):
+    def plan_then_ctrl_c(named_tensors, bucket_bytes):  # Ctrl-C in the middle of the first weight sync
+        for bucket in real_plan(named_tensors, bucket_bytes):
             print("CTRL-C", flush=True)
             os.killpg(0, signal.SIGINT)  # as a terminal does: the whole process group, engine processes too
             yield bucket
@@ -293,7 +352,7 @@ CTRL_C_RUN = textwrap.dedent("""
         # it so) passes SIG_IGN on to its children, and Python keeps an inherited SIG_IGN: the Ctrl-C would
         # then stop only the engine, whose processes install their own handler
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        sync_module.pack_buckets = pack_then_ctrl_c
+        sync_module.plan_buckets = plan_then_ctrl_c
         cfg = load_config("grpo", ["rollout.name=vllm", "trainer.runs_root=" + sys.argv[1], "trainer.total_steps=5",
                                    "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2",
                                    "trainer.val_before_train=false", "trainer.progress=false", "logger.backends=[]"])
