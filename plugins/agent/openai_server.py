@@ -16,6 +16,7 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import math
 import threading
 import time
 import uuid
@@ -123,15 +124,13 @@ class Recorder:
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         async with self.lock:
-            messages, tools = _check_request(body)
+            messages, tools, overrides, limit = _check_request(body)
             if self.conv is not None and _extends(messages, self.seen):
                 if self.conv.stop_reason is None:
                     self.conv.add_messages(messages[len(self.seen):])
             else:
                 self.restarts += int(self.conv is not None)
                 self.conv = Conversation(self.context, self.sample, tools=tools or False, opening=messages)
-            overrides = {k: float(body[k]) for k in ("temperature", "top_p") if body.get(k) is not None}
-            limit = body.get("max_completion_tokens") or body.get("max_tokens")
             text = await self.conv.generate(self.engine, max_new_tokens=limit, **overrides)
             gen = self.conv.last if text is not None else None  # None: a limit ended the trajectory
             message, finish = self._reply(text or "", gen, bool(tools))
@@ -161,7 +160,9 @@ class Recorder:
                           "total_tokens": prompt + completion}}
 
 
-def _check_request(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _check_request(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float], int | None]:
+    """The request's messages, tools, sampling overrides and token limit; a RequestError (HTTP 400) for a request
+    the endpoint cannot serve, before it touches the conversation or joins a wave of engine calls."""
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
         raise RequestError("the request needs 'messages', a non-empty list of chat messages")
     if body.get("stream"):
@@ -173,7 +174,36 @@ def _check_request(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise RequestError("'tools' must be a list of function schemas")
-    return [_plain(m) for m in body["messages"]], tools
+    messages = [_plain(m) for m in body["messages"]]
+    overrides, limit = _sampling(body)
+    return messages, tools, overrides, limit
+
+
+def _sampling(body: dict[str, Any]) -> tuple[dict[str, float], int | None]:
+    """The sampling values of a request, checked so that one agent's bad value cannot fail the engine call of the
+    whole wave: temperature >= 0, 0 < top_p <= 1, max_tokens / max_completion_tokens an integer >= 1."""
+    overrides: dict[str, float] = {}
+    for key, ok, accepted in (("temperature", lambda v: v >= 0, "a number >= 0"),
+                              ("top_p", lambda v: 0 < v <= 1, "a number with 0 < top_p <= 1")):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not _finite(value) or not ok(value):
+            raise RequestError(f"{key}={value!r} is out of range: {key} must be {accepted}")
+        overrides[key] = float(value)
+    limits = []
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise RequestError(f"{key}={value!r} is out of range: {key} must be an integer >= 1")
+        limits.append(value)
+    return overrides, limits[0] if limits else None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _plain(message: Any) -> dict[str, Any]:

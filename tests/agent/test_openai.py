@@ -73,12 +73,42 @@ class Probe(OpenAIAgentLoop):
         return other.choices[0].message.content
 
 
+BAD_SAMPLING = ({"temperature": -1}, {"top_p": 5}, {"top_p": 0}, {"max_tokens": -1}, {"max_tokens": 0},
+                {"max_completion_tokens": 1.5})
+
+
+class BadSampling(OpenAIAgentLoop):
+    """The agent of "bad?" tries out-of-range sampling values, then sends a good request; the others send one."""
+
+    seen: list = []
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        if sample.messages[0]["content"] == "bad?":
+            for kwargs in BAD_SAMPLING:
+                try:
+                    api.chat.completions.create(model="m", messages=sample.messages, **kwargs)
+                except openai.BadRequestError as exc:
+                    BadSampling.seen.append(exc.body["message"])
+        return api.chat.completions.create(model="m", messages=sample.messages).choices[0].message.content
+
+
+class Strict(Scripted):
+    """Fails the whole wave on an out-of-range sampling value, as an inference engine does."""
+
+    def __call__(self, prompts, params):
+        if any(p.temperature < 0 or not 0 < p.top_p <= 1 or p.max_new_tokens < 1 for p in params):
+            raise ValueError("invalid sampling parameters")
+        return super().__call__(prompts, params)
+
+
 class Plugin:
     @hookimpl
     def rlforge_register(self, registry):
         registry.agent_loop.register("sync_agent", SyncAgent)
         registry.agent_loop.register("async_agent", AsyncAgent)
         registry.agent_loop.register("probe", Probe)
+        registry.agent_loop.register("bad_sampling", BadSampling)
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +200,22 @@ def test_an_agent_that_never_calls_the_endpoint_fails_the_run(pm, tok, tmp_path)
             runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "5"))
     finally:
         runner.close()
+
+
+def test_out_of_range_sampling_values_are_the_requests_own_400s(agent_pm, tok):
+    BadSampling.seen.clear()
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=bad_sampling")
+    engine = Strict(tok, lambda _: "5")
+    try:
+        out, _ = runner.rollout(prompt_batch(tok, [("bad?", "5"), ("2+3?", "5"), ("2+3?", "5")]), sampling(), engine)
+    finally:
+        runner.close()
+    assert BadSampling.seen == [
+        "temperature=-1 is out of range: temperature must be a number >= 0",
+        "top_p=5 is out of range: top_p must be a number with 0 < top_p <= 1",
+        "top_p=0 is out of range: top_p must be a number with 0 < top_p <= 1",
+        "max_tokens=-1 is out of range: max_tokens must be an integer >= 1",
+        "max_tokens=0 is out of range: max_tokens must be an integer >= 1",
+        "max_completion_tokens=1.5 is out of range: max_completion_tokens must be an integer >= 1"]
+    assert len(engine.params) == 3  # the good requests only: no bad value reached the engine
+    assert out[B.RESPONSE_MASK].tolist() == [[1, 1]] * 3 and out[B.SOLUTION_TEXT] == ["5", "5", "5"]
