@@ -124,14 +124,18 @@ class Recorder:
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         async with self.lock:
+            # Everything that can reject the request (HTTP 400) runs before the recorded conversation changes.
             messages, tools, overrides, limit = _check_request(body)
             if self.conv is not None and _extends(messages, self.seen):
-                if self.conv.stop_reason is None:
-                    self.conv.add_messages(messages[len(self.seen):])
+                conv, restart = self.conv, False
+                if conv.stop_reason is None:
+                    conv.add_messages(messages[len(self.seen):])  # raises before it inserts anything
             else:
-                self.restarts += int(self.conv is not None)
-                self.conv = Conversation(self.context, self.sample, tools=tools or False, opening=messages)
-            text = await self.conv.generate(self.engine, max_new_tokens=limit, **overrides)
+                conv = Conversation(self.context, self.sample, tools=tools or False, opening=messages)
+                restart = self.conv is not None
+            text = await conv.generate(self.engine, max_new_tokens=limit, **overrides)
+            self.conv = conv
+            self.restarts += int(restart)
             gen = self.conv.last if text is not None else None  # None: a limit ended the trajectory
             message, finish = self._reply(text or "", gen, bool(tools))
             self.seen = [*messages, message]

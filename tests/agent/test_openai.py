@@ -93,6 +93,25 @@ class BadSampling(OpenAIAgentLoop):
         return api.chat.completions.create(model="m", messages=sample.messages).choices[0].message.content
 
 
+class Rejected(OpenAIAgentLoop):
+    """A good request, then requests rejected with 400 on the same conversation; the first reply is the answer."""
+
+    seen: list = []
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        first = api.chat.completions.create(model="m", messages=sample.messages).choices[0].message
+        more = [*sample.messages, first, {"role": "user", "content": "sure?"}]
+        long = [{"role": "user", "content": "x" * 100}]  # over data.max_prompt_length=64
+        for messages, kwargs in ((more, {"max_tokens": -1}), (more, {"stream": True}), (more, {"n": 2}),
+                                 (more, {"stop": ["\n"]}), (sample.messages, {"temperature": -1}), (long, {})):
+            try:
+                api.chat.completions.create(model="m", messages=messages, **kwargs)
+            except openai.BadRequestError as exc:
+                Rejected.seen.append(exc.body["message"][:20])
+        return first.content
+
+
 class Strict(Scripted):
     """Fails the whole wave on an out-of-range sampling value, as an inference engine does."""
 
@@ -109,6 +128,7 @@ class Plugin:
         registry.agent_loop.register("async_agent", AsyncAgent)
         registry.agent_loop.register("probe", Probe)
         registry.agent_loop.register("bad_sampling", BadSampling)
+        registry.agent_loop.register("rejected", Rejected)
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +239,17 @@ def test_out_of_range_sampling_values_are_the_requests_own_400s(agent_pm, tok):
         "max_completion_tokens=1.5 is out of range: max_completion_tokens must be an integer >= 1"]
     assert len(engine.params) == 3  # the good requests only: no bad value reached the engine
     assert out[B.RESPONSE_MASK].tolist() == [[1, 1]] * 3 and out[B.SOLUTION_TEXT] == ["5", "5", "5"]
+
+
+def test_a_rejected_request_changes_nothing(agent_pm, tok):
+    Rejected.seen.clear()
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=rejected")
+    engine = Scripted(tok, lambda _: "5")
+    try:
+        out, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), engine)
+    finally:
+        runner.close()
+    assert len(Rejected.seen) == 6 and len(engine.params) == 1
+    assert out[B.RESPONSE_MASK].tolist() == [[1, 1]] and out[B.ROLLOUT_LOG_PROBS].tolist() == [[LOGPROB] * 2]
+    assert tok.decode(out[B.PROMPTS][0]).endswith("<|user|>2+3?<|end|><|assistant|>")
+    assert metrics["agent/restarts/mean"] == 0 and out[B.SOLUTION_TEXT] == ["5"]
