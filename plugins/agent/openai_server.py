@@ -257,13 +257,20 @@ def load_entry(entry: str) -> Any:
     return fn
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per request, and a listen backlog for every trajectory in flight: socketserver's default of 5
+    resets connections when many agents send at once (the kernel caps it at net.core.somaxconn)."""
+
+    daemon_threads = True
+    request_queue_size = 4096
+
+
 class ChatServer:
     """The HTTP endpoint: ``POST /t/<trajectory>/v1/chat/completions`` goes to that trajectory's :class:`Recorder`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.recorders: dict[str, Recorder] = {}
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _handler(self))
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="rlforge-openai-endpoint", daemon=True)
         self.thread.start()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
+import time
 
 import openai
 import pytest
@@ -112,6 +114,20 @@ class Rejected(OpenAIAgentLoop):
         return first.content
 
 
+CONCURRENT = 96
+
+
+class Crowd(OpenAIAgentLoop):
+    """All agents send their request at once, on fresh connections, without retries."""
+
+    barrier = threading.Barrier(CONCURRENT, timeout=30)
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        Crowd.barrier.wait()
+        return api.chat.completions.create(model="m", messages=sample.messages).choices[0].message.content
+
+
 class Strict(Scripted):
     """Fails the whole wave on an out-of-range sampling value, as an inference engine does."""
 
@@ -129,6 +145,7 @@ class Plugin:
         registry.agent_loop.register("probe", Probe)
         registry.agent_loop.register("bad_sampling", BadSampling)
         registry.agent_loop.register("rejected", Rejected)
+        registry.agent_loop.register("crowd", Crowd)
 
 
 @pytest.fixture(scope="module")
@@ -253,3 +270,14 @@ def test_a_rejected_request_changes_nothing(agent_pm, tok):
     assert out[B.RESPONSE_MASK].tolist() == [[1, 1]] and out[B.ROLLOUT_LOG_PROBS].tolist() == [[LOGPROB] * 2]
     assert tok.decode(out[B.PROMPTS][0]).endswith("<|user|>2+3?<|end|><|assistant|>")
     assert metrics["agent/restarts/mean"] == 0 and out[B.SOLUTION_TEXT] == ["5"]
+
+
+def test_many_concurrent_agents_without_retries(agent_pm, tok):
+    Crowd.barrier.reset()
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=crowd")
+    start = time.monotonic()
+    try:
+        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(n=CONCURRENT), Scripted(tok, lambda _: "5"))
+    finally:
+        runner.close()
+    assert out[B.SOLUTION_TEXT] == ["5"] * CONCURRENT and time.monotonic() - start < 20
