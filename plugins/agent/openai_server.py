@@ -143,8 +143,12 @@ class Recorder:
 
     def _reply(self, text: str, gen: Any, with_tools: bool) -> tuple[dict[str, Any], str]:
         parsed = self.context.parser.parse(text) if with_tools and gen is not None else None
+        if parsed is not None and self.conv is not None:  # the trajectory's tool metrics, as tool_agent counts them
+            self.conv.stats.parse_errors += len(parsed.errors)
         if parsed is None or not parsed.calls or parsed.errors:
             return {"role": "assistant", "content": text}, gen.finish if gen is not None else "length"
+        if self.conv is not None:
+            self.conv.stats.calls += len(parsed.calls)
         calls = [{"id": c.id, "type": "function",
                   "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                  for c in parsed.calls]

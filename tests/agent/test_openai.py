@@ -169,12 +169,26 @@ def test_openai_client_agent_matches_the_tool_agent_loop(agent_pm, tok):
     finally:
         runner.close()
     reference = runner_for(agent_pm, tok, "rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]")
-    theirs, _ = reference.rollout(batch, sampling(), Scripted(tok, calculator_then_answer))
+    theirs, reference_metrics = reference.rollout(batch, sampling(), Scripted(tok, calculator_then_answer))
     for col in (B.PROMPTS, B.RESPONSES, B.RESPONSE_MASK, B.ATTENTION_MASK, B.ROLLOUT_LOG_PROBS):
         assert ours[col].tolist() == theirs[col].tolist(), col
     assert ours[B.RESPONSE_MASK][0].tolist() == [1] * 82 + [0] * 11 + [1] * 2  # as in test_masks
     assert ours[B.SOLUTION_TEXT] == ["5", "5"]  # the agent's return value
     assert metrics["agent/restarts/mean"] == 0 and metrics["agent/model_turns/mean"] == 2
+    for key in ("tool_call_counts/mean", "agent/tool_calls", "agent/parse_errors", "agent/tool_call_format_ok"):
+        assert metrics[key] == reference_metrics[key], key  # the tool calls the endpoint parsed
+    assert metrics["agent/tool_calls"] == 2 and metrics["agent/tool_call_format_ok"] == 1
+
+
+def test_unreadable_tool_calls_count_as_parse_errors(agent_pm, tok):
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=sync_agent")
+    try:
+        _, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(),
+                                    Scripted(tok, lambda _: "<tool_call>{oops</tool_call>"))
+    finally:
+        runner.close()
+    assert metrics["agent/parse_errors"] == 1 and metrics["agent/tool_calls"] == 0
+    assert metrics["agent/tool_call_format_ok"] == 0
 
 
 def test_async_agent_entry_reward_and_metrics(agent_pm, tok):
