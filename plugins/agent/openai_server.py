@@ -8,6 +8,7 @@ become inserted tokens after the recorded model tokens and their log-probs, so t
 
 One conversation per trajectory: a request whose messages do not extend the previous request's messages and the
 reply starts the trajectory over (counted in ``agent/restarts/mean``). Not supported: ``stream``, ``n`` > 1, ``stop``.
+A rejected request (HTTP 400) changes nothing. ``GET <base_url>/models`` lists the one model.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class RequestError(Exception):
     """A request the endpoint cannot serve (HTTP 400 with an OpenAI-style error body)."""
 
 
+REJECTED = (RequestError, RLForgeError, ValueError)  # answered with HTTP 400, e.g. a prompt over max_prompt_length
+
+
 class OpenAIAgentLoop(AgentLoop):
     """Runs an OpenAI-client agent per trajectory. Override :meth:`agent` (sync or async), or set
     ``rollout.agent.openai_agent.entry`` to a function ``fn(sample, endpoint)``. It returns the final answer (a str,
@@ -91,6 +95,9 @@ class OpenAIAgentLoop(AgentLoop):
         finally:
             self.server.remove(key)
         answer, reward, metrics = _unpack(result)
+        if recorder.conv is None and recorder.rejected:
+            raise RLForgeError(f"the agent returned without a successful chat-completions request "
+                               f"({recorder.rejected} rejected: {recorder.first_rejection})")
         if recorder.conv is None:
             raise RLForgeError("the agent returned without sending a chat-completions request")
         return recorder.conv.finish(answer, reward, {**metrics, "restarts": float(recorder.restarts)})
@@ -120,9 +127,19 @@ class Recorder:
         self.conv: Conversation | None = None
         self.seen: list[dict[str, Any]] = []  # the last request's messages and the reply it got
         self.restarts = 0
+        self.rejected = 0  # requests answered with HTTP 400
+        self.first_rejection = ""
         self.lock = asyncio.Lock()
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self._complete(body)
+        except REJECTED as exc:
+            self.rejected += 1
+            self.first_rejection = self.first_rejection or str(exc)
+            raise
+
+    async def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         async with self.lock:
             # Everything that can reject the request (HTTP 400) runs before the recorded conversation changes.
             messages, tools, overrides, limit = _check_request(body)
@@ -287,6 +304,19 @@ class ChatServer:
     def remove(self, key: str) -> None:
         self.recorders.pop(key, None)
 
+    def models(self, path: str) -> tuple[int, dict[str, Any]]:
+        """``GET <base_url>/models`` (and ``/models/<model>``): the one model the endpoint serves."""
+        parts = path.split("?", 1)[0].strip("/").split("/")
+        if parts[:1] == ["t"] and len(parts) >= 2:  # <base_url> is /t/<trajectory>/v1
+            parts = parts[2:]
+        model = {"id": MODEL, "object": "model", "created": 0, "owned_by": "rlforge"}
+        if parts == ["v1", "models"]:
+            return 200, {"object": "list", "data": [model]}
+        if parts == ["v1", "models", MODEL]:
+            return 200, model
+        return 404, _error(f"unknown path {path}; use <base_url>/models or POST <base_url>/chat/completions",
+                           "not_found")
+
     def serve(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         parts = path.strip("/").split("/")
         if len(parts) != 5 or parts[0] != "t" or parts[2:] != ["v1", "chat", "completions"]:
@@ -297,7 +327,7 @@ class ChatServer:
         try:
             future = asyncio.run_coroutine_threadsafe(recorder.complete(body), recorder.loop)
             return 200, future.result()
-        except (RequestError, RLForgeError, ValueError) as exc:  # e.g. a prompt over data.max_prompt_length
+        except REJECTED as exc:
             return 400, _error(str(exc), "invalid_request_error")
         except Exception as exc:  # the engine or the template failed: the agent sees it, the run reports it
             return 500, _error(f"{type(exc).__name__}: {exc}", "server_error")
@@ -320,6 +350,12 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 status, payload = 400, _error(f"the body is not JSON: {exc}", "invalid_request_error")
             else:
                 status, payload = server.serve(self.path, body)
+            self._send(status, payload)
+
+        def do_GET(self) -> None:
+            self._send(*server.models(self.path))
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

@@ -128,6 +128,15 @@ class Crowd(OpenAIAgentLoop):
         return api.chat.completions.create(model="m", messages=sample.messages).choices[0].message.content
 
 
+class Models(OpenAIAgentLoop):
+    seen: list = []
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        Models.seen += [[m.id for m in api.models.list()], api.models.retrieve(endpoint.model).id]
+        return api.chat.completions.create(model=endpoint.model, messages=sample.messages).choices[0].message.content
+
+
 class Strict(Scripted):
     """Fails the whole wave on an out-of-range sampling value, as an inference engine does."""
 
@@ -146,6 +155,7 @@ class Plugin:
         registry.agent_loop.register("bad_sampling", BadSampling)
         registry.agent_loop.register("rejected", Rejected)
         registry.agent_loop.register("crowd", Crowd)
+        registry.agent_loop.register("models", Models)
 
 
 @pytest.fixture(scope="module")
@@ -291,7 +301,41 @@ def test_many_concurrent_agents_without_retries(agent_pm, tok):
     runner = runner_for(agent_pm, tok, "rollout.agent.loop=crowd")
     start = time.monotonic()
     try:
-        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(n=CONCURRENT), Scripted(tok, lambda _: "5"))
+        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(n=CONCURRENT),
+                                Scripted(tok, lambda _: "5"))
     finally:
         runner.close()
     assert out[B.SOLUTION_TEXT] == ["5"] * CONCURRENT and time.monotonic() - start < 20
+
+
+def test_the_model_list(agent_pm, tok):
+    Models.seen.clear()
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=models")
+    try:
+        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "5"))
+    finally:
+        runner.close()
+    assert Models.seen == [["rlforge-policy"], "rlforge-policy"] and out[B.SOLUTION_TEXT] == ["5"]
+
+
+def test_an_agent_whose_requests_were_all_rejected_fails_the_run_saying_why(pm, tok, tmp_path):
+    (tmp_path / "rejected.py").write_text(textwrap.dedent("""
+        import openai
+
+        def agent(sample, endpoint):
+            api = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+            for _ in range(2):
+                try:
+                    api.chat.completions.create(model=endpoint.model, messages=sample.messages, max_tokens=-1)
+                except openai.BadRequestError:
+                    pass
+            return "done"
+    """))
+    runner = runner_for(pm, tok, "rollout.agent.loop=openai_agent",
+                        f"rollout.agent.openai_agent.entry={tmp_path / 'rejected.py'}:agent")
+    try:
+        with pytest.raises(AgentLoopError, match=r"without a successful chat-completions request \(2 rejected: "
+                                                 r"max_tokens=-1 is out of range"):
+            runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "5"))
+    finally:
+        runner.close()
