@@ -8,6 +8,7 @@ become inserted tokens after the recorded model tokens and their log-probs, so t
 
 One conversation per trajectory: a request whose messages do not extend the previous request's messages and the
 reply starts the trajectory over (counted in ``agent/restarts/mean``). Not supported: ``stream``, ``n`` > 1, ``stop``.
+A rejected request (HTTP 400) changes nothing. ``GET <base_url>/models`` lists the one model.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import math
 import threading
 import time
 import uuid
@@ -54,6 +56,9 @@ class RequestError(Exception):
     """A request the endpoint cannot serve (HTTP 400 with an OpenAI-style error body)."""
 
 
+REJECTED = (RequestError, RLForgeError, ValueError)  # answered with HTTP 400, e.g. a prompt over max_prompt_length
+
+
 class OpenAIAgentLoop(AgentLoop):
     """Runs an OpenAI-client agent per trajectory. Override :meth:`agent` (sync or async), or set
     ``rollout.agent.openai_agent.entry`` to a function ``fn(sample, endpoint)``. It returns the final answer (a str,
@@ -90,6 +95,9 @@ class OpenAIAgentLoop(AgentLoop):
         finally:
             self.server.remove(key)
         answer, reward, metrics = _unpack(result)
+        if recorder.conv is None and recorder.rejected:
+            raise RLForgeError(f"the agent returned without a successful chat-completions request "
+                               f"({recorder.rejected} rejected: {recorder.first_rejection})")
         if recorder.conv is None:
             raise RLForgeError("the agent returned without sending a chat-completions request")
         return recorder.conv.finish(answer, reward, {**metrics, "restarts": float(recorder.restarts)})
@@ -119,20 +127,32 @@ class Recorder:
         self.conv: Conversation | None = None
         self.seen: list[dict[str, Any]] = []  # the last request's messages and the reply it got
         self.restarts = 0
+        self.rejected = 0  # requests answered with HTTP 400
+        self.first_rejection = ""
         self.lock = asyncio.Lock()
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self._complete(body)
+        except REJECTED as exc:
+            self.rejected += 1
+            self.first_rejection = self.first_rejection or str(exc)
+            raise
+
+    async def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         async with self.lock:
-            messages, tools = _check_request(body)
+            # Everything that can reject the request (HTTP 400) runs before the recorded conversation changes.
+            messages, tools, overrides, limit = _check_request(body)
             if self.conv is not None and _extends(messages, self.seen):
-                if self.conv.stop_reason is None:
-                    self.conv.add_messages(messages[len(self.seen):])
+                conv, restart = self.conv, False
+                if conv.stop_reason is None:
+                    conv.add_messages(messages[len(self.seen):])  # raises before it inserts anything
             else:
-                self.restarts += int(self.conv is not None)
-                self.conv = Conversation(self.context, self.sample, tools=tools or False, opening=messages)
-            overrides = {k: float(body[k]) for k in ("temperature", "top_p") if body.get(k) is not None}
-            limit = body.get("max_completion_tokens") or body.get("max_tokens")
-            text = await self.conv.generate(self.engine, max_new_tokens=limit, **overrides)
+                conv = Conversation(self.context, self.sample, tools=tools or False, opening=messages)
+                restart = self.conv is not None
+            text = await conv.generate(self.engine, max_new_tokens=limit, **overrides)
+            self.conv = conv
+            self.restarts += int(restart)
             gen = self.conv.last if text is not None else None  # None: a limit ended the trajectory
             message, finish = self._reply(text or "", gen, bool(tools))
             self.seen = [*messages, message]
@@ -140,8 +160,12 @@ class Recorder:
 
     def _reply(self, text: str, gen: Any, with_tools: bool) -> tuple[dict[str, Any], str]:
         parsed = self.context.parser.parse(text) if with_tools and gen is not None else None
+        if parsed is not None and self.conv is not None:  # the trajectory's tool metrics, as tool_agent counts them
+            self.conv.stats.parse_errors += len(parsed.errors)
         if parsed is None or not parsed.calls or parsed.errors:
             return {"role": "assistant", "content": text}, gen.finish if gen is not None else "length"
+        if self.conv is not None:
+            self.conv.stats.calls += len(parsed.calls)
         calls = [{"id": c.id, "type": "function",
                   "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                  for c in parsed.calls]
@@ -161,7 +185,9 @@ class Recorder:
                           "total_tokens": prompt + completion}}
 
 
-def _check_request(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _check_request(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float], int | None]:
+    """The request's messages, tools, sampling overrides and token limit; a RequestError (HTTP 400) for a request
+    the endpoint cannot serve, before it touches the conversation or joins a wave of engine calls."""
     if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
         raise RequestError("the request needs 'messages', a non-empty list of chat messages")
     if body.get("stream"):
@@ -173,7 +199,36 @@ def _check_request(body: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise RequestError("'tools' must be a list of function schemas")
-    return [_plain(m) for m in body["messages"]], tools
+    messages = [_plain(m) for m in body["messages"]]
+    overrides, limit = _sampling(body)
+    return messages, tools, overrides, limit
+
+
+def _sampling(body: dict[str, Any]) -> tuple[dict[str, float], int | None]:
+    """The sampling values of a request, checked so that one agent's bad value cannot fail the engine call of the
+    whole wave: temperature >= 0, 0 < top_p <= 1, max_tokens / max_completion_tokens an integer >= 1."""
+    overrides: dict[str, float] = {}
+    for key, ok, accepted in (("temperature", lambda v: v >= 0, "a number >= 0"),
+                              ("top_p", lambda v: 0 < v <= 1, "a number with 0 < top_p <= 1")):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not _finite(value) or not ok(value):
+            raise RequestError(f"{key}={value!r} is out of range: {key} must be {accepted}")
+        overrides[key] = float(value)
+    limits = []
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise RequestError(f"{key}={value!r} is out of range: {key} must be an integer >= 1")
+        limits.append(value)
+    return overrides, limits[0] if limits else None
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _plain(message: Any) -> dict[str, Any]:
@@ -223,13 +278,20 @@ def load_entry(entry: str) -> Any:
     return fn
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per request, and a listen backlog for every trajectory in flight: socketserver's default of 5
+    resets connections when many agents send at once (the kernel caps it at net.core.somaxconn)."""
+
+    daemon_threads = True
+    request_queue_size = 4096
+
+
 class ChatServer:
     """The HTTP endpoint: ``POST /t/<trajectory>/v1/chat/completions`` goes to that trajectory's :class:`Recorder`."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.recorders: dict[str, Recorder] = {}
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _handler(self))
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="rlforge-openai-endpoint", daemon=True)
         self.thread.start()
@@ -242,6 +304,19 @@ class ChatServer:
     def remove(self, key: str) -> None:
         self.recorders.pop(key, None)
 
+    def models(self, path: str) -> tuple[int, dict[str, Any]]:
+        """``GET <base_url>/models`` (and ``/models/<model>``): the one model the endpoint serves."""
+        parts = path.split("?", 1)[0].strip("/").split("/")
+        if parts[:1] == ["t"] and len(parts) >= 2:  # <base_url> is /t/<trajectory>/v1
+            parts = parts[2:]
+        model = {"id": MODEL, "object": "model", "created": 0, "owned_by": "rlforge"}
+        if parts == ["v1", "models"]:
+            return 200, {"object": "list", "data": [model]}
+        if parts == ["v1", "models", MODEL]:
+            return 200, model
+        return 404, _error(f"unknown path {path}; use <base_url>/models or POST <base_url>/chat/completions",
+                           "not_found")
+
     def serve(self, path: str, body: Any) -> tuple[int, dict[str, Any]]:
         parts = path.strip("/").split("/")
         if len(parts) != 5 or parts[0] != "t" or parts[2:] != ["v1", "chat", "completions"]:
@@ -252,7 +327,7 @@ class ChatServer:
         try:
             future = asyncio.run_coroutine_threadsafe(recorder.complete(body), recorder.loop)
             return 200, future.result()
-        except (RequestError, RLForgeError, ValueError) as exc:  # e.g. a prompt over data.max_prompt_length
+        except REJECTED as exc:
             return 400, _error(str(exc), "invalid_request_error")
         except Exception as exc:  # the engine or the template failed: the agent sees it, the run reports it
             return 500, _error(f"{type(exc).__name__}: {exc}", "server_error")
@@ -275,6 +350,12 @@ def _handler(server: ChatServer) -> type[BaseHTTPRequestHandler]:
                 status, payload = 400, _error(f"the body is not JSON: {exc}", "invalid_request_error")
             else:
                 status, payload = server.serve(self.path, body)
+            self._send(status, payload)
+
+        def do_GET(self) -> None:
+            self._send(*server.models(self.path))
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

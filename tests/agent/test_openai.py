@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
+import time
 
 import openai
 import pytest
@@ -73,12 +75,87 @@ class Probe(OpenAIAgentLoop):
         return other.choices[0].message.content
 
 
+BAD_SAMPLING = ({"temperature": -1}, {"top_p": 5}, {"top_p": 0}, {"max_tokens": -1}, {"max_tokens": 0},
+                {"max_completion_tokens": 1.5})
+
+
+class BadSampling(OpenAIAgentLoop):
+    """The agent of "bad?" tries out-of-range sampling values, then sends a good request; the others send one."""
+
+    seen: list = []
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        if sample.messages[0]["content"] == "bad?":
+            for kwargs in BAD_SAMPLING:
+                try:
+                    api.chat.completions.create(model="m", messages=sample.messages, **kwargs)
+                except openai.BadRequestError as exc:
+                    BadSampling.seen.append(exc.body["message"])
+        return api.chat.completions.create(model="m", messages=sample.messages).choices[0].message.content
+
+
+class Rejected(OpenAIAgentLoop):
+    """A good request, then requests rejected with 400 on the same conversation; the first reply is the answer."""
+
+    seen: list = []
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        first = api.chat.completions.create(model="m", messages=sample.messages).choices[0].message
+        more = [*sample.messages, first, {"role": "user", "content": "sure?"}]
+        long = [{"role": "user", "content": "x" * 100}]  # over data.max_prompt_length=64
+        for messages, kwargs in ((more, {"max_tokens": -1}), (more, {"stream": True}), (more, {"n": 2}),
+                                 (more, {"stop": ["\n"]}), (sample.messages, {"temperature": -1}), (long, {})):
+            try:
+                api.chat.completions.create(model="m", messages=messages, **kwargs)
+            except openai.BadRequestError as exc:
+                Rejected.seen.append(exc.body["message"][:20])
+        return first.content
+
+
+CONCURRENT = 96
+
+
+class Crowd(OpenAIAgentLoop):
+    """All agents send their request at once, on fresh connections, without retries."""
+
+    barrier = threading.Barrier(CONCURRENT, timeout=30)
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        Crowd.barrier.wait()
+        return api.chat.completions.create(model="m", messages=sample.messages).choices[0].message.content
+
+
+class Models(OpenAIAgentLoop):
+    seen: list = []
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        Models.seen += [[m.id for m in api.models.list()], api.models.retrieve(endpoint.model).id]
+        return api.chat.completions.create(model=endpoint.model, messages=sample.messages).choices[0].message.content
+
+
+class Strict(Scripted):
+    """Fails the whole wave on an out-of-range sampling value, as an inference engine does."""
+
+    def __call__(self, prompts, params):
+        if any(p.temperature < 0 or not 0 < p.top_p <= 1 or p.max_new_tokens < 1 for p in params):
+            raise ValueError("invalid sampling parameters")
+        return super().__call__(prompts, params)
+
+
 class Plugin:
     @hookimpl
     def rlforge_register(self, registry):
         registry.agent_loop.register("sync_agent", SyncAgent)
         registry.agent_loop.register("async_agent", AsyncAgent)
         registry.agent_loop.register("probe", Probe)
+        registry.agent_loop.register("bad_sampling", BadSampling)
+        registry.agent_loop.register("rejected", Rejected)
+        registry.agent_loop.register("crowd", Crowd)
+        registry.agent_loop.register("models", Models)
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +179,26 @@ def test_openai_client_agent_matches_the_tool_agent_loop(agent_pm, tok):
     finally:
         runner.close()
     reference = runner_for(agent_pm, tok, "rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]")
-    theirs, _ = reference.rollout(batch, sampling(), Scripted(tok, calculator_then_answer))
+    theirs, reference_metrics = reference.rollout(batch, sampling(), Scripted(tok, calculator_then_answer))
     for col in (B.PROMPTS, B.RESPONSES, B.RESPONSE_MASK, B.ATTENTION_MASK, B.ROLLOUT_LOG_PROBS):
         assert ours[col].tolist() == theirs[col].tolist(), col
     assert ours[B.RESPONSE_MASK][0].tolist() == [1] * 82 + [0] * 11 + [1] * 2  # as in test_masks
     assert ours[B.SOLUTION_TEXT] == ["5", "5"]  # the agent's return value
     assert metrics["agent/restarts/mean"] == 0 and metrics["agent/model_turns/mean"] == 2
+    for key in ("tool_call_counts/mean", "agent/tool_calls", "agent/parse_errors", "agent/tool_call_format_ok"):
+        assert metrics[key] == reference_metrics[key], key  # the tool calls the endpoint parsed
+    assert metrics["agent/tool_calls"] == 2 and metrics["agent/tool_call_format_ok"] == 1
+
+
+def test_unreadable_tool_calls_count_as_parse_errors(agent_pm, tok):
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=sync_agent")
+    try:
+        _, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(),
+                                    Scripted(tok, lambda _: "<tool_call>{oops</tool_call>"))
+    finally:
+        runner.close()
+    assert metrics["agent/parse_errors"] == 1 and metrics["agent/tool_calls"] == 0
+    assert metrics["agent/tool_call_format_ok"] == 0
 
 
 def test_async_agent_entry_reward_and_metrics(agent_pm, tok):
@@ -167,6 +258,84 @@ def test_an_agent_that_never_calls_the_endpoint_fails_the_run(pm, tok, tmp_path)
                         f"rollout.agent.openai_agent.entry={tmp_path / 'lazy.py'}:agent")
     try:
         with pytest.raises(AgentLoopError, match="'openai_agent'.*without sending a chat-completions request"):
+            runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "5"))
+    finally:
+        runner.close()
+
+
+def test_out_of_range_sampling_values_are_the_requests_own_400s(agent_pm, tok):
+    BadSampling.seen.clear()
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=bad_sampling")
+    engine = Strict(tok, lambda _: "5")
+    try:
+        out, _ = runner.rollout(prompt_batch(tok, [("bad?", "5"), ("2+3?", "5"), ("2+3?", "5")]), sampling(), engine)
+    finally:
+        runner.close()
+    assert BadSampling.seen == [
+        "temperature=-1 is out of range: temperature must be a number >= 0",
+        "top_p=5 is out of range: top_p must be a number with 0 < top_p <= 1",
+        "top_p=0 is out of range: top_p must be a number with 0 < top_p <= 1",
+        "max_tokens=-1 is out of range: max_tokens must be an integer >= 1",
+        "max_tokens=0 is out of range: max_tokens must be an integer >= 1",
+        "max_completion_tokens=1.5 is out of range: max_completion_tokens must be an integer >= 1"]
+    assert len(engine.params) == 3  # the good requests only: no bad value reached the engine
+    assert out[B.RESPONSE_MASK].tolist() == [[1, 1]] * 3 and out[B.SOLUTION_TEXT] == ["5", "5", "5"]
+
+
+def test_a_rejected_request_changes_nothing(agent_pm, tok):
+    Rejected.seen.clear()
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=rejected")
+    engine = Scripted(tok, lambda _: "5")
+    try:
+        out, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), engine)
+    finally:
+        runner.close()
+    assert len(Rejected.seen) == 6 and len(engine.params) == 1
+    assert out[B.RESPONSE_MASK].tolist() == [[1, 1]] and out[B.ROLLOUT_LOG_PROBS].tolist() == [[LOGPROB] * 2]
+    assert tok.decode(out[B.PROMPTS][0]).endswith("<|user|>2+3?<|end|><|assistant|>")
+    assert metrics["agent/restarts/mean"] == 0 and out[B.SOLUTION_TEXT] == ["5"]
+
+
+def test_many_concurrent_agents_without_retries(agent_pm, tok):
+    Crowd.barrier.reset()
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=crowd")
+    start = time.monotonic()
+    try:
+        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(n=CONCURRENT),
+                                Scripted(tok, lambda _: "5"))
+    finally:
+        runner.close()
+    assert out[B.SOLUTION_TEXT] == ["5"] * CONCURRENT and time.monotonic() - start < 20
+
+
+def test_the_model_list(agent_pm, tok):
+    Models.seen.clear()
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=models")
+    try:
+        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "5"))
+    finally:
+        runner.close()
+    assert Models.seen == [["rlforge-policy"], "rlforge-policy"] and out[B.SOLUTION_TEXT] == ["5"]
+
+
+def test_an_agent_whose_requests_were_all_rejected_fails_the_run_saying_why(pm, tok, tmp_path):
+    (tmp_path / "rejected.py").write_text(textwrap.dedent("""
+        import openai
+
+        def agent(sample, endpoint):
+            api = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+            for _ in range(2):
+                try:
+                    api.chat.completions.create(model=endpoint.model, messages=sample.messages, max_tokens=-1)
+                except openai.BadRequestError:
+                    pass
+            return "done"
+    """))
+    runner = runner_for(pm, tok, "rollout.agent.loop=openai_agent",
+                        f"rollout.agent.openai_agent.entry={tmp_path / 'rejected.py'}:agent")
+    try:
+        with pytest.raises(AgentLoopError, match=r"without a successful chat-completions request \(2 rejected: "
+                                                 r"max_tokens=-1 is out of range"):
             runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "5"))
     finally:
         runner.close()
