@@ -13,6 +13,7 @@ from rlforge.config import compose, explain_batch_sizes
 from rlforge.config.schema import RLForgeConfig
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.module import RLModule
 from rlforge.plugin_manager import PluginManager
 from rlforge.registry import UnknownComponentError
 
@@ -258,7 +259,7 @@ def test_token_budget_must_hold_the_longest_sequence(registry) -> None:
                                           r"data.max_prompt_length \+ rollout.max_new_tokens = 72 tokens"):
         compose(registry, None, None, ["actor.max_tokens_per_micro_batch=50"])
     cfg = compose(registry, None, None, ["actor.max_tokens_per_micro_batch=72"])
-    assert "micro-batches of at most 72 tokens" in explain_batch_sizes(cfg)
+    assert "micro-batches of at most 72 tokens" in explain_batch_sizes(cfg, RLModule.batch_words())
 
 
 def test_consistent_batch_sizes_pass(registry) -> None:
@@ -321,7 +322,7 @@ def test_load_config_helper() -> None:
 
 
 def test_explain_batch_sizes_defaults(registry) -> None:
-    text = explain_batch_sizes(compose(registry))
+    text = explain_batch_sizes(compose(registry), RLModule.batch_words())
     assert "Each step samples 32 prompts x 8 responses = 256 sequences." in text
     assert "1 epoch(s) of 4 mini-batch(es) of 8 prompts (64 sequences) = 4 optimizer step(s)" in text
     assert "1 micro-batch(es) of 64 sequences" in text
@@ -333,7 +334,7 @@ def test_explain_batch_sizes_custom(registry) -> None:
         ["data.train_batch_size=16", "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8",
          "actor.ppo_epochs=2"],
     )
-    text = explain_batch_sizes(cfg)
+    text = explain_batch_sizes(cfg, RLModule.batch_words())
     assert "16 prompts x 4 responses = 64 sequences" in text
     assert "2 epoch(s) of 4 mini-batch(es) of 4 prompts (16 sequences) = 8 optimizer step(s)" in text
     assert "2 micro-batch(es) of 8 sequences" in text

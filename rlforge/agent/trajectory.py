@@ -11,7 +11,6 @@ log-probs) and inserted turns (tool replies, user messages, chat-template glue; 
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 

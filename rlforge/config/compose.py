@@ -82,9 +82,10 @@ def _check_bools(base: DictConfig, layer: DictConfig, source: str) -> None:
 
 
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
+    layer = OmegaConf.create(layer)
     try:
-        _check_bools(base, OmegaConf.create(layer), source)
-        return OmegaConf.merge(base, _one_item_lists(base, OmegaConf.create(layer)))  # type: ignore[return-value]
+        _check_bools(base, layer, source)
+        return OmegaConf.merge(base, _one_item_lists(base, layer))  # type: ignore[return-value]
     except ConfigKeyError as exc:
         key = exc.full_key or "?"
         parent, _, leaf = key.rpartition(".")
@@ -92,7 +93,7 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
         known = [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
         from rlforge.config import verl
 
-        leaves = [k for k, _ in verl.flatten(OmegaConf.to_container(OmegaConf.create(layer)))]
+        leaves = [k for k, _ in verl.flatten(OmegaConf.to_container(layer))]
         full = next((k for k in leaves if k.startswith(key + ".")), key)  # the whole key, not its first unknown part
         hint = verl.hint(full) or did_you_mean(leaf, known, prefix=f"{parent}." if parent else "")
         raise ConfigError(
@@ -109,11 +110,11 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
         raise ConfigError(f"Invalid value for '{key}' (in {source}): {reason}.") from None
 
 
-def _section_given_a_value(base: DictConfig, layer: Any) -> str | None:
+def _section_given_a_value(base: DictConfig, layer: DictConfig) -> str | None:
     """The first key of ``layer`` that gives a plain value where ``base`` has a section (``trainer=5``)."""
     from rlforge.config import verl
 
-    for key, value in verl.flatten(OmegaConf.to_container(OmegaConf.create(layer))):
+    for key, value in verl.flatten(OmegaConf.to_container(layer)):
         if not isinstance(value, dict) and isinstance(OmegaConf.select(base, key, default=None), DictConfig):
             return key
     return None
@@ -256,7 +257,7 @@ def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:
         )
 
 
-def explain_batch_sizes(cfg: DictConfig, words: tuple[str, str, str] = ("samples", "prompts", "responses")) -> str:
+def explain_batch_sizes(cfg: DictConfig, words: tuple[str, str, str]) -> str:
     """The batch-size arithmetic in words (printed by ``rlforge config show``); ``words``: the algorithm's
     ``RLModule.batch_words()`` (an offline algorithm reads pairs of rows instead of sampling responses)."""
     prompts, n = cfg.data.train_batch_size, cfg.rollout.n
