@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from rlforge.batch import Batch
 
 
+SEED_RANGE = 2**30  # seeds of SamplingParams.seed are drawn below it: under every engine's limit (vllm adds the row index)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     n: int = 1

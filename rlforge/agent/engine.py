@@ -20,13 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.protocols import SEED_RANGE, Generation, SamplingParams
 
 if TYPE_CHECKING:
     from rlforge.batch import Batch
 
 WAVE_WAIT_S = 0.05  # default longest wait for trajectories still in a tool call before a wave starts without them
-SEED_RANGE = 2**30  # wave seeds, below every engine's limit (vllm adds the request's index)
 WAVE_SEED_STRIDE = 0x9E3779B1  # wave w samples with seed + w * stride (mod SEED_RANGE): no two waves share a stream
 Backend = Callable[[list[list[int]], list[SamplingParams]], list[Generation]]
 

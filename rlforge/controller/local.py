@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,17 +73,15 @@ class LocalController:
         return self.critic.update(batch)
 
     def sync_weights(self) -> float:
-        start = time.perf_counter()
-        self.rollout.update_weights(self.actor.named_weights())
-        return time.perf_counter() - start
+        return self.load_weights(self.actor.named_weights())
 
     def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:
         """A copy of the weights :meth:`sync_weights` gives the engine now, for :meth:`load_weights` to give it later
         (``trainer.pipeline=async``: the actor trains on while the engine finishes older generations)."""
         return [(name, tensor.clone()) for name, tensor in self.actor.named_weights()]
 
-    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> float:
-        """Give the engine a :meth:`snapshot_weights` copy (called from the thread that generates)."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Give the engine these weights (a :meth:`snapshot_weights` copy, from the thread that generates)."""
         start = time.perf_counter()
         self.rollout.update_weights(iter(weights))
         return time.perf_counter() - start

@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import Any
 
 from rlforge.pipeline.base import Pipeline
-from rlforge.pipeline.off_policy import DEFAULT_STALENESS, SEED_RANGE, InFlight, OffPolicy, OneStepOff
+from rlforge.pipeline.off_policy import DEFAULT_STALENESS, InFlight, OffPolicy, OneStepOff
 
 PIPELINES: dict[str, type[Pipeline]] = {"sync": Pipeline, "one_step_off": OneStepOff, "async": OffPolicy}
 PIPELINE_NAMES = tuple(PIPELINES)
 
-__all__ = ["DEFAULT_STALENESS", "PIPELINES", "PIPELINE_NAMES", "SEED_RANGE", "InFlight", "OffPolicy", "OneStepOff",
+__all__ = ["DEFAULT_STALENESS", "PIPELINES", "PIPELINE_NAMES", "InFlight", "OffPolicy", "OneStepOff",
            "Pipeline", "for_config"]
 
 

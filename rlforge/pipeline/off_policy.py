@@ -39,6 +39,7 @@ from rlforge.dataflow import DataFlow, OldLogProbStage, RolloutStage, Stage, Ste
 from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
 from rlforge.pipeline.base import Pipeline
+from rlforge.protocols import SEED_RANGE
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 else:
     torch = lazy_import("torch")
 
-SEED_RANGE = 2**30  # generation seeds drawn from the trainer's RNG (the vllm engine adds the row index)
 DEFAULT_STALENESS = 2  # trainer.max_staleness of trainer.pipeline=async when unset
 
 
