@@ -28,6 +28,27 @@ import torch
 # (name, dtype, shape, byte offset, byte length)
 TensorSpec = tuple[str, str, list[int], int, int]
 ALIGN = 16  # bytes; every tensor starts at a multiple of this offset in its bucket
+IDLE_SPIN_ENV = "RLFORGE_VLLM_IDLE_SPIN_S"  # rollout.vllm.idle_spin_s, for the engine's processes
+
+
+def apply_idle_spin() -> None:
+    """Make ``$RLFORGE_VLLM_IDLE_SPIN_S`` the busy-wait of every vLLM message queue this process creates from now on.
+
+    vLLM's workers read their work from a shared-memory queue and spin on it (``sched_yield`` in a loop) for
+    ``busy_loop_s`` (1 s) after every message: colocated with the trainer, a core taken from the actor update for
+    the first second after each generation and each weight-sync call. The worker imports this module (the worker
+    extension's) before it creates its queue, so the setting holds from the first message on. Nothing happens when
+    the variable is unset (then vllm is not imported either)."""
+    seconds = os.environ.get(IDLE_SPIN_ENV)
+    if seconds is None:
+        return
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    init = SpinCondition.__init__
+    names = init.__code__.co_varnames[: init.__code__.co_argcount]
+    defaults = list(init.__defaults__ or ())
+    defaults[names.index("busy_loop_s") - (len(names) - len(defaults))] = float(seconds)
+    init.__defaults__ = tuple(defaults)
 
 
 def plan_buckets(
@@ -143,11 +164,8 @@ class WeightSyncExtension:
     """vLLM worker extension (``LLM(worker_extension_cls=...)``); methods run in the worker process."""
 
     def rlforge_set_idle_spin(self, seconds: float) -> int:
-        """How long this worker busy-waits for the next message after its last one before it blocks (vLLM: 1 s).
-
-        vLLM's workers read their work from a shared-memory queue and spin on it (``sched_yield`` in a loop) for
-        ``busy_loop_s`` after every message: colocated with the trainer, that is a core taken from the actor update
-        for the first second after each generation and each weight-sync call. Returns the number of queues set
+        """Change how long this running worker busy-waits for the next message after its last one before it blocks
+        (see :func:`apply_idle_spin`, which sets it for queues not created yet). Returns the number of queues set
         (0 when the engine runs its worker in-process and has none)."""
         import gc
 
@@ -202,3 +220,6 @@ class WeightSyncExtension:
             finalize_layerwise_reload(model, worker.vllm_config.model_config)
             refresh_tied_lm_head(model)
         return sorted({name for name, _ in model.named_parameters()} - worker._rlforge_loaded)
+
+
+apply_idle_spin()  # at import: in the engine's worker, before it creates its message queue
