@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 
 
 SEED_RANGE = 2**30  # seeds of SamplingParams.seed are drawn below it: under every engine's limit (vllm adds the row index)
+SEED_STRIDE = 0x9E3779B1  # part k of a seeded generation samples with seed + k * stride (mod SEED_RANGE)
+
+
+def derived_seed(seed: int | None, part: int) -> int | None:
+    """The seed of part ``part`` of a seeded generation (an agent loop's wave, one engine's share of the prompts): a
+    random stream of its own, no two parts share one. Part 0 keeps ``seed``; None (unseeded) stays None."""
+    return None if seed is None else (seed + part * SEED_STRIDE) % SEED_RANGE
 
 
 @dataclass(frozen=True)
@@ -196,14 +203,18 @@ class Controller(Protocol):
 
 @runtime_checkable
 class WeightSnapshots(Protocol):
-    """What a controller offers to give its rollout engine weights later than they were taken
-    (``trainer.pipeline=async``, which accepts only controllers that have it: ``local``)."""
+    """What a controller offers to give its rollout engines weights later than they were taken
+    (``trainer.pipeline=one_step_off|async``, which run only on controllers that have it: ``local``, and ``ray`` with
+    ``ray.rollout_workers >= 1``). The pipelines call ``snapshot_weights`` from the trainer's thread and
+    ``load_weights`` from their rollout thread, while the trainer's thread goes on training."""
 
-    def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """A copy of the weights ``sync_weights`` would give the engine now."""
+    def snapshot_weights(self) -> Any:
+        """A copy of the weights ``sync_weights`` would give the engines now, opaque to the caller: ``local``, a list
+        of (name, tensor) clones; ``ray``, a reference to one copy in the object store. It is freed when the caller
+        drops it."""
 
-    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> float:
-        """Give the engine a :meth:`snapshot_weights` copy; returns the seconds taken."""
+    def load_weights(self, snapshot: Any) -> float:
+        """Give the engines a :meth:`snapshot_weights` copy; returns the seconds taken."""
 
 
 @runtime_checkable

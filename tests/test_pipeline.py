@@ -37,9 +37,13 @@ class Versions:
         self.weights = {}  # version -> state dict
         self.trained = {}  # step -> the batch's columns
 
+    def actor_weights(self, trainer):
+        """The trained weights now (the local controller trains ``trainer.module.actor`` itself)."""
+        return copy.deepcopy(trainer.module.actor.state_dict())
+
     @hookimpl
-    def rlforge_fit_start(self, module):
-        self.weights[0] = copy.deepcopy(module.actor.state_dict())
+    def rlforge_fit_start(self, trainer):
+        self.weights[0] = self.actor_weights(trainer)
 
     @hookimpl
     def rlforge_advantage_end(self, trainer, batch):
@@ -49,7 +53,7 @@ class Versions:
 
     @hookimpl
     def rlforge_step_end(self, trainer, step):
-        self.weights[step] = copy.deepcopy(trainer.module.actor.state_dict())
+        self.weights[step] = self.actor_weights(trainer)
 
 
 class Prompts:
@@ -86,12 +90,21 @@ SCHEDULES = {  # (pipeline overrides) -> (policy version per step, staleness per
 
 @pytest.mark.parametrize("pipeline", list(SCHEDULES), ids=["one_step_off", "async-2", "async-3"])
 def test_each_step_trains_on_the_policy_of_the_schedule(tmp_path, pipeline):
-    versions, staleness, ahead = SCHEDULES[pipeline]
     rec = Versions()
     # validation after steps 2 and 4 waits for the generations in flight and syncs the engine: the schedule holds
     trainer = Trainer(_config(tmp_path, *pipeline, "trainer.total_steps=5", "actor.lr=1e-3", "trainer.val_every=2"),
                       callbacks=[rec])
     trainer.fit()
+    assert_trained_on_schedule(trainer, rec, pipeline)
+    engine = trainer.controller.actor.rollout_model  # the engine's own copy, given the final weights to validate
+    assert engine is not trainer.module.actor
+    assert all(torch.equal(engine.state_dict()[k], v) for k, v in rec.weights[5].items())
+
+
+def assert_trained_on_schedule(trainer, rec, pipeline):
+    """The 5 steps of ``trainer`` (recorded by ``rec``, a :class:`Versions`) trained on the versions of
+    ``SCHEDULES[pipeline]``, reported them, and each batch's engine log-probs are those of its version's weights."""
+    versions, staleness, ahead = SCHEDULES[pipeline]
     assert {s: sorted(set(b[B.POLICY_VERSION].tolist())) for s, b in rec.trained.items()} == {
         s: [v] for s, v in versions.items()}
     assert [h["async/staleness/max"] for h in trainer.history] == staleness
@@ -108,9 +121,6 @@ def test_each_step_trains_on_the_policy_of_the_schedule(tmp_path, pipeline):
         assert _gap(batch[B.OLD_LOG_PROBS], _log_probs(trainer, rec.weights[step - 1], batch), mask) < 1e-4, step
         if step > 1:  # the lag is visible: the two differ
             assert _gap(batch[B.ROLLOUT_LOG_PROBS], batch[B.OLD_LOG_PROBS], mask) > 1e-2, step
-    engine = trainer.controller.actor.rollout_model  # the engine's own copy, given the final weights to validate
-    assert engine is not trainer.module.actor
-    assert all(torch.equal(engine.state_dict()[k], v) for k, v in rec.weights[5].items())
 
 
 def test_sync_pipeline_keeps_the_flow_and_has_no_lag(tmp_path):
@@ -138,22 +148,30 @@ def _weights(run_dir, step):
 def test_resume_with_batches_ahead_is_bit_identical(tmp_path, algo, pipeline, ahead):
     """The checkpoint of step 2 holds the batches generated for steps 3.. (one_step_off: step 3's, by version 1;
     async with max_staleness 2: steps 3 and 4, by versions 0 and 1): the resumed run trains on them."""
-    common = [*pipeline, "trainer.total_steps=4", "trainer.save_every=2", "trainer.keep_last_n=0", "actor.lr=1e-4"]
+    assert_resume_is_bit_identical(lambda path, *extra: _config(path, *pipeline, *extra, algo=algo), tmp_path, ahead)
+
+
+def assert_resume_is_bit_identical(config, tmp_path, ahead, steps=4, record=None):
+    """An uninterrupted run of ``config(folder, *overrides)`` and one stopped at step 3, then resumed from its
+    checkpoint of step 2 (whose buffer holds batches of the versions ``ahead``), train on the same prompts and end
+    with the same weights bit for bit. ``record``: a callback of the uninterrupted run. Returns that run's Trainer."""
+    common = [f"trainer.total_steps={steps}", "trainer.save_every=2", "trainer.keep_last_n=0", "actor.lr=1e-4"]
     seen_full, seen_resumed = Prompts(), Prompts()
-    full = Trainer(_config(tmp_path / "a", *common, algo=algo), callbacks=[seen_full])
+    full = Trainer(config(tmp_path / "a", *common), callbacks=[seen_full, *([record] if record else [])])
     full.fit()
     with pytest.raises(KeyboardInterrupt):
-        Trainer(_config(tmp_path / "b", *common, algo=algo), callbacks=[StopAt(3)]).fit()
+        Trainer(config(tmp_path / "b", *common), callbacks=[StopAt(3)]).fit()
     state = torch.load(next((tmp_path / "b").rglob("step_000002")) / "trainer_state.pt", weights_only=True)
     assert [b["version"] for b in state["pipeline"]["buffer"]] == ahead
-    resumed = Trainer(_config(tmp_path / "b", *common, "trainer.resume=auto", algo=algo), callbacks=[seen_resumed])
+    resumed = Trainer(config(tmp_path / "b", *common, "trainer.resume=auto"), callbacks=[seen_resumed])
     resumed.fit()
-    # no sample lost or repeated: steps 3 and 4 train on the prompts they trained on in the uninterrupted run
+    # no sample lost or repeated: the steps after 2 train on the prompts they trained on in the uninterrupted run
     assert seen_resumed.uids == {s: u for s, u in seen_full.uids.items() if s > 2}
-    a, b = _weights(full.run_dir, 4), _weights(resumed.run_dir, 4)
+    a, b = _weights(full.run_dir, steps), _weights(resumed.run_dir, steps)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     keys = ("critic/score/mean", "actor/pg_loss", "async/policy_version")
     assert [[h[k] for k in keys] for h in full.history[2:]] == [[h[k] for k in keys] for h in resumed.history]
+    return full
 
 
 def test_hf_engine_seeded_sampling_ignores_the_global_rng(pm):
@@ -181,8 +199,7 @@ def test_hf_engine_seeded_sampling_ignores_the_global_rng(pm):
 
 
 @pytest.mark.parametrize("pipeline", [OFF, ASYNC])
-@pytest.mark.parametrize(("extra", "says"), [
-    (["trainer.controller=ray"], "=ray is not supported yet. Use trainer.controller=local, or trainer.pipeline=sync"),
+@pytest.mark.parametrize(("extra", "says"), [  # the controllers' refusals: tests/controller/test_ray_pipeline.py
     (["actor.reuse_rollout_log_probs=true"], "must be recomputed: set actor.reuse_rollout_log_probs=null"),
     (["model.lora.rank=4"], r"with LoRA \(model.lora.rank=4\) is not supported yet"),
 ])

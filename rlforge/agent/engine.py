@@ -20,13 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from rlforge.protocols import SEED_RANGE, Generation, SamplingParams
+from rlforge.protocols import Generation, SamplingParams, derived_seed
 
 if TYPE_CHECKING:
     from rlforge.batch import Batch
 
 WAVE_WAIT_S = 0.05  # default longest wait for trajectories still in a tool call before a wave starts without them
-WAVE_SEED_STRIDE = 0x9E3779B1  # wave w samples with seed + w * stride (mod SEED_RANGE): no two waves share a stream
 Backend = Callable[[list[list[int]], list[SamplingParams]], list[Generation]]
 
 
@@ -82,8 +81,7 @@ class EngineHandle:
         while self._pending:
             await self._gather()
             wave, self._pending = sorted(self._pending, key=lambda w: w[0]), []
-            params = [w[2] if w[2].seed is None else
-                      replace(w[2], seed=(w[2].seed + len(self.waves) * WAVE_SEED_STRIDE) % SEED_RANGE) for w in wave]
+            params = [replace(w[2], seed=derived_seed(w[2].seed, len(self.waves))) for w in wave]  # a stream per wave
             self.waves.append(len(wave))
             try:
                 outs = await loop.run_in_executor(self._executor, self.backend, [w[1] for w in wave], params)

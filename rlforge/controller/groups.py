@@ -1,12 +1,14 @@
 """What the multi-process controllers share: the rank layout checks and the dataflow dispatched to worker groups.
 
 A *worker group* is the ranks of one role (``actor``, ``critic``), each running ``ray_workers.RankWorker``; the
-``ray`` controller runs them as Ray actors, the ``torchrun`` controller in the processes torchrun started. A group
+``ray`` controller runs them as Ray actors, the ``torchrun`` controller in the processes torchrun started (the
+``ray`` controller's ``rollout`` group runs ``ray_workers.RolloutWorker``, outside any process group). A group
 offers ``world_size``, ``dp_size`` (data-parallel groups: ``strategy.tp.size`` consecutive ranks see the same
 rows), ``call(method, *args)`` (every rank, the same arguments), ``call_each(method, args)`` (per-rank arguments,
 None = skip a rank) and ``call_dp`` (:func:`data_parallel_call`). :class:`GroupController` dispatches the dataflow:
 
-- generation: the prompts are split over all ranks (each owns an engine), the responses gathered in order;
+- generation: the prompts are split over the workers that own the engines (every actor rank, or the Ray
+  controller's rollout group), the responses gathered in order;
 - log-probs and values: equal slices per data-parallel group (sharded models run collectives);
 - updates: each data-parallel group gets its slice of every mini-batch (``shard_for_update``);
 - checkpoints: gathered (``strategy.checkpoint=full``) or written by every rank (``sharded``); the driver's
@@ -15,6 +17,7 @@ None = skip a rank) and ``call_dp`` (:func:`data_parallel_call`). :class:`GroupC
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +25,7 @@ from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
 from rlforge.controller.dispatch import shard_for_update, split_even, split_rows
 from rlforge.errors import ConfigError, RLForgeError
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.protocols import Generation, SamplingParams, derived_seed
 
 if TYPE_CHECKING:
     import torch
@@ -84,13 +87,15 @@ def data_parallel_call(group: Any, method: str, shards: list[tuple]) -> list[Any
 
 class GroupController:
     """The dataflow and checkpoints over worker groups. A subclass sets ``config``, ``module`` (the driver's
-    actor mirror), ``reward``, ``actor``, ``critic`` (None without a value model) and may override ``_share``."""
+    actor mirror), ``reward``, ``actor``, ``critic`` (None without a value model), ``rollout`` (a group that owns the
+    rollout engines; None: the actor ranks own them) and may override ``_share``."""
 
     config: Any
     module: Any
     reward: Any
     actor: Any
     critic: Any
+    rollout: Any = None
 
     def _share(self, obj: Any) -> Any:
         """``obj`` as sent to every rank (Ray: one copy in the object store)."""
@@ -101,16 +106,26 @@ class GroupController:
         """Spread real tokens evenly over the ranks when micro-batches are cut by token budget."""
         return bool(self.config[role].max_tokens_per_micro_batch)
 
+    def _engines(self) -> Any:
+        """The group whose workers own the rollout engines."""
+        return self.actor if self.rollout is None else self.rollout
+
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
-        shards = split_rows(batch, self.actor.world_size)
-        return B.Batch.concat(self.actor.call_each("generate", [(s, params) if len(s) else None for s in shards]))
+        """The prompts split over the engines; with a seed, each engine samples from a stream of its own."""
+        engines = self._engines()
+        shards = split_rows(batch, engines.world_size)
+        args = [(s, replace(params, seed=derived_seed(params.seed, i))) if len(s) else None
+                for i, s in enumerate(shards)]
+        return B.Batch.concat(engines.call_each("generate", args))
 
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
-        """Agent loops' requests (one wave), split in contiguous parts over the actor ranks' engines."""
-        n = self.actor.world_size
+        """Agent loops' requests (one wave), split in contiguous parts over the engines (seeded as in ``generate``)."""
+        engines = self._engines()
+        n = engines.world_size
         bounds = [round(i * len(prompts) / n) for i in range(n + 1)]
-        parts = [(prompts[a:b], params[a:b]) if b > a else None for a, b in zip(bounds, bounds[1:])]
-        return [g for part in self.actor.call_each("generate_tokens", parts) for g in part]
+        parts = [(prompts[a:b], [replace(p, seed=derived_seed(p.seed, i)) for p in params[a:b]]) if b > a else None
+                 for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        return [g for part in engines.call_each("generate_tokens", parts) for g in part]
 
     def score(self, batch: B.Batch) -> B.Batch:
         return self.reward.score(batch)

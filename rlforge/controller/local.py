@@ -80,10 +80,10 @@ class LocalController:
         (``trainer.pipeline=async``: the actor trains on while the engine finishes older generations)."""
         return [(name, tensor.clone()) for name, tensor in self.actor.named_weights()]
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+    def load_weights(self, snapshot: Iterable[tuple[str, torch.Tensor]]) -> float:
         """Give the engine these weights (a :meth:`snapshot_weights` copy, from the thread that generates)."""
         start = time.perf_counter()
-        self.rollout.update_weights(iter(weights))
+        self.rollout.update_weights(iter(snapshot))
         return time.perf_counter() - start
 
     def state_dict(self, staging: Path) -> dict[str, Any]:

@@ -5,10 +5,17 @@
   its own torch.distributed world; the strategy (``fsdp``) shards the models over it. Each actor rank owns one
   rollout engine: the hf engine generates with a full replica of the policy, an engine that keeps its own weights
   (vllm) gets the gathered weight stream and the rank keeps no replica.
+- With ``ray.rollout_workers`` >= 1 the engines move to a ``rollout`` group of their own (verl's one-step-off and
+  fully-async layout): those workers hold the policy and its engine only; the actor ranks hold neither engine nor
+  replica. Every weight sync gathers the actor's full weights (all ranks; rank 0 returns them), puts them in the
+  object store once and has every rollout worker load them. ``snapshot_weights`` is that object-store copy, taken
+  now and loaded later (``trainer.pipeline=async``). The off-policy pipelines need this group: their rollout thread
+  calls it while the trainer's thread calls the actor group.
 - Resource pools: a placement group with one bundle per rank (``ray.cpus_per_worker``/``gpus_per_worker``);
-  the critic shares the actor's bundles (``ray.colocate_critic``) or gets a pool of its own. Placement that
+  the critic shares the actor's bundles (``ray.colocate_critic``) or gets a pool of its own; the rollout group
+  always has a pool of its own (``ray.rollout_cpus_per_worker``/``rollout_gpus_per_worker``). Placement that
   cannot be satisfied within ``ray.placement_timeout_s`` fails with the cluster's resources in the message.
-- Dispatch: prompts are split over the ranks for generation; training batches are split so that every
+- Dispatch: prompts are split over the engines' workers for generation; training batches are split so that every
   rank gets its slice of every mini-batch (``shard_for_update``); results are gathered in order.
 - The reward manager runs here, in the driver. The driver loads only the actor (no reference model, no critic):
   its ``module.actor`` mirrors the trained weights at each checkpoint, so ``checkpoint.save`` writes the plain
@@ -22,7 +29,9 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.config.schema import option
@@ -36,6 +45,7 @@ from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
+from rlforge.pipeline import PIPELINES
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
@@ -52,6 +62,9 @@ class RayConfig:
     colocate_critic: bool = True  # critic ranks share the actor's bundles (one pool); False = a pool of its own
     placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement group)
     placement_timeout_s: float = option(120.0, gt=0)  # fail with a clear error if the workers cannot be placed by then
+    rollout_workers: int = option(0, ge=0)  # 0 = engines in the actor ranks (hybrid engine); N = a rollout group of N workers (one_step_off, async need it)
+    rollout_cpus_per_worker: float = option(1.0, gt=0)  # CPUs per rollout worker's placement bundle
+    rollout_gpus_per_worker: Optional[float] = option(None, ge=0)  # GPUs per rollout worker; None = as ray.gpus_per_worker resolves
 
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -80,6 +93,14 @@ def check_config(config: Any, strategy_factory: Any, needs_critic: bool) -> None
         raise ConfigError(
             f"ray.placement_strategy='{config.ray.placement_strategy}'. Allowed: {', '.join(PLACEMENT_STRATEGIES)}."
         )
+    pipeline = config.trainer.pipeline
+    if PIPELINES[pipeline].own_rollout_weights and not config.ray.rollout_workers:
+        raise ConfigError(
+            f"trainer.pipeline={pipeline} with trainer.controller=ray generates on a rollout worker group of its own "
+            f"while the actor ranks train: set ray.rollout_workers=1 (or more; got 0). With 0 the engines live in the "
+            f"actor ranks (the hybrid engine), where a generation would only queue behind the update "
+            f"(docs/pipelines.md)."
+        )
 
 
 class ResourcePool:
@@ -106,17 +127,15 @@ class ResourcePool:
 
 
 class WorkerGroup:
-    """The ranks of one role, as Ray actors on a resource pool; ``call`` runs a method on all and gathers."""
+    """The ranks of one role, as Ray actors (``worker``: a ``ray_workers`` class) on a resource pool, not set up yet;
+    ``call`` runs a method on all and gathers."""
 
-    def __init__(self, ray: Any, role: str, pool: ResourcePool, share: float, config: Any, module_cls: type,
+    def __init__(self, ray: Any, role: str, worker: type, pool: ResourcePool, share: float, n: int,
                  dp_size: int) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from rlforge.controller.ray_workers import RankWorker
-
         self.ray, self.role, self.dp_size = ray, role, dp_size
-        n = config.strategy.num_processes
-        remote = ray.remote(RankWorker)
+        remote = ray.remote(worker)
         self.handles = [
             remote.options(
                 num_cpus=pool.cpus * share, num_gpus=pool.gpus * share, max_restarts=0,
@@ -128,7 +147,7 @@ class WorkerGroup:
         self.procs = ["starting"] * n
         addresses = self.call("address")
         self.procs = [f"pid {pid} on {ip}" for ip, _, pid in addresses]
-        self.call("setup", config, module_cls, addresses[0][:2])
+        self.master: tuple[str, int] = addresses[0][:2]  # rank 0's (IP, free port): the process group's rendezvous
 
     @property
     def world_size(self) -> int:
@@ -216,6 +235,7 @@ class RayController(GroupController):
         self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
         self.pools: list[ResourcePool] = []
         self.groups: list[WorkerGroup] = []
+        self.critic = self.rollout = None
         try:
             cfg, n = config.ray, config.strategy.num_processes
             gpus = cfg.gpus_per_worker
@@ -224,11 +244,13 @@ class RayController(GroupController):
             pool = self._pool("actor", n, cfg.cpus_per_worker, gpus)
             critic = module.needs_critic()
             share = 0.5 if critic and cfg.colocate_critic else 1.0
-            self.actor = self._group("actor", pool, share, type(module))
-            self.critic = None
+            self.actor = self._ranks("actor", pool, share, type(module), engine=not cfg.rollout_workers)
             if critic:
                 critic_pool = pool if cfg.colocate_critic else self._pool("critic", n, cfg.cpus_per_worker, gpus)
-                self.critic = self._group("critic", critic_pool, share, type(module))
+                self.critic = self._ranks("critic", critic_pool, share, type(module))
+            if cfg.rollout_workers:
+                self.rollout = self._rollout_group(cfg, gpus, type(module))
+                self.sync_weights()  # the engines start from model.path: give them the actor's weights
         except BaseException:
             self.shutdown()
             raise
@@ -249,14 +271,66 @@ class RayController(GroupController):
         self.pools.append(pool)
         return pool
 
-    def _group(self, role: str, pool: ResourcePool, share: float, module_cls: type) -> WorkerGroup:
-        dp = data_parallel_size(self.config, self.strategy_factory)
-        group = WorkerGroup(self.ray, role, pool, share, self.config, module_cls, dp)
+    def _group(self, role: str, worker: type, pool: ResourcePool, share: float, n: int, dp: int) -> WorkerGroup:
+        group = WorkerGroup(self.ray, role, worker, pool, share, n, dp)
         self.groups.append(group)
+        return group
+
+    def _ranks(self, role: str, pool: ResourcePool, share: float, module_cls: type, engine: bool = True) -> WorkerGroup:
+        """The actor or critic group: ``strategy.num_processes`` ranks in one process group."""
+        from rlforge.controller.ray_workers import RankWorker
+
+        dp = data_parallel_size(self.config, self.strategy_factory)
+        group = self._group(role, RankWorker, pool, share, self.config.strategy.num_processes, dp)
+        group.call("setup", self.config, module_cls, group.master, engine)
+        return group
+
+    def _rollout_group(self, cfg: Any, actor_gpus: float, module_cls: type) -> WorkerGroup:
+        """``ray.rollout_workers`` workers, each with the policy and an engine, on a pool of their own."""
+        from rlforge.controller.ray_workers import RolloutWorker
+
+        n = cfg.rollout_workers
+        gpus = actor_gpus if cfg.rollout_gpus_per_worker is None else cfg.rollout_gpus_per_worker
+        group = self._group("rollout", RolloutWorker, self._pool("rollout", n, cfg.rollout_cpus_per_worker, gpus),
+                            1.0, n, n)
+        group.call("setup", self.config, module_cls)
         return group
 
     def _share(self, obj: Any) -> Any:
         return self.ray.put(obj)  # one copy in the object store for all ranks
+
+    # --- weights for a rollout group ------------------------------------------------------------------
+    def sync_weights(self) -> float:
+        if self.rollout is None:
+            return super().sync_weights()
+        start = time.perf_counter()
+        self.load_weights(self.snapshot_weights())
+        return time.perf_counter() - start
+
+    def snapshot_weights(self) -> Any:
+        """The actor's full weights as they are now, for the rollout group (``ray.rollout_workers``): gathered by every
+        actor rank, returned by rank 0, put once in the object store. The reference to that copy is the snapshot
+        (freed when the last reference is dropped)."""
+        assert self.rollout is not None, "check_config: the off-policy pipelines need ray.rollout_workers >= 1"
+        return self.ray.put(self.actor.call("full_weights")[0])
+
+    def load_weights(self, snapshot: Any) -> float:
+        """Every rollout worker loads a :meth:`snapshot_weights` copy; returns the slowest one's seconds. Called by
+        the pipelines' rollout thread while the trainer's thread uses the actor group."""
+        return max(self.rollout.call("load_weights", snapshot))
+
+    # --- checkpoints: the rollout workers' RNG (a sync run samples from it) ---------------------------
+    def state_dict(self, staging: Path) -> dict[str, Any]:
+        state = super().state_dict(staging)
+        if self.rollout is not None:
+            state["rng"]["rollout"] = self.rollout.call("rng_state")
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
+        super().load_state_dict(state, folder)
+        rngs = state.get("rng", {}).get("rollout") if self.rollout is not None else None
+        if rngs is not None and len(rngs) == self.rollout.world_size:
+            self.rollout.call_each("set_rng", [(rng,) for rng in rngs])
 
     def shutdown(self) -> None:
         close_reward(self.reward)

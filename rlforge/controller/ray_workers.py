@@ -1,10 +1,12 @@
 """The body of one worker process: one rank of a role (a Ray actor, or a process torchrun started).
 
-Roles (verl's layout): ``actor`` holds the policy being trained, the reference model and the rollout engine
-(colocated: the hybrid engine); ``critic`` holds the value model. Each rank joins its role's
-torch.distributed process group (the torchrun variables), so the strategy (e.g. ``fsdp``) runs as under any
-launcher. This is plain Python: ``ray_controller`` wraps it with ``ray.remote``; the ``torchrun`` controller
-calls it in place.
+Roles (verl's layout): ``actor`` holds the policy being trained, the reference model and, unless a rollout group
+generates, the rollout engine (colocated: the hybrid engine); ``critic`` holds the value model. Each of their ranks
+(:class:`RankWorker`) joins its role's torch.distributed process group (the torchrun variables), so the strategy
+(e.g. ``fsdp``) runs as under any launcher. ``rollout`` (:class:`RolloutWorker`, the Ray controller's
+``ray.rollout_workers``) holds only the policy and its engine, on resources of its own, and loads the weights the
+actor ranks gather. This is plain Python: ``ray_controller`` wraps it with ``ray.remote``; the ``torchrun``
+controller calls :class:`RankWorker` in place.
 """
 
 from __future__ import annotations
@@ -14,26 +16,32 @@ import random
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlforge import batch as B
 from rlforge import checkpoint as ckpt
+from rlforge import lora
 from rlforge.agent.engine import token_generator
 from rlforge.controller.worker import ActorWorker, CriticWorker
 from rlforge.protocols import Generation, SamplingParams
 
-ROLE_MODELS = {"actor": ("actor", "ref"), "critic": ("critic",)}  # the models each role's ranks load
+if TYPE_CHECKING:
+    from rlforge.build import Builder
+    from rlforge.module import RLModule
+
+ROLE_MODELS = {"actor": ("actor", "ref"), "critic": ("critic",), "rollout": ("actor",)}  # the models each role loads
 
 
-class RankWorker:
-    """One rank of the ``actor`` or ``critic`` worker group; its methods are what the controller dispatches."""
+class WorkerProcess:
+    """What every worker process shares: its place, its models built through ``rlforge.build.Builder`` as in the
+    driver, and the rollout engine it may own (``generate``, ``generate_tokens``)."""
 
     def __init__(self, role: str, rank: int, world_size: int) -> None:
         self.role, self.rank, self.world_size = role, rank, world_size
-        self.worker: Any = None  # ActorWorker or CriticWorker, after setup
-        self.rollout: Any = None
+        self.rollout: Any = None  # the rollout engine, where this process owns one
+        self.engine_model: Any = None  # the model the engine was built with
 
     def address(self) -> tuple[str, int, int]:
         """(node IP, a free port there, pid): rank 0's IP and port become the process group's rendezvous."""
@@ -44,39 +52,83 @@ class RankWorker:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port, os.getpid()
 
-    def setup(self, config: Any, module_cls: type, master: tuple[str, int] | None) -> None:
-        """Join the process group, load this role's models on the strategy, build the rollout engine (actor).
-        Everything is built through ``rlforge.build.Builder``, as in the driver; only this role's models load.
-        ``master``: rank 0's address (Ray); None when a launcher (torchrun) has set the environment."""
+    def _module(self, config: Any, module_cls: type) -> tuple[Builder, RLModule]:
+        """The builder (hooks fire in this process) and the module with this role's models loaded."""
         from rlforge.build import Builder
         from rlforge.plugin_manager import PluginManager
 
-        if master is not None:
-            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
         random.seed(config.trainer.seed + self.rank)
         torch.manual_seed(config.trainer.seed + self.rank)  # ranks sample different responses
-        builder = Builder(config, PluginManager(disable=config.plugins.disable))  # hooks fire in this process
+        builder = Builder(config, PluginManager(disable=config.plugins.disable))
         module = builder.module(module_cls(config), roles=ROLE_MODELS[self.role])
         module.configure_model()
-        strategy = builder.strategy()
-        if self.role == "actor":
-            owns = bool(getattr(builder.registry.rollout.get(config.rollout.name), "owns_weights", False))
-            self.worker = ActorWorker(config, module, strategy, builder.hook, engine_owns_weights=owns)
-            self.rollout = builder.rollout(self.worker.rollout_model, module.tokenizer)
-            self.tokens = token_generator(self.rollout, module.tokenizer)
-            if owns:  # the engine starts from model.path: give it the actor's weights (collective over the ranks)
-                self.sync_weights()
-        else:
-            self.worker = CriticWorker(config, module, strategy, builder.hook)
+        return builder, module
 
-    # --- dataflow ------------------------------------------------------------------------------------
+    def _start_engine(self, builder: Builder, model: Any, tokenizer: Any) -> None:
+        self.engine_model = model
+        self.rollout = builder.rollout(model, tokenizer)
+        self.tokens = token_generator(self.rollout, tokenizer)
+
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         return self.rollout.generate(batch, params)
 
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         return self.tokens(prompts, params)
 
+    def engine_weights(self) -> list[dict[str, torch.Tensor]]:
+        """What this process's rollout engine computes with, one dict per engine worker: read back from engines with
+        ``read_weights`` (vllm), else the weights of the model it generates with (hf). A check that the engine holds
+        the trained weights."""
+        read = getattr(self.rollout, "read_weights", None)
+        if read is not None:
+            return read()
+        return [{name: t.detach().cpu().clone() for name, t in self.engine_model.state_dict().items()}]
+
+    def rng_state(self) -> dict[str, Any]:
+        return ckpt.rng_state()
+
+    def set_rng(self, rng: dict[str, Any] | None) -> None:
+        if rng is not None:  # None: a checkpoint written with another number of ranks
+            ckpt.set_rng_state(rng)
+
+    def shutdown(self) -> None:
+        if self.rollout is not None:
+            self.rollout.shutdown()
+
+
+def _engine_owns_weights(builder: Builder) -> bool:
+    """Whether the configured rollout engine keeps its own copy of the weights (vllm: ``owns_weights``)."""
+    return bool(getattr(builder.registry.rollout.get(builder.config.rollout.name), "owns_weights", False))
+
+
+class RankWorker(WorkerProcess):
+    """One rank of the ``actor`` or ``critic`` worker group; its methods are what the controller dispatches."""
+
+    def __init__(self, role: str, rank: int, world_size: int) -> None:
+        super().__init__(role, rank, world_size)
+        self.worker: Any = None  # ActorWorker or CriticWorker, after setup
+
+    def setup(self, config: Any, module_cls: type, master: tuple[str, int] | None, engine: bool = True) -> None:
+        """Join the process group, load this role's models on the strategy, build the rollout engine (actor, unless
+        ``engine`` is False: a rollout worker group generates). Only this role's models load.
+        ``master``: rank 0's address (Ray); None when a launcher (torchrun) has set the environment."""
+        if master is not None:
+            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
+        builder, module = self._module(config, module_cls)
+        strategy = builder.strategy()
+        if self.role == "actor":
+            owns = _engine_owns_weights(builder)
+            # the engines of a rollout worker group keep weights of their own: no replica here either
+            self.worker = ActorWorker(config, module, strategy, builder.hook, engine_owns_weights=owns or not engine)
+            if engine:
+                self._start_engine(builder, self.worker.rollout_model, module.tokenizer)
+                if owns:  # the engine starts from model.path: give it the actor's weights (collective over the ranks)
+                    self.sync_weights()
+        else:
+            self.worker = CriticWorker(config, module, strategy, builder.hook)
+
+    # --- dataflow ------------------------------------------------------------------------------------
     def compute_log_probs(self, batch: B.Batch, role: str) -> torch.Tensor:
         return self.worker.compute_log_probs(batch, role)
 
@@ -91,14 +143,17 @@ class RankWorker:
         self.rollout.update_weights(self.worker.named_weights())
         return time.perf_counter() - start
 
+    def full_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """The actor's full weights on the CPU, for a rollout worker group (``ray.rollout_workers``). Collective: every
+        rank takes part in the gather (``named_weights`` of a sharded strategy); rank 0 returns them, the others
+        None."""
+        keep = self.rank == 0
+        weights = [(name, t.to("cpu", copy=True)) for name, t in self.worker.named_weights() if keep]  # all iterate
+        return weights if keep else None
+
     def holds_replica(self) -> bool:
         """Whether this rank keeps a full copy of the policy for its rollout engine (see ``ActorWorker``)."""
         return self.worker.rollout_model is not self.worker.model
-
-    def engine_weights(self) -> list[dict[str, torch.Tensor]]:
-        """What this rank's rollout engine computes with, one dict per engine worker (engines with
-        ``read_weights``, e.g. vllm): a check that the engine holds the trained weights."""
-        return self.rollout.read_weights()
 
     # --- state ---------------------------------------------------------------------------------------
     def state_dict(self, with_model: bool) -> dict[str, Any]:
@@ -112,7 +167,7 @@ class RankWorker:
         if "model" in state:
             self.worker.load_model_state_dict(state["model"])
         self.worker.load_state_dict(state)
-        self._set_rng(rng)
+        self.set_rng(rng)
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         return self.worker.model_state_dict()
@@ -125,14 +180,35 @@ class RankWorker:
 
     def load_sharded(self, path: str, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
         self.worker.load_sharded(Path(path), state)
-        self._set_rng(rng)
-
-    def _set_rng(self, rng: dict[str, Any] | None) -> None:
-        if rng is not None:  # None: a checkpoint written with another number of ranks
-            ckpt.set_rng_state(rng)
+        self.set_rng(rng)
 
     def shutdown(self) -> None:
-        if self.rollout is not None:
-            self.rollout.shutdown()
+        super().shutdown()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+class RolloutWorker(WorkerProcess):
+    """One worker of the ``rollout`` group (``ray.rollout_workers``): the policy and its rollout engine on resources of
+    their own, so that generation runs beside the actor's updates (``trainer.pipeline=one_step_off|async``). No
+    optimizer, no reference model, no process group with the actor ranks: its weights arrive whole
+    (``load_weights``)."""
+
+    def setup(self, config: Any, module_cls: type) -> None:
+        """Load the policy and build the rollout engine on it, through ``rlforge.build.Builder`` as the actor ranks
+        do."""
+        builder, module = self._module(config, module_cls)
+        model = module.actor
+        if lora.is_lora(model):  # the actor sends merged weights under the base model's names
+            model = lora.merged_model(model)
+        model.requires_grad_(False)
+        if not _engine_owns_weights(builder):  # an engine with weights of its own (vllm) reads only the config
+            gpu = torch.cuda.is_available() and config.strategy.device != "cpu"
+            model = model.to("cuda" if gpu else "cpu")  # the GPU Ray gave this worker
+        self._start_engine(builder, model, module.tokenizer)
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> float:
+        """Give the engine the actor's full weights (``RankWorker.full_weights``); returns the seconds taken."""
+        start = time.perf_counter()
+        self.rollout.update_weights(iter(weights))
+        return time.perf_counter() - start

@@ -28,6 +28,7 @@ from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
+from rlforge.pipeline import PIPELINES
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
@@ -142,6 +143,14 @@ class TorchrunController(GroupController):
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
         check_layout(config, registry.strategy.get(config.strategy.name), needs_critic=False)
+        pipeline = config.trainer.pipeline
+        if PIPELINES[pipeline].own_rollout_weights:
+            raise ConfigError(
+                f"trainer.pipeline={pipeline} generates while the trainer trains, which trainer.controller=torchrun "
+                f"does not support: its engines live in the training processes, where a generation would only queue "
+                f"behind the update. Use trainer.controller=ray with ray.rollout_workers=1 (or more), "
+                f"trainer.controller=local, or trainer.pipeline=sync (docs/pipelines.md)."
+            )
 
     @staticmethod
     def follow(builder: Builder, module: RLModule) -> dict[str, Any] | None:

@@ -85,7 +85,7 @@ class OffPolicy(Pipeline):
         self.max_staleness = self.staleness(config)
         self.engine_version = 0  # the version the engine holds once the generations launched so far have run
         self.buffer: deque[InFlight] = deque()  # the batches of this step and the next ones, in order
-        self._handoff: list[tuple[str, torch.Tensor]] | None = None  # DeliverWeights -> launch
+        self._handoff: Any = None  # a snapshot of the weights (WeightSnapshots), DeliverWeights -> launch
         self._executor: ThreadPoolExecutor | None = None
         self.source: RolloutStage | None = None  # the rollout stage whose generation runs ahead (prepare)
         self.waiting = WaitForRollout(self)
@@ -99,11 +99,7 @@ class OffPolicy(Pipeline):
 
     @classmethod
     def validate_config(cls, config: Any) -> None:
-        key = f"trainer.pipeline={cls.name}"
-        if config.trainer.controller != "local":
-            raise ConfigError(f"{key} runs the generation beside the training in the local controller; "
-                              f"trainer.controller={config.trainer.controller} is not supported yet. Use "
-                              f"trainer.controller=local, or trainer.pipeline=sync (docs/pipelines.md says why).")
+        key = f"trainer.pipeline={cls.name}"  # the controller checks that it can generate beside the training
         if config.actor.reuse_rollout_log_probs:
             raise ConfigError(f"{key} generates with weights older than the trainer's, so the old log-probs must "
                               f"be recomputed: set actor.reuse_rollout_log_probs=null (or false), not true.")
@@ -166,11 +162,11 @@ class OffPolicy(Pipeline):
         while (len(self.buffer) < self.max_staleness
                and ctx.step + len(self.buffer) < ctx.config.trainer.total_steps):
             prompts = ctx.draw()
-            weights = self._weights(ctx, batch, ctx.step - 1)
+            snapshot = self._weights(ctx, batch, ctx.step - 1)
             params = self._params(ctx)
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlforge-rollout")
-            future = self._executor.submit(_generate, self._rollout, ctx, prompts, params, weights)
+            future = self._executor.submit(_generate, self._rollout, ctx, prompts, params, snapshot)
             self.buffer.append(InFlight(prompts, ctx.step - 1, future=future))
         ctx.log({"async/buffer/size": float(len(self.buffer))})
 
@@ -179,15 +175,15 @@ class OffPolicy(Pipeline):
         as running until the trainer has waited for it)."""
         return all(e.future is None for e in self.buffer)
 
-    def _weights(self, ctx: StepContext, batch: B.Batch, version: int) -> list[tuple[str, torch.Tensor]] | None:
-        """Before a generation by ``version``: sync the engine now, or return the copy the generation loads first
-        (None when the engine holds that version already, or was synced now)."""
+    def _weights(self, ctx: StepContext, batch: B.Batch, version: int) -> list[Any]:
+        """Before a generation by ``version``: sync the engine now, or return the snapshot the generation loads first,
+        in a list it empties (empty when the engine holds that version already, or was synced now)."""
         if version <= self.engine_version:
-            return None
+            return []
         self.engine_version = version
         ctx.run(self.delivering, batch)
         handoff, self._handoff = self._handoff, None
-        return handoff
+        return [] if handoff is None else [handoff]
 
     def _rollout(self, run: StepContext, prompts: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
         assert self.source is not None, "prepare() names the rollout stage"
@@ -248,12 +244,12 @@ class OneStepOff(OffPolicy):
 
 def _generate(rollout: Callable[[StepContext, B.Batch, SamplingParams], tuple[B.Batch, dict[str, float]]],
               run: StepContext, prompts: B.Batch, params: SamplingParams,
-              weights: list[tuple[str, torch.Tensor]] | None) -> tuple[B.Batch, dict[str, float]]:
-    """The rollout thread's work: load the weights handed over (if any, then free them) into the engine of
-    ``run.controller`` (a ``Controller`` that is also ``WeightSnapshots``, the local one), then generate."""
-    if weights is not None:
-        cast("WeightSnapshots", run.controller).load_weights(weights)
-        weights.clear()
+              snapshot: list[Any]) -> tuple[B.Batch, dict[str, float]]:
+    """The rollout thread's work: load the snapshot of the weights handed over (if any; the last reference to it is
+    dropped then) into the engine of ``run.controller`` (a ``Controller`` that is also ``WeightSnapshots``), then
+    generate."""
+    if snapshot:
+        cast("WeightSnapshots", run.controller).load_weights(snapshot.pop())
     return rollout(run, prompts, params)
 
 

@@ -55,8 +55,8 @@ def controllers(local: LocalController, ray: RayController, torchrun: TorchrunCo
     return [local, ray, torchrun]
 
 
-def weight_snapshots(local: LocalController) -> list[WeightSnapshots]:  # what trainer.pipeline=async needs
-    return [local]
+def weight_snapshots(local: LocalController, ray: RayController) -> list[WeightSnapshots]:  # what the pipelines need
+    return [local, ray]
 
 
 def loggers(console: ConsoleLogger, mlflow: MlflowLogger, tb: TensorBoardLogger, wandb: WandbLogger) -> list[Logger]:
