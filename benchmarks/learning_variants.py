@@ -1,6 +1,9 @@
-"""GRPO on the default task in fp32, in bf16-mixed and with LoRA: validation accuracy over the steps, one figure.
+"""GRPO on the default task in variants (fp32, bf16-mixed, LoRA; the one_step_off and async pipelines): validation
+accuracy over the steps, one figure.
 
-    python benchmarks/learning_variants.py --steps 200 --out docs/img/variants.png [--variants fp32 lora]
+    python benchmarks/learning_variants.py --steps 200 --out docs/img/variants.png [--variants fp32 "lora r16"]
+    python benchmarks/learning_variants.py --steps 200 --out docs/img/pipelines.png --variants fp32 one_step_off \
+        "async S=2" "async S=2, TIS"
 
 Each variant is the default run (``rlforge fit --algo grpo``, same seeds) with the overrides of ``VARIANTS``.
 Prints a markdown table (docs/models.md keeps the latest figures), writes the figure and ``<out>.json``.
@@ -20,6 +23,9 @@ VARIANTS: dict[str, list[str]] = {
     "fp32": [],
     "bf16-mixed": ["model.precision=bf16-mixed"],
     "lora r16": ["model.lora.rank=16", "model.lora.alpha=32", "actor.lr=3e-4"],
+    "one_step_off": ["trainer.pipeline=one_step_off"],
+    "async S=2": ["trainer.pipeline=async", "trainer.max_staleness=2"],
+    "async S=2, TIS": ["trainer.pipeline=async", "trainer.max_staleness=2", "algorithm.rollout_is=token"],
 }
 
 

@@ -3,7 +3,7 @@
 
     python benchmarks/pipeline_bench.py [--size 20m] [--prompts 16] [--samples 8] [--tokens 64] [--steps 6]
                                         [--rounds 1] [--engine hf] [--modes sync one_step_off async]
-                                        [--max-staleness 2] [--out pipeline_bench.json]
+                                        [--max-staleness 2] [--controller local] [--out pipeline_bench.json]
 
 GRPO on a random char-level Llama (``grpo_vs_trl.build_model``), P prompts x G samples, exactly T new tokens
 per sample (min = max new tokens), fp32, one optimizer step per batch; the old log-probs are recomputed in both
@@ -13,6 +13,10 @@ first step of one_step_off has nothing to overlap) are reported with the median 
 generation; one_step_off and async: serving the batch generated ahead and launching the next ones) and
 ``timing_s/wait_prev_gen`` (one_step_off and async: the wait for this step's batch from the rollout thread).
 ``async`` runs with ``trainer.max_staleness=--max-staleness``; a speed-up is reported for each mode against sync.
+
+``--controller ray`` runs every mode under the Ray controller with one actor rank and one rollout worker
+(``ray.rollout_workers=1``), each on a placement bundle of ``--cpus-per-worker`` CPUs (Ray gives each worker that many
+torch threads): generation and training on cores of their own, so the pipelines can overlap without competing.
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ def mode_overrides(mode: str, max_staleness: int) -> list[str]:
     return [f"trainer.pipeline={mode}", *([f"trainer.max_staleness={max_staleness}"] if mode == "async" else [])]
 
 
+def controller_overrides(controller: str, cpus: float) -> list[str]:
+    """``--controller``: the local controller as configured, or Ray with a rollout worker beside one actor rank."""
+    if controller == "local":
+        return []
+    return ["trainer.controller=ray", "ray.rollout_workers=1", f"ray.num_cpus={int(2 * cpus)}",
+            f"ray.cpus_per_worker={cpus}", f"ray.rollout_cpus_per_worker={cpus}"]
+
+
 def run_steps(spec: dict) -> list[dict[str, float]]:
     from rlforge import Trainer, load_config
 
@@ -46,7 +58,7 @@ def run_steps(spec: dict) -> list[dict[str, float]]:
             f"data.train_batch_size={p}", f"rollout.n={g}", f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}",
             f"rollout.micro_batch_size={p * g}", f"actor.ppo_mini_batch_size={p}", "actor.lr=1e-6",
             "actor.reuse_rollout_log_probs=false", f"rollout.name={spec['engine']}",
-            *mode_overrides(spec["mode"], spec["max_staleness"]),
+            *mode_overrides(spec["mode"], spec["max_staleness"]), *controller_overrides(spec["controller"], spec["cpus"]),
             "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.arith.val_size=1",
             "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0",
         ])
@@ -66,6 +78,8 @@ def main() -> None:
     parser.add_argument("--engine", default="hf", help="rollout.name")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="sync first: the reference")
     parser.add_argument("--max-staleness", type=int, default=2, help="trainer.max_staleness of the async mode")
+    parser.add_argument("--controller", choices=("local", "ray"), default="local")
+    parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="--controller ray: CPUs of each worker")
     parser.add_argument("--out", default="pipeline_bench.json")
     parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: one round, prints its per-step timings
     args = parser.parse_args()
@@ -80,7 +94,8 @@ def main() -> None:
         for _ in range(args.rounds):
             for mode in modes:
                 spec = {"folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
-                        "steps": args.steps, "engine": args.engine, "mode": mode, "max_staleness": args.max_staleness}
+                        "steps": args.steps, "engine": args.engine, "mode": mode, "max_staleness": args.max_staleness,
+                        "controller": args.controller, "cpus": args.cpus_per_worker}
                 out = subprocess.run([sys.executable, __file__, "--round", json.dumps(spec)], check=True,
                                      capture_output=True, text=True)
                 kept = json.loads(out.stdout.strip().splitlines()[-1])[2:]
@@ -91,13 +106,15 @@ def main() -> None:
     speedup = {m: med["sync"]["timing_s/step"] / med[m]["timing_s/step"] for m in modes
                if m != "sync" and "sync" in med and med[m]["timing_s/step"]}
     result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
-              "engine": args.engine, "max_staleness": args.max_staleness, "median": med, "steps": steps,
+              "engine": args.engine, "max_staleness": args.max_staleness, "controller": args.controller,
+              "median": med, "steps": steps,
               "speedup": speedup}
     print("| mode | s/step | gen | wait_prev_gen | old_log_prob | update_actor |\n|---|---|---|---|---|---|")
     for m in modes:
         print(f"| {m} | " + " | ".join(f"{med[m][k]:.2f}" for k in KEYS) + " |")
     for m, x in speedup.items():
-        print(f"{args.size} ({params / 1e6:.1f}M), {args.prompts}x{args.samples}x{args.tokens}, {args.engine}: "
+        print(f"{args.size} ({params / 1e6:.1f}M), {args.prompts}x{args.samples}x{args.tokens}, {args.engine}, "
+              f"{args.controller}: "
               f"{m} {x:.2f}x the speed of sync")
     Path(args.out).write_text(json.dumps(result, indent=2))
 

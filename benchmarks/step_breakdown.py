@@ -14,9 +14,10 @@ Per step (median over the steps after the 2 warm-up steps of every round, rounds
   metrics). TRL shares the model with its generator: no sync.
 - update GFLOP/s = 6 x parameters x tokens / update seconds (tokens: prompt + response tokens of the batch; 6 =
   2 for the forward, 4 for the backward multiply-adds; attention's own FLOPs, small at these lengths, left out).
-- generation GFLOP/s = 2 x parameters x generated tokens / gen seconds (the forward of each new token).
 - peak: the best fp32 GFLOP/s of a 1024 x 1024 matmul with all of this process's threads (and with one), measured
   first in the same run.
+- decode bound: the tokens/s that the matrix products of one decoding step allow (every linear layer and the output
+  head on P x G one-token rows, each timed alone), the ceiling of generation with this model and batch.
 - CPU seconds (user + system, from /proc via psutil) of the trainer process and of the vLLM engine's processes per
   stage, for rlforge: a count that other jobs on the machine cannot raise, unlike wall times. The engine's CPU
   seconds during the update say whether it competes with the trainer for the cores.
@@ -68,6 +69,22 @@ def matmul_peak(threads: int, n: int = 1024, repeats: int = 10) -> float:
     finally:
         torch.set_num_threads(before)
     return 2 * n**3 / best / 1e9
+
+
+def decode_bound(folder: Path, rows: int, repeats: int = 20) -> float:
+    """Tokens/s that the decoding step's matrix products alone allow: every linear layer of the model (and its
+    output head) applied to ``rows`` one-token rows, best time of each, summed; ``rows`` tokens per step."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    seconds = 0.0
+    with torch.no_grad():
+        for layer in model.modules():
+            if isinstance(layer, torch.nn.Linear):
+                x = torch.randn(rows, layer.in_features)
+                torch.nn.functional.linear(x, layer.weight)
+                seconds += min(timed(lambda: torch.nn.functional.linear(x, layer.weight)) for _ in range(repeats))
+    return rows / seconds
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -196,9 +213,7 @@ def summarize(rows: list[dict], params: int, gen_tokens: int, peak: float) -> di
     med = {k: statistics.median(r[k] for r in rows) for k in ("step", *PHASES, "tokens")}
     med["update_gflops"] = 6 * params * med["tokens"] / med["update"] / 1e9
     med["gen_tokens_per_s"] = gen_tokens / med["gen"]
-    med["gen_gflops"] = 2 * params * gen_tokens / med["gen"] / 1e9
     med["update_share_of_peak"] = med["update_gflops"] / peak
-    med["gen_share_of_peak"] = med["gen_gflops"] / peak
     med["other_share_of_step"] = med["other"] / med["step"]
     if "cpu" in rows[0]:
         stages = rows[0]["cpu"].keys()
@@ -210,13 +225,15 @@ def summarize(rows: list[dict], params: int, gen_tokens: int, peak: float) -> di
 def report(result: dict) -> None:
     print(f"\n{result['size']} ({result['params'] / 1e6:.2f}M params), {result['P']}x{result['G']}x{result['T']}, "
           f"fp32 matmul peak {result['peak_gflops']:.0f} GFLOP/s ({result['threads']} threads), "
-          f"{result['peak_gflops_1t']:.0f} (1 thread); median seconds per step\n")
-    print("| contender | step | gen | reward | log-prob | update | sync | other | gen tok/s | gen % peak | "
+          f"{result['peak_gflops_1t']:.0f} (1 thread), decoding-step matmul bound "
+          f"{result['decode_bound_tokens_per_s']:.0f} tokens/s; median seconds per step\n")
+    print("| contender | step | gen | reward | log-prob | update | sync | other | gen tok/s | gen % bound | "
           "update GFLOP/s | update % peak | other % step |")
     print("|---|" + "---|" * 12)
     for who, m in result["median"].items():
         print(f"| {who} | {m['step']:.3f} | " + " | ".join(f"{m[p]:.3f}" for p in PHASES)
-              + f" | {m['gen_tokens_per_s']:.0f} | {100 * m['gen_share_of_peak']:.1f}% | {m['update_gflops']:.1f} | "
+              + f" | {m['gen_tokens_per_s']:.0f} | {100 * m['gen_tokens_per_s'] / result['decode_bound_tokens_per_s']:.0f}% "
+              f"| {m['update_gflops']:.1f} | "
               f"{100 * m['update_share_of_peak']:.0f}% | {100 * m['other_share_of_step']:.1f}% |")
     for who, m in result["median"].items():
         if "cpu" in m:
@@ -236,12 +253,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         params = build_model(folder, args.size)
+        bound = decode_bound(folder, args.prompts * args.samples)
         for who, got in alternate(args, __file__, folder):
             rows[who] += got[WARMUP:]
             print(f"{who}: " + " ".join(f"{r['step']:.3f}" for r in got[WARMUP:]) + " s/step", flush=True)
     gen_tokens = args.prompts * args.samples * args.tokens
     result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
               "threads": threads, "cpus": os.cpu_count(), "peak_gflops": peak, "peak_gflops_1t": peak_1t,
+              "decode_bound_tokens_per_s": bound,
               "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "median": {who: summarize(r, params, gen_tokens, peak) for who, r in rows.items()}, "rows": rows}
     report(result)
