@@ -8,7 +8,13 @@ Forward passes over responses (``response_logprobs``, ``response_values``) come 
 - packed (``remove_padding=True``): the real tokens of all rows concatenated into one row, each sequence's
   ``position_ids`` restarting at 0 and no attention mask, which transformers turns into a block-diagonal
   causal mask (sdpa/eager) or variable-length attention (flash attention). No padding token is computed.
-  (transformers only does so without a KV cache: every forward here passes ``use_cache=False``.)
+  (transformers only does so without a KV cache: every packed forward passes ``use_cache=False``.)
+
+A padded forward pass on a model marked by ``share_prompts`` (``model.shared_prefix``, where the worker finds it
+applies) runs each distinct prompt of the micro-batch once (rows grouped by identical prompt ids and mask, in any
+order: ``prompt_groups``), then every row's response on a copy of its prompt's KV cache; gradients flow through
+the cache into the prompt's forward. The results are the padded layout's (same trimming, same positions). A
+micro-batch in which no prompt repeats takes the plain padded path, unless the model shares ``SHARE_ALWAYS``.
 
 Log-probs and entropy are computed from the logits in chunks of at most ``LOGITS_CHUNK_ELEMENTS`` fp32
 elements (recomputed in the backward pass), never as one full-vocabulary fp32 tensor for the whole batch.
@@ -22,8 +28,13 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from rlforge.errors import RLForgeError
+
 LOGITS_CHUNK_ELEMENTS = 1 << 24  # fp32 logits elements per chunk (64 MiB)
 _COMPILED = "_rlforge_compiled_forward"  # the attribute of a model that holds its compiled forward
+_SHARED = "_rlforge_shared_prefix"  # the attribute of a model whose padded forward passes share prompts; its value:
+SHARE_REPEATED = "repeated"  # split a micro-batch's forward into the prompts' and the responses' where a prompt repeats
+SHARE_ALWAYS = "always"  # split every one (the ranks of a sharded model then run the same passes: collectives pair up)
 
 
 def compile_forward(model: torch.nn.Module) -> None:
@@ -36,6 +47,18 @@ def compile_forward(model: torch.nn.Module) -> None:
 
 def _forward(model: torch.nn.Module) -> torch.nn.Module:
     return model.__dict__.get(_COMPILED, model)
+
+
+def share_prompts(model: torch.nn.Module, when: str | None = SHARE_REPEATED) -> None:
+    """Make the padded ``response_logprobs``/``response_values`` of ``model`` run each distinct prompt of a
+    micro-batch once, the responses on its KV cache (see the module docstring); ``when``: ``SHARE_REPEATED``,
+    ``SHARE_ALWAYS``, or None (off). ``model`` must be a transformers decoder whose forward fills a ``DynamicCache``
+    (the workers decide where it applies: ``model.shared_prefix``)."""
+    object.__setattr__(model, _SHARED, when)  # as compile_forward: no state-dict key
+
+
+def shares_prompts(model: torch.nn.Module) -> bool:
+    return model.__dict__.get(_SHARED) is not None
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -103,6 +126,55 @@ def _trim(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: i
     return input_ids[:, start:end], attention_mask[:, start:end], kept
 
 
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows grouped by identical prompt (ids and mask), in any order: (one row of each distinct prompt [U], the
+    position in it of each row's prompt [B]), or None when no prompt repeats."""
+    unique, inverse = torch.unique(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], 1), dim=0,
+                                   return_inverse=True)
+    if len(unique) == len(prompt_ids):
+        return None
+    rows = torch.arange(len(prompt_ids), device=prompt_ids.device)
+    first = torch.full((len(unique),), len(prompt_ids), device=prompt_ids.device).scatter_reduce(0, inverse, rows, "amin")
+    return first, inverse
+
+
+def _groups(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, kept: int
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The prompt groups of the trimmed rows when ``model`` shares prompts and one repeats (or it shares them
+    ``SHARE_ALWAYS``: then each row its own group), else None (the plain path)."""
+    when = model.__dict__.get(_SHARED)
+    groups = prompt_groups(ids[:, :-kept], mask[:, :-kept]) if when is not None else None
+    if groups is None and when == SHARE_ALWAYS:
+        rows = torch.arange(len(ids), device=ids.device)
+        return rows, rows
+    return groups
+
+
+def _shared_prefix_forward(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, kept: int,
+                           groups: tuple[torch.Tensor, torch.Tensor], **prompt_kwargs: object) -> torch.Tensor:
+    """The model's ``logits`` at the positions before each of the last ``kept`` tokens of the trimmed rows
+    ``ids``/``mask`` ([B, kept, ...]), as one padded forward would give them: each distinct prompt (``groups``) runs
+    once, then the response tokens on its KV cache (but the last, which predicts nothing kept: always at least one
+    token, so that every call runs the same two forward passes)."""
+    from transformers import DynamicCache
+
+    first, inverse = groups
+    width = ids.shape[1] - kept
+    pos = position_ids_from_mask(mask)
+    cache = DynamicCache()
+    out = model(input_ids=ids[first, :width], attention_mask=mask[first, :width], position_ids=pos[first, :width],
+                past_key_values=cache, use_cache=True, **prompt_kwargs)
+    if cache.get_seq_length() != width:
+        raise RLForgeError(f"model.shared_prefix=true, but {type(model).__name__} did not fill the prompts' KV cache (a "
+                           "forward that ignores past_key_values, or gradient-checkpointed layers in training mode "
+                           "drop it). Set model.shared_prefix=false for this model.")
+    cache.reorder_cache(inverse)
+    end = width + max(kept - 1, 1)
+    rest = model(input_ids=ids[:, width:end], attention_mask=mask[:, :end], position_ids=pos[:, width:end],
+                 past_key_values=cache, use_cache=True).logits
+    return torch.cat([out.logits[:, -1:][inverse], rest[:, : kept - 1]], 1)
+
+
 def _pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed layout: (ids [1, T], position ids [1, T], the packed index of the token before each real response
@@ -141,8 +213,12 @@ def response_logprobs(
         labels = input_ids[:, -response_len:][resp_real]
     else:
         ids, mask, kept = _trim(input_ids, attention_mask, response_len)
-        logits = _forward(model)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                                 use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
+        groups = _groups(model, ids, mask, kept)
+        if groups is not None:
+            logits = _shared_prefix_forward(model, ids, mask, kept, groups, logits_to_keep=1)
+        else:
+            logits = _forward(model)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                                     use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
         labels = ids[:, -kept:]
     if temperature and temperature != 1.0:
         logits = logits / temperature
@@ -166,9 +242,13 @@ def response_values(
         scores = _forward(critic)(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits[0, :, 0]
         return _unpack(scores[before].float(), resp_real)
     ids, mask, kept = _trim(input_ids, attention_mask, response_len)
-    scores = _forward(critic)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                              use_cache=False).logits
-    values = scores[:, -kept - 1 : -1, 0].float()
+    groups = _groups(critic, ids, mask, kept)
+    if groups is not None:
+        values = _shared_prefix_forward(critic, ids, mask, kept, groups)[..., 0].float()
+    else:
+        scores = _forward(critic)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                                  use_cache=False).logits
+        values = scores[:, -kept - 1 : -1, 0].float()
     return torch.nn.functional.pad(values, (0, response_len - kept)) * attention_mask[:, -response_len:]
 
 

@@ -37,6 +37,9 @@ class BaseStrategy:
     world_size = 1
     precision: precision.Precision = precision.resolve("32-true")
     scaler: Any = None  # torch.amp.GradScaler with 16-mixed
+    # model.shared_prefix is verified with this strategy's models: a prompt's KV cache, computed once and copied to
+    # its responses' rows, gives the plain forward's log-probs and gradients (two forwards before one backward)
+    shares_prompts = False
 
     def configure_precision(self, config: Any) -> None:
         """Set ``precision`` (and the loss scaler of ``16-mixed``) from ``model.precision`` for ``self.device``.

@@ -1,5 +1,5 @@
 """Shared fixtures: the plugin manager with the built-ins, a composed default config, the char tokenizer, the tiny
-chat model."""
+chat model, a counter of shared-prefix forward passes."""
 
 from __future__ import annotations
 
@@ -74,3 +74,14 @@ def no_launch_variables_leak():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture
+def shared_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per forward pass that took the shared-prefix path (``model.shared_prefix``) in this test."""
+    from rlforge import ops
+
+    calls: list[int] = []
+    forward = ops._shared_prefix_forward
+    monkeypatch.setattr(ops, "_shared_prefix_forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    return calls

@@ -1,4 +1,5 @@
-"""Tensor utilities of the forward passes: chunked log-probs/entropy, packed and trimmed layouts, micro-batch plans."""
+"""Tensor utilities of the forward passes: chunked log-probs/entropy, packed, trimmed and shared-prefix layouts,
+micro-batch plans."""
 
 from __future__ import annotations
 
@@ -6,8 +7,17 @@ import pytest
 import torch
 
 from rlforge.controller.microbatch import balanced_split, fixed_plan, token_budget_plan
+from rlforge.errors import RLForgeError
 from rlforge.models import load_model
-from rlforge.ops import response_logprobs, response_values, token_logprobs
+from rlforge.ops import (
+    SHARE_ALWAYS,
+    SHARE_REPEATED,
+    prompt_groups,
+    response_logprobs,
+    response_values,
+    share_prompts,
+    token_logprobs,
+)
 
 
 def test_token_logprobs_hand_computed():
@@ -84,6 +94,102 @@ def test_packed_values_equal_padded_values():
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     full = critic(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -r - 1 : -1, 0] * mask[:, -r:]
     torch.testing.assert_close(padded, full, rtol=1e-5, atol=1e-5)
+
+
+def test_prompt_groups_hand_computed():
+    ids = torch.tensor([[0, 7, 8], [5, 6, 7], [0, 7, 8], [5, 6, 7], [0, 7, 8], [9, 9, 9]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 1]])
+    # distinct (ids, mask), sorted: [0 7 8 | 0 1 1] (rows 0, 2), [0 7 8 | 1 1 1] (row 4: same ids, longer
+    # prompt), [5 6 7 | 1 1 1] (rows 1, 3), [9 9 9 | 1 1 1] (row 5)
+    first, inverse = prompt_groups(ids, mask)
+    assert first.tolist() == [0, 4, 1, 5]
+    assert inverse.tolist() == [0, 2, 0, 2, 1, 3]
+    assert prompt_groups(ids[[0, 1, 4, 5]], mask[[0, 1, 4, 5]]) is None  # no prompt repeats
+
+
+def _grouped_batch(vocab, resp_lens, seed=0):
+    """4 prompts of 9, 4, 7 and 1 real tokens, each with ``len(resp_lens) // 4`` responses, rows shuffled."""
+    g = torch.Generator().manual_seed(seed)
+    p, r = 9, max(resp_lens)
+    prompt_mask = (torch.arange(p)[None] >= p - torch.tensor([9, 4, 7, 1])[:, None]).long()
+    prompts = torch.randint(5, vocab, (4, p), generator=g) * prompt_mask
+    n = len(resp_lens)
+    resp_mask = (torch.arange(r)[None] < torch.tensor(resp_lens)[:, None]).long()
+    mask = torch.cat([prompt_mask.repeat_interleave(n // 4, 0), resp_mask], 1)
+    ids = torch.cat([prompts.repeat_interleave(n // 4, 0), torch.randint(5, vocab, (n, r), generator=g)], 1) * mask
+    order = torch.randperm(n, generator=g)
+    return ids[order], mask[order], r
+
+
+def _logprobs_and_grad(model, ids, mask, r, when):
+    share_prompts(model, when)
+    model.zero_grad()
+    try:
+        logp, ent = response_logprobs(model, ids, mask, r, temperature=0.7, with_entropy=True)
+    finally:
+        share_prompts(model, None)
+    (logp.sum() + 0.5 * ent.sum()).backward()
+    return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _assert_same_forward(a, b, tol=1e-5):
+    """Log-probs, entropies and gradients (relative to each one's largest entry) of two ``_logprobs_and_grad``."""
+    for x, y in zip(a[:2], b[:2]):
+        torch.testing.assert_close(x, y, rtol=tol, atol=tol)
+    for name, grad in a[2].items():
+        torch.testing.assert_close(grad, b[2][name], rtol=tol, atol=tol * b[2][name].abs().max().item(), msg=name)
+
+
+@pytest.mark.parametrize("resp_lens", [[1, 6, 3, 2, 5, 4, 6, 1, 2, 3, 4, 5], [1] * 8], ids=["1-6 tokens", "1 token"])
+def test_shared_prefix_logprobs_and_gradients_equal_the_padded_forward(tiny, shared_calls, resp_lens):
+    ids, mask, r = _grouped_batch(tiny.config.vocab_size, resp_lens)
+    plain = _logprobs_and_grad(tiny, ids, mask, r, None)
+    assert not shared_calls
+    shared = _logprobs_and_grad(tiny, ids, mask, r, SHARE_REPEATED)
+    assert len(shared_calls) == 1
+    _assert_same_forward(shared, plain)
+    logp, ent = shared[:2]
+    assert (logp[mask[:, -r:] == 0] == 0).all() and (ent[mask[:, -r:] == 0] == 0).all()
+
+
+@pytest.mark.parametrize("resp_lens", [[1, 6, 3, 2, 5, 4], [1] * 6], ids=["1-6 tokens", "1 token"])
+def test_without_a_repeated_prompt_only_share_always_splits_the_forward(tiny, shared_calls, resp_lens):
+    """A micro-batch of distinct prompts takes the plain path, or with ``SHARE_ALWAYS`` (the ranks of a sharded
+    model) the same two forward passes as any other, with the same results."""
+    ids, mask, r = _padded_batch(tiny.config.vocab_size)  # 6 distinct prompts
+    mask[:, -r:] = (torch.arange(r)[None] < torch.tensor(resp_lens)[:, None]).long()
+    ids = ids * mask
+    plain = _logprobs_and_grad(tiny, ids, mask, r, None)
+    repeated = _logprobs_and_grad(tiny, ids, mask, r, SHARE_REPEATED)
+    assert not shared_calls
+    for a, b in zip(repeated[:2], plain[:2]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    always = _logprobs_and_grad(tiny, ids, mask, r, SHARE_ALWAYS)
+    assert len(shared_calls) == 1
+    _assert_same_forward(always, plain)
+
+
+def test_shared_prefix_values_equal_padded_values(shared_calls):
+    from rlforge.models import load_value_model
+
+    critic = load_value_model("builtin:tiny-arith")
+    ids, mask, r = _grouped_batch(critic.config.vocab_size, [1, 6, 3, 2, 5, 4, 6, 1], seed=1)
+    padded = response_values(critic, ids, mask, r)
+    share_prompts(critic)
+    torch.testing.assert_close(response_values(critic, ids, mask, r), padded, rtol=1e-5, atol=1e-5)
+    assert len(shared_calls) == 1
+
+
+def test_shared_prefix_refuses_a_model_that_drops_the_cache():
+    """transformers drops the KV cache in gradient-checkpointed layers in training mode (the workers then keep
+    the plain path); a model marked anyway fails instead of computing responses without their prompts."""
+    model = load_model("builtin:tiny-arith")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    ids, mask, r = _grouped_batch(model.config.vocab_size, [2] * 8)
+    share_prompts(model)
+    with pytest.raises(RLForgeError, match="did not fill the prompts' KV cache.*Set model.shared_prefix=false"):
+        response_logprobs(model, ids, mask, r)
 
 
 LENGTHS = [30, 5, 12, 12, 40, 7, 22, 3, 18, 9, 25, 11]

@@ -62,6 +62,7 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
     """FSDP2 data parallelism; parameters, gradients and optimizer state are sharded over the ranks."""
 
     sharded = True  # workers keep a full replica for the rollout engine and gather state dicts
+    shares_prompts = True  # model.shared_prefix (tests/plugins/test_fsdp.py)
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

@@ -28,6 +28,8 @@ def pick_device(name: str) -> torch.device:
 class SingleDeviceStrategy(BaseStrategy):
     """Everything on one device; gradients are clipped by global norm."""
 
+    shares_prompts = True  # model.shared_prefix (tests/controller/test_worker.py)
+
     def __init__(self, config: Any) -> None:
         self.device = pick_device(config.strategy.device)
         self.configure_precision(config)

@@ -48,6 +48,8 @@ class TPConfig:
 class TPStrategy(FSDPStrategy):
     """FSDP2 over data-parallel groups x DTensor tensor parallelism inside each decoder layer."""
 
+    shares_prompts = False  # model.shared_prefix: not verified with tensor-parallel attention (plain forward passes)
+
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
         FSDPStrategy.validate_config(config, registry)

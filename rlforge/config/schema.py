@@ -86,6 +86,7 @@ class ModelConfig:
     precision: str = option("auto", choices=PRECISIONS)  # auto (bf16-mixed on CUDA, 32-true on CPU) | 32-true | bf16-mixed | 16-mixed | bf16-true (docs/models.md)
     trust_remote_code: bool = False  # never on unless you set it
     remove_padding: bool = False  # packed forward passes of actor, reference, critic: no padding computed (GPU; docs/performance.md)
+    shared_prefix: bool = True  # padded forward passes (log-probs, values, updates) run each distinct prompt of a micro-batch once, its responses on its KV cache; off where it does not apply (docs/models.md)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)
     compile: bool = False  # torch.compile the training and scoring forward passes (not generation; docs/performance.md)
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (rank 0 = off; docs/models.md)

@@ -28,7 +28,7 @@ from rlforge.config.compose import micro_batch_size
 from rlforge.controller.microbatch import fixed_plan, token_budget_plan
 from rlforge.errors import NonFiniteError
 from rlforge.module import LossContext, RLModule
-from rlforge.ops import compile_forward, response_values
+from rlforge.ops import SHARE_ALWAYS, SHARE_REPEATED, compile_forward, response_values, share_prompts
 from rlforge.pipeline import PIPELINES
 
 log = logging.getLogger("rlforge")
@@ -37,6 +37,16 @@ log = logging.getLogger("rlforge")
 def _lengths(batch: B.Batch) -> list[int]:
     """Real tokens (prompt + response) per row."""
     return batch[B.ATTENTION_MASK].sum(-1).tolist()
+
+
+def shared_prefix_applies(config: Any, strategy: Any, model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward passes share prompts (``model.shared_prefix``): only in the padded layout (packed
+    rows, ``model.remove_padding``, have no per-row cache), eagerly (``model.compile`` is not verified with a KV cache),
+    for a model that keeps its cache (transformers drops it in gradient-checkpointed layers in training mode), on a
+    strategy verified with it (``shares_prompts``: single, fsdp)."""
+    m = config.model
+    return bool(m.shared_prefix and not m.remove_padding and not m.compile
+                and not getattr(model, "is_gradient_checkpointing", False) and getattr(strategy, "shares_prompts", False))
 
 
 class TrainWorker:
@@ -79,10 +89,14 @@ class TrainWorker:
         return self._setup(model)
 
     def _setup(self, model: torch.nn.Module) -> torch.nn.Module:
-        """``model`` on the strategy, its forward passes compiled with ``model.compile``."""
+        """``model`` on the strategy, its forward passes compiled with ``model.compile``, sharing prompts with
+        ``model.shared_prefix`` where that applies."""
         model = self.strategy.setup_model(model)
         if self.config.model.compile:
             compile_forward(model)
+        if shared_prefix_applies(self.config, self.strategy, model):
+            # the ranks of a sharded model run the same forward passes on every micro-batch, repeats or not
+            share_prompts(model, SHARE_ALWAYS if self.strategy.world_size > 1 else SHARE_REPEATED)
         return model
 
     def micro_plan(self, batch: B.Batch) -> list[list[int]]:

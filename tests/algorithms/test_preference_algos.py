@@ -187,6 +187,22 @@ def test_dpo_training_step_is_the_dpo_loss_and_micro_batches_add_up(dpo_module) 
     assert sum(m.item() for m in micro_losses) == pytest.approx(loss.item(), abs=1e-6)
 
 
+def test_a_pair_runs_its_prompt_once(pm, dpo_module, shared_calls) -> None:
+    """``model.shared_prefix`` (the default): on the actor worker a pair's chosen and rejected rows share one forward
+    pass of their prompt, and the log-probs equal the plain forward's."""
+    from rlforge.controller.worker import ActorWorker
+
+    batch = _pairs_batch(dpo_module)
+    log_probs = {}
+    for shared in ("true", "false"):
+        cfg = load_config("dpo", [f"model.shared_prefix={shared}"], plugins=pm)
+        module = copy.copy(dpo_module)
+        module.config, module.actor = cfg, copy.deepcopy(dpo_module.actor)
+        log_probs[shared] = ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg)).compute_log_probs(batch)
+    assert len(shared_calls) == 1  # the shared run's one micro-batch
+    torch.testing.assert_close(log_probs["true"], log_probs["false"], rtol=1e-5, atol=1e-5)
+
+
 # --- the Trainer: fit, checkpoints, resume, export, validation ---------------------------------------------
 
 

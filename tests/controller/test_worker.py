@@ -8,16 +8,18 @@ import torch
 from rlforge import batch as B
 from rlforge import load_config
 from rlforge.controller.worker import ActorWorker
+from rlforge.ops import shares_prompts
 from rlforge.algorithms.grpo import GRPO
 from rlforge.plugin_manager import PluginManager
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
-def _rollout_batch(module, n_seqs=16, resp_len=5, seed=0):
+def _rollout_batch(module, n_seqs=16, resp_len=5, seed=0, group=1):
+    """Random prompts and responses; ``group`` > 1: GRPO-like, ``group`` samples of each prompt, rows shuffled."""
     g = torch.Generator().manual_seed(seed)
     vocab = module.actor.config.vocab_size
-    prompts = torch.randint(7, vocab, (n_seqs, 6), generator=g)
+    prompts = torch.randint(7, vocab, (n_seqs // group, 6), generator=g).repeat_interleave(group, 0)
     prompt_mask = torch.ones_like(prompts)
     prompt_mask[: n_seqs // 2, :2] = 0  # some left padding
     responses = torch.randint(7, vocab, (n_seqs, resp_len), generator=g)
@@ -28,7 +30,7 @@ def _rollout_batch(module, n_seqs=16, resp_len=5, seed=0):
         B.INPUT_IDS: torch.cat([prompts, responses], 1), B.ATTENTION_MASK: torch.cat([prompt_mask, resp_mask], 1),
         B.ADVANTAGES: torch.randn(n_seqs, resp_len, generator=g) * resp_mask,
     })
-    return batch
+    return batch.select(torch.randperm(n_seqs, generator=g)) if group > 1 else batch
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ class SGDGRPO(GRPO):
         return torch.optim.SGD(self.actor.parameters(), lr=self.config.actor.lr), None
 
 
-def _update(pm, mode, overrides):
+def _update(pm, mode, overrides, group=1):
     """One actor update of the same batch; returns (weights after, metrics, old log-probs)."""
     cfg = load_config("grpo", [
         "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", f"actor.loss_agg_mode={mode}",
@@ -53,7 +55,7 @@ def _update(pm, mode, overrides):
     module.configure_model()
     torch.manual_seed(0)
     worker = ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg))
-    batch = _rollout_batch(module)
+    batch = _rollout_batch(module, group=group)
     old = worker.compute_log_probs(batch)
     batch[B.OLD_LOG_PROBS] = old + 0.05 * batch[B.RESPONSE_MASK]
     metrics = worker.update(batch)
@@ -89,6 +91,51 @@ FAST_PATHS = {
 @pytest.mark.parametrize("path", list(FAST_PATHS))
 def test_fast_paths_give_the_same_update(pm, mode, path):
     _assert_same_update(_update(pm, mode, []), _update(pm, mode, FAST_PATHS[path]), rtol=1e-4, atol=1e-5)
+
+
+# model.shared_prefix (on by default) on GRPO-like batches, 4 samples of each prompt with the rows shuffled: each
+# micro-batch runs its distinct prompts once; one without a repeated prompt takes the plain path (micro-batches of
+# 4 rows here: 3 of the 4 share, in every loss aggregation mode)
+SHARED = {
+    "whole mini-batch": [],
+    "micro-batches": ["actor.ppo_micro_batch_size=4"],
+    "token budget": ["actor.max_tokens_per_micro_batch=40", "data.max_prompt_length=16"],
+}
+
+
+@pytest.mark.parametrize(("layout", "mode"), [("micro-batches", m) for m in MODES] + [
+    ("whole mini-batch", "token-mean"), ("token budget", "seq-mean-token-mean")])
+def test_shared_prefix_gives_the_plain_update(pm, shared_calls, layout, mode):
+    plain = _update(pm, mode, ["model.shared_prefix=false", *SHARED[layout]], group=4)
+    assert not shared_calls
+    _assert_same_update(plain, _update(pm, mode, SHARED[layout], group=4), rtol=1e-5, atol=1e-6)
+    assert shared_calls  # (log-probs and the update)
+
+
+def _actor_worker(pm, overrides, strategy=None):
+    cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", *overrides],
+                      plugins=pm)
+    module = GRPO(cfg)
+    module.configure_model()
+    return ActorWorker(cfg, module, (strategy or pm.registry.strategy.get("single"))(cfg))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model.shared_prefix=false"], ["model.remove_padding=true"], ["model.compile=true"],
+    ["model.gradient_checkpointing=true", "actor.use_kl_loss=true"],
+], ids=["off", "packed", "compiled", "gradient checkpointing"])
+def test_shared_prefix_falls_back_to_the_plain_path(pm, overrides):
+    worker = _actor_worker(pm, overrides)
+    assert not shares_prompts(worker.module.actor)
+    if worker.module.ref is not None:  # the reference is not checkpointed: it keeps its cache and shares
+        assert shares_prompts(worker.module.ref)
+
+
+def test_shared_prefix_applies_only_on_strategies_verified_with_it(pm):
+    assert shares_prompts(_actor_worker(pm, ["actor.use_kl_loss=true"]).module.actor)
+    unverified = type("Unverified", (pm.registry.strategy.get("single"),), {"shares_prompts": False})
+    worker = _actor_worker(pm, ["actor.use_kl_loss=true"], unverified)
+    assert not shares_prompts(worker.module.actor) and not shares_prompts(worker.module.ref)
 
 
 @pytest.mark.parametrize("layout", [[], ["model.remove_padding=true"]], ids=["padded", "packed"])

@@ -2,8 +2,11 @@
 
 One spawn of 2 ranks checks, with plain SGD (Adam's first step is sign-like and would amplify float noise):
 loss metrics, clipped gradients and updated weights equal the single-process update within
-``RTOL``/``ATOL``; log-probs match; after a weight sync the rollout replica equals the gathered weights exactly,
-never holding more than one bucket of gathered tensors, and greedy generations equal one process's.
+``RTOL``/``ATOL``; log-probs match; the batch holds 4 samples of each prompt (rows shuffled), so the ranks'
+micro-batches that repeat a prompt run it once (``model.shared_prefix``: two forward passes, the prompts' and the
+responses' on their KV cache, before one backward through the sharded model); after a weight sync the rollout
+replica equals the gathered weights exactly, never holding more than one bucket of gathered tensors, and greedy
+generations equal one process's.
 With AdamW: sharded and full checkpoints restore the model and optimizer bit for bit.
 """
 
@@ -19,7 +22,7 @@ import torch
 import torch.multiprocessing as mp
 
 from rlforge import batch as B
-from rlforge import load_config
+from rlforge import load_config, ops
 from rlforge.algorithms.grpo import GRPO
 from rlforge.controller.dispatch import shard_for_update, split_even, split_rows
 from rlforge.controller.worker import ActorWorker
@@ -72,12 +75,16 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     cfg = _config(pm, "strategy.name=fsdp", "strategy.device=cpu", f"strategy.num_processes={WORLD}", "trainer.controller=ray",
                   f"strategy.fsdp.weight_sync_bucket_mb={BUCKET_MB}")
     out: dict = {}
-    # 1. SGD update on this rank's share of the same batch
+    # 1. SGD update on this rank's share of the same batch, counting the forward passes that shared prompts
     worker, module = _worker(pm, cfg, SGDGRPO)
     batch = inputs["batch"]
+    shared = ops._shared_prefix_forward
+    ops._shared_prefix_forward = lambda *a, **k: out.update(shared_forwards=out.get("shared_forwards", 0) + 1) or (
+        shared(*a, **k))
     out["log_probs"] = worker.compute_log_probs(split_even(batch, WORLD, "test")[rank])
     out["grads"] = _record_grads(worker, full=True)
     out["metrics"] = worker.update(shard_for_update(batch, WORLD, 8)[rank])
+    ops._shared_prefix_forward = shared
     out["weights"] = worker.model_state_dict()
     # 2. weight sync into the rollout replica, measuring the gathered tensors the stream keeps alive
     refs: list[weakref.ref] = []
@@ -139,7 +146,7 @@ def fsdp_vs_single(tmp_path_factory):
     pm = PluginManager(autoload=False)
     cfg = _config(pm)
     worker, module = _worker(pm, cfg, SGDGRPO)
-    batch = _rollout_batch(module)
+    batch = _rollout_batch(module, group=4)
     batch[B.OLD_LOG_PROBS] = worker.compute_log_probs(batch) + 0.05 * batch[B.RESPONSE_MASK]
     prompts = B.Batch({B.PROMPTS: batch[B.PROMPTS][:5], B.PROMPT_MASK: batch[B.PROMPT_MASK][:5]})
     ref_log_probs = worker.compute_log_probs(batch)
@@ -171,6 +178,7 @@ def test_fast_path_update_on_two_processes_matches_one_process(fsdp_vs_single):
 
 def test_two_process_update_matches_one_process(fsdp_vs_single):
     single, ranks = fsdp_vs_single
+    assert all(r["shared_forwards"] >= 2 for r in ranks)  # log-probs and the update shared prompts on each rank
     for r in ranks:  # metrics are all-reduced: every rank reports the mini-batch-wide values
         for k, v in single["metrics"].items():
             assert r["metrics"][k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
