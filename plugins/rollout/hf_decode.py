@@ -73,9 +73,6 @@ class Decoder:
     """Batched decoding for one model: ``decode(prompts, prompt_mask, params)`` -> (responses, log-probs)."""
 
     def __init__(self, model: torch.nn.Module, stop_ids: list[int], pad_id: int, compile: bool = False) -> None:
-        if not model._supports_default_dynamic_cache():
-            raise ValueError(f"The hf engine decodes with a KV cache, which {type(model).__name__} does not support "
-                             "(transformers: no default cache). Use rollout.name=vllm for this model.")
         self.model, self.stop_ids, self.pad_id = model, stop_ids, pad_id
         self.step = torch.compile(model, dynamic=False) if compile else model
         self.compiled = compile
@@ -86,6 +83,10 @@ class Decoder:
         (fewer when every row stopped earlier)."""
         from transformers import DynamicCache, StaticCache
 
+        supports_cache = getattr(self.model, "_supports_default_dynamic_cache", None)
+        if supports_cache is None or not supports_cache():
+            raise RLForgeError(f"The hf engine decodes with a KV cache, which {type(self.model).__name__} does not "
+                               "support (no transformers generation cache). Use rollout.name=vllm for this model.")
         rows, width = prompts.shape
         new = int(params.max_new_tokens)
         length = width + new
