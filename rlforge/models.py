@@ -229,10 +229,14 @@ def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool 
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the fresh value head is expected: no "newly initialized" report
     try:
+        from transformers import AutoConfig
+
         # classifier_dropout=0: transformers' token-classification head drops 10% of its input by default, which in the
         # critic's train mode makes every value (and the value loss) random; verl's critic sets it to 0 as well
+        config = AutoConfig.from_pretrained(folder, num_labels=1, trust_remote_code=trust_remote_code)
+        config.classifier_dropout = 0.0
         return AutoModelForTokenClassification.from_pretrained(
-            folder, num_labels=1, classifier_dropout=0.0, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+            folder, config=config, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError) as exc:
         raise RLForgeError(f"Cannot load a value model from '{path}' (critic.path): {exc}") from None
