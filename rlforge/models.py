@@ -178,7 +178,13 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     from transformers import AutoTokenizer
 
     folder = resolve_model_path(path)
-    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise RLForgeError(f"Cannot load a tokenizer from '{path}' (model.path): {type(exc).__name__}: {first}. The "
+                           "folder needs the tokenizer files (tokenizer.json or the model's vocabulary files and "
+                           "tokenizer_config.json) beside config.json.") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if not getattr(tok, "chat_template", None):

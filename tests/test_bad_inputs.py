@@ -172,6 +172,14 @@ def test_tokenizer_without_chat_template(capsys, tmp_path, model_copy):
     assert "has no chat template" in err
 
 
+def test_model_folder_without_tokenizer_files(capsys, tmp_path, model_copy):
+    for f in model_copy.iterdir():
+        if f.name != "config.json" and not f.name.endswith(".safetensors"):
+            f.unlink()
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", f"model.path={model_copy}"])
+    assert f"Cannot load a tokenizer from '{model_copy}' (model.path)" in err
+
+
 def test_corrupted_and_foreign_checkpoints(capsys, tmp_path, model_copy):
     runs = tmp_path / "runs"
     assert main(["fit", *QUICK, f"trainer.runs_root={runs}"]) == 0

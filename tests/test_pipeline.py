@@ -111,6 +111,7 @@ def assert_trained_on_schedule(trainer, rec, pipeline):
     assert [h["async/staleness/mean"] for h in trainer.history] == staleness
     assert [h["async/policy_version"] for h in trainer.history] == list(map(float, versions.values()))
     assert [h["async/buffer/size"] for h in trainer.history] == ahead
+    assert trainer.history[0]["async/buffer/ready"] == 0  # step 1 had nothing ahead: it generated its batch itself
     for step, batch in rec.trained.items():
         mask = batch[B.RESPONSE_MASK]
         # the engine's log-probs are those of the saved weights of the version that generated, and of no other ...

@@ -51,6 +51,10 @@ def test_selected_components_validate_their_own_section(registry) -> None:
         compose(registry, None, None, ["rollout.name=vllm", "rollout.vllm.idle_spin_s=-1"])
     with pytest.raises(ConfigError, match="needs one process per rank"):
         compose(registry, None, None, ["strategy.name=fsdp"])
+    with pytest.raises(ConfigError, match=r"rollout.hf.compile=true .* model.precision=bf16-mixed .* "
+                                          r"model.precision=32-true or bf16-true"):
+        compose(registry, None, None, ["rollout.hf.compile=true", "model.precision=bf16-mixed"])
+    assert compose(registry, None, None, ["rollout.hf.compile=true", "model.precision=bf16-true"]).rollout.hf.compile
 
 
 @dataclass

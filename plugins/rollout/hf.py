@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
+from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import stop_token_ids
@@ -50,6 +51,17 @@ class HFRollout:
 
     supports_sleep = False
     logprobs_match_actor = True  # generates with the actor model itself (max abs diff ~1e-6 on CPU fp32)
+
+    @staticmethod
+    def validate_config(config: Any, registry: Any) -> None:
+        from rlforge import precision
+
+        mixed = precision.for_config(config).compute
+        if config.rollout.hf.compile and mixed:
+            raise ConfigError(
+                f"rollout.hf.compile=true decodes on a static KV cache, which transformers cannot keep under the "
+                f"autocast of model.precision={config.model.precision} (a {mixed} compute dtype over fp32 weights): set "
+                f"rollout.hf.compile=false, or model.precision=32-true or bf16-true.")
 
     def __init__(self, config: Any, model: torch.nn.Module, tokenizer: Any) -> None:
         self.config = config

@@ -97,8 +97,8 @@ class Decoder:
         static = not torch.is_autocast_enabled(prompts.device.type)
         if self.compiled and not static:
             raise RLForgeError("rollout.hf.compile=true decodes on a static KV cache, which transformers cannot keep "
-                               "under autocast (a mixed model.precision): set rollout.hf.compile=false, or use a "
-                               "plain precision (fp32, bf16).")
+                               "under autocast (a mixed model.precision): set rollout.hf.compile=false, or "
+                               "model.precision=32-true or bf16-true.")
         config = self.model.config.get_text_config(decoder=True)
         cache = StaticCache(config=config, max_cache_len=length) if static else DynamicCache(config=config)
         mask = prompt_mask.new_ones(rows, length)  # later columns: causality hides the ones not written yet

@@ -113,7 +113,7 @@ class RolloutConfig:
     max_new_tokens: int = option(8, ge=1)  # response length limit (EOS ends a response earlier)
     min_new_tokens: int = option(0, ge=0)  # EOS is suppressed before this many tokens (training rollouts only)
     micro_batch_size: int = option(256, ge=1)  # sequences per generate() call
-    val_temperature: float = option(0.0, ge=0)  # 0 = greedy validation
+    val_temperature: float = option(0.0, ge=0)  # 0 = greedy validation; top_p/top_k/min_new_tokens are not applied there (verl's val_kwargs defaults)
     val_n: int = option(1, ge=1)  # samples per validation prompt
     agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn rollouts: agent loop, tools, limits
 

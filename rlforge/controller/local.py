@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
     from rlforge.build import Builder
 
+log = logging.getLogger("rlforge")
+
 
 class LocalController:
     """The strategy, the actor (and critic) worker, the rollout engine and the reward manager, in this process."""
@@ -32,6 +35,10 @@ class LocalController:
                 f"needs one process per rank, which the local controller (one process) does not start. "
                 f"Set trainer.controller=ray, or torchrun under torchrun (see docs/distributed.md)."
             )
+        ray = config.get("ray")
+        if ray is not None and ray.get("rollout_workers"):
+            log.warning("ray.rollout_workers=%s is ignored: trainer.controller=local generates in this process "
+                        "(rollout workers are the Ray controller's; set trainer.controller=ray).", ray.rollout_workers)
 
     def __init__(self, builder: Builder, module: RLModule) -> None:
         from rlforge.controller.worker import ActorWorker, CriticWorker

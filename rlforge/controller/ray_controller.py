@@ -103,6 +103,11 @@ def check_config(config: Any, strategy_factory: Any, needs_critic: bool) -> None
         )
 
 
+def _plain_resources(resources: dict[str, float]) -> dict[str, float]:
+    """A Ray resource dict without the entries Ray adds for each placement group and bundle."""
+    return {k: v for k, v in resources.items() if "_group_" not in k}
+
+
 class ResourcePool:
     """A placement group with one bundle per rank; the roles colocated on it split each bundle."""
 
@@ -114,10 +119,13 @@ class ResourcePool:
         self.pg = placement_group([dict(bundle) for _ in range(ranks)], strategy=cfg.placement_strategy)
         if not self.pg.wait(timeout_seconds=cfg.placement_timeout_s):
             remove_placement_group(self.pg)
+            keys = ("ray.rollout_workers or ray.rollout_cpus_per_worker / ray.rollout_gpus_per_worker"
+                    if name == "rollout" else "strategy.num_processes or ray.cpus_per_worker / ray.gpus_per_worker")
             raise RLForgeError(
                 f"Ray could not place the '{name}' pool ({ranks} x {bundle}, {cfg.placement_strategy}) within "
-                f"ray.placement_timeout_s={cfg.placement_timeout_s}s. Cluster resources: {ray.cluster_resources()}. "
-                f"Lower strategy.num_processes or ray.cpus_per_worker / ray.gpus_per_worker, or add nodes."
+                f"ray.placement_timeout_s={cfg.placement_timeout_s}s. Cluster resources: "
+                f"{_plain_resources(ray.cluster_resources())}, free: {_plain_resources(ray.available_resources())}. "
+                f"Lower {keys}, or add nodes."
             )
 
     def remove(self) -> None:

@@ -144,11 +144,11 @@ class OffPolicy(Pipeline):
         """The generated batch of this step and its rollout's metrics (waited for; one that was not launched is
         generated now)."""
         head = self.buffer[0]
+        ready = sum(e.done() for e in self.buffer)  # before a batch that was not launched is generated here
         if head.version is None:
             head.version = ctx.step - 1
             self._weights(ctx, batch, head.version)  # the engine is idle: synced now if it is behind
             head.batch, head.metrics = self._rollout(ctx, head.prompts, self._params(ctx))
-        ready = sum(e.done() for e in self.buffer)
         ctx.run(self.waiting, batch)
         generated = self.buffer.popleft().result()
         generated[B.POLICY_VERSION] = torch.full((len(generated),), head.version, dtype=torch.long)

@@ -12,6 +12,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from rlforge.agent.stage import VALIDATION_METRICS
 from rlforge.build import Builder
 from rlforge.errors import RLForgeError
 from rlforge.models import load_tokenizer
-from rlforge.protocols import SamplingParams
+from rlforge.protocols import SamplingParams, derived_seed
 from rlforge.tools.inference import load_engine, prompt_batches
 
 
@@ -111,7 +112,7 @@ def evaluate(
     start = time.perf_counter()
     try:
         for i, prompts in enumerate(batches, 1):
-            scored = reward.score(generate(prompts, params))
+            scored = reward.score(generate(prompts, replace(params, seed=derived_seed(cfg.trainer.seed, i))))
             if B.ACC not in scored:
                 raise RLForgeError(f"Reward manager '{cfg.reward.manager}' (reward.manager) sets no 'acc' column.")
             for uid, src, score, acc in zip(scored[B.UID], scored[B.DATA_SOURCE], scored[B.SCORES].tolist(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from omegaconf import DictConfig
 
 from rlforge import batch as B
 from rlforge.models import load_tokenizer
-from rlforge.protocols import SamplingParams
+from rlforge.protocols import SamplingParams, derived_seed
 from rlforge.tools.inference import load_engine, prompt_batches
 
 
@@ -35,7 +36,7 @@ def generate(
     try:
         with path.open("w", encoding="utf-8") as fh:
             for i, prompts in enumerate(batches, 1):
-                done = engine.generate(prompts, params)
+                done = engine.generate(prompts, replace(params, seed=derived_seed(cfg.trainer.seed, i)))
                 texts = tokenizer.batch_decode(done[B.RESPONSES], skip_special_tokens=True)
                 lengths = done[B.RESPONSE_MASK].sum(-1).tolist()
                 for j, text in enumerate(texts):

@@ -126,15 +126,16 @@ def _meeting_grpo(folder):
             super().configure_model()
             if "RANK" in os.environ:  # an actor rank; not a rollout worker (nor the driver, which never generates)
                 return
-            generate, calls = self.actor.generate, []
+            calls = []
 
-            def counted(*args, **kwargs):
-                calls.append(1)
-                if len(calls) == 2:
-                    meet("generation", "update")
-                return generate(*args, **kwargs)
+            def counted(module, args, kwargs):  # a hook, not a wrapped forward: it follows the model into a copy
+                position = kwargs.get("cache_position")
+                if position is not None and int(position[0]) == 0:  # a generation's prompt pass (hf_decode.Decoder)
+                    calls.append(1)
+                    if len(calls) == 2:
+                        meet("generation", "update")
 
-            self.actor.generate = counted
+            self.actor.register_forward_pre_hook(counted, with_kwargs=True)
 
         def training_step(self, micro, ctx):
             if not self.updated:

@@ -106,6 +106,10 @@ def test_generate_jsonl_from_prompt_only_rows(tmp_path, capsys):
     assert all(isinstance(r["response"], str) and 1 <= r["response_tokens"] <= 8 for r in lines)
     assert lines[0]["ground_truth"] is None and lines[0]["data_source"] == ""
     assert f"wrote 6 samples to {out}" in capsys.readouterr().out
+    again = tmp_path / "again.jsonl"
+    assert main(["generate", "builtin:tiny-arith", "--data", str(prompts), "--n", "3", "--temperature", "1.0",
+                 "--out", str(again)]) == 0
+    assert again.read_text() == out.read_text()  # sampling is seeded by trainer.seed
 
 
 def test_generate_greedy_matches_eval_answers(tmp_path):
