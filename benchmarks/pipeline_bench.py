@@ -1,15 +1,16 @@
 """Step time of ``trainer.pipeline=sync`` against ``one_step_off`` and ``async`` on the benchmark model
 (docs/pipelines.md).
 
-    python benchmarks/pipeline_bench.py [--size 20m] [--prompts 16] [--samples 8] [--tokens 64] [--steps 6]
+    python benchmarks/pipeline_bench.py [--size 20m] [--prompts 16] [--samples 8] [--tokens 64] [--steps 8]
                                         [--rounds 1] [--engine hf] [--modes sync one_step_off async]
                                         [--max-staleness 2] [--controller local] [--out pipeline_bench.json]
 
 GRPO on a random char-level Llama (``grpo_vs_trl.build_model``), P prompts x G samples, exactly T new tokens
 per sample (min = max new tokens), fp32, one optimizer step per batch; the old log-probs are recomputed in both
 modes (``actor.reuse_rollout_log_probs=false``), so the work per step is the same. The modes alternate, each
-round in a fresh process; the median seconds per step (the first 2 steps of a round skipped: warm-up, and the
-first step of one_step_off has nothing to overlap) are reported with the median ``timing_s/gen`` (sync: the
+round in a fresh process; the median seconds per step of the steady state (the first 2 steps of a round skipped:
+warm-up, and the first step of one_step_off has nothing to overlap; so are the last steps that launch no generation,
+1 with one_step_off and max_staleness with async) are reported with the median ``timing_s/gen`` (sync: the
 generation; one_step_off and async: serving the batch generated ahead and launching the next ones) and
 ``timing_s/wait_prev_gen`` (one_step_off and async: the wait for this step's batch from the rollout thread).
 ``async`` runs with ``trainer.max_staleness=--max-staleness``; a speed-up is reported for each mode against sync.
@@ -32,12 +33,19 @@ from pathlib import Path
 from grpo_vs_trl import SIZES, build_model
 
 MODES = ("sync", "one_step_off", "async")
+WARMUP = 2  # steps of each round left out: the first ones (engine start; one_step_off has nothing to overlap yet)
 KEYS = ("timing_s/step", "timing_s/gen", "timing_s/wait_prev_gen", "timing_s/old_log_prob", "timing_s/update_actor")
 
 
 def mode_overrides(mode: str, max_staleness: int) -> list[str]:
     """The config of one mode (``trainer.max_staleness`` belongs to async only)."""
     return [f"trainer.pipeline={mode}", *([f"trainer.max_staleness={max_staleness}"] if mode == "async" else [])]
+
+
+def ending_steps(mode: str, max_staleness: int) -> int:
+    """The last steps of a run that launch no generation (the batches ahead stop at trainer.total_steps), so they
+    train without anything beside them: left out with the warm-up, to time the steady state only."""
+    return {"sync": 0, "one_step_off": 1, "async": max_staleness}[mode]
 
 
 def controller_overrides(controller: str, cpus: float) -> list[str]:
@@ -73,7 +81,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=6, help="steps per round; the first 2 are warm-up")
+    parser.add_argument("--steps", type=int, default=8, help="steps per round; the first 2 are warm-up")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--engine", default="hf", help="rollout.name")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="sync first: the reference")
@@ -98,7 +106,8 @@ def main() -> None:
                         "controller": args.controller, "cpus": args.cpus_per_worker}
                 out = subprocess.run([sys.executable, __file__, "--round", json.dumps(spec)], check=True,
                                      capture_output=True, text=True)
-                kept = json.loads(out.stdout.strip().splitlines()[-1])[2:]
+                history = json.loads(out.stdout.strip().splitlines()[-1])
+                kept = history[WARMUP : len(history) - ending_steps(mode, args.max_staleness)]
                 seconds = " ".join(f"{s['timing_s/step']:.2f}" for s in kept)
                 print(f"{mode}: {seconds} s/step", flush=True)
                 steps[mode] += kept

@@ -65,7 +65,15 @@ class Builder:
         return module
 
     def strategy(self) -> Strategy:
-        return self._build("strategy", self.config.strategy.name, self.config)
+        """The strategy of this process (every process that trains builds one); on a CPU device, with
+        ``strategy.keep_freed_memory``, the process's allocator keeps freed memory for reuse."""
+        strategy = self._build("strategy", self.config.strategy.name, self.config)
+        device = getattr(strategy, "device", None)
+        if self.config.strategy.keep_freed_memory and getattr(device, "type", None) == "cpu":
+            from rlforge.strategy import keep_freed_memory
+
+            keep_freed_memory()
+        return strategy
 
     def rollout(self, model: Any, tokenizer: Any) -> RolloutEngine:
         return self._build("rollout", self.config.rollout.name, self.config, model, tokenizer)

@@ -181,6 +181,7 @@ class StrategyConfig:
     num_processes: int = option(1, ge=1)  # data-parallel ranks; > 1 needs strategy.name=fsdp and trainer.controller=ray
     checkpoint: str = option("full", choices=("full", "sharded"))  # full (gathered; any rank count resumes) | sharded (torch.distributed.checkpoint)
     offload_optimizer: bool = False  # optimizer state in CPU memory between updates (frees GPU memory for rollout)
+    keep_freed_memory: bool = True  # CPU device: the allocator keeps freed tensor memory for reuse instead of returning it to the OS and faulting it in every step (glibc; RSS stays at its peak; docs/performance.md)
 
 
 @dataclass
