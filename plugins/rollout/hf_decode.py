@@ -1,6 +1,6 @@
 """The ``hf`` engine's decoding loop: batched sampling on a static KV cache, one model call per new token.
 
-It replaces transformers' ``generate`` (measured in docs/performance.md: 20-25% less time per token on CPU for the
+It replaces transformers' ``generate`` (docs/performance.md: 10-15% less time per batch in the CPU benchmarks, the
 same tokens): no logits processors, stopping criteria or per-step output lists, the KV cache written in place
 (``StaticCache``: no re-allocation per token), the attention mask allocated once for the whole call, and one set
 of batched tensor operations per token for the sampling, the log-probs and the finished rows, whatever the batch
