@@ -54,10 +54,12 @@ class HFRollout:
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
+        if not config.rollout.hf.compile:  # config-only commands load no torch (tests/test_cli_imports.py)
+            return
         from rlforge import precision
 
         mixed = precision.for_config(config).compute
-        if config.rollout.hf.compile and mixed:
+        if mixed:
             raise ConfigError(
                 f"rollout.hf.compile=true decodes on a static KV cache, which transformers cannot keep under the "
                 f"autocast of model.precision={config.model.precision} (a {mixed} compute dtype over fp32 weights): set "

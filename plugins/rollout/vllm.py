@@ -212,13 +212,14 @@ class VLLMRollout:
         if self.on_cpu:  # read by the engine's processes when they start; an explicit setting wins
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib(
                 self.model.config, max_len, cfg.rollout.micro_batch_size, getattr(torch, self.dtype))))
-        from rlforge.plugins.rollout.vllm_sync import IDLE_SPIN_ENV
+        from rlforge.plugins.rollout.vllm_sync import IDLE_SPIN_ENV, apply_idle_spin
 
-        spin = cfg.rollout.vllm.idle_spin_s  # read by the engine's worker when it imports vllm_sync (apply_idle_spin)
+        spin = cfg.rollout.vllm.idle_spin_s  # read by each of the engine's processes (apply_idle_spin)
         if spin is None:
             os.environ.pop(IDLE_SPIN_ENV, None)
         else:
             os.environ[IDLE_SPIN_ENV] = str(float(spin))
+        apply_idle_spin()
         if not self.on_cpu and "LOCAL_RANK" in os.environ:  # the engine's processes inherit this: the rank's GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = rank_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"),
                                                            int(os.environ["LOCAL_RANK"]), self.tp)

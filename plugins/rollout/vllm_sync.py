@@ -34,11 +34,13 @@ IDLE_SPIN_ENV = "RLFORGE_VLLM_IDLE_SPIN_S"  # rollout.vllm.idle_spin_s, for the 
 def apply_idle_spin() -> None:
     """Make ``$RLFORGE_VLLM_IDLE_SPIN_S`` the busy-wait of every vLLM message queue this process creates from now on.
 
-    vLLM's workers read their work from a shared-memory queue and spin on it (``sched_yield`` in a loop) for
-    ``busy_loop_s`` (1 s) after every message: colocated with the trainer, a core taken from the actor update for
-    the first second after each generation and each weight-sync call. The worker imports this module (the worker
-    extension's) before it creates its queue, so the setting holds from the first message on. Nothing happens when
-    the variable is unset (then vllm is not imported either)."""
+    vLLM's processes read from shared-memory queues and spin on them (``sched_yield`` in a loop) for ``busy_loop_s``
+    (1 s) after every message: the worker on its work queue, the engine core on the workers' replies. Colocated
+    with the trainer, that is a core taken from the actor update for the first second after each generation and
+    each weight-sync call. The engine calls this in the trainer's process before it starts vLLM (forked processes
+    inherit it), and rlforge registers it as a ``vllm.general_plugins`` entry point, which vLLM runs in each of its
+    processes before they create their queues (spawned processes). Nothing happens when the variable is unset
+    (then vllm is not imported either)."""
     seconds = os.environ.get(IDLE_SPIN_ENV)
     if seconds is None:
         return
@@ -221,5 +223,3 @@ class WeightSyncExtension:
             refresh_tied_lm_head(model)
         return sorted({name for name, _ in model.named_parameters()} - worker._rlforge_loaded)
 
-
-apply_idle_spin()  # at import: in the engine's worker, before it creates its message queue
