@@ -29,6 +29,7 @@ import torch
 TensorSpec = tuple[str, str, list[int], int, int]
 ALIGN = 16  # bytes; every tensor starts at a multiple of this offset in its bucket
 IDLE_SPIN_ENV = "RLFORGE_VLLM_IDLE_SPIN_S"  # rollout.vllm.idle_spin_s, for the engine's processes
+RECHECK_MS = 20  # how often a blocked vLLM queue reader looks at its queue, with rlforge's idle spin (vLLM: 5000)
 
 
 def apply_idle_spin() -> None:
@@ -40,11 +41,19 @@ def apply_idle_spin() -> None:
     each weight-sync call. The engine calls this in the trainer's process before it starts vLLM (forked processes
     inherit it), and rlforge registers it as a ``vllm.general_plugins`` entry point, which vLLM runs in each of its
     processes before they create their queues (spawned processes). Nothing happens when the variable is unset
-    (then vllm is not imported either)."""
+    (then vllm is not imported either).
+
+    A reader that blocks waits for the writer's wake-up message, and vLLM's wake-ups can be lost (it re-checks the
+    queue every 5 s in case): with a short spin, a step of the engine then stalls 5 s (measured: 3 of 12
+    generations with a spin of 0). So the re-check interval becomes :data:`RECHECK_MS` as well: a lost wake-up
+    costs at most that."""
     seconds = os.environ.get(IDLE_SPIN_ENV)
     if seconds is None:
         return
+    from vllm.distributed.device_communicators import shm_broadcast
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = RECHECK_MS
 
     init = SpinCondition.__init__
     names = init.__code__.co_varnames[: init.__code__.co_argcount]
