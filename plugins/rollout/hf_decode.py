@@ -1,10 +1,13 @@
-"""The ``hf`` engine's decoding loop: batched sampling on a static KV cache, one model call per new token.
+"""The ``hf`` engine's decoding loop: batched sampling on a preallocated KV cache, one model call per new token.
 
 It replaces transformers' ``generate`` (docs/performance.md: 10-15% less time per batch in the CPU benchmarks, the
-same tokens): no logits processors, stopping criteria or per-step output lists, the KV cache written in place
-(``StaticCache``: no re-allocation per token), the attention mask allocated once for the whole call, and one set
+same tokens): no logits processors, stopping criteria or per-step output lists, the KV cache allocated once and
+written in place (no re-allocation per token) with the attention reading only the positions written so far
+(``_filled_layer``; 9% less time per 20.6M batch than reading the whole allocation), the attention mask allocated
+once for the whole call, and one set
 of batched tensor operations per token for the sampling, the log-probs and the finished rows, whatever the batch
-size. Optionally the one-token step runs through ``torch.compile`` (``rollout.hf.compile``). Under autocast (a mixed
+size. Optionally the one-token step runs through ``torch.compile`` (``rollout.hf.compile``, on transformers'
+``StaticCache``, whose shapes do not change from step to step). Under autocast (a mixed
 ``model.precision``) the cache grows by concatenation instead, as transformers' default cache does.
 
 Semantics (those of the ``generate`` call it replaces):
@@ -20,6 +23,7 @@ Semantics (those of the ``generate`` call it replaces):
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import RLForgeError
@@ -69,6 +73,36 @@ class Sampler:
         return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+@functools.cache
+def _filled_layer() -> type:
+    from transformers.cache_utils import StaticLayer
+
+    class FilledLayer(StaticLayer):
+        """A static cache layer (storage allocated once, written in place) whose attention reads only the positions
+        written so far, as a growing cache's does, instead of the whole allocation: the decoding step's attention
+        and key/value copies scale with the tokens so far, not with prompt + max_new_tokens."""
+
+        is_compileable = False  # its shapes change every step
+
+        def __init__(self, max_cache_len: int) -> None:
+            super().__init__(max_cache_len)
+            self.filled = 0
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+            keys, values = super().update(key_states, value_states)
+            self.filled += key_states.shape[-2]
+            return keys[:, :, : self.filled], values[:, :, : self.filled]
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.filled + query_length, 0
+
+        def get_seq_length(self) -> int:
+            return self.filled
+
+    return FilledLayer
+
+
 class Decoder:
     """Batched decoding for one model: ``decode(prompts, prompt_mask, params)`` -> (responses, log-probs)."""
 
@@ -81,7 +115,7 @@ class Decoder:
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ``prompts`` [B, P] -> (response tokens [B, L], their log-probs [B, L]), L <= max_new_tokens
         (fewer when every row stopped earlier)."""
-        from transformers import DynamicCache, StaticCache
+        from transformers import Cache, DynamicCache, StaticCache
 
         supports_cache = getattr(self.model, "_supports_default_dynamic_cache", None)
         if supports_cache is None or not supports_cache():
@@ -100,11 +134,16 @@ class Decoder:
                                "under autocast (a mixed model.precision): set rollout.hf.compile=false, or "
                                "model.precision=32-true or bf16-true.")
         config = self.model.config.get_text_config(decoder=True)
-        cache = StaticCache(config=config, max_cache_len=length) if static else DynamicCache(config=config)
+        if not static:
+            cache = DynamicCache(config=config)
+        elif self.compiled:
+            cache = StaticCache(config=config, max_cache_len=length)
+        else:
+            cache = Cache(layers=[_filled_layer()(length) for _ in range(config.num_hidden_layers)])
         mask = prompt_mask.new_ones(rows, length)  # later columns: causality hides the ones not written yet
         mask[:, :width] = prompt_mask
         position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=prompts, attention_mask=mask if static else prompt_mask, position_ids=position,
+        out = self.model(input_ids=prompts, attention_mask=mask if self.compiled else prompt_mask, position_ids=position,
                          past_key_values=cache, cache_position=torch.arange(width, device=prompts.device),
                          use_cache=True, logits_to_keep=1)
         sample = Sampler(params, self.stop_ids, prompts.device)
@@ -123,7 +162,7 @@ class Decoder:
                 steps = t + 1
                 break
             position = position + 1
-            out = self.step(input_ids=token[:, None], attention_mask=mask if static else mask[:, : width + t + 1],
+            out = self.step(input_ids=token[:, None], attention_mask=mask if self.compiled else mask[:, : width + t + 1],
                             position_ids=position, past_key_values=cache,
                             cache_position=torch.tensor([width + t], device=prompts.device), use_cache=True)
         return tokens[:, :steps], log_probs[:, :steps]
