@@ -116,6 +116,7 @@ class Decoder:
         """Left-padded ``prompts`` [B, P] -> (response tokens [B, L], their log-probs [B, L]), L <= max_new_tokens
         (fewer when every row stopped earlier)."""
         from transformers import Cache, DynamicCache, StaticCache
+        from transformers.cache_utils import StaticLayer
 
         supports_cache = getattr(self.model, "_supports_default_dynamic_cache", None)
         if supports_cache is None or not supports_cache():
@@ -136,10 +137,11 @@ class Decoder:
         config = self.model.config.get_text_config(decoder=True)
         if not static:
             cache = DynamicCache(config=config)
-        elif self.compiled:
+        else:  # storage is allocated at the first forward
             cache = StaticCache(config=config, max_cache_len=length)
-        else:
-            cache = Cache(layers=[_filled_layer()(length) for _ in range(config.num_hidden_layers)])
+            if not self.compiled and all(type(layer) is StaticLayer for layer in cache.layers):
+                # plain attention in every layer (no sliding-window or linear-attention layers): read the filled part
+                cache = Cache(layers=[_filled_layer()(length) for _ in cache.layers])
         mask = prompt_mask.new_ones(rows, length)  # later columns: causality hides the ones not written yet
         mask[:, :width] = prompt_mask
         position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -1,0 +1,50 @@
+"""The hf engine's decoding loop (``plugins/rollout/hf_decode.py``) against transformers ``generate``: greedy tokens
+are identical for left-padded prompts, in fp32 and bf16, with one or several new tokens; models whose every layer is
+plain attention decode on the filled-length cache, others (sliding-window layers) on transformers' StaticCache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from rlforge.plugins.rollout.hf_decode import Decoder, _filled_layer
+from rlforge.protocols import SamplingParams
+
+SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_attention_heads=4)
+MODELS = {  # name: (model factory, whether the filled-length cache applies)
+    "llama_gqa": (lambda: LlamaForCausalLM(LlamaConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=1)), True),
+    "qwen2_sliding_window": (lambda: Qwen2ForCausalLM(Qwen2Config(
+        **SMALL, num_hidden_layers=3, num_key_value_heads=2, use_sliding_window=True, sliding_window=4,
+        max_window_layers=1)), False),
+    "gpt2": (lambda: GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, bos_token_id=1,
+                                                eos_token_id=2)), True),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_greedy_tokens_equal_generate(name: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    factory, filled = MODELS[name]
+    model = factory().to(dtype).eval()
+    caches = []
+    model.register_forward_pre_hook(lambda m, a, kw: caches.append(kw["past_key_values"]), with_kwargs=True)
+    prompts = torch.randint(3, 50, (5, 7))
+    mask = torch.ones_like(prompts)
+    mask[0, :3] = mask[1, :1] = 0  # left padding of different widths
+    prompts[mask == 0] = 0
+    decoder = Decoder(model, [2], 0)
+    for new in (1, 6):
+        with torch.no_grad():
+            tokens, _ = decoder.decode(prompts, mask, SamplingParams(n=1, temperature=0.0, max_new_tokens=new))
+            caches.clear()
+            reference = model.generate(input_ids=prompts, attention_mask=mask, do_sample=False, max_new_tokens=new,
+                                       pad_token_id=0, eos_token_id=[2])[:, prompts.shape[1]:]
+        n = min(reference.shape[1], tokens.shape[1])
+        assert n >= 1 and torch.equal(reference[:, :n], tokens[:, :n])
+        assert tokens.shape[1] == n or (tokens[:, n:] == 0).all()
+    caches.clear()
+    with torch.no_grad():
+        decoder.decode(prompts, mask, SamplingParams(n=1, temperature=0.0, max_new_tokens=3))
+    assert all(type(layer) is _filled_layer() for layer in caches[0].layers) == filled
