@@ -11,7 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from rlforge.plugins.rollout.hf_decode import Decoder, _filled_layer
 from rlforge.protocols import SamplingParams
 
-SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_attention_heads=4)
+SMALL = {"vocab_size": 50, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4}
 MODELS = {  # name: (model factory, whether the filled-length cache applies)
     "llama_gqa": (lambda: LlamaForCausalLM(LlamaConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=1)), True),
     "qwen2_sliding_window": (lambda: Qwen2ForCausalLM(Qwen2Config(
