@@ -23,8 +23,8 @@ def step():  # a forward and backward whose activations (4 MiB each) and gradien
 for _ in range(4):  # the heap grows to the step's peak
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-step()
-step()
+for _ in range(4):
+    step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
@@ -35,8 +35,11 @@ def test_freed_tensor_memory_is_reused_without_page_faults():
         out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True)
         return int(out.stdout.split()[-1])
 
-    assert faults("default") > 16384  # each step faults its 64 MiB gradient (16,384 pages of 4 KiB) in again
-    assert faults("keep") < 1000
+    default = faults("default")
+    assert default > 4 * 16384  # each of the 4 steps faults its 64 MiB gradient (16,384 pages of 4 KiB) in again
+    # kept: nothing in a quiet machine (< 1,000 faults); a machine that reclaims idle memory (e.g. DAMON) may take
+    # back a kept block between steps (one CI run: 16,384 faults in 2 steps), so the bound is a quarter
+    assert faults("keep") < default / 4
 
 
 @pytest.mark.parametrize(("value", "applied"), [("true", 1), ("false", 0)])
