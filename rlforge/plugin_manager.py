@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterable
+import signal
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -122,12 +125,15 @@ class PluginManager:
         if autoload is None:
             autoload = os.environ.get(AUTOLOAD_ENV, "").lower() in ("", "0", "false", "no")
         self.autoload = autoload  # whether entry-point plugins were loaded
-        for mod in BUILTIN_PLUGINS:
-            self._load(PluginInfo(mod, "builtin", "rlforge", _version("rlforge")), lambda m=mod: importlib.import_module(m))
-        if autoload:
-            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-                dist = ep.dist.name if ep.dist else ""
-                self._load(PluginInfo(ep.name, "entry point", dist, ep.dist.version if ep.dist else ""), ep.load)
+        with _real_interrupts() as interrupted:
+            for mod in BUILTIN_PLUGINS:
+                self._load(PluginInfo(mod, "builtin", "rlforge", _version("rlforge")),
+                           lambda m=mod: importlib.import_module(m), interrupted)
+            if autoload:
+                for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                    dist = ep.dist.name if ep.dist else ""
+                    self._load(PluginInfo(ep.name, "entry point", dist, ep.dist.version if ep.dist else ""), ep.load,
+                               interrupted)
         self._update_hint()
 
     @property
@@ -167,15 +173,20 @@ class PluginManager:
                     f"{did_you_mean(attr, known)} The hooks are listed in docs/hooks.md."
                 )
 
-    def _load(self, info: PluginInfo, load: Any) -> None:
+    def _load(self, info: PluginInfo, load: Any, interrupted: threading.Event) -> None:
+        """Import and register one plugin. Whatever its code raises, ``sys.exit`` and a ``KeyboardInterrupt``
+        it raises itself included, is recorded as its error and the other plugins still load; only a real
+        Ctrl-C (a SIGINT that arrived while loading) stops the command."""
         if info.name in self.disabled:
             self.skipped.append(info.name)
             return
         self.infos[info.name] = info
         try:
             self.register(load(), name=info.name, source=info.source)
-        except Exception as exc:  # a broken plugin is reported, the rest keeps working
-            info.error = f"{type(exc).__name__}: {exc}"
+        except BaseException as exc:  # a broken plugin is reported, the rest keeps working
+            if isinstance(exc, KeyboardInterrupt) and interrupted.is_set():
+                raise
+            info.error = _describe(exc)
 
     def _update_hint(self) -> None:
         notes = [f"{i.name} (failed to load: {i.error.splitlines()[0]})" for i in self.errors()]
@@ -196,6 +207,38 @@ class PluginManager:
         lines += [f"plugins.disable names '{n}', which is no plugin here.{did_you_mean(n, known)} 'rlforge plugins "
                   f"list' shows their names." for n in sorted(self.disabled - set(known))]
         return lines
+
+
+def _describe(exc: BaseException) -> str:
+    """A plugin's failure in one phrase: ``ImportError: no module named x``, ``called sys.exit(3)``."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}) while loading"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else f"raised {type(exc).__name__} while loading"
+
+
+@contextmanager
+def _real_interrupts() -> Iterator[threading.Event]:
+    """While plugins load, tell a Ctrl-C (a SIGINT) from a ``KeyboardInterrupt`` that plugin code raises: the
+    event is set when the signal arrived. Where Python's own handler cannot be wrapped (off the main thread,
+    or a default action the process set) the event is set from the start: every ``KeyboardInterrupt`` then
+    stops the command, as it would without plugins."""
+    seen = threading.Event()
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if not callable(previous):
+        if previous != signal.SIG_IGN:  # an ignored SIGINT never arrives: any KeyboardInterrupt is a plugin's
+            seen.set()
+        yield seen
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        seen.set()
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _version(dist: str) -> str:

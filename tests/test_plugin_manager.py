@@ -215,6 +215,77 @@ def test_cli_plugins_list_shows_failures(broken_builtins: tuple[str, ...], capsy
     assert "FAILED to load: ImportError: needs the frobnicate package" in out
 
 
+# A distribution on sys.path, as pip would leave it (a .dist-info folder with entry_points.txt), whose entry
+# points fail in every way plugin code can at import: a raise, sys.exit, a KeyboardInterrupt it raises itself.
+FAULTY_PLUGINS = {
+    "ep_raises": "raise RuntimeError('cannot find libfoo.so')",
+    "ep_exits": "import sys; sys.exit(3)",
+    "ep_interrupts": "raise KeyboardInterrupt",
+    "ep_fine": (
+        "from rlforge.hookspecs import hookimpl\n"
+        "from rlforge.algorithms.grpo import GRPO\n"
+        "class Fine(GRPO):\n    preset = {'algorithm': {'name': 'fine_algo'}}\n"
+        "@hookimpl\ndef rlforge_register(registry):\n    registry.algorithm.register('fine_algo', Fine)\n"
+    ),
+}
+
+
+def _fake_distribution(root: Path, dist: str, modules: dict[str, str]) -> None:
+    info = root / f"{dist}-0.7.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.7\n")
+    (info / "entry_points.txt").write_text("[rlforge]\n" + "".join(f"{m} = rlftest_{m}\n" for m in modules))
+    for mod, code in modules.items():
+        (root / f"rlftest_{mod}.py").write_text(code + "\n")
+
+
+@pytest.fixture
+def faulty_entry_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    _fake_distribution(tmp_path, "rlforge-faulty", FAULTY_PLUGINS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    yield tmp_path
+    for mod in FAULTY_PLUGINS:
+        sys.modules.pop(f"rlftest_{mod}", None)
+
+
+def test_entry_points_that_exit_or_raise_at_import_are_named_and_the_rest_loads(faulty_entry_points) -> None:
+    pm = PluginManager()
+    errors = {i.name: i.error for i in pm.errors()}
+    assert errors == {"ep_raises": "RuntimeError: cannot find libfoo.so",
+                      "ep_exits": "called sys.exit(3) while loading",
+                      "ep_interrupts": "raised KeyboardInterrupt while loading"}
+    assert "fine_algo" in pm.registry.algorithm and "grpo" in pm.registry.algorithm
+    lines = pm.warnings()
+    assert "plugin 'ep_exits' (from rlforge-faulty 0.7) failed to load: called sys.exit(3) while loading" in lines
+
+
+@pytest.mark.parametrize("argv", [["plugins", "list"], ["config", "show", "--algo", "fine_algo"]])
+def test_cli_answers_despite_plugins_that_exit_at_import(faulty_entry_points, capsys, argv: list[str]) -> None:
+    from rlforge.cli import main
+
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.strip()
+    if argv[0] == "plugins":
+        assert "ep_exits  (entry point, rlforge-faulty 0.7)\n    FAILED to load: called sys.exit(3)" in out
+    else:
+        assert "name: fine_algo" in out
+        assert "rlforge: warning: plugin 'ep_exits' (from rlforge-faulty 0.7) failed to load" in err
+        assert sum("rlforge-faulty" in line for line in err.splitlines()) == 3  # one line per failing plugin
+
+
+def test_a_real_ctrl_c_while_plugins_load_still_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_distribution(tmp_path, "rlforge-sigint", {"ep_sigint": "import os, signal; os.kill(os.getpid(), signal.SIGINT)"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            PluginManager()
+    finally:
+        sys.modules.pop("rlftest_ep_sigint", None)
+
+
 # --- third-party plugin installed with pip (entry point group "rlforge") ---------------------------
 
 DIST_NAME = "rlforge-testplug-myalgo"
