@@ -22,7 +22,6 @@ import os
 import random
 import re
 import shutil
-import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -247,35 +246,23 @@ def weight_files(checkpoint: Path) -> list[Path]:
     """The actor's safetensors files (one file, or the shards an index lists; a LoRA run's adapter)."""
     actor = checkpoint / "actor"
     from rlforge import lora
+    from rlforge.models import safetensors_files
 
     if (actor / lora.ADAPTER_CONFIG).is_file():
         return [actor / lora.ADAPTER_WEIGHTS]
-    index = actor / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError):
-            raise CorruptCheckpoint(f"{index} cannot be read: it is truncated or corrupted.") from None
-        return [actor / s for s in shards]
-    return [actor / "model.safetensors"]
+    try:
+        return safetensors_files(actor) or [actor / "model.safetensors"]
+    except RLForgeError as exc:
+        raise CorruptCheckpoint(str(exc)) from None
 
 
 def _check_safetensors(path: Path) -> None:
     """The file is complete: its header parses and its size is what the header says (truncation shows)."""
-    if not path.is_file():
-        raise CorruptCheckpoint(f"{path} is missing: the checkpoint is incomplete.")
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n)) if 0 < n <= size - 8 else None
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    except (struct.error, ValueError, TypeError, KeyError, AttributeError):
-        header, end = None, 0
-    if size == 0:
-        raise CorruptCheckpoint(f"{path} is empty (0 bytes).")
-    if header is None or size != 8 + n + end:
-        raise CorruptCheckpoint(f"{path} cannot be read: it is truncated or corrupted ({size} bytes).")
+    from rlforge.models import safetensors_problem
+
+    problem = safetensors_problem(path)
+    if problem:
+        raise CorruptCheckpoint(f"{problem}{': the checkpoint is incomplete' if not path.is_file() else ''}.")
 
 
 def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:

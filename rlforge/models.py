@@ -3,7 +3,9 @@ char-level Llama (no model hub needed)."""
 
 from __future__ import annotations
 
+import json
 import re
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -174,37 +176,129 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model.path") -> Any:
+    """The tokenizer of a model folder (left padding, a pad token), checked to fit the model's vocabulary."""
     from transformers import AutoTokenizer
 
-    folder = resolve_model_path(path)
+    folder = resolve_model_path(path, key)
     try:
         tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise RLForgeError(f"Cannot load a tokenizer from '{path}' (model.path): {type(exc).__name__}: {first}. The "
+        raise RLForgeError(f"Cannot load a tokenizer from '{path}' ({key}): {type(exc).__name__}: {first}. The "
                            "folder needs the tokenizer files (tokenizer.json or the model's vocabulary files and "
                            "tokenizer_config.json) beside config.json.") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if not getattr(tok, "chat_template", None):
         raise RLForgeError(
-            f"The tokenizer in '{path}' has no chat template (model.path); rlforge applies the chat template to "
+            f"The tokenizer in '{path}' has no chat template ({key}); rlforge applies the chat template to "
             f"every prompt. Add one to tokenizer_config.json."
         )
     tok.padding_side = "left"
+    check_vocabulary(folder, tok, path, key)
     return tok
+
+
+def model_vocab_size(folder: Path) -> int | None:
+    """The embedding rows ``config.json`` declares (``vocab_size``, or its ``text_config``'s), or None."""
+    config = model_config(folder)
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return size if isinstance(size, int) else None
+
+
+def check_vocabulary(folder: Path, tokenizer: Any, path: str, key: str = "model.path") -> None:
+    """The model has an embedding row for every token id its tokenizer can produce: else the first such token
+    stops the run with an ``IndexError`` deep in the forward pass. Read from ``config.json``: no model loaded."""
+    size = model_vocab_size(folder)
+    if size is not None and len(tokenizer) > size:
+        raise RLForgeError(
+            f"The model in '{path}' ({key}) has a vocabulary of {size} tokens (config.json vocab_size) but its "
+            f"tokenizer has {len(tokenizer)}: token ids {size} to {len(tokenizer) - 1} have no embedding. Resize the "
+            f"embeddings to the tokenizer (model.resize_token_embeddings(len(tokenizer)), then save_pretrained), or "
+            f"use the tokenizer the model was trained with."
+        )
 
 
 SCORING_HEADS = ("ForSequenceClassification", "ForTokenClassification")  # reward and value models: no LM head
 
 
+def model_config(folder: Path) -> dict[str, Any]:
+    """A model folder's ``config.json`` as a dict (empty when it has none or it is not a JSON object)."""
+    config = Path(folder) / "config.json"
+    try:
+        found = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    except ValueError:
+        raise RLForgeError(f"{config} is not valid JSON: the model folder is damaged.") from None
+    return found if isinstance(found, dict) else {}
+
+
 def architectures(folder: Path) -> list[str]:
     """The ``architectures`` of a model folder's ``config.json`` (empty when it has none)."""
-    import json
+    return list(model_config(folder).get("architectures") or [])
 
-    config = Path(folder) / "config.json"
-    return list(json.loads(config.read_text(encoding="utf-8")).get("architectures") or []) if config.is_file() else []
+
+# --- weight files ---------------------------------------------------------------------------------------------
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The safetensors files ``from_pretrained`` reads from ``folder``: the shards its index lists, else
+    ``model.safetensors`` (empty when the folder has neither).
+
+    :raises RLForgeError: when the index itself cannot be read.
+    """
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        try:
+            return [folder / s for s in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            raise RLForgeError(f"{index} cannot be read: it is truncated or corrupted.") from None
+    single = folder / "model.safetensors"
+    return [single] if single.exists() else []
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file, or None when it is complete: its header parses and the file is as
+    long as the header says (a truncated or overwritten file shows). Reads the header only."""
+    if not path.is_file():
+        return f"{path} is missing"
+    size = path.stat().st_size
+    if size == 0:
+        return f"{path} is empty (0 bytes)"
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n)) if 0 < n <= size - 8 else None
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, TypeError, KeyError, AttributeError, IndexError):
+        header, end = None, 0
+    if header is None or size != 8 + n + end:
+        return f"{path} cannot be read: it is truncated or corrupted ({size} bytes)"
+    return None
+
+
+def check_weights(folder: Path, path: str, key: str) -> None:
+    """Every safetensors file of a model folder is complete, checked before ``from_pretrained`` so a damaged file
+    is one error naming it instead of a ``SafetensorError`` from deep in the loader."""
+    for weights in safetensors_files(folder):
+        problem = safetensors_problem(weights)
+        if problem:
+            raise RLForgeError(f"Cannot load the model '{path}' ({key}): {problem}. Copy the model folder again, "
+                               f"or point {key} at an intact one.")
+
+
+def _load_failure(what: str, path: str, key: str, exc: Exception) -> RLForgeError:
+    """The one-line error for a model ``from_pretrained`` could not load (the first line of its message)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return RLForgeError(f"Cannot load {what} from '{path}' ({key}): {type(exc).__name__}: {first}")
+
+
+def _loader_errors() -> tuple[type[Exception], ...]:
+    """What ``from_pretrained`` raises for a damaged or foreign folder (safetensors' own error included)."""
+    from safetensors import SafetensorError
+
+    return (OSError, ValueError, SafetensorError)
 
 
 def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
@@ -217,12 +311,13 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
         raise RLForgeError(f"'{path}' is a {scoring[0]}: a reward or value model scores sequences and cannot generate. "
                            f"Give a causal LM as the policy; use a reward model as reward.model.path "
                            f"(reward.manager=model).")
+    check_weights(folder, path, "model.path")
     try:
         return AutoModelForCausalLM.from_pretrained(
             folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
         )
-    except (OSError, ValueError) as exc:
-        raise RLForgeError(f"Cannot load a causal LM from '{path}' (model.path): {exc}") from None
+    except _loader_errors() as exc:
+        raise _load_failure("a causal LM", path, "model.path", exc) from None
 
 
 def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
@@ -232,6 +327,7 @@ def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool 
 
     quiet_transformers()
     folder = resolve_model_path(path, "critic.path")
+    check_weights(folder, path, "critic.path")
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the fresh value head is expected: no "newly initialized" report
     try:
@@ -244,8 +340,8 @@ def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool 
         return AutoModelForTokenClassification.from_pretrained(
             folder, config=config, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
         )
-    except (OSError, ValueError) as exc:
-        raise RLForgeError(f"Cannot load a value model from '{path}' (critic.path): {exc}") from None
+    except _loader_errors() as exc:
+        raise _load_failure("a value model", path, "critic.path", exc) from None
     finally:
         hf_logging.set_verbosity(level)
 
@@ -260,14 +356,15 @@ def load_reward_model(path: str, pad_token_id: int, dtype: str = "float32", trus
 
     quiet_transformers()
     folder = resolve_model_path(path, key)
+    check_weights(folder, path, key)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a fresh score head is expected when starting from a causal LM
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             folder, num_labels=1, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
         )
-    except (OSError, ValueError) as exc:
-        raise RLForgeError(f"Cannot load a sequence-classification reward model from '{path}' ({key}): {exc}") from None
+    except _loader_errors() as exc:
+        raise _load_failure("a sequence-classification reward model", path, key, exc) from None
     finally:
         hf_logging.set_verbosity(level)
     model.config.pad_token_id = pad_token_id

@@ -285,3 +285,33 @@ def test_write_failures_from_native_writers_are_recognized(exc):
     with pytest.raises(KeyError):  # anything else is not a write failure and passes through
         with ckpt.disk_errors("save it"):
             raise KeyError("x")
+
+
+# --- damaged model folders: one error naming the file, before anything trains ---------------------------------
+def _overwrite(path, offset, data):
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+
+
+def test_truncated_model_weights_are_named_at_load(capsys, tmp_path, model_copy):
+    weights = model_copy / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", f"model.path={model_copy}"])
+    assert f"Cannot load the model '{model_copy}' (model.path): {weights} cannot be read: it is truncated or " \
+           f"corrupted ({weights.stat().st_size} bytes)." in err
+
+
+def test_eval_of_a_model_whose_safetensors_header_is_overwritten(capsys, tmp_path, model_copy):
+    weights = model_copy / "model.safetensors"
+    _overwrite(weights, 10, b"\x00garbage" * 4)  # same size, header no longer JSON
+    err = _error(capsys, ["eval", str(model_copy), "--limit", "2", "--out", str(tmp_path / "r.json")])
+    assert f"{weights} cannot be read: it is truncated or corrupted" in err
+
+
+def test_a_model_vocabulary_smaller_than_its_tokenizer_is_refused_at_load(capsys, tmp_path, model_copy):
+    config = json.loads((model_copy / "config.json").read_text())
+    (model_copy / "config.json").write_text(json.dumps({**config, "vocab_size": 40}))
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", f"model.path={model_copy}"])
+    assert f"The model in '{model_copy}' (model.path) has a vocabulary of 40 tokens (config.json vocab_size) but " \
+           f"its tokenizer has 103: token ids 40 to 102 have no embedding." in err
