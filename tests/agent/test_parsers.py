@@ -60,3 +60,47 @@ def test_a_bad_call_next_to_a_good_one():
 def test_format_call_round_trips():
     call = ToolCall("calculator", {"expression": "1+1"})
     assert [(c.name, c.arguments) for c in parser.parse(format_call(call)).calls] == [("calculator", {"expression": "1+1"})]
+
+
+# --- adversarial model output: never an exception, always linear ---------------------------------------------
+
+
+@pytest.mark.parametrize("body", [
+    "[" * 100_000 + "]" * 100_000,  # past the C decoder's recursion limit
+    '{"name": "f", "arguments": {"a": ' + "[" * 500 + "]" * 500 + "}}",  # decodes, but deeper than MAX_DEPTH
+    '{"name": "f", "arguments": "' + '{\\"a\\": ' * 200 + "1" + "}" * 200 + '"}',  # the same, as a JSON string
+    "[" * 100_000,  # never closed
+])
+def test_deeply_nested_json_is_a_parse_error(body):
+    turn = parser.parse(f"<tool_call>{body}</tool_call>")
+    assert turn.calls == [] and len(turn.errors) == 1
+    assert "nested deeper than 64 levels" in turn.errors[0] or "not valid JSON" in turn.errors[0]
+
+
+def test_nesting_up_to_the_limit_is_a_call():
+    args = {"a": 1}
+    for _ in range(62):
+        args = {"a": args}
+    turn = parser.parse(format_call(ToolCall("f", args)))
+    assert [c.name for c in turn.calls] == ["f"] and turn.errors == []
+
+
+def test_many_unclosed_tags_and_huge_calls_stay_linear():
+    turn = parser.parse("<tool_call>x" * 200_000)  # quadratic for a regex that rescans after each tag
+    assert turn.calls == [] and len(turn.errors) == 1 and turn.content == ""
+    big = format_call(ToolCall("f", {"text": "y" * 5_000_000}))
+    turn = parser.parse(big * 2 + "<tool_call>{bad</tool_call>" * 50_000)
+    assert len(turn.calls) == 2 and len(turn.errors) == 50_000 and len(turn.errors[0]) < 400
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "\\ud800", "arguments": {"x": "\\udcff"}}</tool_call>',  # lone surrogates by JSON escape
+    "<tool_call>{\"name\": \"f\ufffd\", \"arguments\": {}}</tool_call>",  # what decoding invalid UTF-8 gives
+    "<tool_call>\x00\x01\x7f\u202e</tool_call>",
+    "\udcff<tool_call>{}</tool_call>\ud800",
+])
+def test_invalid_unicode_never_raises(text):
+    turn = parser.parse(text)
+    assert len(turn.calls) + len(turn.errors) == 1
+    for reason in turn.errors:
+        reason.encode("utf-8")  # error replies are always encodable (repr escapes surrogates)
