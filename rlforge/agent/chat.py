@@ -14,6 +14,7 @@ from typing import Any
 from rlforge.errors import RLForgeError
 
 TRUNCATION_MARKER = "...(truncated)"
+CHARS_PER_TOKEN = 64  # text is cut to this many characters per token allowed before it is tokenized (bounded cost)
 _USER, _ASSISTANT = "RLFORGE_USER_SENTINEL", "RLFORGE_ASSISTANT_SENTINEL"
 _BASE = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
 
@@ -41,7 +42,7 @@ class ChatFormat:
                                f"{' and tools' if tools else ''}: {type(exc).__name__}: {exc}") from None
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(valid_text(text), add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -69,9 +70,24 @@ class ChatFormat:
         return self.encode(closing + added)
 
     def truncate(self, text: str, max_tokens: int) -> tuple[str, bool]:
-        """``text`` cut to at most ``max_tokens`` tokens, the last of them a truncation marker; (text, whether cut)."""
-        ids = self.encode(text)
-        if len(ids) <= max_tokens:
+        """``text`` cut to at most ``max_tokens`` tokens, the last of them a truncation marker; (text, whether cut).
+        Only its first ``CHARS_PER_TOKEN * max_tokens`` characters are tokenized, so a reply of any size costs
+        the same."""
+        head = text[:CHARS_PER_TOKEN * max_tokens]
+        ids = self.encode(head)
+        if len(ids) <= max_tokens and len(head) == len(text):
             return text, False
         keep = max(0, max_tokens - len(self.encode(TRUNCATION_MARKER)))
         return self.decode(ids[:keep]) + TRUNCATION_MARKER, True
+
+
+def valid_text(text: str) -> str:
+    """``text`` with each lone surrogate (from a JSON escape such as ``"\\ud800"``, or bytes decoded with
+    ``surrogateescape``) replaced by ``?``: tokenizers refuse such strings, and a model may write one."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text

@@ -1,5 +1,6 @@
 """Runs the tools of a trajectory: per-trajectory state, a timeout per call, truncated replies, and an error reply
-(never a crash) for a tool that raises, hangs, returns something other than text, or is not there."""
+(never a crash) for a tool that raises, hangs, blocks, exits, returns something other than text, or is not there.
+Tool code never runs on the rollout's event loop (``rlforge.agent.workers``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import inspect
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from rlforge.agent.base import ParsedTurn, Sample, Tool, ToolCall, ToolError, ToolResult, maybe_await
+from rlforge.agent.base import ParsedTurn, Sample, Tool, ToolCall, ToolError, ToolResult
+from rlforge.agent.workers import DaemonThreads, ToolLoop
 from rlforge.errors import RLForgeError
 
 if TYPE_CHECKING:
@@ -19,7 +21,9 @@ if TYPE_CHECKING:
     from rlforge.agent.trajectory import ToolStats
 
 log = logging.getLogger("rlforge.agent")
-TOOL_THREADS = 16  # threads that run sync tools (a hung sync tool holds one until it returns)
+TOOL_THREADS = 16  # daemon threads that run sync tools (a hung sync tool holds one until it returns)
+MAX_BLOCKED_LOOPS = 8  # tool event loops replaced after an async tool blocked them; then async calls share the last
+STALL_PROBE_S = 1.0  # after an async call timed out: a tool loop that runs no callback within this is blocked
 
 
 class Toolbox:
@@ -34,7 +38,10 @@ class Toolbox:
                                    f"its schema; it must be its registered name '{name}'.")
         self.tools = tools
         self.limits = limits
-        self._executor: ThreadPoolExecutor | None = None
+        self._threads: DaemonThreads | None = None
+        self._loop: ToolLoop | None = None
+        self._blocked_loops: list[ToolLoop] = []  # replaced after a tool blocked them (their threads are daemons)
+        self._checks: set[asyncio.Task[None]] = set()  # running _replace_if_blocked (the loop keeps weak references)
 
     def schemas(self) -> list[dict[str, Any]]:
         return [tool.schema() for tool in self.tools.values()]
@@ -44,22 +51,46 @@ class Toolbox:
         return ToolSession(self, sample, chat, stats)
 
     async def call(self, fn: Any, *args: Any) -> Any:
-        """``fn(*args)``: awaited if async, else in a tool thread (so the event loop keeps running). A tool's
-        ``sys.exit()`` becomes a ``RuntimeError`` (asyncio would stop the whole run on a ``SystemExit``)."""
+        """``fn(*args)`` off the rollout's event loop: a sync function in a daemon tool thread, an async one (or the
+        awaitable a sync one returns) on the tool event loop. Cancelling the call (its timeout) leaves the rollout's
+        loop free whatever the tool does; a tool's ``sys.exit()`` becomes a ``RuntimeError``."""
+        if inspect.iscoroutinefunction(fn):
+            return await self._on_tool_loop(fn(*args))
+        if self._threads is None:
+            self._threads = DaemonThreads(TOOL_THREADS, "rlforge-tool")
+        result = await asyncio.wrap_future(self._threads.submit(fn, *args))
+        return await self._on_tool_loop(result) if inspect.isawaitable(result) else result
+
+    async def _on_tool_loop(self, awaitable: Awaitable[Any]) -> Any:
+        if self._loop is None:
+            self._loop = ToolLoop("rlforge-tool-loop")
+        loop = self._loop
         try:
-            if inspect.iscoroutinefunction(fn):
-                return await fn(*args)
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="rlforge-tool")
-            result = await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-            return await maybe_await(result)
-        except SystemExit as exc:
-            raise RuntimeError(f"sys.exit({exc.code!r}) called") from None
+            return await asyncio.wrap_future(loop.submit(awaitable))
+        except asyncio.CancelledError:
+            check = asyncio.ensure_future(self._replace_if_blocked(loop))  # a timeout: was the tool loop blocked?
+            self._checks.add(check)
+            check.add_done_callback(self._checks.discard)
+            raise
+
+    async def _replace_if_blocked(self, loop: ToolLoop) -> None:
+        if loop is not self._loop or len(self._blocked_loops) >= MAX_BLOCKED_LOOPS:
+            return
+        if not await loop.responsive(min(STALL_PROBE_S, self.limits.tool_timeout_s)) and loop is self._loop:
+            self._blocked_loops.append(loop)
+            loop.close()
+            self._loop = ToolLoop(f"rlforge-tool-loop-{len(self._blocked_loops)}")
+            log.warning("An async tool blocked its event loop past rollout.agent.tool_timeout_s=%g s (a blocking call "
+                        "in an 'async def' tool?); later async tool calls run on a fresh loop (%d of at most %d "
+                        "replaced).", self.limits.tool_timeout_s, len(self._blocked_loops), MAX_BLOCKED_LOOPS)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
 
 
 class ToolSession:

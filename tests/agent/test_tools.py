@@ -1,9 +1,14 @@
 """Tools: the calculator's arithmetic and refusals, the python tool in the sandbox, and the toolbox's handling of
-tools that raise, hang, return junk, do not exist or say too much (an error reply, counted; never a crash)."""
+tools that raise, hang, block the event loop, exit, fork, return junk, do not exist or say too much (an error reply,
+counted; never a crash, a stalled rollout or a process that cannot exit)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -109,6 +114,13 @@ class HangsSync(Tool):
         return "late"
 
 
+class ExitsAsync(Tool):
+    name = "exits_async"
+
+    async def execute(self, arguments, state):
+        sys.exit(4)
+
+
 class Junk(Tool):
     name = "junk"
 
@@ -172,6 +184,7 @@ def run_calls(tok, tools, calls, errors=()):
 @pytest.mark.parametrize("tool, reply", [
     (Raises, "Error: the tool 'raises' failed: KeyError: 'no such key'"),
     (Exits, "Error: the tool 'exits' failed: RuntimeError: sys.exit(3) called"),  # ends the call, not the run
+    (ExitsAsync, "Error: the tool 'exits_async' failed: RuntimeError: sys.exit(4) called"),
     (Hangs, "Error: the tool 'hangs' did not answer within 0.3 s (rollout.agent.tool_timeout_s)"),
     (HangsSync, "Error: the tool 'hangs_sync' did not answer within 0.3 s"),
     (Junk, "Error: the tool 'junk' returned dict"),
@@ -236,3 +249,162 @@ def test_a_duck_typed_tool_works_without_create_and_release(tok):
     messages, _ = asyncio.run(go())
     box.close()
     assert messages[0]["content"] == "quack None" and stats.errors == 0
+
+
+# --- tools that block, fork, flood or hang the process ------------------------------------------------------------
+
+
+class BlocksLoop(Tool):
+    """An async tool that makes a blocking call: it would stall an event loop it ran on."""
+
+    name = "blocks_loop"
+
+    async def execute(self, arguments, state):
+        time.sleep(1.5)
+        return "late"
+
+
+class Quick(Tool):
+    name = "quick"
+
+    async def execute(self, arguments, state):
+        await asyncio.sleep(0)
+        return "ok"
+
+
+def test_an_async_tool_that_blocks_times_out_and_the_rollout_loop_keeps_running(tok):
+    box = Toolbox({t.name: t(None) for t in (BlocksLoop, Quick)}, Limits())
+    ticks = []
+
+    async def ticker():
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    async def go():
+        clock = asyncio.ensure_future(ticker())
+        async with box.session(SAMPLE, ChatFormat(tok), ToolStats()) as session:
+            ticks.clear()
+            blocked, _ = await session.run(ParsedTurn("", [ToolCall("blocks_loop", {}, "b")]))
+            during = len(ticks)
+            await asyncio.sleep(0.5)  # the check that replaces the blocked tool loop
+            later, _ = await session.run(ParsedTurn("", [ToolCall("quick", {}, "q")]))
+        clock.cancel()
+        return blocked, later, during
+
+    try:
+        blocked, later, during = asyncio.run(go())
+    finally:
+        box.close()
+    assert blocked[0]["content"] == "Error: the tool 'blocks_loop' did not answer within 0.3 s " \
+                                    "(rollout.agent.tool_timeout_s)"
+    assert later[0]["content"] == "ok"  # on a fresh tool loop, while the blocked one still sleeps
+    assert during >= 5  # the rollout's loop ran while the tool blocked (on it, it would tick once at most)
+
+
+class Forks(Tool):
+    name = "forks"
+
+    def execute(self, arguments, state):
+        pid = os.fork()
+        return "child" if pid == 0 else f"parent {pid}"  # the child returns too
+
+
+def test_a_forked_child_of_a_tool_ends_where_the_tool_returns(tok):
+    messages, _, stats = run_calls(tok, [Forks], ["forks"])
+    reply = messages[0]["content"]
+    assert reply.startswith("parent ") and stats.errors == 0
+    _, status = os.waitpid(int(reply.split()[1]), 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # it exited at once, never running rlforge's code
+
+
+class Flood(Tool):
+    name = "flood"
+
+    def execute(self, arguments, state):
+        return "z" * 10_000_000
+
+
+class CountingTokenizer:
+    """The char tokenizer, recording the length of every text it encodes."""
+
+    def __init__(self, tok):
+        self.tok, self.lengths = tok, []
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def encode(self, text, **kwargs):
+        self.lengths.append(len(text))
+        return self.tok.encode(text, **kwargs)
+
+
+def test_a_10_mb_reply_is_cut_before_it_is_tokenized(tok):
+    counting = CountingTokenizer(tok)
+    messages, _, _ = run_calls(counting, [Flood], ["flood"])
+    assert messages[0]["content"].endswith(TRUNCATION_MARKER)
+    assert max(counting.lengths) <= 64 * Limits.max_tool_output_tokens  # chat.CHARS_PER_TOKEN per allowed token
+
+
+class Surrogates(Tool):
+    name = "surrogates"
+
+    def execute(self, arguments, state):
+        return "bad \udcff bytes"  # e.g. program output decoded with surrogateescape
+
+
+def test_lone_surrogates_in_replies_and_names_are_encodable(tok):
+    messages, _, stats = run_calls(tok, [Surrogates], ["surrogates", "\ud800"])
+    assert messages[0]["content"] == "bad \udcff bytes" and "there is no tool" in messages[1]["content"]
+    chat = ChatFormat(tok)
+    assert chat.encode(messages[0]["content"]) == chat.encode("bad ? bytes")
+    assert chat.inserted_ids(messages)  # a tokenizer would raise on the surrogate itself
+
+
+HUNG_TOOLS = textwrap.dedent("""
+    import asyncio, time
+    from rlforge.agent import ParsedTurn, Sample, Tool, ToolCall
+    from rlforge.agent.chat import ChatFormat
+    from rlforge.agent.toolbox import Toolbox
+    from rlforge.agent.trajectory import ToolStats
+
+    class Chars:  # a tokenizer with a chat template, without loading transformers
+        def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
+            return "".join(f"<{m['role']}>{m['content']}</>" for m in messages) + "<assistant>" * add_generation_prompt
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(map(chr, ids))
+
+    class Sleeps(Tool):
+        name = "sleeps"
+        def execute(self, arguments, state):
+            time.sleep(3600)
+
+    class Blocks(Tool):
+        name = "blocks"
+        async def execute(self, arguments, state):
+            time.sleep(3600)
+
+    class Limits:
+        max_tool_calls_per_turn, tool_timeout_s, max_tool_output_tokens = 4, 0.2, 100
+
+    box = Toolbox({"sleeps": Sleeps(None), "blocks": Blocks(None)}, Limits())
+
+    async def go():
+        async with box.session(Sample([], [1], "", None, None, "u", 0), ChatFormat(Chars()), ToolStats()) \
+                as session:
+            calls = [ToolCall("sleeps", {}, "s"), ToolCall("blocks", {}, "b")]
+            return await session.run(ParsedTurn("", calls))
+
+    messages, _ = asyncio.run(go())
+    box.close()
+    print([m["content"][:39] for m in messages], flush=True)
+""")
+
+
+def test_hung_tools_do_not_keep_the_process_alive():
+    done = subprocess.run([sys.executable, "-c", HUNG_TOOLS], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(["Error: the tool 'sleeps' did not answer", "Error: the tool 'blocks' did not "
+                                       "answer"])
