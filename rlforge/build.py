@@ -58,6 +58,7 @@ class Builder:
         the models ``configure_model`` will load (default: all the algorithm needs)."""
         if module is None:
             module = self.registry.algorithm.get(self.config.algorithm.name)(self.config)
+        module.registry = self.registry
         if roles is not None:
             module.roles = frozenset(roles)
         if module.tokenizer is None:

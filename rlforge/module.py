@@ -68,6 +68,21 @@ class RLModule:
         # the models this process loads: a Ray rank loads only its own role's (see ``configure_model``)
         self.roles: Collection[str] = ROLES
         self._metrics: dict[str, float] | None = None  # the running step's metrics sink (set by the Trainer)
+        self._registry: Any = None  # the run's registries (set by the Builder)
+
+    @property
+    def registry(self) -> Any:
+        """The registries of the run (``rlforge.registry.Registries``), for components an algorithm looks up by name
+        (``actor.policy_loss``). The Builder sets them; a module made without one loads the plugins itself, once."""
+        if self._registry is None:
+            from rlforge.plugin_manager import PluginManager
+
+            self._registry = PluginManager(disable=self.config.plugins.disable).registry
+        return self._registry
+
+    @registry.setter
+    def registry(self, registry: Any) -> None:
+        self._registry = registry
 
     def log(self, name: str, value: float) -> None:
         """Log a metric for the running step (like ``LightningModule.log``); ignored outside a step."""

@@ -44,6 +44,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.algorithms.opo",
     "rlforge.algorithms.gpg",
     "rlforge.algorithms.shaping",
+    "rlforge.algorithms.policy_losses",
     "rlforge.algorithms.dpo",
     "rlforge.algorithms.kto",
     "rlforge.algorithms.reward_model",

@@ -277,3 +277,35 @@ class Interaction(Protocol):
 
     def step(self, message: str) -> tuple[str, float, bool] | Any:
         """React to the model's message: ``(reply, reward, done)``."""
+
+
+@dataclass
+class PolicyLossInputs:
+    """What a policy loss (``actor.policy_loss``) gets for one micro-batch. Shapes ``[B, R]`` (sequences x response
+    tokens); ``mask`` is 1 on the tokens that count."""
+
+    log_prob: torch.Tensor  # the actor's log-probs of the sampled tokens (carries the gradient)
+    old_log_prob: torch.Tensor  # the policy that generated (the proximal policy of the ratio)
+    advantages: torch.Tensor
+    mask: torch.Tensor  # the response mask, in the log-probs' dtype
+    config: Any  # the composed config: actor.* and the loss's own section actor.<name>
+    rollout_is_weights: torch.Tensor | None = None  # rollout-correction weights, when a stage computed them
+    rollout_log_prob: torch.Tensor | None = None  # the engine's log-probs, when the batch has them
+
+
+@dataclass
+class PolicyLossOutput:
+    """A policy loss's result: the per-token loss to aggregate and its metrics."""
+
+    loss: torch.Tensor  # [B, R], 0 on masked positions
+    stats: dict[str, torch.Tensor]  # metric name -> [B, R]; logged as its mean over the valid tokens
+    mask: torch.Tensor | None = None  # the mask to aggregate with when the loss changed it (rejection); None = inputs.mask
+    agg_mode: str | None = None  # the aggregation this loss always uses; None = actor.loss_agg_mode
+
+
+class PolicyLoss(Protocol):
+    """The policy-gradient term of the actor's loss. Registered under ``policy_loss`` (the object is called, not
+    built); selected by ``actor.policy_loss``; options at ``actor.<name>``. Called in the process that trains the
+    actor, once per micro-batch; may define ``validate_config(config, registry)``."""
+
+    def __call__(self, inputs: PolicyLossInputs) -> PolicyLossOutput: ...

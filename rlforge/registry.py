@@ -145,6 +145,7 @@ class Registries:
     logger: Registry[Any]
     dataset: Registry[Any]
     controller: Registry[Any]
+    policy_loss: Registry[Any]
     plugin_config: Registry[Any]
 
     SPECS: dict[str, Kind] = {
@@ -160,6 +161,7 @@ class Registries:
         "tool": Kind("rollout.agent.tools", "rollout.agent", "Tool"),
         "tool_parser": Kind("rollout.agent.tool_parser", "rollout.agent", "ToolParser"),
         "interaction": Kind("rollout.agent.interaction", "rollout.agent", "Interaction"),
+        "policy_loss": Kind("actor.policy_loss", "actor", "PolicyLoss"),
         "plugin_config": Kind("", "plugins", ""),
     }
     KINDS: dict[str, str] = {kind: spec.key for kind, spec in SPECS.items()}

@@ -150,6 +150,7 @@ class ActorConfig:
     clip_ratio_high: float = option(0.2, ge=0)  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
     clip_ratio_c: float = option(3.0, gt=1)  # dual-clip bound, applied where the advantage is negative
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+    policy_loss: str = "vanilla"  # policy loss registry name (verl's policy_loss.loss_mode): vanilla (PPO clip) | cispo | sapo | gspo | ... (docs/algorithms/policy_losses.md); options at actor.<name>.*
     reuse_rollout_log_probs: Optional[bool] = None  # old log-probs = the engine's: None = if they are the actor's (hf), True = always, False = recompute
     entropy_coeff: float = option(0.0, ge=0)  # entropy bonus weight (the loss subtracts coeff x entropy)
     use_kl_loss: bool = False  # add a KL(actor || reference) term to the loss (loads a reference model)
