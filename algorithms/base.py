@@ -1,13 +1,14 @@
 """PolicyGradientModule: what the PPO family shares.
 
-- the clipped policy loss (dual-clip) + optional KL loss to the reference + entropy bonus;
+- the policy loss ``actor.policy_loss`` names (the ``policy_loss`` registry, ``policy_losses.py``; PPO clip with
+  dual-clip by default) + optional KL loss to the reference + entropy bonus;
 - the shared ``algorithm.*`` options: KL in the reward (fixed or adaptive coefficient), the constant
   length of ``seq-mean-token-sum-norm``, DAPO's dynamic sampling and overlong shaping (applied by the
   hooks in :mod:`rlforge.algorithms.shaping`, for any algorithm that turns them on), and the rollout
   correction options ``rollout_is*``/``rollout_rs*`` (the policy loss multiplies its per-token loss by
   the batch's ``rollout_is_weights`` column when a stage has written it).
 
-Subclasses implement ``compute_advantages`` and may swap ``pg_loss_matrix`` (GSPO, GPG).
+Subclasses implement ``compute_advantages``; their presets pick the policy loss (GSPO, GPG, SPPO).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rlforge.dataflow import DataFlow, Stage
 from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
 from rlforge.module import LossContext, RLModule
+from rlforge.protocols import PolicyLoss, PolicyLossInputs, PolicyLossOutput
 
 if TYPE_CHECKING:
     import torch
@@ -116,9 +118,16 @@ class PolicyGradientModule(RLModule):
         alg = self.config.algorithm
         if alg.filter_groups:
             flow.insert_before(Stage.FILTER, DynamicSampling())
-        if alg.rollout_is is not None or alg.rollout_rs is not None:
+        if getattr(self.policy_loss_fn, "uses_rollout_log_probs", False):  # bypass: corrected inside the loss
+            flow.replace(Stage.OLD_LOGPROB, RC.RolloutLogProbsAsOld())
+        elif alg.rollout_is is not None or alg.rollout_rs is not None:
             flow.insert_after(Stage.OLD_LOGPROB, RC.RolloutCorrection())
         return flow
+
+    @property
+    def policy_loss_fn(self) -> PolicyLoss:
+        """The policy loss ``actor.policy_loss`` names, from the ``policy_loss`` registry."""
+        return self.registry.policy_loss.get(self.config.actor.policy_loss)
 
     # --- rewards ----------------------------------------------------------------------------------
     def compute_rewards(self, batch: B.Batch) -> B.Batch:
@@ -140,16 +149,12 @@ class PolicyGradientModule(RLModule):
         batch[B.ADVANTAGES], batch[B.RETURNS] = advantages_and_returns
         return batch
 
-    # --- losses -----------------------------------------------------------------------------------
-    def pg_loss_matrix(
-        self, batch: B.Batch, log_probs: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The per-token policy-gradient loss ``[B, R]`` and indicator stats (PPO clip by default)."""
-        a = self.config.actor
-        return F.clipped_policy_loss(
-            log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask,
-            a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c, self.is_weights(batch),
-        )
+    # --- losses -----------------------------------------------------------------------------------------
+    def policy_gradient_loss(self, batch: B.Batch, log_probs: torch.Tensor, mask: torch.Tensor) -> PolicyLossOutput:
+        """The policy-gradient term of one micro-batch: the per-token loss of ``actor.policy_loss`` and its stats."""
+        rollout = batch[B.ROLLOUT_LOG_PROBS] if B.ROLLOUT_LOG_PROBS in batch else None
+        return self.policy_loss_fn(PolicyLossInputs(log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask,
+                                                    self.config, self.is_weights(batch), rollout))
 
     @staticmethod
     def is_weights(batch: B.Batch) -> torch.Tensor | None:
@@ -163,17 +168,15 @@ class PolicyGradientModule(RLModule):
         mask = batch[B.RESPONSE_MASK].to(log_probs.dtype)
         norm_length = self.config.algorithm.norm_length or self.config.rollout.max_new_tokens
 
-        def agg(mat: torch.Tensor, mode: str = a.loss_agg_mode) -> torch.Tensor:
-            return F.agg_loss(mat, mask, mode, ctx.global_tokens, ctx.global_seqs, norm_length)
+        def agg(mat: torch.Tensor, mode: str = a.loss_agg_mode, on: torch.Tensor = mask) -> torch.Tensor:
+            return F.agg_loss(mat, on, mode, ctx.global_tokens, ctx.global_seqs, norm_length)
 
-        pg_mat, stats = self.pg_loss_matrix(batch, log_probs, mask)
-        pg_loss = agg(pg_mat)
+        pg = self.policy_gradient_loss(batch, log_probs, mask)
+        pg_loss = agg(pg.loss, pg.agg_mode or a.loss_agg_mode, mask if pg.mask is None else pg.mask.to(mask.dtype))
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.item()}
-        for name, key in (("clipped", "actor/pg_clipfrac"), ("clipped_lower", "actor/pg_clipfrac_lower"),
-                          ("neg_log_ratio", "actor/ppo_kl")):
-            if name in stats:
-                metrics[key] = agg(stats[name].detach(), "token-mean").item()
+        for key, stat in pg.stats.items():
+            metrics[key] = agg(stat.detach().to(mask.dtype), "token-mean").item()
         if entropy is not None:
             metrics["actor/entropy"] = agg(entropy.detach(), "token-mean").item()
             if a.entropy_coeff:

@@ -2,7 +2,7 @@
 
 This module is the public import point (``from rlforge.algorithms import functional as F``). The
 advantage estimators live in :mod:`rlforge.algorithms.estimators`, the losses in
-:mod:`rlforge.algorithms.losses`, the rollout correction in :mod:`rlforge.algorithms.rollout_correction`;
+:mod:`rlforge.algorithms.losses` and :mod:`rlforge.algorithms.pg_losses`, the rollout correction in :mod:`rlforge.algorithms.rollout_correction`;
 all are re-exported here. Defined here: the KL-in-reward penalty
 and its coefficient controllers, and DAPO's reward shaping and group filter.
 
@@ -42,6 +42,18 @@ from rlforge.algorithms.losses import (
     gspo_policy_loss,
     kl_penalty,
     value_loss,
+)
+from rlforge.algorithms.pg_losses import (
+    cispo_policy_loss,
+    clip_cov_policy_loss,
+    dppo_kl_policy_loss,
+    dppo_tv_policy_loss,
+    dro_policy_loss,
+    geo_mean_policy_loss,
+    kl_cov_policy_loss,
+    reinforce_policy_loss,
+    sapo_policy_loss,
+    sppo_policy_loss,
 )
 from rlforge.algorithms.rollout_correction import (
     ROLLOUT_IS_LEVELS,
@@ -176,6 +188,9 @@ __all__ = [
     "reinforce_pp_advantage", "remax_advantage",
     # losses (losses.py)
     "agg_loss", "clipped_policy_loss", "gspo_policy_loss", "gpg_policy_loss", "value_loss", "kl_penalty",
+    # verl 0.9's other policy losses (pg_losses.py)
+    "cispo_policy_loss", "dppo_tv_policy_loss", "dppo_kl_policy_loss", "sapo_policy_loss", "clip_cov_policy_loss",
+    "kl_cov_policy_loss", "geo_mean_policy_loss", "sppo_policy_loss", "dro_policy_loss", "reinforce_policy_loss",
     # rollout correction (rollout_correction.py)
     "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "parse_is_threshold", "parse_rs_options", "parse_rs_thresholds",
     "rollout_is_weights", "normalize_is_weights", "rollout_rejection_mask", "rollout_correction_metrics",

@@ -13,7 +13,6 @@ from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:
-    import torch
     from rlforge.algorithms import functional as F
 else:
     F = lazy_import("rlforge.algorithms.functional")
@@ -29,18 +28,13 @@ class GPG(PolicyGradientModule):
     """No ratio, no clipping: loss = -log pi(a) * A, A = alpha * (B / M) * (r - group mean) / f_norm."""
 
     config_class = GPGConfig
-    preset = {"algorithm": {"name": "gpg"}, "rollout": {"n": 8}}
+    preset = {"algorithm": {"name": "gpg"}, "rollout": {"n": 8}, "actor": {"policy_loss": "gpg"}}
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
         cfg = self.config.algorithm
         return self.set_advantages(batch, F.gpg_advantage(
             batch[B.TOKEN_LEVEL_REWARDS], batch[B.RESPONSE_MASK], batch[B.UID], cfg.f_norm, cfg.alpha
         ))
-
-    def pg_loss_matrix(
-        self, batch: B.Batch, log_probs: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return F.gpg_policy_loss(log_probs, batch[B.ADVANTAGES], mask, self.is_weights(batch))
 
 
 @hookimpl

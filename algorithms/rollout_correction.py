@@ -384,8 +384,22 @@ class RolloutCorrection(Stage):
         return batch
 
 
+class RolloutLogProbsAsOld(Stage):
+    """Bypass mode (``actor.policy_loss=bypass_mode``, verl's ``rollout_correction.bypass_mode``): in place of
+    ``old_logprob``, the engine's log-probs are the old ones (no actor forward pass); the policy loss applies the
+    ``algorithm.rollout_*`` correction between the current policy and the engine's."""
+
+    name = "bypass_old_logprob"
+    requires = frozenset({B.ROLLOUT_LOG_PROBS})
+    produces = frozenset({B.OLD_LOG_PROBS})
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]
+        return batch
+
+
 __all__ = [
-    "RolloutCorrection", "ROLLOUT_IS_WEIGHTS",
+    "RolloutCorrection", "RolloutLogProbsAsOld", "ROLLOUT_IS_WEIGHTS",
     "SAFETY_BOUND", "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "parse_is_threshold", "parse_rs_options",
     "parse_rs_thresholds", "rollout_is_weights", "normalize_is_weights", "rollout_rejection_mask",
     "rollout_correction_metrics", "compute_rollout_correction",
