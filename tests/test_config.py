@@ -340,9 +340,52 @@ def test_explain_batch_sizes_custom(registry) -> None:
     assert "2 micro-batch(es) of 8 sequences" in text
 
 
-def test_one_value_for_a_list_key_is_a_one_item_list(registry) -> None:
+def test_one_value_for_a_list_key_is_a_one_item_list(registry, tmp_path: Path) -> None:
     # verl's habit: data.train_files=train.parquet (no brackets)
-    cfg = compose(registry, None, None, ["data.train_files=/data/train.parquet", "logger.backends=console",
-                                         "model.lora.target_modules=q_proj"])
-    assert list(cfg.data.train_files) == ["/data/train.parquet"] and list(cfg.logger.backends) == ["console"]
+    (tmp_path / "train.jsonl").write_text("")
+    cfg = compose(registry, None, None, ["data.name=files", f"data.train_files={tmp_path}/train.jsonl",
+                                         "logger.backends=console", "model.lora.target_modules=q_proj"])
+    assert list(cfg.data.train_files) == [f"{tmp_path}/train.jsonl"] and list(cfg.logger.backends) == ["console"]
     assert list(cfg.model.lora.target_modules) == ["q_proj"]
+
+
+# --- issue 33: configs that resolved silently or with a traceback --------------------------------------------------
+def test_an_unresolvable_interpolation_names_the_key_and_the_file(registry, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("RLFORGE_TEST_UNSET", raising=False)
+    path = _yaml(tmp_path, "trainer:\n  experiment: ${oc.env:RLFORGE_TEST_UNSET}\n")
+    with pytest.raises(ConfigError, match=r"Cannot resolve 'trainer.experiment: \$\{oc.env:RLFORGE_TEST_UNSET\}' "
+                                          r"\(in .*run.yaml\).*RLFORGE_TEST_UNSET"):
+        compose(registry, None, path)
+    with pytest.raises(ConfigError, match=r"Cannot resolve 'trainer.project: \$\{trainer.nothing\}' \(in command-line"):
+        compose(registry, None, None, ["trainer.project=${trainer.nothing}"])
+
+
+def test_a_resolvable_interpolation_is_resolved_at_compose_time(registry, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("RLFORGE_TEST_SET", "from_env")
+    cfg = compose(registry, None, _yaml(tmp_path, "trainer:\n  experiment: ${oc.env:RLFORGE_TEST_SET}\n"
+                                                  "  project: p_${trainer.experiment}\n"))
+    assert cfg.trainer.experiment == "from_env" and cfg.trainer.project == "p_from_env"
+    assert not OmegaConf.is_interpolation(cfg.trainer, "project")
+
+
+def test_algo_flag_and_a_different_algorithm_name_are_refused(preset_registry, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--algo grpo and algorithm.name=preset_algo \(in command-line overrides\) "
+                                          r"name two algorithms"):
+        compose(preset_registry, "grpo", None, ["algorithm.name=preset_algo"])
+    with pytest.raises(ConfigError, match=r"algorithm.name=preset_algo \(in .*run.yaml\)"):
+        compose(preset_registry, "grpo", _yaml(tmp_path, "algorithm:\n  name: preset_algo\n"))
+    assert compose(preset_registry, "grpo", None, ["algorithm.name=grpo"]).algorithm.name == "grpo"
+
+
+def test_a_section_given_twice_in_a_file_is_refused_with_both_lines(registry, tmp_path: Path) -> None:
+    path = _yaml(tmp_path, "trainer:\n  total_steps: 5\nactor:\n  lr: 0.1\ntrainer:\n  seed: 3\n")
+    with pytest.raises(ConfigError, match=r"run.yaml gives 'trainer' twice in one section \(line 1 and line 5\)"):
+        compose(registry, None, path)
+    with pytest.raises(ConfigError, match=r"gives 'lr' twice in one section \(line 2 and line 3\)"):
+        compose(registry, None, _yaml(tmp_path, "actor:\n  lr: 0.1\n  lr: 0.2\n", "b.yaml"))
+
+
+def test_data_files_without_a_data_source_that_reads_them_are_refused(registry) -> None:
+    with pytest.raises(ConfigError, match=r"'data.train_files' is set \(/x/train.parquet\) but data.name=arith does "
+                                          r"not read it.*data.name=files"):
+        compose(registry, None, None, ["data.train_files=[/x/train.parquet]"])

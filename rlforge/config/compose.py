@@ -48,14 +48,40 @@ def config_file_path(path: str) -> Path:
     return PRESETS / f"{name}.yaml"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    source = ""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"Config file {self.source} gives '{key}' twice in one section (line {seen[key]} and "
+                                  f"line {line}): the second would silently replace the first. Merge them into one.")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(path: Path, source: str) -> Any:
+    """The YAML document in ``path``; a key repeated in a mapping is an error naming the key and both lines."""
+    loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
+    loader.source = source
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"Config file {source} is not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
 def load_file(path: str) -> DictConfig:
     p = config_file_path(path)
     if not p.is_file():
         raise ConfigError(f"Config file not found: {path} (--config).")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"Config file {path} is not valid YAML: {exc}") from None
+    data = load_yaml(p, path) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"Config file {path} must hold a mapping of sections, got {type(data).__name__}.")
     return OmegaConf.create(data)
@@ -134,16 +160,68 @@ def compose(
 OVERRIDES = "command-line overrides"
 
 
+def _algorithm_name(algo: str | None, layers: list[tuple[DictConfig, str]]) -> str:
+    """``--algo``, else the last ``algorithm.name`` of the layers, else grpo; ``--algo`` and a different
+    ``algorithm.name`` in a config file or override contradict each other."""
+    named = [(n, source) for layer, source in layers if (n := OmegaConf.select(layer, "algorithm.name", default=None))]
+    if algo is not None:
+        other = next(((n, source) for n, source in named if n != algo), None)
+        if other is not None:
+            raise ConfigError(f"--algo {algo} and algorithm.name={other[0]} (in {other[1] or 'the base config'}) name "
+                              f"two algorithms: give one of them.")
+        return algo
+    return named[-1][0] if named else "grpo"
+
+
+def unresolvable(cfg: DictConfig, prefix: str = "") -> tuple[str, str, str] | None:
+    """(key, its ``${...}`` text, why) of the first interpolation in ``cfg`` that cannot be resolved, else None."""
+    for key in list(cfg.keys()):
+        full = f"{prefix}{key}"
+        if OmegaConf.is_interpolation(cfg, str(key)):
+            try:
+                cfg[key]
+            except OmegaConfBaseException as exc:
+                text = OmegaConf.to_container(cfg, resolve=False)[key]  # type: ignore[index]
+                return full, str(text), str(getattr(exc, "msg", exc)).splitlines()[0].rstrip(".")
+            continue
+        node = cfg._get_node(key)  # type: ignore[union-attr]
+        if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
+            found = unresolvable(node, full + ".")
+            if found:
+                return found
+    return None
+
+
+def _resolve(cfg: DictConfig, layers: list[tuple[DictConfig, str]]) -> None:
+    """Resolve every ``${...}`` in place (a config file or override may use them); one that fails is an error that
+    names the key, the interpolation and the file or overrides it came from."""
+    bad = unresolvable(cfg)
+    if bad is not None:
+        key, text, why = bad
+        origin = next((source for layer, source in reversed(layers) if _has_key(layer, key)), "")
+        raise ConfigError(f"Cannot resolve '{key}: {text}'" + (f" (in {origin})" if origin else "") + f": {why}.")
+    OmegaConf.resolve(cfg)
+
+
+def _has_key(layer: DictConfig, key: str) -> bool:
+    node: Any = OmegaConf.to_container(layer, resolve=False)
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str]]) -> DictConfig:
     """Defaults < the algorithm's preset < each of ``layers`` (config, where it comes from), in order."""
-    name = algo or next((n for layer, _ in reversed(layers) if (n := OmegaConf.select(layer, "algorithm.name"))), None)
-    name = name or "grpo"
+    name = _algorithm_name(algo, layers)
     algo_cls = registry.algorithm.get(name)
     cfg = OmegaConf.structured(schema.build(registry, algo_cls.config_class))
     cfg = _merge(cfg, OmegaConf.create(algo_cls.preset), f"the '{name}' preset")
     for layer, source in layers:
         cfg = _merge(cfg, layer, source)
     cfg.algorithm.name = name
+    _resolve(cfg, layers)
     validate(cfg, registry)
     algo_cls.validate_config(cfg)
     OmegaConf.set_readonly(cfg, True)
@@ -190,10 +268,7 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     check_values(cfg)
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
-    for key in ("data.train_files", "data.val_files"):
-        missing = [f for f in OmegaConf.select(cfg, key) if not Path(f).is_file()]
-        if missing and cfg.data.name == "files":
-            raise ConfigError(f"Data file not found: {missing[0]} ({key}).")
+    check_data_files(cfg, registry)
     for key in ("model.path", "model.ref_path", "critic.path"):
         if OmegaConf.select(cfg, key):
             check_model_folder(resolve_model_path(OmegaConf.select(cfg, key), key), key, cfg)
@@ -217,6 +292,21 @@ def validate(cfg: DictConfig, registry: Any) -> None:
         check = getattr(entry.obj, "validate_config", None)
         if check is not None:
             check(cfg, registry)
+
+
+def check_data_files(cfg: DictConfig, registry: Any) -> None:
+    """``data.train_files``/``val_files`` exist, and are read: a dataset other than ``files`` ignores them unless it
+    says it reads them (its registered object has ``reads_data_files = True``)."""
+    reads = cfg.data.name == "files" or getattr(registry.dataset.entry(cfg.data.name).obj, "reads_data_files", False)
+    for key in ("data.train_files", "data.val_files"):
+        files = list(OmegaConf.select(cfg, key))
+        if files and not reads:
+            raise ConfigError(f"'{key}' is set ({files[0]}{', ...' if len(files) > 1 else ''}) but data.name="
+                              f"{cfg.data.name} does not read it: the run would train on data.name's rows. Set "
+                              f"data.name=files to train on the files.")
+        missing = [f for f in files if not Path(f).is_file()]
+        if missing:
+            raise ConfigError(f"Data file not found: {missing[0]} ({key}).")
 
 
 def micro_batch_size(cfg: DictConfig, section: str = "actor") -> int:
