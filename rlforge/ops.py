@@ -25,6 +25,8 @@ A model given to ``compile_forward`` (``model.compile=true``) runs these forward
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -191,6 +193,37 @@ def _unpack(values: torch.Tensor, resp_real: torch.Tensor) -> torch.Tensor:
     return values.new_zeros(resp_real.shape).masked_scatter(resp_real, values)
 
 
+def _response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     response_len: int, temperature: float, remove_padding: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The logits (divided by ``temperature``) that predict the response tokens, those tokens, and the function that
+    puts a value per predicted token back into the [B, response_len] layout (0 at padding)."""
+    if remove_padding:
+        ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
+        logits = _forward(model)(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
+                                 logits_to_keep=before).logits[0]
+        labels = input_ids[:, -response_len:][resp_real]
+
+        def restore(x: torch.Tensor) -> torch.Tensor:
+            return _unpack(x, resp_real)
+    else:
+        ids, mask, kept = _trim(input_ids, attention_mask, response_len)
+        groups = _groups(model, ids, mask, kept)
+        if groups is not None:
+            logits = _shared_prefix_forward(model, ids, mask, kept, groups, logits_to_keep=1)
+        else:
+            logits = _forward(model)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                                     use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
+        labels = ids[:, -kept:]
+        resp_mask = attention_mask[:, -response_len:]
+
+        def restore(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (0, response_len - kept)) * resp_mask
+    if temperature and temperature != 1.0:
+        logits = logits / temperature
+    return logits, labels, restore
+
+
 def response_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -206,29 +239,39 @@ def response_logprobs(
     Logits are divided by ``temperature`` (the sampling distribution), as the rollout engines do. Only the
     logits that predict response tokens are computed (``logits_to_keep``).
     """
-    if remove_padding:
-        ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
-        logits = _forward(model)(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
-                                 logits_to_keep=before).logits[0]
-        labels = input_ids[:, -response_len:][resp_real]
-    else:
-        ids, mask, kept = _trim(input_ids, attention_mask, response_len)
-        groups = _groups(model, ids, mask, kept)
-        if groups is not None:
-            logits = _shared_prefix_forward(model, ids, mask, kept, groups, logits_to_keep=1)
-        else:
-            logits = _forward(model)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                                     use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
-        labels = ids[:, -kept:]
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
+    logits, labels, restore = _response_logits(model, input_ids, attention_mask, response_len, temperature,
+                                               remove_padding)
     logp, ent = token_logprobs(logits, labels, with_entropy)
-    if remove_padding:
-        return _unpack(logp, resp_real), (_unpack(ent, resp_real) if ent is not None else None)
-    pad = (0, response_len - kept)
-    mask = attention_mask[:, -response_len:]
-    return torch.nn.functional.pad(logp, pad) * mask, (torch.nn.functional.pad(ent, pad) * mask
-                                                       if ent is not None else None)
+    return restore(logp), (restore(ent) if ent is not None else None)
+
+
+def sum_pi_squared(logits: torch.Tensor, chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> torch.Tensor:
+    """``sum_v softmax(logits)_v^2`` over the last dimension, in fp32 (``exp(logsumexp(2z) - 2 logsumexp(z))``),
+    in chunks of ``chunk_elements`` fp32 logits; no gradient is kept."""
+    vocab = logits.shape[-1]
+    flat = logits.detach().reshape(-1, vocab)
+    rows = max(1, chunk_elements // vocab)
+    parts = []
+    for i in range(0, flat.shape[0], rows):
+        z = flat[i : i + rows].float()
+        parts.append(torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1)))
+    return torch.cat(parts).view(logits.shape[:-1]) if parts else flat.new_zeros(logits.shape[:-1], dtype=torch.float32)
+
+
+@torch.no_grad()
+def response_sum_pi_squared(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    temperature: float = 1.0,
+    remove_padding: bool = False,
+) -> torch.Tensor:
+    """``sum_v pi(v)^2`` of the next-token distribution (at ``temperature``) before each of the last ``response_len``
+    tokens, [B, response_len], 0 at padding: the collision probability the optimal token baseline needs
+    (``rlforge.algorithms.token_baseline``). One forward pass, like :func:`response_logprobs`."""
+    logits, _, restore = _response_logits(model, input_ids, attention_mask, response_len, temperature, remove_padding)
+    return restore(sum_pi_squared(logits))
 
 
 def response_values(

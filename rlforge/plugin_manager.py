@@ -45,6 +45,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.algorithms.gpg",
     "rlforge.algorithms.shaping",
     "rlforge.algorithms.policy_losses",
+    "rlforge.algorithms.gdpo",
+    "rlforge.algorithms.otb",
     "rlforge.algorithms.dpo",
     "rlforge.algorithms.kto",
     "rlforge.algorithms.reward_model",
