@@ -120,13 +120,47 @@ def grpo_outcome_advantage(
     normalization (Dr. GRPO). A group of one sample gets mean 0 and std 1. The advantage is broadcast
     to every valid response token. Returns ``(advantages, returns)``, which are equal.
     """
-    g = _Groups(token_level_rewards.sum(-1), group_ids)
+    adv = _group_normalized(token_level_rewards.sum(-1), group_ids, norm_adv_by_std, epsilon)
+    return _outcome(adv, token_level_rewards, mask)
+
+
+def _group_normalized(scores: torch.Tensor, group_ids: Sequence[Hashable], norm_adv_by_std: bool,
+                      epsilon: float) -> torch.Tensor:
+    """GRPO's ``(r - mean_g) / (std_g + epsilon)`` per sequence ([B], float64 on the CPU; singleton: mean 0, std 1)."""
+    g = _Groups(scores, group_ids)
     single = g.singleton()
-    mean = torch.where(single, 0.0, g.mean())
-    adv = g.scores - mean
+    adv = g.scores - torch.where(single, 0.0, g.mean())
     if norm_adv_by_std:
         adv = adv / (torch.where(single, 1.0, g.std()) + epsilon)
-    return _outcome(adv, token_level_rewards, mask)
+    return adv
+
+
+def gdpo_advantage(
+    token_level_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    components: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    weights: Sequence[float] | None = None,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (arXiv:2601.05242): GRPO-normalize each reward component separately, sum them, whiten over the batch.
+
+    ``components``: K score vectors ``[B]`` (a ``[K, B]`` tensor or a list), e.g. a format and a correctness reward;
+    None = one component, the sequence's total reward. ``A = masked_whiten(sum_k w_k * grpo_k)`` over the valid
+    tokens, where ``grpo_k`` is component ``k``'s :func:`grpo_outcome_advantage` (broadcast to the tokens) and ``w``
+    = ``weights`` (default 1 each). A component that varies little within groups therefore counts as much as one
+    that varies a lot. Returns ``(advantages, returns)``, which are equal.
+    """
+    scores = [token_level_rewards.sum(-1)] if components is None else list(components)
+    w = [1.0] * len(scores) if weights is None else [float(x) for x in weights]
+    if len(w) != len(scores) or not scores:
+        raise ValueError(f"gdpo_advantage: {len(scores)} reward components but {len(w)} weights.")
+    total = sum(wk * _group_normalized(torch.as_tensor(sk), group_ids, norm_adv_by_std, epsilon)
+                for wk, sk in zip(w, scores))
+    per_token, _ = _outcome(total, token_level_rewards, mask)
+    adv = _where(mask, masked_whiten(per_token, mask))
+    return adv, adv
 
 
 def grpo_passk_advantage(
@@ -249,6 +283,23 @@ def reinforce_pp_baseline_advantage(
 # --- token-level estimators -----------------------------------------------------------------------
 
 
+def _gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+         lam: float | torch.Tensor) -> torch.Tensor:
+    """The raw GAE advantages ``[B, R]`` (see :func:`gae_advantage`); ``lam`` a number or one per row ``[B]``."""
+    valid = mask.bool()
+    lam = torch.as_tensor(lam, dtype=rewards.dtype, device=rewards.device)
+    zero = torch.zeros_like(rewards[:, 0])
+    next_value, last_adv = zero, zero
+    adv = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[-1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        step = delta + gamma * lam * last_adv
+        next_value = torch.where(valid[:, t], values[:, t], next_value)
+        last_adv = torch.where(valid[:, t], step, last_adv)
+        adv[:, t] = last_adv
+    return adv
+
+
 def gae_advantage(
     token_level_rewards: torch.Tensor,
     values: torch.Tensor,
@@ -265,20 +316,43 @@ def gae_advantage(
     masks). ``returns = A + V`` (before whitening); ``advantages = masked_whiten(A)``. Both are 0 on
     masked positions.
     """
+    return decoupled_gae_advantage(token_level_rewards, values, mask, gamma, lam, lam)
+
+
+def decoupled_gae_advantage(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam_critic: float = 1.0,
+    lam_policy: float | torch.Tensor = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """VAPO's decoupled GAE: the critic's targets with ``lam_critic``, the policy's advantages with ``lam_policy``.
+
+    ``returns = GAE(lam_critic) + V`` (with ``lam_critic=1`` and ``gamma=1``: the reward-to-go, whatever the values);
+    ``advantages = masked_whiten(GAE(lam_policy))``. ``lam_policy`` is a number or one value per sequence ``[B]``
+    (:func:`length_adaptive_lambda`). Equal lambdas give :func:`gae_advantage`. Both are 0 on masked positions.
+    """
     with torch.no_grad():
-        valid = mask.bool()
-        zero = torch.zeros_like(token_level_rewards[:, 0])
-        next_value, last_adv = zero, zero
-        adv = torch.zeros_like(token_level_rewards)
-        for t in reversed(range(token_level_rewards.shape[-1])):
-            delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
-            step = delta + gamma * lam * last_adv
-            next_value = torch.where(valid[:, t], values[:, t], next_value)
-            last_adv = torch.where(valid[:, t], step, last_adv)
-            adv[:, t] = last_adv
-        returns = _where(mask, adv + values)
-        advantages = _where(mask, masked_whiten(adv, mask))
+        critic = _gae(token_level_rewards, values, mask, gamma, lam_critic)
+        same = not isinstance(lam_policy, torch.Tensor) and lam_policy == lam_critic
+        policy = critic if same else _gae(token_level_rewards, values, mask, gamma, lam_policy)
+        returns = _where(mask, critic + values)
+        advantages = _where(mask, masked_whiten(policy, mask))
     return advantages, returns
+
+
+def length_adaptive_lambda(mask: torch.Tensor, alpha: float = 0.05) -> torch.Tensor:
+    """VAPO's length-adaptive GAE lambda, one per sequence ``[B]``: ``1 - 1 / (alpha * L_i)``, clamped at 0.
+
+    ``L_i`` is the number of valid tokens. ``alpha * L`` is the number of steps the advantage looks ahead: a
+    response shorter than ``1 / alpha`` tokens gets ``lambda = 0`` (one-step TD; the formula would be negative), an
+    empty one 0 as well. Raises ``ValueError`` unless ``alpha > 0``.
+    """
+    if not alpha > 0:
+        raise ValueError(f"length_adaptive_lambda: alpha must be > 0, got {alpha}.")
+    lengths = mask.detach().bool().sum(-1).to(torch.get_default_dtype() if not mask.is_floating_point() else mask.dtype)
+    return (1.0 - 1.0 / (alpha * lengths)).clamp(min=0.0)
 
 
 def reinforce_pp_advantage(
@@ -321,7 +395,7 @@ def remax_advantage(
 
 
 __all__ = [
-    "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "grpo_passk_advantage",
+    "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "gdpo_advantage", "grpo_passk_advantage",
     "rloo_outcome_advantage", "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
-    "reinforce_pp_advantage", "remax_advantage",
+    "decoupled_gae_advantage", "length_adaptive_lambda", "reinforce_pp_advantage", "remax_advantage",
 ]

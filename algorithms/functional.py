@@ -1,10 +1,10 @@
 """Pure tensor functions for advantages, policy/value losses, KL penalties and reward shaping.
 
 This module is the public import point (``from rlforge.algorithms import functional as F``). The
-advantage estimators live in :mod:`rlforge.algorithms.estimators`, the losses in
-:mod:`rlforge.algorithms.losses` and :mod:`rlforge.algorithms.pg_losses`, the rollout correction in :mod:`rlforge.algorithms.rollout_correction`;
-all are re-exported here. Defined here: the KL-in-reward penalty
-and its coefficient controllers, and DAPO's reward shaping and group filter.
+advantage estimators live in :mod:`rlforge.algorithms.estimators` and :mod:`rlforge.algorithms.token_baseline`,
+the losses in :mod:`rlforge.algorithms.losses` and :mod:`rlforge.algorithms.pg_losses`, the rollout correction
+in :mod:`rlforge.algorithms.rollout_correction`; all are re-exported here. Defined here: the KL-in-reward
+penalty and its coefficient controllers, and DAPO's reward shaping and group filter.
 
 Semantics follow verl's definitions (docs/algorithms/formulas.md lists each formula, its verl
 counterpart and every deliberate difference). Shapes: ``[B, R]`` = sequences x response tokens;
@@ -18,11 +18,14 @@ from typing import Any
 
 import torch
 from rlforge.algorithms.estimators import (
+    decoupled_gae_advantage,
     gae_advantage,
+    gdpo_advantage,
     gpg_advantage,
     group_index,
     grpo_outcome_advantage,
     grpo_passk_advantage,
+    length_adaptive_lambda,
     masked_var,
     masked_whiten,
     opo_advantage,
@@ -54,6 +57,10 @@ from rlforge.algorithms.pg_losses import (
     reinforce_policy_loss,
     sapo_policy_loss,
     sppo_policy_loss,
+)
+from rlforge.algorithms.token_baseline import (
+    optimal_token_baseline_advantage,
+    tir_optimal_token_baseline_advantage,
 )
 from rlforge.algorithms.rollout_correction import (
     ROLLOUT_IS_LEVELS,
@@ -185,7 +192,10 @@ __all__ = [
     # advantage estimators (estimators.py)
     "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "grpo_passk_advantage",
     "rloo_outcome_advantage", "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
-    "reinforce_pp_advantage", "remax_advantage",
+    "reinforce_pp_advantage", "remax_advantage", "gdpo_advantage", "decoupled_gae_advantage",
+    "length_adaptive_lambda",
+    # optimal token baseline (token_baseline.py)
+    "optimal_token_baseline_advantage", "tir_optimal_token_baseline_advantage",
     # losses (losses.py)
     "agg_loss", "clipped_policy_loss", "gspo_policy_loss", "gpg_policy_loss", "value_loss", "kl_penalty",
     # verl 0.9's other policy losses (pg_losses.py)

@@ -13,8 +13,9 @@ from rlforge.algorithms import shaping
 from rlforge.cli import main
 from rlforge.plugin_manager import PluginManager
 
-ALGOS = ["dapo", "dpo", "dr_grpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "ppo", "reinforce_pp",
-         "reinforce_pp_baseline", "remax", "rloo", "rm", "simpo"]
+ALGOS = ["dapo", "dpo", "dr_grpo", "gdpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "otb", "ppo",
+         "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo", "rm", "simpo", "tir_otb"]
+CRITIC_ALGOS = {"ppo"}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def test_flow_compiles_and_preset_applies(pm, algo):
     module = pm.registry.algorithm.get(algo)(cfg)
     names = module.flow().compile().names()
     assert cfg.algorithm.name == algo
-    assert ("values" in names and "update_critic" in names) == (algo == "ppo")
+    assert ("values" in names and "update_critic" in names) == (algo in CRITIC_ALGOS)
     assert ("greedy_baseline" in names) == (algo == "remax")
 
 

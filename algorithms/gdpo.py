@@ -1,0 +1,79 @@
+"""GDPO (arXiv:2601.05242, verl 0.8's ``gdpo`` estimator): GRPO normalization per reward component, then summed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from rlforge.algorithms.grpo import GRPO, GRPOConfig
+from rlforge.plugins.reward.rule import REWARD_EXTRA_INFO
+
+from rlforge import batch as B
+from rlforge.errors import ConfigError, DataError
+from rlforge.hookspecs import hookimpl
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+    from omegaconf import DictConfig
+    from rlforge.algorithms import functional as F
+else:
+    torch = lazy_import("torch")
+    F = lazy_import("rlforge.algorithms.functional")
+
+
+@dataclass
+class GDPOConfig(GRPOConfig):
+    reward_keys: list[str] = field(default_factory=list)  # the reward components: keys of compute_score's dict result (or [B] batch columns such as acc); [] = one component, the total reward (verl: gdpo_reward_keys)
+    reward_weights: Optional[list[float]] = None  # one weight per reward key; None = 1 each (verl: gdpo_reward_weights)
+
+
+class GDPO(GRPO):
+    """GRPO-normalize each reward component within its group, sum them (weighted), whiten over the batch."""
+
+    config_class = GDPOConfig
+    preset = {"algorithm": {"name": "gdpo"}, "rollout": {"n": 8}}
+
+    @classmethod
+    def validate_config(cls, config: DictConfig) -> None:
+        super().validate_config(config)
+        alg = config.algorithm
+        if alg.reward_weights is not None and len(alg.reward_weights) != len(alg.reward_keys):
+            raise ConfigError(f"'algorithm.reward_weights' has {len(alg.reward_weights)} entries for "
+                              f"{len(alg.reward_keys)} 'algorithm.reward_keys' ({list(alg.reward_keys)}): give one "
+                              f"weight per key, or null for 1 each.")
+
+    def reward_components(self, batch: B.Batch) -> list[torch.Tensor] | None:
+        """One score vector ``[B]`` per ``algorithm.reward_keys``: a batch column (summed over tokens when it is
+        ``[B, R]``) or the key of each sample's ``reward_extra_info``. None when no key is set."""
+        keys = list(self.config.algorithm.reward_keys)
+        if not keys:
+            return None
+        extras: list[dict[str, Any]] = batch[REWARD_EXTRA_INFO] if REWARD_EXTRA_INFO in batch else []
+        out = []
+        for key in keys:
+            if key in batch.tensors:
+                column = batch[key].double()
+                out.append(column.sum(-1) if column.dim() > 1 else column)
+                continue
+            missing = [i for i, e in enumerate(extras) if key not in e] if extras else [0]
+            if missing:
+                seen = sorted({k for e in extras for k in e})
+                raise DataError(f"GDPO reward key '{key}' (algorithm.reward_keys) is not in the reward of sample "
+                                f"{missing[0]}: compute_score must return a dict with it (its extra keys: "
+                                f"{seen or 'none'}), or name a [B] batch column (e.g. acc).")
+            out.append(torch.tensor([float(e[key]) for e in extras], dtype=torch.float64))
+        return out
+
+    def compute_advantages(self, batch: B.Batch) -> B.Batch:
+        cfg = self.config.algorithm
+        weights = list(cfg.reward_weights) if cfg.reward_weights is not None else None
+        return self.set_advantages(batch, F.gdpo_advantage(
+            batch[B.TOKEN_LEVEL_REWARDS], batch[B.RESPONSE_MASK], batch[B.UID], self.reward_components(batch),
+            weights, cfg.norm_adv_by_std, cfg.epsilon,
+        ))
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.algorithm.register("gdpo", GDPO)
