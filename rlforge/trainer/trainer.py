@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlforge import batch as B
 from rlforge import checkpoint as ckpt
+from rlforge import diskio
 from rlforge import pipeline as pipelines
 from rlforge import resume
 from rlforge.agent.stage import AgentValidation, validation_controller
@@ -159,8 +160,9 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "mlflow_uri": f"sqlite:///{(self.run_dir / 'mlflow.db').resolve()}",
         }
-        with ckpt.disk_errors(f"write {self.run_dir / 'summary.json'}", "The last checkpoint is complete."):
-            ckpt.write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        with diskio.disk_errors(f"write {self.run_dir / 'summary.json'}", "The last checkpoint is complete.",
+                                where=self.run_dir):
+            diskio.write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         self.hook.rlforge_fit_end(trainer=self, module=module, summary=summary)
         print_summary(summary, "mlflow" in cfg.logger.backends)
         return summary
@@ -218,7 +220,8 @@ class Trainer:
         return metrics
 
     def _log(self, metrics: dict[str, float]) -> None:
-        with ckpt.disk_errors(f"log the metrics of step {self.step} into {self.run_dir}", RESUME_HINT):
+        with diskio.disk_errors(f"log the metrics of step {self.step} into {self.run_dir}", RESUME_HINT,
+                                where=self.run_dir):
             for lg in self.loggers:
                 lg.log_metrics(metrics, self.step)
 
@@ -226,8 +229,8 @@ class Trainer:
         records = sample_records(batch, limit)  # none for batches without generated text (offline algorithms)
         if not records:
             return
-        with ckpt.disk_errors(f"write {self.run_dir / name}", RESUME_HINT), \
-                (self.run_dir / name).open("a", encoding="utf-8") as fh:
+        with diskio.disk_errors(f"write {self.run_dir / name}", RESUME_HINT, where=self.run_dir), \
+                diskio.open_text(self.run_dir / name, append=True) as fh:
             for record in records:
                 fh.write(json.dumps({"step": self.step, **record}) + "\n")
 
