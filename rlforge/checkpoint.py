@@ -15,18 +15,16 @@ always the full, gathered model: any checkpoint exports and serves as it is.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import random
 import re
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlforge.diskio import disk_errors, fsync_dir, open_binary, open_text, tensor_bytes
 from rlforge.errors import RLForgeError
 from rlforge.lazy import lazy_import
 
@@ -82,7 +80,8 @@ def new_run_dir(root: str, experiment: str) -> Path:
     """A new folder ``<root>/<experiment>/<timestamp>[-N]`` whose name sorts after every existing run's, even
     if the clock went back, so that name order is creation order."""
     base = Path(root) / experiment
-    with disk_errors(f"create a run folder in {base} (trainer.runs_root={root})", "Choose a writable trainer.runs_root."):
+    with disk_errors(f"create a run folder in {base} (trainer.runs_root={root})", "Choose a writable trainer.runs_root.",
+                     where=base):
         base.mkdir(parents=True, exist_ok=True)
         runs = runs_of(base)
         newest = (run_order(runs[-1].name) if runs else None) or ("", -1)
@@ -135,55 +134,6 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 # --- writing --------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def disk_errors(what: str, hint: str = "") -> Iterator[None]:
-    """Turn a failed write (full disk, no permission, read-only file system) into an RLForgeError: "Cannot
-    <what>: <reason>. <hint>"."""
-    try:
-        yield
-    except Exception as exc:
-        reason = write_failure(exc)
-        if reason is None:
-            raise
-        raise RLForgeError(f"Cannot {what}: {reason}.{' ' + hint if hint else ''}") from None
-
-
-def write_failure(exc: BaseException) -> str | None:
-    """The reason in words if ``exc`` is a failed file write, else None. Libraries that write in native code
-    (safetensors) and sqlite (mlflow's store) report a full disk as their own exception, recognized by its text."""
-    if isinstance(exc, OSError):
-        return f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
-    text = str(exc)
-    if any(sign in text for sign in ("No space left on device", "StorageFull", "database or disk is full")):
-        return os.strerror(errno.ENOSPC)
-    return None
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a flushed temporary file and a rename: readers see all or nothing."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some file systems cannot sync a folder; the files themselves are synced
-        if exc.errno not in (errno.EINVAL, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(folder: Path) -> None:
     """Flush every file and folder under ``folder`` to disk, so a rename after it never exposes empty files."""
     for path in sorted(folder.rglob("*"), reverse=True):
@@ -191,8 +141,8 @@ def _fsync_tree(folder: Path) -> None:
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
         elif path.is_dir():
-            _fsync_dir(path)
-    _fsync_dir(folder)
+            fsync_dir(path)
+    fsync_dir(folder)
 
 
 def save(
@@ -205,9 +155,13 @@ def save(
     tmp = folder / f".tmp_step_{step:06d}"
     previous = list_checkpoints(run_dir)
     kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()) if hasattr(model, "parameters") else 0
+    sizes = {"actor/": weights, STATE_FILE: tensor_bytes(state)}
+    current = [str(tmp / "actor")]  # the file being written, named when a native writer does not say
     try:
         with disk_errors(f"write checkpoint step {step} into {folder}",
-                         f"{kept[0].upper()}{kept[1:]}: free space, then continue with trainer.resume=auto."):
+                         f"{kept[0].upper()}{kept[1:]}: free space, then continue with trainer.resume=auto.",
+                         where=folder, needed=sum(sizes.values()), largest=max(sizes.values()), current=current):
             folder.mkdir(parents=True, exist_ok=True)
             if tmp.exists():
                 shutil.rmtree(tmp)
@@ -216,13 +170,18 @@ def save(
             staged = staging_dir(run_dir, step)
             if staged.is_dir():
                 staged.rename(tmp / SHARDED_DIR)
-            torch.save(state, tmp / STATE_FILE)
-            (tmp / META_FILE).write_text(json.dumps({"step": step, **(meta or {})}, indent=1, default=str))
+            current[0] = str(tmp / STATE_FILE)
+            with open_binary(tmp / STATE_FILE) as fh:  # a file object: torch's writer then chains the OSError
+                torch.save(state, fh)
+            current[0] = str(tmp / META_FILE)
+            with open_text(tmp / META_FILE) as fh:
+                fh.write(json.dumps({"step": step, **(meta or {})}, indent=1, default=str))
+            current[0] = ""
             _fsync_tree(tmp)
             if final.exists():
                 _delete(final)
             tmp.rename(final)
-            _fsync_dir(folder)
+            fsync_dir(folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for stale in folder.glob(".staged_step_*"):  # left by a run killed between staging and saving

@@ -32,6 +32,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlforge import checkpoint as ckpt
+from rlforge import diskio
 from rlforge.errors import RLForgeError
 from rlforge.runlock import RunLock
 
@@ -101,7 +102,7 @@ def _new_run(config: DictConfig, run_dir: Path | None) -> Binding:
     if run_dir is None:
         run_dir = ckpt.new_run_dir(config.trainer.runs_root, config.trainer.experiment)
     else:
-        with ckpt.disk_errors(f"create the run folder {run_dir} (trainer.run_dir)", "Choose a writable folder."):
+        with diskio.disk_errors(f"create the run folder {run_dir} (trainer.run_dir)", "Choose a writable folder."):
             run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir)
     try:
@@ -203,8 +204,9 @@ def _set_aside(checkpoints: list[Path], why: str) -> None:
 # --- the run's config --------------------------------------------------------------------------------
 def write_run_config(run_dir: Path, config: DictConfig) -> None:
     """``<run>/config.yaml``, atomically, ending with :data:`END_MARK`."""
-    with ckpt.disk_errors(f"write {run_dir / CONFIG_FILE}", "Free space or choose a writable trainer.runs_root."):
-        ckpt.write_atomic(run_dir / CONFIG_FILE, OmegaConf.to_yaml(config) + END_MARK + "\n")
+    with diskio.disk_errors(f"write {run_dir / CONFIG_FILE}", "Free space or choose a writable trainer.runs_root.",
+                            where=run_dir):
+        diskio.write_atomic(run_dir / CONFIG_FILE, OmegaConf.to_yaml(config) + END_MARK + "\n")
 
 
 def read_run_config(run_dir: Path) -> tuple[DictConfig | None, str]:
@@ -346,6 +348,6 @@ def _record(run_dir: Path, checkpoint: Path | None, step: int, changed: dict[str
             forced: list[str]) -> None:
     line = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "pid": os.getpid(),
             "checkpoint": checkpoint.name if checkpoint else None, "step": step, "changed": changed, "forced": forced}
-    with ckpt.disk_errors(f"write {run_dir / RESUMES_FILE}", "Free space, then resume again."):
-        with open(run_dir / RESUMES_FILE, "a", encoding="utf-8") as fh:
+    with diskio.disk_errors(f"write {run_dir / RESUMES_FILE}", "Free space, then resume again.", where=run_dir):
+        with diskio.open_text(run_dir / RESUMES_FILE, append=True) as fh:
             fh.write(json.dumps(line, default=str) + "\n")

@@ -5,6 +5,9 @@ included: a lock is never stale. The file keeps the holder's pid, host and start
 writer can say who holds the folder; on a clean release the file is emptied, so a non-empty file found by the
 next holder means the previous writer did not exit cleanly (it was killed). Processes forked by the holder
 (reward workers) close their inherited copy at fork, so they never keep the folder locked after it dies.
+
+The lock file is opened with ``O_NOFOLLOW`` and must be a regular file with one link: a ``.rlforge.lock`` that
+is a symbolic or hard link to another file is refused, never written through (``rlforge.diskio.open_regular``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import socket
 import time
 from pathlib import Path
 
+from rlforge import diskio
 from rlforge.errors import RLForgeError
 
 LOCK_FILE = ".rlforge.lock"
@@ -43,7 +47,7 @@ class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / LOCK_FILE
         try:
-            self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self.fd: int | None = diskio.open_regular(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
             raise RLForgeError(f"Cannot create the lock file {self.path}: {exc.strerror}.") from None
         try:
@@ -65,8 +69,13 @@ class RunLock:
         if previous:
             log.warning("Run folder %s: the previous writer (%s) did not exit cleanly (killed or crashed); its "
                         "unfinished checkpoint, if any, is discarded.", run_dir, previous)
-        self._write({"pid": os.getpid(), "host": socket.gethostname(),
-                     "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+        try:
+            with diskio.disk_errors(f"write the lock file {self.path}", "Free space, then start again.", where=run_dir):
+                self._write({"pid": os.getpid(), "host": socket.gethostname(),
+                             "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+        except RLForgeError:
+            self._close()
+            raise
 
     def _holder(self) -> str:
         """The recorded holder in words, '' if none."""

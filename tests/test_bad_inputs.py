@@ -6,13 +6,13 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pathlib
 import shutil
 
 import pytest
 import torch
 
 from rlforge import checkpoint as ckpt
+from rlforge import diskio
 from rlforge.cli import main
 from rlforge.errors import RLForgeError
 from rlforge.models import ASSETS
@@ -241,31 +241,32 @@ def _enospc(*args, **kwargs):
 def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(capsys, tmp_path, monkeypatch):
     real_save = torch.save
 
-    def full_at_step_2(obj, path, *args, **kwargs):
-        if "step_000002" in str(path):
+    def full_at_step_2(obj, fh, *args, **kwargs):
+        if list(tmp_path.glob("default/*/checkpoints/step_000001")):
             _enospc()
-        real_save(obj, path, *args, **kwargs)
+        real_save(obj, fh, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_at_step_2)
     err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", "trainer.total_steps=2",
                           "trainer.save_every=1"])
     (run,) = (tmp_path / "default").iterdir()
     ckpts = run / "checkpoints"
-    assert f"Cannot write checkpoint step 2 into {ckpts}: No space left on device." in err
+    assert f"Cannot write checkpoint step 2 into {ckpts}: No space left on device " \
+           f"({ckpts / '.tmp_step_000002' / 'trainer_state.pt'}). It needs about " in err and "free there" in err
     assert f"The previous checkpoint {ckpts / 'step_000001'} is intact" in err and "trainer.resume=auto" in err
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_000001"]  # no half-written temporary folder
     ckpt.read(ckpts / "step_000001")  # complete and readable
 
 
 def test_disk_full_while_writing_samples(capsys, tmp_path, monkeypatch):
-    real_open = pathlib.Path.open
+    real_open = diskio.open_text
 
-    def full_at_step_2(self, *args, **kwargs):
-        if self.name == "samples.jsonl" and (self.parent / "checkpoints" / "step_000001").is_dir():
+    def full_at_step_2(path, *args, **kwargs):
+        if path.name == "samples.jsonl" and (path.parent / "checkpoints" / "step_000001").is_dir():
             _enospc()
-        return real_open(self, *args, **kwargs)
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(pathlib.Path, "open", full_at_step_2)
+    monkeypatch.setattr(diskio, "open_text", full_at_step_2)
     err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", "trainer.total_steps=2",
                           "trainer.save_every=1"])
     (run,) = (tmp_path / "default").iterdir()
@@ -280,10 +281,10 @@ def test_disk_full_while_writing_samples(capsys, tmp_path, monkeypatch):
 ])
 def test_write_failures_from_native_writers_are_recognized(exc):
     with pytest.raises(RLForgeError, match=r"^Cannot save it: (Read-only file system \(/x\)|No space left on device)"):
-        with ckpt.disk_errors("save it"):
+        with diskio.disk_errors("save it"):
             raise exc
     with pytest.raises(KeyError):  # anything else is not a write failure and passes through
-        with ckpt.disk_errors("save it"):
+        with diskio.disk_errors("save it"):
             raise KeyError("x")
 
 

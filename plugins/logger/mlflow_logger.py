@@ -1,17 +1,39 @@
-"""``mlflow`` logger: a sqlite tracking store inside the run folder, asynchronous metric logging."""
+"""``mlflow`` logger: a sqlite tracking store inside the run folder, asynchronous metric logging.
+
+mlflow's asynchronous logging writes in a background thread, and a write that fails there (a full disk, a
+file-size limit) is only logged by mlflow: the run would go on, and end pointing at a store that lacks its
+metrics. So each step waits for the previous step's write (done by then: it costs nothing) and the end of the
+run (``rlforge_fit_end``, before the summary) waits for the last one; a failed write stops the run with one
+message naming the store, what failed and the space there (``rlforge.diskio``). A ``mlflow.db`` that is a link
+is refused: sqlite would write into the link's target.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rlforge import diskio
+from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
+
+log = logging.getLogger("rlforge.logger")
+# mlflow logs each failed asynchronous write with its traceback from its background thread; rlforge reports it
+# as one error instead (every failed write stops the run)
+MLFLOW_FAULT_LOGGERS = ("mlflow.utils.async_logging.async_logging_queue", "mlflow.store.db.utils")
+STORE = "mlflow.db"
+RESUME_HINT = ("samples.jsonl and the checkpoints are complete; free space, then continue with trainer.resume=auto, "
+               "or drop mlflow from logger.backends.")
 
 
 def tracking_uri(run_dir: str) -> str:
-    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+    return f"sqlite:///{Path(run_dir).resolve() / STORE}"
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -36,31 +58,115 @@ class MlflowLogger:
         import mlflow
 
         self.mlflow = mlflow
+        for name in MLFLOW_FAULT_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        self.store = Path(run_dir).resolve() / STORE
+        diskio.refuse_links(self.store)  # sqlite would follow a link and write into its target
         self.uri = tracking_uri(run_dir)
-        mlflow.set_tracking_uri(self.uri)
-        artifacts = (Path(run_dir).resolve() / "mlartifacts").as_uri()
-        name = config.trainer.project
-        if mlflow.get_experiment_by_name(name) is None:
-            mlflow.create_experiment(name, artifact_location=artifacts)
-        mlflow.set_experiment(name)
-        id_file = Path(run_dir) / "mlflow_run_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else None
-        self.run = mlflow.start_run(run_id=run_id, run_name=f"{config.trainer.experiment}/{Path(run_dir).name}")
-        id_file.write_text(self.run.info.run_id)
+        self.pending: tuple[str, Any] | None = None  # (what, mlflow's RunOperations) of the last async write
+        with self._store_errors("open the mlflow store"):
+            mlflow.set_tracking_uri(self.uri)
+            artifacts = (Path(run_dir).resolve() / "mlartifacts").as_uri()
+            name = config.trainer.project
+            if mlflow.get_experiment_by_name(name) is None:
+                mlflow.create_experiment(name, artifact_location=artifacts)
+            mlflow.set_experiment(name)
+            id_file = Path(run_dir) / "mlflow_run_id"
+            run_id = id_file.read_text().strip() if id_file.is_file() else None
+            self.run = mlflow.start_run(run_id=run_id, run_name=f"{config.trainer.experiment}/{Path(run_dir).name}")
+            diskio.write_atomic(id_file, self.run.info.run_id)
 
     def log_params(self, params: dict[str, Any]) -> None:
         flat = {k: str(v)[:6000] for k, v in flatten(params).items()}
-        existing = self.mlflow.get_run(self.run.info.run_id).data.params
-        self.mlflow.log_params({k: v for k, v in flat.items() if k not in existing}, synchronous=False)
+        with self._store_errors("read the run's parameters"):
+            existing = self.mlflow.get_run(self.run.info.run_id).data.params
+        ops = self.mlflow.log_params({k: v for k, v in flat.items() if k not in existing}, synchronous=False)
+        self._settle()
+        self.pending = ("write the run's parameters", ops)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics({mlflow_name(k): float(v) for k, v in metrics.items()}, step=step, synchronous=False)
+        ops = self.mlflow.log_metrics({mlflow_name(k): float(v) for k, v in metrics.items()}, step=step,
+                                      synchronous=False)
+        self._settle()  # the previous write, finished by now; this one is checked at the next call or the end
+        self.pending = (f"write the metrics of step {step}", ops)
+
+    def flush(self) -> None:
+        """Wait for the last asynchronous write. :raises diskio.WriteFailure: it failed."""
+        self._settle()
+
+    def _settle(self) -> None:
+        if self.pending is None:
+            return
+        (what, ops), self.pending = self.pending, None
+        if ops is not None:
+            with self._store_errors(what, every=True):
+                ops.wait()
+
+    def _store_errors(self, what: str, every: bool = False) -> Any:
+        return store_errors(what, self.store, every)
 
     def log_artifact(self, path: str) -> None:
         self.mlflow.log_artifact(path)
 
     def close(self) -> None:
-        self.mlflow.end_run()
+        try:
+            self._settle()
+        except diskio.WriteFailure as exc:  # the run already stopped, or the end of the run reported it
+            log.warning("%s", exc)
+        finally:
+            self.mlflow.end_run()
+
+
+NEARLY_FULL = 1 << 20  # bytes: a store this close to the file-size limit, or a disk with less free, is full
+
+
+@contextlib.contextmanager
+def store_errors(what: str, store: Path, every: bool = False) -> Iterator[None]:
+    """A failed write into the sqlite store as one ``WriteFailure`` naming the store and the cause; other errors
+    pass, unless ``every`` (an asynchronous write, whose data is lost whatever the cause).
+
+    sqlite reports a write that the file-size limit stopped as ``disk I/O error``: when the error does not say
+    what failed, a store at the file-size limit or a disk with (almost) no space left is named as the cause."""
+    try:
+        yield
+    except RLForgeError:
+        raise
+    except Exception as exc:
+        code = _cause(exc, store)
+        if code is None and not every:
+            raise
+        said = _reason(str(exc)) or type(exc).__name__
+        reason = f"{os.strerror(code)} (mlflow: {said})" if code is not None else f"mlflow: {said}"
+        if code == errno.EFBIG and (limit := diskio.file_size_limit()) is not None and store.exists():
+            space = (f"The file-size limit of this process (ulimit -f) is {diskio.size_words(limit)} and the store has "
+                     f"grown to {diskio.size_words(store.stat().st_size)}: raise it (ulimit -f unlimited).")
+        else:
+            space = diskio.space_words(code, store.parent)
+        raise diskio.WriteFailure(f"Cannot {what} into {store}: {reason}.{' ' + space if space else ''} The store "
+                                  f"lacks them from here on: {RESUME_HINT}") from None
+
+
+def _reason(text: str) -> str:
+    """The database's own words from mlflow's message (which wraps each failed async write in a list repr)."""
+    found = re.search(r"\((sqlite3\.\w+)\) (.+?)(?:\\n|\n|'\)|$)", text)
+    if found:
+        return f"{found[1]}: {found[2]}"
+    return (text.strip().splitlines() or [""])[0][:300]
+
+
+def _cause(exc: BaseException, store: Path) -> int | None:
+    """The errno of a failed write into the store, from the error or (for sqlite's 'disk I/O error') the disk."""
+    found = diskio.failed_write(exc)
+    if found is not None and found[0] is not None:
+        return found[0]
+    if "disk I/O error" not in str(exc):
+        return None
+    limit = diskio.file_size_limit()
+    files = [p for p in (store, store.with_name(STORE + "-journal"), store.with_name(STORE + "-wal")) if p.exists()]
+    if limit is not None and any(p.stat().st_size + NEARLY_FULL >= limit for p in files):
+        return errno.EFBIG
+    free = diskio.free_bytes(store.parent)
+    return errno.ENOSPC if free is not None and free < NEARLY_FULL else None
 
 
 def mlflow_name(name: str) -> str:
@@ -68,6 +174,14 @@ def mlflow_name(name: str) -> str:
     ``_at_`` (``val-core/gsm8k/acc/mean@4`` -> ``val-core/gsm8k/acc/mean_at_4``, as verl's mlflow logger writes it)
     and any other character ``_``."""
     return re.sub(r"[^\w\-. :/]", "_", name.replace("@", "_at_"))
+
+
+@hookimpl
+def rlforge_fit_end(trainer: Any, module: Any, summary: dict[str, Any]) -> None:
+    """Before the summary points at the store: the last metrics are in it, or the run ends with the error."""
+    for lg in getattr(trainer, "loggers", ()):
+        if isinstance(lg, MlflowLogger):
+            lg.flush()
 
 
 @hookimpl
