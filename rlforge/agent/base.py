@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -189,6 +190,11 @@ class AgentLoop:
 
     async def run(self, sample: Sample, engine: TrajectoryEngine) -> Trajectory:
         raise NotImplementedError(f"{type(self).__name__} must implement run")  # abstract
+
+    def rollout_scope(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """An async context entered in the rollout's event loop before its trajectories start, and left there once
+        they are done: where a loop starts what must live in that loop (a server). Default: nothing."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         """Release what the loop holds (servers, processes); called when training ends."""

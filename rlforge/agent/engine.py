@@ -8,6 +8,10 @@ tools take: with sampling, a run is reproducible when every tool answers within 
 always is). The order of the requests in a wave does not depend on timing: they are sorted by trajectory (the
 sample's row), and a seeded request (``SamplingParams.seed``, the off-policy pipelines) samples with a seed derived
 from it and the wave's number.
+
+A request samples as the rollout does: the trainer scores every token at the rollout's sampling, so a request whose
+temperature, top_p or top_k differs from the handle's defaults is refused (``ValueError``) rather than trained
+off-policy. ``max_new_tokens`` and ``seed`` may differ.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -27,6 +31,14 @@ if TYPE_CHECKING:
 
 WAVE_WAIT_S = 0.05  # default longest wait for trajectories still in a tool call before a wave starts without them
 Backend = Callable[[list[list[int]], list[SamplingParams]], list[Generation]]
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k")  # what changes the distribution a token is sampled from
+OFF_POLICY = ("the rollout samples with {key}={value:g} (rollout.{key}; rollout.val_* in validation) and the trainer "
+              "scores every token at that sampling, so tokens sampled otherwise would be trained off-policy")
+
+
+def off_policy_fields(asked: Mapping[str, Any], rollout: SamplingParams) -> list[tuple[str, Any]]:
+    """``(field, the rollout's value)`` for each sampling field in ``asked`` whose value differs from the rollout's."""
+    return [(k, getattr(rollout, k)) for k in SAMPLING_FIELDS if k in asked and asked[k] != getattr(rollout, k)]
 
 
 class EngineHandle:
@@ -62,6 +74,11 @@ class EngineHandle:
                       overrides: dict[str, Any]) -> Generation:
         """:meth:`generate`, placed in its wave by ``order`` (the trajectory's row), then by arrival."""
         p = replace(params or self.defaults, n=1, **overrides)
+        off = off_policy_fields({k: getattr(p, k) for k in SAMPLING_FIELDS}, self.defaults)
+        if off:
+            key, value = off[0]
+            raise ValueError(f"generate() asked for {key}={getattr(p, key)!r}, but "
+                             f"{OFF_POLICY.format(key=key, value=value)}. Leave {key} out of the request.")
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("generate() needs at least one prompt token")

@@ -4,6 +4,7 @@ driver), their generations batched through one :class:`EngineHandle`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import threading
 from collections.abc import Coroutine
@@ -47,14 +48,16 @@ class AgentRunner:
         return self.context.chat.decode(traj.response_ids[spans[-1][0]:spans[-1][1]]) if spans else ""
 
     async def _run_all(self, items: list[Sample], handle: EngineHandle) -> list[tuple[Trajectory, float]]:
-        tasks = [asyncio.ensure_future(self._run_one(s, handle)) for s in items]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:  # the first failure stops the others
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+        scope = getattr(self.loop, "rollout_scope", None)  # optional outside the AgentLoop base class
+        async with scope() if scope is not None else contextlib.nullcontext():
+            tasks = [asyncio.ensure_future(self._run_one(s, handle)) for s in items]
+            try:
+                return list(await asyncio.gather(*tasks))
+            except BaseException:  # the first failure stops the others
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
 
     async def _run_one(self, sample: Sample, handle: EngineHandle) -> tuple[Trajectory, float]:
         engine = TrajectoryEngine(handle, sample.index)

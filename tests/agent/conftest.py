@@ -79,3 +79,20 @@ def prompt_batch(tok, questions: list[tuple[str, str]], max_len: int = 64):
 
 def sampling(n: int = 1, max_new_tokens: int = 160) -> SamplingParams:
     return SamplingParams(n=n, temperature=0.0, max_new_tokens=max_new_tokens)
+
+
+def runner_for(pm, tok, *overrides):
+    """The agent runner of a config with ``overrides`` (short prompts, 160 response tokens)."""
+    cfg = rlforge.load_config("grpo", ["data.max_prompt_length=64", "rollout.max_new_tokens=160", *overrides],
+                              plugins=pm)
+    return Builder(cfg, pm).agent(tok)
+
+
+def run_loop(pm, tok, loop, engine, questions=(("2+3?", "5"),), n=1, params=None):
+    """One rollout of ``questions`` through ``rollout.agent.loop=loop`` on ``engine`` (default sampling: greedy):
+    (batch, metrics)."""
+    runner = runner_for(pm, tok, f"rollout.agent.loop={loop}")
+    try:
+        return runner.rollout(prompt_batch(tok, list(questions)), params or sampling(n=n), engine)
+    finally:
+        runner.close()

@@ -3,9 +3,11 @@ included) produces the same trajectory, token for token, as the built-in ``tool_
 
 from __future__ import annotations
 
+import http.client
 import json
 import textwrap
 import threading
+import urllib.parse
 
 import openai
 import pytest
@@ -13,12 +15,12 @@ import pytest
 import rlforge
 from rlforge import batch as B
 from rlforge.agent import AgentLoopError
-from rlforge.build import Builder
 from rlforge.hookspecs import hookimpl
 from rlforge.plugin_manager import PluginManager
 from rlforge.plugins.agent.openai_server import OpenAIAgentLoop
 from rlforge.plugins.agent.tools import Calculator
-from tests.agent.conftest import LOGPROB, Scripted, calculator_then_answer, prompt_batch, sampling
+from tests.agent.conftest import (LOGPROB, Scripted, calculator_then_answer, prompt_batch, run_loop, runner_for,
+                                  sampling)
 
 TOOLS = [Calculator(None).schema()]
 
@@ -63,7 +65,8 @@ class Probe(OpenAIAgentLoop):
 
     def agent(self, sample, endpoint):
         api = client(endpoint)
-        for kwargs in ({"stream": True}, {"n": 2}, {"stop": ["\n"]}):
+        for kwargs in ({"n": 2}, {"stop": ["\n"]}, {"tool_choice": "required", "seed": 3},
+                       {"response_format": {"type": "json_object"}, "extra_body": {"top_k": 5, "guided_json": {}}}):
             try:
                 api.chat.completions.create(model="m", messages=sample.messages, **kwargs)
             except openai.BadRequestError as exc:
@@ -104,7 +107,7 @@ class Rejected(OpenAIAgentLoop):
         first = api.chat.completions.create(model="m", messages=sample.messages).choices[0].message
         more = [*sample.messages, first, {"role": "user", "content": "sure?"}]
         long = [{"role": "user", "content": "x" * 100}]  # over data.max_prompt_length=64
-        for messages, kwargs in ((more, {"max_tokens": -1}), (more, {"stream": True}), (more, {"n": 2}),
+        for messages, kwargs in ((more, {"max_tokens": -1}), (more, {"seed": 1}), (more, {"n": 2}),
                                  (more, {"stop": ["\n"]}), (sample.messages, {"temperature": -1}), (long, {})):
             try:
                 api.chat.completions.create(model="m", messages=messages, **kwargs)
@@ -117,14 +120,20 @@ CONCURRENT = 96
 
 
 class Crowd(OpenAIAgentLoop):
-    """All agents send their request at once, on fresh connections, without retries."""
+    """All agents send their request at once, on fresh connections, without retries (plain http.client: an
+    openai client per agent costs ~80 ms of CPU to build)."""
 
     barrier = threading.Barrier(CONCURRENT, timeout=30)
 
     def agent(self, sample, endpoint):
-        api = client(endpoint)
+        url = urllib.parse.urlsplit(endpoint.base_url)
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
         Crowd.barrier.wait()
-        return api.chat.completions.create(model="m", messages=sample.messages).choices[0].message.content
+        connection.request("POST", f"{url.path}/chat/completions", json.dumps({"messages": sample.messages}),
+                           {"Content-Type": "application/json"})
+        reply = json.loads(connection.getresponse().read())
+        connection.close()
+        return reply["choices"][0]["message"]["content"]
 
 
 class Models(OpenAIAgentLoop):
@@ -162,21 +171,6 @@ def agent_pm():
     pm = PluginManager(autoload=False)
     pm.register(Plugin(), name="openai_test_agents")
     return pm
-
-
-def runner_for(pm, tok, *overrides):
-    cfg = rlforge.load_config("grpo", ["data.max_prompt_length=64", "rollout.max_new_tokens=160", *overrides],
-                              plugins=pm)
-    return Builder(cfg, pm).agent(tok)
-
-
-def run_loop(pm, tok, loop, engine, questions=(("2+3?", "5"),), n=1):
-    """One rollout of ``questions`` through ``rollout.agent.loop=loop`` on ``engine``: (batch, metrics)."""
-    runner = runner_for(pm, tok, f"rollout.agent.loop={loop}")
-    try:
-        return runner.rollout(prompt_batch(tok, list(questions)), sampling(n=n), engine)
-    finally:
-        runner.close()
 
 
 def test_openai_client_agent_matches_the_tool_agent_loop(agent_pm, tok):
@@ -233,11 +227,16 @@ def test_entry_function_from_a_file(pm, tok, tmp_path):
 def test_unsupported_requests_are_400s_and_a_new_conversation_restarts(agent_pm, tok):
     Probe.seen.clear()
     out, metrics = run_loop(agent_pm, tok, "probe", Scripted(tok, lambda _: "7"))
-    assert Probe.seen[:3] == [
-        "stream=true is not supported by the rlforge endpoint",
-        "n > 1 is not supported: send one request per completion",
-        "'stop' sequences are not supported: the model stops at its end-of-turn token"]
-    assert Probe.seen[3] == ("stop", "7")
+    assert Probe.seen[:4] == [
+        "Unsupported request fields: n=2 (only n=1: send one request per completion)",
+        "Unsupported request fields: stop=['\\n'] (no stop sequences: the model stops at its end-of-turn token)",
+        "Unsupported request fields: tool_choice='required' (only 'auto': the model decides whether to call a tool "
+        "(a call cannot be forced or forbidden without changing what it samples)); seed=3 (the rollout seeds its own "
+        "sampling (trainer.seed))",
+        "Unsupported request fields: response_format={'type': 'json_object'} (only {'type': 'text'}: there is no "
+        "constrained decoding); top_k (not supported by the rlforge endpoint); guided_json (not supported by the "
+        "rlforge endpoint)"]
+    assert Probe.seen[4] == ("stop", "7")
     assert metrics["agent/restarts/mean"] == 1
     assert tok.decode(out[B.PROMPTS][0]) == "<|user|>1+1?<|end|><|assistant|>"  # the last conversation
 
@@ -263,9 +262,9 @@ def test_out_of_range_sampling_values_are_the_requests_own_400s(agent_pm, tok):
     engine = Strict(tok, lambda _: "5")
     out, _ = run_loop(agent_pm, tok, "bad_sampling", engine, [("bad?", "5"), ("2+3?", "5"), ("2+3?", "5")])
     assert BadSampling.seen == [
-        "temperature=-1 is out of range: temperature must be a number >= 0",
-        "top_p=5 is out of range: top_p must be a number with 0 < top_p <= 1",
-        "top_p=0 is out of range: top_p must be a number with 0 < top_p <= 1",
+        "Unsupported request fields: temperature=-1 (out of range: temperature must be a number >= 0)",
+        "Unsupported request fields: top_p=5 (out of range: top_p must be a number with 0 < top_p <= 1)",
+        "Unsupported request fields: top_p=0 (out of range: top_p must be a number with 0 < top_p <= 1)",
         "max_tokens=-1 is out of range: max_tokens must be an integer >= 1",
         "max_tokens=0 is out of range: max_tokens must be an integer >= 1",
         "max_completion_tokens=1.5 is out of range: max_completion_tokens must be an integer >= 1"]

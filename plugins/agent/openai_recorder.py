@@ -1,0 +1,157 @@
+"""One trajectory's conversation as the ``openai_agent`` endpoint sees it, and the replies it sends (a chat
+completion, or its chunks for ``stream=true``).
+
+The endpoint keeps the conversation as tokens: a request that continues the previous request and its reply adds its
+new messages (tool results, user turns) as inserted tokens after the recorded model tokens. A request that does not
+starts the trajectory over from its own messages (``restarts``). An assistant message the agent sends back must be
+the reply it got (the same text, the same tool calls by name and arguments): one that differs was edited, so it is
+not what the model generated, and the request starts the trajectory over with the edited message in the prompt
+(``edited_turns``). The model is thus trained only on tokens it generated, after the context the agent sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from rlforge.agent import Conversation, Sample, TrajectoryEngine
+from rlforge.errors import RLForgeError
+from rlforge.plugins.agent.openai_request import ChatRequest, RequestError, parse_request
+
+MODEL = "rlforge-policy"
+REJECTED = (RequestError, RLForgeError, ValueError)  # answered with HTTP 400, e.g. a prompt over max_prompt_length
+
+
+class Recorder:
+    """One trajectory's conversation; its methods run on the rollout's event loop."""
+
+    def __init__(self, context: Any, sample: Sample, engine: TrajectoryEngine) -> None:
+        self.context, self.sample, self.engine = context, sample, engine
+        self.conv: Conversation | None = None
+        self.seen: list[dict[str, Any]] = []  # the last request's messages and the reply it got
+        self.restarts = 0
+        self.edited_turns = 0  # restarts because an assistant message differed from the model's reply
+        self.rejected = 0  # requests answered with HTTP 400
+        self.first_rejection = ""
+        self.lock = asyncio.Lock()  # one request of a trajectory at a time
+
+    async def complete(self, body: Any) -> tuple[ChatRequest, dict[str, Any]]:
+        """The checked request and its chat completion; a ``REJECTED`` error (HTTP 400) changes nothing."""
+        try:
+            request = parse_request(body, self.engine.defaults)
+            async with self.lock:
+                return request, await self._complete(request)
+        except REJECTED as exc:
+            self.rejected += 1
+            self.first_rejection = self.first_rejection or str(exc)
+            raise
+
+    async def _complete(self, request: ChatRequest) -> dict[str, Any]:
+        # Everything that can reject the request (HTTP 400) runs before the recorded conversation changes.
+        messages = request.messages
+        edited = False
+        if self.conv is not None and len(messages) > len(self.seen) and _continues(messages, self.seen):
+            conv, restart = self.conv, False
+            if conv.stop_reason is None:
+                conv.add_messages(messages[len(self.seen):])  # raises before it inserts anything
+        else:
+            conv = Conversation(self.context, self.sample, tools=request.tools or False, opening=messages)
+            restart = self.conv is not None
+            edited = restart and _edited(messages, self.seen)
+        text = await conv.generate(self.engine, max_new_tokens=request.max_tokens)
+        self.conv = conv
+        self.restarts += int(restart)
+        self.edited_turns += int(edited)
+        gen = conv.last if text is not None else None  # None: a limit ended the trajectory
+        message, finish = self._reply(text or "", gen, bool(request.tools))
+        self.seen = [*messages, _as_sent_back(message)]
+        return self._completion(message, finish, gen, request.logprobs)
+
+    def _reply(self, text: str, gen: Any, with_tools: bool) -> tuple[dict[str, Any], str]:
+        parsed = self.context.parser.parse(text) if with_tools and gen is not None else None
+        if parsed is not None and self.conv is not None:  # the trajectory's tool metrics, as tool_agent counts them
+            self.conv.stats.parse_errors += len(parsed.errors)
+        if parsed is None or not parsed.calls or parsed.errors:
+            return {"role": "assistant", "content": text}, gen.finish if gen is not None else "length"
+        if self.conv is not None:
+            self.conv.stats.calls += len(parsed.calls)
+        calls = [{"id": c.id, "type": "function",
+                  "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                 for c in parsed.calls]
+        return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, "tool_calls"
+
+    def _completion(self, message: dict[str, Any], finish: str, gen: Any, logprobs: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        if logprobs and gen is not None:
+            tok = self.context.tokenizer
+            choice["logprobs"] = {"content": [{"token": tok.decode([t]), "logprob": lp, "bytes": None,
+                                               "top_logprobs": []} for t, lp in zip(gen.ids, gen.log_probs)]}
+        assert self.conv is not None
+        completion = len(gen.ids) if gen is not None else 0
+        prompt = len(self.conv.prompt_ids) + len(self.conv.response_ids) - completion
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+                "model": MODEL, "choices": [choice],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                          "total_tokens": prompt + completion}}
+
+
+def stream_chunks(completion: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+    """A chat completion as OpenAI's ``chat.completion.chunk`` objects: the role, the content (with its log-probs),
+    the tool calls, the finish reason, and with ``include_usage`` a last chunk with the token counts. The turn is
+    generated whole (in a wave), so the chunks follow each other at once."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+            "model": completion["model"]}
+    usage = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
+                **usage}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    logprobs = choice["logprobs"]
+    if message.get("content"):
+        chunks.append(chunk({"content": message["content"]}, logprobs=logprobs))
+        logprobs = None
+    if message.get("tool_calls"):
+        chunks.append(chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}))
+    chunks.append(chunk({}, choice["finish_reason"], logprobs))
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": completion["usage"]})
+    return chunks
+
+
+def _as_sent_back(reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply as a checked request carries it back: content as a string, tool-call arguments decoded."""
+    out = {**reply, "content": reply.get("content") or ""}
+    if "tool_calls" in reply:
+        out["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                             for c in reply["tool_calls"]]
+    return out
+
+
+def _calls(message: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+
+
+def _same(sent: dict[str, Any], seen: dict[str, Any]) -> bool:
+    """Whether a message of the request is the one recorded at its place (an assistant one: the model's reply)."""
+    if sent.get("role") != seen.get("role") or sent.get("content") != seen.get("content"):
+        return False
+    return sent.get("role") != "assistant" or _calls(sent) == _calls(seen)
+
+
+def _continues(messages: list[dict[str, Any]], seen: list[dict[str, Any]]) -> bool:
+    return all(_same(a, b) for a, b in zip(messages, seen))
+
+
+def _edited(messages: list[dict[str, Any]], seen: list[dict[str, Any]]) -> bool:
+    """The request continues the recorded conversation except for assistant messages that differ from it."""
+    pairs = list(zip(messages, seen))
+    return (len(messages) > len(seen) and all(a.get("role") == b.get("role") for a, b in pairs)
+            and all(_same(a, b) for a, b in pairs if a.get("role") != "assistant")
+            and not all(_same(a, b) for a, b in pairs))
