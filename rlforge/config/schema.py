@@ -71,7 +71,7 @@ class Valid:
 
 
 def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 def option(default: Any, **valid: Any) -> Any:
@@ -126,7 +126,8 @@ class RewardConfig:
     fn_name: str = option("compute_score", pattern=IDENTIFIER, what="a Python identifier")  # function to load from `file`
     num_workers: int = option(1, ge=1)  # worker processes that evaluate reward functions (a hung one is killed and replaced)
     timeout_s: float = option(10.0, gt=0)  # per-sample CPU-time limit of a reward function call (wall-clock backstop: 10x)
-    fallback_score: float = 0.0  # score of a sample whose reward function raised, hung or returned a non-number
+    fallback_score: float = option(0.0, ge=-3.4028234663852886e38, le=3.4028234663852886e38, why="the float32 range of the reward tensor")  # score of a sample whose reward function raised, hung or returned a non-number
+    max_error_share: float = option(1.0, gt=0, le=1)  # the run stops on a batch whose share of failed reward calls (errors and timeouts) reaches this; 1 = only when every call failed
 
 
 @dataclass
