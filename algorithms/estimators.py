@@ -9,6 +9,7 @@ edge cases: docs/algorithms/formulas.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -280,6 +281,43 @@ def reinforce_pp_baseline_advantage(
     return adv, adv
 
 
+# --- SPPO's sequence targets -----------------------------------------------------------------------
+
+
+def softmean(x: torch.Tensor, beta: float) -> torch.Tensor:
+    """``(1 / beta) log((1 / n) sum_j exp(beta x_j))`` over the last dimension (0-d for a vector); the plain mean at
+    ``beta = 0`` (its limit). Between the mean (beta -> 0) and the max (beta -> inf)."""
+    if beta == 0:
+        return x.mean(-1)
+    return (torch.logsumexp(beta * x, dim=-1) - math.log(x.shape[-1])) / beta
+
+
+def sppo_softmean_advantage(
+    token_level_rewards: torch.Tensor, mask: torch.Tensor, beta: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPPO as verl's recipe runs it: ``A_i = r_i - softmean_beta(r)``, the soft mean over the **whole batch**
+    (no groups), broadcast to the valid tokens. Returns ``(advantages, returns)``, which are equal."""
+    scores = token_level_rewards.detach().sum(-1).double()
+    return _outcome(scores - softmean(scores, beta), token_level_rewards, mask)
+
+
+def sppo_win_rate_advantage(
+    token_level_rewards: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[Hashable]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPPO as the paper defines its target: ``A_i = P_i - 1/2`` with ``P_i`` the win rate of response ``i`` against
+    the other responses to the same prompt, ``(#{j: r_i > r_j} + #{j != i: r_i = r_j} / 2) / (n - 1)``; a singleton
+    gets 0. Broadcast to the valid tokens. Returns ``(advantages, returns)``, which are equal."""
+    g = _Groups(token_level_rewards.sum(-1), group_ids)
+    wins = torch.zeros_like(g.scores)
+    for group in range(len(g.count)):
+        rows = (g.index == group).nonzero().squeeze(-1)
+        s = g.scores[rows]
+        diff = s.unsqueeze(-1) - s.unsqueeze(0)  # [n, n]: r_i - r_j
+        wins[rows] = (diff > 0).double().sum(-1) + 0.5 * ((diff == 0).double().sum(-1) - 1)
+    adv = torch.where(g.singleton(), 0.0, wins / (g.size - 1).clamp(min=1) - 0.5)
+    return _outcome(adv, token_level_rewards, mask)
+
+
 # --- token-level estimators -----------------------------------------------------------------------
 
 
@@ -397,5 +435,6 @@ def remax_advantage(
 __all__ = [
     "masked_var", "masked_whiten", "group_index", "grpo_outcome_advantage", "gdpo_advantage", "grpo_passk_advantage",
     "rloo_outcome_advantage", "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
-    "decoupled_gae_advantage", "length_adaptive_lambda", "reinforce_pp_advantage", "remax_advantage",
+    "decoupled_gae_advantage", "length_adaptive_lambda", "reinforce_pp_advantage", "remax_advantage", "softmean",
+    "sppo_softmean_advantage", "sppo_win_rate_advantage",
 ]

@@ -33,6 +33,9 @@ from rlforge.algorithms.estimators import (
     reinforce_pp_baseline_advantage,
     remax_advantage,
     rloo_outcome_advantage,
+    softmean,
+    sppo_softmean_advantage,
+    sppo_win_rate_advantage,
 )
 from rlforge.algorithms.losses import (
     GSPO_LOG_RATIO_CLAMP,
@@ -54,9 +57,18 @@ from rlforge.algorithms.pg_losses import (
     dro_policy_loss,
     geo_mean_policy_loss,
     kl_cov_policy_loss,
+    positive_lm_loss,
+    positive_lm_weights,
     reinforce_policy_loss,
     sapo_policy_loss,
     sppo_policy_loss,
+)
+from rlforge.algorithms.policy_filtration import (
+    FILTER_METHODS,
+    REWEIGHT_METHODS,
+    pf_ppo_filter_indices,
+    pf_ppo_resample_indices,
+    pf_ppo_weights,
 )
 from rlforge.algorithms.token_baseline import (
     optimal_token_baseline_advantage,
@@ -194,6 +206,9 @@ __all__ = [
     "rloo_outcome_advantage", "opo_advantage", "gpg_advantage", "reinforce_pp_baseline_advantage", "gae_advantage",
     "reinforce_pp_advantage", "remax_advantage", "gdpo_advantage", "decoupled_gae_advantage",
     "length_adaptive_lambda",
+    "softmean", "sppo_softmean_advantage", "sppo_win_rate_advantage",
+    # PF-PPO's sample selection (policy_filtration.py)
+    "REWEIGHT_METHODS", "FILTER_METHODS", "pf_ppo_weights", "pf_ppo_resample_indices", "pf_ppo_filter_indices",
     # optimal token baseline (token_baseline.py)
     "optimal_token_baseline_advantage", "tir_optimal_token_baseline_advantage",
     # losses (losses.py)
@@ -201,6 +216,7 @@ __all__ = [
     # verl 0.9's other policy losses (pg_losses.py)
     "cispo_policy_loss", "dppo_tv_policy_loss", "dppo_kl_policy_loss", "sapo_policy_loss", "clip_cov_policy_loss",
     "kl_cov_policy_loss", "geo_mean_policy_loss", "sppo_policy_loss", "dro_policy_loss", "reinforce_policy_loss",
+    "positive_lm_weights", "positive_lm_loss",
     # rollout correction (rollout_correction.py)
     "ROLLOUT_IS_LEVELS", "ROLLOUT_RS_OPTIONS", "parse_is_threshold", "parse_rs_options", "parse_rs_thresholds",
     "rollout_is_weights", "normalize_is_weights", "rollout_rejection_mask", "rollout_correction_metrics",

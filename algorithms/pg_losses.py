@@ -331,7 +331,33 @@ def reinforce_policy_loss(
     return _masked(-advantages * log_prob, mask, weights), {}
 
 
+# --- VAPO's positive-example language-model loss -------------------------------------------------------------
+
+
+def positive_lm_weights(positive: torch.Tensor, mask: torch.Tensor, mini_batch_rows: int) -> torch.Tensor:
+    """Per-row weights ``[B]`` of :func:`positive_lm_loss`: ``1 / N`` on the positive rows, 0 elsewhere, where ``N``
+    is the number of valid tokens of the positive rows of the row's mini-batch (consecutive chunks of
+    ``mini_batch_rows`` rows, as the actor's update splits its batch); 0 for a mini-batch without a positive token.
+    """
+    pos = positive.detach().bool().to(mask.device)
+    tokens = torch.where(pos, mask.detach().bool().sum(-1), 0).double()
+    chunk = torch.arange(len(pos), device=mask.device) // max(int(mini_batch_rows), 1)
+    per_chunk = torch.zeros(int(chunk.max()) + 1 if len(pos) else 0, dtype=torch.float64,
+                            device=mask.device).index_add_(0, chunk, tokens)
+    n = per_chunk[chunk]
+    return torch.where(pos & (n > 0), 1.0 / n.clamp(min=1), 0.0)
+
+
+def positive_lm_loss(log_prob: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """VAPO's LM loss on the correct responses: ``-sum_i w_i sum_t m log_prob`` (a 0-d tensor). With
+    :func:`positive_lm_weights`, the sum over a mini-batch's micro-batches is ``-(1/N) sum_{i in T} sum_t log pi``,
+    the mean negative log-likelihood of the tokens of its positive responses ``T``."""
+    per_row = torch.where(mask.bool(), log_prob, 0.0).sum(-1)
+    return -(weights.to(log_prob.dtype) * per_row).sum()
+
+
 __all__ = [
+    "positive_lm_weights", "positive_lm_loss",
     "cispo_policy_loss", "dppo_tv_policy_loss", "dppo_kl_policy_loss", "sapo_policy_loss", "clip_cov_policy_loss",
     "kl_cov_policy_loss", "geo_mean_policy_loss", "sppo_policy_loss", "dro_policy_loss", "reinforce_policy_loss",
 ]

@@ -13,9 +13,9 @@ from rlforge.algorithms import shaping
 from rlforge.cli import main
 from rlforge.plugin_manager import PluginManager
 
-ALGOS = ["dapo", "dpo", "dr_grpo", "gdpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "otb", "ppo",
-         "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo", "rm", "simpo", "tir_otb"]
-CRITIC_ALGOS = {"ppo"}
+ALGOS = ["dapo", "dpo", "dr_grpo", "gdpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "otb", "pf_ppo", "ppo",
+         "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo", "rm", "simpo", "sppo", "tir_otb", "vapo"]
+CRITIC_ALGOS = {"ppo", "pf_ppo", "vapo"}
 
 
 @pytest.fixture(scope="module")
