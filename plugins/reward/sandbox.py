@@ -1,8 +1,9 @@
 """Run untrusted (model-written) Python in a separate, confined process: ``run_sandboxed``.
 
 Every run gets a fresh temporary directory, resource limits (CPU time, address space, file size, processes,
-open files, no core dumps), a wall-clock backstop that kills the whole process group, capped output and a
-minimal environment. The isolation mode adds the rest (docs/reliability.md states what each guarantees):
+open files, no core dumps), totals for its working directory (bytes and files) in every mode, a wall-clock
+backstop that kills the whole process group, capped output and a minimal environment. The isolation mode adds
+the rest (docs/reliability.md states what each guarantees):
 
 - ``namespaces`` (root): new PID, mount, network and IPC namespaces; a read-only root holding only the
   system directories and the interpreter, a size-limited tmpfs working directory; a fresh unprivileged uid.
@@ -43,6 +44,7 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
 PROBE = "import decimal, json\nprint('ok')"  # loads standard-library files, as the sandbox's user
 SETUP_WAIT_S = 5.0
+DISK_POLL_S = 0.01  # audit mode: how often the working directory's total is measured while the program runs
 STOP_SIGNALS = {"namespaces": signal.SIGTERM, "userns": signal.SIGTERM, "audit": signal.SIGKILL}  # see _kill  # how long to wait for the child's set-up report after the program is gone
 
 
@@ -74,6 +76,8 @@ class _Limits:
     max_file_mb: int
     max_processes: int
     max_open_files: int
+    max_total_mb: int = 16  # bytes in the working directory
+    max_files: int = 64  # files and directories created in the working directory
 
 
 def run_sandboxed(
@@ -85,6 +89,8 @@ def run_sandboxed(
     wall_timeout_s: float | None = None,
     max_output_kib: int = 64,
     max_file_mb: int = 16,
+    max_total_mb: int = 16,
+    max_files: int = 64,
     max_processes: int = 16,
     max_open_files: int = 64,
     isolation: str = "auto",
@@ -98,8 +104,11 @@ def run_sandboxed(
         default ``10 * timeout_s``.
     :param memory_mb: address-space limit of each process (``RLIMIT_AS``).
     :param max_output_kib: stdout and stderr are each cut to this size (the rest is read and dropped).
-    :param max_file_mb: largest file the program may write (in the jail modes also the total size of its
-        working directory).
+    :param max_file_mb: largest file the program may write (``RLIMIT_FSIZE``).
+    :param max_total_mb: most bytes its working directory may hold, all files together (the jail modes: the size
+        of its tmpfs; ``audit``: measured every ``DISK_POLL_S`` and at the end, the run killed when over).
+    :param max_files: most files and directories it may create there (the jail modes: the tmpfs's inodes;
+        ``audit``: counted by the audit hook).
     :param max_processes: processes and threads the program may run at once (``RLIMIT_NPROC``).
     :param isolation: ``auto``, ``namespaces``, ``userns`` or ``audit`` (see the module docstring).
     :param allow_weak: allow the ``audit`` mode (``reward.code.sandbox_allow_weak``); without it a machine with
@@ -107,7 +116,8 @@ def run_sandboxed(
     """
     mode = _resolve(isolation, allow_weak)
     wall = WALL_BACKSTOP * timeout_s if wall_timeout_s is None else wall_timeout_s
-    limits = _Limits(max(1, math.ceil(timeout_s)), wall, memory_mb, max_file_mb, max_processes, max_open_files)
+    limits = _Limits(max(1, math.ceil(timeout_s)), wall, memory_mb, max_file_mb, max_processes, max_open_files,
+                     max_total_mb, max_files)
     python = _probe(mode, os.geteuid()).python
     assert python is not None  # _resolve checked it
     return _run(code, stdin, limits, mode, python, max_output_kib * 1024)
@@ -133,7 +143,7 @@ def _probe(mode: str, euid: int) -> _Probe:
     """
     if mode == "namespaces" and euid != 0:
         return _Probe(None, "needs root")
-    probe = _Limits(10, 30.0, 64, 1, 4, 16)
+    probe = _Limits(10, 30.0, 64, 1, 4, 16, 1, 16)
     reasons = []
     for python in _python_candidates():
         try:
@@ -225,14 +235,19 @@ def _run(code: str, stdin: str, limits: _Limits, mode: str, python: str, output_
         os.close(report_w)
         report_w = -1
         try:
-            out, err, truncated, timed_out = _collect(proc, time.monotonic() + limits.wall_s, output_cap)
+            disk = (work, limits.max_total_mb << 20) if mode == "audit" else None  # the jails' tmpfs has the cap
+            out, err, truncated, timed_out, over_disk = _collect(proc, time.monotonic() + limits.wall_s, output_cap,
+                                                                 disk)
         finally:
             _kill(proc, mode)
         problem = _read_report(report_r)
         if problem:
             raise SandboxSetupError(f"The code sandbox could not start ({mode} isolation, {python}): {problem}")
         exit_code = proc.returncode
-        reason = _killed_reason(exit_code, timed_out, limits)
+        over_disk = disk is not None and (over_disk or _disk_usage(work) > disk[1])
+        if over_disk:
+            exit_code = -signal.SIGKILL  # reported as stopped, also when the program exited before it was seen
+        reason = _killed_reason(exit_code, timed_out, over_disk, limits)
         return SandboxResult(out, err, exit_code, timed_out or exit_code == -signal.SIGXCPU, reason, truncated, mode)
     finally:
         for fd in (report_r, report_w):
@@ -252,10 +267,13 @@ def _start(argv: list[str], stdin: str, cwd: str, env: dict[str, str], report_fd
             raise SandboxSetupError(f"Could not start the sandboxed program with {argv[0]}: {exc}") from None
 
 
-def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[str, str, bool, bool]:
-    """Read stdout/stderr (keeping ``cap`` bytes of each) until the program exits or the deadline passes."""
+def _collect(proc: subprocess.Popen, deadline: float, cap: int, disk: tuple[str, int] | None
+             ) -> tuple[str, str, bool, bool, bool]:
+    """Read stdout/stderr (keeping ``cap`` bytes of each) until the program exits or the deadline passes; with
+    ``disk`` (a directory, its limit in bytes), also until the directory holds more than the limit. Returns
+    (stdout, stderr, truncated, timed out, over the disk limit)."""
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    truncated, exited = False, False
+    truncated, exited, over_disk = False, False, False
     pidfd = os.pidfd_open(proc.pid)
     with selectors.DefaultSelector() as sel:
         for fd in (*bufs, pidfd):
@@ -264,7 +282,11 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[str, st
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            events = sel.select(0 if exited else remaining)
+            if disk is not None and not exited and _disk_usage(disk[0]) > disk[1]:
+                over_disk = True
+                break
+            wait = remaining if disk is None else min(remaining, DISK_POLL_S)
+            events = sel.select(0 if exited else wait)
             if exited and not events:
                 break  # the program is gone and its pipes are drained (a leftover child may hold them open)
             for key, _ in events:
@@ -282,7 +304,31 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[str, st
                 truncated |= len(chunk) > keep
     os.close(pidfd)
     out, err = (bytes(b).decode("utf-8", errors="replace") for b in bufs.values())
-    return out, err, truncated, not exited and proc.poll() is None
+    return out, err, truncated, not (exited or over_disk) and proc.poll() is None, over_disk
+
+
+def _disk_usage(top: str) -> int:
+    """Bytes of disk the files under ``top`` use (allocated blocks; a directory the program made unreadable is
+    opened up first, as the run's owner may)."""
+    total, todo = 0, [top]
+    while todo:
+        path = todo.pop()
+        try:
+            entries = list(os.scandir(path))
+        except PermissionError:
+            os.chmod(path, 0o700)
+            entries = list(os.scandir(path))
+        except FileNotFoundError:  # removed by the program meanwhile
+            continue
+        for entry in entries:
+            try:
+                stat = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            total += stat.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                todo.append(entry.path)
+    return total
 
 
 def _kill(proc: subprocess.Popen, mode: str) -> None:
@@ -319,9 +365,11 @@ def _read_report(fd: int) -> str:
     return b"".join(chunks).decode("utf-8", errors="replace")
 
 
-def _killed_reason(exit_code: int, timed_out: bool, limits: _Limits) -> str | None:
+def _killed_reason(exit_code: int, timed_out: bool, over_disk: bool, limits: _Limits) -> str | None:
     if timed_out:
         return f"wall-clock backstop ({limits.wall_s:g} s)"
+    if over_disk:
+        return f"disk limit ({limits.max_total_mb} MiB in the working directory)"
     if exit_code == -signal.SIGXCPU:
         return f"CPU time limit ({limits.cpu_s} s)"
     if exit_code < 0:

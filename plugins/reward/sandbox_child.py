@@ -148,8 +148,9 @@ def _build_jail(cfg: dict) -> None:
     _expose(root, cfg["program"])
     os.makedirs(root + work, mode=0o755)
     owner = f",uid={cfg['uid']},gid={cfg['uid']}" if cfg["mode"] == "namespaces" else ""
+    limits = cfg["limits"]  # the totals of the working directory: bytes, and files (+ 1: its own root inode)
     _mount("tmpfs", root + work, "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={cfg['limits']['max_file_mb']}m,nr_inodes=4096,mode=0700{owner}")
+           f"size={limits['max_total_mb']}m,nr_inodes={limits['max_files'] + 1},mode=0700{owner}")
     for point, flags in _mounts():
         if (point == root or point.startswith(root + "/")) and point != root + work:
             _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | flags)
@@ -321,7 +322,7 @@ def audit(cfg: dict):
     for name, attributes in UNAUDITED.items():
         for attribute in attributes:
             vars(sys.modules[name]).pop(attribute, None)
-    sys.addaudithook(_audit_hook(cfg["work"], readable, library, frozenset(sys.modules)))
+    sys.addaudithook(_audit_hook(cfg["work"], readable, library, frozenset(sys.modules), cfg["limits"]))
     _guard_module_creation()
     sys.pycache_prefix = program + ".pycache"  # unreadable: imports compile from source, never unmarshal
     os.close(cfg["report_fd"])
@@ -358,11 +359,12 @@ def _guard_module_creation() -> None:
     sys.modules["_imp"] = proxy
 
 
-def _audit_hook(work: str, readable: tuple[str, ...], library: tuple[str, ...], loaded: frozenset[str]):
+def _audit_hook(work: str, readable: tuple[str, ...], library: tuple[str, ...], loaded: frozenset[str], limits: dict):
     """The hook. Everything it uses is bound here, out of the program's reach: it calls no function the
     program could replace (``os.path.realpath``, ``os.fsdecode``, builtins such as ``isinstance``), and it
     checks the exact type of every argument before using it, so no code of the program ever runs inside it
-    (such code could reach the hook's frame and change its closure)."""
+    (such code could reach the hook's frame and change its closure). It also counts what the kernel cannot
+    limit here: the files and directories created in the working directory (``max_files``)."""
     import _imp
     import posix
     import types
@@ -379,6 +381,8 @@ def _audit_hook(work: str, readable: tuple[str, ...], library: tuple[str, ...], 
     denied_events, create_event = DENIED_EVENTS, CREATE_MODULE
     writable = (work, *DEVICES)
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    max_files = limits["max_files"]
+    created = [0]  # files and directories made in the working directory
 
     def resolve(path: str, base: str) -> str:
         """``realpath`` from system calls: symlinks resolved, missing components kept as written."""
@@ -411,7 +415,7 @@ def _audit_hook(work: str, readable: tuple[str, ...], library: tuple[str, ...], 
             todo.extend(reversed_(target.split("/")))
         return "/" + "/".join(done)
 
-    def check(event: str, path, dir_fd, roots: tuple[str, ...]) -> None:
+    def check(event: str, path, dir_fd, roots: tuple[str, ...]) -> str | None:
         if type_(path) is int_:
             return  # an open descriptor: checked when it was opened
         if type_(path) is bytes_:
@@ -427,8 +431,21 @@ def _audit_hook(work: str, readable: tuple[str, ...], library: tuple[str, ...], 
         real = resolve(path, base)
         for root in roots:
             if real == root or real.startswith(root + "/"):
-                return
+                return real
         raise denied(f"sandbox: {event} on {path!r} outside the working directory is not allowed")
+
+    def count_new(real) -> None:
+        """A file or directory about to be made at ``real`` (a str path, or an open descriptor: None)."""
+        if type_(real) is not str_ or not (real == work or real.startswith(work + "/")):
+            return
+        try:
+            lstat(real)
+            return  # it exists: opened, not created
+        except os_error:
+            pass
+        if created[0] >= max_files:
+            raise denied(f"sandbox: the program may create at most {max_files} files and directories")
+        created[0] += 1
 
     def writes(mode, flags) -> bool:
         if not (mode is None or type_(mode) is str_) or not (flags is None or type_(flags) is int_):
@@ -453,11 +470,18 @@ def _audit_hook(work: str, readable: tuple[str, ...], library: tuple[str, ...], 
             raise denied("sandbox: audit events must be named by a str")
         if event == "open":
             path, mode, flags = args
-            check(event, path, None, writable if writes(mode, flags) else readable)
+            if writes(mode, flags):
+                count_new(check(event, path, None, writable))
+            else:
+                check(event, path, None, readable)
         elif event in path_events:
             positions, changes = path_events[event]
             for path_at, fd_at in positions:
-                check(event, args[path_at], None if fd_at is None else args[fd_at], writable if changes else readable)
+                real = check(event, args[path_at], None if fd_at is None else args[fd_at],
+                             writable if changes else readable)
+                if event == "os.mkdir":
+                    count_new(real)
+
         elif event == "import" and type_(args[0]) is str_ and args[0] in refused_imports:
             raise denied(f"sandbox: importing {args[0]} is not allowed")
         elif event == "object.__getattr__" and type_(args[1]) is str_ and args[1] == "tb_frame":

@@ -218,12 +218,26 @@ def test_file_size_is_limited(mode) -> None:
     assert "File too large" in result.stderr or "No space left" in result.stderr
 
 
-@pytest.mark.skipif(not JAILS, reason="no jail mode works here")
-def test_working_directory_total_size_is_limited() -> None:
+def test_working_directory_total_size_is_limited(mode) -> None:
+    """Many files each under the per-file limit (audit mode once wrote 320 MB this way): the total is capped."""
     code = "for i in range(20):\n    open(f'f{i}', 'wb').write(b'0' * (1 << 20))\n"
-    for mode in JAILS:
-        result = run(code, mode, max_file_mb=4)
+    result = run(code, mode, max_file_mb=2, max_total_mb=4)
+    if mode == "audit":  # measured while it runs: the run is stopped
+        assert (result.exit_code, result.killed_reason) == (-signal.SIGKILL, "disk limit (4 MiB in the working "
+                                                                             "directory)")
+    else:  # the jail's tmpfs is that size
         assert result.exit_code == 1 and "No space left" in result.stderr
+    assert run("open('f', 'wb').write(b'0' * (3 << 20))", mode, max_file_mb=4, max_total_mb=4).exit_code == 0
+
+
+@pytest.mark.parametrize("make", ["open(f'g{i}', 'w').close()", "os.mkdir(f'd{i}')"], ids=["files", "directories"])
+def test_number_of_files_is_limited(mode, make) -> None:
+    code = (f"import os\nn = 0\ntry:\n    for i in range(10):\n        {make}\n        n += 1\n"
+            "except OSError as exc:\n    print(n, type(exc).__name__, exc)\n")
+    made, error = run(code, mode, max_files=5).stdout.split(" ", 1)
+    assert made == "5"  # the jail's tmpfs has that many inodes; the audit hook counts
+    assert error.startswith("PermissionError sandbox: the program may create at most 5 files and directories"
+                            if mode == "audit" else "OSError [Errno 28] No space left on device")
 
 
 def test_writes_outside_the_working_directory_fail(mode, tmp_path: Path) -> None:
