@@ -17,10 +17,11 @@ import pytest
 from rlforge import batch as B
 from rlforge.hookspecs import hookimpl
 from rlforge.plugin_manager import PluginManager
-from rlforge.plugins.agent.openai_http import MAX_BODY_BYTES
+from rlforge.plugins.agent import openai_http
 from rlforge.plugins.agent.openai_server import OpenAIAgentLoop
 from tests.agent.conftest import Scripted, run_loop
 
+LIMIT = 1 << 20  # the endpoint's body limit in this test (MAX_BODY_BYTES, 16 MiB, patched: less to send)
 GOOD = json.dumps({"model": "m", "messages": [{"role": "user", "content": "2+3?"}]}).encode()
 
 
@@ -58,7 +59,7 @@ def exchange(address: tuple[str, int], data: bytes, *, hang_up: bool = False) ->
 
 def cases(path: str) -> list[tuple[str, bytes, dict]]:
     """(name, bytes to send, options of ``exchange``)."""
-    too_big = b"%x\r\n%s\r\n" % (1 << 20, b"x" * (1 << 20))
+    too_big = b"%x\r\n%s\r\n" % (1 << 16, b"x" * (1 << 16))
     return [
         ("chunked body", chunked(path, GOOD), {}),
         ("bad JSON", sized(path, b'{"messages": ['), {}),
@@ -73,7 +74,7 @@ def cases(path: str) -> list[tuple[str, bytes, dict]]:
         ("two lengths", post(path, GOOD, f"Content-Length: {len(GOOD)}", "Content-Length: 3"), {}),
         ("huge headers", post(path, b"", "X-Big: " + "a" * 100_000), {}),
         ("huge length", post(path, b"", "Content-Length: 1000000000"), {}),
-        ("huge chunked body", post(path, too_big * 17 + b"0\r\n\r\n", "Transfer-Encoding: chunked"), {}),
+        ("huge chunked body", post(path, too_big * 17 + b"0\r\n\r\n", "Transfer-Encoding: chunked"), {}),  # 1.06 MiB
         ("wrong method", post(path, b"", "Content-Length: 0").replace(b"POST", b"PUT", 1), {}),
         ("unknown path", sized("/v2/nothing", GOOD), {}),
         ("unknown trajectory", sized("/t/0000/v1/chat/completions", GOOD), {}),
@@ -143,14 +144,16 @@ def agent_pm():
     return pm
 
 
-def test_bad_clients_get_an_error_or_a_closed_connection_and_the_rollout_goes_on(agent_pm, tok, caplog, capfd):
+def test_bad_clients_get_an_error_or_a_closed_connection_and_the_rollout_goes_on(agent_pm, tok, caplog, capfd,
+                                                                               monkeypatch):
+    monkeypatch.setattr(openai_http, "MAX_BODY_BYTES", LIMIT)
     Fuzzer.seen.clear()
     engine = Scripted(tok, lambda _: "5")
     with caplog.at_level(logging.WARNING):
         out, metrics = run_loop(agent_pm, tok, "fuzzer", engine)
     seen = Fuzzer.seen
     assert {name: (seen[name][0], seen[name][1][:len(said)]) for name, (_, said) in EXPECTED.items()} == EXPECTED
-    assert seen["huge chunked body"][1].endswith(f"bytes or more, over the endpoint's limit of {MAX_BODY_BYTES} bytes")
+    assert seen["huge chunked body"][1].endswith(f"bytes or more, over the endpoint's limit of {LIMIT} bytes")
     for name in ("cut in the headers", "cut in the body", "gone after a full request", "gone after a streamed request"):
         assert seen[name] == ("hung up", None)
     assert seen["kept alive"][:3] == (400, False, 200) and seen["kept alive"][3]["data"][0]["id"] == "rlforge-policy"
