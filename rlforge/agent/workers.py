@@ -34,6 +34,13 @@ def _contained(exc: BaseException) -> BaseException:
     return exc
 
 
+def _resolve(future: concurrent.futures.Future[None]) -> None:
+    try:
+        future.set_result(None)
+    except concurrent.futures.InvalidStateError:  # cancelled meanwhile: nobody waits for it
+        pass
+
+
 class DaemonThreads:
     """A pool of up to ``max_threads`` daemon threads; ``submit`` returns a ``concurrent.futures.Future`` (await it
     with ``asyncio.wrap_future``). A pending call whose future is cancelled never starts."""
@@ -118,7 +125,8 @@ class ToolLoop:
 
     async def responsive(self, within_s: float) -> bool:
         """Whether the loop runs a callback within ``within_s`` (False: a tool blocks it)."""
-        probe = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self.loop)
+        probe: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.loop.call_soon_threadsafe(_resolve, probe)
         try:
             await asyncio.wait_for(asyncio.wrap_future(probe), within_s)
         except asyncio.TimeoutError:

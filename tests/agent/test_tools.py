@@ -260,7 +260,7 @@ class BlocksLoop(Tool):
     name = "blocks_loop"
 
     async def execute(self, arguments, state):
-        time.sleep(1.5)
+        time.sleep(3.0)
         return "late"
 
 
@@ -287,7 +287,7 @@ def test_an_async_tool_that_blocks_times_out_and_the_rollout_loop_keeps_running(
             ticks.clear()
             blocked, _ = await session.run(ParsedTurn("", [ToolCall("blocks_loop", {}, "b")]))
             during = len(ticks)
-            await asyncio.sleep(0.5)  # the check that replaces the blocked tool loop
+            await asyncio.sleep(1.0)  # the check that replaces the blocked tool loop (after 0.3 s)
             later, _ = await session.run(ParsedTurn("", [ToolCall("quick", {}, "q")]))
         clock.cancel()
         return blocked, later, during
