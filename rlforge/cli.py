@@ -103,24 +103,25 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def _from_verl(args: argparse.Namespace) -> int:
-    """``rlforge config from-verl VERL.yaml [--out FILE]``: translate, report every key, check the result."""
+    """``rlforge config from-verl VERL.yaml|ARGS... [--out FILE]``: translate, report every key, check the result."""
     from pathlib import Path
 
     import yaml
-    from omegaconf import OmegaConf
 
-    from rlforge.config import compose_with_plugins, verl
-    from rlforge.config.compose import load_file
+    from rlforge.config import compose_with_plugins
+    from rlforge.config.verl_launch import prepare, prepare_file
 
-    if len(args.overrides) != 1:
-        raise RLForgeError("Usage: rlforge config from-verl VERL_CONFIG.yaml [--out rlforge.yaml]")
-    result = verl.translate(OmegaConf.to_container(load_file(args.overrides[0])))  # type: ignore[arg-type]
-    text = yaml.safe_dump(result.nested(), sort_keys=False)
-    report = [f"# translated from {args.overrides[0]} ({len(result.mapped)} mapped, {len(result.ignored)} ignored, "
-              f"{len(result.unmapped)} not mapped); see docs/migration-from-verl.md", f"# algorithm: {result.algorithm}"]
-    report += [f"# mapped      {v} -> {r} = {val!r}" for v, r, val in result.mapped]
-    report += [f"# ignored     {v}: {why}" for v, why in result.ignored]
-    report += [f"# NOT MAPPED  {v} = {val!r}: {why}" for v, val, why in result.unmapped]
+    if not args.overrides:
+        raise RLForgeError("Usage: rlforge config from-verl VERL_CONFIG.yaml|VERL_ARGS... [--out rlforge.yaml]")
+    one = args.overrides[0]
+    if len(args.overrides) == 1 and "=" not in one and one.endswith((".yaml", ".yml")):
+        prepared, source = prepare_file(one), one
+    else:
+        prepared, source = prepare(list(args.overrides), refuse=False), "the verl launch"
+    t = prepared.translation
+    text = yaml.safe_dump(prepared.translation.nested() if t.command != "sft" else
+                          {k: v for k, v in t.nested().items() if k != "algorithm"}, sort_keys=False)
+    report = [f"# translated from {source}: " + t.report()[0], *(f"# {line}" for line in t.report()[1:])]
     out = Path(args.out) if args.out else None
     if out is not None:
         out.write_text("\n".join(report) + "\n" + text, encoding="utf-8")
@@ -128,8 +129,45 @@ def _from_verl(args: argparse.Namespace) -> int:
         print(text, end="")
     print("\n".join(report), file=sys.stderr if out is None else sys.stdout)
     if out is not None:
-        compose_with_plugins(None, str(out), [], loaded=_warn)  # the translation composes as it is
-        print(f"wrote {out}: rlforge fit --config {out}")
+        if not t.refused and t.command != "sft":
+            compose_with_plugins(None, str(out), [], loaded=_warn)  # the translation composes as it is
+        print(f"wrote {out}: rlforge {'sft' if t.command == 'sft' else 'fit'} --config {out}"
+              + (f" ({len(t.refused)} refused key(s) above)" if t.refused else ""))
+    return 0
+
+
+def cmd_verl(argv: list[str]) -> int:
+    """``rlforge verl [--sft] [--print] ARGS...``: a verl launch's arguments, run by rlforge."""
+    from rlforge.config import compose_with_plugins
+    from rlforge.config.verl_launch import ORIGIN, PPO_ENTRY, SFT_ENTRY, prepare
+
+    flags = {"--sft", "--print"}
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: rlforge verl [--sft] [--print] VERL_ARGS...\n\nThe arguments of `python3 -m "
+              "verl.trainer.main_ppo` (--sft: of verl's SFT trainer): --config-path/--config-name and Hydra overrides "
+              "(key=v, +key=v, ++key=v, ~key). --print: show the translation and stop. See docs/migration-from-verl.md.")
+        return 0
+    opts = {a for a in argv if a in flags}
+    prepared = prepare([a for a in argv if a not in flags], SFT_ENTRY if "--sft" in opts else PPO_ENTRY,
+                       refuse="--print" not in opts)
+    t = prepared.translation
+    if "--print" in opts:
+        print("\n".join(t.report()))
+        return 0
+    print(f"rlforge: verl launch: {t.report()[0]}", file=sys.stderr)
+    pm, cfg = compose_with_plugins(None, None, [], loaded=_warn, base=(prepared.config, ORIGIN))
+    if t.command == "sft":
+        from rlforge.sft import run_sft
+
+        run_sft(cfg, pm)
+    elif t.command == "eval":
+        from rlforge.tools.evaluate import evaluate, write_report
+
+        print(f"report: {write_report(evaluate(cfg, pm, split='val', ks=None, log=_progress), 'eval_report.json')}")
+    else:
+        from rlforge.trainer import Trainer
+
+        Trainer(cfg, plugins=pm).fit()
     return 0
 
 
@@ -287,10 +325,16 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(func=fn)
         _add_arguments(name, p)
+    # listed for --help only: main() hands `rlforge verl ...` to cmd_verl before argparse sees verl's syntax
+    sub.add_parser("verl", help="run a verl launch unchanged: rlforge verl ARGS (the arguments of python3 -m "
+                   "verl.trainer.main_ppo; --sft: verl's SFT trainer; --print: the translation)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["verl"]:  # verl's own argument syntax (--config-path, +key=v, ~key): no argparse
+        return _run(lambda: cmd_verl(argv[1:]))
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse cannot intermix a `*` positional with options inside a sub-command: collect stray key=value
@@ -299,8 +343,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    return _run(lambda: args.func(args))
+
+
+def _run(command: Callable[[], int]) -> int:
     try:
-        return args.func(args)
+        return command()
     except RLForgeError as exc:
         if os.environ.get("RLFORGE_TRACEBACK"):  # the whole chain: where a plugin's, loop's or tool's code failed
             traceback.print_exc()

@@ -24,6 +24,11 @@ from rlforge.pipeline import PIPELINES
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
     """Turn ``["actor.lr=1e-5", "logger.backends=[console]"]`` into a config (values parsed as YAML)."""
+    hydra = [o for o in overrides if o.startswith(("+", "~"))]
+    if hydra:
+        raise ConfigError(f"Override '{hydra[0]}': '+key', '++key' and '~key' are Hydra's (verl's) syntax. rlforge's "
+                          f"overrides are key=value on keys that exist (rlforge config show lists them); a whole verl "
+                          f"launch runs as it is with 'rlforge verl ARGS' (see docs/migration-from-verl.md).")
     bad = [o for o in overrides if "=" not in o or o.startswith("=")]
     if bad:
         raise ConfigError(f"Override '{bad[0]}' is not of the form key=value (e.g. actor.lr=1e-5).")

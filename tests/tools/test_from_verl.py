@@ -1,94 +1,190 @@
-"""verl drop-in: `rlforge config from-verl` translates a verl GRPO config and reports every key; the result trains
-a verl GSM8K-format parquet (no reward file) on the tiny chat model; verl-style overrides name the rlforge key."""
+"""verl drop-in (issue 27): a verl launch composes over verl 0.9.1's defaults with Hydra's rules, and every key gets
+one fate with verl's meaning. One test per case the issue lists (gamma/lam, overlong_buffer.enable, use_dynamic_bsz,
+loggers, resume, epochs, val_only, val_kwargs, megatron and the data-parallel size), plus the CLI paths."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlforge.cli import main
-from rlforge.config import verl
+from rlforge.config import verl, verl_hydra
+from rlforge.config.verl_launch import prepare
+from rlforge.errors import ConfigError
 
 VERL_YAML = Path(__file__).parent / "data" / "verl_grpo_gsm8k.yaml"
+ARO = "actor_rollout_ref"
+BASE = ["algorithm.adv_estimator=grpo", f"{ARO}.rollout.name=vllm", f"{ARO}.actor.ppo_micro_batch_size_per_gpu=4",
+        "trainer.total_training_steps=10"]
 
 
-def test_translation_maps_ignores_and_reports_every_key() -> None:
-    source = yaml.safe_load(VERL_YAML.read_text())
-    result = verl.translate(source)
-    assert result.algorithm == "grpo"
-    o = result.overrides
-    assert o["rollout.max_new_tokens"] == 8 and o["data.max_prompt_length"] == 192 and o["rollout.n"] == 2
-    assert o["actor.lr"] == 1e-6 and o["actor.use_kl_loss"] is True and o["actor.ppo_micro_batch_size"] == 4
-    assert o["trainer.save_every"] == 20 and o["trainer.val_every"] == 5 and o["trainer.total_steps"] == 2
-    assert o["logger.backends"] == ["console", "wandb"] and o["data.name"] == "files"
-    assert o["model.gradient_checkpointing"] is True and o["rollout.vllm.gpu_memory_utilization"] == 0.6
-    ignored = dict(result.ignored)
-    assert "data.truncation" in ignored and f"{verl.ARO}.rollout.log_prob_micro_batch_size_per_gpu" in ignored
-    not_mapped = {k: why for k, _, why in result.unmapped}
-    assert "trainer.total_steps" in not_mapped["trainer.total_epochs"]
-    # every leaf of the input is accounted for exactly once
-    leaves = {k for k, _ in verl.flatten(source)}
-    reported = {k for k, _, _ in result.mapped} | set(ignored) | set(not_mapped) | {"algorithm.adv_estimator"}
-    assert leaves <= reported | {"trainer.nnodes", "trainer.n_gpus_per_node"}
+def tr(*overrides: str, name: str = "ppo_trainer") -> verl.Translation:
+    return prepare([f"--config-name={name}", *BASE, *overrides], refuse=False).translation
 
 
-@pytest.mark.parametrize("estimator,algo", [("gae", "ppo"), ("rloo", "rloo"), ("reinforce_plus_plus", "reinforce_pp")])
-def test_estimators_pick_the_algorithm(estimator: str, algo: str) -> None:
-    assert verl.translate({"algorithm": {"adv_estimator": estimator}}).algorithm == algo
+def fate(t: verl.Translation, key: str) -> verl.Fate:
+    return next(f for f in t.fates if f.key == key)
 
 
-def test_reward_model_and_checkpoint_folder_keys() -> None:
-    r = verl.translate({"reward_model": {"enable": True, "model": {"path": "/models/rm"}, "micro_batch_size_per_gpu": 8,
-                                         "reward_manager": "naive"},
-                        "trainer": {"default_local_dir": "/ckpts"}})
-    assert r.overrides == {"reward.manager": "model", "reward.model.path": "/models/rm", "reward.model.batch_size": 8,
-                           "trainer.runs_root": "/ckpts"}
-    assert [k for k, _ in r.ignored] == ["reward_model.reward_manager"] and r.unmapped == []
-    assert verl.translate({"reward_model": {"enable": False}}).overrides == {"reward.manager": "rule"}
+def test_defaults_come_from_verl_0_9_1() -> None:
+    o = tr().overrides  # a sparse launch: every key it leaves out means what it means in verl
+    assert o["actor.weight_decay"] == 0.01 and o["trainer.resume"] == "auto" and o["model.gradient_checkpointing"]
+    assert o["model.remove_padding"] is True and o["data.train_batch_size"] == 1024 and o["rollout.n"] == 1
+    assert o["logger.backends"] == ["console", "wandb"] and o["trainer.run_dir"] == "checkpoints/verl_examples/gsm8k"
 
 
-def test_dr_grpo_and_multi_gpu() -> None:
-    r = verl.translate({"algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": False},
-                        "actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-sum-norm"}},
-                        "trainer": {"nnodes": 2, "n_gpus_per_node": 4}})
-    assert r.algorithm == "dr_grpo"
-    assert r.overrides["strategy.num_processes"] == 8 and r.overrides["trainer.controller"] == "ray"
+def test_hydra_override_grammar() -> None:
+    t = tr("+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=4", "++trainer.project_name=p",
+           "trainer.experiment_name=e_${trainer.project_name}", "~trainer.v1.sampler.sampler_kwargs",
+           "data.train_files=['/a.parquet','/b.parquet']")
+    assert t.overrides["trainer.experiment"] == "e_p" and t.overrides["data.train_files"] == ["/a.parquet", "/b.parquet"]
+    with pytest.raises(ConfigError, match=r"'trainer.nope' is not a key of verl's config.*\+trainer.nope=1"):
+        tr("trainer.nope=1")
+    with pytest.raises(ConfigError, match=r"'trainer.save_freq' is already in verl's config; set it without '\+'"):
+        tr("+trainer.save_freq=3")
+    with pytest.raises(ConfigError, match="is a sweep"):
+        tr("trainer.save_freq=1,2")
+
+
+def test_gamma_and_lam_go_where_the_estimator_reads_them() -> None:
+    ppo = tr("algorithm.adv_estimator=gae", "algorithm.gamma=0.99", "algorithm.lam=0.95")
+    assert ppo.algorithm == "ppo" and ppo.overrides["algorithm.gamma"] == 0.99 and ppo.overrides["algorithm.lam"] == 0.95
+    grpo = tr("algorithm.gamma=0.99")
+    assert "algorithm.gamma" not in grpo.overrides and fate(grpo, "algorithm.gamma").kind == verl.IGNORED
+    assert "not read by verl's grpo estimator" in fate(grpo, "algorithm.gamma").text
+
+
+def test_overlong_buffer_len_is_read_only_when_enabled() -> None:
+    dapo = "dapo_trainer"
+    off = tr("reward.reward_kwargs.overlong_buffer_cfg.len=512", name=dapo)
+    assert off.overrides["algorithm.overlong_buffer"] == 0
+    on = tr("reward.reward_kwargs.overlong_buffer_cfg.len=512", "reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0", name=dapo)
+    assert on.overrides["algorithm.overlong_buffer"] == 512 and on.overrides["algorithm.overlong_penalty"] == 1.0
+    naive = tr("+reward.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward.reward_kwargs.overlong_buffer_cfg.len=9")
+    assert "algorithm.overlong_buffer" not in naive.overrides  # verl's naive manager never reads them
+    assert "dapo reward manager" in fate(naive, "reward.reward_kwargs.overlong_buffer_cfg.len").text
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_use_dynamic_bsz_picks_the_count_or_the_token_key(dynamic: bool) -> None:
+    t = tr(f"{ARO}.actor.use_dynamic_bsz={dynamic}", f"{ARO}.actor.ppo_max_token_len_per_gpu=4096",
+           "algorithm.adv_estimator=gae", "critic.ppo_max_token_len_per_gpu=8192", "critic.ppo_micro_batch_size_per_gpu=2")
+    o = t.overrides
+    if dynamic:
+        assert o["actor.max_tokens_per_micro_batch"] == 4096 and "actor.ppo_micro_batch_size" not in o
+        assert o["critic.max_tokens_per_micro_batch"] == 8192 and "critic.ppo_micro_batch_size" not in o
+    else:
+        assert o["actor.ppo_micro_batch_size"] == 4 and "actor.max_tokens_per_micro_batch" not in o
+        assert o["critic.ppo_micro_batch_size"] == 2 and "critic.max_tokens_per_micro_batch" not in o
+        assert "read only with use_dynamic_bsz=True" in fate(t, f"{ARO}.actor.ppo_max_token_len_per_gpu").text
+
+
+def test_loggers_swanlab_is_refused_naming_its_issue() -> None:
+    t = tr("trainer.logger=[console,swanlab]")
+    assert "logger.backends" not in t.overrides
+    assert fate(t, "trainer.logger").kind == verl.REFUSED and "issue 32" in fate(t, "trainer.logger").line()
+    assert tr("trainer.logger=[console,tensorboard]").overrides["logger.backends"] == ["console", "tensorboard"]
+
+
+def test_resume_mode_and_resume_from_path() -> None:
+    assert tr("trainer.resume_mode=disable", "trainer.resume_from_path=''").overrides["trainer.resume"] == "never"
+    assert tr("trainer.resume_mode=auto").overrides["trainer.resume"] == "auto"
+    assert tr("trainer.resume_mode=resume_path", "trainer.resume_from_path=/ck/global_step_5").overrides[
+        "trainer.resume"] == "/ck/global_step_5"
+    t = tr("trainer.resume_mode=resume_path")
+    assert fate(t, "trainer.resume_mode").kind == verl.REFUSED and "verl refuses it too" in fate(t, "trainer.resume_mode").text
+
+
+def test_total_epochs_counts_steps_from_the_rows(tmp_path: Path) -> None:
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("{}\n" * 50)
+    t = prepare([*BASE[:-1], f"data.train_files={rows}", "data.train_batch_size=8", "trainer.total_epochs=3",
+                 f"{ARO}.actor.optim.lr_warmup_steps_ratio=0.5"], refuse=False).translation
+    assert t.overrides["trainer.total_steps"] == 3 * (50 // 8) and t.overrides["actor.warmup_steps"] == 9
+    with pytest.raises(ConfigError, match="trainer.total_epochs=3: the step count is epochs x rows"):
+        prepare([*BASE[:-1], "data.train_files=/missing.parquet", "trainer.total_epochs=3"])
+
+
+def test_val_only_runs_eval_and_val_kwargs_sample_for_validation() -> None:
+    assert tr("trainer.val_only=True").command == "eval"
+    v = f"{ARO}.rollout.val_kwargs"
+    greedy = tr(f"{v}.temperature=0.6")
+    assert greedy.overrides["rollout.val_temperature"] == 0.0  # verl: do_sample=False is greedy whatever the temperature
+    sampled = tr(f"{v}.do_sample=True", f"{v}.temperature=0.6", f"{v}.n=4")
+    assert sampled.overrides["rollout.val_temperature"] == 0.6 and sampled.overrides["rollout.val_n"] == 4
+    top_p = tr(f"{v}.do_sample=True", f"{v}.top_p=0.7")
+    assert fate(top_p, f"{v}.top_p").kind == verl.REFUSED
+
+
+def test_megatron_config_maps_tp_and_counts_data_parallel_ranks_as_verl() -> None:
+    m = f"{ARO}.actor.megatron"
+    t = tr(f"{m}.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=8", f"{ARO}.actor.ppo_micro_batch_size=64",
+           f"~{ARO}.actor.ppo_micro_batch_size_per_gpu", name="ppo_megatron_trainer")
+    o = t.overrides
+    assert o["strategy.name"] == "megatron" and o["strategy.megatron.tensor_parallel_size"] == 2
+    assert o["strategy.num_processes"] == 8 and o["trainer.controller"] == "ray" and o["strategy.checkpoint"] == "sharded"
+    assert o["actor.ppo_micro_batch_size"] == 64 // (8 // 2)  # verl: a global count / the data-parallel size
+    pp = tr(f"{m}.pipeline_model_parallel_size=2", name="ppo_megatron_trainer")
+    assert any("pipeline parallelism" in f.text for f in pp.refused)
+    assert tr("model_engine=megatron").overrides["strategy.name"] == "megatron"  # the config-group choice
+
+
+def test_refusals_name_the_feature_and_the_open_issue() -> None:
+    assert "issue 28" in fate(tr(f"{ARO}.actor.ulysses_sequence_parallel_size=2"),
+                              f"{ARO}.actor.ulysses_sequence_parallel_size").line()
+    assert "issue 29" in fate(tr("data.image_key=images"), "data.image_key").line()
+    assert "issue 30" in fate(tr("algorithm.use_pf_ppo=True"), "algorithm.use_pf_ppo").line()
+    assert "issue 30" in fate(tr(f"{ARO}.actor.policy_loss.loss_mode=clip_cov"),
+                              f"{ARO}.actor.policy_loss.loss_mode").line()
+
+
+def test_lora_megatron_tp_multi_turn_and_rewards_are_not_falsely_refused() -> None:
+    t = tr(f"{ARO}.model.lora_rank=8", f"{ARO}.model.lora_alpha=16", f"{ARO}.rollout.multi_turn.enable=True",
+           f"{ARO}.rollout.multi_turn.max_assistant_turns=3", "reward.reward_manager.name=dapo",
+           f"{ARO}.actor.optim.lr_warmup_steps=5", "trainer.val_only=False", "critic.optim.lr_warmup_steps_ratio=0.1")
+    o = t.overrides
+    assert o["model.lora.rank"] == 8 and o["rollout.agent.loop"] == "tool_agent" and o["rollout.agent.max_turns"] == 3
+    assert o["reward.manager"] == "rule" and o["actor.warmup_steps"] == 5 and not t.refused
+    assert fate(t, f"{ARO}.actor.fsdp_config.param_offload").kind == verl.IGNORED  # nothing claims to offload it
+
+
+def test_a_complete_hydra_config_translates_without_a_traceback(tmp_path: Path) -> None:
+    """What a verl run leaves in .hydra/config.yaml: the whole tree, ${oc.select:...} interpolations included."""
+    import shutil
+
+    path = tmp_path / "config.yaml"
+    text = (verl_hydra.DEFAULTS / "ppo_megatron_trainer.yaml").read_text()
+    path.write_text(text.replace("name: ???", "name: vllm"))
+    t = verl.translate(verl_hydra.compose_file(str(path)))
+    assert t.overrides["strategy.name"] == "megatron" and t.algorithm == "ppo"
+    shutil.copy(VERL_YAML, tmp_path / "sparse.yaml")
+    assert verl.translate(verl_hydra.compose_file(str(tmp_path / "sparse.yaml"))).overrides["rollout.n"] == 2
 
 
 @pytest.mark.parametrize("override,needle", [
     ("data.max_response_length=64", "'data.max_response_length' is verl's key; rlforge's is 'rollout.max_new_tokens'"),
-    ("actor_rollout_ref.actor.optim.lr=1e-6", "rlforge's is 'actor.lr'"),
-    ("actor_rollout_ref.rollout.mode=async", "translate a verl config with 'rlforge config from-verl FILE'"),
-    ("trainer.total_epochs=3", "set trainer.total_steps"),
+    (f"{ARO}.actor.optim.lr=1e-6", "rlforge's is 'actor.lr'"),
+    ("trainer.total_epochs=3", "trainer.total_steps (epochs x rows"),
+    (f"{ARO}.actor.fsdp_config.param_offload=True", "rlforge keeps parameters on the device"),
+    (f"{ARO}.actor.ulysses_sequence_parallel_size=2", "issue 28"),
 ])
-def test_verl_style_overrides_name_the_rlforge_key(override: str, needle: str, capsys) -> None:
+def test_verl_keys_typed_at_fit_get_the_rlforge_spelling(override: str, needle: str, capsys) -> None:
     assert main(["fit", override]) == 2
     err = capsys.readouterr().err
     assert needle in err and "docs/migration-from-verl.md" in err
 
 
-@pytest.mark.slow
-def test_translated_config_trains_a_verl_gsm8k_parquet_without_a_reward_file(tmp_path, tiny_chat_model, capsys):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def test_hydra_prefixes_at_fit_get_a_hint(capsys) -> None:
+    assert main(["fit", "+actor.lr=1e-5"]) == 2
+    assert "rlforge verl" in capsys.readouterr().err
 
-    rows = [{"data_source": "openai/gsm8k", "ability": "math",
-             "prompt": [{"role": "user", "content": f"Tom has {a} apples and buys {b}. How many? Answer after '####'."}],
-             "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-             "extra_info": {"split": "train", "index": i}} for i, (a, b) in enumerate(zip(range(3, 19), range(5, 21)))]
-    pq.write_table(pa.Table.from_pylist(rows[:12]), tmp_path / "train.parquet")
-    pq.write_table(pa.Table.from_pylist(rows[12:]), tmp_path / "test.parquet")
-    text = VERL_YAML.read_text().replace("PLACEHOLDER_TRAIN", str(tmp_path / "train.parquet")).replace(
-        "PLACEHOLDER_TEST", str(tmp_path / "test.parquet")).replace("PLACEHOLDER_MODEL", str(tiny_chat_model))
-    (tmp_path / "verl.yaml").write_text(text)
-    out = tmp_path / "rlforge.yaml"
-    assert main(["config", "from-verl", str(tmp_path / "verl.yaml"), "--out", str(out)]) == 0
-    report = capsys.readouterr().out
-    assert "mapped      data.max_response_length -> rollout.max_new_tokens = 8" in report
-    assert "NOT MAPPED  trainer.total_epochs = 15" in report and f"wrote {out}" in report
-    assert main(["fit", "--config", str(out), "rollout.name=hf", "logger.backends=[console]",
-                 f"trainer.runs_root={tmp_path / 'runs'}", "trainer.progress=false", "trainer.save_every=0"]) == 0
-    summary = list((tmp_path / "runs").rglob("summary.json"))
-    assert summary and '"steps": 2' in summary[0].read_text()
+
+def test_from_verl_prints_the_translation_and_rlforge_verl_refuses_with_every_missing_feature(capsys) -> None:
+    assert main(["config", "from-verl", *BASE, "trainer.logger=[console,swanlab]"]) == 0
+    captured = capsys.readouterr()
+    assert "trainer:" in captured.out and "REFUSED     trainer.logger" in captured.err
+    assert main(["verl", *BASE, "trainer.logger=[console,swanlab]", f"{ARO}.actor.ulysses_sequence_parallel_size=2"]) == 2
+    err = capsys.readouterr().err
+    assert "3 thing(s) rlforge does not have" in err and "issue 28" in err and "issue 32" in err  # actor, ref, logger

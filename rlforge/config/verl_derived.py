@@ -1,0 +1,477 @@
+"""The rlforge settings that several verl keys decide together (the ``Derived`` rules of ``verl_keys``).
+
+Each function reads the keys it owns from the translation context and gives every one of them a fate (mapped,
+refused or ignored); ``verl.translate`` calls them after the one-key rules. They follow verl 0.9.1's code: which key
+wins, which is read only when another is set, and how verl counts parallel sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rlforge.config.verl_rules import file_list, non_negative
+
+if TYPE_CHECKING:
+    from rlforge.config.verl import Context
+
+ARO = "actor_rollout_ref"
+A, R = f"{ARO}.actor", f"{ARO}.rollout"
+# verl's adv_estimator -> rlforge's algorithm (the algorithm name carries its estimator)
+ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp",
+              "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "remax": "remax", "opo": "opo", "gpg": "gpg"}
+# the algorithm-specific keys verl's estimators read, and the rlforge algorithms that have them
+READS = {"algorithm.gamma": ({"gae", "reinforce_plus_plus"}, {"ppo", "reinforce_pp"}),
+         "algorithm.lam": ({"gae"}, {"ppo"}),
+         "algorithm.norm_adv_by_std_in_grpo": ({"grpo"}, {"grpo", "gspo"})}
+TARGET = {"algorithm.gamma": "algorithm.gamma", "algorithm.lam": "algorithm.lam",
+          "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std"}
+LOGGERS = {"console": "console", "wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}
+LOGGER_ISSUES = {"swanlab": 32, "trackio": 32}
+REWARD_MANAGERS = {"naive": "rule", "dapo": "rule", "prime": "rule"}  # prime: verl's parallel naive manager
+NO_LIMIT_ROUNDS = 1000  # verl's max_num_gen_batches=0 (no limit) as rlforge's algorithm.max_gen_batches
+
+
+def algorithm(c: Context) -> None:
+    est, mode = c.get("algorithm.adv_estimator"), c.get(f"{A}.policy_loss.loss_mode")
+    algo = ESTIMATORS.get(est)
+    if algo is None:
+        c.refuse("algorithm.adv_estimator", f"verl's adv_estimator={est} (rlforge's: "
+                 f"{', '.join(sorted(ESTIMATORS))})", 30)
+    else:
+        c.map("algorithm.adv_estimator", "--algo", algo)
+    if mode == "vanilla":
+        c.same(f"{A}.policy_loss.loss_mode", "PPO's clipped policy loss (with the dual clip)")
+    elif mode == "gspo" and est == "grpo":
+        algo = "gspo"
+        c.map(f"{A}.policy_loss.loss_mode", "--algo", algo)
+    elif mode == "gpg" and est == "gpg":
+        c.same(f"{A}.policy_loss.loss_mode", "GPG's loss (rlforge's gpg algorithm has it)")
+    else:
+        c.refuse(f"{A}.policy_loss.loss_mode", f"verl's policy_loss.loss_mode={mode} with adv_estimator={est}", 30)
+    c.algorithm = algo or c.algorithm
+    for key, (verl_reads, ours) in READS.items():
+        if est not in verl_reads:
+            c.ignore(key, f"not read by verl's {est} estimator")
+        elif c.algorithm in ours:
+            c.map(key, TARGET[key], c.get(key))
+        else:
+            c.refuse(key, f"{key} with --algo {c.algorithm}")
+    enable, critic = c.get("critic.enable"), est == "gae"
+    if enable is None or bool(enable) == critic:
+        c.same("critic.enable", "a critic exactly for PPO (adv_estimator=gae)")
+    else:
+        c.refuse("critic.enable", f"critic.enable={enable} with adv_estimator={est}")
+
+
+def micro_batches(c: Context) -> None:
+    """``use_dynamic_bsz`` picks the token budget or the per-GPU count (verl divides a global count by the DP size)."""
+    for section, target in ((A, "actor"), ("critic", "critic")):
+        if not c.has(f"{section}.use_dynamic_bsz"):
+            continue
+        dynamic = bool(c.get(f"{section}.use_dynamic_bsz"))
+        c.same(f"{section}.use_dynamic_bsz", "micro-batches cut by tokens" if dynamic else "micro-batches by count")
+        tokens, per_gpu, total = (f"{section}.ppo_max_token_len_per_gpu", f"{section}.ppo_micro_batch_size_per_gpu",
+                                  f"{section}.ppo_micro_batch_size")
+        if dynamic:
+            c.map(tokens, f"{target}.max_tokens_per_micro_batch", c.get(tokens))
+            c.ignore(per_gpu, "not read with use_dynamic_bsz=True")
+            c.ignore(total, "not read with use_dynamic_bsz=True")
+            continue
+        c.ignore(tokens, "read only with use_dynamic_bsz=True")
+        if c.get(per_gpu) is not None:
+            c.map(per_gpu, f"{target}.ppo_micro_batch_size", c.get(per_gpu))
+            c.ignore(total, "verl reads the _per_gpu value when it is set")
+        elif c.get(total) is not None:
+            c.ignore(per_gpu, "null: verl derives it from ppo_micro_batch_size")
+            c.map(total, f"{target}.ppo_micro_batch_size", max(1, int(c.get(total)) // c.dp_size))
+        else:
+            c.map(per_gpu, f"{target}.ppo_micro_batch_size", None, "verl requires a micro-batch size here; rlforge "
+                  "takes the whole mini-batch")
+            c.ignore(total, "null")
+
+
+def clip(c: Context) -> None:
+    """verl reads clip_ratio only where clip_ratio_low/high are null."""
+    base, used = c.get(f"{A}.clip_ratio"), False
+    for side in ("low", "high"):
+        value = c.get(f"{A}.clip_ratio_{side}")
+        used |= value is None
+        c.map(f"{A}.clip_ratio_{side}", f"actor.clip_ratio_{side}", base if value is None else value)
+    if used:
+        c.same(f"{A}.clip_ratio", "the default of clip_ratio_low/high (mapped there)")
+    else:
+        c.ignore(f"{A}.clip_ratio", "not read: clip_ratio_low and clip_ratio_high are set")
+
+
+def grad_clip(c: Context) -> None:
+    for section in (A, "critic"):
+        if c.has(f"{section}.grad_clip"):
+            c.ignore(f"{section}.grad_clip", "not read by verl 0.9.1's engines: they clip at optim.clip_grad (mapped)")
+
+
+def warmup(c: Context) -> None:
+    """verl: lr_warmup_steps when > 0, else lr_warmup_steps_ratio x the run's steps."""
+    for section, target in ((A, "actor"), ("critic", "critic")):
+        steps, ratio = f"{section}.optim.lr_warmup_steps", f"{section}.optim.lr_warmup_steps_ratio"
+        if not c.has(steps):
+            continue
+        if c.get(steps) is not None and c.get(steps) > 0:
+            c.map(steps, f"{target}.warmup_steps", c.get(steps))
+            c.ignore(ratio, "not read: lr_warmup_steps is set")
+        elif not c.get(ratio):
+            c.map(steps, f"{target}.warmup_steps", 0)
+            c.same(ratio, "no warm-up")
+        else:
+            c.ignore(steps, "<= 0: verl uses lr_warmup_steps_ratio")
+            c.later(ratio, f"{target}.warmup_steps", lambda total, r=float(c.get(ratio)): int(r * total),
+                    "lr_warmup_steps_ratio x the run's steps")
+
+
+def precision(c: Context) -> None:
+    """FSDP's parameter dtype and compute dtype (or megatron's dtype) as one model.precision."""
+    megatron = c.get("model_engine") == "megatron"
+    params = "fp32" if megatron else str(c.get(f"{A}.fsdp_config.model_dtype", "fp32"))
+    compute = str(c.get(f"{A}.megatron.dtype" if megatron else f"{A}.fsdp_config.dtype", "bfloat16"))
+    keys = [k for k in c.owned if k.startswith(f"{A}.fsdp_config.")]
+    half = {"bfloat16": "bf16", "bf16": "bf16", "float16": "16", "fp16": "16"}
+    if params in ("fp32", "float32"):
+        name = f"{half[compute]}-mixed" if compute in half else "32-true"
+    elif params in ("bf16", "bfloat16"):
+        name = "bf16-true"
+    else:
+        for key in keys:
+            c.refuse(key, f"parameters in {params}")
+        return
+    for key in keys:
+        if key.endswith(".model_dtype"):
+            c.map(key, "model.precision", name)
+        else:
+            c.same(key, f"model.precision={name}")
+
+
+def parallel(c: Context) -> None:
+    """model_engine -> strategy; GPUs = nnodes x n_gpus_per_node; data-parallel size = GPUs / (TP x PP x CP)."""
+    engine, world = c.get("model_engine", "dp"), int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
+    tp = int(c.get(f"{A}.megatron.tensor_model_parallel_size", 1) or 1) if engine == "megatron" else 1
+    pp = int(c.get(f"{A}.megatron.pipeline_model_parallel_size", 1) or 1) if engine == "megatron" else 1
+    cp = int(c.get(f"{A}.megatron.context_parallel_size", 1) or 1) if engine == "megatron" else 1
+    if engine not in ("dp", "megatron"):
+        c.refuse("model_engine", f"verl's {engine} training engine (rlforge's strategies: single, fsdp, megatron)")
+    elif pp > 1 or cp > 1:
+        c.refuse(f"{A}.megatron.pipeline_model_parallel_size" if pp > 1 else f"{A}.megatron.context_parallel_size",
+                 "pipeline parallelism in rlforge's megatron strategy" if pp > 1 else "context parallelism (megatron)")
+    elif world % (tp * pp * cp):
+        c.refuse("trainer.n_gpus_per_node", f"{world} GPUs not divisible by TP x PP x CP = {tp * pp * cp} (verl refuses "
+                 "it too)")
+    for key in c.owned:
+        if key.endswith(("strategy", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                         "context_parallel_size")) and key != "model_engine":
+            c.same(key, f"the {engine} engine's layout (mapped from model_engine and the GPU counts)")
+    c.dp_size = max(1, world // (tp * pp * cp))
+    strategy = "megatron" if engine == "megatron" else ("fsdp" if world > 1 else "single")
+    c.map("model_engine", "strategy.name", strategy)
+    c.map("trainer.n_gpus_per_node", "strategy.num_processes", world)
+    c.same("trainer.nnodes", f"strategy.num_processes = nnodes x n_gpus_per_node = {world}")
+    if strategy != "single":
+        c.set("trainer.controller", "ray")
+    if strategy == "megatron":
+        c.set("strategy.megatron.tensor_parallel_size", tp)
+        c.set("strategy.checkpoint", "sharded")
+    device = c.get("trainer.device", "cuda")
+    if device in ("cuda", "cpu"):
+        c.map("trainer.device", "strategy.device", device)
+    else:
+        c.refuse("trainer.device", f"trainer.device={device} (rlforge runs on cuda or cpu)")
+
+
+def rollout_engine(c: Context) -> None:
+    name = c.get(f"{R}.name")
+    vllm_keys = {f"{R}.dtype": "rollout.vllm.dtype", f"{R}.gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization",
+                 f"{R}.enforce_eager": "rollout.vllm.enforce_eager",
+                 f"{R}.tensor_model_parallel_size": "rollout.vllm.tensor_parallel_size",
+                 f"{R}.checkpoint_engine.update_weights_bucket_megabytes": "rollout.vllm.weight_bucket_mb"}
+    if name in ("vllm", "hf"):
+        c.map(f"{R}.name", "rollout.name", name)
+    else:
+        c.refuse(f"{R}.name", f"the {name} rollout engine (rlforge's engines: hf, vllm)")
+    for key, target in vllm_keys.items():
+        if name == "vllm":
+            c.map(key, target, c.get(key))
+        else:
+            c.ignore(key, f"a vLLM setting; the {name} engine does not read it ({'speed or memory only'})")
+
+
+def lengths(c: Context) -> None:
+    for rollout_key, data_key in ((f"{R}.prompt_length", "data.max_prompt_length"),
+                                  (f"{R}.response_length", "data.max_response_length")):
+        if c.get(rollout_key) == c.get(data_key):
+            c.same(rollout_key, f"{data_key} (mapped there)")
+        else:
+            c.refuse(rollout_key, f"a rollout length ({c.get(rollout_key)}) other than {data_key} ({c.get(data_key)})")
+    mode = c.get("data.truncation")
+    if c.get("data.filter_overlong_prompts"):
+        c.ignore("data.truncation", "not reached: overlong prompts are filtered out first")
+    elif mode == "error":
+        c.same("data.truncation", "an overlong prompt is an error naming the row")
+    else:
+        c.same("data.truncation", f"an overlong prompt is an error naming the row before training starts, where verl "
+               f"cuts it (truncation={mode}); data.filter_overlong_prompts=True drops such rows")
+
+
+def validation(c: Context) -> None:
+    """val_kwargs: greedy unless do_sample; rlforge's validation samples with the temperature only."""
+    v = f"{R}.val_kwargs"
+    sample, n = bool(c.get(f"{v}.do_sample")), c.get(f"{v}.n", 1)
+    c.same(f"{v}.do_sample", "sampled validation" if sample else "greedy validation")
+    if not sample:
+        c.map(f"{v}.temperature", "rollout.val_temperature", 0.0, "" if not c.get(f"{v}.temperature") else
+              "greedy: verl ignores the temperature without do_sample")
+        for key in ("top_p", "top_k"):
+            c.ignore(f"{v}.{key}", "not read with val_kwargs.do_sample=False (greedy)")
+        if n > 1:
+            c.refuse(f"{v}.n", f"{n} identical greedy validation answers per prompt (set val_kwargs.do_sample=True)")
+        else:
+            c.map(f"{v}.n", "rollout.val_n", n)
+        return
+    c.map(f"{v}.temperature", "rollout.val_temperature", float(c.get(f"{v}.temperature")))
+    c.map(f"{v}.n", "rollout.val_n", n)
+    for key, neutral in (("top_p", (1, 1.0, None)), ("top_k", (-1, 0, None))):
+        if c.get(f"{v}.{key}") in neutral:
+            c.same(f"{v}.{key}", "no cut-off")
+        else:
+            c.refuse(f"{v}.{key}", f"validation sampling with {key} (rlforge's validation samples with the temperature)")
+
+
+def multi_turn(c: Context) -> None:
+    m, loop = f"{R}.multi_turn", c.get(f"{R}.agent.default_agent_loop")
+    enabled = bool(c.get(f"{m}.enable"))
+    keys = [k for k in c.owned if k.startswith(f"{m}.") and k != f"{m}.enable"]
+    if not enabled:
+        c.same(f"{m}.enable", "single-turn rollouts")
+        for key in keys:
+            c.ignore(key, "read only with multi_turn.enable")
+        if loop in ("single_turn_agent", None):
+            c.same(f"{R}.agent.default_agent_loop", "single-turn rollouts")
+        else:
+            c.refuse(f"{R}.agent.default_agent_loop", f"verl's agent loop '{loop}'")
+        return
+    c.map(f"{m}.enable", "rollout.agent.loop", "tool_agent")
+    if loop in ("tool_agent", "single_turn_agent", None):
+        c.same(f"{R}.agent.default_agent_loop", "rlforge's tool_agent loop")
+    else:
+        c.refuse(f"{R}.agent.default_agent_loop", f"verl's agent loop '{loop}'")
+    table: dict[str, Callable[[Any], None]] = {
+        "max_assistant_turns": lambda v: c.map(f"{m}.max_assistant_turns", "rollout.agent.max_turns", v)
+        if v else c.same(f"{m}.max_assistant_turns", "rollout.agent.max_turns' default"),
+        "max_parallel_calls": lambda v: c.map(f"{m}.max_parallel_calls", "rollout.agent.max_tool_calls_per_turn", v),
+        "format": lambda v: c.map(f"{m}.format", "rollout.agent.tool_parser", v) if v == "hermes" else c.refuse(
+            f"{m}.format", f"the '{v}' tool-call format (rlforge's parsers: hermes)"),
+        "tool_config_path": lambda v: c.refuse(f"{m}.tool_config_path", "verl's tool classes from a tool config file "
+                                               "(register the tools in an rlforge plugin: rollout.agent.tools)")
+        if v else c.same(f"{m}.tool_config_path", "no tools"),
+        "max_tool_response_length": lambda v: c.map(f"{m}.max_tool_response_length",
+                                                    "rollout.agent.max_tool_output_tokens", v,
+                                                    "verl cuts tool replies in characters, rlforge in tokens"),
+    }
+    for key in keys:
+        leaf = key.rsplit(".", 1)[1]
+        if leaf in table:
+            table[leaf](c.get(key))
+        elif leaf in ("use_inference_chat_template", "tokenization_sanity_check_mode", "tool_response_truncate_side"):
+            c.ignore(key, "how verl re-tokenizes turns; rlforge inserts tool replies as tokens")
+        elif c.get(key) in (None, False, 1):
+            c.same(key, "off")
+        else:
+            c.refuse(key, f"verl's multi_turn.{leaf}")
+
+
+def filter_groups(c: Context) -> None:
+    """DAPO's dynamic sampling: enable, metric, max_num_gen_batches, and the generation batch (data.gen_batch_size)."""
+    f = "algorithm.filter_groups"
+    keys = [k for k in c.owned if k.startswith(f"{f}.") or k == "data.gen_batch_size"]
+    if not c.get(f"{f}.enable"):
+        for key in keys:
+            (c.map(key, "algorithm.filter_groups", False) if key == f"{f}.enable"
+             else c.ignore(key, "read only with filter_groups.enable (dynamic sampling)"))
+        return
+    c.map(f"{f}.enable", "algorithm.filter_groups", True)
+    metric, shaped = c.get(f"{f}.metric"), c.overlong_on
+    if metric == "seq_final_reward" or (metric in ("score", "seq_reward", "reward", None) and not shaped):
+        c.same(f"{f}.metric", "groups filtered on their (final) reward")
+    else:
+        c.refuse(f"{f}.metric", f"dynamic sampling on metric={metric}" + (" with overlong shaping on" if shaped else "")
+                 + ": rlforge filters groups on the final reward")
+    rounds = int(c.get(f"{f}.max_num_gen_batches") or 0)
+    train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
+    scale = max(1, round(gen / train)) if gen and train and gen != train else 1
+    note = "" if scale == 1 else (f"verl draws data.gen_batch_size={gen} prompts per round; rlforge draws "
+                                  f"data.train_batch_size={train} per round ({scale} rounds for one of verl's) and "
+                                  f"stops when enough groups are kept")
+    c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches",
+          NO_LIMIT_ROUNDS if rounds <= 0 else rounds * scale, "verl's 0 (no limit) is 1000 rounds" if rounds <= 0
+          else "")
+    if "data.gen_batch_size" in c.owned:
+        (c.same("data.gen_batch_size", "data.train_batch_size") if scale == 1
+         else c.map("data.gen_batch_size", "algorithm.max_gen_batches", rounds * scale, note))
+    for key in keys:
+        if key.endswith("max_inflight_gen_batches"):
+            c.ignore(key, "generation prefetch (speed only)")
+
+
+def overlong(c: Context) -> None:
+    """DAPO's overlong shaping: only with the dapo reward manager, only when overlong_buffer_cfg.enable."""
+    keys = list(c.owned)
+    cfg = {k.rsplit(".", 1)[1]: c.get(k) for k in keys}
+    if not c.overlong_on:
+        why = ("read only with overlong_buffer_cfg.enable" if c.reward_manager == "dapo"
+               else f"read only by the dapo reward manager (this one: {c.reward_manager})")
+        for key in keys:
+            (c.map(key, "algorithm.overlong_buffer", 0) if key.endswith("enable") and c.reward_manager == "dapo"
+             else c.ignore(key, why))
+        return
+    longest = c.get("data.max_response_length")
+    for key in keys:
+        leaf = key.rsplit(".", 1)[1]
+        if leaf == "enable":
+            c.same(key, "DAPO's overlong shaping (algorithm.overlong_buffer > 0)")
+        elif leaf == "len":
+            c.map(key, "algorithm.overlong_buffer", int(cfg["len"]))
+        elif leaf == "penalty_factor":
+            c.map(key, "algorithm.overlong_penalty", float(cfg["penalty_factor"]))
+        elif leaf == "log":
+            c.ignore(key, "rlforge always logs critic/overlong_penalty/mean")
+        elif leaf == "max_resp_len":
+            (c.same(key, "rollout.max_new_tokens") if cfg[leaf] in (None, longest) else
+             c.refuse(key, f"an overlong limit (max_resp_len={cfg[leaf]}) other than data.max_response_length"))
+        else:
+            c.refuse(key, f"DAPO reward option {leaf}")
+
+
+def reward(c: Context) -> None:
+    """verl's reward section, with the legacy keys moved in first (as migrate_legacy_reward_impl does)."""
+    legacy = {"reward_model.reward_manager": "reward.reward_manager.name", "reward_model.num_workers": "reward.num_workers",
+              "reward_model.enable": "reward.reward_model.enable", "reward_model.model.path": "reward.reward_model.model_path",
+              "custom_reward_function.path": "reward.custom_reward_function.path",
+              "custom_reward_function.name": "reward.custom_reward_function.name"}
+    value = {new: c.get(new) for new in legacy.values()}
+    for old, new in legacy.items():
+        if c.get(old) is not None:
+            value[new] = c.get(old)
+            c.same(old, f"moved to {new}, as verl moves it")
+        elif c.has(old):
+            c.ignore(old, f"null: {new} applies")
+    for key in c.owned:
+        if key.startswith(("reward_model.", "custom_reward_function.")) and key not in legacy and not c.done(key):
+            (c.ignore(key, "null") if c.get(key) is None else
+             c.refuse(key, f"verl's legacy reward_model.{key.split('.', 1)[1]}"))
+    manager = value["reward.reward_manager.name"]
+    source, module = c.get("reward.reward_manager.source"), c.get("reward.reward_manager.module.path")
+    rm = bool(value["reward.reward_model.enable"])
+    if manager in REWARD_MANAGERS and source == "register":
+        c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule")
+    else:
+        c.refuse("reward.reward_manager.name", f"verl's '{manager}' reward manager" if source == "register"
+                 else f"a reward manager class by path ({module})")
+    c.same("reward.reward_manager.source", "registered reward managers")
+    for key in ("reward.reward_manager.module.path", "reward.reward_manager.module.name"):
+        c.ignore(key, "read only with reward_manager.source=importlib")
+    c.same("reward.reward_model.enable", "a reward model" if rm else "rule rewards")
+    path = value["reward.reward_model.model_path"]
+    (c.map("reward.reward_model.model_path", "reward.model.path", path) if rm
+     else c.ignore("reward.reward_model.model_path", "read only with reward_model.enable"))
+    file, fn = value["reward.custom_reward_function.path"], value["reward.custom_reward_function.name"]
+    if file:
+        c.map("reward.custom_reward_function.path", "reward.file", file)
+        c.map("reward.custom_reward_function.name", "reward.fn_name", fn or "compute_score")
+    else:
+        c.same("reward.custom_reward_function.path", "the built-in function of each row's data_source")
+        c.ignore("reward.custom_reward_function.name", "read only with custom_reward_function.path")
+    c.ignore("reward.num_workers", "reward worker processes (speed only); rlforge: reward.num_workers")
+
+
+def data(c: Context) -> None:
+    c.set("data.name", "files")
+    for key in ("data.train_files", "data.val_files"):
+        c.map(key, key, file_list(c.get(key)))
+
+
+def multimodal(c: Context) -> None:
+    for key in c.owned:
+        if key in c.given:
+            c.refuse(key, f"multimodal rows ({key})", 29)
+        else:
+            c.ignore(key, "read only for rows with images, videos or audio (rlforge trains on text)")
+
+
+def steps(c: Context) -> None:
+    total, epochs = c.get("trainer.total_training_steps"), c.get("trainer.total_epochs")
+    if total is not None:
+        c.map("trainer.total_training_steps", "trainer.total_steps", total)
+        c.ignore("trainer.total_epochs", "not read: trainer.total_training_steps is set")
+        c.total_steps = int(total)
+        return
+    c.ignore("trainer.total_training_steps", "null: verl counts total_epochs")
+    c.epochs("trainer.total_epochs", int(epochs))
+
+
+def loggers(c: Context) -> None:
+    value = c.get("trainer.logger")
+    names = [value] if isinstance(value, str) else list(value or [])
+    unknown = [n for n in names if n not in LOGGERS]
+    if unknown:
+        issue = next((LOGGER_ISSUES[n] for n in unknown if n in LOGGER_ISSUES), None)
+        c.refuse("trainer.logger", f"the {', '.join(unknown)} logger{'s' if len(unknown) > 1 else ''} (rlforge's: "
+                 f"{', '.join(LOGGERS)})", issue)
+    else:
+        c.map("trainer.logger", "logger.backends", [LOGGERS[n] for n in names] or ["console"])
+
+
+def resume(c: Context) -> None:
+    mode, path = c.get("trainer.resume_mode"), c.get("trainer.resume_from_path")
+    folder = c.get("trainer.default_local_dir")
+    c.map("trainer.default_local_dir", "trainer.run_dir", file_list(folder)[0] if folder else None,
+          "rlforge's run folder layout (checkpoints/step_N) is its own: verl's checkpoints are not resumed")
+    if mode == "auto":
+        c.map("trainer.resume_mode", "trainer.resume", "auto")
+    elif mode == "disable":
+        c.map("trainer.resume_mode", "trainer.resume", "never")
+    elif mode == "resume_path" and path:
+        c.same("trainer.resume_mode", "resume from trainer.resume_from_path")
+        c.map("trainer.resume_from_path", "trainer.resume", file_list(path)[0])
+        return
+    else:
+        c.refuse("trainer.resume_mode", f"resume_mode={mode}" + (" without resume_from_path (verl refuses it too)"
+                                                                  if mode == "resume_path" else ""))
+    c.ignore("trainer.resume_from_path", "read only with resume_mode=resume_path")
+
+
+def checkpoints(c: Context) -> None:
+    actor, critic = c.get("trainer.max_actor_ckpt_to_keep"), c.get("trainer.max_critic_ckpt_to_keep")
+    c.map("trainer.max_actor_ckpt_to_keep", "trainer.keep_last_n", non_negative(actor))
+    if critic is None or critic == actor or c.algorithm != "ppo":
+        c.same("trainer.max_critic_ckpt_to_keep", "one count for every checkpoint (trainer.keep_last_n)")
+    else:
+        c.refuse("trainer.max_critic_ckpt_to_keep", "separate checkpoint counts for the actor and the critic")
+
+
+def val_only(c: Context) -> None:
+    if c.get("trainer.val_only"):
+        c.command = "eval"
+        c.map("trainer.val_only", "rlforge eval", True, "validation only: `rlforge verl` runs `rlforge eval` on "
+              "data.val_files")
+    else:
+        c.same("trainer.val_only", "train, then validate")
+
+
+DERIVED: dict[str, Callable[[Context], None]] = {
+    "algorithm": algorithm, "parallel": parallel, "data": data, "reward": reward, "overlong": overlong,
+    "micro_batches": micro_batches, "clip": clip, "grad_clip": grad_clip, "warmup": warmup, "precision": precision,
+    "rollout_engine": rollout_engine, "lengths": lengths, "validation": validation, "multi_turn": multi_turn,
+    "filter_groups": filter_groups, "multimodal": multimodal, "steps": steps, "loggers": loggers,
+    "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
+}
+# the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
+ORDER = ("algorithm", "parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "micro_batches",
+         "clip", "grad_clip", "precision", "rollout_engine", "lengths", "validation", "multi_turn", "multimodal",
+         "loggers", "resume", "checkpoints", "val_only")

@@ -1,0 +1,368 @@
+"""A verl launch's config, composed as verl's Hydra entry point composes it: the named default tree
+(``--config-name``, shipped in ``verl_defaults/``), a config file of the user's (``--config-path``) merged at its
+``_self_``, then the overrides in Hydra's grammar (``key=v``, ``+key=v``, ``++key=v``, ``~key``), parsed by Hydra's
+own ``OverridesParser``, and finally every ``${...}`` interpolation resolved (verl calls ``OmegaConf.resolve``).
+
+Errors are ``ConfigError``s that name the argument, the key and, for a file, the file.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlforge.errors import ConfigError
+
+DEFAULTS = Path(__file__).parent / "verl_defaults"  # package data, written by scripts/gen_verl_defaults.py
+PPO, SFT, LEGACY_SFT = "ppo_trainer", "sft_trainer_engine", "sft_trainer"
+# model_engine=X on the command line (a Hydra config-group choice in verl): the tree composed with that engine
+ENGINE_VARIANTS = {
+    ("ppo_trainer", "megatron"): "ppo_megatron_trainer", ("ppo_trainer", "torchtitan"): "ppo_torchtitan_trainer",
+    ("ppo_trainer", "veomni"): "ppo_veomni_trainer", ("dapo_trainer", "megatron"): "dapo_megatron_trainer",
+    ("fully_async_ppo_trainer", "megatron"): "fully_async_ppo_megatron_trainer",
+    ("one_step_off_ppo_trainer", "megatron"): "one_step_off_ppo_megatron_trainer",
+}
+# verl's trainer modules and the config each composes by default
+ENTRY_CONFIGS = {
+    "verl.trainer.main_ppo": PPO, "recipe.dapo.main_dapo": "dapo_trainer",
+    "verl.experimental.fully_async_policy.fully_async_main": "fully_async_ppo_trainer",
+    "verl.experimental.one_step_off_policy.main_ppo": "one_step_off_ppo_trainer",
+    "verl.trainer.sft_trainer": SFT, "verl.trainer.fsdp_sft_trainer": LEGACY_SFT,
+}
+
+
+def shipped() -> list[str]:
+    return sorted(p.stem for p in DEFAULTS.glob("*.yaml"))
+
+
+# keys of verl 0.9.0 that 0.9.1 dropped (with 0.9.0's default): scripts written for 0.9.0 still set them
+REMOVED_IN_0_9_1 = {f"{role}.megatron.grad_offload": False
+                    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")}
+# config groups a launch may select (verl's defaults lists): name -> group -> default option
+GROUPS = {"model_engine": "dp"}
+SFT_GROUPS = {"engine": "fsdp", "optim": "fsdp", "model": "hf_model", "profiler": "profiler"}
+
+
+def load_default(name: str) -> dict[str, Any]:
+    """A deep copy of the shipped default tree ``name`` (parsed once per process)."""
+    return copy.deepcopy(_load_default(name.removesuffix(".yaml")))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_default(name: str) -> dict[str, Any]:
+    path = DEFAULTS / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"rlforge does not know verl's config '{name}' (--config-name). verl's configs it ships: "
+                          f"{', '.join(shipped())}.")
+    tree = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    for key, value in REMOVED_IN_0_9_1.items():
+        parent, _, leaf = key.rpartition(".")
+        node = tree
+        for part in parent.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.setdefault(leaf, value)
+    return tree
+
+
+@dataclass
+class Launch:
+    """The arguments of a verl launch: the config it names and its overrides (Hydra's syntax)."""
+
+    config_name: str = PPO
+    config_path: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+
+def parse_args(args: list[str], default_config: str = PPO) -> Launch:
+    """``--config-path/-cp``, ``--config-name/-cn`` (``--x=v`` or ``--x v``) and the overrides, as verl takes them."""
+    launch, i = Launch(config_name=default_config), 0
+    flags = {"--config-path": "config_path", "-cp": "config_path", "--config-name": "config_name", "-cn": "config_name"}
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            if not eq:
+                if i + 1 >= len(args):
+                    raise ConfigError(f"'{arg}' needs a value (e.g. {name}=ppo_megatron_trainer).")
+                value, i = args[i + 1], i + 1
+            setattr(launch, flags[name], value.removesuffix(".yaml") if flags[name] == "config_name" else value)
+        elif arg.startswith("-"):
+            raise ConfigError(f"Unsupported option '{arg}': a verl launch takes --config-path, --config-name and "
+                              f"Hydra overrides (key=value, +key=value, ++key=value, ~key).")
+        else:
+            launch.overrides.append(arg)
+        i += 1
+    return launch
+
+
+def parse_overrides(overrides: tuple[str, ...]) -> list[Any]:
+    """Hydra's ``Override`` objects; an override that is not Hydra's syntax, a sweep or a package is an error."""
+    return [_parse_one(text) for text in overrides]
+
+
+@functools.lru_cache(maxsize=4096)  # launch scripts repeat the same overrides; Hydra's parser takes ~2 ms each
+def _parse_one(text: str) -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        o = OverridesParser.create().parse_override(text)
+    except HydraException as exc:
+        raise ConfigError(f"Cannot parse override '{text}' (Hydra's syntax: key=value, +key=value, "
+                          f"++key=value, ~key): {str(exc).splitlines()[0]}") from None
+    if o.is_sweep_override():
+        raise ConfigError(f"Override '{text}' is a sweep (several values): a verl launch takes one value per key "
+                          f"(quote a list: key='[a,b]').")
+    if o.package is not None:
+        raise ConfigError(f"Override '{text}' selects a config group package (@{o.package}): only model_engine=NAME "
+                          f"selects a group here.")
+    return o
+
+
+def _user_file(path: str, name: str) -> tuple[str, dict[str, Any]] | None:
+    """(base config, the file's own tree) of ``--config-path/--config-name`` when that file exists."""
+    file = Path(path) / f"{name}.yaml"
+    if not file.is_file():
+        return None
+    from rlforge.config.compose import load_file  # duplicate keys, interpolation checks, clear YAML errors
+
+    data = OmegaConf.to_container(load_file(str(file)))
+    assert isinstance(data, dict)
+    data.pop("hydra", None)
+    defaults = data.pop("defaults", None) or []
+    base, engine = None, None
+    for entry in defaults:
+        if entry == "_self_":
+            continue
+        if isinstance(entry, str) and entry in shipped():
+            base = entry
+        elif isinstance(entry, dict) and set(entry) == {"override model_engine"}:
+            engine = entry["override model_engine"]
+        else:
+            raise ConfigError(f"{file}: defaults entry {entry!r} is not one of verl's configs rlforge ships "
+                              f"({', '.join(shipped())}) or 'override model_engine: NAME'.")
+    base = base or PPO
+    if engine is not None:
+        base = _engine_variant(base, engine, f"{file} (defaults)")
+    return base, data
+
+
+def _engine_variant(name: str, engine: str, where: str) -> str:
+    if engine == "dp":
+        return name
+    variant = ENGINE_VARIANTS.get((name, engine))
+    if variant is None:
+        engines = sorted({e for (n, e) in ENGINE_VARIANTS if n == name} | {"dp"})
+        raise ConfigError(f"model_engine={engine} ({where}) with --config-name={name}: verl 0.9.1's model engines "
+                          f"here are {', '.join(engines)}.")
+    return variant
+
+
+def compose_tree(launch: Launch) -> dict[str, Any]:
+    """The launch's complete, resolved verl config (a nested dict), as verl's entry point would see it."""
+    overrides = parse_overrides(tuple(launch.overrides))
+    name, layers = launch.config_name, []
+    found = _user_file(launch.config_path, name) if launch.config_path else None
+    if found is not None:
+        name, own = found
+        layers.append(own)
+    groups = SFT_GROUPS if name.startswith("sft_") else GROUPS
+    chosen = [o for o in overrides if o.key_or_group in groups and o.type.name == "CHANGE" and isinstance(o.value(), str)]
+    for o in chosen:
+        if o.key_or_group == "model_engine":
+            name = _engine_variant(name, o.value(), f"override '{o.input_line}'")
+        elif o.value() != groups[o.key_or_group]:
+            raise ConfigError(f"Override '{o.input_line}' chooses verl's '{o.value()}' {o.key_or_group} for SFT: rlforge's "
+                              f"SFT runs on Lightning (sft.strategy: ddp, fsdp, deepspeed_*), with verl's default "
+                              f"{o.key_or_group}={groups[o.key_or_group]} settings only (docs/sft.md).")
+    tree = load_default(name)
+    for layer in layers:
+        merge_into(tree, copy.deepcopy(layer))
+    for o in overrides:
+        if o not in chosen:
+            apply_override(tree, o)
+    return resolve(tree, "the verl launch")
+
+
+def merge_into(base: dict[str, Any], layer: dict[str, Any]) -> None:
+    """OmegaConf's merge on plain trees: mappings merge key by key, anything else replaces."""
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = value
+
+
+def apply_override(tree: dict[str, Any], o: Any) -> None:
+    """One Hydra override on ``tree`` with Hydra's rules (struct mode: ``key=v`` needs the key; ``+key`` needs it
+    absent or null; ``++key`` either way; ``~key`` deletes), in clearer words."""
+    key, value, line = o.key_or_group, copy.deepcopy(o.value()), o.input_line
+    *parents, leaf = key.split(".")
+    node: Any = tree
+    for i, part in enumerate(parents):
+        if not isinstance(node, dict) or (part not in node and not (o.is_add() or o.is_force_add())):
+            node = None
+            break
+        if not isinstance(node.get(part), dict):  # absent, null, or an interpolation that +/++ replaces
+            node[part] = {}
+        node = node[part]
+    if not isinstance(node, dict):
+        raise ConfigError(f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
+                          + ("" if o.is_delete() else f" To add a key, prefix it with '+': +{line.lstrip('+')}."))
+    present = leaf in node
+    if o.is_delete():
+        if not present:
+            raise ConfigError(f"Override '{line}': cannot delete '{key}', which the config does not have.")
+        if value is not None and node[leaf] != value:
+            raise ConfigError(f"Override '{line}': '{key}' is {node[leaf]!r}, not {value!r}, so it is not deleted.")
+        del node[leaf]
+    elif o.is_add() and present and node[leaf] not in (None, "???"):
+        raise ConfigError(f"Override '{line}': '{key}' is already in verl's config; set it without '+': "
+                          f"{line[1:]} (or force with '++').")
+    elif not (o.is_add() or o.is_force_add()) and not present:
+        raise ConfigError(f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too). "
+                          f"To add a key, prefix it with '+': +{line}.")
+    elif isinstance(value, dict) and isinstance(node.get(leaf), dict):
+        merge_into(node[leaf], value)
+    else:
+        node[leaf] = value
+
+
+def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:
+    """Every ``${...}`` resolved, as ``OmegaConf.resolve`` does; a failure names the key and the interpolation."""
+    fast = _Simple(tree).resolved()
+    if fast is not None:
+        return fast
+    from rlforge.config.compose import unresolvable
+
+    cfg = OmegaConf.create(tree)
+
+    try:
+        out = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException:
+        bad = unresolvable(cfg)
+        key, text, why = bad if bad is not None else ("?", "?", "an interpolation failed")
+        raise ConfigError(f"Cannot resolve '{key}: {text}' in {where}: {why}.") from None
+    assert isinstance(out, dict)
+    return out
+
+
+_REF = re.compile(r"\$\{(\.*[A-Za-z_][\w.]*)\}")  # ${a.b}, ${.sibling}
+_KEY = re.compile(r"\.*[A-Za-z_][\w.]*")
+
+
+def _select_args(text: str) -> tuple[str, str] | None:
+    """(key, default text) of a string that is one whole ``${oc.select:key[,default]}``, else None."""
+    head = "${oc.select:"
+    if not (text.startswith(head) and text.endswith("}")):
+        return None
+    depth, body = 0, text[len(head):-1]
+    comma = -1
+    for i, ch in enumerate(body):
+        depth += ch == "{"
+        depth -= ch == "}"
+        if depth < 0:
+            return None  # the closing brace belongs to an earlier interpolation
+        if ch == "," and depth == 0 and comma < 0:
+            comma = i
+    key, default = (body[:comma], body[comma + 1:]) if comma >= 0 else (body, "")
+    key = key.strip()
+    return (key, default.strip()) if depth == 0 and _KEY.fullmatch(key) else None
+
+
+class _Simple:
+    """A fast resolver for the two forms verl's defaults use (``${key}`` and ``${oc.select:key,default}``, whole or
+    inside a string); ``resolved()`` is None when any other interpolation is present (OmegaConf then resolves)."""
+
+    def __init__(self, tree: dict[str, Any]) -> None:
+        self.tree = tree
+
+    def resolved(self) -> dict[str, Any] | None:
+        try:
+            return self._node(self.tree, [], set())
+        except _NotSimple:
+            return None
+
+    def _node(self, node: Any, path: list[str], busy: set[str]) -> Any:
+        if isinstance(node, dict):
+            return {k: self._node(v, [*path, str(k)], busy) for k, v in node.items()}
+        if isinstance(node, list):
+            return [self._node(v, path, busy) for v in node]
+        if isinstance(node, str) and "${" in node:
+            return self._string(node, path, busy)
+        return node
+
+    def _string(self, text: str, path: list[str], busy: set[str]) -> Any:
+        select = _select_args(text)
+        if select is not None:
+            key, default = select
+            found = self._lookup(key, path, busy)
+            if found is not _ABSENT:
+                return found
+            if "${" in default:
+                return self._string(default, path, busy)
+            return yaml.safe_load(default or "null")
+        ref = _REF.fullmatch(text)
+        if ref:
+            found = self._lookup(ref.group(1), path, busy)
+            if found is _ABSENT:
+                raise _NotSimple
+            return found
+        if "${" in _REF.sub("", text):
+            raise _NotSimple
+        return _REF.sub(lambda m: str(self._get_or_fail(m.group(1), path, busy)), text)
+
+    def _get_or_fail(self, key: str, path: list[str], busy: set[str]) -> Any:
+        found = self._lookup(key, path, busy)
+        if found is _ABSENT:
+            raise _NotSimple
+        return found
+
+    def _lookup(self, key: str, path: list[str], busy: set[str]) -> Any:
+        if key.startswith("."):
+            dots = len(key) - len(key.lstrip("."))
+            parts = path[:len(path) - dots] + key.lstrip(".").split(".")
+        else:
+            parts = key.split(".")
+        full = ".".join(parts)
+        if full in busy:
+            raise _NotSimple  # a cycle: OmegaConf reports it
+        node: Any = self.tree
+        for part in parts:
+            if not isinstance(node, dict) or part not in node:
+                return _ABSENT
+            node = node[part]
+        if node == "???":
+            return _ABSENT
+        return self._node(node, parts, busy | {full})
+
+
+class _NotSimple(Exception):
+    pass
+
+
+_ABSENT = object()
+
+
+def compose_file(path: str) -> dict[str, Any]:
+    """A verl config file (sparse, or complete like a run's ``.hydra/config.yaml``) over verl's default tree (the one
+    of its ``model_engine``), resolved: what ``rlforge config from-verl FILE`` translates."""
+    file = Path(path)
+    found = _user_file(str(file.parent), file.stem) if file.suffix in (".yaml", ".yml") else None
+    if found is None:
+        raise ConfigError(f"Config file not found: {path} (a verl config, .yaml).")
+    name, own = found
+    engine = own.get("model_engine")  # a complete config names its engine (verl writes model_engine: megatron)
+    name = ENGINE_VARIANTS.get((name, engine), name) if isinstance(engine, str) else name
+    tree = load_default(name)
+    merge_into(tree, copy.deepcopy(own))
+    return resolve(tree, path)

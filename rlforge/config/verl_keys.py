@@ -1,0 +1,426 @@
+"""verl 0.9.1's PPO-family config keys and their fate in rlforge (the rule kinds: ``verl_rules``).
+
+Every key of verl's default trees (``verl_defaults/*.yaml``) matches one entry here; ``tests/tools/test_verl_keys.py``
+walks them all and checks each mapped target against rlforge's schema. Keys computed from several verl keys
+(the algorithm, micro-batches, parallel sizes, resume, steps, loggers, validation sampling, DAPO's shaping) are
+``Derived``: ``verl_derived`` maps them.
+"""
+
+from __future__ import annotations
+
+from rlforge.config.verl_rules import (
+    Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, is_, never, non_negative, off, str_list, top_k,
+)
+
+ARO = "actor_rollout_ref"
+SPEED = "speed or memory only: what is computed does not change"
+PROFILING = "profiling is not configured through the config (rlforge times every stage: timing_s/*)"
+SEEDS = "seeds do not carry over between frameworks; rlforge seeds everything with trainer.seed"
+FSDP_LAYOUT = f"FSDP sharding and kernel options ({SPEED}); rlforge's fsdp strategy shards with FSDP2"
+SCHEDULERS = "learning-rate schedules other than constant after a linear warm-up"
+COPY = "a copy of another key (verl fills it by interpolation)"
+
+
+def _optim(section: str, target: str) -> dict[str, Rule]:
+    """``<section>.optim.*`` of the actor or the critic (FSDP, megatron, veomni and torchtitan variants)."""
+    o = f"{section}.optim"
+    return {
+        f"{o}.optimizer": Keep(is_("AdamW", "adamw", "adam"), "AdamW (megatron's adam decays weights decoupled, as "
+                               "AdamW)", "optimizers other than AdamW"),
+        f"{o}.name": Keep(is_("AdamW", "adamw"), "AdamW", "optimizers other than AdamW"),
+        f"{o}.optimizer_impl": Keep(is_("torch.optim"), "torch.optim.AdamW", "optimizer implementations by path"),
+        f"{o}.lr": Map(f"{target}.lr"),
+        f"{o}.weight_decay": Map(f"{target}.weight_decay"),
+        f"{o}.clip_grad": Map(f"{target}.grad_clip"),
+        f"{o}.betas": Keep(lambda v: list(v or []) == [0.9, 0.999], "AdamW's betas (0.9, 0.999)",
+                           "AdamW betas other than (0.9, 0.999)"),
+        f"{o}.eps": Keep(is_(1e-8), "AdamW's eps 1e-8", "an AdamW eps other than 1e-8"),
+        f"{o}.lr_warmup_steps": Derived("warmup"),
+        f"{o}.lr_warmup_steps_ratio": Derived("warmup"),
+        f"{o}.total_training_steps": Ignore("verl fills it with the run's step count (trainer.total_steps here)"),
+        f"{o}.lr_scheduler_type": Keep(is_("constant"), "a constant rate after the linear warm-up", SCHEDULERS, 32),
+        f"{o}.warmup_style": Keep(lambda v: v in (None, "constant"), "a constant rate after the warm-up", SCHEDULERS, 32),
+        f"{o}.lr_decay_style": Keep(is_("constant"), "a constant rate after the warm-up", SCHEDULERS, 32),
+        f"{o}.decay_type": Ignore("read by torchtitan's scheduler only (model_engine=torchtitan: refused)"),
+        f"{o}.weight_decay_incr_style": Keep(is_("constant"), "a constant weight decay", "weight-decay schedules"),
+        f"{o}.min_lr_ratio": Ignore("read only by the cosine schedule (lr_scheduler_type)"),
+        f"{o}.num_cycles": Ignore("read only by the cosine schedule (lr_scheduler_type)"),
+        f"{o}.zero_indexed_step": Ignore("read only by the cosine schedule's step count"),
+        f"{o}.min_lr*": Ignore("read only by a decaying schedule (lr_decay_style)"),
+        f"{o}.lr_*": Ignore("read only by a decaying or warm-started schedule (lr_decay_style, lr_warmup_init)"),
+        f"{o}.use_checkpoint_opt_param_scheduler": Ignore("megatron's scheduler state in checkpoints"),
+        f"{o}.use_precision_aware_optimizer": Ignore(SPEED),
+        f"{o}.*_dtype": Keep(lambda v: v in ("fp32", "float32"), "fp32 optimizer state", "low-precision optimizer state"),
+        f"{o}.use_layer_wise_distributed_optimizer": Ignore(SPEED),
+        f"{o}.muon_*": Ignore("read only by the Muon optimizer (optimizer=Muon: refused)"),
+        f"{o}.override_optimizer_config": Keep(off, "no optimizer overrides", "overriding optimizer fields"),
+        f"{o}.override_optimizer_config.*offload*": Ignore(f"optimizer offload ({SPEED})"),
+        f"{o}.override_optimizer_config.overlap_*": Ignore(SPEED),
+        f"{o}.override_optimizer_config.use_precision_aware_optimizer": Ignore(SPEED),
+        f"{o}.override_optimizer_config.*": Keep(never, "", "overriding megatron optimizer fields"),
+    }
+
+
+def _model(section: str, actor: bool) -> dict[str, Rule]:
+    """``<section>.model.*`` of the policy or the critic."""
+    m = f"{section}.model"
+    one = "" if actor else " (one setting for the policy and the critic in rlforge)"
+    return {
+        f"{m}.path": Map("model.path" if actor else "critic.path"),
+        f"{m}.hf_config_path": Keep(off, "the config of model.path", "a model config from another folder"),
+        f"{m}.tokenizer_path": Keep(off, "the tokenizer of model.path", "a tokenizer from another folder"),
+        f"{m}.use_shm": Ignore("models load from disk or the Hugging Face cache"),
+        f"{m}.trust_remote_code": Map("model.trust_remote_code") if actor else Ignore(f"model.trust_remote_code{one}"),
+        f"{m}.custom_chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates", 32),
+        f"{m}.external_lib": Keep(off, "no extra import", "importing a module by name: install it as an rlforge plugin"),
+        f"{m}.override_config": Keep(off, "the model's own config.json", "overriding the model's config.json fields"),
+        f"{m}.override_config.*dropout": Keep(is_(0, 0.0), "the model's config.json dropout: none in Qwen and Llama "
+                                              "configs (set the field to 0 in config.json for others)", "dropout overrides"),
+        f"{m}.override_config.*pdrop": Keep(is_(0, 0.0), "the model's config.json dropout: none in Qwen and Llama "
+                                            "configs (set the field to 0 in config.json for others)", "dropout overrides"),
+        f"{m}.override_config.*": Keep(never, "", "overriding the model's config.json fields (edit its config.json)"),
+        f"{m}.enable_gradient_checkpointing": Map("model.gradient_checkpointing") if actor else Ignore(
+            f"model.gradient_checkpointing{one}; {SPEED}"),
+        f"{m}.enable_activation_offload": Ignore(f"activation offload is not in rlforge ({SPEED})"),
+        f"{m}.use_remove_padding": Map("model.remove_padding") if actor else Ignore(f"model.remove_padding{one}"),
+        f"{m}.lora_rank": Map("model.lora.rank") if actor else Keep(is_(0), "a full critic", "LoRA on the critic"),
+        f"{m}.lora_alpha": Map("model.lora.alpha") if actor else Ignore("read only with LoRA on the critic"),
+        f"{m}.target_modules": Map("model.lora.target_modules", str_list) if actor else Ignore(
+            "read only with LoRA on the critic"),
+        f"{m}.exclude_modules": Keep(off, "LoRA on every target module", "excluding modules from LoRA"),
+        f"{m}.lora_adapter_path": Keep(off, "a fresh adapter", "starting LoRA from a saved adapter"),
+        f"{m}.lora.rank": Keep(is_(0), "no megatron LoRA", "LoRA with the megatron strategy"),
+        f"{m}.lora.*": Ignore("read only by verl's megatron LoRA (model.lora.rank > 0)"),
+        f"{m}.use_liger": Ignore(f"Liger kernels are not in rlforge ({SPEED})"),
+        f"{m}.use_fused_kernels": Ignore(f"rlforge chunks its log-prob kernels itself ({SPEED})"),
+        f"{m}.fused_kernel_options.*": Ignore(SPEED),
+        f"{m}.tiled_mlp.*": Ignore(f"tiled MLP is not in rlforge ({SPEED})"),
+        f"{m}.mtp.enable": Keep(off, "no multi-token prediction", "multi-token prediction (MTP) heads"),
+        f"{m}.mtp.*": Ignore("read only with model.mtp.enable"),
+        f"{m}.fsdp_config.*": Ignore(FSDP_LAYOUT),
+    }
+
+
+def _engine(section: str, role: str) -> dict[str, Rule]:
+    """FSDP / megatron / veomni / torchtitan engine settings of the actor, the reference or the critic."""
+    f, mg = f"{section}.fsdp_config", f"{section}.megatron"
+    sp = Keep(at_most_one, "no sequence parallelism", "Ulysses sequence parallelism", 28)
+    rules: dict[str, Rule] = {
+        f"{f}.param_offload": Ignore(f"rlforge keeps parameters on the device ({SPEED})"),
+        f"{f}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(
+            f"optimizer offload: strategy.offload_optimizer, one setting for all models ({SPEED})"),
+        f"{f}.model_dtype": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
+        f"{f}.dtype": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
+        f"{f}.mixed_precision.*": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
+        f"{f}.ulysses_sequence_parallel_size": sp,
+        f"{f}.seed": Ignore(SEEDS),
+        f"{f}.qat.enable": Keep(off, "no quantization-aware training", "quantization-aware training (QAT)"),
+        f"{f}.qat.*": Ignore("read only with qat.enable"),
+        f"{f}.strategy": Derived("parallel") if role == "actor" else Ignore("the strategy is one for all roles"),
+        f"{f}.forward_only": Ignore("internal: set for forward-only roles"),
+        f"{f}.*": Ignore(FSDP_LAYOUT),
+        f"{section}.fsdp.ulysses_sequence_parallel_size": sp,
+        f"{section}.fsdp.*": Ignore(FSDP_LAYOUT),
+        f"{mg}.tensor_model_parallel_size": Derived("parallel") if role == "actor" else Ignore(
+            "the reference and critic share the actor's megatron layout"),
+        f"{mg}.pipeline_model_parallel_size": Derived("parallel") if role == "actor" else Ignore(
+            "the reference and critic share the actor's megatron layout"),
+        f"{mg}.context_parallel_size": Derived("parallel") if role == "actor" else Ignore(
+            "the reference and critic share the actor's megatron layout"),
+        f"{mg}.virtual_pipeline_model_parallel_size": Keep(at_most_one, "no virtual pipeline stages",
+                                                            "virtual pipeline parallelism (megatron)"),
+        f"{mg}.expert_model_parallel_size": Keep(at_most_one, "no expert parallelism", "expert parallelism (MoE)"),
+        f"{mg}.expert_tensor_parallel_size": Keep(at_most_one, "no expert tensor parallelism", "expert parallelism (MoE)"),
+        f"{mg}.dynamic_context_parallel": Keep(off, "no context parallelism", "dynamic context parallelism (megatron)"),
+        f"{mg}.use_dist_checkpointing": Keep(off, "weights from model.path (Hugging Face)",
+                                             "initial weights from a megatron dist-checkpoint"),
+        f"{mg}.dist_checkpointing_path": Keep(off, "weights from model.path (Hugging Face)",
+                                              "initial weights from a megatron dist-checkpoint"),
+        f"{mg}.use_megatron_fsdp": Keep(off, "megatron's data parallelism", "megatron FSDP"),
+        f"{mg}.router_replay.mode": Keep(is_("disabled"), "no router replay", "MoE router replay"),
+        f"{mg}.qat.enable": Keep(off, "no quantization-aware training", "quantization-aware training (QAT)"),
+        f"{mg}.override_mcore_model_config": Keep(off, "rlforge's GPTModel settings", "overriding megatron model fields"),
+        f"{mg}.override_transformer_config": Ignore(COPY),
+        f"{mg}.override_transformer_config.recompute_*": Ignore(f"activation recomputation ({SPEED}); "
+                                                                "model.gradient_checkpointing"),
+        f"{mg}.override_transformer_config.*fusion": Ignore(f"kernel fusion ({SPEED})"),
+        f"{mg}.override_transformer_config.attention_backend": Ignore(f"attention kernels ({SPEED})"),
+        f"{mg}.override_transformer_config.use_flash_attn": Ignore(f"attention kernels ({SPEED})"),
+        f"{mg}.override_transformer_config.num_layers_in_*_pipeline_stage": Ignore(
+            "read only with pipeline parallelism"),
+        f"{mg}.override_transformer_config.account_for_*_in_pipeline_split": Ignore(
+            "read only with pipeline parallelism"),
+        f"{mg}.override_transformer_config.moe_*": Keep(never, "", "MoE models in rlforge's megatron strategy"),
+        f"{mg}.override_transformer_config.*": Keep(never, "", "overriding megatron TransformerConfig fields"),
+        f"{mg}.seed": Ignore(SEEDS),
+        f"{mg}.dtype": Ignore("precision follows model.precision"),
+        f"{mg}.*": Ignore(f"megatron engine options ({SPEED}): offload, distributed optimizer, checkpoint format, "
+                          "padding, weight conversion (rlforge converts Hugging Face weights itself)"),
+        f"{section}.veomni.*": Ignore("read only by verl's veomni engine (model_engine=veomni: refused)"),
+        f"{section}.torchtitan.*": Ignore("read only by verl's torchtitan engine (model_engine=torchtitan: refused)"),
+        f"{section}.profiler.*": Ignore(PROFILING),
+        f"{section}.checkpoint.*": Ignore("checkpoints always hold model, optimizer and trainer state"),
+        f"{section}.ulysses_sequence_parallel_size": sp,
+        f"{section}.strategy": Derived("parallel") if role == "actor" else Ignore("the strategy is one for all roles"),
+        f"{section}.use_torch_compile": Ignore(f"verl compiles some kernels ({SPEED}); rlforge: model.compile"),
+        f"{section}.entropy_*": Ignore(SPEED),
+        f"{section}.pad_to_length*": Ignore(SPEED),
+        f"{section}.rollout_n": Ignore(COPY),
+        f"{section}.qat.enable": Keep(off, "no quantization-aware training", "quantization-aware training (QAT)"),
+        f"{section}.qat.*": Ignore("read only with qat.enable"),
+        f"{section}.nccl_timeout": Ignore("NCCL set-up"),
+    }
+    return rules
+
+
+ACTOR = f"{ARO}.actor"
+ACTOR_RULES: dict[str, Rule] = {
+    **_optim(ACTOR, "actor"), **_model(f"{ARO}", actor=True), **_engine(ACTOR, "actor"),
+    f"{ACTOR}.ppo_mini_batch_size": Map("actor.ppo_mini_batch_size"),
+    f"{ACTOR}.ppo_micro_batch_size": Derived("micro_batches"),
+    f"{ACTOR}.ppo_micro_batch_size_per_gpu": Derived("micro_batches"),
+    f"{ACTOR}.use_dynamic_bsz": Derived("micro_batches"),
+    f"{ACTOR}.ppo_max_token_len_per_gpu": Derived("micro_batches"),
+    f"{ACTOR}.ppo_epochs": Map("actor.ppo_epochs"),
+    f"{ACTOR}.clip_ratio": Derived("clip"),
+    f"{ACTOR}.clip_ratio_low": Derived("clip"),
+    f"{ACTOR}.clip_ratio_high": Derived("clip"),
+    f"{ACTOR}.clip_ratio_c": Map("actor.clip_ratio_c"),
+    f"{ACTOR}.tau_pos": Ignore("read only by policy_loss.loss_mode=sapo"),
+    f"{ACTOR}.tau_neg": Ignore("read only by policy_loss.loss_mode=sapo"),
+    f"{ACTOR}.freeze_vision_tower": Keep(off, "a text model", "vision towers (multimodal models)", 29),
+    f"{ACTOR}.policy_loss.loss_mode": Derived("algorithm"),
+    f"{ACTOR}.policy_loss.*": Ignore("read only by the clip_cov, kl_cov and dro policy losses"),
+    f"{ACTOR}.loss_agg_mode": Map("actor.loss_agg_mode"),
+    f"{ACTOR}.loss_scale_factor": Map("algorithm.norm_length", non_negative),
+    f"{ACTOR}.entropy_coeff": Map("actor.entropy_coeff"),
+    f"{ACTOR}.calculate_entropy": Ignore("rlforge always logs actor/entropy"),
+    f"{ACTOR}.calculate_sum_pi_squared": Ignore("read only by the optimal_token_baseline estimators"),
+    f"{ACTOR}.use_kl_loss": Map("actor.use_kl_loss"),
+    f"{ACTOR}.kl_loss_coef": Map("actor.kl_loss_coef"),
+    f"{ACTOR}.kl_loss_type": Map("actor.kl_loss_type"),
+    f"{ACTOR}.use_prefix_grouper": Ignore(f"{SPEED}; rlforge's model.shared_prefix does the same"),
+    f"{ACTOR}.shuffle": Keep(off, "mini-batches in order", "shuffled mini-batches"),
+    f"{ACTOR}.data_loader_seed": Ignore(SEEDS),
+    f"{ACTOR}.use_fused_kernels": Ignore(COPY),
+    f"{ACTOR}.use_remove_padding": Ignore(COPY),
+    f"{ACTOR}.grad_clip": Derived("grad_clip"),
+    f"{ACTOR}.use_rollout_log_probs": Map("actor.reuse_rollout_log_probs", lambda v: True if v else None),
+}
+
+REF = f"{ARO}.ref"
+REF_RULES: dict[str, Rule] = {
+    **_engine(REF, "ref"),
+    f"{REF}.log_prob_*": Ignore(f"log-prob passes use the actor's micro-batches ({SPEED})"),
+}
+
+ROLLOUT = f"{ARO}.rollout"
+ENGINE = "engine tuning (throughput and memory only); rlforge sizes its engine itself"
+ROLLOUT_RULES: dict[str, Rule] = {
+    f"{ROLLOUT}.name": Derived("rollout_engine"),
+    f"{ROLLOUT}.mode": Ignore("rlforge's engines run in the trainer's workers"),
+    f"{ROLLOUT}.nnodes": Ignore("the engine shares the trainer's devices (ray.rollout_workers for its own)"),
+    f"{ROLLOUT}.n_gpus_per_node": Ignore(COPY),
+    f"{ROLLOUT}.n": Map("rollout.n"),
+    f"{ROLLOUT}.temperature": Map("rollout.temperature"),
+    f"{ROLLOUT}.top_k": Map("rollout.top_k", top_k),
+    f"{ROLLOUT}.top_p": Map("rollout.top_p"),
+    f"{ROLLOUT}.do_sample": Keep(is_(True), "sampled training rollouts", "greedy training rollouts"),
+    f"{ROLLOUT}.full_determinism": Ignore("deterministic engine kernels (reproducibility, not results)"),
+    f"{ROLLOUT}.seed": Ignore(SEEDS),
+    f"{ROLLOUT}.prompt_length": Derived("lengths"),
+    f"{ROLLOUT}.response_length": Derived("lengths"),
+    f"{ROLLOUT}.dtype": Derived("rollout_engine"),
+    f"{ROLLOUT}.gpu_memory_utilization": Derived("rollout_engine"),
+    f"{ROLLOUT}.enforce_eager": Derived("rollout_engine"),
+    f"{ROLLOUT}.tensor_model_parallel_size": Derived("rollout_engine"),
+    f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes": Derived("rollout_engine"),
+    f"{ROLLOUT}.checkpoint_engine.*": Ignore("weights are synced to the engine in buckets"),
+    f"{ROLLOUT}.ignore_eos": Keep(off, "responses end at EOS", "ignoring EOS (generating to the length limit)"),
+    f"{ROLLOUT}.logprobs_mode": Keep(is_("processed_logprobs"), "log-probs at the sampling temperature",
+                                     "raw (unprocessed) engine log-probs"),
+    f"{ROLLOUT}.over_sample_rate": Keep(off, "every rollout waited for", "over-sampling and dropping slow rollouts"),
+    f"{ROLLOUT}.router_config_path": Keep(off, "rlforge's own routing", "external rollout routers"),
+    f"{ROLLOUT}.quantization": Keep(off, "unquantized rollouts", "quantized (fp8) rollouts"),
+    f"{ROLLOUT}.quantization_config_file": Keep(off, "unquantized rollouts", "quantized (fp8) rollouts"),
+    f"{ROLLOUT}.enable_rollout_routing_replay": Keep(off, "no routing replay", "MoE routing replay"),
+    f"{ROLLOUT}.disaggregation.enabled": Keep(off, "one engine per replica", "prefill/decode disaggregation"),
+    f"{ROLLOUT}.disaggregation.*": Ignore("read only with disaggregation.enabled"),
+    f"{ROLLOUT}.val_kwargs.*": Derived("validation"),
+    f"{ROLLOUT}.multi_turn.*": Derived("multi_turn"),
+    f"{ROLLOUT}.agent.default_agent_loop": Derived("multi_turn"),
+    f"{ROLLOUT}.agent.agent_loop_config_path": Keep(off, "rlforge's registered agent loops",
+                                                    "agent loops from a config file (register an rlforge agent loop)"),
+    f"{ROLLOUT}.agent.custom_async_server.*": Keep(off, "rlforge's engines", "custom async rollout servers"),
+    f"{ROLLOUT}.agent.*": Ignore("agent loops run concurrently in the driver"),
+    f"{ROLLOUT}.calculate_log_probs": Ignore("every rlforge engine reports its log-probs"),
+    f"{ROLLOUT}.log_prob_*": Ignore(f"old log-probs use the actor's micro-batches ({SPEED})"),
+    f"{ROLLOUT}.trace.*": Ignore("tracing is not configured through the config"),
+    f"{ROLLOUT}.prometheus.*": Ignore("no Prometheus export"),
+    f"{ROLLOUT}.profiler.*": Ignore(PROFILING),
+    f"{ROLLOUT}.mtp": Ignore(COPY),
+    f"{ROLLOUT}.qat": Ignore(COPY),
+    f"{ROLLOUT}.engine_kwargs.*": Ignore(ENGINE),
+    f"{ROLLOUT}.*": Ignore(ENGINE),
+}
+
+CRITIC_RULES: dict[str, Rule] = {
+    **_optim("critic", "critic"), **_model("critic", actor=False), **_engine("critic", "critic"),
+    "critic.enable": Derived("algorithm"),
+    "critic.ppo_mini_batch_size": Map("critic.ppo_mini_batch_size"),
+    "critic.ppo_micro_batch_size": Derived("micro_batches"),
+    "critic.ppo_micro_batch_size_per_gpu": Derived("micro_batches"),
+    "critic.use_dynamic_bsz": Derived("micro_batches"),
+    "critic.ppo_max_token_len_per_gpu": Derived("micro_batches"),
+    "critic.forward_*": Ignore(f"value passes use the critic's micro-batches ({SPEED})"),
+    "critic.ppo_epochs": Map("critic.ppo_epochs"),
+    "critic.shuffle": Keep(off, "mini-batches in order", "shuffled mini-batches"),
+    "critic.data_loader_seed": Ignore(SEEDS),
+    "critic.cliprange_value": Map("critic.cliprange_value"),
+    "critic.loss_agg_mode": Map("critic.loss_agg_mode"),
+    "critic.loss_scale_factor": Ignore("the critic's loss is not length-normalized by a constant in verl's "
+                                       "default value loss"),
+    "critic.grad_clip": Derived("grad_clip"),
+}
+
+ALGORITHM_RULES: dict[str, Rule] = {
+    "algorithm.adv_estimator": Derived("algorithm"),
+    "algorithm.gamma": Derived("algorithm"),
+    "algorithm.lam": Derived("algorithm"),
+    "algorithm.norm_adv_by_std_in_grpo": Derived("algorithm"),
+    "algorithm.use_kl_in_reward": Map("algorithm.use_kl_in_reward"),
+    "algorithm.kl_penalty": Map("algorithm.kl_penalty"),
+    "algorithm.kl_ctrl.type": Map("algorithm.kl_ctrl"),
+    "algorithm.kl_ctrl.kl_coef": Map("algorithm.kl_coef"),
+    "algorithm.kl_ctrl.horizon": Map("algorithm.kl_horizon"),
+    "algorithm.kl_ctrl.target_kl": Map("algorithm.kl_target"),
+    "algorithm.filter_groups.*": Derived("filter_groups"),
+    "algorithm.use_pf_ppo": Keep(off, "every sample weighted equally", "PF-PPO (reward-filtered reweighting)", 30),
+    "algorithm.pf_ppo.*": Ignore("read only with algorithm.use_pf_ppo"),
+    "algorithm.rollout_correction.rollout_is": Map("algorithm.rollout_is"),
+    "algorithm.rollout_correction.rollout_is_threshold": Map("algorithm.rollout_is_threshold", str),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": Map("algorithm.rollout_is_batch_normalize"),
+    "algorithm.rollout_correction.rollout_rs": Map("algorithm.rollout_rs"),
+    "algorithm.rollout_correction.rollout_rs_threshold": Map("algorithm.rollout_rs_threshold",
+                                                             lambda v: None if v is None else str(v)),
+    "algorithm.rollout_correction.bypass_mode": Map("actor.reuse_rollout_log_probs", lambda v: True if v else None),
+    "algorithm.rollout_correction.loss_type": Keep(is_("ppo_clip"), "the clipped PPO loss",
+                                                   "other rollout-correction losses", 30),
+    "algorithm.rollout_correction.*": Keep(off, "", "rollout-correction options rlforge does not have"),
+}
+
+DATA_RULES: dict[str, Rule] = {
+    "data.train_files": Derived("data"),
+    "data.val_files": Derived("data"),
+    "data.tokenizer": Keep(off, "the tokenizer of model.path", "a tokenizer from another folder"),
+    "data.use_shm": Ignore("data loads from disk"),
+    "data.train_max_samples": Keep(lambda v: v is None or v < 0, "every row", "using only the first N rows"),
+    "data.val_max_samples": Keep(lambda v: v is None or v < 0, "every row", "using only the first N rows"),
+    "data.prompt_key": Keep(is_("prompt"), "the 'prompt' column", "a prompt column other than 'prompt'"),
+    "data.reward_fn_key": Keep(is_("data_source"), "the 'data_source' column", "a source column other than "
+                                                                               "'data_source'"),
+    "data.max_prompt_length": Map("data.max_prompt_length"),
+    "data.max_response_length": Map("rollout.max_new_tokens"),
+    "data.train_batch_size": Map("data.train_batch_size"),
+    "data.gen_batch_size": Derived("filter_groups"),
+    "data.val_batch_size": Ignore(f"validation runs in batches of rollout.micro_batch_size ({SPEED})"),
+    "data.tool_config_path": Ignore(COPY),
+    "data.function_tool_path": Ignore(COPY),
+    "data.return_*": Ignore("internal to verl's dataset class"),
+    "data.shuffle": Map("data.shuffle"),
+    "data.seed": Ignore(SEEDS),
+    "data.dataloader_num_workers": Ignore("prompts are tokenized once at start-up"),
+    "data.validation_shuffle": Ignore("the order of validation prompts does not change its metrics"),
+    "data.filter_overlong_prompts": Map("data.filter_overlong_prompts"),
+    "data.filter_overlong_prompts_workers": Ignore("filtering runs once at start-up"),
+    "data.truncation": Derived("lengths"),
+    "data.image_key": Derived("multimodal"),
+    "data.video_key": Derived("multimodal"),
+    "data.audio_key": Derived("multimodal"),
+    "data.image_patch_size": Derived("multimodal"),
+    "data.mm_processor_kwargs": Derived("multimodal"),
+    "data.trust_remote_code": Ignore("the tokenizer follows model.trust_remote_code"),
+    "data.custom_cls.*": Keep(off, "verl-format rows (data.name=files)",
+                              "a dataset class by path: register an rlforge dataset (data.name)"),
+    "data.apply_chat_template_kwargs": Keep(off, "the chat template's defaults", "chat-template keyword arguments", 32),
+}
+
+REWARD_RULES: dict[str, Rule] = {
+    "reward.num_workers": Derived("reward"),
+    "reward.custom_reward_function.*": Derived("reward"),
+    "reward.reward_manager.*": Derived("reward"),
+    "reward.reward_kwargs.*": Derived("overlong"),
+    "reward.reward_model.enable": Derived("reward"),
+    "reward.reward_model.model_path": Derived("reward"),
+    "reward.reward_model.rollout.*": Ignore("read only with a generative reward model served by an engine"),
+    "reward.reward_model.*": Ignore("the reward model runs beside the actor (reward.model.device)"),
+    "reward.sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
+    "reward.sandbox_fusion.*": Ignore("read only with reward.sandbox_fusion.url"),
+    # verl's legacy reward section, moved into reward.* as verl's migrate_legacy_reward_impl moves it
+    "reward_model.reward_kwargs.*": Derived("overlong"),
+    "reward_model.overlong_buffer.*": Derived("overlong"),  # the DAPO recipe's keys before reward_kwargs
+    "reward_model.rollout.*": Ignore("read only with a generative reward model served by an engine"),
+    "reward_model.*": Derived("reward"),
+    "custom_reward_function.*": Derived("reward"),
+    "sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
+    "sandbox_fusion.*": Ignore("read only with sandbox_fusion.url"),
+}
+
+TRAINER_RULES: dict[str, Rule] = {
+    "trainer.balance_batch": Ignore(f"balances sequence lengths over data-parallel ranks ({SPEED})"),
+    "trainer.total_epochs": Derived("steps"),
+    "trainer.total_training_steps": Derived("steps"),
+    "trainer.project_name": Map("trainer.project"),
+    "trainer.experiment_name": Map("trainer.experiment"),
+    "trainer.logger": Derived("loggers"),
+    "trainer.log_val_generations": Ignore("every validation answer goes to val_samples.jsonl in the run folder"),
+    "trainer.rollout_data_dir": Ignore("samples.jsonl in the run folder (trainer.samples_to_save per step)"),
+    "trainer.validation_data_dir": Ignore("val_samples.jsonl in the run folder"),
+    "trainer.nnodes": Derived("parallel"),
+    "trainer.n_gpus_per_node": Derived("parallel"),
+    "trainer.device": Derived("parallel"),
+    "trainer.save_freq": Map("trainer.save_every", non_negative, "rlforge also writes a final checkpoint"),
+    "trainer.esi_redundant_time": Ignore("no ESI (elastic instance) expiry handling"),
+    "trainer.resume_mode": Derived("resume"),
+    "trainer.resume_from_path": Derived("resume"),
+    "trainer.default_local_dir": Derived("resume"),
+    "trainer.checkpoint_callback_class": Keep(off, "no callback", "checkpoint callbacks by class path "
+                                                                  "(rlforge_save_checkpoint hook in a plugin)"),
+    "trainer.val_before_train": Map("trainer.val_before_train"),
+    "trainer.val_only": Derived("val_only"),
+    "trainer.test_freq": Map("trainer.val_every", non_negative, "rlforge also validates once after the last step"),
+    "trainer.critic_warmup": Map("trainer.critic_warmup"),
+    "trainer.default_hdfs_dir": Keep(off, "local checkpoints", "copying checkpoints to HDFS"),
+    "trainer.del_local_ckpt_after_load": Keep(off, "checkpoints kept", "deleting checkpoints after loading them"),
+    "trainer.max_actor_ckpt_to_keep": Derived("checkpoints"),
+    "trainer.max_critic_ckpt_to_keep": Derived("checkpoints"),
+    "trainer.ray_wait_register_center_timeout": Ignore("Ray start-up timeout (ray.placement_timeout_s)"),
+    "trainer.use_v1": Ignore("verl's choice between its two trainer implementations"),
+    "trainer.v1.trainer_mode": Keep(is_("sync"), "generate, then train", "verl's v1 asynchronous trainer modes "
+                                    "(rlforge: trainer.pipeline=one_step_off or async, docs/pipelines.md)"),
+    "trainer.v1.*": Ignore("read only by verl's v1 asynchronous modes"),
+}
+
+OTHER_RULES: dict[str, Rule] = {
+    "model_engine": Derived("parallel"),
+    "hydra.*": Ignore("Hydra's own settings"),
+    "ray_kwargs.*": Ignore("Ray's start-up options (rlforge starts Ray from ray.*: address, num_cpus)"),
+    "global_profiler.*": Ignore(PROFILING),
+    "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
+    "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
+    "skip.*": Ignore("read only with skip.*.enable"),
+    "distillation.enabled": Keep(off, "no teacher", "on-policy distillation from a teacher model"),
+    "distillation.*": Ignore("read only with distillation.enabled"),
+    "async_training.*": Keep(never, "", "verl's fully-async trainer (its staleness is a share of samples; rlforge's "
+                                        "trainer.pipeline=async bounds it in whole updates, docs/pipelines.md)"),
+    "rollout.*": Ignore("the separate rollout pool of verl's off-policy trainers (rlforge's engine shares the "
+                        "trainer's devices; ray.rollout_workers for workers of its own)"),
+    f"{ARO}.hybrid_engine": Ignore("the hybrid engine is always on"),
+    f"{ARO}.nccl_timeout": Ignore("NCCL set-up"),
+    f"{ARO}.model.*": Ignore("read only by verl's engine for this model (see the model keys above)"),
+    "*._target_": Ignore("verl's structured-config class path"),
+    "_target_": Ignore("verl's structured-config class path"),
+}
+
+TABLE = Table({"*._target_": OTHER_RULES["*._target_"]}, ACTOR_RULES, REF_RULES, ROLLOUT_RULES, CRITIC_RULES, ALGORITHM_RULES, DATA_RULES, REWARD_RULES,
+              TRAINER_RULES, OTHER_RULES)

@@ -1,0 +1,85 @@
+"""A verl launch as an rlforge run: the arguments of ``python3 -m verl.trainer.main_ppo`` (or of verl's SFT trainer)
+composed as verl composes them (``verl_hydra``), translated (``verl``), and turned into the base layer of rlforge's
+config. ``rlforge verl ARGS`` and ``rlforge config from-verl`` call :func:`prepare`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlforge.config import verl, verl_hydra
+from rlforge.errors import ConfigError
+
+PPO_ENTRY, SFT_ENTRY = "verl.trainer.main_ppo", "verl.trainer.sft_trainer"
+ORIGIN = "the verl launch"
+
+
+@dataclass
+class Prepared:
+    translation: verl.Translation
+    config: DictConfig  # the translation as an rlforge config layer (compose's ``base``)
+
+
+def given_keys(overrides: list[str]) -> set[str]:
+    """The keys a launch sets itself (``+a.b=1`` -> ``a.b``)."""
+    return {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+
+
+def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Prepared:
+    """Compose and translate a launch. With ``refuse``, a key whose feature rlforge lacks is an error listing every
+    such key; so is a step count that waits for data files that cannot be read here."""
+    if entry not in verl_hydra.ENTRY_CONFIGS:
+        raise ConfigError(f"Unknown verl entry point '{entry}'. Known: {', '.join(verl_hydra.ENTRY_CONFIGS)}.")
+    launch = verl_hydra.parse_args(args, verl_hydra.ENTRY_CONFIGS[entry])
+    tree = verl_hydra.compose_tree(launch)
+    sft = launch.config_name.startswith("sft_")
+    translation = verl.translate(tree, given_keys(launch.overrides), sft=sft)
+    if refuse:
+        check(translation)
+    return Prepared(translation, as_layer(translation))
+
+
+def prepare_file(path: str) -> Prepared:
+    """A verl config file (sparse or complete, e.g. a run's ``.hydra/config.yaml``) over verl's defaults."""
+    tree = verl_hydra.compose_file(path)
+    translation = verl.translate(tree, {k for k, _ in verl.flatten(_own(path))})
+    return Prepared(translation, as_layer(translation))
+
+
+def _own(path: str) -> dict[str, Any]:
+    from rlforge.config.compose import load_file
+
+    data = OmegaConf.to_container(load_file(path))
+    return data if isinstance(data, dict) else {}
+
+
+def check(t: verl.Translation) -> None:
+    refused = t.refused
+    if refused:
+        lines = "\n  ".join(f.line() for f in refused)
+        raise ConfigError(f"This verl launch asks for {len(refused)} thing(s) rlforge does not have:\n  {lines}\n"
+                          f"(rlforge config from-verl ARGS shows the whole translation; see {verl.DOC})")
+    if t.epochs is not None:
+        raise ConfigError(f"{t.epochs[0]}={t.epochs[1]}: the step count is epochs x rows of data.train_files, which "
+                          f"cannot be read here; set trainer.total_training_steps (or make the files readable).")
+
+
+def as_layer(t: verl.Translation) -> DictConfig:
+    """The translation's rlforge keys as a config layer (keys still waiting for the row count left out)."""
+    waiting = {target for _, target, _ in t.pending} | ({t.epochs[2]} if t.epochs else set())
+    tree = t.nested()
+    for key in waiting:
+        _drop(tree, key)
+    if t.command == "sft":
+        tree.pop("algorithm", None)
+    return OmegaConf.create(tree)
+
+
+def _drop(tree: dict[str, Any], key: str) -> None:
+    *parents, leaf = key.split(".")
+    node = tree
+    for part in parents:
+        node = node.get(part, {})
+    node.pop(leaf, None)

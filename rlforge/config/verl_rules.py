@@ -1,0 +1,119 @@
+"""The three fates of a verl config key, as data: the rule kinds the key tables (``verl_keys``) are made of, and the
+lookup from a dotted verl key to its rule.
+
+- :class:`Map`: rlforge has the setting, with the same meaning: the value goes to ``target`` (converted).
+- :class:`Keep`: rlforge has no setting because it always behaves one way; a value that asks for that behaviour is
+  mapped (it means what rlforge does), any other is refused, naming the missing feature (and the open issue that
+  adds it, if one does).
+- :class:`Ignore`: the key does not change what is computed (infrastructure rlforge does itself, memory and speed
+  knobs, copies of other keys, settings read only by a feature this config does not use); the reason says which.
+- :class:`Derived`: the key is one input of a setting computed from several keys (``verl_derived``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ISSUES = {28: "Ulysses sequence parallelism", 29: "multimodal (VLM) training", 30: "new algorithms and losses",
+          32: "more loggers, learning-rate schedulers and chat-template options"}
+
+
+def issue_note(issue: int | None) -> str:
+    return f" (open work: issue {issue}, {ISSUES[issue]})" if issue else ""
+
+
+def same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Map:
+    target: str
+    convert: Callable[[Any], Any] = same
+    note: str = ""  # a difference from verl the report states (empty: none)
+
+
+@dataclass(frozen=True)
+class Keep:
+    ok: Callable[[Any], bool]  # the values that ask for what rlforge always does
+    does: str  # what rlforge always does (the mapped case)
+    missing: str  # the feature a value outside ``ok`` asks for (the refused case)
+    issue: int | None = None
+
+
+@dataclass(frozen=True)
+class Ignore:
+    why: str
+
+
+@dataclass(frozen=True)
+class Derived:
+    owner: str  # the name of the rule in verl_derived that reads this key
+
+
+Rule = Map | Keep | Ignore | Derived
+
+
+# --- value tests ----------------------------------------------------------------------------------------------------
+def is_(*values: Any) -> Callable[[Any], bool]:
+    """The value equals one of ``values`` (``True`` is not ``1`` here)."""
+    return lambda v: any(v == x and isinstance(v, bool) == isinstance(x, bool) for x in values)
+
+
+def off(value: Any) -> bool:
+    return value in (None, False, 0, "", "none", "disabled") or value == [] or value == {}
+
+
+def at_most_one(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and value <= 1)
+
+
+def never(_: Any) -> bool:
+    return False
+
+
+# --- value conversions ----------------------------------------------------------------------------------------------
+def non_negative(value: Any) -> Any:
+    """verl's -1 / None for "off" or "every" -> rlforge's 0."""
+    return 0 if value is None or value < 0 else value
+
+
+def top_k(value: Any) -> Any:
+    return 0 if value is None or value <= 0 else value
+
+
+def file_list(value: Any) -> list[str]:
+    import os
+
+    items = [value] if isinstance(value, str) else list(value or [])
+    return [os.path.expanduser(str(v)) for v in items]
+
+
+def str_list(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+class Table:
+    """Exact keys first, then patterns (fnmatch, ``*`` spans dots) in the order given: the first match wins."""
+
+    def __init__(self, *parts: dict[str, Rule]) -> None:
+        self.exact: dict[str, Rule] = {}
+        self.patterns: list[tuple[str, Rule]] = []
+        for part in parts:
+            for key, rule in part.items():
+                if any(c in key for c in "*?["):
+                    self.patterns.append((key, rule))
+                else:
+                    self.exact[key] = rule
+
+    def rule(self, key: str) -> Rule | None:
+        found = self.exact.get(key)
+        if found is not None:
+            return found
+        return next((rule for pattern, rule in self.patterns if fnmatch.fnmatchcase(key, pattern)), None)
+
+    def items(self) -> list[tuple[str, Rule]]:
+        return [*self.exact.items(), *self.patterns]
