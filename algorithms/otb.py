@@ -54,7 +54,9 @@ class OTB(PolicyGradientModule):
     preset = {"algorithm": {"name": "otb"}, "rollout": {"n": 8}}
 
     def flow(self) -> DataFlow:
-        return super().flow().insert_after(Stage.OLD_LOGPROB, SumPiSquared())
+        flow = super().flow()
+        old = next(s for s in flow.stages if B.OLD_LOG_PROBS in s.produces)  # old_logprob, or bypass mode's stage
+        return flow.insert_after(old, SumPiSquared())
 
     def forward_responses(self, model: torch.nn.Module, micro: B.Batch, temperature: float) -> torch.Tensor:
         if micro.meta.get(FORWARD_OUTPUT) == SUM_PI_SQUARED:
