@@ -45,7 +45,8 @@ MAY_CHANGE = (
     "trainer.total_steps", "trainer.save_every", "trainer.keep_last_n", "trainer.val_every",
     "trainer.val_before_train", "trainer.progress", "trainer.samples_to_save", "trainer.max_nonfinite_steps",
     "trainer.resume", "trainer.resume_force", "trainer.run_dir", "trainer.runs_root", "trainer.experiment",
-    "logger.*", "reward.num_workers", "ray.address", "ray.num_cpus", "ray.placement_timeout_s",
+    "logger.*", "reward.num_workers", "reward.max_error_share", "ray.address", "ray.num_cpus",
+    "ray.placement_timeout_s",
     "data.train_files", "data.val_files",  # the data itself is compared by its fingerprint
     "sft.*",  # options of `rlforge sft`, not read by `rlforge fit`
 )

@@ -316,3 +316,24 @@ def test_a_model_vocabulary_smaller_than_its_tokenizer_is_refused_at_load(capsys
     err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", f"model.path={model_copy}"])
     assert f"The model in '{model_copy}' (model.path) has a vocabulary of 40 tokens (config.json vocab_size) but " \
            f"its tokenizer has 103: token ids 40 to 102 have no embedding." in err
+
+
+# --- a reward file that fails on every sample: the run stops, never trains on the fallback alone --------------
+@pytest.mark.slow  # a fit up to the first reward stage
+def test_a_reward_file_that_fails_on_every_sample_stops_the_run(capsys, tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                      "    return {'score': float(solution_str)}['answer']\n")
+    err = _error(capsys, ["fit", *QUICK, f"trainer.runs_root={tmp_path}", f"reward.file={reward}"])
+    assert "16 of 16 reward calls failed on this batch (16 raised), which reaches reward.max_error_share=1" in err
+    assert "The first: data_source 'arith', sample 0: raised " in err
+
+
+def test_the_summary_shows_the_share_of_failed_reward_calls(capsys):
+    from rlforge.trainer.report import print_summary, reward_error_share
+
+    history = [{"reward/error_share": 0.25}, {"reward/error_share": 0.75}, {"val/accuracy": 0.5}]
+    assert reward_error_share(history) == 0.5 and reward_error_share([{"actor/loss": 1.0}]) is None
+    print_summary({"accuracy_before": None, "accuracy_after": 0.5, "steps": 2, "reward_error_share": 0.5,
+                   "tokens_per_s": 1.0, "seconds": 1.0, "run_dir": "r", "mlflow_uri": ""}, with_mlflow=False)
+    assert "50.0% (reward/error_share)" in capsys.readouterr().out

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from rlforge.plugins.reward import rule
+from rlforge.plugins.reward import workers
 from rlforge.plugins.reward.code import (
     CodeRewardConfig,
     code_exec_score,
@@ -22,12 +22,9 @@ from rlforge.plugins.reward.code import (
     outputs_match,
 )
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
-from rlforge.plugins.reward.rule import (
-    RuleRewardManager,
-    bind_config,
-    load_user_function,
-    split_result,
-)
+from rlforge.plugins.reward.results import split_result
+from rlforge.plugins.reward.rule import RuleRewardManager, bind_config
+from rlforge.plugins.reward.user_file import load_user_function
 
 from rlforge import batch as B
 from rlforge.config.schema import RewardConfig
@@ -365,7 +362,7 @@ def faulty_file(tmp_path: Path) -> str:
 @pytest.fixture
 def short_backstop(monkeypatch: pytest.MonkeyPatch) -> None:
     """A wall-clock backstop of 4 x reward.timeout_s (10 x by default), so "sleep" samples end sooner."""
-    monkeypatch.setattr(rule, "WALL_BACKSTOP", 4.0)
+    monkeypatch.setattr(workers, "WALL_BACKSTOP", 4.0)
 
 
 def _fault_batch(tok, texts: list[str]) -> B.Batch:
@@ -381,7 +378,7 @@ def test_fault_gives_fallback_and_counts_an_error(
     torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, -1.0, 0.0]))
     assert out[B.ACC].tolist() == [1.0, 0.0, 0.0]
     assert out[B.TOKEN_LEVEL_SCORES][1].sum().item() == -1.0  # the fallback goes on the last token too
-    assert out.meta["metrics"] == {"reward/errors": 1.0, "reward/timeouts": 0.0}
+    assert out.meta["metrics"] == {"reward/errors": 1.0, "reward/timeouts": 0.0, "reward/error_share": 1 / 3}
 
 
 @pytest.mark.parametrize("fault", ["hang", "sleep"])
@@ -393,7 +390,7 @@ def test_hung_function_is_stopped_at_the_timeout(
     out = mgr.score(_fault_batch(char_tokenizer, ["ok", fault, "ok", "no"]))
     assert time.monotonic() - start < 5.0
     torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, 0.0, 1.0, 0.0]))  # samples after it still scored
-    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 1.0}
+    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 1.0, "reward/error_share": 0.25}
 
 
 def test_all_faults_in_one_batch_with_two_workers(
@@ -406,7 +403,8 @@ def test_all_faults_in_one_batch_with_two_workers(
     out = mgr.score(batch)
     expected = [1.0 if t == "ok" else 0.0 for t in texts]
     torch.testing.assert_close(out[B.SCORES], torch.tensor(expected))
-    assert out.meta["metrics"] == {"earlier/metric": 7.0, "reward/errors": 6.0, "reward/timeouts": 2.0}
+    assert out.meta["metrics"] == {"earlier/metric": 7.0, "reward/errors": 6.0, "reward/timeouts": 2.0,
+                                   "reward/error_share": 8 / 12}
 
 
 def test_workers_are_reused_across_steps_and_replaced_after_a_timeout(
@@ -417,7 +415,7 @@ def test_workers_are_reused_across_steps_and_replaced_after_a_timeout(
     first = mgr.workers.workers[0].process.pid
     mgr.score(_fault_batch(char_tokenizer, ["ok", "no"]))
     assert mgr.workers.workers[0].process.pid == first
-    out = mgr.score(_fault_batch(char_tokenizer, ["hang"]))
+    out = mgr.score(_fault_batch(char_tokenizer, ["hang", "ok"]))
     assert out.meta["metrics"]["reward/timeouts"] == 1.0
     replacement = mgr.workers.workers[0].process
     assert replacement.pid != first and replacement.is_alive()
@@ -441,7 +439,7 @@ def test_first_fault_of_each_kind_is_logged_once(
     mgr = manager_factory(char_tokenizer, registry, file=faulty_file, timeout_s=0.5)
     with caplog.at_level(logging.WARNING, logger="rlforge.reward"):
         mgr.score(_fault_batch(char_tokenizer, ["ok", "raise", "raise", "none", "hang"]))
-        mgr.score(_fault_batch(char_tokenizer, ["raise", "none", "hang"]))
+        mgr.score(_fault_batch(char_tokenizer, ["raise", "none", "hang", "ok"]))
     messages = [r.getMessage() for r in caplog.records if "failed on sample" in r.getMessage()]
     assert len(messages) == 3
     raised, bad, timeout = messages
@@ -455,7 +453,7 @@ def test_first_fault_of_each_kind_is_logged_once(
 def test_clean_batch_reports_zero_faults(char_tokenizer, registry, manager_factory) -> None:
     mgr = manager_factory(char_tokenizer, registry)
     out = mgr.score(_response_batch(char_tokenizer, ["1", "2"], ["arith"] * 2, ["1", "1"]))
-    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/error_share": 0.0}
 
 
 def test_non_positive_timeout_is_refused(char_tokenizer, registry) -> None:
@@ -505,4 +503,4 @@ def test_code_reward_through_the_manager(char_tokenizer, registry, manager_facto
     out = mgr.score(_response_batch(char_tokenizer, programs, ["code"] * 3, [truth] * 3, width=24))
     torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, 0.5, 0.0]))
     assert out[B.ACC].tolist() == [1.0, 0.0, 0.0]
-    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/error_share": 0.0}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from pathlib import Path
 
@@ -16,7 +17,10 @@ import torch
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
 from rlforge.plugins.reward import sandbox
-from rlforge.plugins.reward.rule import RewardWorkers, RuleRewardManager, load_user_function, split_result
+from rlforge.plugins.reward.results import split_result
+from rlforge.plugins.reward.rule import RuleRewardManager
+from rlforge.plugins.reward.user_file import load_user_function
+from rlforge.plugins.reward.workers import RewardWorkers
 from tests.plugins.test_reward import (  # noqa: F401 (fixtures)
     _response_batch,
     _reward_config,
@@ -99,11 +103,11 @@ def test_bad_values_are_one_counted_error_each_and_one_log_line(
     mgr = manager_factory(char_tokenizer, registry, file=reward_file, fallback_score=-1.0)
     with caplog.at_level(logging.WARNING, logger="rlforge.reward"):
         out = mgr.score(_batch(char_tokenizer, ["big", "bigint", "accnone", "ok", "exit"]))
-        again = mgr.score(_batch(char_tokenizer, ["big", "accnone"]))
+        again = mgr.score(_batch(char_tokenizer, ["big", "accnone", "ok"]))
     torch.testing.assert_close(out[B.SCORES], torch.tensor([-1.0, -1.0, -1.0, 1.0, -1.0]))
     assert out[B.SCORES].dtype == torch.float32 and out[B.ACC].tolist() == [0.0, 0.0, 0.0, 1.0, 0.0]
-    assert out.meta["metrics"] == {"reward/errors": 4.0, "reward/timeouts": 0.0}
-    assert again.meta["metrics"] == {"reward/errors": 2.0, "reward/timeouts": 0.0}
+    assert out.meta["metrics"] == {"reward/errors": 4.0, "reward/timeouts": 0.0, "reward/error_share": 0.8}
+    assert again.meta["metrics"] == {"reward/errors": 2.0, "reward/timeouts": 0.0, "reward/error_share": 2 / 3}
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2  # the first 'bad value' and the first 'raised'; later ones only counted
     assert "sample 0 (bad value): returned score 1e+39, beyond the float32 range" in lines[0]
@@ -160,7 +164,7 @@ def test_wall_clock_time_without_cpu_use_is_not_a_timeout(
     mgr = manager_factory(char_tokenizer, registry, file=reward_file, timeout_s=0.5)
     out = mgr.score(_batch(char_tokenizer, ["nap", "stopped", "ok"]))
     assert out[B.SCORES].tolist() == [1.0, 1.0, 1.0]
-    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/error_share": 0.0}
 
 
 def test_each_step_with_timeouts_logs_their_count(
@@ -228,3 +232,88 @@ def test_code_reward_budget_is_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None
     result = code_exec_score("code", slow, truth, timeout_s=0.75, sandbox_timeout_s=5.0)
     assert len(calls) == 1 and math.isclose(calls[0], 0.6, abs_tol=0.05)  # min(5, 0.8 * 0.75 - CPU used so far)
     assert result == {"score": 0.5, "acc": 0.0}
+
+
+# --- a reward that fails on every sample, and files that are no reward file ----------------------------------
+ALWAYS_FAILS = """
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    if solution_str == "ok":
+        return 1.0
+    raise KeyError("answer")
+"""
+
+
+def test_a_batch_on_which_every_call_failed_stops_the_run_with_the_first_error(
+    char_tokenizer, registry, manager_factory, tmp_path  # noqa: F811
+) -> None:
+    from rlforge.plugins.reward.rule import RewardFailure
+
+    path = tmp_path / "fails.py"
+    path.write_text(ALWAYS_FAILS)
+    mgr = manager_factory(char_tokenizer, registry, file=str(path))
+    with pytest.raises(RewardFailure) as err:
+        mgr.score(_batch(char_tokenizer, ["a", "b", "c"]))
+    assert str(err.value).startswith(
+        "3 of 3 reward calls failed on this batch (3 raised), which reaches reward.max_error_share=1: it would train "
+        "on reward.fallback_score alone. The first: data_source 'mine', sample 0: raised KeyError: 'answer'.")
+    out = mgr.score(_batch(char_tokenizer, ["a", "ok", "c"]))  # some signal left: scored, the share reported
+    assert out.meta["metrics"]["reward/error_share"] == 2 / 3
+
+
+def test_max_error_share_is_the_tolerance(char_tokenizer, registry, manager_factory, tmp_path) -> None:  # noqa: F811
+    from rlforge.plugins.reward.rule import RewardFailure
+
+    path = tmp_path / "fails.py"
+    path.write_text(ALWAYS_FAILS)
+    mgr = manager_factory(char_tokenizer, registry, file=str(path), max_error_share=0.5)
+    assert mgr.score(_batch(char_tokenizer, ["ok", "ok", "c"]))[B.SCORES].tolist() == [1.0, 1.0, 0.0]
+    with pytest.raises(RewardFailure, match=r"^2 of 4 reward calls failed on this batch \(2 raised\), which reaches "
+                                            r"reward.max_error_share=0.5"):
+        mgr.score(_batch(char_tokenizer, ["ok", "a", "ok", "b"]))
+
+
+# the signature of verl's verl/utils/reward_score/gsm8k.py::compute_score (a scorer for verl's dispatcher, not a
+# custom reward function); the body is this test's own
+VERL_STYLE_SCORER = """
+def compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0):
+    assert method in ("strict", "flexible")
+    return score if solution_str.strip().endswith(str(ground_truth)) else format_score
+"""
+
+
+def test_a_verl_scorer_used_as_reward_file_is_refused_at_load_with_the_wrapper_to_write(tmp_path) -> None:
+    path = tmp_path / "gsm8k.py"
+    path.write_text(VERL_STYLE_SCORER)
+    with pytest.raises(RLForgeError) as err:
+        load_user_function(str(path))
+    msg = str(err.value)
+    assert msg.startswith(f"Reward file {path}: compute_score(solution_str, ground_truth, method='strict', "
+                          f"format_score=0.0, score=1.0) does not follow the reward-function contract compute_score("
+                          f"data_source, solution_str, ground_truth, extra_info): its parameter 'solution_str' is "
+                          f"argument 1, where rlforge passes 'data_source'")
+    assert "def compute_score(data_source, solution_str, ground_truth, extra_info): return scorer(" in msg
+    path.write_text("def compute_score(data_source, solution_str):\n    return 1.0\n")
+    with pytest.raises(RLForgeError, match="it cannot take these four arguments"):
+        load_user_function(str(path))
+
+
+@pytest.mark.parametrize("target, says", [
+    ("/etc/passwd", "is not a Python file (its name does not end in .py)"),
+    ("DIR", "is a directory"),
+])
+def test_files_that_are_no_reward_file_are_named_so(tmp_path, target, says) -> None:
+    path = str(tmp_path) if target == "DIR" else target
+    with pytest.raises(RLForgeError, match=rf"^Reward file {path} \(reward.file\) {re.escape(says)}"):
+        load_user_function(path)
+
+
+def test_numpy_bools_are_scores_as_verl_reads_them(char_tokenizer, registry, manager_factory, tmp_path) -> None:  # noqa: F811
+    np = pytest.importorskip("numpy")
+    assert split_result(np.True_) == (1.0, 1.0) and split_result(np.False_) == (0.0, 0.0)
+    assert split_result({"score": np.float32(0.5), "acc": np.True_}) == (0.5, 1.0)
+    path = tmp_path / "np_reward.py"
+    path.write_text("import numpy as np\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                    "    return np.array(solution_str) == np.array(ground_truth)\n")
+    mgr = manager_factory(char_tokenizer, registry, file=str(path))
+    out = mgr.score(_batch(char_tokenizer, ["ok", "no"]))
+    assert out[B.SCORES].tolist() == [1.0, 0.0] and out.meta["metrics"]["reward/errors"] == 0.0

@@ -1,0 +1,112 @@
+"""A reward function from a user's Python file (``reward.file``, ``reward.fn_name``), with verl's contract
+``compute_score(data_source, solution_str, ground_truth, extra_info)``.
+
+The file is imported once in a throwaway child process first (limited like a reward call), so one that
+exits, crashes or hangs at import time is a clear error instead of a dead or stuck trainer. Then the function's
+signature is checked against the contract: a function that cannot take the four arguments, or names them in
+another order (verl's own ``verl/utils/reward_score/gsm8k.py::compute_score(solution_str, ground_truth, ...)``
+is a scorer that verl's ``default_compute_score`` calls, not a custom reward function), would fail on every
+sample; it is refused with the wrapper to write.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+
+from rlforge.plugins.reward.results import CRASHED, OK, RAISED, TIMEOUT, ScoreFn, describe
+from rlforge.plugins.reward.workers import RewardWorkers
+
+from rlforge.errors import ConfigError, RLForgeError
+
+CONTRACT = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def load_user_function(path: str, name: str = "compute_score", timeout_s: float = 10.0) -> ScoreFn:
+    """Import ``name`` from the Python file at ``path``, with errors that name the file and function.
+
+    The file is imported in a throwaway child process first, limited like a reward call (``timeout_s`` of
+    CPU time, a wall-clock backstop of ``WALL_BACKSTOP`` times that): a file that calls ``sys.exit``, kills
+    its process or loops forever at import time is an ``RLForgeError`` instead of a dead or hung trainer.
+    """
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"Reward file {path} (reward.file) is a directory; give the Python file that defines "
+                          f"{name}(data_source, solution_str, ground_truth, extra_info).")
+    if not file.is_file():
+        raise ConfigError(f"Reward file not found: {path} (reward.file).")
+    if file.suffix != ".py":
+        raise ConfigError(f"Reward file {path} (reward.file) is not a Python file (its name does not end in .py); "
+                          f"give a .py file that defines {name}(data_source, solution_str, ground_truth, "
+                          f"extra_info).")
+    probe = RewardWorkers({"import": lambda: _import_function(path, name) and 0.0}, 1, timeout_s)
+    try:
+        kind, reason = probe.run([(0, "import", ())])[0]
+    finally:
+        probe.close()
+    if kind != OK:
+        raise RLForgeError(_IMPORT_FAILURES[kind].format(path=path, reason=reason, timeout_s=timeout_s))
+    fn = _import_function(path, name)  # now in this process: the workers are forked from it
+    check_contract(fn, path, name)
+    return fn
+
+
+# what a failed import check means (a file that raises at import comes back as the RLForgeError of
+# _import_function, which RewardWorkers.run raises itself)
+_IMPORT_FAILURES = {
+    RAISED: "Reward file {path} failed to import: {reason}.",
+    CRASHED: "Reward file {path} ended its process while being imported: {reason} (os._exit or a crash at "
+             "import time?).",
+    TIMEOUT: "Reward file {path} did not finish importing: it {reason} (reward.timeout_s={timeout_s:g}). An "
+             "infinite loop or a blocking call at import time?",
+}
+
+
+def _import_function(path: str, name: str) -> ScoreFn:
+    file = Path(path)
+    spec = importlib.util.spec_from_file_location(f"rlforge_user_reward_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise RLForgeError(f"Reward file {path} (reward.file) cannot be imported as a Python module.")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise RLForgeError(f"Reward file {path} has a syntax error at line {exc.lineno}: {exc.msg}.") from None
+    except BaseException as exc:  # noqa: BLE001 - SystemExit included: importing must never end the trainer
+        raise RLForgeError(f"Reward file {path} failed to import: {describe(exc)}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise RLForgeError(
+            f"Reward file {path} has no function '{name}' (reward.fn_name). It must define "
+            f"{name}(data_source, solution_str, ground_truth, extra_info)."
+        )
+    return fn
+
+
+def check_contract(fn: ScoreFn, path: str, name: str) -> None:
+    """Refuse a function that cannot be called as ``fn(data_source, solution_str, ground_truth, extra_info)``, or
+    whose parameters name those arguments in other places (it would misread every call)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a C callable without a signature: called as it is
+        return
+    params = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    misplaced = [(p.name, i) for i, p in enumerate(params[:len(CONTRACT)]) if p.name in CONTRACT and
+                 p.name != CONTRACT[i]]
+    try:
+        signature.bind(*CONTRACT)
+        fits = True
+    except TypeError:
+        fits = False
+    if fits and not misplaced:
+        return
+    why = (f"its parameter '{misplaced[0][0]}' is argument {misplaced[0][1] + 1}, where rlforge passes "
+           f"'{CONTRACT[misplaced[0][1]]}'" if misplaced else "it cannot take these four arguments")
+    raise ConfigError(
+        f"Reward file {path}: {name}{signature} does not follow the reward-function contract {name}(data_source, "
+        f"solution_str, ground_truth, extra_info): {why}, so every call would fail or misread its arguments. (verl's "
+        f"verl/utils/reward_score/*.py scorers have other signatures: verl calls them through default_compute_score.) "
+        f"Wrap it, e.g. def {name}(data_source, solution_str, ground_truth, extra_info): return "
+        f"scorer(solution_str, ground_truth)."
+    )
