@@ -27,7 +27,7 @@ from rlforge.module import RLModule
 from rlforge.plugin_manager import PluginManager
 from rlforge.protocols import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count
-from rlforge.trainer.report import print_summary
+from rlforge.trainer.report import print_summary, reward_error_share
 
 RESUME_HINT = "Free space, then continue with trainer.resume=auto (the last checkpoint is complete)."
 
@@ -155,6 +155,7 @@ class Trainer:
             "accuracy_before": val_before.get("val/accuracy") if val_before else None,
             "accuracy_after": val_after.get("val/accuracy"),
             "steps": self.step,
+            "reward_error_share": reward_error_share(self.history),
             "tokens_per_s": tokens / elapsed if elapsed else 0.0,
             "seconds": elapsed,
             "run_dir": str(self.run_dir),
