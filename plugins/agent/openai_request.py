@@ -80,6 +80,8 @@ def parse_request(body: Any, sampling: SamplingParams) -> ChatRequest:
     if not isinstance(body, dict):
         raise RequestError(f"the body must be a JSON object with 'messages', got {type(body).__name__}")
     given = {k: v for k, v in body.items() if v is not None}
+    if given.get("tool_choice") == "none" and not given.get("tools"):
+        del given["tool_choice"]  # no tools offered: nothing to forbid
     unsupported = [(k, f"{k}={given[k]!r:.80} ({why})") for k, (ok, why) in DEFAULT_ONLY.items()
                    if k in given and not ok(given[k])]
     unsupported += [(k, f"{k} (not supported by the rlforge endpoint)") for k in given if k not in KNOWN]

@@ -267,6 +267,9 @@ def test_fields_that_ask_for_what_the_endpoint_does_are_accepted():
     request = parse_request({"messages": messages, **defaults}, SamplingParams())
     assert request.messages == [{"role": "user", "content": "hi"}]
     assert (request.stream, request.include_usage, request.max_tokens, request.logprobs) == (True, True, 3, True)
+    assert parse_request({"messages": messages, "tool_choice": "none"}, SamplingParams()).tools == []
+    with pytest.raises(RequestError, match=r"tool_choice='none' \(only 'auto'"):
+        parse_request({"messages": messages, "tool_choice": "none", "tools": TOOLS}, SamplingParams())
     with pytest.raises(RequestError, match=r"n=True \(only n=1"):
         parse_request({"messages": messages, "n": True}, SamplingParams())
     with pytest.raises(RequestError, match="stream_options is only valid with stream=true"):
