@@ -111,6 +111,8 @@ class HttpServer:
             log.debug("OpenAI endpoint: connection closed: %s: %s", type(exc).__name__, exc)
         except asyncio.CancelledError:  # close(): end normally (asyncio 3.11 would log a cancelled connection task)
             pass
+        except Exception as exc:  # a bug of the server: this connection ends, the others go on
+            log.warning("OpenAI endpoint: a connection failed: %s: %s", type(exc).__name__, exc)
         finally:
             self._connections.discard(task)
             writer.close()
