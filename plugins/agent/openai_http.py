@@ -120,8 +120,6 @@ class HttpServer:
     async def _answer(self, request: HttpRequest) -> HttpResponse:
         try:
             return await self.handler(request)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # a bug behind the endpoint: the agent sees it, the server goes on
             log.warning("OpenAI endpoint: %s %s failed: %s: %s", request.method, request.path, type(exc).__name__,
                         exc)
