@@ -11,8 +11,8 @@ prompt rendered with the generation prompt: the tokens the model would generate,
 
 from __future__ import annotations
 
+import logging
 import math
-
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,8 @@ import torch
 
 from rlforge import batch as B
 from rlforge.errors import DataError
+
+log = logging.getLogger("rlforge.data")
 
 
 @dataclass
@@ -220,8 +222,11 @@ def tokenize_preferences(
     """Validate preference rows (see the module doc) and tokenize them. ``paired=False`` (KTO) takes unpaired rows
     and splits each pair into a desirable and an undesirable example. Completions longer than
     ``max_completion_len`` tokens are cut (as TRL truncates); overlong prompts are dropped or an error, as for
-    ``tokenize_rows``."""
+    ``tokenize_rows``. A pair whose chosen and rejected completions are the same tokens (the same text, both empty,
+    or the same within ``max_completion_len``) carries no preference: it is dropped with a warning, and a dataset
+    of nothing but such pairs is an error."""
     examples: list[PreferenceExample] = []
+    identical: list[str] = []
     for i, row in enumerate(rows):
         where = row_origin(row, i, name)
         if "prompt" not in row:
@@ -232,14 +237,30 @@ def tokenize_preferences(
         parts = _pair_columns(row, where, paired)
         ids = [_completion_ids(tokenizer, prompt, value, where, col, max_completion_len) for col, value, _ in parts]
         labels = [label for _, _, label in parts]
-        if paired:
+        if paired and ids[0] == ids[1]:
+            identical.append(where)
+        elif paired:
             examples.append(PreferenceExample(prompt, ids, labels, _margin(row, where)))
         else:
             examples += [PreferenceExample(prompt, [c], [label]) for c, label in zip(ids, labels)]
+    _report_identical(identical, len(examples) + len(identical), name, max_completion_len)
     if rows and not examples:
         raise DataError(f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_prompt_len} "
                         f"tokens.")
     return examples
+
+
+def _report_identical(identical: list[str], pairs: int, name: str, max_completion_len: int) -> None:
+    """Warn about the dropped pairs whose completions are the same tokens; refuse a dataset of only such pairs."""
+    if not identical:
+        return
+    same = (f"'chosen' and 'rejected' are the same tokens (the same text, both empty, or the same within "
+            f"algorithm.max_completion_length={max_completion_len} tokens)")
+    if len(identical) == pairs:
+        raise DataError(f"{name}: in every one of its {pairs} pairs {same}, first {identical[0]}: there is no "
+                        f"preference to learn from.")
+    log.warning("%s: dropped %d of %d pairs whose %s, first %s: they carry no preference.", name, len(identical),
+                pairs, same, identical[0])
 
 
 def collate_preferences(examples: list[PreferenceExample], pad_id: int, uids: list[Any]) -> B.Batch:

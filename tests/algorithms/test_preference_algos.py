@@ -66,6 +66,24 @@ def test_long_completions_are_truncated_and_an_empty_answer_is_the_end_of_turn(c
     assert [char_tokenizer.decode(c) for c in ex.completions] == ["1234", "<|end|>"]
 
 
+def test_pairs_without_a_preference_are_dropped_with_a_count(char_tokenizer, caplog) -> None:
+    rows = [_pair(), _pair(rejected="3"), _pair(chosen="", rejected=""), _pair(chosen="1234x", rejected="1234y")]
+    with caplog.at_level("WARNING", logger="rlforge.data"):
+        examples = _tok(char_tokenizer, rows, max_completion=4)  # the last two differ only past 4 tokens
+    assert [[char_tokenizer.decode(c) for c in ex.completions] for ex in examples] == [["3<|end|>", "4<|end|>"]]
+    (warning,) = caplog.messages
+    assert warning.startswith("prefs: dropped 3 of 4 pairs whose 'chosen' and 'rejected' are the same tokens (the "
+                              "same text, both empty, or the same within algorithm.max_completion_length=4 tokens), "
+                              "first prefs, row 2")
+    assert len(_tok(char_tokenizer, rows[:1] + rows[2:3], paired=False)) == 4  # unpaired (KTO) keeps both sides
+
+
+def test_a_dataset_of_only_identical_pairs_is_refused(char_tokenizer) -> None:
+    with pytest.raises(DataError, match=r"^prefs: in every one of its 2 pairs 'chosen' and 'rejected' are the same "
+                                        r"tokens .*, first prefs, row 1: there is no preference to learn from."):
+        _tok(char_tokenizer, [_pair(rejected="3"), _pair(chosen="", rejected="")])
+
+
 @pytest.mark.parametrize("row, paired, message", [
     ({"prompt": "q", "chosen": "a"}, True, r"prefs, row 1: missing column 'rejected'"),
     ({"prompt": "q", "completion": "a", "label": True}, True, "unpaired data \\(KTO\\)"),
