@@ -79,7 +79,13 @@ def _launches(script: Path, root: Path, rel: str, positional: tuple[str, ...], e
     except subprocess.TimeoutExpired:
         pass  # what it launched before it hung is recorded
     found = [entry_and_args(json.loads(line)["argv"]) for line in record.read_text().splitlines()]
-    return [f for f in found if f and f[0] in ENTRIES]
+    out = []
+    for entry, args in (f for f in found if f and f[0] in ENTRIES):
+        for arg in reversed(positional):  # a script that forwards "$@" without shifting passes them on
+            if args and args[-1] == arg:
+                args = args[:-1]
+        out.append((entry, args))
+    return out
 
 
 def run_scripts(root: Path, folder: str, label: str, env: dict[str, str], record: Path) -> list[dict]:

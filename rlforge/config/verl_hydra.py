@@ -109,13 +109,19 @@ def parse_overrides(overrides: tuple[str, ...]) -> list[Any]:
     return [_parse_one(text) for text in overrides]
 
 
-@functools.lru_cache(maxsize=4096)  # launch scripts repeat the same overrides; Hydra's parser takes ~2 ms each
-def _parse_one(text: str) -> Any:
+@functools.lru_cache(maxsize=None)
+def _parser() -> Any:
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+@functools.lru_cache(maxsize=4096)  # launch scripts repeat the same overrides; Hydra's parser takes ~1 ms each
+def _parse_one(text: str) -> Any:
     from hydra.errors import HydraException
 
     try:
-        o = OverridesParser.create().parse_override(text)
+        o = _parser().parse_override(text)
     except HydraException as exc:
         raise ConfigError(f"Cannot parse override '{text}' (Hydra's syntax: key=value, +key=value, "
                           f"++key=value, ~key): {str(exc).splitlines()[0]}") from None

@@ -212,6 +212,7 @@ REF = f"{ARO}.ref"
 REF_RULES: dict[str, Rule] = {
     **_engine(REF, "ref"),
     f"{REF}.log_prob_*": Ignore(f"log-prob passes use the actor's micro-batches ({SPEED})"),
+    f"{REF}.optim.*": Ignore("the reference model is never trained"),
 }
 
 ROLLOUT = f"{ARO}.rollout"

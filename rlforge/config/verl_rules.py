@@ -13,6 +13,7 @@ lookup from a dotted verl key to its rule.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -107,13 +108,17 @@ class Table:
                 if any(c in key for c in "*?["):
                     self.patterns.append((key, rule))
                 else:
-                    self.exact[key] = rule
+                    self.exact.setdefault(key, rule)
+        self._compiled = [(re.compile(fnmatch.translate(p)), rule) for p, rule in self.patterns]
+        self._seen: dict[str, Rule | None] = {}  # verl's trees repeat the same keys launch after launch
 
     def rule(self, key: str) -> Rule | None:
-        found = self.exact.get(key)
-        if found is not None:
-            return found
-        return next((rule for pattern, rule in self.patterns if fnmatch.fnmatchcase(key, pattern)), None)
+        if key not in self._seen:
+            found = self.exact.get(key)
+            if found is None:
+                found = next((rule for pattern, rule in self._compiled if pattern.match(key)), None)
+            self._seen[key] = found
+        return self._seen[key]
 
     def items(self) -> list[tuple[str, Rule]]:
         return [*self.exact.items(), *self.patterns]
