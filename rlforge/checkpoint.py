@@ -225,10 +225,12 @@ def _check_safetensors(path: Path) -> None:
 
 
 def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(trainer state, meta)`` of a checkpoint, after checking that its weights are complete.
+    """``(trainer state, meta)`` of a checkpoint, after checking that it is one rlforge wrote (its ``meta.json``
+    names its step) and that its weights are complete.
 
     :raises CorruptCheckpoint: naming the file and what is wrong with it.
     """
+    meta = _read_meta(checkpoint)
     state_file = checkpoint / STATE_FILE
     if not state_file.is_file():
         raise CorruptCheckpoint(f"{state_file} is missing: the checkpoint is incomplete.")
@@ -241,14 +243,25 @@ def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except Exception as exc:
         detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise CorruptCheckpoint(f"{state_file} cannot be read: it is truncated or corrupted ({detail}).") from None
-    meta: dict[str, Any] = {}
-    meta_file = checkpoint / META_FILE
-    if meta_file.exists():
-        try:
-            meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise CorruptCheckpoint(f"{meta_file} cannot be read: it is truncated or corrupted.") from None
     return state, meta
+
+
+def _read_meta(checkpoint: Path) -> dict[str, Any]:
+    """``meta.json``, which rlforge writes into every checkpoint: a folder without it, or whose step is not the
+    folder's, was not written by this run (copied in, or by another tool) and is never resumed."""
+    meta_file = checkpoint / META_FILE
+    if not meta_file.is_file():
+        raise CorruptCheckpoint(f"{meta_file} is missing: {checkpoint} is not a checkpoint rlforge wrote (every one "
+                                f"holds its step and config there), or it is incomplete.")
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise CorruptCheckpoint(f"{meta_file} cannot be read: it is truncated or corrupted.") from None
+    if not isinstance(meta, dict) or meta.get("step") != step_of(checkpoint):
+        step = meta.get("step") if isinstance(meta, dict) else None
+        raise CorruptCheckpoint(f"{meta_file} names step {step!r}, not {step_of(checkpoint)}: {checkpoint} is not "
+                                f"a checkpoint rlforge wrote there (a renamed or foreign folder).")
+    return meta
 
 
 def load_weights(checkpoint: Path, model: Any) -> None:

@@ -181,6 +181,25 @@ def test_no_readable_checkpoint_and_truncated_weights(capsys, run):
     assert f"{_state(run_dir, 1)} cannot be read: it is truncated or corrupted" in err
 
 
+def test_a_foreign_checkpoint_without_meta_json_is_never_resumed(caplog, run):
+    from rlforge.resume import _pick_checkpoint
+
+    run_dir, _ = run
+    good = run_dir / "checkpoints" / "step_000002"
+    foreign, renamed = good.with_name("step_000003"), good.with_name("step_000004")
+    shutil.copytree(good, foreign)
+    (foreign / "meta.json").unlink()  # another tool's folder, or one copied in by hand
+    shutil.copytree(good, renamed)  # a checkpoint renamed to a later step
+    checkpoint, state, meta = _pick_checkpoint(run_dir, None)
+    assert checkpoint == good and meta["step"] == 2
+    assert f"{foreign / 'meta.json'} is missing: {foreign} is not a checkpoint rlforge wrote" in caplog.text
+    assert f"{renamed / 'meta.json'} names step 2, not 4" in caplog.text
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "set_aside").iterdir()) == ["step_000003", "step_000004"]
+    with pytest.raises(RLForgeError, match="is not a checkpoint rlforge wrote"):  # named explicitly: refused too
+        shutil.copytree(run_dir / "checkpoints" / "set_aside" / "step_000003", foreign)
+        _pick_checkpoint(run_dir, foreign)
+
+
 @pytest.mark.parametrize("damage, says", [(lambda t: "", "is empty (0 bytes)"),
                                           (lambda t: t[: len(t) // 2], "is truncated: it does not end with")])
 def test_damaged_run_config_says_so(capsys, run, damage, says):
