@@ -17,6 +17,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from rlforge import lora, precision
 from rlforge.config import schema
 from rlforge.config.checks import check_model_folder, check_no_duplicates, check_resume_value, check_values
+from rlforge.data import data_file_problem
 from rlforge.errors import ConfigError, did_you_mean
 from rlforge.models import BUILTIN_PREFIX, resolve_model_path
 from rlforge.pipeline import PIPELINES
@@ -309,9 +310,9 @@ def check_data_files(cfg: DictConfig, registry: Any) -> None:
             raise ConfigError(f"'{key}' is set ({files[0]}{', ...' if len(files) > 1 else ''}) but data.name="
                               f"{cfg.data.name} does not read it: the run would train on data.name's rows. Set "
                               f"data.name=files to train on the files.")
-        missing = [f for f in files if not Path(f).is_file()]
-        if missing:
-            raise ConfigError(f"Data file not found: {missing[0]} ({key}).")
+        problem = next((p for f in files if (p := data_file_problem(f))), None)
+        if problem:
+            raise ConfigError(f"{problem} ({key}).")
 
 
 def micro_batch_size(cfg: DictConfig, section: str = "actor") -> int:
