@@ -14,12 +14,17 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.errors import DataError
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
 
 log = logging.getLogger("rlforge.data")
 
@@ -32,6 +37,17 @@ class Prompt:
     ground_truth: Any
     extra_info: Any
     index: int  # position of the source row
+
+
+def data_file_problem(path: str) -> str | None:
+    """What keeps ``path`` from being read as a data file, in words, or None: missing, or a folder."""
+    file = Path(path)
+    if file.is_dir():
+        return (f"Data file {path} is a directory, not a file: give the .jsonl or .parquet files themselves (a "
+                f"folder of parquet shards: list each shard)")
+    if not file.is_file():
+        return f"Data file not found: {path}"
+    return None
 
 
 def row_origin(row: dict[str, Any], index: int, name: str) -> str:

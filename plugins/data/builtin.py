@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlforge.config.schema import option
+from rlforge.data import data_file_problem
 from rlforge.errors import DataError
 from rlforge.hookspecs import hookimpl
 
@@ -76,15 +77,20 @@ def arith_dataset(config: Any, split: str) -> list[dict[str, Any]]:
 def read_rows(path: str) -> list[dict[str, Any]]:
     """Rows of a ``.jsonl``/``.json`` or ``.parquet`` file; errors name the file and line."""
     file = Path(path)
-    if not file.is_file():
-        raise DataError(f"Data file not found: {path}.")
+    problem = data_file_problem(path)
+    if problem:
+        raise DataError(f"{problem}.")
     if file.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_table(file).to_pylist()
+            table = pq.read_table(file)
         except Exception as exc:
             raise DataError(f"Cannot read parquet file {path}: {exc}") from None
+        if table.num_rows == 0:
+            raise DataError(f"Data file {path} has no rows: the parquet table is empty (columns: "
+                            f"{', '.join(table.column_names) or 'none'}).")
+        return table.to_pylist()
     if file.suffix not in (".jsonl", ".json"):
         raise DataError(f"Data file {path}: unsupported extension '{file.suffix}' (use .jsonl or .parquet).")
     rows = []

@@ -104,8 +104,31 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_directory_is_not_a_file(tmp_path: Path) -> None:
     folder = tmp_path / "dir.jsonl"
     folder.mkdir()
-    with pytest.raises(DataError, match="not found"):
+    with pytest.raises(DataError, match=rf"^Data file {folder} is a directory, not a file: give the .jsonl or "
+                                        rf".parquet files themselves"):
         read_rows(str(folder))
+
+
+def test_directory_named_like_a_data_file_is_said_to_be_one_at_compose_time(tmp_path: Path) -> None:
+    from rlforge.config import compose
+    from rlforge.errors import ConfigError
+
+    folder = tmp_path / "x.jsonl"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match=rf"^Data file {folder} is a directory, not a file.* \(data.train_files\)"):
+        compose(PluginManager(autoload=False).registry, "grpo", None, ["data.name=files",
+                                                                       f"data.train_files=[{folder}]"])
+
+
+def test_empty_parquet_names_the_file(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist([ROW]).slice(0, 0), path)
+    with pytest.raises(DataError, match=rf"^Data file {path} has no rows: the parquet table is empty \(columns: "
+                                        rf"data_source, prompt, reward_model, extra_info\)\.$"):
+        read_rows(str(path))
 
 
 def test_parquet(tmp_path: Path) -> None:
