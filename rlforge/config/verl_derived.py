@@ -18,12 +18,17 @@ if TYPE_CHECKING:
 ARO = "actor_rollout_ref"
 A, R = f"{ARO}.actor", f"{ARO}.rollout"
 # verl's adv_estimator -> rlforge's algorithm (the algorithm name carries its estimator)
-ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp",
-              "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "remax": "remax", "opo": "opo", "gpg": "gpg"}
+ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "grpo_vectorized": "grpo", "rloo": "rloo", "rloo_vectorized": "rloo",
+              "reinforce_plus_plus": "reinforce_pp", "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
+              "remax": "remax", "opo": "opo", "gpg": "gpg", "gdpo": "gdpo", "optimal_token_baseline": "otb",
+              "tir_optimal_token_baseline": "tir_otb"}
+# verl's policy_loss.loss_mode names, all registered in rlforge's policy_loss registry (actor.policy_loss)
+POLICY_LOSSES = ("vanilla", "gspo", "gpg", "cispo", "sapo", "clip_cov", "kl_cov", "geo_mean", "dppo_tv", "dppo_kl",
+                 "dro", "bypass_mode")
 # the algorithm-specific keys verl's estimators read, and the rlforge algorithms that have them
-READS = {"algorithm.gamma": ({"gae", "reinforce_plus_plus"}, {"ppo", "reinforce_pp"}),
-         "algorithm.lam": ({"gae"}, {"ppo"}),
-         "algorithm.norm_adv_by_std_in_grpo": ({"grpo"}, {"grpo", "gspo"})}
+READS = {"algorithm.gamma": ({"gae", "reinforce_plus_plus"}, {"ppo", "pf_ppo", "reinforce_pp"}),
+         "algorithm.lam": ({"gae"}, {"ppo", "pf_ppo"}),
+         "algorithm.norm_adv_by_std_in_grpo": ({"grpo", "grpo_vectorized", "gdpo"}, {"grpo", "gdpo"})}
 TARGET = {"algorithm.gamma": "algorithm.gamma", "algorithm.lam": "algorithm.lam",
           "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std"}
 LOGGERS = {"console": "console", "wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}
@@ -40,15 +45,28 @@ def algorithm(c: Context) -> None:
                  f"{', '.join(sorted(ESTIMATORS))})", 30)
     else:
         c.map("algorithm.adv_estimator", "--algo", algo)
-    if mode == "vanilla":
-        c.same(f"{A}.policy_loss.loss_mode", "PPO's clipped policy loss (with the dual clip)")
-    elif mode == "gspo" and est == "grpo":
-        algo = "gspo"
-        c.map(f"{A}.policy_loss.loss_mode", "--algo", algo)
-    elif mode == "gpg" and est == "gpg":
-        c.same(f"{A}.policy_loss.loss_mode", "GPG's loss (rlforge's gpg algorithm has it)")
+    bypass = bool(c.get("algorithm.rollout_correction.bypass_mode"))
+    if bypass and mode == "vanilla":
+        mode = "bypass_mode"  # verl: bypass mode replaces the PPO loss by its own
+        c.map("algorithm.rollout_correction.bypass_mode", "actor.policy_loss", mode)
+    elif bypass:
+        c.refuse("algorithm.rollout_correction.bypass_mode", f"bypass mode with policy_loss.loss_mode={mode}")
     else:
-        c.refuse(f"{A}.policy_loss.loss_mode", f"verl's policy_loss.loss_mode={mode} with adv_estimator={est}", 30)
+        c.same("algorithm.rollout_correction.bypass_mode", "old log-probs from the actor")
+    if mode in POLICY_LOSSES:
+        c.map(f"{A}.policy_loss.loss_mode", "actor.policy_loss", mode)
+    else:
+        c.refuse(f"{A}.policy_loss.loss_mode", f"verl's policy_loss.loss_mode={mode}", 30)
+    if c.get("algorithm.use_pf_ppo") and est == "gae":
+        algo = "pf_ppo"
+        c.map("algorithm.use_pf_ppo", "--algo", algo)
+        c.map("algorithm.pf_ppo.reweight_method", "algorithm.reweight_method", c.get("algorithm.pf_ppo.reweight_method"))
+        c.map("algorithm.pf_ppo.weight_pow", "algorithm.weight_pow", c.get("algorithm.pf_ppo.weight_pow"))
+    else:
+        c.same("algorithm.use_pf_ppo", "every sample weighted equally" if not c.get("algorithm.use_pf_ppo") else
+               f"every sample weighted equally (verl reads use_pf_ppo only with gae, not {est})")
+        for key in ("algorithm.pf_ppo.reweight_method", "algorithm.pf_ppo.weight_pow"):
+            c.ignore(key, "read only with algorithm.use_pf_ppo and adv_estimator=gae")
     c.algorithm = algo or c.algorithm
     for key, (verl_reads, ours) in READS.items():
         if est not in verl_reads:

@@ -135,9 +135,17 @@ def test_refusals_name_the_feature_and_the_open_issue() -> None:
     assert "issue 28" in fate(tr(f"{ARO}.actor.ulysses_sequence_parallel_size=2"),
                               f"{ARO}.actor.ulysses_sequence_parallel_size").line()
     assert "issue 29" in fate(tr("data.image_key=images"), "data.image_key").line()
-    assert "issue 30" in fate(tr("algorithm.use_pf_ppo=True"), "algorithm.use_pf_ppo").line()
-    assert "issue 30" in fate(tr(f"{ARO}.actor.policy_loss.loss_mode=clip_cov"),
-                              f"{ARO}.actor.policy_loss.loss_mode").line()
+    assert "issue 30" in fate(tr("algorithm.adv_estimator=grpo_passk"), "algorithm.adv_estimator").line()
+
+
+def test_new_losses_and_estimators_map_to_the_policy_loss_registry() -> None:
+    t = tr(f"{ARO}.actor.policy_loss.loss_mode=clip_cov", f"{ARO}.actor.policy_loss.clip_cov_ratio=0.001")
+    assert t.overrides["actor.policy_loss"] == "clip_cov" and t.overrides["actor.clip_cov.ratio"] == 0.001
+    pf = tr("algorithm.adv_estimator=gae", "algorithm.use_pf_ppo=True", "algorithm.pf_ppo.weight_pow=3.0")
+    assert pf.algorithm == "pf_ppo" and pf.overrides["algorithm.weight_pow"] == 3.0
+    by = tr("algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.loss_type=reinforce")
+    assert by.overrides["actor.policy_loss"] == "bypass_mode" and by.overrides["actor.bypass_mode.loss_type"] == "reinforce"
+    assert tr("algorithm.adv_estimator=optimal_token_baseline").algorithm == "otb"
 
 
 def test_lora_megatron_tp_multi_turn_and_rewards_are_not_falsely_refused() -> None:

@@ -61,7 +61,14 @@ def test_every_mapped_target_is_an_rlforge_key(registry, name: str, extra: list[
 
 
 def test_every_map_rule_targets_an_rlforge_key(registry) -> None:
-    known = _schema_keys(registry, "ppo") | _schema_keys(registry, "grpo")
+    known = set().union(*(_schema_keys(registry, a) for a in ("ppo", "grpo", "gdpo")))
     for key, rule in [*TABLE.items(), *SFT_TABLE.items()]:
         if isinstance(rule, Map):
             assert rule.target in known, (key, rule.target)
+
+
+def test_verl_loss_modes_and_estimators_are_registered_in_rlforge(registry) -> None:
+    from rlforge.config.verl_derived import ESTIMATORS, POLICY_LOSSES
+
+    assert set(POLICY_LOSSES) <= set(registry.policy_loss.available())
+    assert set(ESTIMATORS.values()) <= set(registry.algorithm.available())
