@@ -197,6 +197,8 @@ ACTOR_RULES: dict[str, Rule] = {
     f"{ACTOR}.policy_loss.ppo_kl_coef": Map("actor.kl_cov.coef"),
     f"{ACTOR}.policy_loss.dro_beta": Map("actor.dro.beta"),
     f"{ACTOR}.sppo_eta": Map("actor.sppo.eta"),
+    f"{ACTOR}.policy_loss.*": Ignore("not read by verl 0.9.1's losses (they read the actor's own keys, e.g. "
+                                     "actor.tau_pos)"),
     f"{ACTOR}.loss_agg_mode": Map("actor.loss_agg_mode"),
     f"{ACTOR}.loss_scale_factor": Map("algorithm.norm_length", non_negative),
     f"{ACTOR}.entropy_coeff": Map("actor.entropy_coeff"),

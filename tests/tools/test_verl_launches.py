@@ -1,0 +1,75 @@
+"""A dozen of verl's own example launches (from the corpus) run by `rlforge verl` for one step on the tiny chat model,
+their data and model swapped for local files and their sizes for tiny ones by overrides appended in verl's syntax.
+Launches that ask for a feature rlforge lacks must be refused naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlforge.cli import main
+from tests.tools.verl_corpus import launches
+
+ARO = "actor_rollout_ref"
+# corpus source -> None (trains) or the missing feature its refusal must name
+REPRESENTATIVE = {
+    "examples/grpo_trainer/run_qwen3_8b_fsdp.sh": None,  # GSM8K + MATH GRPO
+    "examples/ppo_trainer/run_qwen3_8b_fsdp.sh": None,  # PPO with a critic
+    "examples/rloo_trainer/run_qwen3_8b_fsdp.sh": None,
+    "examples/reinforce_plus_plus_trainer/run_qwen3_8b_fsdp.sh": None,
+    "examples/gspo_trainer/run_qwen3_8b_fsdp.sh": None,
+    "examples/tuning/lora/run_qwen3_8b_fsdp.sh": None,
+    "examples/remax_trainer/run_qwen3_8b_fsdp.sh": None,
+    "examples/rollout_correction/run_qwen2_5_7b_fsdp.sh": None,
+    "dapo/test_dapo_8b_megatron_fp16.sh": "validation sampling with top_p",  # DAPO
+    "examples/ppo_trainer/run_qwen3_8b_megatron.sh": "pipeline parallelism",  # megatron
+    "partial_rollout/run/run_qwen3-0.6b_gsm8k_grpo_tool_baseline.sh": "tool classes",  # multi-turn tool GRPO
+    "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh": "SFT schedule",  # SFT
+}
+
+
+def _launch(source: str) -> dict:
+    return next(x for x in launches() if x["source"].split(":", 1)[1] == source)
+
+
+def _local(launch: dict, tmp_path, model, data) -> list[str]:
+    if launch["entry"].endswith("sft_trainer"):
+        return [f"data.train_files={data['sft']}", f"model.path={model}", "trainer.total_training_steps=1",
+                f"trainer.default_local_dir={tmp_path}/run", "trainer.logger=[console]", "trainer.n_gpus_per_node=1"]
+    return [f"data.train_files={data['train']}", f"data.val_files={data['val']}", f"{ARO}.model.path={model}",
+            "data.train_batch_size=2", f"{ARO}.actor.ppo_mini_batch_size=2", f"{ARO}.actor.ppo_micro_batch_size_per_gpu=2",
+            f"{ARO}.rollout.n=2", "data.max_prompt_length=128", "data.max_response_length=8", f"{ARO}.rollout.name=hf",
+            "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.device=cpu", "trainer.total_training_steps=1",
+            "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console]",
+            "trainer.resume_mode=disable", f"trainer.default_local_dir={tmp_path}/run", f"critic.model.path={model}",
+            "critic.ppo_micro_batch_size_per_gpu=2", "data.filter_overlong_prompts=True"]
+
+
+@pytest.fixture(scope="module")
+def local_data(tmp_path_factory):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("verl_data")
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{a}+{b}? Answer after '####'."}],
+             "reward_model": {"style": "rule", "ground_truth": str(a + b)}, "extra_info": {"index": i},
+             "messages": [{"role": "user", "content": f"{a}+{b}?"}, {"role": "assistant", "content": f"#### {a + b}"}]}
+            for i, (a, b) in enumerate(zip(range(3, 11), range(5, 13)))]
+    pq.write_table(pa.Table.from_pylist(rows[:6]), root / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[6:]), root / "val.parquet")
+    return {"train": root / "train.parquet", "val": root / "val.parquet", "sft": root / "train.parquet"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", list(REPRESENTATIVE))
+def test_a_verl_example_launch_trains_or_names_what_is_missing(source, tmp_path, tiny_chat_model, local_data, capsys):
+    launch = _launch(source)
+    args = [*(["--sft"] if launch["entry"].endswith("sft_trainer") else []), *launch["args"],
+            *_local(launch, tmp_path, tiny_chat_model, local_data)]
+    code = main(["verl", *args])
+    err = capsys.readouterr().err
+    missing = REPRESENTATIVE[source]
+    if missing is None:
+        assert code == 0, err[-3000:]
+        assert list((tmp_path / "run").rglob("summary.json"))
+    else:
+        assert code == 2 and missing in err and "is not in rlforge" in err, err[-3000:]
