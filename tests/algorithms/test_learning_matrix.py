@@ -1,16 +1,24 @@
-"""Every RL algorithm learns: a short run on the built-in task raises the sampled reward. (The offline preference
-algorithms have no sampled reward: their learning tests are in test_preference_algos.py.)
+"""Every RL algorithm trains and learns. (The offline preference algorithms have no sampled reward: their tests are in
+test_preference_algos.py.)
 
-The longer version (accuracy before/after, more steps) is benchmarks/learning_matrix.py; its latest
-figures are in docs/algorithms/README.md.
+- In the default suite: every algorithm runs two steps of its own flow on a small batch; the losses are finite and the
+  weights move. That each one *learns* is the job of the math's unit tests plus the learning tests of the suite (one
+  synchronous GRPO run, one lagged pipeline, one preference run).
+- In the learning matrix (``scripts/test.sh --learning-matrix``, docs/testing.md): a 40-step run of each on the
+  built-in task raises the sampled reward. The longer version (accuracy before/after, more steps) is
+  benchmarks/learning_matrix.py; its latest figures are in docs/algorithms/README.md.
 """
 
 from __future__ import annotations
 
-import pytest
+import math
 
-from rlforge import Stage, Trainer, load_config
+import pytest
+import torch
+
+from rlforge import Stage, Trainer, hookimpl, load_config
 from rlforge.plugin_manager import PluginManager
+from rlforge.testing import fast_config
 
 _PM = PluginManager(autoload=False)
 ALGOS = [a for a in _PM.registry.algorithm.available()
@@ -18,7 +26,36 @@ ALGOS = [a for a in _PM.registry.algorithm.available()
 STEPS, WINDOW = 40, 10
 
 
-@pytest.mark.slow
+class WeightDelta:
+    """Records how far the actor's weights moved between fit start and fit end."""
+
+    def __init__(self) -> None:
+        self.start: dict[str, torch.Tensor] = {}
+        self.moved = 0.0
+
+    @hookimpl
+    def rlforge_fit_start(self, module) -> None:
+        self.start = {k: v.detach().clone() for k, v in module.actor.state_dict().items()}
+
+    @hookimpl
+    def rlforge_fit_end(self, module) -> None:
+        now = module.actor.state_dict()
+        self.moved = sum(float((now[k] - v).abs().sum()) for k, v in self.start.items())
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_algorithm_trains_two_steps(tmp_path, algo):
+    delta = WeightDelta()
+    trainer = Trainer(fast_config(algo, tmp_path, "trainer.total_steps=2", "trainer.critic_warmup=0"),
+                      callbacks=[delta])
+    trainer.fit()
+    assert [h["step"] for h in trainer.history] == [1, 2]
+    losses = [v for h in trainer.history for k, v in h.items() if k.endswith("_loss")]
+    assert losses and all(math.isfinite(v) for v in losses), (algo, trainer.history)
+    assert delta.moved > 0, f"{algo}: two steps left the actor's weights unchanged"
+
+
+@pytest.mark.learning_matrix
 @pytest.mark.parametrize("algo", ALGOS)
 def test_algorithm_raises_the_reward(tmp_path, algo):
     cfg = load_config(algo, [
