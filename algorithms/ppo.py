@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
@@ -32,7 +32,7 @@ class PPOConfig(PolicyGradientConfig):
 class PPO(PolicyGradientModule):
     """Proximal Policy Optimization with a learned value function and GAE."""
 
-    config_class = PPOConfig
+    config_class: ClassVar[type[PolicyGradientConfig]] = PPOConfig  # VAPO brings its own, not a PPOConfig
     preset = {"algorithm": {"name": "ppo"}}
 
     @classmethod

@@ -6,6 +6,7 @@ contract (a renamed method, a missing attribute, a wrong signature) fails the ty
 
 from __future__ import annotations
 
+from rlforge.algorithms import policy_losses as losses
 from rlforge.algorithms.arith_pairs import arith_pairs_dataset
 from rlforge.controller.local import LocalController
 from rlforge.controller.ray_controller import RayController
@@ -30,6 +31,7 @@ from rlforge.protocols import (
     Controller,
     Dataset,
     Logger,
+    PolicyLoss,
     RewardFunction,
     RewardManager,
     RolloutEngine,
@@ -65,3 +67,7 @@ def loggers(console: ConsoleLogger, mlflow: MlflowLogger, tb: TensorBoardLogger,
 
 REWARD_FUNCTIONS: list[RewardFunction] = [arith_score, gsm8k_score, code_exec_score]
 DATASETS: list[Dataset] = [arith_dataset, files_dataset, arith_pairs_dataset]
+POLICY_LOSSES: list[PolicyLoss] = [
+    losses.vanilla, losses.gspo, losses.gpg, losses.cispo, losses.sapo, losses.clip_cov, losses.kl_cov, losses.geo_mean,
+    losses.dppo_tv, losses.dppo_kl, losses.sppo, losses.Dro(), losses.BypassMode(),
+]
