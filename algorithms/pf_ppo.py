@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rlforge.algorithms.policy_filtration import FILTER_METHODS, REWEIGHT_METHODS
+from rlforge.algorithms.names import PF_FILTER_METHODS as FILTER_METHODS
+from rlforge.algorithms.names import PF_REWEIGHT_METHODS as REWEIGHT_METHODS
 from rlforge.algorithms.ppo import PPO, PPOConfig
 
 from rlforge import batch as B

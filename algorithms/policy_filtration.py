@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 
 import torch
+from rlforge.algorithms import names
 from rlforge.algorithms.estimators import group_index
 
 PF_WEIGHT_FLOOR = 1e-8  # added to every weight (and the floor of all of them), as verl
@@ -20,6 +21,7 @@ _WEIGHTS = {
     "max_random": lambda s, p: torch.where(s == s.max(), 0.4, 0.1).to(s.dtype),
 }
 REWEIGHT_METHODS = tuple(_WEIGHTS)
+assert REWEIGHT_METHODS == names.PF_REWEIGHT_METHODS, "algorithms/names.py lists them for config validation"
 # the second row a filter keeps from the group's other rows (their scores s), or None
 _SECOND: dict[str, Callable[[torch.Tensor, torch.Generator | None], int | None]] = {
     "best_of_n": lambda s, g: None,
@@ -27,6 +29,7 @@ _SECOND: dict[str, Callable[[torch.Tensor, torch.Generator | None], int | None]]
     "best_worst": lambda s, g: int(torch.argmin(s)),
 }
 FILTER_METHODS = tuple(_SECOND)
+assert FILTER_METHODS == names.PF_FILTER_METHODS, "algorithms/names.py lists them for config validation"
 
 
 def pf_ppo_weights(scores: torch.Tensor, method: str = "pow", weight_pow: float = 2.0) -> torch.Tensor:
