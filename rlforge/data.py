@@ -112,7 +112,8 @@ def apply_templates(tokenizer: Any, conversations: list[list[dict[str, Any]]], w
     for start in range(0, len(conversations), TEMPLATE_CHUNK):
         chunk = conversations[start:start + TEMPLATE_CHUNK]
         try:
-            ids.extend(list(row) for row in _ids(tokenizer.apply_chat_template(chunk, tokenize=True, **kwargs)))
+            encoded = tokenizer.apply_chat_template(chunk, tokenize=True, **kwargs)
+            ids.extend(list(row) for row in (encoded["input_ids"] if hasattr(encoded, "keys") else encoded))
         except Exception:
             ids.extend(apply_template(tokenizer, m, w, **kwargs) for m, w in zip(chunk, wheres[start:], strict=False))
     return ids
@@ -129,23 +130,35 @@ def tokenize_rows(
     wheres = [row_origin(row, i, name) for i, row in enumerate(rows)]
     messages = [_checked_messages(row, where, need_reward) for row, where in zip(rows, wheres)]
     all_ids = apply_templates(tokenizer, messages, wheres, add_generation_prompt=True)
-    prompts: list[Prompt] = []
-    for i, (row, ids) in enumerate(zip(rows, all_ids)):
-        if len(ids) > max_len:
-            if not filter_overlong:
-                raise DataError(
-                    f"{wheres[i]}: prompt is {len(ids)} tokens, over data.max_prompt_length={max_len} "
-                    f"(set data.filter_overlong_prompts=true to drop such rows)."
-                )
-            continue
-        reward = row.get("reward_model") or {}
-        truth = reward.get("ground_truth") if isinstance(reward, dict) else None
-        prompts.append(Prompt(ids, messages[i], row.get("data_source", ""), truth, row.get("extra_info"), i))
+    prompts = [p for i, row in enumerate(rows)
+               if (p := _prompt(row, i, messages[i], all_ids[i], max_len, filter_overlong, wheres[i])) is not None]
     if rows and not prompts:
         raise DataError(
             f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_len} tokens."
         )
     return prompts
+
+
+def _tokenize_prompt(row: dict[str, Any], index: int, tokenizer: Any, max_len: int, filter_overlong: bool,
+                     where: str, need_reward: bool) -> Prompt | None:
+    """One row's prompt with the chat template applied; None when it is overlong and filtered out."""
+    messages = _checked_messages(row, where, need_reward)
+    ids = apply_template(tokenizer, messages, where, add_generation_prompt=True)
+    return _prompt(row, index, messages, ids, max_len, filter_overlong, where)
+
+
+def _prompt(row: dict[str, Any], index: int, messages: list[dict[str, Any]], ids: list[int], max_len: int,
+            filter_overlong: bool, where: str) -> Prompt | None:
+    if len(ids) > max_len:
+        if not filter_overlong:
+            raise DataError(
+                f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={max_len} "
+                f"(set data.filter_overlong_prompts=true to drop such rows)."
+            )
+        return None
+    reward = row.get("reward_model") or {}
+    truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+    return Prompt(ids, messages, row.get("data_source", ""), truth, row.get("extra_info"), index)
 
 
 def _checked_messages(row: dict[str, Any], where: str, need_reward: bool) -> list[dict[str, Any]]:

@@ -91,7 +91,7 @@ def _assert_one_line_error(capsys, *needles: str) -> str:
 
 def test_fit_unknown_algorithm(capsys) -> None:
     assert main(["fit", "--algo", "nope"]) == 2
-    _assert_one_line_error(capsys, "Unknown algorithm 'nope' (algorithm.name).", "Available: dapo, dpo, dr_grpo, gpg, grpo, ")
+    _assert_one_line_error(capsys, "Unknown algorithm 'nope' (algorithm.name).", "Available: dapo, dpo, dr_grpo, gdpo, gpg, grpo, ")
 
 
 def test_fit_unknown_algorithm_suggests(capsys) -> None:

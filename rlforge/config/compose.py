@@ -182,7 +182,7 @@ def _algorithm_name(algo: str | None, layers: list[tuple[DictConfig, str]]) -> s
 def unresolvable(cfg: DictConfig, prefix: str = "") -> tuple[str, str, str] | None:
     """(key, its ``${...}`` text, why) of the first interpolation in ``cfg`` that cannot be resolved, else None."""
     for key in list(cfg.keys()):
-        full = f"{prefix}{key}"
+        full = f"{prefix}{key!s}"
         if OmegaConf.is_interpolation(cfg, str(key)):
             try:
                 cfg[key]

@@ -117,7 +117,8 @@ class Context:
                  rows: Callable[[list[str]], int | None]) -> None:
         self.flat, self.given, self.out, self.rows = flat, given, out, rows
         self.owned: list[str] = []
-        self.algorithm, self.command, self.dp_size, self.total_steps = "grpo", "fit", 1, None
+        self.algorithm, self.command, self.dp_size = "grpo", "fit", 1
+        self.total_steps: int | None = None
         self._done: set[str] = set()
         manager = self.get("reward_model.reward_manager") or self.get("reward.reward_manager.name")
         self.reward_manager = manager

@@ -142,7 +142,8 @@ def warmup(c: Context) -> None:
             c.same(ratio, "no warm-up")
         else:
             c.ignore(steps, "<= 0: verl uses lr_warmup_steps_ratio")
-            c.later(ratio, f"{target}.warmup_steps", lambda total, r=float(c.get(ratio)): int(r * total),
+            share = float(c.get(ratio))
+            c.later(ratio, f"{target}.warmup_steps", lambda total: int(share * total),
                     "lr_warmup_steps_ratio x the run's steps")
 
 

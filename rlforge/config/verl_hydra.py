@@ -159,7 +159,7 @@ def _user_file(path: str, name: str) -> tuple[str, dict[str, Any]] | None:
     base = base or PPO
     if engine is not None:
         base = _engine_variant(base, engine, f"{file} (defaults)")
-    return base, data
+    return base, {str(k): v for k, v in data.items()}
 
 
 def _engine_variant(name: str, engine: str, where: str) -> str:
@@ -259,7 +259,7 @@ def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:
         key, text, why = bad if bad is not None else ("?", "?", "an interpolation failed")
         raise ConfigError(f"Cannot resolve '{key}: {text}' in {where}: {why}.") from None
     assert isinstance(out, dict)
-    return out
+    return {str(k): v for k, v in out.items()}
 
 
 _REF = re.compile(r"\$\{(\.*[A-Za-z_][\w.]*)\}")  # ${a.b}, ${.sibling}

@@ -52,7 +52,7 @@ def _own(path: str) -> dict[str, Any]:
     from rlforge.config.compose import load_file
 
     data = OmegaConf.to_container(load_file(path))
-    return data if isinstance(data, dict) else {}
+    return {str(k): v for k, v in data.items()} if isinstance(data, dict) else {}
 
 
 def check(t: verl.Translation) -> None:
