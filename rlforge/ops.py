@@ -39,12 +39,18 @@ SHARE_REPEATED = "repeated"  # split a micro-batch's forward into the prompts' a
 SHARE_ALWAYS = "always"  # split every one (the ranks of a sharded model then run the same passes: collectives pair up)
 
 
-def compile_forward(model: torch.nn.Module) -> None:
+def compile_forward(model: torch.nn.Module, backend: str = "inductor") -> None:
     """Make ``response_logprobs``/``response_values`` call ``model`` through ``torch.compile(dynamic=True)``: one
     graph for any batch size and sequence length (a few recompiles at most, e.g. with and without autograd).
     The model itself, its state dict and its other callers (``generate``) are unchanged."""
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in known:
+        raise RLForgeError(f"Unknown torch.compile backend '{backend}' (model.compile_backend). Available: "
+                           f"{', '.join(known)}.")
     # object.__setattr__: kept out of the module tree, so no state-dict keys or submodule appear
-    object.__setattr__(model, _COMPILED, torch.compile(model, dynamic=True))
+    object.__setattr__(model, _COMPILED, torch.compile(model, dynamic=True, backend=backend))
 
 
 def _forward(model: torch.nn.Module) -> torch.nn.Module:

@@ -19,7 +19,7 @@ from typing import Any
 
 FAST_OVERRIDES = (
     "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=16", "rollout.n=4",
-    "data.arith.val_size=16", "trainer.val_every=0", "trainer.val_before_train=false", "trainer.save_every=0",
+    "data.arith.train_size=512", "data.arith.val_size=16", "trainer.val_every=0", "trainer.val_before_train=false", "trainer.save_every=0",
     "trainer.progress=false", "logger.backends=[console]",
 )
 

@@ -17,7 +17,7 @@ from rlforge.cli import main
 from rlforge.errors import RLForgeError
 from rlforge.models import ASSETS
 
-QUICK = ["trainer.total_steps=1", "data.train_batch_size=8", "rollout.n=2", "data.arith.val_size=4",
+QUICK = ["trainer.total_steps=1", "data.train_batch_size=8", "rollout.n=2", "data.arith.train_size=512", "data.arith.val_size=4",
          "trainer.val_before_train=false", "trainer.progress=false", "logger.backends=[console]"]
 
 

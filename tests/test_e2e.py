@@ -12,7 +12,7 @@ from rlforge import Trainer, hookimpl, load_config
 
 FAST = [
     "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=16",
-    "rollout.n=4", "data.arith.val_size=16", "trainer.val_every=0", "trainer.progress=false",
+    "rollout.n=4", "data.arith.train_size=512", "data.arith.val_size=16", "trainer.val_every=0", "trainer.progress=false",
 ]
 
 

@@ -13,7 +13,7 @@ from rlforge.plugins.rollout.hf import HFRollout
 
 FAST = [
     "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=16", "rollout.n=4",
-    "data.arith.val_size=16", "trainer.val_every=0", "trainer.progress=false", "trainer.val_before_train=false",
+    "data.arith.train_size=512", "data.arith.val_size=16", "trainer.val_every=0", "trainer.progress=false", "trainer.val_before_train=false",
     "logger.backends=[console]", "trainer.total_steps=3", "model.precision=32-true", "algorithm.rollout_is=token",
     "algorithm.rollout_is_threshold=2.0",
 ]

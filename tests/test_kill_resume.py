@@ -53,7 +53,7 @@ DRIVER = textwrap.dedent('''
         main()
 ''')
 
-COMMON = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.arith.val_size=8",
+COMMON = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.arith.train_size=512", "data.arith.val_size=8",
           "trainer.val_before_train=false", "trainer.val_every=0", "trainer.progress=false",
           "logger.backends=[console]", "trainer.total_steps=6", "trainer.save_every=1", "trainer.keep_last_n=2"]
 

@@ -19,7 +19,7 @@ from tests.test_resume import StopAt
 
 FAST = [
     "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=16",
-    "rollout.n=4", "data.arith.val_size=16", "trainer.val_every=0", "trainer.progress=false",
+    "rollout.n=4", "data.arith.train_size=512", "data.arith.val_size=16", "trainer.val_every=0", "trainer.progress=false",
     "trainer.val_before_train=false", "logger.backends=[console]",
 ]
 OFF = "trainer.pipeline=one_step_off"
@@ -244,7 +244,9 @@ def test_flows_it_cannot_serve_fail_before_any_model_loads(tmp_path, pipeline, a
 # tokens, log-probs within 1e-6) async's accuracy at step 60 went from 24.5% to 16.5% (80 steps: 19.5%)
 @pytest.mark.slow
 @pytest.mark.parametrize(("pipeline", "lag"), [
-    ((OFF,), 1.0), ((ASYNC, "trainer.max_staleness=2", "algorithm.rollout_is=token"), 2.0),
+    # one_step_off is async's max_staleness=1 (the same class): its learning run is in the learning matrix
+    pytest.param((OFF,), 1.0, marks=pytest.mark.learning_matrix),
+    ((ASYNC, "trainer.max_staleness=2", "algorithm.rollout_is=token"), 2.0),
 ], ids=["one_step_off", "async-2-rollout_is"])
 def test_lagged_pipelines_learn_on_builtin_task(tmp_path, pipeline, lag):
     """A lag of one update, and of two weighed by rollout correction, still learn the default task

@@ -9,7 +9,7 @@ from rlforge.algorithms.grpo import GRPO
 from rlforge.errors import NonFiniteError
 from rlforge.errors import RLForgeError
 
-FAST = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=4", "data.arith.val_size=8",
+FAST = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=4", "data.arith.train_size=512", "data.arith.val_size=8",
         "trainer.val_before_train=false", "trainer.progress=false", "logger.backends=[console]"]
 
 

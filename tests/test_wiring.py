@@ -330,7 +330,7 @@ def test_third_party_engine_and_hook_only_plugin_own_config_keys(wiring_package,
     pm, cfg = compose_with_plugins("grpo", None, [
         "rollout.name=short", "rollout.short.max_tokens=3", "plugins.tagger.metric=custom/longest",
         "trainer.total_steps=2", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2",
-        "data.arith.val_size=4", "trainer.val_before_train=false", "trainer.save_every=0",
+        "data.arith.train_size=512", "data.arith.val_size=4", "trainer.val_before_train=false", "trainer.save_every=0",
         "logger.backends=[console]", "trainer.progress=false", f"trainer.runs_root={tmp_path}",
     ])
     assert pm.registry.rollout.entry("short").plugin == "shortengine"

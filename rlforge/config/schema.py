@@ -89,6 +89,7 @@ class ModelConfig:
     shared_prefix: bool = True  # padded forward passes (log-probs, values, updates) run each distinct prompt of a micro-batch once, its responses on its KV cache; off where it does not apply (docs/models.md)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)
     compile: bool = False  # torch.compile the training and scoring forward passes (not generation; docs/performance.md)
+    compile_backend: str = "inductor"  # torch.compile's backend with model.compile: inductor (generates kernels) | aot_eager (graph capture and AOT autograd, no codegen: quick to compile) | any in torch._dynamo.list_backends()
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (rank 0 = off; docs/models.md)
 
 

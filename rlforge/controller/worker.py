@@ -93,7 +93,7 @@ class TrainWorker:
         ``model.shared_prefix`` where that applies."""
         model = self.strategy.setup_model(model)
         if self.config.model.compile:
-            compile_forward(model)
+            compile_forward(model, self.config.model.compile_backend)
         if shared_prefix_applies(self.config, self.strategy, model):
             # the ranks of a sharded model run the same forward passes on every micro-batch, repeats or not
             share_prompts(model, SHARE_ALWAYS if self.strategy.world_size > 1 else SHARE_REPEATED)

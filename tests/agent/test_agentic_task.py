@@ -243,6 +243,7 @@ def test_an_unknown_builtin_config_lists_the_known_ones(pm):
 
 
 @pytest.mark.slow
+@pytest.mark.learning_matrix
 def test_grpo_on_the_agentic_preset_raises_accuracy_and_well_formed_calls(tmp_path):
     """A shorter version of the documented run (docs/agentic.md): 12 of its 60 steps, 100 of its 200 held-out
     questions, the preset's sampled validation (temperature 1, 4 samples per question)."""

@@ -13,7 +13,7 @@ from rlforge.agent.stage import AgentRolloutStage
 
 pytestmark = pytest.mark.slow
 
-FAST = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.arith.val_size=4",
+FAST = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.arith.train_size=512", "data.arith.val_size=4",
         "trainer.val_every=0", "trainer.progress=false", "trainer.val_before_train=false", "trainer.total_steps=2",
         "logger.backends=[console]", "rollout.max_new_tokens=40"]
 

@@ -129,7 +129,7 @@ def test_a_simulated_user_runs_ahead(tmp_path):
     """The interaction loop (arith_tutor, on the default task and model) with one_step_off."""
     rec = Versions()
     cfg = load_config("grpo", [f"trainer.runs_root={tmp_path}", OFF, "data.train_batch_size=4", "rollout.n=2",
-                               "actor.ppo_mini_batch_size=4", "data.arith.val_size=4", "trainer.val_every=0",
+                               "actor.ppo_mini_batch_size=4", "data.arith.train_size=512", "data.arith.val_size=4", "trainer.val_every=0",
                                "trainer.progress=false", "trainer.val_before_train=false", "logger.backends=[console]",
                                "trainer.total_steps=3", "rollout.max_new_tokens=40", "rollout.agent.loop=interaction",
                                "rollout.agent.interaction=arith_tutor", "rollout.agent.max_turns=3", "actor.lr=1e-3"])

@@ -18,7 +18,7 @@ def test_agent_loop_on_two_ray_ranks(tmp_path):
     cfg = load_config("grpo", [
         "trainer.controller=ray", "strategy.name=fsdp", "strategy.num_processes=2", "strategy.device=cpu",
         "ray.num_cpus=2", "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2",
-        "data.arith.val_size=4", "trainer.val_every=0", "trainer.progress=false", "trainer.val_before_train=false",
+        "data.arith.train_size=512", "data.arith.val_size=4", "trainer.val_every=0", "trainer.progress=false", "trainer.val_before_train=false",
         "trainer.total_steps=1", "logger.backends=[console]", "rollout.max_new_tokens=40",
         "rollout.agent.loop=interaction", "rollout.agent.interaction=arith_tutor", f"trainer.runs_root={tmp_path}"])
     trainer = Trainer(cfg)

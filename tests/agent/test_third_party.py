@@ -128,7 +128,7 @@ def test_third_party_tool_with_its_options_in_the_builtin_tool_agent(plugins, to
 
 def test_third_party_loop_trains(plugins, tmp_path):
     cfg = rlforge.load_config("grpo", [
-        "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.arith.val_size=4",
+        "data.train_batch_size=4", "actor.ppo_mini_batch_size=2", "rollout.n=2", "data.arith.train_size=512", "data.arith.val_size=4",
         "trainer.val_every=0", "trainer.progress=false", "trainer.val_before_train=false", "trainer.total_steps=1",
         "logger.backends=[console]", "rollout.max_new_tokens=40", f"trainer.runs_root={tmp_path}",
         "rollout.agent.loop=ask_twice"], plugins=plugins)

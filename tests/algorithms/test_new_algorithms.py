@@ -209,7 +209,7 @@ def test_otb_forward_returns_sum_pi_squared_only_when_asked(pm, tiny):
 # --- one step of each -------------------------------------------------------------------------------------------
 
 QUICK = ["trainer.total_steps=1", "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=2",
-         "critic.ppo_mini_batch_size=2", "data.arith.val_size=2", "trainer.val_before_train=false",
+         "critic.ppo_mini_batch_size=2", "data.arith.train_size=512", "data.arith.val_size=2", "trainer.val_before_train=false",
          "trainer.save_every=0", "trainer.val_every=0", "trainer.progress=false", "logger.backends=[]"]
 SMOKE = {
     "vapo": ("vapo", ["trainer.critic_warmup=0"]),

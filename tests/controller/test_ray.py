@@ -34,7 +34,7 @@ except ImportError:
 needs_ray = pytest.mark.skipif(ray is None, reason="the Ray controller needs ray (scripts/test.sh installs it)")
 
 RAY = ["trainer.controller=ray", "strategy.name=fsdp", "strategy.num_processes=2", "strategy.device=cpu",
-       "logger.backends=[console]", "trainer.val_before_train=false", "data.arith.val_size=8"]
+       "logger.backends=[console]", "trainer.val_before_train=false", "data.arith.train_size=512", "data.arith.val_size=8"]
 
 
 def _config(tmp_path, *extra, algo="grpo"):

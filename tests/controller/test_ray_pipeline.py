@@ -39,7 +39,7 @@ from tests.test_pipeline import (
 )
 from tests.test_resume import StopAt
 
-RAY = ["trainer.controller=ray", "strategy.device=cpu", "ray.rollout_workers=1", "data.arith.val_size=8"]
+RAY = ["trainer.controller=ray", "strategy.device=cpu", "ray.rollout_workers=1", "data.arith.train_size=512", "data.arith.val_size=8"]
 FSDP = ["strategy.name=fsdp", "strategy.num_processes=2", "ray.cpus_per_worker=0.5"]  # 2 x 0.5 + 1: the 2-CPU cluster
 MEET_TIMEOUT_S = 60.0
 

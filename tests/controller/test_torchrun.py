@@ -85,7 +85,7 @@ def _torchrun_fit(tmp_path, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "rlforge.cli", "fit", "--algo", "grpo", "trainer.controller=torchrun", "strategy.name=fsdp",
            "strategy.num_processes=2", "strategy.device=cpu", "trainer.save_every=1",
-           "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.arith.val_size=8",
+           "data.train_batch_size=8", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.arith.train_size=512", "data.arith.val_size=8",
            "trainer.val_every=0", "trainer.progress=false", "logger.backends=[console]",
            f"trainer.runs_root={tmp_path}", "strategy.checkpoint=sharded", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLFORGE_DISABLE_PLUGIN_AUTOLOAD": "1"}

@@ -138,7 +138,10 @@ def test_shared_prefix_applies_only_on_strategies_verified_with_it(pm):
     assert not shares_prompts(worker.module.actor) and not shares_prompts(worker.module.ref)
 
 
-@pytest.mark.parametrize("layout", [[], ["model.remove_padding=true"]], ids=["padded", "packed"])
+@pytest.mark.parametrize("layout", [
+    ["model.compile_backend=aot_eager"],  # graph capture and AOT autograd without inductor's C++ codegen (minutes)
+    ["model.remove_padding=true"],
+], ids=["padded-aot_eager", "packed-inductor"])
 def test_compiled_forward_gives_the_same_update(pm, layout):
     """``model.compile``: log-probs and the update through torch.compile (dynamic shapes) equal the eager ones."""
     from torch._dynamo.utils import counters
@@ -189,3 +192,11 @@ def test_offloaded_optimizer_state_leaves_the_gpu(pm):
     _, weights_on_gpu = _two_updates(pm, [], device="cuda")
     for k in weights:
         torch.testing.assert_close(weights[k], weights_on_gpu[k], msg=k)
+
+
+def test_an_unknown_compile_backend_names_the_key():
+    from rlforge.errors import RLForgeError
+    from rlforge.ops import compile_forward
+
+    with pytest.raises(RLForgeError, match=r"Unknown torch.compile backend 'nope' \(model.compile_backend\)"):
+        compile_forward(torch.nn.Linear(2, 2), "nope")

@@ -18,7 +18,7 @@ from rlforge.data import collate_preferences, tokenize_preferences
 from rlforge.errors import ConfigError
 from rlforge.plugin_manager import PluginManager
 
-SMALL = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "data.arith.val_size=8",
+SMALL = ["data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "data.arith.train_size=512", "data.arith.val_size=8",
          "data.arith.train_size=64", "trainer.val_every=0", "trainer.progress=false", "logger.backends=[]"]
 
 

@@ -294,6 +294,7 @@ class ChildWatcher:
         self.pids.update(p.pid for p in _engine_children())
 
 
+@pytest.mark.learning_matrix
 def test_grpo_with_vllm_learns_and_leaves_no_process(tmp_path):
     watcher = ChildWatcher()
     cfg = load_config("grpo", [
@@ -320,16 +321,21 @@ def test_grpo_with_vllm_learns_and_leaves_no_process(tmp_path):
 @pytest.mark.parametrize("algo", ["ppo", "remax", "dapo"])
 def test_other_algorithms_run_on_vllm(tmp_path, algo):
     """The engine serves every dataflow: a critic (ppo), a greedy baseline rollout next to the sampled one (remax),
-    repeated generation rounds of dynamic sampling (dapo)."""
+    repeated generation rounds of dynamic sampling (dapo); the run's engine processes end with the run."""
+    watcher = ChildWatcher()
+    others = {p.pid for p in _engine_children()}  # the module's engine is not this run's
     cfg = load_config(algo, [
         "rollout.name=vllm", f"trainer.runs_root={tmp_path}", "trainer.total_steps=2", "trainer.val_every=0",
-        "trainer.val_before_train=false", "data.arith.val_size=8", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
+        "trainer.val_before_train=false", "data.arith.train_size=512", "data.arith.val_size=8", "data.train_batch_size=8", "actor.ppo_mini_batch_size=4",
         "critic.ppo_mini_batch_size=4", "trainer.progress=false", "logger.backends=[]",
     ])
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, callbacks=[watcher])
     summary = trainer.fit()
     assert summary["steps"] == 2 and summary["accuracy_after"] is not None
     assert all(h["response_length/mean"] > 0 for h in trainer.history)
+    started = watcher.pids - others
+    assert started, "the run's engine ran in child processes"
+    assert not [p for p in _engine_children() if p.pid in started], "engine processes left after fit"
 
 
 CTRL_C_RUN = textwrap.dedent("""

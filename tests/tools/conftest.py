@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 SMALL = [
-    "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.arith.val_size=8",
+    "data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.arith.train_size=512", "data.arith.val_size=8",
     "trainer.val_every=1", "trainer.progress=false", "trainer.total_steps=2", "trainer.save_every=1",
     "trainer.keep_last_n=0",
 ]

@@ -18,7 +18,7 @@ from rlforge.tools.scaffold import render, render_text, template_variables
 # a name of its own per test process, so concurrent test runs in one environment do not collide
 NAME = f"tmpl_{os.getpid()}"
 DIST = f"rlforge-tmpl-{os.getpid()}"
-FIT = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.arith.val_size=8",
+FIT = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=4", "data.arith.train_size=512", "data.arith.val_size=8",
        "trainer.val_before_train=false", "trainer.progress=false", "trainer.total_steps=2"]
 
 
