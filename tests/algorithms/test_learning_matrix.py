@@ -19,11 +19,14 @@ import torch
 from rlforge import Stage, Trainer, hookimpl, load_config
 from rlforge.plugin_manager import PluginManager
 from rlforge.testing import fast_config
+from tests.algorithms.test_new_algorithms import SMOKE
 
 _PM = PluginManager(autoload=False)
 ALGOS = [a for a in _PM.registry.algorithm.available()
          if Stage.ROLLOUT in _PM.registry.algorithm.get(a)(load_config(a, plugins=_PM)).flow()]
 STEPS, WINDOW = 40, 10
+# the algorithms of issue 30 have their own one-step runs of their variants (test_new_algorithms.py::SMOKE)
+SMOKED = {algo for algo, _ in SMOKE.values()}
 
 
 class WeightDelta:
@@ -43,11 +46,12 @@ class WeightDelta:
         self.moved = sum(float((now[k] - v).abs().sum()) for k, v in self.start.items())
 
 
-@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("algo", [a for a in ALGOS if a not in SMOKED])
 def test_algorithm_trains_two_steps(tmp_path, algo):
     delta = WeightDelta()
-    trainer = Trainer(fast_config(algo, tmp_path, "trainer.total_steps=2", "trainer.critic_warmup=0"),
-                      callbacks=[delta])
+    trainer = Trainer(fast_config(algo, tmp_path, "trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=2",
+                                  "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4",
+                                  "critic.ppo_mini_batch_size=2"), callbacks=[delta])
     trainer.fit()
     assert [h["step"] for h in trainer.history] == [1, 2]
     losses = [v for h in trainer.history for k, v in h.items() if k.endswith("_loss")]
