@@ -18,7 +18,9 @@ STEPS, WINDOW = 40, 10
 TWO_REWARDS = Path(__file__).parent / "data" / "two_rewards.py"  # correct + numeric: GDPO's two components
 
 CASES = {
-    "vapo": ("vapo", []),
+    # the preset's lam_alpha=0.05 (the paper's, for long answers) gives lambda_policy = 0 on 8-token answers;
+    # 2.0 gives 0.5 (1 token) to 0.94 (8 tokens), the paper's range for its lengths
+    "vapo": ("vapo", ["algorithm.lam_alpha=2.0"]),
     "pf_ppo": ("pf_ppo", []),
     "pf_ppo_filter": ("pf_ppo", ["algorithm.pf_mode=filter"]),
     "sppo": ("sppo", []),
