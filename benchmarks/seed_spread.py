@@ -1,6 +1,6 @@
 """How much a short learning run's result moves from seed to seed: the bar of the suite's learning tests.
 
-    .venv/bin/python benchmarks/seed_spread.py --steps 60 --seeds 0 1 2 3 [--pipeline async ...] [overrides...]
+    .venv/bin/python benchmarks/seed_spread.py --steps 60 [key=value ...] --seeds 0 1 2 3
 
 For each seed (``trainer.seed``), one GRPO run on the built-in task, then the greedy validation accuracy before and
 after, and the mean sampled reward of the first and last ``--window`` steps. Prints one JSON line per seed and a

@@ -241,7 +241,10 @@ def test_flows_it_cannot_serve_fail_before_any_model_loads(tmp_path, pipeline, a
 # measured on a 2-core CPU (bit-reproducible), 100 GRPO steps (~50 s each): one_step_off: reward 0.091 -> 0.146,
 # greedy accuracy 16.5% -> 27.5%; async with max_staleness 2 and rollout correction: 0.094 -> 0.160, 16.5% -> 31.5%.
 # 60 steps were too few to be robust: after a numerically equivalent change of the hf decoding (the same greedy
-# tokens, log-probs within 1e-6) async's accuracy at step 60 went from 24.5% to 16.5% (80 steps: 19.5%)
+# tokens, log-probs within 1e-6) async's accuracy at step 60 went from 24.5% to 16.5% (80 steps: 19.5%).
+# The seed-to-seed spread of async (benchmarks/seed_spread.py, 100 steps, 6-step windows; seeds 1 and 2 run with one
+# thread): reward +0.066 / +0.065 / +0.045, accuracy +15.0 / +15.0 / +6.5 points (seeds 0, 1, 2). The bars are a
+# bit under half the smallest gains; with no learning the windows differ by about 0.01 and the accuracy by about 3.
 @pytest.mark.slow
 @pytest.mark.parametrize(("pipeline", "lag"), [
     # one_step_off is async's max_staleness=1 (the same class): its learning run is in the learning matrix
@@ -259,8 +262,8 @@ def test_lagged_pipelines_learn_on_builtin_task(tmp_path, pipeline, lag):
     summary = trainer.fit()
     rewards = [h["critic/score/mean"] for h in trainer.history]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
-    assert last > first + 0.01, (first, last)
-    assert summary["accuracy_after"] > summary["accuracy_before"], summary
+    assert last > first + 0.02, (first, last)
+    assert summary["accuracy_after"] >= summary["accuracy_before"] + 0.03, summary
     assert max(h["async/staleness/max"] for h in trainer.history) == lag
 
 
