@@ -18,7 +18,9 @@ Semantics (those of the ``generate`` call it replaces):
   tokens), temperature, top-k and top-p (transformers' warpers), with ``torch.multinomial``: from the private
   generator of a seeded call (``SamplingParams.seed``), else from the global torch RNG; greedy takes the argmax;
 - a row that emitted a stop token gets the pad token from then on; the loop ends when every row has stopped or
-  after ``max_new_tokens`` tokens.
+  after ``max_new_tokens`` tokens. Finished rows are dropped from the batch that is computed (not with a compiled
+  step, whose shapes must repeat), so later tokens of the remaining rows are drawn from a smaller batch: a seeded
+  call stays reproducible, with other draws than a loop that keeps every row.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ else:
     torch = lazy_import("torch")
 
 CACHE_LENGTH_STEP = 64  # compiled steps: the cache length is rounded up to a multiple of this, so shapes repeat
+# finished rows leave the decoding batch (their KV-cache rows dropped) once at most this share of its rows still runs:
+# a heavy-tailed batch then costs the tokens it generates, not its longest row times its size (docs/performance.md)
+COMPACT_BELOW = 0.75
 
 
 class Sampler:
@@ -152,17 +157,23 @@ class Decoder:
         tokens = prompts.new_full((rows, new), self.pad_id)
         log_probs = torch.zeros(rows, new, device=prompts.device)
         done = torch.zeros(rows, dtype=torch.bool, device=prompts.device)
+        running = torch.arange(rows, device=prompts.device)  # the rows of the batch still computed, in order
         stop = sample.stop_ids
         position = position[:, -1:]
         steps = new
         for t in range(new):
             token, log_prob = sample(out.logits[:, -1], t)
             token = token.masked_fill(done, self.pad_id)
-            tokens[:, t], log_probs[:, t] = token, log_prob.masked_fill(done, 0.0)
+            tokens[running, t], log_probs[running, t] = token, log_prob.masked_fill(done, 0.0)
             done |= torch.isin(token, stop)
-            if t + 1 == new or bool(done.all()):
+            left = int((~done).sum())
+            if t + 1 == new or left == 0:
                 steps = t + 1
                 break
+            if not self.compiled and left <= COMPACT_BELOW * len(done):
+                keep = (~done).nonzero().squeeze(-1)
+                cache.reorder_cache(keep)
+                token, position, mask, running, done = token[keep], position[keep], mask[keep], running[keep], done[keep]
             position = position + 1
             out = self.step(input_ids=token[:, None], attention_mask=mask if self.compiled else mask[:, : width + t + 1],
                             position_ids=position, past_key_values=cache,

@@ -48,3 +48,34 @@ def test_greedy_tokens_equal_generate(name: str, dtype: torch.dtype) -> None:
     with torch.no_grad():
         decoder.decode(prompts, mask, SamplingParams(n=1, temperature=0.0, max_new_tokens=3))
     assert all(type(layer) is _filled_layer() for layer in caches[0].layers) == filled
+
+
+def test_finished_rows_leave_the_batch_with_the_same_tokens(monkeypatch) -> None:
+    """Once at most COMPACT_BELOW of the rows still run, the finished ones are dropped from the computed batch: the
+    remaining rows get the tokens (greedy) and log-probs of a loop that keeps every row."""
+    import rlforge.plugins.rollout.hf_decode as hf_decode
+
+    torch.manual_seed(0)
+    model = MODELS["llama_gqa"][0]().eval()
+    sizes: list[int] = []
+    model.register_forward_pre_hook(lambda m, a, kw: sizes.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    prompts = torch.randint(3, 50, (8, 5))
+    mask = torch.ones_like(prompts)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
+    with torch.no_grad():
+        free, _ = Decoder(model, [], 0).decode(prompts, mask, greedy)
+        stops = sorted({int(free[i, 2]) for i in range(4)})  # rows 0-3 stop by their third token
+        sizes.clear()
+        tokens, log_probs = Decoder(model, stops, 0).decode(prompts, mask, greedy)
+        compacted = list(sizes)
+        monkeypatch.setattr(hf_decode, "COMPACT_BELOW", -1.0)  # never compact
+        kept_tokens, kept_log_probs = Decoder(model, stops, 0).decode(prompts, mask, greedy)
+    assert min(compacted) < 8, compacted
+    assert torch.equal(tokens, kept_tokens)
+    torch.testing.assert_close(log_probs, kept_log_probs, rtol=1e-5, atol=1e-5)
+    monkeypatch.undo()
+    sampled = SamplingParams(n=1, temperature=1.0, max_new_tokens=10, seed=7)
+    with torch.no_grad():
+        first = Decoder(model, stops, 0).decode(prompts, mask, sampled)
+        again = Decoder(model, stops, 0).decode(prompts, mask, sampled)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # seeded: reproducible with compaction too
