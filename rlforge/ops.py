@@ -19,6 +19,10 @@ micro-batch in which no prompt repeats takes the plain padded path, unless the m
 Log-probs and entropy are computed from the logits in chunks of at most ``LOGITS_CHUNK_ELEMENTS`` fp32
 elements (recomputed in the backward pass), never as one full-vocabulary fp32 tensor for the whole batch.
 
+A model marked by ``sequence_parallel`` runs its packed forward passes over the ranks of a sequence-parallel group
+(Ulysses): each rank holds a slice of the packed row, the per-token outputs are gathered back, every rank returns the
+whole result (``plugins/strategy/ulysses.py``).
+
 A model given to ``compile_forward`` (``model.compile=true``) runs these forward passes through
 ``torch.compile`` with dynamic shapes; generation still calls the model itself, eagerly.
 """
@@ -37,6 +41,7 @@ _COMPILED = "_rlforge_compiled_forward"  # the attribute of a model that holds i
 _SHARED = "_rlforge_shared_prefix"  # the attribute of a model whose padded forward passes share prompts; its value:
 SHARE_REPEATED = "repeated"  # split a micro-batch's forward into the prompts' and the responses' where a prompt repeats
 SHARE_ALWAYS = "always"  # split every one (the ranks of a sharded model then run the same passes: collectives pair up)
+_SEQUENCE_PARALLEL = "_rlforge_sequence_parallel"  # the attribute of a model whose packed passes are sequence-parallel
 
 
 def compile_forward(model: torch.nn.Module, backend: str = "inductor") -> None:
@@ -67,6 +72,13 @@ def share_prompts(model: torch.nn.Module, when: str | None = SHARE_REPEATED) -> 
 
 def shares_prompts(model: torch.nn.Module) -> bool:
     return model.__dict__.get(_SHARED) is not None
+
+
+def sequence_parallel(model: torch.nn.Module, sp: object) -> None:
+    """Make the packed (``remove_padding``) forward passes of ``model`` sequence-parallel: ``sp`` runs them
+    (``sp.packed_outputs(model, ids, position_ids, before, outputs, logits_to_keep)``, one packed row sliced over
+    its ranks; the ``fsdp`` strategy's ``ulysses.SequenceParallel``). Padded forward passes are unchanged."""
+    object.__setattr__(model, _SEQUENCE_PARALLEL, sp)  # as compile_forward: no state-dict key
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -199,35 +211,46 @@ def _unpack(values: torch.Tensor, resp_real: torch.Tensor) -> torch.Tensor:
     return values.new_zeros(resp_real.shape).masked_scatter(resp_real, values)
 
 
-def _response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     response_len: int, temperature: float, remove_padding: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-    """The logits (divided by ``temperature``) that predict the response tokens, those tokens, and the function that
-    puts a value per predicted token back into the [B, response_len] layout (0 at padding)."""
-    if remove_padding:
-        ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
-        logits = _forward(model)(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False,
-                                 logits_to_keep=before).logits[0]
-        labels = input_ids[:, -response_len:][resp_real]
+Outputs = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor | None, ...]]
 
-        def restore(x: torch.Tensor) -> torch.Tensor:
-            return _unpack(x, resp_real)
+
+def _packed_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
+                    outputs: Outputs, logits_to_keep: bool = True) -> tuple[torch.Tensor | None, ...]:
+    """``outputs(logits, labels)`` at the positions that predict the response tokens, from one packed forward pass
+    (sequence-parallel where the model is marked by :func:`sequence_parallel`), each put back as [B, response_len]
+    (0 at padding). ``logits_to_keep``: the model computes logits only there (causal LMs); else it returns every
+    position (token classifiers) and they are picked."""
+    ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
+    sp = model.__dict__.get(_SEQUENCE_PARALLEL)
+    if sp is not None:
+        values = sp.packed_outputs(model, ids, pos, before, outputs, logits_to_keep)
     else:
-        ids, mask, kept = _trim(input_ids, attention_mask, response_len)
-        groups = _groups(model, ids, mask, kept)
-        if groups is not None:
-            logits = _shared_prefix_forward(model, ids, mask, kept, groups, logits_to_keep=1)
-        else:
-            logits = _forward(model)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                                     use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
-        labels = ids[:, -kept:]
-        resp_mask = attention_mask[:, -response_len:]
+        keep = {"logits_to_keep": before} if logits_to_keep else {}
+        out = _forward(model)(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False, **keep).logits[0]
+        values = outputs(out if logits_to_keep else out[before], input_ids[:, -response_len:][resp_real])
+    return tuple(None if v is None else _unpack(v, resp_real) for v in values)
 
-        def restore(x: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(x, (0, response_len - kept)) * resp_mask
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
-    return logits, labels, restore
+
+def _response_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      response_len: int, temperature: float, remove_padding: bool, outputs: Outputs
+                      ) -> tuple[torch.Tensor | None, ...]:
+    """``outputs(logits, labels)`` on the logits (divided by ``temperature``) that predict the response tokens and
+    those tokens, each result put back into the [B, response_len] layout (0 at padding)."""
+    def scaled(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return outputs(logits / temperature if temperature and temperature != 1.0 else logits, labels)
+
+    if remove_padding:
+        return _packed_outputs(model, input_ids, attention_mask, response_len, scaled)
+    ids, mask, kept = _trim(input_ids, attention_mask, response_len)
+    groups = _groups(model, ids, mask, kept)
+    if groups is not None:
+        logits = _shared_prefix_forward(model, ids, mask, kept, groups, logits_to_keep=1)
+    else:
+        logits = _forward(model)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                                 use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
+    resp_mask = attention_mask[:, -response_len:]
+    return tuple(None if v is None else torch.nn.functional.pad(v, (0, response_len - kept)) * resp_mask
+                 for v in scaled(logits, ids[:, -kept:]))
 
 
 def response_logprobs(
@@ -245,10 +268,9 @@ def response_logprobs(
     Logits are divided by ``temperature`` (the sampling distribution), as the rollout engines do. Only the
     logits that predict response tokens are computed (``logits_to_keep``).
     """
-    logits, labels, restore = _response_logits(model, input_ids, attention_mask, response_len, temperature,
-                                               remove_padding)
-    logp, ent = token_logprobs(logits, labels, with_entropy)
-    return restore(logp), (restore(ent) if ent is not None else None)
+    logp, ent = _response_outputs(model, input_ids, attention_mask, response_len, temperature, remove_padding,
+                                  lambda logits, labels: token_logprobs(logits, labels, with_entropy))
+    return logp, ent
 
 
 def sum_pi_squared(logits: torch.Tensor, chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> torch.Tensor:
@@ -276,8 +298,9 @@ def response_sum_pi_squared(
     """``sum_v pi(v)^2`` of the next-token distribution (at ``temperature``) before each of the last ``response_len``
     tokens, [B, response_len], 0 at padding: the collision probability the optimal token baseline needs
     (``rlforge.algorithms.token_baseline``). One forward pass, like :func:`response_logprobs`."""
-    logits, _, restore = _response_logits(model, input_ids, attention_mask, response_len, temperature, remove_padding)
-    return restore(sum_pi_squared(logits))
+    (out,) = _response_outputs(model, input_ids, attention_mask, response_len, temperature, remove_padding,
+                               lambda logits, _: (sum_pi_squared(logits),))
+    return out
 
 
 def response_values(
@@ -287,9 +310,9 @@ def response_values(
     """Per-token values ``V(s_t)`` of the state before each response token, [B, response_len], 0 at padding,
     from a model with a scalar head (``...ForTokenClassification`` with ``num_labels=1``)."""
     if remove_padding:
-        ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
-        scores = _forward(critic)(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False).logits[0, :, 0]
-        return _unpack(scores[before].float(), resp_real)
+        (values,) = _packed_outputs(critic, input_ids, attention_mask, response_len,
+                                    lambda scores, _: (scores[:, 0].float(),), logits_to_keep=False)
+        return values
     ids, mask, kept = _trim(input_ids, attention_mask, response_len)
     groups = _groups(critic, ids, mask, kept)
     if groups is not None:
