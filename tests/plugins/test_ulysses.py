@@ -6,8 +6,9 @@ the one-process results each rank computes itself on the same inputs:
 - the sequence <-> heads all-to-all round trip, and its gradient;
 - attention on packed rows (position-id resets: block-diagonal causal) equal to one process, sdpa and eager, with
   GQA (4 heads, 2 KV heads) and with fewer KV heads than ranks (1: repeated), outputs and q/k/v gradients;
-- tiny Llama (GQA, sdpa and eager) and Qwen2 (1 KV head, attention biases) packed log-probs, entropy and the
-  parameter gradients (summed over the 2 ranks) equal to ``ops.response_logprobs(remove_padding=True)``, with a
+- tiny Llama (GQA, sdpa and eager) and Qwen2 (1 KV head, attention biases) marked ``ops.sequence_parallel``: packed
+  log-probs, entropy (at a temperature), ``sum pi^2`` and the parameter gradients (summed over the 2 ranks) equal to
+  the unmarked model's (``ops.response_logprobs(remove_padding=True)``, ...), with a
   slice boundary inside a response (the label of the last position of rank 0's slice is rank 1's first token,
   verl #6068); critic values equal ``ops.response_values``;
 - an exchange whose heads 2 does not divide names the sizes.
@@ -103,35 +104,32 @@ def _attention(sp: U.SequenceParallel) -> dict:
     return out
 
 
-def _fn(logits: torch.Tensor, labels: torch.Tensor):
-    return ops.token_logprobs(logits, labels, with_entropy=True)
-
-
 def _models(sp: U.SequenceParallel) -> dict:
+    """Each model twice: as it is, and switched to Ulysses and marked for ``ops`` (``ops.sequence_parallel``)."""
     out: dict = {}
     ids, mask, adv = _batch()
     resp_len = adv.shape[1]
-    packed, pos, before, resp_real = ops._pack(ids, mask, resp_len)
-    out["packed"] = (packed.shape[1], before)
+    _, _, before, _ = ops._pack(ids, mask, resp_len)
+    out["packed"] = (int(mask.sum()), before)
     for kind in MODELS:
         single = _model(kind)
         model = copy.deepcopy(single)
         mine = U.use_ulysses(model, sp, "strategy.fsdp.sequence_parallel_size")
-        logp, ent = ops.response_logprobs(single, ids, mask, resp_len, with_entropy=True, remove_padding=True)
-        ((logp * adv).sum() + 0.1 * ent.sum()).backward()
-        sp_logp, sp_ent = (ops._unpack(t, resp_real) for t in mine.packed_outputs(model, packed, pos, before, _fn))
-        ((sp_logp * adv).sum() + 0.1 * sp_ent.sum()).backward()
-        grads = {n: p.grad for n, p in model.named_parameters()}
-        for g in grads.values():
+        ops.sequence_parallel(model, mine)
+        results = []
+        for m in (single, model):
+            logp, ent = ops.response_logprobs(m, ids, mask, resp_len, temperature=0.7, with_entropy=True,
+                                              remove_padding=True)
+            ((logp * adv).sum() + 0.1 * ent.sum()).backward()
+            results.append((logp.detach(), ent.detach(), {n: p.grad for n, p in m.named_parameters()},
+                            ops.response_sum_pi_squared(m, ids, mask, resp_len, remove_padding=True)))
+        for g in results[1][2].values():
             torch.distributed.all_reduce(g, group=sp.group)  # what FSDP's sum over the sp ranks does
-        out[kind] = (mine.inner, model.config._attn_implementation, logp.detach(), ent.detach(), sp_logp.detach(),
-                     sp_ent.detach(), {n: p.grad for n, p in single.named_parameters()}, grads)
+        out[kind] = (mine.inner, model.config._attn_implementation, *results)
     critic = _model("llama", critic=True)
     values = ops.response_values(critic, ids, mask, resp_len, remove_padding=True)
-    mine = U.use_ulysses(critic, sp, "critic")
-    sp_values, = mine.packed_outputs(critic, packed, pos, before, lambda scores, _: (scores[:, 0].float(),),
-                                     logits_to_keep=False)
-    out["critic"] = (values.detach(), ops._unpack(sp_values, resp_real).detach())
+    ops.sequence_parallel(critic, U.use_ulysses(critic, sp, "critic"))
+    out["critic"] = (values.detach(), ops.response_values(critic, ids, mask, resp_len, remove_padding=True).detach())
     return out
 
 
@@ -288,10 +286,12 @@ def test_model_logprobs_and_gradients_equal_one_process(ranks, kind):
     length, before = ranks[0]["models"]["packed"]
     assert length % SP and -(-length // SP) in (before + 1).tolist()  # padded; a label crosses the slice boundary
     for r in ranks:
-        inner, attn, logp, ent, sp_logp, sp_ent, grads, sp_grads = r["models"][kind]
+        inner, attn, single, sharded = r["models"][kind]
         assert (inner, attn) == ("eager" if kind.endswith("eager") else "sdpa", U.ATTENTION)
-        torch.testing.assert_close(sp_logp, logp, rtol=RTOL, atol=ATOL)
-        torch.testing.assert_close(sp_ent, ent, rtol=RTOL, atol=ATOL)
+        for name, want, got in zip(("log-probs", "entropy", "", "sum pi^2"), single, sharded):
+            if name:
+                torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL, msg=name)
+        grads, sp_grads = single[2], sharded[2]
         assert grads.keys() == sp_grads.keys()
         for name, g in grads.items():
             torch.testing.assert_close(sp_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
