@@ -5,7 +5,8 @@
   algorithms insert it after the reward stage). Groups whose rewards all agree carry no gradient signal;
   they are dropped and more prompts go through the stages before it (rollout, reward, ...) until
   ``data.train_batch_size`` groups are kept, for at most ``algorithm.max_gen_batches`` generation rounds
-  (then the step trains on what it has). Any flow can include it.
+  (then the step trains on what it has). Any flow can include it. ``algorithm.filter_metric`` names the value
+  that must vary within a group (:data:`FILTER_METRICS`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.dataflow import Stage, StepContext
+from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
@@ -41,8 +43,20 @@ def rlforge_shape_rewards(trainer: Any, batch: B.Batch) -> B.Batch | None:
     return batch
 
 
-def _keep_informative(batch: B.Batch) -> B.Batch:
-    return batch.select(F.uniform_group_mask(batch[B.TOKEN_LEVEL_REWARDS].sum(-1), batch[B.UID]))
+# algorithm.filter_metric -> the per-sample value whose spread within a group keeps the group (verl's
+# filter_groups.metric: seq_reward / seq_final_reward without KL in the reward, score, acc)
+FILTER_METRICS = {
+    "reward": lambda batch: batch[B.TOKEN_LEVEL_REWARDS].sum(-1),  # the sequence reward, overlong shaping included
+    "score": lambda batch: batch[B.SCORES],  # the reward function's score, before any shaping
+    "acc": lambda batch: batch[B.ACC],  # the reward function's acc (its score >= 1 where it gives none)
+}
+
+
+def _keep_informative(batch: B.Batch, metric: str) -> B.Batch:
+    if metric == "acc" and B.ACC not in batch:
+        raise RLForgeError("algorithm.filter_metric=acc: the reward manager gives no accuracy (acc column) for "
+                           "these responses; filter on reward or score.")
+    return batch.select(F.uniform_group_mask(FILTER_METRICS[metric](batch), batch[B.UID]))
 
 
 class DynamicSampling(Stage):
@@ -53,10 +67,11 @@ class DynamicSampling(Stage):
     uses_engine = True  # refills through ctx.regenerate
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        target, most = ctx.config.data.train_batch_size, ctx.config.algorithm.max_gen_batches
-        kept, rounds = _keep_informative(batch), 1
+        alg = ctx.config.algorithm
+        target, most, metric = ctx.config.data.train_batch_size, alg.max_gen_batches, alg.filter_metric
+        kept, rounds = _keep_informative(batch, metric), 1
         while len(set(kept[B.UID])) < target and rounds < most:
-            kept = B.Batch.concat([kept, _keep_informative(ctx.regenerate(before=self))])
+            kept = B.Batch.concat([kept, _keep_informative(ctx.regenerate(before=self), metric)])
             rounds += 1
         groups = list(dict.fromkeys(kept[B.UID]))
         ctx.log({"train/gen_batches": float(rounds), "train/kept_groups": float(min(len(groups), target))})

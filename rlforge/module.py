@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rlforge import batch as B
-from rlforge import lora
+from rlforge import lora, lr_schedule
 from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import DataFlow, Stage
 from rlforge.lazy import lazy_import
@@ -194,14 +194,14 @@ class RLModule:
             self.critic = load_value_model(self.config.critic.path or cfg.path, p.weights, cfg.trust_remote_code)
 
     def configure_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
-        """The actor's AdamW with linear warm-up (``actor.*``). Returns (optimizer, scheduler or None)."""
+        """The actor's AdamW and learning-rate schedule (``actor.*``). Returns (optimizer, scheduler or None)."""
         assert self.actor is not None
-        return _adamw(self.actor, self.config.actor)
+        return _adamw(self.actor, self.config.actor, self.config.trainer.total_steps)
 
     def configure_critic_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
-        """The critic's AdamW with linear warm-up (``critic.*``)."""
+        """The critic's AdamW and learning-rate schedule (``critic.*``)."""
         assert self.critic is not None
-        return _adamw(self.critic, self.config.critic)
+        return _adamw(self.critic, self.config.critic, self.config.trainer.total_steps)
 
     # --- algorithm verbs ------------------------------------------------------------------------
     def compute_rewards(self, batch: B.Batch) -> B.Batch:
@@ -309,9 +309,8 @@ def verl_validation_metrics(batch: B.Batch) -> dict[str, float]:
     return out
 
 
-def _adamw(model: torch.nn.Module, section: Any) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the trainable parameters (with LoRA: the adapter's only) with linear warm-up."""
+def _adamw(model: torch.nn.Module, section: Any, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the trainable parameters (with LoRA: the adapter's only) with ``section``'s learning-rate schedule
+    over ``total_steps`` training steps (``rlforge.lr_schedule``)."""
     opt = torch.optim.AdamW(lora.trainable_parameters(model), lr=section.lr, weight_decay=section.weight_decay)
-    warm = max(section.warmup_steps, 0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
-    return opt, sched
+    return opt, lr_schedule.build(opt, section, total_steps)

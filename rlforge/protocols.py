@@ -47,7 +47,8 @@ class SamplingParams:
     @classmethod
     def from_config(cls, rollout: Any, validation: bool = False) -> SamplingParams:
         if validation:
-            return cls(rollout.val_n, rollout.val_temperature, 1.0, 0, rollout.max_new_tokens)
+            return cls(rollout.val_n, rollout.val_temperature, rollout.val_top_p, rollout.val_top_k,
+                       rollout.max_new_tokens)
         return cls(rollout.n, rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens,
                    rollout.min_new_tokens)
 

@@ -262,6 +262,37 @@ def test_token_budget_must_hold_the_longest_sequence(registry) -> None:
     assert "micro-batches of at most 72 tokens" in explain_batch_sizes(cfg, RLModule.batch_words())
 
 
+def test_scoring_passes_are_cut_by_count_or_by_tokens(registry) -> None:
+    with pytest.raises(ConfigError, match=r"Set one of 'actor.log_prob.micro_batch_size' \(8 sequences\) and "
+                                          r"'actor.log_prob.max_tokens_per_micro_batch' \(512 tokens\)"):
+        compose(registry, None, None, ["actor.log_prob.micro_batch_size=8", "actor.log_prob.max_tokens_per_micro_batch=512"])
+    with pytest.raises(ConfigError, match=r"'actor.ref_log_prob.max_tokens_per_micro_batch' \(50\) must hold the "
+                                          r"longest sequence"):
+        compose(registry, None, None, ["actor.ref_log_prob.max_tokens_per_micro_batch=50"])
+    cfg = compose(registry, None, None, ["actor.max_tokens_per_micro_batch=512", "actor.log_prob.micro_batch_size=8"])
+    assert cfg.actor.log_prob.micro_batch_size == 8  # its own count beside the update's token budget
+
+
+def test_sampled_validation_takes_its_own_top_p_and_top_k(registry) -> None:
+    from rlforge.protocols import SamplingParams
+
+    cfg = compose(registry, None, None, ["rollout.val_temperature=1.0", "rollout.val_top_p=0.7", "rollout.val_top_k=20"])
+    params = SamplingParams.from_config(cfg.rollout, validation=True)
+    assert (params.temperature, params.top_p, params.top_k) == (1.0, 0.7, 20)
+    assert SamplingParams.from_config(cfg.rollout).top_p == 1.0  # the training rollouts keep rollout.top_p
+
+
+def test_total_epochs_sets_the_steps_from_the_rows(registry) -> None:
+    from rlforge.config.compose import apply_total_epochs
+
+    cfg = compose(registry, None, None, ["trainer.total_epochs=3", "data.train_batch_size=8"])
+    apply_total_epochs(cfg, 50)
+    assert cfg.trainer.total_steps == 3 * (50 // 8) and OmegaConf.is_readonly(cfg)
+    plain = compose(registry, None, None, ["trainer.total_steps=7"])
+    apply_total_epochs(plain, 50)
+    assert plain.trainer.total_steps == 7
+
+
 def test_consistent_batch_sizes_pass(registry) -> None:
     cfg = compose(
         registry, None, None,

@@ -16,14 +16,17 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from rlforge import load_config
+from rlforge.config.schema import SFTConfig
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.models import build_char_tokenizer, build_tiny_llama
 from rlforge.sft import run_sft
 from rlforge.sft.formats import Example, Keys, conversation, prompt_response, truncate
-from rlforge.sft.module import warmup_cosine
+from rlforge.sft.module import SFTModule
+from rlforge.sft.run import apply_epochs, check_config
 from rlforge.sft.order import EpochOrder, RandomOrder
 from tests.plugins.megatron_cpu import free_port
 
@@ -181,10 +184,28 @@ def test_truncation():
         truncate(ex, 3, "error", "r")
 
 
-def test_warmup_cosine_by_hand():
-    # warm-up 2 of 6 steps: (0+1)/2, (1+1)/2; then 0.1 + 0.9 * (1 + cos(pi * (step - 2) / 4)) / 2
-    assert [warmup_cosine(s, 2, 6) for s in (0, 1, 2, 4, 6)] == pytest.approx([0.5, 1.0, 1.0, 0.55, 0.1])
-    assert warmup_cosine(3, 2, 6) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi / 4)))
+def test_schedule_and_betas_reach_the_optimizer():
+    # warm-up 2 of 6 steps from 0: 0/2, 1/2; then 0.1 + 0.9 * (1 + cos(pi * (step - 2) / 4)) / 2 (sft's defaults)
+    s = OmegaConf.structured(SFTConfig(steps=6, warmup_steps=2, lr=1.0, betas=[0.9, 0.95]))
+    configured = SFTModule(torch.nn.Linear(2, 2), s, ranks=1).configure_optimizers()
+    opt, sched = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
+    assert opt.defaults["betas"] == (0.9, 0.95)
+    rates = []
+    for _ in range(7):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    cos = [0.1 + 0.45 * (1 + math.cos(math.pi * k / 4)) for k in range(5)]
+    assert rates == pytest.approx([0.0, 0.5, *cos])
+
+
+def test_epochs_set_the_steps_from_the_examples():
+    s = OmegaConf.structured(SFTConfig(epochs=3, batch_size=8))
+    OmegaConf.set_readonly(s, True)
+    apply_epochs(s, 50)
+    assert s.steps == 3 * (50 // 8)
+    with pytest.raises(ConfigError, match=r"sft.betas must be two numbers in \[0, 1\)"):
+        check_config(OmegaConf.structured(SFTConfig(betas=[0.9, 1.5])))
 
 
 def test_batch_orders_answer_any_step():

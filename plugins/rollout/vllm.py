@@ -146,6 +146,12 @@ class VLLMConfig:
     weight_sync_dir: Optional[str] = "/dev/shm"  # buckets travel as files in this shared-memory folder, mapped by the engine (2-3x faster than RPC messages); null, or a folder not writable or full = inside vLLM's RPC
     tensor_parallel_size: int = 1  # engine workers per engine (vLLM's TP; CPU: one core group each, see docs)
     idle_spin_s: Optional[float] = 0.0  # seconds an engine worker spins after each message before it blocks; null = vLLM's 1 s (a core taken from the update: docs/performance.md)
+    max_num_seqs: Optional[int] = None  # sequences the engine runs at once; None = rollout.micro_batch_size
+    max_num_batched_tokens: Optional[int] = None  # tokens per engine step; None = max(the context, rollout.micro_batch_size, 8192); without chunked prefill at least the context
+    max_model_len: Optional[int] = None  # the engine's context length; None = data.max_prompt_length + rollout.max_new_tokens
+    enable_chunked_prefill: bool = False  # prefill long prompts in chunks over engine steps (GPU only: on CPU it stays off, the CPU build cannot continue a seeded sample after a chunk)
+    enable_prefix_caching: bool = True  # reuse the KV cache of prompt prefixes already computed (reset after every weight sync)
+    sleep: bool = True  # where the platform supports sleep mode (GPU): free the KV cache and offload the weights between generations (verl's free_cache_engine)
 
 
 class VLLMRollout:
@@ -173,6 +179,18 @@ class VLLMRollout:
         if v.idle_spin_s is not None and v.idle_spin_s < 0:
             raise ConfigError(f"rollout.vllm.idle_spin_s must be >= 0 seconds or null (vLLM's own 1 s), "
                               f"got {v.idle_spin_s}.")
+        longest = config.data.max_prompt_length + config.rollout.max_new_tokens
+        for key in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+            if v[key] is not None and v[key] < 1:
+                raise ConfigError(f"rollout.vllm.{key} must be >= 1 or null, got {v[key]}.")
+        if v.max_model_len is not None and v.max_model_len < longest:
+            raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} must hold the longest sequence: "
+                              f"data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or null).")
+        context = v.max_model_len or longest
+        if v.max_num_batched_tokens is not None and v.max_num_batched_tokens < context and not v.enable_chunked_prefill:
+            raise ConfigError(f"rollout.vllm.max_num_batched_tokens={v.max_num_batched_tokens} is below the engine's "
+                              f"context of {context} tokens: without rollout.vllm.enable_chunked_prefill a whole "
+                              f"prompt is prefilled in one step.")
 
     def __init__(self, config: Any, model: torch.nn.Module, tokenizer: Any) -> None:
         self.vllm = import_vllm()
@@ -188,7 +206,7 @@ class VLLMRollout:
             from rlforge import precision
 
             self.dtype = precision.for_config(config).frozen
-        self.supports_sleep = bool(current_platform.is_sleep_mode_available())
+        self.supports_sleep = bool(current_platform.is_sleep_mode_available()) and bool(config.rollout.vllm.sleep)
         self.on_cpu = bool(current_platform.is_cpu())
         self.bucket_bytes = int(config.rollout.vllm.weight_bucket_mb) << 20
         self.tp = int(config.rollout.vllm.tensor_parallel_size)
@@ -205,7 +223,14 @@ class VLLMRollout:
             # 2-core machine. Colocated, the trainer waits while the engine generates, so give it all of them
             # (measured on 2 cores: 1.6x the tokens/s, docs/performance.md). An explicit setting wins.
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-        max_len = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        v = cfg.rollout.vllm
+        longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+        max_len, max_seqs = v.max_model_len or longest, v.max_num_seqs or cfg.rollout.micro_batch_size
+        # on CPU whole prefills only: a chunked prefill rewinds the per-request seeded generator, which vLLM's CPU
+        # build cannot do ("CPU Generator does not use offset"); a whole prefill needs a step of the whole context
+        chunked = bool(v.enable_chunked_prefill) and not self.on_cpu
+        batched = v.max_num_batched_tokens or max(max_len, cfg.rollout.micro_batch_size, MIN_BATCHED_TOKENS)
+        batched = batched if chunked else max(batched, max_len)
         from rlforge.plugins.strategy.tp_layout import Heads
 
         Heads.of(self.model.config).check(self.tp, "rollout.vllm.tensor_parallel_size")
@@ -213,7 +238,7 @@ class VLLMRollout:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_groups(self.tp))
         if self.on_cpu:  # read by the engine's processes when they start; an explicit setting wins
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib(
-                self.model.config, max_len, cfg.rollout.micro_batch_size, getattr(torch, self.dtype))))
+                self.model.config, max_len, max_seqs, getattr(torch, self.dtype))))
         from rlforge.plugins.rollout.vllm_sync import IDLE_SPIN_ENV, apply_idle_spin
 
         spin = cfg.rollout.vllm.idle_spin_s  # read by each of the engine's processes (apply_idle_spin)
@@ -233,11 +258,10 @@ class VLLMRollout:
                 seed=cfg.trainer.seed,
                 max_model_len=max_len,
                 tensor_parallel_size=self.tp,
-                max_num_seqs=cfg.rollout.micro_batch_size,
-                # whole prefills only: a chunked prefill rewinds the per-request seeded generator, which
-                # vLLM's CPU build cannot do ("CPU Generator does not use offset")
-                enable_chunked_prefill=False,
-                max_num_batched_tokens=max(max_len, cfg.rollout.micro_batch_size, MIN_BATCHED_TOKENS),
+                max_num_seqs=max_seqs,
+                enable_chunked_prefill=chunked,
+                max_num_batched_tokens=batched,
+                enable_prefix_caching=bool(v.enable_prefix_caching),
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=EXTENSION,
                 enable_sleep_mode=self.supports_sleep,

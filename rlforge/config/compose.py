@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from rlforge import lora, precision
@@ -351,6 +351,34 @@ def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:
             f"'{section}.ppo_micro_batch_size' ({micro} samples) must divide the mini-batch of "
             f"{mini} prompts x rollout.n={n} = {mini * n} samples."
         )
+    for name in SCORING[section]:
+        check_scoring(cfg, f"{section}.{name}", longest)
+
+
+# the forward-only passes of each role, with micro-batches of their own (schema.ScoringConfig)
+SCORING = {"actor": ("log_prob", "ref_log_prob"), "critic": ("values",)}
+
+
+def check_scoring(cfg: DictConfig, key: str, longest: int) -> None:
+    """A forward-only pass is cut by count or by tokens, and a token budget holds the longest sequence."""
+    s = OmegaConf.select(cfg, key)
+    if s.max_tokens_per_micro_batch and s.micro_batch_size is not None:
+        raise ConfigError(f"Set one of '{key}.micro_batch_size' ({s.micro_batch_size} sequences) and "
+                          f"'{key}.max_tokens_per_micro_batch' ({s.max_tokens_per_micro_batch} tokens): micro-batches "
+                          f"are cut by count or by tokens.")
+    if s.max_tokens_per_micro_batch and s.max_tokens_per_micro_batch < longest:
+        raise ConfigError(f"'{key}.max_tokens_per_micro_batch' ({s.max_tokens_per_micro_batch}) must hold the longest "
+                          f"sequence: data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or 0 = by "
+                          f"count, null = as the update).")
+
+
+def apply_total_epochs(cfg: DictConfig, examples: int) -> None:
+    """With ``trainer.total_epochs`` set, ``trainer.total_steps`` becomes epochs x (examples // data.train_batch_size):
+    whole batches per epoch, verl's count. The trainer calls it once the training examples are loaded and filtered."""
+    epochs = cfg.trainer.total_epochs
+    if epochs is not None:
+        with read_write(cfg):
+            cfg.trainer.total_steps = max(1, int(epochs) * (examples // cfg.data.train_batch_size))
 
 
 def explain_batch_sizes(cfg: DictConfig, words: tuple[str, str, str]) -> str:

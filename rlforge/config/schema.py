@@ -18,6 +18,7 @@ from typing import Any, Optional, get_type_hints
 from rlforge.agent.config import AgentConfig
 from rlforge.errors import ConfigError
 from rlforge.lora import LoraConfig
+from rlforge.lr_schedule import LR_SCHEDULERS
 from rlforge.pipeline import PIPELINE_NAMES
 from rlforge.precision import PRECISIONS
 
@@ -114,7 +115,9 @@ class RolloutConfig:
     max_new_tokens: int = option(8, ge=1)  # response length limit (EOS ends a response earlier)
     min_new_tokens: int = option(0, ge=0)  # EOS is suppressed before this many tokens (training rollouts only)
     micro_batch_size: int = option(256, ge=1)  # sequences per generate() call
-    val_temperature: float = option(0.0, ge=0)  # 0 = greedy validation; top_p/top_k/min_new_tokens are not applied there (verl's val_kwargs defaults)
+    val_temperature: float = option(0.0, ge=0)  # 0 = greedy validation (val_top_p/val_top_k unused); min_new_tokens is not applied there (verl's val_kwargs defaults)
+    val_top_p: float = option(1.0, gt=0, le=1)  # nucleus sampling of sampled validation (val_temperature > 0; 1.0 = off)
+    val_top_k: int = option(0, ge=0)  # top-k of sampled validation (val_temperature > 0; 0 = off)
     val_n: int = option(1, ge=1)  # samples per validation prompt
     agent: AgentConfig = field(default_factory=AgentConfig)  # multi-turn rollouts: agent loop, tools, limits
 
@@ -139,15 +142,30 @@ class AlgorithmConfig:
 
 
 @dataclass
+class ScoringConfig:
+    """Micro-batches of a forward-only pass (old or reference log-probs, values). Memory and speed only: the values
+    computed do not change. Unset keys follow the role's update (``ppo_micro_batch_size``, ``max_tokens_per_micro_batch``)."""
+
+    micro_batch_size: Optional[int] = option(None, ge=1)  # sequences per forward pass on one rank; None = as the update
+    max_tokens_per_micro_batch: Optional[int] = option(None, ge=0)  # > 0: micro-batches of at most this many real tokens on one rank (by length); 0 = by micro_batch_size; None = as the update
+
+
+@dataclass
 class ActorConfig:
     lr: float = option(5e-5, gt=0)  # AdamW learning rate of the actor
     weight_decay: float = option(0.0, ge=0)  # AdamW weight decay
-    warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up, in training steps
+    warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up from 0, in training steps
+    warmup_ratio: float = option(0.0, ge=0, le=1)  # where warmup_steps is 0: a warm-up of int(warmup_ratio x trainer.total_steps) steps
+    lr_scheduler: str = option("constant", choices=tuple(LR_SCHEDULERS))  # after the warm-up: constant | cosine (down to min_lr_ratio x lr) | linear (down to 0); transformers' get_scheduler, one step per training step
+    min_lr_ratio: float = option(0.0, ge=0, le=1)  # lr_scheduler=cosine: the rate at the end of the run, as a share of lr
+    num_cycles: float = option(0.5, gt=0)  # lr_scheduler=cosine: cosine waves over the run after the warm-up (0.5 = one half-wave down)
     grad_clip: float = option(1.0, ge=0)  # max global gradient norm (0 = no clipping, norm still logged)
     ppo_epochs: int = option(1, ge=1)  # passes over each rollout batch
     ppo_mini_batch_size: int = option(8, ge=1)  # prompts per optimizer step (x rollout.n samples)
     ppo_micro_batch_size: Optional[int] = option(None, ge=1)  # samples per forward/backward (gradient accumulation); None = whole mini-batch
     max_tokens_per_micro_batch: int = option(0, ge=0)  # > 0: micro-batches by token budget (per rank) instead of ppo_micro_batch_size
+    log_prob: ScoringConfig = field(default_factory=ScoringConfig)  # micro-batches of the old log-prob pass (memory and speed only)
+    ref_log_prob: ScoringConfig = field(default_factory=ScoringConfig)  # micro-batches of the reference model's log-prob pass (memory and speed only)
     clip_ratio_low: float = option(0.2, ge=0, lt=1)  # ratio clipped below at 1 - clip_ratio_low
     clip_ratio_high: float = option(0.2, ge=0)  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
     clip_ratio_c: float = option(3.0, gt=1)  # dual-clip bound, applied where the advantage is negative
@@ -167,12 +185,17 @@ class CriticConfig:
     path: Optional[str] = None  # value model init; None = model.path's body with a fresh scalar head
     lr: float = option(1e-4, gt=0)  # AdamW learning rate of the critic
     weight_decay: float = option(0.0, ge=0)  # AdamW weight decay
-    warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up, in training steps
+    warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up from 0, in training steps
+    warmup_ratio: float = option(0.0, ge=0, le=1)  # where warmup_steps is 0: a warm-up of int(warmup_ratio x trainer.total_steps) steps
+    lr_scheduler: str = option("constant", choices=tuple(LR_SCHEDULERS))  # after the warm-up: constant | cosine | linear, as actor.lr_scheduler
+    min_lr_ratio: float = option(0.0, ge=0, le=1)  # lr_scheduler=cosine: the rate at the end of the run, as a share of lr
+    num_cycles: float = option(0.5, gt=0)  # lr_scheduler=cosine: cosine waves over the run after the warm-up
     grad_clip: float = option(1.0, ge=0)  # max global gradient norm
     ppo_epochs: int = option(1, ge=1)  # passes over each rollout batch
     ppo_mini_batch_size: int = option(8, ge=1)  # prompts per optimizer step (x rollout.n samples)
     ppo_micro_batch_size: Optional[int] = option(None, ge=1)  # samples per forward/backward; None = whole mini-batch
     max_tokens_per_micro_batch: int = option(0, ge=0)  # > 0: micro-batches by token budget (per rank), as actor's
+    values: ScoringConfig = field(default_factory=ScoringConfig)  # micro-batches of the value pass before the update (memory and speed only)
     cliprange_value: float = option(0.5, gt=0)  # values clipped to old +- cliprange_value in the loss
     loss_agg_mode: str = "token-mean"  # as actor.loss_agg_mode
 
@@ -190,6 +213,7 @@ class StrategyConfig:
 @dataclass
 class TrainerConfig:
     total_steps: int = option(200, ge=1)  # training steps (one rollout batch each)
+    total_epochs: Optional[int] = option(None, ge=1)  # set: the run's steps are total_epochs x (training examples left after data.filter_overlong_prompts // data.train_batch_size), counted when the data is loaded, in place of total_steps (verl's count)
     seed: int = option(1, ge=0, le=2**32 - 1)  # seeds torch, python and the data order
     controller: str = "local"  # controller registry name: local (in-process) | ray (Ray actors)
     pipeline: str = option("sync", choices=PIPELINE_NAMES)  # sync (generate, then train) | one_step_off (the next batch is generated by the previous weights while this step trains) | async (a rollout thread generates trainer.max_staleness batches ahead); docs/pipelines.md
@@ -234,10 +258,16 @@ class SFTConfig:
     max_length: int = 1024  # tokens per example (prompt + response, or the whole conversation)
     truncation: str = "error"  # longer examples: error (names the row) | left | right (cut that end) | drop
     steps: int = 400  # optimizer steps
+    epochs: Optional[int] = option(None, ge=1)  # set: steps = epochs x (training examples // batch_size), counted after sft.truncation drops rows, in place of sft.steps (verl's total_epochs)
     batch_size: int = 64  # examples per optimizer step, over all devices
     micro_batch_size: Optional[int] = None  # examples per forward/backward on one device; None = batch_size / devices
-    lr: float = 1e-3  # peak learning rate (linear warm-up, cosine decay to 10%)
-    warmup_steps: int = 20  # warm-up steps
+    lr: float = 1e-3  # peak learning rate (after the warm-up; see lr_scheduler)
+    warmup_steps: int = 20  # linear warm-up from 0, in optimizer steps
+    warmup_ratio: float = option(0.0, ge=0, le=1)  # where warmup_steps is 0: a warm-up of int(warmup_ratio x sft.steps) steps
+    lr_scheduler: str = option("cosine", choices=tuple(LR_SCHEDULERS))  # after the warm-up: cosine (down to min_lr_ratio x lr) | constant | linear (down to 0); transformers' get_scheduler
+    min_lr_ratio: float = option(0.1, ge=0, le=1)  # lr_scheduler=cosine: the rate at the last step, as a share of lr
+    num_cycles: float = option(0.5, gt=0)  # lr_scheduler=cosine: cosine waves after the warm-up (0.5 = one half-wave down)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's (beta1, beta2)
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global gradient norm (0 = no clipping)
     init: str = "tiny-arith"  # model to start from: an HF folder, builtin:NAME, or tiny-arith = fresh random tiny Llama

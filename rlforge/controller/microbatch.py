@@ -11,11 +11,36 @@ Without a token budget a batch is cut into consecutive chunks of ``ppo_micro_bat
 A row longer than the budget gets a micro-batch of its own. Sharded models need every rank to run the same
 number of passes, so ranks agree on the largest count (``parts``) and each splits its rows into that many.
 Losses are normalized by mini-batch-wide counts, so the grouping never changes the gradient.
+
+The forward-only passes (old and reference log-probs, values) cut the same way, by the update's settings unless
+their own section sets a size or a budget (:func:`scoring_cut`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Cut:
+    """How a pass cuts its rows into micro-batches: ``rows`` at a time, or with ``tokens`` > 0 by a token budget."""
+
+    rows: int
+    tokens: int = 0
+
+
+def scoring_cut(update: Cut, scoring: Any) -> Cut:
+    """The cut of a forward-only pass (``<role>.log_prob``, ``ref_log_prob``, ``values``: ``schema.ScoringConfig``):
+    a token budget > 0 where it sets one, else its ``micro_batch_size`` where set (0 tokens and no size: the update's
+    row count), else the update's cut."""
+    tokens, rows = scoring.max_tokens_per_micro_batch, scoring.micro_batch_size
+    if tokens:
+        return Cut(update.rows, int(tokens))
+    if rows is not None:
+        return Cut(int(rows))
+    return update if tokens is None else Cut(update.rows)
 
 
 def fixed_plan(rows: int, size: int) -> list[list[int]]:

@@ -25,7 +25,7 @@ import torch
 from rlforge import batch as B
 from rlforge import lora
 from rlforge.config.compose import micro_batch_size
-from rlforge.controller.microbatch import fixed_plan, token_budget_plan
+from rlforge.controller.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
 from rlforge.errors import NonFiniteError
 from rlforge.module import LossContext, RLModule
 from rlforge.ops import SHARE_ALWAYS, SHARE_REPEATED, compile_forward, response_values, share_prompts
@@ -65,8 +65,8 @@ class TrainWorker:
         self.hook = hook
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient, in total
         self.bad_in_a_row = 0
-        self.micro_size = micro_batch_size(config, self.role)
-        self.token_budget = int(self.section.max_tokens_per_micro_batch)
+        # the update's micro-batches; the forward-only passes cut theirs by scoring_cut
+        self.cut = Cut(micro_batch_size(config, self.role), int(self.section.max_tokens_per_micro_batch))
         self.remove_padding = bool(config.model.remove_padding)
 
     @property
@@ -99,23 +99,25 @@ class TrainWorker:
             share_prompts(model, SHARE_ALWAYS if self.strategy.world_size > 1 else SHARE_REPEATED)
         return model
 
-    def micro_plan(self, batch: B.Batch) -> list[list[int]]:
-        """The rows of each micro-batch of ``batch`` (see ``microbatch.py``). Collective with a token budget on
-        several ranks: they agree on the number of micro-batches."""
-        if not self.token_budget:
-            return fixed_plan(len(batch), self.micro_size)
+    def micro_plan(self, batch: B.Batch, cut: Cut | None = None) -> list[list[int]]:
+        """The rows of each micro-batch of ``batch`` (see ``microbatch.py``), cut as the update's (or ``cut``).
+        Collective with a token budget on several ranks: they agree on the number of micro-batches."""
+        cut = cut or self.cut
+        if not cut.tokens:
+            return fixed_plan(len(batch), cut.rows)
         lengths = _lengths(batch)
-        plan = token_budget_plan(lengths, self.token_budget, self.remove_padding)
+        plan = token_budget_plan(lengths, cut.tokens, self.remove_padding)
         if self.strategy.world_size > 1:
             parts = int(self.strategy.all_reduce_max(float(len(plan))))
             if parts != len(plan):
-                plan = token_budget_plan(lengths, self.token_budget, self.remove_padding, parts)
+                plan = token_budget_plan(lengths, cut.tokens, self.remove_padding, parts)
         return plan
 
-    def _per_row(self, batch: B.Batch, forward: Any) -> torch.Tensor:
-        """``forward(micro)`` over the micro-batches, the results (0 at padding) put back in ``batch``'s row order."""
+    def _per_row(self, batch: B.Batch, forward: Any, scoring: str) -> torch.Tensor:
+        """``forward(micro)`` over the micro-batches of the forward-only pass ``<role>.<scoring>``, the results (0 at
+        padding) put back in ``batch``'s row order."""
         out = torch.zeros(batch[B.RESPONSE_MASK].shape)
-        for rows in self.micro_plan(batch):
+        for rows in self.micro_plan(batch, scoring_cut(self.cut, self.section[scoring])):
             with self.strategy.autocast():
                 out[rows] = forward(batch.select(rows).to(self.strategy.device)).float().cpu()
         return out
@@ -275,7 +277,8 @@ class ActorWorker(TrainWorker):
             raise RuntimeError(f"No {role} model is loaded (does the algorithm need a reference model?)")
         temperature = self.config.rollout.temperature
         with lora.base_model_context(model) if base else contextlib.nullcontext():
-            return self._per_row(batch, lambda mb: self.module.forward_responses(model, mb, temperature))
+            return self._per_row(batch, lambda mb: self.module.forward_responses(model, mb, temperature),
+                                 "log_prob" if role == "actor" else "ref_log_prob")
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's weights for the rollout engine: with LoRA the merged weights under the base model's names
@@ -304,4 +307,5 @@ class CriticWorker(TrainWorker):
     def compute_values(self, batch: B.Batch) -> torch.Tensor:
         resp_len = batch[B.RESPONSES].shape[1]
         return self._per_row(batch, lambda mb: response_values(
-            self.module.critic, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len, remove_padding=self.remove_padding))
+            self.module.critic, mb[B.INPUT_IDS], mb[B.ATTENTION_MASK], resp_len, remove_padding=self.remove_padding),
+            "values")

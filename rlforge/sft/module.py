@@ -1,10 +1,8 @@
-"""The SFT LightningModule: token-mean cross-entropy on the trained tokens, AdamW, warm-up + cosine decay."""
+"""The SFT LightningModule: token-mean cross-entropy on the trained tokens, AdamW, the ``sft.lr_scheduler`` schedule."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import lightning as L
@@ -12,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from rlforge import lora
+from rlforge import lora, lr_schedule
 from rlforge.models import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
 
 IGNORE = -100  # label of positions out of the loss
@@ -47,15 +45,6 @@ def build_model(config: DictConfig, tokenizer: Any) -> torch.nn.Module:
     return lora.wrap(model, config) if lora.enabled(config) else model
 
 
-def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
-    """Learning-rate factor at optimizer step ``step`` (from 0): linear warm-up to 1 over ``warmup`` steps, then
-    a cosine decay that reaches ``floor`` at step ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the trained tokens' negative log-likelihoods, number of trained tokens) of a padded batch."""
     ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
@@ -78,7 +67,7 @@ class SFTModule(L.LightningModule):
     def __init__(self, model: torch.nn.Module, s: DictConfig, ranks: int) -> None:
         super().__init__()
         self.model = model.train()  # from_pretrained returns a model in eval mode
-        self.lr, self.weight_decay, self.warmup, self.steps = s.lr, s.weight_decay, s.warmup_steps, s.steps
+        self.s = s
         self.ranks = ranks
         self._step_loss = torch.zeros(())
         self._val = torch.zeros(2)
@@ -107,7 +96,8 @@ class SFTModule(L.LightningModule):
         self.log("val/loss", total / max(count, 1.0), prog_bar=True, rank_zero_only=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        opt = torch.optim.AdamW(lora.trainable_parameters(self.model), lr=self.lr, weight_decay=self.weight_decay)
-        factor = partial(warmup_cosine, warmup=self.warmup, total=self.steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        s = self.s
+        opt = torch.optim.AdamW(lora.trainable_parameters(self.model), lr=s.lr, weight_decay=s.weight_decay,
+                                betas=(float(s.betas[0]), float(s.betas[1])))
+        sched = lr_schedule.build(opt, s, s.steps)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

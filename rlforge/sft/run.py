@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import FSDPStrategy, Strategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, read_write
 
 from rlforge.errors import ConfigError
 from rlforge.models import quiet_transformers
@@ -82,6 +82,16 @@ def check_config(s: DictConfig) -> None:
     for key in ("warmup_steps", "save_every", "val_every", "grad_clip", "weight_decay"):
         if s[key] < 0:
             raise ConfigError(f"sft.{key} must be >= 0, got {s[key]}.")
+    if len(s.betas) != 2 or not all(0 <= b < 1 for b in s.betas):
+        raise ConfigError(f"sft.betas must be two numbers in [0, 1) (AdamW's beta1, beta2), got {list(s.betas)}.")
+
+
+def apply_epochs(s: DictConfig, examples: int) -> None:
+    """With ``sft.epochs`` set, ``sft.steps`` becomes epochs x (examples // sft.batch_size): whole batches per epoch
+    (``sft.sampling=epoch`` leaves the tail out), verl's count. Called once the training examples are known."""
+    if s.epochs is not None:
+        with read_write(s):
+            s.steps = max(1, int(s.epochs) * (examples // s.batch_size))
 
 
 def _latest(s: DictConfig) -> str | None:
@@ -164,6 +174,7 @@ def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
     Path(s.output_dir).mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config)
     train, val = load_data(config, plugins, tokenizer, say)
+    apply_epochs(s, len(train))
     accuracy = GreedyAccuracy(config, plugins, tokenizer) if s.val_accuracy else None
     try:
         metrics, step = fit(config, tokenizer, train, val, accuracy, ckpt, [*callbacks], say)

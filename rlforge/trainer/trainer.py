@@ -20,6 +20,7 @@ from rlforge import resume
 from rlforge.agent.stage import AgentValidation, validation_controller
 from rlforge.build import Builder
 from rlforge.config import compose
+from rlforge.config.compose import apply_total_epochs
 from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
 from rlforge.errors import NonFiniteError
@@ -76,6 +77,7 @@ class Trainer:
         """The module's training and validation examples (``RLModule.prepare_data``) and the sampler over them."""
         d = self.config.data
         self.train_examples = module.prepare_data(self.builder.dataset("train"), "train")
+        apply_total_epochs(self.config, len(self.train_examples))  # trainer.total_epochs: the step count from the rows
         self.val_examples = module.prepare_data(self.builder.dataset("val"), "val")
         self.sampler = PromptSampler(len(self.train_examples), d.train_batch_size, d.shuffle, self.config.trainer.seed)
         self.fingerprint = resume.fingerprint(self.train_examples, self.config)

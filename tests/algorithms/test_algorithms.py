@@ -11,6 +11,7 @@ from rlforge import batch as B
 from rlforge import load_config
 from rlforge.algorithms import shaping
 from rlforge.cli import main
+from rlforge.errors import RLForgeError
 from rlforge.plugin_manager import PluginManager
 
 ALGOS = ["dapo", "dpo", "dr_grpo", "gdpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "otb", "pf_ppo", "ppo",
@@ -115,6 +116,24 @@ def test_dynamic_sampling_stops_at_the_generation_cap(pm):
     assert more == []
     assert out[B.UID] == ["a", "a"]  # nothing informative: the original batch trains (zero advantages)
     assert ctx.metrics["train/kept_groups"] == 0.0
+
+
+def test_dynamic_sampling_filters_on_the_metric_named(pm):
+    """algorithm.filter_metric (verl's filter_groups.metric): a group whose shaped reward varies but whose score or
+    acc does not is kept on reward, dropped on score and acc."""
+    batch = _scored(["a", "a", "b", "b"], [1, 1, 0, 1], [2, 2, 2, 2])
+    batch[B.TOKEN_LEVEL_REWARDS][0, 0] = -0.5  # an overlong penalty on one answer of a
+    batch[B.ACC] = torch.tensor([1.0, 1.0, 0.0, 1.0])
+    kept = {}
+    for metric in ("reward", "score", "acc"):
+        cfg = load_config("dapo", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
+                                   "algorithm.max_gen_batches=1", f"algorithm.filter_metric={metric}"], plugins=pm)
+        ctx, _ = _ctx(cfg, [])
+        kept[metric] = shaping.DynamicSampling().run(ctx, batch)[B.UID]
+    assert kept == {"reward": ["a", "a", "b", "b"], "score": ["b", "b"], "acc": ["b", "b"]}
+    ctx, _ = _ctx(cfg, [])
+    with pytest.raises(RLForgeError, match="algorithm.filter_metric=acc: the reward manager gives no accuracy"):
+        shaping.DynamicSampling().run(ctx, _scored(["a", "a"], [1, 0], [2, 2]))  # no acc column
 
 
 def test_overlong_hook_is_off_unless_enabled(pm):

@@ -7,6 +7,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge import load_config
+from rlforge.controller.microbatch import token_budget_plan
 from rlforge.controller.worker import ActorWorker
 from rlforge.ops import shares_prompts
 from rlforge.algorithms.grpo import GRPO
@@ -112,12 +113,12 @@ def test_shared_prefix_gives_the_plain_update(pm, shared_calls, layout, mode):
     assert shared_calls  # (log-probs and the update)
 
 
-def _actor_worker(pm, overrides, strategy=None):
+def _actor_worker(pm, overrides, caps=None):
     cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", *overrides],
                       plugins=pm)
     module = GRPO(cfg)
     module.configure_model()
-    return ActorWorker(cfg, module, (strategy or pm.registry.strategy.get("single"))(cfg))
+    return ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg), caps=caps)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -133,8 +134,9 @@ def test_shared_prefix_falls_back_to_the_plain_path(pm, overrides):
 
 def test_shared_prefix_applies_only_on_strategies_verified_with_it(pm):
     assert shares_prompts(_actor_worker(pm, ["actor.use_kl_loss=true"]).module.actor)
-    unverified = type("Unverified", (pm.registry.strategy.get("single"),), {"shares_prompts": False})
-    worker = _actor_worker(pm, ["actor.use_kl_loss=true"], unverified)
+    from rlforge.protocols import StrategyCapabilities
+
+    worker = _actor_worker(pm, ["actor.use_kl_loss=true"], caps=StrategyCapabilities())  # declares no shares_prompts
     assert not shares_prompts(worker.module.actor) and not shares_prompts(worker.module.ref)
 
 
@@ -200,3 +202,27 @@ def test_an_unknown_compile_backend_names_the_key():
 
     with pytest.raises(RLForgeError, match=r"Unknown torch.compile backend 'nope' \(model.compile_backend\)"):
         compile_forward(torch.nn.Linear(2, 2), "nope")
+
+
+def test_scoring_passes_cut_their_own_micro_batches(pm):
+    """actor.log_prob / actor.ref_log_prob: the forward-only passes' micro-batches (memory only: same values)."""
+    cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
+                               "actor.use_kl_loss=true", "actor.log_prob.micro_batch_size=3",
+                               "actor.ref_log_prob.max_tokens_per_micro_batch=144"], plugins=pm)
+    module = GRPO(cfg)
+    module.configure_model()
+    worker = ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg))
+    batch = _rollout_batch(module)
+    sizes: list[int] = []
+    forward = module.forward_responses
+    module.forward_responses = lambda model, mb, t: sizes.append(len(mb)) or forward(model, mb, t)
+    old = worker.compute_log_probs(batch)
+    assert sizes == [3, 3, 3, 3, 3, 1]
+    sizes.clear()
+    ref = worker.compute_log_probs(batch, "ref")
+    lengths = batch[B.ATTENTION_MASK].sum(-1).tolist()  # padded rows x the longest row within 144 tokens
+    assert sizes == [len(rows) for rows in token_budget_plan(lengths, 144, packed=False)] and len(sizes) == 2
+    with torch.no_grad():
+        whole = forward(module.actor, batch, cfg.rollout.temperature).float()  # one pass over every row
+    torch.testing.assert_close(old, whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref, old, atol=1e-5, rtol=1e-5)  # the reference starts as the actor
