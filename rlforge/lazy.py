@@ -6,6 +6,7 @@ cheap to import: heavy libraries are loaded when a component is first used, not 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -32,6 +33,17 @@ def lazy_import(name: str) -> ModuleType:
     sys.modules[name] = module
     loader.exec_module(module)
     return module
+
+
+def optional_import(name: str, needed_by: str, install: str) -> ModuleType:
+    """The optional package ``name``, or one :class:`RLForgeError` saying who needs it and how to install it:
+    ``optional_import("swanlab", "logger.backends includes 'swanlab'", "pip install 'rlforge[swanlab]'")``."""
+    from rlforge.errors import RLForgeError
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise RLForgeError(f"{needed_by} but the {name} package is not installed: {install}.") from None
 
 
 def is_loaded(name: str) -> bool:

@@ -1,4 +1,5 @@
-"""``mlflow`` logger: a sqlite tracking store inside the run folder, asynchronous metric logging.
+"""``mlflow`` logger: the tracking store of ``logger.mlflow.tracking_uri``, else ``MLFLOW_TRACKING_URI``, else a
+sqlite store inside the run folder; asynchronous metric logging.
 
 mlflow's asynchronous logging writes in a background thread, and a write that fails there (a full disk, a
 file-size limit) is only logged by mlflow: the run would go on, and end pointing at a store that lacks its
@@ -12,28 +13,51 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from rlforge import diskio
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.tools.plots import MLFLOW_STORE_FILE, local_store, recorded_store
 
 log = logging.getLogger("rlforge.logger")
 # mlflow logs each failed asynchronous write with its traceback from its background thread; rlforge reports it
 # as one error instead (every failed write stops the run)
 MLFLOW_FAULT_LOGGERS = ("mlflow.utils.async_logging.async_logging_queue", "mlflow.store.db.utils")
 STORE = "mlflow.db"
+RUN_ID_FILE = "mlflow_run_id"
 RESUME_HINT = ("samples.jsonl and the checkpoints are complete; free space, then continue with trainer.resume=auto, "
                "or drop mlflow from logger.backends.")
 
 
-def tracking_uri(run_dir: str) -> str:
-    return f"sqlite:///{Path(run_dir).resolve() / STORE}"
+@dataclass
+class MlflowConfig:
+    """The ``mlflow`` logger (``logger.backends`` contains ``mlflow``)."""
+
+    tracking_uri: Optional[str] = None  # the tracking store (http://host:5000, sqlite:///path/mlflow.db, databricks, ...); None = $MLFLOW_TRACKING_URI, else <run>/mlflow.db
+    experiment: Optional[str] = None  # the mlflow experiment; None = $MLFLOW_EXPERIMENT_NAME, else trainer.project
+
+
+def run_store(config: Any, run_dir: str) -> str:
+    """The tracking URI a run logs into: ``logger.mlflow.tracking_uri``, else ``MLFLOW_TRACKING_URI``, else the
+    run-local sqlite store."""
+    section = config.get("logger", {}).get("mlflow", {}) or {}
+    return section.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local_store(run_dir)
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for any other store)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    file = Path(uri.removeprefix("sqlite:///"))
+    return file.parent.resolve() / file.name  # the file itself unresolved: a link there is refused, not followed
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -48,9 +72,12 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class MlflowLogger:
-    """Logs params, metrics (async) and artifacts to ``<run_dir>/mlflow.db`` + ``<run_dir>/mlartifacts``.
+    """Logs params, metrics (async) and artifacts to the run's tracking store (:func:`run_store`).
 
-    Resuming a run continues the same mlflow run (its id is kept in ``<run_dir>/mlflow_run_id``).
+    A sqlite store keeps the artifacts of the experiments it creates beside it (the run-local one in
+    ``<run_dir>/mlartifacts``); a tracking server keeps them where it says. Resuming a run continues the same mlflow run (its id is kept in
+    ``<run_dir>/mlflow_run_id``, its store in ``<run_dir>/mlflow_tracking_uri``): a resumed run pointed at another
+    store starts a new mlflow run there.
     """
 
     def __init__(self, config: Any, run_dir: str) -> None:
@@ -60,21 +87,29 @@ class MlflowLogger:
         self.mlflow = mlflow
         for name in MLFLOW_FAULT_LOGGERS:
             logging.getLogger(name).setLevel(logging.CRITICAL)
-        self.store = Path(run_dir).resolve() / STORE
-        diskio.refuse_links(self.store)  # sqlite would follow a link and write into its target
-        self.uri = tracking_uri(run_dir)
+        folder = Path(run_dir).resolve()
+        self.uri = run_store(config, run_dir)
+        self.store = sqlite_file(self.uri)
+        if self.store is not None:
+            diskio.refuse_links(self.store)  # sqlite would follow a link and write into its target
         self.pending: tuple[str, Any] | None = None  # (what, mlflow's RunOperations) of the last async write
+        section = config.get("logger", {}).get("mlflow", {}) or {}
+        name = section.get("experiment") or os.environ.get("MLFLOW_EXPERIMENT_NAME") or config.trainer.project
+        id_file, uri_file = folder / RUN_ID_FILE, folder / MLFLOW_STORE_FILE
+        same_store = recorded_store(folder) == self.uri
+        run_id = id_file.read_text().strip() if id_file.is_file() and same_store else None
+        if id_file.is_file() and not same_store:
+            log.warning("mlflow: this run logged into %s before; it now logs into %s, as a new mlflow run",
+                        recorded_store(folder), self.uri)
         with self._store_errors("open the mlflow store"):
             mlflow.set_tracking_uri(self.uri)
-            artifacts = (Path(run_dir).resolve() / "mlartifacts").as_uri()
-            name = config.trainer.project
             if mlflow.get_experiment_by_name(name) is None:
-                mlflow.create_experiment(name, artifact_location=artifacts)
+                beside = {"artifact_location": (self.store.parent / "mlartifacts").as_uri()} if self.store else {}
+                mlflow.create_experiment(name, **beside)  # a sqlite store keeps the artifacts beside it
             mlflow.set_experiment(name)
-            id_file = Path(run_dir) / "mlflow_run_id"
-            run_id = id_file.read_text().strip() if id_file.is_file() else None
-            self.run = mlflow.start_run(run_id=run_id, run_name=f"{config.trainer.experiment}/{Path(run_dir).name}")
+            self.run = mlflow.start_run(run_id=run_id, run_name=f"{config.trainer.experiment}/{folder.name}")
             diskio.write_atomic(id_file, self.run.info.run_id)
+            diskio.write_atomic(uri_file, self.uri)
 
     def log_params(self, params: dict[str, Any]) -> None:
         flat = {k: str(v)[:6000] for k, v in flatten(params).items()}
@@ -103,7 +138,7 @@ class MlflowLogger:
                 ops.wait()
 
     def _store_errors(self, what: str, every: bool = False) -> Any:
-        return store_errors(what, self.store, every)
+        return store_errors(what, self.store, every, self.uri)
 
     def log_artifact(self, path: str) -> None:
         self.mlflow.log_artifact(path)
@@ -121,9 +156,10 @@ NEARLY_FULL = 1 << 20  # bytes: a store this close to the file-size limit, or a 
 
 
 @contextlib.contextmanager
-def store_errors(what: str, store: Path, every: bool = False) -> Iterator[None]:
-    """A failed write into the sqlite store as one ``WriteFailure`` naming the store and the cause; other errors
-    pass, unless ``every`` (an asynchronous write, whose data is lost whatever the cause).
+def store_errors(what: str, store: Path | None, every: bool = False, uri: str = "") -> Iterator[None]:
+    """A failed write into the store as one ``WriteFailure`` naming the store and the cause; other errors pass,
+    unless ``every`` (an asynchronous write, whose data is lost whatever the cause). ``store``: the sqlite file
+    (None: a store elsewhere, named by ``uri``).
 
     sqlite reports a write that the file-size limit stopped as ``disk I/O error``: when the error does not say
     what failed, a store at the file-size limit or a disk with (almost) no space left is named as the cause."""
@@ -132,18 +168,20 @@ def store_errors(what: str, store: Path, every: bool = False) -> Iterator[None]:
     except RLForgeError:
         raise
     except Exception as exc:
-        code = _cause(exc, store)
+        code = _cause(exc, store) if store is not None else None
         if code is None and not every:
             raise
         said = _reason(str(exc)) or type(exc).__name__
         reason = f"{os.strerror(code)} (mlflow: {said})" if code is not None else f"mlflow: {said}"
-        if code == errno.EFBIG and (limit := diskio.file_size_limit()) is not None and store.exists():
+        if store is None:
+            space = ""
+        elif code == errno.EFBIG and (limit := diskio.file_size_limit()) is not None and store.exists():
             space = (f"The file-size limit of this process (ulimit -f) is {diskio.size_words(limit)} and the store has "
                      f"grown to {diskio.size_words(store.stat().st_size)}: raise it (ulimit -f unlimited).")
         else:
             space = diskio.space_words(code, store.parent)
-        raise diskio.WriteFailure(f"Cannot {what} into {store}: {reason}.{' ' + space if space else ''} The store "
-                                  f"lacks them from here on: {RESUME_HINT}") from None
+        raise diskio.WriteFailure(f"Cannot {what} into {store or uri}: {reason}.{' ' + space if space else ''} The "
+                                  f"store lacks them from here on: {RESUME_HINT}") from None
 
 
 def _reason(text: str) -> str:
@@ -178,12 +216,18 @@ def mlflow_name(name: str) -> str:
 
 @hookimpl
 def rlforge_fit_end(trainer: Any, module: Any, summary: dict[str, Any]) -> None:
-    """Before the summary points at the store: the last metrics are in it, or the run ends with the error."""
+    """Before the summary points at the store: the last metrics are in it, or the run ends with the error. The
+    summary (and ``summary.json``) names the store the run logged into."""
     for lg in getattr(trainer, "loggers", ()):
         if isinstance(lg, MlflowLogger):
             lg.flush()
+            if summary.get("mlflow_uri", lg.uri) != lg.uri:  # the trainer names the run-local store
+                summary["mlflow_uri"] = lg.uri
+                diskio.write_atomic(Path(trainer.run_dir) / "summary.json", json.dumps(summary, indent=2))
 
 
 @hookimpl
 def rlforge_register(registry):
-    registry.logger.register("mlflow", MlflowLogger, description="mlflow, sqlite store inside the run folder")
+    registry.logger.register("mlflow", MlflowLogger, config=MlflowConfig,
+                             description="mlflow: logger.mlflow.tracking_uri / $MLFLOW_TRACKING_URI, else a sqlite "
+                                         "store inside the run folder")

@@ -10,21 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.lazy import optional_import
 
 
 class WandbLogger:
     """Logs params (the run config), metrics (same names as every other logger) and artifacts to wandb."""
 
     def __init__(self, config: Any, run_dir: str) -> None:
-        try:
-            import wandb
-        except ImportError:
-            raise RLForgeError(
-                "logger.backends includes 'wandb' but the wandb package is not installed: pip install wandb."
-            ) from None
-        self.wandb = wandb
+        self.wandb = wandb = optional_import("wandb", "logger.backends includes 'wandb'", "pip install wandb")
         self.run_dir = Path(run_dir)
         id_file = self.run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.is_file() else None

@@ -2,8 +2,9 @@
 and turns of agentic runs).
 
 The ``plots`` plugin (``rlforge.plugins.logger.plots``) draws them at the end of every run from the trainer's
-history; ``rlforge report RUN_DIR`` redraws them from the run's mlflow store (the whole history, resumed
-parts included) and logs them to that mlflow run as artifacts.
+history; ``rlforge report RUN_DIR`` redraws them from the run's mlflow store (the run-local ``mlflow.db``, or the store
+named in ``mlflow_tracking_uri``: the whole history, resumed parts included) and logs them to that mlflow run as
+artifacts.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ PLOTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "turns": ("Turns per trajectory", ("num_turns/mean", "val/num_turns/mean")),
 }
 PLOT_DIR = "plots"
+MLFLOW_STORE_FILE = "mlflow_tracking_uri"  # written by the mlflow logger: the tracking store the run logs into
 METRICS = tuple(m for _, names in PLOTS.values() for m in names)
 
 
@@ -70,16 +72,28 @@ def write_plots(series: Series, out_dir: Path) -> list[Path]:
     return written
 
 
+def local_store(run_dir: str | Path) -> str:
+    """The run-local mlflow store (the mlflow logger's default)."""
+    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+
+
+def recorded_store(run_dir: str | Path) -> str:
+    """The tracking URI a run logged into: its ``mlflow_tracking_uri`` (runs before it was written: the run-local
+    store)."""
+    file = Path(run_dir) / MLFLOW_STORE_FILE
+    return file.read_text().strip() if file.is_file() else local_store(run_dir)
+
+
 def _mlflow_run(run_dir: Path) -> tuple[Any, str]:
     from mlflow.tracking import MlflowClient
 
-    db, id_file = run_dir / "mlflow.db", run_dir / "mlflow_run_id"
-    if not db.is_file() or not id_file.is_file():
+    uri, id_file = recorded_store(run_dir), run_dir / "mlflow_run_id"
+    if not id_file.is_file() or (uri == local_store(run_dir) and not (run_dir / "mlflow.db").is_file()):
         raise RLForgeError(
             f"{run_dir} has no mlflow.db and mlflow_run_id: give a run folder of a run logged with the mlflow "
             f"logger (logger.backends)."
         )
-    return MlflowClient(tracking_uri=f"sqlite:///{db.resolve()}"), id_file.read_text().strip()
+    return MlflowClient(tracking_uri=uri), id_file.read_text().strip()
 
 
 def report(run_dir: str | Path) -> list[Path]:

@@ -13,13 +13,15 @@ SMALL = [
 
 @pytest.fixture(scope="session")
 def fitted_run(tmp_path_factory: pytest.TempPathFactory):
-    """A 2-step GRPO run logged to console, mlflow and tensorboard; checkpoints at steps 1 and 2."""
+    """A 2-step GRPO run logged to console, mlflow, tensorboard, jsonl and csv, with the profiler's per-stage
+    metrics; checkpoints at steps 1 and 2."""
     from rlforge import Trainer, load_config
     from rlforge.plugin_manager import PluginManager
 
     root = tmp_path_factory.mktemp("fitted_run")
     pm = PluginManager(autoload=False)
-    cfg = load_config("grpo", [*SMALL, f"trainer.runs_root={root}", "logger.backends=[console,mlflow,tensorboard]"],
+    cfg = load_config("grpo", [*SMALL, f"trainer.runs_root={root}", "logger.backends=[console,mlflow,tensorboard,jsonl,csv]",
+                                      "plugins.profiler.stage_metrics=true"],
                       plugins=pm)
     trainer = Trainer(cfg, plugins=pm)
     summary = trainer.fit()

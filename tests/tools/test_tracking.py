@@ -56,6 +56,29 @@ def test_tensorboard_has_the_same_metric_names(fitted_run):
     assert "config/text_summary" in tags["tensors"]
 
 
+def test_jsonl_and_csv_hold_every_logged_metric(fitted_run):
+    import csv
+    import json
+
+    trainer, _ = fitted_run
+    records = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "critic/score/mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    assert set(trainer.history[0]) <= set(train[0])
+    assert [r["step"] for r in records if "val/accuracy" in r] == [0, 1, 2]
+    with (trainer.run_dir / "metrics.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["step"], r["critic/score/mean"]) for r in rows] == [
+        (str(r["step"]), "" if r.get("critic/score/mean") is None else str(r["critic/score/mean"])) for r in records]
+
+
+def test_profiler_stage_metrics_in_every_step(fitted_run):
+    trainer, _ = fitted_run
+    for row in trainer.history:
+        assert row["perf/rollout/peak_rss_gb"] > 0 and row["perf/rollout/tokens_per_s"] > 0
+        assert row["perf/cpu_memory_used_gb"] >= row["perf/update_actor/peak_rss_gb"]
+
+
 def test_report_redraws_plots_from_mlflow(fitted_run, capsys):
     trainer, _ = fitted_run
     plots = trainer.run_dir / "plots"
