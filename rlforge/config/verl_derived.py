@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlforge.config.verl_rules import file_list, non_negative
+from rlforge.config import verl_training as T
+from rlforge.config.verl_rules import file_list, non_negative, top_k
 
 if TYPE_CHECKING:
     from rlforge.config.verl import Context
@@ -34,6 +35,8 @@ TARGET = {"algorithm.gamma": "algorithm.gamma", "algorithm.lam": "algorithm.lam"
 LOGGERS = {"console": "console", "wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}
 LOGGER_ISSUES = {"swanlab": 32, "trackio": 32}
 REWARD_MANAGERS = {"naive": "rule", "dapo": "rule", "prime": "rule"}  # prime: verl's parallel naive manager
+# verl's filter_groups.metric -> rlforge's algorithm.filter_metric (seq_final_reward: before any KL in the reward)
+FILTER_METRICS = {"seq_reward": "reward", "seq_final_reward": "reward", "score": "score", "acc": "acc"}
 NO_LIMIT_ROUNDS = 1000  # verl's max_num_gen_batches=0 (no limit) as rlforge's algorithm.max_gen_batches
 
 
@@ -80,71 +83,6 @@ def algorithm(c: Context) -> None:
         c.same("critic.enable", "a critic exactly for PPO (adv_estimator=gae)")
     else:
         c.refuse("critic.enable", f"critic.enable={enable} with adv_estimator={est}")
-
-
-def micro_batches(c: Context) -> None:
-    """``use_dynamic_bsz`` picks the token budget or the per-GPU count (verl divides a global count by the DP size)."""
-    for section, target in ((A, "actor"), ("critic", "critic")):
-        if not c.has(f"{section}.use_dynamic_bsz"):
-            continue
-        dynamic = bool(c.get(f"{section}.use_dynamic_bsz"))
-        c.same(f"{section}.use_dynamic_bsz", "micro-batches cut by tokens" if dynamic else "micro-batches by count")
-        tokens, per_gpu, total = (f"{section}.ppo_max_token_len_per_gpu", f"{section}.ppo_micro_batch_size_per_gpu",
-                                  f"{section}.ppo_micro_batch_size")
-        if dynamic:
-            c.map(tokens, f"{target}.max_tokens_per_micro_batch", c.get(tokens))
-            c.ignore(per_gpu, "not read with use_dynamic_bsz=True")
-            c.ignore(total, "not read with use_dynamic_bsz=True")
-            continue
-        c.ignore(tokens, "read only with use_dynamic_bsz=True")
-        if c.get(per_gpu) is not None:
-            c.map(per_gpu, f"{target}.ppo_micro_batch_size", c.get(per_gpu))
-            c.ignore(total, "verl reads the _per_gpu value when it is set")
-        elif c.get(total) is not None:
-            c.ignore(per_gpu, "null: verl derives it from ppo_micro_batch_size")
-            c.map(total, f"{target}.ppo_micro_batch_size", max(1, int(c.get(total)) // c.dp_size))
-        else:
-            c.map(per_gpu, f"{target}.ppo_micro_batch_size", None, "verl requires a micro-batch size here; rlforge "
-                  "takes the whole mini-batch")
-            c.ignore(total, "null")
-
-
-def clip(c: Context) -> None:
-    """verl reads clip_ratio only where clip_ratio_low/high are null."""
-    base, used = c.get(f"{A}.clip_ratio"), False
-    for side in ("low", "high"):
-        value = c.get(f"{A}.clip_ratio_{side}")
-        used |= value is None
-        c.map(f"{A}.clip_ratio_{side}", f"actor.clip_ratio_{side}", base if value is None else value)
-    if used:
-        c.same(f"{A}.clip_ratio", "the default of clip_ratio_low/high (mapped there)")
-    else:
-        c.ignore(f"{A}.clip_ratio", "not read: clip_ratio_low and clip_ratio_high are set")
-
-
-def grad_clip(c: Context) -> None:
-    for section in (A, "critic"):
-        if c.has(f"{section}.grad_clip"):
-            c.ignore(f"{section}.grad_clip", "not read by verl 0.9.1's engines: they clip at optim.clip_grad (mapped)")
-
-
-def warmup(c: Context) -> None:
-    """verl: lr_warmup_steps when > 0, else lr_warmup_steps_ratio x the run's steps."""
-    for section, target in ((A, "actor"), ("critic", "critic")):
-        steps, ratio = f"{section}.optim.lr_warmup_steps", f"{section}.optim.lr_warmup_steps_ratio"
-        if not c.has(steps):
-            continue
-        if c.get(steps) is not None and c.get(steps) > 0:
-            c.map(steps, f"{target}.warmup_steps", c.get(steps))
-            c.ignore(ratio, "not read: lr_warmup_steps is set")
-        elif not c.get(ratio):
-            c.map(steps, f"{target}.warmup_steps", 0)
-            c.same(ratio, "no warm-up")
-        else:
-            c.ignore(steps, "<= 0: verl uses lr_warmup_steps_ratio")
-            share = float(c.get(ratio))
-            c.later(ratio, f"{target}.warmup_steps", lambda total: int(share * total),
-                    "lr_warmup_steps_ratio x the run's steps")
 
 
 def precision(c: Context) -> None:
@@ -209,14 +147,22 @@ def rollout_engine(c: Context) -> None:
     vllm_keys = {f"{R}.dtype": "rollout.vllm.dtype", f"{R}.gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization",
                  f"{R}.enforce_eager": "rollout.vllm.enforce_eager",
                  f"{R}.tensor_model_parallel_size": "rollout.vllm.tensor_parallel_size",
-                 f"{R}.checkpoint_engine.update_weights_bucket_megabytes": "rollout.vllm.weight_bucket_mb"}
+                 f"{R}.checkpoint_engine.update_weights_bucket_megabytes": "rollout.vllm.weight_bucket_mb",
+                 f"{R}.max_num_seqs": "rollout.vllm.max_num_seqs",
+                 f"{R}.max_num_batched_tokens": "rollout.vllm.max_num_batched_tokens",
+                 f"{R}.max_model_len": "rollout.vllm.max_model_len",
+                 f"{R}.enable_chunked_prefill": "rollout.vllm.enable_chunked_prefill",
+                 f"{R}.enable_prefix_caching": "rollout.vllm.enable_prefix_caching",
+                 f"{R}.free_cache_engine": "rollout.vllm.sleep"}
+    notes = {f"{R}.enable_chunked_prefill": "on GPUs (vLLM's CPU build prefills whole prompts: seeded sampling)",
+             f"{R}.free_cache_engine": "where the platform has vLLM's sleep mode (GPUs)"}
     if name in ("vllm", "hf"):
         c.map(f"{R}.name", "rollout.name", name)
     else:
         c.refuse(f"{R}.name", f"the {name} rollout engine (rlforge's engines: hf, vllm)")
     for key, target in vllm_keys.items():
         if name == "vllm":
-            c.map(key, target, c.get(key))
+            c.map(key, target, c.get(key), notes.get(key, "") if c.get(key) else "")
         else:
             c.ignore(key, f"a vLLM setting; the {name} engine does not read it ({'speed or memory only'})")
 
@@ -239,7 +185,7 @@ def lengths(c: Context) -> None:
 
 
 def validation(c: Context) -> None:
-    """val_kwargs: greedy unless do_sample; rlforge's validation samples with the temperature only."""
+    """val_kwargs: greedy unless do_sample (verl then reads neither temperature nor top_p/top_k)."""
     v = f"{R}.val_kwargs"
     sample, n = bool(c.get(f"{v}.do_sample")), c.get(f"{v}.n", 1)
     c.same(f"{v}.do_sample", "sampled validation" if sample else "greedy validation")
@@ -248,18 +194,14 @@ def validation(c: Context) -> None:
               "greedy: verl ignores the temperature without do_sample")
         for key in ("top_p", "top_k"):
             c.ignore(f"{v}.{key}", "not read with val_kwargs.do_sample=False (greedy)")
-        if n > 1:
-            c.refuse(f"{v}.n", f"{n} identical greedy validation answers per prompt (set val_kwargs.do_sample=True)")
-        else:
-            c.map(f"{v}.n", "rollout.val_n", n)
+        c.map(f"{v}.n", "rollout.val_n", 1, "" if n <= 1 else f"verl's {n} greedy answers per prompt are one answer "
+              f"{n} times: rlforge generates it once (its metrics are named mean@1, not mean@{n}; the values are the "
+              "same, std 0)")
         return
     c.map(f"{v}.temperature", "rollout.val_temperature", float(c.get(f"{v}.temperature")))
     c.map(f"{v}.n", "rollout.val_n", n)
-    for key, neutral in (("top_p", (1, 1.0, None)), ("top_k", (-1, 0, None))):
-        if c.get(f"{v}.{key}") in neutral:
-            c.same(f"{v}.{key}", "no cut-off")
-        else:
-            c.refuse(f"{v}.{key}", f"validation sampling with {key} (rlforge's validation samples with the temperature)")
+    c.map(f"{v}.top_p", "rollout.val_top_p", float(c.get(f"{v}.top_p", 1.0)))
+    c.map(f"{v}.top_k", "rollout.val_top_k", top_k(c.get(f"{v}.top_k")))
 
 
 def multi_turn(c: Context) -> None:
@@ -315,12 +257,15 @@ def filter_groups(c: Context) -> None:
              else c.ignore(key, "read only with filter_groups.enable (dynamic sampling)"))
         return
     c.map(f"{f}.enable", "algorithm.filter_groups", True)
-    metric, shaped = c.get(f"{f}.metric"), c.overlong_on
-    if metric == "seq_final_reward" or (metric in ("score", "seq_reward", "reward", None) and not shaped):
-        c.same(f"{f}.metric", "groups filtered on their (final) reward")
+    metric = c.get(f"{f}.metric")
+    kl = metric == "seq_final_reward" and c.get("algorithm.use_kl_in_reward")
+    if metric in FILTER_METRICS and not kl:
+        note = ("verl's dapo reward manager takes a reward function's plain-number result as its acc; rlforge's acc is "
+                "then result >= 1" if metric == "acc" and c.reward_manager == "dapo" else "")
+        c.map(f"{f}.metric", "algorithm.filter_metric", FILTER_METRICS[metric], note)
     else:
-        c.refuse(f"{f}.metric", f"dynamic sampling on metric={metric}" + (" with overlong shaping on" if shaped else "")
-                 + ": rlforge filters groups on the final reward")
+        c.refuse(f"{f}.metric", "dynamic sampling on the KL-penalized reward (seq_final_reward with use_kl_in_reward)"
+                 if kl else f"dynamic sampling on metric={metric} (rlforge's algorithm.filter_metric: reward, score, acc)")
     rounds = int(c.get(f"{f}.max_num_gen_batches") or 0)
     train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
     scale = max(1, round(gen / train)) if gen and train and gen != train else 1
@@ -428,10 +373,12 @@ def steps(c: Context) -> None:
     if total is not None:
         c.map("trainer.total_training_steps", "trainer.total_steps", total)
         c.ignore("trainer.total_epochs", "not read: trainer.total_training_steps is set")
-        c.total_steps = int(total)
         return
     c.ignore("trainer.total_training_steps", "null: verl counts total_epochs")
-    c.epochs("trainer.total_epochs", int(epochs))
+    note = ("with dynamic sampling verl stops once total_epochs passes over the prompts are used up, however many steps "
+            "that is; rlforge trains total_epochs x rows // data.train_batch_size steps, drawing more prompts as needed"
+            if c.get("algorithm.filter_groups.enable") else "")
+    c.map("trainer.total_epochs", "trainer.total_epochs", int(epochs), note)
 
 
 def loggers(c: Context) -> None:
@@ -485,12 +432,13 @@ def val_only(c: Context) -> None:
 
 DERIVED: dict[str, Callable[[Context], None]] = {
     "algorithm": algorithm, "parallel": parallel, "data": data, "reward": reward, "overlong": overlong,
-    "micro_batches": micro_batches, "clip": clip, "grad_clip": grad_clip, "warmup": warmup, "precision": precision,
-    "rollout_engine": rollout_engine, "lengths": lengths, "validation": validation, "multi_turn": multi_turn,
-    "filter_groups": filter_groups, "multimodal": multimodal, "steps": steps, "loggers": loggers,
-    "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
+    "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip, "grad_clip": T.grad_clip,
+    "warmup": T.warmup, "schedule": T.schedule, "precision": precision, "rollout_engine": rollout_engine,
+    "lengths": lengths, "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups,
+    "multimodal": multimodal, "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints,
+    "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
-ORDER = ("algorithm", "parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "micro_batches",
-         "clip", "grad_clip", "precision", "rollout_engine", "lengths", "validation", "multi_turn", "multimodal",
-         "loggers", "resume", "checkpoints", "val_only")
+ORDER = ("algorithm", "parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "schedule",
+         "micro_batches", "scoring", "clip", "grad_clip", "precision", "rollout_engine", "lengths", "validation",
+         "multi_turn", "multimodal", "loggers", "resume", "checkpoints", "val_only")

@@ -17,7 +17,7 @@ SPEED = "speed or memory only: what is computed does not change"
 PROFILING = "profiling is not configured through the config (rlforge times every stage: timing_s/*)"
 SEEDS = "seeds do not carry over between frameworks; rlforge seeds everything with trainer.seed"
 FSDP_LAYOUT = f"FSDP sharding and kernel options ({SPEED}); rlforge's fsdp strategy shards with FSDP2"
-SCHEDULERS = "learning-rate schedules other than constant after a linear warm-up"
+SCHEDULERS = "megatron learning-rate decay styles other than constant"
 COPY = "a copy of another key (verl fills it by interpolation)"
 
 
@@ -38,14 +38,14 @@ def _optim(section: str, target: str) -> dict[str, Rule]:
         f"{o}.lr_warmup_steps": Derived("warmup"),
         f"{o}.lr_warmup_steps_ratio": Derived("warmup"),
         f"{o}.total_training_steps": Ignore("verl fills it with the run's step count (trainer.total_steps here)"),
-        f"{o}.lr_scheduler_type": Keep(is_("constant"), "a constant rate after the linear warm-up", SCHEDULERS, 32),
-        f"{o}.warmup_style": Keep(lambda v: v in (None, "constant"), "a constant rate after the warm-up", SCHEDULERS, 32),
+        f"{o}.lr_scheduler_type": Derived("schedule"),
+        f"{o}.warmup_style": Derived("schedule"),
+        f"{o}.min_lr_ratio": Derived("schedule"),
+        f"{o}.num_cycles": Derived("schedule"),
+        f"{o}.zero_indexed_step": Derived("schedule"),
         f"{o}.lr_decay_style": Keep(is_("constant"), "a constant rate after the warm-up", SCHEDULERS, 32),
         f"{o}.decay_type": Ignore("read by torchtitan's scheduler only (model_engine=torchtitan: refused)"),
         f"{o}.weight_decay_incr_style": Keep(is_("constant"), "a constant weight decay", "weight-decay schedules"),
-        f"{o}.min_lr_ratio": Ignore("read only by the cosine schedule (lr_scheduler_type)"),
-        f"{o}.num_cycles": Ignore("read only by the cosine schedule (lr_scheduler_type)"),
-        f"{o}.zero_indexed_step": Ignore("read only by the cosine schedule's step count"),
         f"{o}.min_lr*": Ignore("read only by a decaying schedule (lr_decay_style)"),
         f"{o}.lr_*": Ignore("read only by a decaying or warm-started schedule (lr_decay_style, lr_warmup_init)"),
         f"{o}.use_checkpoint_opt_param_scheduler": Ignore("megatron's scheduler state in checkpoints"),
@@ -220,7 +220,7 @@ ACTOR_RULES: dict[str, Rule] = {
 REF = f"{ARO}.ref"
 REF_RULES: dict[str, Rule] = {
     **_engine(REF, "ref"),
-    f"{REF}.log_prob_*": Ignore(f"log-prob passes use the actor's micro-batches ({SPEED})"),
+    f"{REF}.log_prob_*": Derived("scoring"),
     f"{REF}.optim.*": Ignore("the reference model is never trained"),
 }
 
@@ -245,6 +245,12 @@ ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.enforce_eager": Derived("rollout_engine"),
     f"{ROLLOUT}.tensor_model_parallel_size": Derived("rollout_engine"),
     f"{ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes": Derived("rollout_engine"),
+    f"{ROLLOUT}.max_num_seqs": Derived("rollout_engine"),
+    f"{ROLLOUT}.max_num_batched_tokens": Derived("rollout_engine"),
+    f"{ROLLOUT}.max_model_len": Derived("rollout_engine"),
+    f"{ROLLOUT}.enable_chunked_prefill": Derived("rollout_engine"),
+    f"{ROLLOUT}.enable_prefix_caching": Derived("rollout_engine"),
+    f"{ROLLOUT}.free_cache_engine": Derived("rollout_engine"),
     f"{ROLLOUT}.checkpoint_engine.*": Ignore("weights are synced to the engine in buckets"),
     f"{ROLLOUT}.ignore_eos": Keep(off, "responses end at EOS", "ignoring EOS (generating to the length limit)"),
     f"{ROLLOUT}.logprobs_mode": Keep(is_("processed_logprobs"), "log-probs at the sampling temperature",
@@ -264,7 +270,7 @@ ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.agent.custom_async_server.*": Keep(off, "rlforge's engines", "custom async rollout servers"),
     f"{ROLLOUT}.agent.*": Ignore("agent loops run concurrently in the driver"),
     f"{ROLLOUT}.calculate_log_probs": Ignore("every rlforge engine reports its log-probs"),
-    f"{ROLLOUT}.log_prob_*": Ignore(f"old log-probs use the actor's micro-batches ({SPEED})"),
+    f"{ROLLOUT}.log_prob_*": Derived("scoring"),
     f"{ROLLOUT}.trace.*": Ignore("tracing is not configured through the config"),
     f"{ROLLOUT}.prometheus.*": Ignore("no Prometheus export"),
     f"{ROLLOUT}.profiler.*": Ignore(PROFILING),
@@ -282,7 +288,7 @@ CRITIC_RULES: dict[str, Rule] = {
     "critic.ppo_micro_batch_size_per_gpu": Derived("micro_batches"),
     "critic.use_dynamic_bsz": Derived("micro_batches"),
     "critic.ppo_max_token_len_per_gpu": Derived("micro_batches"),
-    "critic.forward_*": Ignore(f"value passes use the critic's micro-batches ({SPEED})"),
+    "critic.forward_*": Derived("scoring"),
     "critic.ppo_epochs": Map("critic.ppo_epochs"),
     "critic.shuffle": Keep(off, "mini-batches in order", "shuffled mini-batches"),
     "critic.data_loader_seed": Ignore(SEEDS),

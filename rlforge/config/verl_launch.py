@@ -29,7 +29,7 @@ def given_keys(overrides: list[str]) -> set[str]:
 
 def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Prepared:
     """Compose and translate a launch. With ``refuse``, a key whose feature rlforge lacks is an error listing every
-    such key; so is a step count that waits for data files that cannot be read here."""
+    such key."""
     if entry not in verl_hydra.ENTRY_CONFIGS:
         raise ConfigError(f"Unknown verl entry point '{entry}'. Known: {', '.join(verl_hydra.ENTRY_CONFIGS)}.")
     launch = verl_hydra.parse_args(args, verl_hydra.ENTRY_CONFIGS[entry])
@@ -61,25 +61,11 @@ def check(t: verl.Translation) -> None:
         lines = "\n  ".join(f.line() for f in refused)
         raise ConfigError(f"This verl launch asks for {len(refused)} thing(s) rlforge does not have:\n  {lines}\n"
                           f"(rlforge config from-verl ARGS shows the whole translation; see {verl.DOC})")
-    if t.epochs is not None:
-        raise ConfigError(f"{t.epochs[0]}={t.epochs[1]}: the step count is epochs x rows of data.train_files, which "
-                          f"cannot be read here; set trainer.total_training_steps (or make the files readable).")
 
 
 def as_layer(t: verl.Translation) -> DictConfig:
-    """The translation's rlforge keys as a config layer (keys still waiting for the row count left out)."""
-    waiting = {target for _, target, _ in t.pending} | ({t.epochs[2]} if t.epochs else set())
+    """The translation's rlforge keys as a config layer."""
     tree = t.nested()
-    for key in waiting:
-        _drop(tree, key)
     if t.command == "sft":
         tree.pop("algorithm", None)
     return OmegaConf.create(tree)
-
-
-def _drop(tree: dict[str, Any], key: str) -> None:
-    *parents, leaf = key.split(".")
-    node = tree
-    for part in parents:
-        node = node.get(part, {})
-    node.pop(leaf, None)

@@ -97,6 +97,13 @@ def str_list(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
+def float_list(value: Any) -> list[float]:
+    """A list of numbers; one written as text (a launch's quoted '[0.9,0.95]', which a shell unquotes) is read as YAML."""
+    import yaml
+
+    return [float(v) for v in (yaml.safe_load(value) if isinstance(value, str) else value)]
+
+
 class Table:
     """Exact keys first, then patterns (fnmatch, ``*`` spans dots) in the order given: the first match wins."""
 

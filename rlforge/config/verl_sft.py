@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlforge.config.verl_rules import Derived, Ignore, Keep, Map, Rule, Table, at_most_one, is_, non_negative, off
+from rlforge.config import verl_training as T
+from rlforge.config.verl_rules import (
+    Derived, Ignore, Keep, Map, Rule, Table, at_most_one, float_list, is_, non_negative, off, str_list,
+)
+from rlforge.lr_schedule import LR_SCHEDULERS
 
 SPEED = "speed or memory only: what is computed does not change"
-SCHEDULE = ("rlforge's SFT schedule is a linear warm-up then a cosine decay to 10% of sft.lr; other schedules are "
-            "learning-rate schedules it does not have")
 RULES: dict[str, Rule] = {
     "*._target_": Ignore("verl's structured-config class path"),
     "data.train_files": Derived("sft_files"), "data.val_files": Derived("sft_files"),
@@ -36,7 +38,10 @@ RULES: dict[str, Rule] = {
     "model.path": Map("sft.init"), "model.partial_pretrain": Map("sft.init"),
     "model.trust_remote_code": Map("model.trust_remote_code"),
     "model.enable_gradient_checkpointing": Ignore(f"activation recomputation ({SPEED})"),
-    "model.lora_rank": Keep(is_(0), "full fine-tuning", "LoRA in rlforge's SFT"),
+    "model.lora_rank": Map("model.lora.rank"), "model.lora_alpha": Map("model.lora.alpha"),
+    "model.target_modules": Map("model.lora.target_modules", str_list),
+    "model.exclude_modules": Keep(off, "LoRA on every target module", "excluding modules from LoRA"),
+    "model.lora_adapter_path": Keep(off, "a fresh adapter", "starting LoRA from a saved adapter"),
     "model.lora.rank": Keep(is_(0), "full fine-tuning", "LoRA in rlforge's SFT"),
     "model.custom_chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates", 32),
     "model.override_config": Keep(off, "the model's config.json", "overriding config.json fields"),
@@ -49,16 +54,15 @@ RULES: dict[str, Rule] = {
     "use_remove_padding": Ignore(SPEED),
     "engine.*": Ignore(f"FSDP engine options ({SPEED})"),
     "optim.lr": Map("sft.lr"), "optim.weight_decay": Map("sft.weight_decay"), "optim.clip_grad": Map("sft.grad_clip"),
-    "optim.betas": Keep(lambda v: list(v or []) == [0.9, 0.999], "AdamW's betas (0.9, 0.999)",
-                        "AdamW betas other than (0.9, 0.999)"),
+    "optim.betas": Map("sft.betas", float_list),
     "optim.optimizer": Keep(is_("AdamW", "adamw"), "AdamW", "optimizers other than AdamW"),
-    "optim.lr_scheduler_type": Keep(is_("cosine"), "a cosine decay", SCHEDULE, 32),
-    "optim.lr_scheduler": Keep(is_("cosine"), "a cosine decay", SCHEDULE, 32),
-    "optim.min_lr_ratio": Keep(is_(0.1), "a decay to 10% of the peak", SCHEDULE, 32),
+    **{f"optim.{k}": Derived("sft_schedule") for k in (
+        "lr_scheduler", "lr_scheduler_type", "warmup_style", "min_lr_ratio", "num_cycles", "zero_indexed_step")},
     "optim.lr_warmup_steps_ratio": Derived("sft_warmup"), "optim.lr_warmup_steps": Derived("sft_warmup"),
     "optim.*": Ignore("read only by other optimizers or schedules"),
     "trainer.total_training_steps": Derived("sft_steps"), "trainer.total_epochs": Derived("sft_steps"),
     "trainer.save_freq": Map("sft.save_every", non_negative), "trainer.test_freq": Map("sft.val_every", non_negative),
+    "trainer.project_name": Map("trainer.project", note="the mlflow experiment of rlforge's SFT"),
     "trainer.resume_mode": Derived("sft_resume"), "trainer.resume_from_path": Derived("sft_resume"),
     "trainer.default_local_dir": Map("sft.output_dir"), "trainer.seed": Map("sft.seed"),
     "trainer.logger": Derived("sft_loggers"),
@@ -103,14 +107,37 @@ def sft_columns(c: Any) -> None:
 
 
 def sft_warmup(c: Any) -> None:
-    steps, ratio = c.get("optim.lr_warmup_steps"), c.get("optim.lr_warmup_steps_ratio") or 0.0
-    if steps is not None and steps > 0:
+    """lr_warmup_steps when > 0, else lr_warmup_steps_ratio x the run's steps (v0.7's trainer reads only the ratio)."""
+    steps, ratio = c.get("optim.lr_warmup_steps"), float(c.get("optim.lr_warmup_steps_ratio") or 0.0)
+    if c.has("optim.lr_scheduler"):
+        c.ignore("optim.lr_warmup_steps", "not read by verl v0.7's SFT trainer (it reads lr_warmup_steps_ratio)")
+        c.set("sft.warmup_steps", 0)
+    elif steps is not None and steps > 0:
         c.map("optim.lr_warmup_steps", "sft.warmup_steps", steps)
         c.ignore("optim.lr_warmup_steps_ratio", "not read: lr_warmup_steps is set")
+        return
     else:
-        c.ignore("optim.lr_warmup_steps", "<= 0: verl uses lr_warmup_steps_ratio")
-        c.later("optim.lr_warmup_steps_ratio", "sft.warmup_steps", lambda total, r=float(ratio): int(r * total),
-                "lr_warmup_steps_ratio x the run's steps")
+        c.map("optim.lr_warmup_steps", "sft.warmup_steps", 0, "<= 0: the ratio applies")
+    c.map("optim.lr_warmup_steps_ratio", "sft.warmup_ratio", ratio)
+
+
+def sft_schedule(c: Any) -> None:
+    """The schedule of verl's SFT trainers: v0.7's ``optim.lr_scheduler`` (cosine to 0, or wsd), or the 0.9.1
+    engine's (FSDP: lr_scheduler_type constant or cosine, as in RL)."""
+    if not c.has("optim.lr_scheduler"):
+        T.fsdp_schedule(c, "optim", "sft")
+        return
+    kind = c.get("optim.lr_scheduler")
+    if kind == "cosine":
+        c.map("optim.lr_scheduler", "sft.lr_scheduler", "cosine", "verl v0.7's cosine decays to 0")
+        c.set("sft.min_lr_ratio", 0.0)
+        c.set("sft.num_cycles", 0.5)
+    else:
+        c.refuse("optim.lr_scheduler", f"the '{kind}' schedule in rlforge's SFT (sft.lr_scheduler: "
+                 f"{', '.join(LR_SCHEDULERS)})", 32)
+    for key in ("optim.lr_scheduler_type", "optim.warmup_style", "optim.min_lr_ratio", "optim.num_cycles",
+                "optim.zero_indexed_step"):
+        c.ignore(key, "not read by verl v0.7's SFT trainer (optim.lr_scheduler picks its schedule)")
 
 
 def sft_steps(c: Any) -> None:
@@ -118,10 +145,9 @@ def sft_steps(c: Any) -> None:
     if total is not None:
         c.map("trainer.total_training_steps", "sft.steps", total)
         c.ignore("trainer.total_epochs", "not read: trainer.total_training_steps is set")
-        c.total_steps = int(total)
         return
     c.ignore("trainer.total_training_steps", "null: verl counts total_epochs")
-    c.epochs("trainer.total_epochs", int(c.get("trainer.total_epochs")), target="sft.steps")
+    c.map("trainer.total_epochs", "sft.epochs", int(c.get("trainer.total_epochs")))
 
 
 def sft_resume(c: Any) -> None:
@@ -143,12 +169,12 @@ def sft_loggers(c: Any) -> None:
     unknown = [n for n in names if n not in SFT_LOGGERS and n != "console"]
     if unknown:
         c.refuse("trainer.logger", f"the {', '.join(unknown)} logger in rlforge's SFT (sft.loggers: mlflow, "
-                 "tensorboard)", 32 if {"swanlab", "trackio"} & set(unknown) else None)
+                 "tensorboard)", 32 if {"swanlab", "trackio", "wandb"} & set(unknown) else None)
     else:
         c.map("trainer.logger", "sft.loggers", [SFT_LOGGERS[n] for n in names if n in SFT_LOGGERS],
               "console: Lightning's progress bar (sft.progress)")
 
 
-DERIVED = {"sft_files": sft_files, "sft_columns": sft_columns, "sft_warmup": sft_warmup, "sft_steps": sft_steps,
-           "sft_resume": sft_resume, "sft_loggers": sft_loggers}
-ORDER = ("sft_files", "sft_columns", "sft_steps", "sft_warmup", "sft_resume", "sft_loggers")
+DERIVED = {"sft_files": sft_files, "sft_columns": sft_columns, "sft_warmup": sft_warmup, "sft_schedule": sft_schedule,
+           "sft_steps": sft_steps, "sft_resume": sft_resume, "sft_loggers": sft_loggers}
+ORDER = ("sft_files", "sft_columns", "sft_steps", "sft_warmup", "sft_schedule", "sft_resume", "sft_loggers")

@@ -97,14 +97,60 @@ def test_resume_mode_and_resume_from_path() -> None:
     assert fate(t, "trainer.resume_mode").kind == verl.REFUSED and "verl refuses it too" in fate(t, "trainer.resume_mode").text
 
 
-def test_total_epochs_counts_steps_from_the_rows(tmp_path: Path) -> None:
-    rows = tmp_path / "train.jsonl"
-    rows.write_text("{}\n" * 50)
-    t = prepare([*BASE[:-1], f"data.train_files={rows}", "data.train_batch_size=8", "trainer.total_epochs=3",
-                 f"{ARO}.actor.optim.lr_warmup_steps_ratio=0.5"], refuse=False).translation
-    assert t.overrides["trainer.total_steps"] == 3 * (50 // 8) and t.overrides["actor.warmup_steps"] == 9
-    with pytest.raises(ConfigError, match="trainer.total_epochs=3: the step count is epochs x rows"):
-        prepare([*BASE[:-1], "data.train_files=/missing.parquet", "trainer.total_epochs=3"])
+def test_total_epochs_and_the_warmup_ratio_are_rlforge_keys() -> None:
+    t = prepare([*BASE[:-1], "data.train_files=/missing.parquet", "trainer.total_epochs=3",
+                 f"{ARO}.actor.optim.lr_warmup_steps_ratio=0.5"]).translation  # no rows needed: the trainer counts them
+    o = t.overrides
+    assert o["trainer.total_epochs"] == 3 and "trainer.total_steps" not in o
+    assert o["actor.warmup_steps"] == 0 and o["actor.warmup_ratio"] == 0.5
+    dapo = prepare(["--config-name=dapo_trainer", *BASE[:-1], "trainer.total_epochs=2",
+                    "algorithm.filter_groups.enable=True"], refuse=False).translation
+    assert "dynamic sampling verl stops" in fate(dapo, "trainer.total_epochs").text  # a stated difference
+
+
+def test_schedules_map_to_transformers_schedules() -> None:
+    o = f"{ARO}.actor.optim"
+    cos = tr(f"{o}.lr_scheduler_type=cosine", f"{o}.min_lr_ratio=0.1", f"{o}.num_cycles=0.5").overrides
+    assert cos["actor.lr_scheduler"] == "cosine" and cos["actor.min_lr_ratio"] == 0.1 and cos["actor.num_cycles"] == 0.5
+    style = tr(f"{o}.warmup_style=cosine", f"{o}.lr_scheduler_type=constant")  # the deprecated key wins, as in verl
+    assert style.overrides["actor.lr_scheduler"] == "cosine" and style.overrides["actor.min_lr_ratio"] == 0.0
+    assert fate(style, f"{o}.lr_scheduler_type").kind == verl.IGNORED
+    assert fate(tr(f"{o}.lr_scheduler_type=cosine", f"{o}.zero_indexed_step=False"), f"{o}.zero_indexed_step").kind \
+        == verl.REFUSED
+    assert fate(tr(f"{o}.min_lr_ratio=0.2"), f"{o}.min_lr_ratio").kind == verl.IGNORED  # constant: not read
+
+
+def test_scoring_passes_get_their_own_micro_batches() -> None:
+    r, ref = f"{ARO}.rollout", f"{ARO}.ref"
+    o = tr(f"{r}.log_prob_micro_batch_size_per_gpu=8", f"{ref}.log_prob_use_dynamic_bsz=True",
+           f"{ref}.log_prob_max_token_len_per_gpu=4096").overrides
+    assert o["actor.log_prob.micro_batch_size"] == 8 and o["actor.log_prob.max_tokens_per_micro_batch"] == 0
+    assert o["actor.ref_log_prob.max_tokens_per_micro_batch"] == 4096
+    ppo = tr("algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=2048",
+             "critic.forward_max_token_len_per_gpu=8192").overrides
+    assert ppo["critic.max_tokens_per_micro_batch"] == 2048 and ppo["critic.values.max_tokens_per_micro_batch"] == 8192
+    t = tr(f"{r}.log_prob_micro_batch_size=64", "trainer.n_gpus_per_node=8")
+    assert t.overrides["actor.log_prob.micro_batch_size"] == 8  # verl: a global count / the data-parallel size
+
+
+def test_vllm_engine_knobs_pass_through() -> None:
+    r = f"{ARO}.rollout"
+    o = tr(f"{r}.max_num_seqs=128", f"{r}.max_num_batched_tokens=4096", f"{r}.enable_chunked_prefill=False",
+           f"{r}.free_cache_engine=False", f"{r}.max_model_len=2048").overrides
+    assert o["rollout.vllm.max_num_seqs"] == 128 and o["rollout.vllm.max_num_batched_tokens"] == 4096
+    assert o["rollout.vllm.enable_chunked_prefill"] is False and o["rollout.vllm.sleep"] is False
+    assert o["rollout.vllm.max_model_len"] == 2048 and o["rollout.vllm.enable_prefix_caching"] is True
+    assert "rollout.vllm.max_num_seqs" not in tr(f"{r}.name=hf", f"{r}.max_num_seqs=128").overrides
+
+
+def test_dynamic_sampling_metrics() -> None:
+    f, dapo = "algorithm.filter_groups", "dapo_trainer"
+    on = (f"{f}.enable=True", "reward.reward_manager.name=dapo", "reward.reward_kwargs.overlong_buffer_cfg.enable=True")
+    assert tr(*on, f"{f}.metric=acc", name=dapo).overrides["algorithm.filter_metric"] == "acc"
+    assert tr(*on, f"{f}.metric=seq_reward", name=dapo).overrides["algorithm.filter_metric"] == "reward"
+    assert tr(*on, f"{f}.metric=score", name=dapo).overrides["algorithm.filter_metric"] == "score"
+    kl = tr(*on, f"{f}.metric=seq_final_reward", "algorithm.use_kl_in_reward=True", name=dapo)
+    assert fate(kl, f"{f}.metric").kind == verl.REFUSED and "KL-penalized" in fate(kl, f"{f}.metric").text
 
 
 def test_val_only_runs_eval_and_val_kwargs_sample_for_validation() -> None:
@@ -114,8 +160,11 @@ def test_val_only_runs_eval_and_val_kwargs_sample_for_validation() -> None:
     assert greedy.overrides["rollout.val_temperature"] == 0.0  # verl: do_sample=False is greedy whatever the temperature
     sampled = tr(f"{v}.do_sample=True", f"{v}.temperature=0.6", f"{v}.n=4")
     assert sampled.overrides["rollout.val_temperature"] == 0.6 and sampled.overrides["rollout.val_n"] == 4
-    top_p = tr(f"{v}.do_sample=True", f"{v}.top_p=0.7")
-    assert fate(top_p, f"{v}.top_p").kind == verl.REFUSED
+    top = tr(f"{v}.do_sample=True", f"{v}.top_p=0.7", f"{v}.top_k=-1").overrides
+    assert top["rollout.val_top_p"] == 0.7 and top["rollout.val_top_k"] == 0
+    assert fate(tr(f"{v}.top_p=0.7"), f"{v}.top_p").kind == verl.IGNORED  # greedy: verl does not read it
+    copies = tr(f"{v}.n=30")  # 30 greedy copies of one answer
+    assert copies.overrides["rollout.val_n"] == 1 and "mean@1" in fate(copies, f"{v}.n").text
 
 
 def test_megatron_config_maps_tp_and_counts_data_parallel_ranks_as_verl() -> None:
@@ -174,7 +223,7 @@ def test_a_complete_hydra_config_translates_without_a_traceback(tmp_path: Path) 
 @pytest.mark.parametrize("override,needle", [
     ("data.max_response_length=64", "'data.max_response_length' is verl's key; rlforge's is 'rollout.max_new_tokens'"),
     (f"{ARO}.actor.optim.lr=1e-6", "rlforge's is 'actor.lr'"),
-    ("trainer.total_epochs=3", "trainer.total_steps (epochs x rows"),
+    (f"{ARO}.rollout.log_prob_micro_batch_size_per_gpu=8", "rlforge's is actor.log_prob.micro_batch_size"),
     (f"{ARO}.actor.fsdp_config.param_offload=True", "rlforge keeps parameters on the device"),
     (f"{ARO}.actor.ulysses_sequence_parallel_size=2", "issue 28"),
 ])

@@ -20,11 +20,16 @@ REPRESENTATIVE = {
     "examples/tuning/lora/run_qwen3_8b_fsdp.sh": None,
     "examples/remax_trainer/run_qwen3_8b_fsdp.sh": None,
     "examples/rollout_correction/run_qwen2_5_7b_fsdp.sh": None,
-    "dapo/test_dapo_8b_megatron_fp16.sh": "validation sampling with top_p",  # DAPO
+    # DAPO (dynamic sampling on acc, overlong shaping, sampled validation with top_p); run on the CPU, the prompts drawn
+    # two at a time for at most two rounds (EXTRA)
+    "dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": None,
     "examples/ppo_trainer/run_qwen3_8b_megatron.sh": "pipeline parallelism",  # megatron
     "partial_rollout/run/run_qwen3-0.6b_gsm8k_grpo_tool_baseline.sh": "tool classes",  # multi-turn tool GRPO
-    "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh": "SFT schedule",  # SFT
+    "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh": None,  # SFT (its schedule: verl's, through transformers)
 }
+EXTRA = {"dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": [  # main_dapo's config; its overlong window within 8 tokens
+    "--config-name=dapo_trainer", "data.gen_batch_size=2", "algorithm.filter_groups.max_num_gen_batches=2",
+    "reward.reward_kwargs.max_resp_len=8", "reward.reward_kwargs.overlong_buffer_cfg.len=4"]}
 
 
 def _launch(source: str) -> dict:
@@ -33,7 +38,9 @@ def _launch(source: str) -> dict:
 
 def _local(launch: dict, tmp_path, model, data) -> list[str]:
     if launch["entry"].endswith("sft_trainer"):
-        return [f"data.train_files={data['sft']}", f"model.path={model}", "trainer.total_training_steps=1",
+        return [f"data.train_files={data['sft']}", f"data.val_files={data['val']}", f"model.path={model}",
+                "trainer.total_training_steps=1", "data.train_batch_size=2", "data.micro_batch_size_per_gpu=2",
+                "data.max_length=128",
                 f"trainer.default_local_dir={tmp_path}/run", "trainer.logger=[console]", "trainer.n_gpus_per_node=1"]
     return [f"data.train_files={data['train']}", f"data.val_files={data['val']}", f"{ARO}.model.path={model}",
             "data.train_batch_size=2", f"{ARO}.actor.ppo_mini_batch_size=2", f"{ARO}.actor.ppo_micro_batch_size_per_gpu=2",
@@ -64,12 +71,13 @@ def local_data(tmp_path_factory):
 def test_a_verl_example_launch_trains_or_names_what_is_missing(source, tmp_path, tiny_chat_model, local_data, capsys):
     launch = _launch(source)
     args = [*(["--sft"] if launch["entry"].endswith("sft_trainer") else []), *launch["args"],
-            *_local(launch, tmp_path, tiny_chat_model, local_data)]
+            *_local(launch, tmp_path, tiny_chat_model, local_data), *EXTRA.get(source, [])]
     code = main(["verl", *args])
     err = capsys.readouterr().err
     missing = REPRESENTATIVE[source]
     if missing is None:
         assert code == 0, err[-3000:]
-        assert list((tmp_path / "run").rglob("summary.json"))
+        sft = launch["entry"].endswith("sft_trainer")  # an SFT run leaves the fine-tuned model, RL a summary
+        assert list((tmp_path / "run").rglob("model.safetensors" if sft else "summary.json"))
     else:
         assert code == 2 and missing in err and "is not in rlforge" in err, err[-3000:]

@@ -1,0 +1,143 @@
+"""The training-side settings that several verl keys decide together (``Derived`` rules, beside ``verl_derived``):
+the micro-batches of the updates and of the forward-only passes, the clip ratios, and the learning-rate warm-up
+and schedule. They follow verl 0.9.1's workers and engines."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlforge.config.verl import Context
+
+ARO = "actor_rollout_ref"
+A, R, REF = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref"
+# verl's forward-only passes: (its keys' section, their prefix, the key that turns on token budgets, rlforge's section)
+SCORING = ((R, "log_prob_", f"{R}.log_prob_use_dynamic_bsz", "actor.log_prob"),
+           (REF, "log_prob_", f"{REF}.log_prob_use_dynamic_bsz", "actor.ref_log_prob"),
+           ("critic", "forward_", "critic.use_dynamic_bsz", "critic.values"))
+SCHEDULES = ("constant", "cosine")  # verl's FSDP engine schedules; rlforge's lr_scheduler has both (rlforge.lr_schedule)
+
+
+def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, str], unset: str) -> None:
+    """One pass's micro-batches: ``flag`` on, a token budget (``keys[0]``); off, a per-GPU count (``keys[1]``) or a
+    global count (``keys[2]``) that verl divides by the data-parallel size. ``targets``: rlforge's (budget, count)."""
+    tokens, per_gpu, total = keys
+    name = flag.rsplit(".", 1)[1]
+    if c.get(flag):
+        c.map(tokens, targets[0], c.get(tokens))
+        c.ignore(per_gpu, f"not read with {name}=True")
+        c.ignore(total, f"not read with {name}=True")
+        return
+    c.ignore(tokens, f"read only with {name}=True")
+    if c.get(per_gpu) is not None:
+        c.map(per_gpu, targets[1], c.get(per_gpu))
+        c.ignore(total, "verl reads the _per_gpu value when it is set")
+    elif c.get(total) is not None:
+        c.ignore(per_gpu, "null: verl derives it from the global count")
+        c.map(total, targets[1], max(1, int(c.get(total)) // c.dp_size), "the global count / the data-parallel size, "
+              "as verl divides it")
+    else:
+        c.map(per_gpu, targets[1], None, f"verl requires a micro-batch size here; rlforge {unset}")
+        c.ignore(total, "null")
+
+
+def micro_batches(c: Context) -> None:
+    """The update's micro-batches: ``use_dynamic_bsz`` picks the token budget or the count."""
+    for section, target in ((A, "actor"), ("critic", "critic")):
+        flag = f"{section}.use_dynamic_bsz"
+        if not c.has(flag):
+            continue
+        c.same(flag, "micro-batches cut by tokens" if c.get(flag) else "micro-batches by count")
+        _cut(c, flag, (f"{section}.ppo_max_token_len_per_gpu", f"{section}.ppo_micro_batch_size_per_gpu",
+                       f"{section}.ppo_micro_batch_size"),
+             (f"{target}.max_tokens_per_micro_batch", f"{target}.ppo_micro_batch_size"), "takes the whole mini-batch")
+
+
+def scoring(c: Context) -> None:
+    """The forward-only passes' micro-batches: old log-probs (``rollout.log_prob_*``), reference log-probs
+    (``ref.log_prob_*``), values (``critic.forward_*``, cut by tokens with the critic's own use_dynamic_bsz)."""
+    for section, prefix, flag, target in SCORING:
+        keys = tuple(f"{section}.{prefix}{leaf}" for leaf in ("max_token_len_per_gpu", "micro_batch_size_per_gpu",
+                                                               "micro_batch_size"))
+        if not c.has(keys[0]):
+            continue
+        if flag in c.owned:  # the rollout's and the reference's own switch (the critic's is its update's)
+            (c.same(flag, "micro-batches cut by tokens") if c.get(flag) else
+             c.map(flag, f"{target}.max_tokens_per_micro_batch", 0, "micro-batches by count"))
+        _cut(c, flag, keys, (f"{target}.max_tokens_per_micro_batch", f"{target}.micro_batch_size"),  # type: ignore[arg-type]
+             "cuts them as the update")
+
+
+def clip(c: Context) -> None:
+    """verl reads clip_ratio only where clip_ratio_low/high are null."""
+    base, used = c.get(f"{A}.clip_ratio"), False
+    for side in ("low", "high"):
+        value = c.get(f"{A}.clip_ratio_{side}")
+        used |= value is None
+        c.map(f"{A}.clip_ratio_{side}", f"actor.clip_ratio_{side}", base if value is None else value)
+    if used:
+        c.same(f"{A}.clip_ratio", "the default of clip_ratio_low/high (mapped there)")
+    else:
+        c.ignore(f"{A}.clip_ratio", "not read: clip_ratio_low and clip_ratio_high are set")
+
+
+def grad_clip(c: Context) -> None:
+    for section in (A, "critic"):
+        if c.has(f"{section}.grad_clip"):
+            c.ignore(f"{section}.grad_clip", "not read by verl 0.9.1's engines: they clip at optim.clip_grad (mapped)")
+
+
+def warmup(c: Context) -> None:
+    """verl: lr_warmup_steps when > 0, else lr_warmup_steps_ratio x the run's steps; rlforge's warmup_steps and
+    warmup_ratio follow the same rule."""
+    for section, target in ((A, "actor"), ("critic", "critic")):
+        steps, ratio = f"{section}.optim.lr_warmup_steps", f"{section}.optim.lr_warmup_steps_ratio"
+        if not c.has(steps):
+            continue
+        if c.get(steps) is not None and c.get(steps) > 0:
+            c.map(steps, f"{target}.warmup_steps", c.get(steps))
+            c.ignore(ratio, "not read: lr_warmup_steps is set")
+        else:
+            c.map(steps, f"{target}.warmup_steps", 0, "<= 0: the ratio applies")
+            c.map(ratio, f"{target}.warmup_ratio", float(c.get(ratio) or 0.0))
+
+
+def schedule(c: Context) -> None:
+    """verl's FSDP schedule: ``lr_scheduler_type`` (the deprecated ``warmup_style`` wins where set), constant or cosine
+    down to ``min_lr_ratio`` (null: 0) with ``num_cycles`` waves, steps counted from 0. transformers' schedules, which
+    rlforge's ``lr_scheduler`` names, are the same functions."""
+    for section, target in ((A, "actor"), ("critic", "critic")):
+        if c.has(f"{section}.optim.lr_scheduler_type"):
+            fsdp_schedule(c, f"{section}.optim", target)
+    for key in c.owned:  # the same names in other engines' optimizer sections
+        if not c.done(key):
+            c.ignore(key, "read only by verl's FSDP schedule (lr_scheduler_type); other engines' schedules: "
+                          "lr_decay_style")
+
+
+def fsdp_schedule(c: Context, o: str, target: str) -> None:
+    """The schedule of the ``optim`` section ``o`` of verl's FSDP engine as rlforge's ``target`` section's."""
+    key, other, why = ((f"{o}.warmup_style", f"{o}.lr_scheduler_type", "not read: the deprecated warmup_style is "
+                        "set and wins") if c.get(f"{o}.warmup_style") is not None else
+                       (f"{o}.lr_scheduler_type", f"{o}.warmup_style", "null: lr_scheduler_type applies"))
+    c.ignore(other, why)
+    kind = c.get(key)
+    if kind in SCHEDULES:
+        c.map(key, f"{target}.lr_scheduler", kind)
+    else:
+        c.refuse(key, f"the '{kind}' schedule (verl's FSDP engine has {' and '.join(SCHEDULES)}; it refuses others "
+                 "too)")
+    cosine_keys(c, o, target, kind == "cosine")
+
+
+def cosine_keys(c: Context, o: str, target: str, cosine: bool) -> None:
+    """The cosine schedule's options under ``o`` (an ``optim`` section) as ``target``'s."""
+    keys = (f"{o}.min_lr_ratio", f"{o}.num_cycles", f"{o}.zero_indexed_step")
+    if not cosine:
+        for key in keys:
+            c.ignore(key, "read only by the cosine schedule")
+        return
+    c.map(keys[0], f"{target}.min_lr_ratio", float(c.get(keys[0]) or 0.0))
+    c.map(keys[1], f"{target}.num_cycles", float(c.get(keys[1], 0.5)))
+    (c.same(keys[2], "steps counted from 0, as transformers' schedules") if c.get(keys[2]) in (True, None) else
+     c.refuse(keys[2], "a cosine schedule counted from step 1 (zero_indexed_step=False)"))
