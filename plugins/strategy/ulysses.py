@@ -11,10 +11,12 @@ tokens with ``heads/sp`` heads), and a second one brings the heads back and the 
   row *before* slicing, so the last position of a slice predicts the first token of the next (verl issue #6068).
 - Attention goes through transformers' attention-function registry: models are switched to the implementation
   ``rlforge_ulysses`` (:func:`use_ulysses`), which wraps ``sdpa`` or the model's own ``eager`` function; model code
-  is not patched. The mask is built once per forward on the whole padded row (block-diagonal causal, one block
-  per sequence, :func:`block_causal_mask`) and passed as a 4-D ``attention_mask``, which transformers hands to the
-  attention function unchanged. Called without the sequence-parallel argument (any other forward of the model, e.g.
-  generation), ``rlforge_ulysses`` is plain ``sdpa`` with transformers' own masks.
+  is not patched. The packed row's attention is block-diagonal causal (a sequence starts wherever the position id
+  does not follow the previous one): after the exchange each sequence is attended on its own, causally (``sdpa``
+  with ``is_causal``, no mask; ``eager`` with the sequence's own causal mask), so no ``T x T`` mask is built and the
+  cost is the sum of the squared sequence lengths, not the square of the row's. transformers builds no mask for
+  ``rlforge_ulysses`` (no mask function is registered for it), and a forward of a switched model outside
+  :meth:`SequenceParallel.packed_outputs` is refused (the rollout engines generate with a copy made before).
 - KV heads are repeated ``sp / kv_heads`` times when there are fewer of them than ranks. ``sp`` must divide the query
   heads, and divide or be a multiple of the KV heads (``Heads.check``).
 - Outputs (log-probs, entropy, values) are computed on each rank's slice and gathered back along the sequence
@@ -56,6 +58,7 @@ class SequenceParallel:
     size: int
     rank: int
     inner: str = "sdpa"
+    segments: tuple[int, ...] = ()  # in one forward: where each sequence of the padded row starts, and its length
 
     def packed_outputs(self, model: torch.nn.Module, ids: torch.Tensor, position_ids: torch.Tensor,
                        before: torch.Tensor, outputs: Outputs, logits_to_keep: bool = True
@@ -69,14 +72,14 @@ class SequenceParallel:
         picked afterwards. Collective over the group: every rank calls it with the same row."""
         ids, position_ids = pad_packed(ids, position_ids, self.size)
         labels = shift_labels(ids)  # on the whole row, before slicing (verl #6068)
+        call = replace(self, segments=segment_bounds(position_ids))
         length = ids.shape[1] // self.size
         start = self.rank * length
         mine = (before >= start) & (before < start + length)
         local = before[mine] - start
         keep = {"logits_to_keep": local} if logits_to_keep else {}
-        out = model(input_ids=shard(ids, self), position_ids=shard(position_ids, self),
-                    attention_mask=block_causal_mask(position_ids, self.inner), use_cache=False,
-                    **{SP_KWARG: self}, **keep).logits[0]
+        out = model(input_ids=shard(ids, self), position_ids=shard(position_ids, self), attention_mask=None,
+                    use_cache=False, **{SP_KWARG: call}, **keep).logits[0]
         values = outputs(out if logits_to_keep else out[local], shard(labels, self)[0, local])
         return tuple(None if v is None else gather_seq(v.new_zeros(length, *v.shape[1:]).index_copy(0, local, v),
                                                        self)[before] for v in values)
@@ -108,17 +111,20 @@ def shift_labels(ids: torch.Tensor) -> torch.Tensor:
     return torch.roll(ids, -1, dims=-1)
 
 
-def block_causal_mask(position_ids: torch.Tensor, inner: str = "sdpa") -> torch.Tensor:
-    """The [1, 1, T, T] mask of a packed row ([1, T]): causal within each sequence (a new one starts wherever the
-    position does not follow the previous one), nothing across. Boolean (True: attend) for ``sdpa``, additive
-    float32 (0 or the float32 minimum) for ``eager``."""
+def segment_bounds(position_ids: torch.Tensor) -> tuple[int, ...]:
+    """Where each sequence of a packed row ([1, T]) starts (a new one wherever the position does not follow the
+    previous one), and ``T``: ``[0, 1, 2, 0, 1]`` -> ``(0, 3, 5)``."""
     pos = position_ids.reshape(-1)
-    seq = torch.cumsum(torch.diff(pos, prepend=pos[:1] - 1) != 1, 0)
-    idx = torch.arange(pos.shape[0], device=pos.device)
-    allowed = ((seq[:, None] == seq[None, :]) & (idx[:, None] >= idx[None, :]))[None, None]
-    if inner == "eager":
-        return torch.zeros(allowed.shape, device=pos.device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
-    return allowed
+    starts = (torch.diff(pos) != 1).nonzero().reshape(-1) + 1
+    return (0, *starts.tolist(), pos.shape[0])
+
+
+def causal_mask(n: int, inner: str, device: Any = None) -> torch.Tensor | None:
+    """The causal mask of one sequence of ``n`` tokens for the wrapped attention: None for ``sdpa`` (``is_causal``),
+    additive float32 [1, 1, n, n] (0 or the float32 minimum above the diagonal) for ``eager``."""
+    if inner == "sdpa":
+        return None
+    return torch.full((n, n), torch.finfo(torch.float32).min, device=device).triu_(1)[None, None]
 
 
 def kv_repeats(kv_heads: int, sp: int) -> int:
@@ -203,31 +209,32 @@ def _inner(module: torch.nn.Module, name: str) -> Callable[..., Any]:
 
 def ulysses_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers attention function ``rlforge_ulysses``. ``query`` [b, heads, s/sp, d], ``key``/``value``
-    [b, kv_heads, s/sp, d], ``attention_mask`` the whole row's 4-D mask; returns [b, s/sp, heads, d]. Without
-    the ``rlforge_sequence_parallel`` argument: ``sdpa``."""
+    """transformers attention function ``rlforge_ulysses``: ``query`` [1, heads, s/sp, d] and ``key``/``value``
+    [1, kv_heads, s/sp, d] of this rank's slice of a packed row; returns [1, s/sp, heads, d]. ``attention_mask`` is
+    unused (None): the sequences of the row are in the ``rlforge_sequence_parallel`` argument."""
     sp: SequenceParallel | None = kwargs.pop(SP_KWARG, None)
     if sp is None:
-        return _inner(module, "sdpa")(module, query, key, value, attention_mask, **kwargs)
+        raise RLForgeError(f"{type(module).__name__} uses attention '{ATTENTION}', which runs only in the packed "
+                           "sequence-parallel forward passes (rlforge.ops with remove_padding, on a model marked by "
+                           "ops.sequence_parallel). Generate with a copy of the model made before use_ulysses.")
     if kwargs.get("sliding_window") is not None:
         raise RLForgeError(f"{type(module).__name__} uses sliding-window attention, which Ulysses sequence parallelism "
                            "does not implement.")
     repeats = kv_repeats(key.shape[1], sp.size)
     if repeats > 1:
         key, value = key.repeat_interleave(repeats, dim=1), value.repeat_interleave(repeats, dim=1)
-    q, k, v = (all_to_all(t, 1, 2, sp) for t in (query, key, value))  # [b, h/sp, s, d]
-    out, _ = _inner(module, sp.inner)(_LocalHeads(module, q.shape[1] // k.shape[1]), q, k, v, attention_mask,
-                                      **kwargs)
-    return all_to_all(out, 1, 2, sp), None  # [b, s, h/sp, d] -> [b, s/sp, h, d]
+    q, k, v = (all_to_all(t, 1, 2, sp) for t in (query, key, value))  # [1, h/sp, s, d]
+    inner, local = _inner(module, sp.inner), _LocalHeads(module, q.shape[1] // k.shape[1])
+    out = torch.cat([inner(local, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], causal_mask(b - a, sp.inner, q.device),
+                           **kwargs)[0] for a, b in zip(sp.segments, sp.segments[1:])], 1)
+    return all_to_all(out, 1, 2, sp), None  # [1, s, h/sp, d] -> [1, s/sp, h, d]
 
 
 def register_attention() -> None:
-    """Register ``rlforge_ulysses`` with transformers (its attention function, and SDPA's mask for other forwards)."""
+    """Register ``rlforge_ulysses`` in transformers' attention functions (and no mask function: none is built)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(ATTENTION, ulysses_attention)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 def use_ulysses(model: torch.nn.Module, sp: SequenceParallel, key: str) -> SequenceParallel:

@@ -96,9 +96,8 @@ def _attention(sp: U.SequenceParallel) -> dict:
             q, k, v = (torch.randn(1, h, 10, 16, generator=g) for h in (4, kv, kv))
             weight = torch.randn(1, 10, 4, 16, generator=g)
             local = [U.shard(t.transpose(-1, -2), sp).transpose(-1, -2).clone().requires_grad_() for t in (q, k, v)]
-            mine = replace(sp, inner=inner)
-            o, _ = U.ulysses_attention(module, *local, U.block_causal_mask(pos, inner), scaling=0.25,
-                                       **{U.SP_KWARG: mine})
+            mine = replace(sp, inner=inner, segments=U.segment_bounds(pos))
+            o, _ = U.ulysses_attention(module, *local, None, scaling=0.25, **{U.SP_KWARG: mine})
             (o * U.shard(weight.transpose(1, -1), sp).transpose(1, -1)).sum().backward()
             out[(kv, inner)] = (q, k, v, weight, o.detach(), [t.grad for t in local])
     return out
@@ -174,13 +173,17 @@ def test_shift_labels_before_slicing_keeps_the_label_across_the_slice_boundary()
     assert U.shift_labels(U.shard(ids, first)).tolist() == [[11, 10]]  # shifting after slicing loses it (#6068)
 
 
-def test_block_causal_mask_by_hand():
-    mask = U.block_causal_mask(torch.tensor([[0, 1, 0, 1, 2]]))
-    expected = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
-    assert mask.shape == (1, 1, 5, 5) and mask[0, 0].long().tolist() == expected
-    eager = U.block_causal_mask(torch.tensor([[0, 1, 0, 1, 2]]), "eager")[0, 0]
-    assert eager.dtype == torch.float32 and ((eager == 0) == mask[0, 0]).all()
-    assert (eager[~mask[0, 0]] == torch.finfo(torch.float32).min).all()
+def test_segment_bounds_by_hand():
+    assert U.segment_bounds(torch.tensor([[0, 1, 2, 0, 1]])) == (0, 3, 5)
+    assert U.segment_bounds(torch.tensor([[0, 1, 0, 0, 1, 2, 3]])) == (0, 2, 3, 7)
+    assert U.segment_bounds(torch.tensor([[4, 5, 6]])) == (0, 3)  # a row that starts mid-sequence: one sequence
+
+
+def test_causal_mask_by_hand():
+    assert U.causal_mask(3, "sdpa") is None  # sdpa's is_causal
+    mask = U.causal_mask(3, "eager")
+    low = torch.finfo(torch.float32).min
+    assert mask.shape == (1, 1, 3, 3) and mask[0, 0].tolist() == [[0, low, low], [0, 0, low], [0, 0, 0]]
 
 
 def test_kv_heads_are_repeated_only_when_fewer_than_ranks():
@@ -218,15 +221,12 @@ def test_mesh_size_must_divide_the_ranks():
         U.sequence_parallel_mesh("cpu", 4, 3)
 
 
-def test_without_the_group_it_is_plain_sdpa():
-    """A forward outside the sequence-parallel path (generation, say) of a switched model is the sdpa model's."""
+def test_a_switched_model_outside_the_sequence_parallel_path_is_refused():
+    """No mask is built for rlforge_ulysses: a plain forward (generation, say) must not run without one."""
     model = _model("llama")
-    switched = copy.deepcopy(model)
-    U.use_ulysses(switched, U.SequenceParallel(None, 2, 0), "k")
-    ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])
-    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
-    torch.testing.assert_close(switched(input_ids=ids, attention_mask=mask).logits,
-                               model(input_ids=ids, attention_mask=mask).logits)
+    U.use_ulysses(model, U.SequenceParallel(None, 2, 0), "k")
+    with pytest.raises(RLForgeError, match="uses attention 'rlforge_ulysses', which runs only in the packed"):
+        model(input_ids=torch.tensor([[1, 2, 3]]))
 
 
 # --- two processes ------------------------------------------------------------------------------------------------
