@@ -69,7 +69,7 @@ def corpus(f: dict[str, float]) -> list[str]:
             f"| ignored, with the reason | {f['ignored']} | {f['ignored_pct']:.1f}% |", "",
             f"Launches: {f['compose']} compose as they are; {f['refused_named']} are refused, each for named missing "
             f"features (sequence parallelism, megatron pipeline parallelism, MoE expert parallelism, multimodal data, "
-            f"swanlab and SFT's wandb logger, NPUs, SGLang, ...); {f['verl_refuses']} are refused by verl 0.9.1's own composition (keys of older verl releases, "
+            f"SFT's wandb logger, NPUs, SGLang, ...); {f['verl_refuses']} are refused by verl 0.9.1's own composition (keys of older verl releases, "
             "configs of other recipes). Every difference from verl that the tables know of is a refusal or a stated "
             "note; tests/tools/test_verl_corpus.py checks each override's fate against the audited table "
             "tests/tools/data/verl_audit.tsv, and no message says \"no counterpart\".", ""]

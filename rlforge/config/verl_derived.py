@@ -32,8 +32,11 @@ READS = {"algorithm.gamma": ({"gae", "reinforce_plus_plus"}, {"ppo", "pf_ppo", "
          "algorithm.norm_adv_by_std_in_grpo": ({"grpo", "grpo_vectorized", "gdpo"}, {"grpo", "gdpo"})}
 TARGET = {"algorithm.gamma": "algorithm.gamma", "algorithm.lam": "algorithm.lam",
           "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std"}
-LOGGERS = {"console": "console", "wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard"}
-LOGGER_ISSUES = {"swanlab": 32, "trackio": 32}
+LOGGERS = {"console": "console", "wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard",
+           "swanlab": "swanlab", "trackio": "trackio", "file": "jsonl"}
+# where rlforge's logger keeps its records elsewhere than verl's
+LOGGER_NOTES = {"file": "verl's file logger writes {step, data} lines to $VERL_FILE_LOGGER_PATH or "
+                        "<project>/<experiment>.jsonl; rlforge's jsonl logger writes the metrics to <run>/metrics.jsonl"}
 REWARD_MANAGERS = {"naive": "rule", "dapo": "rule", "prime": "rule"}  # prime: verl's parallel naive manager
 # verl's filter_groups.metric -> rlforge's algorithm.filter_metric (seq_final_reward: before any KL in the reward)
 FILTER_METRICS = {"seq_reward": "reward", "seq_final_reward": "reward", "score": "score", "acc": "acc"}
@@ -386,11 +389,11 @@ def loggers(c: Context) -> None:
     names = [value] if isinstance(value, str) else list(value or [])
     unknown = [n for n in names if n not in LOGGERS]
     if unknown:
-        issue = next((LOGGER_ISSUES[n] for n in unknown if n in LOGGER_ISSUES), None)
         c.refuse("trainer.logger", f"the {', '.join(unknown)} logger{'s' if len(unknown) > 1 else ''} (rlforge's: "
-                 f"{', '.join(LOGGERS)})", issue)
+                 f"{', '.join(LOGGERS)})")
     else:
-        c.map("trainer.logger", "logger.backends", [LOGGERS[n] for n in names] or ["console"])
+        c.map("trainer.logger", "logger.backends", [LOGGERS[n] for n in names] or ["console"],
+              "; ".join(LOGGER_NOTES[n] for n in names if n in LOGGER_NOTES))
 
 
 def resume(c: Context) -> None:

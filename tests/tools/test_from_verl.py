@@ -81,11 +81,13 @@ def test_use_dynamic_bsz_picks_the_count_or_the_token_key(dynamic: bool) -> None
         assert "read only with use_dynamic_bsz=True" in fate(t, f"{ARO}.actor.ppo_max_token_len_per_gpu").text
 
 
-def test_loggers_swanlab_is_refused_naming_its_issue() -> None:
-    t = tr("trainer.logger=[console,swanlab]")
-    assert "logger.backends" not in t.overrides
-    assert fate(t, "trainer.logger").kind == verl.REFUSED and "issue 32" in fate(t, "trainer.logger").line()
+def test_loggers_map_to_rlforge_backends() -> None:
+    assert tr("trainer.logger=[console,swanlab,trackio]").overrides["logger.backends"] == ["console", "swanlab", "trackio"]
     assert tr("trainer.logger=[console,tensorboard]").overrides["logger.backends"] == ["console", "tensorboard"]
+    files = tr("trainer.logger=[console,file]")
+    assert files.overrides["logger.backends"] == ["console", "jsonl"] and "metrics.jsonl" in fate(files, "trainer.logger").text
+    t = tr("trainer.logger=[console,clearml]")
+    assert "logger.backends" not in t.overrides and fate(t, "trainer.logger").kind == verl.REFUSED
 
 
 def test_resume_mode_and_resume_from_path() -> None:
@@ -239,9 +241,9 @@ def test_hydra_prefixes_at_fit_get_a_hint(capsys) -> None:
 
 
 def test_from_verl_prints_the_translation_and_rlforge_verl_refuses_with_every_missing_feature(capsys) -> None:
-    assert main(["config", "from-verl", *BASE, "trainer.logger=[console,swanlab]"]) == 0
+    assert main(["config", "from-verl", *BASE, "trainer.logger=[console,clearml]"]) == 0
     captured = capsys.readouterr()
     assert "trainer:" in captured.out and "REFUSED     trainer.logger" in captured.err
-    assert main(["verl", *BASE, "trainer.logger=[console,swanlab]", f"{ARO}.actor.ulysses_sequence_parallel_size=2"]) == 2
+    assert main(["verl", *BASE, "trainer.logger=[console,clearml]", f"{ARO}.actor.ulysses_sequence_parallel_size=2"]) == 2
     err = capsys.readouterr().err
-    assert "3 thing(s) rlforge does not have" in err and "issue 28" in err and "issue 32" in err  # actor, ref, logger
+    assert "3 thing(s) rlforge does not have" in err and "issue 28" in err and "clearml" in err  # actor, ref, logger
