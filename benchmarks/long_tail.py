@@ -28,15 +28,14 @@ from grpo_vs_trl import SIZES, build_model  # noqa: E402
 
 
 def force_lengths(model: torch.nn.Module, stop_id: int, end_positions: set[int]):
-    """Make the model's next token the stop token wherever the input's position is in ``end_positions``."""
+    """Make the model's next token the stop token wherever the input's position is in ``end_positions``, and never
+elsewhere."""
     ends = torch.tensor(sorted(end_positions))
 
     def hook(module, args, kwargs, output):
-        last = kwargs["position_ids"][:, -1]
-        force = torch.isin(last, ends)
-        if bool(force.any()):
-            logits = output.logits
-            logits[force, -1, stop_id] = logits[force, -1].max(-1).values + 100.0
+        force = torch.isin(kwargs["position_ids"][:, -1], ends)
+        logits = output.logits[:, -1]
+        logits[:, stop_id] = torch.where(force, logits.max(-1).values + 100.0, float("-inf"))
         return output
 
     return model.register_forward_hook(hook, with_kwargs=True)
