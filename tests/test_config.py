@@ -206,7 +206,7 @@ def test_config_file_must_be_a_mapping(registry, tmp_path: Path) -> None:
         ("data.name=nope", "data.name", "arith, arith_pairs, arith_tool, files"),
         ("reward.manager=nope", "reward.manager", "model, rule"),
         ("trainer.controller=nope", "trainer.controller", "local"),
-        ("logger.backends=[console,nope]", "logger.backends", "console, mlflow"),
+        ("logger.backends=[console,nope]", "logger.backends", "console, csv, jsonl, mlflow, swanlab, tensorboard, trackio, wandb"),
     ],
 )
 def test_unknown_component_lists_available(registry, override: str, key: str, available: str) -> None:

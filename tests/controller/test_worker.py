@@ -113,12 +113,15 @@ def test_shared_prefix_gives_the_plain_update(pm, shared_calls, layout, mode):
     assert shared_calls  # (log-probs and the update)
 
 
-def _actor_worker(pm, overrides, caps=None):
+def _actor_worker(pm, overrides, shares_prompts=None):
     cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", *overrides],
                       plugins=pm)
     module = GRPO(cfg)
     module.configure_model()
-    return ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg), caps=caps)
+    strategy = pm.registry.strategy.get("single")(cfg)
+    if shares_prompts is not None:
+        strategy.shares_prompts = shares_prompts
+    return ActorWorker(cfg, module, strategy)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -134,9 +137,7 @@ def test_shared_prefix_falls_back_to_the_plain_path(pm, overrides):
 
 def test_shared_prefix_applies_only_on_strategies_verified_with_it(pm):
     assert shares_prompts(_actor_worker(pm, ["actor.use_kl_loss=true"]).module.actor)
-    from rlforge.protocols import StrategyCapabilities
-
-    worker = _actor_worker(pm, ["actor.use_kl_loss=true"], caps=StrategyCapabilities())  # declares no shares_prompts
+    worker = _actor_worker(pm, ["actor.use_kl_loss=true"], shares_prompts=False)  # a strategy not verified with it
     assert not shares_prompts(worker.module.actor) and not shares_prompts(worker.module.ref)
 
 

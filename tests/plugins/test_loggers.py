@@ -246,6 +246,9 @@ def test_mlflow_runs_share_one_store_from_the_environment(monkeypatch, tmp_path)
     assert [p.name for p in report(tmp_path / "r1")] == ["reward.png"]  # `rlforge report` finds the shared store
     assert [a.path for a in client.list_artifacts(ids[0])] == ["reward.png"]
     assert not (tmp_path / "r1" / "mlflow.db").exists()
+    (tmp_path / "r3").mkdir()
+    MlflowLogger(_config(), str(tmp_path / "r3")).close()  # mlflow exports its store and experiment: not kept
+    assert not {"MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"} & set(os.environ)
 
 
 # --- the profiler plugin ----------------------------------------------------------------------------------------
