@@ -58,6 +58,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.rollout.vllm",
     "rlforge.plugins.reward.rule",
     "rlforge.plugins.reward.model",
+    "rlforge.plugins.reward.generative",
     "rlforge.plugins.strategy.single",
     "rlforge.plugins.strategy.fsdp",
     "rlforge.plugins.strategy.tp",
