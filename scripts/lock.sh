@@ -8,8 +8,8 @@ cd "$root"
 venv=$(mktemp -d)/venv
 "${PYTHON:-python3}" -m venv "$venv"
 pip_q() { "$venv/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
-cpu_torch=${RLFORGE_CPU_TORCH:-torch==2.13.0}
-pip_q --no-index "$cpu_torch" 2>/dev/null || pip_q --index-url https://download.pytorch.org/whl/cpu "$cpu_torch"
+source "$root/scripts/torch.sh"
+install_torch "$venv/bin/python"
 pip_q ".[test]"
 "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 {
