@@ -101,16 +101,19 @@ class TrainWorker:
 
     def micro_plan(self, batch: B.Batch, cut: Cut | None = None) -> list[list[int]]:
         """The rows of each micro-batch of ``batch`` (see ``microbatch.py``), cut as the update's (or ``cut``).
-        Collective with a token budget on several ranks: they agree on the number of micro-batches."""
+        Collective with a token budget on several ranks: they agree on the number of micro-batches. A token budget is
+        per rank: with sequence parallelism a micro-batch holds ``sequence_parallel_size`` x the budget, which its
+        ranks split (verl's ``max_token_len_per_gpu x ulysses_sequence_parallel_size``)."""
         cut = cut or self.cut
         if not cut.tokens:
             return fixed_plan(len(batch), cut.rows)
         lengths = _lengths(batch)
-        plan = token_budget_plan(lengths, cut.tokens, self.remove_padding)
+        budget = cut.tokens * getattr(self.strategy, "sequence_parallel_size", 1)
+        plan = token_budget_plan(lengths, budget, self.remove_padding)
         if self.strategy.world_size > 1:
             parts = int(self.strategy.all_reduce_max(float(len(plan))))
             if parts != len(plan):
-                plan = token_budget_plan(lengths, cut.tokens, self.remove_padding, parts)
+                plan = token_budget_plan(lengths, budget, self.remove_padding, parts)
         return plan
 
     def _per_row(self, batch: B.Batch, forward: Any, scoring: str) -> torch.Tensor:
