@@ -14,6 +14,15 @@ and ``torch.multiprocessing`` when the workers are used as a library (the tests 
   the forward runs under autocast, as with the single strategy.
 - ``named_weights`` streams gathered full tensors in buckets of ``strategy.fsdp.weight_sync_bucket_mb`` to the
   rollout replica: no more than one bucket of gathered weights is alive beyond the model itself.
+- Ulysses sequence parallelism (``strategy.fsdp.sequence_parallel_size`` = sp > 1, ``ulysses.py``): the ranks form a
+  ``(dp, sp)`` mesh (rank ``r``: data-parallel group ``r // sp``, sequence-parallel rank ``r % sp``). FSDP still
+  shards over all ranks; ``world_size``/``rank`` are the *data-parallel* ones (the controllers split batches over the
+  ``dp`` groups, the ``sp`` ranks of a group get the same rows) and counts are summed over the ``dp`` group of this
+  rank (``reduce_group``). The actor, reference and critic (every model put on the strategy) run their packed forward
+  passes sequence-parallel; each rank's gradient is its slice's part of the one-rank gradient of its group's rows, so
+  FSDP's sum over all ``dp x sp`` ranks, with losses normalized by counts summed over ``dp``, is the one-process
+  gradient: nothing is rescaled. Token budgets (``<role>.max_tokens_per_micro_batch``) stay per rank: a group's
+  packed micro-batch holds up to ``sp x`` the budget (``sequence_parallel_size``, read by the workers), as in verl.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
+from rlforge.plugins.strategy import ulysses
 from rlforge.strategy import BaseStrategy, ProcessGroupCollectives
 
 if TYPE_CHECKING:
@@ -36,6 +46,7 @@ else:
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 BACKENDS = ("auto", "nccl", "gloo")
+SP_KEY = "strategy.fsdp.sequence_parallel_size"
 
 
 def _device(name: str) -> torch.device:
@@ -56,6 +67,7 @@ class FSDPConfig:
 
     backend: str = "auto"  # torch.distributed backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
     weight_sync_bucket_mb: float = 256.0  # gathered weights streamed to the rollout replica per bucket
+    sequence_parallel_size: int = 1  # Ulysses: ranks that share one packed sequence (needs model.remove_padding=true)
 
 
 class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
@@ -71,6 +83,13 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
             raise ConfigError(f"strategy.fsdp.backend='{f.backend}'. Allowed: {', '.join(BACKENDS)}.")
         if f.weight_sync_bucket_mb <= 0:
             raise ConfigError(f"strategy.fsdp.weight_sync_bucket_mb must be > 0, got {f.weight_sync_bucket_mb}.")
+        check_sequence_parallel(config, registry)
+
+    @staticmethod
+    def data_parallel_size(config: Any) -> int:
+        """How many data-parallel groups the ranks form (the controllers split batches over them): each
+        ``strategy.fsdp.sequence_parallel_size`` consecutive ranks see the same rows."""
+        return int(config.strategy.num_processes) // int(config.strategy.fsdp.sequence_parallel_size)
 
     def __init__(self, config: Any) -> None:
         s, f = config.strategy, config.strategy.fsdp
@@ -82,6 +101,8 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
             )
         self.validate_config(config, None)
         self.rank, self.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.sp: ulysses.SequenceParallel | None = None  # this rank's sequence-parallel group, with sp > 1
+        self._sp_size = int(f.sequence_parallel_size)
         self.device = _device(s.device)
         backend = f.backend if f.backend != "auto" else ("nccl" if self.device.type == "cuda" else "gloo")
         if not torch.distributed.is_initialized():
@@ -96,19 +117,38 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
         self.mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         self.bucket_bytes = max(1, int(f.weight_sync_bucket_mb * 2**20))
 
+    @property
+    def sequence_parallel_size(self) -> int:
+        """The ranks that share each packed micro-batch (1: none); the workers scale token budgets by it."""
+        return 1 if self.sp is None else self.sp.size
+
     def autocast(self) -> Any:
         return contextlib.nullcontext() if self.fsdp_casts else super().autocast()
 
     def _init_mesh(self) -> Any:
-        """The mesh FSDP shards over: all ranks (a subclass may shard over a part of a larger mesh)."""
+        """The mesh FSDP shards over: all ranks (a subclass may shard over a part of a larger mesh). With sequence
+        parallelism also the ``(dp, sp)`` mesh: this rank's sp group, and ``rank``/``world_size`` become the
+        data-parallel ones."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(self.device.type, (self.world_size,))
+        self.process_rank = self.rank
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        if self._sp_size > 1:
+            grid = ulysses.sequence_parallel_mesh(self.device.type, self.world_size, self._sp_size)
+            self.sp, self.dp_mesh = ulysses.from_mesh(grid), grid["dp"]
+            self.rank, self.world_size = self.dp_mesh.get_local_rank(), self.dp_mesh.size()
+        return mesh
 
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Shard each decoder layer, then the root (embeddings, norm, head) with what is left."""
+        """Shard each decoder layer, then the root (embeddings, norm, head) with what is left. With sequence
+        parallelism the model's attention becomes Ulysses' first (its heads checked) and its packed forward passes
+        run over this rank's sp group (``ops.sequence_parallel``)."""
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
+        from rlforge import ops
+
+        if self.sp is not None:
+            ops.sequence_parallel(model, ulysses.use_ulysses(model, self.sp, SP_KEY))
         model.to(self.device)
         layer_classes = set(getattr(model, "_no_split_modules", None) or ())
         for sub in list(model.modules()):
@@ -139,7 +179,8 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
         return float(total)
 
     def reduce_group(self) -> Any:
-        return self.mesh.get_group()
+        """Counts and metrics are summed over the data-parallel ranks (all of them without sequence parallelism)."""
+        return (self.mesh if self.sp is None else self.dp_mesh).get_group()
 
     def named_weights(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         """Gathered full parameters, one bucket at a time. Collective: every rank iterates to the end."""
@@ -156,6 +197,24 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
             bucket.append((name, full.detach()))
             size += nbytes
         yield from bucket
+
+
+def check_sequence_parallel(config: Any, registry: Any) -> None:
+    """``strategy.fsdp.sequence_parallel_size``: >= 1, dividing the ranks, with packed forward passes, on the fsdp
+    strategy itself (a subclass that lays out its own mesh, like ``tp``, does not read it). The heads are checked
+    when the model is set up (``ulysses.use_ulysses``)."""
+    sp, n = config.strategy.fsdp.sequence_parallel_size, config.strategy.num_processes
+    if sp < 1 or n % sp:
+        raise ConfigError(f"{SP_KEY}={sp} must be >= 1 and divide strategy.num_processes={n} (data-parallel groups x "
+                          "sequence-parallel size).")
+    if sp == 1:
+        return
+    if not config.model.remove_padding:
+        raise ConfigError(f"{SP_KEY}={sp} slices packed sequences: set model.remove_padding=true (it is false).")
+    factory = registry.strategy.get(config.strategy.name) if registry is not None else FSDPStrategy
+    if getattr(factory, "_init_mesh", None) is not FSDPStrategy._init_mesh:
+        raise ConfigError(f"{SP_KEY}={sp} is read by strategy.name=fsdp; strategy.name={config.strategy.name} lays "
+                          f"out its own device mesh. Set {SP_KEY}=1 or strategy.name=fsdp.")
 
 
 @hookimpl

@@ -11,7 +11,13 @@ the one-process results each rank computes itself on the same inputs:
   the unmarked model's (``ops.response_logprobs(remove_padding=True)``, ...), with a
   slice boundary inside a response (the label of the last position of rank 0's slice is rank 1's first token,
   verl #6068); critic values equal ``ops.response_values``;
-- an exchange whose heads 2 does not divide names the sizes.
+- an exchange whose heads 2 does not divide names the sizes;
+- the ``fsdp`` strategy with ``strategy.fsdp.sequence_parallel_size=2`` (one data-parallel group of 2 ranks, packed
+  rows, token budgets): the workers' old and reference log-probs, one whole GRPO update with a KL loss (SGD: the
+  weights after it and its metrics), critic values and one critic update (PPO) equal the ``single`` strategy's in one
+  process; the per-rank token budget holds twice the tokens per micro-batch.
+
+The config checks of ``strategy.fsdp.sequence_parallel_size`` are unit tests without processes.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rlforge import ops
+from rlforge import batch as B
+from rlforge import load_config, ops
 from rlforge.errors import ConfigError, RLForgeError
+from rlforge.plugin_manager import PluginManager
 from rlforge.plugins.strategy import ulysses as U
 from tests.plugins.megatron_cpu import free_port, launch_env
 
@@ -132,6 +140,53 @@ def _models(sp: U.SequenceParallel) -> dict:
     return out
 
 
+# the workers on the shipped tiny model (2 heads, 2 KV heads): packed rows of 7 to 11 tokens, a per-rank token budget
+WORKERS = ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2",
+           "actor.lr=1e-2", "critic.lr=1e-2", "actor.entropy_coeff=0.01", "actor.use_kl_loss=true",
+           "model.remove_padding=true", "actor.max_tokens_per_micro_batch=24", "critic.max_tokens_per_micro_batch=24",
+           "data.max_prompt_length=16"]
+SEQUENCE_PARALLEL = ["strategy.name=fsdp", "strategy.device=cpu", f"strategy.num_processes={SP}",
+                     "trainer.controller=ray", f"strategy.fsdp.sequence_parallel_size={SP}"]
+
+
+def _workers(pm: PluginManager, extra: list[str]) -> dict:
+    """Old and reference log-probs, one GRPO update (SGD), critic values and one critic update (PPO), on a strategy
+    built from ``WORKERS + extra``."""
+    from rlforge.algorithms.ppo import PPO
+    from rlforge.controller.worker import ActorWorker, CriticWorker
+    from tests.controller.test_worker import SGDGRPO, _rollout_batch
+
+    class SGDPPO(PPO):
+        def configure_critic_optimizers(self):
+            return torch.optim.SGD(self.critic.parameters(), lr=self.config.critic.lr), None
+
+    out: dict = {}
+    cfg = load_config("grpo", [*WORKERS, *extra], plugins=pm)
+    module = SGDGRPO(cfg)
+    module.configure_model()
+    actor = ActorWorker(cfg, module, pm.registry.strategy.get(cfg.strategy.name)(cfg))
+    batch = _rollout_batch(module, group=4)
+    out["log_probs"] = actor.compute_log_probs(batch)
+    out["ref_log_probs"] = actor.compute_log_probs(batch, "ref")
+    batch[B.OLD_LOG_PROBS] = out["log_probs"] + 0.05 * batch[B.RESPONSE_MASK]
+    batch[B.REF_LOG_PROBS] = out["ref_log_probs"] - 0.03 * batch[B.RESPONSE_MASK]
+    out["micro_batches"] = len(actor.micro_plan(batch.select(list(range(8)))))
+    out["metrics"] = actor.update(batch)
+    out["weights"] = actor.model_state_dict()  # complete on rank 0
+    ppo_cfg = load_config("ppo", [*WORKERS, *extra], plugins=pm)
+    ppo = SGDPPO(ppo_cfg)
+    ppo.roles = frozenset({"critic"})
+    torch.manual_seed(0)  # the critic's fresh scalar head
+    ppo.configure_model()
+    critic = CriticWorker(ppo_cfg, ppo, pm.registry.strategy.get(ppo_cfg.strategy.name)(ppo_cfg))
+    out["values"] = critic.compute_values(batch)
+    batch[B.VALUES] = out["values"]
+    batch[B.RETURNS] = out["values"] + batch[B.ADVANTAGES]
+    out["critic_metrics"] = critic.update(batch)
+    out["critic_weights"] = critic.model_state_dict()
+    return out
+
+
 def _rank_main(rank: int, port: int, out_dir: str) -> None:
     launch_env(rank, SP, port)
     torch.set_num_threads(1)
@@ -139,6 +194,10 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     mesh = U.sequence_parallel_mesh("cpu", SP, SP)
     sp = U.from_mesh(mesh)
     out = {"sp": (sp.size, sp.rank), **_round_trips(sp), "attention": _attention(sp), "models": _models(sp)}
+    pm = PluginManager(autoload=False)
+    out["workers"] = _workers(pm, SEQUENCE_PARALLEL)
+    if rank == 0:  # the one-process reference, while rank 1 waits
+        out["single_workers"] = _workers(pm, [])
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
@@ -302,3 +361,63 @@ def test_critic_values_equal_one_process(ranks):
     for r in ranks:
         values, sp_values = r["models"]["critic"]
         torch.testing.assert_close(sp_values, values, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.slow
+def test_fsdp_sequence_parallel_workers_equal_one_process(ranks):
+    """Log-probs, reference log-probs, one GRPO update, critic values and one critic update with sp=2 equal the single
+    strategy's; every rank of the group holds the same gathered results."""
+    single = ranks[0]["single_workers"]
+    for r in ranks:
+        w = r["workers"]
+        for key in ("log_probs", "ref_log_probs", "values"):
+            torch.testing.assert_close(w[key], single[key], rtol=RTOL, atol=ATOL, msg=key)
+        for key in ("metrics", "critic_metrics"):
+            for name, value in single[key].items():
+                assert w[key][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+        assert w["micro_batches"] < single["micro_batches"]  # the budget is per rank: 2 ranks hold twice the tokens
+    assert single["metrics"]["actor/kl_loss"] > 0 and single["metrics"]["actor/grad_norm"] > 0
+    sp = ranks[0]["workers"]
+    assert ranks[1]["workers"]["weights"] == {}  # gathered on rank 0 only
+    for key in ("weights", "critic_weights"):
+        assert sp[key].keys() == single[key].keys()
+        for name, w in single[key].items():
+            torch.testing.assert_close(sp[key][name], w, rtol=1e-4, atol=1e-6, msg=f"{key} {name}")
+
+
+# --- the strategy's config checks (no processes) ------------------------------------------------------------------
+
+SP_BASE = ["strategy.name=fsdp", "trainer.controller=ray", "data.train_batch_size=4", "rollout.n=4",
+           "actor.ppo_mini_batch_size=2"]
+
+
+@pytest.fixture(scope="module")
+def pm() -> PluginManager:
+    return PluginManager(autoload=False)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["strategy.num_processes=2", "strategy.fsdp.sequence_parallel_size=2"],
+     r"strategy.fsdp.sequence_parallel_size=2 slices packed sequences: set model.remove_padding=true"),
+    (["strategy.num_processes=3", "strategy.fsdp.sequence_parallel_size=2", "model.remove_padding=true"],
+     r"strategy.fsdp.sequence_parallel_size=2 must be >= 1 and divide strategy.num_processes=3"),
+    (["strategy.num_processes=2", "strategy.fsdp.sequence_parallel_size=0", "model.remove_padding=true"],
+     r"strategy.fsdp.sequence_parallel_size=0 must be >= 1"),
+    (["strategy.name=tp", "strategy.num_processes=4", "strategy.fsdp.sequence_parallel_size=2",
+      "model.remove_padding=true"], r"read by strategy.name=fsdp; strategy.name=tp lays out its own device mesh"),
+], ids=["padded", "indivisible", "zero", "tp"])
+def test_sequence_parallel_config_errors_name_the_keys(pm, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("grpo", [*SP_BASE, *extra], plugins=pm)
+
+
+def test_sequence_parallel_groups_are_the_data_parallel_unit(pm):
+    """4 ranks with sp=2 are 2 data-parallel groups: the batch arithmetic counts groups, not ranks."""
+    from rlforge.plugins.strategy.fsdp import FSDPStrategy
+
+    cfg = load_config("grpo", [*SP_BASE, "strategy.num_processes=4", "strategy.fsdp.sequence_parallel_size=2",
+                               "model.remove_padding=true"], plugins=pm)
+    assert FSDPStrategy.data_parallel_size(cfg) == 2
+    with pytest.raises(ConfigError, match="over 2 data-parallel groups"):  # a mini-batch of 3 sequences
+        load_config("grpo", [*SP_BASE, "rollout.n=3", "actor.ppo_mini_batch_size=1", "strategy.num_processes=4",
+                             "strategy.fsdp.sequence_parallel_size=2", "model.remove_padding=true"], plugins=pm)
