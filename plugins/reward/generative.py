@@ -110,7 +110,7 @@ def parse_score(reply: str, pattern: re.Pattern[str], low: float, high: float, n
     mapped onto [0, 1] when ``normalize``. Raises ``ValueError`` saying why there is none."""
     matches = list(pattern.finditer(reply))
     if not matches:
-        raise ValueError(f"the judge's reply has no score matching {KEY}.score_pattern {pattern.pattern!r} "
+        raise ValueError(f"the judge's reply has no score matching {KEY}.score_pattern '{pattern.pattern}' "
                          f"(reply: {_clip(reply)!r})")
     text = matches[-1].group(1)
     try:
@@ -338,7 +338,10 @@ def compile_pattern(pattern: str) -> re.Pattern[str]:
 
 
 def _status(exc: Any) -> str:
-    message = getattr(exc, "message", "") or str(exc)
+    """``HTTP 400: <the server's error message>`` of an ``openai.APIStatusError``."""
+    body = getattr(exc, "body", None)
+    message = body.get("message") if isinstance(body, dict) else None
+    message = message or getattr(exc, "message", "") or str(exc)
     return f"HTTP {getattr(exc, 'status_code', '?')}: {_clip(str(message))}"
 
 
