@@ -58,7 +58,8 @@ def field_docs(cls: type) -> dict[str, tuple[str, str]]:
 
 
 def show(value: object) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    """A default as the table shows it: a one-line string as it is, anything else (a multi-line string) as JSON."""
+    return value if isinstance(value, str) and "\n" not in value else json.dumps(value)
 
 
 def table(cls: type, section: str) -> list[str]:
