@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rlforge.config.verl import Context
 
 ARO = "actor_rollout_ref"
-A, R = f"{ARO}.actor", f"{ARO}.rollout"
+A, R, REF = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref"
 # verl's adv_estimator -> rlforge's algorithm (the algorithm name carries its estimator)
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "grpo_vectorized": "grpo", "rloo": "rloo", "rloo_vectorized": "rloo",
               "reinforce_plus_plus": "reinforce_pp", "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
@@ -143,6 +143,56 @@ def parallel(c: Context) -> None:
         c.map("trainer.device", "strategy.device", device)
     else:
         c.refuse("trainer.device", f"trainer.device={device} (rlforge runs on cuda or cpu)")
+
+
+SP = "ulysses_sequence_parallel_size"
+SP_TARGET = "strategy.fsdp.sequence_parallel_size"
+
+
+def sequence_parallel(c: Context) -> None:
+    """Ulysses: each role's ``ulysses_sequence_parallel_size`` where > 1, else its engine's (``fsdp_config``, the
+    critic's ``fsdp``), as verl's FSDP configs read them. rlforge has one size for every model, the actor's: a reference
+    (with a KL term) or critic with a smaller one is computed the same with less memory per GPU, a larger one is
+    refused. Data-parallel size = GPUs / SP."""
+    engine, world = c.get("model_engine", "dp"), int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
+    use_ref = bool(c.get(f"{A}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))
+    sizes: dict[str, tuple[int, str]] = {}  # role section -> (its size, the key that decides it)
+    for section in (A, REF, "critic"):
+        keys = [k for k in c.owned if k.startswith(f"{section}.")]
+        if not keys:
+            continue
+        if section == REF and not use_ref:
+            for key in keys:
+                c.ignore(key, "read only with a reference model (use_kl_loss or use_kl_in_reward)")
+            continue
+        top, inner = f"{section}.{SP}", next((k for k in keys if k != f"{section}.{SP}"), None)
+        decider = top if int(c.get(top) or 1) > 1 or inner is None else inner
+        sizes[section] = (int(c.get(decider) or 1), decider)
+        for key in keys:
+            if key != decider:
+                c.ignore(key, f"not read: {top} > 1 wins (verl copies it here)" if key == inner else
+                         f"1: verl reads {decider}")
+    sp, decider = sizes.get(A, (1, ""))
+    for section, (size, key) in sizes.items():
+        role = section.rsplit(".", 1)[-1]
+        if section == A:
+            continue
+        if size > sp:  # rlforge would hold more of each sequence per GPU than the launch planned for
+            c.refuse(key, f"a larger sequence-parallel size for the {role} ({size}) than for the actor ({sp}, "
+                     f"{decider}; rlforge's {SP_TARGET} is one for all models)")
+        else:  # a larger size computes the same values with less memory per GPU
+            c.same(key, f"{SP_TARGET}={sp}, the actor's: one for all models" + (
+                f" (more than the {role}'s {size}: the same values, less memory per GPU)" if size < sp else ""))
+    if sp <= 1:
+        c.same(decider, "no sequence parallelism")
+    elif engine == "megatron":
+        c.refuse(decider, "Ulysses sequence parallelism with the megatron strategy")
+    elif world % sp:
+        c.refuse(decider, f"{SP}={sp} on {world} GPUs (it must divide them, in verl too)")
+    else:
+        c.map(decider, SP_TARGET, sp, "token budgets (..._max_token_len_per_gpu) stay per GPU, as in verl: a "
+              "micro-batch holds SP x the budget")
+        c.dp_size = max(1, c.dp_size // sp)
 
 
 def rollout_engine(c: Context) -> None:
@@ -434,7 +484,7 @@ def val_only(c: Context) -> None:
 
 
 DERIVED: dict[str, Callable[[Context], None]] = {
-    "algorithm": algorithm, "parallel": parallel, "data": data, "reward": reward, "overlong": overlong,
+    "algorithm": algorithm, "parallel": parallel, "sequence_parallel": sequence_parallel, "data": data, "reward": reward, "overlong": overlong,
     "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip, "grad_clip": T.grad_clip,
     "warmup": T.warmup, "schedule": T.schedule, "precision": precision, "rollout_engine": rollout_engine,
     "lengths": lengths, "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups,
@@ -442,6 +492,6 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
-ORDER = ("algorithm", "parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "schedule",
+ORDER = ("algorithm", "parallel", "sequence_parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "schedule",
          "micro_batches", "scoring", "clip", "grad_clip", "precision", "rollout_engine", "lengths", "validation",
          "multi_turn", "multimodal", "loggers", "resume", "checkpoints", "val_only")

@@ -104,7 +104,7 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
 def _engine(section: str, role: str) -> dict[str, Rule]:
     """FSDP / megatron / veomni / torchtitan engine settings of the actor, the reference or the critic."""
     f, mg = f"{section}.fsdp_config", f"{section}.megatron"
-    sp = Keep(at_most_one, "no sequence parallelism", "Ulysses sequence parallelism", 28)
+    sp = Derived("sequence_parallel")
     rules: dict[str, Rule] = {
         f"{f}.param_offload": Ignore(f"rlforge keeps parameters on the device ({SPEED})"),
         f"{f}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(

@@ -182,9 +182,27 @@ def test_megatron_config_maps_tp_and_counts_data_parallel_ranks_as_verl() -> Non
     assert tr("model_engine=megatron").overrides["strategy.name"] == "megatron"  # the config-group choice
 
 
+def test_ulysses_maps_to_one_sequence_parallel_size_and_divides_the_data_parallel_size() -> None:
+    a, sp = f"{ARO}.actor", "ulysses_sequence_parallel_size"
+    gpus = ["trainer.n_gpus_per_node=8", f"{ARO}.model.use_remove_padding=True"]
+    t = tr(f"{a}.{sp}=4", f"{a}.ppo_micro_batch_size=64", f"~{a}.ppo_micro_batch_size_per_gpu", *gpus)
+    assert t.overrides["strategy.fsdp.sequence_parallel_size"] == 4 and not t.refused
+    assert t.overrides["actor.ppo_micro_batch_size"] == 64 // (8 // 4)  # verl: a global count / (GPUs / SP)
+    engine = tr(f"{a}.fsdp_config.{sp}=2", *gpus)  # verl's FSDP engine key, read where the actor's own is 1
+    assert engine.overrides["strategy.fsdp.sequence_parallel_size"] == 2
+    assert fate(engine, f"{a}.{sp}").kind == verl.IGNORED
+    kl = tr(f"{a}.{sp}=2", f"{a}.use_kl_loss=True", *gpus)  # the reference follows the actor (verl's interpolation)
+    assert not kl.refused and fate(kl, f"{ARO}.ref.{sp}").kind == verl.MAPPED
+    ppo = ["algorithm.adv_estimator=gae", f"{a}.{sp}=2", *gpus]
+    smaller = tr(*ppo)  # the critic's 1: the same values with the actor's 2
+    assert not smaller.refused and "less memory" in fate(smaller, f"critic.fsdp.{sp}").text
+    larger = tr(*ppo, f"critic.{sp}=4")
+    assert [f.key for f in larger.refused] == [f"critic.{sp}"]
+    assert "critic (4) than for the actor (2" in larger.refused[0].text
+    assert "on 3 GPUs" in fate(tr(f"{a}.{sp}=2", "trainer.n_gpus_per_node=3"), f"{a}.{sp}").text
+
+
 def test_refusals_name_the_feature_and_the_open_issue() -> None:
-    assert "issue 28" in fate(tr(f"{ARO}.actor.ulysses_sequence_parallel_size=2"),
-                              f"{ARO}.actor.ulysses_sequence_parallel_size").line()
     assert "issue 29" in fate(tr("data.image_key=images"), "data.image_key").line()
     assert "issue 30" in fate(tr("algorithm.adv_estimator=grpo_passk"), "algorithm.adv_estimator").line()
 
@@ -227,7 +245,7 @@ def test_a_complete_hydra_config_translates_without_a_traceback(tmp_path: Path) 
     (f"{ARO}.actor.optim.lr=1e-6", "rlforge's is 'actor.lr'"),
     (f"{ARO}.rollout.log_prob_micro_batch_size_per_gpu=8", "rlforge's is actor.log_prob.micro_batch_size"),
     (f"{ARO}.actor.fsdp_config.param_offload=True", "rlforge keeps parameters on the device"),
-    (f"{ARO}.actor.ulysses_sequence_parallel_size=2", "issue 28"),
+    (f"{ARO}.actor.ulysses_sequence_parallel_size=2", "rlforge's is strategy.fsdp.sequence_parallel_size"),
 ])
 def test_verl_keys_typed_at_fit_get_the_rlforge_spelling(override: str, needle: str, capsys) -> None:
     assert main(["fit", override]) == 2
@@ -244,6 +262,8 @@ def test_from_verl_prints_the_translation_and_rlforge_verl_refuses_with_every_mi
     assert main(["config", "from-verl", *BASE, "trainer.logger=[console,clearml]"]) == 0
     captured = capsys.readouterr()
     assert "trainer:" in captured.out and "REFUSED     trainer.logger" in captured.err
-    assert main(["verl", *BASE, "trainer.logger=[console,clearml]", f"{ARO}.actor.ulysses_sequence_parallel_size=2"]) == 2
+    assert main(["verl", *BASE, "trainer.logger=[console,clearml]", f"{ARO}.actor.ulysses_sequence_parallel_size=2",
+                 "algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=4"]) == 2
     err = capsys.readouterr().err
-    assert "3 thing(s) rlforge does not have" in err and "issue 28" in err and "clearml" in err  # actor, ref, logger
+    # the critic's size above the actor's, and the logger
+    assert "2 thing(s) rlforge does not have" in err and "critic (4) than for the actor (2" in err and "clearml" in err
