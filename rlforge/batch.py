@@ -38,6 +38,7 @@ DATA_SOURCE = "data_source"
 GROUND_TRUTH = "ground_truth"
 EXTRA_INFO = "extra_info"
 RAW_PROMPT = "raw_prompt"  # chat messages
+MULTI_MODAL_INPUTS = "multi_modal_inputs"  # per row: {pixel_values, image_grid_thw} of its images, None without (rlforge.multimodal)
 RESPONSE_TEXT = "response_text"
 SOLUTION_TEXT = "solution_text"  # what the reward function scores when set (an agent loop's answer); else the decoded response
 REWARD_BASELINES = "reward_baselines"  # [B] per-sample baseline score (ReMax: the greedy response's score)

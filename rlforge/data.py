@@ -37,6 +37,7 @@ class Prompt:
     ground_truth: Any
     extra_info: Any
     index: int  # position of the source row
+    multi_modal: dict[str, Any] | None = None  # the row's vision inputs (rlforge.multimodal), None without images
 
 
 def data_file_problem(path: str) -> str | None:
@@ -121,22 +122,51 @@ def apply_templates(tokenizer: Any, conversations: list[list[dict[str, Any]]], w
 
 def tokenize_rows(
     rows: list[dict[str, Any]], tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
-    need_reward: bool = True,
+    need_reward: bool = True, processor: Any = None, image_key: str = "images",
 ) -> list[Prompt]:
     """Validate verl-format rows and apply the chat template. ``name`` labels errors (dataset or file).
 
-    With ``need_reward=False`` (SFT) only ``prompt`` is required.
+    With ``need_reward=False`` (SFT) only ``prompt`` is required. A row with images in its ``image_key`` column goes
+    through ``processor`` (a vision-language model's, ``rlforge.multimodal``): its prompt ids have the images'
+    tokens and its ``Prompt.multi_modal`` the vision inputs.
     """
     wheres = [row_origin(row, i, name) for i, row in enumerate(rows)]
     messages = [_checked_messages(row, where, need_reward) for row, where in zip(rows, wheres)]
-    all_ids = apply_templates(tokenizer, messages, wheres, add_generation_prompt=True)
+    vision = _vision_rows(rows, messages, wheres, processor, image_key)
+    text = [i for i in range(len(rows)) if i not in vision]
+    all_ids: list[Any] = [None] * len(rows)
+    for i, ids in zip(text, apply_templates(tokenizer, [messages[i] for i in text], [wheres[i] for i in text],
+                                            add_generation_prompt=True)):
+        all_ids[i] = ids
+    for i, (ids, _) in vision.items():
+        all_ids[i] = ids
     prompts = [p for i, row in enumerate(rows)
-               if (p := _prompt(row, i, messages[i], all_ids[i], max_len, filter_overlong, wheres[i])) is not None]
+               if (p := _prompt(row, i, messages[i], all_ids[i], max_len, filter_overlong, wheres[i],
+                                vision[i][1] if i in vision else None)) is not None]
     if rows and not prompts:
         raise DataError(
             f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_len} tokens."
         )
     return prompts
+
+
+def _vision_rows(rows: list[dict[str, Any]], messages: list[list[dict[str, Any]]], wheres: list[str], processor: Any,
+                 image_key: str) -> dict[int, tuple[list[int], dict[str, Any]]]:
+    """The rows with images or ``<image>`` placeholders, encoded by the processor: {row: (ids, vision inputs)}."""
+    from rlforge import multimodal as mm
+
+    found: dict[int, tuple[list[int], dict[str, Any]]] = {}
+    for i, (row, where) in enumerate(zip(rows, wheres)):
+        images = mm.row_images(row, image_key, where) if row.get(image_key) is not None else []
+        if not images and not mm.placeholder_count(messages[i]):
+            continue
+        if processor is None:
+            raise DataError(f"{where}: the row has images (column '{image_key}', data.image_key) or {mm.IMAGE_PLACEHOLDER} "
+                            f"placeholders, but model.path has no image processor: a text-only model. Use a "
+                            f"vision-language model (docs/multimodal.md).")
+        typed = mm.typed_messages(messages[i], len(images), where, image_key)
+        found[i] = mm.encode_prompt(processor, typed, images, where)
+    return found
 
 
 def _tokenize_prompt(row: dict[str, Any], index: int, tokenizer: Any, max_len: int, filter_overlong: bool,
@@ -148,7 +178,7 @@ def _tokenize_prompt(row: dict[str, Any], index: int, tokenizer: Any, max_len: i
 
 
 def _prompt(row: dict[str, Any], index: int, messages: list[dict[str, Any]], ids: list[int], max_len: int,
-            filter_overlong: bool, where: str) -> Prompt | None:
+            filter_overlong: bool, where: str, multi_modal: dict[str, Any] | None = None) -> Prompt | None:
     if len(ids) > max_len:
         if not filter_overlong:
             raise DataError(
@@ -158,7 +188,7 @@ def _prompt(row: dict[str, Any], index: int, messages: list[dict[str, Any]], ids
         return None
     reward = row.get("reward_model") or {}
     truth = reward.get("ground_truth") if isinstance(reward, dict) else None
-    return Prompt(ids, messages, row.get("data_source", ""), truth, row.get("extra_info"), index)
+    return Prompt(ids, messages, row.get("data_source", ""), truth, row.get("extra_info"), index, multi_modal)
 
 
 def _checked_messages(row: dict[str, Any], where: str, need_reward: bool) -> list[dict[str, Any]]:
@@ -189,6 +219,8 @@ def collate(prompts: list[Prompt], pad_id: int, uids: list[Any]) -> B.Batch:
             B.DATA_SOURCE: [p.data_source for p in prompts],
             B.GROUND_TRUTH: [p.ground_truth for p in prompts],
             B.EXTRA_INFO: [p.extra_info for p in prompts],
+            **({B.MULTI_MODAL_INPUTS: [p.multi_modal for p in prompts]}
+               if any(p.multi_modal is not None for p in prompts) else {}),
         },
     )
 

@@ -200,6 +200,13 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
     return tok
 
 
+def load_processor(path: str, tokenizer: Any, trust_remote_code: bool = False, key: str = "model.path") -> Any:
+    """The processor of a vision-language model folder (one with ``preprocessor_config.json``), else None."""
+    from rlforge.multimodal import load_processor as load
+
+    return load(resolve_model_path(path, key), tokenizer, trust_remote_code)
+
+
 def model_vocab_size(folder: Path) -> int | None:
     """The embedding rows ``config.json`` declares (``vocab_size``, or its ``text_config``'s), or None."""
     config = model_config(folder)
@@ -302,7 +309,7 @@ def _loader_errors() -> tuple[type[Exception], ...]:
 
 
 def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     quiet_transformers()
     folder = resolve_model_path(path)
@@ -312,8 +319,10 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
                            f"Give a causal LM as the policy; use a reward model as reward.model.path "
                            f"(reward.manager=model).")
     check_weights(folder, path, "model.path")
+    # a vision-language model (a vision_config: docs/multimodal.md) loads with its vision tower
+    auto = AutoModelForImageTextToText if "vision_config" in model_config(folder) else AutoModelForCausalLM
     try:
-        return AutoModelForCausalLM.from_pretrained(
+        return auto.from_pretrained(
             folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
         )
     except _loader_errors() as exc:

@@ -64,6 +64,7 @@ class RLModule:
         self.ref: torch.nn.Module | None = None
         self.critic: torch.nn.Module | None = None
         self.tokenizer: Any = None
+        self.processor: Any = None  # a vision-language model's processor (rlforge.multimodal), else None
         self.step = 0  # the training step being run (set by the Trainer)
         # the models this process loads: a Ray rank loads only its own role's (see ``configure_model``)
         self.roles: Collection[str] = ROLES
@@ -101,7 +102,8 @@ class RLModule:
 
         d = self.config.data
         name = f"{d.name} ({split})"
-        return tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name)
+        return tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name,
+                             processor=self.processor, image_key=d.image_key)
 
     def collate(self, examples: list[Any], uids: list[Any]) -> B.Batch:
         """A training batch of ``examples``, whose group ids are ``uids`` (one per example, unique per draw).
@@ -128,7 +130,8 @@ class RLModule:
         with 0 at padding: the responses' per-token log-probs at ``temperature``. A module whose model is not a
         causal LM overrides it (a reward model puts its reward on each sequence's last token)."""
         return ops.response_logprobs(model, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], micro[B.RESPONSES].shape[1],
-                                     temperature, remove_padding=self.config.model.remove_padding)[0]
+                                     temperature, remove_padding=self.config.model.remove_padding,
+                                     multi_modal=micro.lists.get(B.MULTI_MODAL_INPUTS))[0]
 
     # --- configuration ----------------------------------------------------------------------------
     @classmethod
@@ -167,10 +170,13 @@ class RLModule:
         return lora.enabled(self.config) and not self.config.model.ref_path
 
     def configure_tokenizer(self) -> None:
-        """Load the tokenizer of ``model.path`` (called before the data is prepared)."""
-        from rlforge.models import load_tokenizer
+        """Load the tokenizer of ``model.path`` (called before the data is prepared), and the processor of a
+        vision-language model (``self.processor``, None for a text model)."""
+        from rlforge.models import load_processor, load_tokenizer
 
-        self.tokenizer = load_tokenizer(self.config.model.path, trust_remote_code=self.config.model.trust_remote_code)
+        cfg = self.config.model
+        self.tokenizer = load_tokenizer(cfg.path, trust_remote_code=cfg.trust_remote_code)
+        self.processor = load_processor(cfg.path, self.tokenizer, trust_remote_code=cfg.trust_remote_code)
 
     def configure_model(self) -> None:
         """Load the actor, and the reference and critic models when the algorithm needs them (only those in
@@ -184,6 +190,10 @@ class RLModule:
             self.configure_tokenizer()
         if "actor" in self.roles:
             self.actor = load_model(cfg.path, p.weights, trust_remote_code=cfg.trust_remote_code)
+            if cfg.freeze_vision_tower:
+                from rlforge.multimodal import freeze_vision_tower
+
+                freeze_vision_tower(self.actor)
             if lora.enabled(self.config):
                 self.actor = lora.wrap(self.actor, self.config)
         # with LoRA (and no model.ref_path) the reference is the actor with its adapter off: no second copy
@@ -224,7 +234,7 @@ class RLModule:
         resp_len = micro[B.RESPONSES].shape[1]
         log_probs, entropy = ops.response_logprobs(
             self.actor, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], resp_len, ctx.temperature, with_entropy=True,
-            remove_padding=self.config.model.remove_padding,
+            remove_padding=self.config.model.remove_padding, multi_modal=micro.lists.get(B.MULTI_MODAL_INPUTS),
         )
         return self.policy_loss(micro, log_probs, entropy, ctx)
 

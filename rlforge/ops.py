@@ -34,6 +34,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from rlforge import multimodal
 from rlforge.errors import RLForgeError
 
 LOGITS_CHUNK_ELEMENTS = 1 << 24  # fp32 logits elements per chunk (64 MiB)
@@ -232,22 +233,29 @@ def _packed_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
 
 
 def _response_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      response_len: int, temperature: float, remove_padding: bool, outputs: Outputs
-                      ) -> tuple[torch.Tensor | None, ...]:
+                      response_len: int, temperature: float, remove_padding: bool, outputs: Outputs,
+                      multi_modal: list | None = None) -> tuple[torch.Tensor | None, ...]:
     """``outputs(logits, labels)`` on the logits (divided by ``temperature``) that predict the response tokens and
-    those tokens, each result put back into the [B, response_len] layout (0 at padding)."""
+    those tokens, each result put back into the [B, response_len] layout (0 at padding). ``multi_modal``: the rows'
+    vision inputs (``B.MULTI_MODAL_INPUTS``) for a vision-language model, padded layout only."""
     def scaled(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return outputs(logits / temperature if temperature and temperature != 1.0 else logits, labels)
 
+    vision = multi_modal is not None and any(row is not None for row in multi_modal)
+    if remove_padding and vision:
+        raise RLForgeError("model.remove_padding=true packs the rows into one sequence, which rlforge does not do for "
+                           "rows with images yet: set model.remove_padding=false (docs/multimodal.md).")
     if remove_padding:
         return _packed_outputs(model, input_ids, attention_mask, response_len, scaled)
     ids, mask, kept = _trim(input_ids, attention_mask, response_len)
-    groups = _groups(model, ids, mask, kept)
+    groups = None if vision else _groups(model, ids, mask, kept)
     if groups is not None:
         logits = _shared_prefix_forward(model, ids, mask, kept, groups, logits_to_keep=1)
     else:
-        logits = _forward(model)(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                                 use_cache=False, logits_to_keep=kept + 1).logits[:, :-1]
+        extra = multimodal.forward_inputs(model, ids, mask, multi_modal) if vision else None
+        extra = extra or {"position_ids": position_ids_from_mask(mask)}
+        logits = _forward(model)(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=kept + 1,
+                                 **extra).logits[:, :-1]
     resp_mask = attention_mask[:, -response_len:]
     return tuple(None if v is None else torch.nn.functional.pad(v, (0, response_len - kept)) * resp_mask
                  for v in scaled(logits, ids[:, -kept:]))
@@ -261,15 +269,17 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     remove_padding: bool = False,
+    multi_modal: list | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropy) of the last ``response_len`` tokens of ``input_ids``, [B, response_len],
     0 at padding positions.
 
     Logits are divided by ``temperature`` (the sampling distribution), as the rollout engines do. Only the
-    logits that predict response tokens are computed (``logits_to_keep``).
+    logits that predict response tokens are computed (``logits_to_keep``). ``multi_modal``: the rows' vision
+    inputs (``B.MULTI_MODAL_INPUTS``, one dict or None per row) for a vision-language model.
     """
     logp, ent = _response_outputs(model, input_ids, attention_mask, response_len, temperature, remove_padding,
-                                  lambda logits, labels: token_logprobs(logits, labels, with_entropy))
+                                  lambda logits, labels: token_logprobs(logits, labels, with_entropy), multi_modal)
     return logp, ent
 
 

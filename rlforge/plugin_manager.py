@@ -75,6 +75,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.logger.plots",
     "rlforge.plugins.data.builtin",
     "rlforge.plugins.data.arith_tool",
+    "rlforge.plugins.data.vision",
     "rlforge.controller.local",
     "rlforge.controller.ray_controller",
     "rlforge.controller.torchrun",

@@ -39,7 +39,7 @@ def test_builtin_names_resolve_to_asset_folders():
                                   "builtin:/etc", "builtin:tiny-arith/"])
 def test_builtin_paths_cannot_leave_the_assets_folder(path):
     with pytest.raises(RLForgeError, match=rf"Unknown built-in model '{path}' \(model.path\). Built-in models: "
-                                           rf"\['tiny-agent', 'tiny-arith'\]"):
+                                           rf"\['tiny-agent', 'tiny-arith', 'tiny-vlm'\]"):
         resolve_model_path(path)
 
 

@@ -100,7 +100,7 @@ class HFRollout:
         try:
             with self.autocast(device):
                 responses, log_probs = self.decoder.decode(mb[B.PROMPTS].to(device), mb[B.PROMPT_MASK].to(device),
-                                                           params)
+                                                           params, mb.lists.get(B.MULTI_MODAL_INPUTS))
         finally:
             self.model.train(was_training)
         return responses.cpu(), log_probs.cpu()

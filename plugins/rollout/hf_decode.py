@@ -17,6 +17,8 @@ Semantics (those of the ``generate`` call it replaces):
 - the token is drawn from ``softmax`` of the logits after the stop-token ban (for the first ``min_new_tokens``
   tokens), temperature, top-k and top-p (transformers' warpers), with ``torch.multinomial``: from the private
   generator of a seeded call (``SamplingParams.seed``), else from the global torch RNG; greedy takes the argmax;
+- a vision-language model never samples its image or video placeholder tokens (``multimodal.placeholder_token_ids``:
+  the forward pass would look for their pixels); their log-probs stay those of the raw logits;
 - a row that emitted a stop token gets the pad token from then on; the loop ends when every row has stopped or
   after ``max_new_tokens`` tokens. Finished rows are dropped from the batch that is computed (not with a compiled
   step, whose shapes must repeat), so later tokens of the remaining rows are drawn from a smaller batch: a seeded
@@ -28,6 +30,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+from rlforge import multimodal
 from rlforge.errors import RLForgeError
 from rlforge.lazy import lazy_import
 from rlforge.protocols import SamplingParams
@@ -46,7 +49,7 @@ COMPACT_BELOW = 0.75
 class Sampler:
     """Draws the next token of every row from the last logits (see the module docstring)."""
 
-    def __init__(self, params: SamplingParams, stop_ids: list[int], device: Any) -> None:
+    def __init__(self, params: SamplingParams, stop_ids: list[int], device: Any, banned: list[int] = ()) -> None:
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         self.greedy = params.temperature == 0
@@ -59,6 +62,7 @@ class Sampler:
         self.warpers = LogitsProcessorList(warpers)
         self.min_new_tokens = int(params.min_new_tokens or 0)
         self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        self.banned = torch.tensor(list(banned), dtype=torch.long, device=device) if banned else None
         self.generator = None
         if params.seed is not None and not self.greedy:
             self.generator = torch.Generator(device).manual_seed(int(params.seed))
@@ -70,6 +74,8 @@ class Sampler:
         scores = logits
         if t < self.min_new_tokens and len(self.stop_ids):
             scores = scores.index_fill(-1, self.stop_ids, float("-inf"))
+        if self.banned is not None:
+            scores = scores.index_fill(-1, self.banned, float("-inf"))
         if self.greedy:
             tokens = scores.argmax(-1)
         else:
@@ -115,11 +121,14 @@ class Decoder:
         self.model, self.stop_ids, self.pad_id = model, stop_ids, pad_id
         self.step = torch.compile(model, dynamic=False) if compile else model
         self.compiled = compile
+        self.banned = multimodal.placeholder_token_ids(model)
 
-    def decode(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams,
+               multi_modal: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded ``prompts`` [B, P] -> (response tokens [B, L], their log-probs [B, L]), L <= max_new_tokens
-        (fewer when every row stopped earlier)."""
+        (fewer when every row stopped earlier). ``multi_modal``: the rows' vision inputs (``B.MULTI_MODAL_INPUTS``)
+        for a vision-language model: the prompt's forward gets the pixel values and M-RoPE positions, and each new
+        token the position after its row's last (a text token's three M-RoPE positions are equal)."""
         from transformers import Cache, DynamicCache, StaticCache
         from transformers.cache_utils import StaticLayer
 
@@ -150,10 +159,14 @@ class Decoder:
         mask = prompt_mask.new_ones(rows, length)  # later columns: causality hides the ones not written yet
         mask[:, :width] = prompt_mask
         position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=prompts, attention_mask=mask if self.compiled else prompt_mask, position_ids=position,
+        vision = multimodal.forward_inputs(self.model, prompts, prompt_mask, multi_modal) if multi_modal else None
+        vision = vision or {"position_ids": position}
+        out = self.model(input_ids=prompts, attention_mask=mask if self.compiled else prompt_mask,
                          past_key_values=cache, cache_position=torch.arange(width, device=prompts.device),
-                         use_cache=True, logits_to_keep=1)
-        sample = Sampler(params, self.stop_ids, prompts.device)
+                         use_cache=True, logits_to_keep=1, **vision)
+        if vision["position_ids"].dim() == 3:  # M-RoPE (3, B, P): go on from the temporal row
+            position = vision["position_ids"][0]
+        sample = Sampler(params, self.stop_ids, prompts.device, self.banned)
         tokens = prompts.new_full((rows, new), self.pad_id)
         log_probs = torch.zeros(rows, new, device=prompts.device)
         done = torch.zeros(rows, dtype=torch.bool, device=prompts.device)

@@ -92,6 +92,7 @@ class ModelConfig:
     compile: bool = False  # torch.compile the training and scoring forward passes (not generation; docs/performance.md)
     compile_backend: str = "inductor"  # torch.compile's backend with model.compile: inductor (generates kernels) | aot_eager (graph capture and AOT autograd, no codegen: quick to compile) | any in torch._dynamo.list_backends()
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (rank 0 = off; docs/models.md)
+    freeze_vision_tower: bool = False  # vision-language models: no gradients for the vision encoder (docs/multimodal.md)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class DataConfig:
     max_prompt_length: int = option(64, ge=1)  # in tokens, after the chat template
     filter_overlong_prompts: bool = True  # drop longer prompts (False: fail naming the row)
     shuffle: bool = True  # reshuffle the prompts every epoch (seeded, resumable)
+    image_key: str = "images"  # the column of a row's images (verl's data.image_key; docs/multimodal.md)
 
 
 @dataclass

@@ -1,0 +1,288 @@
+"""Vision-language models on verl's data format: images from the rows, prompts through the model's processor, and
+the per-sample vision inputs of the forward passes (docs/multimodal.md).
+
+A multimodal row is a verl row whose ``prompt`` messages carry ``<image>`` placeholders and whose image column
+(``data.image_key``, ``images`` by default) holds as many images: each a ``{"bytes": ...}`` dict (PNG/JPEG bytes, as
+verl's parquet files store them), ``{"path": ...}``, a path string or a PIL image; one image or a list. Each message's
+content is split on the placeholders into typed parts (``{"type": "text"}`` / ``{"type": "image"}``) for the
+processor's chat template; the processor expands each image into its image-pad tokens and resizes it within its
+``min_pixels``/``max_pixels``.
+
+A sample's vision inputs ride in the batch as one dict per row (``B.MULTI_MODAL_INPUTS``: ``pixel_values`` [patches,
+D] and ``image_grid_thw`` [images, 3]; None for a row without images), so selecting, repeating, splitting and joining
+rows keeps them with their tokens. A forward pass joins the rows' dicts in row order and computes the M-RoPE position
+ids with the model's own ``get_rope_index`` on the token layout it runs (padded and trimmed), so they always match
+the ids they index.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlforge.errors import DataError, RLForgeError
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
+
+IMAGE_PLACEHOLDER = "<image>"
+VIDEO_PLACEHOLDER = "<video>"
+PIXEL_VALUES = "pixel_values"
+IMAGE_GRID_THW = "image_grid_thw"
+
+
+# --- rows ---------------------------------------------------------------------------------------------------------
+def _open_image(value: Any, where: str, key: str, n: int) -> Any:
+    """One image of a row as an RGB PIL image: a PIL image, ``{"bytes": ...}``, ``{"path": ...}`` or a path."""
+    from PIL import Image
+
+    if isinstance(value, Image.Image):
+        return value.convert("RGB")
+    source: Any = value
+    if isinstance(value, dict):
+        source = value.get("bytes") or value.get("path")
+        if source is None:
+            raise DataError(f"{where}: {key}[{n}] is a dict without 'bytes' or 'path' (keys: {sorted(value)}).")
+    if isinstance(source, (bytes, bytearray)):
+        source = io.BytesIO(source)
+    elif isinstance(source, str):
+        if not Path(source).is_file():
+            raise DataError(f"{where}: {key}[{n}] names the image file {source}, which does not exist.")
+    else:
+        raise DataError(f"{where}: {key}[{n}] is a {type(value).__name__}; an image is {{'bytes': ...}}, "
+                        f"{{'path': ...}}, a path or a PIL image.")
+    try:
+        with Image.open(source) as img:
+            return img.convert("RGB")
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{where}: {key}[{n}] is not a readable image ({type(exc).__name__}: {exc}).") from None
+
+
+def row_images(row: dict[str, Any], image_key: str, where: str) -> list[Any]:
+    """The images of a row's ``image_key`` column (none when it is missing or empty), as RGB PIL images."""
+    value = row.get(image_key)
+    if value is None:
+        return []
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    return [_open_image(v, where, image_key, n) for n, v in enumerate(values)]
+
+
+def _split(text: str) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    for n, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
+        if n:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def placeholder_count(messages: list[dict[str, Any]]) -> int:
+    return sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages if isinstance(m.get("content"), str))
+
+
+def typed_messages(messages: list[dict[str, Any]], images: int, where: str, image_key: str) -> list[dict[str, Any]]:
+    """``messages`` whose string contents are split on ``<image>`` into typed parts, in order; the count of
+    placeholders must be ``images`` (a DataError naming the row otherwise). ``<video>`` is refused."""
+    if any(VIDEO_PLACEHOLDER in m["content"] for m in messages if isinstance(m.get("content"), str)):
+        raise DataError(f"{where}: the prompt has a {VIDEO_PLACEHOLDER} placeholder; rlforge trains on images only "
+                        f"(docs/multimodal.md).")
+    found = placeholder_count(messages)
+    if found != images:
+        raise DataError(f"{where}: the prompt has {found} {IMAGE_PLACEHOLDER} placeholder(s) but column "
+                        f"'{image_key}' (data.image_key) holds {images} image(s): they must be equal, one placeholder "
+                        f"where each image goes.")
+    return [{**m, "content": _split(m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
+
+
+def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[Any], where: str
+                  ) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """(prompt ids with each image expanded into its image-pad tokens, the row's vision inputs) of typed
+    ``messages`` through the processor's chat template (generation prompt added) and the processor itself."""
+    try:
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        encoded = processor(text=[text], images=images, return_tensors="pt")
+    except Exception as exc:  # a template or processor that refuses the row
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise DataError(f"{where}: the processor cannot encode this row ({type(exc).__name__}: {detail}).") from None
+    return encoded["input_ids"][0].tolist(), {PIXEL_VALUES: encoded[PIXEL_VALUES],
+                                               IMAGE_GRID_THW: encoded[IMAGE_GRID_THW]}
+
+
+# --- processor ------------------------------------------------------------------------------------------------------
+def _expose_video_mixin() -> None:
+    """transformers exports ``VideoProcessorMixin`` only with torchvision installed, and its processor check looks it up
+    there even for a processor without a video processor: give the check the mixin (or None) so an image-only processor
+    builds without torchvision."""
+    import transformers.processing_utils as pu
+    from transformers.video_processing_utils import VideoProcessorMixin
+
+    if not hasattr(pu.transformers_module, "VideoProcessorMixin"):
+        pu.transformers_module.VideoProcessorMixin = (VideoProcessorMixin, type(None))
+
+
+def build_processor(processor_class: type, image_processor: Any, tokenizer: Any, chat_template: str | None) -> Any:
+    """An image-only processor of ``processor_class`` (no video processor), without torchvision."""
+    _expose_video_mixin()
+    return processor_class(image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                           chat_template=chat_template)
+
+
+def load_processor(folder: Path, tokenizer: Any, trust_remote_code: bool = False) -> Any:
+    """The processor of a model folder that has an image processor (``preprocessor_config.json``), else None.
+    ``AutoProcessor``; without torchvision (which transformers needs for the video processor of Qwen2-VL-style
+    processors) the same processor class is built from ``AutoImageProcessor`` and ``tokenizer``, images only."""
+    from transformers import AutoImageProcessor, AutoProcessor
+
+    if not (Path(folder) / "preprocessor_config.json").is_file():
+        return None
+    try:
+        return AutoProcessor.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except ImportError as exc:
+        if "torchvision" not in str(exc).lower():
+            raise
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    processor_class = PROCESSOR_MAPPING.get(type(config), None)
+    if processor_class is None:
+        raise RLForgeError(f"No processor class for the model type '{config.model_type}' in {folder} (model.path).")
+    image_processor = AutoImageProcessor.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    return build_processor(processor_class, image_processor, tokenizer, tokenizer.chat_template)
+
+
+# --- models ---------------------------------------------------------------------------------------------------------
+def _base(model: torch.nn.Module) -> Any:
+    """The module that has ``get_rope_index`` (``model.model`` of a ``...ForConditionalGeneration``, also inside a
+    PEFT wrapper), or None."""
+    return next((m for m in model.modules() if callable(getattr(m, "get_rope_index", None))), None)
+
+
+def is_multimodal(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a vision-language model with M-RoPE positions (Qwen2-VL, Qwen2.5-VL, ...)."""
+    return _base(model) is not None
+
+
+def placeholder_token_ids(model: torch.nn.Module) -> list[int]:
+    """The tokens a vision-language model's forward replaces by image or video features (none for a text model):
+    generation must not sample them."""
+    base = _base(model)
+    if base is None:
+        return []
+    return [i for i in (getattr(base.config, "image_token_id", None), getattr(base.config, "video_token_id", None))
+            if i is not None]
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+    base = _base(model)
+    tower = getattr(base, "visual", None) if base is not None else None
+    if tower is None:
+        raise RLForgeError(f"model.freeze_vision_tower=true, but {type(model).__name__} has no vision tower "
+                           f"(a text-only model: set it to false).")
+    return tower
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> None:
+    """No gradients (and no optimizer state) for the vision encoder and its merger: only the language model trains."""
+    vision_tower(model).requires_grad_(False)
+
+
+def join(rows: list[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor] | None:
+    """The vision inputs of rows in row order (``pixel_values`` and ``image_grid_thw`` concatenated), or None when
+    no row has images."""
+    present = [r for r in rows if r is not None]
+    if not present:
+        return None
+    return {key: torch.cat([r[key] for r in present]) for key in (PIXEL_VALUES, IMAGE_GRID_THW)}
+
+
+def split(joined: dict[str, torch.Tensor], images_per_row: list[int]) -> list[dict[str, torch.Tensor] | None]:
+    """The inverse of :func:`join`: each row's dict back (None for a row with no image)."""
+    grids = joined[IMAGE_GRID_THW].split(images_per_row)
+    patches = joined[PIXEL_VALUES].split([int(g.prod(-1).sum()) for g in grids])
+    return [{PIXEL_VALUES: p, IMAGE_GRID_THW: g} if len(g) else None for p, g in zip(patches, grids)]
+
+
+def rope_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   image_grid_thw: torch.Tensor | None) -> torch.Tensor:
+    """M-RoPE position ids (3, B, L) of (padded) rows from the model's own ``get_rope_index``; 0 at padding."""
+    base = _base(model)
+    image_token = base.config.image_token_id
+    types = (input_ids == image_token).int()
+    positions, _ = base.get_rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=image_grid_thw,
+                                       attention_mask=attention_mask)
+    return positions
+
+
+def forward_inputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   rows: list[dict[str, torch.Tensor] | None] | None) -> dict[str, Any] | None:
+    """The keyword arguments a padded forward of a vision-language model needs beside the ids and mask: its M-RoPE
+    ``position_ids`` and the rows' joined ``pixel_values``/``image_grid_thw``; None for a text-only model or batch."""
+    joined = join(rows) if rows else None
+    if joined is None or not is_multimodal(model):
+        if joined is not None:
+            raise RLForgeError(f"The batch has images but {type(model).__name__} is not a vision-language model "
+                               f"(model.path).")
+        return None
+    device = input_ids.device
+    grid = joined[IMAGE_GRID_THW].to(device)
+    return {"position_ids": rope_positions(model, input_ids, attention_mask, grid),
+            PIXEL_VALUES: joined[PIXEL_VALUES].to(device), IMAGE_GRID_THW: grid}
+
+
+# --- the project's tiny vision-language model ---------------------------------------------------------------------
+VISION_TOKENS = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+# the char-level chat format of rlforge.models.CHAT_TEMPLATE, with typed content parts: an image part renders as
+# <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad), a text part as its text
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for p in m['content'] %}{% if p['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+PATCH, MERGE = 14, 2  # Qwen2-VL's patch size and spatial merge: one image token per 28 x 28 pixels
+
+
+def build_tiny_vlm(hidden: int = 128, layers: int = 2, vision_dim: int = 64, min_side: int = 56, max_side: int = 112
+                   ) -> tuple[Any, Any]:
+    """(a random Qwen2-VL-shaped model, its processor): rlforge's char-level tokenizer with the vision tokens added,
+    a Qwen2-VL image processor bounded to ``min_side**2 .. max_side**2`` pixels, a one-layer vision tower."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from rlforge.models import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tok.chat_template = VLM_CHAT_TEMPLATE
+    ids = dict(zip(VISION_TOKENS, tok.convert_tokens_to_ids(VISION_TOKENS)))
+    head_dim = 64
+    config = Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=hidden // head_dim, num_key_value_heads=hidden // head_dim,
+                         max_position_embeddings=512, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                         "mrope_section": [8, 12, 12]}),
+        vision_config=dict(depth=1, embed_dim=vision_dim, hidden_size=hidden, num_heads=2, mlp_ratio=2,
+                           patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=2),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False,
+    )
+    model = Qwen2VLForConditionalGeneration(config)
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=min_side**2, max_pixels=max_side**2, patch_size=PATCH,
+                                               merge_size=MERGE, temporal_patch_size=2)
+    return model, build_processor(Qwen2VLProcessor, image_processor, tok, VLM_CHAT_TEMPLATE)
+
+
+def save_vlm(model: Any, processor: Any, folder: Path) -> None:
+    """Save a vision-language model with its tokenizer, image processor and chat template (``from_pretrained``
+    folders; ``save_pretrained`` of a processor without a video processor fails, so its parts are saved)."""
+    model.save_pretrained(folder)
+    processor.tokenizer.save_pretrained(folder)
+    processor.image_processor.save_pretrained(folder)

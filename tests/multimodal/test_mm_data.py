@@ -1,0 +1,104 @@
+"""verl's multimodal rows: images from bytes, paths and PIL, <image> placeholders split into typed parts, the count
+checked against the images (errors name the row), image tokens as the processor expands them, sizes bounded."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from rlforge import batch as B
+from rlforge import multimodal as mm
+from rlforge.data import collate, tokenize_rows
+from rlforge.errors import DataError
+
+
+def _png(size=(84, 84), color="red") -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, color).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _row(content="<image>How many squares?", images=None, **extra):
+    return {"data_source": "vision_count", "prompt": [{"role": "user", "content": content}],
+            "images": [{"bytes": _png()}] if images is None else images, "reward_model": {"ground_truth": "1"},
+            **extra}
+
+
+def test_placeholders_split_content_into_typed_parts_in_order():
+    messages = [{"role": "system", "content": "Count."}, {"role": "user", "content": "A <image> and B <image>?"}]
+    typed = mm.typed_messages(messages, 2, "row 1", "images")
+    assert typed[0]["content"] == [{"type": "text", "text": "Count."}]
+    assert typed[1]["content"] == [{"type": "text", "text": "A "}, {"type": "image"}, {"type": "text", "text": " and B "},
+                                   {"type": "image"}, {"type": "text", "text": "?"}]
+    assert mm.typed_messages([{"role": "user", "content": "<image>"}], 1, "r", "images")[0]["content"] == [
+        {"type": "image"}]
+
+
+@pytest.mark.parametrize("content, images, found, held", [
+    ("<image><image>How many?", [{"bytes": _png()}], 2, 1),
+    ("How many squares?", [{"bytes": _png()}], 0, 1),
+    ("<image>How many?", [], 1, 0),
+])
+def test_placeholder_count_must_equal_image_count_and_the_error_names_file_and_row(vlm, content, images, found, held):
+    _, tok, proc = vlm
+    rows = [_row(), _row(content, images, _origin="geo.parquet, row 2")]
+    with pytest.raises(DataError, match=rf"geo.parquet, row 2: the prompt has {found} <image> placeholder\(s\) but "
+                                        rf"column 'images' \(data.image_key\) holds {held} image"):
+        tokenize_rows(rows, tok, 64, False, "geo.parquet", processor=proc)
+
+
+def test_images_come_from_bytes_paths_pil_and_lists_under_data_image_key(vlm, tmp_path):
+    _, tok, proc = vlm
+    path = tmp_path / "a.png"
+    path.write_bytes(_png(color="blue"))
+    pil = Image.new("L", (84, 84), 128)  # grayscale: converted to RGB
+    rows = [{**_row(images=None), "pics": {"bytes": _png()}}, {**_row(), "pics": str(path)},
+            {**_row("<image> then <image>"), "pics": [pil, {"path": str(path)}]}]
+    prompts = tokenize_rows(rows, tok, 64, False, "t", processor=proc, image_key="pics")
+    assert [len(p.multi_modal[mm.IMAGE_GRID_THW]) for p in prompts] == [1, 1, 2]
+    with pytest.raises(DataError, match=r"t, row 1: pics\[0\] names the image file /nope.png, which does not exist"):
+        tokenize_rows([{**_row(), "pics": "/nope.png"}], tok, 64, False, "t", processor=proc, image_key="pics")
+    with pytest.raises(DataError, match=r"t, row 1: images\[0\] is not a readable image"):
+        tokenize_rows([_row(images=[{"bytes": b"not a png"}])], tok, 64, False, "t", processor=proc)
+
+
+def test_image_tokens_are_the_processors_expansion_bounded_by_min_and_max_pixels(vlm):
+    _, tok, proc = vlm
+    image_token = tok.convert_tokens_to_ids("<|image_pad|>")
+    for size, tokens in [((84, 84), 9), ((56, 56), 4), ((10, 10), 4), ((600, 300), None)]:
+        (prompt,) = tokenize_rows([_row(images=[{"bytes": _png(size)}])], tok, 64, False, "t", processor=proc)
+        grid = prompt.multi_modal[mm.IMAGE_GRID_THW]
+        expanded = prompt.ids.count(image_token)
+        assert expanded == int(grid.prod()) // 4 == len(prompt.multi_modal[mm.PIXEL_VALUES]) // 4  # merge 2 x 2
+        assert 4 <= expanded <= 16  # min_pixels 56*56, max_pixels 112*112: one token per 28 x 28 pixels
+        assert tokens is None or expanded == tokens
+    text = proc.apply_chat_template(mm.typed_messages(_row()["prompt"], 1, "r", "images"), add_generation_prompt=True,
+                                    tokenize=False)
+    assert text == "<|user|><|vision_start|><|image_pad|><|vision_end|>How many squares?<|end|><|assistant|>"
+
+
+def test_collate_carries_one_vision_dict_per_row_and_text_rows_none(vlm):
+    _, tok, proc = vlm
+    text_row = {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 1+2?"}],
+                "reward_model": {"ground_truth": "3"}}
+    prompts = tokenize_rows([_row(), text_row], tok, 64, False, "t", processor=proc)
+    batch = collate(prompts, tok.pad_token_id, [0, 1])
+    rows = batch[B.MULTI_MODAL_INPUTS]
+    assert rows[1] is None and rows[0][mm.IMAGE_GRID_THW].tolist() == [[1, 6, 6]]
+    assert batch[B.RAW_PROMPT][0] == _row()["prompt"]  # the verl messages, placeholders kept (samples.jsonl)
+    repeated = batch.repeat_interleave(2)
+    assert [r is None for r in repeated[B.MULTI_MODAL_INPUTS]] == [False, False, True, True]
+    assert B.MULTI_MODAL_INPUTS not in collate(prompts[1:], tok.pad_token_id, [0])  # text-only batches: no column
+
+
+def test_images_for_a_text_model_are_refused_naming_the_row(char_tokenizer):
+    with pytest.raises(DataError, match=r"t, row 1: the row has images .* no image processor: a text-only model"):
+        tokenize_rows([_row()], char_tokenizer, 64, False, "t")
+
+
+def test_video_placeholders_are_refused(vlm):
+    _, tok, proc = vlm
+    with pytest.raises(DataError, match="<video> placeholder; rlforge trains on images only"):
+        tokenize_rows([_row("<video><image>?")], tok, 64, False, "t", processor=proc)
