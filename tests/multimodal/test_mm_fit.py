@@ -1,0 +1,26 @@
+"""``rlforge fit --algo grpo --config builtin:vision``: two GRPO steps on the tiny vision-language model, with the
+reference model (KL loss), micro-batches of 8 samples and the vision tower frozen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlforge.cli import main
+
+pytestmark = pytest.mark.slow  # ~10 s: a whole fit, the only way to see every stage take the images
+
+
+def test_two_grpo_steps_on_the_vision_task(tmp_path: Path) -> None:
+    assert main(["fit", "--algo", "grpo", "--config", "builtin:vision", f"trainer.runs_root={tmp_path}",
+                 "trainer.total_steps=2", "trainer.val_every=2", "trainer.save_every=0", "data.train_batch_size=4",
+                 "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "actor.use_kl_loss=true",
+                 "model.freeze_vision_tower=true", "data.vision.train_size=16", "data.vision.val_size=4",
+                 "logger.backends=[console]"]) == 0
+    run = next(tmp_path.glob("vision/*"))
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and {s["prompt"] for s in samples} == {"<image>How many squares?"}
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2
