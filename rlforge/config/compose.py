@@ -334,7 +334,7 @@ def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:
         raise ConfigError(
             f"'{section}.ppo_mini_batch_size' ({mini} prompts) must divide 'data.train_batch_size' ({prompts} prompts)."
         )
-    budget, longest = cfg[section].max_tokens_per_micro_batch, cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    budget, longest = cfg[section].max_tokens_per_micro_batch, per_rank_longest(cfg)
     if budget:
         if cfg[section].ppo_micro_batch_size is not None:
             raise ConfigError(
@@ -344,7 +344,7 @@ def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:
         if budget < longest:
             raise ConfigError(
                 f"'{section}.max_tokens_per_micro_batch' ({budget}) must hold the longest sequence: "
-                f"data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or 0 = off)."
+                f"{_longest_words(cfg)} = {longest} tokens per rank (or 0 = off)."
             )
     elif (mini * n) % micro:
         raise ConfigError(
@@ -368,8 +368,25 @@ def check_scoring(cfg: DictConfig, key: str, longest: int) -> None:
                           f"are cut by count or by tokens.")
     if s.max_tokens_per_micro_batch and s.max_tokens_per_micro_batch < longest:
         raise ConfigError(f"'{key}.max_tokens_per_micro_batch' ({s.max_tokens_per_micro_batch}) must hold the longest "
-                          f"sequence: data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or 0 = by "
-                          f"count, null = as the update).")
+                          f"sequence: {_longest_words(cfg)} = {longest} tokens per rank (or 0 = by count, null = as the "
+                          f"update).")
+
+
+def sequence_parallel_size(cfg: DictConfig) -> int:
+    """The ranks that share each sequence: the selected strategy's ``sequence_parallel_size`` where its config section
+    has one (``strategy.fsdp.sequence_parallel_size``), else 1."""
+    return int(OmegaConf.select(cfg, f"strategy.{cfg.strategy.name}.sequence_parallel_size", default=1) or 1)
+
+
+def per_rank_longest(cfg: DictConfig) -> int:
+    """The tokens of the longest sequence one rank holds: a token budget per rank must hold them."""
+    return -(-(cfg.data.max_prompt_length + cfg.rollout.max_new_tokens) // sequence_parallel_size(cfg))
+
+
+def _longest_words(cfg: DictConfig) -> str:
+    sp = sequence_parallel_size(cfg)
+    words = "data.max_prompt_length + rollout.max_new_tokens"
+    return words if sp == 1 else f"({words}) / strategy.{cfg.strategy.name}.sequence_parallel_size={sp}"
 
 
 def apply_total_epochs(cfg: DictConfig, examples: int) -> None:
