@@ -405,7 +405,11 @@ def pm() -> PluginManager:
      r"strategy.fsdp.sequence_parallel_size=0 must be >= 1"),
     (["strategy.name=tp", "strategy.num_processes=4", "strategy.fsdp.sequence_parallel_size=2",
       "model.remove_padding=true"], r"read by strategy.name=fsdp; strategy.name=tp lays out its own device mesh"),
-], ids=["padded", "indivisible", "zero", "tp"])
+    (["strategy.num_processes=2", "strategy.fsdp.sequence_parallel_size=2", "model.remove_padding=true",
+      "actor.max_tokens_per_micro_batch=35"],  # 72 tokens over 2 ranks: 36 per rank
+     r"\(35\) must hold the longest sequence: \(data.max_prompt_length \+ rollout.max_new_tokens\) / "
+     r"strategy.fsdp.sequence_parallel_size=2 = 36 tokens per rank"),
+], ids=["padded", "indivisible", "zero", "tp", "budget"])
 def test_sequence_parallel_config_errors_name_the_keys(pm, extra, message):
     with pytest.raises(ConfigError, match=message):
         load_config("grpo", [*SP_BASE, *extra], plugins=pm)
@@ -418,6 +422,8 @@ def test_sequence_parallel_groups_are_the_data_parallel_unit(pm):
     cfg = load_config("grpo", [*SP_BASE, "strategy.num_processes=4", "strategy.fsdp.sequence_parallel_size=2",
                                "model.remove_padding=true"], plugins=pm)
     assert FSDPStrategy.data_parallel_size(cfg) == 2
+    load_config("grpo", [*SP_BASE, "strategy.num_processes=2", "strategy.fsdp.sequence_parallel_size=2",
+                         "model.remove_padding=true", "actor.max_tokens_per_micro_batch=36"], plugins=pm)  # per rank
     with pytest.raises(ConfigError, match="over 2 data-parallel groups"):  # a mini-batch of 3 sequences
         load_config("grpo", [*SP_BASE, "rollout.n=3", "actor.ppo_mini_batch_size=1", "strategy.num_processes=4",
                              "strategy.fsdp.sequence_parallel_size=2", "model.remove_padding=true"], plugins=pm)
