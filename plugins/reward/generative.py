@@ -15,6 +15,10 @@ reply has no score in range, gets ``reward.fallback_score`` and is counted exact
 ``reward/errors``, ``reward/timeouts``, ``reward/error_share``; a batch whose share of failures reaches
 ``reward.max_error_share`` stops the run with the first failure, the endpoint and the model named. An endpoint that
 does not answer when the manager starts is an error naming ``base_url``.
+
+With ``reward.generative.local_model`` instead of ``base_url`` the judge is a causal LM loaded in this process and
+run on rlforge's ``hf`` rollout engine (``local_device``): the same prompts through the judge's chat template, in
+batches of ``max_concurrency``, the same parsing and accounting (``timeout_s`` and ``retries`` are the endpoint's).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from rlforge.config.schema import option
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, optional_import
+from rlforge.protocols import SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -65,8 +70,10 @@ BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # wait before retry k (the last value for
 class GenerativeRewardConfig:
     """The judge of ``reward.manager=generative``."""
 
-    base_url: str = ""  # the judge's OpenAI-compatible endpoint, up to /v1 (e.g. http://127.0.0.1:8000/v1); required
-    model: str = ""  # the model name sent in each request (the endpoint's served model name); required
+    base_url: str = ""  # the judge's OpenAI-compatible endpoint, up to /v1 (e.g. http://127.0.0.1:8000/v1); this or local_model
+    model: str = ""  # the model name sent in each request (the endpoint's served model name); required with base_url
+    local_model: Optional[str] = None  # instead of an endpoint: a causal LM (folder, Hub id, builtin:NAME) run in this process on the hf rollout engine
+    local_device: str = "auto"  # local_model: auto (cuda if available, else cpu) | cpu | cuda | cuda:N
     api_key_env: str = option("OPENAI_API_KEY", pattern=r"[A-Za-z_][A-Za-z0-9_]*", what="an environment variable name")  # environment variable holding the API key (unset: the key 'EMPTY', as local servers accept)
     system: Optional[str] = None  # system message before the judge prompt (None: none)
     template: str = DEFAULT_TEMPLATE  # the judge prompt: str.format placeholders {prompt} {response} {ground_truth} {data_source}; write literal braces as {{ }}
@@ -140,40 +147,20 @@ def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class GenerativeRewardManager:
-    """Asks the judge endpoint for a verdict on each response and parses its score (module docstring)."""
+class EndpointJudge:
+    """The judge behind an OpenAI-compatible endpoint: one ``openai.AsyncOpenAI`` client on an event loop in a
+    daemon thread, kept across steps; at most ``max_concurrency`` requests in flight."""
 
-    @staticmethod
-    def validate_config(config: Any, registry: Any) -> None:
-        g = config.reward.generative
-        for key in ("base_url", "model"):
-            if not str(g[key] or "").strip():
-                raise ConfigError(f"reward.manager=generative needs '{KEY}.{key}': "
-                                  + ("the judge's OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."
-                                     if key == "base_url" else "the judge's model name, as the endpoint serves it."))
-        if not str(g.base_url).startswith(("http://", "https://")):
-            raise ConfigError(f"'{KEY}.base_url' is '{g.base_url}': write an http:// or https:// URL.")
-        template_fields(g.template)
-        compile_pattern(g.score_pattern)
-        if not g.score_max > g.score_min:
-            raise ConfigError(f"'{KEY}.score_max' ({g.score_max:g}) must be greater than '{KEY}.score_min' "
-                              f"({g.score_min:g}).")
-
-    def __init__(self, config: Any, tokenizer: Any, registry: Any) -> None:
-        self.validate_config(config, registry)
-        openai = optional_import("openai", "reward.manager=generative needs the openai client",
-                                 "pip install 'rlforge[judge]'")
-        g = self.options = config.reward.generative
-        self.tokenizer = tokenizer
-        self.base_url, self.model = str(g.base_url).rstrip("/"), str(g.model)
-        self.pattern = compile_pattern(g.score_pattern)
-        self.fallback_score = float(config.reward.fallback_score)
-        self.max_error_share = float(config.reward.max_error_share)
-        self.errors = openai
+    def __init__(self, options: Any) -> None:
+        self.errors = optional_import("openai", "reward.generative.base_url needs the openai client",
+                                      "pip install 'rlforge[judge]'")
+        self.options = options
+        self.base_url, self.model = str(options.base_url).rstrip("/"), str(options.model)
+        self.where = f"judge {self.base_url}, model '{self.model}'"
         self.loop = ToolLoop("rlforge-judge")
-        self.client = self._run(self._client(os.environ.get(g.api_key_env) or "EMPTY"))
-        self._logged: set[str] = set()
+        self.client: Any = None
         try:
+            self.client = self._run(self._client(os.environ.get(options.api_key_env) or "EMPTY"))
             self._run(self._check_endpoint())
         except BaseException:
             self.close()
@@ -205,16 +192,142 @@ class GenerativeRewardManager:
             raise ConfigError(f"'{KEY}.model' is '{self.model}', which {self.base_url} does not serve. It serves: "
                               f"{', '.join(names[:20])}{', ...' if len(names) > 20 else ''}.")
 
+    def replies(self, conversations: list[list[dict[str, str]]]) -> list[Outcome]:
+        """The judge's reply to each conversation: ``(OK, text)`` or ``(kind, reason)``."""
+        return self._run(self._ask_all(conversations))
+
+    async def _ask_all(self, conversations: list[list[dict[str, str]]]) -> list[Outcome]:
+        gate = asyncio.Semaphore(int(self.options.max_concurrency))
+
+        async def one(messages: list[dict[str, str]]) -> Outcome:
+            async with gate:
+                return await self._ask(messages)
+
+        return list(await asyncio.gather(*(one(m) for m in conversations)))
+
+    async def _ask(self, messages: list[dict[str, str]]) -> Outcome:
+        """One request with its retries; never raises."""
+        g, e = self.options, self.errors
+        outcome: Outcome = (RAISED, "no attempt")
+        for attempt in range(int(g.retries) + 1):
+            if attempt:
+                await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S)) - 1])
+            try:
+                reply = await asyncio.wait_for(self.client.chat.completions.create(
+                    model=self.model, messages=messages, temperature=float(g.temperature),
+                    max_tokens=int(g.max_tokens)), float(g.timeout_s))
+            except (asyncio.TimeoutError, e.APITimeoutError):
+                outcome = (TIMEOUT, f"no reply within {KEY}.timeout_s={g.timeout_s:g} s")
+                continue
+            except e.APIConnectionError as exc:
+                outcome = (RAISED, f"connection failed: {describe(exc)}")
+                continue
+            except e.APIStatusError as exc:
+                outcome = (RAISED, _status(exc))
+                if exc.status_code in RETRIED_STATUS or exc.status_code >= 500:
+                    continue
+                return outcome
+            except Exception as exc:  # noqa: BLE001 - a malformed reply body: the sample fails, the batch goes on
+                return RAISED, f"the request failed: {describe(exc)}"
+            try:
+                return OK, reply.choices[0].message.content or ""
+            except (AttributeError, IndexError, TypeError):
+                return BAD_VALUE, f"the reply has no message ({_clip(repr(reply))})"
+        suffix = f" (after {g.retries} retries)" if g.retries else ""
+        return outcome[0], outcome[1] + suffix
+
+    def close(self) -> None:
+        """Close the client's connections and stop its event loop."""
+        client, self.client = self.client, None
+        if client is not None and not self.loop.loop.is_closed():
+            try:
+                self._run(client.close())
+            except Exception as exc:  # noqa: BLE001 - closing must not fail the run's end
+                log.debug("closing the judge client failed: %s", describe(exc))
+        self.loop.close()
+
+
+class LocalJudge:
+    """The judge as a causal LM in this process, on rlforge's ``hf`` rollout engine: each conversation through the
+    judge's chat template, ``max_concurrency`` prompts per ``generate_tokens`` call, seeded by ``trainer.seed`` (a
+    sampled verdict leaves the training's random numbers alone)."""
+
+    def __init__(self, config: Any, options: Any, registry: Any) -> None:
+        from rlforge.models import load_model, load_tokenizer
+
+        self.options = options
+        path = str(options.local_model)
+        self.where = f"local judge {path} on the hf engine"
+        device = options.local_device
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        self.tokenizer = load_tokenizer(path, key=f"{KEY}.local_model")
+        model = load_model(path).requires_grad_(False).eval().to(device)
+        self.engine = registry.rollout.get("hf")(config, model, self.tokenizer)
+        self.params = SamplingParams(n=1, temperature=float(options.temperature), max_new_tokens=int(options.max_tokens),
+                                     seed=int(config.trainer.seed))
+
+    def replies(self, conversations: list[list[dict[str, str]]]) -> list[Outcome]:
+        size = int(self.options.max_concurrency)
+        out: list[Outcome] = []
+        for start in range(0, len(conversations), size):
+            chunk = conversations[start:start + size]
+            try:
+                ids = [_ids(self.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True))
+                       for m in chunk]
+                gens = self.engine.generate_tokens(ids, [self.params] * len(ids))
+            except Exception as exc:  # noqa: BLE001 - the chunk's samples fail; the batch's share decides the run
+                out += [(RAISED, f"generation failed: {describe(exc)}")] * len(chunk)
+                continue
+            out += [(OK, self.tokenizer.decode(g.ids, skip_special_tokens=True)) for g in gens]
+        return out
+
+    def close(self) -> None:
+        """Nothing runs between calls."""
+
+
+def _ids(encoded: Any) -> list[int]:
+    """``apply_chat_template(..., tokenize=True)``'s ids (transformers 5 returns a ``BatchEncoding``)."""
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+class GenerativeRewardManager:
+    """Asks the judge for a verdict on each response and parses its score (module docstring)."""
+
+    @staticmethod
+    def validate_config(config: Any, registry: Any) -> None:
+        g = config.reward.generative
+        if bool(str(g.base_url or "").strip()) == bool(g.local_model):
+            raise ConfigError(f"reward.manager=generative needs one of '{KEY}.base_url' (the judge's OpenAI-compatible "
+                              f"endpoint, e.g. http://127.0.0.1:8000/v1) and '{KEY}.local_model' (a causal LM run in "
+                              f"this process)" + (", not both." if g.local_model else "."))
+        if g.base_url and not str(g.model or "").strip():
+            raise ConfigError(f"reward.manager=generative needs '{KEY}.model' with {KEY}.base_url: the judge's model "
+                              f"name, as the endpoint serves it.")
+        if g.base_url and not str(g.base_url).startswith(("http://", "https://")):
+            raise ConfigError(f"'{KEY}.base_url' is '{g.base_url}': write an http:// or https:// URL.")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(g.local_device)):
+            raise ConfigError(f"'{KEY}.local_device' is '{g.local_device}'. Allowed: auto, cpu, cuda or cuda:N.")
+        template_fields(g.template)
+        compile_pattern(g.score_pattern)
+        if not g.score_max > g.score_min:
+            raise ConfigError(f"'{KEY}.score_max' ({g.score_max:g}) must be greater than '{KEY}.score_min' "
+                              f"({g.score_min:g}).")
+
+    def __init__(self, config: Any, tokenizer: Any, registry: Any) -> None:
+        self.validate_config(config, registry)
+        g = self.options = config.reward.generative
+        self.tokenizer = tokenizer
+        self.pattern = compile_pattern(g.score_pattern)
+        self.fallback_score = float(config.reward.fallback_score)
+        self.max_error_share = float(config.reward.max_error_share)
+        self.judge = LocalJudge(config, g, registry) if g.local_model else EndpointJudge(g)
+        self._logged: set[str] = set()
+
     def score(self, batch: B.Batch) -> B.Batch:
         texts = self.tokenizer.batch_decode(batch[B.RESPONSES], skip_special_tokens=True)
         responses = batch.lists.get(B.SOLUTION_TEXT, texts)  # an agent loop's answer, when it gives one
         n = len(batch)
-        prompts = [last_user_text(m) for m in batch.lists.get(B.RAW_PROMPT, [None] * n)]
-        sources, truths = batch[B.DATA_SOURCE], batch[B.GROUND_TRUTH]
-        requests = [self.options.template.format(prompt=prompts[i], response=responses[i],
-                                                 ground_truth="" if truths[i] is None else str(truths[i]),
-                                                 data_source=sources[i]) for i in range(n)]
-        outcomes = self._run(self._ask_all(requests))
+        outcomes = [self._score(reply) for reply in self.judge.replies(self.conversations(batch, responses))]
         self._check_error_share(outcomes)
         scores = torch.full((n,), self.fallback_score)
         faults: Counter[str] = Counter()
@@ -241,53 +354,23 @@ class GenerativeRewardManager:
                                  "reward/judge/mean": sum(ok) / len(ok) if ok else float("nan")}
         return batch
 
-    async def _ask_all(self, requests: list[str]) -> list[Outcome]:
-        gate = asyncio.Semaphore(int(self.options.max_concurrency))
+    def conversations(self, batch: B.Batch, responses: list[str]) -> list[list[dict[str, str]]]:
+        """The judge's messages for each sample: the system message (if any), then the filled-in template."""
+        g, n = self.options, len(batch)
+        prompts = [last_user_text(m) for m in batch.lists.get(B.RAW_PROMPT, [None] * n)]
+        sources, truths = batch[B.DATA_SOURCE], batch[B.GROUND_TRUTH]
+        system = [{"role": "system", "content": str(g.system)}] if g.system else []
+        return [[*system, {"role": "user", "content": g.template.format(
+            prompt=prompts[i], response=responses[i], ground_truth="" if truths[i] is None else str(truths[i]),
+            data_source=sources[i])}] for i in range(n)]
 
-        async def one(text: str) -> Outcome:
-            async with gate:
-                return await self._ask(text)
-
-        return list(await asyncio.gather(*(one(text) for text in requests)))
-
-    async def _ask(self, text: str) -> Outcome:
-        """One judge request with its retries: ``(OK, reward)`` or ``(kind, reason)``; never raises."""
-        g, e = self.options, self.errors
-        messages = ([{"role": "system", "content": g.system}] if g.system else []) + [{"role": "user", "content": text}]
-        outcome: Outcome = (RAISED, "no attempt")
-        for attempt in range(int(g.retries) + 1):
-            if attempt:
-                await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S)) - 1])
-            try:
-                reply = await asyncio.wait_for(self.client.chat.completions.create(
-                    model=self.model, messages=messages, temperature=float(g.temperature),
-                    max_tokens=int(g.max_tokens)), float(g.timeout_s))
-            except (asyncio.TimeoutError, e.APITimeoutError):
-                outcome = (TIMEOUT, f"no reply within {KEY}.timeout_s={g.timeout_s:g} s")
-                continue
-            except e.APIConnectionError as exc:
-                outcome = (RAISED, f"connection failed: {describe(exc)}")
-                continue
-            except e.APIStatusError as exc:
-                outcome = (RAISED, _status(exc))
-                if exc.status_code in RETRIED_STATUS or exc.status_code >= 500:
-                    continue
-                return outcome
-            except Exception as exc:  # noqa: BLE001 - a malformed reply body: the sample fails, the batch goes on
-                return RAISED, f"the request failed: {describe(exc)}"
-            return self._read(reply)
-        suffix = f" (after {g.retries} retries)" if g.retries else ""
-        return outcome[0], outcome[1] + suffix
-
-    def _read(self, reply: Any) -> Outcome:
+    def _score(self, reply: Outcome) -> Outcome:
+        kind, value = reply
+        if kind != OK:
+            return reply
         g = self.options
         try:
-            content = reply.choices[0].message.content
-        except (AttributeError, IndexError, TypeError):
-            return BAD_VALUE, f"the reply has no message ({_clip(repr(reply))})"
-        try:
-            return OK, parse_score(content or "", self.pattern, float(g.score_min), float(g.score_max),
-                                   bool(g.normalize))
+            return OK, parse_score(value, self.pattern, float(g.score_min), float(g.score_max), bool(g.normalize))
         except ValueError as exc:
             return BAD_VALUE, str(exc)
 
@@ -302,27 +385,21 @@ class GenerativeRewardManager:
             f"{len(failed)} of {len(outcomes)} judge requests failed on this batch "
             f"({', '.join(f'{c} {k}' for k, c in kinds.most_common())}), which reaches reward.max_error_share="
             f"{self.max_error_share:g}: it would train on reward.fallback_score alone. The first: sample {first}: "
-            f"{outcomes[first][1]} (judge {self.base_url}, model '{self.model}'). Check the judge server and "
-            f"{KEY}.score_pattern, or raise reward.max_error_share (1 stops only when every request fails)."
+            f"{outcomes[first][1]} ({self.judge.where}). Check the judge and {KEY}.score_pattern, or raise "
+            f"reward.max_error_share (1 stops only when every request fails)."
         )
 
     def _log_first(self, kind: str, index: int, reason: str) -> None:
         if kind in self._logged:
             return
         self._logged.add(kind)
-        log.warning("The judge at %s failed on sample %d (%s): %s. The sample gets reward.fallback_score=%g; later "
-                    "'%s' faults are only counted in %s.", self.base_url, index, kind, reason, self.fallback_score,
+        log.warning("The %s failed on sample %d (%s): %s. The sample gets reward.fallback_score=%g; later '%s' "
+                    "faults are only counted in %s.", self.judge.where, index, kind, reason, self.fallback_score,
                     kind, "reward/timeouts" if kind == TIMEOUT else "reward/errors")
 
     def close(self) -> None:
-        """Close the client's connections and stop its event loop."""
-        client, self.client = getattr(self, "client", None), None
-        if client is not None and not self.loop.loop.is_closed():
-            try:
-                self._run(client.close())
-            except Exception as exc:  # noqa: BLE001 - closing must not fail the run's end
-                log.debug("closing the judge client failed: %s", describe(exc))
-        self.loop.close()
+        """Stop the judge's client (its connections and event loop)."""
+        self.judge.close()
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:

@@ -205,8 +205,10 @@ def test_a_model_the_endpoint_does_not_serve(make_manager):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ([], r"needs 'reward.generative.base_url'"),
-    (["reward.generative.base_url=http://h/v1"], r"needs 'reward.generative.model'"),
+    ([], r"needs one of 'reward.generative.base_url' .* and 'reward.generative.local_model' .*\.$"),
+    (["reward.generative.base_url=http://h/v1", "reward.generative.local_model=builtin:tiny-arith"], r"not both"),
+    (["reward.generative.base_url=http://h/v1"], r"needs 'reward.generative.model' with reward.generative.base_url"),
+    (["reward.generative.local_device=gpu"], r"'reward.generative.local_device' is 'gpu'. Allowed: auto, cpu"),
     (["reward.generative.base_url=h:8000"], r"'reward.generative.base_url' is 'h:8000': write an http"),
     (["reward.generative.template='{prompt} {answer}'"], r"placeholder '\{answer\}'. Allowed: \{prompt\}, "
                                                          r"\{response\}, \{ground_truth\}, \{data_source\}"),
@@ -250,46 +252,80 @@ def test_grpo_fits_on_the_judges_reward(judge, tmp_path):
     assert summary["reward_error_share"] == 0
 
 
-def test_rlforge_own_endpoint_serving_the_tiny_model_as_the_judge(pm, make_manager, char_tokenizer):
+JUDGE_SUMS = ["reward.generative.template='What is {response}?'", "reward.generative.score_pattern='(\\d+)'",
+              "reward.generative.normalize=false", "reward.generative.score_max=1000", "reward.generative.max_tokens=6"]
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(pm, char_tokenizer):
+    """The shipped tiny model on the hf engine, and the config it was built with."""
+    from rlforge.build import Builder
+    from rlforge.models import load_model
+
+    cfg = rlforge.load_config("grpo", ["data.max_prompt_length=64", "rollout.max_new_tokens=6"], plugins=pm)
+    return Builder(cfg, pm).rollout(load_model(cfg.model.path), char_tokenizer), cfg
+
+
+SUMS = ["53+93", "1+38", "20+20"]  # the "responses" the tiny model judges: it answers each with a different number
+
+
+def _greedy_numbers(engine, tok, texts):
+    """The last number of the tiny model's greedy reply to each judge prompt, asked directly (all different, so a
+    judge that mixed the samples up would not pass)."""
+    from rlforge.protocols import SamplingParams
+
+    out = []
+    for text in texts:
+        ids = tok.apply_chat_template([{"role": "user", "content": f"What is {text}?"}], add_generation_prompt=True,
+                                      tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        gen = engine.generate_tokens([ids], [SamplingParams(n=1, temperature=0.0, max_new_tokens=6)])[0]
+        out.append(float(re.findall(r"\d+", tok.decode(gen.ids, skip_special_tokens=True))[-1]))
+    assert len(set(out)) == len(out), out
+    return out
+
+
+def test_rlforge_own_endpoint_serving_the_tiny_model_as_the_judge(pm, make_manager, char_tokenizer, tiny_engine):
     """The judge is rlforge's OpenAI endpoint (openai_server.ChatServer) on the shipped tiny model through the hf
     engine, asked with the real openai client: each score is the number the model answers, greedily, to the judge
     prompt (the tiny model does sums)."""
     from rlforge.agent.base import Sample
     from rlforge.agent.engine import EngineHandle, TrajectoryEngine, token_generator
     from rlforge.build import Builder
-    from rlforge.models import load_model
     from rlforge.plugins.agent.openai_recorder import Recorder
     from rlforge.plugins.agent.openai_server import ChatServer
     from rlforge.protocols import SamplingParams
 
-    cfg = rlforge.load_config("grpo", ["data.max_prompt_length=64", "rollout.max_new_tokens=6"], plugins=pm)
-    builder = Builder(cfg, pm)
-    engine = builder.rollout(load_model(cfg.model.path), char_tokenizer)
-    context = builder.agent(char_tokenizer).context
-    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+    engine, cfg = tiny_engine
+    context = Builder(cfg, pm).agent(char_tokenizer).context
     loop = ToolLoop("rlforge-endpoint")
 
     async def serve():
         server = ChatServer()
         await server.start()
-        handle = EngineHandle(token_generator(engine, char_tokenizer), greedy, max_len=70)
+        handle = EngineHandle(token_generator(engine, char_tokenizer),
+                              SamplingParams(n=1, temperature=0.0, max_new_tokens=6), max_len=70)
         sample = Sample([], [], "judge", None, None, 0, 0)
         return server, server.add(Recorder(context, sample, TrajectoryEngine(handle)))
 
     server, key = loop.submit(serve()).result()
     try:
-        manager = make_manager("reward.generative.template='What is {response}+1?'",
-                               "reward.generative.score_pattern='(\\d+)'", "reward.generative.normalize=false",
-                               "reward.generative.score_max=1000", "reward.generative.max_tokens=6",
-                               "reward.generative.model=rlforge-policy", url=f"{server.url}/t/{key}/v1")
-        out = manager.score(_batch(char_tokenizer, ["12", "30"]))
+        manager = make_manager(*JUDGE_SUMS, "reward.generative.model=rlforge-policy", url=f"{server.url}/t/{key}/v1")
+        out = manager.score(_batch(char_tokenizer, SUMS))
     finally:
         loop.submit(server.close()).result()
         loop.close()
     assert out.meta["metrics"]["reward/error_share"] == 0
-    for text, score in zip(["12", "30"], out[B.SCORES].tolist()):
-        ids = char_tokenizer.apply_chat_template([{"role": "user", "content": f"What is {text}+1?"}],
-                                                 add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        reply = char_tokenizer.decode(engine.generate_tokens([ids], [greedy])[0].ids, skip_special_tokens=True)
-        assert score == float(re.findall(r"\d+", reply)[-1])
+    assert out[B.SCORES].tolist() == _greedy_numbers(engine, char_tokenizer, SUMS)
+
+
+def test_a_local_judge_on_the_hf_engine(pm, char_tokenizer, tiny_engine):
+    """reward.generative.local_model: the tiny model in this process judges as the endpoint above does."""
+    cfg = rlforge.load_config("grpo", ["reward.manager=generative", "reward.generative.local_model=builtin:tiny-arith",
+                                       "reward.generative.local_device=cpu", "reward.generative.max_concurrency=2",
+                                       *JUDGE_SUMS], plugins=pm)
+    manager = GenerativeRewardManager(cfg, char_tokenizer, pm.registry)
+    out = manager.score(_batch(char_tokenizer, SUMS))
+    manager.close()
+    assert out.meta["metrics"]["reward/error_share"] == 0
+    assert out[B.SCORES].tolist() == _greedy_numbers(tiny_engine[0], char_tokenizer, SUMS)
