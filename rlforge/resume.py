@@ -47,6 +47,9 @@ MAY_CHANGE = (
     "trainer.resume", "trainer.resume_force", "trainer.run_dir", "trainer.runs_root", "trainer.experiment",
     "logger.*", "reward.num_workers", "reward.max_error_share", "ray.address", "ray.num_cpus",
     "ray.placement_timeout_s",
+    # where the judge of reward.manager=generative is reached and how patiently (its model and prompt must stay)
+    "reward.generative.base_url", "reward.generative.api_key_env", "reward.generative.max_concurrency",
+    "reward.generative.timeout_s", "reward.generative.retries", "reward.generative.local_device",
     "data.train_files", "data.val_files",  # the data itself is compared by its fingerprint
     "sft.*",  # options of `rlforge sft`, not read by `rlforge fit`
 )
