@@ -263,8 +263,8 @@ class LocalJudge:
         self.tokenizer = load_tokenizer(path, key=f"{KEY}.local_model")
         model = load_model(path).requires_grad_(False).eval().to(device)
         self.engine = registry.rollout.get("hf")(config, model, self.tokenizer)
-        self.params = SamplingParams(n=1, temperature=float(options.temperature), max_new_tokens=int(options.max_tokens),
-                                     seed=int(config.trainer.seed))
+        self.params = SamplingParams(n=1, temperature=float(options.temperature),
+                                     max_new_tokens=int(options.max_tokens), seed=int(config.trainer.seed))
 
     def replies(self, conversations: list[list[dict[str, str]]]) -> list[Outcome]:
         size = int(self.options.max_concurrency)

@@ -86,7 +86,8 @@ def make_manager(pm, char_tokenizer, judge):
     managers = []
 
     def make(*overrides: str, url: str | None = None) -> GenerativeRewardManager:
-        cfg = rlforge.load_config("grpo", ["reward.manager=generative", f"reward.generative.base_url={url or judge.url}",
+        cfg = rlforge.load_config("grpo", ["reward.manager=generative",
+                                           f"reward.generative.base_url={url or judge.url}",
                                            f"reward.generative.model={MODEL}", *overrides], plugins=pm)
         managers.append(GenerativeRewardManager(cfg, char_tokenizer, pm.registry))
         return managers[-1]
@@ -132,11 +133,12 @@ def test_scores_are_the_judges_parsed_and_normalised(judge, make_manager, char_t
     assert out[B.TOKEN_LEVEL_SCORES][:, 1].tolist() == pytest.approx([1.0, 0.2, 1.0])  # the response's last token (EOS)
     assert out.meta["metrics"]["reward/error_share"] == 0 and out.meta["metrics"]["reward/errors"] == 0
     assert out.meta["metrics"]["reward/judge/mean"] == pytest.approx(2.2 / 3)
-    body = judge.bodies[0]
+    body = next(b for b in judge.bodies if "q0?" in b["messages"][-1]["content"])  # the requests arrive in any order
     assert body["model"] == MODEL and body["max_tokens"] == 7 and body["temperature"] == 0.5
     assert body["messages"][0] == {"role": "system", "content": "You grade."}
     prompt = body["messages"][1]["content"]
-    assert "Question:\nq0?\n" in prompt and "Reference answer:\n5\n" in prompt and prompt.endswith("\\boxed{GRADE} at the very end.")
+    assert "Question:\nq0?\n" in prompt and "Reference answer:\n5\n" in prompt
+    assert prompt.endswith("\\boxed{GRADE} at the very end.")  # the template's {{ }} reach the judge as braces
 
 
 def test_a_custom_template_and_pattern_without_normalisation(judge, make_manager, char_tokenizer):
