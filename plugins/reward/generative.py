@@ -351,7 +351,7 @@ class GenerativeRewardManager:
                                  "reward/errors": float(sum(faults[k] for k in ERROR_KINDS)),
                                  "reward/timeouts": float(faults[TIMEOUT]),
                                  ERROR_SHARE: sum(faults.values()) / n if n else 0.0,
-                                 "reward/judge/mean": sum(ok) / len(ok) if ok else float("nan")}
+                                 **({"reward/judge/mean": sum(ok) / len(ok)} if ok else {})}
         return batch
 
     def conversations(self, batch: B.Batch, responses: list[str]) -> list[list[dict[str, str]]]:
