@@ -23,6 +23,10 @@ A model marked by ``sequence_parallel`` runs its packed forward passes over the 
 (Ulysses): each rank holds a slice of the packed row, the per-token outputs are gathered back, every rank returns the
 whole result (``plugins/strategy/ulysses.py``).
 
+A vision-language model's passes take the rows' vision inputs (``multi_modal``: ``B.MULTI_MODAL_INPUTS``, see
+``rlforge.multimodal``): padded, with M-RoPE positions (3, B, L) from the model's ``get_rope_index``; packed, with
+verl's (4, 1, T) positions (the 1-D positions over the three M-RoPE rows). They never share prompts' KV caches.
+
 A model given to ``compile_forward`` (``model.compile=true``) runs these forward passes through
 ``torch.compile`` with dynamic shapes; generation still calls the model itself, eagerly.
 """
@@ -216,18 +220,28 @@ Outputs = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor | None, ...]
 
 
 def _packed_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
-                    outputs: Outputs, logits_to_keep: bool = True) -> tuple[torch.Tensor | None, ...]:
+                    outputs: Outputs, logits_to_keep: bool = True, multi_modal: list | None = None
+                    ) -> tuple[torch.Tensor | None, ...]:
     """``outputs(logits, labels)`` at the positions that predict the response tokens, from one packed forward pass
     (sequence-parallel where the model is marked by :func:`sequence_parallel`), each put back as [B, response_len]
     (0 at padding). ``logits_to_keep``: the model computes logits only there (causal LMs); else it returns every
-    position (token classifiers) and they are picked."""
+    position (token classifiers) and they are picked. ``multi_modal``: the rows' vision inputs; the packed row then
+    has verl's (4, 1, T) positions: the 1-D positions (which mark where each sequence starts) over the M-RoPE rows."""
     ids, pos, before, resp_real = _pack(input_ids, attention_mask, response_len)
     sp = model.__dict__.get(_SEQUENCE_PARALLEL)
+    vision = multimodal.forward_inputs(model, input_ids, attention_mask, multi_modal) if multi_modal else None
+    if vision is not None:
+        if sp is not None:
+            raise RLForgeError("Sequence parallelism (strategy.fsdp.sequence_parallel_size > 1) does not take rows with "
+                               "images yet: set it to 1 for a vision-language model (docs/multimodal.md).")
+        rope = vision.pop("position_ids")[:, attention_mask.bool()]  # (3, T): each row's real tokens, in order
+        vision["position_ids"] = torch.cat([pos, rope])[:, None]
     if sp is not None:
         values = sp.packed_outputs(model, ids, pos, before, outputs, logits_to_keep)
     else:
         keep = {"logits_to_keep": before} if logits_to_keep else {}
-        out = _forward(model)(input_ids=ids, position_ids=pos, attention_mask=None, use_cache=False, **keep).logits[0]
+        out = _forward(model)(input_ids=ids, attention_mask=None, use_cache=False,
+                              **(vision or {"position_ids": pos}), **keep).logits[0]
         values = outputs(out if logits_to_keep else out[before], input_ids[:, -response_len:][resp_real])
     return tuple(None if v is None else _unpack(v, resp_real) for v in values)
 
@@ -237,16 +251,13 @@ def _response_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention
                       multi_modal: list | None = None) -> tuple[torch.Tensor | None, ...]:
     """``outputs(logits, labels)`` on the logits (divided by ``temperature``) that predict the response tokens and
     those tokens, each result put back into the [B, response_len] layout (0 at padding). ``multi_modal``: the rows'
-    vision inputs (``B.MULTI_MODAL_INPUTS``) for a vision-language model, padded layout only."""
+    vision inputs (``B.MULTI_MODAL_INPUTS``) for a vision-language model."""
     def scaled(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return outputs(logits / temperature if temperature and temperature != 1.0 else logits, labels)
 
     vision = multi_modal is not None and any(row is not None for row in multi_modal)
-    if remove_padding and vision:
-        raise RLForgeError("model.remove_padding=true packs the rows into one sequence, which rlforge does not do for "
-                           "rows with images yet: set model.remove_padding=false (docs/multimodal.md).")
     if remove_padding:
-        return _packed_outputs(model, input_ids, attention_mask, response_len, scaled)
+        return _packed_outputs(model, input_ids, attention_mask, response_len, scaled, multi_modal=multi_modal)
     ids, mask, kept = _trim(input_ids, attention_mask, response_len)
     groups = None if vision else _groups(model, ids, mask, kept)
     if groups is not None:

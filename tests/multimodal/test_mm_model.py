@@ -1,6 +1,6 @@
 """A vision-language model through rlforge's passes: M-RoPE positions equal the model's own, forward/backward with
 pixel values, per-sample image tensors split and joined by micro-batching, the hf engine generating with images and
-reporting the actor's log-probs, the vision tower frozen by a key, packing refused."""
+reporting the actor's log-probs, the vision tower frozen by a key, packed passes equal to padded ones."""
 
 from __future__ import annotations
 
@@ -108,11 +108,27 @@ def test_backward_reaches_the_vision_tower_unless_it_is_frozen(rollout):
     assert not any(p.requires_grad for p in mm.vision_tower(model).parameters())
 
 
-def test_packed_passes_with_images_are_refused_naming_the_key(vlm, rollout):
+def test_packed_passes_with_images_equal_the_padded_ones(vlm, rollout):
     model, _, _ = vlm
-    with pytest.raises(RLForgeError, match="model.remove_padding=true .* set model.remove_padding=false"):
-        ops.response_logprobs(model, rollout[B.INPUT_IDS], rollout[B.ATTENTION_MASK], 4, remove_padding=True,
-                              multi_modal=rollout[B.MULTI_MODAL_INPUTS])
+    width = rollout[B.RESPONSES].shape[1]
+    rows = rollout[B.MULTI_MODAL_INPUTS]
+    with torch.no_grad():
+        padded = ops.response_logprobs(model, rollout[B.INPUT_IDS], rollout[B.ATTENTION_MASK], width, with_entropy=True,
+                                       multi_modal=rows)
+        packed = ops.response_logprobs(model, rollout[B.INPUT_IDS], rollout[B.ATTENTION_MASK], width, with_entropy=True,
+                                       remove_padding=True, multi_modal=rows)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(padded, packed))  # no attention across sequences
+
+
+def test_sequence_parallel_packed_passes_with_images_are_refused(vlm, rollout):
+    model, _, _ = vlm
+    ops.sequence_parallel(model, object())
+    try:
+        with pytest.raises(RLForgeError, match="sequence_parallel_size > 1.* does not take rows with images"):
+            ops.response_logprobs(model, rollout[B.INPUT_IDS], rollout[B.ATTENTION_MASK], 4, remove_padding=True,
+                                  multi_modal=rollout[B.MULTI_MODAL_INPUTS])
+    finally:
+        ops.sequence_parallel(model, None)
 
 
 def test_freezing_a_text_models_vision_tower_is_an_error():
