@@ -43,11 +43,14 @@ class FakeJudge:
 
     def reset(self, reply=lambda prompt: "\\boxed{10}", hold: int = 0, expect: int = 0) -> None:
         self.reply, self.hold, self.expect = reply, hold, expect
+        self.models_status = 200  # what GET /v1/models answers
         self.bodies: list[dict] = []
         self.in_flight = self.peak = 0
 
     async def route(self, request: HttpRequest) -> HttpResponse:
         if request.method == "GET" and request.path == "/v1/models":
+            if self.models_status != 200:
+                return HttpResponse(self.models_status, error_payload("scripted", "invalid_request_error"))
             return HttpResponse(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
         body = json.loads(request.body)
         self.bodies.append(body)
@@ -79,6 +82,12 @@ def judge():
     server = FakeJudge()
     yield server
     server.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_judge(judge):
+    """Every test starts with the judge's defaults (a reply of 10, no holding, the model list served)."""
+    judge.reset()
 
 
 @pytest.fixture
@@ -198,6 +207,16 @@ def test_an_unreachable_endpoint_is_named_at_start(make_manager):
     with pytest.raises(RLForgeError, match=r"The judge endpoint reward.generative.base_url=http://127.0.0.1:9/v1 is "
                                            r"not reachable"):
         make_manager(url="http://127.0.0.1:9/v1")
+
+
+def test_a_refused_key_names_its_variable_and_a_missing_model_list_is_accepted(judge, make_manager, char_tokenizer,
+                                                                                monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", "wrong")
+    judge.models_status = 401
+    with pytest.raises(RLForgeError, match=r"base_url=.* refused the API key from \$JUDGE_KEY \(HTTP 401: scripted\)"):
+        make_manager("reward.generative.api_key_env=JUDGE_KEY")
+    judge.models_status = 404  # a server without the model list: its requests tell
+    assert make_manager().score(_batch(char_tokenizer, ["1"]))[B.SCORES].tolist() == [1.0]
 
 
 def test_a_model_the_endpoint_does_not_serve(make_manager):
