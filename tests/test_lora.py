@@ -135,7 +135,7 @@ def test_grpo_with_lora_learns(tmp_path) -> None:
     cfg = load_config("grpo", ["model.lora.rank=16", "model.lora.alpha=32", "actor.lr=3e-4",
                                f"trainer.runs_root={tmp_path}", "trainer.total_steps=30",
                                "trainer.val_before_train=false", "trainer.save_every=0", "trainer.val_every=0",
-                               "data.arith.train_size=512", "data.arith.val_size=16", "trainer.progress=false", "logger.backends=[]"])
+                               "data.arith.val_size=16", "trainer.progress=false", "logger.backends=[]"])
     trainer = Trainer(cfg)
     trainer.fit()
     scores = [h["critic/score/mean"] for h in trainer.history]

@@ -109,7 +109,7 @@ def test_grpo_learns_in_bf16_mixed(tmp_path) -> None:
 
     cfg = load_config("grpo", [f"trainer.runs_root={tmp_path}", "trainer.total_steps=30", "model.precision=bf16-mixed",
                                "trainer.val_before_train=false", "trainer.save_every=0", "trainer.val_every=0",
-                               "data.arith.train_size=512", "data.arith.val_size=16", "trainer.progress=false", "logger.backends=[]"])
+                               "data.arith.val_size=16", "trainer.progress=false", "logger.backends=[]"])
     trainer = Trainer(cfg)
     trainer.fit()
     scores = [h["critic/score/mean"] for h in trainer.history]

@@ -54,7 +54,7 @@ def run(tmp_path_factory):
     cfg = load_config("grpo", [
         "rollout.name=vllm", "trainer.controller=ray", "strategy.name=fsdp", "strategy.num_processes=2",
         "strategy.device=cpu", "ray.num_cpus=2", f"trainer.total_steps={STEPS}", "trainer.val_every=0",
-        "trainer.val_before_train=false", "data.arith.train_size=512", "data.arith.val_size=8", "trainer.save_every=0", "trainer.progress=false",
+        "trainer.val_before_train=false", "data.arith.val_size=8", "trainer.save_every=0", "trainer.progress=false",
         "logger.backends=[]", f"trainer.runs_root={tmp_path_factory.mktemp('runs')}", "actor.lr=1e-4",
     ])
     trainer = Trainer(cfg, callbacks=[probe])
