@@ -307,6 +307,9 @@ def tokenize_preferences(
     identical: list[str] = []
     for i, row in enumerate(rows):
         where = row_origin(row, i, name)
+        if row.get("images"):
+            raise DataError(f"{where}: preference rows with images are not supported yet: pairs train on text "
+                            f"(docs/multimodal.md).")
         if "prompt" not in row:
             row = _split_implicit_prompt(row, where)
         prompt = _tokenize_prompt(row, i, tokenizer, max_prompt_len, filter_overlong, where, need_reward=False)

@@ -102,3 +102,11 @@ def test_video_placeholders_are_refused(vlm):
     _, tok, proc = vlm
     with pytest.raises(DataError, match="<video> placeholder; rlforge trains on images only"):
         tokenize_rows([_row("<video><image>?")], tok, 64, False, "t", processor=proc)
+
+
+def test_preference_rows_with_images_are_refused_naming_the_row(char_tokenizer):
+    from rlforge.data import tokenize_preferences
+
+    row = {"prompt": "<image>Which?", "chosen": "a", "rejected": "b", "images": [{"bytes": _png()}]}
+    with pytest.raises(DataError, match=r"pairs, row 1: preference rows with images are not supported yet"):
+        tokenize_preferences([row], char_tokenizer, 64, 8, False, "pairs")
