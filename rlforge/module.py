@@ -102,8 +102,13 @@ class RLModule:
 
         d = self.config.data
         name = f"{d.name} ({split})"
-        return tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name,
-                             processor=self.processor, image_key=d.image_key)
+        prompts = tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name,
+                                processor=self.processor, image_key=d.image_key)
+        if self.processor is not None:
+            from rlforge.multimodal import check_engine
+
+            check_engine(prompts, self.registry.rollout.get(self.config.rollout.name), self.config.rollout.name)
+        return prompts
 
     def collate(self, examples: list[Any], uids: list[Any]) -> B.Batch:
         """A training batch of ``examples``, whose group ids are ``uids`` (one per example, unique per draw).

@@ -113,6 +113,14 @@ def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[A
                                                IMAGE_GRID_THW: encoded[IMAGE_GRID_THW]}
 
 
+def check_engine(prompts: list[Any], engine: type, name: str) -> None:
+    """Rows with images need a rollout engine that declares ``supports_images`` (the ``hf`` engine): another would
+    generate from the image tokens without the pixels."""
+    if not getattr(engine, "supports_images", False) and any(p.multi_modal is not None for p in prompts):
+        raise RLForgeError(f"The data has images, but the rollout engine '{name}' (rollout.name) does not take them: "
+                           f"use rollout.name=hf (docs/multimodal.md).")
+
+
 # --- processor ------------------------------------------------------------------------------------------------------
 def _expose_video_mixin() -> None:
     """transformers exports ``VideoProcessorMixin`` only with torchvision installed, and its processor check looks it up

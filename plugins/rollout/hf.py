@@ -50,6 +50,7 @@ class HFRollout:
     controller) weights are shared and ``update_weights`` has nothing to copy."""
 
     supports_sleep = False
+    supports_images = True  # rows' vision inputs (B.MULTI_MODAL_INPUTS) go to the model's forward (docs/multimodal.md)
     logprobs_match_actor = True  # generates with the actor model itself (max abs diff ~1e-6 on CPU fp32)
 
     @staticmethod

@@ -24,3 +24,9 @@ def test_two_grpo_steps_on_the_vision_task(tmp_path: Path) -> None:
     assert samples and {s["prompt"] for s in samples} == {"<image>How many squares?"}
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2
+
+
+def test_an_engine_without_image_support_is_refused_before_any_model_loads(tmp_path: Path, capsys) -> None:
+    assert main(["fit", "--algo", "grpo", "--config", "builtin:vision", f"trainer.runs_root={tmp_path}",
+                 "rollout.name=vllm", "data.vision.train_size=16", "data.vision.val_size=4"]) != 0
+    assert "the rollout engine 'vllm' (rollout.name) does not take them: use rollout.name=hf" in capsys.readouterr().err
