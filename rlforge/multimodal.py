@@ -209,13 +209,6 @@ def join(rows: list[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor] 
     return {key: torch.cat([r[key] for r in present]) for key in (PIXEL_VALUES, IMAGE_GRID_THW)}
 
 
-def split(joined: dict[str, torch.Tensor], images_per_row: list[int]) -> list[dict[str, torch.Tensor] | None]:
-    """The inverse of :func:`join`: each row's dict back (None for a row with no image)."""
-    grids = joined[IMAGE_GRID_THW].split(images_per_row)
-    patches = joined[PIXEL_VALUES].split([int(g.prod(-1).sum()) for g in grids])
-    return [{PIXEL_VALUES: p, IMAGE_GRID_THW: g} if len(g) else None for p, g in zip(patches, grids)]
-
-
 def rope_positions(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    image_grid_thw: torch.Tensor | None) -> torch.Tensor:
     """M-RoPE position ids (3, B, L) of (padded) rows from the model's own ``get_rope_index``; 0 at padding."""

@@ -13,6 +13,7 @@ from rlforge import ops
 from rlforge.data import collate, tokenize_rows
 from rlforge.errors import RLForgeError
 from rlforge.plugins.data.vision import vision_rows
+from rlforge.plugins.rollout.hf import response_mask
 from rlforge.plugins.rollout.hf_decode import Decoder
 from rlforge.protocols import SamplingParams
 
@@ -38,9 +39,10 @@ def rollout(vlm, prompts):
     with torch.no_grad():
         responses, log_probs = decoder.decode(batch[B.PROMPTS], batch[B.PROMPT_MASK],
                                               SamplingParams(max_new_tokens=6, seed=3), batch[B.MULTI_MODAL_INPUTS])
-    batch[B.RESPONSES], batch[B.ROLLOUT_LOG_PROBS] = responses, log_probs
+    mask = response_mask(responses, [tok.eos_token_id])
+    batch[B.RESPONSES], batch[B.ROLLOUT_LOG_PROBS] = responses, log_probs * mask
     batch[B.INPUT_IDS] = torch.cat([batch[B.PROMPTS], responses], 1)
-    batch[B.ATTENTION_MASK] = torch.cat([batch[B.PROMPT_MASK], torch.ones_like(responses)], 1)
+    batch[B.ATTENTION_MASK] = torch.cat([batch[B.PROMPT_MASK], mask], 1)
     return batch
 
 
@@ -60,13 +62,12 @@ def test_rope_positions_equal_the_models_own_for_each_row_under_left_padding(vlm
     assert got[0, 3, -1] == got[1, 3, -1] == got[2, 3, -1] == len(prompts[3].ids) - 1  # a text row: 1-D positions
 
 
-def test_join_and_split_of_per_row_image_tensors_are_inverse(prompts):
+def test_join_concatenates_the_rows_image_tensors_in_row_order(prompts):
     rows = [p.multi_modal for p in prompts]
     joined = mm.join(rows)
-    assert joined[mm.IMAGE_GRID_THW].shape == (4, 3) and len(joined[mm.PIXEL_VALUES]) == 4 * 36
-    back = mm.split(joined, [len(r[mm.IMAGE_GRID_THW]) if r else 0 for r in rows])
-    assert back[3] is None
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(rows[:3], back[:3]) for k in (mm.PIXEL_VALUES, mm.IMAGE_GRID_THW))
+    assert joined[mm.IMAGE_GRID_THW].shape == (4, 3) and len(joined[mm.PIXEL_VALUES]) == 4 * 36  # row 1 has two
+    assert torch.equal(joined[mm.PIXEL_VALUES][36:108], rows[1][mm.PIXEL_VALUES])
+    assert torch.equal(joined[mm.IMAGE_GRID_THW][3], rows[2][mm.IMAGE_GRID_THW][0])
     assert mm.join([None, None]) is None
 
 
@@ -136,3 +137,29 @@ def test_freezing_a_text_models_vision_tower_is_an_error():
 
     with pytest.raises(RLForgeError, match="model.freeze_vision_tower=true, but LlamaForCausalLM has no vision tower"):
         mm.freeze_vision_tower(load_model("builtin:tiny-arith"))
+
+
+def test_a_qwen2_5_vl_shaped_model_takes_the_same_path(vlm, rollout):
+    """Qwen2.5-VL (windowed vision attention, its own get_rope_index): the engine's log-probs are the actor's."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    small, tok, _ = vlm
+    ids = {k: getattr(small.config, k) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                                 "vision_end_token_id")}
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+        text_config=small.config.text_config.to_dict(),
+        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                           window_size=56, fullatt_block_indexes=[1], patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2),
+        **ids)).eval()
+    prompts = rollout.select(list(range(0, len(rollout), 2)))  # one row per prompt
+    decoder = Decoder(model, [tok.eos_token_id], tok.pad_token_id)
+    with torch.no_grad():
+        responses, log_probs = decoder.decode(prompts[B.PROMPTS], prompts[B.PROMPT_MASK],
+                                              SamplingParams(max_new_tokens=5, seed=0), prompts[B.MULTI_MODAL_INPUTS])
+        real = response_mask(responses, [tok.eos_token_id])
+        actor, _ = ops.response_logprobs(model, torch.cat([prompts[B.PROMPTS], responses], 1),
+                                         torch.cat([prompts[B.PROMPT_MASK], real], 1), responses.shape[1],
+                                         multi_modal=prompts[B.MULTI_MODAL_INPUTS])
+    assert torch.allclose(actor, log_probs * real, atol=1e-5)
