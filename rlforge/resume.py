@@ -343,6 +343,9 @@ def _jsonable(value: Any) -> Any:
         # its fields, one level at a time (the JSON of ``dataclasses.asdict``, without its deep copy of every list:
         # the copy was 90% of the fingerprint's cost)
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if callable(getattr(value, "is_floating_point", None)) and value.is_floating_point():
+        # a float tensor (a vision row's pixel values): the digest of its bytes, not a JSON list of every float
+        return hashlib.sha256(value.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
     return value.tolist() if hasattr(value, "tolist") else repr(value)
 
 

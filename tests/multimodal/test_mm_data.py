@@ -110,3 +110,14 @@ def test_preference_rows_with_images_are_refused_naming_the_row(char_tokenizer):
     row = {"prompt": "<image>Which?", "chosen": "a", "rejected": "b", "images": [{"bytes": _png()}]}
     with pytest.raises(DataError, match=r"pairs, row 1: preference rows with images are not supported yet"):
         tokenize_preferences([row], char_tokenizer, 64, 8, False, "pairs")
+
+
+def test_the_data_fingerprint_covers_the_images_by_their_digest(vlm):
+    from rlforge.resume import data_fingerprint
+
+    _, tok, proc = vlm
+    red, blue = (tokenize_rows([_row(images=[{"bytes": _png(color=c)}])], tok, 64, False, "t", processor=proc)
+                 for c in ("red", "blue"))
+    assert red[0].ids == blue[0].ids
+    assert data_fingerprint(red)["sha256"] != data_fingerprint(blue)["sha256"]
+    assert data_fingerprint(red) == data_fingerprint(tokenize_rows([_row()], tok, 64, False, "t", processor=proc))
