@@ -129,6 +129,7 @@ def test_checkpoints_hold_the_adapter_resume_exactly_and_export_both_ways(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.learning_matrix  # the adapter-only and bf16 updates are checked in the default suite
 def test_grpo_with_lora_learns(tmp_path) -> None:
     from rlforge import Trainer
 

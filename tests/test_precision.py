@@ -104,6 +104,7 @@ def test_bf16_true_trains_bf16_weights(pm) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.learning_matrix  # the adapter-only and bf16 updates are checked in the default suite
 def test_grpo_learns_in_bf16_mixed(tmp_path) -> None:
     from rlforge import Trainer
 

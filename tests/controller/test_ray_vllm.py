@@ -1,9 +1,10 @@
 """vLLM engines inside the Ray workers (the hybrid engine without a replica), on a local CPU cluster: 2 actor
 ranks on the ``fsdp`` strategy, each owning one vLLM engine (TP 1) and no full HF copy of the policy.
 
-One GRPO run on the default task serves every check (engine starts are the slow part): after the first update's
-weight sync, what each engine computes with (read back through the weight-sync extension) equals the gathered
-FSDP weights bit for bit; the ranks keep no replica; the sampled reward rises; no engine process outlives the run.
+One two-step GRPO run on the default task serves the checks of the default suite (engine starts are the slow part):
+after the first update's weight sync, what each engine computes with (read back through the weight-sync extension)
+equals the gathered FSDP weights bit for bit; the ranks keep no replica; no engine process outlives the run. The
+learning matrix (``scripts/test.sh --learning-matrix``) trains 30 steps and checks that the sampled reward rises.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ pytest.importorskip("ray", reason="the Ray controller needs ray (scripts/test.sh
 psutil = pytest.importorskip("psutil")
 
 pytestmark = pytest.mark.slow
-STEPS = 30
+LEARNING_STEPS = 30
 
 
 class SyncProbe:
@@ -47,19 +48,23 @@ def _vllm_processes():
     return set(out)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def _fit(runs_root, steps):
     before = _vllm_processes()
     probe = SyncProbe()
     cfg = load_config("grpo", [
         "rollout.name=vllm", "trainer.controller=ray", "strategy.name=fsdp", "strategy.num_processes=2",
-        "strategy.device=cpu", "ray.num_cpus=2", f"trainer.total_steps={STEPS}", "trainer.val_every=0",
+        "strategy.device=cpu", "ray.num_cpus=2", f"trainer.total_steps={steps}", "trainer.val_every=0",
         "trainer.val_before_train=false", "data.arith.val_size=8", "trainer.save_every=0", "trainer.progress=false",
-        "logger.backends=[]", f"trainer.runs_root={tmp_path_factory.mktemp('runs')}", "actor.lr=1e-4",
+        "logger.backends=[]", f"trainer.runs_root={runs_root}", "actor.lr=1e-4",
     ])
     trainer = Trainer(cfg, callbacks=[probe])
     trainer.fit()
     return trainer, probe.seen, _vllm_processes() - before
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return _fit(tmp_path_factory.mktemp("runs"), steps=2)
 
 
 def test_each_engine_holds_the_gathered_weights_and_no_replica_is_kept(run):
@@ -73,8 +78,14 @@ def test_each_engine_holds_the_gathered_weights_and_no_replica_is_kept(run):
             assert torch.equal(engines[0][name], t), (rank, name)
 
 
-def test_sampled_reward_rises_and_no_engine_process_is_left(run):
-    trainer, _, left = run
+def test_no_engine_process_is_left(run):
+    _, _, left = run
+    assert not left, f"engine processes left after fit: {left}"
+
+
+@pytest.mark.learning_matrix
+def test_sampled_reward_rises_and_no_engine_process_is_left(tmp_path):
+    trainer, _, left = _fit(tmp_path, steps=LEARNING_STEPS)
     rewards = [h["critic/score/mean"] for h in trainer.history]
     first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
     print(f"ray + vllm + fsdp x2: sampled reward {first:.3f} -> {last:.3f}")
