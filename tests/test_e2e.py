@@ -100,7 +100,7 @@ def _weights(path):
 @pytest.mark.parametrize("algo", ["grpo", "ppo", "dapo"])
 def test_resume_is_bit_identical(tmp_path, algo):
     """grpo: the base case; ppo: critic weights and optimizer; dapo: extra prompt draws of dynamic sampling."""
-    common = ["trainer.total_steps=4", "trainer.save_every=2", "trainer.keep_last_n=0", "logger.backends=[console]",
+    common = ["trainer.total_steps=3", "trainer.save_every=2", "trainer.keep_last_n=0", "logger.backends=[console]",
               "trainer.val_before_train=false"]
     full = Trainer(_config(tmp_path / "a", *common, algo=algo))
     full.fit()
@@ -111,8 +111,8 @@ def test_resume_is_bit_identical(tmp_path, algo):
     resumed.fit()
     assert resumed.run_dir.parent.parent == tmp_path / "b"
 
-    a = _weights(full.run_dir / "checkpoints" / "step_000004")
-    b = _weights(resumed.run_dir / "checkpoints" / "step_000004")
+    a = _weights(full.run_dir / "checkpoints" / "step_000003")
+    b = _weights(resumed.run_dir / "checkpoints" / "step_000003")
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
