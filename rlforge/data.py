@@ -152,18 +152,21 @@ def tokenize_rows(
 
 def _vision_rows(rows: list[dict[str, Any]], messages: list[list[dict[str, Any]]], wheres: list[str], processor: Any,
                  image_key: str) -> dict[int, tuple[list[int], dict[str, Any]]]:
-    """The rows with images or ``<image>`` placeholders, encoded by the processor: {row: (ids, vision inputs)}."""
+    """The rows with images or ``<image>`` placeholders, encoded by the processor: {row: (ids, vision inputs)}. For a
+    text model (no processor) a row with images is an error and ``<image>`` is plain text."""
     from rlforge import multimodal as mm
 
     found: dict[int, tuple[list[int], dict[str, Any]]] = {}
     for i, (row, where) in enumerate(zip(rows, wheres)):
+        if processor is None:
+            if row.get(image_key):
+                raise DataError(f"{where}: the row has images (column '{image_key}', data.image_key), but model.path "
+                                f"has no image processor: a text-only model. Use a vision-language model "
+                                f"(docs/multimodal.md).")
+            continue
         images = mm.row_images(row, image_key, where) if row.get(image_key) is not None else []
         if not images and not mm.placeholder_count(messages[i]):
             continue
-        if processor is None:
-            raise DataError(f"{where}: the row has images (column '{image_key}', data.image_key) or {mm.IMAGE_PLACEHOLDER} "
-                            f"placeholders, but model.path has no image processor: a text-only model. Use a "
-                            f"vision-language model (docs/multimodal.md).")
         typed = mm.typed_messages(messages[i], len(images), where, image_key)
         found[i] = mm.encode_prompt(processor, typed, images, where)
     return found

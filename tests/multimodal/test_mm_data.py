@@ -96,6 +96,8 @@ def test_collate_carries_one_vision_dict_per_row_and_text_rows_none(vlm):
 def test_images_for_a_text_model_are_refused_naming_the_row(char_tokenizer):
     with pytest.raises(DataError, match=r"t, row 1: the row has images .* no image processor: a text-only model"):
         tokenize_rows([_row()], char_tokenizer, 64, False, "t")
+    (text,) = tokenize_rows([_row(images=[])], char_tokenizer, 64, False, "t")  # <image> is plain text there
+    assert text.multi_modal is None and char_tokenizer.decode(text.ids).startswith("<|user|><image>How")
 
 
 def test_video_placeholders_are_refused(vlm):
