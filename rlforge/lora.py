@@ -60,11 +60,15 @@ def wrap(model: torch.nn.Module, config: Any) -> torch.nn.Module:
         import peft
     except ImportError:
         raise ConfigError("model.lora.rank > 0 needs the peft package: pip install peft.") from None
+    from rlforge.multimodal import lora_excluded
+
     lora = config.model.lora
     targets = list(lora.target_modules)
+    every = targets == ["all-linear"]
     spec = peft.LoraConfig(
         r=int(lora.rank), lora_alpha=int(lora.alpha), lora_dropout=float(lora.dropout),
-        target_modules="all-linear" if targets == ["all-linear"] else targets, task_type="CAUSAL_LM",
+        target_modules="all-linear" if every else targets, task_type="CAUSAL_LM",
+        exclude_modules=lora_excluded(model) if every else None,  # all-linear: a vision tower is left out
     )
     try:
         return peft.get_peft_model(model, spec)

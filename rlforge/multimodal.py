@@ -18,6 +18,7 @@ the ids they index.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -186,13 +187,27 @@ def placeholder_token_ids(model: torch.nn.Module) -> list[int]:
             if i is not None]
 
 
-def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+def _tower(model: torch.nn.Module) -> torch.nn.Module | None:
     base = _base(model)
-    tower = getattr(base, "visual", None) if base is not None else None
+    return getattr(base, "visual", None) if base is not None else None
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+    tower = _tower(model)
     if tower is None:
         raise RLForgeError(f"model.freeze_vision_tower=true, but {type(model).__name__} has no vision tower "
                            f"(a text-only model: set it to false).")
     return tower
+
+
+def lora_excluded(model: torch.nn.Module) -> str | None:
+    """A regular expression of the vision tower's module names (PEFT's ``exclude_modules``), so that LoRA on
+    ``all-linear`` adapts the language model only; None for a text model."""
+    tower = _tower(model)
+    if tower is None:
+        return None
+    prefix = next(name for name, module in model.named_modules() if module is tower)
+    return rf"{re.escape(prefix)}(\..*)?"
 
 
 def freeze_vision_tower(model: torch.nn.Module) -> None:

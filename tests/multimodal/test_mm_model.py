@@ -163,3 +163,15 @@ def test_a_qwen2_5_vl_shaped_model_takes_the_same_path(vlm, rollout):
                                          torch.cat([prompts[B.PROMPT_MASK], real], 1), responses.shape[1],
                                          multi_modal=prompts[B.MULTI_MODAL_INPUTS])
     assert torch.allclose(actor, log_probs * real, atol=1e-5)
+
+
+def test_lora_on_all_linear_adapts_the_language_model_only(default_config):
+    from omegaconf import OmegaConf
+
+    from rlforge import lora
+    from rlforge.models import load_model
+
+    cfg = OmegaConf.merge(default_config, {"model": {"lora": {"rank": 4}}})
+    model = lora.wrap(load_model("builtin:tiny-vlm"), cfg)
+    adapted = {n for n, _ in model.named_parameters() if "lora_" in n}
+    assert any(".language_model." in n for n in adapted) and not any(".visual." in n for n in adapted)
