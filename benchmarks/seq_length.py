@@ -16,8 +16,10 @@ is the phase's peak memory on top of what was resident (activations, logits, gra
 buffers). Each rank runs with ``MALLOC_MMAP_THRESHOLD_=65536``: glibc gives every block above 64 KiB pages of its own
 and returns them when the block is freed (its default threshold grows with the blocks freed, after which freed
 tensors stay resident and the RSS no longer follows the live memory), so the RSS follows the live tensors and the
-peak delta is the phase's peak live memory, to within the allocator's small blocks. Generation is not measured (the hf engine's decode is a separate question).
-Writes ``seq_length_<size>.json`` to ``--out``.
+peak delta is the phase's peak live memory, to within the allocator's small blocks. The price is a page fault per
+page of every new block, which slows the phases: ``--mmap-threshold 0`` keeps glibc's default for timing runs
+(``seq_length_<size>_default_malloc.json``). Generation is not measured (the hf engine's decode is a separate question).
+Writes ``seq_length_<size>.json`` to ``--out``; ``--plot results/seq_length_*.json`` draws docs/img/seq_length.png.
 """
 
 from __future__ import annotations
@@ -129,6 +131,35 @@ def point(model: str, sp: int, length: int, args: argparse.Namespace) -> dict:
     return result
 
 
+def plot(results: list[dict], path: Path) -> None:
+    """Per-token time of each phase and peak memory per rank against length, one line per (model, sp)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for res in results:
+        for sp in sorted({p["sp"] for p in res["points"]}):
+            pts = sorted((p for p in res["points"] if p["sp"] == sp), key=lambda p: p["length"])
+            xs = [p["length"] for p in pts]
+            label = f"{res['size']} ({res['params'] / 1e6:.2g}M), sp={sp}"
+            style = "o-" if sp == 1 else "s--"
+            for ax, phase in zip(axes[:2], ("log_probs", "update")):
+                ax.plot(xs, [p[phase]["us_per_token"] for p in pts], style, label=label)
+            axes[2].plot(xs, [p["update"]["peak_delta_mb"] for p in pts], style, label=label)
+    for ax, title in zip(axes, ("old log-probs: us per token", "update: us per token",
+                                "update: peak memory per rank above resident (MB)")):
+        ax.set(xlabel="response tokens per sequence", title=title, xscale="log", yscale="log")
+        ax.minorticks_off()
+        lengths = sorted({p["length"] for res in results for p in res["points"]})
+        ax.set_xticks(lengths, [str(x) for x in lengths])
+        ax.legend(fontsize=7)
+    fig.suptitle("one GRPO update against response length, CPU, gloo, 1 thread per rank (contended machine)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="tiny")
@@ -136,9 +167,16 @@ def main() -> None:
     parser.add_argument("--sp", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--tokens", type=int, default=8192, help="response tokens per step (rows = tokens // L)")
     parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--mmap-threshold", type=int, default=MMAP_THRESHOLD,
+                        help="MALLOC_MMAP_THRESHOLD_ of the ranks (0: glibc's default, faster, RSS not exact)")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--plot", nargs="*", metavar="JSON", help="only draw docs/img/seq_length.png from these results")
     args = parser.parse_args()
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(MMAP_THRESHOLD))  # read by each rank's C library at start
+    if args.plot:
+        plot([json.loads(Path(f).read_text()) for f in args.plot], Path("docs/img/seq_length.png"))
+        return
+    if args.mmap_threshold:  # read by each rank's C library when it starts
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
         params = build_model(folder, args.size)
@@ -148,8 +186,10 @@ def main() -> None:
         points = [point(str(folder), sp, length, args) for length in args.lengths for sp in args.sp]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"seq_length_{args.size}.json").write_text(json.dumps(
-        {"size": args.size, "params": params, "prompt": args.prompt, "tokens": args.tokens, "points": points}, indent=2))
+    suffix = "" if args.mmap_threshold else "_default_malloc"
+    (out / f"seq_length_{args.size}{suffix}.json").write_text(json.dumps(
+        {"size": args.size, "params": params, "prompt": args.prompt, "tokens": args.tokens,
+         "mmap_threshold": args.mmap_threshold, "points": points}, indent=2))
 
 
 if __name__ == "__main__":
