@@ -147,9 +147,11 @@ def _fsync_tree(folder: Path) -> None:
 
 def save(
     run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep_last_n: int,
-    meta: dict[str, Any] | None = None,
+    meta: dict[str, Any] | None = None, processor: Any = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically; keep the newest ``keep_last_n`` (0 = all)."""
+    """Write the checkpoint of ``step`` atomically; keep the newest ``keep_last_n`` (0 = all). A vision-language
+    model's ``processor`` adds its image processor's ``preprocessor_config.json`` to ``actor/``, which is then a
+    complete model folder like the text models'."""
     folder = run_dir / "checkpoints"
     final = step_dir(run_dir, step)
     tmp = folder / f".tmp_step_{step:06d}"
@@ -167,6 +169,8 @@ def save(
                 shutil.rmtree(tmp)
             model.save_pretrained(tmp / "actor", safe_serialization=True)
             tokenizer.save_pretrained(tmp / "actor")
+            if processor is not None:
+                processor.image_processor.save_pretrained(tmp / "actor")
             staged = staging_dir(run_dir, step)
             if staged.is_dir():
                 staged.rename(tmp / SHARDED_DIR)

@@ -28,6 +28,7 @@ Semantics (those of the ``generate`` call it replaces):
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlforge import multimodal
@@ -49,7 +50,7 @@ COMPACT_BELOW = 0.75
 class Sampler:
     """Draws the next token of every row from the last logits (see the module docstring)."""
 
-    def __init__(self, params: SamplingParams, stop_ids: list[int], device: Any, banned: list[int] = ()) -> None:
+    def __init__(self, params: SamplingParams, stop_ids: list[int], device: Any, banned: Sequence[int] = ()) -> None:
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         self.greedy = params.temperature == 0

@@ -251,7 +251,7 @@ class Trainer:
         self.hook.rlforge_save_checkpoint(trainer=self, checkpoint=state["extra"])
         meta = {"config": OmegaConf.to_container(self.config, resolve=True), **self.fingerprint}
         return ckpt.save(self.run_dir, self.step, self.module.actor, self.module.tokenizer, state,
-                         self.config.trainer.keep_last_n, meta)
+                         self.config.trainer.keep_last_n, meta, processor=getattr(self.module, "processor", None))
 
     def _restore(self, path: Path, state: dict[str, Any]) -> None:
         ckpt.load_weights(path, self.module.actor)

@@ -1,5 +1,5 @@
 """``rlforge fit --algo grpo --config builtin:vision``: two GRPO steps on the tiny vision-language model, with the
-reference model (KL loss), micro-batches of 8 samples and the vision tower frozen."""
+reference model (KL loss), micro-batches of 8 samples and the vision tower frozen; its checkpoint loads as a model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # ~10 s: a whole fit, the only way to see every s
 
 def test_two_grpo_steps_on_the_vision_task(tmp_path: Path) -> None:
     assert main(["fit", "--algo", "grpo", "--config", "builtin:vision", f"trainer.runs_root={tmp_path}",
-                 "trainer.total_steps=2", "trainer.val_every=2", "trainer.save_every=0", "data.train_batch_size=4",
+                 "trainer.total_steps=2", "trainer.val_every=2", "trainer.save_every=2", "data.train_batch_size=4",
                  "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "actor.use_kl_loss=true",
                  "model.freeze_vision_tower=true", "data.vision.train_size=16", "data.vision.val_size=4",
                  "logger.backends=[console]"]) == 0
@@ -24,6 +24,12 @@ def test_two_grpo_steps_on_the_vision_task(tmp_path: Path) -> None:
     assert samples and {s["prompt"] for s in samples} == {"<image>How many squares?"}
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2
+    # the checkpoint's actor folder is a complete vision-language model folder: it loads with its processor
+    from rlforge.models import load_model, load_processor, load_tokenizer
+    from rlforge.multimodal import is_multimodal
+
+    actor = next(run.glob("checkpoints/step_*/actor"))
+    assert load_processor(str(actor), load_tokenizer(str(actor))) is not None and is_multimodal(load_model(str(actor)))
 
 
 def test_an_engine_without_image_support_is_refused_before_any_model_loads(tmp_path: Path, capsys) -> None:
