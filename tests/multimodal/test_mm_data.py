@@ -123,3 +123,24 @@ def test_the_data_fingerprint_covers_the_images_by_their_digest(vlm):
     assert red[0].ids == blue[0].ids
     assert data_fingerprint(red)["sha256"] != data_fingerprint(blue)["sha256"]
     assert data_fingerprint(red) == data_fingerprint(tokenize_rows([_row()], tok, 64, False, "t", processor=proc))
+
+
+def test_a_verl_geometry3k_style_parquet_reads_unchanged(vlm, tmp_path):
+    """verl's geo3k preprocessing writes ``images`` as a list of {bytes, path} structs and the prompt with one
+    <image>: rlforge's files dataset reads it and the processor encodes it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlforge.plugins.data.builtin import read_rows
+
+    _, tok, proc = vlm
+    row = {"data_source": "hiyouga/geometry3k",
+           "prompt": [{"role": "user", "content": "<image>Find x. Put the answer in \\boxed{}."}],
+           "images": [{"bytes": _png((140, 100)), "path": None}], "ability": "math",
+           "reward_model": {"style": "rule", "ground_truth": "3"}, "extra_info": {"split": "train", "index": 0}}
+    path = tmp_path / "geo3k.parquet"
+    pq.write_table(pa.Table.from_pylist([row, row]), path)
+    (prompt, _) = tokenize_rows(read_rows(str(path)), tok, 96, False, str(path), processor=proc)
+    assert prompt.data_source == "hiyouga/geometry3k" and prompt.ground_truth == "3"
+    # 140 x 100 is over max_pixels (112 * 112): resized to 112 x 84, 8 x 6 patches of 14, 12 image tokens
+    assert prompt.multi_modal[mm.IMAGE_GRID_THW].tolist() == [[1, 6, 8]]
