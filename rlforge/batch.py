@@ -44,6 +44,7 @@ SOLUTION_TEXT = "solution_text"  # what the reward function scores when set (an 
 REWARD_BASELINES = "reward_baselines"  # [B] per-sample baseline score (ReMax: the greedy response's score)
 
 LEFT_PADDED = frozenset({PROMPTS, PROMPT_MASK})
+OPTIONAL_LISTS = frozenset({MULTI_MODAL_INPUTS})  # row columns a batch may lack (None for each of its rows in concat)
 
 
 class Batch:
@@ -129,7 +130,8 @@ class Batch:
         """Rows of all ``batches`` in order, padded to a common width with 0 (masked out everywhere).
 
         Prompt columns are left-padded, the others right-padded; ``input_ids``/``attention_mask`` are
-        rebuilt as prompt ++ response so the layout stays ``[left-padded prompt | response]``.
+        rebuilt as prompt ++ response so the layout stays ``[left-padded prompt | response]``. A column of
+        ``OPTIONAL_LISTS`` that only some batches have is None on the rows of the others.
         """
         if not batches:
             return Batch()
@@ -150,5 +152,7 @@ class Batch:
                     else b.tensors[RESPONSE_MASK] for b in batches]
             real = [torch.nn.functional.pad(r, (0, width - r.shape[1])) for r in real]
             tensors[ATTENTION_MASK] = torch.cat([tensors[PROMPT_MASK], torch.cat(real)], dim=1)
-        lists = {k: [x for b in batches for x in b.lists[k]] for k in batches[0].lists}
+        keys = dict.fromkeys([*batches[0].lists, *(k for k in OPTIONAL_LISTS if any(k in b.lists for b in batches))])
+        lists = {k: [x for b in batches for x in (b.lists[k] if k in b.lists or k not in OPTIONAL_LISTS
+                                                  else [None] * len(b))] for k in keys}
         return Batch(tensors, lists, batches[0].meta)

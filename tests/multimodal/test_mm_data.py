@@ -144,3 +144,18 @@ def test_a_verl_geometry3k_style_parquet_reads_unchanged(vlm, tmp_path):
     assert prompt.data_source == "hiyouga/geometry3k" and prompt.ground_truth == "3"
     # 140 x 100 is over max_pixels (112 * 112): resized to 112 x 84, 8 x 6 patches of 14, 12 image tokens
     assert prompt.multi_modal[mm.IMAGE_GRID_THW].tolist() == [[1, 6, 8]]
+
+
+def test_concat_of_a_draw_with_images_and_one_without(vlm):
+    _, tok, proc = vlm
+    text_row = {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 1+2?"}],
+                "reward_model": {"ground_truth": "3"}}
+    with_images = collate(tokenize_rows([_row()], tok, 64, False, "t", processor=proc), tok.pad_token_id, [0])
+    text_only = collate(tokenize_rows([text_row], tok, 64, False, "t", processor=proc), tok.pad_token_id, [1])
+    for parts, expected in (([text_only, with_images], [True, False]), ([with_images, text_only], [False, True])):
+        joined = B.Batch.concat(parts)
+        assert [r is None for r in joined[B.MULTI_MODAL_INPUTS]] == expected
+    partial = text_only.select([0])
+    del partial.lists[B.RAW_PROMPT]
+    with pytest.raises(KeyError, match=B.RAW_PROMPT):  # any other column must be in every batch
+        B.Batch.concat([with_images, partial])
