@@ -15,7 +15,8 @@ the one-process results each rank computes itself on the same inputs:
 - the ``fsdp`` strategy with ``strategy.fsdp.sequence_parallel_size=2`` (one data-parallel group of 2 ranks, packed
   rows, token budgets): the workers' old and reference log-probs, one whole GRPO update with a KL loss (SGD: the
   weights after it and its metrics), critic values and one critic update (PPO) equal the ``single`` strategy's in one
-  process; the per-rank token budget holds twice the tokens per micro-batch.
+  process; the per-rank token budget holds twice the tokens per micro-batch; the actor's sharded checkpoint written by
+  both ranks restores a fresh worker whose next update is the same.
 
 The config checks of ``strategy.fsdp.sequence_parallel_size`` are unit tests without processes.
 """
@@ -149,9 +150,10 @@ SEQUENCE_PARALLEL = ["strategy.name=fsdp", "strategy.device=cpu", f"strategy.num
                      "trainer.controller=ray", f"strategy.fsdp.sequence_parallel_size={SP}"]
 
 
-def _workers(pm: PluginManager, extra: list[str]) -> dict:
+def _workers(pm: PluginManager, extra: list[str], out_dir: str | None = None) -> dict:
     """Old and reference log-probs, one GRPO update (SGD), critic values and one critic update (PPO), on a strategy
-    built from ``WORKERS + extra``."""
+    built from ``WORKERS + extra``; with ``out_dir``, the actor saved sharded after its update, restored into a fresh
+    worker, and one more update taken by both."""
     from rlforge.algorithms.ppo import PPO
     from rlforge.controller.worker import ActorWorker, CriticWorker
     from tests.controller.test_worker import SGDGRPO, _rollout_batch
@@ -173,6 +175,18 @@ def _workers(pm: PluginManager, extra: list[str]) -> dict:
     out["micro_batches"] = len(actor.micro_plan(batch.select(list(range(8)))))
     out["metrics"] = actor.update(batch)
     out["weights"] = actor.model_state_dict()  # complete on rank 0
+    if out_dir is not None:  # resume with sp: shards written by both ranks, read into a fresh worker
+        from pathlib import Path
+
+        small = actor.save_sharded(Path(out_dir) / "dcp")
+        restored = SGDGRPO(cfg)
+        restored.configure_model()
+        fresh = ActorWorker(cfg, restored, pm.registry.strategy.get(cfg.strategy.name)(cfg))
+        fresh.load_sharded(Path(out_dir) / "dcp", small)
+        out["after_resume"] = []
+        for w in (actor, fresh):
+            w.update(batch)
+            out["after_resume"].append(w.model_state_dict())
     ppo_cfg = load_config("ppo", [*WORKERS, *extra], plugins=pm)
     ppo = SGDPPO(ppo_cfg)
     ppo.roles = frozenset({"critic"})
@@ -195,7 +209,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     sp = U.from_mesh(mesh)
     out = {"sp": (sp.size, sp.rank), **_round_trips(sp), "attention": _attention(sp), "models": _models(sp)}
     pm = PluginManager(autoload=False)
-    out["workers"] = _workers(pm, SEQUENCE_PARALLEL)
+    out["workers"] = _workers(pm, SEQUENCE_PARALLEL, out_dir)
     if rank == 0:  # the one-process reference, while rank 1 waits
         out["single_workers"] = _workers(pm, [])
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -383,6 +397,17 @@ def test_fsdp_sequence_parallel_workers_equal_one_process(ranks):
         assert sp[key].keys() == single[key].keys()
         for name, w in single[key].items():
             torch.testing.assert_close(sp[key][name], w, rtol=1e-4, atol=1e-6, msg=f"{key} {name}")
+
+
+@pytest.mark.slow
+def test_fsdp_sequence_parallel_resumes_from_sharded_checkpoints(ranks):
+    """Shards written by the 2 sequence-parallel ranks restore a fresh worker: its next update equals the original's."""
+    kept, resumed = ranks[0]["workers"]["after_resume"]
+    before = ranks[0]["workers"]["weights"]
+    assert kept.keys() == resumed.keys() == before.keys()
+    assert all(not torch.equal(w, before[name]) for name, w in kept.items())  # the second update moved every weight
+    for name, w in kept.items():
+        torch.testing.assert_close(resumed[name], w, rtol=0, atol=0, msg=name)
 
 
 # --- the strategy's config checks (no processes) ------------------------------------------------------------------
