@@ -204,7 +204,7 @@ def test_config_file_must_be_a_mapping(registry, tmp_path: Path) -> None:
         ("rollout.name=nope", "rollout.name", "hf"),
         ("strategy.name=nope", "strategy.name", "fabric, fsdp, megatron, single, tp"),
         ("data.name=nope", "data.name", "arith, arith_pairs, arith_tool, files"),
-        ("reward.manager=nope", "reward.manager", "model, rule"),
+        ("reward.manager=nope", "reward.manager", "generative, model, rule"),
         ("trainer.controller=nope", "trainer.controller", "local"),
         ("logger.backends=[console,nope]", "logger.backends", "console, csv, jsonl, mlflow, swanlab, tensorboard, trackio, wandb"),
     ],
