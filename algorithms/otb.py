@@ -62,7 +62,8 @@ class OTB(PolicyGradientModule):
         if micro.meta.get(FORWARD_OUTPUT) == SUM_PI_SQUARED:
             return ops.response_sum_pi_squared(model, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK],
                                                micro[B.RESPONSES].shape[1], temperature,
-                                               remove_padding=self.config.model.remove_padding)
+                                               remove_padding=self.config.model.remove_padding,
+                                               multi_modal=micro.lists.get(B.MULTI_MODAL_INPUTS))
         return super().forward_responses(model, micro, temperature)
 
     def estimator(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:

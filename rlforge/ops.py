@@ -315,12 +315,14 @@ def response_sum_pi_squared(
     response_len: int,
     temperature: float = 1.0,
     remove_padding: bool = False,
+    multi_modal: list | None = None,
 ) -> torch.Tensor:
     """``sum_v pi(v)^2`` of the next-token distribution (at ``temperature``) before each of the last ``response_len``
     tokens, [B, response_len], 0 at padding: the collision probability the optimal token baseline needs
-    (``rlforge.algorithms.token_baseline``). One forward pass, like :func:`response_logprobs`."""
+    (``rlforge.algorithms.token_baseline``). One forward pass, like :func:`response_logprobs` (``multi_modal``
+    likewise)."""
     (out,) = _response_outputs(model, input_ids, attention_mask, response_len, temperature, remove_padding,
-                               lambda logits, _: (sum_pi_squared(logits),))
+                               lambda logits, _: (sum_pi_squared(logits),), multi_modal=multi_modal)
     return out
 
 
