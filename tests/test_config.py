@@ -179,6 +179,16 @@ def test_malformed_override(registry, bad: str) -> None:
         compose(registry, None, None, [bad])
 
 
+@pytest.mark.parametrize(("override", "says"), [
+    ("reward.generative.system=Note: be strict", "reads the value as a mapping"),
+    ("reward.generative.template=Q: {prompt} A: {response}", "not valid YAML"),
+])
+def test_override_values_yaml_misreads_name_the_override_and_the_quoting(registry, override: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says) as info:
+        compose(registry, None, None, [override])
+    assert override in str(info.value) and "quote it" in str(info.value)
+
+
 def test_missing_config_file(registry, tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not found") as info:

@@ -33,6 +33,16 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
     bad = [o for o in overrides if "=" not in o or o.startswith("=")]
     if bad:
         raise ConfigError(f"Override '{bad[0]}' is not of the form key=value (e.g. actor.lr=1e-5).")
+    for o in overrides:  # a value is YAML: 'Q: {prompt}' is a mapping, or not YAML at all, unless it is quoted
+        key, value = o.split("=", 1)
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"Override '{o}': the value is not valid YAML ({str(exc).splitlines()[0]}); quote it "
+                              f"as a YAML string: {key}='\"...\"' (in a shell: '{key}=\"...\"').") from None
+        if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
+            raise ConfigError(f"Override '{o}': YAML reads the value as a mapping (it has ': '); quote it as a YAML "
+                              f"string: '{key}=\"{value}\"'.")
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except OmegaConfBaseException as exc:
@@ -298,6 +308,18 @@ def validate(cfg: DictConfig, registry: Any) -> None:
         check = getattr(entry.obj, "validate_config", None)
         if check is not None:
             check(cfg, registry)
+    check_sequence_parallel_owner(cfg)
+
+
+def check_sequence_parallel_owner(cfg: DictConfig) -> None:
+    """A ``strategy.<other>.sequence_parallel_size`` > 1 of a strategy this run does not use is refused: nothing
+    would read it, and the run would hold whole sequences per rank without saying so."""
+    for name, section in cfg.strategy.items():
+        sp = section.get("sequence_parallel_size", 1) if isinstance(section, DictConfig) else 1
+        if name != cfg.strategy.name and int(sp or 1) > 1:
+            raise ConfigError(f"strategy.{name}.sequence_parallel_size={sp} is read by strategy.name={name}, but this "
+                              f"run's strategy is strategy.name={cfg.strategy.name}: set strategy.name={name} (and "
+                              f"strategy.num_processes) or strategy.{name}.sequence_parallel_size=1.")
 
 
 def check_data_files(cfg: DictConfig, registry: Any) -> None:

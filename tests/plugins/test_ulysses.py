@@ -434,7 +434,9 @@ def pm() -> PluginManager:
       "actor.max_tokens_per_micro_batch=35"],  # 72 tokens over 2 ranks: 36 per rank
      r"\(35\) must hold the longest sequence: \(data.max_prompt_length \+ rollout.max_new_tokens\) / "
      r"strategy.fsdp.sequence_parallel_size=2 = 36 tokens per rank"),
-], ids=["padded", "indivisible", "zero", "tp", "budget"])
+    (["strategy.name=single", "strategy.num_processes=1", "strategy.fsdp.sequence_parallel_size=2",
+      "model.remove_padding=true"], r"read by strategy.name=fsdp, but this run's strategy is strategy.name=single"),
+], ids=["padded", "indivisible", "zero", "tp", "budget", "other strategy"])
 def test_sequence_parallel_config_errors_name_the_keys(pm, extra, message):
     with pytest.raises(ConfigError, match=message):
         load_config("grpo", [*SP_BASE, *extra], plugins=pm)
