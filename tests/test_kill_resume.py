@@ -38,13 +38,12 @@ DRIVER = textwrap.dedent('''
         if kill and kill["stage"] == "checkpoint":
             real_save = checkpoint.torch.save
 
-            def half_then_die(obj, path, *a, **k):  # the state file is half written when the process dies
-                if f"step_{kill['step']:06d}" in str(path):
-                    real_save(obj, path, *a, **k)
-                    with open(path, "r+b") as fh:
-                        fh.truncate(max(1, os.path.getsize(path) // 2))
+            def half_then_die(obj, fh, *a, **k):  # the state file is half written when the process dies
+                real_save(obj, fh, *a, **k)  # (checkpoint.save writes it through a file object)
+                if isinstance(obj, dict) and obj.get("step") == kill["step"]:
+                    fh.flush()
+                    fh.truncate(max(1, fh.tell() // 2))
                     die()
-                real_save(obj, path, *a, **k)
 
             checkpoint.torch.save = half_then_die
         Trainer(load_config("grpo", spec["overrides"]), callbacks=[Killer()]).fit()

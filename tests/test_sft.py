@@ -296,6 +296,9 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run_and_logs_are_readable(
     assert client.get_metric_history(run.info.run_id, "val/loss")[-1].value == pytest.approx(whole["val/loss"])
     assert run.data.params["sft/steps"] == "6"  # Lightning flattens nested params with "/"
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    import os  # Lightning's logger calls mlflow.set_tracking_uri, which exports the store: not kept after the run
+
+    assert not {"MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"} & set(os.environ)
 
 
 def test_loss_falls(tmp_path, pm, sft_config):

@@ -26,6 +26,7 @@ from rlforge import diskio
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.tools.plots import MLFLOW_STORE_FILE, local_store, recorded_store
+from rlforge.tracking import environment_kept
 
 log = logging.getLogger("rlforge.logger")
 # mlflow logs each failed asynchronous write with its traceback from its background thread; rlforge reports it
@@ -50,24 +51,6 @@ def run_store(config: Any, run_dir: str) -> str:
     run-local sqlite store."""
     section = config.get("logger", {}).get("mlflow", {}) or {}
     return section.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or local_store(run_dir)
-
-
-MLFLOW_ENVIRONMENT = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
-
-
-@contextlib.contextmanager
-def environment_kept(names: tuple[str, ...]) -> Iterator[None]:
-    """Restore these environment variables on exit: mlflow's ``set_tracking_uri`` / ``set_experiment`` export
-    the store and experiment to the environment, and the next run in the process (or a child) would log there."""
-    before = {name: os.environ.get(name) for name in names}
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def sqlite_file(uri: str) -> Path | None:
@@ -119,7 +102,7 @@ class MlflowLogger:
         if id_file.is_file() and not same_store:
             log.warning("mlflow: this run logged into %s before; it now logs into %s, as a new mlflow run",
                         recorded_store(folder), self.uri)
-        with self._store_errors("open the mlflow store"), environment_kept(MLFLOW_ENVIRONMENT):
+        with self._store_errors("open the mlflow store"), environment_kept():
             mlflow.set_tracking_uri(self.uri)
             if mlflow.get_experiment_by_name(name) is None:
                 beside = {"artifact_location": (self.store.parent / "mlartifacts").as_uri()} if self.store else {}

@@ -36,13 +36,15 @@ from typing import TYPE_CHECKING, Any
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
-from rlforge.plugins.strategy import ulysses
 from rlforge.strategy import BaseStrategy, ProcessGroupCollectives
 
 if TYPE_CHECKING:
     import torch
+
+    from rlforge.plugins.strategy import ulysses
 else:
     torch = lazy_import("torch")
+    ulysses = lazy_import("rlforge.plugins.strategy.ulysses")  # its autograd functions subclass torch's at import
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 BACKENDS = ("auto", "nccl", "gloo")

@@ -22,17 +22,27 @@ from omegaconf import DictConfig, OmegaConf
 from rlforge import lora
 from rlforge.models import load_model
 from rlforge.sft.accuracy import GreedyAccuracy
+from rlforge.tracking import environment_kept
 
 CHECKPOINTS = "checkpoints"
 LAST = "last.ckpt"
 RUN_ID_FILE = "mlflow_run_id"
 
 
+class _MLFlowLogger(MLFlowLogger):
+    """Lightning's mlflow logger, without leaving this run's store in the environment (``rlforge.tracking``)."""
+
+    @property
+    def experiment(self) -> Any:
+        with environment_kept():
+            return super().experiment
+
+
 def mlflow_logger(config: DictConfig, out: Path, resuming: bool) -> Logger:
     """mlflow with a sqlite store in the output folder; a resumed run continues its mlflow run."""
     id_file = out / RUN_ID_FILE
     run_id = id_file.read_text().strip() if resuming and id_file.is_file() else None
-    return MLFlowLogger(experiment_name=config.trainer.project, run_name=f"sft/{out.name}",
+    return _MLFlowLogger(experiment_name=config.trainer.project, run_name=f"sft/{out.name}",
                         tracking_uri=f"sqlite:///{out.resolve() / 'mlflow.db'}",
                         artifact_location=(out.resolve() / "mlartifacts").as_uri(), run_id=run_id)
 
