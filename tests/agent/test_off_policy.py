@@ -74,7 +74,7 @@ class Outputs:
 SCHEDULE_CASES = {"one_step_off": (OFF,), "async-2": (ASYNC, "trainer.max_staleness=2")}
 
 
-@pytest.mark.parametrize("case", list(SCHEDULE_CASES))
+@pytest.mark.parametrize("case", [pytest.param("one_step_off", marks=pytest.mark.learning_matrix), "async-2"])
 def test_a_tool_agent_runs_ahead_on_the_schedule(tmp_path, monkeypatch, case):
     pipeline = SCHEDULE_CASES[case]
     versions, staleness, ahead = SCHEDULES[pipeline]

@@ -318,7 +318,10 @@ def test_grpo_with_vllm_learns_and_leaves_no_process(tmp_path):
     assert not alive, f"engine processes left after fit: {alive}"
 
 
-@pytest.mark.parametrize("algo", ["ppo", "remax", "dapo"])
+# the default suite runs PPO (a critic beside the engine); ReMax's greedy pass and DAPO's extra draws on the engine
+# run in the learning matrix (scripts/test.sh --learning-matrix), for the suite's time on the slowest CI machine
+@pytest.mark.parametrize("algo", ["ppo", pytest.param("remax", marks=pytest.mark.learning_matrix),
+                                  pytest.param("dapo", marks=pytest.mark.learning_matrix)])
 def test_other_algorithms_run_on_vllm(tmp_path, algo):
     """The engine serves every dataflow: a critic (ppo), a greedy baseline rollout next to the sampled one (remax),
     repeated generation rounds of dynamic sampling (dapo); the run's engine processes end with the run."""
