@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
+from rlforge.plugins.logger.run_api import RunApiLogger
 
 RUN_ID_FILE = "swanlab_run_id"
 
@@ -29,17 +30,16 @@ class SwanlabConfig:
     log_dir: Optional[str] = None  # where the run's files go; None = <run>/swanlog
 
 
-class SwanlabLogger:
+class SwanlabLogger(RunApiLogger):
     """Logs params (the run config), metrics (same names as every other logger) and PNG artifacts to SwanLab."""
 
     def __init__(self, config: Any, run_dir: str) -> None:
-        self.swanlab = swanlab = optional_import("swanlab", "logger.backends includes 'swanlab'",
+        self.lib = swanlab = optional_import("swanlab", "logger.backends includes 'swanlab'",
                                                  "pip install 'rlforge[swanlab]'")
         folder = Path(run_dir)
         s = config.get("logger", {}).get("swanlab", {}) or {}
         id_file = folder / RUN_ID_FILE
         run_id = id_file.read_text().strip() if id_file.is_file() else None
-        self.step = 0
         self.run = swanlab.init(
             project=s.get("project") or config.trainer.project, workspace=s.get("workspace"),
             name=f"{config.trainer.experiment}/{folder.name}", mode=s.get("mode"),
@@ -50,18 +50,6 @@ class SwanlabLogger:
 
     def log_params(self, params: dict[str, Any]) -> None:
         self.run.config.update(params)
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.step = step
-        self.run.log({k: float(v) for k, v in metrics.items()}, step=step)
-
-    def log_artifact(self, path: str) -> None:
-        file = Path(path)
-        if file.suffix == ".png":
-            self.run.log({f"plots/{file.stem}": self.swanlab.Image(str(file))}, step=self.step)
-
-    def close(self) -> None:
-        self.run.finish()
 
 
 @hookimpl

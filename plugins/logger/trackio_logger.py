@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
+from rlforge.plugins.logger.run_api import RunApiLogger
 
 
 @dataclass
@@ -25,16 +26,15 @@ class TrackioConfig:
     group: Optional[str] = None  # a group of runs in the dashboard; None = none
 
 
-class TrackioLogger:
+class TrackioLogger(RunApiLogger):
     """Logs params (the run config), metrics (same names as every other logger) and PNG artifacts to trackio."""
 
     def __init__(self, config: Any, run_dir: str) -> None:
-        self.trackio = trackio = optional_import("trackio", "logger.backends includes 'trackio'",
+        self.lib = trackio = optional_import("trackio", "logger.backends includes 'trackio'",
                                                  "pip install 'rlforge[trackio]'")
         from omegaconf import OmegaConf
 
         s = config.get("logger", {}).get("trackio", {}) or {}
-        self.step = 0
         self.run = trackio.init(
             project=s.get("project") or config.trainer.project, name=f"{config.trainer.experiment}/{Path(run_dir).name}",
             space_id=s.get("space_id"), group=s.get("group"), config=OmegaConf.to_container(config, resolve=True),
@@ -43,18 +43,6 @@ class TrackioLogger:
 
     def log_params(self, params: dict[str, Any]) -> None:
         pass  # trackio takes the run's config when the run starts (above)
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.step = step
-        self.run.log({k: float(v) for k, v in metrics.items()}, step=step)
-
-    def log_artifact(self, path: str) -> None:
-        file = Path(path)
-        if file.suffix == ".png":
-            self.run.log({f"plots/{file.stem}": self.trackio.Image(str(file))}, step=self.step)
-
-    def close(self) -> None:
-        self.run.finish()
 
 
 @hookimpl
