@@ -244,6 +244,7 @@ class LoggerConfig:
 @dataclass
 class PluginsConfig:
     disable: list[str] = field(default_factory=list)  # plugin names to block (see `rlforge plugins list`)
+    modules: list[str] = field(default_factory=list)  # plugin modules to load for this run besides entry points: module names or .py files (-p on the command line; docs/plugins.md)
 
 
 @dataclass
