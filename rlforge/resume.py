@@ -17,6 +17,7 @@ forced).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import hashlib
@@ -24,7 +25,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,6 +212,19 @@ def write_run_config(run_dir: Path, config: DictConfig) -> None:
     with diskio.disk_errors(f"write {run_dir / CONFIG_FILE}", "Free space or choose a writable trainer.runs_root.",
                             where=run_dir):
         diskio.write_atomic(run_dir / CONFIG_FILE, OmegaConf.to_yaml(config) + END_MARK + "\n")
+
+
+@contextlib.contextmanager
+def starting(binding: Binding) -> Iterator[None]:
+    """Around a new run's start-up (models, reward file, loggers): when it fails, nothing was trained, so the
+    run's ``config.yaml`` is removed and the same ``trainer.run_dir`` can start again with the mistake fixed
+    (what the start logged stays)."""
+    try:
+        yield
+    except BaseException:
+        if binding.new and not ckpt.list_checkpoints(binding.run_dir):
+            (binding.run_dir / CONFIG_FILE).unlink(missing_ok=True)
+        raise
 
 
 def read_run_config(run_dir: Path) -> tuple[DictConfig | None, str]:

@@ -272,3 +272,16 @@ def test_eval_of_a_run_uses_its_training_config(capsys, trained, tmp_path):
     assert main(["eval", str(checkpoint), "--out", str(out), "rollout.max_new_tokens=4", "--limit", "1"]) == 0
     report = json.loads(out.read_text())
     assert (report["dataset"], report["rows"], report["max_new_tokens"]) == ("files", 1, 4)
+
+
+def test_a_start_that_fails_frees_its_run_folder(capsys, tmp_path):
+    """A reward file that does not import fails the start after the run folder was made: nothing was trained, so
+    the same trainer.run_dir starts again once the file is fixed (no 'already holds a run')."""
+    reward = tmp_path / "score.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return (\n")
+    overrides = [*QUICK, f"reward.file={reward}", f"trainer.run_dir={tmp_path / 'run'}", "trainer.resume=never",
+                 "trainer.total_steps=1"]
+    assert "has a syntax error at line" in _error(capsys, ["fit", *overrides])
+    assert not (tmp_path / "run" / "config.yaml").exists()
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n")
+    assert main(["fit", *overrides]) == 0 and (tmp_path / "run" / "config.yaml").exists()

@@ -99,10 +99,12 @@ class Trainer:
         binding = self._resolve_run()
         try:
             self._seed()
-            self.controller = self.builder.controller(module)  # loads the models this process needs
+            with resume.starting(binding):  # a start that fails frees the folder: nothing was trained
+                self.controller = self.builder.controller(module)  # loads the models this process needs
             self.loggers = []
             try:
-                self.loggers = self.builder.loggers(str(self.run_dir))
+                with resume.starting(binding):
+                    self.loggers = self.builder.loggers(str(self.run_dir))
                 return self._fit(module, self.flow, binding)
             except BaseException as exc:
                 self.pipeline.close()  # the rollout thread stops before the plugins release what it may use
