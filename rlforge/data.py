@@ -120,15 +120,31 @@ def apply_templates(tokenizer: Any, conversations: list[list[dict[str, Any]]], w
     return ids
 
 
+def truncate(ids: list[int], max_len: int, mode: str) -> list[int]:
+    """``ids`` cut to ``max_len`` tokens (``data.truncation``): left keeps the last tokens, right the first, middle the
+    first ``max_len // 2`` and the last ``max_len - max_len // 2``. Shorter ids come back as they are."""
+    if len(ids) <= max_len:
+        return list(ids)
+    if mode == "left":
+        return list(ids[len(ids) - max_len:])
+    if mode == "right":
+        return list(ids[:max_len])
+    if mode == "middle":
+        head = max_len // 2
+        return list(ids[:head]) + list(ids[len(ids) - (max_len - head):])
+    raise ValueError(f"data.truncation='{mode}' does not cut prompts; cutting ones: left, right, middle")
+
+
 def tokenize_rows(
     rows: list[dict[str, Any]], tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
-    need_reward: bool = True, processor: Any = None, image_key: str = "images",
+    need_reward: bool = True, processor: Any = None, image_key: str = "images", truncation: str = "error",
 ) -> list[Prompt]:
     """Validate verl-format rows and apply the chat template. ``name`` labels errors (dataset or file).
 
     With ``need_reward=False`` (SFT) only ``prompt`` is required. A row with images in its ``image_key`` column goes
     through ``processor`` (a vision-language model's, ``rlforge.multimodal``): its prompt ids have the images'
-    tokens and its ``Prompt.multi_modal`` the vision inputs.
+    tokens and its ``Prompt.multi_modal`` the vision inputs. A prompt over ``max_len`` tokens is dropped
+    (``filter_overlong``), else cut by ``truncation`` (``data.truncation``; ``error``: a DataError naming the row).
     """
     wheres = [row_origin(row, i, name) for i, row in enumerate(rows)]
     messages = [_checked_messages(row, where, need_reward) for row, where in zip(rows, wheres)]
@@ -142,7 +158,7 @@ def tokenize_rows(
         all_ids[i] = ids
     prompts = [p for i, row in enumerate(rows)
                if (p := _prompt(row, i, messages[i], all_ids[i], max_len, filter_overlong, wheres[i],
-                                vision[i][1] if i in vision else None)) is not None]
+                                vision[i][1] if i in vision else None, truncation)) is not None]
     if rows and not prompts:
         raise DataError(
             f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_len} tokens."
@@ -181,14 +197,19 @@ def _tokenize_prompt(row: dict[str, Any], index: int, tokenizer: Any, max_len: i
 
 
 def _prompt(row: dict[str, Any], index: int, messages: list[dict[str, Any]], ids: list[int], max_len: int,
-            filter_overlong: bool, where: str, multi_modal: dict[str, Any] | None = None) -> Prompt | None:
+            filter_overlong: bool, where: str, multi_modal: dict[str, Any] | None = None,
+            truncation: str = "error") -> Prompt | None:
     if len(ids) > max_len:
-        if not filter_overlong:
+        if filter_overlong:
+            return None
+        if truncation == "error" or multi_modal is not None:
+            why = ("; a prompt with images is never cut: data.truncation would separate image tokens from their "
+                   "images" if multi_modal is not None else ", or data.truncation=left|right|middle to cut them")
             raise DataError(
                 f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={max_len} "
-                f"(set data.filter_overlong_prompts=true to drop such rows)."
+                f"(set data.filter_overlong_prompts=true to drop such rows{why})."
             )
-        return None
+        ids = truncate(ids, max_len, truncation)
     reward = row.get("reward_model") or {}
     truth = reward.get("ground_truth") if isinstance(reward, dict) else None
     return Prompt(ids, messages, row.get("data_source", ""), truth, row.get("extra_info"), index, multi_modal)

@@ -103,7 +103,7 @@ class RLModule:
         d = self.config.data
         name = f"{d.name} ({split})"
         prompts = tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name,
-                                processor=self.processor, image_key=d.image_key)
+                                processor=self.processor, image_key=d.image_key, truncation=d.truncation)
         if self.processor is not None:
             from rlforge.multimodal import check_engine
 

@@ -124,6 +124,34 @@ def test_overlong_prompt_error_when_not_filtering(char_tokenizer) -> None:
     assert "data.filter_overlong_prompts" in msg
 
 
+def test_truncation_cuts_an_overlong_prompt_as_verl_cuts(char_tokenizer) -> None:
+    """data.truncation with filter_overlong_prompts=false: left keeps the last tokens (verl 0.9.1's agent loop),
+    right the first, middle the first half and the last half; a prompt within the limit is not touched."""
+    from rlforge.data import truncate
+
+    ids = list(range(10))
+    assert truncate(ids, 4, "left") == [6, 7, 8, 9]
+    assert truncate(ids, 4, "right") == [0, 1, 2, 3]
+    assert truncate(ids, 5, "middle") == [0, 1, 7, 8, 9]
+    assert truncate(ids, 10, "left") == ids
+    full = tokenize_rows([_row("abcdefgh")], char_tokenizer, 64, False, "train")[0].ids
+    short = tokenize_rows([_row("ab")], char_tokenizer, 8, False, "train", truncation="left")[0]
+    cut = tokenize_rows([_row("abcdefgh"), _row("ab")], char_tokenizer, 8, False, "train", truncation="left")
+    assert [p.ids for p in cut] == [full[-8:], short.ids]
+    assert char_tokenizer.decode(cut[0].ids).endswith("<|assistant|>")  # the generation prompt survives a left cut
+    assert cut[0].messages == [{"role": "user", "content": "abcdefgh"}]  # the row's conversation is kept whole
+    right = tokenize_rows([_row("abcdefgh")], char_tokenizer, 8, False, "train", truncation="right")[0]
+    assert right.ids == full[:8]
+    # filtering comes first: with filter_overlong_prompts the row is dropped, whatever data.truncation says
+    assert tokenize_rows([_row("abcdefgh"), _row("ab")], char_tokenizer, 8, True, "train", truncation="left")[0].ids \
+        == short.ids
+
+
+def test_truncation_error_names_the_ways_out(char_tokenizer) -> None:
+    with pytest.raises(DataError, match=r"row 1.*data.truncation=left\|right\|middle"):
+        tokenize_rows([_row("x" * 40)], char_tokenizer, 20, False, "train", truncation="error")
+
+
 def test_all_prompts_overlong_is_an_error(char_tokenizer) -> None:
     rows = [_row("x" * 40), _row("y" * 50)]
     with pytest.raises(DataError) as info:

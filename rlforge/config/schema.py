@@ -102,7 +102,8 @@ class DataConfig:
     val_files: list[str] = field(default_factory=list)  # held-out files for validation (optional)
     train_batch_size: int = option(32, ge=1)  # prompts per step (each sampled rollout.n times)
     max_prompt_length: int = option(64, ge=1)  # in tokens, after the chat template
-    filter_overlong_prompts: bool = True  # drop longer prompts (False: fail naming the row)
+    filter_overlong_prompts: bool = True  # drop longer prompts (False: data.truncation decides)
+    truncation: str = option("error", choices=("error", "left", "right", "middle"))  # a prompt over max_prompt_length with filter_overlong_prompts=false: error (naming the row) | left (keep its last max_prompt_length tokens: what verl 0.9.1's agent loop does) | right (keep the first) | middle (the first half and the last half); a row with images is never cut (an error)
     shuffle: bool = True  # reshuffle the prompts every epoch (seeded, resumable)
     image_key: str = "images"  # the column of a row's images (verl's data.image_key; docs/multimodal.md)
 

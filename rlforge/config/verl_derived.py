@@ -227,14 +227,17 @@ def lengths(c: Context) -> None:
             c.same(rollout_key, f"{data_key} (mapped there)")
         else:
             c.refuse(rollout_key, f"a rollout length ({c.get(rollout_key)}) other than {data_key} ({c.get(data_key)})")
+    # verl 0.9.1 stores data.truncation (RLHFDataset) and reads it nowhere: its agent loop keeps the last
+    # rollout.prompt_length tokens of a longer text prompt (_cap_text_prompt_length) and refuses one with images
     mode = c.get("data.truncation")
     if c.get("data.filter_overlong_prompts"):
-        c.ignore("data.truncation", "not reached: overlong prompts are filtered out first")
-    elif mode == "error":
-        c.same("data.truncation", "an overlong prompt is an error naming the row")
+        c.ignore("data.truncation", "not reached: overlong prompts are filtered out first (and verl 0.9.1 reads "
+                 "data.truncation nowhere)")
     else:
-        c.same("data.truncation", f"an overlong prompt is an error naming the row before training starts, where verl "
-               f"cuts it (truncation={mode}); data.filter_overlong_prompts=True drops such rows")
+        c.map("data.truncation", "data.truncation", "left", "" if mode == "left" else
+              f"verl 0.9.1 does not read data.truncation={mode}: its agent loop keeps the last rollout.prompt_length "
+              "tokens of a longer text prompt, as data.truncation=left does (a longer prompt with images is an "
+              "error in both)")
 
 
 def validation(c: Context) -> None:

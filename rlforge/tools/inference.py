@@ -106,7 +106,7 @@ def prompt_batches(
             raise RLForgeError(f"--limit must be a positive number of prompts, got {limit}.")
         rows = rows[:limit]
     prompts = tokenize_rows(rows, tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts,
-                            f"{cfg.data.name} ({split})", need_reward=need_reward)
+                            f"{cfg.data.name} ({split})", need_reward=need_reward, truncation=cfg.data.truncation)
     size = cfg.rollout.micro_batch_size
     chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)]
     return [collate(c, tokenizer.pad_token_id, [p.index for p in c]) for c in chunks], len(rows)

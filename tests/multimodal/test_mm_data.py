@@ -159,3 +159,11 @@ def test_concat_of_a_draw_with_images_and_one_without(vlm):
     del partial.lists[B.RAW_PROMPT]
     with pytest.raises(KeyError, match=B.RAW_PROMPT):  # any other column must be in every batch
         B.Batch.concat([with_images, partial])
+
+
+def test_a_prompt_with_images_over_the_limit_is_never_cut(vlm):
+    """data.truncation cuts text prompts only: cutting a prompt with images would part image tokens from their
+    images (verl 0.9.1's agent loop refuses such a prompt too)."""
+    _, tok, proc = vlm
+    with pytest.raises(DataError, match="row 1: prompt is .* a prompt with images is never cut"):
+        tokenize_rows([_row()], tok, 4, False, "t", processor=proc, truncation="left")
