@@ -23,6 +23,11 @@ and ``torch.multiprocessing`` when the workers are used as a library (the tests 
   FSDP's sum over all ``dp x sp`` ranks, with losses normalized by counts summed over ``dp``, is the one-process
   gradient: nothing is rescaled. Token budgets (``<role>.max_tokens_per_micro_batch``) stay per rank: a group's
   packed micro-batch holds up to ``sp x`` the budget (``sequence_parallel_size``, read by the workers), as in verl.
+- Parameter offload (``strategy.fsdp.offload_params``: the roles ``actor``, ``ref``, ``critic``): those models are
+  sharded with FSDP2's ``CPUOffloadPolicy``. Their parameter and gradient shards live in CPU memory; each layer's
+  parameters are gathered onto the device only while it computes, and the optimizer steps on the CPU (so its state
+  is in CPU memory too). What is computed does not change, only where the tensors wait (verl's
+  ``fsdp_config.param_offload``; its reference model is always offloaded). Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import ConfigError
@@ -49,6 +54,8 @@ else:
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 BACKENDS = ("auto", "nccl", "gloo")
 SP_KEY = "strategy.fsdp.sequence_parallel_size"
+OFFLOAD_KEY = "strategy.fsdp.offload_params"
+ROLES = ("actor", "ref", "critic")  # the models a worker puts on the strategy
 
 
 def _device(name: str) -> torch.device:
@@ -70,6 +77,7 @@ class FSDPConfig:
     backend: str = "auto"  # torch.distributed backend: auto (nccl on GPU, gloo on CPU) | nccl | gloo
     weight_sync_bucket_mb: float = 256.0  # gathered weights streamed to the rollout replica per bucket
     sequence_parallel_size: int = 1  # Ulysses: ranks that share one packed sequence (needs model.remove_padding=true)
+    offload_params: list[str] = field(default_factory=list)  # models whose parameter and gradient shards wait in CPU memory, each layer gathered onto the device only while it computes; the optimizer then steps on the CPU: any of actor, ref, critic (FSDP2 CPUOffloadPolicy; verl's fsdp_config.param_offload)
 
 
 class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
@@ -86,6 +94,7 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
         if f.weight_sync_bucket_mb <= 0:
             raise ConfigError(f"strategy.fsdp.weight_sync_bucket_mb must be > 0, got {f.weight_sync_bucket_mb}.")
         check_sequence_parallel(config, registry)
+        check_offload(config, registry)
 
     @staticmethod
     def data_parallel_size(config: Any) -> int:
@@ -118,6 +127,7 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
         dtype = getattr(torch, compute) if self.fsdp_casts else None
         self.mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
         self.bucket_bytes = max(1, int(f.weight_sync_bucket_mb * 2**20))
+        self.offload_roles = frozenset(f.offload_params)
 
     @property
     def sequence_parallel_size(self) -> int:
@@ -141,22 +151,30 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
             self.rank, self.world_size = self.dp_mesh.get_local_rank(), self.dp_mesh.size()
         return mesh
 
-    def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Shard each decoder layer, then the root (embeddings, norm, head) with what is left. With sequence
-        parallelism the model's attention becomes Ulysses' first (its heads checked) and its packed forward passes
-        run over this rank's sp group (``ops.sequence_parallel``)."""
-        from torch.distributed.fsdp import FSDPModule, fully_shard
+    def setup_model_for(self, model: torch.nn.Module, role: str) -> torch.nn.Module:
+        """``setup_model`` for the worker's model of ``role`` (actor, ref, critic): offloaded when
+        ``strategy.fsdp.offload_params`` names the role."""
+        return self.setup_model(model, offload=True) if role in self.offload_roles else self.setup_model(model)
+
+    def setup_model(self, model: torch.nn.Module, offload: bool = False) -> torch.nn.Module:
+        """Shard each decoder layer, then the root (embeddings, norm, head) with what is left; ``offload``: with
+        FSDP2's ``CPUOffloadPolicy`` (shards in CPU memory). With sequence parallelism the model's attention becomes
+        Ulysses' first (its heads checked) and its packed forward passes run over this rank's sp group
+        (``ops.sequence_parallel``)."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
         from rlforge import ops
 
         if self.sp is not None:
             ops.sequence_parallel(model, ulysses.use_ulysses(model, self.sp, SP_KEY))
         model.to(self.device)
+        policy = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if offload else OffloadPolicy()
+        shard = {"mesh": self.mesh, "mp_policy": self.mp_policy, "offload_policy": policy}
         layer_classes = set(getattr(model, "_no_split_modules", None) or ())
         for sub in list(model.modules()):
             if type(sub).__name__ in layer_classes:
-                fully_shard(sub, mesh=self.mesh, mp_policy=self.mp_policy)
-        fully_shard(model, mesh=self.mesh, mp_policy=self.mp_policy)
+                fully_shard(sub, **shard)
+        fully_shard(model, **shard)
         for sub in model.modules():
             if isinstance(sub, FSDPModule):  # sum gradients over ranks (gloo has no pre-multiplied sum)
                 sub.set_gradient_divide_factor(1.0)
@@ -170,14 +188,14 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
         grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters()
                  if p.grad is not None]
         squares = torch.zeros((), dtype=torch.float32, device=self.device)
-        for g in grads:
-            squares += torch.linalg.vector_norm(g, dtype=torch.float32) ** 2
+        for g in grads:  # an offloaded model's gradients are in CPU memory: its squares come to the device
+            squares += (torch.linalg.vector_norm(g, dtype=torch.float32) ** 2).to(self.device)
         torch.distributed.all_reduce(squares)
         total = squares.sqrt()
         if max_norm and max_norm > 0:
             coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # the formula of clip_grad_norm_
             for g in grads:
-                g.mul_(coef.to(g.dtype))
+                g.mul_(coef.to(g.device, g.dtype))
         return float(total)
 
     def reduce_group(self) -> Any:
@@ -195,6 +213,9 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
             if bucket and size + nbytes > self.bucket_bytes:
                 yield from bucket
                 bucket, size = [], 0
+            if isinstance(p, DTensor) and p.to_local().device != self.device:  # offloaded: gather on the device
+                p = DTensor.from_local(p.to_local().to(self.device), p.device_mesh, p.placements, shape=p.shape,
+                                      stride=p.stride())
             full = p.full_tensor() if isinstance(p, DTensor) else p
             bucket.append((name, full.detach()))
             size += nbytes
@@ -217,6 +238,20 @@ def check_sequence_parallel(config: Any, registry: Any) -> None:
     if getattr(factory, "_init_mesh", None) is not FSDPStrategy._init_mesh:
         raise ConfigError(f"{SP_KEY}={sp} is read by strategy.name=fsdp; strategy.name={config.strategy.name} lays "
                           f"out its own device mesh. Set {SP_KEY}=1 or strategy.name=fsdp.")
+
+
+def check_offload(config: Any, registry: Any) -> None:
+    """``strategy.fsdp.offload_params``: role names, on the fsdp strategy itself (a subclass that lays out its own mesh,
+    like ``tp``, is not verified with offloaded shards)."""
+    roles = list(config.strategy.fsdp.offload_params)
+    unknown = [r for r in roles if r not in ROLES]
+    if unknown:
+        raise ConfigError(f"{OFFLOAD_KEY}={roles}: unknown role(s) {', '.join(map(repr, unknown))}. Allowed: "
+                          f"{', '.join(ROLES)}.")
+    factory = registry.strategy.get(config.strategy.name) if registry is not None else FSDPStrategy
+    if roles and getattr(factory, "_init_mesh", None) is not FSDPStrategy._init_mesh:
+        raise ConfigError(f"{OFFLOAD_KEY} is read by strategy.name=fsdp; strategy.name={config.strategy.name} is not "
+                          f"verified with offloaded shards. Set {OFFLOAD_KEY}=[] or strategy.name=fsdp.")
 
 
 @hookimpl

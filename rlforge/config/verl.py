@@ -189,6 +189,8 @@ DERIVED_HINTS = {
     "trainer.resume_from_path": "trainer.resume", "trainer.total_training_steps": "trainer.total_steps",
     "trainer.device": "strategy.device", "data.train_files": "data.train_files with data.name=files",
     f"{ARO}.actor.use_dynamic_bsz": "actor.max_tokens_per_micro_batch (> 0: token budgets)",
+    f"{ARO}.actor.fsdp_config.param_offload": "strategy.fsdp.offload_params (a list of actor, ref, critic)",
+    f"{ARO}.ref.fsdp_config.param_offload": "strategy.fsdp.offload_params (a list of actor, ref, critic)",
     f"{ARO}.actor.ulysses_sequence_parallel_size": "strategy.fsdp.sequence_parallel_size",
     f"{ARO}.actor.fsdp_config.ulysses_sequence_parallel_size": "strategy.fsdp.sequence_parallel_size",
     f"{ARO}.actor.ppo_max_token_len_per_gpu": "actor.max_tokens_per_micro_batch",

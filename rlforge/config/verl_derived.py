@@ -145,6 +145,56 @@ def parallel(c: Context) -> None:
         c.refuse("trainer.device", f"trainer.device={device} (rlforge runs on cuda or cpu)")
 
 
+OFFLOAD = "strategy.fsdp.offload_params"
+
+
+def offload(c: Context) -> None:
+    """Parameter offload as verl 0.9.1's FSDP engines do it: the actor and the critic keep their parameters in CPU
+    memory with ``fsdp_config.param_offload`` (between passes) or ``offload_policy`` (FSDP2's CPUOffloadPolicy, only
+    with strategy=fsdp2); the reference model, a forward-only engine, always does, whatever its keys say. rlforge's
+    fsdp strategy offloads the listed roles with CPUOffloadPolicy: the same values, the tensors waiting elsewhere."""
+    strategy = c.out.overrides.get("strategy.name")
+    use_ref = bool(c.get(f"{A}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))
+    lora_ref = int(c.get(f"{ARO}.model.lora_rank") or 0) > 0  # verl's reference is then the actor without its adapter
+    roles = []
+    for section, role, engine in ((A, "actor", f"{A}.fsdp_config"), (REF, "ref", f"{REF}.fsdp_config"),
+                                  ("critic", "critic", "critic.fsdp")):
+        keys = [k for k in c.owned if k.startswith(f"{engine}.")]
+        if not keys:
+            continue
+        if strategy != "fsdp":
+            for key in keys:
+                c.ignore(key, "read only by verl's FSDP engines (model_engine=megatron here)" if strategy == "megatron"
+                         else f"rlforge's single strategy (one GPU) keeps parameters on the device; {OFFLOAD} needs "
+                              f"strategy.name=fsdp (memory only: what is computed does not change)")
+            continue
+        if role == "ref" and (not use_ref or lora_ref):
+            for key in keys:
+                c.ignore(key, "read only with a reference model of its own (use_kl_loss or use_kl_in_reward, no LoRA)")
+            continue
+        param, policy = f"{engine}.param_offload", f"{engine}.offload_policy"
+        fsdp2 = c.get(f"{section}.strategy", c.get(f"{A}.strategy")) == "fsdp2"
+        on = True if role == "ref" else bool(c.get(param) or (fsdp2 and c.get(policy)))
+        if on:
+            roles.append(role)
+        for key in keys:
+            value = bool(c.get(key))
+            if role == "ref":
+                note = "" if value else ("verl 0.9.1 does not read it: the reference model, a forward-only engine, "
+                                         "always keeps its parameters in CPU memory (FSDP CPU offload), and so does "
+                                         "rlforge's")
+            elif key == policy and not fsdp2:
+                c.ignore(key, "read only with strategy=fsdp2 (FSDP2's CPUOffloadPolicy)")
+                continue
+            elif key == param and not value and on:
+                note = "not read: offload_policy=True offloads the parameters (FSDP2's CPUOffloadPolicy)"
+            else:
+                note = ""
+            c.map(key, OFFLOAD, roles, note)
+    if roles:
+        c.set(OFFLOAD, roles)
+
+
 SP = "ulysses_sequence_parallel_size"
 SP_TARGET = "strategy.fsdp.sequence_parallel_size"
 
@@ -487,7 +537,7 @@ def val_only(c: Context) -> None:
 
 
 DERIVED: dict[str, Callable[[Context], None]] = {
-    "algorithm": algorithm, "parallel": parallel, "sequence_parallel": sequence_parallel, "data": data, "reward": reward, "overlong": overlong,
+    "algorithm": algorithm, "parallel": parallel, "offload": offload, "sequence_parallel": sequence_parallel, "data": data, "reward": reward, "overlong": overlong,
     "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip, "grad_clip": T.grad_clip,
     "warmup": T.warmup, "schedule": T.schedule, "precision": precision, "rollout_engine": rollout_engine,
     "lengths": lengths, "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups,
@@ -495,6 +545,6 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
-ORDER = ("algorithm", "parallel", "sequence_parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "schedule",
+ORDER = ("algorithm", "parallel", "offload", "sequence_parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "schedule",
          "micro_batches", "scoring", "clip", "grad_clip", "precision", "rollout_engine", "lengths", "validation",
          "multi_turn", "multimodal", "loggers", "resume", "checkpoints", "val_only")

@@ -19,6 +19,7 @@ SEEDS = "seeds do not carry over between frameworks; rlforge seeds everything wi
 FSDP_LAYOUT = f"FSDP sharding and kernel options ({SPEED}); rlforge's fsdp strategy shards with FSDP2"
 SCHEDULERS = "megatron learning-rate decay styles other than constant"
 COPY = "a copy of another key (verl fills it by interpolation)"
+OPTIMIZER_OFFLOAD = f"optimizer offload: strategy.offload_optimizer, one setting for all models ({SPEED})"
 
 
 def _optim(section: str, target: str) -> dict[str, Rule]:
@@ -106,9 +107,10 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
     f, mg = f"{section}.fsdp_config", f"{section}.megatron"
     sp = Derived("sequence_parallel")
     rules: dict[str, Rule] = {
-        f"{f}.param_offload": Ignore(f"rlforge keeps parameters on the device ({SPEED})"),
+        f"{f}.param_offload": Derived("offload") if role != "critic" else Ignore("not read: verl's critic reads critic.fsdp"),
+        f"{f}.offload_policy": Derived("offload") if role != "critic" else Ignore("not read: verl's critic reads critic.fsdp"),
         f"{f}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(
-            f"optimizer offload: strategy.offload_optimizer, one setting for all models ({SPEED})"),
+            "the reference model has no optimizer" if role == "ref" else OPTIMIZER_OFFLOAD),
         f"{f}.model_dtype": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
         f"{f}.dtype": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
         f"{f}.mixed_precision.*": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
@@ -170,6 +172,9 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{section}.qat.*": Ignore("read only with qat.enable"),
         f"{section}.nccl_timeout": Ignore("NCCL set-up"),
     }
+    if role == "critic":  # the critic's engine section (verl 0.9.1 reads critic.fsdp, not critic.model.fsdp_config)
+        rules.update({"critic.fsdp.param_offload": Derived("offload"), "critic.fsdp.offload_policy": Derived("offload"),
+                      "critic.fsdp.optimizer_offload": Ignore(OPTIMIZER_OFFLOAD)})
     return rules
 
 

@@ -86,12 +86,14 @@ class TrainWorker:
         """Put a model of this role on the strategy, with the ``model.*`` training options."""
         if self.config.model.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return self._setup(model)
+        return self._setup(model, self.role)
 
-    def _setup(self, model: torch.nn.Module) -> torch.nn.Module:
-        """``model`` on the strategy, its forward passes compiled with ``model.compile``, sharing prompts with
-        ``model.shared_prefix`` where that applies."""
-        model = self.strategy.setup_model(model)
+    def _setup(self, model: torch.nn.Module, role: str) -> torch.nn.Module:
+        """``model`` (this worker's of ``role``: actor, ref, critic) on the strategy, its forward passes compiled with
+        ``model.compile``, sharing prompts with ``model.shared_prefix`` where that applies. A strategy that places
+        models by role (fsdp: ``strategy.fsdp.offload_params``) defines ``setup_model_for(model, role)``."""
+        setup_for = getattr(self.strategy, "setup_model_for", None)
+        model = self.strategy.setup_model(model) if setup_for is None else setup_for(model, role)
         if self.config.model.compile:
             compile_forward(model, self.config.model.compile_backend)
         if shared_prefix_applies(self.config, self.strategy, model):
@@ -134,7 +136,7 @@ class TrainWorker:
         steps = 0
         offload = bool(self.config.strategy.offload_optimizer)
         if offload:
-            self._move_optimizer_state(self.strategy.device)
+            self._move_optimizer_state(to_cpu=False)
         try:
             for _ in range(self.section.ppo_epochs):
                 for mini in batch.split(mini_size):
@@ -144,7 +146,7 @@ class TrainWorker:
         finally:
             self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the rollout
             if offload:
-                self._move_optimizer_state(torch.device("cpu"))
+                self._move_optimizer_state(to_cpu=True)
         if self.scheduler is not None and self.bad_in_a_row < steps:  # at least one optimizer step ran
             self.scheduler.step()
         out = {k: v / max(steps, 1) for k, v in totals.items()}
@@ -152,10 +154,15 @@ class TrainWorker:
         out[f"{self.role}/skipped_steps"] = float(self.skipped_steps)
         return out
 
-    def _move_optimizer_state(self, device: torch.device) -> None:
+    def _move_optimizer_state(self, to_cpu: bool) -> None:
         """Optimizer state tensors (the moments; not Adam's scalar step counts, which stay where torch keeps them)
-        to ``device``. Works on plain and on sharded (DTensor) state."""
-        for state in self.optimizer.state.values():
+        to the CPU, or back beside their parameter (on the device; in CPU memory where the strategy offloads the
+        parameters, ``strategy.fsdp.offload_params``). Works on plain and on sharded (DTensor) state."""
+        from torch.distributed.tensor import DTensor
+
+        for param, state in self.optimizer.state.items():
+            local = param.to_local() if isinstance(param, DTensor) else param
+            device = torch.device("cpu") if to_cpu else local.device
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != device:
                     state[key] = value.to(device)
@@ -263,7 +270,7 @@ class ActorWorker(TrainWorker):
         module.actor = self._prepare(module.actor)
         module.actor.train()
         if module.ref is not None:
-            module.ref = self._setup(module.ref)
+            module.ref = self._setup(module.ref, "ref")
         self.optimizer, self.scheduler = module.configure_optimizers()
         module.actor, self.optimizer = self._setup_optimizer(module.actor, self.optimizer)
 

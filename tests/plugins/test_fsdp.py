@@ -8,6 +8,10 @@ responses' on their KV cache, before one backward through the sharded model); af
 replica equals the gathered weights exactly, never holding more than one bucket of gathered tensors, and greedy
 generations equal one process's.
 With AdamW: sharded and full checkpoints restore the model and optimizer bit for bit.
+With parameter offload (``strategy.fsdp.offload_params``, FSDP2's CPUOffloadPolicy on the actor and the reference):
+the policy reaches every ``fully_shard``, and log-probs, the SGD update, the streamed weights and an AdamW update
+(with ``strategy.offload_optimizer``) equal the ones without offload. On CPU ranks this checks the wiring and the
+arithmetic, not the memory moves a GPU would make.
 """
 
 from __future__ import annotations
@@ -72,8 +76,9 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     pm = PluginManager(autoload=False)
-    cfg = _config(pm, "strategy.name=fsdp", "strategy.device=cpu", f"strategy.num_processes={WORLD}", "trainer.controller=ray",
-                  f"strategy.fsdp.weight_sync_bucket_mb={BUCKET_MB}")
+    dist = ["strategy.name=fsdp", "strategy.device=cpu", f"strategy.num_processes={WORLD}", "trainer.controller=ray",
+            f"strategy.fsdp.weight_sync_bucket_mb={BUCKET_MB}"]
+    cfg = _config(pm, *dist)
     out: dict = {}
     # 1. SGD update on this rank's share of the same batch, counting the forward passes that shared prompts
     worker, module = _worker(pm, cfg, SGDGRPO)
@@ -107,6 +112,7 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     full = [adam.state_dict(), adam.model_state_dict()]  # complete on rank 0 only
     torch.distributed.broadcast_object_list(full, src=0)  # as the Ray controller sends rank 0's state to all
     full = copy.deepcopy(full)  # as read back from a file: rank 0's dict shares tensors (step) with its optimizer
+    out["adam_weights"] = copy.deepcopy(full[1])  # after one AdamW update (loading full[1] below changes it)
     small = adam.save_sharded(os.path.join(out_dir, "dcp"))
     from_sharded, _ = _worker(pm, cfg, GRPO)
     from_sharded.load_sharded(os.path.join(out_dir, "dcp"), small)
@@ -126,6 +132,24 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     out["fast_micro_batches"] = len(fast.micro_plan(shard_for_update(batch, WORLD, 8, balance=True)[rank]))
     fast.update(shard_for_update(batch, WORLD, 8, balance=True)[rank])
     out["fast_weights"] = fast.model_state_dict()
+    # 5. parameter offload: the actor's and the reference's shards in CPU memory (FSDP2 CPUOffloadPolicy)
+    offload = [*dist, "strategy.fsdp.offload_params=[actor,ref]", "strategy.offload_optimizer=true",
+               "actor.use_kl_loss=true", "actor.kl_loss_coef=0"]  # a reference model whose KL term weighs 0
+    off, off_module = _worker(pm, _config(pm, *offload), SGDGRPO)
+    out["offload_policies"] = [type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__
+                               for m in (off.model, off_module.ref) for m in m.modules() if hasattr(m, "_get_fsdp_state")]
+    rows = split_even(batch, WORLD, "test")[rank]
+    out["offload_log_probs"] = [off.compute_log_probs(rows, role) for role in ("actor", "ref")]
+    with_ref = shard_for_update(batch, WORLD, 8)[rank]
+    with_ref[B.REF_LOG_PROBS] = with_ref[B.OLD_LOG_PROBS]
+    off.update(with_ref)
+    out["offload_weights"] = off.model_state_dict()
+    out["offload_streamed"] = {n: t.clone() for n, t in off.named_weights()}
+    off_adam, _ = _worker(pm, _config(pm, *offload), GRPO)
+    with_ref = shard.select(list(range(len(shard))))
+    with_ref[B.REF_LOG_PROBS] = with_ref[B.OLD_LOG_PROBS]
+    off_adam.update(with_ref)
+    out["offload_adam_weights"] = off_adam.model_state_dict()
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
@@ -217,6 +241,35 @@ def test_full_and_sharded_checkpoints_restore_model_and_optimizer_exactly(fsdp_v
     for other in others:
         for name, w in reference.items():
             assert torch.equal(other[name], w), name
+
+
+def test_parameter_offload_reaches_fully_shard_and_computes_the_same(fsdp_vs_single):
+    single, ranks = fsdp_vs_single
+    for r in ranks:
+        assert r["offload_policies"] and set(r["offload_policies"]) == {"CPUOffloadPolicy"}  # every shard, both models
+        assert r["offload_streamed"].keys() == single["weights"].keys()
+    for i in range(2):  # the actor's and the reference's
+        torch.testing.assert_close(torch.cat([r["offload_log_probs"][i] for r in ranks]), single["log_probs"],
+                                   rtol=RTOL, atol=1e-6)
+    for name, w in single["weights"].items():
+        torch.testing.assert_close(ranks[0]["offload_weights"][name], w, rtol=RTOL, atol=ATOL, msg=name)
+        torch.testing.assert_close(ranks[1]["offload_streamed"][name], w, rtol=RTOL, atol=ATOL, msg=name)
+    assert ranks[0]["adam_weights"]
+    for name, w in ranks[0]["adam_weights"].items():  # AdamW stepping on the CPU shards, its state offloaded
+        torch.testing.assert_close(ranks[0]["offload_adam_weights"][name], w, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_offload_params_names_roles_on_the_fsdp_strategy_itself():
+    from rlforge.errors import ConfigError
+
+    pm = PluginManager(autoload=False)
+    dist = ["strategy.device=cpu", "strategy.num_processes=2", "trainer.controller=ray"]
+    with pytest.raises(ConfigError, match=r"strategy.fsdp.offload_params=\['actor', 'rollout'\]: unknown role\(s\) "
+                                          r"'rollout'. Allowed: actor, ref, critic"):
+        _config(pm, "strategy.name=fsdp", *dist, "strategy.fsdp.offload_params=[actor,rollout]")
+    with pytest.raises(ConfigError, match="strategy.fsdp.offload_params is read by strategy.name=fsdp; "
+                                          "strategy.name=tp"):
+        _config(pm, "strategy.name=tp", *dist, "strategy.fsdp.offload_params=[actor]")
 
 
 def test_fsdp_under_the_local_controller_says_to_use_a_launcher(tmp_path):

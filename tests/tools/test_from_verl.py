@@ -224,7 +224,8 @@ def test_lora_megatron_tp_multi_turn_and_rewards_are_not_falsely_refused() -> No
     o = t.overrides
     assert o["model.lora.rank"] == 8 and o["rollout.agent.loop"] == "tool_agent" and o["rollout.agent.max_turns"] == 3
     assert o["reward.manager"] == "rule" and o["actor.warmup_steps"] == 5 and not t.refused
-    assert fate(t, f"{ARO}.actor.fsdp_config.param_offload").kind == verl.IGNORED  # nothing claims to offload it
+    off = fate(t, f"{ARO}.actor.fsdp_config.param_offload")  # False: the actor is not among the offloaded models
+    assert off.target == "strategy.fsdp.offload_params" and "actor" not in off.mapped_value
 
 
 def test_a_complete_hydra_config_translates_without_a_traceback(tmp_path: Path) -> None:
@@ -244,7 +245,7 @@ def test_a_complete_hydra_config_translates_without_a_traceback(tmp_path: Path) 
     ("data.max_response_length=64", "'data.max_response_length' is verl's key; rlforge's is 'rollout.max_new_tokens'"),
     (f"{ARO}.actor.optim.lr=1e-6", "rlforge's is 'actor.lr'"),
     (f"{ARO}.rollout.log_prob_micro_batch_size_per_gpu=8", "rlforge's is actor.log_prob.micro_batch_size"),
-    (f"{ARO}.actor.fsdp_config.param_offload=True", "rlforge keeps parameters on the device"),
+    (f"{ARO}.actor.fsdp_config.param_offload=True", "rlforge's is strategy.fsdp.offload_params"),
     (f"{ARO}.actor.ulysses_sequence_parallel_size=2", "rlforge's is strategy.fsdp.sequence_parallel_size"),
 ])
 def test_verl_keys_typed_at_fit_get_the_rlforge_spelling(override: str, needle: str, capsys) -> None:

@@ -1,0 +1,55 @@
+"""Translations of verl keys behind rlforge features, checked against verl 0.9.1's own reading of them: parameter
+offload (fsdp_config.param_offload / offload_policy -> strategy.fsdp.offload_params) and overlong prompts
+(filter_overlong_prompts=False -> data.truncation=left, the agent loop's cut). Pure config work, no models."""
+
+from __future__ import annotations
+
+from rlforge.config import verl
+from rlforge.config.verl_launch import prepare
+
+A, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+GPUS = ["trainer.n_gpus_per_node=4", "trainer.total_training_steps=5", "actor_rollout_ref.rollout.name=vllm"]
+
+
+def _t(*args: str) -> verl.Translation:
+    return prepare([*GPUS, *args], refuse=False).translation
+
+
+def _fate(t: verl.Translation, key: str) -> verl.Fate:
+    (fate,) = [f for f in t.fates if f.key == key]
+    return fate
+
+
+def test_param_offload_lists_the_offloaded_roles_and_the_reference_always_offloads() -> None:
+    t = _t(f"{A}.fsdp_config.param_offload=True", f"{A}.use_kl_loss=True", f"{REF}.fsdp_config.param_offload=False")
+    assert t.overrides["strategy.fsdp.offload_params"] == ["actor", "ref"]
+    assert _fate(t, f"{A}.fsdp_config.param_offload").kind == verl.MAPPED
+    ref = _fate(t, f"{REF}.fsdp_config.param_offload")  # verl's forward-only reference offloads whatever it says
+    assert ref.kind == verl.MAPPED and "does not read it" in ref.text
+    # offload_policy is FSDP2's CPUOffloadPolicy: read only with strategy=fsdp2, and then param_offload is not
+    t = _t(f"{A}.fsdp_config.offload_policy=True", f"{A}.strategy=fsdp2")
+    assert t.overrides["strategy.fsdp.offload_params"] == ["actor"]
+    assert "offload_policy=True offloads" in _fate(t, f"{A}.fsdp_config.param_offload").text
+    t = _t(f"{A}.fsdp_config.offload_policy=True")  # strategy=fsdp (FSDP1): not read
+    assert t.overrides["strategy.fsdp.offload_params"] == []
+    assert _fate(t, f"{A}.fsdp_config.offload_policy").kind == verl.IGNORED
+
+
+def test_param_offload_without_the_fsdp_strategy_is_not_claimed() -> None:
+    t = prepare(["trainer.n_gpus_per_node=1", "trainer.total_training_steps=5", f"{A}.fsdp_config.param_offload=True"],
+                refuse=False).translation
+    assert t.overrides["strategy.name"] == "single" and "strategy.fsdp.offload_params" not in t.overrides
+    assert "single strategy (one GPU) keeps parameters on the device" in _fate(t, f"{A}.fsdp_config.param_offload").text
+    t = _t(f"{A}.fsdp_config.param_offload=True")  # no KL term: verl builds no reference model
+    assert t.overrides["strategy.fsdp.offload_params"] == ["actor"]
+    assert _fate(t, f"{REF}.fsdp_config.param_offload").kind == verl.IGNORED
+
+
+def test_overlong_prompts_unfiltered_are_cut_on_the_left_whatever_data_truncation_says() -> None:
+    assert _t().overrides["data.truncation"] == "left"  # verl's default: filter_overlong_prompts=False
+    t = _t("data.filter_overlong_prompts=False", "data.truncation=error")
+    assert t.overrides["data.truncation"] == "left" and t.overrides["data.filter_overlong_prompts"] is False
+    assert "does not read data.truncation=error" in _fate(t, "data.truncation").text
+    assert _fate(_t("data.filter_overlong_prompts=False", "data.truncation=left"), "data.truncation").text == ""
+    t = _t("data.filter_overlong_prompts=True", "data.truncation=right")  # filtered first: never reached
+    assert "data.truncation" not in t.overrides and _fate(t, "data.truncation").kind == verl.IGNORED
