@@ -389,7 +389,7 @@ REWARD_RULES: dict[str, Rule] = {
 }
 
 TRAINER_RULES: dict[str, Rule] = {
-    "trainer.balance_batch": Ignore(f"balances sequence lengths over data-parallel ranks ({SPEED})"),
+    "trainer.balance_batch": Map("trainer.balance_batch"),
     "trainer.total_epochs": Derived("steps"),
     "trainer.total_training_steps": Derived("steps"),
     "trainer.project_name": Map("trainer.project"),

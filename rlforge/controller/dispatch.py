@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlforge import batch as B
 from rlforge.controller.microbatch import balanced_split
 from rlforge.errors import RLForgeError
@@ -29,6 +31,25 @@ def split_even(batch: B.Batch, parts: int, what: str) -> list[B.Batch]:
     """``parts`` equal consecutive chunks (see ``_check_even``)."""
     _check_even(batch, parts, what)
     return split_rows(batch, parts)
+
+
+def shard_for_scoring(batch: B.Batch, parts: int, what: str, balance: bool) -> tuple[list[B.Batch], list[int] | None]:
+    """The ranks' shares of a forward-only pass (log-probs, values): equal consecutive chunks, or with ``balance`` equal
+    in rows and similar in real tokens (``balanced_split``), with the rows' order (``restore`` puts results back)."""
+    _check_even(batch, parts, what)
+    if not balance or parts == 1:
+        return split_rows(batch, parts), None
+    groups = balanced_split(batch[B.ATTENTION_MASK].sum(-1).tolist(), parts)
+    return [batch.select(g) for g in groups], [i for g in groups for i in g]
+
+
+def restore(rows: Any, order: list[int] | None) -> Any:
+    """Per-row results of ``shard_for_scoring``'s shares, concatenated, back in the batch's row order."""
+    if order is None:
+        return rows
+    out = rows.new_empty(rows.shape)
+    out[order] = rows
+    return out
 
 
 def shard_for_update(batch: B.Batch, parts: int, mini_size: int, balance: bool = False) -> list[B.Batch]:

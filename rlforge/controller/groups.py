@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
-from rlforge.controller.dispatch import shard_for_update, split_even, split_rows
+from rlforge.controller.dispatch import restore, shard_for_scoring, shard_for_update, split_rows
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.protocols import Generation, SamplingParams, derived_seed
 
@@ -103,8 +103,10 @@ class GroupController:
 
     # --- the dataflow ------------------------------------------------------------------------------
     def _balance(self, role: str) -> bool:
-        """Spread real tokens evenly over the ranks when micro-batches are cut by token budget."""
-        return bool(self.config[role].max_tokens_per_micro_batch)
+        """Spread real tokens evenly over the ranks (``trainer.balance_batch``; unset: when micro-batches are cut by
+        token budget)."""
+        balance = self.config.trainer.balance_batch
+        return bool(self.config[role].max_tokens_per_micro_batch) if balance is None else bool(balance)
 
     def _engines(self) -> Any:
         """The group whose workers own the rollout engines."""
@@ -133,8 +135,8 @@ class GroupController:
     def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
         import torch
 
-        shards = split_even(batch, self.actor.dp_size, f"{role} log-probs")
-        return torch.cat(self.actor.call_dp("compute_log_probs", [(s, role) for s in shards]))
+        shards, order = shard_for_scoring(batch, self.actor.dp_size, f"{role} log-probs", self._balance("actor"))
+        return restore(torch.cat(self.actor.call_dp("compute_log_probs", [(s, role) for s in shards])), order)
 
     def update_actor(self, batch: B.Batch) -> dict[str, float]:
         mini = self.config.actor.ppo_mini_batch_size * self.config.rollout.n
@@ -145,8 +147,8 @@ class GroupController:
         import torch
 
         assert self.critic is not None, "compute_values needs a critic (module.needs_critic())"
-        shards = split_even(batch, self.critic.dp_size, "values")
-        return torch.cat(self.critic.call_dp("compute_values", [(s,) for s in shards]))
+        shards, order = shard_for_scoring(batch, self.critic.dp_size, "values", self._balance("critic"))
+        return restore(torch.cat(self.critic.call_dp("compute_values", [(s,) for s in shards])), order)
 
     def update_critic(self, batch: B.Batch) -> dict[str, float]:
         assert self.critic is not None, "update_critic needs a critic (module.needs_critic())"
