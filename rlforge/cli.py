@@ -23,16 +23,17 @@ def _warn(pm: Any) -> Any:
     return pm
 
 
-def _plugins() -> Any:
+def _plugins(args: argparse.Namespace) -> Any:
     from rlforge.plugin_manager import PluginManager
 
-    return _warn(PluginManager())
+    return _warn(PluginManager(modules=args.plugin))
 
 
 def _compose(args: argparse.Namespace) -> tuple[Any, Any]:
     from rlforge.config import compose_with_plugins
 
-    return compose_with_plugins(getattr(args, "algo", None), args.config, args.overrides, loaded=_warn)
+    return compose_with_plugins(getattr(args, "algo", None), args.config, args.overrides, loaded=_warn,
+                                modules=args.plugin)
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -54,7 +55,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_algos(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
-    for entry in _plugins().registry.algorithm.entries():
+    for entry in _plugins(args).registry.algorithm.entries():
         flat = OmegaConf.to_container(OmegaConf.create(entry.obj.preset or {}))
         preset = " ".join(f"{k}={v}" for k, v in _flatten(flat) if k != "algorithm.name") or "(defaults)"
         print(f"{entry.name:<22} {entry.description}  [plugin: {entry.plugin}]\n{'':<22} preset: {preset}")
@@ -69,12 +70,12 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 def cmd_plugins(args: argparse.Namespace) -> int:
     from rlforge.hookspecs import HOOK_SPEC_VERSION
-    from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
+    from rlforge.plugin_manager import AUTOLOAD_ENV
 
-    pm = PluginManager()
+    pm = _plugins(args)
     print(f"# hook spec version {HOOK_SPEC_VERSION}; entry-point plugins: {'on' if pm.autoload else 'off'} "
           f"({AUTOLOAD_ENV}); "
-          f"block plugins for a run with 'plugins.disable=[NAME,...]'")
+          f"block plugins for a run with 'plugins.disable=[NAME,...]', add some with -p MODULE|FILE.py")
     for info in pm.plugins():
         dist = f"{info.distribution} {info.version}".strip()
         print(f"{info.name}  ({info.source}{', ' + dist if dist else ''})")
@@ -187,7 +188,7 @@ def _inference_config(args: argparse.Namespace) -> tuple[Any, Any]:
     from rlforge.tools.inference import compose_for_model
 
     return compose_for_model(args.model, data=args.data, split=args.split, n=args.n, temperature=args.temperature,
-                             config_file=args.config, overrides=args.overrides, loaded=_warn)
+                             config_file=args.config, overrides=args.overrides, loaded=_warn, modules=args.plugin)
 
 
 def _progress(line: str) -> None:
@@ -222,7 +223,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from rlforge.models import architectures
 
-    out = export_checkpoint(args.checkpoint, args.out, _plugins().registry, adapter_only=args.adapter)
+    out = export_checkpoint(args.checkpoint, args.out, _plugins(args).registry, adapter_only=args.adapter)
     if args.adapter:
         how = "PeftModel.from_pretrained(base_model, OUT)"
     elif any(a.endswith("ForSequenceClassification") for a in architectures(out)):
@@ -236,7 +237,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     from rlforge.tools.data_prep import prepare
 
-    for path in prepare(args.dataset, args.input, args.out, _plugins().registry, args.split):
+    for path in prepare(args.dataset, args.input, args.out, _plugins(args).registry, args.split):
         print(f"wrote {path}")
     return 0
 
@@ -323,7 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for name, (fn, help_text) in commands.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(func=fn)
+        p.set_defaults(func=fn, plugin=[])
+        if name not in ("new", "report"):
+            p.add_argument("-p", dest="plugin", action="append", metavar="MODULE",
+                           help="load a plugin module (a module name or a .py file) besides the installed ones; "
+                                "repeatable (plugins.modules in a config; see docs/plugins.md)")
         _add_arguments(name, p)
     # listed for --help only: main() hands `rlforge verl ...` to cmd_verl before argparse sees verl's syntax
     sub.add_parser("verl", help="run a verl launch unchanged: rlforge verl ARGS (the arguments of python3 -m "

@@ -78,7 +78,7 @@ class RLModule:
         if self._registry is None:
             from rlforge.plugin_manager import PluginManager
 
-            self._registry = PluginManager(disable=self.config.plugins.disable).registry
+            self._registry = PluginManager.for_config(self.config).registry
         return self._registry
 
     @registry.setter

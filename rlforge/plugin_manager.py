@@ -2,7 +2,9 @@
 
 Built-ins are loaded by module name, exactly like third-party plugins, so the core never imports
 ``rlforge.algorithms`` or ``rlforge.plugins`` directly. Set ``RLFORGE_DISABLE_PLUGIN_AUTOLOAD=1`` to
-skip entry points, and pass ``disable=[...]`` (config ``plugins.disable``) to block plugins by name.
+skip entry points, and pass ``disable=[...]`` (config ``plugins.disable``) to block plugins by name. ``modules=[...]``
+(config ``plugins.modules``, ``-p`` on the command line) loads more plugins by module name or ``.py`` file, as
+pytest's ``-p`` does; unlike an entry point, one that cannot be loaded is an error.
 
 Hygiene, as pytest does it: a plugin that implements an ``rlforge_*`` hook that does not exist (a typo such
 as ``rlforge_step_ends``) is refused at load time, naming the plugin and the closest hook; a plugin whose
@@ -14,13 +16,17 @@ unknown component name.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -95,8 +101,8 @@ class PluginError(RLForgeError):
 @dataclass
 class PluginInfo:
     name: str
-    source: str  # "builtin", "entry point" or "object"
-    distribution: str = ""
+    source: str  # "builtin", "entry point", "module" (plugins.modules / -p) or "object"
+    distribution: str = ""  # the package it comes from; for a module, its file
     version: str = ""
     components: list[str] = field(default_factory=list)
     error: str = ""
@@ -124,7 +130,7 @@ class _Pluggy(pluggy.PluginManager):
 class PluginManager:
     """Loads plugins, fills the registries through ``rlforge_register`` and exposes ``hook``."""
 
-    def __init__(self, disable: Iterable[str] = (), autoload: bool | None = None) -> None:
+    def __init__(self, disable: Iterable[str] = (), autoload: bool | None = None, modules: Iterable[str] = ()) -> None:
         self.pm = _Pluggy("rlforge")
         self.pm.add_hookspecs(hookspecs)
         self.registry = Registries()
@@ -146,7 +152,17 @@ class PluginManager:
                     dist = ep.dist.name if ep.dist else ""
                     self._load(PluginInfo(ep.name, "entry point", dist, ep.dist.version if ep.dist else ""), ep.load,
                                interrupted)
+        self.modules: list[str] = []  # plugins.modules as every process loads them: files as absolute paths
+        for spec in modules:
+            self._load_module(str(spec))
         self._update_hint()
+
+    @classmethod
+    def for_config(cls, config: Any) -> PluginManager:
+        """The plugins of a composed config (``plugins.disable``, ``plugins.modules``): what a process that rebuilds
+        the run from its config (a Ray worker, a module made without a Builder) loads."""
+        plugins = config.plugins
+        return cls(disable=list(plugins.disable), modules=list(plugins.get("modules") or []))
 
     @property
     def hook(self) -> Any:
@@ -200,6 +216,42 @@ class PluginManager:
                 raise
             info.error = _describe(exc)
 
+    def _load_module(self, spec: str) -> None:
+        """Import and register one ``plugins.modules`` entry; any failure is a :class:`PluginError` naming it."""
+        name, path = module_source(spec)
+        if name in self.disabled:
+            self.skipped.append(name)
+            return
+        resolved = str(path) if path is not None else name
+        if resolved in self.modules:
+            return
+        try:
+            module = _import_file(name, path) if path is not None else importlib.import_module(name)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt | PluginError):
+                raise
+            raise PluginError(f"Cannot import plugin module '{spec}' (plugins.modules / -p): {_describe(exc)}"
+                              f"{_where(exc, path)}.{_import_hint(spec, exc)}") from exc
+        info = PluginInfo(name, "module", getattr(module, "__file__", None) or resolved)
+        self.infos[name] = info
+        try:
+            self.register(module, name=name, source="module")
+        except BaseException as exc:
+            del self.infos[name]
+            if path is not None and sys.modules.get(name) is module:
+                del sys.modules[name]  # the next manager imports the (fixed) file again
+            if isinstance(exc, KeyboardInterrupt | PluginError):
+                raise
+            raise PluginError(f"Plugin module {info.label()} failed to register: {_describe(exc)}"
+                              f"{_where(exc, path)}.") from exc
+        self.modules.append(resolved)
+
+    def file_modules(self) -> list[Any]:
+        """The modules loaded from ``.py`` files (``plugins.modules``): no other process can import them by name, so
+        a controller that sends their classes to workers pickles them by value."""
+        return [sys.modules[i.name] for i in self.infos.values()
+                if i.source == "module" and i.distribution in self.modules and i.name in sys.modules]
+
     def _update_hint(self) -> None:
         notes = [f"{i.name} (failed to load: {i.error.splitlines()[0]})" for i in self.errors()]
         notes += [f"{n} (disabled by plugins.disable)" for n in self.skipped]
@@ -219,6 +271,63 @@ class PluginManager:
         lines += [f"plugins.disable names '{n}', which is no plugin here.{did_you_mean(n, known)} 'rlforge plugins "
                   f"list' shows their names." for n in sorted(self.disabled - set(known))]
         return lines
+
+
+def module_source(spec: str) -> tuple[str, Path | None]:
+    """(plugin name, file) of a ``plugins.modules`` entry: a path (``.py`` or with a ``/``) is that file, named after
+    it; a module name is imported as it is (file None), unless no installed module has that name and the current
+    folder holds ``NAME.py`` (the way ``python -m`` would find it)."""
+    if spec.endswith(".py") or "/" in spec or os.sep in spec:
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise PluginError(f"Plugin file not found: {spec} (plugins.modules / -p).")
+        if not path.stem.isidentifier():
+            raise PluginError(f"Plugin file {spec} (plugins.modules / -p): '{path.stem}' is not a valid module name; "
+                              f"rename the file (letters, digits and _).")
+        return path.stem, path.resolve()
+    if not spec or not all(part.isidentifier() for part in spec.split(".")):
+        raise PluginError(f"'{spec}' (plugins.modules / -p) is neither a module name nor a .py file.")
+    local = Path(f"{spec}.py").resolve()
+    if "." not in spec and spec not in sys.modules and local.is_file():
+        found = importlib.util.find_spec(spec)
+        if found is None or (found.origin and Path(found.origin).resolve() == local):
+            return spec, local  # recorded as its path: a process started elsewhere finds it too
+    return spec, None
+
+
+def _import_file(name: str, path: Path) -> Any:
+    """The module of a plugin file, imported as ``name`` (in ``sys.modules``, so its classes pickle by name); the same
+    file is imported once per process."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+            return loaded
+        raise PluginError(f"Plugin file {path} would be imported as '{name}', but a module of that name is already "
+                          f"loaded (from {getattr(loaded, '__file__', None) or 'built in'}): rename the file.")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"Plugin file {path} cannot be imported as a Python module.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _where(exc: BaseException, path: Path | None) -> str:
+    """`` (at FILE:LINE)``: the innermost line of the plugin's own file that raised, where there is one."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if path is not None and Path(f.filename) == path]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def _import_hint(spec: str, exc: BaseException) -> str:
+    if isinstance(exc, ModuleNotFoundError) and exc.name == spec.split(".")[0]:
+        return (" Give an importable module name (installed, or on PYTHONPATH) or the path of a .py file "
+                "(e.g. ./my_plugin.py).")
+    return ""
 
 
 def _describe(exc: BaseException) -> str:

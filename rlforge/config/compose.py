@@ -247,23 +247,35 @@ def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str
 def compose_with_plugins(
     algo: str | None = None, config_file: str | None = None, overrides: list[str] | tuple[str, ...] = (),
     loaded: Callable[[Any], Any] | None = None, base: tuple[DictConfig, str] | None = None,
+    modules: list[str] | tuple[str, ...] = (),
 ) -> tuple[Any, DictConfig]:
-    """Load the plugins minus ``plugins.disable`` (read from the overrides, the file or ``base`` first), then
-    compose: returns (plugin manager, config). ``loaded(plugin_manager)`` runs in between (the CLI prints
-    warnings). ``base``: (config, its origin) merged under the file, e.g. the config of the run being evaluated."""
+    """Load the plugins minus ``plugins.disable`` and plus ``plugins.modules`` and ``modules`` (``-p``), each read
+    from the overrides, the file or ``base`` first, then compose: returns (plugin manager, config); the config's
+    ``plugins.modules`` lists every module loaded, as other processes load them. ``loaded(plugin_manager)`` runs in
+    between (the CLI prints warnings). ``base``: (config, its origin) merged under the file, e.g. the config of the
+    run being evaluated."""
     from rlforge.plugin_manager import PluginManager
 
     over = parse_overrides(list(overrides))
     file_cfg = load_file(config_file) if config_file else OmegaConf.create({})
     layers = [*([base] if base else []), (file_cfg, config_file or ""), (over, OVERRIDES)]
-    disable = next((d for layer, _ in reversed(layers)
-                    if (d := OmegaConf.select(layer, "plugins.disable", default=None)) is not None), None)
-    if disable is not None and not OmegaConf.is_list(disable):
-        raise ConfigError(f"'plugins.disable' must be a list of plugin names, got {disable!r}.")
-    pm = PluginManager(disable=list(disable or []))
+    disable, listed = (_plugin_list(layers, key) for key in ("disable", "modules"))
+    pm = PluginManager(disable=disable, modules=[*listed, *modules])
+    if pm.modules:
+        OmegaConf.update(over, "plugins.modules", pm.modules, merge=False)
     if loaded is not None:
         loaded(pm)
     return pm, _compose(pm.registry, algo, layers)
+
+
+def _plugin_list(layers: list[tuple[DictConfig, str]], key: str) -> list[str]:
+    """``plugins.<key>`` of the last layer that sets it (the plugins load before the config is composed)."""
+    value = next((v for layer, _ in reversed(layers)
+                  if (v := OmegaConf.select(layer, f"plugins.{key}", default=None)) is not None), None)
+    if value is not None and not OmegaConf.is_list(value):
+        raise ConfigError(f"'plugins.{key}' must be a list of {'plugin' if key == 'disable' else 'module'} names, got "
+                          f"{value!r}.")
+    return [str(v) for v in value or []]
 
 
 def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:

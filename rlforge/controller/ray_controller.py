@@ -233,6 +233,8 @@ class RayController(GroupController):
         self.strategy_factory = reg.strategy.get(config.strategy.name)
         check_config(config, self.strategy_factory, module.needs_critic())
         ray = self.ray = _import_ray()
+        for plugin_file in builder.plugins.file_modules():  # the workers load them too, but unpickle classes first
+            ray.cloudpickle.register_pickle_by_value(plugin_file)
         self.config, self.module = config, module
         module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
         module.configure_model()

@@ -59,7 +59,7 @@ class WorkerProcess:
 
         random.seed(config.trainer.seed + self.rank)
         torch.manual_seed(config.trainer.seed + self.rank)  # ranks sample different responses
-        builder = Builder(config, PluginManager(disable=config.plugins.disable))
+        builder = Builder(config, PluginManager.for_config(config))
         module = builder.module(module_cls(config), roles=ROLE_MODELS[self.role])
         module.configure_model()
         return builder, module

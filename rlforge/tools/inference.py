@@ -30,12 +30,13 @@ SPLITS = ("train", "val")
 def compose_for_model(
     model: str, *, data: list[str] | None = None, split: str = "val", n: int | None = None,
     temperature: float | None = None, config_file: str | None = None, overrides: list[str] | None = None,
-    loaded: Any = None,
+    loaded: Any = None, modules: list[str] | None = None,
 ) -> tuple[Any, DictConfig]:
     """(plugin manager, config) for running ``model`` (a model, checkpoint or run folder) on a dataset split.
 
     ``data`` files select ``data.name=files`` for ``split``; ``n`` and ``temperature`` set ``rollout.val_n`` and
-    ``rollout.val_temperature``. Later entries win, so these beat the same keys in ``overrides``.
+    ``rollout.val_temperature``. Later entries win, so these beat the same keys in ``overrides``. ``modules``: plugin
+    modules to load (``-p``) besides the config's ``plugins.modules`` (a run's own are loaded from its config).
     """
     from rlforge.config import compose_with_plugins
 
@@ -49,7 +50,7 @@ def compose_for_model(
     if temperature is not None:
         extra.append(f"rollout.val_temperature={temperature}")
     return compose_with_plugins(None, config_file, [*(overrides or []), *extra], loaded=loaded,
-                                base=training_config(model))
+                                base=training_config(model), modules=list(modules or []))
 
 
 def training_config(model: str) -> tuple[DictConfig, str] | None:

@@ -54,7 +54,7 @@ class Trainer:
             from rlforge.config import compose_with_plugins
 
             plugins, config = compose_with_plugins(algo, None, list(overrides))
-        self.plugins = plugins or PluginManager(disable=list(config.plugins.disable) if config is not None else [])
+        self.plugins = plugins or (PluginManager.for_config(config) if config is not None else PluginManager())
         self.config = config if config is not None else compose(self.plugins.registry, algo, None, list(overrides))
         for cb in callbacks:
             self.plugins.register(cb)
