@@ -195,7 +195,8 @@ class PreferenceModule(RLModule):
         pairs = [r for r in rows if is_preference_row(r) or not (use_prompts and _has_ground_truth(r))]
         examples: list[Any] = tokenize_preferences(pairs, self.tokenizer, d.max_prompt_length,
                                                    self.config.algorithm.max_completion_length,
-                                                   d.filter_overlong_prompts, name, self.paired)
+                                                   d.filter_overlong_prompts, name, self.paired,
+                                                   processor=self.processor, image_key=d.image_key)
         return examples + (super().prepare_data(prompts, split) if prompts else [])
 
     def collate(self, examples: list[Any], uids: list[Any]) -> B.Batch:
@@ -208,7 +209,8 @@ class PreferenceModule(RLModule):
         """The loss over the micro-batch's examples, normalized by the mini-batch's example count."""
         assert self.actor is not None
         logps = ops.response_logprobs(self.actor, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK],
-                                      micro[B.RESPONSES].shape[1], remove_padding=self.config.model.remove_padding)[0]
+                                      micro[B.RESPONSES].shape[1], remove_padding=self.config.model.remove_padding,
+                                      multi_modal=micro.lists.get(B.MULTI_MODAL_INPUTS))[0]
         loss_sum, sums = self.batch_loss(micro, logps)
         loss = loss_sum / (ctx.global_seqs / (2 if self.paired else 1))
         return loss, {"actor/loss": loss.item(), **sums}

@@ -19,7 +19,7 @@ from rlforge.algorithms.offline import PreferenceModule, example_sums, finish_me
 
 from rlforge import batch as B
 from rlforge.config.schema import AlgorithmConfig
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, DataError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 from rlforge.module import LossContext
@@ -57,6 +57,15 @@ class RewardModel(PreferenceModule):
         if config.model.lora.rank:
             raise ConfigError(f"'model.lora.rank' is {config.model.lora.rank}, but '--algo rm' trains the whole reward "
                               f"model (LoRA is not offered for reward models yet): set model.lora.rank=0.")
+
+    def prepare_data(self, rows: list[dict[str, Any]], split: str) -> list[Any]:
+        examples = super().prepare_data(rows, split)
+        if any(e.prompt.multi_modal is not None for e in examples):  # all pairs: rm generates nothing
+            raise DataError(f"{self.config.data.name} ({split}): rows with images: reward-model training (--algo rm) "
+                            f"scores text only (its sequence-classification head has no vision inputs); the other "
+                            f"preference algorithms (dpo, ipo, simpo, orpo, kto) train on image pairs "
+                            f"(docs/multimodal.md).")
+        return examples
 
     def configure_model(self) -> None:
         """The reward model (``model.path``'s body with a scalar head, or a trained reward model) as the actor."""

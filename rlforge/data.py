@@ -72,8 +72,14 @@ def _message_problem(message: Any) -> str:
 def _messages(value: Any, where: str, column: str) -> list[dict[str, Any]]:
     """A string or a list of chat messages, as a list of messages (a string is one ``role`` message). A prompt must
     have some text; a completion may be empty (the model answered nothing but the end of its turn)."""
+    from rlforge import multimodal as mm
+
     role = "user" if column == "prompt" else "assistant"
     messages = [{"role": role, "content": value}] if isinstance(value, str) else value
+    if isinstance(messages, list):  # typed parts (TRL's vision rows) become verl's '<image>' placeholders
+        messages = [{**m, "content": mm.flatten_parts(m["content"], f"{where}: {column} message {j}")}
+                    if isinstance(m, dict) and isinstance(m.get("content"), list) else m
+                    for j, m in enumerate(messages, 1)]
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: '{column}' must be a string or a list of chat messages {{role, content}}, got "
                         f"{type(messages).__name__}{' (empty)' if isinstance(messages, list) else ''}.")
@@ -319,28 +325,28 @@ def _margin(row: dict[str, Any], where: str) -> float:
 
 def tokenize_preferences(
     rows: list[dict[str, Any]], tokenizer: Any, max_prompt_len: int, max_completion_len: int,
-    filter_overlong: bool, name: str, paired: bool = True,
+    filter_overlong: bool, name: str, paired: bool = True, processor: Any = None, image_key: str = "images",
 ) -> list[PreferenceExample]:
     """Validate preference rows (see the module doc) and tokenize them. ``paired=False`` (KTO) takes unpaired rows
     and splits each pair into a desirable and an undesirable example. Completions longer than
     ``max_completion_len`` tokens are cut (as TRL truncates); overlong prompts are dropped or an error, as for
     ``tokenize_rows``. A pair whose chosen and rejected completions are the same tokens (the same text, both empty,
     or the same within ``max_completion_len``) carries no preference: it is dropped with a warning, and a dataset
-    of nothing but such pairs is an error."""
+    of nothing but such pairs is an error. A row with images (``image_key``) has its prompt encoded by
+    ``processor`` (as in ``tokenize_rows``; the completions are text)."""
     examples: list[PreferenceExample] = []
     identical: list[str] = []
     for i, row in enumerate(rows):
         where = row_origin(row, i, name)
-        if row.get("images"):
-            raise DataError(f"{where}: preference rows with images are not supported yet: pairs train on text "
-                            f"(docs/multimodal.md).")
         if "prompt" not in row:
             row = _split_implicit_prompt(row, where)
-        prompt = _tokenize_prompt(row, i, tokenizer, max_prompt_len, filter_overlong, where, need_reward=False)
+        text = _tokenize_prompt(row, i, tokenizer, max_prompt_len, filter_overlong, where, need_reward=False)
+        prompt = _vision_prompt(row, i, text, processor, image_key, max_prompt_len, filter_overlong, where)
         if prompt is None:
             continue
         parts = _pair_columns(row, where, paired)
-        ids = [_completion_ids(tokenizer, prompt, value, where, col, max_completion_len) for col, value, _ in parts]
+        # a completion is the tokens its turn adds after the prompt: rendered as text (the images are the prompt's)
+        ids = [_completion_ids(tokenizer, text, value, where, col, max_completion_len) for col, value, _ in parts]
         labels = [label for _, _, label in parts]
         if paired and ids[0] == ids[1]:
             identical.append(where)
@@ -353,6 +359,19 @@ def tokenize_preferences(
         raise DataError(f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_prompt_len} "
                         f"tokens.")
     return examples
+
+
+def _vision_prompt(row: dict[str, Any], index: int, text: Prompt | None, processor: Any, image_key: str,
+                   max_len: int, filter_overlong: bool, where: str) -> Prompt | None:
+    """A preference row's prompt: ``text`` (its chat-template rendering), or for a row with images its encoding by
+    the processor, with the vision inputs; None when overlong and filtered out."""
+    if text is None:
+        return None
+    vision = _vision_rows([row], [text.messages], [where], processor, image_key)
+    if not vision:
+        return text
+    ids, inputs = vision[0]
+    return _prompt(row, index, text.messages, ids, max_len, filter_overlong, where, inputs)
 
 
 def _report_identical(identical: list[str], pairs: int, name: str, max_completion_len: int) -> None:

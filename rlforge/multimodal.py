@@ -82,6 +82,26 @@ def _split(text: str) -> list[dict[str, Any]]:
     return parts
 
 
+def flatten_parts(content: Any, where: str) -> Any:
+    """A message content given as typed parts (TRL's and the OpenAI format: ``[{"type": "image"}, {"type": "text",
+    "text": ...}]``) as the string verl's rows hold, with ``<image>`` where each image part is; any other content as
+    it is."""
+    if not isinstance(content, list):
+        return content
+    text = []
+    for n, part in enumerate(content, 1):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            text.append(part["text"])
+        elif kind == "image":
+            text.append(IMAGE_PLACEHOLDER)
+        else:
+            raise DataError(f"{where}: content part {n} is {part!r}; typed parts are "
+                            f"{{\"type\": \"text\", \"text\": str}} or {{\"type\": \"image\"}} (the images "
+                            f"themselves in data.image_key).")
+    return "".join(text)
+
+
 def placeholder_count(messages: list[dict[str, Any]]) -> int:
     return sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages if isinstance(m.get("content"), str))
 

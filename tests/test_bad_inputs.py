@@ -126,7 +126,7 @@ def test_unknown_algorithm(capsys):
     (b'{"data_source": "arith", "prompt": [{"content": "hi"}], "reward_model": {"ground_truth": "1"}}\n',
      "row 1: prompt message 1 has no role"),
     (b'{"data_source": "arith", "prompt": [{"role": "user", "content": ["hi"]}], "reward_model": {"ground_truth": "1"}}\n',
-     "row 1: prompt message 1 has content of type list, not a string"),
+     "row 1: prompt message 1: content part 1 is 'hi'; typed parts are {\"type\": \"text\", \"text\": str} or"),
     (b'{"data_source": "arith", "prompt": [{"role": "user", "content": null}], "reward_model": {"ground_truth": "1"}}\n',
      "row 1: prompt message 1 has content of type NoneType, not a string"),
     (b'{"data_source": "arith", "prompt": [{"role": "user"}], "reward_model": {"ground_truth": "1"}}\n',

@@ -106,14 +106,6 @@ def test_video_placeholders_are_refused(vlm):
         tokenize_rows([_row("<video><image>?")], tok, 64, False, "t", processor=proc)
 
 
-def test_preference_rows_with_images_are_refused_naming_the_row(char_tokenizer):
-    from rlforge.data import tokenize_preferences
-
-    row = {"prompt": "<image>Which?", "chosen": "a", "rejected": "b", "images": [{"bytes": _png()}]}
-    with pytest.raises(DataError, match=r"pairs, row 1: preference rows with images are not supported yet"):
-        tokenize_preferences([row], char_tokenizer, 64, 8, False, "pairs")
-
-
 def test_the_data_fingerprint_covers_the_images_by_their_digest(vlm):
     from rlforge.resume import data_fingerprint
 
