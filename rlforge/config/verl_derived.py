@@ -124,6 +124,7 @@ def parallel(c: Context) -> None:
     elif world % (tp * pp * cp):
         c.refuse("trainer.n_gpus_per_node", f"{world} GPUs not divisible by TP x PP x CP = {tp * pp * cp} (verl refuses "
                  "it too)")
+    ref_layout(c, engine, {"tensor": tp, "pipeline": pp, "context": cp})
     for key in c.owned:
         if key.endswith(("strategy", "tensor_model_parallel_size", "pipeline_model_parallel_size",
                          "context_parallel_size")) and key != "model_engine":
@@ -154,8 +155,6 @@ def offload(c: Context) -> None:
     with strategy=fsdp2); the reference model, a forward-only engine, always does, whatever its keys say. rlforge's
     fsdp strategy offloads the listed roles with CPUOffloadPolicy: the same values, the tensors waiting elsewhere."""
     strategy = c.out.overrides.get("strategy.name")
-    use_ref = bool(c.get(f"{A}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))
-    lora_ref = int(c.get(f"{ARO}.model.lora_rank") or 0) > 0  # verl's reference is then the actor without its adapter
     roles = []
     for section, role, engine in ((A, "actor", f"{A}.fsdp_config"), (REF, "ref", f"{REF}.fsdp_config"),
                                   ("critic", "critic", "critic.fsdp")):
@@ -168,7 +167,7 @@ def offload(c: Context) -> None:
                          else f"rlforge's single strategy (one GPU) keeps parameters on the device; {OFFLOAD} needs "
                               f"strategy.name=fsdp (memory only: what is computed does not change)")
             continue
-        if role == "ref" and (not use_ref or lora_ref):
+        if role == "ref" and not uses_ref(c):
             for key in keys:
                 c.ignore(key, "read only with a reference model of its own (use_kl_loss or use_kl_in_reward, no LoRA)")
             continue
@@ -193,6 +192,35 @@ def offload(c: Context) -> None:
             c.map(key, OFFLOAD, roles, note)
     if roles:
         c.set(OFFLOAD, roles)
+
+
+def uses_ref(c: Context) -> bool:
+    """verl builds a reference model of its own: a KL term, and no LoRA (then the reference is the actor without its
+    adapter)."""
+    kl = bool(c.get(f"{A}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))
+    lora = int(c.get(f"{ARO}.model.lora.rank") or 0) > 0 or int(c.get(f"{ARO}.model.lora_rank") or 0) > 0
+    return kl and not lora and c.get(f"{ARO}.model.lora_adapter_path") is None  # verl's ref_in_actor
+
+
+def ref_layout(c: Context, engine: str, actor: dict[str, int]) -> None:
+    """The reference's megatron TP / PP / CP: rlforge lays out the reference as the actor. A smaller tensor-parallel
+    size computes the same values with less memory per GPU; a larger one, or pipeline or context parallelism, is
+    refused (rlforge's megatron strategy has neither)."""
+    for key in [k for k in c.owned if k.startswith(f"{REF}.megatron.")]:
+        dim, size = key.rsplit(".", 1)[1].split("_", 1)[0], int(c.get(key) or 1)
+        if engine != "megatron":
+            c.ignore(key, "read only by verl's megatron engine (model_engine=megatron)")
+        elif not uses_ref(c):
+            c.ignore(key, "read only with a reference model of its own (use_kl_loss or use_kl_in_reward, no LoRA)")
+        elif dim != "tensor" and size > 1:
+            c.refuse(key, f"{dim} parallelism for the reference model (megatron)")
+        elif size > actor[dim]:
+            c.refuse(key, f"a larger tensor-parallel size for the reference ({size}) than for the actor ({actor[dim]}; "
+                     "rlforge lays out every model as the actor)")
+        else:
+            c.same(key, f"the actor's {dim}-parallel size ({actor[dim]}): rlforge lays out the reference as the actor"
+                   + (f" (more than the reference's {size}: the same values, less memory per GPU)"
+                      if size < actor[dim] else ""))
 
 
 SP = "ulysses_sequence_parallel_size"

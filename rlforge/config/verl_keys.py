@@ -19,6 +19,7 @@ SEEDS = "seeds do not carry over between frameworks; rlforge seeds everything wi
 FSDP_LAYOUT = f"FSDP sharding and kernel options ({SPEED}); rlforge's fsdp strategy shards with FSDP2"
 SCHEDULERS = "megatron learning-rate decay styles other than constant"
 COPY = "a copy of another key (verl fills it by interpolation)"
+CRITIC_MEGATRON = "the reference and critic share the actor's megatron layout"
 OPTIMIZER_OFFLOAD = f"optimizer offload: strategy.offload_optimizer, one setting for all models ({SPEED})"
 
 
@@ -123,12 +124,9 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{f}.*": Ignore(FSDP_LAYOUT),
         f"{section}.fsdp.ulysses_sequence_parallel_size": sp,
         f"{section}.fsdp.*": Ignore(FSDP_LAYOUT),
-        f"{mg}.tensor_model_parallel_size": Derived("parallel") if role == "actor" else Ignore(
-            "the reference and critic share the actor's megatron layout"),
-        f"{mg}.pipeline_model_parallel_size": Derived("parallel") if role == "actor" else Ignore(
-            "the reference and critic share the actor's megatron layout"),
-        f"{mg}.context_parallel_size": Derived("parallel") if role == "actor" else Ignore(
-            "the reference and critic share the actor's megatron layout"),
+        f"{mg}.tensor_model_parallel_size": Derived("parallel") if role != "critic" else Ignore(CRITIC_MEGATRON),
+        f"{mg}.pipeline_model_parallel_size": Derived("parallel") if role != "critic" else Ignore(CRITIC_MEGATRON),
+        f"{mg}.context_parallel_size": Derived("parallel") if role != "critic" else Ignore(CRITIC_MEGATRON),
         f"{mg}.virtual_pipeline_model_parallel_size": Keep(at_most_one, "no virtual pipeline stages",
                                                             "virtual pipeline parallelism (megatron)"),
         f"{mg}.expert_model_parallel_size": Keep(at_most_one, "no expert parallelism", "expert parallelism (MoE)"),

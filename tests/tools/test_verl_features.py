@@ -1,6 +1,7 @@
 """Translations of verl keys behind rlforge features, checked against verl 0.9.1's own reading of them: parameter
 offload (fsdp_config.param_offload / offload_policy -> strategy.fsdp.offload_params) and overlong prompts
-(filter_overlong_prompts=False -> data.truncation=left, the agent loop's cut). Pure config work, no models."""
+(filter_overlong_prompts=False -> data.truncation=left, the agent loop's cut), the reference's megatron layout (the
+actor's), balancing (trainer.balance_batch). Pure config work, no models."""
 
 from __future__ import annotations
 
@@ -53,3 +54,25 @@ def test_overlong_prompts_unfiltered_are_cut_on_the_left_whatever_data_truncatio
     assert _fate(_t("data.filter_overlong_prompts=False", "data.truncation=left"), "data.truncation").text == ""
     t = _t("data.filter_overlong_prompts=True", "data.truncation=right")  # filtered first: never reached
     assert "data.truncation" not in t.overrides and _fate(t, "data.truncation").kind == verl.IGNORED
+
+
+MEGATRON = ["--config-name=ppo_megatron_trainer", "algorithm.adv_estimator=grpo", f"{A}.use_kl_loss=True",
+            f"{A}.megatron.tensor_model_parallel_size=2"]
+
+
+def test_the_reference_megatron_layout_is_the_actors_or_refused_truthfully() -> None:
+    t = _t(*MEGATRON, f"{REF}.megatron.tensor_model_parallel_size=2", f"{REF}.megatron.pipeline_model_parallel_size=1")
+    assert t.overrides["strategy.megatron.tensor_parallel_size"] == 2 and not t.refused
+    assert _fate(t, f"{REF}.megatron.tensor_model_parallel_size").kind == verl.MAPPED
+    smaller = _fate(_t(*MEGATRON, f"{REF}.megatron.tensor_model_parallel_size=1"), f"{REF}.megatron.tensor_model_parallel_size")
+    assert smaller.kind == verl.MAPPED and "less memory per GPU" in smaller.text
+    t = _t(*MEGATRON, f"{REF}.megatron.tensor_model_parallel_size=4", f"{REF}.megatron.pipeline_model_parallel_size=2")
+    assert {f.key.rsplit(".", 1)[1] for f in t.refused} == {"tensor_model_parallel_size", "pipeline_model_parallel_size"}
+    assert "pipeline parallelism for the reference model" in _fate(t, f"{REF}.megatron.pipeline_model_parallel_size").text
+    no_kl = _t(*MEGATRON[:2], f"{REF}.megatron.tensor_model_parallel_size=4")  # verl builds no reference model
+    assert _fate(no_kl, f"{REF}.megatron.tensor_model_parallel_size").kind == verl.IGNORED
+
+
+def test_balance_batch_is_rlforges() -> None:
+    assert _t().overrides["trainer.balance_batch"] is True  # verl's default
+    assert _t("trainer.balance_batch=False").overrides["trainer.balance_batch"] is False
