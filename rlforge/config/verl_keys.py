@@ -152,6 +152,10 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
             "read only with pipeline parallelism"),
         f"{mg}.override_transformer_config.moe_*": Keep(never, "", "MoE models in rlforge's megatron strategy"),
         f"{mg}.override_transformer_config.*": Keep(never, "", "overriding megatron TransformerConfig fields"),
+        f"{mg}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(
+            "the reference model has no optimizer" if role == "ref" else OPTIMIZER_OFFLOAD),
+        f"{mg}.param_offload": Ignore(f"rlforge's megatron strategy keeps parameters on the device ({SPEED})"),
+        f"{mg}.grad_offload": Ignore(f"rlforge's megatron strategy keeps gradients on the device ({SPEED})"),
         f"{mg}.seed": Ignore(SEEDS),
         f"{mg}.dtype": Ignore("precision follows model.precision"),
         f"{mg}.*": Ignore(f"megatron engine options ({SPEED}): offload, distributed optimizer, checkpoint format, "

@@ -76,3 +76,9 @@ def test_the_reference_megatron_layout_is_the_actors_or_refused_truthfully() -> 
 def test_balance_batch_is_rlforges() -> None:
     assert _t().overrides["trainer.balance_batch"] is True  # verl's default
     assert _t("trainer.balance_batch=False").overrides["trainer.balance_batch"] is False
+
+
+def test_megatron_optimizer_offload_is_rlforges_and_parameters_stay_on_the_device() -> None:
+    t = _t(*MEGATRON, f"{A}.megatron.optimizer_offload=True", f"{A}.megatron.param_offload=True")
+    assert t.overrides["strategy.offload_optimizer"] is True  # the worker moves the state, whatever the strategy
+    assert "keeps parameters on the device" in _fate(t, f"{A}.megatron.param_offload").text
