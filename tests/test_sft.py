@@ -24,7 +24,7 @@ from rlforge.config.schema import SFTConfig
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.models import build_char_tokenizer, build_tiny_llama
 from rlforge.sft import run_sft
-from rlforge.sft.formats import Example, Keys, conversation, prompt_response, truncate
+from rlforge.sft.formats import FORMATS, Example, Keys, conversation, prompt_response, row_format, truncate
 from rlforge.sft.module import SFTModule
 from rlforge.sft.run import apply_epochs, check_config
 from rlforge.sft.order import EpochOrder, RandomOrder
@@ -220,6 +220,69 @@ def test_batch_orders_answer_any_step():
     assert [order.batch(s) for s in range(4)] == expected
     assert order.batch(3) == expected[3] and order.batch(1) == expected[1]
     assert RandomOrder(10, 3, seed=5).batch(2) == expected[2]  # a resumed run replays the stream
+
+
+# --- TRL's four dataset formats, TRL's column names and masks --------------------------------------------------
+def test_trl_language_modelling_text_trains_every_token_and_eos(char_tokenizer):
+    ex = FORMATS["text"]({"text": "ab"}, char_tokenizer, Keys(), "row 1")
+    assert ex.ids == [72, 73, 2] and ex.mask == [1, 1, 1]  # 'a' 'b' <|end|>: no template; EOS appended
+    assert FORMATS["text"]({"text": "ab<|end|>"}, char_tokenizer, Keys(), "row 1") == ex  # not twice
+    with pytest.raises(DataError, match=r"row 4: 'text' \(sft.text_key\) must be a non-empty string"):
+        FORMATS["text"]({"text": ["ab"]}, char_tokenizer, Keys(), "row 4")
+
+
+def test_trl_prompt_completion_strings_are_plain_text_with_completion_only_loss(char_tokenizer):
+    ex = FORMATS["prompt_completion"]({"prompt": "1+1=", "completion": "2"}, char_tokenizer, Keys(), "row 1")
+    # '1' '+' '1' '=' as plain text (no chat template, unlike prompt/response), then '2' and EOS, trained
+    assert ex.ids == [24, 18, 24, 36, 25, 2] and ex.mask == [0, 0, 0, 0, 1, 1]
+
+
+def test_trl_conversational_prompt_completion_masks_what_the_completion_adds(chatml):
+    row = {"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
+           "completion": [{"role": "assistant", "content": "B"}]}
+    ex = FORMATS["prompt_completion"](row, chatml, Keys(), "row 1")
+    # TRL: mask = 0 over the prompt rendered with its generation prompt, 1 over the rest of the whole rendering
+    head = chatml.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"]
+    assert ex.ids[: len(head)] == list(head)
+    assert chatml.decode(ex.ids) == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+                                     "<|im_start|>assistant\nB<|im_end|>\n")
+    assert runs(ex, chatml) == [(len(head), "B<|im_end|>\n")]
+
+
+def test_trl_columns_pick_the_format_and_mixed_rows_name_the_row(chatml):
+    keys = Keys()
+    assert row_format({"text": "x"}, "auto", keys) == "text"
+    assert row_format({"prompt": "x", "completion": "y"}, "auto", keys) == "prompt_completion"
+    assert row_format({"prompt": [], "completion": []}, "auto", keys) == "prompt_completion"
+    assert row_format({"messages": []}, "auto", keys) == "messages"
+    assert row_format({"prompt": "x", "response": "y", "text": "z"}, "auto", keys) == "prompt_response"
+    with pytest.raises(DataError, match=r"f.jsonl, row 2: 'prompt' \(sft.prompt_key\) and 'completion' "
+                                        r"\(sft.completion_key\) must both be strings or both be lists"):
+        FORMATS["prompt_completion"]({"prompt": "Q", "completion": [{"role": "assistant", "content": "B"}]},
+                                     chatml, keys, "f.jsonl, row 2")
+    moody = build_char_tokenizer()  # a template that renders the prompt differently once a reply follows
+    moody.chat_template = ("{% if messages[-1]['role'] == 'assistant' %}!{% endif %}{% for m in messages %}"
+                           "{{ m['content'] }}{% endfor %}")
+    with pytest.raises(DataError, match=r"row 3: the prompt's tokens are not the start .*the chat template renders"):
+        FORMATS["prompt_completion"]({"prompt": [{"role": "user", "content": "Q"}],
+                                      "completion": [{"role": "assistant", "content": "B"}]}, moody, keys, "row 3")
+
+
+TRL_ROWS = {
+    "text": lambda i: {"text": f"{i}+1={i + 1}"},
+    "prompt_completion": lambda i: {"prompt": f"{i}+1=", "completion": str(i + 1)},
+    "messages": lambda i: {"messages": [{"role": "user", "content": f"{i}+1"},
+                                        {"role": "assistant", "content": str(i + 1)}]},
+    "conversational_prompt_completion": lambda i: {"prompt": [{"role": "user", "content": f"{i}+1"}],
+                                                   "completion": [{"role": "assistant", "content": str(i + 1)}]},
+}
+
+
+@pytest.mark.parametrize("fmt", list(TRL_ROWS))
+def test_trl_dataset_files_train_as_they_are(tmp_path, pm, sft_config, fmt):
+    path = write_jsonl(tmp_path / f"{fmt}.jsonl", [TRL_ROWS[fmt](i) for i in range(8)])
+    m = run_sft(sft_config(tmp_path, f"sft.train_file={path}", "sft.steps=1"), pm)  # sft.format=auto
+    assert math.isfinite(m["train/loss"])
 
 
 # --- files: jsonl, verl parquet (single- and multi-turn), bad rows ----------------------------------------------

@@ -255,9 +255,11 @@ class SFTConfig:
 
     train_file: Optional[str] = None  # .jsonl/.json/.parquet SFT rows (prompt/response or messages); None = data.name's rows, ground truth as response
     val_file: Optional[str] = None  # rows in the same formats for the validation loss (val/loss); None = none
-    format: str = "auto"  # auto (a row with sft.messages_key is a conversation, else prompt/response) | prompt_response | messages
+    format: str = "auto"  # auto (by the row's columns: messages, completion, text, else prompt/response) | prompt_response | prompt_completion | messages | text
     prompt_key: str = "prompt"  # prompt column (chat messages or a string); dots reach nested fields: extra_info.question
     response_key: str = "response"  # response column (a string); dots reach nested fields: extra_info.answer
+    completion_key: str = "completion"  # TRL's completion column: a string after a string prompt, or assistant messages after a conversational prompt
+    text_key: str = "text"  # TRL's language-modelling column: plain text, trained on every token
     messages_key: str = "messages"  # conversation column (multi-turn chat; loss on assistant turns)
     tools_key: str = "tools"  # column of tool schemas given to the chat template (rows without it: none)
     max_length: int = 1024  # tokens per example (prompt + response, or the whole conversation)

@@ -1,6 +1,7 @@
 """Supervised fine-tuning on Lightning: ``rlforge sft`` (docs/sft.md).
 
-- ``formats``: SFT rows (prompt/response, multi-turn ``messages``) -> token ids and a loss mask
+- ``formats``: SFT rows (verl's prompt/response and ``messages``, TRL's ``text`` and prompt/completion) -> token ids and
+  a loss mask
 - ``data``: rows -> examples -> step-indexed micro-batches (exact resume without sampler state)
 - ``module``: the LightningModule (token-mean loss, AdamW, warm-up + cosine decay) and model creation
 - ``accuracy``: greedy accuracy on the validation split of ``data.name``

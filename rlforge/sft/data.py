@@ -165,7 +165,7 @@ class SFTData(L.LightningDataModule):
 
 
 def sft_keys(s: DictConfig) -> Keys:
-    return Keys(s.prompt_key, s.response_key, s.messages_key, s.tools_key)
+    return Keys(s.prompt_key, s.response_key, s.messages_key, s.tools_key, s.completion_key, s.text_key)
 
 
 def train_examples(config: DictConfig, registry: Any, tokenizer: Any) -> tuple[list[Example], int]:

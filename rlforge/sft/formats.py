@@ -1,15 +1,21 @@
 """SFT row formats -> token ids and a loss mask (1 on the tokens the model is trained to produce).
 
-Two formats, chosen per row by ``sft.format`` (``auto``: a row with the ``sft.messages_key`` column is a
-conversation, any other row a prompt/response pair):
+The formats, chosen per row by ``sft.format`` (``auto``: by the columns the row has, in this order: the
+``sft.messages_key`` column, the ``sft.completion_key`` column, the ``sft.text_key`` column without a response,
+else a prompt/response pair):
 
-- ``prompt_response``: the prompt (chat messages, or a string = one user message) rendered with the chat
-  template and its generation prompt, then the response tokens and EOS. Loss on the response and EOS.
-- ``messages``: a multi-turn conversation (system/user/assistant/tool messages; assistant messages may carry
-  ``tool_calls``), rendered whole with the chat template. Loss on each assistant turn: its content (tool calls
-  included) and its end-of-turn token, never the template's glue that opens the turn. The turns are found by
-  rendering the conversation incrementally and comparing token prefixes, so any chat template works, with or
-  without ``{% generation %}`` markers.
+- ``prompt_response`` (verl's ``SFTDataset``): the prompt (chat messages, or a string = one user message) rendered
+  with the chat template and its generation prompt, then the response tokens and EOS. Loss on the response and EOS.
+- ``messages`` (verl's multi-turn and TRL's conversational format): a conversation (system/user/assistant/tool
+  messages; assistant messages may carry ``tool_calls``), rendered whole with the chat template. Loss on each
+  assistant turn: its content (tool calls included) and its end-of-turn token, never the template's glue that opens
+  the turn. The turns are found by rendering the conversation incrementally and comparing token prefixes, so any
+  chat template works, with or without ``{% generation %}`` markers.
+- ``prompt_completion`` (TRL's prompt-completion formats, with TRL's masks): a string prompt and completion are
+  plain text, no template: the tokens of ``prompt + completion`` and EOS, loss on what follows the prompt's tokens;
+  a conversational prompt and completion (message lists) are rendered with the chat template, loss on everything
+  the completion adds after the prompt's rendering with its generation prompt.
+- ``text`` (TRL's language modelling): the tokens of the text and EOS, loss on every token.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class Keys:
     response: str = "response"
     messages: str = "messages"
     tools: str = "tools"
+    completion: str = "completion"
+    text: str = "text"
 
 
 def dig(row: dict[str, Any], key: str) -> Any:
@@ -122,11 +130,45 @@ def turn_end(tokenizer: Any, span: list[int]) -> int:
     return len(span)
 
 
-def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) -> Example:
-    raw = need(row, keys.messages, "sft.messages_key", where)
-    if isinstance(raw, str):
-        raise DataError(f"{where}: '{keys.messages}' (sft.messages_key) must be a list of chat messages, not a string.")
-    messages = check_messages(raw, keys.messages, where)
+def with_eos(ids: list[int], tokenizer: Any) -> list[int]:
+    """``ids`` ending in EOS (TRL appends it where the text does not already end with it)."""
+    return ids if ids and ids[-1] == tokenizer.eos_token_id else [*ids, tokenizer.eos_token_id]
+
+
+def text(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) -> Example:
+    value = need(row, keys.text, "sft.text_key", where)
+    if not isinstance(value, str) or not value:
+        raise DataError(f"{where}: '{keys.text}' (sft.text_key) must be a non-empty string, got {value!r:.60}.")
+    ids = with_eos(list(tokenizer(value)["input_ids"]), tokenizer)
+    return Example(ids, [1] * len(ids))
+
+
+def prompt_completion(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) -> Example:
+    """TRL's prompt-completion rows: both strings (plain text) or both message lists (the chat template)."""
+    prompt = need(row, keys.prompt, "sft.prompt_key", where)
+    completion = need(row, keys.completion, "sft.completion_key", where)
+    if isinstance(prompt, str) and isinstance(completion, str):
+        head = list(tokenizer(prompt)["input_ids"])
+        ids = with_eos(list(tokenizer(prompt + completion)["input_ids"]), tokenizer)
+        how = "the tokenizer joins the prompt's last characters with the completion's first into one token"
+    elif isinstance(prompt, list) and isinstance(completion, list):
+        tools = row_tools(row, keys, where)
+        messages = check_messages(prompt, keys.prompt, where)
+        head = render(tokenizer, messages, True, where, tools)
+        ids = render(tokenizer, messages + check_messages(completion, keys.completion, where), False, where, tools)
+        how = "the chat template renders the prompt differently once the completion follows"
+    else:
+        raise DataError(f"{where}: '{keys.prompt}' (sft.prompt_key) and '{keys.completion}' (sft.completion_key) must "
+                        f"both be strings or both be lists of chat messages, got {type(prompt).__name__} and "
+                        f"{type(completion).__name__}.")
+    if ids[: len(head)] != head:
+        raise DataError(f"{where}: the prompt's tokens are not the start of the prompt and completion's tokens ({how}), "
+                        f"so the completion cannot be masked.")
+    return Example(ids, [0] * len(head) + [1] * (len(ids) - len(head)))
+
+
+def row_tools(row: dict[str, Any], keys: Keys, where: str) -> list[dict[str, Any]] | None:
+    """The row's tool schemas (``sft.tools_key``): a list of JSON objects, or that list as a JSON string; None."""
     tools = dig(row, keys.tools)
     tools = None if tools is MISSING else tools
     if isinstance(tools, str):  # datasets often keep the schemas as a JSON string
@@ -138,6 +180,15 @@ def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) ->
         raise DataError(f"{where}: '{keys.tools}' (sft.tools_key) must be a list of tool schemas (JSON objects such "
                         f"as {{\"type\": \"function\", \"function\": {{...}}}}), got {type(tools).__name__} "
                         f"({tools!r:.60}).")
+    return tools
+
+
+def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) -> Example:
+    raw = need(row, keys.messages, "sft.messages_key", where)
+    if isinstance(raw, str):
+        raise DataError(f"{where}: '{keys.messages}' (sft.messages_key) must be a list of chat messages, not a string.")
+    messages = check_messages(raw, keys.messages, where)
+    tools = row_tools(row, keys, where)
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise DataError(f"{where}: the conversation has no assistant message to train on.")
@@ -162,14 +213,22 @@ def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) ->
 
 FORMATS: dict[str, Callable[[dict[str, Any], Any, Keys, str], Example]] = {
     "prompt_response": prompt_response,
+    "prompt_completion": prompt_completion,
     "messages": conversation,
+    "text": text,
 }
 
 
 def row_format(row: dict[str, Any], fmt: str, keys: Keys) -> str:
     if fmt != "auto":
         return fmt
-    return "messages" if dig(row, keys.messages) is not MISSING else "prompt_response"
+    if dig(row, keys.messages) is not MISSING:
+        return "messages"
+    if dig(row, keys.completion) is not MISSING:
+        return "prompt_completion"
+    if dig(row, keys.text) is not MISSING and dig(row, keys.response) is MISSING:
+        return "text"
+    return "prompt_response"
 
 
 def truncate(example: Example, max_length: int, how: str, where: str) -> Example | None:
