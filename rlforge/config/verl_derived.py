@@ -287,7 +287,10 @@ def rollout_engine(c: Context) -> None:
                  f"{R}.free_cache_engine": "rollout.vllm.sleep"}
     notes = {f"{R}.enable_chunked_prefill": "on GPUs (vLLM's CPU build prefills whole prompts: seeded sampling)",
              f"{R}.free_cache_engine": "where the platform has vLLM's sleep mode (GPUs)"}
-    if name in ("vllm", "hf"):
+    if name == "vllm" and "data.image_key" in c.given:  # a launch on image rows
+        c.refuse(f"{R}.name", "rows with images on the vllm engine (rlforge generates them with rollout.name=hf, "
+                 "docs/multimodal.md)", 29)
+    elif name in ("vllm", "hf"):
         c.map(f"{R}.name", "rollout.name", name)
     else:
         c.refuse(f"{R}.name", f"the {name} rollout engine (rlforge's engines: hf, vllm)")
@@ -494,12 +497,25 @@ def data(c: Context) -> None:
         c.map(key, key, file_list(c.get(key)))
 
 
+MULTIMODAL_MISSING = {
+    "data.video_key": "rows with videos (data.video_key; rlforge's rows carry images)",
+    "data.audio_key": "rows with audio (data.audio_key; rlforge's rows carry images)",
+    "data.image_patch_size": "resizing images to a patch size set in the config (data.image_patch_size; rlforge's "
+                             "images are resized by the model's processor, to its own patch size)",
+    "data.mm_processor_kwargs": "processor keyword arguments (data.mm_processor_kwargs)",
+}
+
+
 def multimodal(c: Context) -> None:
+    """verl's image column is rlforge's (``data.image_key``, docs/multimodal.md); videos, audio and processor options a
+    launch sets are refused, and read by nothing when it leaves them."""
+    c.map("data.image_key", "data.image_key", c.get("data.image_key"))
     for key in c.owned:
-        if key in c.given:
-            c.refuse(key, f"multimodal rows ({key})", 29)
+        if key in c.given and key in MULTIMODAL_MISSING:
+            c.refuse(key, MULTIMODAL_MISSING[key], 29)
         else:
-            c.ignore(key, "read only for rows with images, videos or audio (rlforge trains on text)")
+            c.ignore(key, "read only for rows with videos or audio, or by verl's image resizing (rlforge's processor "
+                     "resizes images)")
 
 
 def steps(c: Context) -> None:

@@ -195,7 +195,7 @@ ACTOR_RULES: dict[str, Rule] = {
     f"{ACTOR}.clip_ratio_c": Map("actor.clip_ratio_c"),
     f"{ACTOR}.tau_pos": Map("actor.sapo.tau_pos"),
     f"{ACTOR}.tau_neg": Map("actor.sapo.tau_neg"),
-    f"{ACTOR}.freeze_vision_tower": Keep(off, "a text model", "vision towers (multimodal models)", 29),
+    f"{ACTOR}.freeze_vision_tower": Map("model.freeze_vision_tower"),
     f"{ACTOR}.policy_loss.loss_mode": Derived("algorithm"),
     f"{ACTOR}.policy_loss.clip_cov_ratio": Map("actor.clip_cov.ratio"),
     f"{ACTOR}.policy_loss.clip_cov_lb": Map("actor.clip_cov.lb"),

@@ -203,7 +203,7 @@ def test_ulysses_maps_to_one_sequence_parallel_size_and_divides_the_data_paralle
 
 
 def test_refusals_name_the_feature_and_the_open_issue() -> None:
-    assert "issue 29" in fate(tr("data.image_key=images"), "data.image_key").line()
+    assert "issue 29" in fate(tr("data.video_key=videos"), "data.video_key").line()
     assert "issue 30" in fate(tr("algorithm.adv_estimator=grpo_passk"), "algorithm.adv_estimator").line()
 
 
