@@ -118,3 +118,16 @@ def test_resume_is_bit_identical(tmp_path, algo):
         assert torch.equal(a[k], b[k]), k
     # the same metrics history for the resumed steps
     assert [h["critic/score/mean"] for h in full.history[2:]] == [h["critic/score/mean"] for h in resumed.history]
+
+
+def test_epoch_limit_stops_before_total_steps_and_the_schedule_keeps_its_length(tmp_path) -> None:
+    """trainer.epoch_limit (verl's total_epochs next to total_training_steps): 16 rows in batches of 8 are 2 steps per
+    epoch, so epoch_limit=1 stops after 2 of 5 steps; the linear schedule still decays over 5 steps, as verl's does."""
+    cfg = _config(tmp_path, "data.arith.train_size=16", "trainer.total_steps=5", "trainer.epoch_limit=1",
+                  "trainer.val_before_train=false", "trainer.save_every=0", "logger.backends=[console]",
+                  "actor.lr_scheduler=linear", "actor.lr=1e-5")
+    trainer = Trainer(cfg)
+    summary = trainer.fit()
+    assert summary["steps"] == 2 and trainer.config.trainer.total_steps == 5
+    lrs = [h["actor/lr"] for h in trainer.history]
+    assert lrs == pytest.approx([1e-5 * (1 - k / 5) for k in (1, 2)])  # after steps 1 and 2 of a 5-step decay

@@ -519,15 +519,17 @@ def multimodal(c: Context) -> None:
 
 
 def steps(c: Context) -> None:
+    """verl trains total_training_steps steps when it is set (its schedule spans them), else total_epochs x batches per
+    epoch; either way its loop ends after total_epochs passes over the data."""
     total, epochs = c.get("trainer.total_training_steps"), c.get("trainer.total_epochs")
+    note = ("with dynamic sampling verl stops once total_epochs passes over the prompts are used up, however many steps "
+            "that is; rlforge counts total_epochs x rows // data.train_batch_size steps, drawing more prompts as needed"
+            if c.get("algorithm.filter_groups.enable") else "")
     if total is not None:
         c.map("trainer.total_training_steps", "trainer.total_steps", total)
-        c.ignore("trainer.total_epochs", "not read: trainer.total_training_steps is set")
+        c.map("trainer.total_epochs", "trainer.epoch_limit", int(epochs), note)
         return
     c.ignore("trainer.total_training_steps", "null: verl counts total_epochs")
-    note = ("with dynamic sampling verl stops once total_epochs passes over the prompts are used up, however many steps "
-            "that is; rlforge trains total_epochs x rows // data.train_batch_size steps, drawing more prompts as needed"
-            if c.get("algorithm.filter_groups.enable") else "")
     c.map("trainer.total_epochs", "trainer.total_epochs", int(epochs), note)
 
 

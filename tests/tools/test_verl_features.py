@@ -92,3 +92,11 @@ def test_image_rows_keep_verls_column_and_need_the_hf_engine() -> None:
     hf = prepare(["trainer.n_gpus_per_node=4", "trainer.total_training_steps=5", "actor_rollout_ref.rollout.name=hf",
                   "data.image_key=images"], refuse=False).translation
     assert not hf.refused and hf.overrides["rollout.name"] == "hf"
+
+
+def test_total_epochs_still_bounds_a_run_of_total_training_steps() -> None:
+    """verl's loop ends after total_epochs passes even when total_training_steps is set (its schedule spans those)."""
+    t = _t("trainer.total_epochs=2")  # GPUS sets total_training_steps=5
+    assert t.overrides["trainer.total_steps"] == 5 and t.overrides["trainer.epoch_limit"] == 2
+    t = prepare(["trainer.n_gpus_per_node=4", "trainer.total_epochs=3"], refuse=False).translation
+    assert t.overrides["trainer.total_epochs"] == 3 and "trainer.epoch_limit" not in t.overrides
