@@ -223,7 +223,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     from rlforge.models import architectures
 
-    out = export_checkpoint(args.checkpoint, args.out, _plugins(args).registry, adapter_only=args.adapter)
+    out = export_checkpoint(args.checkpoint, args.out, _plugins(args).registry, adapter_only=args.adapter,
+                            warn=lambda line: print(f"rlforge: warning: {line}", file=sys.stderr))
     if args.adapter:
         how = "PeftModel.from_pretrained(base_model, OUT)"
     elif any(a.endswith("ForSequenceClassification") for a in architectures(out)):

@@ -4,11 +4,19 @@ A checkpoint (``<run>/checkpoints/step_N/``, see ``rlforge.checkpoint``) is expo
 that wrote it: a strategy class may define ``export_checkpoint(checkpoint: Path, out: Path)`` for its own
 layout (e.g. sharded weights to gather). Strategies without one write ``actor/`` as a plain Hugging Face
 folder, which is copied as it is.
+
+Whatever wrote it, the export is then given back what the run's model had when it was loaded (``as_loaded``):
+each weight's dtype (a bf16 model trains in fp32 on the CPU, and is exported in bf16 again) and the tokenizer's
+own pad token and padding side (rlforge pads with EOS, on the left, where a tokenizer has no pad token).
+A LoRA run's checkpoint is its base model plus the adapter: exported merged, or as the adapter; ``eval`` and
+``generate`` run it merged in a temporary folder (``model_folder``).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,7 +24,7 @@ from typing import Any
 from rlforge import checkpoint as ckpt
 from rlforge.errors import RLForgeError
 from rlforge.lora import ADAPTER_CONFIG  # peft's: a LoRA run's checkpoint holds an adapter
-from rlforge.models import BUILTIN_PREFIX, HUB_ID
+from rlforge.models import BUILTIN_PREFIX, HUB_ID, resolve_model_path, safetensors_files
 
 ACTOR_DIR = "actor"
 
@@ -39,12 +47,25 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def model_folder(path: str) -> str:
     """The Hugging Face folder to load for ``path``: a model folder, ``builtin:NAME`` or a Hub id as given, a
-    checkpoint's ``actor/``, or a run's newest checkpoint's ``actor/``."""
+    checkpoint's ``actor/``, or a run's newest checkpoint's ``actor/``; for a LoRA checkpoint (an adapter), its
+    base model with the adapter merged in, written to a temporary folder that is removed when the process ends."""
     folder = Path(path).expanduser()
     hub_id = not folder.exists() and HUB_ID.fullmatch(path)
     if path.startswith(BUILTIN_PREFIX) or (folder / "config.json").is_file() or hub_id:
         return path
-    return str(find_checkpoint(folder) / ACTOR_DIR)
+    actor = folder if (folder / ADAPTER_CONFIG).is_file() else find_checkpoint(folder) / ACTOR_DIR
+    return str(merged_lora_folder(actor) if (actor / ADAPTER_CONFIG).is_file() else actor)
+
+
+def merged_lora_folder(actor: Path) -> Path:
+    """A LoRA checkpoint's ``actor/`` merged into its base in a new temporary folder (removed at exit)."""
+    import atexit
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix=f"rlforge-lora-{actor.parent.name}-"))
+    atexit.register(shutil.rmtree, out, True)
+    export_lora(actor.parent, out)
+    return out
 
 
 def copy_hf_folder(checkpoint: Path, out: Path) -> None:
@@ -55,19 +76,33 @@ def copy_hf_folder(checkpoint: Path, out: Path) -> None:
     shutil.copytree(actor, out, dirs_exist_ok=True)
 
 
-def _strategy_of(checkpoint: Path, registry: Any) -> Any:
-    """The strategy class named by the run's config.yaml (``single`` when the run folder is not there)."""
+def _run_setting(checkpoint: Path, key: str) -> Any:
+    """``key`` in the config.yaml of the checkpoint's run (None when the run folder is not there)."""
     from omegaconf import OmegaConf
 
     run_config = checkpoint.parent.parent / "config.yaml"
-    name = OmegaConf.select(OmegaConf.load(run_config), "strategy.name") if run_config.is_file() else None
-    return registry.strategy.get(name or "single")
+    return OmegaConf.select(OmegaConf.load(run_config), key) if run_config.is_file() else None
 
 
-def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_only: bool = False) -> Path:
+def _strategy_of(checkpoint: Path, registry: Any) -> Any:
+    """The strategy class named by the run's config.yaml (``single`` when the run folder is not there)."""
+    return registry.strategy.get(_run_setting(checkpoint, "strategy.name") or "single")
+
+
+def source_model(checkpoint: Path) -> str | None:
+    """The model the checkpoint's run started from: a LoRA adapter's base, else the run's ``model.path``."""
+    adapter = checkpoint / ACTOR_DIR / ADAPTER_CONFIG
+    if adapter.is_file():
+        return json.loads(adapter.read_text()).get("base_model_name_or_path")
+    return _run_setting(checkpoint, "model.path")
+
+
+def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_only: bool = False,
+                      warn: Callable[[str], Any] = print) -> Path:
     """Write the checkpoint at ``path`` (or a run's newest one) to ``out`` as a plain Hugging Face folder. A LoRA
     run's checkpoint (an adapter) is merged into its base model, or with ``adapter_only`` copied as the adapter
-    folder that peft loads (``PeftModel.from_pretrained(base, out)``)."""
+    folder that peft loads (``PeftModel.from_pretrained(base, out)``). The weights' dtypes and the tokenizer's pad
+    token are then those of the model the run loaded (``as_loaded``); ``warn`` says so when it cannot be found."""
     checkpoint = find_checkpoint(path)
     target = Path(out).expanduser()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -83,7 +118,83 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     expected = ADAPTER_CONFIG if adapter_only else "config.json"
     if not (target / expected).is_file():
         raise RLForgeError(f"Exporting {checkpoint} wrote no {expected} into {out}.")
+    source = source_model(checkpoint)
+    try:
+        folder = resolve_model_path(str(source), "the run's model.path") if source is not None else None
+    except RLForgeError as exc:
+        warn(f"{exc} The export keeps the checkpoint's dtypes and tokenizer (pad token, padding side).")
+        folder = None
+    if folder is not None:
+        as_loaded(target, folder, weights=not adapter_only)
     return target
+
+
+SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+
+def as_loaded(out: Path, source: Path, weights: bool = True) -> None:
+    """Give the exported folder ``out`` what ``source`` (the model the run loaded) has: with ``weights``, each
+    floating weight in the source's dtype for that name and the config's ``dtype``; the tokenizer's pad token and
+    padding side."""
+    if weights:
+        dtypes = _weight_dtypes(source)
+        grown = sum(_cast_shard(shard, dtypes) for shard in safetensors_files(out))
+        index = out / "model.safetensors.index.json"
+        if grown and index.is_file():  # the total size it records changes with the weights' dtypes
+            data = json.loads(index.read_text())
+            meta = data.setdefault("metadata", {})
+            if "total_size" in meta:
+                meta["total_size"] += grown
+                index.write_text(json.dumps(data, indent=2) + "\n")
+        _copy_config_dtype(source / "config.json", out / "config.json")
+    _restore_tokenizer(source, out)
+
+
+def _weight_dtypes(folder: Path) -> dict[str, str]:
+    """Weight name -> torch dtype name, read from the safetensors headers (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    found = {}
+    for shard in safetensors_files(folder):
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():
+                found[name] = SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype(), "")
+    return found
+
+
+def _cast_shard(shard: Path, dtypes: dict[str, str]) -> int:
+    """Rewrite ``shard`` with its floating weights in ``dtypes``; returns how many bytes the weights grew by."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(shard))
+    changed = {name: t.to(getattr(torch, dtypes[name])) for name, t in tensors.items()
+               if t.is_floating_point() and dtypes.get(name) and str(t.dtype) != f"torch.{dtypes[name]}"}
+    if changed:
+        save_file({**tensors, **changed}, str(shard), metadata={"format": "pt"})
+    return sum(t.numel() * (t.element_size() - tensors[name].element_size()) for name, t in changed.items())
+
+
+def _copy_config_dtype(source: Path, out: Path) -> None:
+    src, dst = json.loads(source.read_text()), json.loads(out.read_text())
+    dtype = src.get("dtype") or src.get("torch_dtype")
+    if dtype and dtype != (dst.get("dtype") or dst.get("torch_dtype")):
+        dst.pop("torch_dtype", None)
+        dst["dtype"] = dtype
+        out.write_text(json.dumps(dst, indent=2, sort_keys=True) + "\n")
+
+
+def _restore_tokenizer(source: Path, out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        original, exported = AutoTokenizer.from_pretrained(source), AutoTokenizer.from_pretrained(out)
+    except (OSError, ValueError):  # a folder without a tokenizer: nothing to restore
+        return
+    if (original.pad_token, original.padding_side) != (exported.pad_token, exported.padding_side):
+        exported.pad_token = original.pad_token
+        exported.padding_side = original.padding_side
+        exported.save_pretrained(out)
 
 
 def export_lora(checkpoint: Path, out: Path, adapter_only: bool = False) -> None:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlforge.batch import Batch
 from rlforge.data import collate, tokenize_rows
 from rlforge.errors import RLForgeError
+from rlforge.lora import ADAPTER_CONFIG
 from rlforge.models import BUILTIN_PREFIX
 from rlforge.tools.export import find_checkpoint, model_folder
 
@@ -42,7 +43,7 @@ def compose_for_model(
 
     if split not in SPLITS:
         raise RLForgeError(f"Unknown split '{split}' (--split). Available: {', '.join(SPLITS)}.")
-    extra = [f"model.path={json.dumps(model_folder(model))}"]
+    extra = [f"model.path={json.dumps(model_folder(model))}"]  # a LoRA checkpoint: its base with the adapter merged
     if data:
         extra += ["data.name=files", f"data.{split}_files={json.dumps(list(data))}"]
     if n is not None:
@@ -61,7 +62,7 @@ def training_config(model: str) -> tuple[DictConfig, str] | None:
     folder = Path(model).expanduser()
     if model.startswith(BUILTIN_PREFIX) or not folder.is_dir():
         return None
-    if (folder / "config.json").is_file():  # a model folder: a checkpoint's actor/, or a plain model
+    if (folder / "config.json").is_file() or (folder / ADAPTER_CONFIG).is_file():  # a checkpoint's actor/, or a model
         if folder.name != "actor" or not (folder.parent / "trainer_state.pt").is_file():
             return None
         folder = folder.parent

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,85 @@ def test_the_strategy_that_wrote_a_checkpoint_exports_it(tmp_path):
     assert ShardedStrategy.calls == [(checkpoint, tmp_path / "out")]
     with pytest.raises(RLForgeError, match="Unknown strategy 'sharded_test'"):
         export_checkpoint(checkpoint, tmp_path / "out2", PluginManager(autoload=False).registry)
+
+
+# --- the model as loaded: dtypes and tokenizer; LoRA checkpoints in eval, generate and export --------------------------
+@pytest.fixture(scope="module")
+def bf16_model(tmp_path_factory):
+    """A tiny Llama saved in bfloat16, with a tokenizer that has no pad token (as Llama-3's and Mistral's)."""
+    from rlforge.models import build_char_tokenizer, build_tiny_llama
+
+    folder = tmp_path_factory.mktemp("bf16_model")
+    tokenizer = build_char_tokenizer()
+    tokenizer.pad_token = None
+    build_tiny_llama(tokenizer, hidden=64, layers=1, heads=1, ffn=128).to(torch.bfloat16).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _fit_one_step(tmp_path, model, *extra):
+    from rlforge import Trainer
+    from rlforge.testing import fast_config
+
+    trainer = Trainer(fast_config("grpo", tmp_path, f"model.path={model}", "trainer.total_steps=1",
+                                  "trainer.save_every=1", "data.train_batch_size=4", "actor.ppo_mini_batch_size=4",
+                                  "actor.ppo_micro_batch_size=8", "rollout.n=2", "data.arith.train_size=16", *extra))
+    trainer.fit()
+    return trainer.run_dir
+
+
+def _check_as_loaded(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    weights = load_file(str(out / "model.safetensors"))
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.pad_token is None and tokenizer.eos_token == "<|end|>"  # its own: no pad = eos written in
+    return weights
+
+
+def test_an_export_keeps_the_dtypes_and_the_tokenizer_of_the_model_as_loaded(bf16_model, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    run = _fit_one_step(tmp_path, bf16_model)
+    actor = run / "checkpoints" / "step_000001" / "actor"
+    trained = load_file(str(actor / "model.safetensors"))
+    assert {t.dtype for t in trained.values()} == {torch.float32}  # trained in fp32 on the CPU
+    out = tmp_path / "hf"
+    assert main(["export", str(run), str(out)]) == 0
+    weights = _check_as_loaded(out)
+    assert all(torch.equal(weights[n], t.to(torch.bfloat16)) for n, t in trained.items())
+    assert (out / "model.safetensors").stat().st_size < 0.6 * (actor / "model.safetensors").stat().st_size
+    capsys.readouterr()
+
+
+def test_a_lora_checkpoint_is_its_base_plus_the_adapter_in_eval_generate_and_export(bf16_model, tmp_path, capsys):
+    run = _fit_one_step(tmp_path, bf16_model, "model.lora.rank=4", "model.lora.alpha=8")
+    checkpoint = run / "checkpoints" / "step_000001"
+    assert not (checkpoint / "actor" / "config.json").exists()  # an adapter folder, not a model
+    assert main(["eval", str(run), "--limit", "2", "--out", str(tmp_path / "report.json")]) == 0
+    assert json.loads((tmp_path / "report.json").read_text())["prompts"] == 2
+    assert main(["generate", str(checkpoint / "actor"), "--limit", "2", "--out", str(tmp_path / "g.jsonl")]) == 0
+    assert len((tmp_path / "g.jsonl").read_text().splitlines()) == 2
+    out = tmp_path / "merged"
+    assert main(["export", str(checkpoint), str(out)]) == 0
+    _check_as_loaded(out)
+    assert main(["export", str(checkpoint), str(tmp_path / "adapter"), "--adapter"]) == 0
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tmp_path / "adapter").pad_token is None
+    capsys.readouterr()
+
+
+def test_an_export_whose_base_model_moved_keeps_the_checkpoint_as_it_is_and_says_so(fitted_run, tmp_path, capsys):
+    trainer, _ = fitted_run
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000002"
+    shutil.copytree(trainer.run_dir / "checkpoints" / "step_000002", checkpoint)
+    (tmp_path / "run" / "config.yaml").write_text(f"model:\n  path: {tmp_path / 'gone'}\n")
+    assert main(["export", str(checkpoint), str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert f"rlforge: warning: Model path '{tmp_path / 'gone'}' does not exist (the run's model.path)." in err
+    assert "The export keeps the checkpoint's dtypes and tokenizer" in err
