@@ -131,3 +131,21 @@ def test_epoch_limit_stops_before_total_steps_and_the_schedule_keeps_its_length(
     assert summary["steps"] == 2 and trainer.config.trainer.total_steps == 5
     lrs = [h["actor/lr"] for h in trainer.history]
     assert lrs == pytest.approx([1e-5 * (1 - k / 5) for k in (1, 2)])  # after steps 1 and 2 of a 5-step decay
+
+
+def test_log_val_generations_hands_verls_pick_to_every_logger(tmp_path, monkeypatch) -> None:
+    """trainer.log_val_generations=3: after the validation, val_generations/val_step<N>.json holds 3 of its samples
+    ({input, output, score}) and every logger gets the file."""
+    from rlforge.plugins.logger import console
+
+    handed = []
+    monkeypatch.setattr(console.ConsoleLogger, "log_artifact", lambda self, path: handed.append(path))
+    cfg = _config(tmp_path, "data.arith.train_size=16", "trainer.total_steps=1", "trainer.val_before_train=false",
+                  "trainer.save_every=0", "logger.backends=[console]", "trainer.log_val_generations=3",
+                  "rollout.max_new_tokens=4")
+    trainer = Trainer(cfg)
+    trainer.fit()
+    path = trainer.run_dir / "val_generations" / "val_step1.json"
+    rows = json.loads(path.read_text())
+    assert len(rows) == 3 and all(set(r) == {"input", "output", "score"} for r in rows)
+    assert str(path) in handed

@@ -34,3 +34,25 @@ def test_two_sources_two_samples_per_prompt():
 def test_without_acc_the_reward_is_core_and_one_sample_has_no_std():
     m = generation_metrics(_batch(["arith"] * 3, [0, 1, 2], [0.5, 1.0, 0.0], None))
     assert m == {"val/reward": pytest.approx(0.5), "val-core/arith/reward/mean@1": pytest.approx(0.5)}
+
+
+def test_val_generations_pick_as_verl_picks() -> None:
+    """Sorted by the decoded prompt, shuffled by numpy's RandomState(42), the first n (verl's
+    _maybe_log_val_generations)."""
+    import numpy as np
+
+    from rlforge import batch as B
+    from rlforge.trainer.metrics import val_generations
+
+    class Tok:  # token i decodes to the letter i; 0 is padding (special)
+        def batch_decode(self, rows, skip_special_tokens):
+            return ["".join(chr(96 + t) for t in r if t or not skip_special_tokens) for r in rows]
+
+    prompts = torch.tensor([[0, 3], [0, 1], [2, 2], [0, 4], [1, 5]])
+    batch = B.Batch({B.PROMPTS: prompts, B.PROMPT_MASK: (prompts > 0).long(), B.SCORES: torch.tensor([.1, .2, .3, .4, .5])},
+                    {B.RESPONSE_TEXT: ["r0", "r1", "r2", "r3", "r4"]})
+    expected = sorted(zip(["c", "a", "bb", "d", "ae"], ["r0", "r1", "r2", "r3", "r4"], [.1, .2, .3, .4, .5]))
+    np.random.RandomState(42).shuffle(expected)
+    got = val_generations(batch, Tok(), 3)
+    assert [(g["input"], g["output"]) for g in got] == [(i, o) for i, o, _ in expected[:3]]
+    assert got[0]["score"] == pytest.approx(expected[0][2]) and val_generations(batch, Tok(), 0) == []

@@ -397,7 +397,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.project_name": Map("trainer.project"),
     "trainer.experiment_name": Map("trainer.experiment"),
     "trainer.logger": Derived("loggers"),
-    "trainer.log_val_generations": Ignore("every validation answer goes to val_samples.jsonl in the run folder"),
+    "trainer.log_val_generations": Derived("loggers"),
     "trainer.rollout_data_dir": Ignore("samples.jsonl in the run folder (trainer.samples_to_save per step)"),
     "trainer.validation_data_dir": Ignore("val_samples.jsonl in the run folder"),
     "trainer.nnodes": Derived("parallel"),

@@ -47,6 +47,21 @@ def token_count(batch: B.Batch) -> int:
     return int(responses + batch[B.PROMPT_MASK].sum())
 
 
+def val_generations(batch: B.Batch, tokenizer: Any, n: int) -> list[dict[str, Any]]:
+    """verl's pick of ``n`` validation generations (``trainer.log_val_generations``): every sample's (input, output,
+    score), the input its decoded prompt and the output its response text, sorted by input, shuffled by numpy's
+    ``RandomState(42)``, the first ``n``; none when the batch has no generated text."""
+    import numpy as np
+
+    if n <= 0 or B.RESPONSE_TEXT not in batch or B.SCORES not in batch:
+        return []
+    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch[B.PROMPTS], batch[B.PROMPT_MASK])]
+    inputs = tokenizer.batch_decode(prompts, skip_special_tokens=True)
+    samples = sorted(zip(inputs, batch[B.RESPONSE_TEXT], [float(s) for s in batch[B.SCORES]]), key=lambda s: s[0])
+    np.random.RandomState(42).shuffle(samples)
+    return [{"input": i, "output": o, "score": s} for i, o, s in samples[:n]]
+
+
 def sample_records(batch: B.Batch, limit: int) -> list[dict[str, Any]]:
     """The first ``limit`` samples of a scored batch as JSON-ready records (prompt, response, ground truth, score);
     none when the batch has no generated text."""

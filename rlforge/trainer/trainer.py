@@ -27,7 +27,7 @@ from rlforge.errors import NonFiniteError
 from rlforge.module import RLModule
 from rlforge.plugin_manager import PluginManager
 from rlforge.protocols import SamplingParams
-from rlforge.trainer.metrics import data_metrics, sample_records, token_count
+from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
 
 RESUME_HINT = "Free space, then continue with trainer.resume=auto (the last checkpoint is complete)."
@@ -222,6 +222,7 @@ class Trainer:
         torch.set_rng_state(rng)
         if batch is not None:
             self._write_samples("val_samples.jsonl", batch, len(batch))
+            self._log_val_generations(batch)
         self.hook.rlforge_validation_end(trainer=self, step=self.step, metrics=metrics)
         self._log(metrics)
         return metrics
@@ -231,6 +232,19 @@ class Trainer:
                                 where=self.run_dir):
             for lg in self.loggers:
                 lg.log_metrics(metrics, self.step)
+
+    def _log_val_generations(self, batch: B.Batch) -> None:
+        """``trainer.log_val_generations``: verl's pick of this validation's generations in verl's file,
+        ``val_generations/val_step<N>.json``, handed to every logger (``log_artifact``)."""
+        rows = val_generations(batch, self.module.tokenizer, self.config.trainer.log_val_generations)
+        if not rows:
+            return
+        path = self.run_dir / "val_generations" / f"val_step{self.step}.json"
+        with diskio.disk_errors(f"write {path}", RESUME_HINT, where=self.run_dir):
+            path.parent.mkdir(exist_ok=True)
+            diskio.write_atomic(path, json.dumps(rows, indent=1))
+        for lg in self.loggers:
+            lg.log_artifact(str(path))
 
     def _write_samples(self, name: str, batch: B.Batch, limit: int) -> None:
         records = sample_records(batch, limit)  # none for batches without generated text (offline algorithms)

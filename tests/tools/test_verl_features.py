@@ -100,3 +100,10 @@ def test_total_epochs_still_bounds_a_run_of_total_training_steps() -> None:
     assert t.overrides["trainer.total_steps"] == 5 and t.overrides["trainer.epoch_limit"] == 2
     t = prepare(["trainer.n_gpus_per_node=4", "trainer.total_epochs=3"], refuse=False).translation
     assert t.overrides["trainer.total_epochs"] == 3 and "trainer.epoch_limit" not in t.overrides
+
+
+def test_log_val_generations_is_rlforges_and_states_where_verl_shows_a_table() -> None:
+    t = _t("trainer.log_val_generations=10", "trainer.logger=[console,mlflow]")
+    assert t.overrides["trainer.log_val_generations"] == 10 and _fate(t, "trainer.log_val_generations").text == ""
+    wandb = _fate(_t("trainer.log_val_generations=10", "trainer.logger=[console,wandb]"), "trainer.log_val_generations")
+    assert wandb.kind == verl.MAPPED and "verl shows them in wandb as a table" in wandb.text
