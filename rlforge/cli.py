@@ -298,7 +298,7 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("--adapter", action="store_true",
                        help="LoRA runs: write the adapter (peft folder) instead of the merged model")
     elif name == "data":
-        p.add_argument("dataset", choices=["gsm8k", "math"])
+        p.add_argument("dataset", choices=["gsm8k", "math", "geometry3k"])  # rlforge.tools.data_prep.SOURCES
         p.add_argument("--input", action="append", required=True, metavar="FILE",
                        help="local jsonl/parquet file of the source dataset (repeatable: one per split)")
         p.add_argument("--out", required=True, help="folder for <split>.parquet")

@@ -284,36 +284,52 @@ VLM_CHAT_TEMPLATE = (
 PATCH, MERGE = 14, 2  # Qwen2-VL's patch size and spatial merge: one image token per 28 x 28 pixels
 
 
-def build_tiny_vlm(hidden: int = 128, layers: int = 2, vision_dim: int = 64, min_side: int = 56, max_side: int = 112
-                   ) -> tuple[Any, Any]:
-    """(a random Qwen2-VL-shaped model, its processor): rlforge's char-level tokenizer with the vision tokens added,
-    a Qwen2-VL image processor bounded to ``min_side**2 .. max_side**2`` pixels, a one-layer vision tower."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+def _vision_config(family: str, hidden: int, vision_dim: int) -> dict[str, Any]:
+    """The vision tower of a tiny model: Qwen2-VL's one block, or Qwen2.5-VL's two (a windowed one, a full one)."""
+    shared = {"patch_size": PATCH, "spatial_merge_size": MERGE, "temporal_patch_size": 2, "num_heads": 2}
+    if family == "qwen2_vl":
+        return {**shared, "depth": 1, "embed_dim": vision_dim, "hidden_size": hidden, "mlp_ratio": 2}
+    return {**shared, "depth": 2, "hidden_size": vision_dim, "out_hidden_size": hidden,
+            "intermediate_size": 2 * vision_dim, "window_size": 2 * PATCH * MERGE, "fullatt_block_indexes": [1]}
+
+
+TINY_FAMILIES = {  # family -> (config, model, processor) class names in transformers
+    "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor"),
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor"),
+}
+
+
+def build_tiny_vlm(hidden: int = 128, layers: int = 2, vision_dim: int = 64, min_side: int = 56, max_side: int = 112,
+                   family: str = "qwen2_vl") -> tuple[Any, Any]:
+    """(a random Qwen2-VL- or Qwen2.5-VL-shaped model (``family``, see :data:`TINY_FAMILIES`), its processor):
+    rlforge's char-level tokenizer with the vision tokens added, a Qwen2-VL image processor bounded to
+    ``min_side**2 .. max_side**2`` pixels, a vision tower of one or two blocks."""
+    import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from rlforge.models import build_char_tokenizer
 
+    config_class, model_class, processor_class = (getattr(transformers, n) for n in TINY_FAMILIES[family])
     tok = build_char_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     tok.chat_template = VLM_CHAT_TEMPLATE
     ids = dict(zip(VISION_TOKENS, tok.convert_tokens_to_ids(VISION_TOKENS)))
     head_dim = 64
-    config = Qwen2VLConfig(
+    config = config_class(
         text_config=dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                          num_attention_heads=hidden // head_dim, num_key_value_heads=hidden // head_dim,
                          max_position_embeddings=512, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                          eos_token_id=tok.eos_token_id, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                          "mrope_section": [8, 12, 12]}),
-        vision_config=dict(depth=1, embed_dim=vision_dim, hidden_size=hidden, num_heads=2, mlp_ratio=2,
-                           patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=2),
+        vision_config=_vision_config(family, hidden, vision_dim),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False,
     )
-    model = Qwen2VLForConditionalGeneration(config)
+    model = model_class(config)
     image_processor = Qwen2VLImageProcessorPil(min_pixels=min_side**2, max_pixels=max_side**2, patch_size=PATCH,
                                                merge_size=MERGE, temporal_patch_size=2)
-    return model, build_processor(Qwen2VLProcessor, image_processor, tok, VLM_CHAT_TEMPLATE)
+    return model, build_processor(processor_class, image_processor, tok, VLM_CHAT_TEMPLATE)
 
 
 def save_vlm(model: Any, processor: Any, folder: Path) -> None:

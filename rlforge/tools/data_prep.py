@@ -1,10 +1,11 @@
-"""``rlforge data gsm8k|math``: turn a local copy of the source data into verl-compatible parquet.
+"""``rlforge data gsm8k|math|geometry3k``: turn a local copy of the source data into verl-compatible parquet.
 
-The rows are the ones verl's ``examples/data_preprocess/gsm8k.py`` and ``math_dataset.py`` write, so
-rlforge and verl read each other's files: ``data_source`` (``openai/gsm8k`` or
-``DigitalLearningGmbH/MATH-lighteval``), ``prompt`` (one user message: the question plus an instruction
-suffix), ``ability`` ("math"), ``reward_model`` ``{style: rule, ground_truth}`` and ``extra_info``
-``{split, index, ...}``. Input files are the dataset's own jsonl or parquet files (see docs/cli.md).
+The rows are the ones verl's ``examples/data_preprocess/gsm8k.py``, ``math_dataset.py`` and ``geo3k.py`` write, so
+rlforge and verl read each other's files: ``data_source`` (``openai/gsm8k``, ``DigitalLearningGmbH/MATH-lighteval``
+or ``hiyouga/geometry3k``), ``prompt`` (one user message: the question plus an instruction suffix), ``ability``
+("math"), ``reward_model`` ``{style: rule, ground_truth}``, ``extra_info`` ``{split, index, ...}`` and, for
+Geometry3K, the ``images`` column as it is (docs/multimodal.md). Input files are the dataset's own jsonl or parquet
+files (see docs/cli.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from rlforge.errors import DataError, RLForgeError
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+# the format the geo3k reward grades (<think>...</think>, then a boxed answer), as verl's preprocessing asks for it
+GEO3K_INSTRUCTION = ("You FIRST think about the reasoning process as an internal monologue and then provide the final "
+                     "answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final answer "
+                     "MUST BE put in \\boxed{}.")
 _GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")
 SPLITS = ("train", "test")
 
@@ -53,11 +58,14 @@ class Source:
     instruction: str  # appended to the question after a space
     extract: Callable[[str], str | None]  # worked solution -> ground truth
     keep_raw: bool  # verl's gsm8k rows keep the raw question and answer in extra_info
+    images: str = ""  # the input column of the row's images, kept as the rows' ``images`` ("" = a text dataset)
 
 
 SOURCES: dict[str, Source] = {
     "gsm8k": Source("openai/gsm8k", "question", "answer", GSM8K_INSTRUCTION, gsm8k_answer, True),
     "math": Source("DigitalLearningGmbH/MATH-lighteval", "problem", "solution", MATH_INSTRUCTION, last_boxed, False),
+    # the answer column is the final answer itself; each problem has an <image> placeholder per image
+    "geometry3k": Source("hiyouga/geometry3k", "problem", "answer", GEO3K_INSTRUCTION, str.strip, True, "images"),
 }
 
 
@@ -73,13 +81,28 @@ def convert_row(source: Source, raw: dict[str, Any], split: str, index: int, whe
     extra: dict[str, Any] = {"split": split, "index": index}
     if source.keep_raw:
         extra.update(answer=solution, question=question)
-    return {
+    row = {
         "data_source": source.data_source,
         "prompt": [{"role": "user", "content": f"{question} {source.instruction}"}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": truth},
         "extra_info": extra,
     }
+    return {**row, "images": _images(source, raw, question, where)} if source.images else row
+
+
+def _images(source: Source, raw: dict[str, Any], question: str, where: str) -> list[Any]:
+    """The row's images as the input holds them; one ``<image>`` in the question per image (checked here, so a
+    mismatch is named before any training run reads the file)."""
+    from rlforge.multimodal import IMAGE_PLACEHOLDER
+
+    images = raw.get(source.images)
+    images = [] if images is None else list(images) if isinstance(images, (list, tuple)) else [images]
+    if not images or question.count(IMAGE_PLACEHOLDER) != len(images):
+        raise DataError(f"{where}: '{source.question}' has {question.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} "
+                        f"placeholder(s) and column '{source.images}' holds {len(images)} image(s): each row needs "
+                        f"an image and one placeholder per image.")
+    return images
 
 
 def split_of(path: str, given: str | None) -> str:

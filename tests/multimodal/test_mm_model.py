@@ -141,18 +141,9 @@ def test_freezing_a_text_models_vision_tower_is_an_error():
 
 def test_a_qwen2_5_vl_shaped_model_takes_the_same_path(vlm, rollout):
     """Qwen2.5-VL (windowed vision attention, its own get_rope_index): the engine's log-probs are the actor's."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    small, tok, _ = vlm
-    ids = {k: getattr(small.config, k) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
-                                                 "vision_end_token_id")}
+    _, tok, _ = vlm
     torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
-        text_config=small.config.text_config.to_dict(),
-        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
-                           window_size=56, fullatt_block_indexes=[1], patch_size=14, spatial_merge_size=2,
-                           temporal_patch_size=2),
-        **ids)).eval()
+    model = mm.build_tiny_vlm(family="qwen2_5_vl")[0].eval()  # the same tokenizer, so the same vision token ids
     prompts = rollout.select(list(range(0, len(rollout), 2)))  # one row per prompt
     decoder = Decoder(model, [tok.eos_token_id], tok.pad_token_id)
     with torch.no_grad():
