@@ -126,6 +126,14 @@ def apply_templates(tokenizer: Any, conversations: list[list[dict[str, Any]]], w
     return ids
 
 
+def template_kwargs(config: Any) -> dict[str, Any]:
+    """``data.apply_chat_template_kwargs`` as plain Python values: the keyword arguments of every prompt render."""
+    from omegaconf import OmegaConf
+
+    value = config.data.apply_chat_template_kwargs
+    return dict(OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value or {})
+
+
 def truncate(ids: list[int], max_len: int, mode: str) -> list[int]:
     """``ids`` cut to ``max_len`` tokens (``data.truncation``): left keeps the last tokens, right the first, middle the
     first ``max_len // 2`` and the last ``max_len - max_len // 2``. Shorter ids come back as they are."""
@@ -144,6 +152,7 @@ def truncate(ids: list[int], max_len: int, mode: str) -> list[int]:
 def tokenize_rows(
     rows: list[dict[str, Any]], tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
     need_reward: bool = True, processor: Any = None, image_key: str = "images", truncation: str = "error",
+    template: dict[str, Any] | None = None,
 ) -> list[Prompt]:
     """Validate verl-format rows and apply the chat template. ``name`` labels errors (dataset or file).
 
@@ -151,6 +160,7 @@ def tokenize_rows(
     through ``processor`` (a vision-language model's, ``rlforge.multimodal``): its prompt ids have the images'
     tokens and its ``Prompt.multi_modal`` the vision inputs. A prompt over ``max_len`` tokens is dropped
     (``filter_overlong``), else cut by ``truncation`` (``data.truncation``; ``error``: a DataError naming the row).
+    ``template``: keyword arguments of the chat template (``data.apply_chat_template_kwargs``).
     """
     wheres = [row_origin(row, i, name) for i, row in enumerate(rows)]
     messages = [_checked_messages(row, where, need_reward) for row, where in zip(rows, wheres)]
@@ -158,7 +168,7 @@ def tokenize_rows(
     text = [i for i in range(len(rows)) if i not in vision]
     all_ids: list[Any] = [None] * len(rows)
     for i, ids in zip(text, apply_templates(tokenizer, [messages[i] for i in text], [wheres[i] for i in text],
-                                            add_generation_prompt=True)):
+                                            add_generation_prompt=True, **(template or {}))):
         all_ids[i] = ids
     for i, (ids, _) in vision.items():
         all_ids[i] = ids

@@ -98,12 +98,13 @@ class RLModule:
         Trainer draws ``data.train_batch_size`` training examples per step for :meth:`collate` and gives the
         validation examples to :meth:`validate`. Default: the prompts, chat template applied (``tokenize_rows``).
         """
-        from rlforge.data import tokenize_rows
+        from rlforge.data import template_kwargs, tokenize_rows
 
         d = self.config.data
         name = f"{d.name} ({split})"
         prompts = tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name,
-                                processor=self.processor, image_key=d.image_key, truncation=d.truncation)
+                                processor=self.processor, image_key=d.image_key, truncation=d.truncation,
+                                template=template_kwargs(self.config))
         if self.processor is not None:
             from rlforge.multimodal import check_engine
 

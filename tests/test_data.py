@@ -152,6 +152,29 @@ def test_truncation_error_names_the_ways_out(char_tokenizer) -> None:
         tokenize_rows([_row("x" * 40)], char_tokenizer, 20, False, "train", truncation="error")
 
 
+def test_chat_template_kwargs_reach_the_prompt_and_the_agent_renders(char_tokenizer) -> None:
+    """data.apply_chat_template_kwargs (verl's key) go to every render of a prompt: the data loader's and the agent
+    loops' (rlforge.agent.chat.ChatFormat), e.g. Qwen3's enable_thinking."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    from rlforge.agent.chat import ChatFormat
+    from rlforge.data import template_kwargs
+
+    tok = copy.deepcopy(char_tokenizer)
+    tok.chat_template = char_tokenizer.chat_template.replace(
+        "<|assistant|>{% endif %}", "<|assistant|>{% if enable_thinking is defined and not enable_thinking %}.{% endif %}"
+                                    "{% endif %}")
+    cfg = OmegaConf.create({"data": {"apply_chat_template_kwargs": {"enable_thinking": False}}})
+    kwargs = template_kwargs(cfg)
+    assert kwargs == {"enable_thinking": False} and type(kwargs) is dict
+    plain = tokenize_rows([_row("ab")], tok, 64, True, "train")[0].ids
+    off = tokenize_rows([_row("ab")], tok, 64, True, "train", template=kwargs)[0].ids
+    assert tok.decode(off) == tok.decode(plain) + "."
+    assert ChatFormat(tok, kwargs).render([{"role": "user", "content": "ab"}]).endswith("<|assistant|>.")
+
+
 def test_all_prompts_overlong_is_an_error(char_tokenizer) -> None:
     rows = [_row("x" * 40), _row("y" * 50)]
     with pytest.raises(DataError) as info:

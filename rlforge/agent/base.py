@@ -154,8 +154,9 @@ class AgentContext:
 
     def __post_init__(self) -> None:
         from rlforge.agent.chat import ChatFormat
+        from rlforge.data import template_kwargs
 
-        self.chat = ChatFormat(self.tokenizer)
+        self.chat = ChatFormat(self.tokenizer, template_kwargs(self.config))
 
     @property
     def limits(self) -> Any:

@@ -22,8 +22,9 @@ _BASE = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _A
 class ChatFormat:
     """Renders prompts (with tool schemas) and inserted turns for one tokenizer's chat template."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, template: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.template = dict(template or {})  # data.apply_chat_template_kwargs, passed to every render
         self._base = self.render(_BASE, add_generation_prompt=False)
         at = self._base.rfind(_ASSISTANT)
         if at < 0:
@@ -35,7 +36,7 @@ class ChatFormat:
                add_generation_prompt: bool = True) -> str:
         try:
             return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
+                                                      add_generation_prompt=add_generation_prompt, **self.template)
         except Exception as exc:  # jinja errors: a role or field the template does not handle
             roles = [m.get("role") for m in messages]
             raise RLForgeError(f"The chat template cannot render messages with roles {roles}"

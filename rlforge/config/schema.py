@@ -105,6 +105,7 @@ class DataConfig:
     filter_overlong_prompts: bool = True  # drop longer prompts (False: data.truncation decides)
     truncation: str = option("error", choices=("error", "left", "right", "middle"))  # a prompt over max_prompt_length with filter_overlong_prompts=false: error (naming the row) | left (keep its last max_prompt_length tokens: what verl 0.9.1's agent loop does) | right (keep the first) | middle (the first half and the last half); a row with images is never cut (an error)
     shuffle: bool = True  # reshuffle the prompts every epoch (seeded, resumable)
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of every chat-template render of a prompt: the data loader (training, validation, eval, generate) and the agent loops' turns, e.g. {enable_thinking: false} (verl's data.apply_chat_template_kwargs); not yet the vision processor's or SFT's
     image_key: str = "images"  # the column of a row's images (verl's data.image_key; docs/multimodal.md)
 
 

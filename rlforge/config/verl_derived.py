@@ -492,6 +492,14 @@ def reward(c: Context) -> None:
     c.ignore("reward.num_workers", "reward worker processes (speed only); rlforge: reward.num_workers")
 
 
+def chat_template(c: Context) -> None:
+    """``data.apply_chat_template_kwargs`` (an empty mapping, or its entries as keys of their own) as one mapping."""
+    top = "data.apply_chat_template_kwargs"
+    kwargs = {k[len(top) + 1:]: c.get(k) for k in c.owned if k != top}
+    for key in c.owned:
+        c.map(key, top, kwargs)
+
+
 def data(c: Context) -> None:
     c.set("data.name", "files")
     for key in ("data.train_files", "data.val_files"):
@@ -590,7 +598,7 @@ def val_only(c: Context) -> None:
 
 
 DERIVED: dict[str, Callable[[Context], None]] = {
-    "algorithm": algorithm, "parallel": parallel, "offload": offload, "sequence_parallel": sequence_parallel, "data": data, "reward": reward, "overlong": overlong,
+    "algorithm": algorithm, "parallel": parallel, "offload": offload, "chat_template": chat_template, "sequence_parallel": sequence_parallel, "data": data, "reward": reward, "overlong": overlong,
     "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip, "grad_clip": T.grad_clip,
     "warmup": T.warmup, "schedule": T.schedule, "precision": precision, "rollout_engine": rollout_engine,
     "lengths": lengths, "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups,
@@ -598,6 +606,6 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
-ORDER = ("algorithm", "parallel", "offload", "sequence_parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "schedule",
+ORDER = ("algorithm", "parallel", "offload", "chat_template", "sequence_parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "schedule",
          "micro_batches", "scoring", "clip", "grad_clip", "precision", "rollout_engine", "lengths", "validation",
          "multi_turn", "multimodal", "loggers", "resume", "checkpoints", "val_only")

@@ -366,7 +366,8 @@ DATA_RULES: dict[str, Rule] = {
     "data.trust_remote_code": Ignore("the tokenizer follows model.trust_remote_code"),
     "data.custom_cls.*": Keep(off, "verl-format rows (data.name=files)",
                               "a dataset class by path: register an rlforge dataset (data.name)"),
-    "data.apply_chat_template_kwargs": Keep(off, "the chat template's defaults", "chat-template keyword arguments", 32),
+    "data.apply_chat_template_kwargs": Derived("chat_template"),
+    "data.apply_chat_template_kwargs.*": Derived("chat_template"),
 }
 
 REWARD_RULES: dict[str, Rule] = {

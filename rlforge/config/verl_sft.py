@@ -34,7 +34,8 @@ RULES: dict[str, Rule] = {
     "data.train_max_samples": Keep(lambda v: v is None or v < 0, "every row", "using only the first N rows"),
     "data.val_max_samples": Keep(lambda v: v is None or v < 0, "every row", "using only the first N rows"),
     "data.custom_cls.*": Keep(off, "rlforge's SFT rows", "a dataset class by path"),
-    "data.apply_chat_template_kwargs": Keep(off, "the chat template's defaults", "chat-template keyword arguments", 32),
+    "data.apply_chat_template_kwargs": Keep(off, "the chat template's defaults", "chat-template keyword arguments in "
+                                            "rlforge's SFT (RL prompts read data.apply_chat_template_kwargs)", 32),
     "data.chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates", 32),
     "data.*": Ignore(f"how verl's dataset pads, balances and loads rows ({SPEED})"),
     "model.path": Map("sft.init"), "model.partial_pretrain": Map("sft.init"),

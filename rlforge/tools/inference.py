@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlforge.batch import Batch
-from rlforge.data import collate, tokenize_rows
+from rlforge.data import collate, template_kwargs, tokenize_rows
 from rlforge.errors import RLForgeError
 from rlforge.lora import ADAPTER_CONFIG
 from rlforge.models import BUILTIN_PREFIX
@@ -108,7 +108,8 @@ def prompt_batches(
             raise RLForgeError(f"--limit must be a positive number of prompts, got {limit}.")
         rows = rows[:limit]
     prompts = tokenize_rows(rows, tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts,
-                            f"{cfg.data.name} ({split})", need_reward=need_reward, truncation=cfg.data.truncation)
+                            f"{cfg.data.name} ({split})", need_reward=need_reward, truncation=cfg.data.truncation,
+                            template=template_kwargs(cfg))
     size = cfg.rollout.micro_batch_size
     chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)]
     return [collate(c, tokenizer.pad_token_id, [p.index for p in c]) for c in chunks], len(rows)

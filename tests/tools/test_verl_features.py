@@ -107,3 +107,8 @@ def test_log_val_generations_is_rlforges_and_states_where_verl_shows_a_table() -
     assert t.overrides["trainer.log_val_generations"] == 10 and _fate(t, "trainer.log_val_generations").text == ""
     wandb = _fate(_t("trainer.log_val_generations=10", "trainer.logger=[console,wandb]"), "trainer.log_val_generations")
     assert wandb.kind == verl.MAPPED and "verl shows them in wandb as a table" in wandb.text
+
+
+def test_chat_template_kwargs_are_rlforges() -> None:
+    t = _t("+data.apply_chat_template_kwargs.enable_thinking=False")
+    assert t.overrides["data.apply_chat_template_kwargs"] == {"enable_thinking": False} and not t.refused
