@@ -29,6 +29,7 @@ from rlforge.sft.module import SFTModule
 from rlforge.sft.run import apply_epochs, check_config
 from rlforge.sft.order import EpochOrder, RandomOrder
 from tests.plugins.megatron_cpu import free_port
+from tests.tools.test_export import bf16_model, check_as_loaded  # noqa: F401 (a fixture)
 
 FAST = ["data.arith.train_size=32", "data.arith.val_size=8", "sft.batch_size=8", "sft.steps=4", "sft.warmup_steps=1",
         "sft.progress=false", "sft.loggers=[]", "sft.save_every=0", "sft.val_accuracy=false"]
@@ -298,6 +299,12 @@ def test_verl_parquet_formats_train(tmp_path, pm, sft_config):
     assert math.isfinite(m["train/loss"])
     m = run_sft(sft_config(tmp_path, f"sft.train_file={multi}", "sft.format=messages", "sft.steps=1"), pm)
     assert math.isfinite(m["train/loss"])
+
+
+def test_the_output_has_the_dtypes_and_the_tokenizer_of_sft_init(tmp_path, pm, bf16_model):
+    cfg = load_config(overrides=[*FAST, f"sft.init={bf16_model}", f"sft.output_dir={tmp_path / 'out'}", "sft.steps=1"])
+    run_sft(cfg, pm)  # trains in fp32 on the CPU, with pad = EOS
+    check_as_loaded(tmp_path / "out")  # bf16 weights and config, no pad token: as sft.init has them
 
 
 def test_bad_row_names_file_and_row(tmp_path, pm, sft_config):

@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
 from rlforge import lora
+from rlforge.as_loaded import as_loaded
 from rlforge.models import load_model
 from rlforge.sft.accuracy import GreedyAccuracy
 from rlforge.tracking import environment_kept
@@ -84,10 +85,12 @@ class RunRecord(Callback):
 
 class ExportHF(Callback):
     """When training ends: save the model as a Hugging Face folder in ``out`` (gathered from every rank under
-    sharded strategies), then measure the greedy validation accuracy of the saved model on rank 0."""
+    sharded strategies) with the weight dtypes and tokenizer of ``source``, the model folder it started from (if
+    any: ``rlforge.as_loaded``), then measure the greedy validation accuracy of the saved model on rank 0."""
 
-    def __init__(self, out: Path, tokenizer: Any, accuracy: GreedyAccuracy | None, model: DictConfig) -> None:
-        self.out, self.tokenizer, self.accuracy, self.model = out, tokenizer, accuracy, model
+    def __init__(self, out: Path, tokenizer: Any, accuracy: GreedyAccuracy | None, model: DictConfig,
+                 source: Path | None = None) -> None:
+        self.out, self.tokenizer, self.accuracy, self.model, self.source = out, tokenizer, accuracy, model, source
         self.metrics: dict[str, float] = {}
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
@@ -101,6 +104,8 @@ class ExportHF(Callback):
         else:
             module.model.save_pretrained(self.out, state_dict=weights)  # type: ignore[union-attr]
         self.tokenizer.save_pretrained(self.out)
+        if self.source is not None:
+            as_loaded(self.out, self.source)
         if self.accuracy is None:
             return
         saved = load_model(str(self.out), "float32", self.model.trust_remote_code).to(trainer.strategy.root_device).eval()

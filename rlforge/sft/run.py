@@ -18,11 +18,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, read_write
 
 from rlforge.errors import ConfigError
-from rlforge.models import quiet_transformers
+from rlforge.models import quiet_transformers, resolve_model_path
 from rlforge.sft.accuracy import GreedyAccuracy
 from rlforge.sft.data import BatchPlan, SFTData, train_examples, val_examples
 from rlforge.sft.formats import FORMATS, TRUNCATIONS, Example
-from rlforge.sft.module import SFTModule, build_model, build_tokenizer
+from rlforge.sft.module import FRESH_TINY, SFTModule, build_model, build_tokenizer
 from rlforge.sft.order import ORDERS
 from rlforge.sft.outputs import CHECKPOINTS, LAST, LOGGERS, ExportHF, RunRecord, checkpointing
 
@@ -192,7 +192,8 @@ def fit(config: DictConfig, tokenizer: Any, train: list[Example], val: list[Exam
         ) -> tuple[dict[str, float], int]:
     """Build the Trainer, check the batch arithmetic, create the model and fit: (last metrics, last step)."""
     s, out, resuming = config.sft, Path(config.sft.output_dir), ckpt is not None
-    export = ExportHF(out, tokenizer, accuracy, config.model)
+    source = None if s.init == FRESH_TINY else resolve_model_path(s.init, "sft.init")
+    export = ExportHF(out, tokenizer, accuracy, config.model, source)
     loggers = [LOGGERS[name](config, out, resuming) for name in s.loggers]
     trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, resuming), export, *callbacks], loggers,
                            bool(val), lightning_precision(config))

@@ -5,10 +5,8 @@ that wrote it: a strategy class may define ``export_checkpoint(checkpoint: Path,
 layout (e.g. sharded weights to gather). Strategies without one write ``actor/`` as a plain Hugging Face
 folder, which is copied as it is.
 
-Whatever wrote it, the export is then given back what the run's model had when it was loaded (``as_loaded``):
-each weight's dtype (a bf16 model trains in fp32 on the CPU, and is exported in bf16 again) and the tokenizer's
-own pad token and padding side (rlforge pads with EOS, on the left, where a tokenizer has no pad token).
-A LoRA run's checkpoint is its base model plus the adapter: exported merged, or as the adapter; ``eval`` and
+Whatever wrote it, the export is then given back what the run's model had when it was loaded
+(``rlforge.as_loaded``): each weight's dtype and the tokenizer's own pad token. A LoRA run's checkpoint is its base model plus the adapter: exported merged, or as the adapter; ``eval`` and
 ``generate`` run it merged in a temporary folder (``model_folder``).
 """
 
@@ -24,7 +22,8 @@ from typing import Any
 from rlforge import checkpoint as ckpt
 from rlforge.errors import RLForgeError
 from rlforge.lora import ADAPTER_CONFIG  # peft's: a LoRA run's checkpoint holds an adapter
-from rlforge.models import BUILTIN_PREFIX, HUB_ID, resolve_model_path, safetensors_files
+from rlforge.as_loaded import as_loaded
+from rlforge.models import BUILTIN_PREFIX, HUB_ID, resolve_model_path
 
 ACTOR_DIR = "actor"
 
@@ -129,82 +128,12 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     return target
 
 
-SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
-
-
-def as_loaded(out: Path, source: Path, weights: bool = True) -> None:
-    """Give the exported folder ``out`` what ``source`` (the model the run loaded) has: with ``weights``, each
-    floating weight in the source's dtype for that name and the config's ``dtype``; the tokenizer's pad token and
-    padding side."""
-    if weights:
-        dtypes = _weight_dtypes(source)
-        grown = sum(_cast_shard(shard, dtypes) for shard in safetensors_files(out))
-        index = out / "model.safetensors.index.json"
-        if grown and index.is_file():  # the total size it records changes with the weights' dtypes
-            data = json.loads(index.read_text())
-            meta = data.setdefault("metadata", {})
-            if "total_size" in meta:
-                meta["total_size"] += grown
-                index.write_text(json.dumps(data, indent=2) + "\n")
-        _copy_config_dtype(source / "config.json", out / "config.json")
-    _restore_tokenizer(source, out)
-
-
-def _weight_dtypes(folder: Path) -> dict[str, str]:
-    """Weight name -> torch dtype name, read from the safetensors headers (no tensor is loaded)."""
-    from safetensors import safe_open
-
-    found = {}
-    for shard in safetensors_files(folder):
-        with safe_open(str(shard), framework="pt") as f:
-            for name in f.keys():
-                found[name] = SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype(), "")
-    return found
-
-
-def _cast_shard(shard: Path, dtypes: dict[str, str]) -> int:
-    """Rewrite ``shard`` with its floating weights in ``dtypes``; returns how many bytes the weights grew by."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(str(shard))
-    changed = {name: t.to(getattr(torch, dtypes[name])) for name, t in tensors.items()
-               if t.is_floating_point() and dtypes.get(name) and str(t.dtype) != f"torch.{dtypes[name]}"}
-    if changed:
-        save_file({**tensors, **changed}, str(shard), metadata={"format": "pt"})
-    return sum(t.numel() * (t.element_size() - tensors[name].element_size()) for name, t in changed.items())
-
-
-def _copy_config_dtype(source: Path, out: Path) -> None:
-    src, dst = json.loads(source.read_text()), json.loads(out.read_text())
-    dtype = src.get("dtype") or src.get("torch_dtype")
-    if dtype and dtype != (dst.get("dtype") or dst.get("torch_dtype")):
-        dst.pop("torch_dtype", None)
-        dst["dtype"] = dtype
-        out.write_text(json.dumps(dst, indent=2, sort_keys=True) + "\n")
-
-
-def _restore_tokenizer(source: Path, out: Path) -> None:
-    from transformers import AutoTokenizer
-
-    try:
-        original, exported = AutoTokenizer.from_pretrained(source), AutoTokenizer.from_pretrained(out)
-    except (OSError, ValueError):  # a folder without a tokenizer: nothing to restore
-        return
-    if (original.pad_token, original.padding_side) != (exported.pad_token, exported.padding_side):
-        exported.pad_token = original.pad_token
-        exported.padding_side = original.padding_side
-        exported.save_pretrained(out)
-
-
 def export_lora(checkpoint: Path, out: Path, adapter_only: bool = False) -> None:
     """A LoRA checkpoint's adapter, merged into the base model it names (``base_model_name_or_path``)."""
     actor = checkpoint / ACTOR_DIR
     if adapter_only:
         shutil.copytree(actor, out, dirs_exist_ok=True)
         return
-    import json
-
     from peft import PeftModel
     from transformers import AutoTokenizer
 

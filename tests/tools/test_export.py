@@ -111,7 +111,7 @@ def _fit_one_step(tmp_path, model, *extra):
     return trainer.run_dir
 
 
-def _check_as_loaded(out: Path) -> dict[str, torch.Tensor]:
+def check_as_loaded(out: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -133,7 +133,7 @@ def test_an_export_keeps_the_dtypes_and_the_tokenizer_of_the_model_as_loaded(bf1
     assert {t.dtype for t in trained.values()} == {torch.float32}  # trained in fp32 on the CPU
     out = tmp_path / "hf"
     assert main(["export", str(run), str(out)]) == 0
-    weights = _check_as_loaded(out)
+    weights = check_as_loaded(out)
     assert all(torch.equal(weights[n], t.to(torch.bfloat16)) for n, t in trained.items())
     assert (out / "model.safetensors").stat().st_size < 0.6 * (actor / "model.safetensors").stat().st_size
     capsys.readouterr()
@@ -149,7 +149,7 @@ def test_a_lora_checkpoint_is_its_base_plus_the_adapter_in_eval_generate_and_exp
     assert len((tmp_path / "g.jsonl").read_text().splitlines()) == 2
     out = tmp_path / "merged"
     assert main(["export", str(checkpoint), str(out)]) == 0
-    _check_as_loaded(out)
+    check_as_loaded(out)
     assert main(["export", str(checkpoint), str(tmp_path / "adapter"), "--adapter"]) == 0
     from transformers import AutoTokenizer
 
