@@ -220,7 +220,9 @@ class WeightSnapshots(Protocol):
 
 @runtime_checkable
 class Logger(Protocol):
-    """Receives metrics. Registered under ``logger``; built as ``factory(config, run_dir)``."""
+    """Receives metrics. Registered under ``logger``; built as ``factory(config, run_dir)``. Optional: a logger that
+    defines ``log_generations(rows, step)`` shows ``trainer.log_val_generations``' rows ({input, output, score}) its
+    own way (wandb: a table; tensorboard: text); every logger gets their file through ``log_artifact``."""
 
     def log_params(self, params: dict[str, Any]) -> None: ...
 

@@ -31,6 +31,13 @@ class TensorBoardLogger:
 
             self.writer.add_image(f"plots/{Path(path).stem}", imread(path)[..., :3], dataformats="HWC")
 
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """``trainer.log_val_generations`` as verl's tensorboard logger shows them: markdown text ``val/generations``."""
+        text = f"**Generation Results - Step {step}**\n\n" + "".join(
+            f"### Sample {i + 1}\n**Input:** {r['input']}\n\n**Output:** {r['output']}\n\n**Score:** {r['score']}\n\n"
+            "---\n\n" for i, r in enumerate(rows))
+        self.writer.add_text("val/generations", text, step)
+
     def close(self) -> None:
         self.writer.close()
 

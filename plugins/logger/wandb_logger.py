@@ -27,6 +27,7 @@ class WandbLogger:
             dir=str(self.run_dir), id=run_id, resume="allow",
         )
         id_file.write_text(self.run.id)
+        self.generations: Any = None  # the table of validation generations, one row per validation
 
     def log_params(self, params: dict[str, Any]) -> None:
         self.run.config.update(params, allow_val_change=True)
@@ -39,6 +40,15 @@ class WandbLogger:
         if file.suffix == ".png":
             self.run.log({f"plots/{file.stem}": self.wandb.Image(str(file))})
         self.run.save(str(file), base_path=str(file.parent), policy="now")
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """``trainer.log_val_generations`` as verl's wandb logger shows them: the table ``val/generations``, one row
+        per validation (step, then input_i, output_i, score_i of each generation), re-logged whole each time."""
+        columns = ["step"] + [f"{c}_{i + 1}" for i in range(len(rows)) for c in ("input", "output", "score")]
+        table = self.wandb.Table(columns=columns, data=self.generations.data if self.generations is not None else [])
+        table.add_data(step, *[r[c] for r in rows for c in ("input", "output", "score")])
+        self.run.log({"val/generations": table}, step=step)
+        self.generations = table
 
     def close(self) -> None:
         self.run.finish()

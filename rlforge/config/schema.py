@@ -237,7 +237,7 @@ class TrainerConfig:
     max_nonfinite_steps: int = option(5, ge=1)  # stop after this many optimizer steps in a row with a NaN/Inf gradient
     resume_force: bool = False  # resume even if the config or the training data changed since the checkpoint (warns)
     samples_to_save: int = option(8, ge=0)  # generated samples written per step to samples.jsonl
-    log_val_generations: int = option(0, ge=0)  # after each validation, this many of its generations (verl's pick: sorted by prompt, shuffled with seed 42), {input, output, score} each, written to <run>/val_generations/val_step<N>.json and handed to every logger (mlflow stores the file, wandb keeps it with the run); 0 = none (every answer is in val_samples.jsonl either way)
+    log_val_generations: int = option(0, ge=0)  # after each validation, this many of its generations (verl's pick: sorted by prompt, shuffled with seed 42), {input, output, score} each, written to <run>/val_generations/val_step<N>.json and handed to every logger (mlflow stores the file; wandb shows verl's table val/generations, tensorboard its text); 0 = none (every answer is in val_samples.jsonl either way)
     progress: bool = True  # live progress bar
 
 

@@ -37,7 +37,7 @@ LOGGERS = {"console": "console", "wandb": "wandb", "mlflow": "mlflow", "tensorbo
 # where rlforge's logger keeps its records elsewhere than verl's
 LOGGER_NOTES = {"file": "verl's file logger writes {step, data} lines to $VERL_FILE_LOGGER_PATH or "
                         "<project>/<experiment>.jsonl; rlforge's jsonl logger writes the metrics to <run>/metrics.jsonl"}
-TABLE_LOGGERS = ("wandb", "swanlab", "trackio", "tensorboard")  # where verl shows validation generations in the UI
+TABLE_LOGGERS = ("swanlab", "trackio")  # where verl shows validation generations and rlforge's loggers do not
 REWARD_MANAGERS = {"naive": "rule", "dapo": "rule", "prime": "rule"}  # prime: verl's parallel naive manager
 # verl's filter_groups.metric -> rlforge's algorithm.filter_metric (seq_final_reward: before any KL in the reward)
 FILTER_METRICS = {"seq_reward": "reward", "seq_final_reward": "reward", "score": "score", "acc": "acc"}
@@ -552,12 +552,11 @@ def loggers(c: Context) -> None:
     else:
         c.map("trainer.logger", "logger.backends", [LOGGERS[n] for n in names] or ["console"],
               "; ".join(LOGGER_NOTES[n] for n in names if n in LOGGER_NOTES))
-    # verl's validation generations: a table or text in wandb, swanlab, trackio, tensorboard; a json file in mlflow
-    generations, shown = int(c.get("trainer.log_val_generations") or 0), [n for n in names if n in TABLE_LOGGERS]
-    c.map("trainer.log_val_generations", "trainer.log_val_generations", generations, "" if not generations or not shown
-          else f"verl shows them in {', '.join(shown)} as a table or text; rlforge hands every logger verl's mlflow "
-               f"file val_generations/val_step<N>.json (wandb keeps it with the run; swanlab, trackio and tensorboard "
-               f"do not show it)")
+    # verl's validation generations: wandb's table, tensorboard's text and mlflow's file, as rlforge's; swanlab/trackio
+    generations, unshown = int(c.get("trainer.log_val_generations") or 0), [n for n in names if n in TABLE_LOGGERS]
+    c.map("trainer.log_val_generations", "trainer.log_val_generations", generations, "" if not generations or not
+          unshown else f"verl shows them in {', '.join(unshown)} as a table; rlforge's {', '.join(unshown)} logger "
+          "keeps only the file val_generations/val_step<N>.json")
 
 
 def resume(c: Context) -> None:

@@ -235,7 +235,8 @@ class Trainer:
 
     def _log_val_generations(self, batch: B.Batch) -> None:
         """``trainer.log_val_generations``: verl's pick of this validation's generations in verl's file,
-        ``val_generations/val_step<N>.json``, handed to every logger (``log_artifact``)."""
+        ``val_generations/val_step<N>.json``, handed to every logger (``log_artifact``), and shown by a logger that
+        defines ``log_generations(rows, step)`` (wandb: a table, tensorboard: text, as verl shows them)."""
         rows = val_generations(batch, self.module.tokenizer, self.config.trainer.log_val_generations)
         if not rows:
             return
@@ -245,6 +246,9 @@ class Trainer:
             diskio.write_atomic(path, json.dumps(rows, indent=1))
         for lg in self.loggers:
             lg.log_artifact(str(path))
+            show = getattr(lg, "log_generations", None)
+            if show is not None:
+                show(rows, self.step)
 
     def _write_samples(self, name: str, batch: B.Batch, limit: int) -> None:
         records = sample_records(batch, limit)  # none for batches without generated text (offline algorithms)

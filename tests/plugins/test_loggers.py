@@ -342,3 +342,40 @@ def test_the_new_backends_are_registered_with_their_sections(pm, default_config)
     assert default_config.logger.mlflow.tracking_uri is None and default_config.logger.swanlab.mode is None
     assert list(default_config.plugins.profiler.steps) == [] and default_config.plugins.profiler.warmup == 1
 
+
+
+def test_val_generations_show_as_verl_shows_them_in_wandb_and_tensorboard(monkeypatch, tmp_path, default_config):
+    """trainer.log_val_generations: wandb gets verl's table val/generations (one row per validation, re-logged
+    whole), tensorboard verl's markdown text."""
+    import types
+
+    from rlforge.plugins.logger.tensorboard import TensorBoardLogger
+    from rlforge.plugins.logger.wandb_logger import WandbLogger
+
+    logged = []
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = columns, [list(r) for r in data]
+
+        def add_data(self, *row):
+            self.data.append(list(row))
+
+    run = types.SimpleNamespace(id="r1", log=lambda d, step: logged.append((step, d)), config=None)
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **k: run, Table=Table))
+    rows = [{"input": "q1", "output": "a1", "score": 1.0}, {"input": "q2", "output": "a2", "score": 0.0}]
+    w = WandbLogger(default_config, str(tmp_path))
+    w.log_generations(rows, 5)
+    w.log_generations(rows, 10)
+    step, table = logged[-1][0], logged[-1][1]["val/generations"]
+    assert step == 10 and table.columns == ["step", "input_1", "output_1", "score_1", "input_2", "output_2", "score_2"]
+    assert table.data == [[5, "q1", "a1", 1.0, "q2", "a2", 0.0], [10, "q1", "a1", 1.0, "q2", "a2", 0.0]]
+    tb = TensorBoardLogger(default_config, str(tmp_path))
+    tb.log_generations(rows, 5)
+    tb.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    text = events.Tensors("val/generations/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert text.startswith("**Generation Results - Step 5**") and "### Sample 2\n**Input:** q2" in text
