@@ -145,3 +145,22 @@ def test_the_core_imports_and_lists_the_controller_without_ray():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "RLForgeError trainer.controller=ray needs Ray" in out.stdout and "rlforge[ray]" in out.stdout
+
+
+@needs_ray
+@pytest.mark.slow
+def test_rows_with_images_train_on_two_ranks(tmp_path, ray_session):
+    """The vision task's rows carry their pixel values and image grids (a row column) through the Ray controller:
+    split over 2 FSDP ranks for generation, log-probs, the reference and the update (an image-pad token without its
+    pixels would fail the forward), on the tiny vision-language model."""
+    cfg = load_config("grpo", [*RAY, "model.path=builtin:tiny-vlm", "data.name=vision", "data.vision.train_size=16",
+                               "data.vision.val_size=4", "data.max_prompt_length=48", "rollout.max_new_tokens=4",
+                               "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
+                               "actor.ppo_micro_batch_size=4", "actor.use_kl_loss=true", "trainer.total_steps=1",
+                               "trainer.val_every=0", "trainer.save_every=0", "trainer.progress=false",
+                               f"trainer.runs_root={tmp_path}"])
+    trainer = Trainer(cfg)
+    summary = trainer.fit()
+    assert summary["steps"] == 1
+    (step,) = trainer.history
+    assert step["actor/kl_loss"] == step["actor/kl_loss"] and step["actor/grad_norm"] > 0  # the reference ran too
