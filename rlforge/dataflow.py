@@ -299,7 +299,26 @@ class OldLogProbStage(Stage):
             batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]
         else:
             batch[B.OLD_LOG_PROBS] = ctx.controller.compute_log_probs(batch, "actor")
+            if B.ROLLOUT_LOG_PROBS in batch:
+                ctx.metrics.update(rollout_probs_diff(batch[B.ROLLOUT_LOG_PROBS], batch[B.OLD_LOG_PROBS],
+                                                      batch[B.RESPONSE_MASK]))
         return batch
+
+
+def rollout_probs_diff(rollout: Any, actor: Any, mask: Any) -> dict[str, float]:
+    """How far the engine's token probabilities are from the actor's recomputation, under verl's names:
+    ``training/rollout_probs_diff_{max,mean,std}`` of |p_actor - p_rollout| over the response tokens, their Pearson
+    correlation ``training/rollout_actor_probs_pearson_corr`` and ``..._valid`` (0 without response tokens)."""
+    import torch
+
+    keep = mask.bool()
+    if not keep.any():
+        return {"training/rollout_probs_diff_valid": 0.0}
+    p_actor, p_rollout = torch.exp(actor.float())[keep], torch.exp(rollout.float())[keep]
+    diff = (p_actor - p_rollout).abs()
+    return {"training/rollout_probs_diff_valid": 1.0, "training/rollout_probs_diff_max": float(diff.max()),
+            "training/rollout_probs_diff_mean": float(diff.mean()), "training/rollout_probs_diff_std": float(diff.std()),
+            "training/rollout_actor_probs_pearson_corr": float(torch.corrcoef(torch.stack([p_actor, p_rollout]))[0, 1])}
 
 
 @_stage("ref_logprob", {B.INPUT_IDS, B.ATTENTION_MASK}, {B.REF_LOG_PROBS}, "ref")

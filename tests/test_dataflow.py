@@ -273,3 +273,37 @@ def test_a_stage_that_runs_others_is_timed_without_them() -> None:
     ctx.run(Outer(), B.Batch())
     assert ctx.metrics["timing_s/slow"] >= 0.05
     assert ctx.metrics["timing_s/outer"] < ctx.metrics["timing_s/slow"]  # its own few microseconds only
+
+
+def test_recomputed_old_log_probs_log_verls_rollout_probability_diff() -> None:
+    """With the actor's recomputation (not the engine's log-probs reused), the old-log-prob stage logs verl's
+    training/rollout_probs_diff_* (|p_actor - p_rollout| over response tokens) and their Pearson correlation."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from rlforge.dataflow import OldLogProbStage, rollout_probs_diff
+
+    rollout = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.4, 0.8, 0.1]]))
+    actor = torch.log(torch.tensor([[0.6, 0.2, 0.3], [0.1, 0.7, 0.1]]))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    m = rollout_probs_diff(rollout, actor, mask)
+    diffs = torch.tensor([0.1, 0.0, 0.3, 0.1, 0.0])  # the masked-out 0.9 vs 0.3 does not count
+    assert m["training/rollout_probs_diff_valid"] == 1.0
+    assert m["training/rollout_probs_diff_max"] == pytest.approx(0.3) and m["training/rollout_probs_diff_mean"] == \
+        pytest.approx(0.1) and m["training/rollout_probs_diff_std"] == pytest.approx(float(diffs.std()))
+    a, r = [0.6, 0.2, 0.1, 0.7, 0.1], [0.5, 0.2, 0.4, 0.8, 0.1]
+    ma, mr = sum(a) / 5, sum(r) / 5
+    cov = sum((x - ma) * (y - mr) for x, y in zip(a, r))
+    corr = cov / math.sqrt(sum((x - ma) ** 2 for x in a) * sum((y - mr) ** 2 for y in r))
+    assert m["training/rollout_actor_probs_pearson_corr"] == pytest.approx(corr, rel=1e-5)
+    assert rollout_probs_diff(rollout, actor, torch.zeros_like(mask)) == {"training/rollout_probs_diff_valid": 0.0}
+    batch = B.Batch({B.ROLLOUT_LOG_PROBS: rollout, B.RESPONSE_MASK: mask, B.INPUT_IDS: mask, B.ATTENTION_MASK: mask})
+    for reuse, logged in ((False, True), (True, False)):
+        ctx, _ = _ctx(DataFlow("t", []))
+        ctx.config = OmegaConf.create({"actor": {"reuse_rollout_log_probs": reuse}})
+        ctx.controller = SimpleNamespace(compute_log_probs=lambda b, role: actor)
+        OldLogProbStage().run(ctx, batch)
+        assert ("training/rollout_probs_diff_mean" in ctx.metrics) is logged  # reused: the same numbers, no diff

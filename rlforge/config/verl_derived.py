@@ -492,6 +492,18 @@ def reward(c: Context) -> None:
     c.ignore("reward.num_workers", "reward worker processes (speed only); rlforge: reward.num_workers")
 
 
+def rollout_log_probs(c: Context) -> None:
+    """verl's rollout.calculate_log_probs: the engine's log-probs, and with them the metrics comparing them to the
+    actor's recomputation; rlforge's engines always report them and its old-log-prob stage logs the same metrics."""
+    key = f"{R}.calculate_log_probs"
+    if c.get(key):
+        c.same(key, "the engine's log-probs; with the actor's recomputation (actor.reuse_rollout_log_probs off) "
+               "training/rollout_probs_diff_* and training/rollout_actor_probs_pearson_corr are logged")
+    else:
+        c.ignore(key, "rlforge's engines report their log-probs anyway (what is computed does not change; the "
+                 "training/rollout_probs_diff_* metrics come in addition)")
+
+
 def chat_template(c: Context) -> None:
     """``data.apply_chat_template_kwargs`` (an empty mapping, or its entries as keys of their own) as one mapping."""
     top = "data.apply_chat_template_kwargs"
@@ -597,7 +609,8 @@ def val_only(c: Context) -> None:
 
 
 DERIVED: dict[str, Callable[[Context], None]] = {
-    "algorithm": algorithm, "parallel": parallel, "offload": offload, "chat_template": chat_template, "sequence_parallel": sequence_parallel, "data": data, "reward": reward, "overlong": overlong,
+    "algorithm": algorithm, "parallel": parallel, "offload": offload, "chat_template": chat_template,
+    "rollout_log_probs": rollout_log_probs, "sequence_parallel": sequence_parallel, "data": data, "reward": reward, "overlong": overlong,
     "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip, "grad_clip": T.grad_clip,
     "warmup": T.warmup, "schedule": T.schedule, "precision": precision, "rollout_engine": rollout_engine,
     "lengths": lengths, "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups,
@@ -605,6 +618,6 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
-ORDER = ("algorithm", "parallel", "offload", "chat_template", "sequence_parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "schedule",
+ORDER = ("algorithm", "parallel", "offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward", "overlong", "filter_groups", "steps", "warmup", "schedule",
          "micro_batches", "scoring", "clip", "grad_clip", "precision", "rollout_engine", "lengths", "validation",
          "multi_turn", "multimodal", "loggers", "resume", "checkpoints", "val_only")

@@ -276,7 +276,7 @@ ROLLOUT_RULES: dict[str, Rule] = {
                                                     "agent loops from a config file (register an rlforge agent loop)"),
     f"{ROLLOUT}.agent.custom_async_server.*": Keep(off, "rlforge's engines", "custom async rollout servers"),
     f"{ROLLOUT}.agent.*": Ignore("agent loops run concurrently in the driver"),
-    f"{ROLLOUT}.calculate_log_probs": Ignore("every rlforge engine reports its log-probs"),
+    f"{ROLLOUT}.calculate_log_probs": Derived("rollout_log_probs"),
     f"{ROLLOUT}.log_prob_*": Derived("scoring"),
     f"{ROLLOUT}.trace.*": Ignore("tracing is not configured through the config"),
     f"{ROLLOUT}.prometheus.*": Ignore("no Prometheus export"),

@@ -114,3 +114,10 @@ def test_log_val_generations_is_rlforges_and_states_where_verl_shows_a_table() -
 def test_chat_template_kwargs_are_rlforges() -> None:
     t = _t("+data.apply_chat_template_kwargs.enable_thinking=False")
     assert t.overrides["data.apply_chat_template_kwargs"] == {"enable_thinking": False} and not t.refused
+
+
+def test_calculate_log_probs_is_what_rlforges_engines_do() -> None:
+    on = _fate(_t("actor_rollout_ref.rollout.calculate_log_probs=True"), "actor_rollout_ref.rollout.calculate_log_probs")
+    assert on.kind == verl.MAPPED and "training/rollout_probs_diff_*" in on.text
+    off = _fate(_t("actor_rollout_ref.rollout.calculate_log_probs=False"), "actor_rollout_ref.rollout.calculate_log_probs")
+    assert off.kind == verl.IGNORED
