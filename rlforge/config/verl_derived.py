@@ -154,7 +154,8 @@ def offload(c: Context) -> None:
     """Parameter offload as verl 0.9.1's FSDP engines do it: the actor and the critic keep their parameters in CPU
     memory with ``fsdp_config.param_offload`` (between passes) or ``offload_policy`` (FSDP2's CPUOffloadPolicy, only
     with strategy=fsdp2); the reference model, a forward-only engine, always does, whatever its keys say. rlforge's
-    fsdp strategy offloads the listed roles with CPUOffloadPolicy: the same values, the tensors waiting elsewhere."""
+    fsdp strategy offloads the listed roles with CPUOffloadPolicy: the same values, the tensors waiting elsewhere.
+    ``fsdp_size`` too: verl shards over all GPUs unless it names a smaller group (HSDP); rlforge always over all."""
     strategy = c.out.overrides.get("strategy.name")
     roles = []
     for section, role, engine in ((A, "actor", f"{A}.fsdp_config"), (REF, "ref", f"{REF}.fsdp_config"),
@@ -165,6 +166,7 @@ def offload(c: Context) -> None:
         if strategy != "fsdp":
             for key in keys:
                 c.ignore(key, "read only by verl's FSDP engines (model_engine=megatron here)" if strategy == "megatron"
+                         else "one GPU: nothing to shard" if key.endswith(".fsdp_size")
                          else f"rlforge's single strategy (one GPU) keeps parameters on the device; {OFFLOAD} needs "
                               f"strategy.name=fsdp (memory only: what is computed does not change)")
             continue
@@ -172,6 +174,13 @@ def offload(c: Context) -> None:
             for key in keys:
                 c.ignore(key, "read only with a reference model of its own (use_kl_loss or use_kl_in_reward, no LoRA)")
             continue
+        size_key, world = f"{engine}.fsdp_size", int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
+        if size_key in keys:  # verl's create_device_mesh: < 0 or >= the GPUs: one mesh over all of them, else HSDP
+            keys.remove(size_key)
+            size = int(c.get(size_key) or -1)
+            (c.same(size_key, f"FSDP shards the model over all {world} ranks") if size < 0 or size >= world else
+             c.ignore(size_key, f"verl shards over groups of {size} ranks and replicates across them (HSDP); rlforge "
+                      f"shards over all {world}: the same values (speed or memory only)"))
         param, policy = f"{engine}.param_offload", f"{engine}.offload_policy"
         fsdp2 = c.get(f"{section}.strategy", c.get(f"{A}.strategy")) == "fsdp2"
         on = True if role == "ref" else bool(c.get(param) or (fsdp2 and c.get(policy)))

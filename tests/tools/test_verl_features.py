@@ -121,3 +121,10 @@ def test_calculate_log_probs_is_what_rlforges_engines_do() -> None:
     assert on.kind == verl.MAPPED and "training/rollout_probs_diff_*" in on.text
     off = _fate(_t("actor_rollout_ref.rollout.calculate_log_probs=False"), "actor_rollout_ref.rollout.calculate_log_probs")
     assert off.kind == verl.IGNORED
+
+
+def test_fsdp_size_over_all_gpus_is_rlforges_layout() -> None:
+    assert _fate(_t(f"{A}.fsdp_config.fsdp_size=-1"), f"{A}.fsdp_config.fsdp_size").kind == verl.MAPPED
+    assert _fate(_t(f"{A}.fsdp_config.fsdp_size=4"), f"{A}.fsdp_config.fsdp_size").kind == verl.MAPPED  # 4 GPUs
+    hsdp = _fate(_t(f"{A}.fsdp_config.fsdp_size=2"), f"{A}.fsdp_config.fsdp_size")
+    assert hsdp.kind == verl.IGNORED and "HSDP" in hsdp.text
