@@ -148,6 +148,7 @@ def parallel(c: Context) -> None:
 
 
 OFFLOAD = "strategy.fsdp.offload_params"
+SPEED_ONLY = "speed or memory only: what is computed does not change"
 
 
 def offload(c: Context) -> None:
@@ -166,7 +167,7 @@ def offload(c: Context) -> None:
         if strategy != "fsdp":
             for key in keys:
                 c.ignore(key, "read only by verl's FSDP engines (model_engine=megatron here)" if strategy == "megatron"
-                         else "one GPU: nothing to shard" if key.endswith(".fsdp_size")
+                         else "one GPU: nothing to shard" if key.endswith((".fsdp_size", ".reshard_after_forward"))
                          else f"rlforge's single strategy (one GPU) keeps parameters on the device; {OFFLOAD} needs "
                               f"strategy.name=fsdp (memory only: what is computed does not change)")
             continue
@@ -181,6 +182,11 @@ def offload(c: Context) -> None:
             (c.same(size_key, f"FSDP shards the model over all {world} ranks") if size < 0 or size >= world else
              c.ignore(size_key, f"verl shards over groups of {size} ranks and replicates across them (HSDP); rlforge "
                       f"shards over all {world}: the same values (speed or memory only)"))
+        reshard = f"{engine}.reshard_after_forward"
+        if reshard in keys:  # FSDP2's default, and FSDP1's FULL_SHARD (zero3), as rlforge's fully_shard
+            keys.remove(reshard)
+            (c.same(reshard, "each layer's gathered parameters are freed after its forward pass (FSDP2's default)")
+             if c.get(reshard) else c.ignore(reshard, f"rlforge frees them after each forward pass ({SPEED_ONLY})"))
         param, policy = f"{engine}.param_offload", f"{engine}.offload_policy"
         fsdp2 = c.get(f"{section}.strategy", c.get(f"{A}.strategy")) == "fsdp2"
         on = True if role == "ref" else bool(c.get(param) or (fsdp2 and c.get(policy)))

@@ -122,6 +122,8 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{f}.strategy": Derived("parallel") if role == "actor" else Ignore("the strategy is one for all roles"),
         f"{f}.forward_only": Ignore("internal: set for forward-only roles"),
         f"{f}.fsdp_size": Derived("offload") if role != "critic" else Ignore("not read: verl's critic reads critic.fsdp"),
+        f"{f}.reshard_after_forward": Derived("offload") if role != "critic" else Ignore(
+            "not read: verl's critic reads critic.fsdp"),
         f"{f}.*": Ignore(FSDP_LAYOUT),
         f"{section}.fsdp.ulysses_sequence_parallel_size": sp,
         f"{section}.fsdp.*": Ignore(FSDP_LAYOUT),
@@ -177,7 +179,7 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
     }
     if role == "critic":  # the critic's engine section (verl 0.9.1 reads critic.fsdp, not critic.model.fsdp_config)
         rules.update({"critic.fsdp.param_offload": Derived("offload"), "critic.fsdp.offload_policy": Derived("offload"),
-                      "critic.fsdp.fsdp_size": Derived("offload"),
+                      "critic.fsdp.fsdp_size": Derived("offload"), "critic.fsdp.reshard_after_forward": Derived("offload"),
                       "critic.fsdp.optimizer_offload": Ignore(OPTIMIZER_OFFLOAD)})
     return rules
 

@@ -128,3 +128,8 @@ def test_fsdp_size_over_all_gpus_is_rlforges_layout() -> None:
     assert _fate(_t(f"{A}.fsdp_config.fsdp_size=4"), f"{A}.fsdp_config.fsdp_size").kind == verl.MAPPED  # 4 GPUs
     hsdp = _fate(_t(f"{A}.fsdp_config.fsdp_size=2"), f"{A}.fsdp_config.fsdp_size")
     assert hsdp.kind == verl.IGNORED and "HSDP" in hsdp.text
+    one_gpu = prepare(["trainer.n_gpus_per_node=1", "trainer.total_training_steps=5",
+                       f"{A}.fsdp_config.reshard_after_forward=True"], refuse=False).translation
+    assert _fate(one_gpu, f"{A}.fsdp_config.reshard_after_forward").text == "one GPU: nothing to shard"
+    assert _fate(_t(f"{A}.fsdp_config.reshard_after_forward=True"), f"{A}.fsdp_config.reshard_after_forward").kind \
+        == verl.MAPPED
