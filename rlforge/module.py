@@ -212,12 +212,12 @@ class RLModule:
     def configure_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
         """The actor's AdamW and learning-rate schedule (``actor.*``). Returns (optimizer, scheduler or None)."""
         assert self.actor is not None
-        return _adamw(self.actor, self.config.actor, self.config.trainer.total_steps)
+        return _adamw(self.actor, self.config.actor, schedule_steps(self.config))
 
     def configure_critic_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:
         """The critic's AdamW and learning-rate schedule (``critic.*``)."""
         assert self.critic is not None
-        return _adamw(self.critic, self.config.critic, self.config.trainer.total_steps)
+        return _adamw(self.critic, self.config.critic, schedule_steps(self.config))
 
     # --- algorithm verbs ------------------------------------------------------------------------
     def compute_rewards(self, batch: B.Batch) -> B.Batch:
@@ -323,6 +323,11 @@ def verl_validation_metrics(batch: B.Batch) -> dict[str, float]:
                 stds = [v.std(unbiased=False) for v in per_prompt]
                 out[f"val-aux/{src}/{name}/std@{n}"] = torch.stack(stds).mean().item()
     return out
+
+
+def schedule_steps(config: Any) -> int:
+    """The steps a learning-rate schedule spans: ``trainer.schedule_steps``, else ``trainer.total_steps``."""
+    return int(config.trainer.schedule_steps or config.trainer.total_steps)
 
 
 def _adamw(model: torch.nn.Module, section: Any, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:

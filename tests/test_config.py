@@ -292,6 +292,18 @@ def test_sampled_validation_takes_its_own_top_p_and_top_k(registry) -> None:
     assert SamplingParams.from_config(cfg.rollout).top_p == 1.0  # the training rollouts keep rollout.top_p
 
 
+def test_epoch_limit_shortens_the_run_and_keeps_the_schedule(registry) -> None:
+    from rlforge.config.compose import apply_total_epochs
+    from rlforge.module import schedule_steps
+
+    cfg = compose(registry, None, None, ["trainer.total_steps=20", "trainer.epoch_limit=2", "data.train_batch_size=8"])
+    apply_total_epochs(cfg, 50)  # 6 whole batches per epoch: 12 steps
+    assert cfg.trainer.total_steps == 12 and cfg.trainer.schedule_steps == 20 and schedule_steps(cfg) == 20
+    later = compose(registry, None, None, ["trainer.total_steps=5", "trainer.epoch_limit=2", "data.train_batch_size=8"])
+    apply_total_epochs(later, 50)  # total_steps comes first: nothing changes
+    assert later.trainer.total_steps == 5 and later.trainer.schedule_steps is None and schedule_steps(later) == 5
+
+
 def test_total_epochs_sets_the_steps_from_the_rows(registry) -> None:
     from rlforge.config.compose import apply_total_epochs
 

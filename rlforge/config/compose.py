@@ -425,11 +425,16 @@ def _longest_words(cfg: DictConfig) -> str:
 
 def apply_total_epochs(cfg: DictConfig, examples: int) -> None:
     """With ``trainer.total_epochs`` set, ``trainer.total_steps`` becomes epochs x (examples // data.train_batch_size):
-    whole batches per epoch, verl's count. The trainer calls it once the training examples are loaded and filtered."""
-    epochs = cfg.trainer.total_epochs
-    if epochs is not None:
-        with read_write(cfg):
-            cfg.trainer.total_steps = max(1, int(epochs) * (examples // cfg.data.train_batch_size))
+    whole batches per epoch, verl's count; with ``trainer.epoch_limit`` a smaller such count becomes ``total_steps`` and
+    the schedules keep the old length (``trainer.schedule_steps``). The trainer calls it once the training examples
+    are loaded and filtered."""
+    epochs, limit, per_epoch = cfg.trainer.total_epochs, cfg.trainer.epoch_limit, examples // cfg.data.train_batch_size
+    with read_write(cfg):
+        if epochs is not None:
+            cfg.trainer.total_steps = max(1, int(epochs) * per_epoch)
+        if limit is not None and max(1, int(limit) * per_epoch) < cfg.trainer.total_steps:  # trainer.epoch_limit
+            cfg.trainer.schedule_steps = cfg.trainer.schedule_steps or cfg.trainer.total_steps
+            cfg.trainer.total_steps = max(1, int(limit) * per_epoch)
 
 
 def explain_batch_sizes(cfg: DictConfig, words: tuple[str, str, str]) -> str:

@@ -77,11 +77,9 @@ class Trainer:
         """The module's training and validation examples (``RLModule.prepare_data``) and the sampler over them."""
         d = self.config.data
         self.train_examples = module.prepare_data(self.builder.dataset("train"), "train")
-        apply_total_epochs(self.config, len(self.train_examples))  # trainer.total_epochs: the step count from the rows
+        apply_total_epochs(self.config, len(self.train_examples))  # total_epochs / epoch_limit: steps from the rows
         self.val_examples = module.prepare_data(self.builder.dataset("val"), "val")
         self.sampler = PromptSampler(len(self.train_examples), d.train_batch_size, d.shuffle, self.config.trainer.seed)
-        t, per_epoch = self.config.trainer, len(self.train_examples) // d.train_batch_size
-        self.last_step = min(t.total_steps, t.epoch_limit * per_epoch) if t.epoch_limit else t.total_steps  # the stop
         self.fingerprint = resume.fingerprint(self.train_examples, self.config)
 
     def _seed(self) -> None:
@@ -142,13 +140,13 @@ class Trainer:
         start = time.perf_counter()
         val_before = self.validate() if t.val_before_train and self.step == 0 else None
         tokens = 0
-        while self.step < self.last_step:
+        while self.step < t.total_steps:
             self.step += 1
             try:
                 tokens += self._train_step(flow)
             except NonFiniteError as exc:
                 raise NonFiniteError(f"{exc} The last good state is saved in {self.save()}.") from None
-            if t.val_every and self.step % t.val_every == 0 and self.step < self.last_step:
+            if t.val_every and self.step % t.val_every == 0 and self.step < t.total_steps:
                 self.validate()
             if t.save_every and self.step % t.save_every == 0:
                 self.save()
