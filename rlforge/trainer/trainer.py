@@ -1,4 +1,5 @@
-"""Trainer.fit(): the dataflow loop of ARCHITECTURE.md, timed stage by stage, with hooks around each."""
+"""Trainer.fit(): the dataflow loop of docs/concepts.md ("The dataflow of one step"), timed stage by stage, with hooks
+around each."""
 
 from __future__ import annotations
 
