@@ -1,5 +1,5 @@
-"""The core's layering (docs/concepts.md, "The pieces and who does what"): the core never imports the built-in plugins or algorithms (it reaches
-them through the plugin manager), and its packages import each other in one direction only."""
+"""The core's layering (docs/concepts.md, "The pieces and who does what"): the core never imports the built-in plugins
+or algorithms (it reaches them through the plugin manager), and its packages import each other in one direction only."""
 
 from __future__ import annotations
 
