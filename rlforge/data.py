@@ -131,7 +131,8 @@ def template_kwargs(config: Any) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     value = config.data.apply_chat_template_kwargs
-    return dict(OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value or {})
+    plain = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return {str(k): v for k, v in plain.items()} if isinstance(plain, dict) else {}
 
 
 def truncate(ids: list[int], max_len: int, mode: str) -> list[int]:

@@ -80,8 +80,9 @@ class TPStrategy(FSDPStrategy):
         self.rank, self.world_size = mesh["dp"].get_local_rank(), mesh["dp"].size()  # data-parallel
         return mesh["dp"]
 
-    def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Split each decoder layer's projections over the tensor-parallel ranks, then FSDP over the rest."""
+    def setup_model(self, model: torch.nn.Module, offload: bool = False) -> torch.nn.Module:
+        """Split each decoder layer's projections over the tensor-parallel ranks, then FSDP over the rest (``offload``:
+        never set, strategy.fsdp.offload_params is refused on tp)."""
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
             RowwiseParallel,
@@ -93,7 +94,7 @@ class TPStrategy(FSDPStrategy):
         model.to(self.device)
         for layer in _decoder_layers(model):
             parallelize_module(layer, self.tp_mesh, {name: styles[kind]() for name, kind in LAYER_PLAN.items()})
-        return super().setup_model(model)
+        return super().setup_model(model, offload)
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float:
         """Clip by the total norm of all gradients, taken per (mesh, placements) group; the same on every rank."""
