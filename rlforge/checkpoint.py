@@ -293,6 +293,11 @@ def load_weights(checkpoint: Path, model: Any) -> None:
         return
     try:
         missing, unexpected = model.load_state_dict(tensors, strict=False)
+        if (missing or unexpected) and (checkpoint / "actor" / "config.json").is_file():
+            # transformers writes some architectures under their original key names and renames them as it loads
+            # them (Qwen2-VL: visual.* is model.visual.*): the folder as the model class itself reads it
+            loaded = type(model).from_pretrained(str(checkpoint / "actor"), dtype="auto")
+            missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     except RuntimeError as exc:
         raise RLForgeError(f"Checkpoint {checkpoint} does not match model.path: {str(exc).splitlines()[0]}") from None
     # tied weights are saved once; anything else missing means a different model

@@ -36,3 +36,29 @@ def test_an_engine_without_image_support_is_refused_before_any_model_loads(tmp_p
     assert main(["fit", "--algo", "grpo", "--config", "builtin:vision", f"trainer.runs_root={tmp_path}",
                  "rollout.name=vllm", "data.vision.train_size=16", "data.vision.val_size=4"]) != 0
     assert "the rollout engine 'vllm' (rollout.name) does not take them: use rollout.name=hf" in capsys.readouterr().err
+
+
+def test_a_vision_run_resumed_after_its_first_step_ends_bit_identical(tmp_path: Path) -> None:
+    """The checkpoint of a run on image rows continues it exactly: the data fingerprint covers the images (by digest)
+    and the resumed step 2 gives the weights of an uninterrupted run."""
+    import torch
+    from safetensors.torch import load_file
+
+    from rlforge import Trainer, load_config
+    from tests.test_e2e import CrashAt
+
+    def config(name: str, *extra: str):
+        return load_config("grpo", [
+            "model.path=builtin:tiny-vlm", "data.name=vision", "data.max_prompt_length=48", "rollout.max_new_tokens=4",
+            "data.vision.train_size=16", "data.vision.val_size=4", "data.train_batch_size=4", "rollout.n=4",
+            "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8", "trainer.total_steps=2",
+            "trainer.save_every=1", "trainer.val_every=0", "trainer.val_before_train=false", "trainer.progress=false",
+            "logger.backends=[console]", f"trainer.run_dir={tmp_path / name}", *extra])
+
+    Trainer(config("full")).fit()
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(config("cut"), callbacks=[CrashAt(2)]).fit()
+    assert Trainer(config("cut", "trainer.resume=auto")).fit()["steps"] == 2
+    a, b = (load_file(str(tmp_path / n / "checkpoints" / "step_000002" / "actor" / "model.safetensors"))
+            for n in ("full", "cut"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
