@@ -34,6 +34,7 @@ IMAGE_PLACEHOLDER = "<image>"
 VIDEO_PLACEHOLDER = "<video>"
 PIXEL_VALUES = "pixel_values"
 IMAGE_GRID_THW = "image_grid_thw"
+IMAGES = "images"  # the row's images as RGB PIL images, for engines that run their own processor (vLLM)
 
 
 # --- rows ---------------------------------------------------------------------------------------------------------
@@ -131,15 +132,25 @@ def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[A
         detail = (str(exc).strip().splitlines() or [""])[0]
         raise DataError(f"{where}: the processor cannot encode this row ({type(exc).__name__}: {detail}).") from None
     return encoded["input_ids"][0].tolist(), {PIXEL_VALUES: encoded[PIXEL_VALUES],
-                                               IMAGE_GRID_THW: encoded[IMAGE_GRID_THW]}
+                                               IMAGE_GRID_THW: encoded[IMAGE_GRID_THW], IMAGES: list(images)}
+
+
+def engine_prompt(ids: list[int], inputs: dict[str, Any] | None, image_token: int | None) -> dict[str, Any]:
+    """A prompt for an engine that runs the model's own processor (vLLM's ``TokensPrompt`` fields): the token ids
+    with each run of image-pad tokens collapsed back to the one pad the chat template wrote (the engine expands it
+    again from the image), and the row's images as ``multi_modal_data``; a text row's ids as they are."""
+    if inputs is None:
+        return {"prompt_token_ids": ids}
+    collapsed = [t for i, t in enumerate(ids) if t != image_token or i == 0 or ids[i - 1] != image_token]
+    return {"prompt_token_ids": collapsed, "multi_modal_data": {"image": inputs[IMAGES]}}
 
 
 def check_engine(prompts: list[Any], engine: type, name: str) -> None:
-    """Rows with images need a rollout engine that declares ``supports_images`` (the ``hf`` engine): another would
+    """Rows with images need a rollout engine that declares ``supports_images`` (``hf``, ``vllm``): another would
     generate from the image tokens without the pixels."""
     if not getattr(engine, "supports_images", False) and any(p.multi_modal is not None for p in prompts):
         raise RLForgeError(f"The data has images, but the rollout engine '{name}' (rollout.name) does not take them: "
-                           f"use rollout.name=hf (docs/multimodal.md).")
+                           f"use rollout.name=hf or vllm (docs/multimodal.md).")
 
 
 # --- processor ------------------------------------------------------------------------------------------------------

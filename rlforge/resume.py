@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -360,6 +361,9 @@ def _jsonable(value: Any) -> Any:
     if callable(getattr(value, "is_floating_point", None)) and value.is_floating_point():
         # a float tensor (a vision row's pixel values): the digest of its bytes, not a JSON list of every float
         return hashlib.sha256(value.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+    image_class = getattr(sys.modules.get("PIL.Image"), "Image", None)  # loaded wherever a row has an image
+    if image_class is not None and isinstance(value, image_class):  # a vision row's image: its pixels' digest
+        return hashlib.sha256(value.tobytes()).hexdigest()
     return value.tolist() if hasattr(value, "tolist") else repr(value)
 
 

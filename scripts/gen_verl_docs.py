@@ -68,7 +68,7 @@ def corpus(f: dict[str, float]) -> list[str]:
             f"| refused, naming the missing feature | {f['refused']} | {f['refused_pct']:.1f}% |",
             f"| ignored, with the reason | {f['ignored']} | {f['ignored_pct']:.1f}% |", "",
             f"Launches: {f['compose']} compose as they are; {f['refused_named']} are refused, each for named missing "
-            f"features (sequence parallelism in SFT, megatron pipeline parallelism, MoE expert parallelism, image rows on the vLLM engine, "
+            f"features (sequence parallelism in SFT, megatron pipeline parallelism, MoE expert parallelism, "
             f"SFT's wandb logger, NPUs, SGLang, ...); {f['verl_refuses']} are refused by verl 0.9.1's own composition (keys of older verl releases, "
             "configs of other recipes). Every difference from verl that the tables know of is a refusal or a stated "
             "note; tests/tools/test_verl_corpus.py checks each override's fate against the audited table "

