@@ -296,10 +296,14 @@ PATCH, MERGE = 14, 2  # Qwen2-VL's patch size and spatial merge: one image token
 
 
 def _vision_config(family: str, hidden: int, vision_dim: int) -> dict[str, Any]:
-    """The vision tower of a tiny model: Qwen2-VL's one block, or Qwen2.5-VL's two (a windowed one, a full one)."""
+    """The vision tower of a tiny model: Qwen2-VL's one block, Qwen2.5-VL's two (a windowed one, a full one), or
+    Qwen3-VL's two (learned positions, a deepstack layer)."""
     shared = {"patch_size": PATCH, "spatial_merge_size": MERGE, "temporal_patch_size": 2, "num_heads": 2}
     if family == "qwen2_vl":
         return {**shared, "depth": 1, "embed_dim": vision_dim, "hidden_size": hidden, "mlp_ratio": 2}
+    if family == "qwen3_vl":  # learned position embeddings on an 8 x 8 grid, one deepstack layer
+        return {**shared, "depth": 2, "hidden_size": vision_dim, "out_hidden_size": hidden,
+                "intermediate_size": 2 * vision_dim, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]}
     return {**shared, "depth": 2, "hidden_size": vision_dim, "out_hidden_size": hidden,
             "intermediate_size": 2 * vision_dim, "window_size": 2 * PATCH * MERGE, "fullatt_block_indexes": [1]}
 
@@ -307,12 +311,13 @@ def _vision_config(family: str, hidden: int, vision_dim: int) -> dict[str, Any]:
 TINY_FAMILIES = {  # family -> (config, model, processor) class names in transformers
     "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor"),
     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor"),
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor"),
 }
 
 
 def build_tiny_vlm(hidden: int = 128, layers: int = 2, vision_dim: int = 64, min_side: int = 56, max_side: int = 112,
                    family: str = "qwen2_vl") -> tuple[Any, Any]:
-    """(a random Qwen2-VL- or Qwen2.5-VL-shaped model (``family``, see :data:`TINY_FAMILIES`), its processor):
+    """(a random Qwen2-VL-, Qwen2.5-VL- or Qwen3-VL-shaped model (``family``, see :data:`TINY_FAMILIES`), its processor):
     rlforge's char-level tokenizer with the vision tokens added, a Qwen2-VL image processor bounded to
     ``min_side**2 .. max_side**2`` pixels, a vision tower of one or two blocks."""
     import transformers

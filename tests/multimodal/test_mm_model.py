@@ -139,11 +139,13 @@ def test_freezing_a_text_models_vision_tower_is_an_error():
         mm.freeze_vision_tower(load_model("builtin:tiny-arith"))
 
 
-def test_a_qwen2_5_vl_shaped_model_takes_the_same_path(vlm, rollout):
-    """Qwen2.5-VL (windowed vision attention, its own get_rope_index): the engine's log-probs are the actor's."""
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_the_newer_qwen_vl_shapes_take_the_same_path(vlm, rollout, family):
+    """Qwen2.5-VL (windowed vision attention) and Qwen3-VL (learned vision positions, deepstack features), each with
+    its own get_rope_index: the engine's log-probs are the actor's."""
     _, tok, _ = vlm
     torch.manual_seed(0)
-    model = mm.build_tiny_vlm(family="qwen2_5_vl")[0].eval()  # the same tokenizer, so the same vision token ids
+    model = mm.build_tiny_vlm(family=family)[0].eval()  # the same tokenizer, so the same vision token ids
     prompts = rollout.select(list(range(0, len(rollout), 2)))  # one row per prompt
     decoder = Decoder(model, [tok.eos_token_id], tok.pad_token_id)
     with torch.no_grad():
