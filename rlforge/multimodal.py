@@ -317,8 +317,8 @@ TINY_FAMILIES = {  # family -> (config, model, processor) class names in transfo
 
 def build_tiny_vlm(hidden: int = 128, layers: int = 2, vision_dim: int = 64, min_side: int = 56, max_side: int = 112,
                    family: str = "qwen2_vl") -> tuple[Any, Any]:
-    """(a random Qwen2-VL-, Qwen2.5-VL- or Qwen3-VL-shaped model (``family``, see :data:`TINY_FAMILIES`), its processor):
-    rlforge's char-level tokenizer with the vision tokens added, a Qwen2-VL image processor bounded to
+    """(a random Qwen2-VL-, Qwen2.5-VL- or Qwen3-VL-shaped model (``family``, see :data:`TINY_FAMILIES`), its
+    processor): rlforge's char-level tokenizer with the vision tokens added, a Qwen2-VL image processor bounded to
     ``min_side**2 .. max_side**2`` pixels, a vision tower of one or two blocks."""
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
