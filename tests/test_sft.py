@@ -24,7 +24,8 @@ from rlforge.config.schema import SFTConfig
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.models import build_char_tokenizer, build_tiny_llama
 from rlforge.sft import run_sft
-from rlforge.sft.formats import FORMATS, Example, Keys, conversation, prompt_response, row_format, truncate
+from rlforge.sft.formats import (FORMATS, Example, Keys, conversation, prompt_response, row_format, truncate,
+                                 turn_sequences)
 from rlforge.sft.module import SFTModule
 from rlforge.sft.run import apply_epochs, check_config
 from rlforge.sft.order import EpochOrder, RandomOrder
@@ -161,17 +162,23 @@ def test_bad_conversations_name_the_row(chatml):
             conversation({"messages": messages}, chatml, Keys(), "data.jsonl, row 7")
 
 
-def test_templates_that_cannot_be_diffed_or_reject_a_row_name_it():
+def test_templates_that_rewrite_earlier_turns_or_reject_a_row():
     tok = build_char_tokenizer()  # a template that drops the content of past assistant turns
     tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{% if loop.last or m['role'] != 'assistant' %}"
                          "{{ m['content'] }}{% endif %}<|end|>{% endfor %}"
                          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
     chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
             {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
-    with pytest.raises(DataError, match="row 2: the chat template renders message 1 differently"):
+    # each turn against the history it is generated from: 'b' after 'a'; 'd' after 'a', an emptied 'b' and 'c'
+    first, second = turn_sequences({"messages": chat}, tok, Keys(), "row 2")
+    assert tok.decode(first.ids) == "<|user|>a<|end|><|assistant|>b<|end|>" and first.mask == [0, 0, 0, 0, 1, 1]
+    assert tok.decode(second.ids) == "<|user|>a<|end|><|assistant|><|end|><|user|>c<|end|><|assistant|>d<|end|>"
+    assert second.mask == [0] * 9 + [1, 1]
+    with pytest.raises(DataError, match="row 2: the chat template renders earlier turns differently"):
         conversation({"messages": chat}, tok, Keys(), "row 2")
     tok.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
-    with pytest.raises(DataError, match="row 4: the chat template rejects this row: Conversation roles must alt"):
+    with pytest.raises(DataError, match="row 4: the chat template rejects this row: Conversation roles must alt.*"
+                                        r"\(the roles it was given: user\)"):
         conversation({"messages": chat}, tok, Keys(), "row 4")
 
 
@@ -225,15 +232,15 @@ def test_batch_orders_answer_any_step():
 
 # --- TRL's four dataset formats, TRL's column names and masks --------------------------------------------------
 def test_trl_language_modelling_text_trains_every_token_and_eos(char_tokenizer):
-    ex = FORMATS["text"]({"text": "ab"}, char_tokenizer, Keys(), "row 1")
+    (ex,) = FORMATS["text"]({"text": "ab"}, char_tokenizer, Keys(), "row 1")
     assert ex.ids == [72, 73, 2] and ex.mask == [1, 1, 1]  # 'a' 'b' <|end|>: no template; EOS appended
-    assert FORMATS["text"]({"text": "ab<|end|>"}, char_tokenizer, Keys(), "row 1") == ex  # not twice
+    assert FORMATS["text"]({"text": "ab<|end|>"}, char_tokenizer, Keys(), "row 1") == [ex]  # not twice
     with pytest.raises(DataError, match=r"row 4: 'text' \(sft.text_key\) must be a non-empty string"):
         FORMATS["text"]({"text": ["ab"]}, char_tokenizer, Keys(), "row 4")
 
 
 def test_trl_prompt_completion_strings_are_plain_text_with_completion_only_loss(char_tokenizer):
-    ex = FORMATS["prompt_completion"]({"prompt": "1+1=", "completion": "2"}, char_tokenizer, Keys(), "row 1")
+    (ex,) = FORMATS["prompt_completion"]({"prompt": "1+1=", "completion": "2"}, char_tokenizer, Keys(), "row 1")
     # '1' '+' '1' '=' as plain text (no chat template, unlike prompt/response), then '2' and EOS, trained
     assert ex.ids == [24, 18, 24, 36, 25, 2] and ex.mask == [0, 0, 0, 0, 1, 1]
 
@@ -241,7 +248,7 @@ def test_trl_prompt_completion_strings_are_plain_text_with_completion_only_loss(
 def test_trl_conversational_prompt_completion_masks_what_the_completion_adds(chatml):
     row = {"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
            "completion": [{"role": "assistant", "content": "B"}]}
-    ex = FORMATS["prompt_completion"](row, chatml, Keys(), "row 1")
+    (ex,) = FORMATS["prompt_completion"](row, chatml, Keys(), "row 1")
     # TRL: mask = 0 over the prompt rendered with its generation prompt, 1 over the rest of the whole rendering
     head = chatml.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"]
     assert ex.ids[: len(head)] == list(head)

@@ -44,20 +44,25 @@ def builtin_rows(config: DictConfig, registry: Any) -> list[dict[str, Any]]:
 
 def build_examples(rows: list[dict[str, Any]], tokenizer: Any, s: DictConfig, keys: Keys, name: str
                    ) -> tuple[list[Example], int]:
-    """(examples, number of rows dropped): rows over ``sft.max_length`` (``sft.truncation=drop``) and rows left
-    with no trained token by truncation are dropped; any other bad row is an error naming its file and row."""
+    """(examples, number of examples dropped): a row gives one example, or several for a conversation whose chat
+    template rewrites earlier turns (``rlforge.sft.formats``); examples over ``sft.max_length``
+    (``sft.truncation=drop``) and examples left with no trained token by truncation are dropped; any other bad row
+    is an error naming its file and row."""
     examples: list[Example] = []
+    dropped = 0
     fmt, max_length, how = s.format, s.max_length, s.truncation  # read once: OmegaConf access is slow
     for i, row in enumerate(rows):
         where = str(row.get("_origin") or f"{name}, row {i + 1}")
-        example = FORMATS[row_format(row, fmt, keys)](row, tokenizer, keys, where)
-        kept = truncate(example, max_length, how, where)
-        if kept is not None and kept.trained:
-            examples.append(kept)
+        for example in FORMATS[row_format(row, fmt, keys)](row, tokenizer, keys, where):
+            kept = truncate(example, max_length, how, where)
+            if kept is not None and kept.trained:
+                examples.append(kept)
+            else:
+                dropped += 1
     if rows and not examples:
         raise DataError(f"{name}: no row is left to train on (all {len(rows)} are over sft.max_length="
                         f"{s.max_length} tokens or lose every trained token to sft.truncation={s.truncation}).")
-    return examples, len(rows) - len(examples)
+    return examples, dropped
 
 
 def pad(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:

@@ -7,10 +7,12 @@ else a prompt/response pair):
 - ``prompt_response`` (verl's ``SFTDataset``): the prompt (chat messages, or a string = one user message) rendered
   with the chat template and its generation prompt, then the response tokens and EOS. Loss on the response and EOS.
 - ``messages`` (verl's multi-turn and TRL's conversational format): a conversation (system/user/assistant/tool
-  messages; assistant messages may carry ``tool_calls``), rendered whole with the chat template. Loss on each
-  assistant turn: its content (tool calls included) and its end-of-turn token, never the template's glue that opens
-  the turn. The turns are found by rendering the conversation incrementally and comparing token prefixes, so any
-  chat template works, with or without ``{% generation %}`` markers.
+  messages; assistant messages may carry ``tool_calls``). Each assistant turn is rendered against its own history:
+  the conversation before it, rendered with the generation prompt, then the turn as the template renders it when
+  the conversation ends there. Loss on the turn's content (tool calls included) and its end-of-turn token, never
+  on the template's glue. Turns whose histories render alike share one sequence (one per row for a
+  prefix-preserving template); a template that rewrites earlier turns (Qwen3 drops the reasoning of past turns)
+  starts a new sequence where the history changes. Works with any template, without ``{% generation %}`` markers.
 - ``prompt_completion`` (TRL's prompt-completion formats, with TRL's masks): a string prompt and completion are
   plain text, no template: the tokens of ``prompt + completion`` and EOS, loss on what follows the prompt's tokens;
   a conversational prompt and completion (message lists) are rendered with the chat template, loss on everything
@@ -72,17 +74,37 @@ def need(row: dict[str, Any], key: str, config_key: str, where: str) -> Any:
     return value
 
 
+def apply(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any) -> list[int]:
+    enc = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
+                                        tokenize=True)
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
 def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, where: str,
            tools: Any = None) -> list[int]:
-    """Token ids of ``messages`` through the chat template; a template's own error names the row."""
+    """Token ids of ``messages`` through the chat template; a template's own error names the row and its cause."""
     from jinja2 import TemplateError
 
     try:
-        enc = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                            tokenize=True)
+        return apply(tokenizer, messages, generation_prompt, tools)
     except TemplateError as exc:
-        raise DataError(f"{where}: the chat template rejects this row: {exc}") from None
-    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        raise DataError(f"{where}: the chat template rejects this row: {exc} "
+                        f"({rejection_cause(tokenizer, messages, generation_prompt, tools)})") from None
+
+
+def rejection_cause(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any) -> str:
+    """Why a template refused ``messages``: the system message when the rest renders, else the roles it got."""
+    from jinja2 import TemplateError
+
+    roles = [m["role"] for m in messages]
+    if roles[0] == "system" and len(roles) > 1:
+        try:
+            apply(tokenizer, messages[1:], generation_prompt, tools)
+            return ("the template has no system role: it renders the conversation without message 0 (system); "
+                    "fold the system message into the first user message or drop it")
+        except TemplateError:
+            pass
+    return f"the roles it was given: {', '.join(roles)}"
 
 
 def check_messages(messages: Any, key: str, where: str) -> list[dict[str, Any]]:
@@ -121,13 +143,18 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def turn_end(tokenizer: Any, span: list[int]) -> int:
-    """Length of an assistant turn's span without the glue after its end-of-turn token: the span ends at its
-    last special token when only whitespace follows (``<|im_end|>\\n`` -> ``<|im_end|>``)."""
+    """Length of an assistant turn's span without the template's glue after it: the span ends at the first special
+    token of its trailing run of special tokens and whitespace (``<|im_end|>\\n`` -> ``<|im_end|>``; Phi-3's
+    ``<|end|>\\n<|endoftext|>`` at the end of a conversation -> ``<|end|>``)."""
     added = tokenizer.added_tokens_decoder
-    last = max((i for i, t in enumerate(span) if t in added and added[t].special), default=-1)
-    if last >= 0 and not tokenizer.decode(span[last + 1:]).strip():
-        return last + 1
-    return len(span)
+    end = len(span)
+    for i in range(len(span) - 1, -1, -1):
+        special = span[i] in added and added[span[i]].special
+        if not special and tokenizer.decode(span[i:i + 1]).strip():
+            break
+        if special:
+            end = i + 1
+    return end
 
 
 def with_eos(ids: list[int], tokenizer: Any) -> list[int]:
@@ -183,7 +210,9 @@ def row_tools(row: dict[str, Any], keys: Keys, where: str) -> list[dict[str, Any
     return tools
 
 
-def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) -> Example:
+def turn_sequences(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) -> list[Example]:
+    """The row's training sequences: each assistant turn rendered against its own history, turns that render the
+    same history sharing a sequence (see the module docstring)."""
     raw = need(row, keys.messages, "sft.messages_key", where)
     if isinstance(raw, str):
         raise DataError(f"{where}: '{keys.messages}' (sft.messages_key) must be a list of chat messages, not a string.")
@@ -194,28 +223,51 @@ def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) ->
         raise DataError(f"{where}: the conversation has no assistant message to train on.")
     if all(m["role"] == "system" for m in messages[:turns[0]]):
         raise DataError(f"{where}: the conversation starts with an assistant message; put a user message first.")
-    full = render(tokenizer, messages, False, where, tools)
-    mask = [0] * len(full)
+    sequences: list[Example] = []
+    trained_to = 0  # the end of the last trained token of sequences[-1]
     for i in turns:
         opened = render(tokenizer, messages[:i], True, where, tools)
         closed = render(tokenizer, messages[: i + 1], False, where, tools)
-        if full[: len(closed)] != closed:
-            raise DataError(
-                f"{where}: the chat template renders message {i} differently once later messages follow (e.g. a "
-                f"template that drops the reasoning of earlier turns), so its tokens cannot be located. Split the "
-                f"conversation into one row per assistant turn."
-            )
-        start = common_prefix(opened, closed)
-        end = start + turn_end(tokenizer, closed[start:])
-        mask[start:end] = [1] * (end - start)
-    return Example(full, mask)
+        if closed[: len(opened)] != opened:
+            raise DataError(history_changed(tokenizer, opened, closed, i, where))
+        start, end = len(opened), len(opened) + turn_end(tokenizer, closed[len(opened):])
+        if sequences and start >= trained_to and closed[:trained_to] == sequences[-1].ids[:trained_to]:
+            sequences[-1] = Example(closed, sequences[-1].mask[:trained_to] + [0] * (len(closed) - trained_to))
+        else:  # the template renders the earlier turns differently now: a new sequence
+            sequences.append(Example(closed, [0] * len(closed)))
+        sequences[-1].mask[start:end] = [1] * (end - start)
+        trained_to = end
+    return sequences
 
 
-FORMATS: dict[str, Callable[[dict[str, Any], Any, Keys, str], Example]] = {
-    "prompt_response": prompt_response,
-    "prompt_completion": prompt_completion,
-    "messages": conversation,
-    "text": text,
+def conversation(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) -> Example:
+    """The row as one sequence (a prefix-preserving template); an error naming the row where it takes several."""
+    sequences = turn_sequences(row, tokenizer, keys, where)
+    if len(sequences) > 1:
+        raise DataError(f"{where}: the chat template renders earlier turns differently once later ones follow, so "
+                        f"this conversation trains as {len(sequences)} sequences, not one.")
+    return sequences[0]
+
+
+def history_changed(tokenizer: Any, opened: list[int], closed: list[int], i: int, where: str) -> str:
+    at = common_prefix(opened, closed)
+    alone, joined = tokenizer.decode(opened[at:at + 40]), tokenizer.decode(closed[at:at + 40])
+    return (f"{where}: the chat template renders the conversation before message {i} differently once message {i} "
+            f"(assistant) follows: {alone!r} with the generation prompt, {joined!r} with the message, so the turn "
+            f"cannot be appended to its own history. The template moves or drops an earlier message once the "
+            f"conversation goes on (such as a system message it puts into the last user message only), or its "
+            f"generation prompt is not how it opens an assistant message.")
+
+
+def one(fmt: Callable[[dict[str, Any], Any, Keys, str], Example]) -> Callable[..., list[Example]]:
+    return lambda row, tokenizer, keys, where: [fmt(row, tokenizer, keys, where)]
+
+
+FORMATS: dict[str, Callable[[dict[str, Any], Any, Keys, str], list[Example]]] = {  # a row -> its sequences
+    "prompt_response": one(prompt_response),
+    "prompt_completion": one(prompt_completion),
+    "messages": turn_sequences,
+    "text": one(text),
 }
 
 

@@ -157,7 +157,7 @@ def load_data(config: DictConfig, plugins: Any, tokenizer: Any, say: Callable[[s
     train, dropped = train_examples(config, plugins.registry, tokenizer)
     val, val_dropped = val_examples(config, plugins.registry, tokenizer)
     say(f"sft data: {len(train)} training examples, {len(val)} validation examples"
-        + (f" ({dropped} + {val_dropped} rows dropped by sft.truncation)" if dropped + val_dropped else ""))
+        + (f" ({dropped} + {val_dropped} examples dropped by sft.truncation)" if dropped + val_dropped else ""))
     return train, val
 
 
