@@ -10,11 +10,13 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from omegaconf import OmegaConf
 
 from rlforge import load_config
 from rlforge.errors import DataError
 from rlforge.models import build_char_tokenizer, build_tiny_llama
 from rlforge.sft import run_sft
+from rlforge.sft.data import build_examples
 from rlforge.sft.formats import Example, Keys, conversation, render, turn_sequences
 from tests.test_sft import CHAT, FAST, chatml, runs  # noqa: F401 (a fixture)
 
@@ -141,10 +143,18 @@ def test_prefix_preserving_templates_keep_one_sequence_equal_to_each_turn_agains
     assert whole.ids == render(chatml, CHAT, False, "row 1")
     assert runs(whole, chatml) == [(31, "<tool>f</tool><|im_end|>"), (67, "B<|im_end|>")]
     for i, trained in ((2, (31, "<tool>f</tool><|im_end|>")), (4, (67, "B<|im_end|>"))):
-        opened, closed = render(chatml, CHAT[:i], True, "r"), render(chatml, CHAT[: i + 1], False, "r")
-        assert whole.ids[: len(closed)] == closed and closed[: len(opened)] == opened
-        assert trained[0] == len(opened)
+        opened = render(chatml, CHAT[:i], True, "r")
+        (own,) = turn_sequences({"messages": CHAT[: i + 1]}, chatml, Keys(), "r")  # the conversation up to turn i
+        assert whole.ids[: len(own.ids)] == own.ids and whole.mask[: len(own.ids)] == own.mask
+        assert own.ids[: len(opened)] == opened and runs(own, chatml)[-1] == trained == (len(opened), trained[1])
     assert conversation({"messages": CHAT}, chatml, Keys(), "row 1") == whole
+
+
+def test_each_sequence_of_a_row_is_truncated_and_counted_on_its_own(qwen3):
+    rows = [{"messages": chat("Q1", "<think>r1</think>A1", "Q2", "<think>r2</think>A2")}]
+    s = OmegaConf.create({"format": "auto", "max_length": 50, "truncation": "drop"})
+    examples, dropped = build_examples(rows, qwen3, s, Keys(), "f.jsonl")
+    assert dropped == 1 and [len(e.ids) for e in examples] == [45]  # the second turn's sequence: 70 tokens
 
 
 # --- Phi-3: EOS after the last turn --------------------------------------------------------------------------
