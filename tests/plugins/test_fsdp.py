@@ -270,6 +270,9 @@ def test_offload_params_names_roles_on_the_fsdp_strategy_itself():
     with pytest.raises(ConfigError, match="strategy.fsdp.offload_params is read by strategy.name=fsdp; "
                                           "strategy.name=tp"):
         _config(pm, "strategy.name=tp", *dist, "strategy.fsdp.offload_params=[actor]")
+    with pytest.raises(ConfigError, match=r"this run's strategy is strategy.name=single: set strategy.name=fsdp or "
+                                          r"strategy.fsdp.offload_params=\[\]"):  # nothing else would offload
+        _config(pm, "strategy.fsdp.offload_params=[actor]")
 
 
 def test_fsdp_under_the_local_controller_says_to_use_a_launcher(tmp_path):
