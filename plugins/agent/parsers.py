@@ -1,8 +1,11 @@
-"""Tool-call parsers: ``hermes`` (Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``).
+"""Tool-call parsers: ``hermes`` (Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``)
+and ``tokenizer`` (the model's own format: transformers' ``tokenizer.parse_response`` with the tokenizer's
+``response_template``).
 
 A parser reads text a model wrote, so it must never raise on it: every call that cannot be read becomes a parse error
-(the model gets it as an error reply), whatever its size, nesting depth or characters, and the cost stays linear in
-the length of the text.
+(the model gets it as an error reply), whatever its size, nesting depth or characters. ``hermes`` costs time linear in
+the length of the text; ``tokenizer`` costs what transformers' parser takes with the model's template
+(docs/agentic.md, "Tool-call formats").
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import uuid
 from typing import Any
 
 from rlforge.agent import ParsedTurn, ToolCall, ToolParser
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -61,19 +65,23 @@ class HermesParser(ToolParser):
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             errors.append(f"expected {_SHAPE}, got {body!r:.200}")
             return None
-        args = obj.get("arguments", {})
-        if isinstance(args, str):  # some models write the arguments as a JSON string, as OpenAI messages carry them
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except (json.JSONDecodeError, RecursionError):
-                pass
-            if _depth(args) > MAX_DEPTH:
-                errors.append(too_deep)
-                return None
-        if not isinstance(args, dict):
-            errors.append(f"the arguments of {obj['name']!r} must be a JSON object, got {args!r:.200}")
+        return _tool_call(obj["name"], obj.get("arguments", {}), too_deep, errors)
+
+
+def _tool_call(name: str, args: Any, too_deep: str, errors: list[str]) -> ToolCall | None:
+    """The call of ``name`` with ``args`` (an object, or the JSON text of one); None, with an error, otherwise."""
+    if isinstance(args, str):  # some models write the arguments as a JSON string, as OpenAI messages carry them
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (json.JSONDecodeError, RecursionError):
+            pass
+        if _depth(args) > MAX_DEPTH:
+            errors.append(too_deep)
             return None
-        return ToolCall(obj["name"], args, f"call_{uuid.uuid4().hex[:16]}")
+    if not isinstance(args, dict):
+        errors.append(f"the arguments of {name!r} must be a JSON object, got {args!r:.200}")
+        return None
+    return ToolCall(name, args, f"call_{uuid.uuid4().hex[:16]}")
 
 
 def _depth(value: Any) -> int:
@@ -96,6 +104,62 @@ def format_call(call: ToolCall) -> str:
     return f"{OPEN}{json.dumps({'name': call.name, 'arguments': call.arguments}, ensure_ascii=False)}{CLOSE}"
 
 
+class TokenizerParser(ToolParser):
+    """The model's own call format, read by transformers' ``tokenizer.parse_response`` with the tokenizer's
+    ``response_template`` (saved in its ``tokenizer_config.json``). The turn is read after the chat template's
+    generation prompt, so a template that prefills an opener (``<think>``) is read as the model continues it. The
+    turn's content is the message's ``content``; reasoning the template puts in a field of its own (``thinking``)
+    is not part of it. A turn the template cannot read (a call that is not JSON, a required field missing) is one
+    parse error; a call without a name or whose arguments are not an object (or nested deeper than ``MAX_DEPTH``)
+    is a parse error, the turn's other calls stand."""
+
+    tokenizer: Any = None
+    prefix = ""  # the chat template's generation prompt (after the last anchor: what the model continues)
+
+    def bind(self, chat: Any) -> None:
+        tokenizer = chat.tokenizer
+        template = getattr(tokenizer, "response_template", None)
+        if not callable(getattr(tokenizer, "parse_response", None)) or not template:
+            raise ConfigError("rollout.agent.tool_parser=tokenizer reads tool calls with the tokenizer's "
+                              "response_template (transformers' tokenizer.parse_response), and this model's tokenizer "
+                              "has none: add a 'response_template' to its tokenizer_config.json, or use "
+                              "rollout.agent.tool_parser=hermes.")
+        from transformers.utils.chat_parsing.response_templates import load_response_template
+
+        try:
+            load_response_template(template)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"rollout.agent.tool_parser=tokenizer: the tokenizer's response_template is not valid: "
+                              f"{type(exc).__name__}: {exc}") from None
+        self.tokenizer, self.prefix = tokenizer, chat.render([{"role": "user", "content": ""}])
+
+    def parse(self, text: str) -> ParsedTurn:
+        if self.tokenizer is None:
+            raise RLForgeError("TokenizerParser.parse needs bind(chat) first (AgentContext binds the run's parser)")
+        try:
+            message = self.tokenizer.parse_response(text, prefix=self.prefix)
+        except Exception as exc:  # the template's own parsers failed on the model's text (json, regex, recursion)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            return ParsedTurn(text.strip(), [], [f"the turn does not follow the model's response_template "
+                                                 f"({type(exc).__name__}: {first:.200}) in {text!r:.200}"])
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        for raw in message.get("tool_calls") or []:
+            fn = raw.get("function", raw) if isinstance(raw, dict) else raw
+            too_deep = f"the call is nested deeper than {MAX_DEPTH} levels: {fn!r:.200}"
+            if _depth(fn) > MAX_DEPTH:
+                errors.append(too_deep)
+            elif not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                errors.append(f"a tool call without a name: {raw!r:.200}")
+            elif (call := _tool_call(fn["name"], fn.get("arguments", {}), too_deep, errors)) is not None:
+                calls.append(call)
+        content = message.get("content") or ""
+        if not isinstance(content, str):  # a template that parses the content as JSON
+            content = json.dumps(content, ensure_ascii=False) if _depth(content) <= MAX_DEPTH else ""
+        return ParsedTurn(content.strip(), calls, errors)
+
+
 @hookimpl
 def rlforge_register(registry):
     registry.tool_parser.register("hermes", HermesParser)
+    registry.tool_parser.register("tokenizer", TokenizerParser)

@@ -131,7 +131,8 @@ class Interaction:
 
 
 class ToolParser:
-    """Reads tool calls from a model turn's text; implement ``parse``."""
+    """Reads tool calls from a model turn's text; implement ``parse``. A parser that needs the run's tokenizer or
+    chat template also implements ``bind(chat)``, called once with the run's :class:`ChatFormat` before any turn."""
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
@@ -157,6 +158,9 @@ class AgentContext:
         from rlforge.data import template_kwargs
 
         self.chat = ChatFormat(self.tokenizer, template_kwargs(self.config))
+        bind = getattr(self.parser, "bind", None)  # optional: parsers that read the tokenizer (``tokenizer``)
+        if bind is not None:
+            bind(self.chat)
 
     @property
     def limits(self) -> Any:
