@@ -108,15 +108,18 @@ class TokenizerParser(ToolParser):
     """The model's own call format, read by transformers' ``tokenizer.parse_response`` with the tokenizer's
     ``response_template`` (saved in its ``tokenizer_config.json``). The turn is read after the chat template's
     generation prompt, so a template that prefills an opener (``<think>``) is read as the model continues it. The
-    turn's content is the message's ``content``; reasoning the template puts in a field of its own (``thinking``)
-    is not part of it. A turn the template cannot read (a call that is not JSON, a required field missing) is one
-    parse error; a call without a name or whose arguments are not an object (or nested deeper than ``MAX_DEPTH``)
-    is a parse error, the turn's other calls stand."""
+    turn's content is the message's ``content``; arguments written as text (``<parameter=n>7</parameter>``) are cast
+    by the schema of a tool of ``rollout.agent.tools``; reasoning the template puts in a field of its own
+    (``thinking``) is not part of it. A turn the template cannot read (a call that is not JSON, a required field
+    missing) is one parse error; a call without a name or whose arguments are not an object (or nested deeper than
+    ``MAX_DEPTH``) is a parse error, the turn's other calls stand."""
 
     tokenizer: Any = None
     prefix = ""  # the chat template's generation prompt (after the last anchor: what the model continues)
+    tools: list[dict[str, Any]] | None = None  # the run's tool schemas (rollout.agent.tools)
 
-    def bind(self, chat: Any) -> None:
+    def bind(self, context: Any) -> None:
+        chat = context.chat
         tokenizer = chat.tokenizer
         template = getattr(tokenizer, "response_template", None)
         if not callable(getattr(tokenizer, "parse_response", None)) or not template:
@@ -132,12 +135,13 @@ class TokenizerParser(ToolParser):
             raise ConfigError(f"rollout.agent.tool_parser=tokenizer: the tokenizer's response_template is not valid: "
                               f"{type(exc).__name__}: {exc}") from None
         self.tokenizer, self.prefix = tokenizer, chat.render([{"role": "user", "content": ""}])
+        self.tools = context.tools.schemas()  # arguments written as text are cast by the tool's JSON schema
 
     def parse(self, text: str) -> ParsedTurn:
         if self.tokenizer is None:
             raise RLForgeError("TokenizerParser.parse needs bind(chat) first (AgentContext binds the run's parser)")
         try:
-            message = self.tokenizer.parse_response(text, prefix=self.prefix)
+            message = self.tokenizer.parse_response(text, prefix=self.prefix, tools=self.tools)
         except Exception as exc:  # the template's own parsers failed on the model's text (json, regex, recursion)
             first = (str(exc).strip().splitlines() or [""])[0]
             return ParsedTurn(text.strip(), [], [f"the turn does not follow the model's response_template "

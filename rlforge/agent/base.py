@@ -132,7 +132,8 @@ class Interaction:
 
 class ToolParser:
     """Reads tool calls from a model turn's text; implement ``parse``. A parser that needs the run's tokenizer or
-    chat template also implements ``bind(chat)``, called once with the run's :class:`ChatFormat` before any turn."""
+    chat template also implements ``bind(context)``, called once with the run's :class:`AgentContext` before any
+    turn."""
 
     def __init__(self, config: Any = None) -> None:
         self.config = config
@@ -160,7 +161,7 @@ class AgentContext:
         self.chat = ChatFormat(self.tokenizer, template_kwargs(self.config))
         bind = getattr(self.parser, "bind", None)  # optional: parsers that read the tokenizer (``tokenizer``)
         if bind is not None:
-            bind(self.chat)
+            bind(self)
 
     @property
     def limits(self) -> Any:

@@ -4,6 +4,8 @@ the OpenAI endpoint (real ``openai`` client)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 import rlforge
@@ -49,11 +51,16 @@ def own_tok(tmp_path_factory):
     return loaded
 
 
+def bound(tokenizer, tools=()):
+    """A tokenizer parser bound as a run binds it (the context's chat format and tool schemas)."""
+    parser = TokenizerParser(None)
+    parser.bind(SimpleNamespace(chat=ChatFormat(tokenizer), tools=SimpleNamespace(schemas=lambda: list(tools))))
+    return parser
+
+
 @pytest.fixture
 def parser(own_tok):
-    parser = TokenizerParser(None)
-    parser.bind(ChatFormat(own_tok))
-    return parser
+    return bound(own_tok)
 
 
 def test_the_saved_response_template_reads_calls_content_and_drops_the_reasoning(own_tok, parser):
@@ -78,6 +85,19 @@ def test_unreadable_turns_and_calls_are_parse_errors(parser):
     assert mixed.errors[1].startswith("the call is nested deeper than 64 levels")
     deep = parser.parse("</think><call:f>" + "[" * 100_000)  # past the JSON decoder's own recursion limit
     assert deep.calls == [] and "RecursionError" in deep.errors[0]
+
+
+def test_arguments_written_as_text_are_cast_by_the_tools_schema():
+    tok = build_char_tokenizer()
+    tok.response_template = {**RESPONSE_TEMPLATE, "fields": {**RESPONSE_TEMPLATE["fields"], "tool_calls": {
+        "open_pattern": r"<call:(?P<name>\w+)>", "close": "</call>", "repeats": True, "content": "xml-inline",
+        "content_args": {"tag_pattern": r"<arg=(?P<key>\w+)>(?P<value>.*?)</arg>"},
+        "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}}}}}
+    add = {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "note": {"type": "string"}}}}}
+    text = "<call:add><arg=a>7</arg><arg=note>7</arg></call>"  # the plain template: no prefilled <think>
+    assert [c.arguments for c in bound(tok, [add]).parse(text).calls] == [{"a": 7, "note": "7"}]
+    assert [c.arguments for c in bound(tok).parse(text).calls] == [{"a": "7", "note": "7"}]  # no schema: text
 
 
 def test_a_tokenizer_without_a_response_template_is_a_config_error(pm, tok):
