@@ -105,8 +105,9 @@ def format_call(call: ToolCall) -> str:
 
 
 class TokenizerParser(ToolParser):
-    """The model's own call format, read by transformers' ``tokenizer.parse_response`` with the tokenizer's
-    ``response_template`` (saved in its ``tokenizer_config.json``). The turn is read after the chat template's
+    """The model's own call format: its tokenizer's ``response_template``, read by ``tokenizer.parse_response``.
+
+    The template is saved in the tokenizer's ``tokenizer_config.json``; transformers parses with it. The turn is read after the chat template's
     generation prompt, so a template that prefills an opener (``<think>``) is read as the model continues it. The
     turn's content is the message's ``content``; arguments written as text (``<parameter=n>7</parameter>``) are cast
     by the schema of a tool of ``rollout.agent.tools``; reasoning the template puts in a field of its own

@@ -21,7 +21,7 @@ AGENT = ["rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]"]
 def test_agent_kinds_are_registered(registry):
     assert registry.agent_loop.available() == ["interaction", "openai_agent", "single_turn", "tool_agent"]
     assert registry.tool.available() == ["calculator", "python"]
-    assert registry.tool_parser.available() == ["hermes"]
+    assert registry.tool_parser.available() == ["hermes", "tokenizer"]
     assert registry.interaction.available() == ["arith_tutor"]
 
 
