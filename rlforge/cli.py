@@ -229,6 +229,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         how = "PeftModel.from_pretrained(base_model, OUT)"
     elif any(a.endswith("ForSequenceClassification") for a in architectures(out)):
         how = f"AutoModelForSequenceClassification.from_pretrained, or reward.manager=model reward.model.path={out}"
+    elif os.path.isfile(os.path.join(out, "preprocessor_config.json")):  # a vision-language model, its processor
+        how = f"AutoModelForImageTextToText and AutoProcessor.from_pretrained, or model.path={out}"
     else:
         how = f"AutoModelForCausalLM.from_pretrained or model.path={out}"
     print(f"exported to {out} (load it with {how})")
@@ -320,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
         "eval": (cmd_eval, "evaluate a model or checkpoint: mean reward, accuracy, pass@k (JSON report)"),
         "generate": (cmd_generate, "generate responses for a dataset into a JSONL file"),
         "export": (cmd_export, "export a checkpoint as a plain Hugging Face model folder"),
-        "data": (cmd_data, "preprocess gsm8k or MATH from local files into verl-compatible parquet"),
+        "data": (cmd_data, "preprocess GSM8K, MATH or Geometry3K from local files into verl-compatible parquet"),
         "report": (cmd_report, "redraw a run's plots from its mlflow store"),
     }
     for name, (fn, help_text) in commands.items():

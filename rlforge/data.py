@@ -199,7 +199,13 @@ def _vision_rows(rows: list[dict[str, Any]], messages: list[list[dict[str, Any]]
             continue
         images = mm.row_images(row, image_key, where) if row.get(image_key) is not None else []
         if not images and not mm.placeholder_count(messages[i]):
+            mm.refuse_video(messages[i], where)  # a text row, but for a vision model '<video>' is no text
             continue
+        if image_key not in row:
+            columns = sorted(k for k in row if not k.startswith("_"))
+            raise DataError(f"{where}: the prompt has {mm.placeholder_count(messages[i])} {mm.IMAGE_PLACEHOLDER} "
+                            f"placeholder(s) but the row has no column '{image_key}' (data.image_key). Columns "
+                            f"present: {columns}.")
         typed = mm.typed_messages(messages[i], len(images), where, image_key)
         found[i] = mm.encode_prompt(processor, typed, images, where)
     return found
@@ -356,6 +362,8 @@ def tokenize_preferences(
         if prompt is None:
             continue
         parts = _pair_columns(row, where, paired)
+        if processor is not None:  # a vision model's completions are text: an image there would train as '<image>'
+            _refuse_completion_images(parts, where)
         # a completion is the tokens its turn adds after the prompt: rendered as text (the images are the prompt's)
         ids = [_completion_ids(tokenizer, text, value, where, col, max_completion_len) for col, value, _ in parts]
         labels = [label for _, _, label in parts]
@@ -370,6 +378,15 @@ def tokenize_preferences(
         raise DataError(f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_prompt_len} "
                         f"tokens.")
     return examples
+
+
+def _refuse_completion_images(parts: list[tuple[str, Any, float]], where: str) -> None:
+    from rlforge import multimodal as mm
+
+    for column, value, _ in parts:
+        if mm.placeholder_count(_messages(value, where, column)):
+            raise DataError(f"{where}: '{column}' has an image ({mm.IMAGE_PLACEHOLDER} or an image part): completions "
+                            f"are text; the images go with the prompt (docs/multimodal.md).")
 
 
 def _vision_prompt(row: dict[str, Any], index: int, text: Prompt | None, processor: Any, image_key: str,

@@ -19,6 +19,7 @@ from rlforge import batch as B
 from rlforge import lora, lr_schedule
 from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import DataFlow, Stage
+from rlforge.errors import DataError
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -109,6 +110,10 @@ class RLModule:
             from rlforge.multimodal import check_engine
 
             check_engine(prompts, self.registry.rollout.get(self.config.rollout.name), self.config.rollout.name)
+            if self.needs_critic() and any(p.multi_modal is not None for p in prompts):
+                raise DataError(f"{name}: rows with images, but --algo {self.config.algorithm.name} trains a critic "
+                                f"(value model), which reads text only: a critic over images is not built yet "
+                                f"(docs/multimodal.md). Use a critic-free algorithm (grpo, rloo, reinforce_pp, dapo, ...).")
         return prompts
 
     def collate(self, examples: list[Any], uids: list[Any]) -> B.Batch:

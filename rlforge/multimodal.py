@@ -107,12 +107,17 @@ def placeholder_count(messages: list[dict[str, Any]]) -> int:
     return sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages if isinstance(m.get("content"), str))
 
 
-def typed_messages(messages: list[dict[str, Any]], images: int, where: str, image_key: str) -> list[dict[str, Any]]:
-    """``messages`` whose string contents are split on ``<image>`` into typed parts, in order; the count of
-    placeholders must be ``images`` (a DataError naming the row otherwise). ``<video>`` is refused."""
+def refuse_video(messages: list[dict[str, Any]], where: str) -> None:
+    """A ``<video>`` placeholder is an error for a vision-language model: rlforge trains on images only."""
     if any(VIDEO_PLACEHOLDER in m["content"] for m in messages if isinstance(m.get("content"), str)):
         raise DataError(f"{where}: the prompt has a {VIDEO_PLACEHOLDER} placeholder; rlforge trains on images only "
                         f"(docs/multimodal.md).")
+
+
+def typed_messages(messages: list[dict[str, Any]], images: int, where: str, image_key: str) -> list[dict[str, Any]]:
+    """``messages`` whose string contents are split on ``<image>`` into typed parts, in order; the count of
+    placeholders must be ``images`` (a DataError naming the row otherwise). ``<video>`` is refused."""
+    refuse_video(messages, where)
     found = placeholder_count(messages)
     if found != images:
         raise DataError(f"{where}: the prompt has {found} {IMAGE_PLACEHOLDER} placeholder(s) but column "

@@ -240,6 +240,11 @@ def register_attention() -> None:
 def use_ulysses(model: torch.nn.Module, sp: SequenceParallel, key: str) -> SequenceParallel:
     """Switch ``model``'s attention to ``rlforge_ulysses`` after checking that ``sp.size`` fits its heads (``key``
     names the setting in errors); returns ``sp`` with the implementation it wraps (the model's: sdpa or eager)."""
+    from rlforge.multimodal import is_multimodal
+
+    if is_multimodal(model):  # refused before any head count is read (a vision model's config nests its text config)
+        raise ConfigError(f"{key}={sp.size}: sequence parallelism does not take vision-language models "
+                          f"({type(model).__name__}) yet: set {key}=1 (docs/multimodal.md).")
     Heads.of(model.config).check(sp.size, key)
     current = model.config._attn_implementation
     inner = sp.inner if current == ATTENTION else current

@@ -212,7 +212,10 @@ class WorkerGroup:
         if isinstance(exc.cause, RLForgeError):  # a user-fixable error raised in the worker: keep it as it is
             return exc.cause
         cause = exc.cause
-        return WorkerError(f"{who} failed during '{method}': {type(cause).__name__}: {cause}\n{exc.traceback_str}")
+        # the worker's traceback: Ray's error of a builtin exception type (RayTaskError(AttributeError)) may lack
+        # traceback_str, and its text then holds the traceback
+        trace = exc.__dict__.get("traceback_str") or str(exc)
+        return WorkerError(f"{who} failed during '{method}': {type(cause).__name__}: {cause}\n{trace}")
 
     def kill(self) -> None:
         pending = [h.shutdown.remote() for h in self.handles]

@@ -53,6 +53,9 @@ def build_examples(rows: list[dict[str, Any]], tokenizer: Any, s: DictConfig, ke
     fmt, max_length, how = s.format, s.max_length, s.truncation  # read once: OmegaConf access is slow
     for i, row in enumerate(rows):
         where = str(row.get("_origin") or f"{name}, row {i + 1}")
+        if row.get("images") is not None or row.get("videos") is not None:  # verl's and TRL's image/video columns
+            raise DataError(f"{where}: the row has images or videos; rlforge sft trains on text only (SFT with images "
+                            f"is not built yet, docs/multimodal.md). Drop the column to train on the text alone.")
         for example in FORMATS[row_format(row, fmt, keys)](row, tokenizer, keys, where):
             kept = truncate(example, max_length, how, where)
             if kept is not None and kept.trained:

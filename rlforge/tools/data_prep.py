@@ -73,10 +73,10 @@ def convert_row(source: Source, raw: dict[str, Any], split: str, index: int, whe
     missing = [c for c in (source.question, source.solution) if not isinstance(raw.get(c), str)]
     if missing:
         present = sorted(k for k in raw if k != "_origin")
-        raise DataError(f"{where}: missing text column(s) {missing}. Columns present: {present}.")
+        raise DataError(f"{where}: text column(s) {missing} missing or not text. Columns present: {present}.")
     question, solution = raw[source.question], raw[source.solution]
     truth = source.extract(solution)
-    if truth is None:
+    if not truth:  # None: not found; '': an empty answer
         raise DataError(f"{where}: cannot find the final answer in '{source.solution}': {solution[-80:]!r}.")
     extra: dict[str, Any] = {"split": split, "index": index}
     if source.keep_raw:
@@ -96,6 +96,9 @@ def _images(source: Source, raw: dict[str, Any], question: str, where: str) -> l
     mismatch is named before any training run reads the file)."""
     from rlforge.multimodal import IMAGE_PLACEHOLDER
 
+    if source.images not in raw:
+        present = sorted(k for k in raw if k != "_origin")
+        raise DataError(f"{where}: no image column '{source.images}'. Columns present: {present}.")
     images = raw.get(source.images)
     images = [] if images is None else list(images) if isinstance(images, (list, tuple)) else [images]
     if not images or question.count(IMAGE_PLACEHOLDER) != len(images):

@@ -128,6 +128,9 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     return target
 
 
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
 def export_lora(checkpoint: Path, out: Path, adapter_only: bool = False) -> None:
     """A LoRA checkpoint's adapter, merged into the base model it names (``base_model_name_or_path``)."""
     actor = checkpoint / ACTOR_DIR
@@ -143,3 +146,6 @@ def export_lora(checkpoint: Path, out: Path, adapter_only: bool = False) -> None
     merged = PeftModel.from_pretrained(load_model(str(base_path)), actor).merge_and_unload()
     merged.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(actor).save_pretrained(out)
+    for name in PROCESSOR_FILES:  # a vision-language model's image processor, as the checkpoint holds it
+        if (actor / name).is_file():
+            shutil.copy2(actor / name, out / name)

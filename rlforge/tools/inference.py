@@ -107,6 +107,12 @@ def prompt_batches(
         if limit <= 0:
             raise RLForgeError(f"--limit must be a positive number of prompts, got {limit}.")
         rows = rows[:limit]
+    key = cfg.data.image_key
+    with_images = next((i for i, r in enumerate(rows) if r.get(key) is not None), None)
+    if with_images is not None:
+        raise RLForgeError(f"{cfg.data.name} ({split}), row {with_images + 1}: the row has images (column '{key}'): "
+                           f"rlforge eval and generate read prompts as text only; images are not built there yet "
+                           f"(docs/multimodal.md). Validation during rlforge fit scores image rows.")
     prompts = tokenize_rows(rows, tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts,
                             f"{cfg.data.name} ({split})", need_reward=need_reward, truncation=cfg.data.truncation,
                             template=template_kwargs(cfg))

@@ -72,3 +72,18 @@ def test_a_vision_run_resumed_after_its_first_step_ends_bit_identical(tmp_path: 
     a, b = (load_file(str(tmp_path / n / "checkpoints" / "step_000002" / "actor" / "model.safetensors"))
             for n in ("full", "cut"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_lora_vision_checkpoint_exports_merged_with_its_processor(tmp_path: Path) -> None:
+    from rlforge.models import load_model, load_processor, load_tokenizer
+    from rlforge.multimodal import is_multimodal
+
+    assert main(["fit", "--algo", "grpo", "--config", "builtin:vision", f"trainer.runs_root={tmp_path}",
+                 "trainer.total_steps=1", "trainer.val_every=0", "trainer.val_before_train=false", "trainer.save_every=1",
+                 "data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8",
+                 "model.lora.rank=4", "data.vision.train_size=16", "data.vision.val_size=4",
+                 "logger.backends=[console]"]) == 0
+    step = next(tmp_path.glob("vision/*/checkpoints/step_000001"))
+    assert main(["export", str(step), str(tmp_path / "merged")]) == 0
+    out = str(tmp_path / "merged")
+    assert load_processor(out, load_tokenizer(out)) is not None and is_multimodal(load_model(out))

@@ -168,3 +168,15 @@ def test_lora_on_all_linear_adapts_the_language_model_only(default_config):
     model = lora.wrap(load_model("builtin:tiny-vlm"), cfg)
     adapted = {n for n, _ in model.named_parameters() if "lora_" in n}
     assert any(".language_model." in n for n in adapted) and not any(".visual." in n for n in adapted)
+
+
+def test_sequence_parallelism_refuses_a_vision_language_model_when_set_up(vlm):
+    from rlforge.errors import ConfigError
+    import types
+
+    from rlforge.plugins.strategy.ulysses import use_ulysses
+
+    model, _, _ = vlm
+    with pytest.raises(ConfigError, match=r"strategy.fsdp.sequence_parallel_size=2: sequence parallelism does not take "
+                                          r"vision-language models \(Qwen2VLForConditionalGeneration\) yet"):
+        use_ulysses(model, types.SimpleNamespace(size=2), "strategy.fsdp.sequence_parallel_size")

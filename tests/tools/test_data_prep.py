@@ -95,7 +95,8 @@ def test_bad_rows_name_file_and_row(tmp_path, registry):
     with pytest.raises(DataError, match=r"train.jsonl, row 2: cannot find the final answer in 'answer'"):
         prepare("gsm8k", [str(no_answer)], tmp_path / "out", registry)
     math_as_gsm8k = DATA / "math_test.jsonl"
-    with pytest.raises(DataError, match=r"math_test.jsonl, row 1: missing text column\(s\) \['question', 'answer'\]"):
+    with pytest.raises(DataError, match=r"math_test.jsonl, row 1: text column\(s\) \['question', 'answer'\] missing or "
+                                        r"not text"):
         prepare("gsm8k", [str(math_as_gsm8k)], tmp_path / "out", registry, split="test")
 
 
@@ -106,7 +107,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["data", "gsm8k", "--input", str(DATA / "gsm8k_train.jsonl"), "--input", str(DATA / "math_test.jsonl"),
                  "--out", str(out)]) == 2
-    assert "math_test.jsonl, row 1: missing text column(s)" in capsys.readouterr().err
+    assert "math_test.jsonl, row 1: text column(s) ['question', 'answer'] missing or not text" in capsys.readouterr().err
     assert not out.exists()  # nothing is written unless every input converts
 
 

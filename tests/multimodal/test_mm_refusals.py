@@ -1,0 +1,82 @@
+"""What rlforge does not do with images is refused, naming the row and the reason, instead of training on the text
+alone or crashing later (found by a docs-only adversarial pass): SFT rows with images, a critic over images, an image
+in a preference completion, a <video> placeholder in a row without images, a placeholder without an image column,
+eval/generate on image rows, and the Geometry3K converter's empty answers and missing image column."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlforge import load_config
+from rlforge.data import tokenize_preferences, tokenize_rows
+from rlforge.errors import DataError, RLForgeError
+from rlforge.tools.data_prep import SOURCES, convert_row
+from tests.multimodal.test_mm_data import _png, _row
+from tests.multimodal.test_mm_preferences import _pair
+
+
+def test_sft_refuses_rows_with_images(char_tokenizer):
+    from rlforge.sft.data import build_examples
+    from rlforge.sft.formats import Keys
+
+    s = OmegaConf.create({"format": "auto", "max_length": 64, "truncation": "drop"})
+    rows = [{"messages": [{"role": "user", "content": "<image>How many?"}, {"role": "assistant", "content": "3"}],
+             "images": [{"bytes": _png()}]}]
+    with pytest.raises(DataError, match=r"sft.jsonl, row 1: the row has images or videos; rlforge sft trains on text"):
+        build_examples(rows, char_tokenizer, s, Keys(), "sft.jsonl")
+
+
+def test_a_critic_over_images_is_refused():
+    from rlforge.algorithms.ppo import PPO
+
+    module = PPO(load_config("ppo", ["model.path=builtin:tiny-vlm", "data.name=vision", "data.max_prompt_length=48"]))
+    module.configure_tokenizer()
+    with pytest.raises(DataError, match=r"rows with images, but --algo ppo trains a critic \(value model\)"):
+        module.prepare_data([_row()], "train")
+
+
+def test_an_image_in_a_completion_is_refused(vlm):
+    _, tok, proc = vlm
+    row = {**_pair(), "chosen": [{"role": "assistant", "content": [{"type": "image"}, {"type": "text", "text": "3"}]}]}
+    with pytest.raises(DataError, match=r"row 1: 'chosen' has an image .* completions are text"):
+        tokenize_preferences([row], tok, 64, 8, False, "pairs", processor=proc)
+
+
+def test_video_and_a_missing_image_column_are_named(vlm):
+    _, tok, proc = vlm
+    video = {"data_source": "x", "prompt": [{"role": "user", "content": "<video>What happens?"}],
+             "reward_model": {"ground_truth": "1"}}
+    with pytest.raises(DataError, match=r"row 1: the prompt has a <video> placeholder; rlforge trains on images only"):
+        tokenize_rows([video], tok, 64, False, "t", processor=proc)
+    other = {k: v for k, v in _row().items() if k != "images"} | {"pics": [{"bytes": _png()}]}
+    with pytest.raises(DataError, match=r"row 1: the prompt has 1 <image> placeholder\(s\) but the row has no column "
+                                        r"'images' \(data.image_key\). Columns present: \[.*'pics'"):
+        tokenize_rows([other], tok, 64, False, "t", processor=proc)
+
+
+def test_eval_and_generate_refuse_image_rows_with_the_real_reason(tmp_path):
+    from rlforge.plugin_manager import PluginManager
+    from rlforge.tools.inference import prompt_batches
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "v.parquet"
+    pq.write_table(pa.Table.from_pylist([_row()]), path)
+    cfg = load_config("grpo", ["model.path=builtin:tiny-vlm", "data.name=files", f"data.train_files=[{path}]",
+                               f"data.val_files=[{path}]"])
+    from rlforge.models import load_tokenizer
+
+    with pytest.raises(RLForgeError, match=r"row 1: the row has images \(column 'images'\): rlforge eval and generate "
+                                           r"read prompts as text only"):
+        prompt_batches(cfg, PluginManager(autoload=False), load_tokenizer("builtin:tiny-vlm"), "val")
+
+
+def test_geometry3k_rows_need_an_answer_and_an_image_column():
+    geo = SOURCES["geometry3k"]
+    with pytest.raises(DataError, match=r"row 3: cannot find the final answer in 'answer'"):
+        convert_row(geo, {"problem": "<image>Find x.", "answer": "  ", "images": [{"bytes": _png()}]}, "train", 2,
+                    "row 3")
+    with pytest.raises(DataError, match=r"row 1: no image column 'images'. Columns present: \['answer', 'problem'\]"):
+        convert_row(geo, {"problem": "<image>Find x.", "answer": "3"}, "train", 0, "row 1")
