@@ -79,12 +79,19 @@ def test_image_tokens_are_the_processors_expansion_bounded_by_min_and_max_pixels
     assert text == "<|user|><|vision_start|><|image_pad|><|vision_end|>How many squares?<|end|><|assistant|>"
 
 
+TEXT_ROW = {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 1+2?"}],
+            "reward_model": {"ground_truth": "3"}}
+
+
+def mixed_batch(tok, proc):
+    """(prompts, batch) of a row with an image and a text row."""
+    prompts = tokenize_rows([_row(), TEXT_ROW], tok, 64, False, "t", processor=proc)
+    return prompts, collate(prompts, tok.pad_token_id, [0, 1])
+
+
 def test_collate_carries_one_vision_dict_per_row_and_text_rows_none(vlm):
     _, tok, proc = vlm
-    text_row = {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 1+2?"}],
-                "reward_model": {"ground_truth": "3"}}
-    prompts = tokenize_rows([_row(), text_row], tok, 64, False, "t", processor=proc)
-    batch = collate(prompts, tok.pad_token_id, [0, 1])
+    prompts, batch = mixed_batch(tok, proc)
     rows = batch[B.MULTI_MODAL_INPUTS]
     assert rows[1] is None and rows[0][mm.IMAGE_GRID_THW].tolist() == [[1, 6, 6]]
     assert batch[B.RAW_PROMPT][0] == _row()["prompt"]  # the verl messages, placeholders kept (samples.jsonl)
@@ -140,10 +147,8 @@ def test_a_verl_geometry3k_style_parquet_reads_unchanged(vlm, tmp_path):
 
 def test_concat_of_a_draw_with_images_and_one_without(vlm):
     _, tok, proc = vlm
-    text_row = {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 1+2?"}],
-                "reward_model": {"ground_truth": "3"}}
     with_images = collate(tokenize_rows([_row()], tok, 64, False, "t", processor=proc), tok.pad_token_id, [0])
-    text_only = collate(tokenize_rows([text_row], tok, 64, False, "t", processor=proc), tok.pad_token_id, [1])
+    text_only = collate(tokenize_rows([TEXT_ROW], tok, 64, False, "t", processor=proc), tok.pad_token_id, [1])
     for parts, expected in (([text_only, with_images], [True, False]), ([with_images, text_only], [False, True])):
         joined = B.Batch.concat(parts)
         assert [r is None for r in joined[B.MULTI_MODAL_INPUTS]] == expected

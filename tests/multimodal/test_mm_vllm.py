@@ -10,10 +10,9 @@ import torch
 
 from rlforge import batch as B
 from rlforge import multimodal as mm
-from rlforge.data import collate, tokenize_rows
 from rlforge.plugins.rollout.vllm import VLLMRollout
 from rlforge.protocols import SamplingParams
-from tests.multimodal.test_mm_data import _row
+from tests.multimodal.test_mm_data import mixed_batch
 
 
 def test_image_pad_runs_collapse_and_the_images_travel():
@@ -39,10 +38,7 @@ class FakeLLM:
 
 def test_generate_sends_token_prompts_with_multi_modal_data(vlm):
     model, tok, proc = vlm
-    text_row = {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 1+2?"}],
-                "reward_model": {"ground_truth": "3"}}
-    prompts = tokenize_rows([_row(), text_row], tok, 64, False, "t", processor=proc)
-    batch = collate(prompts, tok.pad_token_id, [0, 1])
+    prompts, batch = mixed_batch(tok, proc)
     llm = FakeLLM(tok.eos_token_id)
     engine = VLLMRollout.__new__(VLLMRollout)  # the engine's state without starting vLLM
     engine.vllm = SimpleNamespace(TokensPrompt=dict, SamplingParams=lambda **kw: kw)
