@@ -280,13 +280,15 @@ def test_cli_answers_despite_plugins_that_exit_at_import(faulty_entry_points, ca
 
 
 def test_a_real_ctrl_c_while_plugins_load_still_stops(tmp_path: Path) -> None:
-    """In a process of its own, as a Ctrl-C meets it (in the suite's process, threads that earlier tests left may
-    take the signal)."""
+    """In a process of its own, as a Ctrl-C meets it (the suite's own process may ignore SIGINT)."""
     # the folder name as pip writes it (rlforge_sigint-0.7.dist-info): a new process's metadata search needs it
     _fake_distribution(tmp_path, "rlforge_sigint", {"ep_sigint": "import os, signal; os.kill(os.getpid(), signal.SIGINT)"})
     env = {k: v for k, v in os.environ.items() if k != AUTOLOAD_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *filter(None, [env.get("PYTHONPATH")])])
-    code = "from rlforge.plugin_manager import PluginManager\nPluginManager()\nprint('loaded')"
+    # as started from a terminal: the suite's process may ignore SIGINT (an earlier test leaves it so) and a child
+    # keeps an inherited SIG_IGN
+    code = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from rlforge.plugin_manager import PluginManager\nPluginManager()\nprint('loaded')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode != 0 and "loaded" not in out.stdout, out.stdout
     assert out.stderr.rstrip().endswith("KeyboardInterrupt") and "failed to load" not in out.stderr, out.stderr[-2000:]

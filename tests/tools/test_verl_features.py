@@ -84,11 +84,13 @@ def test_megatron_optimizer_offload_is_rlforges_and_parameters_stay_on_the_devic
     assert "keeps parameters on the device" in _fate(t, f"{A}.megatron.param_offload").text
 
 
-def test_image_rows_keep_verls_column_and_need_the_hf_engine() -> None:
+def test_image_rows_keep_verls_column_and_say_vllm_has_not_run_with_images() -> None:
     t = _t("data.image_key=pics", f"{A}.freeze_vision_tower=True", "data.image_patch_size=16")
     assert t.overrides["data.image_key"] == "pics" and t.overrides["model.freeze_vision_tower"] is True
     refused = {f.key: f.text for f in t.refused}
-    assert "on the vllm engine" in refused["actor_rollout_ref.rollout.name"] and "data.image_patch_size" in refused
+    assert "data.image_patch_size" in refused and "actor_rollout_ref.rollout.name" not in refused
+    engine = _fate(t, "actor_rollout_ref.rollout.name")  # image rows on vllm: mapped, saying it has not run yet
+    assert t.overrides["rollout.name"] == "vllm" and "have not run yet" in engine.text
     hf = prepare(["trainer.n_gpus_per_node=4", "trainer.total_training_steps=5", "actor_rollout_ref.rollout.name=hf",
                   "data.image_key=images"], refuse=False).translation
     assert not hf.refused and hf.overrides["rollout.name"] == "hf"
