@@ -43,6 +43,7 @@ from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, stop_token_ids
+from rlforge.plugins.strategy.tp_layout import Heads
 from rlforge.plugins.rollout.hf import response_mask
 from rlforge.protocols import Generation, SamplingParams
 
@@ -90,10 +91,8 @@ def interruptible(fn: Any, *args: Any, **kwargs: Any) -> Any:
 def kv_cache_gib(model_config: Any, max_len: int, max_seqs: int, dtype: torch.dtype) -> int:
     """Whole GiB that hold the K and V of ``max_seqs`` sequences of ``max_len`` tokens (with a 25% margin for
     vLLM's block rounding), at least 1."""
-    heads = model_config.num_attention_heads
-    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
-    need = 2 * model_config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize * max_len * max_seqs
+    heads, layers = Heads.of(model_config), model_config.get_text_config().num_hidden_layers
+    need = 2 * layers * heads.kv_heads * heads.head_dim * dtype.itemsize * max_len * max_seqs
     return max(1, math.ceil(1.25 * need / 2**30))
 
 
@@ -234,15 +233,12 @@ class VLLMRollout:
         chunked = bool(v.enable_chunked_prefill) and not self.on_cpu
         batched = v.max_num_batched_tokens or max(max_len, cfg.rollout.micro_batch_size, MIN_BATCHED_TOKENS)
         batched = batched if chunked else max(batched, max_len)
-        from rlforge.plugins.strategy.tp_layout import Heads
-
-        text_config = self.model.config.get_text_config()  # a vision-language model's language model
-        Heads.of(text_config).check(self.tp, "rollout.vllm.tensor_parallel_size")
+        Heads.of(self.model.config).check(self.tp, "rollout.vllm.tensor_parallel_size")
         if self.on_cpu and self.tp > 1:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_groups(self.tp))
         if self.on_cpu:  # read by the engine's processes when they start; an explicit setting wins
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib(
-                text_config, max_len, max_seqs, getattr(torch, self.dtype))))
+                self.model.config, max_len, max_seqs, getattr(torch, self.dtype))))
         from rlforge.plugins.rollout.vllm_sync import IDLE_SPIN_ENV, apply_idle_spin
 
         spin = cfg.rollout.vllm.idle_spin_s  # read by each of the engine's processes (apply_idle_spin)

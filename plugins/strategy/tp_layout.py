@@ -40,6 +40,8 @@ class Heads:
 
     @classmethod
     def of(cls, config: Any) -> Heads:
+        """The attention heads of a model config (a vision-language model's: its language model's)."""
+        config = config.get_text_config()
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return cls(heads, getattr(config, "num_key_value_heads", None) or heads, head_dim)

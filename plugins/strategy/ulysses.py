@@ -242,7 +242,7 @@ def use_ulysses(model: torch.nn.Module, sp: SequenceParallel, key: str) -> Seque
     names the setting in errors); returns ``sp`` with the implementation it wraps (the model's: sdpa or eager)."""
     from rlforge.multimodal import is_multimodal
 
-    if is_multimodal(model):  # refused before any head count is read (a vision model's config nests its text config)
+    if is_multimodal(model):  # its image inputs do not go through the sequence-parallel packed passes
         raise ConfigError(f"{key}={sp.size}: sequence parallelism does not take vision-language models "
                           f"({type(model).__name__}) yet: set {key}=1 (docs/multimodal.md).")
     Heads.of(model.config).check(sp.size, key)

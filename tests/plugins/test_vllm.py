@@ -263,13 +263,13 @@ def test_engine_waits_see_a_ctrl_c_that_landed_on_another_thread():
 def test_kv_cache_is_sized_for_the_run():
     """The engine's CPU KV cache (VLLM_CPU_KVCACHE_SPACE, set unless the user did): K and V of every layer for
     max_seqs x max_len tokens, +25%, in whole GiB."""
-    from types import SimpleNamespace
+    from transformers import PretrainedConfig
 
     from rlforge.plugins.rollout.vllm import kv_cache_gib
 
-    tiny = SimpleNamespace(num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, hidden_size=128)
+    tiny = PretrainedConfig(num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, hidden_size=128)
     assert kv_cache_gib(tiny, 128, 256, torch.float32) == 1  # 4 KiB per token x 32,768 tokens = 128 MiB
-    qwen = SimpleNamespace(num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, hidden_size=896,
+    qwen = PretrainedConfig(num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, hidden_size=896,
                            head_dim=64)
     # 2 x 24 x 2 x 64 x 2 bytes = 12 KiB per token x 2048 x 256 tokens = 6 GiB, x 1.25 = 7.5 -> 8
     assert kv_cache_gib(qwen, 2048, 256, torch.bfloat16) == 8
