@@ -240,12 +240,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     from rlforge.tools.data_prep import prepare
 
-    for path in prepare(args.dataset, args.input, args.out, _plugins(args).registry, args.split):
+    for path in prepare(args.dataset, args.input, args.out, _plugins(args).registry, args.split, args.subset):
         print(f"wrote {path}")
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.trajectory is not None:
+        from rlforge.trainer.report import show_trajectories
+
+        show_trajectories(args.run_dir, args.trajectory)
+        return 0
     from rlforge.tools.plots import report
 
     for path in report(args.run_dir):
@@ -301,12 +306,20 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                        help="LoRA runs: write the adapter (peft folder) instead of the merged model")
     elif name == "data":
         p.add_argument("dataset", choices=["gsm8k", "math", "geometry3k"])  # rlforge.tools.data_prep.SOURCES
-        p.add_argument("--input", action="append", required=True, metavar="FILE",
-                       help="local jsonl/parquet file of the source dataset (repeatable: one per split)")
+        p.add_argument("--input", action="append", required=True, metavar="SOURCE",
+                       help="a jsonl/parquet file of the source dataset (repeatable: one per split), or through "
+                            "Hugging Face datasets a folder saved by save_to_disk, a local dataset folder or a Hub "
+                            "id (its train and test splits)")
         p.add_argument("--out", required=True, help="folder for <split>.parquet")
-        p.add_argument("--split", help="train or test (default: from the input file name)")
+        p.add_argument("--split", help="train or test (default: from the input file name; of a dataset with splits: "
+                                       "both it has)")
+        p.add_argument("--subset", help="the configuration of a dataset with splits (default: the one verl's script "
+                                        "reads, main for gsm8k)")
     elif name == "report":
         p.add_argument("run_dir", help="a run folder (with mlflow.db)")
+        p.add_argument("--trajectory", metavar="N|STEP:INDEX|all",
+                       help="show a trajectory of the run's trajectories.jsonl (rollout.agent.record_trajectories) "
+                            "with its spans and loss mask instead of redrawing the plots; all: one line each")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from rlforge.agent import Conversation, Sample, TrajectoryEngine
@@ -38,8 +39,8 @@ class Recorder:
         self.first_rejection = ""
         self.lock = asyncio.Lock()  # one request of a trajectory at a time
 
-    async def complete(self, body: Any) -> tuple[ChatRequest, dict[str, Any]]:
-        """The checked request and its chat completion; a ``REJECTED`` error (HTTP 400) changes nothing."""
+    async def complete(self, body: Any) -> tuple[ChatRequest, Reply]:
+        """The checked request and its reply; a ``REJECTED`` error (HTTP 400) changes nothing."""
         try:
             request = parse_request(body, self.engine.defaults)
             async with self.lock:
@@ -49,7 +50,7 @@ class Recorder:
             self.first_rejection = self.first_rejection or str(exc)
             raise
 
-    async def _complete(self, request: ChatRequest) -> dict[str, Any]:
+    async def _complete(self, request: ChatRequest) -> Reply:
         # Everything that can reject the request (HTTP 400) runs before the recorded conversation changes.
         messages = request.messages
         edited = False
@@ -68,20 +69,29 @@ class Recorder:
         gen = conv.last if text is not None else None  # None: a limit ended the trajectory
         message, finish = self._reply(text or "", gen, bool(request.tools))
         self.seen = [*messages, _as_sent_back(message)]
-        return self._completion(message, finish, gen, request.logprobs)
+        pieces = token_texts(self.context.chat, gen.ids) if request.stream and gen is not None else []
+        return Reply(self._completion(message, finish, gen, request.logprobs), pieces)
 
     def _reply(self, text: str, gen: Any, with_tools: bool) -> tuple[dict[str, Any], str]:
-        parsed = self.context.parser.parse(text) if with_tools and gen is not None else None
-        if parsed is not None and self.conv is not None:  # the trajectory's tool metrics, as tool_agent counts them
+        """The assistant message of a model turn: its tool calls (when the request offered tools and every call of
+        the turn could be read), its reasoning as ``reasoning_content`` (when the parser found some), else the text
+        as the model wrote it."""
+        finish = gen.finish if gen is not None else "length"
+        if gen is None:
+            return {"role": "assistant", "content": text}, finish
+        parsed = self.context.parser.parse(text)
+        reasoning = {"reasoning_content": parsed.reasoning} if parsed.reasoning else {}
+        if with_tools and self.conv is not None:  # the trajectory's tool metrics, as tool_agent counts them
             self.conv.stats.parse_errors += len(parsed.errors)
-        if parsed is None or not parsed.calls or parsed.errors:
-            return {"role": "assistant", "content": text}, gen.finish if gen is not None else "length"
+        if not with_tools or not parsed.calls or parsed.errors:
+            plain = parsed.content if reasoning and not parsed.calls and not parsed.errors else text
+            return {"role": "assistant", "content": plain, **reasoning}, finish
         if self.conv is not None:
             self.conv.stats.calls += len(parsed.calls)
         calls = [{"id": c.id, "type": "function",
                   "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                  for c in parsed.calls]
-        return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, "tool_calls"
+        return {"role": "assistant", "content": parsed.content or None, **reasoning, "tool_calls": calls}, "tool_calls"
 
     def _completion(self, message: dict[str, Any], finish: str, gen: Any, logprobs: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
@@ -98,31 +108,97 @@ class Recorder:
                           "total_tokens": prompt + completion}}
 
 
-def stream_chunks(completion: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
-    """A chat completion as OpenAI's ``chat.completion.chunk`` objects: the role, the content (with its log-probs),
-    the tool calls, the finish reason, and with ``include_usage`` a last chunk with the token counts. The turn is
+@dataclass(frozen=True)
+class Reply:
+    """A chat completion, and for ``stream=true`` each generated token's share of the turn's text."""
+
+    completion: dict[str, Any]
+    pieces: list[str]
+
+
+def token_texts(chat: Any, ids: list[int]) -> list[str]:
+    """Each token's share of ``chat.decode(ids)`` (their concatenation), read incrementally: a token that ends inside
+    a character (a byte-level BPE piece of a UTF-8 sequence) adds nothing until the character is complete. When the
+    shares do not add up to the text (a tokenizer whose decoding of a window differs), the whole text is one share."""
+    pieces: list[str] = []
+    start = read = 0  # the window decoded for context, and where its unread part begins
+    for k in range(len(ids)):
+        before = chat.decode(ids[start:read])
+        now = chat.decode(ids[start:k + 1])
+        if len(now) > len(before) and not now.endswith("\ufffd") and now.startswith(before):
+            pieces.append(now[len(before):])
+            start, read = read, k + 1
+        else:
+            pieces.append("")
+    text = chat.decode(ids)
+    done = "".join(pieces)
+    if text.startswith(done) and len(text) > len(done) and pieces:
+        pieces[-1] += text[len(done):]
+    return pieces if "".join(pieces) == text else [text]
+
+
+def stream_chunks(reply: Reply, include_usage: bool) -> list[dict[str, Any]]:
+    """A chat completion as OpenAI's ``chat.completion.chunk`` objects: the role, then one chunk per generated token
+    with its share of the ``reasoning_content`` and the ``content`` (and its log-prob), the tool calls, the finish
+    reason, and with ``include_usage`` a last chunk with the token counts. A turn whose content is not the model's
+    text token for token (a tool-call turn's content without its calls) has its fields in one chunk each. The turn is
     generated whole (in a wave), so the chunks follow each other at once."""
+    completion = reply.completion
     choice = completion["choices"][0]
     message = choice["message"]
     head = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
             "model": completion["model"]}
     usage = {"usage": None} if include_usage else {}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+    def chunk(delta: dict[str, Any], finish: str | None = None, entries: list[Any] | None = None) -> dict[str, Any]:
+        logprobs = {"content": entries} if entries else None
         return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
                 **usage}
 
+    entries = (choice["logprobs"] or {}).get("content") or []
+    deltas = _token_deltas(message, reply.pieces) if len(entries) in (0, len(reply.pieces)) else None
+    if deltas is None:  # the fields whole, the log-probs with the first of them
+        deltas = [({k: message[k]}, list(range(len(entries))) if i == 0 else [])
+                  for i, k in enumerate(k for k in ("reasoning_content", "content") if message.get(k))]
     chunks = [chunk({"role": "assistant", "content": ""})]
-    logprobs = choice["logprobs"]
-    if message.get("content"):
-        chunks.append(chunk({"content": message["content"]}, logprobs=logprobs))
-        logprobs = None
+    used = 0
+    for delta, tokens in deltas:
+        chunks.append(chunk(delta, entries=[entries[t] for t in tokens if t < len(entries)]))
+        used = max([used, *(t + 1 for t in tokens)])
     if message.get("tool_calls"):
         chunks.append(chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]}))
-    chunks.append(chunk({}, choice["finish_reason"], logprobs))
+    chunks.append(chunk({}, choice["finish_reason"], entries[used:]))
     if include_usage:
         chunks.append({**head, "choices": [], "usage": completion["usage"]})
     return chunks
+
+
+def _token_deltas(message: dict[str, Any], pieces: list[str]) -> list[tuple[dict[str, str], list[int]]] | None:
+    """``(delta, the tokens it carries)`` per chunk: each token's share of the text, cut to the parts of it that are
+    the message's ``reasoning_content`` and ``content`` (markers such as ``<think>`` are in neither); a token that
+    adds to neither goes with the next chunk. None when those fields are not parts of the text, in order."""
+    text = "".join(pieces)
+    fields, pos = [], 0
+    for key in ("reasoning_content", "content"):
+        value = message.get(key) or ""
+        if value:
+            at = text.find(value, pos)
+            if at < 0:
+                return None
+            fields.append((key, at, at + len(value)))
+            pos = at + len(value)
+    out: list[tuple[dict[str, str], list[int]]] = []
+    waiting: list[int] = []
+    offset = 0
+    for t, piece in enumerate(pieces):
+        lo, hi = offset, offset + len(piece)
+        offset = hi
+        waiting.append(t)
+        delta = {key: text[max(lo, a):min(hi, b)] for key, a, b in fields if max(lo, a) < min(hi, b)}
+        if delta:
+            out.append((delta, waiting))
+            waiting = []
+    return out
 
 
 def _as_sent_back(reply: dict[str, Any]) -> dict[str, Any]:

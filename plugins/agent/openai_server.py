@@ -163,15 +163,15 @@ class ChatServer:
         except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested past the decoder's limit
             return HttpResponse(400, error_payload(f"the body is not a JSON object: {type(exc).__name__}: {exc}"))
         try:
-            chat, completion = await recorder.complete(body)
+            chat, reply = await recorder.complete(body)
         except REJECTED as exc:
             return HttpResponse(400, error_payload(str(exc), param=getattr(exc, "param", None),
                                                    code=getattr(exc, "code", None)))
         except Exception as exc:  # the engine or the template failed: the agent sees it, the run reports it
             return HttpResponse(500, error_payload(f"{type(exc).__name__}: {exc}", "server_error"))
         if chat.stream:
-            return HttpResponse(200, events=stream_chunks(completion, chat.include_usage))
-        return HttpResponse(200, completion)
+            return HttpResponse(200, events=stream_chunks(reply, chat.include_usage))
+        return HttpResponse(200, reply.completion)
 
     @staticmethod
     def models(parts: list[str], path: str) -> HttpResponse:

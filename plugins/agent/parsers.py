@@ -1,6 +1,6 @@
-"""Tool-call parsers: ``hermes`` (Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``)
-and ``tokenizer`` (the model's own format: transformers' ``tokenizer.parse_response`` with the tokenizer's
-``response_template``).
+"""Tool-call parsers: ``hermes`` (Hermes / Qwen2.5 / Qwen3: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
+after a ``<think>...</think>`` block read as reasoning) and ``tokenizer`` (the model's own format: transformers'
+``tokenizer.parse_response`` with the tokenizer's ``response_template``).
 
 A parser reads text a model wrote, so it must never raise on it: every call that cannot be read becomes a parse error
 (the model gets it as an error reply), whatever its size, nesting depth or characters. ``hermes`` costs time linear in
@@ -19,17 +19,20 @@ from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # reasoning (Qwen3, DeepSeek-R1): not part of the content
 _SHAPE = '{"name": "<tool>", "arguments": {...}}'
 MAX_DEPTH = 64  # deepest nesting of a call's JSON (objects and arrays); deeper is a parse error
 
 
 class HermesParser(ToolParser):
     """Each call is a JSON object ``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``;
-    the text outside the calls is the turn's content. A call that is not such an object (bad JSON, JSON nested
-    deeper than ``MAX_DEPTH``, no name, arguments that are not an object, a missing ``</tool_call>``) becomes a parse
-    error, not a call."""
+    the text outside the calls is the turn's content. Text up to a ``</think>`` is reasoning (``split_reasoning``):
+    calls written in it are not calls, as vLLM's reasoning parsers read them. A call that is not such an object (bad
+    JSON, JSON nested deeper than ``MAX_DEPTH``, no name, arguments that are not an object, a missing
+    ``</tool_call>``) becomes a parse error, not a call."""
 
     def parse(self, text: str) -> ParsedTurn:
+        reasoning, text = split_reasoning(text)
         calls: list[ToolCall] = []
         errors: list[str] = []
         content: list[str] = []
@@ -46,7 +49,7 @@ class HermesParser(ToolParser):
                 calls.append(call)
             pos = end + len(CLOSE)
         content.append(text[pos:])
-        return ParsedTurn("".join(content).strip(), calls, errors)
+        return ParsedTurn("".join(content).strip(), calls, errors, reasoning)
 
     @staticmethod
     def _call(body: str, errors: list[str]) -> ToolCall | None:
@@ -66,6 +69,17 @@ class HermesParser(ToolParser):
             errors.append(f"expected {_SHAPE}, got {body!r:.200}")
             return None
         return _tool_call(obj["name"], obj.get("arguments", {}), too_deep, errors)
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """``(reasoning, the rest)``: the text before the first ``</think>`` (from its ``<think>``, or from the start
+    when the chat template prefilled the opener) is reasoning; without ``</think>`` there is none."""
+    end = text.find(THINK_CLOSE)
+    if end < 0:
+        return "", text
+    start = text.find(THINK_OPEN, 0, end)
+    head = text[start + len(THINK_OPEN):end] if start >= 0 else text[:end]
+    return head.strip(), (text[:start] if start >= 0 else "") + text[end + len(THINK_CLOSE):]
 
 
 def _tool_call(name: str, args: Any, too_deep: str, errors: list[str]) -> ToolCall | None:
@@ -111,7 +125,7 @@ class TokenizerParser(ToolParser):
     generation prompt, so a template that prefills an opener (``<think>``) is read as the model continues it. The
     turn's content is the message's ``content``; arguments written as text (``<parameter=n>7</parameter>``) are cast
     by the schema of a tool of ``rollout.agent.tools``; reasoning the template puts in a field of its own
-    (``thinking``) is not part of it. A turn the template cannot read (a call that is not JSON, a required field
+    (``thinking``) is not part of it: it is the turn's ``reasoning``. A turn the template cannot read (a call that is not JSON, a required field
     missing) is one parse error; a call without a name or whose arguments are not an object (or nested deeper than
     ``MAX_DEPTH``) is a parse error, the turn's other calls stand."""
 
@@ -161,7 +175,8 @@ class TokenizerParser(ToolParser):
         content = message.get("content") or ""
         if not isinstance(content, str):  # a template that parses the content as JSON
             content = json.dumps(content, ensure_ascii=False) if _depth(content) <= MAX_DEPTH else ""
-        return ParsedTurn(content.strip(), calls, errors)
+        reasoning = message.get("thinking") or message.get("reasoning_content") or ""
+        return ParsedTurn(content.strip(), calls, errors, reasoning.strip() if isinstance(reasoning, str) else "")
 
 
 @hookimpl

@@ -55,12 +55,14 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ParsedTurn:
-    """A model turn read by a tool parser: its content without the calls, the calls, and one message per call that
-    could not be read (the model gets each as an error reply)."""
+    """A model turn read by a tool parser: its content without the calls (and without its reasoning), the calls,
+    one message per call that could not be read (the model gets each as an error reply), and the reasoning the
+    parser found (Qwen3's ``<think>...</think>``; "" when none)."""
 
     content: str
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ class AgentConfig:
     max_tool_calls_per_turn: int = 4  # tool calls run per model turn; further calls get an error reply
     max_tool_output_tokens: int = 256  # a tool's reply is cut to this many tokens, with a marker
     tool_timeout_s: float = 10.0  # wall-clock limit of one tool call; then the model gets an error reply
+    record_trajectories: bool = False  # write <run>/trajectories.jsonl: per trained sample its token ids, loss mask, spans (model turns, tool and user turns), tool calls, policy version and reward (rlforge report RUN --trajectory N shows one)
     wave_wait_s: float = 0.05  # longest wait for trajectories in a tool call before a wave starts without them; above tool_timeout_s, waves never depend on timing (reproducible sampling)
 
 

@@ -15,6 +15,7 @@ from rlforge import batch as B
 from rlforge.agent.base import AgentContext, AgentLoop, AgentLoopError, Sample
 from rlforge.agent.batching import agent_metrics, to_batch
 from rlforge.agent.engine import Backend, EngineHandle, TrajectoryEngine
+from rlforge.agent.record import AGENT_RECORD, agent_record
 from rlforge.agent.trajectory import Trajectory
 from rlforge.protocols import SamplingParams
 
@@ -41,6 +42,8 @@ class AgentRunner:
         trajectories = [t for t, _ in done]
         answers = [t.answer if t.answer is not None else self.last_turn_text(t) for t in trajectories]
         out = to_batch(rows, trajectories, answers, self.context.tokenizer.pad_token_id)
+        if cfg.rollout.agent.record_trajectories:
+            out[AGENT_RECORD] = [agent_record(t, self.context) for t in trajectories]
         return out, agent_metrics(trajectories, [s for _, s in done], handle.waves)
 
     def last_turn_text(self, traj: Trajectory) -> str:

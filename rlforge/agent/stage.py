@@ -1,17 +1,20 @@
 """The agentic rollout stage. When ``rollout.agent.loop`` is not ``single_turn``, this built-in plugin replaces
 ``Stage.ROLLOUT`` of every algorithm's flow by :class:`AgentRolloutStage` (``rlforge_before_flow_compile``) and adds
 :class:`AgentRewardStage` after ``Stage.REWARD``. With ``single_turn`` the flow is left as it is (the engines' batch
-``generate``, today's fast path)."""
+``generate``, today's fast path). With ``rollout.agent.record_trajectories`` (any loop), :class:`TrajectoryRecordStage`
+ends the flow."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlforge import batch as B
 from rlforge.agent.batching import AGENT_REWARDS
 from rlforge.agent.config import SINGLE_TURN
+from rlforge.agent.record import RECORD_FILE, sample_records, write_records
 from rlforge.dataflow import RolloutStage, Stage, StepContext
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.protocols import SamplingParams
 
@@ -115,13 +118,46 @@ def agent_stage(flow: Any) -> AgentRolloutStage | None:
     return None
 
 
+class TrajectoryRecordStage(Stage):
+    """The last stage of a run with ``rollout.agent.record_trajectories``: appends one record per trained sample to
+    ``<run>/trajectories.jsonl`` (``rlforge.agent.record``; the Trainer sets ``path`` when the fit starts)."""
+
+    name = "record_trajectories"
+    requires = frozenset({B.PROMPTS, B.PROMPT_MASK, B.RESPONSES, B.RESPONSE_MASK, B.ATTENTION_MASK})
+    produces: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        if self.path is None:
+            raise RLForgeError("rollout.agent.record_trajectories: the record stage has no run folder to write to "
+                               "(the Trainer sets it when fit starts: rlforge_fit_start).")
+        write_records(self.path, sample_records(batch, ctx.module.tokenizer, ctx.step))
+        return batch
+
+
 @hookimpl
 def rlforge_before_flow_compile(flow: Any, config: Any) -> None:
-    if config.rollout.agent.loop == SINGLE_TURN or Stage.ROLLOUT not in flow:
-        return
-    flow.replace(Stage.ROLLOUT, AgentRolloutStage())
-    if Stage.REWARD in flow:
-        flow.insert_after(Stage.REWARD, AgentRewardStage())
+    record = config.rollout.agent.record_trajectories
+    if record and Stage.ROLLOUT not in flow:
+        raise ConfigError(f"rollout.agent.record_trajectories=true records generated samples, and dataflow "
+                          f"'{flow.name}' has no rollout stage ({' -> '.join(flow.names())}): an offline algorithm "
+                          "trains on fixed data. Set rollout.agent.record_trajectories=false.")
+    if config.rollout.agent.loop != SINGLE_TURN and Stage.ROLLOUT in flow:
+        flow.replace(Stage.ROLLOUT, AgentRolloutStage())
+        if Stage.REWARD in flow:
+            flow.insert_after(Stage.REWARD, AgentRewardStage())
+    if record:
+        flow.insert_after(flow.stages[-1], TrajectoryRecordStage())
+
+
+@hookimpl
+def rlforge_fit_start(trainer: Any) -> None:
+    """The record stage writes into the run's folder."""
+    for stage in getattr(getattr(trainer, "flow", None), "stages", ()):
+        if isinstance(stage, TrajectoryRecordStage):
+            stage.path = Path(trainer.run_dir) / RECORD_FILE
 
 
 def close_stages(trainer: Any) -> None:

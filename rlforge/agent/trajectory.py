@@ -33,6 +33,26 @@ class ToolStats:
     seconds: list[float] = field(default_factory=list)  # wall-clock time of each call
 
 
+@dataclass(frozen=True)
+class Span:
+    """A run of response tokens ``[start, end)``: a model turn (``role`` ``"assistant"``, loss mask 1) or what was
+    inserted between two model turns (mask 0): ``messages`` (tool replies, a user turn) with the chat template's
+    glue around them; ``role`` is their role (``"tool"``, ``"user"``; roles joined with ``+`` when they differ)."""
+
+    role: str
+    start: int
+    end: int
+    messages: tuple[dict[str, Any], ...] = ()
+
+
+MODEL = "assistant"  # the role of a model turn's span
+
+
+def inserted_role(messages: list[dict[str, Any]]) -> str:
+    """The role of an inserted span: its messages' role, or their roles joined with ``+``."""
+    return "+".join(dict.fromkeys(str(m.get("role", "?")) for m in messages)) or "?"
+
+
 @dataclass
 class Trajectory:
     """One finished trajectory. ``response_mask`` is 1 on model-generated tokens only; ``log_probs`` holds the
@@ -53,6 +73,8 @@ class Trajectory:
     stop_reason: str = DONE  # done | max_turns | max_tokens
     tools: ToolStats = field(default_factory=ToolStats)
     metrics: dict[str, float] = field(default_factory=dict)  # free-form; logged as agent/<key>/mean
+    spans: list[Span] = field(default_factory=list)  # model turns and inserted turns in order (Conversation fills
+    # it; empty: read from the mask by ``all_spans``)
 
     def turn_spans(self) -> list[tuple[int, int]]:
         """``(start, end)`` response positions of each model turn (runs of 1s in the mask; end exclusive)."""
@@ -64,6 +86,31 @@ class Trajectory:
                 spans.append((start, i))
                 start = None
         return spans
+
+    def all_spans(self) -> list[Span]:
+        """The spans of the response: the recorded ``spans`` when they tile it and agree with the mask, else (a
+        trajectory built without a :class:`Conversation`) the runs of the mask: model turns, and ``"inserted"``
+        between them."""
+        if self.spans and self._spans_agree():
+            return list(self.spans)
+        out, pos = [], 0
+        for start, end in self.turn_spans():
+            if start > pos:
+                out.append(Span("inserted", pos, start))
+            out.append(Span(MODEL, start, end))
+            pos = end
+        if pos < len(self.response_ids):
+            out.append(Span("inserted", pos, len(self.response_ids)))
+        return out
+
+    def _spans_agree(self) -> bool:
+        pos = 0
+        for span in self.spans:
+            mask = 1 if span.role == MODEL else 0
+            if span.start != pos or any(m != mask for m in self.response_mask[span.start:span.end]):
+                return False
+            pos = span.end
+        return pos == len(self.response_ids)
 
     def check(self, budget: int) -> None:
         """``ValueError`` naming what is inconsistent (lengths, mask values, budget, rewards)."""
@@ -122,6 +169,7 @@ class Conversation:
         self.inserted_turns = 0
         self.stop_reason: str | None = None
         self.stats = ToolStats()
+        self.spans: list[Span] = []  # the response's model and inserted turns, in order
         self._stop_text = ""  # text of the stop token that ended the last model turn ("" if cut by length)
         self.last: Generation | None = None  # the last model turn's generation
 
@@ -162,6 +210,7 @@ class Conversation:
 
     def add_generation(self, gen: Generation) -> str:
         """Append a model turn (mask 1) and its assistant message; returns its text."""
+        self.spans.append(Span(MODEL, len(self.response_ids), len(self.response_ids) + len(gen.ids)))
         self.response_ids += gen.ids
         self.response_mask += [1] * len(gen.ids)
         self.log_probs += list(gen.log_probs)
@@ -181,6 +230,8 @@ class Conversation:
         if len(ids) >= self.remaining:
             self.stop(TOKEN_LIMIT)
             return False
+        self.spans.append(Span(inserted_role(messages), len(self.response_ids), len(self.response_ids) + len(ids),
+                               tuple(messages)))
         self.response_ids += ids
         self.response_mask += [0] * len(ids)
         self.log_probs += [0.0] * len(ids)
@@ -202,5 +253,5 @@ class Conversation:
             prompt_ids=list(self.prompt_ids), response_ids=self.response_ids, response_mask=self.response_mask,
             log_probs=self.log_probs, turn_rewards=self.turn_rewards, reward=reward, answer=answer,
             inserted_turns=self.inserted_turns, stop_reason=self.stop_reason or DONE, tools=self.stats,
-            metrics=dict(metrics or {}),
+            metrics=dict(metrics or {}), spans=list(self.spans),
         )

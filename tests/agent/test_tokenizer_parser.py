@@ -149,4 +149,5 @@ def test_the_openai_endpoint_returns_the_models_own_calls_as_tool_calls(own_tok)
     finally:
         runner.close()
     assert engine.waves[1][0].endswith("<|tool|>5<|end|><|assistant|><think>")  # the client ran the tool call
-    assert out[B.SOLUTION_TEXT] == ["Got it.</think>5"] and metrics["agent/restarts/mean"] == 0
+    # the agent's answer is the reply's content: the turn without its reasoning (sent as reasoning_content)
+    assert out[B.SOLUTION_TEXT] == ["5"] and metrics["agent/restarts/mean"] == 0
