@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
 from rlforge import batch as B
 from rlforge.errors import DataError
@@ -40,9 +42,20 @@ class Prompt:
     multi_modal: dict[str, Any] | None = None  # the row's vision inputs (rlforge.multimodal), None without images
 
 
+# the files ``datasets`` writes into a folder: Dataset.save_to_disk (one split), DatasetDict.save_to_disk (splits)
+SAVED_DATASET_FILE, SAVED_DATASET_DICT_FILE = "state.json", "dataset_dict.json"
+
+
 def data_file_problem(path: str) -> str | None:
-    """What keeps ``path`` from being read as a data file, in words, or None: missing, or a folder."""
+    """What keeps ``path`` from being read as a data file, in words, or None: missing, or a folder. A folder saved by
+    ``Dataset.save_to_disk`` passes (the ``hf`` dataset reads it; ``files`` says so)."""
     file = Path(path)
+    if (file / SAVED_DATASET_FILE).is_file():
+        return None
+    if (file / SAVED_DATASET_DICT_FILE).is_file():
+        return (f"Data file {path} is a folder saved by DatasetDict.save_to_disk (several splits): read it with "
+                f"data.name=hf data.hf.path={path} (data.hf.train_split, data.hf.val_split pick the splits; "
+                f"docs/data.md)")
     if file.is_dir():
         return (f"Data file {path} is a directory, not a file: give the .jsonl or .parquet files themselves (a "
                 f"folder of parquet shards: list each shard)")
@@ -150,11 +163,36 @@ def truncate(ids: list[int], max_len: int, mode: str) -> list[int]:
     raise ValueError(f"data.truncation='{mode}' does not cut prompts; cutting ones: left, right, middle")
 
 
+@runtime_checkable
+class PromptSource(Protocol):
+    """Rows that tokenize their prompts themselves (in worker processes, into a cache): ``tokenize_rows`` calls
+    ``tokenize_prompts(encode)``, where ``encode(rows, indices, wheres)`` is :func:`prompt_batch` with the run's
+    settings: rows of one batch as dicts, their positions in the whole set and their names for errors."""
+
+    def tokenize_prompts(self, encode: Callable[[list[dict[str, Any]], list[int], list[str]], list[Prompt]]
+                         ) -> Sequence[Prompt]: ...
+
+
+@overload
+def tokenize_rows(
+    rows: PromptSource, tokenizer: Any, max_len: int, filter_overlong: bool, name: str, need_reward: bool = True,
+    processor: Any = None, image_key: str = "images", truncation: str = "error", template: dict[str, Any] | None = None,
+) -> Sequence[Prompt]: ...
+
+
+@overload
 def tokenize_rows(
     rows: list[dict[str, Any]], tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
     need_reward: bool = True, processor: Any = None, image_key: str = "images", truncation: str = "error",
     template: dict[str, Any] | None = None,
-) -> list[Prompt]:
+) -> list[Prompt]: ...
+
+
+def tokenize_rows(
+    rows: Any, tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
+    need_reward: bool = True, processor: Any = None, image_key: str = "images", truncation: str = "error",
+    template: dict[str, Any] | None = None,
+) -> Sequence[Prompt]:
     """Validate verl-format rows and apply the chat template. ``name`` labels errors (dataset or file).
 
     With ``need_reward=False`` (SFT) only ``prompt`` is required. A row with images in its ``image_key`` column goes
@@ -162,8 +200,32 @@ def tokenize_rows(
     tokens and its ``Prompt.multi_modal`` the vision inputs. A prompt over ``max_len`` tokens is dropped
     (``filter_overlong``), else cut by ``truncation`` (``data.truncation``; ``error``: a DataError naming the row).
     ``template``: keyword arguments of the chat template (``data.apply_chat_template_kwargs``).
+
+    Rows that tokenize themselves (a :class:`PromptSource`, such as the ``hf`` dataset's) are handed
+    :func:`prompt_batch` with these settings and return their prompts, for a text model (no ``processor``).
     """
-    wheres = [row_origin(row, i, name) for i, row in enumerate(rows)]
+    encode = partial(prompt_batch, tokenizer=tokenizer, max_len=max_len, filter_overlong=filter_overlong,
+                     need_reward=need_reward, image_key=image_key, truncation=truncation, template=template or {})
+    if isinstance(rows, PromptSource) and processor is None:
+        prompts = rows.tokenize_prompts(encode)
+    else:
+        rows = list(rows)
+        prompts = encode(rows, list(range(len(rows))), [row_origin(row, i, name) for i, row in enumerate(rows)],
+                         processor=processor)
+    if len(rows) and not len(prompts):
+        raise DataError(
+            f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_len} tokens."
+        )
+    return prompts
+
+
+def prompt_batch(
+    rows: list[dict[str, Any]], indices: list[int], wheres: list[str], *, tokenizer: Any, max_len: int,
+    filter_overlong: bool, need_reward: bool = True, processor: Any = None, image_key: str = "images",
+    truncation: str = "error", template: dict[str, Any] | None = None,
+) -> list[Prompt]:
+    """The prompts of ``rows`` (see ``tokenize_rows``), without the overlong ones when ``filter_overlong``:
+    ``indices`` are the rows' positions (``Prompt.index``), ``wheres`` name them in errors."""
     messages = [_checked_messages(row, where, need_reward) for row, where in zip(rows, wheres)]
     vision = _vision_rows(rows, messages, wheres, processor, image_key)
     text = [i for i in range(len(rows)) if i not in vision]
@@ -173,14 +235,9 @@ def tokenize_rows(
         all_ids[i] = ids
     for i, (ids, _) in vision.items():
         all_ids[i] = ids
-    prompts = [p for i, row in enumerate(rows)
-               if (p := _prompt(row, i, messages[i], all_ids[i], max_len, filter_overlong, wheres[i],
-                                vision[i][1] if i in vision else None, truncation)) is not None]
-    if rows and not prompts:
-        raise DataError(
-            f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_len} tokens."
-        )
-    return prompts
+    return [p for i, row in enumerate(rows)
+            if (p := _prompt(row, indices[i], messages[i], all_ids[i], max_len, filter_overlong, wheres[i],
+                             vision[i][1] if i in vision else None, truncation)) is not None]
 
 
 def _vision_rows(rows: list[dict[str, Any]], messages: list[list[dict[str, Any]]], wheres: list[str], processor: Any,
@@ -250,7 +307,7 @@ def _checked_messages(row: dict[str, Any], where: str, need_reward: bool) -> lis
     return messages
 
 
-def collate(prompts: list[Prompt], pad_id: int, uids: list[Any]) -> B.Batch:
+def collate(prompts: Sequence[Prompt], pad_id: int, uids: list[Any]) -> B.Batch:
     """Left-pad prompts into a batch with the loader columns."""
     width = max(len(p.ids) for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)

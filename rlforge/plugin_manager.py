@@ -82,6 +82,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.data.builtin",
     "rlforge.plugins.data.arith_tool",
     "rlforge.plugins.data.vision",
+    "rlforge.plugins.data.hf_datasets",
     "rlforge.controller.local",
     "rlforge.controller.ray_controller",
     "rlforge.controller.torchrun",

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlforge.config.schema import option
-from rlforge.data import data_file_problem
+from rlforge.data import SAVED_DATASET_FILE, data_file_problem
 from rlforge.errors import DataError
 from rlforge.hookspecs import hookimpl
 
@@ -80,6 +80,10 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     problem = data_file_problem(path)
     if problem:
         raise DataError(f"{problem}.")
+    if (file / SAVED_DATASET_FILE).is_file():
+        raise DataError(f"Data file {path} is a folder saved by Dataset.save_to_disk: data.name=files reads .jsonl, "
+                        f".json and .parquet files; read the folder with data.name=hf (pip install "
+                        f"'rlforge[datasets]', docs/data.md).")
     if file.suffix == ".parquet":
         import pyarrow.parquet as pq
 

@@ -4,8 +4,9 @@ The rows are the ones verl's ``examples/data_preprocess/gsm8k.py``, ``math_datas
 rlforge and verl read each other's files: ``data_source`` (``openai/gsm8k``, ``DigitalLearningGmbH/MATH-lighteval``
 or ``hiyouga/geometry3k``), ``prompt`` (one user message: the question plus an instruction suffix), ``ability``
 ("math"), ``reward_model`` ``{style: rule, ground_truth}``, ``extra_info`` ``{split, index, ...}`` and, for
-Geometry3K, the ``images`` column as it is (docs/multimodal.md). Input files are the dataset's own jsonl or parquet
-files (see docs/cli.md).
+Geometry3K, the ``images`` column as it is (docs/multimodal.md). Inputs are the dataset's own jsonl or parquet
+files, or (read through Hugging Face ``datasets``, the ``hf`` dataset) a folder saved by ``save_to_disk``, a local
+dataset folder or a Hub id (see docs/cli.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rlforge.errors import DataError, RLForgeError
+from rlforge.models import HUB_ID
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -59,10 +61,11 @@ class Source:
     extract: Callable[[str], str | None]  # worked solution -> ground truth
     keep_raw: bool  # verl's gsm8k rows keep the raw question and answer in extra_info
     images: str = ""  # the input column of the row's images, kept as the rows' ``images`` ("" = a text dataset)
+    subset: str | None = None  # the Hub dataset's configuration verl's script reads (None: its default)
 
 
 SOURCES: dict[str, Source] = {
-    "gsm8k": Source("openai/gsm8k", "question", "answer", GSM8K_INSTRUCTION, gsm8k_answer, True),
+    "gsm8k": Source("openai/gsm8k", "question", "answer", GSM8K_INSTRUCTION, gsm8k_answer, True, subset="main"),
     "math": Source("DigitalLearningGmbH/MATH-lighteval", "problem", "solution", MATH_INSTRUCTION, last_boxed, False),
     # the answer column is the final answer itself; each problem has an <image> placeholder per image
     "geometry3k": Source("hiyouga/geometry3k", "problem", "answer", GEO3K_INSTRUCTION, str.strip, True, "images"),
@@ -119,28 +122,78 @@ def split_of(path: str, given: str | None) -> str:
     return named[0]
 
 
-def prepare(name: str, inputs: list[str], out_dir: str | Path, registry: Any, split: str | None = None) -> list[Path]:
-    """Convert each input file to ``<out_dir>/<split>.parquet``; return the files written.
+def _file_rows(registry: Any, path: str, split: str | None, subset: str | None) -> list[tuple[str, Any]]:
+    """A jsonl/json/parquet file, read by the ``files`` dataset: [(split, rows)]."""
+    from omegaconf import OmegaConf
 
-    Input rows are read by the ``files`` dataset (jsonl or parquet), so errors name the file and row.
+    return [(split_of(path, split), registry.dataset.get("files")(
+        OmegaConf.create({"data": {"train_files": [path]}}), "train"))]
+
+
+def _hf_config(registry: Any, files: list[str], **hf: Any) -> Any:
+    """A config that the ``hf`` dataset reads: its section's defaults with ``hf`` over them, no validation split."""
+    from omegaconf import OmegaConf
+
+    overrides: dict[str, Any] = {"val_split": None, **hf}
+    section = OmegaConf.merge(OmegaConf.structured(registry.dataset.entry("hf").config), overrides)
+    return OmegaConf.create({"data": {"hf": section, "train_files": files, "val_files": []}})
+
+
+def _saved_rows(registry: Any, path: str, split: str | None, subset: str | None) -> list[tuple[str, Any]]:
+    """A folder saved by ``Dataset.save_to_disk`` (one split), read by the ``hf`` dataset: [(split, rows)]."""
+    return [(split_of(path, split), registry.dataset.get("hf")(_hf_config(registry, [path]), "train"))]
+
+
+def _split_rows(registry: Any, path: str, split: str | None, subset: str | None) -> list[tuple[str, Any]]:
+    """A dataset with splits (``DatasetDict.save_to_disk`` folder, local dataset folder, Hub id), read by the ``hf``
+    dataset: [(split, rows)] of the splits in ``SPLITS`` that it has, or only ``split``."""
+    read = registry.dataset.get("hf")
+    have = read.splits(_hf_config(registry, [], path=path, config_name=subset))
+    wanted = [split_of(path, split)] if split else [s for s in SPLITS if s in have]
+    missing = [s for s in wanted if s not in have]
+    if missing or not wanted:
+        raise RLForgeError(f"{path} has no split {missing[0] if missing else ' or '.join(SPLITS)}; its splits: "
+                           f"{have} (--split).")
+    return [(s, read(_hf_config(registry, [], path=path, config_name=subset, train_split=s), "train")) for s in wanted]
+
+
+def _missing(registry: Any, path: str, split: str | None, subset: str | None) -> list[tuple[str, Any]]:
+    raise DataError(f"Input file not found: {path} (--input).")
+
+
+# what an --input is, first match: (test, reader of its rows)
+INPUTS: tuple[tuple[Callable[[Path], bool], Callable[[Any, str, str | None, str | None], list[tuple[str, Any]]]], ...] = (
+    (Path.is_file, _file_rows),
+    (lambda p: not p.exists() and not HUB_ID.fullmatch(str(p)), _missing),
+    (lambda p: (p / "state.json").is_file(), _saved_rows),  # datasets' Dataset.save_to_disk
+    (lambda p: True, _split_rows),
+)
+
+
+def prepare(name: str, inputs: list[str], out_dir: str | Path, registry: Any, split: str | None = None,
+            subset: str | None = None) -> list[Path]:
+    """Convert each input to ``<out_dir>/<split>.parquet``; return the files written.
+
+    An input is a jsonl/parquet file (read by the ``files`` dataset), or, read by the ``hf`` dataset (Hugging Face
+    ``datasets``), a folder saved by ``Dataset.save_to_disk`` (one split) or a dataset with splits: a folder saved by
+    ``DatasetDict.save_to_disk``, a local dataset folder or a Hub id (its train and test splits, or ``split``;
+    ``subset``: its configuration, by default the one verl's script reads). Errors name the file or split and row.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from omegaconf import OmegaConf
 
     if name not in SOURCES:
         raise RLForgeError(f"Unknown dataset '{name}'. Available: {', '.join(SOURCES)}.")
-    missing = [p for p in inputs if not Path(p).is_file()]
-    if missing:
-        raise DataError(f"Input file not found: {missing[0]} (--input).")
-    splits = [split_of(p, split) for p in inputs]
+    source = SOURCES[name]
+    parts = [part for path in inputs
+             for part in next(read for test, read in INPUTS if test(Path(path)))(
+                 registry, path, split, subset or source.subset)]
+    splits = [part for part, _ in parts]
     if len(set(splits)) < len(splits):
         raise RLForgeError(f"Two inputs map to the same split ({splits}): give one file per split.")
-    read = registry.dataset.get("files")
     converted = {}
-    for path, part in zip(inputs, splits):  # everything is checked before anything is written
-        raw_rows = read(OmegaConf.create({"data": {"train_files": [path]}}), "train")
-        converted[part] = [convert_row(SOURCES[name], r, part, i, r["_origin"]) for i, r in enumerate(raw_rows)]
+    for part, raw_rows in parts:  # everything is checked before anything is written
+        converted[part] = [convert_row(source, r, part, i, r["_origin"]) for i, r in enumerate(raw_rows)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for part, rows in converted.items():
