@@ -1,0 +1,2 @@
+"""Environment adapters (docs/environments.md): reasoning-gym tasks, verifiers environments, gymnasium-style text
+environments."""
