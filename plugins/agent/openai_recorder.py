@@ -15,6 +15,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +40,12 @@ class Recorder:
         self.first_rejection = ""
         self.lock = asyncio.Lock()  # one request of a trajectory at a time
 
-    async def complete(self, body: Any) -> tuple[ChatRequest, Reply]:
-        """The checked request and its reply; a ``REJECTED`` error (HTTP 400) changes nothing."""
+    async def complete(self, body: Any, translate: Callable[[Any], Any] | None = None
+                       ) -> tuple[ChatRequest, Reply]:
+        """The checked request and its reply; a ``REJECTED`` error (HTTP 400) changes nothing. ``translate``: turns
+        the body of another API (Responses) into a chat-completions body first."""
         try:
-            request = parse_request(body, self.engine.defaults)
+            request = parse_request(translate(body) if translate is not None else body, self.engine.defaults)
             async with self.lock:
                 return request, await self._complete(request)
         except REJECTED as exc:
@@ -156,7 +159,7 @@ def stream_chunks(reply: Reply, include_usage: bool) -> list[dict[str, Any]]:
                 **usage}
 
     entries = (choice["logprobs"] or {}).get("content") or []
-    deltas = _token_deltas(message, reply.pieces) if len(entries) in (0, len(reply.pieces)) else None
+    deltas = token_deltas(message, reply.pieces) if len(entries) in (0, len(reply.pieces)) else None
     if deltas is None:  # the fields whole, the log-probs with the first of them
         deltas = [({k: message[k]}, list(range(len(entries))) if i == 0 else [])
                   for i, k in enumerate(k for k in ("reasoning_content", "content") if message.get(k))]
@@ -173,7 +176,7 @@ def stream_chunks(reply: Reply, include_usage: bool) -> list[dict[str, Any]]:
     return chunks
 
 
-def _token_deltas(message: dict[str, Any], pieces: list[str]) -> list[tuple[dict[str, str], list[int]]] | None:
+def token_deltas(message: dict[str, Any], pieces: list[str]) -> list[tuple[dict[str, str], list[int]]] | None:
     """``(delta, the tokens it carries)`` per chunk: each token's share of the text, cut to the parts of it that are
     the message's ``reasoning_content`` and ``content`` (markers such as ``<think>`` are in neither); a token that
     adds to neither goes with the next chunk. None when those fields are not parts of the text, in order."""

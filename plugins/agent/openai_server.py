@@ -4,7 +4,8 @@ During each rollout an OpenAI-compatible endpoint on 127.0.0.1 serves the rollou
 (``openai_http``) in the rollout's own event loop, started when the rollout begins and closed when it ends. Each
 trajectory gets its own base URL (``http://127.0.0.1:PORT/t/<id>/v1``); the agent function (or an
 :class:`OpenAIAgentLoop` subclass) talks to it with any client, e.g. ``openai.OpenAI(base_url=...)``, tool calls and
-``stream=true`` included. Requests are checked field by field (``openai_request``: a 400 names every unsupported
+``stream=true`` included, and OpenAI's Responses API (``POST <base_url>/responses``, the Agents SDK's default,
+``openai_responses``). Requests are checked field by field (``openai_request``: a 400 names every unsupported
 field); the conversation is kept as tokens (``openai_recorder``). ``GET <base_url>/models`` lists the one model.
 """
 
@@ -16,7 +17,7 @@ import importlib
 import importlib.util
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,10 @@ from rlforge.agent.base import maybe_await
 from rlforge.agent.workers import DaemonThreads
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.plugins.agent import openai_responses as responses
 from rlforge.plugins.agent.openai_http import HttpRequest, HttpResponse, HttpServer, error_payload
-from rlforge.plugins.agent.openai_recorder import MODEL, REJECTED, Recorder, stream_chunks
+from rlforge.plugins.agent.openai_recorder import MODEL, REJECTED, Recorder, Reply, stream_chunks
+from rlforge.plugins.agent.openai_request import ChatRequest
 
 AGENT_THREADS = 256  # daemon threads that run synchronous agent functions (each waits on its HTTP calls)
 
@@ -120,8 +123,8 @@ class OpenAIAgentLoop(AgentLoop):
 
 
 class ChatServer:
-    """The endpoint's routes: ``POST /t/<trajectory>/v1/chat/completions`` goes to that trajectory's
-    :class:`Recorder`; ``GET .../models``."""
+    """The endpoint's routes: ``POST /t/<trajectory>/v1/chat/completions`` (and ``.../v1/responses``, translated:
+    ``openai_responses``) goes to that trajectory's :class:`Recorder`; ``GET .../models``."""
 
     def __init__(self) -> None:
         self.recorders: dict[str, Recorder] = {}
@@ -152,9 +155,10 @@ class ChatServer:
         if request.method != "POST":
             return HttpResponse(405, error_payload(f"{request.method} is not allowed: POST <base_url>/chat/completions "
                                                    "or GET <base_url>/models", "invalid_request_error"))
-        if len(parts) != 5 or parts[0] != "t" or parts[2:] != ["v1", "chat", "completions"]:
+        api = APIS.get(tuple(parts[3:])) if len(parts) >= 4 and parts[0] == "t" and parts[2] == "v1" else None
+        if api is None:
             return HttpResponse(404, error_payload(f"unknown path {request.path!r:.200}; use "
-                                                   "<base_url>/chat/completions", "not_found"))
+                                                   "<base_url>/chat/completions or <base_url>/responses", "not_found"))
         recorder = self.recorders.get(parts[1])
         if recorder is None:
             return HttpResponse(404, error_payload("unknown or finished trajectory", "not_found"))
@@ -163,15 +167,13 @@ class ChatServer:
         except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested past the decoder's limit
             return HttpResponse(400, error_payload(f"the body is not a JSON object: {type(exc).__name__}: {exc}"))
         try:
-            chat, reply = await recorder.complete(body)
+            chat, reply = await recorder.complete(body, api.translate)
         except REJECTED as exc:
             return HttpResponse(400, error_payload(str(exc), param=getattr(exc, "param", None),
                                                    code=getattr(exc, "code", None)))
         except Exception as exc:  # the engine or the template failed: the agent sees it, the run reports it
             return HttpResponse(500, error_payload(f"{type(exc).__name__}: {exc}", "server_error"))
-        if chat.stream:
-            return HttpResponse(200, events=stream_chunks(reply, chat.include_usage))
-        return HttpResponse(200, reply.completion)
+        return api.answer(chat, reply, body)
 
     @staticmethod
     def models(parts: list[str], path: str) -> HttpResponse:
@@ -185,6 +187,29 @@ class ChatServer:
             return HttpResponse(200, model)
         return HttpResponse(404, error_payload(f"unknown path {path!r:.200}; use <base_url>/models or POST "
                                                "<base_url>/chat/completions", "not_found"))
+
+
+@dataclass(frozen=True)
+class Api:
+    """A POST route: how its request becomes a chat-completions one (None: it is one), and its answer."""
+
+    translate: Callable[[Any], Any] | None
+    answer: Callable[[ChatRequest, Reply, Any], HttpResponse]
+
+
+def _chat_answer(chat: ChatRequest, reply: Reply, body: Any) -> HttpResponse:
+    if chat.stream:
+        return HttpResponse(200, events=stream_chunks(reply, chat.include_usage))
+    return HttpResponse(200, reply.completion)
+
+
+def _responses_answer(chat: ChatRequest, reply: Reply, body: Any) -> HttpResponse:
+    if chat.stream:
+        return HttpResponse(200, events=responses.response_events(reply, body))
+    return HttpResponse(200, responses.response(reply, body))
+
+
+APIS = {("chat", "completions"): Api(None, _chat_answer), ("responses",): Api(responses.chat_body, _responses_answer)}
 
 
 def _unpack(result: Any) -> tuple[str | None, float, dict[str, float]]:

@@ -63,7 +63,8 @@ def select_trajectory(records: list[dict[str, Any]], which: str) -> dict[str, An
             return found[-1]  # a step replayed after a resume is recorded again: the last one trained
         return records[int(which)]
     except ValueError:
-        raise RLForgeError(f"--trajectory {which!r}: give N (a line of trajectories.jsonl), STEP:INDEX or all") from None
+        raise RLForgeError(f"--trajectory {which!r}: give N (a line of trajectories.jsonl), STEP:INDEX or "
+                           "all") from None
     except IndexError:
         steps = sorted({r.get("step") for r in records})
         raise RLForgeError(f"--trajectory {which!r}: the record has {len(records)} trajectories (lines 0-"

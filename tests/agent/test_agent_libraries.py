@@ -1,9 +1,10 @@
-"""Agents written with agent libraries the usual way, trained through rlforge's OpenAI endpoint: the OpenAI Agents
-SDK (``openai-agents``, its chat-completions model) and LangGraph (``create_react_agent`` over
-``langchain-openai``'s ``ChatOpenAI``). Each defines the calculator as its library does (``@function_tool``,
-``@tool``) and runs it itself; one GRPO step of the shipped tool-calling model ``builtin:tiny-agent`` on
-``arith_tool`` (sampled, so its calls are its own) must include calls the model wrote and the library ran, as the
-trajectory record shows. Both libraries are optional test dependencies: the tests skip without them."""
+"""Agents written with agent libraries the usual way, trained through rlforge's OpenAI endpoint: the OpenAI Agents SDK
+(``openai-agents``: its default Responses model, streamed or not, and its chat-completions model) and LangGraph
+(``create_react_agent`` over ``langchain-openai``'s ``ChatOpenAI``). Each defines the calculator as its library does
+(``@function_tool``, ``@tool``) and runs it itself; one GRPO step of the shipped tool-calling model
+``builtin:tiny-agent`` on ``arith_tool`` (sampled, so its calls are its own) must include calls the model wrote and
+the library ran, as the trajectory record shows. Both libraries are optional dependencies that the test extra
+installs (a test without them skips, which the suite's strict-skip mode counts as a failure)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ async def agents_sdk_agent(sample, endpoint):
     return result.final_output
 
 
-async def agents_sdk_streaming_agent(sample, endpoint):
-    """The same agent, streamed (``Runner.run_streamed``: every request with ``stream=true``)."""
-    from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+async def agents_sdk_responses_agent(sample, endpoint):
+    """The Agents SDK's default model: OpenAI's Responses API, on the trajectory's client."""
+    from agents import Agent, RunConfig, Runner, function_tool
+    from agents.models.openai_provider import OpenAIProvider
     from openai import AsyncOpenAI
 
     @function_tool
@@ -55,11 +57,29 @@ async def agents_sdk_streaming_agent(sample, endpoint):
         return _calculate(expression)
 
     client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
-    agent = Agent(name="calculator agent", model=OpenAIChatCompletionsModel(model=endpoint.model,
-                                                                            openai_client=client),
-                  tools=[calculator])
-    result = Runner.run_streamed(agent, sample.messages[-1]["content"], max_turns=4,
-                                 run_config=RunConfig(tracing_disabled=True))
+    result = await Runner.run(Agent(name="calculator agent", model=endpoint.model, tools=[calculator]),
+                              sample.messages[-1]["content"], max_turns=4,
+                              run_config=RunConfig(tracing_disabled=True,
+                                                   model_provider=OpenAIProvider(openai_client=client)))
+    return result.final_output
+
+
+async def agents_sdk_streaming_agent(sample, endpoint):
+    """The Responses agent, streamed (``Runner.run_streamed``: every request with ``stream=true``)."""
+    from agents import Agent, RunConfig, Runner, function_tool
+    from agents.models.openai_provider import OpenAIProvider
+    from openai import AsyncOpenAI
+
+    @function_tool
+    def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        return _calculate(expression)
+
+    client = AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+    result = Runner.run_streamed(Agent(name="calculator agent", model=endpoint.model, tools=[calculator]),
+                                 sample.messages[-1]["content"], max_turns=4,
+                                 run_config=RunConfig(tracing_disabled=True,
+                                                      model_provider=OpenAIProvider(openai_client=client)))
     async for _ in result.stream_events():
         pass
     return result.final_output
@@ -83,6 +103,7 @@ def langgraph_agent(sample, endpoint):
 
 AGENTS = {
     "agents_sdk": ("agents", "agents_sdk_agent"),
+    "agents_sdk_responses": ("agents", "agents_sdk_responses_agent"),
     "agents_sdk_streaming": ("agents", "agents_sdk_streaming_agent"),
     "langgraph": ("langgraph", "langgraph_agent"),
 }
@@ -115,7 +136,7 @@ def test_the_library_agent_builds_the_tool_agent_trajectory(pm, tok, name):
     assert metrics["agent/tool_calls"] == 1 and metrics["agent/restarts/mean"] == 0
 
 
-@pytest.mark.parametrize("name", ["agents_sdk", "langgraph"])
+@pytest.mark.parametrize("name", ["agents_sdk_responses", "langgraph"])
 def test_one_grpo_step_of_the_tiny_agent_through_the_library(tmp_path, name, capsys):
     cfg = rlforge.load_config("grpo", [
         f"trainer.runs_root={tmp_path}", "trainer.total_steps=1", "trainer.val_every=0", "trainer.save_every=0",

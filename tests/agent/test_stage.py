@@ -19,10 +19,11 @@ AGENT = ["rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]"]
 
 
 def test_agent_kinds_are_registered(registry):
-    assert registry.agent_loop.available() == ["interaction", "openai_agent", "single_turn", "tool_agent"]
-    assert registry.tool.available() == ["calculator", "python"]
-    assert registry.tool_parser.available() == ["hermes", "tokenizer"]
-    assert registry.interaction.available() == ["arith_tutor"]
+    # the agent plugins' components (the environment adapters, plugins/env, register theirs beside them)
+    assert {"interaction", "openai_agent", "single_turn", "tool_agent"} <= set(registry.agent_loop.available())
+    assert {"calculator", "python"} <= set(registry.tool.available())
+    assert {"hermes", "tokenizer"} <= set(registry.tool_parser.available())
+    assert "arith_tutor" in registry.interaction.available()
 
 
 def test_plugins_list_and_config_show(capsys):
