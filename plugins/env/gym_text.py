@@ -60,7 +60,7 @@ def make_env(spec: str, kwargs: dict[str, Any], key: str = "data.gym_text.env") 
                           "pip install 'rlforge[envs]' (or pip install gymnasium)")
     try:
         env = gym.make(spec, disable_env_checker=True, **kwargs)
-    except gym.error.Error as exc:
+    except (gym.error.Error, TypeError) as exc:  # not registered; not a gymnasium.Env, or bad keyword arguments
         raise ConfigError(f"{key}={spec!r}: gymnasium cannot make it: {type(exc).__name__}: {exc} (give a registered id, "
                           "or module:Class for a class)") from None
     return _checked(env, spec, key)
