@@ -54,15 +54,16 @@ def make_env(spec: str, kwargs: dict[str, Any], key: str = "data.gym_text.env") 
         factory = getattr(import_target(parts[0], key), parts[1], None)
         if factory is not None:
             if not callable(factory):
-                raise ConfigError(f"{key}={spec!r}: '{parts[1]}' is a {type(factory).__name__}, not a class or factory.")
+                raise ConfigError(f"{key}={spec!r}: '{parts[1]}' is a {type(factory).__name__}, not a class or "
+                                  "factory.")
             return _checked(factory(**kwargs), spec, key)
     gym = optional_import("gymnasium", f"{key}={spec!r} is a gymnasium id",
                           "pip install 'rlforge[envs]' (or pip install gymnasium)")
     try:
         env = gym.make(spec, disable_env_checker=True, **kwargs)
     except (gym.error.Error, TypeError) as exc:  # not registered; not a gymnasium.Env, or bad keyword arguments
-        raise ConfigError(f"{key}={spec!r}: gymnasium cannot make it: {type(exc).__name__}: {exc} (give a registered id, "
-                          "or module:Class for a class)") from None
+        raise ConfigError(f"{key}={spec!r}: gymnasium cannot make it: {type(exc).__name__}: {exc} (give a registered "
+                          "id, or module:Class for a class)") from None
     return _checked(env, spec, key)
 
 
@@ -149,8 +150,9 @@ class GymTextInteraction(Interaction):
         shown = sample.messages[-1]["content"] if sample.messages else None
         observation = first_observation(self.env, int(info["seed"]), self.spec)
         if observation != shown:
-            raise RLForgeError(f"env {self.spec!r}: reset(seed={info['seed']}) shows {observation!r:.80}, but the row's "
-                               f"prompt is {shown!r:.80}: the env must give the same first observation for a seed.")
+            raise RLForgeError(f"env {self.spec!r}: reset(seed={info['seed']}) shows {observation!r:.80}, but the "
+                               f"row's prompt is {shown!r:.80}: the env must give the same first observation for a "
+                               "seed.")
 
     def step(self, message: str) -> tuple[str, float, bool]:
         result = self.env.step(message)
@@ -166,7 +168,7 @@ class GymTextInteraction(Interaction):
             _close(env)
 
 
-def gym_text_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> float:
+def gym_text_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     """0: an episode's score is the env's rewards, added by the interaction to each model turn."""
     return 0.0
 

@@ -59,8 +59,9 @@ def _options(task: str, options: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments of the task's config class: checked names, composite's dataset specs as objects."""
     rg = _library()
     if task not in rg.factory.DATASETS:
-        raise DataError(f"Unknown reasoning-gym task '{task}' (data.reasoning_gym.task).{did_you_mean(task, rg.factory.DATASETS)}"
-                        f" Available: {', '.join(sorted(rg.factory.DATASETS))}.")
+        raise DataError(f"Unknown reasoning-gym task '{task}' (data.reasoning_gym.task)."
+                        f"{did_you_mean(task, rg.factory.DATASETS)} Available: "
+                        f"{', '.join(sorted(rg.factory.DATASETS))}.")
     taken = sorted({"size", "seed"} & set(options))
     if taken:
         raise DataError(f"data.reasoning_gym.config sets {', '.join(taken)}: rlforge sets them (data.reasoning_gym."
@@ -71,8 +72,7 @@ def _options(task: str, options: dict[str, Any]) -> dict[str, Any]:
         raise DataError(f"data.reasoning_gym.config: the task '{task}' has no option {', '.join(map(repr, unknown))}."
                         f"{did_you_mean(unknown[0], names)} Its options: {', '.join(sorted(names))}.")
     if task == COMPOSITE and "datasets" in options:
-        from reasoning_gym.composite import DatasetSpec
-
+        DatasetSpec = rg.composite.DatasetSpec  # noqa: N806 (reasoning-gym's class)
         specs = options["datasets"]
         if not isinstance(specs, list) or not all(isinstance(s, dict) and "name" in s for s in specs):
             raise DataError("data.reasoning_gym.config.datasets (task composite): give a list of {name: TASK, "
@@ -97,8 +97,9 @@ def _dataset(task: str, options_json: str, seed: int, size: int) -> Any:
 def _system_prompt(name: str | None) -> str:
     prompts = _library().utils.SYSTEM_PROMPTS
     if name and name not in prompts:
-        raise DataError(f"Unknown system prompt '{name}' (data.reasoning_gym.system_prompt).{did_you_mean(name, prompts)}"
-                        f" reasoning-gym's prompts: {', '.join(sorted(prompts))}; null for none.")
+        raise DataError(f"Unknown system prompt '{name}' (data.reasoning_gym.system_prompt)."
+                        f"{did_you_mean(name, prompts)} reasoning-gym's prompts: {', '.join(sorted(prompts))}; "
+                        "null for none.")
     return prompts[name] if name else ""
 
 
@@ -149,7 +150,7 @@ def reasoning_gym_dataset(config: Any, split: str) -> list[dict[str, Any]]:
     return train
 
 
-def reasoning_gym_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any, *,
+def reasoning_gym_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, *,
                         answer_tag: str | None = "answer") -> float:
     """The task's own ``score_answer`` of the response's answer (the last ``<answer>`` tag, or the whole response)."""
     info = extra_info if isinstance(extra_info, dict) else {}
@@ -160,9 +161,10 @@ def reasoning_gym_score(data_source: str, solution_str: str, ground_truth: Any, 
     generator = _dataset(info["task"], json.dumps(info["config"], sort_keys=True), int(info["seed"]), int(info["size"]))
     entry = generator[int(info["index"])]
     if ground_truth is not None and entry["answer"] != ground_truth:
-        raise RLForgeError(f"reasoning-gym task '{info['task']}' regenerated item {info['index']} (seed {info['seed']}) "
-                           f"with the answer {entry['answer']!r:.80}, not the row's {ground_truth!r:.80}: the "
-                           "installed reasoning-gym generates other problems than the one that made the rows.")
+        raise RLForgeError(f"reasoning-gym task '{info['task']}' regenerated item {info['index']} (seed "
+                           f"{info['seed']}) with the answer {entry['answer']!r:.80}, not the row's "
+                           f"{ground_truth!r:.80}: the installed reasoning-gym generates other problems than the one "
+                           "that made the rows.")
     if answer_tag:
         answer = _library().utils.extract_answer(solution_str, tag_name=answer_tag)
     else:
@@ -173,6 +175,7 @@ def reasoning_gym_score(data_source: str, solution_str: str, ground_truth: Any, 
 @hookimpl
 def rlforge_register(registry: Any) -> None:
     registry.dataset.register(SOURCE, reasoning_gym_dataset, config=ReasoningGymConfig,
-                              description="reasoning-gym's procedural tasks, generated offline (pip install reasoning-gym)")
+                              description="reasoning-gym's procedural tasks, generated offline "
+                                          "(pip install reasoning-gym)")
     registry.reward_fn.register(SOURCE, reasoning_gym_score, config=ReasoningGymRewardConfig,
                                 description="reasoning-gym: the task's own score_answer of the <answer> tag")

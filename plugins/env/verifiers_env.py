@@ -126,8 +126,8 @@ class VerifiersLoop(OpenAIAgentLoop):
     async def agent(self, sample: Sample, endpoint: Endpoint) -> Any:
         info = sample.extra_info if isinstance(sample.extra_info, dict) else {}
         if "env" not in info:
-            raise RLForgeError(f"the row (data source '{sample.data_source}') has no extra_info.env: the verifiers loop "
-                               "runs the rows of data.name=verifiers.")
+            raise RLForgeError(f"the row (data source '{sample.data_source}') has no extra_info.env: the verifiers "
+                               "loop runs the rows of data.name=verifiers.")
         env = environment(str(info["env"]), dict(info.get("env_args") or {}))
         rollout_input = {"prompt": sample.messages, **dict(info.get("input") or {})}
         rollout_input.setdefault("example_id", sample.index)
@@ -148,7 +148,7 @@ class VerifiersLoop(OpenAIAgentLoop):
                 "metrics": {**_numbers(output.get("metrics")), "verifiers/error": float(error is not None)}}
 
 
-def verifiers_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any) -> float:
+def verifiers_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     """0: a verifiers rollout's score is its rubric's reward, added by the loop."""
     return 0.0
 
