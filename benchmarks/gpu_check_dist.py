@@ -154,9 +154,9 @@ def check_vllm_ray(steps: int, device: str) -> dict[str, Any]:
         def rlforge_weight_sync_end(self, trainer, seconds):
             if not self.seen:
                 group = trainer.controller.actor
-                engine = group.call("engine_weights")[0][0]
-                expected = vllm_shard(group.call("model_state_dict")[0], trainer.module.actor.config, 0, 1)
-                self.seen.update(replica=group.call("holds_replica")[0], engine_equals_actor=all(
+                engine = group.engine_weights()[0][0]
+                expected = vllm_shard(group.model_state_dict(), trainer.module.actor.config, 0, 1)
+                self.seen.update(replica=group.holds_replica()[0], engine_equals_actor=all(
                     torch.equal(engine[k].cpu(), v.to(engine[k].dtype)) for k, v in expected.items()))
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

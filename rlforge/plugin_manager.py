@@ -86,6 +86,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.env.verifiers_env",
     "rlforge.plugins.env.gym_text",
     "rlforge.plugins.data.hf_datasets",
+    "rlforge.controller.dispatch",
+    "rlforge.controller.remote",
     "rlforge.controller.local",
     "rlforge.controller.ray_controller",
     "rlforge.controller.torchrun",

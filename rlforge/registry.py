@@ -147,6 +147,9 @@ class Registries:
     controller: Registry[Any]
     policy_loss: Registry[Any]
     plugin_config: Registry[Any]
+    dispatch_mode: Registry[Any]
+    collect_mode: Registry[Any]
+    role: Registry[Any]
 
     SPECS: dict[str, Kind] = {
         "algorithm": Kind("algorithm.name", None, "RLModule"),
@@ -163,6 +166,9 @@ class Registries:
         "interaction": Kind("rollout.agent.interaction", "rollout.agent", "Interaction"),
         "policy_loss": Kind("actor.policy_loss", "actor", "PolicyLoss"),
         "plugin_config": Kind("", "plugins", ""),
+        "dispatch_mode": Kind("", None, ""),  # how a worker group splits a call over its ranks (rlforge.controller)
+        "collect_mode": Kind("", None, ""),  # how it joins the ranks' results
+        "role": Kind("", None, ""),  # a worker class and the models it loads (rlforge.controller.remote.Role)
     }
     KINDS: dict[str, str] = {kind: spec.key for kind, spec in SPECS.items()}
 

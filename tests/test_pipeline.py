@@ -96,7 +96,7 @@ def test_each_step_trains_on_the_policy_of_the_schedule(tmp_path, pipeline):
                       callbacks=[rec])
     trainer.fit()
     assert_trained_on_schedule(trainer, rec, pipeline)
-    engine = trainer.controller.actor.rollout_model  # the engine's own copy, given the final weights to validate
+    engine = trainer.controller.ranks["actor"].worker.rollout_model  # the engine's own copy, given the final weights to validate
     assert engine is not trainer.module.actor
     assert all(torch.equal(engine.state_dict()[k], v) for k, v in rec.weights[5].items())
 

@@ -1,11 +1,9 @@
-"""What the multi-process controllers share: the rank layout checks and the dataflow dispatched to worker groups.
+"""What the controllers share: the rank layout checks and the dataflow over worker groups.
 
-A *worker group* is the ranks of one role (``actor``, ``critic``), each running ``ray_workers.RankWorker``; the
-``ray`` controller runs them as Ray actors, the ``torchrun`` controller in the processes torchrun started (the
-``ray`` controller's ``rollout`` group runs ``ray_workers.RolloutWorker``, outside any process group). A group
-offers ``world_size``, ``dp_size`` (data-parallel groups: ``strategy.tp.size`` consecutive ranks see the same
-rows), ``call(method, *args)`` (every rank, the same arguments), ``call_each(method, args)`` (per-rank arguments,
-None = skip a rank) and ``call_dp`` (:func:`data_parallel_call`). :class:`GroupController` dispatches the dataflow:
+A *worker group* (``rlforge.controller.remote.WorkerGroup``) is the ranks of one role (``actor``, ``critic``, the Ray
+controller's ``rollout``) with the worker class's declared methods bound to it; its transport is the local
+controller's process, Ray actors or torchrun's processes. :class:`GroupController` is the dataflow over those groups;
+each operation's split and join is its worker method's declaration (``@remote`` in ``ray_workers.py``):
 
 - generation: the prompts are split over the workers that own the engines (every actor rank, or the Ray
   controller's rollout group), the responses gathered in order;
@@ -17,15 +15,14 @@ None = skip a rank) and ``call_dp`` (:func:`data_parallel_call`). :class:`GroupC
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
-from rlforge.controller.dispatch import restore, shard_for_scoring, shard_for_update, split_rows
+from rlforge.controller.dispatch import PerRank
 from rlforge.errors import ConfigError, RLForgeError
-from rlforge.protocols import Generation, SamplingParams, derived_seed
+from rlforge.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -78,13 +75,6 @@ def check_layout(config: Any, strategy_factory: Any, needs_critic: bool) -> None
             )
 
 
-def data_parallel_call(group: Any, method: str, shards: list[tuple]) -> list[Any]:
-    """Run ``method(*shards[g])`` on every rank of data-parallel group ``g`` (ranks ``g * per`` to
-    ``(g + 1) * per - 1``: a tensor-parallel group); the results of each group's first rank, in group order."""
-    per = group.world_size // len(shards)
-    return group.call_each(method, [shards[r // per] for r in range(group.world_size)])[::per]
-
-
 class GroupController:
     """The dataflow and checkpoints over worker groups. A subclass sets ``config``, ``module`` (the driver's
     actor mirror), ``reward``, ``actor``, ``critic`` (None without a value model), ``rollout`` (a group that owns the
@@ -101,63 +91,40 @@ class GroupController:
         """``obj`` as sent to every rank (Ray: one copy in the object store)."""
         return obj
 
-    # --- the dataflow ------------------------------------------------------------------------------
-    def _balance(self, role: str) -> bool:
-        """Spread real tokens evenly over the ranks (``trainer.balance_batch``; unset: when micro-batches are cut by
-        token budget)."""
-        balance = self.config.trainer.balance_batch
-        return bool(self.config[role].max_tokens_per_micro_batch) if balance is None else bool(balance)
-
+    # --- the dataflow: each call is the worker method's, split and joined by its declared modes --------------
     def _engines(self) -> Any:
         """The group whose workers own the rollout engines."""
         return self.actor if self.rollout is None else self.rollout
 
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
-        """The prompts split over the engines; with a seed, each engine samples from a stream of its own."""
-        engines = self._engines()
-        shards = split_rows(batch, engines.world_size)
-        args = [(s, replace(params, seed=derived_seed(params.seed, i))) if len(s) else None
-                for i, s in enumerate(shards)]
-        return B.Batch.concat(engines.call_each("generate", args))
+        return self._engines().generate(batch, params)
 
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
-        """Agent loops' requests (one wave), split in contiguous parts over the engines (seeded as in ``generate``)."""
-        engines = self._engines()
-        n = engines.world_size
-        bounds = [round(i * len(prompts) / n) for i in range(n + 1)]
-        parts = [(prompts[a:b], [replace(p, seed=derived_seed(p.seed, i)) for p in params[a:b]]) if b > a else None
-                 for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
-        return [g for part in engines.call_each("generate_tokens", parts) for g in part]
+        """Agent loops' requests (one wave), split in contiguous parts over the engines."""
+        return self._engines().generate_tokens(prompts, params)
 
     def score(self, batch: B.Batch) -> B.Batch:
         return self.reward.score(batch)
 
     def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
-        import torch
-
-        shards, order = shard_for_scoring(batch, self.actor.dp_size, f"{role} log-probs", self._balance("actor"))
-        return restore(torch.cat(self.actor.call_dp("compute_log_probs", [(s, role) for s in shards])), order)
+        return self.actor.compute_log_probs(batch, role)
 
     def update_actor(self, batch: B.Batch) -> dict[str, float]:
-        mini = self.config.actor.ppo_mini_batch_size * self.config.rollout.n
-        shards = shard_for_update(batch, self.actor.dp_size, mini, balance=self._balance("actor"))
-        return self.actor.call_dp("update", [(s,) for s in shards])[0]
+        return self.actor.update(batch)
 
     def compute_values(self, batch: B.Batch) -> torch.Tensor:
-        import torch
-
-        assert self.critic is not None, "compute_values needs a critic (module.needs_critic())"
-        shards, order = shard_for_scoring(batch, self.critic.dp_size, "values", self._balance("critic"))
-        return restore(torch.cat(self.critic.call_dp("compute_values", [(s,) for s in shards])), order)
+        return self._critic("compute_values").compute_values(batch)
 
     def update_critic(self, batch: B.Batch) -> dict[str, float]:
-        assert self.critic is not None, "update_critic needs a critic (module.needs_critic())"
-        mini = self.config.critic.ppo_mini_batch_size * self.config.rollout.n
-        shards = shard_for_update(batch, self.critic.dp_size, mini, balance=self._balance("critic"))
-        return self.critic.call_dp("update", [(s,) for s in shards])[0]
+        return self._critic("update_critic").update(batch)
+
+    def _critic(self, what: str) -> Any:
+        if self.critic is None:
+            raise RLForgeError(f"{what} needs a critic (the algorithm's needs_critic() is False).")
+        return self.critic
 
     def sync_weights(self) -> float:
-        return max(self.actor.call("sync_weights"))
+        return self.actor.sync_weights()
 
     # --- checkpoints -------------------------------------------------------------------------------
     def _roles(self) -> list[Any]:
@@ -174,12 +141,12 @@ class GroupController:
             staging = staging.resolve()  # the workers' working folder may differ
         for group in self._roles():
             if sharded:
-                results = group.call("save_sharded", str(staging / group.role))
+                results = group.save_sharded(str(staging / group.role))
             else:
-                results = group.call("state_dict", True)
+                results = group.state_dict(True)
             state["rng"][group.role] = [r.pop("rng") for r in results]
             state[group.role] = results[0]
-        weights = self.actor.call("model_state_dict")[0] if sharded else state["actor"].pop("model")
+        weights = self.actor.model_state_dict() if sharded else state["actor"].pop("model")
         self.module.actor.load_state_dict(weights)  # the driver's mirror: checkpoint.save writes it as actor/
         return state
 
@@ -196,11 +163,11 @@ class GroupController:
                 path = folder.resolve() / SHARDED_DIR / group.role
                 if not path.is_dir():
                     raise RLForgeError(f"Checkpoint shards missing: {path} (strategy.checkpoint=sharded).")
-                group.call_each("load_sharded", [(str(path), state[group.role], rng) for rng in rngs])
+                group.load_sharded(str(path), state[group.role], PerRank(rngs))
                 continue
             role_state = dict(state[group.role])
             if group.role == "actor":
                 role_state["model"] = self.module.actor.state_dict()
             ref = self._share(role_state)
-            group.call_each("load_state_dict", [(ref, rng) for rng in rngs])
+            group.load_state_dict(ref, PerRank(rngs))
 

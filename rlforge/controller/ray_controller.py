@@ -35,12 +35,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.config.schema import option
-from rlforge.controller.groups import (
-    GroupController,
-    check_layout,
-    data_parallel_call,
-    data_parallel_size,
-)
+from rlforge.controller.dispatch import PerRank
+from rlforge.controller.groups import GroupController, check_layout, data_parallel_size
+from rlforge.controller.remote import WorkerGroup
 from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
@@ -134,15 +131,14 @@ class ResourcePool:
         remove_placement_group(self.pg)
 
 
-class WorkerGroup:
-    """The ranks of one role, as Ray actors (``worker``: a ``ray_workers`` class) on a resource pool, not set up yet;
-    ``call`` runs a method on all and gathers."""
+class RayTransport:
+    """The ranks of one role as Ray actors (``worker``: a ``ray_workers`` class) on a resource pool: the transport of
+    a ``remote.WorkerGroup``. A failing or dead rank becomes a :class:`WorkerError` naming it."""
 
-    def __init__(self, ray: Any, role: str, worker: type, pool: ResourcePool, share: float, n: int,
-                 dp_size: int) -> None:
+    def __init__(self, ray: Any, role: str, worker: type, pool: ResourcePool, share: float, n: int) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.ray, self.role, self.dp_size = ray, role, dp_size
+        self.ray, self.role = ray, role
         remote = ray.remote(worker)
         self.handles = [
             remote.options(
@@ -153,22 +149,10 @@ class WorkerGroup:
             for rank in range(n)
         ]
         self.procs = ["starting"] * n
-        addresses = self.call("address")
-        self.procs = [f"pid {pid} on {ip}" for ip, _, pid in addresses]
-        self.master: tuple[str, int] = addresses[0][:2]  # rank 0's (IP, free port): the process group's rendezvous
 
     @property
     def world_size(self) -> int:
         return len(self.handles)
-
-    def call(self, method: str, *args: Any) -> list[Any]:
-        """Run ``method(*args)`` on every rank; the results in rank order."""
-        return self.call_each(method, [args] * self.world_size)
-
-    def call_dp(self, method: str, shards: list[tuple]) -> list[Any]:
-        """Run ``method(*shards[g])`` on every rank of data-parallel group ``g`` (consecutive ranks: a tensor-parallel
-        group); the results of each group's first rank, in group order."""
-        return data_parallel_call(self, method, shards)
 
     def call_each(self, method: str, args: list[tuple | None]) -> list[Any]:
         """Run ``method(*args[rank])`` on each rank whose args are not None; their results in rank order."""
@@ -246,8 +230,10 @@ class RayController(GroupController):
         # the engines generate with a replica kept equal to the actor: their log-probs are the actor's if the
         # engine's are with the actor itself
         self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
+        self.registry = reg
         self.pools: list[ResourcePool] = []
-        self.groups: list[WorkerGroup] = []
+        self.transports: list[RayTransport] = []
+        self.masters: dict[str, tuple[str, int]] = {}
         self.critic = self.rollout = None
         try:
             cfg, n = config.ray, config.strategy.num_processes
@@ -284,29 +270,30 @@ class RayController(GroupController):
         self.pools.append(pool)
         return pool
 
-    def _group(self, role: str, worker: type, pool: ResourcePool, share: float, n: int, dp: int) -> WorkerGroup:
-        group = WorkerGroup(self.ray, role, worker, pool, share, n, dp)
-        self.groups.append(group)
+    def _group(self, role: str, pool: ResourcePool, share: float, n: int, dp: int) -> WorkerGroup:
+        """``n`` Ray actors of ``role``'s worker class (``registry.role``) on ``pool``, started (not set up yet)."""
+        worker = self.registry.role.get(role).worker_class()
+        transport = RayTransport(self.ray, role, worker, pool, share, n)
+        self.transports.append(transport)
+        group = WorkerGroup(role, worker, transport, self.config, self.registry, dp)
+        addresses = group.address()
+        transport.procs = [f"pid {pid} on {ip}" for ip, _, pid in addresses]
+        self.masters[role] = addresses[0][:2]  # rank 0's (IP, free port): the process group's rendezvous
         return group
 
     def _ranks(self, role: str, pool: ResourcePool, share: float, module_cls: type, engine: bool = True) -> WorkerGroup:
         """The actor or critic group: ``strategy.num_processes`` ranks in one process group."""
-        from rlforge.controller.ray_workers import RankWorker
-
         dp = data_parallel_size(self.config, self.strategy_factory)
-        group = self._group(role, RankWorker, pool, share, self.config.strategy.num_processes, dp)
-        group.call("setup", self.config, module_cls, group.master, engine)
+        group = self._group(role, pool, share, self.config.strategy.num_processes, dp)
+        group.setup(self.config, module_cls, self.masters[role], engine)
         return group
 
     def _rollout_group(self, cfg: Any, actor_gpus: float, module_cls: type) -> WorkerGroup:
         """``ray.rollout_workers`` workers, each with the policy and an engine, on a pool of their own."""
-        from rlforge.controller.ray_workers import RolloutWorker
-
         n = cfg.rollout_workers
         gpus = actor_gpus if cfg.rollout_gpus_per_worker is None else cfg.rollout_gpus_per_worker
-        group = self._group("rollout", RolloutWorker, self._pool("rollout", n, cfg.rollout_cpus_per_worker, gpus),
-                            1.0, n, n)
-        group.call("setup", self.config, module_cls)
+        group = self._group("rollout", self._pool("rollout", n, cfg.rollout_cpus_per_worker, gpus), 1.0, n, n)
+        group.setup(self.config, module_cls)
         return group
 
     def _share(self, obj: Any) -> Any:
@@ -325,33 +312,33 @@ class RayController(GroupController):
         actor rank, returned by rank 0, put once in the object store. The reference to that copy is the snapshot
         (freed when the last reference is dropped)."""
         assert self.rollout is not None, "check_config: the off-policy pipelines need ray.rollout_workers >= 1"
-        return self.ray.put(self.actor.call("full_weights")[0])
+        return self.ray.put(self.actor.full_weights())
 
     def load_weights(self, snapshot: Any) -> float:
         """Every rollout worker loads a :meth:`snapshot_weights` copy; returns the slowest one's seconds. Called by
         the pipelines' rollout thread while the trainer's thread uses the actor group."""
-        return max(self.rollout.call("load_weights", snapshot))
+        return self.rollout.load_weights(snapshot)
 
     # --- checkpoints: the rollout workers' RNG (a sync run samples from it) ---------------------------
     def state_dict(self, staging: Path) -> dict[str, Any]:
         state = super().state_dict(staging)
         if self.rollout is not None:
-            state["rng"]["rollout"] = self.rollout.call("rng_state")
+            state["rng"]["rollout"] = self.rollout.rng_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
         super().load_state_dict(state, folder)
         rngs = state.get("rng", {}).get("rollout") if self.rollout is not None else None
         if rngs is not None and len(rngs) == self.rollout.world_size:
-            self.rollout.call_each("set_rng", [(rng,) for rng in rngs])
+            self.rollout.set_rng(PerRank(rngs))
 
     def shutdown(self) -> None:
         close_reward(self.reward)
-        for group in self.groups:
-            group.kill()
+        for transport in self.transports:
+            transport.kill()
         for pool in self.pools:
             pool.remove()
-        self.groups, self.pools = [], []
+        self.transports, self.pools = [], []
         if self.started_ray:
             self.ray.shutdown()
             self.started_ray = False

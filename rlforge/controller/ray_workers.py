@@ -24,15 +24,13 @@ from rlforge import batch as B
 from rlforge import checkpoint as ckpt
 from rlforge import lora
 from rlforge.agent.engine import token_generator
+from rlforge.controller.remote import remote
 from rlforge.controller.worker import ActorWorker, CriticWorker
 from rlforge.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
     from rlforge.module import RLModule
-
-ROLE_MODELS = {"actor": ("actor", "ref"), "critic": ("critic",), "rollout": ("actor",)}  # the models each role loads
-
 
 class WorkerProcess:
     """What every worker process shares: its place, its models built through ``rlforge.build.Builder`` as in the
@@ -43,6 +41,7 @@ class WorkerProcess:
         self.rollout: Any = None  # the rollout engine, where this process owns one
         self.engine_model: Any = None  # the model the engine was built with
 
+    @remote(collect="all")
     def address(self) -> tuple[str, int, int]:
         """(node IP, a free port there, pid): rank 0's IP and port become the process group's rendezvous."""
         import ray
@@ -60,7 +59,7 @@ class WorkerProcess:
         random.seed(config.trainer.seed + self.rank)
         torch.manual_seed(config.trainer.seed + self.rank)  # ranks sample different responses
         builder = Builder(config, PluginManager.for_config(config))
-        module = builder.module(module_cls(config), roles=ROLE_MODELS[self.role])
+        module = builder.module(module_cls(config), roles=builder.registry.role.get(self.role).models)
         module.configure_model()
         return builder, module
 
@@ -69,12 +68,15 @@ class WorkerProcess:
         self.rollout = builder.rollout(model, tokenizer)
         self.tokens = token_generator(self.rollout, tokenizer)
 
+    @remote("engine_rows", "concat")
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         return self.rollout.generate(batch, params)
 
+    @remote("engine_requests", "flatten")
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         return self.tokens(prompts, params)
 
+    @remote()
     def engine_weights(self) -> list[dict[str, torch.Tensor]]:
         """What this process's rollout engine computes with, one dict per engine worker: read back from engines with
         ``read_weights`` (vllm), else the weights of the model it generates with (hf). A check that the engine holds
@@ -84,13 +86,16 @@ class WorkerProcess:
             return read()
         return [{name: t.detach().cpu().clone() for name, t in self.engine_model.state_dict().items()}]
 
+    @remote()
     def rng_state(self) -> dict[str, Any]:
         return ckpt.rng_state()
 
+    @remote()
     def set_rng(self, rng: dict[str, Any] | None) -> None:
         if rng is not None:  # None: a checkpoint written with another number of ranks
             ckpt.set_rng_state(rng)
 
+    @remote()
     def shutdown(self) -> None:
         if self.rollout is not None:
             self.rollout.shutdown()
@@ -108,6 +113,7 @@ class RankWorker(WorkerProcess):
         super().__init__(role, rank, world_size)
         self.worker: Any = None  # ActorWorker or CriticWorker, after setup
 
+    @remote()
     def setup(self, config: Any, module_cls: type, master: tuple[str, int] | None, engine: bool = True) -> None:
         """Join the process group, load this role's models on the strategy, build the rollout engine (actor, unless
         ``engine`` is False: a rollout worker group generates). Only this role's models load.
@@ -116,33 +122,45 @@ class RankWorker(WorkerProcess):
             os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
                               MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
         builder, module = self._module(config, module_cls)
+        self.build(builder, module, engine)
+
+    def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
+        """This role's worker over ``module`` (its models loaded) on a new strategy, and the actor's rollout engine
+        (``engine``). The local controller calls it in place with the driver's module; ``initial_sync=False``: the
+        engine keeps the weights it loaded from ``model.path`` until the first sync."""
         strategy = builder.strategy()
         if self.role == "actor":
             owns = _engine_owns_weights(builder)
             # the engines of a rollout worker group keep weights of their own: no replica here either
-            self.worker = ActorWorker(config, module, strategy, builder.hook, engine_owns_weights=owns or not engine)
+            self.worker = ActorWorker(builder.config, module, strategy, builder.hook,
+                                      engine_owns_weights=owns or not engine)
             if engine:
                 self._start_engine(builder, self.worker.rollout_model, module.tokenizer)
-                if owns:  # the engine starts from model.path: give it the actor's weights (collective over the ranks)
-                    self.sync_weights()
+                if owns and initial_sync:  # the engine starts from model.path: give it the actor's weights
+                    self.sync_weights()  # (collective over the ranks)
         else:
-            self.worker = CriticWorker(config, module, strategy, builder.hook)
+            self.worker = CriticWorker(builder.config, module, strategy, builder.hook)
 
     # --- dataflow ------------------------------------------------------------------------------------
+    @remote("dp_score", "concat")
     def compute_log_probs(self, batch: B.Batch, role: str) -> torch.Tensor:
         return self.worker.compute_log_probs(batch, role)
 
+    @remote("dp_score", "concat")
     def compute_values(self, batch: B.Batch) -> torch.Tensor:
         return self.worker.compute_values(batch)
 
+    @remote("dp_update", "first")
     def update(self, batch: B.Batch) -> dict[str, float]:
         return self.worker.update(batch)
 
+    @remote(collect="max")
     def sync_weights(self) -> float:
         start = time.perf_counter()
         self.rollout.update_weights(self.worker.named_weights())
         return time.perf_counter() - start
 
+    @remote(collect="first")
     def full_weights(self) -> list[tuple[str, torch.Tensor]] | None:
         """The actor's full weights on the CPU, for a rollout worker group (``ray.rollout_workers``). Collective: every
         rank takes part in the gather (``named_weights`` of a sharded strategy); rank 0 returns them, the others
@@ -151,11 +169,13 @@ class RankWorker(WorkerProcess):
         weights = [(name, t.to("cpu", copy=True)) for name, t in self.worker.named_weights() if keep]  # all iterate
         return weights if keep else None
 
+    @remote()
     def holds_replica(self) -> bool:
         """Whether this rank keeps a full copy of the policy for its rollout engine (see ``ActorWorker``)."""
         return self.worker.rollout_model is not self.worker.model
 
     # --- state ---------------------------------------------------------------------------------------
+    @remote()
     def state_dict(self, with_model: bool) -> dict[str, Any]:
         """Gathered optimizer state (and weights); complete on rank 0 only. Plus this rank's RNG state."""
         state = self.worker.state_dict()
@@ -163,21 +183,26 @@ class RankWorker(WorkerProcess):
             state["model"] = self.worker.model_state_dict()
         return {**state, "rng": ckpt.rng_state()}
 
+    @remote()
     def load_state_dict(self, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
         if "model" in state:
             self.worker.load_model_state_dict(state["model"])
         self.worker.load_state_dict(state)
         self.set_rng(rng)
 
+    @remote(collect="first")
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         return self.worker.model_state_dict()
 
+    @remote()
     def load_model_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
         self.worker.load_model_state_dict(weights)
 
+    @remote()
     def save_sharded(self, path: str) -> dict[str, Any]:
         return {**self.worker.save_sharded(Path(path)), "rng": ckpt.rng_state()}
 
+    @remote()
     def load_sharded(self, path: str, state: dict[str, Any], rng: dict[str, Any] | None) -> None:
         self.worker.load_sharded(Path(path), state)
         self.set_rng(rng)
@@ -194,6 +219,7 @@ class RolloutWorker(WorkerProcess):
     optimizer, no reference model, no process group with the actor ranks: its weights arrive whole
     (``load_weights``)."""
 
+    @remote()
     def setup(self, config: Any, module_cls: type) -> None:
         """Load the policy and build the rollout engine on it, through ``rlforge.build.Builder`` as the actor ranks
         do."""
@@ -207,6 +233,7 @@ class RolloutWorker(WorkerProcess):
             model = model.to("cuda" if gpu else "cpu")  # the GPU Ray gave this worker
         self._start_engine(builder, model, module.tokenizer)
 
+    @remote(collect="max")
     def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> float:
         """Give the engine the actor's full weights (``RankWorker.full_weights``); returns the seconds taken."""
         start = time.perf_counter()

@@ -23,8 +23,9 @@ import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from rlforge.controller.groups import GroupController, check_layout, data_parallel_call, data_parallel_size
+from rlforge.controller.groups import GroupController, check_layout, data_parallel_size
 from rlforge.controller.local import close_reward
+from rlforge.controller.remote import WorkerGroup
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
@@ -114,27 +115,21 @@ class Channel:
             return "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 
-class ProcessGroupWorkers:
-    """One role's ranks in torchrun's processes: the worker-group interface of ``groups.py`` over a Channel."""
+class ChannelTransport:
+    """One role's ranks in torchrun's processes, reached through the :class:`Channel`: a ``remote.WorkerGroup``'s
+    transport."""
 
-    def __init__(self, channel: Channel, role: str, dp_size: int) -> None:
-        self.channel, self.role, self.dp_size = channel, role, dp_size
+    def __init__(self, channel: Channel, role: str) -> None:
+        self.channel, self.role = channel, role
         self.world_size = channel.world
-
-    def call(self, method: str, *args: Any) -> list[Any]:
-        return self.call_each(method, [args] * self.world_size)
 
     def call_each(self, method: str, args: list[tuple | None]) -> list[Any]:
         return self.channel.run(self.role, method, args)
 
-    def call_dp(self, method: str, shards: list[tuple]) -> list[Any]:
-        return data_parallel_call(self, method, shards)
 
-
-def _workers(rank: int, world: int, module: RLModule) -> dict[str, Any]:
-    from rlforge.controller.ray_workers import RankWorker
-
-    return {role: RankWorker(role, rank, world) for role in _roles(module)}
+def _workers(registry: Any, rank: int, world: int, module: RLModule) -> dict[str, Any]:
+    """This process's rank of each role the module needs (``registry.role``'s worker classes)."""
+    return {role: registry.role.get(role).worker_class()(role, rank, world) for role in _roles(module)}
 
 
 class TorchrunController(GroupController):
@@ -158,7 +153,7 @@ class TorchrunController(GroupController):
         if int(os.environ.get("RANK", "0")) == 0:
             return None
         rank, world, group = _join(builder.config)
-        workers = _workers(rank, world, module)
+        workers = _workers(builder.registry, rank, world, module)
         try:
             for worker in workers.values():  # as rank 0 does, in the same order: their collectives line up
                 worker.setup(builder.config, type(module), None)
@@ -174,13 +169,14 @@ class TorchrunController(GroupController):
         check_layout(config, strategy, module.needs_critic())
         self.config, self.module = config, module
         rank, world, group = _join(config)
-        self.channel = Channel(group, rank, world, _workers(rank, world, module))
+        self.channel = Channel(group, rank, world, _workers(reg, rank, world, module))
         module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
         module.configure_model()
         self.reward = builder.reward(module.tokenizer)
         self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
         dp = data_parallel_size(config, strategy)
-        groups = {role: ProcessGroupWorkers(self.channel, role, dp) for role in self.channel.workers}
+        groups = {role: WorkerGroup(role, type(worker), ChannelTransport(self.channel, role), config, reg, dp)
+                  for role, worker in self.channel.workers.items()}
         self.actor, self.critic = groups["actor"], groups.get("critic")
         for worker in self.channel.workers.values():  # every process sets up its own (same config, same order)
             worker.setup(config, type(module), None)

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from rlforge import batch as B
 from rlforge.controller.dispatch import restore, shard_for_scoring, shard_for_update
 from rlforge.controller.groups import GroupController
+from rlforge.controller.remote import InProcess, WorkerGroup, remote
 from rlforge.controller.microbatch import balanced_split
 from rlforge.errors import RLForgeError
 
@@ -62,24 +63,23 @@ def test_update_shares_keep_each_mini_batch_and_balance_inside_it() -> None:
     assert [int(s[B.ATTENTION_MASK][:2].sum()) for s in shard_for_update(batch, 2, 4, balance=True)] == [77, 77]
 
 
-class _Group:
-    """A data-parallel group of 2 ranks whose log-prob pass returns each row's id and records its share's tokens."""
+class _Rank:
+    """A rank whose log-prob pass returns each row's id and records its share's real tokens."""
 
-    dp_size = 2
+    tokens: list[int] = []
 
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-
-    def call_dp(self, method: str, args: list[tuple]) -> list[torch.Tensor]:
-        self.tokens = [int(a[0][B.ATTENTION_MASK].sum()) for a in args]
-        return [a[0][B.INPUT_IDS][:, :1].float() for a in args]
+    @remote("dp_score", "concat")
+    def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
+        _Rank.tokens.append(int(batch[B.ATTENTION_MASK].sum()))
+        return batch[B.INPUT_IDS][:, :1].float()
 
 
 @pytest.mark.parametrize("balance,budget,expected", [(None, 0, [154, 6]), (None, 64, [80, 80]), (True, 0, [80, 80]),
                                                       (False, 64, [154, 6])])
-def test_the_controller_balances_when_trainer_balance_batch_says_so(balance, budget, expected) -> None:
+def test_the_controller_balances_when_trainer_balance_batch_says_so(balance, budget, expected, registry) -> None:
     c = GroupController()
-    c.config = OmegaConf.create({"trainer": {"balance_batch": balance}, "actor": {"max_tokens_per_micro_batch": budget}})
-    c.actor = _Group()
+    config = OmegaConf.create({"trainer": {"balance_batch": balance}, "actor": {"max_tokens_per_micro_batch": budget}})
+    c.actor = WorkerGroup("actor", _Rank, InProcess([_Rank(), _Rank()]), config, registry)
+    _Rank.tokens = []
     out = c.compute_log_probs(_batch([40, 39, 38, 37, 2, 2, 1, 1]))
-    assert c.actor.tokens == expected and out[:, 0].tolist() == list(range(8))  # rows in order either way
+    assert _Rank.tokens == expected and out[:, 0].tolist() == list(range(8))  # rows in order either way

@@ -1,39 +1,119 @@
-"""Dispatch over worker groups (``rlforge/controller/groups.py``): tensor-parallel groups of consecutive ranks
-get the same rows, and the answer of each group's first rank stands for the group; generation goes to the group
-that owns the engines, each engine with its own seed."""
+"""Worker groups (``rlforge/controller/remote.py``) and the dispatch modes of ``dispatch.py``: declared methods are
+bound to the group; tensor-parallel groups of consecutive ranks get the same rows, and the answer of each group's first
+rank stands for the group; generation goes to the group that owns the engines, each engine with its own seed."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from rlforge import batch as B
 from rlforge import load_config
-from rlforge.controller.groups import GroupController, data_parallel_call, data_parallel_size
+from rlforge.controller.dispatch import PerRank
+from rlforge.controller.groups import GroupController, data_parallel_size
+from rlforge.controller.remote import InProcess, WorkerGroup, declared, remote
+from rlforge.errors import RLForgeError
 from rlforge.protocols import SamplingParams, derived_seed
 
 
-class FakeGroup:
-    def __init__(self, world_size):
-        self.world_size = world_size
-        self.calls = []
+class Rank:
+    """A worker whose methods say which rank ran them with which arguments."""
 
-    def call_each(self, method, args):
-        self.calls.append((method, args))
-        return [(rank, a) for rank, a in enumerate(args)]
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.seeds: list = []
+
+    @remote("dp_update", "all")
+    def update(self, batch):
+        return self.rank, batch[B.INPUT_IDS][:, 0].tolist()
+
+    @remote("dp_score", "concat")
+    def compute_log_probs(self, batch, role="actor"):
+        return batch[B.INPUT_IDS][:, :1].float() + (100 if role == "ref" else 0)
+
+    @remote()
+    def load(self, state, rng=None):
+        return self.rank, state, rng
+
+    @remote(collect="max")
+    def sync_weights(self):
+        return float(self.rank)
+
+    @remote("engine_rows", "concat")
+    def generate(self, batch, params):
+        self.seeds.append(params.seed)
+        return batch
+
+    @remote("engine_requests", "flatten")
+    def generate_tokens(self, prompts, params):
+        self.seeds.append([p.seed for p in params])
+        return [None] * len(prompts)
+
+    def private(self):  # not declared: not on the group
+        return self.rank
 
 
-@pytest.mark.parametrize(("world", "groups", "expected_args"), [
-    (4, 2, [("a",), ("a",), ("b",), ("b",)]),  # 2 data-parallel groups of tp 2: ranks 0,1 | 2,3
-    (2, 2, [("a",), ("b",)]),  # data parallel only
-    (2, 1, [("a",), ("a",)]),  # one tensor-parallel group
+def _config(mini=4, balance=False):
+    return OmegaConf.create({"trainer": {"balance_batch": balance}, "rollout": {"n": 1},
+                             "actor": {"ppo_mini_batch_size": mini, "max_tokens_per_micro_batch": 0}})
+
+
+def _group(world, registry, dp=None, role="actor"):
+    ranks = [Rank(r) for r in range(world)]
+    return WorkerGroup(role, Rank, InProcess(ranks), _config(), registry, dp), ranks
+
+
+def _rows(n):
+    return B.Batch({B.INPUT_IDS: torch.arange(n).unsqueeze(1).repeat(1, 3), B.ATTENTION_MASK: torch.ones(n, 3),
+                    B.PROMPTS: torch.zeros(n, 2)})
+
+
+def test_declared_methods_are_bound_and_others_are_not(registry):
+    group, _ = _group(2, registry)
+    assert set(declared(Rank)) == {"update", "compute_log_probs", "load", "sync_weights", "generate",
+                                   "generate_tokens"}
+    assert not hasattr(group, "private")
+    assert group.sync_weights() == 1.0  # collect=max
+    assert group.load("s", rng=PerRank(["r0", "r1"])) == [(0, "s", "r0"), (1, "s", "r1")]  # keywords bind too
+    with pytest.raises(TypeError):
+        group.load()  # the worker method's own signature
+
+
+@pytest.mark.parametrize(("world", "dp", "expected"), [
+    (4, 2, [[0, 1], [0, 1], [2, 3], [2, 3]]),  # 2 data-parallel groups of tp 2: ranks 0,1 | 2,3
+    (2, 2, [[0, 1], [2, 3]]),  # data parallel only
+    (2, 1, [[0, 1, 2, 3], [0, 1, 2, 3]]),  # one tensor-parallel group
 ])
-def test_each_data_parallel_group_gets_its_shard(world, groups, expected_args):
-    group = FakeGroup(world)
-    shards = [("a",), ("b",)][:groups]
-    results = data_parallel_call(group, "update", shards)
-    assert group.calls == [("update", expected_args)]
-    assert results == [(r, expected_args[r]) for r in range(0, world, world // groups)]
+def test_each_data_parallel_group_gets_its_shard_and_its_first_rank_answers(world, dp, expected, registry):
+    group, ranks = _group(world, registry, dp)
+    seen = []
+    for rank in ranks:
+        rank.update = lambda batch, rank=rank: seen.append((rank.rank, batch[B.INPUT_IDS][:, 0].tolist())) or rank.rank
+    assert group.update(_rows(4)) == list(range(0, world, world // dp))
+    assert [rows for _, rows in sorted(seen)] == expected
+
+
+def test_scoring_results_come_back_in_row_order(registry):
+    group, _ = _group(2, registry)
+    out = group.compute_log_probs(_rows(4), "ref")
+    assert out[:, 0].tolist() == [100.0, 101.0, 102.0, 103.0]
+
+
+def test_an_unknown_mode_names_the_method_and_the_mode(registry):
+    class Bad:
+        @remote("scatter_gather")
+        def run(self):
+            return None
+
+    with pytest.raises(RLForgeError, match=r"Bad.run \(role 'actor'\).*scatter_gather"):
+        WorkerGroup("actor", Bad, InProcess([Bad()]), _config(), registry)
+
+
+def test_per_rank_values_must_match_the_ranks(registry):
+    group, _ = _group(2, registry)
+    with pytest.raises(RLForgeError, match="3 per-rank values for a group of 2 ranks"):
+        group.load("s", PerRank([1, 2, 3]))
 
 
 def test_data_parallel_size_follows_the_strategy(pm):
@@ -45,30 +125,20 @@ def test_data_parallel_size_follows_the_strategy(pm):
     assert data_parallel_size(tp, pm.registry.strategy.get("tp")) == 2
 
 
-
-class FakeEngines(FakeGroup):
-    """Records the sampling seed each engine is given."""
-
-    def call_each(self, method, args):
-        self.calls.append((method, [[p.seed for p in a[1]] if method == "generate_tokens" else a[1].seed
-                                    for a in args]))
-        return [a[0] if method == "generate" else [None] * len(a[0]) for a in args]
+class TwoGroups(GroupController):
+    def __init__(self, registry):
+        self.actor, self.actor_ranks = _group(3, registry)
+        self.rollout, self.engines = _group(2, registry, role="rollout")
 
 
-class FakeController(GroupController):
-    def __init__(self):
-        self.actor, self.rollout = FakeGroup(3), FakeEngines(2)
-
-
-def test_generation_goes_to_the_rollout_group_and_each_engine_samples_its_own_stream():
+def test_generation_goes_to_the_rollout_group_and_each_engine_samples_its_own_stream(registry):
     """With a rollout group its workers own the engines; a seeded generation (the off-policy pipelines') gives each
     engine a seed of its own, the first keeping the launch seed, as the agent engine does for its waves."""
-    controller = FakeController()
-    prompts = B.Batch({B.PROMPTS: torch.zeros(4, 2)})
+    controller = TwoGroups(registry)
+    prompts = _rows(4)
     assert len(controller.generate(prompts, SamplingParams(seed=7))) == 4
     controller.generate(prompts, SamplingParams())
-    controller.generate_tokens([[1], [2], [3]], [SamplingParams(seed=5)] * 3)
-    assert controller.rollout.calls == [("generate", [7, derived_seed(7, 1)]), ("generate", [None, None]),
-                                        ("generate_tokens", [[5, 5], [derived_seed(5, 1)]])]
+    assert len(controller.generate_tokens([[1], [2], [3]], [SamplingParams(seed=5)] * 3)) == 3
+    assert [e.seeds for e in controller.engines] == [[7, None, [5, 5]], [derived_seed(7, 1), None, [derived_seed(5, 1)]]]
     assert derived_seed(7, 1) != 7
-    assert not controller.actor.calls  # the actor ranks own no engine
+    assert not any(r.seeds for r in controller.actor_ranks)  # the actor ranks own no engine

@@ -87,7 +87,7 @@ class KillWorker:
     @hookimpl
     def rlforge_stage_start(self, trainer, stage):
         if trainer.step == 2 and stage == "update_actor":
-            self.pid = int(trainer.controller.actor.procs[1].split()[1])
+            self.pid = int(trainer.controller.actor.transport.procs[1].split()[1])
             os.kill(self.pid, signal.SIGKILL)
 
 

@@ -58,16 +58,16 @@ class RayVersions(Versions):
         self.pids = []
 
     def actor_weights(self, trainer):
-        return trainer.controller.actor.call("model_state_dict")[0]
+        return trainer.controller.actor.model_state_dict()
 
     @hookimpl
     def rlforge_fit_end(self, trainer):
-        self.engines = [engine[0] for engine in trainer.controller.rollout.call("engine_weights")]
+        self.engines = [engine[0] for engine in trainer.controller.rollout.engine_weights()]
         self.pids = _pids(trainer.controller)
 
 
 def _pids(controller):
-    return [int(p.split()[1]) for g in (controller.actor, controller.rollout) for p in g.procs]
+    return [int(p.split()[1]) for g in (controller.actor, controller.rollout) for p in g.transport.procs]
 
 
 def _assert_gone(pids):
@@ -185,14 +185,14 @@ class SyncProbe:
 
     @hookimpl
     def rlforge_fit_start(self, trainer):
-        self.initial = trainer.controller.rollout.call("engine_weights")[0][0]
+        self.initial = trainer.controller.rollout.engine_weights()[0][0]
 
     @hookimpl
     def rlforge_weight_sync_end(self, trainer):
         controller = trainer.controller
-        gathered = controller.actor.call("model_state_dict")[0]
-        self.seen.append((controller.rollout.call("engine_weights")[0][0], gathered))
-        self.replica = controller.actor.call("holds_replica")
+        gathered = controller.actor.model_state_dict()
+        self.seen.append((controller.rollout.engine_weights()[0][0], gathered))
+        self.replica = controller.actor.holds_replica()
 
 
 @needs_ray
@@ -230,7 +230,7 @@ class KillRollout:
     def rlforge_stage_start(self, trainer, stage):
         if trainer.step == 2 and stage == "update_actor":
             self.pids = _pids(trainer.controller)
-            self.pid = int(trainer.controller.rollout.procs[0].split()[1])
+            self.pid = int(trainer.controller.rollout.transport.procs[0].split()[1])
             os.kill(self.pid, signal.SIGKILL)
 
 

@@ -33,8 +33,8 @@ class SyncProbe:
     def rlforge_weight_sync_end(self, trainer, seconds):
         if self.seen is None:
             group = trainer.controller.actor
-            self.seen = {"replica": group.call("holds_replica"), "engines": group.call("engine_weights"),
-                         "gathered": group.call("model_state_dict")[0], "config": trainer.module.actor.config}
+            self.seen = {"replica": group.holds_replica(), "engines": group.engine_weights(),
+                         "gathered": group.model_state_dict(), "config": trainer.module.actor.config}
 
 
 def _vllm_processes():
