@@ -4,16 +4,24 @@ With ``model.lora.rank > 0`` the actor is the base model wrapped by ``peft.get_p
 weights train (they alone are in the optimizer and in checkpoints), and the reference policy is the same
 model with the adapter disabled, so no second copy of the weights is held. Rollout engines that keep their
 own copy of the weights (vLLM) receive the merged weights under the base model's names (``merged_weights``).
+
+A LoRA adapter folder as the model (``model.path``: a LoRA run's checkpoint ``actor/``, an ``rlforge export
+--adapter`` folder, any peft LoRA adapter) is its base model plus the adapter: merged in (``merge_adapter``) for
+full fine-tuning (``model.lora.rank=0``) and wherever a model is only run; with ``model.lora.*`` as the adapter
+was made, the adapter itself goes on training (``wrap(..., adapter=folder)``); other ``model.lora`` values are
+refused, naming each difference.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeError
 
 if TYPE_CHECKING:
     import torch
@@ -54,12 +62,21 @@ def validate(config: Any) -> None:
         raise ConfigError("'model.lora.target_modules' is empty: name modules (e.g. [q_proj,v_proj]) or [all-linear].")
 
 
-def wrap(model: torch.nn.Module, config: Any) -> torch.nn.Module:
-    """``model`` with fresh LoRA adapters (``peft.get_peft_model``); the base weights are frozen."""
+def _peft() -> Any:
     try:
         import peft
     except ImportError:
-        raise ConfigError("model.lora.rank > 0 needs the peft package: pip install peft.") from None
+        raise ConfigError("LoRA (model.lora.rank > 0, or a LoRA adapter as the model) needs the peft package: "
+                          "pip install peft.") from None
+    return peft
+
+
+def wrap(model: torch.nn.Module, config: Any, adapter: Path | None = None,
+         key: str = "model.path") -> torch.nn.Module:
+    """``model`` with LoRA adapters as ``model.lora`` says (``peft.get_peft_model``); the base weights are frozen.
+    The adapters are fresh, or with ``adapter`` (a peft adapter folder made for ``model``) that adapter's trained
+    weights, which must be what ``model.lora`` makes (``check_continues``; ``key``: the config key that named it)."""
+    peft = _peft()
     from rlforge.multimodal import lora_excluded
 
     lora = config.model.lora
@@ -71,9 +88,90 @@ def wrap(model: torch.nn.Module, config: Any) -> torch.nn.Module:
         exclude_modules=lora_excluded(model) if every else None,  # all-linear: a vision tower is left out
     )
     try:
-        return peft.get_peft_model(model, spec)
+        wrapped = peft.get_peft_model(model, spec)
     except ValueError as exc:  # e.g. a target module that the model does not have
         raise ConfigError(f"LoRA cannot be applied (model.lora.target_modules={targets}): {exc}") from None
+    if adapter is not None:
+        peft.set_peft_model_state_dict(wrapped, check_continues(wrapped, adapter, key))
+    return wrapped
+
+
+# peft LoraConfig fields that change what an adapter computes -> the model.lora key that sets them (None: peft's
+# default, which model.lora has no key for)
+SAME_AS_MODEL_LORA = {"peft_type": None, "r": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout",
+                      "use_rslora": None, "use_dora": None, "bias": None, "modules_to_save": None,
+                      "rank_pattern": None, "alpha_pattern": None, "layers_to_transform": None,
+                      "target_parameters": None, "trainable_token_indices": None}
+
+
+def check_continues(wrapped: Any, adapter: Path, key: str = "model.path") -> dict[str, torch.Tensor]:
+    """The weights of the peft adapter folder ``adapter``, checked to be those of ``wrapped`` (fresh adapters as
+    ``model.lora`` makes them): the same settings (``SAME_AS_MODEL_LORA``) and the same tensors (names and shapes:
+    the same target modules and rank).
+
+    :raises ConfigError: naming each setting that differs (the ``model.lora`` key, its value and the adapter's), or
+        the tensors the adapter lacks or has in excess.
+    """
+    from safetensors.torch import load_file
+
+    peft = _peft()
+    saved = json.loads((adapter / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    fresh = wrapped.peft_config["default"].to_dict()
+    differ = [f"{f'model.lora.{ours}' if ours else f'peft {field} (no model.lora key)'}="
+              f"{fresh.get(field)!r} but the adapter's {field} is {saved.get(field)!r}"
+              for field, ours in SAME_AS_MODEL_LORA.items() if _setting(fresh.get(field)) != _setting(saved.get(field))]
+    hint = ("Set model.lora.* as the adapter was made to go on training it, or model.lora.rank=0 to train the "
+            "merged model in full; to train new adapters on the merged model, write it merged (`rlforge export` of "
+            f"the run or checkpoint, or peft's merge_and_unload().save_pretrained) and give that folder as {key} "
+            "(docs/models.md).")
+    if differ:
+        raise ConfigError(f"The LoRA adapter {adapter} ({key}) is not what model.lora makes: "
+                          f"{'; '.join(differ)}. {hint}")
+    weights = adapter / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        raise ConfigError(f"The LoRA adapter {adapter} ({key}) has no {ADAPTER_WEIGHTS}: its weights must be in "
+                          f"safetensors (peft's save_pretrained writes them so).")
+    tensors = load_file(str(weights))
+    expected = {k: tuple(v.shape) for k, v in peft.get_peft_model_state_dict(wrapped).items()}
+    found = {k: tuple(v.shape) for k, v in tensors.items()}
+    if expected != found:
+        found_only = sorted(set(found) - set(expected))
+        expected_only = sorted(set(expected) - set(found))
+        shapes = sorted(f"{k} {found[k]}, model.lora makes {expected[k]}" for k in expected.keys() & found.keys()
+                        if expected[k] != found[k])
+        what = [f"{label} {names[:3]}{' and more' if len(names) > 3 else ''}" for label, names in (
+            ("the adapter has", found_only), ("model.lora makes", expected_only), ("shapes differ:", shapes)) if names]
+        raise ConfigError(
+            f"The LoRA adapter {adapter} ({key}) does not adapt the modules that model.lora.target_modules="
+            f"{_setting(fresh.get('target_modules'))} does (the adapter's target_modules: "
+            f"{_setting(saved.get('target_modules'))}): {'; '.join(what)}. {hint}")
+    return tensors
+
+
+def _setting(value: Any) -> Any:
+    """A setting as compared: peft writes an unset one as None, {}, [] or False alike; sets as lists."""
+    if not value:
+        return None
+    return sorted(value) if isinstance(value, (list, set, tuple)) else value
+
+
+def merge_adapter(model: torch.nn.Module, adapter: Path, what: str) -> torch.nn.Module:
+    """``model`` (the base) with the peft adapter of the folder ``adapter`` merged in: a plain model again. Loaded
+    as a task-less ``PeftModel``, so that a causal LM's adapter merges into the same body under another head (the
+    value model that starts from the policy). The parameters train as they did before (peft freezes them)."""
+    peft = _peft()
+    trains = {name: p.requires_grad for name, p in model.named_parameters()}
+    try:
+        spec = peft.PeftConfig.from_pretrained(adapter)
+        spec.task_type = None
+        merged = peft.PeftModel.from_pretrained(model, adapter, config=spec).merge_and_unload()
+    except (ValueError, RuntimeError, KeyError, OSError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise RLForgeError(f"The LoRA adapter {adapter} ({what}) does not fit its base model "
+                           f"{getattr(model, 'name_or_path', '')}: {type(exc).__name__}: {first}") from None
+    for name, p in merged.named_parameters():
+        p.requires_grad_(trains.get(name, True))
+    return merged
 
 
 def is_lora(model: Any) -> bool:

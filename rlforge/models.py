@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import RLForgeError
 from rlforge.lazy import lazy_import
+from rlforge.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +22,7 @@ BUILTIN_PREFIX = "builtin:"
 ASSETS = Path(__file__).parent / "assets"
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # ORG/NAME, as the Hub spells model ids
 # weights in other formats than safetensors (and Meta's original checkpoints) are not downloaded
+CHECKPOINT_ACTOR = "actor"  # a checkpoint's model folder (rlforge.checkpoint)
 HUB_IGNORE = ["original/*", "*.pth", "*.pt", "*.bin", "*.gguf", "*.onnx", "*.h5", "*.msgpack", "*.ot"]
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|end|>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -45,8 +47,33 @@ def resolve_model_path(path: str, key: str = "model.path") -> Path:
     - an existing local folder, which must hold a ``config.json``;
     - otherwise a Hugging Face Hub id ``ORG/NAME``: its snapshot in the hub's cache, downloaded on first use
       (``huggingface_hub.snapshot_download``; ``HF_HUB_CACHE``/``HF_HOME``, ``HF_HUB_OFFLINE`` and ``HF_TOKEN``
-      apply). Weight files in other formats than safetensors are not downloaded (``HUB_IGNORE``).
+      apply). Weight files in other formats than safetensors are not downloaded (``HUB_IGNORE``);
+    - a LoRA adapter folder (peft's ``adapter_config.json``, no ``config.json``: a LoRA run's checkpoint ``actor/``,
+      ``rlforge export --adapter``, a peft adapter on the Hub): the folder of the base model it names
+      (``base_model_name_or_path``), whose config and weights ``load_model`` loads before applying the adapter.
     """
+    folder = _local_folder(path, key)
+    if (folder / "config.json").is_file():
+        return folder
+    if adapter_folder(path, key) is None:
+        hint = (f" It holds {CHECKPOINT_ACTOR}/: a checkpoint's model is its {CHECKPOINT_ACTOR}/ folder "
+                f"({key}={Path(path) / CHECKPOINT_ACTOR})." if (folder / CHECKPOINT_ACTOR).is_dir() else "")
+        raise RLForgeError(f"Model path '{path}' has no config.json: not a Hugging Face model folder, and no "
+                           f"{ADAPTER_CONFIG}: not a LoRA adapter ({key}).{hint}")
+    problem = safetensors_problem(folder / ADAPTER_WEIGHTS) if (folder / ADAPTER_WEIGHTS).exists() else None
+    if problem:
+        raise RLForgeError(f"Cannot load the LoRA adapter '{path}' ({key}): {problem}. Copy the folder again.")
+    base = adapter_base(folder, key)
+    found = _local_folder(base, f"the base model of {key}={path}")
+    if not (found / "config.json").is_file():
+        raise RLForgeError(f"The base model '{base}' of the LoRA adapter '{path}' ({key}, base_model_name_or_path in "
+                           f"{ADAPTER_CONFIG}) has no config.json: the base must be a Hugging Face model folder, "
+                           f"builtin:NAME or a Hub id, not another adapter.")
+    return found
+
+
+def _local_folder(path: str, key: str) -> Path:
+    """The local folder ``path`` names (``builtin:NAME``, a folder, a Hub id's snapshot), which must exist."""
     if path.startswith(BUILTIN_PREFIX):
         return _builtin_folder(path, key)
     folder = Path(path).expanduser()
@@ -54,9 +81,27 @@ def resolve_model_path(path: str, key: str = "model.path") -> Path:
         folder = hub_snapshot(path, key)
     if not folder.exists():
         raise RLForgeError(f"Model path '{path}' does not exist ({key}).")
-    if not (folder / "config.json").is_file():
-        raise RLForgeError(f"Model path '{path}' has no config.json: not a Hugging Face model folder ({key}).")
     return folder
+
+
+def adapter_folder(path: str, key: str = "model.path") -> Path | None:
+    """The LoRA adapter folder that ``path`` names (``adapter_config.json`` and no ``config.json``), else None."""
+    folder = _local_folder(path, key)
+    return folder if (folder / ADAPTER_CONFIG).is_file() and not (folder / "config.json").is_file() else None
+
+
+def adapter_base(folder: Path, key: str = "model.path") -> str:
+    """The base model (``base_model_name_or_path``) that the adapter folder's ``adapter_config.json`` names."""
+    config = folder / ADAPTER_CONFIG
+    try:
+        found = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise RLForgeError(f"{config} cannot be read as JSON ({key}): the adapter folder is damaged.") from None
+    base = found.get("base_model_name_or_path") if isinstance(found, dict) else None
+    if not isinstance(base, str) or not base:
+        raise RLForgeError(f"{config} names no base model (base_model_name_or_path) ({key}): set it to the base "
+                           f"model's folder or Hub id, the model the adapter was trained on.")
+    return base
 
 
 def _builtin_folder(path: str, key: str) -> Path:
@@ -177,12 +222,15 @@ def quiet_transformers() -> None:
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model.path") -> Any:
-    """The tokenizer of a model folder (left padding, a pad token), checked to fit the model's vocabulary."""
+    """The tokenizer of a model folder (left padding, a pad token), checked to fit the model's vocabulary. A LoRA
+    adapter folder's own tokenizer when it holds one (a LoRA checkpoint does), else its base model's."""
     from transformers import AutoTokenizer
 
     folder = resolve_model_path(path, key)
+    adapter = adapter_folder(path, key)
+    source = adapter if adapter is not None and (adapter / "tokenizer_config.json").is_file() else folder
     try:
-        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         raise RLForgeError(f"Cannot load a tokenizer from '{path}' ({key}): {type(exc).__name__}: {first}. The "
@@ -308,7 +356,11 @@ def _loader_errors() -> tuple[type[Exception], ...]:
     return (OSError, ValueError, SafetensorError)
 
 
-def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
+def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False,
+               with_adapter: bool = True) -> torch.nn.Module:
+    """The causal LM (or vision-language model) of ``path``. A LoRA adapter folder is its base model with the
+    adapter merged in; with ``with_adapter=False`` the base model alone, for ``lora.wrap`` to go on training the
+    adapter (``RLModule.configure_model``)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     quiet_transformers()
@@ -322,11 +374,18 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
     # a vision-language model (a vision_config: docs/multimodal.md) loads with its vision tower
     auto = AutoModelForImageTextToText if "vision_config" in model_config(folder) else AutoModelForCausalLM
     try:
-        return auto.from_pretrained(
-            folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-        )
+        model = auto.from_pretrained(folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
     except _loader_errors() as exc:
         raise _load_failure("a causal LM", path, "model.path", exc) from None
+    return _merged_adapter(model, path, "model.path") if with_adapter else model
+
+
+def _merged_adapter(model: torch.nn.Module, path: str, key: str) -> torch.nn.Module:
+    """``model`` with the LoRA adapter of ``path`` merged in, when ``path`` is an adapter folder (else as it is)."""
+    from rlforge import lora
+
+    adapter = adapter_folder(path, key)
+    return model if adapter is None else lora.merge_adapter(model, adapter, f"{key}={path}")
 
 
 def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool = False) -> torch.nn.Module:
@@ -346,13 +405,14 @@ def load_value_model(path: str, dtype: str = "float32", trust_remote_code: bool 
         # critic's train mode makes every value (and the value loss) random; verl's critic sets it to 0 as well
         config = AutoConfig.from_pretrained(folder, num_labels=1, trust_remote_code=trust_remote_code)
         config.classifier_dropout = 0.0
-        return AutoModelForTokenClassification.from_pretrained(
+        model = AutoModelForTokenClassification.from_pretrained(
             folder, config=config, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
         )
     except _loader_errors() as exc:
         raise _load_failure("a value model", path, "critic.path", exc) from None
     finally:
         hf_logging.set_verbosity(level)
+    return _merged_adapter(model, path, "critic.path")  # a LoRA policy's adapter: the critic starts from the policy
 
 
 def load_reward_model(path: str, pad_token_id: int, dtype: str = "float32", trust_remote_code: bool = False,
@@ -376,5 +436,6 @@ def load_reward_model(path: str, pad_token_id: int, dtype: str = "float32", trus
         raise _load_failure("a sequence-classification reward model", path, key, exc) from None
     finally:
         hf_logging.set_verbosity(level)
+    model = _merged_adapter(model, path, key)
     model.config.pad_token_id = pad_token_id
     return model

@@ -193,20 +193,22 @@ class RLModule:
         """Load the actor, and the reference and critic models when the algorithm needs them (only those in
         ``self.roles``: a Ray rank of the critic group loads just the critic)."""
         from rlforge import precision
-        from rlforge.models import load_model, load_value_model
+        from rlforge.models import adapter_folder, load_model, load_value_model
 
         cfg = self.config.model
         p = precision.for_config(self.config)  # trained models hold p.weights; the frozen reference p.frozen
         if self.tokenizer is None:
             self.configure_tokenizer()
         if "actor" in self.roles:
-            self.actor = load_model(cfg.path, p.weights, trust_remote_code=cfg.trust_remote_code)
+            # a LoRA adapter as model.path: merged for full fine-tuning, else its training goes on (lora.wrap)
+            self.actor = load_model(cfg.path, p.weights, trust_remote_code=cfg.trust_remote_code,
+                                    with_adapter=not lora.enabled(self.config))
             if cfg.freeze_vision_tower:
                 from rlforge.multimodal import freeze_vision_tower
 
                 freeze_vision_tower(self.actor)
             if lora.enabled(self.config):
-                self.actor = lora.wrap(self.actor, self.config)
+                self.actor = lora.wrap(self.actor, self.config, adapter_folder(cfg.path))
         # with LoRA (and no model.ref_path) the reference is the actor with its adapter off: no second copy
         if self.needs_reference() and "ref" in self.roles and not self.reference_is_base():
             self.ref = load_model(cfg.ref_path or cfg.path, p.frozen, trust_remote_code=cfg.trust_remote_code)

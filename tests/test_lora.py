@@ -4,6 +4,7 @@ bit-identical."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,126 @@ def test_sft_with_lora_trains_the_adapter_and_writes_the_merged_model(tmp_path: 
     trained, base = load_file(str(out / "model.safetensors")), load_model("builtin:tiny-arith").state_dict()
     assert set(trained) <= set(base) and any(not torch.equal(trained[k], base[k]) for k in trained)
     assert torch.equal(trained["model.embed_tokens.weight"], base["model.embed_tokens.weight"])  # not adapted
+
+
+# --- a LoRA adapter as the model (model.path, sft.init) -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, pm) -> Path:
+    """A trained-looking adapter folder of the tiny model, laid out as a LoRA run's checkpoint actor/ (peft's
+    save_pretrained and the tokenizer), rank 4, alpha 8, all linear layers."""
+    from rlforge.models import load_tokenizer
+
+    cfg = load_config("grpo", LORA, plugins=pm)
+    model = lora.wrap(load_model(cfg.model.path), cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    folder = tmp_path_factory.mktemp("adapter") / "actor"
+    model.save_pretrained(folder)
+    load_tokenizer(cfg.model.path).save_pretrained(folder)
+    return folder
+
+
+def _logits(model) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.arange(7, 20).reshape(1, 13)).logits
+
+
+def _with_adapter(folder: Path):
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(load_model("builtin:tiny-arith"), folder).eval()
+
+
+def test_an_adapter_folder_is_its_base_model_with_the_adapter_merged(adapter) -> None:
+    from rlforge.models import ASSETS, load_tokenizer, load_value_model, resolve_model_path
+
+    assert resolve_model_path(str(adapter)) == ASSETS / "tiny-arith"  # its config.json is the base's
+    merged = load_model(str(adapter)).eval()
+    assert not lora.is_lora(merged)
+    expected = _logits(_with_adapter(adapter))
+    assert torch.allclose(_logits(merged), expected, atol=1e-5)
+    assert not torch.allclose(_logits(load_model("builtin:tiny-arith").eval()), expected, atol=1e-3)
+    assert load_tokenizer(str(adapter)).name_or_path == str(adapter)  # the checkpoint's own tokenizer
+    critic = load_value_model(str(adapter))  # critic.path defaults to model.path: the body of the merged policy
+    body = merged.state_dict()
+    assert all(torch.equal(t, body[k]) for k, t in critic.state_dict().items() if k.startswith("model."))
+
+
+def test_fit_from_an_adapter_goes_on_training_it_or_trains_the_merged_model_in_full(adapter, pm, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    saved = load_file(str(adapter / lora.ADAPTER_WEIGHTS))
+    _, module = _module(pm, [f"model.path={adapter}"])  # model.lora as the adapter was made: its training goes on
+    assert lora.is_lora(module.actor) and module.reference_is_base()  # the reference: the base, adapter off
+    from peft import get_peft_model_state_dict
+
+    assert all(torch.equal(t, saved[k]) for k, t in get_peft_model_state_dict(module.actor).items())
+    assert torch.allclose(_logits(module.actor.eval()), _logits(_with_adapter(adapter)), atol=1e-5)
+    _, module = _module(pm, [f"model.path={adapter}", f"model.ref_path={adapter}"])  # KL to the starting policy
+    assert not module.reference_is_base() and not lora.is_lora(module.ref)
+    assert torch.allclose(_logits(module.ref), _logits(_with_adapter(adapter)), atol=1e-5)
+    full = load_config("grpo", [f"model.path={adapter}", "actor.use_kl_loss=true", *SMALL], plugins=pm)
+    module = pm.registry.algorithm.get("grpo")(full)  # model.lora.rank=0: the merged model, every weight trained
+    module.configure_model()
+    assert not lora.is_lora(module.actor) and all(p.requires_grad for p in module.actor.parameters())
+    assert torch.allclose(_logits(module.ref), _logits(_with_adapter(adapter)), atol=1e-5)  # the starting policy
+    # rlforge fit, 2 steps: the checkpoint is the adapter trained further, on the same base (export merges it there)
+    run = _fit(tmp_path, 2, [f"model.path={adapter}"])
+    actor = run / "checkpoints" / "step_000002" / "actor"
+    trained = load_file(str(actor / lora.ADAPTER_WEIGHTS))
+    assert trained.keys() == saved.keys() and any(not torch.equal(trained[k], saved[k]) for k in saved)
+    base = json.loads((actor / lora.ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    assert Path(base) == Path(json.loads((adapter / lora.ADAPTER_CONFIG).read_text())["base_model_name_or_path"])
+
+
+def test_sft_from_an_adapter_goes_on_training_it(adapter, pm) -> None:
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from rlforge.sft.module import build_model, build_tokenizer
+
+    cfg = load_config(overrides=[f"sft.init={adapter}", *LORA], plugins=pm)
+    model = build_model(cfg, build_tokenizer(cfg))
+    saved = load_file(str(adapter / lora.ADAPTER_WEIGHTS))
+    assert lora.is_lora(model) and all(torch.equal(t, saved[k]) for k, t in get_peft_model_state_dict(model).items())
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["model.lora.rank=8"], r"model.lora.rank=8 but the adapter's r is 4"),
+    (["model.lora.alpha=16", "model.lora.dropout=0.1"],
+     r"model.lora.alpha=16 but the adapter's lora_alpha is 8; model.lora.dropout=0.1 but the adapter's lora_dropout"),
+    (["model.lora.target_modules=[q_proj,v_proj]"], r"does not adapt the modules that model.lora.target_modules=.*"
+                                                    r"the adapter has \[.base_model.model.model.layers.0.mlp"),
+])
+def test_an_adapter_that_model_lora_would_not_make_is_refused(adapter, pm, extra, message) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        _module(pm, [f"model.path={adapter}", *extra])
+    assert "model.lora.rank=0 to train the merged model in full" in str(info.value)
+
+
+def test_folders_that_are_neither_a_model_nor_an_adapter(adapter, tmp_path) -> None:
+    import shutil
+
+    from rlforge.errors import RLForgeError
+    from rlforge.models import resolve_model_path
+
+    (tmp_path / "step_000004" / "actor").mkdir(parents=True)
+    with pytest.raises(RLForgeError, match=r"has no config.json: not a Hugging Face model folder, and no "
+                                           r"adapter_config.json: not a LoRA adapter \(model.path\). It holds actor/"):
+        resolve_model_path(str(tmp_path / "step_000004"))
+    orphan = tmp_path / "orphan"
+    shutil.copytree(adapter, orphan)
+    config = json.loads((orphan / lora.ADAPTER_CONFIG).read_text())
+    (orphan / lora.ADAPTER_CONFIG).write_text(json.dumps({**config, "base_model_name_or_path": None}))
+    with pytest.raises(RLForgeError, match=r"names no base model \(base_model_name_or_path\) \(model.path\)"):
+        resolve_model_path(str(orphan))
+    (orphan / lora.ADAPTER_CONFIG).write_text(json.dumps({**config, "base_model_name_or_path": str(adapter)}))
+    with pytest.raises(RLForgeError, match=r"has no config.json: the base must be .* not another adapter"):
+        resolve_model_path(str(orphan))
+    weights = orphan / lora.ADAPTER_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(RLForgeError, match=r"Cannot load the LoRA adapter .* cannot be read: it is truncated"):
+        resolve_model_path(str(orphan))

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from rlforge import lora, lr_schedule
-from rlforge.models import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
+from rlforge.models import adapter_folder, build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
 
 IGNORE = -100  # label of positions out of the loss
 FRESH_TINY = "tiny-arith"  # sft.init value: a freshly initialised tiny char-level Llama
@@ -22,7 +22,12 @@ def _pretrained_tokenizer(config: DictConfig) -> Any:
 
 
 def _pretrained_model(config: DictConfig, tokenizer: Any) -> torch.nn.Module:
-    return load_model(config.sft.init, "float32", config.model.trust_remote_code)  # Lightning applies the precision
+    """``sft.init`` in fp32 (Lightning applies the precision); a LoRA adapter folder: merged into its base, or with
+    ``model.lora.*`` its base with the adapter going on training (as ``rlforge fit``'s actor)."""
+    if not lora.enabled(config):
+        return load_model(config.sft.init, "float32", config.model.trust_remote_code)
+    base = load_model(config.sft.init, "float32", config.model.trust_remote_code, with_adapter=False)
+    return lora.wrap(base, config, adapter_folder(config.sft.init, "sft.init"), "sft.init")
 
 
 # sft.init -> (tokenizer factory, model factory); any other value is a model folder or builtin:NAME
@@ -42,7 +47,7 @@ def build_model(config: DictConfig, tokenizer: Any) -> torch.nn.Module:
     ``builtin:NAME``. The model options shared with RL apply: ``model.trust_remote_code``, ``model.lora.*``
     (adapters on it), and ``model.precision`` (given to Lightning's Trainer)."""
     model = INITS.get(config.sft.init, PRETRAINED)[1](config, tokenizer)
-    return lora.wrap(model, config) if lora.enabled(config) else model
+    return lora.wrap(model, config) if lora.enabled(config) and not lora.is_lora(model) else model
 
 
 def token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
