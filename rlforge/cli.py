@@ -218,22 +218,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# how `rlforge export` says to load an export, by its transformers Auto class (rlforge.tools.model_card.auto_class)
+EXPORT_USES = {
+    "AutoModelForSequenceClassification": "AutoModelForSequenceClassification.from_pretrained, or reward.manager=model "
+                                          "reward.model.path={out}",
+    "AutoModelForImageTextToText": "AutoModelForImageTextToText and AutoProcessor.from_pretrained, or model.path={out}",
+    "AutoModelForCausalLM": "AutoModelForCausalLM.from_pretrained or model.path={out}",
+}
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    from rlforge.tools.export import export_checkpoint
+    from rlforge.tools.export import export_checkpoint, hub_token, push_to_hub
+    from rlforge.tools.model_card import auto_class
 
-    from rlforge.models import architectures
-
+    if args.private and not args.push_to_hub:
+        raise RLForgeError("--private makes the repo that --push-to-hub REPO creates private: give --push-to-hub too.")
+    token = hub_token(args.push_to_hub) if args.push_to_hub else None  # before the export: it may take a while
     out = export_checkpoint(args.checkpoint, args.out, _plugins(args).registry, adapter_only=args.adapter,
-                            warn=lambda line: print(f"rlforge: warning: {line}", file=sys.stderr))
-    if args.adapter:
-        how = "PeftModel.from_pretrained(base_model, OUT)"
-    elif any(a.endswith("ForSequenceClassification") for a in architectures(out)):
-        how = f"AutoModelForSequenceClassification.from_pretrained, or reward.manager=model reward.model.path={out}"
-    elif os.path.isfile(os.path.join(out, "preprocessor_config.json")):  # a vision-language model, its processor
-        how = f"AutoModelForImageTextToText and AutoProcessor.from_pretrained, or model.path={out}"
-    else:
-        how = f"AutoModelForCausalLM.from_pretrained or model.path={out}"
+                            warn=lambda line: print(f"rlforge: warning: {line}", file=sys.stderr),
+                            repo_id=args.push_to_hub)
+    how = ("PeftModel.from_pretrained(base_model, OUT)" if args.adapter
+           else EXPORT_USES[auto_class(out)].format(out=out))
     print(f"exported to {out} (load it with {how})")
+    if token is not None:
+        print(f"pushed to {push_to_hub(out, args.push_to_hub, token, args.private)} "
+              f"(from_pretrained({args.push_to_hub!r}) loads it)")
     return 0
 
 
@@ -304,6 +313,10 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("out", help="new folder for the Hugging Face model")
         p.add_argument("--adapter", action="store_true",
                        help="LoRA runs: write the adapter (peft folder) instead of the merged model")
+        p.add_argument("--push-to-hub", metavar="REPO",
+                       help="then upload the folder (model card included) to the Hub model repo ORG/NAME, created "
+                            "if missing (HF_TOKEN or `hf auth login`; HF_ENDPOINT)")
+        p.add_argument("--private", action="store_true", help="with --push-to-hub: a new repo is private")
     elif name == "data":
         p.add_argument("dataset", choices=["gsm8k", "math", "geometry3k"])  # rlforge.tools.data_prep.SOURCES
         p.add_argument("--input", action="append", required=True, metavar="SOURCE",

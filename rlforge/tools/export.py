@@ -7,7 +7,9 @@ folder, which is copied as it is.
 
 Whatever wrote it, the export is then given back what the run's model had when it was loaded
 (``rlforge.as_loaded``): each weight's dtype and the tokenizer's own pad token. A LoRA run's checkpoint is its base model plus the adapter: exported merged, or as the adapter; ``eval`` and
-``generate`` run it merged in a temporary folder (``model_folder``).
+``generate`` run it merged in a temporary folder (``model_folder``). Every export gets a model card, ``README.md``
+(``rlforge.tools.model_card``); ``push_to_hub`` uploads the folder to a Hub model repo (``rlforge export
+--push-to-hub``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rlforge.errors import RLForgeError
 from rlforge.lora import ADAPTER_CONFIG  # peft's: a LoRA run's checkpoint holds an adapter
 from rlforge.as_loaded import as_loaded
 from rlforge.models import BUILTIN_PREFIX, HUB_ID, resolve_model_path
+from rlforge.tools.model_card import PROCESSOR_FILES, write_model_card
 
 ACTOR_DIR = "actor"
 
@@ -97,11 +100,12 @@ def source_model(checkpoint: Path) -> str | None:
 
 
 def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_only: bool = False,
-                      warn: Callable[[str], Any] = print) -> Path:
+                      warn: Callable[[str], Any] = print, repo_id: str | None = None) -> Path:
     """Write the checkpoint at ``path`` (or a run's newest one) to ``out`` as a plain Hugging Face folder. A LoRA
     run's checkpoint (an adapter) is merged into its base model, or with ``adapter_only`` copied as the adapter
     folder that peft loads (``PeftModel.from_pretrained(base, out)``). The weights' dtypes and the tokenizer's pad
-    token are then those of the model the run loaded (``as_loaded``); ``warn`` says so when it cannot be found."""
+    token are then those of the model the run loaded (``as_loaded``); ``warn`` says so when it cannot be found. The
+    folder's ``README.md`` is its model card (``repo_id``: the Hub repo it names, where it is pushed)."""
     checkpoint = find_checkpoint(path)
     target = Path(out).expanduser()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -125,10 +129,59 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
         folder = None
     if folder is not None:
         as_loaded(target, folder, weights=not adapter_only)
+    write_model_card(target, checkpoint, adapter=adapter_only, base_model=source, repo_id=repo_id)
     return target
 
 
-PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+# --- the Hub ----------------------------------------------------------------------------------------------------
+HTTP_HINTS = {  # a status the Hub answered a push with -> what to do
+    401: "the token is not valid: set HF_TOKEN to a token with write access, or run `hf auth login`",
+    403: "the token may not write there: a token with write access to that user or organization is needed",
+    404: "no such repo or organization",
+}
+
+
+def hub_token(repo_id: str) -> str:
+    """The token that pushes to ``repo_id`` (``HF_TOKEN``, else ``hf auth login``'s), after checking the repo id:
+    both before anything is exported."""
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        said = str(exc).split(" Use `repo_type`")[0]  # the CLI pushes model repos only
+        raise RLForgeError(f"--push-to-hub {repo_id!r} is not a Hub repo id: {said}") from None
+    token = get_token()
+    if not token:
+        raise RLForgeError(f"--push-to-hub {repo_id} needs a Hugging Face token with write access: set HF_TOKEN or "
+                           f"run `hf auth login` (HF_ENDPOINT names another Hub).")
+    return token
+
+
+def push_to_hub(folder: Path, repo_id: str, token: str, private: bool = False) -> str:
+    """Create the model repo ``repo_id`` where it is missing (``private``: a new one is private; an existing repo
+    keeps its visibility) and upload ``folder`` to it in one commit; the commit's URL. The Hub is ``HF_ENDPOINT``'s
+    (huggingface_hub's default: huggingface.co)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(token=token)
+    again = f"The export is complete in {folder}: upload it with `hf upload {repo_id} {folder} .` once that is fixed."
+    try:
+        repo = api.create_repo(repo_id, private=private, exist_ok=True)
+        commit = api.upload_folder(repo_id=repo.repo_id, folder_path=folder,
+                                   commit_message=f"rlforge export ({folder.name})")
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        said = (exc.server_message or str(exc)).strip().splitlines()[0].rstrip(".!")
+        hint = f" ({HTTP_HINTS[status]})" if status in HTTP_HINTS else ""
+        raise RLForgeError(f"Pushing to the Hub repo {repo_id} at {api.endpoint} failed: HTTP {status}: {said}{hint}. "
+                           f"{again}") from None
+    except Exception as exc:  # the HTTP client's own: no connection, a timeout
+        raise RLForgeError(f"Pushing to the Hub repo {repo_id} at {api.endpoint} failed: {type(exc).__name__}: "
+                           f"{exc}. {again}") from exc
+    return str(commit.commit_url)
 
 
 def export_lora(checkpoint: Path, out: Path, adapter_only: bool = False) -> None:
