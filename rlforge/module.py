@@ -19,7 +19,7 @@ from rlforge import batch as B
 from rlforge import lora, lr_schedule
 from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import DataFlow, Stage
-from rlforge.errors import DataError
+from rlforge.errors import DataError, RLForgeError
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ class LossContext:
     global_tokens: float
     global_seqs: float
     temperature: float = 1.0
+    step: int = 0  # the training step this update belongs to (the driver's, sent with each update call)
 
 
 class RLModule:
@@ -70,6 +71,7 @@ class RLModule:
         # the models this process loads: a Ray rank loads only its own role's (see ``configure_model``)
         self.roles: Collection[str] = ROLES
         self._metrics: dict[str, float] | None = None  # the running step's metrics sink (set by the Trainer)
+        self._on_worker = False  # built by a worker process (a Ray or torchrun rank), not the driver
         self._registry: Any = None  # the run's registries (set by the Builder)
 
     @property
@@ -87,9 +89,18 @@ class RLModule:
         self._registry = registry
 
     def log(self, name: str, value: float) -> None:
-        """Log a metric for the running step (like ``LightningModule.log``); ignored outside a step."""
+        """Log a metric for the running step (like ``LightningModule.log``); ignored outside a step in the driver.
+        Inside an update (``training_step``, ``policy_loss``, ``critic_step``, ``value_loss``) it is collected by the
+        worker and returned with the update's metrics (rank 0's value under several ranks), under every controller.
+        Elsewhere in a worker process it raises: nothing would deliver the value."""
         if self._metrics is not None:
             self._metrics[name] = float(value)
+        elif self._on_worker:
+            raise RLForgeError(
+                f"{type(self).__name__}.log({name!r}) was called in a worker process outside an update, where no "
+                f"metric reaches the loggers. Log from the driver-side methods (compute_rewards, compute_advantages, "
+                f"flow stages) or inside training_step/policy_loss (collected and returned), or return the value "
+                f"in the metrics dict.")
 
     # --- data -------------------------------------------------------------------------------------
     def prepare_data(self, rows: list[dict[str, Any]], split: str) -> list[Any]:

@@ -110,13 +110,13 @@ class GroupController:
         return self.actor.compute_log_probs(batch, role)
 
     def update_actor(self, batch: B.Batch) -> dict[str, float]:
-        return self.actor.update(batch)
+        return self.actor.update(batch, self.module.step)  # the ranks' modules see the driver's step
 
     def compute_values(self, batch: B.Batch) -> torch.Tensor:
         return self._critic("compute_values").compute_values(batch)
 
     def update_critic(self, batch: B.Batch) -> dict[str, float]:
-        return self._critic("update_critic").update(batch)
+        return self._critic("update_critic").update(batch, self.module.step)
 
     def _critic(self, what: str) -> Any:
         if self.critic is None:

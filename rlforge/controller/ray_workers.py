@@ -60,6 +60,7 @@ class WorkerProcess:
         torch.manual_seed(config.trainer.seed + self.rank)  # ranks sample different responses
         builder = Builder(config, PluginManager.for_config(config))
         module = builder.module(module_cls(config), roles=builder.registry.role.get(self.role).models)
+        module._on_worker = True  # its log() outside an update raises: no logger is here
         module.configure_model()
         return builder, module
 
@@ -151,8 +152,8 @@ class RankWorker(WorkerProcess):
         return self.worker.compute_values(batch)
 
     @remote("dp_update", "first")
-    def update(self, batch: B.Batch) -> dict[str, float]:
-        return self.worker.update(batch)
+    def update(self, batch: B.Batch, step: int | None = None) -> dict[str, float]:
+        return self.worker.update(batch, step)
 
     @remote(collect="max")
     def sync_weights(self) -> float:

@@ -127,14 +127,20 @@ class TrainWorker:
                 out[rows] = forward(batch.select(rows).to(self.strategy.device)).float().cpu()
         return out
 
-    def update(self, batch: B.Batch) -> dict[str, float]:
+    def update(self, batch: B.Batch, step: int | None = None) -> dict[str, float]:
         """``batch`` is this rank's shard (``shard_for_update``): its mini-batches are 1/world_size of the global.
-        Gradients are freed when it returns; with ``strategy.offload_optimizer`` the optimizer state waits in CPU
-        memory between updates."""
+        ``step``: the driver's training step, which the module sees as ``module.step`` and the losses as
+        ``LossContext.step`` during the update (None: the module's own). What the module ``log``s during the update
+        is returned with the metrics. Gradients are freed when it returns; with ``strategy.offload_optimizer`` the
+        optimizer state waits in CPU memory between updates."""
         mini_size = self.section.ppo_mini_batch_size * self.config.rollout.n // self.strategy.world_size
         totals: dict[str, float] = defaultdict(float)
         steps = 0
         offload = bool(self.config.strategy.offload_optimizer)
+        module, saved = self.module, (self.module.step, self.module._metrics)
+        module.step = saved[0] if step is None else int(step)
+        logged: dict[str, float] = {}
+        module._metrics = logged
         if offload:
             self._move_optimizer_state(to_cpu=False)
         try:
@@ -144,12 +150,13 @@ class TrainWorker:
                         totals[k] += v
                     steps += 1
         finally:
+            module.step, module._metrics = saved[0] if step is None else module.step, saved[1]
             self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the rollout
             if offload:
                 self._move_optimizer_state(to_cpu=True)
         if self.scheduler is not None and self.bad_in_a_row < steps:  # at least one optimizer step ran
             self.scheduler.step()
-        out = {k: v / max(steps, 1) for k, v in totals.items()}
+        out = {**logged, **{k: v / max(steps, 1) for k, v in totals.items()}}
         out[f"{self.role}/lr"] = self.optimizer.param_groups[0]["lr"]
         out[f"{self.role}/skipped_steps"] = float(self.skipped_steps)
         return out
@@ -172,6 +179,7 @@ class TrainWorker:
             global_tokens=self.strategy.all_reduce_sum(float(mini[B.RESPONSE_MASK].sum())),
             global_seqs=self.strategy.all_reduce_sum(float(len(mini))),
             temperature=self.config.rollout.temperature,
+            step=self.module.step,
         )
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
