@@ -75,6 +75,22 @@ def check_layout(config: Any, strategy_factory: Any, needs_critic: bool) -> None
             )
 
 
+def rank_module_class(module: Any) -> type:
+    """The class each rank rebuilds the module from, as ``cls(config)`` (``ray_workers.WorkerProcess``). A module
+    whose constructor takes more than the config would run on the ranks without those arguments, so it is refused."""
+    import inspect
+
+    cls = type(module)
+    extra = [p.name for p in list(inspect.signature(cls.__init__).parameters.values())[2:]]
+    if extra:
+        raise ConfigError(
+            f"{cls.__qualname__}.__init__ takes {', '.join(extra)} besides the config; under trainer.controller="
+            f"{module.config.trainer.controller} every rank rebuilds the module as {cls.__qualname__}(config), so "
+            f"those arguments would be lost there. Put them in the algorithm's config (its config_class) and read "
+            f"them from self.config, or use trainer.controller=local.")
+    return cls
+
+
 class GroupController:
     """The dataflow and checkpoints over worker groups. A subclass sets ``config``, ``module`` (the driver's
     actor mirror), ``reward``, ``actor``, ``critic`` (None without a value model), ``rollout`` (a group that owns the

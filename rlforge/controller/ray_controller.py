@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.config.schema import option
 from rlforge.controller.dispatch import PerRank
-from rlforge.controller.groups import GroupController, check_layout, data_parallel_size
+from rlforge.controller.groups import GroupController, check_layout, data_parallel_size, rank_module_class
 from rlforge.controller.remote import WorkerGroup
 from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
@@ -243,12 +243,13 @@ class RayController(GroupController):
             pool = self._pool("actor", n, cfg.cpus_per_worker, gpus)
             critic = module.needs_critic()
             share = 0.5 if critic and cfg.colocate_critic else 1.0
-            self.actor = self._ranks("actor", pool, share, type(module), engine=not cfg.rollout_workers)
+            module_cls = rank_module_class(module)
+            self.actor = self._ranks("actor", pool, share, module_cls, engine=not cfg.rollout_workers)
             if critic:
                 critic_pool = pool if cfg.colocate_critic else self._pool("critic", n, cfg.cpus_per_worker, gpus)
-                self.critic = self._ranks("critic", critic_pool, share, type(module))
+                self.critic = self._ranks("critic", critic_pool, share, module_cls)
             if cfg.rollout_workers:
-                self.rollout = self._rollout_group(cfg, gpus, type(module))
+                self.rollout = self._rollout_group(cfg, gpus, module_cls)
                 self.sync_weights()  # the engines start from model.path: give them the actor's weights
         except BaseException:
             self.shutdown()

@@ -23,7 +23,7 @@ import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from rlforge.controller.groups import GroupController, check_layout, data_parallel_size
+from rlforge.controller.groups import GroupController, check_layout, data_parallel_size, rank_module_class
 from rlforge.controller.local import close_reward
 from rlforge.controller.remote import WorkerGroup
 from rlforge.errors import ConfigError, RLForgeError
@@ -167,6 +167,7 @@ class TorchrunController(GroupController):
         config, reg = builder.config, builder.registry
         strategy = reg.strategy.get(config.strategy.name)
         check_layout(config, strategy, module.needs_critic())
+        module_cls = rank_module_class(module)
         self.config, self.module = config, module
         rank, world, group = _join(config)
         self.channel = Channel(group, rank, world, _workers(reg, rank, world, module))
@@ -179,7 +180,7 @@ class TorchrunController(GroupController):
                   for role, worker in self.channel.workers.items()}
         self.actor, self.critic = groups["actor"], groups.get("critic")
         for worker in self.channel.workers.values():  # every process sets up its own (same config, same order)
-            worker.setup(config, type(module), None)
+            worker.setup(config, module_cls, None)
 
     def shutdown(self) -> None:
         close_reward(self.reward)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlforge import RLModule, Trainer, load_config
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 from tests.controller.test_ray import RAY, needs_ray
 from tests.plugins.megatron_cpu import free_port
 from tests.test_e2e import FAST
@@ -66,3 +66,19 @@ def test_log_outside_an_update_raises_in_a_worker_and_is_ignored_in_the_driver(p
     module._on_worker = True
     with pytest.raises(RLForgeError, match=r"log\('x'\) was called in a worker process outside an update"):
         module.log("x", 1.0)
+
+
+def test_a_module_with_constructor_arguments_is_refused_where_ranks_rebuild_it(pm):
+    from rlforge.controller.groups import rank_module_class
+
+    class WithBeta(RLModule):
+        def __init__(self, config, beta=0.1):
+            super().__init__(config)
+            self.beta = beta
+
+    cfg = load_config("grpo", ["trainer.controller=ray", "strategy.name=fsdp", "strategy.num_processes=2",
+                               "data.train_batch_size=8"], plugins=pm)
+    assert rank_module_class(RLModule(cfg)) is RLModule
+    with pytest.raises(ConfigError, match=r"WithBeta.__init__ takes beta besides the config; under "
+                                          r"trainer.controller=ray every rank rebuilds"):
+        rank_module_class(WithBeta(cfg))
