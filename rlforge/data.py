@@ -496,7 +496,7 @@ class PromptSampler:
     """Yields batches of prompt indices epoch after epoch; its state (epoch, position) resumes exactly.
 
     Each epoch's order is a permutation drawn from a generator seeded with ``seed + epoch``, so it does
-    not depend on any global RNG.
+    not depend on any global RNG. It is drawn once per epoch and kept as a tensor (8 bytes per example).
     """
 
     def __init__(self, size: int, batch_size: int, shuffle: bool, seed: int) -> None:
@@ -505,17 +505,21 @@ class PromptSampler:
                             f"data.train_batch_size={batch_size}.")
         self.size, self.batch_size, self.shuffle, self.seed = size, batch_size, shuffle, seed
         self.epoch, self.position = 0, 0
+        self._drawn: tuple[int, torch.Tensor] | None = None  # (epoch, its order)
 
-    def _order(self) -> list[int]:
-        if not self.shuffle:
-            return list(range(self.size))
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.size, generator=g).tolist()
+    def _order(self) -> torch.Tensor:
+        if self._drawn is None or self._drawn[0] != self.epoch:
+            if self.shuffle:
+                order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+            else:
+                order = torch.arange(self.size)
+            self._drawn = (self.epoch, order)
+        return self._drawn[1]
 
     def next_indices(self) -> list[int]:
         if self.position + self.batch_size > self.size:  # drop the incomplete tail, start a new epoch
             self.epoch, self.position = self.epoch + 1, 0
-        idx = self._order()[self.position : self.position + self.batch_size]
+        idx = self._order()[self.position : self.position + self.batch_size].tolist()
         self.position += self.batch_size
         return idx
 

@@ -104,13 +104,13 @@ def _data(config: dict[str, Any], meta: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")  # a vision-language model's image processor
 # what an exported model folder is -> the transformers Auto class that loads it (first match; else a causal LM)
 AUTO_CLASSES: tuple[tuple[Callable[[Path], bool], str], ...] = (
     (lambda f: any(a.endswith("ForSequenceClassification") for a in architectures(f)),
      "AutoModelForSequenceClassification"),  # a reward model (--algo rm)
     (lambda f: any((f / name).is_file() for name in PROCESSOR_FILES), "AutoModelForImageTextToText"),  # with images
 )
-PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")  # a vision-language model's image processor
 
 
 def auto_class(folder: Path) -> str:

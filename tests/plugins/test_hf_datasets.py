@@ -33,6 +33,12 @@ def _jsonl(path: Path, rows: list) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """datasets' cache in the test's folder (read from HF_DATASETS_CACHE once, at import)."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+
+
 @pytest.fixture
 def saved_dict(tmp_path: Path) -> Path:
     """A DatasetDict (train, test) saved by save_to_disk."""
@@ -250,6 +256,14 @@ def test_rlforge_data_converts_a_saved_dataset(tmp_path, capsys):
     train, test = (read_rows(str(tmp_path / "out" / f"{s}.parquet")) for s in ("train", "test"))
     assert len(train) == 6 and len(test) == 2
     assert train[3]["reward_model"]["ground_truth"] == "4" and train[3]["extra_info"]["split"] == "train"
+    raw_repo = tmp_path / "gsm8k_raw"  # as `hf download openai/gsm8k --repo-type dataset` lays it out
+    (raw_repo / "main").mkdir(parents=True)
+    datasets.Dataset.from_list(raw).to_parquet(str(raw_repo / "main" / "train-00000-of-00001.parquet"))
+    datasets.Dataset.from_list(raw[:2]).to_parquet(str(raw_repo / "main" / "test-00000-of-00001.parquet"))
+    (raw_repo / "README.md").write_text("---\nconfigs:\n- config_name: main\n  data_files:\n  - split: train\n"
+                                        "    path: main/train-*\n  - split: test\n    path: main/test-*\n---\n")
+    assert main(["data", "gsm8k", "--input", str(raw_repo), "--out", str(tmp_path / "out_raw")]) == 0  # subset main
+    assert read_rows(str(tmp_path / "out_raw" / "train.parquet")) == train
     one = tmp_path / "one_split"
     datasets.Dataset.from_list(raw[:3]).save_to_disk(str(one))
     assert main(["data", "gsm8k", "--input", str(one), "--split", "test", "--out", str(tmp_path / "out2")]) == 0

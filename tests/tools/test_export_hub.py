@@ -79,7 +79,7 @@ class StandInHub(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def hub(monkeypatch):
+def hub(monkeypatch, tmp_path):
     """The stand-in on a free local port, as the Hub (HF_ENDPOINT) with HF_TOKEN set."""
     from huggingface_hub import constants
 
@@ -91,6 +91,7 @@ def hub(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
     monkeypatch.setattr(constants, "ENDPOINT", endpoint)  # read once, when huggingface_hub was imported
     monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_XET_CACHE", str(tmp_path / "xet"))  # hf_xet's session writes its logs there
     yield server
     server.shutdown()
     server.server_close()
