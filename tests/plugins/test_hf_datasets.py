@@ -173,10 +173,12 @@ def test_streaming_reads_a_source_once_into_a_file_of_the_run(pm, tmp_path, char
 
 def test_a_streamed_file_is_removed_when_the_process_exits(tmp_path):
     path = _jsonl(tmp_path / "s.jsonl", ROWS)
-    code = ("import rlforge; from rlforge.plugin_manager import PluginManager; pm = PluginManager(autoload=False); "
-            f"cfg = rlforge.load_config(plugins=pm, overrides=['data.name=hf', 'data.train_files=[{path}]', "
-            f"'data.hf.streaming=true', 'data.hf.cache_dir={tmp_path / 'cache'}']); "
-            "rows = pm.registry.dataset.get('hf')(cfg, 'train'); assert len(rows) == 24; "
+    code = ("from omegaconf import OmegaConf; "
+            "from rlforge.plugins.data.hf_datasets import HFDataConfig, HFDataset; "
+            f"hf = OmegaConf.merge(OmegaConf.structured(HFDataConfig), {{'streaming': True, 'cache_dir': "
+            f"'{tmp_path / 'cache'}'}}); "
+            f"cfg = OmegaConf.create({{'data': {{'hf': hf, 'train_files': ['{path}'], 'val_files': []}}}}); "
+            "rows = HFDataset()(cfg, 'train'); assert len(rows) == 24; "
             "print(rows.segments[0].rows.cache_files[0]['filename'])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -272,3 +274,11 @@ def test_rlforge_data_converts_a_saved_dataset(tmp_path, capsys):
     datasets.Dataset.from_list([{"question": "q", "answer": "no final answer"}]).save_to_disk(str(bad))
     assert main(["data", "gsm8k", "--input", str(bad), "--split", "train", "--out", str(tmp_path / "o3")]) == 2
     assert f"{bad}, row 1: cannot find the final answer" in capsys.readouterr().err
+
+
+def test_eval_reads_a_saved_dataset_split(tmp_path, saved_dict):
+    report = tmp_path / "report.json"
+    assert main(["eval", "builtin:tiny-arith", "--limit", "3", "--out", str(report), "data.name=hf",
+                 f"data.hf.path={saved_dict}", f"data.hf.cache_dir={tmp_path / 'cache'}"]) == 0
+    result = json.loads(report.read_text())
+    assert result["dataset"] == "hf" and result["prompts"] == 3 and result["split"] == "val"
