@@ -1,9 +1,10 @@
-"""verifiers environments (``data.name=verifiers rollout.agent.loop=verifiers``), tested with an environment of
-verifiers 0.1's shape written here (verifiers itself is not installed: its release that fits rlforge's pins is old
-and pulls datasets, pandas, textual and sandbox clients): a dataset, a rubric, and a multi-turn rollout
-(``env_response`` between model turns until ``is_completed``) that talks to the model through an
-``openai.AsyncOpenAI`` client. Its rollouts run against the rollout's OpenAI endpoint, driven by a scripted model;
-and (slow) ``rlforge fit --algo grpo`` runs it with the shipped tiny model."""
+"""verifiers environments (``data.name=verifiers rollout.agent.loop=verifiers``): with real verifiers 0.1.10
+environments (a ``vf.MultiTurnEnv`` and a ``vf.ToolEnv`` scored by a ``vf.Rubric``), and with an environment of
+verifiers 0.1's shape written here (no verifiers needed: the interface the adapter relies on, whatever the 0.1.x
+release): a dataset, a rubric, and a multi-turn rollout (``env_response`` between model turns until
+``is_completed``) that talks to the model through an ``openai.AsyncOpenAI`` client. Their rollouts run against the
+rollout's OpenAI endpoint, driven by a scripted model; and (slow) ``rlforge fit --algo grpo`` runs the shape-alike
+with the shipped tiny model."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import json
 import sys
 
 import pytest
+import verifiers as vf
+from datasets import Dataset
 
 import rlforge
 from rlforge import batch as B
@@ -21,7 +24,7 @@ from rlforge.build import Builder
 from rlforge.data import collate, tokenize_rows
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.plugins.env.verifiers_env import SOURCE
-from tests.agent.conftest import Scripted, sampling
+from tests.agent.conftest import Scripted, calculator_then_answer, sampling
 
 pytest.importorskip("openai")
 
@@ -155,20 +158,26 @@ def second_try(text: str) -> str:
     return asked if RETRY in text else "7"
 
 
-def test_a_rollout_is_the_environments_turns_scored_by_its_rubric(config, pm, char_tokenizer):
-    tok = char_tokenizer
-    out, metrics = rollout(config, pm, tok, second_try)
+def response_text(out, tok, i: int) -> str:
+    return tok.decode(out[B.RESPONSES][i][out[B.ATTENTION_MASK][i][out[B.PROMPTS].shape[1]:].bool()])
+
+
+def check_said_on_the_second_try(out, metrics, tok) -> None:
+    """Two rows run with ``second_try``: a wrong turn, the env's retry, the right number; scored by the rubric."""
     for i in range(2):
-        response = tok.decode(out[B.RESPONSES][i][out[B.ATTENTION_MASK][i][out[B.PROMPTS].shape[1]:].bool()])
-        assert response == f"7<|end|><|user|>{RETRY}<|end|><|assistant|>{i}<|end|>"
+        assert response_text(out, tok, i) == f"7<|end|><|user|>{RETRY}<|end|><|assistant|>{i}<|end|>"
         inserted = 1 + len(RETRY) + 2  # <|user|>, the env's reply a character a token, <|end|><|assistant|>
         assert out[B.RESPONSE_MASK][i][:2 + inserted + 2].tolist() == [1, 1] + [0] * inserted + [1, 1]
         # the rubric: exact answer 1.0 x 1 + brevity (two model turns) 0.5 x 0.5, on the last model token
         assert out[AGENT_REWARDS][i].sum().item() == pytest.approx(1.25)
         assert out[AGENT_REWARDS][i][2 + inserted + 1].item() == pytest.approx(1.25)
-    assert metrics["agent/verifiers/exact_answer/mean"] == 1.0
+    assert metrics["agent/verifiers/exact_answer/mean"] == 1.0 and metrics["agent/verifiers/brevity/mean"] == 0.5
     assert metrics["agent/verifiers/num_turns/mean"] == 2.0
     assert metrics["agent/verifiers/error/mean"] == 0.0 and metrics["agent/model_turns/mean"] == 2.0
+
+
+def test_a_rollout_is_the_environments_turns_scored_by_its_rubric(config, pm, char_tokenizer):
+    check_said_on_the_second_try(*rollout(config, pm, char_tokenizer, second_try), char_tokenizer)
 
 
 def test_the_environment_decides_when_a_rollout_ends(config, pm, char_tokenizer):
@@ -190,6 +199,52 @@ def test_an_environment_that_raises_stops_the_run_naming_the_sample(config, pm, 
     monkeypatch.setattr(SayTheNumber, "run_rollout", broken)
     with pytest.raises(AgentLoopError, match=r"'verifiers' .* failed on sample 0 .* ValueError: the env broke"):
         rollout(config, pm, char_tokenizer, lambda _: "1", "data.verifiers.env_args={max_turns: 4}")
+
+
+class RealSayTheNumber(vf.MultiTurnEnv):
+    """SayTheNumber as a real verifiers MultiTurnEnv: its stop condition, the env's reply, the real rollout."""
+
+    async def env_response(self, messages, state, **kwargs):
+        return [{"role": "user", "content": RETRY}]
+
+    @vf.stop
+    async def said_it(self, state, **kwargs):
+        turns = state["trajectory"]
+        return bool(turns) and turns[-1]["completion"][-1]["content"].strip() == state["answer"]
+
+
+def calculator(expression: str) -> str:
+    """Adds numbers.
+
+    Args:
+        expression: numbers joined by +.
+    """
+    return str(sum(int(term) for term in expression.split("+")))
+
+
+def load_real_environment(kind="say"):
+    """Real verifiers 0.1.10 environments with a real vf.Rubric: SayTheNumber, or a ToolEnv with a calculator."""
+    rubric = vf.Rubric(funcs=[exact_answer, brevity], weights=[1.0, 0.5])
+    if kind == "tool":
+        rows = [{"question": "2+3?", "answer": "5"}] * 2
+        return vf.ToolEnv(dataset=Dataset.from_list(rows), tools=[calculator], rubric=rubric, max_turns=3)
+    rows = [{"question": f"Say {i}.", "answer": str(i)} for i in range(4)]
+    return RealSayTheNumber(dataset=Dataset.from_list(rows), rubric=rubric, max_turns=3)
+
+
+def test_real_verifiers_environments_run_through_the_endpoint(config, pm, char_tokenizer):
+    tok, real = char_tokenizer, f"data.verifiers.env={__name__}:load_real_environment"
+    check_said_on_the_second_try(*rollout(config, pm, tok, second_try, real), tok)  # num_turns: MultiTurnEnv's own
+    # a ToolEnv: the endpoint renders its tool, reads the model's call; the env's tool result is the next turn
+    out, metrics = rollout(config, pm, tok, calculator_then_answer, real, "data.verifiers.env_args={kind: tool}")
+    for i in range(2):
+        assert response_text(out, tok, i).endswith("<|tool|>5<|end|><|assistant|>5<|end|>")
+        model = tok.decode(out[B.RESPONSES][i][out[B.RESPONSE_MASK][i].bool()])
+        assert model.startswith('<tool_call>{"name": "calculator"') and model.endswith("</tool_call><|end|>5<|end|>")
+    assert out[AGENT_REWARDS].sum(-1).tolist() == pytest.approx([1.25, 1.25])  # 1 + 0.5 x 1/2 turns
+    assert metrics["agent/verifiers/total_tool_calls/mean"] == 1.0
+    assert metrics["agent/verifiers/calculator_calls/mean"] == 1.0
+    assert metrics["agent/verifiers/error/mean"] == 0.0 and metrics["agent/model_turns/mean"] == 2.0
 
 
 @pytest.mark.parametrize(("overrides", "error", "message"), [
