@@ -16,6 +16,8 @@ trajectory's reward. The reward function of the data source ``gym_text`` gives 0
 
 from __future__ import annotations
 
+import math
+import numbers
 import random
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -25,7 +27,7 @@ from rlforge.config.schema import option
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
-from rlforge.plugins.env.loading import import_target, plain, split_reference
+from rlforge.plugins.env.loading import import_target, is_file, load_reference, plain, split_reference
 
 SOURCE = "gym_text"
 VAL_SEED = 54321  # the held-out episodes' seeds are drawn from this, whatever trainer.seed is
@@ -45,18 +47,17 @@ class GymTextConfig:
 
 
 def make_env(spec: str, kwargs: dict[str, Any], key: str = "data.gym_text.env") -> Any:
-    """A new environment: ``module:attr`` calls that class or factory with ``kwargs`` when the module has ``attr``,
-    anything else goes to ``gymnasium.make`` (an id, or ``module:Id``, gymnasium's own form)."""
+    """A new environment: ``path/to/file.py:attr``, or ``module:attr`` when the module has ``attr``, calls that class
+    or factory with ``kwargs``; anything else goes to ``gymnasium.make`` (an id, or ``module:Id``, gymnasium's own
+    form)."""
     if not spec:
         raise ConfigError(f"'{key}' is empty: name the environment, a gymnasium id or module:Class.")
     parts = split_reference(spec)
-    if parts is not None:
-        factory = getattr(import_target(parts[0], key), parts[1], None)
-        if factory is not None:
-            if not callable(factory):
-                raise ConfigError(f"{key}={spec!r}: '{parts[1]}' is a {type(factory).__name__}, not a class or "
-                                  "factory.")
-            return _checked(factory(**kwargs), spec, key)
+    if parts is not None and (is_file(parts[0]) or hasattr(import_target(parts[0], key), parts[1])):
+        factory = load_reference(spec, key)  # a file's missing attribute is an error, never a gymnasium id
+        if not callable(factory):
+            raise ConfigError(f"{key}={spec!r}: '{parts[1]}' is a {type(factory).__name__}, not a class or factory.")
+        return _checked(factory(**kwargs), spec, key)
     gym = optional_import("gymnasium", f"{key}={spec!r} is a gymnasium id",
                           "pip install 'rlforge[envs]' (or pip install gymnasium)")
     try:
@@ -90,6 +91,14 @@ def _text(observation: Any, spec: str, call: str) -> str:
                            "environment's observations are what the model reads (wrap the env in a "
                            "gymnasium.ObservationWrapper that writes them as text).")
     return observation
+
+
+def _reward(reward: Any, spec: str, call: str) -> float:
+    """A step's reward: a finite real number (int, float, a numpy scalar); a bool, None or str is refused."""
+    if isinstance(reward, numbers.Real) and not isinstance(reward, bool) and math.isfinite(reward):
+        return float(reward)
+    raise RLForgeError(f"env {spec!r}: {call} gave the reward {reward!r:.80} ({type(reward).__name__}), not a finite "
+                       "number: the reward is step()'s 2nd item, a float (write float(success) for a bool).")
 
 
 def _seeds(rng: random.Random, count: int, exclude: set[int]) -> list[int]:
@@ -145,7 +154,7 @@ class GymTextInteraction(Interaction):
         if not {"env", "seed"} <= set(info):
             raise RLForgeError(f"the row (data source '{sample.data_source}') has no extra_info env and seed: the "
                                "gym_text interaction plays the rows of data.name=gym_text.")
-        self.spec = str(info["env"])
+        self.spec, self.steps = str(info["env"]), 0
         self.env = make_env(self.spec, dict(info.get("env_kwargs") or {}), "the row's extra_info.env")
         shown = sample.messages[-1]["content"] if sample.messages else None
         observation = first_observation(self.env, int(info["seed"]), self.spec)
@@ -155,12 +164,15 @@ class GymTextInteraction(Interaction):
                                "seed.")
 
     def step(self, message: str) -> tuple[str, float, bool]:
+        self.steps += 1
         result = self.env.step(message)
         if not (isinstance(result, tuple) and len(result) == 5):
             raise RLForgeError(f"env {self.spec!r}: step() returned {result!r:.100}; it must return (observation, "
                                "reward, terminated, truncated, info), as gymnasium's Env.step does.")
         observation, reward, terminated, truncated, _ = result
-        return _text(observation, self.spec, "step()"), float(reward), bool(terminated) or bool(truncated)
+        call = f"step() of turn {self.steps}"
+        done = bool(terminated) or bool(truncated)
+        return _text(observation, self.spec, call), _reward(reward, self.spec, call), done
 
     def close(self) -> None:
         env = getattr(self, "env", None)

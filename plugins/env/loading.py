@@ -18,11 +18,16 @@ def split_reference(spec: str) -> tuple[str, str] | None:
     return (target, name) if sep and target and name else None
 
 
+def is_file(target: str) -> bool:
+    """Whether a reference's target is a ``.py`` file (else a dotted module name)."""
+    return target.endswith(".py")
+
+
 def import_target(target: str, key: str) -> Any:
     """The module ``target`` (a dotted name, or a ``.py`` file imported once per process); ``key`` names the config
     key in errors."""
     try:
-        if not target.endswith(".py"):
+        if not is_file(target):
             return importlib.import_module(target)
         path = Path(target).expanduser().resolve()
         name = f"rlforge_env_{path.stem}"

@@ -64,7 +64,13 @@ def _environment(spec: str, args_json: str) -> Any:
     else:
         vf = optional_import("verifiers", f"{key}={spec!r} is a verifiers environment id",
                              "pip install verifiers (or give a factory as module:name)")
-        env = vf.load_environment(spec, **args)
+        try:
+            env = vf.load_environment(spec, **args)
+        except (ValueError, RuntimeError) as exc:  # verifiers' wrapping of an id it cannot import, or of its error
+            cause = exc.__cause__ if isinstance(exc.__cause__, ImportError) else exc
+            raise ConfigError(f"{key}={spec!r}: verifiers cannot load it ({type(cause).__name__}: {cause}): give an "
+                              "installed verifiers environment's id (its package pip-installed), or a factory or "
+                              "class as module:name or path/to/file.py:name.") from None
     missing = [m for m in ("get_dataset", "run_rollout") if not callable(getattr(env, m, None))]
     if missing:
         raise ConfigError(f"{key}={spec!r} gave a {type(env).__name__} without {' and '.join(missing)}(): a verifiers "

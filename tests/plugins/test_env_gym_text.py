@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 
 import pytest
 import torch
@@ -165,9 +166,44 @@ def test_bad_env_settings_are_clear_errors(config, pm, overrides, error, message
         Builder(config(*overrides), pm).dataset("train")
 
 
+def test_a_file_without_the_class_is_named_not_given_to_gymnasium(config, pm, tmp_path, monkeypatch):
+    (tmp_path / "envs.py").write_text("class Other:\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"data.gym_text.env='./envs.py:Missing': './envs.py' has no attribute "
+                                          r"'Missing'\.$"):
+        Builder(config("data.gym_text.env=./envs.py:Missing"), pm).dataset("train")
+
+
+REWARD: object = None  # what Rewarding's steps give (set by the tests)
+
+
+class Rewarding(GuessNumber):
+    def step(self, action):
+        return "Again.", REWARD, False, False, {}
+
+
+@pytest.mark.parametrize("reward", [None, "1.0", True, float("nan")])
+def test_a_reward_that_is_not_a_number_stops_the_run_naming_the_env_and_step(config, pm, char_tokenizer,
+                                                                            monkeypatch, reward):
+    monkeypatch.setattr(sys.modules[__name__], "REWARD", reward)
+    with pytest.raises(RLForgeError, match=rf"env '{__name__}:Rewarding': step\(\) of turn 1 gave the reward "
+                                           rf"{re.escape(repr(reward))} \({type(reward).__name__}\), not a finite "
+                                           "number"):
+        play(config, pm, char_tokenizer, lambda _: "1", f"data.gym_text.env={__name__}:Rewarding")
+
+
+def test_numpy_and_int_rewards_are_numbers(config, pm, char_tokenizer, monkeypatch):
+    np = pytest.importorskip("numpy")
+    for reward in (np.float32(0.5), np.int64(2), 3):
+        monkeypatch.setattr(sys.modules[__name__], "REWARD", reward)
+        _, out, _ = play(config, pm, char_tokenizer, lambda _: "1", f"data.gym_text.env={__name__}:Rewarding",
+                         "rollout.agent.max_turns=2", rows=1)
+        assert out[AGENT_REWARDS].sum().item() == pytest.approx(2 * float(reward))
+
+
 @pytest.mark.parametrize(("env", "message"), [
     ("Telling", r"reset\(seed=\d+\) shows 'It is \d\.', but the row's prompt is 'It is \d\.'"),
-    ("Numeric", r"step\(\) gave a int observation, not a str"),
+    ("Numeric", r"step\(\) of turn 1 gave a int observation, not a str"),
 ])
 def test_env_faults_stop_the_run_naming_the_env(config, pm, char_tokenizer, env, message):
     with pytest.raises(RLForgeError, match=message):

@@ -266,6 +266,14 @@ def test_an_environment_id_needs_verifiers(config, pm, monkeypatch):
         Builder(config("data.verifiers.env=my-math-env"), pm).dataset("train")
 
 
+def test_an_environment_id_that_is_not_installed_names_the_key_and_the_forms(config, pm):
+    pytest.importorskip("verifiers")
+    with pytest.raises(ConfigError, match=r"data.verifiers.env='my-math-env': verifiers cannot load it "
+                                          r"\(ModuleNotFoundError: No module named 'my_math_env'\): give an installed "
+                                          r"verifiers environment's id .* or path/to/file.py:name"):
+        Builder(config("data.verifiers.env=my-math-env"), pm).dataset("train")
+
+
 def test_a_row_without_a_prompt_names_the_row(config, pm, monkeypatch):
     monkeypatch.setattr(SayTheNumber, "get_dataset", lambda self, n=-1, seed=None: [{"question": "Say 1."}])
     with pytest.raises(DataError, match=r"train row 1: no 'prompt' column \(got \['question'\]\)"):
