@@ -73,12 +73,20 @@ class AgentRewardStage(Stage):
     produces: frozenset[str] = frozenset()
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        extra = batch[AGENT_REWARDS]
-        batch[B.SCORES] = batch[B.SCORES] + extra.sum(-1)
-        batch[B.TOKEN_LEVEL_SCORES] = batch[B.TOKEN_LEVEL_SCORES] + extra
-        batch[B.TOKEN_LEVEL_REWARDS] = batch[B.TOKEN_LEVEL_REWARDS] + extra
+        extra = add_agent_rewards(batch)
         ctx.log({"agent/reward/mean": extra.sum(-1).mean().item()})
         return batch
+
+
+def add_agent_rewards(batch: B.Batch) -> Any:
+    """Add the trajectories' rewards (``agent_rewards`` [B, R]) to the reward function's ``scores`` and to the
+    token-level columns the batch has (``token_level_scores``, ``token_level_rewards``); returns them."""
+    extra = batch[AGENT_REWARDS]
+    batch[B.SCORES] = batch[B.SCORES] + extra.sum(-1)
+    for key in (B.TOKEN_LEVEL_SCORES, B.TOKEN_LEVEL_REWARDS):
+        if key in batch:
+            batch[key] = batch[key] + extra
+    return extra
 
 
 VALIDATION_METRICS = ("num_turns/mean", "tool_call_counts/mean", "agent/tool_call_format_ok",
@@ -87,8 +95,9 @@ VALIDATION_METRICS = ("num_turns/mean", "tool_call_counts/mean", "agent/tool_cal
 
 class AgentValidation:
     """The controller as validation sees it in a run with an agent loop: ``generate`` runs the loop with the given
-    sampling settings and keeps its metrics (``VALIDATION_METRICS`` as ``val/<name>``) in ``metrics``; everything
-    else is the run's controller."""
+    sampling settings and keeps its metrics (``VALIDATION_METRICS`` as ``val/<name>``) in ``metrics``; ``score``
+    scores as a training step does: the reward function's scores plus the trajectories' rewards (an env's return,
+    a rubric's reward, tool rewards); everything else is the run's controller."""
 
     def __init__(self, run: RunParts, stage: AgentRolloutStage) -> None:
         self.run, self.stage = run, stage
@@ -98,6 +107,11 @@ class AgentValidation:
         out, metrics = self.stage.rollout(self.run, batch, params)
         self.metrics = {f"val/{k}": metrics[k] for k in VALIDATION_METRICS if k in metrics}
         return out
+
+    def score(self, batch: B.Batch) -> B.Batch:
+        batch = self.run.controller.score(batch)
+        add_agent_rewards(batch)
+        return batch
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.run.controller, name)

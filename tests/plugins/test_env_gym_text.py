@@ -9,6 +9,7 @@ import json
 import random
 import re
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch
 import rlforge
 from rlforge import batch as B
 from rlforge.agent.batching import AGENT_REWARDS
+from rlforge.agent.stage import AgentRolloutStage, validation_controller
 from rlforge.build import Builder
 from rlforge.data import collate, tokenize_rows
 from rlforge.errors import ConfigError, RLForgeError
@@ -60,6 +62,13 @@ class Telling(GuessNumber):
 class Numeric(GuessNumber):
     def step(self, action):
         return 3, 0.0, False, False, {}
+
+
+class Constant(GuessNumber):
+    """Every episode is one step with reward 1."""
+
+    def step(self, action):
+        return "Done.", 1.0, True, False, {}
 
 
 def bisect(text: str) -> str:
@@ -208,6 +217,24 @@ def test_numpy_and_int_rewards_are_numbers(config, pm, char_tokenizer, monkeypat
 def test_env_faults_stop_the_run_naming_the_env(config, pm, char_tokenizer, env, message):
     with pytest.raises(RLForgeError, match=message):
         play(config, pm, char_tokenizer, lambda _: "1", f"data.gym_text.env={__name__}:{env}")
+
+
+def test_validation_scores_the_episode_return(config, pm, char_tokenizer):
+    """Validation scores as training does: the env's return (the reward function of ``gym_text`` adds 0)."""
+    cfg = config(f"data.gym_text.env={__name__}:Constant")
+    builder = Builder(cfg, pm)
+    module = builder.module()
+    stage = AgentRolloutStage()
+    run = SimpleNamespace(config=cfg, builder=builder, module=module, flow=SimpleNamespace(stages=[stage]),
+                          controller=SimpleNamespace(generate_tokens=Scripted(char_tokenizer, lambda _: "1"),
+                                                     score=builder.reward(module.tokenizer).score))
+    try:
+        metrics, batch = module.validate(validation_controller(run), module.prepare_data(builder.dataset("val"), "val"))
+    finally:
+        stage.close()
+    assert metrics["val/reward"] == pytest.approx(1.0)
+    assert batch[B.SCORES].tolist() == pytest.approx([1.0] * 4)  # the scores of val_samples.jsonl
+    assert batch[B.TOKEN_LEVEL_SCORES].sum(-1).tolist() == pytest.approx([1.0] * 4)
 
 
 @pytest.mark.slow
