@@ -21,7 +21,8 @@ from omegaconf import DictConfig
 from rlforge import batch as B
 from rlforge.agent.config import SINGLE_TURN
 from rlforge.agent.engine import token_generator
-from rlforge.agent.stage import VALIDATION_METRICS
+from rlforge.agent.batching import AGENT_REWARDS
+from rlforge.agent.stage import VALIDATION_METRICS, add_agent_rewards
 from rlforge.build import Builder
 from rlforge.errors import RLForgeError
 from rlforge.models import load_tokenizer
@@ -113,6 +114,8 @@ def evaluate(
     try:
         for i, prompts in enumerate(batches, 1):
             scored = reward.score(generate(prompts, replace(params, seed=derived_seed(cfg.trainer.seed, i))))
+            if AGENT_REWARDS in scored:  # an agent loop's trajectory rewards count, as in training and validation
+                add_agent_rewards(scored)
             if B.ACC not in scored:
                 raise RLForgeError(f"Reward manager '{cfg.reward.manager}' (reward.manager) sets no 'acc' column.")
             for uid, src, score, acc in zip(scored[B.UID], scored[B.DATA_SOURCE], scored[B.SCORES].tolist(),

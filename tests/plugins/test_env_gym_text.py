@@ -255,3 +255,14 @@ def test_grpo_fit_on_text_env_episodes(tmp_path, capsys):
     # a score is an episode's return: right at guess k of 3 (1 - 0.1 (k - 1)), or 1 to 3 wrong guesses
     returns = [1.0, 0.9, 0.8, -0.1, -0.2, -0.3]
     assert all(min(abs(s["score"] - r) for r in returns) < 1e-6 for s in samples), [s["score"] for s in samples]
+
+
+def test_rlforge_eval_scores_the_episode_return(pm):
+    """``rlforge eval`` of an environment run counts the trajectories' rewards too (the shipped tiny model plays)."""
+    from rlforge import load_config
+    from rlforge.tools.evaluate import evaluate
+
+    cfg = load_config(None, ["data.name=gym_text", f"data.gym_text.env={__name__}:Constant", "data.gym_text.val_size=2",
+                             *PLAY, "rollout.max_new_tokens=4", "rollout.val_n=1"], plugins=pm)
+    report = evaluate(cfg, pm, log=lambda _: None)
+    assert report["metrics"]["reward/mean"] == pytest.approx(1.0)
