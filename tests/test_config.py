@@ -442,3 +442,12 @@ def test_data_files_without_a_data_source_that_reads_them_are_refused(registry) 
     with pytest.raises(ConfigError, match=r"'data.train_files' is set \(/x/train.parquet\) but data.name=arith does "
                                           r"not read it.*data.name=files"):
         compose(registry, None, None, ["data.train_files=[/x/train.parquet]"])
+
+
+def test_a_value_given_to_a_section_says_how_to_set_it(pm):
+    with pytest.raises(ConfigError, match=r"'data' \(in command-line overrides\) is a section of the config, not a "
+                                          r"value: set its keys \(data.name, data.train_files"):
+        rlforge.load_config("grpo", ["data=5"], plugins=pm)
+    with pytest.raises(ConfigError, match=r"set its keys \(data.reasoning_gym.config.<name>=<value>\), or give a "
+                                          r"mapping"):  # a mapping section with no keys of its own
+        rlforge.load_config("grpo", ["data.name=reasoning_gym", "data.reasoning_gym.config=5"], plugins=pm)

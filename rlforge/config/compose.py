@@ -144,9 +144,11 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     except OmegaConfBaseException as exc:
         section = _section_given_a_value(base, layer)
         if section:
-            keys = ", ".join(f"{section}.{k}" for k in list(OmegaConf.select(base, section).keys())[:3])
+            names = list(OmegaConf.select(base, section).keys())[:3]
+            keys = ", ".join(f"{section}.{k}" for k in names) + ", ..." if names else f"{section}.<name>=<value>"
             raise ConfigError(f"'{section}' (in {source}) is a section of the config, not a value: set its keys "
-                              f"({keys}, ...). Run 'rlforge config show' to list every key.") from None
+                              f"({keys}), or give a mapping ('{section}={{name: value}}'). Run 'rlforge config show' "
+                              f"to list every key.") from None
         key = getattr(exc, "full_key", "") or "?"
         reason = str(getattr(exc, "msg", exc)).splitlines()[0]
         raise ConfigError(f"Invalid value for '{key}' (in {source}): {reason}.") from None
