@@ -445,6 +445,8 @@ def test_data_files_without_a_data_source_that_reads_them_are_refused(registry) 
 
 
 def test_a_value_given_to_a_section_says_how_to_set_it(pm):
+    import rlforge
+
     with pytest.raises(ConfigError, match=r"'data' \(in command-line overrides\) is a section of the config, not a "
                                           r"value: set its keys \(data.name, data.train_files"):
         rlforge.load_config("grpo", ["data=5"], plugins=pm)
