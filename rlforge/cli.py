@@ -332,7 +332,8 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         p.add_argument("run_dir", help="a run folder (with mlflow.db)")
         p.add_argument("--trajectory", metavar="N|STEP:INDEX|all",
                        help="show a trajectory of the run's trajectories.jsonl (rollout.agent.record_trajectories) "
-                            "with its spans and loss mask instead of redrawing the plots; all: one line each")
+                            "with its spans and loss mask instead of redrawing the plots; N: a line from 0 (-1: the "
+                            "last), STEP:INDEX: a row of a step, all: one line each")
 
 
 def build_parser() -> argparse.ArgumentParser:

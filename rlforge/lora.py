@@ -93,6 +93,11 @@ def wrap(model: torch.nn.Module, config: Any, adapter: Path | None = None,
         raise ConfigError(f"LoRA cannot be applied (model.lora.target_modules={targets}): {exc}") from None
     if adapter is not None:
         peft.set_peft_model_state_dict(wrapped, check_continues(wrapped, adapter, key))
+    from rlforge.models import model_name
+
+    spec = wrapped.peft_config["default"]  # saved adapters name their base as it loads elsewhere (builtin:, a Hub id)
+    if spec.base_model_name_or_path:
+        spec.base_model_name_or_path = model_name(spec.base_model_name_or_path)
     return wrapped
 
 

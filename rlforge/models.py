@@ -56,8 +56,14 @@ def resolve_model_path(path: str, key: str = "model.path") -> Path:
     if (folder / "config.json").is_file():
         return folder
     if adapter_folder(path, key) is None:
+        from rlforge.checkpoint import list_checkpoints
+
         hint = (f" It holds {CHECKPOINT_ACTOR}/: a checkpoint's model is its {CHECKPOINT_ACTOR}/ folder "
                 f"({key}={Path(path) / CHECKPOINT_ACTOR})." if (folder / CHECKPOINT_ACTOR).is_dir() else "")
+        latest = list_checkpoints(folder)[-1:]
+        if latest and not hint:
+            hint = (f" It is a run folder: its latest checkpoint's model is {key}="
+                    f"{Path(path) / latest[0].relative_to(folder) / CHECKPOINT_ACTOR}.")
         raise RLForgeError(f"Model path '{path}' has no config.json: not a Hugging Face model folder, and no "
                            f"{ADAPTER_CONFIG}: not a LoRA adapter ({key}).{hint}")
     problem = safetensors_problem(folder / ADAPTER_WEIGHTS) if (folder / ADAPTER_WEIGHTS).exists() else None
@@ -70,6 +76,22 @@ def resolve_model_path(path: str, key: str = "model.path") -> Path:
                            f"{ADAPTER_CONFIG}) has no config.json: the base must be a Hugging Face model folder, "
                            f"builtin:NAME or a Hub id, not another adapter.")
     return found
+
+
+def model_name(folder: str) -> str:
+    """How a model folder is named where it is loaded elsewhere: ``builtin:NAME`` for a shipped model, ``ORG/NAME``
+    for a snapshot in the Hub's cache (``models--ORG--NAME/snapshots/REV``), else ``folder`` as it is."""
+    path = Path(folder).expanduser()
+    if path.parent.resolve() == ASSETS.resolve() and (path / "config.json").is_file():
+        return f"{BUILTIN_PREFIX}{path.name}"
+    cached = re.fullmatch(r"models--(.+?)--(.+)", path.parent.parent.name) if path.parent.name == "snapshots" else None
+    return f"{cached[1]}/{cached[2]}" if cached else folder
+
+
+def is_local_path(path: str | None) -> bool:
+    """Whether ``path`` names a folder of this machine (not ``builtin:NAME`` or a Hub id): it loads only here."""
+    return bool(path) and not path.startswith(BUILTIN_PREFIX) and not (HUB_ID.fullmatch(path)
+                                                                        and not Path(path).exists())
 
 
 def _local_folder(path: str, key: str) -> Path:

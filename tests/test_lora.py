@@ -120,6 +120,11 @@ def test_checkpoints_hold_the_adapter_resume_exactly_and_export_both_ways(tmp_pa
     # export: merged (a plain model that computes what the adapter model computes), or the adapter itself
     assert main(["export", str(straight), str(tmp_path / "merged")]) == 0
     assert main(["export", str(straight), str(tmp_path / "adapter"), "--adapter"]) == 0
+    for folder in (ckpt, tmp_path / "adapter"):  # the base as model.path named it: the folder loads on any machine
+        assert json.loads((folder / lora.ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == "builtin:tiny-arith"
+    card = (tmp_path / "adapter" / "README.md").read_text()
+    assert "from `builtin:tiny-arith` by `grpo` for 4 steps." in card and "machine that trained it" not in card
+    assert main(["eval", str(tmp_path / "adapter"), "--limit", "2", "--out", str(tmp_path / "report.json")]) == 0
     from peft import PeftModel
 
     base = load_model("builtin:tiny-arith")
@@ -269,6 +274,10 @@ def test_folders_that_are_neither_a_model_nor_an_adapter(adapter, tmp_path) -> N
     with pytest.raises(RLForgeError, match=r"has no config.json: not a Hugging Face model folder, and no "
                                            r"adapter_config.json: not a LoRA adapter \(model.path\). It holds actor/"):
         resolve_model_path(str(tmp_path / "step_000004"))
+    (tmp_path / "run" / "checkpoints" / "step_000004").mkdir(parents=True)
+    with pytest.raises(RLForgeError, match=r"It is a run folder: its latest checkpoint's model is model.path=.*run/"
+                                           r"checkpoints/step_000004/actor\."):
+        resolve_model_path(str(tmp_path / "run"))
     orphan = tmp_path / "orphan"
     shutil.copytree(adapter, orphan)
     config = json.loads((orphan / lora.ADAPTER_CONFIG).read_text())

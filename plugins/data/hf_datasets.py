@@ -83,8 +83,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _plain_rows(batch: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    return [_plain(dict(zip(batch, values))) for values in zip(*batch.values())]
+
+
 def _batch_rows(batch: dict[str, list[Any]], names: Iterator[str]) -> list[dict[str, Any]]:
-    rows = [_plain(dict(zip(batch, values))) for values in zip(*batch.values())]
+    rows = _plain_rows(batch)
     for row in rows:
         row.setdefault("_origin", next(names))
     return rows
@@ -168,8 +172,8 @@ def encode_batch(batch: dict[str, list[Any]], indices: list[int], *, encode: Cal
                  skip: int, offset: int, code: str) -> dict[str, list[Any]]:
     """One batch of a segment's rows as prompt columns: ``ids``, ``fields`` (JSON of the messages, data source,
     ground truth and extra info) and ``index`` (the row's position in all the rows). ``code`` only keys the cache."""
-    rows = _batch_rows(batch, (f"{label}, row {skip + i + 1}" for i in indices))
-    wheres = [row["_origin"] for row in rows]
+    rows = _plain_rows(batch)  # without _origin, which a "Columns present" would list: ``wheres`` name them
+    wheres = [f"{label}, row {skip + i + 1}" for i in indices]
     prompts = encode(rows, [offset + i for i in indices], wheres)
     where = dict(zip((offset + i for i in indices), wheres))
     return {"ids": [p.ids for p in prompts], "fields": [_fields(p, where[p.index]) for p in prompts],
@@ -249,13 +253,22 @@ def _json_unreadable(path: str, exc: Exception) -> Exception:
     return _cannot_read(path, " as json", exc)
 
 
+def _load_saved(path: str) -> Any:
+    """A folder saved by ``Dataset.save_to_disk``; one saved from an empty Dataset (no Arrow files, which datasets
+    cannot load) is named as 0 rows."""
+    state = json.loads((Path(path) / SAVED_DATASET_FILE).read_text(encoding="utf-8"))
+    if isinstance(state, dict) and state.get("_data_files") == []:
+        raise DataError(f"{path}: 0 rows (a folder saved by Dataset.save_to_disk from an empty Dataset).")
+    return _datasets().load_from_disk(path)
+
+
 def _file_source(path: str, h: Any) -> Source:
     """A data file (by its suffix, ``FILE_FORMATS``) or a folder saved by ``Dataset.save_to_disk``."""
     problem = data_file_problem(path)
     if problem:
         raise DataError(f"{problem}.")
     if (Path(path) / SAVED_DATASET_FILE).is_file():
-        return Source(path, lambda: _datasets().load_from_disk(path), partial(_cannot_read, path, ""))
+        return Source(path, partial(_load_saved, path), partial(_cannot_read, path, ""))
     builder = FILE_FORMATS.get(Path(path).suffix)
     if builder is None:
         raise DataError(f"Data file {path}: unsupported extension '{Path(path).suffix}' (data.name=hf reads "
@@ -302,11 +315,12 @@ def _load(h: Any, key: str, name: str) -> Any:
 def _unreachable(h: Any, exc: Exception) -> ConfigError:
     from huggingface_hub import constants
 
-    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"the Hub ({constants.ENDPOINT}) cannot be reached"
+    why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE  # datasets then says only "not cached in <dir>"
+           else f"the Hub ({constants.ENDPOINT}) cannot be reached ({_root_cause(exc)})")
     subset = f", '{h.config_name}'" if h.config_name else ""
     return ConfigError(
-        f"Dataset '{h.path}' (data.hf.path) is not a local folder and not in datasets' cache, and {why} "
-        f"({_root_cause(exc)}). Where the Hub is reachable, save it to a folder: python -c \"import datasets; "
+        f"Dataset '{h.path}' (data.hf.path) is not a local folder and not in datasets' cache, and {why}. "
+        f"Where the Hub is reachable, save it to a folder: python -c \"import datasets; "
         f"datasets.load_dataset('{h.path}'{subset}).save_to_disk('DIR')\", copy DIR here and set data.hf.path=DIR "
         f"(docs/data.md).")
 
@@ -323,6 +337,11 @@ def _refuse(why: str) -> Callable[..., Any]:
         raise ConfigError(f"data.hf.path={h.path} {why.format(path=h.path)}")
 
     return refuse
+
+
+def _holds_files(folder: Path) -> bool:
+    """Whether ``folder`` or a folder in it holds a file (hidden ones aside)."""
+    return any(f.is_file() and not f.name.startswith(".") for f in folder.rglob("*"))
 
 
 @dataclass(frozen=True)
@@ -346,6 +365,10 @@ PATH_KINDS = (
     PathKind.refused(lambda p: (Path(p) / SAVED_DATASET_FILE).is_file(), (
         "is a folder saved by Dataset.save_to_disk (one split, without a name): pass it as data.train_files=[{path}] "
         "(the validation set's folder as data.val_files) with data.hf.path unset.")),
+    PathKind.refused(lambda p: Path(p).is_dir() and not _holds_files(Path(p)), (
+        "is an empty folder: it holds no dataset files. data.hf.path takes a folder saved by DatasetDict.save_to_disk, "
+        "a folder of data files (parquet, jsonl, json, csv, arrow; train/test in their names or folders) or a Hub "
+        "dataset id (ORG/NAME).")),
     PathKind(lambda p: Path(p).is_dir(), _load, _load_splits),  # data files, maybe a README.md naming configurations
     PathKind.refused(lambda p: Path(p).exists(), (
         "is a file; data.hf.path names a source with splits. Pass data files as data.train_files=[{path}] "
@@ -399,7 +422,7 @@ def _segment(source: Source, left: int | None, h: Any) -> Segment:
     if left is not None and len(rows) > left:
         rows = rows.select(range(left))
     if not len(rows):
-        raise DataError(f"{source.label} has no rows.")
+        raise DataError(f"{source.label}: 0 rows.")
     return Segment(source.label, rows)
 
 

@@ -25,7 +25,7 @@ from rlforge import checkpoint as ckpt
 from rlforge.errors import RLForgeError
 from rlforge.lora import ADAPTER_CONFIG  # peft's: a LoRA run's checkpoint holds an adapter
 from rlforge.as_loaded import as_loaded
-from rlforge.models import BUILTIN_PREFIX, HUB_ID, resolve_model_path
+from rlforge.models import BUILTIN_PREFIX, HUB_ID, is_local_path, model_name, resolve_model_path
 from rlforge.tools.model_card import PROCESSOR_FILES, write_model_card
 
 ACTOR_DIR = "actor"
@@ -60,13 +60,14 @@ def model_folder(path: str) -> str:
 
 
 def merged_lora_folder(actor: Path) -> Path:
-    """A LoRA checkpoint's ``actor/`` merged into its base in a new temporary folder (removed at exit)."""
+    """A LoRA adapter folder (a checkpoint's ``actor/``, an ``--adapter`` export) merged into its base in a new
+    temporary folder (removed at exit)."""
     import atexit
     import tempfile
 
     out = Path(tempfile.mkdtemp(prefix=f"rlforge-lora-{actor.parent.name}-"))
     atexit.register(shutil.rmtree, out, True)
-    export_lora(actor.parent, out)
+    merge_lora(actor, out)
     return out
 
 
@@ -95,7 +96,8 @@ def source_model(checkpoint: Path) -> str | None:
     """The model the checkpoint's run started from: a LoRA adapter's base, else the run's ``model.path``."""
     adapter = checkpoint / ACTOR_DIR / ADAPTER_CONFIG
     if adapter.is_file():
-        return json.loads(adapter.read_text()).get("base_model_name_or_path")
+        base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        return model_name(base) if base else base  # an older checkpoint's absolute builtin: or Hub cache folder
     return _run_setting(checkpoint, "model.path")
 
 
@@ -122,6 +124,8 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     if not (target / expected).is_file():
         raise RLForgeError(f"Exporting {checkpoint} wrote no {expected} into {out}.")
     source = source_model(checkpoint)
+    if adapter_only:
+        _name_base(target, source, warn)
     try:
         folder = resolve_model_path(str(source), "the run's model.path") if source is not None else None
     except RLForgeError as exc:
@@ -131,6 +135,17 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
         as_loaded(target, folder, weights=not adapter_only)
     write_model_card(target, checkpoint, adapter=adapter_only, base_model=source, repo_id=repo_id)
     return target
+
+
+def _name_base(adapter: Path, base: str | None, warn: Callable[[str], Any]) -> None:
+    """The exported adapter's ``base_model_name_or_path`` set to ``base`` (as it loads elsewhere); ``warn`` that a
+    local path loads only on this machine."""
+    config = adapter / ADAPTER_CONFIG
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": base}, indent=2),
+                      encoding="utf-8")
+    if is_local_path(base):
+        warn(f"The adapter's base model is the local path {base} (base_model_name_or_path in {ADAPTER_CONFIG}): the "
+             f"adapter loads only where that folder is. Edit it to the base's Hub id before sharing the adapter.")
 
 
 # --- the Hub ----------------------------------------------------------------------------------------------------
@@ -185,11 +200,16 @@ def push_to_hub(folder: Path, repo_id: str, token: str, private: bool = False) -
 
 
 def export_lora(checkpoint: Path, out: Path, adapter_only: bool = False) -> None:
-    """A LoRA checkpoint's adapter, merged into the base model it names (``base_model_name_or_path``)."""
+    """A LoRA checkpoint's adapter, merged into its base model (``merge_lora``), or with ``adapter_only`` as it is."""
     actor = checkpoint / ACTOR_DIR
     if adapter_only:
         shutil.copytree(actor, out, dirs_exist_ok=True)
-        return
+    else:
+        merge_lora(actor, out)
+
+
+def merge_lora(actor: Path, out: Path) -> None:
+    """The adapter folder ``actor`` merged into the base model it names (``base_model_name_or_path``), in ``out``."""
     from peft import PeftModel
     from transformers import AutoTokenizer
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlforge import checkpoint as ckpt
-from rlforge.models import BUILTIN_PREFIX, HUB_ID, architectures
+from rlforge.models import HUB_ID, architectures, is_local_path
 
 CARD_FILE = "README.md"
 METRICS_JSONL = "metrics.jsonl"  # the jsonl logger's file (docs/tracking.md)
@@ -83,7 +83,7 @@ def _shown(path: str | None) -> str:
     """A model or data location as a card shows it: a Hub id or ``builtin:NAME`` as it is, a local path by its name."""
     if path is None:
         return "unknown"
-    if path.startswith(BUILTIN_PREFIX) or _hub_id(path):
+    if not is_local_path(path):
         return f"`{path}`"
     return f"a local folder `{Path(path).name}`"
 
@@ -149,8 +149,13 @@ def model_card(folder: Path, checkpoint: Path, *, adapter: bool, base_model: str
             ("data", _data(config, meta)), ("steps", str(step)), ("rlforge", rlforge.__version__)]
     if lora:
         rows.append(("LoRA", "the adapter only (peft)" if adapter else "merged into the base model"))
-    lines = [f"# {name}", "", f"Trained with rlforge from {_shown(base_model)} by `{algo}` for {step} steps.",
-             "", "## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
+    lines = [f"# {name}", "", f"Trained with rlforge from {_shown(base_model)} by `{algo}` for {step} "
+             f"step{'' if step == 1 else 's'}.", ""]
+    if adapter and is_local_path(base_model):
+        lines += [f"The adapter's base model (`base_model_name_or_path`) is a path on the machine that trained it "
+                  f"({_shown(base_model)}): it loads only where that folder is. Set it to the base's Hub id to "
+                  "share the adapter.", ""]
+    lines += ["## Training", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows), ""]
     found = validations(checkpoint.parent.parent, step)
     if found:
         shown = [m for m in FIGURES if any(m in figures for _, figures in found)]

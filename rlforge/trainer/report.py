@@ -127,6 +127,8 @@ def show_trajectories(run_dir: str | Path, which: str) -> None:
     from rlforge.agent.record import RECORD_FILE, read_records
 
     path = Path(run_dir) / RECORD_FILE
+    if not Path(run_dir).is_dir():
+        raise RLForgeError(f"Run folder {run_dir} does not exist")
     if not path.is_file():
         raise RLForgeError(f"{path} does not exist: trajectories are recorded by runs with "
                            "rollout.agent.record_trajectories=true")

@@ -91,6 +91,13 @@ def test_a_single_turn_run_records_every_trained_sample_and_report_shows_one(tmp
     assert "8 trajectories" in capsys.readouterr().out
     assert main(["report", str(trainer.run_dir), "--trajectory", "8"]) == 2
     assert "the record has 8 trajectories (lines 0-7), of steps 1-2" in capsys.readouterr().err
+    assert main(["report", str(trainer.run_dir), "--trajectory", "-1"]) == 0  # the last line
+    assert "step 2, sample 3" in capsys.readouterr().out
+
+
+def test_report_of_a_missing_run_folder_says_so(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope"), "--trajectory", "0"]) == 2
+    assert f"Run folder {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -137,6 +137,7 @@ def test_row_errors_name_file_row_and_column_as_the_files_dataset_does(pm, tmp_p
         tokenize_rows(read_rows(str(path)), char_tokenizer, 64, True, str(path))
     assert f"{path}, row 3: missing column 'data_source'" in str(hf_error.value)
     assert str(hf_error.value).split(". Columns")[0] == str(files_error.value).split(". Columns")[0]
+    assert "Columns present: ['extra_info', 'prompt', 'reward_model']" in str(hf_error.value)  # no internal _origin
 
     no_truth = {**_row(1), "reward_model": {"style": "rule"}}  # Arrow fills the key with null: still missing
     path = _jsonl(tmp_path / "truth.jsonl", [_row(0), no_truth])
@@ -201,6 +202,13 @@ def test_source_mistakes_are_config_errors(pm, tmp_path, saved_dict):
         cfg = _config(pm, tmp_path, f"data.hf.path={saved_dict}", override)
         with pytest.raises(ConfigError, match=needle):
             _read(pm, cfg, "val")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"empty is an empty folder: it holds no dataset files\. data.hf.path takes"):
+        _read(pm, _config(pm, tmp_path, f"data.hf.path={tmp_path / 'empty'}"))
+    zero = tmp_path / "zero_rows"
+    datasets.Dataset.from_dict({"prompt": []}).save_to_disk(str(zero))
+    with pytest.raises(DataError, match=rf"^{zero}: 0 rows \(a folder saved by Dataset.save_to_disk"):
+        _read(pm, _config(pm, tmp_path, f"data.train_files=[{zero}]"))
     both = _config(pm, tmp_path, f"data.hf.path={saved_dict}", f"data.train_files=[{_jsonl(tmp_path / 'x.jsonl', ROWS)}]")
     with pytest.raises(ConfigError, match="both set"):
         _read(pm, both)
@@ -219,7 +227,8 @@ def test_an_unreachable_hub_id_names_the_id_and_a_local_folder(pm, tmp_path, mon
     with pytest.raises(ConfigError) as info:
         _read(pm, cfg)
     msg = str(info.value)
-    assert "Dataset 'openai/gsm8k' (data.hf.path) is not a local folder" in msg and "HF_HUB_OFFLINE is set" in msg
+    assert "Dataset 'openai/gsm8k' (data.hf.path) is not a local folder" in msg and "HF_HUB_OFFLINE is set. " in msg
+    assert "None" not in msg
     assert "load_dataset('openai/gsm8k', 'main').save_to_disk('DIR')" in msg and "data.hf.path=DIR" in msg
 
 

@@ -150,11 +150,17 @@ def test_a_lora_checkpoint_is_its_base_plus_the_adapter_in_eval_generate_and_exp
     out = tmp_path / "merged"
     assert main(["export", str(checkpoint), str(out)]) == 0
     check_as_loaded(out)
+    capsys.readouterr()
     assert main(["export", str(checkpoint), str(tmp_path / "adapter"), "--adapter"]) == 0
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(tmp_path / "adapter").pad_token is None
-    capsys.readouterr()
+    # the base is a local folder (model.path as given): kept, and both the CLI and the card say it loads only here
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+        bf16_model)
+    assert f"The adapter's base model is the local path {bf16_model}" in capsys.readouterr().err
+    card = (tmp_path / "adapter" / "README.md").read_text()
+    assert "for 1 step." in card and "is a path on the machine that trained it" in card
 
 
 def test_an_export_whose_base_model_moved_keeps_the_checkpoint_as_it_is_and_says_so(fitted_run, tmp_path, capsys):
