@@ -64,6 +64,11 @@ def data_file_problem(path: str) -> str | None:
     return None
 
 
+def columns(row: dict[str, Any]) -> list[str]:
+    """A row's columns as an error message lists them: without the loaders' own (``_origin``)."""
+    return sorted(k for k in row if not k.startswith("_"))
+
+
 def row_origin(row: dict[str, Any], index: int, name: str) -> str:
     """Where a row comes from, for error messages: its ``_origin`` (file and line) or ``<name>, row <n>``."""
     return str(row.get("_origin") or f"{name}, row {index + 1}")
@@ -299,7 +304,7 @@ def _checked_messages(row: dict[str, Any], where: str, need_reward: bool) -> lis
     """One row's prompt messages, after the checks of its columns."""
     for col in ("prompt", "data_source") if need_reward else ("prompt",):
         if col not in row:
-            raise DataError(f"{where}: missing column '{col}'. Columns present: {sorted(row)}.")
+            raise DataError(f"{where}: missing column '{col}'. Columns present: {columns(row)}.")
     messages = _messages(row["prompt"], where, "prompt")
     reward = row.get("reward_model") or {}
     if need_reward and (not isinstance(reward, dict) or "ground_truth" not in reward):
@@ -349,7 +354,7 @@ def _split_implicit_prompt(row: dict[str, Any], where: str) -> dict[str, Any]:
     chosen, rejected = row.get("chosen"), row.get("rejected")
     if not (isinstance(chosen, list) and isinstance(rejected, list)):
         raise DataError(f"{where}: missing column 'prompt' (only conversations in 'chosen' and 'rejected' may "
-                        f"carry the prompt as their common first messages). Columns present: {sorted(row)}.")
+                        f"carry the prompt as their common first messages). Columns present: {columns(row)}.")
     shared = 0
     while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
         shared += 1
@@ -386,7 +391,7 @@ def _pair_columns(row: dict[str, Any], where: str, paired: bool) -> list[tuple[s
     missing = [c for c in ("chosen", "rejected") if c not in row]
     if missing:
         raise DataError(f"{where}: missing column '{missing[0]}'. Preference rows have 'prompt', 'chosen' and "
-                        f"'rejected' (or 'prompt', 'completion', 'label' for KTO). Columns present: {sorted(row)}.")
+                        f"'rejected' (or 'prompt', 'completion', 'label' for KTO). Columns present: {columns(row)}.")
     return [("chosen", row["chosen"], 1.0), ("rejected", row["rejected"], 0.0)]
 
 
