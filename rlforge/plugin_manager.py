@@ -232,7 +232,7 @@ class PluginManager:
         if resolved in self.modules:
             return
         try:
-            module = _import_file(name, path) if path is not None else importlib.import_module(name)
+            module = import_file(name, path) if path is not None else importlib.import_module(name)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt | PluginError):
                 raise
@@ -301,7 +301,7 @@ def module_source(spec: str) -> tuple[str, Path | None]:
     return spec, None
 
 
-def _import_file(name: str, path: Path) -> Any:
+def import_file(name: str, path: Path) -> Any:
     """The module of a plugin file, imported as ``name`` (in ``sys.modules``, so its classes pickle by name); the same
     file is imported once per process."""
     loaded = sys.modules.get(name)

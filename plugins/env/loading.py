@@ -4,12 +4,11 @@ values."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 from rlforge.errors import ConfigError
+from rlforge.plugin_manager import import_file
 
 
 def split_reference(spec: str) -> tuple[str, str] | None:
@@ -31,20 +30,9 @@ def import_target(target: str, key: str) -> Any:
             return importlib.import_module(target)
         path = Path(target).expanduser().resolve()
         name = f"rlforge_env_{path.stem}"
-        loaded = sys.modules.get(name)
-        if loaded is not None and getattr(loaded, "__file__", None) == str(path):
-            return loaded
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None or not path.is_file():
+        if not path.is_file():
             raise FileNotFoundError(f"no file {target}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # classes defined there pickle and compare by name
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-        return module
+        return import_file(name, path)  # once per process, in sys.modules: its classes pickle and compare by name
     except Exception as exc:
         raise ConfigError(f"{key}: cannot import '{target}': {type(exc).__name__}: {exc}") from None
 
