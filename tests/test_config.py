@@ -453,3 +453,11 @@ def test_a_value_given_to_a_section_says_how_to_set_it(pm):
     with pytest.raises(ConfigError, match=r"set its keys \(data.reasoning_gym.config.<name>=<value>\), or give a "
                                           r"mapping"):  # a mapping section with no keys of its own
         rlforge.load_config("grpo", ["data.name=reasoning_gym", "data.reasoning_gym.config=5"], plugins=pm)
+
+
+def test_an_empty_value_for_a_required_key_says_it_needs_one(pm):
+    import rlforge
+
+    with pytest.raises(ConfigError, match=r"Invalid value for 'model.path' \(in command-line overrides\): it needs a "
+                                          r"value \('model.path=' with nothing after the '=' sets it to null\)"):
+        rlforge.load_config("grpo", ["model.path="], plugins=pm)

@@ -151,6 +151,8 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
                               f"to list every key.") from None
         key = getattr(exc, "full_key", "") or "?"
         reason = str(getattr(exc, "msg", exc)).splitlines()[0]
+        if reason.startswith("Incompatible value 'None'"):  # `key=` with nothing after it is null in Hydra syntax
+            reason = f"it needs a value ('{key}=' with nothing after the '=' sets it to null)"
         raise ConfigError(f"Invalid value for '{key}' (in {source}): {reason}.") from None
 
 
