@@ -27,7 +27,14 @@ from rlforge.config.schema import option
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
-from rlforge.plugins.env.loading import import_target, is_file, load_reference, plain, split_reference
+from rlforge.plugins.env.loading import (
+    import_target,
+    is_file,
+    load_reference,
+    plain,
+    scored_by_the_loop,
+    split_reference,
+)
 
 SOURCE = "gym_text"
 VAL_SEED = 54321  # the held-out episodes' seeds are drawn from this, whatever trainer.seed is
@@ -180,11 +187,6 @@ class GymTextInteraction(Interaction):
             _close(env)
 
 
-def gym_text_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-    """0: an episode's score is the env's rewards, added by the interaction to each model turn."""
-    return 0.0
-
-
 @hookimpl
 def rlforge_register(registry: Any) -> None:
     registry.dataset.register(SOURCE, gym_text_dataset, config=GymTextConfig,
@@ -192,4 +194,4 @@ def rlforge_register(registry: Any) -> None:
     registry.interaction.register(SOURCE, GymTextInteraction,
                                   description="plays a gym_text row's episode: replies are actions, observations "
                                               "come back as user turns")
-    registry.reward_fn.register(SOURCE, gym_text_score, description="gym_text: 0 (the env's rewards are the score)")
+    registry.reward_fn.register(SOURCE, scored_by_the_loop, description="gym_text: 0 (the env's rewards are the score)")

@@ -32,7 +32,7 @@ from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
 from rlforge.plugins.agent.openai_server import Endpoint, OpenAIAgentLoop
-from rlforge.plugins.env.loading import load_reference, plain, split_reference
+from rlforge.plugins.env.loading import load_reference, plain, scored_by_the_loop, split_reference
 
 SOURCE = "verifiers"
 INPUT_KEYS = ("answer", "info", "task", "example_id")  # a verifiers row's columns besides the prompt
@@ -154,14 +154,9 @@ class VerifiersLoop(OpenAIAgentLoop):
                 "metrics": {**_numbers(output.get("metrics")), "verifiers/error": float(error is not None)}}
 
 
-def verifiers_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-    """0: a verifiers rollout's score is its rubric's reward, added by the loop."""
-    return 0.0
-
-
 @hookimpl
 def rlforge_register(registry: Any) -> None:
     registry.dataset.register(SOURCE, verifiers_dataset, config=VerifiersConfig,
                               description="a verifiers environment's dataset (run with rollout.agent.loop=verifiers)")
     registry.agent_loop.register(SOURCE, VerifiersLoop)
-    registry.reward_fn.register(SOURCE, verifiers_score, description="verifiers: 0 (the rubric's reward is the score)")
+    registry.reward_fn.register(SOURCE, scored_by_the_loop, description="verifiers: 0 (the rubric's reward is the score)")

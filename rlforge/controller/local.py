@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,9 +62,7 @@ class LocalController(GroupController):
 
     def load_weights(self, snapshot: Iterable[tuple[str, torch.Tensor]]) -> float:
         """Give the engine these weights (a :meth:`snapshot_weights` copy, from the thread that generates)."""
-        start = time.perf_counter()
-        self.ranks["actor"].rollout.update_weights(iter(snapshot))
-        return time.perf_counter() - start
+        return self.ranks["actor"].load_weights(snapshot)
 
     def state_dict(self, staging: Path) -> dict[str, Any]:
         """Optimizer/scheduler state of every worker, and the critic's weights (the actor's are saved as HF)."""

@@ -15,6 +15,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,14 @@ class WorkerProcess:
     @remote("engine_requests", "flatten")
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         return self.tokens(prompts, params)
+
+    @remote(collect="max")
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Give this process's engine these weights (the actor's stream, a snapshot, ``RankWorker.full_weights``);
+        returns the seconds taken."""
+        start = time.perf_counter()
+        self.rollout.update_weights(iter(weights))
+        return time.perf_counter() - start
 
     @remote()
     def engine_weights(self) -> list[dict[str, torch.Tensor]]:
@@ -157,9 +166,7 @@ class RankWorker(WorkerProcess):
 
     @remote(collect="max")
     def sync_weights(self) -> float:
-        start = time.perf_counter()
-        self.rollout.update_weights(self.worker.named_weights())
-        return time.perf_counter() - start
+        return self.load_weights(self.worker.named_weights())
 
     @remote(collect="first")
     def full_weights(self) -> list[tuple[str, torch.Tensor]] | None:
@@ -233,10 +240,3 @@ class RolloutWorker(WorkerProcess):
             gpu = torch.cuda.is_available() and config.strategy.device != "cpu"
             model = model.to("cuda" if gpu else "cpu")  # the GPU Ray gave this worker
         self._start_engine(builder, model, module.tokenizer)
-
-    @remote(collect="max")
-    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> float:
-        """Give the engine the actor's full weights (``RankWorker.full_weights``); returns the seconds taken."""
-        start = time.perf_counter()
-        self.rollout.update_weights(iter(weights))
-        return time.perf_counter() - start

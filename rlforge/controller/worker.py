@@ -137,10 +137,11 @@ class TrainWorker:
         totals: dict[str, float] = defaultdict(float)
         steps = 0
         offload = bool(self.config.strategy.offload_optimizer)
-        module, saved = self.module, (self.module.step, self.module._metrics)
-        module.step = saved[0] if step is None else int(step)
+        module = self.module
+        if step is not None:
+            module.step = int(step)
         logged: dict[str, float] = {}
-        module._metrics = logged
+        outer, module._metrics = module._metrics, logged
         if offload:
             self._move_optimizer_state(to_cpu=False)
         try:
@@ -150,7 +151,7 @@ class TrainWorker:
                         totals[k] += v
                     steps += 1
         finally:
-            module.step, module._metrics = saved[0] if step is None else module.step, saved[1]
+            module._metrics = outer
             self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the rollout
             if offload:
                 self._move_optimizer_state(to_cpu=True)
