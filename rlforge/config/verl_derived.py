@@ -115,8 +115,21 @@ def rollout_engine(c: Context) -> None:
     for key, target in vllm_keys.items():
         if name == "vllm":
             c.map(key, target, c.get(key), notes.get(key, "") if c.get(key) else "")
+        elif name == "hf":
+            c.ignore(key, "a setting of verl's inference servers; rlforge's hf engine generates with the training "
+                     "model (speed or memory only)")
         else:
-            c.ignore(key, f"a vLLM setting; the {name} engine does not read it ({'speed or memory only'})")
+            c.ignore(key, f"read by verl's {name} engine (rollout.name={name}: refused); engine tuning (speed or "
+                     "memory only)")
+    for key in (f"{R}.data_parallel_size", f"{R}.expert_parallel_size"):  # inside one server (vLLM's MoE DP/EP)
+        (c.same(key, "no data or expert parallelism inside an engine: rlforge's vllm engine splits a model by "
+                "rollout.vllm.tensor_parallel_size only") if name == "vllm" and c.get(key) in (None, 1) else
+         c.ignore(key, "engine tuning (throughput and memory only); rlforge sizes its engine itself"))
+    mode = c.get(f"{R}.mode")
+    (c.refuse(f"{R}.mode", "rollout.mode=sync, which verl 0.9.1 removed too (it refuses it: set async or leave it "
+              "out)") if mode == "sync" else
+     c.ignore(f"{R}.mode", "verl 0.9.1's only mode (async inference servers); rlforge's engines run in the trainer's "
+              "workers"))
 
 
 def lengths(c: Context) -> None:
@@ -429,13 +442,13 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "algorithm": algorithm, "parallel": L.parallel, "offload": L.offload, "chat_template": chat_template,
     "rollout_log_probs": rollout_log_probs, "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward,
     "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
-    "grad_clip": T.grad_clip, "warmup": T.warmup, "schedule": T.schedule, "precision": L.precision,
-    "rollout_engine": rollout_engine, "lengths": lengths, "validation": validation, "multi_turn": multi_turn,
-    "filter_groups": filter_groups, "multimodal": multimodal, "steps": steps, "loggers": loggers, "resume": resume,
-    "checkpoints": checkpoints, "val_only": val_only,
+    "grad_clip": T.grad_clip, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
+    "schedule": T.schedule, "precision": L.precision, "rollout_engine": rollout_engine, "lengths": lengths,
+    "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups, "multimodal": multimodal,
+    "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
 ORDER = ("algorithm", "parallel", "offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
          "overlong", "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip",
-         "precision", "rollout_engine", "lengths", "validation", "multi_turn", "multimodal", "loggers", "resume",
-         "checkpoints", "val_only")
+         "recompute", "entropy", "precision", "rollout_engine", "lengths", "validation", "multi_turn", "multimodal",
+         "loggers", "resume", "checkpoints", "val_only")

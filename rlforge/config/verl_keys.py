@@ -21,6 +21,9 @@ SCHEDULERS = "megatron learning-rate decay styles other than constant"
 COPY = "a copy of another key (verl fills it by interpolation)"
 CRITIC_MEGATRON = "the reference and critic share the actor's megatron layout"
 OPTIMIZER_OFFLOAD = f"optimizer offload: strategy.offload_optimizer, one setting for all models ({SPEED})"
+NO_BACKWARD = "the reference model runs forward passes only: nothing to recompute"
+NOT_COMPILED = ("not read by verl 0.9.1's engines: its FSDP engine compiles the entropy function with "
+                f"fsdp_config.use_torch_compile (default true; {SPEED})")
 
 
 def _optim(section: str, target: str) -> dict[str, Rule]:
@@ -81,7 +84,7 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
         f"{m}.override_config.*pdrop": Keep(is_(0, 0.0), "the model's config.json dropout: none in Qwen and Llama "
                                             "configs (set the field to 0 in config.json for others)", "dropout overrides"),
         f"{m}.override_config.*": Keep(never, "", "overriding the model's config.json fields (edit its config.json)"),
-        f"{m}.enable_gradient_checkpointing": Map("model.gradient_checkpointing") if actor else Ignore(
+        f"{m}.enable_gradient_checkpointing": Derived("recompute") if actor else Ignore(
             f"model.gradient_checkpointing{one}; {SPEED}"),
         f"{m}.enable_activation_offload": Ignore(f"activation offload is not in rlforge ({SPEED})"),
         f"{m}.use_remove_padding": Map("model.remove_padding") if actor else Ignore(f"model.remove_padding{one}"),
@@ -107,6 +110,12 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
     """FSDP / megatron / veomni / torchtitan engine settings of the actor, the reference or the critic."""
     f, mg = f"{section}.fsdp_config", f"{section}.megatron"
     sp = Derived("sequence_parallel")
+    entropy: Rule = Derived("entropy") if role == "actor" else Ignore(
+        "the reference model computes no entropy (verl asks it for log-probs only)" if role == "ref"
+        else "the critic computes no entropy")
+    recompute: Rule = (Derived("recompute") if role == "actor" else Ignore(NO_BACKWARD) if role == "ref" else
+                       Ignore(f"activation recomputation ({SPEED}); model.gradient_checkpointing (one setting for the "
+                              "policy and the critic in rlforge)"))
     rules: dict[str, Rule] = {
         f"{f}.param_offload": Derived("offload") if role != "critic" else Ignore("not read: verl's critic reads critic.fsdp"),
         f"{f}.offload_policy": Derived("offload") if role != "critic" else Ignore("not read: verl's critic reads critic.fsdp"),
@@ -121,6 +130,7 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{f}.qat.*": Ignore("read only with qat.enable"),
         f"{f}.strategy": Derived("parallel") if role == "actor" else Ignore("the strategy is one for all roles"),
         f"{f}.forward_only": Ignore("internal: set for forward-only roles"),
+        f"{f}.entropy_*": entropy,
         f"{f}.fsdp_size": Derived("offload") if role != "critic" else Ignore("not read: verl's critic reads critic.fsdp"),
         f"{f}.reshard_after_forward": Derived("offload") if role != "critic" else Ignore(
             "not read: verl's critic reads critic.fsdp"),
@@ -144,8 +154,7 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.qat.enable": Keep(off, "no quantization-aware training", "quantization-aware training (QAT)"),
         f"{mg}.override_mcore_model_config": Keep(off, "rlforge's GPTModel settings", "overriding megatron model fields"),
         f"{mg}.override_transformer_config": Ignore(COPY),
-        f"{mg}.override_transformer_config.recompute_*": Ignore(f"activation recomputation ({SPEED}); "
-                                                                "model.gradient_checkpointing"),
+        f"{mg}.override_transformer_config.recompute_*": recompute,
         f"{mg}.override_transformer_config.*fusion": Ignore(f"kernel fusion ({SPEED})"),
         f"{mg}.override_transformer_config.attention_backend": Ignore(f"attention kernels ({SPEED})"),
         f"{mg}.override_transformer_config.use_flash_attn": Ignore(f"attention kernels ({SPEED})"),
@@ -160,7 +169,8 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.param_offload": Ignore(f"rlforge's megatron strategy keeps parameters on the device ({SPEED})"),
         f"{mg}.grad_offload": Ignore(f"rlforge's megatron strategy keeps gradients on the device ({SPEED})"),
         f"{mg}.seed": Ignore(SEEDS),
-        f"{mg}.dtype": Ignore("precision follows model.precision"),
+        f"{mg}.dtype": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
+        f"{mg}.entropy_*": entropy,
         f"{mg}.*": Ignore(f"megatron engine options ({SPEED}): offload, distributed optimizer, checkpoint format, "
                           "padding, weight conversion (rlforge converts Hugging Face weights itself)"),
         f"{section}.veomni.*": Ignore("read only by verl's veomni engine (model_engine=veomni: refused)"),
@@ -168,9 +178,9 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{section}.profiler.*": Ignore(PROFILING),
         f"{section}.checkpoint.*": Ignore("checkpoints always hold model, optimizer and trainer state"),
         f"{section}.ulysses_sequence_parallel_size": sp,
-        f"{section}.strategy": Derived("parallel") if role == "actor" else Ignore("the strategy is one for all roles"),
-        f"{section}.use_torch_compile": Ignore(f"verl compiles some kernels ({SPEED}); rlforge: model.compile"),
-        f"{section}.entropy_*": Ignore(SPEED),
+        f"{section}.strategy": Derived("parallel") if role != "critic" else Ignore("the strategy is one for all roles"),
+        f"{section}.use_torch_compile": Ignore(NOT_COMPILED),
+        f"{section}.entropy_*": entropy,
         f"{section}.pad_to_length*": Ignore(SPEED),
         f"{section}.rollout_n": Ignore(COPY),
         f"{section}.qat.enable": Keep(off, "no quantization-aware training", "quantization-aware training (QAT)"),
@@ -239,7 +249,7 @@ ROLLOUT = f"{ARO}.rollout"
 ENGINE = "engine tuning (throughput and memory only); rlforge sizes its engine itself"
 ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.name": Derived("rollout_engine"),
-    f"{ROLLOUT}.mode": Ignore("rlforge's engines run in the trainer's workers"),
+    f"{ROLLOUT}.mode": Derived("rollout_engine"),
     f"{ROLLOUT}.nnodes": Ignore("the engine shares the trainer's devices (ray.rollout_workers for its own)"),
     f"{ROLLOUT}.n_gpus_per_node": Ignore(COPY),
     f"{ROLLOUT}.n": Map("rollout.n"),
@@ -259,6 +269,8 @@ ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.max_num_seqs": Derived("rollout_engine"),
     f"{ROLLOUT}.max_num_batched_tokens": Derived("rollout_engine"),
     f"{ROLLOUT}.max_model_len": Derived("rollout_engine"),
+    f"{ROLLOUT}.data_parallel_size": Derived("rollout_engine"),
+    f"{ROLLOUT}.expert_parallel_size": Derived("rollout_engine"),
     f"{ROLLOUT}.enable_chunked_prefill": Derived("rollout_engine"),
     f"{ROLLOUT}.enable_prefix_caching": Derived("rollout_engine"),
     f"{ROLLOUT}.free_cache_engine": Derived("rollout_engine"),
@@ -354,7 +366,8 @@ DATA_RULES: dict[str, Rule] = {
     "data.val_batch_size": Ignore(f"validation runs in batches of rollout.micro_batch_size ({SPEED})"),
     "data.tool_config_path": Ignore(COPY),
     "data.function_tool_path": Ignore(COPY),
-    "data.return_*": Ignore("internal to verl's dataset class"),
+    "data.return_*": Ignore("not read by verl 0.9.1: its dataset hands every row's chat messages to the agent loop, "
+                            "which applies the chat template"),
     "data.shuffle": Map("data.shuffle"),
     "data.seed": Ignore(SEEDS),
     "data.dataloader_num_workers": Ignore("prompts are tokenized once at start-up"),

@@ -12,13 +12,22 @@ if TYPE_CHECKING:
 
 ARO = "actor_rollout_ref"
 A, REF = f"{ARO}.actor", f"{ARO}.ref"
+OFFLOAD = "strategy.fsdp.offload_params"
+SPEED_ONLY = "speed or memory only: what is computed does not change"
+NO_REF = "read only with a reference model of its own (use_kl_loss or use_kl_in_reward, no LoRA)"
 
 def precision(c: Context) -> None:
-    """FSDP's parameter dtype and compute dtype (or megatron's dtype) as one model.precision."""
+    """FSDP's parameter dtype and compute dtype (or megatron's compute dtype, its parameters kept in fp32 by its
+    optimizer) as one model.precision."""
     megatron = c.get("model_engine") == "megatron"
     params = "fp32" if megatron else str(c.get(f"{A}.fsdp_config.model_dtype", "fp32"))
     compute = str(c.get(f"{A}.megatron.dtype" if megatron else f"{A}.fsdp_config.dtype", "bfloat16"))
-    keys = [k for k in c.owned if k.startswith(f"{A}.fsdp_config.")]
+    keys = [k for k in c.owned if k.startswith((f"{A}.fsdp_config.", f"{A}.megatron."))]
+    decider = f"{A}.megatron.dtype" if megatron else f"{A}.fsdp_config.model_dtype"
+    for key in [k for k in keys if k.startswith(f"{A}.fsdp_config.") == megatron]:
+        keys.remove(key)
+        c.ignore(key, "read only by verl's FSDP engine (model_engine=megatron here)" if megatron
+                 else "read only by verl's megatron engine (model_engine=megatron)")
     half = {"bfloat16": "bf16", "bf16": "bf16", "float16": "16", "fp16": "16"}
     if params in ("fp32", "float32"):
         name = f"{half[compute]}-mixed" if compute in half else "32-true"
@@ -29,7 +38,7 @@ def precision(c: Context) -> None:
             c.refuse(key, f"parameters in {params}")
         return
     for key in keys:
-        if key.endswith(".model_dtype"):
+        if key == decider:
             c.map(key, "model.precision", name)
         else:
             c.same(key, f"model.precision={name}")
@@ -41,15 +50,24 @@ def parallel(c: Context) -> None:
     tp = int(c.get(f"{A}.megatron.tensor_model_parallel_size", 1) or 1) if engine == "megatron" else 1
     pp = int(c.get(f"{A}.megatron.pipeline_model_parallel_size", 1) or 1) if engine == "megatron" else 1
     cp = int(c.get(f"{A}.megatron.context_parallel_size", 1) or 1) if engine == "megatron" else 1
+    if pp > 1:
+        c.refuse(f"{A}.megatron.pipeline_model_parallel_size", "pipeline parallelism in rlforge's megatron strategy")
+    if cp > 1:
+        c.refuse(f"{A}.megatron.context_parallel_size", "context parallelism (megatron)")
     if engine not in ("dp", "megatron"):
         c.refuse("model_engine", f"verl's {engine} training engine (rlforge's strategies: single, fsdp, megatron)")
-    elif pp > 1 or cp > 1:
-        c.refuse(f"{A}.megatron.pipeline_model_parallel_size" if pp > 1 else f"{A}.megatron.context_parallel_size",
-                 "pipeline parallelism in rlforge's megatron strategy" if pp > 1 else "context parallelism (megatron)")
-    elif world % (tp * pp * cp):
+    elif pp == cp == 1 and world % tp:
         c.refuse("trainer.n_gpus_per_node", f"{world} GPUs not divisible by TP x PP x CP = {tp * pp * cp} (verl refuses "
                  "it too)")
     ref_layout(c, engine, {"tensor": tp, "pipeline": pp, "context": cp})
+    ref, actor = c.get(f"{REF}.strategy"), c.get(f"{A}.strategy")
+    if not uses_ref(c):
+        c.ignore(f"{REF}.strategy", NO_REF)
+    elif ref == actor:
+        c.same(f"{REF}.strategy", f"the actor's strategy ({actor}): rlforge runs every model with the same one")
+    else:
+        c.ignore(f"{REF}.strategy", f"verl runs the reference model with {ref}, the actor with {actor}; rlforge runs both "
+                 f"as the actor (the same values; {SPEED_ONLY})")
     for key in c.owned:
         if key.endswith(("strategy", "tensor_model_parallel_size", "pipeline_model_parallel_size",
                          "context_parallel_size")) and key != "model_engine":
@@ -70,9 +88,6 @@ def parallel(c: Context) -> None:
     else:
         c.refuse("trainer.device", f"trainer.device={device} (rlforge runs on cuda or cpu)")
 
-
-OFFLOAD = "strategy.fsdp.offload_params"
-SPEED_ONLY = "speed or memory only: what is computed does not change"
 
 
 def offload(c: Context) -> None:
@@ -97,7 +112,7 @@ def offload(c: Context) -> None:
             continue
         if role == "ref" and not uses_ref(c):
             for key in keys:
-                c.ignore(key, "read only with a reference model of its own (use_kl_loss or use_kl_in_reward, no LoRA)")
+                c.ignore(key, NO_REF)
             continue
         size_key, world = f"{engine}.fsdp_size", int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
         if size_key in keys:  # verl's create_device_mesh: < 0 or >= the GPUs: one mesh over all of them, else HSDP
@@ -151,7 +166,7 @@ def ref_layout(c: Context, engine: str, actor: dict[str, int]) -> None:
         if engine != "megatron":
             c.ignore(key, "read only by verl's megatron engine (model_engine=megatron)")
         elif not uses_ref(c):
-            c.ignore(key, "read only with a reference model of its own (use_kl_loss or use_kl_in_reward, no LoRA)")
+            c.ignore(key, NO_REF)
         elif dim != "tensor" and size > 1:
             c.refuse(key, f"{dim} parallelism for the reference model (megatron)")
         elif size > actor[dim]:

@@ -37,6 +37,11 @@ RULES: dict[str, Rule] = {
     "data.apply_chat_template_kwargs": Keep(off, "the chat template's defaults", "chat-template keyword arguments in "
                                             "rlforge's SFT (RL prompts read data.apply_chat_template_kwargs)", 32),
     "data.chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates", 32),
+    "data.ignore_input_ids_mismatch": Keep(off, "no row trained as verl's per-message concatenation (where verl's check "
+                                           "fails and it stops, rlforge trains each assistant turn against its own "
+                                           "history: docs/sft.md)", "training the per-message concatenation where it differs "
+                                           "from the conversation's rendering (docs/sft.md: rlforge trains each "
+                                           "assistant turn against its own history instead)"),
     "data.*": Ignore(f"how verl's dataset pads, balances and loads rows ({SPEED})"),
     "model.path": Map("sft.init"), "model.partial_pretrain": Map("sft.init"),
     "model.trust_remote_code": Map("model.trust_remote_code"),

@@ -1,6 +1,6 @@
 """The training-side settings that several verl keys decide together (``Derived`` rules, beside ``verl_derived``):
-the micro-batches of the updates and of the forward-only passes, the clip ratios, and the learning-rate warm-up
-and schedule. They follow verl 0.9.1's workers and engines."""
+the micro-batches of the updates and of the forward-only passes, the clip ratios, the learning-rate warm-up and
+schedule, activation recomputation and the entropy's computation. They follow verl 0.9.1's workers and engines."""
 
 from __future__ import annotations
 
@@ -141,3 +141,69 @@ def cosine_keys(c: Context, o: str, target: str, cosine: bool) -> None:
     c.map(keys[1], f"{target}.num_cycles", float(c.get(keys[1], 0.5)))
     (c.same(keys[2], "steps counted from 0, as transformers' schedules") if c.get(keys[2]) in (True, None) else
      c.refuse(keys[2], "a cosine schedule counted from step 1 (zero_indexed_step=False)"))
+
+
+SPEED = "speed or memory only: what is computed does not change"
+RECOMPUTE = f"{A}.megatron.override_transformer_config"
+
+
+def recompute(c: Context) -> None:
+    """Activation recomputation: verl's FSDP engine reads ``model.enable_gradient_checkpointing``, its megatron engine
+    only ``megatron.override_transformer_config.recompute_*`` (null: none). rlforge's ``model.gradient_checkpointing``
+    recomputes every layer in the backward pass (megatron: recompute_granularity=full, method uniform, 1 layer)."""
+    gc = f"{ARO}.model.enable_gradient_checkpointing"
+    keys = [k for k in c.owned if k.startswith(f"{RECOMPUTE}.")]
+    if c.get("model_engine") != "megatron":
+        c.map(gc, "model.gradient_checkpointing", bool(c.get(gc)))
+        for key in keys:
+            c.ignore(key, "read only by verl's megatron engine (model_engine=megatron)")
+        return
+    c.ignore(gc, f"not read by verl's megatron engine: {RECOMPUTE}.recompute_granularity decides")
+    granularity, method, layers = (c.get(f"{RECOMPUTE}.recompute_{k}") for k in ("granularity", "method", "num_layers"))
+    full, every = granularity == "full", method == "uniform" and layers == 1
+    if granularity == "selective":
+        c.set("model.gradient_checkpointing", False)
+        c.ignore(f"{RECOMPUTE}.recompute_granularity", f"megatron's selective recomputation (of recompute_modules) is "
+                 f"not in rlforge; rlforge keeps the activations (model.gradient_checkpointing=false; {SPEED})")
+    else:
+        c.map(f"{RECOMPUTE}.recompute_granularity", "model.gradient_checkpointing", full, "" if not full or every else
+              f"rlforge recomputes each layer on its own, verl {method} over {layers} layers ({SPEED})")
+    for key in keys:
+        leaf = key.rsplit(".", 1)[1]
+        if leaf == "recompute_modules":
+            c.ignore(key, "read only with recompute_granularity=selective")
+        elif not full:
+            c.ignore(key, "read only with recompute_granularity=full")
+        elif every:
+            c.same(key, "every layer recomputed on its own (model.gradient_checkpointing)")
+        elif not c.done(key):
+            c.ignore(key, f"rlforge recomputes each layer on its own (uniform, 1 layer; {SPEED})")
+
+
+def entropy(c: Context) -> None:
+    """The actor's entropy from the logits, as verl's engine reads it: from its own section (``fsdp_config``,
+    ``megatron``), which the actor's keys fill by interpolation. ``entropy_from_logits_with_chunking`` computes it in
+    chunks, as rlforge always does (of 64 MiB of fp32 logits); ``entropy_checkpointing`` recomputes it in the backward
+    pass of an update that has the entropy in its loss (entropy_coeff != 0 or calculate_entropy), as rlforge recomputes
+    its log-prob and entropy chunks (where the logits span more than one)."""
+    megatron = c.get("model_engine") == "megatron"
+    engine = f"{A}.megatron" if megatron else f"{A}.fsdp_config"
+    graded = bool(c.get(f"{A}.calculate_entropy") or c.get(f"{A}.entropy_coeff"))
+    for key in c.owned:
+        leaf, read = key.rsplit(".", 1)[1], f"{engine}.{key.rsplit('.', 1)[1]}"
+        if not c.has(read) or (key != read and (key.rsplit(".", 1)[0] != A or c.get(key) != c.get(read))):
+            c.ignore(key, f"not read: verl's {'megatron' if megatron else 'FSDP'} engine reads {read}"
+                     if c.has(read) else f"not read by verl's {'megatron' if megatron else 'FSDP'} engine")
+        elif leaf == "entropy_from_logits_with_chunking":
+            (c.same(key, "the entropy computed from the logits in chunks, as rlforge always computes it (of 64 MiB "
+                    "of fp32 logits; verl's: entropy_from_logits_chunk_size tokens)") if c.get(key)
+             else c.ignore(key, f"rlforge computes the entropy in chunks anyway ({SPEED})"))
+        elif leaf == "entropy_checkpointing" and not graded:
+            c.ignore(key, "not reached: the update has no entropy term (entropy_coeff=0, calculate_entropy=False) "
+                     "and the old log-probs need no backward pass")
+        elif leaf == "entropy_checkpointing":
+            (c.same(key, "the entropy recomputed in the backward pass: rlforge recomputes its log-prob and entropy "
+                    "chunks where the logits span more than one (64 MiB of fp32)") if c.get(key)
+             else c.ignore(key, f"rlforge recomputes its log-prob and entropy chunks in the backward pass ({SPEED})"))
+        else:
+            c.ignore(key, f"rlforge's chunks hold 64 MiB of fp32 logits ({SPEED})")

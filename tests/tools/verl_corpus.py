@@ -7,6 +7,7 @@ override, the figures docs/migration-from-verl.md reports, and the audit table t
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from rlforge.errors import ConfigError
 DATA = Path(__file__).parent / "data"
 CORPUS, AUDIT = DATA / "verl_launches.jsonl", DATA / "verl_audit.tsv"
 DELETED = "deleted"
+# composition errors that are rlforge's, not verl's: a config file rlforge does not ship (a recipe's own), or a config
+# group verl 0.9.1 has and rlforge's SFT does not (engine=automodel, engine=megatron, optim=megatron)
+RLFORGE_LACKS = re.compile(r"rlforge does not know verl's config|chooses verl's '\w+' \w+ for SFT")
 
 
 @dataclass
@@ -26,7 +30,7 @@ class Outcome:
     source: str
     entry: str
     overrides: list[str]
-    error: str = ""  # verl 0.9.1's own composition refused the launch (Hydra's rules, unknown config)
+    error: str = ""  # the launch did not compose: verl 0.9.1 refuses it (Hydra's rules, unknown keys), or RLFORGE_LACKS
     translation: verl.Translation | None = None
     fates: dict[str, set[tuple[str, str]]] = field(default_factory=dict)  # override key -> {(kind, target)}
 
@@ -62,8 +66,10 @@ def figures(outcomes: list[Outcome]) -> dict[str, float]:
             stated += worst == verl.MAPPED and any(f.kind == verl.MAPPED and f.target and f.text for f in fs)
     total = sum(kinds.values())
     composed = [o for o in outcomes if o.translation is not None]
+    lacking = sum(bool(RLFORGE_LACKS.search(o.error)) for o in outcomes if o.translation is None)
     return {
-        "launches": len(outcomes), "verl_refuses": len(outcomes) - len(composed),
+        "launches": len(outcomes), "verl_refuses": len(outcomes) - len(composed) - lacking,
+        "config_not_in_rlforge": lacking,
         "compose": sum(not o.translation.refused for o in composed),
         "refused_named": sum(bool(o.translation.refused) for o in composed),
         "overrides": total, "mapped": kinds[verl.MAPPED], "refused": kinds[verl.REFUSED],
