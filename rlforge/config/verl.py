@@ -211,6 +211,8 @@ DERIVED_HINTS = {
     "algorithm.norm_adv_by_std", "reward.reward_kwargs.overlong_buffer_cfg.len": "algorithm.overlong_buffer",
     "custom_reward_function.path": "reward.file", "reward.custom_reward_function.path": "reward.file",
     f"{ARO}.actor.megatron.tensor_model_parallel_size": "strategy.megatron.tensor_parallel_size",
+    f"{ARO}.model.enable_gradient_checkpointing": "model.gradient_checkpointing",
+    f"{ARO}.actor.megatron.dtype": "model.precision", f"{ARO}.actor.fsdp_config.model_dtype": "model.precision",
 }
 
 
