@@ -75,7 +75,7 @@ class RewardModel(PreferenceModule):
         cfg = self.config.model
         if self.tokenizer is None:
             self.configure_tokenizer()
-        if "actor" in self.roles:
+        if self.loads("actor"):
             weights = precision.for_config(self.config).weights
             self.actor = load_reward_model(cfg.path, self.tokenizer.pad_token_id, weights, cfg.trust_remote_code)
 

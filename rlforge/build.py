@@ -79,8 +79,24 @@ class Builder:
     def rollout(self, model: Any, tokenizer: Any) -> RolloutEngine:
         return self._build("rollout", self.config.rollout.name, self.config, model, tokenizer)
 
-    def reward(self, tokenizer: Any) -> RewardManager:
-        return self._build("reward_manager", self.config.reward.manager, self.config, tokenizer, self.registry)
+    def reward(self, tokenizer: Any, workers: Any = None) -> RewardManager:
+        """The reward manager (``reward.manager``). One that scores on worker groups of its own (its class names
+        them in ``worker_roles``) gets the run's ``workers`` (``controller.workers``; None: it makes in-process ones)."""
+        name = self.config.reward.manager
+        extra = (workers,) if self.manager_roles() else ()
+        return self._build("reward_manager", name, self.config, tokenizer, self.registry, *extra)
+
+    def manager_roles(self) -> tuple[str, ...]:
+        """The roles the reward manager scores on (its class's ``worker_roles``; none for most)."""
+        return tuple(getattr(self.registry.reward_manager.get(self.config.reward.manager), "worker_roles", ()))
+
+    def roles(self, module: RLModule) -> list[str]:
+        """The roles a controller places for ``module``: the algorithm's ``worker_roles()`` and the reward manager's,
+        each once, each registered (``registry.role``)."""
+        roles = list(dict.fromkeys([*module.worker_roles(), *self.manager_roles()]))
+        for role in roles:
+            self.registry.role.entry(role)  # an unknown role fails here, naming the registered ones
+        return roles
 
     def loggers(self, run_dir: str) -> list[Logger]:
         return [self._build("logger", name, self.config, run_dir) for name in self.config.logger.backends]

@@ -53,6 +53,12 @@ class StepContext:
         self._hook_trainer = hook_trainer  # passed as the hooks' ``trainer`` argument (kept for compatibility)
         self._nested: list[float] = []  # seconds of the stages run inside the running ones (ctx.run within run)
 
+    @property
+    def workers(self) -> Any:
+        """The run's worker groups by role (``controller.workers``): ``ctx.workers.actor.compute_log_probs(batch,
+        "ref")``, a plugin role's ``ctx.workers.prm.update(batch, ctx.step)``."""
+        return self.controller.workers
+
     def call_hook(self, name: str, **kwargs: Any) -> Any:
         """Fire hook ``rlforge_<name>`` with these keyword arguments (plus ``trainer``)."""
         return getattr(self._hook, f"rlforge_{name}")(trainer=self._hook_trainer, **kwargs)

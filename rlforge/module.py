@@ -32,9 +32,6 @@ else:
     torch = lazy_import("torch")
     ops = lazy_import("rlforge.ops")
 
-ROLES = ("actor", "ref", "critic")
-
-
 @dataclass
 class LossContext:
     """What a micro-batch loss needs to aggregate like the whole mini-batch would.
@@ -68,8 +65,8 @@ class RLModule:
         self.tokenizer: Any = None
         self.processor: Any = None  # a vision-language model's processor (rlforge.multimodal), else None
         self.step = 0  # the training step being run (set by the Trainer)
-        # the models this process loads: a Ray rank loads only its own role's (see ``configure_model``)
-        self.roles: Collection[str] = ROLES
+        # the models this process loads (None: all the algorithm needs): a rank loads only its role's (``loads``)
+        self.roles: Collection[str] | None = None
         self._metrics: dict[str, float] | None = None  # the running step's metrics sink (set by the Trainer)
         self._on_worker = False  # built by a worker process (a Ray or torchrun rank), not the driver
         self._registry: Any = None  # the run's registries (set by the Builder)
@@ -187,6 +184,17 @@ class RLModule:
         """Whether a value model is trained (PPO)."""
         return False
 
+    def worker_roles(self) -> list[str]:
+        """The roles (``registry.role``) whose worker groups the dataflow calls (``ctx.workers.<role>``): the actor, and
+        the critic when one is trained. An algorithm with a role of its own adds it (PRIME's ``prm``); the controllers
+        place every role named here or by the reward manager (docs/plugins.md, "Add a role")."""
+        return ["actor", "critic"] if self.needs_critic() else ["actor"]
+
+    def loads(self, model: str) -> bool:
+        """Whether this process loads the model ``model`` (``actor``, ``ref``, ``critic``, a role's own): every model
+        in the driver of a local run, a rank only its role's (``Role.models``)."""
+        return self.roles is None or model in self.roles
+
     def reference_is_base(self) -> bool:
         """Whether the reference policy is the actor's base model with its LoRA adapter disabled."""
         return lora.enabled(self.config) and not self.config.model.ref_path
@@ -202,7 +210,7 @@ class RLModule:
 
     def configure_model(self) -> None:
         """Load the actor, and the reference and critic models when the algorithm needs them (only those in
-        ``self.roles``: a Ray rank of the critic group loads just the critic)."""
+        :meth:`loads`: a Ray rank of the critic group loads just the critic)."""
         from rlforge import precision
         from rlforge.models import adapter_folder, load_model, load_value_model
 
@@ -210,7 +218,7 @@ class RLModule:
         p = precision.for_config(self.config)  # trained models hold p.weights; the frozen reference p.frozen
         if self.tokenizer is None:
             self.configure_tokenizer()
-        if "actor" in self.roles:
+        if self.loads("actor"):
             # a LoRA adapter as model.path: merged for full fine-tuning, else its training goes on (lora.wrap)
             self.actor = load_model(cfg.path, p.weights, trust_remote_code=cfg.trust_remote_code,
                                     with_adapter=not lora.enabled(self.config))
@@ -221,10 +229,10 @@ class RLModule:
             if lora.enabled(self.config):
                 self.actor = lora.wrap(self.actor, self.config, adapter_folder(cfg.path))
         # with LoRA (and no model.ref_path) the reference is the actor with its adapter off: no second copy
-        if self.needs_reference() and "ref" in self.roles and not self.reference_is_base():
+        if self.needs_reference() and self.loads("ref") and not self.reference_is_base():
             self.ref = load_model(cfg.ref_path or cfg.path, p.frozen, trust_remote_code=cfg.trust_remote_code)
             self.ref.requires_grad_(False).eval()
-        if self.needs_critic() and "critic" in self.roles:
+        if self.needs_critic() and self.loads("critic"):
             self.critic = load_value_model(self.config.critic.path or cfg.path, p.weights, cfg.trust_remote_code)
 
     def configure_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:

@@ -56,6 +56,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.algorithms.pf_ppo",
     "rlforge.algorithms.sppo",
     "rlforge.algorithms.vapo",
+    "rlforge.algorithms.prime",
     "rlforge.algorithms.dpo",
     "rlforge.algorithms.kto",
     "rlforge.algorithms.reward_model",

@@ -14,8 +14,9 @@ With ``reward.model.rule=true`` (the default) the rule reward (``reward.fn``, ``
 
 and ``acc`` stays the rule's verdict (exact match on the built-in task), so ``val/accuracy`` measures the task
 while training follows the learned reward. Set ``reward.model.rule=false`` for rows without a reward function
-(no ``acc`` then). The manager runs where the rule manager does: in the Trainer's process, also under the Ray
-controller (the driver).
+(no ``acc`` then). The manager runs where the rule manager does, in the Trainer's process (the driver); the reward
+model runs on the ranks of the ``reward_model`` role (``model_worker.py``): under the Ray controller a resource pool
+of ``reward.model.num_workers`` ranks, under torchrun one rank per process, else one in this process.
 """
 
 from __future__ import annotations
@@ -28,18 +29,16 @@ from typing import TYPE_CHECKING, Any, Optional
 from rlforge.plugins.reward.rule import RuleRewardManager
 
 from rlforge import batch as B
+from rlforge.config.schema import option
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
-from rlforge.lazy import lazy_import, no_grad
+from rlforge.lazy import lazy_import
 from rlforge.models import BUILTIN_PREFIX, HUB_ID, architectures, resolve_model_path
 
 if TYPE_CHECKING:
     import torch
-
-    from rlforge import ops
 else:
     torch = lazy_import("torch")
-    ops = lazy_import("rlforge.ops")
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -56,6 +55,7 @@ class ModelRewardConfig:
     rule_weight: float = 0.0  # weight of the rule reward (reward.fn, reward.file or the data_source's function)
     rule: bool = True  # also run the rule reward: for rule_weight and `acc` (exact match, val/accuracy); false = model only
     trust_remote_code: bool = False  # for the reward model's code
+    num_workers: int = option(1, ge=1)  # trainer.controller=ray: ranks of the reward_model role (a resource pool of their own, ray.cpus_per_worker / gpus_per_worker each); torchrun: one per process
 
 
 def check_reward_model_folder(folder: Any, path: str) -> None:
@@ -92,23 +92,23 @@ class ModelRewardManager:
             raise ConfigError(f"'reward.model.rule_weight' is {m.rule_weight} but 'reward.model.rule' is false: turn "
                               f"the rule reward on or set its weight to 0.")
 
-    def __init__(self, config: Any, tokenizer: Any, registry: Any) -> None:
-        from rlforge.models import load_reward_model, load_tokenizer
-        from rlforge.tools.export import model_folder
+    worker_roles = ("reward_model",)  # it scores on the reward_model role's ranks (plugins/reward/model_worker.py)
 
-        m = self.options = config.reward.model
-        folder = model_folder(m.path)
-        check_reward_model_folder(folder, m.path)
+    def __init__(self, config: Any, tokenizer: Any, registry: Any, workers: Any = None) -> None:
+        """``workers``: the run's worker groups (``controller.workers``), whose ``reward_model`` group scores; None
+        (``rlforge eval``, a manager built alone): one rank of the role in this process."""
+        from rlforge.controller.remote import InProcess, WorkerGroup
+        from rlforge.plugins.reward.model_worker import RewardModelWorker
+
+        self.options = config.reward.model
         self.tokenizer = tokenizer
-        self.rm_tokenizer = load_tokenizer(folder, trust_remote_code=m.trust_remote_code)
-        self.device = torch.device("cuda" if m.device == "auto" and torch.cuda.is_available() else
-                                   "cpu" if m.device == "auto" else m.device)
-        model = load_reward_model(folder, self.rm_tokenizer.pad_token_id, m.dtype, m.trust_remote_code,
-                                  key="reward.model.path")
-        self.model = model.requires_grad_(False).eval().to(self.device)
-        self.same_tokens = (self.rm_tokenizer.get_vocab() == tokenizer.get_vocab()
-                            and self.rm_tokenizer.chat_template == tokenizer.chat_template)
-        self.rule = RuleRewardManager(config, tokenizer, registry) if m.rule else None
+        if workers is None:
+            worker = RewardModelWorker("reward_model", 0, 1)
+            worker.load(config, tokenizer)
+            self.model = WorkerGroup("reward_model", RewardModelWorker, InProcess([worker]), config, registry)
+        else:
+            self.model = workers.reward_model
+        self.rule = RuleRewardManager(config, tokenizer, registry) if self.options.rule else None
 
     def score(self, batch: B.Batch) -> B.Batch:
         m = self.options
@@ -117,7 +117,7 @@ class ModelRewardManager:
             rule_scores = batch[B.SCORES].clone()
         else:
             batch[B.RESPONSE_TEXT] = self.tokenizer.batch_decode(batch[B.RESPONSES], skip_special_tokens=True)
-        model_scores = self.model_scores(batch)
+        model_scores = self.model.compute_scores(batch)
         scores = m.model_weight * model_scores
         metrics = {"reward/model/mean": float(model_scores.mean())}
         if self.rule is not None:
@@ -130,29 +130,6 @@ class ModelRewardManager:
         batch.meta["metrics"] = {**batch.meta.get("metrics", {}), **metrics}
         return batch
 
-    @no_grad
-    def model_scores(self, batch: B.Batch) -> torch.Tensor:
-        """The reward model's score of every sample [B], in batches of ``reward.model.batch_size``."""
-        ids, mask = ((batch[B.INPUT_IDS], batch[B.ATTENTION_MASK]) if self.same_tokens else self._render(batch))
-        size, pad = self.options.batch_size, self.rm_tokenizer.pad_token_id
-        parts = [ops.sequence_scores(self.model, ids[i:i + size].to(self.device), mask[i:i + size].to(self.device),
-                                     pad).cpu() for i in range(0, len(ids), size)]
-        return torch.cat(parts)
-
-    def _render(self, batch: B.Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prompt messages + response text through the reward model's chat template, right-padded."""
-        seqs = []
-        for messages, text in zip(batch[B.RAW_PROMPT], batch[B.RESPONSE_TEXT]):
-            enc = self.rm_tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": text}],
-                                                        tokenize=True)
-            seqs.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.rm_tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
-        return ids, mask
-
     def close(self) -> None:
         """Stop the rule reward's worker processes."""
         if self.rule is not None:
@@ -161,6 +138,11 @@ class ModelRewardManager:
 
 @hookimpl
 def rlforge_register(registry):
+    from rlforge.controller.remote import Role
+
     registry.reward_manager.register(
         "model", ModelRewardManager, config=ModelRewardConfig,
         description="a reward model (HF sequence classifier), plus the weighted rule reward")
+    registry.role.register("reward_model", Role("rlforge.plugins.reward.model_worker:RewardModelWorker",
+                                                pool="reward_model", ranks="reward.model.num_workers"),
+                           description="the model reward manager's reward model on ranks of its own")

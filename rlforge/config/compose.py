@@ -359,10 +359,19 @@ def check_data_files(cfg: DictConfig, registry: Any) -> None:
             raise ConfigError(f"{problem} ({key}).")
 
 
+def config_section(cfg: DictConfig, key: str) -> Any:
+    """The config section at the dotted ``key`` (``actor``, ``algorithm.prm``): a role's batch and optimizer options."""
+    section = OmegaConf.select(cfg, key)
+    if section is None:
+        raise ConfigError(f"The config has no section '{key}'.")
+    return section
+
+
 def micro_batch_size(cfg: DictConfig, section: str = "actor") -> int:
     """``<section>.ppo_micro_batch_size`` in samples; unset means the whole mini-batch (no accumulation)."""
-    micro = cfg[section].ppo_micro_batch_size
-    return int(micro) if micro is not None else cfg[section].ppo_mini_batch_size * cfg.rollout.n
+    options = config_section(cfg, section)
+    micro = options.ppo_micro_batch_size
+    return int(micro) if micro is not None else options.ppo_mini_batch_size * cfg.rollout.n
 
 
 def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:

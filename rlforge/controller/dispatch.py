@@ -119,24 +119,35 @@ def _per_group(group: Any, shards: list[tuple], order: list[int] | None = None) 
 def balance_of(config: Any, section: str) -> bool:
     """Spread real tokens evenly over the ranks (``trainer.balance_batch``; unset: when micro-batches are cut by token
     budget, ``<section>.max_tokens_per_micro_batch``)."""
+    from rlforge.config.compose import config_section
+
     balance = config.trainer.balance_batch
-    return bool(config[section].max_tokens_per_micro_batch) if balance is None else bool(balance)
+    return bool(config_section(config, section).max_tokens_per_micro_batch) if balance is None else bool(balance)
 
 
 def dispatch_dp_score(group: Any, args: tuple) -> Shares:
     """A forward-only pass over ``args[0]`` (a Batch): equal (or token-balanced) slices per data-parallel group."""
     batch, rest = args[0], args[1:]
     what = f"the {group.role} group's forward pass"
-    shards, order = shard_for_scoring(batch, group.dp_size, what, balance_of(group.config, group.role))
+    shards, order = shard_for_scoring(batch, group.dp_size, what, balance_of(group.config, group.section))
     return _per_group(group, [(s, *rest) for s in shards], order)
 
 
 def dispatch_dp_update(group: Any, args: tuple) -> Shares:
     """An update over ``args[0]``: each data-parallel group gets its slice of every mini-batch (``shard_for_update``)."""
+    from rlforge.config.compose import config_section
+
     config = group.config
-    mini = config[group.role].ppo_mini_batch_size * config.rollout.n
-    shards = shard_for_update(args[0], group.dp_size, mini, balance=balance_of(config, group.role))
+    mini = config_section(config, group.section).ppo_mini_batch_size * config.rollout.n
+    shards = shard_for_update(args[0], group.dp_size, mini, balance=balance_of(config, group.section))
     return _per_group(group, [(s, *args[1:]) for s in shards])
+
+
+def dispatch_rows(group: Any, args: tuple) -> Shares:
+    """``args[0]`` (a Batch) in consecutive parts of sizes that differ by at most one, one per rank (a rank without
+    rows sits out), the other arguments to each: for models without collectives (a frozen reward model)."""
+    parts = split_rows(args[0], group.world_size)
+    return Shares([(part, *args[1:]) if len(part) else None for part in parts])
 
 
 def dispatch_engine_rows(group: Any, args: tuple) -> Shares:
@@ -188,6 +199,7 @@ def collect_flatten(group: Any, results: list[list[Any]], shares: Shares) -> lis
 @hookimpl
 def rlforge_register(registry):
     for name, mode in (("all", dispatch_all), ("dp_score", dispatch_dp_score), ("dp_update", dispatch_dp_update),
+                       ("rows", dispatch_rows),
                        ("engine_rows", dispatch_engine_rows), ("engine_requests", dispatch_engine_requests)):
         registry.dispatch_mode.register(name, mode)
     for name, mode in (("all", collect_all), ("first", collect_first), ("max", collect_max),

@@ -9,8 +9,11 @@ each operation's split and join is its worker method's declaration (``@remote`` 
   controller's rollout group), the responses gathered in order;
 - log-probs and values: equal slices per data-parallel group (sharded models run collectives);
 - updates: each data-parallel group gets its slice of every mini-batch (``shard_for_update``);
-- checkpoints: gathered (``strategy.checkpoint=full``) or written by every rank (``sharded``); the driver's
-  ``module.actor`` mirrors the trained weights, so ``checkpoint.save`` writes the plain HF folder.
+- checkpoints: every role whose worker declares ``state_dict`` (actor, critic, a plugin's trained role), gathered
+  (``strategy.checkpoint=full``) or written by every rank (``sharded``); the driver's ``module.actor`` mirrors the
+  trained weights, so ``checkpoint.save`` writes the plain HF folder.
+- roles a plugin adds (``registry.role``: PRIME's ``prm``, the ``model`` reward manager's ``reward_model``) are placed
+  like the built-in ones and reached as ``controller.workers.<role>``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from rlforge import batch as B
 from rlforge.config.compose import micro_batch_size
 from rlforge.controller.dispatch import PerRank
+from rlforge.controller.remote import Workers
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.protocols import Generation, SamplingParams
 
@@ -93,15 +97,28 @@ def rank_module_class(module: Any) -> type:
 
 class GroupController:
     """The dataflow and checkpoints over worker groups. A subclass sets ``config``, ``module`` (the driver's
-    actor mirror), ``reward``, ``actor``, ``critic`` (None without a value model), ``rollout`` (a group that owns the
-    rollout engines; None: the actor ranks own them) and may override ``_share``."""
+    actor mirror), ``reward``, ``groups`` (role -> ``WorkerGroup``: every role ``Builder.roles`` names), ``rollout`` (a
+    group that owns the rollout engines; None: the actor ranks own them) and may override ``_share``."""
 
     config: Any
     module: Any
     reward: Any
-    actor: Any
-    critic: Any
+    groups: dict[str, Any]
     rollout: Any = None
+
+    @property
+    def workers(self) -> Workers:
+        """The worker groups by role: ``workers.actor.compute_log_probs(batch, "ref")``, a plugin role's
+        ``workers.prm.update(batch, step)``."""
+        return Workers(self.groups)
+
+    @property
+    def actor(self) -> Any:
+        return self.groups["actor"]
+
+    @property
+    def critic(self) -> Any:
+        return self.groups.get("critic")
 
     def _share(self, obj: Any) -> Any:
         """``obj`` as sent to every rank (Ray: one copy in the object store)."""
@@ -144,7 +161,8 @@ class GroupController:
 
     # --- checkpoints -------------------------------------------------------------------------------
     def _roles(self) -> list[Any]:
-        return [g for g in (self.actor, self.critic) if g is not None]
+        """The groups with state to checkpoint (their worker class declares ``state_dict``): actor first."""
+        return [g for g in self.groups.values() if "state_dict" in g.methods]
 
     def state_dict(self, staging: Path) -> dict[str, Any]:
         """The local controller's layout (gathered optimizer state; critic weights) plus each rank's RNG state,

@@ -22,7 +22,8 @@ log = logging.getLogger("rlforge")
 
 
 class LocalController(GroupController):
-    """One rank of each role (the actor with its rollout engine, the critic) and the reward manager, in this process:
+    """One rank of each role (the actor with its rollout engine, the critic, a plugin's roles) and the reward manager,
+    in this process:
     the dataflow goes through the same worker groups and dispatch as the multi-process controllers (``groups.py``),
     over the ``InProcess`` transport; the checkpoint layout is this controller's own."""
 
@@ -41,19 +42,17 @@ class LocalController(GroupController):
                         "(rollout workers are the Ray controller's; set trainer.controller=ray).", ray.rollout_workers)
 
     def __init__(self, builder: Builder, module: RLModule) -> None:
-        from rlforge.controller.ray_workers import RankWorker
-
         self.config, self.module = builder.config, module
         module.configure_model()
-        roles = ("actor", "critic") if module.critic else ("actor",)
-        self.ranks = {role: RankWorker(role, 0, 1) for role in roles}  # this process's one rank of each role
-        for rank in self.ranks.values():  # the driver's module: no copy, no mirror
+        reg = builder.registry
+        # this process's one rank of each role, over the driver's module: no copy, no mirror
+        self.ranks = {role: reg.role.get(role).worker_class()(role, 0, 1) for role in builder.roles(module)}
+        for rank in self.ranks.values():
             rank.build(builder, module, initial_sync=False)
-        self.actor, self.critic = (WorkerGroup(role, RankWorker, InProcess([self.ranks[role]]), self.config,
-                                               builder.registry) if role in self.ranks else None
-                                   for role in ("actor", "critic"))
+        self.groups = {role: WorkerGroup(role, type(rank), InProcess([rank]), self.config, reg)
+                       for role, rank in self.ranks.items()}
         self.logprobs_match_actor = bool(getattr(self.ranks["actor"].rollout, "logprobs_match_actor", False))
-        self.reward = builder.reward(module.tokenizer)
+        self.reward = builder.reward(module.tokenizer, self.workers)
 
     def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:
         """A copy of the weights :meth:`sync_weights` gives the engine now, for :meth:`load_weights` to give it later
@@ -64,23 +63,27 @@ class LocalController(GroupController):
         """Give the engine these weights (a :meth:`snapshot_weights` copy, from the thread that generates)."""
         return self.ranks["actor"].load_weights(snapshot)
 
+    def _trained(self) -> dict[str, Any]:
+        """The TrainWorker of each role that has state to checkpoint (actor first)."""
+        return {role: self.ranks[role].worker for role, group in self.groups.items() if "state_dict" in group.methods}
+
     def state_dict(self, staging: Path) -> dict[str, Any]:
-        """Optimizer/scheduler state of every worker, and the critic's weights (the actor's are saved as HF)."""
-        state: dict[str, Any] = {"actor": self.ranks["actor"].worker.state_dict()}
-        if "critic" in self.ranks:
-            critic = self.ranks["critic"].worker
-            state["critic"] = {**critic.state_dict(), "model": critic.model_state_dict()}
-        return state
+        """Optimizer/scheduler state of every trained role, and the weights of all but the actor (saved as HF)."""
+        return {role: worker.state_dict() if role == "actor" else {**worker.state_dict(), "model": worker.model_state_dict()}
+                for role, worker in self._trained().items()}
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
         if "sharded_step" in state:
             raise RLForgeError("This checkpoint holds sharded state (strategy.checkpoint=sharded): resume it with "
                                "trainer.controller=ray, or save with strategy.checkpoint=full.")
-        self.ranks["actor"].worker.load_state_dict(state["actor"])
-        if "critic" in self.ranks:
-            critic = self.ranks["critic"].worker
-            critic.load_model_state_dict(state["critic"]["model"])
-            critic.load_state_dict(state["critic"])
+        for role, worker in self._trained().items():
+            if role not in state:
+                raise RLForgeError(f"This checkpoint holds no state of the '{role}' role (it has: "
+                                   f"{', '.join(state)}): it was saved by "
+                                   f"a run with other roles (another algorithm or reward manager).")
+            if role != "actor":
+                worker.load_model_state_dict(state[role]["model"])
+            worker.load_state_dict(state[role])
 
     def shutdown(self) -> None:
         from rlforge.controller.ray_workers import WorkerProcess

@@ -12,12 +12,15 @@
   now and loaded later (``trainer.pipeline=async``). The off-policy pipelines need this group: their rollout thread
   calls it while the trainer's thread calls the actor group.
 - Resource pools: a placement group with one bundle per rank (``ray.cpus_per_worker``/``gpus_per_worker``);
-  the critic shares the actor's bundles (``ray.colocate_critic``) or gets a pool of its own; the rollout group
+  each role names its pool (``Role.pool``): the critic shares the actor's bundles (``ray.colocate_critic``) or gets
+  a pool of its own, a plugin's role likewise (the ``model`` reward manager's ``reward_model`` has a pool of
+  ``reward.model.num_workers`` ranks); the roles on one pool split each bundle's resources; the rollout group
   always has a pool of its own (``ray.rollout_cpus_per_worker``/``rollout_gpus_per_worker``). Placement that
   cannot be satisfied within ``ray.placement_timeout_s`` fails with the cluster's resources in the message.
 - Dispatch: prompts are split over the engines' workers for generation; training batches are split so that every
   rank gets its slice of every mini-batch (``shard_for_update``); results are gathered in order.
-- The reward manager runs here, in the driver. The driver loads only the actor (no reference model, no critic):
+- The reward manager runs here, in the driver (a learned reward model scores on its ``reward_model`` group). The
+  driver loads only the actor (no reference model, no critic):
   its ``module.actor`` mirrors the trained weights at each checkpoint, so ``checkpoint.save`` writes the plain
   HF folder as with the local controller. Each rank builds its own role's models through ``rlforge.build``.
 - A worker that dies or fails ends the run with a ``WorkerError`` naming its role, rank, pid and node.
@@ -108,7 +111,7 @@ def _plain_resources(resources: dict[str, float]) -> dict[str, float]:
 class ResourcePool:
     """A placement group with one bundle per rank; the roles colocated on it split each bundle."""
 
-    def __init__(self, ray: Any, name: str, ranks: int, cpus: float, gpus: float, cfg: Any) -> None:
+    def __init__(self, ray: Any, name: str, ranks: int, cpus: float, gpus: float, cfg: Any, keys: str) -> None:
         from ray.util.placement_group import placement_group, remove_placement_group
 
         self.cpus, self.gpus = cpus, gpus
@@ -116,8 +119,6 @@ class ResourcePool:
         self.pg = placement_group([dict(bundle) for _ in range(ranks)], strategy=cfg.placement_strategy)
         if not self.pg.wait(timeout_seconds=cfg.placement_timeout_s):
             remove_placement_group(self.pg)
-            keys = ("ray.rollout_workers or ray.rollout_cpus_per_worker / ray.rollout_gpus_per_worker"
-                    if name == "rollout" else "strategy.num_processes or ray.cpus_per_worker / ray.gpus_per_worker")
             raise RLForgeError(
                 f"Ray could not place the '{name}' pool ({ranks} x {bundle}, {cfg.placement_strategy}) within "
                 f"ray.placement_timeout_s={cfg.placement_timeout_s}s. Cluster resources: "
@@ -226,7 +227,7 @@ class RayController(GroupController):
         module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
         module.configure_model()
         self.started_ray = self._connect(config.ray)
-        self.reward = builder.reward(module.tokenizer)
+        self.reward: Any = None
         # the engines generate with a replica kept equal to the actor: their log-probs are the actor's if the
         # engine's are with the actor itself
         self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
@@ -234,26 +235,21 @@ class RayController(GroupController):
         self.pools: list[ResourcePool] = []
         self.transports: list[RayTransport] = []
         self.masters: dict[str, tuple[str, int]] = {}
-        self.critic = self.rollout = None
+        self.groups: dict[str, WorkerGroup] = {}
+        self.rollout = None
         try:
-            cfg, n = config.ray, config.strategy.num_processes
+            cfg = config.ray
             gpus = cfg.gpus_per_worker
             if gpus is None:
                 gpus = 1.0 if ray.cluster_resources().get("GPU", 0) and config.strategy.device != "cpu" else 0.0
-            pool = self._pool("actor", n, cfg.cpus_per_worker, gpus)
-            critic = module.needs_critic()
-            share = 0.5 if critic and cfg.colocate_critic else 1.0
-            module_cls = rank_module_class(module)
-            self.actor = self._ranks("actor", pool, share, module_cls, engine=not cfg.rollout_workers)
-            if critic:
-                critic_pool = pool if cfg.colocate_critic else self._pool("critic", n, cfg.cpus_per_worker, gpus)
-                self.critic = self._ranks("critic", critic_pool, share, module_cls)
+            self._place(builder.roles(module), rank_module_class(module), gpus)
             if cfg.rollout_workers:
-                self.rollout = self._rollout_group(cfg, gpus, module_cls)
+                self.rollout = self._rollout_group(cfg, gpus, rank_module_class(module))
                 self.sync_weights()  # the engines start from model.path: give them the actor's weights
         except BaseException:
             self.shutdown()
             raise
+        self.reward = builder.reward(module.tokenizer, self.workers)
 
     def _connect(self, cfg: Any) -> bool:
         """Join this process's Ray session, the cluster at ``ray.address``, or start a local one."""
@@ -266,8 +262,9 @@ class RayController(GroupController):
             self.ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
         return True
 
-    def _pool(self, name: str, ranks: int, cpus: float, gpus: float) -> ResourcePool:
-        pool = ResourcePool(self.ray, name, ranks, cpus, gpus, self.config.ray)
+    def _pool(self, name: str, ranks: int, cpus: float, gpus: float, keys: str) -> ResourcePool:
+        """A placement group of ``ranks`` bundles; ``keys``: the options that size it, named when it cannot be placed."""
+        pool = ResourcePool(self.ray, name, ranks, cpus, gpus, self.config.ray, keys)
         self.pools.append(pool)
         return pool
 
@@ -282,19 +279,36 @@ class RayController(GroupController):
         self.masters[role] = addresses[0][:2]  # rank 0's (IP, free port): the process group's rendezvous
         return group
 
-    def _ranks(self, role: str, pool: ResourcePool, share: float, module_cls: type, engine: bool = True) -> WorkerGroup:
-        """The actor or critic group: ``strategy.num_processes`` ranks in one process group."""
-        dp = data_parallel_size(self.config, self.strategy_factory)
-        group = self._group(role, pool, share, self.config.strategy.num_processes, dp)
-        group.setup(self.config, module_cls, self.masters[role], engine)
-        return group
+    def _place(self, roles: list[str], module_cls: type, gpus: float) -> None:
+        """Each role's ranks on its resource pool (``Role.pool``): the roles on one pool split each of its bundles;
+        a role with ``Role.ranks`` has that many ranks (and as many data-parallel groups), else
+        ``strategy.num_processes`` in one process group like the actor's."""
+        config, cfg = self.config, self.config.ray
+        pools: dict[str, list[str]] = {}
+        for role in roles:
+            pools.setdefault(self.registry.role.get(role).pool_of(config), []).append(role)
+        for name, members in pools.items():
+            specs = {role: self.registry.role.get(role) for role in members}
+            counts = {role: spec.ranks_of(config) for role, spec in specs.items()}
+            if len(set(counts.values())) > 1:
+                raise ConfigError(f"Roles {', '.join(members)} share the Ray resource pool '{name}' but have different "
+                                  f"numbers of ranks ({counts}): give the role with its own count a pool of its own.")
+            n = counts[members[0]]
+            keys = sorted({spec.ranks or "strategy.num_processes" for spec in specs.values()})
+            pool = self._pool(name, n, cfg.cpus_per_worker, gpus, f"{' or '.join(keys)} or ray.cpus_per_worker / "
+                                                                  f"ray.gpus_per_worker")
+            for role in members:
+                dp = n if specs[role].ranks else data_parallel_size(config, self.strategy_factory)
+                group = self.groups[role] = self._group(role, pool, 1.0 / len(members), n, dp)
+                group.setup(config, module_cls, self.masters[role], not cfg.rollout_workers)
 
     def _rollout_group(self, cfg: Any, actor_gpus: float, module_cls: type) -> WorkerGroup:
         """``ray.rollout_workers`` workers, each with the policy and an engine, on a pool of their own."""
         n = cfg.rollout_workers
         gpus = actor_gpus if cfg.rollout_gpus_per_worker is None else cfg.rollout_gpus_per_worker
-        group = self._group("rollout", self._pool("rollout", n, cfg.rollout_cpus_per_worker, gpus), 1.0, n, n)
-        group.setup(self.config, module_cls)
+        keys = "ray.rollout_workers or ray.rollout_cpus_per_worker / ray.rollout_gpus_per_worker"
+        group = self._group("rollout", self._pool("rollout", n, cfg.rollout_cpus_per_worker, gpus, keys), 1.0, n, n)
+        group.setup(self.config, module_cls, None)
         return group
 
     def _share(self, obj: Any) -> Any:

@@ -52,6 +52,23 @@ class WorkerProcess:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port, os.getpid()
 
+    @remote()
+    def setup(self, config: Any, module_cls: type, master: tuple[str, int] | None = None, engine: bool = True) -> None:
+        """In a process of its own: join the role's process group, load this role's models (``registry.role``) into
+        ``module_cls(config)`` and :meth:`build` on them. ``master``: rank 0's address (Ray); None when a launcher
+        (torchrun) has set the environment. ``engine``: whether the actor builds its rollout engine (False: a
+        rollout worker group generates)."""
+        if master is not None:
+            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
+        builder, module = self._module(config, module_cls)
+        self.build(builder, module, engine)
+
+    def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
+        """This rank's part over ``module`` (its role's models loaded): what the role's worker does. The local
+        controller calls it in place, with the driver's module (``initial_sync=False``: no first weight sync)."""
+        raise NotImplementedError(f"{type(self).__qualname__}.build")  # abstract: each role's
+
     def _module(self, config: Any, module_cls: type) -> tuple[Builder, RLModule]:
         """The builder (hooks fire in this process) and the module with this role's models loaded."""
         from rlforge.build import Builder
@@ -117,70 +134,24 @@ def _engine_owns_weights(builder: Builder) -> bool:
 
 
 class RankWorker(WorkerProcess):
-    """One rank of the ``actor`` or ``critic`` worker group; its methods are what the controller dispatches."""
+    """One rank of a trained role: a :class:`rlforge.controller.worker.TrainWorker` (``self.worker``, made by
+    :meth:`train_worker`) on the strategy, with its update and state methods. A plugin's trainable role subclasses it,
+    returns its own ``TrainWorker`` from :meth:`train_worker` and declares its forward passes with ``@remote``."""
 
     def __init__(self, role: str, rank: int, world_size: int) -> None:
         super().__init__(role, rank, world_size)
-        self.worker: Any = None  # ActorWorker or CriticWorker, after setup
-
-    @remote()
-    def setup(self, config: Any, module_cls: type, master: tuple[str, int] | None, engine: bool = True) -> None:
-        """Join the process group, load this role's models on the strategy, build the rollout engine (actor, unless
-        ``engine`` is False: a rollout worker group generates). Only this role's models load.
-        ``master``: rank 0's address (Ray); None when a launcher (torchrun) has set the environment."""
-        if master is not None:
-            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-                              MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))  # Ray isolates each worker's GPU
-        builder, module = self._module(config, module_cls)
-        self.build(builder, module, engine)
+        self.worker: Any = None  # the role's TrainWorker, after setup
 
     def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
-        """This role's worker over ``module`` (its models loaded) on a new strategy, and the actor's rollout engine
-        (``engine``). The local controller calls it in place with the driver's module; ``initial_sync=False``: the
-        engine keeps the weights it loaded from ``model.path`` until the first sync."""
-        strategy = builder.strategy()
-        if self.role == "actor":
-            owns = _engine_owns_weights(builder)
-            # the engines of a rollout worker group keep weights of their own: no replica here either
-            self.worker = ActorWorker(builder.config, module, strategy, builder.hook,
-                                      engine_owns_weights=owns or not engine)
-            if engine:
-                self._start_engine(builder, self.worker.rollout_model, module.tokenizer)
-                if owns and initial_sync:  # the engine starts from model.path: give it the actor's weights
-                    self.sync_weights()  # (collective over the ranks)
-        else:
-            self.worker = CriticWorker(builder.config, module, strategy, builder.hook)
+        self.worker = self.train_worker(builder, module, builder.strategy(), engine)
 
-    # --- dataflow ------------------------------------------------------------------------------------
-    @remote("dp_score", "concat")
-    def compute_log_probs(self, batch: B.Batch, role: str) -> torch.Tensor:
-        return self.worker.compute_log_probs(batch, role)
-
-    @remote("dp_score", "concat")
-    def compute_values(self, batch: B.Batch) -> torch.Tensor:
-        return self.worker.compute_values(batch)
+    def train_worker(self, builder: Builder, module: RLModule, strategy: Any, engine: bool) -> Any:
+        """The role's ``TrainWorker`` over ``module`` on ``strategy``."""
+        raise NotImplementedError(f"{type(self).__qualname__}.train_worker")  # abstract: each role's
 
     @remote("dp_update", "first")
     def update(self, batch: B.Batch, step: int | None = None) -> dict[str, float]:
         return self.worker.update(batch, step)
-
-    @remote(collect="max")
-    def sync_weights(self) -> float:
-        return self.load_weights(self.worker.named_weights())
-
-    @remote(collect="first")
-    def full_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """The actor's full weights on the CPU, for a rollout worker group (``ray.rollout_workers``). Collective: every
-        rank takes part in the gather (``named_weights`` of a sharded strategy); rank 0 returns them, the others
-        None."""
-        keep = self.rank == 0
-        weights = [(name, t.to("cpu", copy=True)) for name, t in self.worker.named_weights() if keep]  # all iterate
-        return weights if keep else None
-
-    @remote()
-    def holds_replica(self) -> bool:
-        """Whether this rank keeps a full copy of the policy for its rollout engine (see ``ActorWorker``)."""
-        return self.worker.rollout_model is not self.worker.model
 
     # --- state ---------------------------------------------------------------------------------------
     @remote()
@@ -221,17 +192,65 @@ class RankWorker(WorkerProcess):
             torch.distributed.destroy_process_group()
 
 
+class ActorRank(RankWorker):
+    """A rank of the ``actor`` role: the policy, the reference model and (unless a rollout group generates) the
+    rollout engine (the hybrid engine)."""
+
+    def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
+        super().build(builder, module, engine)
+        if engine:
+            self._start_engine(builder, self.worker.rollout_model, module.tokenizer)
+            if _engine_owns_weights(builder) and initial_sync:  # the engine starts from model.path: give it the
+                self.sync_weights()  # actor's weights (collective over the ranks)
+
+    def train_worker(self, builder: Builder, module: RLModule, strategy: Any, engine: bool) -> Any:
+        # the engines of a rollout worker group keep weights of their own: no replica here either
+        return ActorWorker(builder.config, module, strategy, builder.hook,
+                           engine_owns_weights=_engine_owns_weights(builder) or not engine)
+
+    @remote("dp_score", "concat")
+    def compute_log_probs(self, batch: B.Batch, role: str) -> torch.Tensor:
+        return self.worker.compute_log_probs(batch, role)
+
+    @remote(collect="max")
+    def sync_weights(self) -> float:
+        return self.load_weights(self.worker.named_weights())
+
+    @remote(collect="first")
+    def full_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """The actor's full weights on the CPU, for a rollout worker group (``ray.rollout_workers``). Collective: every
+        rank takes part in the gather (``named_weights`` of a sharded strategy); rank 0 returns them, the others
+        None."""
+        keep = self.rank == 0
+        weights = [(name, t.to("cpu", copy=True)) for name, t in self.worker.named_weights() if keep]  # all iterate
+        return weights if keep else None
+
+    @remote()
+    def holds_replica(self) -> bool:
+        """Whether this rank keeps a full copy of the policy for its rollout engine (see ``ActorWorker``)."""
+        return self.worker.rollout_model is not self.worker.model
+
+
+class CriticRank(RankWorker):
+    """A rank of the ``critic`` role: the value model."""
+
+    def train_worker(self, builder: Builder, module: RLModule, strategy: Any, engine: bool) -> Any:
+        return CriticWorker(builder.config, module, strategy, builder.hook)
+
+    @remote("dp_score", "concat")
+    def compute_values(self, batch: B.Batch) -> torch.Tensor:
+        return self.worker.compute_values(batch)
+
+
 class RolloutWorker(WorkerProcess):
     """One worker of the ``rollout`` group (``ray.rollout_workers``): the policy and its rollout engine on resources of
     their own, so that generation runs beside the actor's updates (``trainer.pipeline=one_step_off|async``). No
     optimizer, no reference model, no process group with the actor ranks: its weights arrive whole
     (``load_weights``)."""
 
-    @remote()
-    def setup(self, config: Any, module_cls: type) -> None:
-        """Load the policy and build the rollout engine on it, through ``rlforge.build.Builder`` as the actor ranks
-        do."""
-        builder, module = self._module(config, module_cls)
+    def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
+        """Load the policy and build the rollout engine on it, as the actor ranks do."""
+        config = builder.config
         model = module.actor
         if lora.is_lora(model):  # the actor sends merged weights under the base model's names
             model = lora.merged_model(model)

@@ -42,7 +42,7 @@ def remote(dispatch: str = "all", collect: str = "all") -> Callable[[Callable[..
 
     ``dispatch``: ``all`` (every rank, the same arguments; a ``PerRank`` argument gives each rank its own value),
     ``dp_score`` / ``dp_update`` (the first argument, a Batch, split over data-parallel groups for a forward pass or
-    an update), ``engine_rows`` / ``engine_requests`` (prompts split over the ranks' rollout engines, each seeded).
+    an update), ``rows`` (the first argument's rows in near-equal parts, for models without collectives), ``engine_rows`` / ``engine_requests`` (prompts split over the ranks' rollout engines, each seeded).
     ``collect``: ``all`` (the list, in rank order), ``first``, ``max``, ``concat`` (Batches or per-row tensors, back
     in row order), ``flatten``. Call arguments are positional or keyword, as the method's signature allows."""
 
@@ -66,17 +66,62 @@ def declared(cls: type) -> dict[str, Remote]:
 
 @dataclass(frozen=True)
 class Role:
-    """A role of the dataflow: the worker class its ranks run (a class or ``"module:Class"``, imported when a
-    controller places the role) and the models of ``RLModule`` each rank loads (``builder.module(roles=models)``)."""
+    """A role of the dataflow (``registry.role``), which the controllers place on ranks.
+
+    :param worker: the worker class its ranks run (a class or ``"module:Class"``, imported when a controller places
+        the role): ``Class(role, rank, world_size)`` with :func:`remote` methods, ``setup(config, module_cls, master)``
+        in a process of its own and ``build(builder, module)`` in the driver's (``ray_workers.WorkerProcess``).
+    :param models: the models of ``RLModule`` each rank loads (``builder.module(roles=models)``).
+    :param section: the config section of its batch options (``ppo_mini_batch_size``, ...: what the ``dp_update``
+        dispatch reads); ``""``: the role's name.
+    :param pool: where the Ray controller puts its ranks: ``"actor"`` beside the actor's ranks (each rank's resources
+        split between the roles there), another name a placement group of its own; or a function of the config.
+    :param ranks: the config key of its number of ranks (``reward.model.num_workers``; a pool of its own under Ray,
+        while torchrun gives every role one rank per process). None: ``strategy.num_processes``, one process group laid
+        out like the actor's.
+    """
 
     worker: type | str
-    models: tuple[str, ...]
+    models: tuple[str, ...] = ()
+    section: str = ""
+    pool: str | Callable[[Any], str] = "actor"
+    ranks: str | None = None
 
     def worker_class(self) -> type:
         if isinstance(self.worker, type):
             return self.worker
         module, _, name = self.worker.partition(":")
         return getattr(importlib.import_module(module), name)
+
+    def pool_of(self, config: Any) -> str:
+        return self.pool(config) if callable(self.pool) else self.pool
+
+    def ranks_of(self, config: Any) -> int:
+        """Its number of ranks under the Ray controller."""
+        from omegaconf import OmegaConf
+
+        return int(OmegaConf.select(config, self.ranks)) if self.ranks else int(config.strategy.num_processes)
+
+
+class Workers:
+    """The worker groups of a run by role (``controller.workers``, ``StepContext.workers``): ``workers.actor``,
+    ``workers.critic``, a plugin's ``workers.prm``; ``role in workers``."""
+
+    def __init__(self, groups: dict[str, Any]) -> None:
+        self._groups = groups
+
+    def __getattr__(self, role: str) -> Any:
+        groups = self.__dict__.get("_groups", {})
+        if role in groups:
+            return groups[role]
+        raise RLForgeError(f"No '{role}' worker group in this run (placed: {', '.join(groups) or 'none'}). A role is "
+                           f"placed when the algorithm's worker_roles() or the reward manager's worker_roles name it.")
+
+    def __contains__(self, role: object) -> bool:
+        return role in self._groups
+
+    def __iter__(self) -> Any:
+        return iter(self._groups.values())
 
 
 class Transport(Protocol):
@@ -109,6 +154,8 @@ class WorkerGroup:
     def __init__(self, role: str, worker_cls: type, transport: Transport, config: Any, registry: Any,
                  dp_size: int | None = None) -> None:
         self.role, self.transport, self.config = role, transport, config
+        spec = registry.role.get(role) if role in registry.role else None
+        self.section = (spec.section if spec is not None else "") or role  # its batch options' config section
         self.world_size = transport.world_size
         self.dp_size = dp_size or self.world_size
         self.methods = declared(worker_cls)
@@ -141,11 +188,17 @@ class WorkerGroup:
         return f"WorkerGroup({self.role!r}, {self.world_size} ranks, {len(self.methods)} methods)"
 
 
+def _critic_pool(config: Any) -> str:
+    return "actor" if config.ray.colocate_critic else "critic"
+
+
 @hookimpl
 def rlforge_register(registry):
     workers = "rlforge.controller.ray_workers"
-    registry.role.register("actor", Role(f"{workers}:RankWorker", ("actor", "ref")),
+    registry.role.register("actor", Role(f"{workers}:ActorRank", ("actor", "ref")),
                            description="the policy, its reference model and (hybrid engine) the rollout engine")
-    registry.role.register("critic", Role(f"{workers}:RankWorker", ("critic",)), description="the value model")
-    registry.role.register("rollout", Role(f"{workers}:RolloutWorker", ("actor",)),
+    registry.role.register("critic", Role(f"{workers}:CriticRank", ("critic",), pool=_critic_pool),
+                           description="the value model")
+    registry.role.register("rollout", Role(f"{workers}:RolloutWorker", ("actor",), pool="rollout",
+                                           ranks="ray.rollout_workers"),
                            description="the policy and its rollout engine on resources of their own (ray)")

@@ -12,8 +12,9 @@ config, in the same order. The dataflow, the dispatch and the checkpoints are th
 over a gloo control group, every rank runs its part (the collectives inside line up), and the results come back
 by ``gather_object``.
 
-Each process holds its actor rank (and, with a critic, its critic rank: both roles share the processes and the
-default process group, gloo on CPU, NCCL for CUDA tensors). If a process dies, torchrun stops the others.
+Each process holds one rank of every role the run places (its actor rank; with a critic its critic rank; a plugin's
+roles, such as the ``model`` reward manager's ``reward_model``): the roles share the processes and the default
+process group (gloo on CPU, NCCL for CUDA tensors). If a process dies, torchrun stops the others.
 """
 
 from __future__ import annotations
@@ -37,10 +38,6 @@ if TYPE_CHECKING:
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 CONTROL_TIMEOUT = timedelta(hours=6)  # ranks > 0 wait this long for rank 0's next call (rewards, validation)
 STOP = "__stop__"
-
-
-def _roles(module: RLModule) -> list[str]:
-    return ["actor", "critic"] if module.needs_critic() else ["actor"]
 
 
 def _join(config: Any) -> tuple[int, int, Any]:
@@ -127,9 +124,10 @@ class ChannelTransport:
         return self.channel.run(self.role, method, args)
 
 
-def _workers(registry: Any, rank: int, world: int, module: RLModule) -> dict[str, Any]:
-    """This process's rank of each role the module needs (``registry.role``'s worker classes)."""
-    return {role: registry.role.get(role).worker_class()(role, rank, world) for role in _roles(module)}
+def _workers(builder: Builder, rank: int, world: int, module: RLModule) -> dict[str, Any]:
+    """This process's rank of each role the run places (``Builder.roles``: ``registry.role``'s worker classes). Every
+    role has one rank per process (a role's own ``Role.ranks`` count is the Ray controller's)."""
+    return {role: builder.registry.role.get(role).worker_class()(role, rank, world) for role in builder.roles(module)}
 
 
 class TorchrunController(GroupController):
@@ -153,7 +151,7 @@ class TorchrunController(GroupController):
         if int(os.environ.get("RANK", "0")) == 0:
             return None
         rank, world, group = _join(builder.config)
-        workers = _workers(builder.registry, rank, world, module)
+        workers = _workers(builder, rank, world, module)
         try:
             for worker in workers.values():  # as rank 0 does, in the same order: their collectives line up
                 worker.setup(builder.config, type(module), None)
@@ -170,17 +168,17 @@ class TorchrunController(GroupController):
         module_cls = rank_module_class(module)
         self.config, self.module = config, module
         rank, world, group = _join(config)
-        self.channel = Channel(group, rank, world, _workers(reg, rank, world, module))
+        self.channel = Channel(group, rank, world, _workers(builder, rank, world, module))
         module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
         module.configure_model()
-        self.reward = builder.reward(module.tokenizer)
         self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
         dp = data_parallel_size(config, strategy)
-        groups = {role: WorkerGroup(role, type(worker), ChannelTransport(self.channel, role), config, reg, dp)
-                  for role, worker in self.channel.workers.items()}
-        self.actor, self.critic = groups["actor"], groups.get("critic")
+        ranks = {role: world if reg.role.get(role).ranks else dp for role in self.channel.workers}
+        self.groups = {role: WorkerGroup(role, type(worker), ChannelTransport(self.channel, role), config, reg,
+                                         ranks[role]) for role, worker in self.channel.workers.items()}
         for worker in self.channel.workers.values():  # every process sets up its own (same config, same order)
             worker.setup(config, module_cls, None)
+        self.reward = builder.reward(module.tokenizer, self.workers)
 
     def shutdown(self) -> None:
         close_reward(self.reward)

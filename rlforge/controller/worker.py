@@ -24,7 +24,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge import lora
-from rlforge.config.compose import micro_batch_size
+from rlforge.config.compose import config_section, micro_batch_size
 from rlforge.controller.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
 from rlforge.errors import NonFiniteError
 from rlforge.module import LossContext, RLModule
@@ -53,20 +53,22 @@ class TrainWorker:
     """Shared update loop: ``ppo_epochs`` passes over mini-batches, one optimizer step per mini-batch,
     gradients accumulated over micro-batches whose losses are normalized by mini-batch-wide counts."""
 
-    role = ""  # config section and metric prefix: "actor" or "critic"
+    role = ""  # the model (``module.<role>``) and metric prefix: "actor", "critic", a plugin role's ("prm")
+    section_key = ""  # the config section of its batch and optimizer options (dotted: "algorithm.prm"); "" = role
     optimizer: torch.optim.Optimizer  # set by the subclass (the module's configure_*optimizers)
     scheduler: Any
 
     def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None) -> None:
         self.config = config
-        self.section = config[self.role]
+        key = self.section_key or self.role
+        self.section = config_section(config, key)
         self.module = module
         self.strategy = strategy
         self.hook = hook
         self.skipped_steps = 0  # optimizer steps skipped for a non-finite gradient, in total
         self.bad_in_a_row = 0
         # the update's micro-batches; the forward-only passes cut theirs by scoring_cut
-        self.cut = Cut(micro_batch_size(config, self.role), int(self.section.max_tokens_per_micro_batch))
+        self.cut = Cut(micro_batch_size(config, key), int(self.section.max_tokens_per_micro_batch))
         self.remove_padding = bool(config.model.remove_padding)
 
     @property

@@ -8,10 +8,16 @@ verl is not a dependency of rlforge: run this in a throwaway environment, outsid
     /tmp/verlenv/bin/pip download verl==0.9.1 --no-deps -d /tmp/verlpkg   # then unzip the wheel into /tmp/verlpkg/src
     PYTHONPATH=/tmp/verlpkg/src:STUBS /tmp/verlenv/bin/python tests/algorithms/gen_verl_vectors.py \\
         --sppo-recipe PATH/verl-recipe/sppo
+    PYTHONPATH=/tmp/verlpkg/src:STUBS /tmp/verlenv/bin/python tests/algorithms/gen_verl_vectors.py \\
+        --prime-recipe PATH/verl-recipe/prime   # writes data/verl_prime_vectors.json only
 
 ``STUBS`` is a folder with a ``ray`` package that defines ``ObjectRef`` (verl's protocol module names
 ``ray.ObjectRef`` at import; nothing here uses Ray). The SPPO recipe (verl-recipe, not in the wheel) is read from its
 files: its ``softmean`` and ``compute_sppo_loss`` are compiled from the recipe's source and run, nothing is copied.
+The PRIME recipe likewise (``prime_core_algos.py``'s ``compute_rloo_advantage_return``, ``compute_ce_dpo_loss_rm``,
+``compute_dpo_accuracy``; ``prime_dp_rm.py``'s ``prime_norm`` method, whose module needs flash-attn to import: only the
+method is compiled). The PRIME files were taken from verl's repository at the commit before the recipes moved out
+(2bb42bae6^, ``recipe/prime/``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import torch
 
 OUT = Path(__file__).resolve().parent / "data" / "verl_vectors.json"
+PRIME_OUT = OUT.with_name("verl_prime_vectors.json")
 B, R = 4, 6
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
 ACTOR_KEYS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")  # options that are actor keys in verl too
@@ -200,20 +207,60 @@ def pf_ppo() -> list[dict[str, Any]]:
     return cases
 
 
-def _recipe_functions(path: Path) -> dict[str, Any]:
-    """``softmean`` (sppo_ray_trainer.py) and ``compute_sppo_loss`` (dp_actor.py), compiled from the recipe's source."""
+def _recipe_functions(path: Path, functions: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """The named top-level functions (or ``Class.method``) of the recipe's files, compiled from their source."""
+    import verl
     import verl.utils.torch_functional as verl_F
 
-    namespace: dict[str, Any] = {"torch": torch, "verl_F": verl_F}
-    for file, name in (("sppo_ray_trainer.py", "softmean"), ("dp_actor.py", "compute_sppo_loss")):
-        tree = ast.parse((path / file).read_text())
-        node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    namespace: dict[str, Any] = {"torch": torch, "verl_F": verl_F, "verl": verl}
+    for file, name in functions:
+        body = ast.parse((path / file).read_text()).body
+        owner, _, method = name.rpartition(".")
+        if owner:
+            body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == owner).body
+        node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == (method or name))
         exec(compile(ast.Module([node], type_ignores=[]), str(path / file), "exec"), namespace)
     return namespace
 
 
+def prime(recipe: Path) -> dict[str, Any]:
+    """PRIME's advantage (both sources and each alone), outcome BCE, pairwise accuracy and batch norm on 2 groups of
+    4 samples with right-padded responses of different lengths."""
+    from omegaconf import OmegaConf
+    from verl import DataProto
+
+    fns = _recipe_functions(recipe, (("prime_core_algos.py", "compute_rloo_advantage_return"),
+                                     ("prime_core_algos.py", "compute_ce_dpo_loss_rm"),
+                                     ("prime_core_algos.py", "compute_dpo_accuracy"),
+                                     ("prime_dp_rm.py", "DataParallelPRIMERewardModel.prime_norm")))
+    g = torch.Generator().manual_seed(5)
+    n, rows, resp, prompt = 4, 8, 6, 3
+    lengths = torch.tensor([6, 3, 1, 4, 5, 2, 6, 3])
+    mask = (torch.arange(resp).unsqueeze(0) < lengths.unsqueeze(1)).long()  # verl's masks are int64
+    scores = torch.randn(rows, resp, generator=g) * mask
+    acc = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    attention = torch.cat([torch.ones(rows, prompt, dtype=torch.long), mask], dim=1)
+    data = DataProto.from_dict(tensors={"rm_scores": scores, "acc": acc, "prompts": torch.ones(rows, prompt, dtype=torch.long),
+                                        "attention_mask": attention})
+    cases = []
+    for dpo, gt in ((5.0, 5.0), (0.0, 5.0), (5.0, 0.0), (2.0, 3.0)):
+        config = OmegaConf.create({"algorithm": {"reward_dpo_coef": dpo, "reward_gt_coef": gt}})
+        adv, ret = fns["compute_rloo_advantage_return"](data, mask, n, config)
+        cases.append({"dpo_coef": dpo, "gt_coef": gt, "advantages": _list(adv), "returns": _list(ret)})
+    beta = 0.05
+    bce = fns["compute_ce_dpo_loss_rm"](scores, acc, mask, beta)
+    pairwise = fns["compute_dpo_accuracy"](scores, acc, mask, n)
+
+    class _RM:  # the prime_norm method's self
+        config = OmegaConf.create({"prime_norm": "batch_norm"})
+
+    normed = fns["prime_norm"](_RM(), scores)
+    return {"n": n, "mask": _list(mask), "scores": _list(scores), "acc": _list(acc), "advantage": cases,
+            "beta": beta, "bce": bce.item(), "pairwise_acc": pairwise.item(), "batch_norm": _list(normed)}
+
+
 def sppo(recipe: Path) -> list[dict[str, Any]]:
-    fns = _recipe_functions(recipe)
+    fns = _recipe_functions(recipe, (("sppo_ray_trainer.py", "softmean"), ("dp_actor.py", "compute_sppo_loss")))
     cases = []
     for seed, beta, eta in ((0, 1.0, 1.0), (1, 0.0, 1.0), (2, 2.0, 0.5)):
         x = _inputs(seed)
@@ -230,9 +277,17 @@ def sppo(recipe: Path) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sppo-recipe", type=Path, required=True, help="verl-recipe's sppo/ folder")
+    parser.add_argument("--sppo-recipe", type=Path, help="verl-recipe's sppo/ folder: writes data/verl_vectors.json")
+    parser.add_argument("--prime-recipe", type=Path, help="the prime/ recipe folder: writes data/verl_prime_vectors.json")
     args = parser.parse_args()
     import verl
+
+    if args.prime_recipe:
+        PRIME_OUT.write_text(json.dumps({"verl_version": verl.__version__, **prime(args.prime_recipe)},
+                                        separators=(",", ":")) + "\n")
+        print(f"wrote {PRIME_OUT}")
+    if not args.sppo_recipe:
+        return
 
     data = {"verl_version": verl.__version__, "inputs": {str(s): {k: _list(v) for k, v in _inputs(s).items()}
                                                          for s in range(5)},

@@ -79,7 +79,7 @@ class _Rank:
 def test_the_controller_balances_when_trainer_balance_batch_says_so(balance, budget, expected, registry) -> None:
     c = GroupController()
     config = OmegaConf.create({"trainer": {"balance_batch": balance}, "actor": {"max_tokens_per_micro_batch": budget}})
-    c.actor = WorkerGroup("actor", _Rank, InProcess([_Rank(), _Rank()]), config, registry)
+    c.groups = {"actor": WorkerGroup("actor", _Rank, InProcess([_Rank(), _Rank()]), config, registry)}
     _Rank.tokens = []
     out = c.compute_log_probs(_batch([40, 39, 38, 37, 2, 2, 1, 1]))
     assert _Rank.tokens == expected and out[:, 0].tolist() == list(range(8))  # rows in order either way

@@ -127,7 +127,8 @@ def test_data_parallel_size_follows_the_strategy(pm):
 
 class TwoGroups(GroupController):
     def __init__(self, registry):
-        self.actor, self.actor_ranks = _group(3, registry)
+        actor, self.actor_ranks = _group(3, registry)
+        self.groups = {"actor": actor}
         self.rollout, self.engines = _group(2, registry, role="rollout")
 
 

@@ -83,10 +83,15 @@ def test_model_only_and_a_policy_with_another_chat_template(pm, reward_model):
     policy_tok = copy.deepcopy(same.tokenizer)
     policy_tok.chat_template = "SYSTEM " + policy_tok.chat_template  # other tokens: the manager re-renders
     other = _manager(pm, exported, "reward.model.rule=false", tokenizer=policy_tok)
-    assert same.same_tokens and not other.same_tokens
+    assert _worker(same).same_tokens and not _worker(other).same_tokens
     batch = other.score(_scored_batch(policy_tok))
     assert B.ACC not in batch  # no rule: no exact-match verdict
     torch.testing.assert_close(batch[B.SCORES], expected, atol=1e-5, rtol=1e-5)
+
+
+def _worker(manager):
+    """The reward model's rank in this process (the manager's in-process ``reward_model`` group)."""
+    return manager.model.transport.workers[0]
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -112,11 +117,13 @@ def test_grpo_trains_against_the_learned_reward_and_never_trains_it(tmp_path, re
     cfg = load_config("grpo", [*SMALL, "rollout.n=4", "trainer.total_steps=2", f"trainer.runs_root={tmp_path}",
                                "reward.manager=model", f"reward.model.path={exported}"])
     trainer = Trainer(cfg)
-    before = {k: v.clone() for k, v in _manager(PluginManager(autoload=False), exported).model.state_dict().items()}
+    before = {k: v.clone() for k, v in _worker(_manager(PluginManager(autoload=False), exported)).model.state_dict().items()}
     summary = trainer.fit()
-    after = trainer.controller.reward.model.state_dict()
+    scorer = trainer.controller.workers.reward_model  # the local run's one in-process rank of the role
+    assert trainer.controller.reward.model is scorer
+    after = _worker(trainer.controller.reward).model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert not any(p.requires_grad for p in trainer.controller.reward.model.parameters())
+    assert not any(p.requires_grad for p in _worker(trainer.controller.reward).model.parameters())
     first = trainer.history[0]
     assert {"critic/score/mean", "reward/model/mean", "reward/rule/mean", "critic/acc/mean"} <= set(first)
     assert first["critic/score/mean"] == pytest.approx(first["reward/model/mean"])  # model_weight 1, rule_weight 0
@@ -130,16 +137,21 @@ except ImportError:
 
 
 @pytest.mark.skipif(ray is None, reason="the Ray controller needs ray")
-def test_the_model_reward_runs_in_the_ray_driver(tmp_path, reward_model):
+def test_the_reward_model_scores_on_ray_workers_of_its_own(tmp_path, reward_model):
+    """Under Ray the reward model is a role of its own (``reward_model``): a resource pool of
+    ``reward.model.num_workers`` Ray actors scores, the driver holds no reward model."""
     _, exported = reward_model
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     cfg = load_config("grpo", [*SMALL, "rollout.n=4", "trainer.total_steps=1", f"trainer.runs_root={tmp_path}",
-                               "trainer.controller=ray", "strategy.device=cpu", "ray.num_cpus=2",
+                               "trainer.controller=ray", "strategy.device=cpu", "ray.num_cpus=3",
                                "trainer.val_before_train=false", "reward.manager=model",
-                               f"reward.model.path={exported}"])
+                               f"reward.model.path={exported}", "reward.model.num_workers=2"])
     trainer = Trainer(cfg)
     trainer.fit()
     assert trainer.history[0]["reward/model/mean"] == pytest.approx(trainer.history[0]["critic/score/mean"])
+    group = trainer.controller.workers.reward_model
+    assert type(group.transport).__name__ == "RayTransport" and group.world_size == 2
+    assert trainer.controller.reward.model is group
 
 
 @pytest.mark.slow
