@@ -1,0 +1,177 @@
+"""Roles a plugin adds (``registry.role``, docs/plugins.md "Add a role"): a third-party package, pip-installed, adds a
+``teacher`` role (a frozen copy of the policy on ranks of its own) and an algorithm whose flow calls it; the local and
+Ray controllers place it. Under torchrun every process holds a rank of each role: PRIME's ``prm`` and the ``model``
+reward manager's ``reward_model`` train and score there."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rlforge import Trainer, load_config
+from rlforge.plugin_manager import AUTOLOAD_ENV
+from tests.controller.test_ray import needs_ray
+from tests.plugins.megatron_cpu import free_port
+from tests.test_plugin_manager import _pip
+
+ROOT = Path(__file__).resolve().parents[2]
+DIST = "rlforge-teacher-role"
+QUICK = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2", "rollout.max_new_tokens=6",
+         "data.arith.val_size=8", "trainer.val_every=0", "trainer.val_before_train=false", "trainer.progress=false",
+         "trainer.total_steps=1", "logger.backends=[]"]
+
+PLUGIN = '''
+"""A third-party role: a frozen copy of the initial policy ("teacher") on ranks of its own, and GRPO that logs the
+policy's KL to it (a distillation flow's first half)."""
+import torch
+
+from rlforge import batch as B
+from rlforge import ops
+from rlforge.algorithms.grpo import GRPO
+from rlforge.controller.ray_workers import WorkerProcess
+from rlforge.controller.remote import Role, remote
+from rlforge.dataflow import Stage
+from rlforge.hookspecs import hookimpl
+
+
+class TeacherWorker(WorkerProcess):
+    def build(self, builder, module, engine=True, initial_sync=True):
+        from rlforge.models import load_model
+
+        self.teacher = load_model(builder.config.model.path).eval()
+        self.pid = __import__("os").getpid()
+
+    @remote("rows", "concat")
+    def teacher_log_probs(self, batch):
+        with torch.no_grad():
+            return ops.response_logprobs(self.teacher, batch[B.INPUT_IDS], batch[B.ATTENTION_MASK],
+                                         batch[B.RESPONSES].shape[1])[0]
+
+    @remote(collect="first")
+    def process_id(self):
+        return self.pid
+
+
+class TeacherKL(Stage):
+    name = "teacher_kl"
+    requires = frozenset({B.OLD_LOG_PROBS})
+
+    def run(self, ctx, batch):
+        teacher = ctx.workers.teacher.teacher_log_probs(batch)
+        mask = batch[B.RESPONSE_MASK]
+        ctx.log({"teacher/kl": float(((batch[B.OLD_LOG_PROBS] - teacher) * mask).sum() / mask.sum()),
+                 "teacher/pid": float(ctx.workers.teacher.process_id())})
+        return batch
+
+
+class GRPOWithTeacher(GRPO):
+    preset = {"algorithm": {"name": "grpo_teacher"}}
+
+    def worker_roles(self):
+        return [*super().worker_roles(), "teacher"]
+
+    def flow(self):
+        return super().flow().insert_after(Stage.OLD_LOGPROB, TeacherKL())
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.role.register("teacher", Role(TeacherWorker, pool="teacher"))
+    registry.algorithm.register("grpo_teacher", GRPOWithTeacher)
+'''
+
+
+@pytest.fixture(scope="module")
+def teacher_plugin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("teacher_dist")
+    (root / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [build-system]
+        requires = ["setuptools"]
+        build-backend = "setuptools.build_meta"
+
+        [project]
+        name = "{DIST}"
+        version = "0.1.0"
+        dependencies = []
+
+        [project.entry-points.rlforge]
+        teacher_role = "teacher_role.plugin"
+
+        [tool.setuptools]
+        packages = ["teacher_role"]
+        """))
+    (root / "teacher_role").mkdir()
+    (root / "teacher_role" / "__init__.py").write_text("")
+    (root / "teacher_role" / "plugin.py").write_text(PLUGIN)
+    res = _pip("install", "--no-deps", "--no-build-isolation", "-q", str(root))
+    if res.returncode != 0:
+        pytest.fail(f"pip install of the teacher plugin failed:\n{res.stdout}\n{res.stderr}")
+    importlib.invalidate_caches()
+    try:
+        yield DIST
+    finally:
+        _pip("uninstall", "-y", "-q", DIST)
+        for mod in [m for m in sys.modules if m == "teacher_role" or m.startswith("teacher_role.")]:
+            del sys.modules[mod]
+        importlib.invalidate_caches()
+
+
+def _fit(tmp_path, *extra):
+    trainer = Trainer(load_config("grpo_teacher", [f"trainer.runs_root={tmp_path}", *QUICK, *extra]))
+    trainer.fit()
+    return trainer
+
+
+def test_a_pip_installed_plugin_adds_a_role_the_local_controller_places(teacher_plugin, tmp_path, monkeypatch):
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    trainer = _fit(tmp_path)
+    (step,) = trainer.history
+    assert step["teacher/kl"] == pytest.approx(0.0, abs=1e-5)  # before the first update the policy is the teacher
+    assert step["teacher/pid"] == os.getpid()  # local: the role's one rank lives in this process
+    assert "teacher" in trainer.controller.workers
+
+
+@needs_ray
+def test_the_ray_controller_gives_the_plugin_role_ray_actors_of_its_own(teacher_plugin, tmp_path, monkeypatch):
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    trainer = _fit(tmp_path, "trainer.controller=ray", "strategy.device=cpu", "ray.num_cpus=2")
+    (step,) = trainer.history
+    assert step["teacher/kl"] == pytest.approx(0.0, abs=1e-6)
+    assert step["teacher/pid"] != os.getpid()
+    assert type(trainer.controller.workers.teacher.transport).__name__ == "RayTransport"
+
+
+def _reward_model_folder(root: Path) -> Path:
+    """A sequence-classification model on the tiny policy's body (an untrained head: enough to be placed and run)."""
+    from rlforge.models import load_reward_model, load_tokenizer
+
+    tokenizer = load_tokenizer("builtin:tiny-arith")
+    folder = root / "rm"
+    load_reward_model("builtin:tiny-arith", tokenizer.pad_token_id).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_under_torchrun_prime_trains_its_prm_and_the_reward_model_scores_on_every_rank(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+           "-m", "rlforge.cli", "fit", "--algo", "prime", "trainer.controller=torchrun", "strategy.name=fsdp",
+           "strategy.num_processes=2", "strategy.device=cpu", *QUICK[:-1], "logger.backends=[jsonl]",
+           "trainer.total_steps=2", "algorithm.oversample_factor=1", "algorithm.prm.ppo_mini_batch_size=4",
+           "reward.manager=model", f"reward.model.path={_reward_model_folder(tmp_path)}", "reward.model.rule_weight=1",
+           f"trainer.runs_root={tmp_path / 'runs'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLFORGE_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-5000:]
+    (metrics,) = (tmp_path / "runs").glob("*/*/metrics.jsonl")
+    steps = [row for row in map(json.loads, metrics.read_text().splitlines()) if "prm/loss" in row]
+    assert len(steps) == 2
+    assert all({"reward/model/mean", "prm/grad_norm", "prm/heldout_pairwise_acc"} <= set(row) for row in steps)
