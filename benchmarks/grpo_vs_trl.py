@@ -62,8 +62,9 @@ ENGINES = {  # --engines names: rlforge overrides
 
 
 def rlforge_history(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf",
-                    callbacks: tuple[object, ...] = ()) -> list[dict[str, float]]:
-    """One rlforge GRPO run on the benchmark's work; its ``trainer.history`` (``timing_s/*`` per step)."""
+                    callbacks: tuple[object, ...] = (), overrides: tuple[str, ...] = ()) -> list[dict[str, float]]:
+    """One rlforge GRPO run on the benchmark's work; its ``trainer.history`` (``timing_s/*`` per step).
+    ``overrides`` come last (they win): other data or lengths (benchmarks/long_tail_step.py)."""
     from rlforge import Trainer, load_config
 
     with tempfile.TemporaryDirectory() as runs:
@@ -72,7 +73,7 @@ def rlforge_history(folder: Path, p: int, g: int, t: int, steps: int, engine: st
             f"data.train_batch_size={p}", f"rollout.n={g}", f"rollout.max_new_tokens={t}", f"rollout.min_new_tokens={t}",
             f"rollout.micro_batch_size={p * g}", f"actor.ppo_mini_batch_size={p}", "actor.lr=1e-6",
             "trainer.val_before_train=false", "trainer.val_every=0", "trainer.save_every=0", "data.arith.val_size=1",
-            "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0", *ENGINES[engine],
+            "trainer.progress=false", "logger.backends=[]", "trainer.samples_to_save=0", *ENGINES[engine], *overrides,
         ])
         trainer = Trainer(cfg, callbacks=callbacks)
         trainer.fit()
@@ -100,26 +101,29 @@ def step_timer():
     return StepTimer()
 
 
-def trl_trainer(folder: Path, p: int, g: int, t: int, steps: int, out: str, timer: Any):
-    """TRL's ``GRPOTrainer`` set up for the same work as :func:`rlforge_history` (output in ``out``)."""
+def trl_trainer(folder: Path, p: int, g: int, t: int, steps: int, out: str, timer: Any,
+                rows: list[dict] | None = None, **config: Any):
+    """TRL's ``GRPOTrainer`` set up for the same work as :func:`rlforge_history` (output in ``out``). ``rows``: the
+    prompts (verl rows, in the order they are used with ``shuffle_dataset=False``; default: arith's); ``config``:
+    ``GRPOConfig`` fields that replace the benchmark's (benchmarks/long_tail_step.py)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from rlforge.plugins.data.builtin import arith_rows
 
-    rows = arith_rows(p * (steps + 1), 99, seed=1)
+    rows = rows if rows is not None else arith_rows(p * (steps + 1), 99, seed=1)
     data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["reward_model"]["ground_truth"]} for r in rows])
 
     def exact(completions, answer, **_):
         return [1.0 if c[0]["content"].strip() == a else 0.0 for c, a in zip(completions, answer)]
 
-    args = GRPOConfig(
-        output_dir=out, per_device_train_batch_size=p * g, gradient_accumulation_steps=1, num_generations=g,
-        max_completion_length=t, generation_kwargs={"min_new_tokens": t}, beta=0.0, learning_rate=1e-6,
-        max_steps=steps, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
-        seed=0, dataloader_num_workers=0, disable_tqdm=True,
-    )
+    args = GRPOConfig(**{
+        "output_dir": out, "per_device_train_batch_size": p * g, "gradient_accumulation_steps": 1,
+        "num_generations": g, "max_completion_length": t, "generation_kwargs": {"min_new_tokens": t}, "beta": 0.0,
+        "learning_rate": 1e-6, "max_steps": steps, "logging_steps": 1, "report_to": "none", "save_strategy": "no",
+        "use_cpu": True, "bf16": False, "seed": 0, "dataloader_num_workers": 0, "disable_tqdm": True, **config,
+    })
     return GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(folder), reward_funcs=exact, args=args, train_dataset=data,
         processing_class=AutoTokenizer.from_pretrained(folder), callbacks=[timer],

@@ -29,11 +29,16 @@ from grpo_vs_trl import SIZES, build_model  # noqa: E402
 
 def force_lengths(model: torch.nn.Module, stop_id: int, end_positions: set[int]):
     """Make the model's next token the stop token wherever the input's position is in ``end_positions``, and never
-elsewhere."""
-    ends = torch.tensor(sorted(end_positions))
+elsewhere. Only in forward passes without autograd (generation; training forwards are left alone)."""
+    ends = sorted(end_positions)
 
     def hook(module, args, kwargs, output):
-        force = torch.isin(kwargs["position_ids"][:, -1], ends)
+        if torch.is_grad_enabled() or kwargs.get("position_ids") is None:
+            return output
+        # the positions' tensor made here, not when the hook is set: inside from_pretrained (benchmarks/
+        # long_tail_step.py sets it in the model's __init__) new tensors are on the meta device, without values
+        position = kwargs["position_ids"][:, -1]
+        force = torch.isin(position, torch.tensor(ends, device=position.device))
         logits = output.logits[:, -1]
         logits[:, stop_id] = torch.where(force, logits.max(-1).values + 100.0, float("-inf"))
         return output

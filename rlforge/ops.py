@@ -4,7 +4,11 @@ Forward passes over responses (``response_logprobs``, ``response_values``) come 
 
 - padded (default): the batch as it is, minus the columns that are padding in every row (the common left
   padding of the prompts and the common right padding of the responses), so a micro-batch of short
-  sequences costs what its longest sequence needs, not ``max_prompt_length + max_new_tokens``;
+  sequences costs what its longest sequence needs, not ``max_prompt_length + max_new_tokens``. Rows of very
+  different lengths run as separate padded passes, grouped by ``microbatch.length_groups`` (one process only:
+  the ranks of a distributed model must run the same passes), so that a heavy-tailed micro-batch (most responses
+  short, a few at the length limit) costs about its tokens, not rows x its longest row; the results are put back
+  in row order (the gradient is the one of a single pass, up to float rounding);
 - packed (``remove_padding=True``): the real tokens of all rows concatenated into one row, each sequence's
   ``position_ids`` restarting at 0 and no attention mask, which transformers turns into a block-diagonal
   causal mask (sdpa/eager) or variable-length attention (flash attention). No padding token is computed.
@@ -39,6 +43,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlforge import multimodal
+from rlforge.controller.microbatch import length_groups
 from rlforge.errors import RLForgeError
 
 LOGITS_CHUNK_ELEMENTS = 1 << 24  # fp32 logits elements per chunk (64 MiB)
@@ -246,6 +251,23 @@ def _packed_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     return tuple(None if v is None else _unpack(v, resp_real) for v in values)
 
 
+def _by_length(attention_mask: torch.Tensor, padded: Callable[[torch.Tensor], tuple[torch.Tensor | None, ...]]
+               ) -> tuple[torch.Tensor | None, ...]:
+    """``padded(rows)`` (a padded pass over those rows of the batch: per-row results) on each group of rows of similar
+    length (``microbatch.length_groups``), the results put back in row order; one pass over all rows where grouping
+    saves nothing, or where several processes run the model (their forward passes must pair up)."""
+    rows = torch.arange(len(attention_mask), device=attention_mask.device)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized() and \
+        torch.distributed.get_world_size() > 1
+    groups = [rows.tolist()] if distributed else length_groups(attention_mask.sum(1).tolist())
+    if len(groups) == 1:
+        return padded(rows)
+    parts = [padded(torch.tensor(g, device=rows.device)) for g in groups]
+    back = torch.empty_like(rows)
+    back[torch.tensor([i for g in groups for i in g], device=rows.device)] = rows
+    return tuple(None if part[0] is None else torch.cat(list(part))[back] for part in zip(*parts))
+
+
 def _response_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       response_len: int, temperature: float, remove_padding: bool, outputs: Outputs,
                       multi_modal: list | None = None) -> tuple[torch.Tensor | None, ...]:
@@ -258,6 +280,17 @@ def _response_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention
     vision = multi_modal is not None and any(row is not None for row in multi_modal)
     if remove_padding:
         return _packed_outputs(model, input_ids, attention_mask, response_len, scaled, multi_modal=multi_modal)
+    if vision:
+        return _padded_outputs(model, input_ids, attention_mask, response_len, scaled, multi_modal)
+    return _by_length(attention_mask, lambda rows: _padded_outputs(model, input_ids[rows], attention_mask[rows],
+                                                                   response_len, scaled))
+
+
+def _padded_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    response_len: int, outputs: Outputs, multi_modal: list | None = None
+                    ) -> tuple[torch.Tensor | None, ...]:
+    """:func:`_response_outputs` in one padded forward pass (trimmed, prompts shared where the model shares them)."""
+    vision = multi_modal is not None and any(row is not None for row in multi_modal)
     ids, mask, kept = _trim(input_ids, attention_mask, response_len)
     groups = None if vision else _groups(model, ids, mask, kept)
     if groups is not None:
@@ -269,7 +302,7 @@ def _response_outputs(model: torch.nn.Module, input_ids: torch.Tensor, attention
                                  **extra).logits[:, :-1]
     resp_mask = attention_mask[:, -response_len:]
     return tuple(None if v is None else torch.nn.functional.pad(v, (0, response_len - kept)) * resp_mask
-                 for v in scaled(logits, ids[:, -kept:]))
+                 for v in outputs(logits, ids[:, -kept:]))
 
 
 def response_logprobs(
@@ -336,6 +369,14 @@ def response_values(
         (values,) = _packed_outputs(critic, input_ids, attention_mask, response_len,
                                     lambda scores, _: (scores[:, 0].float(),), logits_to_keep=False)
         return values
+    (values,) = _by_length(attention_mask, lambda rows: (_padded_values(critic, input_ids[rows], attention_mask[rows],
+                                                                        response_len),))
+    return values
+
+
+def _padded_values(critic: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int
+                   ) -> torch.Tensor:
+    """:func:`response_values` in one padded forward pass."""
     ids, mask, kept = _trim(input_ids, attention_mask, response_len)
     groups = _groups(critic, ids, mask, kept)
     if groups is not None:

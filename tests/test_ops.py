@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlforge.controller.microbatch import balanced_split, fixed_plan, token_budget_plan
+from rlforge.controller.microbatch import balanced_split, fixed_plan, length_groups, token_budget_plan
 from rlforge.errors import RLForgeError
 from rlforge.models import load_model
 from rlforge.ops import (
@@ -239,3 +239,66 @@ def test_balanced_split_for_ranks():
     assert [len(g) for g in groups] == [4, 4, 4]
     loads = [sum(LENGTHS[i] for i in g) for g in groups]
     assert max(loads) - min(loads) <= max(LENGTHS) // 2, loads
+
+
+def test_length_groups_cut_where_padding_costs_more_than_a_pass():
+    # 8 rows of 20 tokens and 2 of 600: one pass 10 x 608 = 6080 padded tokens, two 2 x 608 + 8 x 32 + 2 x 256
+    assert length_groups([20, 600, 20, 20, 20, 600, 20, 20, 20, 20]) == [[1, 5], [0, 2, 3, 4, 6, 7, 8, 9]]
+    assert length_groups([100] * 6) == [list(range(6))]  # uniform: one pass
+    assert length_groups([30, 5, 12, 12, 40, 7]) == [list(range(6))]  # a split saves less than a pass costs
+    # without a cost per pass, one group per distinct length rounded up to 16 (48, 32, 16)
+    assert length_groups([30, 5, 12, 12, 40, 7], overhead=0) == [[4], [0], [1, 2, 3, 5]]
+
+
+def _heavy_tailed_batch(vocab, shared_prompts):
+    """10 rows: 8 responses of 6 tokens, 2 of 200 (left-padded prompts of 5..9 tokens, in pairs when shared)."""
+    g = torch.Generator().manual_seed(3)
+    prompt_len = torch.tensor([9, 5, 7, 6, 9, 8, 5, 6, 7, 8])
+    resp_len = torch.tensor([6, 6, 200, 6, 6, 6, 6, 200, 6, 6])
+    p, r = 9, 200
+    mask = torch.cat([(torch.arange(p)[None] >= p - prompt_len[:, None]), torch.arange(r)[None] < resp_len[:, None]],
+                     1).long()
+    ids = torch.randint(5, vocab, (10, p + r), generator=g) * mask
+    if shared_prompts:  # rows 2k and 2k+1 share a prompt
+        ids[1::2, :p], mask[1::2, :p] = ids[0::2, :p], mask[0::2, :p]
+    return ids, mask, r
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_heavy_tailed_batch_runs_by_length_with_the_one_pass_results(tiny, shared, monkeypatch):
+    import rlforge.ops
+
+    ids, mask, r = _heavy_tailed_batch(tiny.config.vocab_size, shared)
+    share_prompts(tiny, SHARE_REPEATED if shared else None)
+    calls = []
+    hook = tiny.register_forward_pre_hook(lambda module, args: calls.append(1))
+    results = []
+    try:
+        for one_pass in (False, True):
+            if one_pass:
+                monkeypatch.setattr(rlforge.ops, "length_groups", lambda lengths: [list(range(len(lengths)))])
+            tiny.zero_grad()
+            calls.clear()
+            logp, ent = response_logprobs(tiny, ids, mask, r, temperature=0.7, with_entropy=True)
+            (logp.sum() + ent.sum()).backward()
+            results.append((len(calls), logp.detach(), ent.detach(), tiny.model.layers[0].mlp.up_proj.weight.grad.clone()))
+    finally:
+        hook.remove()
+        share_prompts(tiny, None)
+    (grouped_calls, *grouped), (single_calls, *single) = results
+    # two groups, the 200-token rows and the others; shared: the long rows' prompts do not repeat (plain pass: 1 call)
+    assert (grouped_calls, single_calls) == ((3, 2) if shared else (2, 1))
+    for a, b in zip(grouped, single):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+    assert (grouped[0][mask[:, -r:] == 0] == 0).all()
+
+
+def test_values_of_a_heavy_tailed_batch_run_by_length(monkeypatch):
+    import rlforge.ops
+    from rlforge.models import load_value_model
+
+    critic = load_value_model("builtin:tiny-arith")
+    ids, mask, r = _heavy_tailed_batch(critic.config.vocab_size, shared_prompts=False)
+    grouped = response_values(critic, ids, mask, r)
+    monkeypatch.setattr(rlforge.ops, "length_groups", lambda lengths: [list(range(len(lengths)))])
+    torch.testing.assert_close(grouped, response_values(critic, ids, mask, r), rtol=1e-5, atol=1e-5)
