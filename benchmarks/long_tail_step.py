@@ -130,6 +130,41 @@ def run_round(spec: dict) -> list[dict]:
     return out
 
 
+def update_pass(args: argparse.Namespace, folder: Path, repeats: int = 3) -> dict[str, list[float]]:
+    """Seconds of the update's forward and backward (``ops.response_logprobs``, prompts shared as the trainer does) on
+    the heavy batch, rows grouped by length (``microbatch.length_groups``, now) and in one padded pass (before),
+    alternating in this process."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import rlforge.ops as ops
+
+    plan, p, g = lengths(args), args.prompts, args.samples
+    prompt, width = 17, 17 + args.short
+    torch.manual_seed(0)
+    ids = torch.randint(10, 60, (p, width)).repeat_interleave(g, 0)
+    prompt_mask = torch.ones_like(ids)
+    long_rows = torch.arange(p * g) >= (p - plan["long_prompts"]) * g
+    prompt_mask[~long_rows, : width - prompt] = 0
+    resp_mask = (torch.arange(args.long)[None] < torch.where(long_rows, args.long, args.short)[:, None]).long()
+    mask = torch.cat([prompt_mask, resp_mask], 1)
+    ids = torch.cat([ids, torch.randint(10, 60, (p * g, args.long))], 1) * mask
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    ops.share_prompts(model, ops.SHARE_REPEATED)
+    grouped = ops.length_groups
+    seconds: dict[str, list[float]] = {"grouped": [], "one_pass": []}
+    for _ in range(repeats):
+        for name in seconds:
+            ops.length_groups = grouped if name == "grouped" else (lambda n: [list(range(len(n)))])
+            start = time.perf_counter()
+            logp, _ = ops.response_logprobs(model, ids, mask, args.long)
+            logp.sum().backward()
+            seconds[name].append(time.perf_counter() - start)
+            model.zero_grad(set_to_none=True)
+    ops.length_groups = grouped
+    return seconds
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
@@ -142,6 +177,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--engines", default="hf", help=f"rlforge variants, comma-separated: {','.join(ENGINES)}")
     parser.add_argument("--no-trl", action="store_true", help="time rlforge only")
+    parser.add_argument("--update-pass", action="store_true", help="only time the update's forward and backward on "
+                        "the heavy batch, grouped by length and in one padded pass")
     parser.add_argument("--trl-python", default=sys.executable, help="interpreter of the environment with TRL")
     parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: run one round, print its result as JSON
     parser.add_argument("--out", type=Path)
@@ -163,6 +200,15 @@ def main() -> None:
         config = json.loads((folder / "config.json").read_text())  # room for the long rows (default rotary: no limit)
         config["max_position_embeddings"] = max(config["max_position_embeddings"], 2 * (args.short + args.long))
         (folder / "config.json").write_text(json.dumps(config))
+        if args.update_pass:
+            seconds = update_pass(args, folder)
+            result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "short": args.short,
+                      "long": args.long, **plan, "started": started, "update_pass_seconds": seconds,
+                      "best": {k: min(v) for k, v in seconds.items()}}
+            print(json.dumps(result, indent=1))
+            if args.out:
+                args.out.write_text(json.dumps(result, indent=1) + "\n")
+            return
         for _ in range(args.rounds):
             for who in who_all:
                 for dist in DISTRIBUTIONS:
