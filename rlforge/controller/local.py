@@ -52,6 +52,8 @@ class LocalController(GroupController):
         self.groups = {role: WorkerGroup(role, type(rank), InProcess([rank]), self.config, reg)
                        for role, rank in self.ranks.items()}
         self.logprobs_match_actor = bool(getattr(self.ranks["actor"].rollout, "logprobs_match_actor", False))
+        # an engine that takes overlapping calls (vllm's async engine): agent loops send each turn at once
+        self.continuous_batching = bool(getattr(self.ranks["actor"].rollout, "continuous_batching", False))
         self.reward = builder.reward(module.tokenizer, self.workers)
 
     def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:

@@ -52,3 +52,15 @@ def test_new_algorithm_raises_the_reward(tmp_path, case):
     rewards = [h[key] for h in history]
     first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
     assert last > first + 0.01, f"{case}: mean sampled reward {first:.3f} (first {WINDOW} steps) -> {last:.3f}"
+
+
+@pytest.mark.learning_matrix
+def test_prime_learns_and_its_prm_ranks_held_out_samples_above_chance(tmp_path):
+    """PRIME on single-digit sums (the tiny model's PRM cannot learn two-digit sums in a short run: docs/algorithms/
+    prime.md): the sampled reward rises, and the PRM's pairwise accuracy on each batch before it trains on it (held-out
+    outcome labels, ``prm/heldout_pairwise_acc``) ends above chance (0.5)."""
+    history = run(tmp_path, "prime", ["data.arith.max_operand=9", "algorithm.prm.lr=1e-5", "trainer.total_steps=60"])
+    rewards = [h["critic/score/mean"] for h in history]
+    heldout = [h["prm/heldout_pairwise_acc"] for h in history]
+    assert sum(rewards[-20:]) / 20 > sum(rewards[:20]) / 20 + 0.05, rewards
+    assert sum(heldout[-30:]) / 30 > 0.52, heldout
