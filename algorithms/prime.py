@@ -241,6 +241,7 @@ class PRMWorker(TrainWorker):
 
     role = "prm"
     section_key = "algorithm.prm"
+    module: PRIME
 
     def __init__(self, config: Any, module: PRIME, strategy: Any, hook: Any = None) -> None:
         super().__init__(config, module, strategy, hook)

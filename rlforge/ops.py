@@ -43,7 +43,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlforge import multimodal
-from rlforge.controller.microbatch import length_groups
+from rlforge.lengths import length_groups
 from rlforge.errors import RLForgeError
 
 LOGITS_CHUNK_ELEMENTS = 1 << 24  # fp32 logits elements per chunk (64 MiB)

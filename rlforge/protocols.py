@@ -175,7 +175,10 @@ class Controller(Protocol):
     ``factory(builder, module)`` (``rlforge.build.Builder``) with the module's tokenizer loaded."""
 
     logprobs_match_actor: bool
-    workers: Any  # the worker groups by role (``rlforge.controller.remote.Workers``): workers.actor, workers.prm, ...
+
+    @property
+    def workers(self) -> Any:
+        """The worker groups by role (``rlforge.controller.remote.Workers``): workers.actor, workers.prm, ..."""
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch: ...
 

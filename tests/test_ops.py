@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlforge.controller.microbatch import balanced_split, fixed_plan, length_groups, token_budget_plan
+from rlforge.controller.microbatch import balanced_split, fixed_plan, token_budget_plan
+from rlforge.lengths import length_groups
 from rlforge.errors import RLForgeError
 from rlforge.models import load_model
 from rlforge.ops import (
