@@ -131,16 +131,17 @@ class ImplicitPRMStage(Stage):
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         p, prm = ctx.config.algorithm.prm, ctx.workers.prm
+        update = p["update"]  # not p.update: a DictConfig's mapping method of that name
         need_acc(ctx, batch)
         mask, acc = batch[B.RESPONSE_MASK], batch[B.ACC].float()
-        before = prm.implicit_q(batch) if p.update != "before" or p.heldout_metrics else None
+        before = prm.implicit_q(batch) if update != "before" or p.heldout_metrics else None
         if before is not None:  # the PRM has not trained on these rows yet
             sums = (before * mask).sum(-1)
             ctx.log({"prm/heldout_pairwise_acc": P.pairwise_accuracy(sums, acc, batch[B.UID]),
                      "prm/heldout_acc": float(((sums > 0).float() == acc).float().mean())})
-        if p.update != "none":
+        if update != "none":
             ctx.log(prm.update(batch, ctx.step))
-        q = before if p.update != "before" else prm.implicit_q(batch)
+        q = before if update != "before" else prm.implicit_q(batch)
         rewards = P.implicit_process_rewards(q, mask, p.beta_train, p.lam, acc if p.use_gt else None)
         if p.norm == "batch_norm":
             rewards = P.batch_norm(rewards)

@@ -139,3 +139,13 @@ def test_under_ray_the_prm_role_has_ray_actors_of_its_own(tmp_path):
     assert type(group.transport).__name__ == "RayTransport" and group.world_size == 1
     assert trainer.module.prm is None  # the driver holds the actor mirror only
     assert {"prm/loss", "prm/reward", "prm/heldout_pairwise_acc"} <= set(trainer.history[0])
+
+
+def test_update_none_only_scores_and_before_rescores_with_the_trained_prm(tmp_path):
+    """``algorithm.prm.update`` is read as the option (a DictConfig also has a mapping method of that name)."""
+    none = Trainer(_config(tmp_path / "none", "algorithm.prm.update=none", "trainer.total_steps=1"))
+    none.fit()
+    assert "prm/loss" not in none.history[0] and abs(none.history[0]["prm/raw_reward"]) < 1e-5  # PRM = its ref
+    before = Trainer(_config(tmp_path / "before", "algorithm.prm.lr=0.05", "trainer.total_steps=1"))
+    before.fit()
+    assert "prm/loss" in before.history[0] and abs(before.history[0]["prm/raw_reward"]) > 1e-3
