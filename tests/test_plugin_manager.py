@@ -17,6 +17,7 @@ import yaml
 from rlforge import plugin_manager as pmod
 from rlforge.hookspecs import hookimpl
 from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
+from tests.plugin_dist import installed_package
 
 BUILTIN_COMPONENTS = {
     "algorithm": ["grpo"],
@@ -318,50 +319,11 @@ def rlforge_register(registry):
 '''
 
 
-def _pip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=300
-    )
-
-
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("myplug_dist")
-    (root / "pyproject.toml").write_text(
-        textwrap.dedent(
-            f"""
-            [build-system]
-            requires = ["setuptools"]
-            build-backend = "setuptools.build_meta"
-
-            [project]
-            name = "{DIST_NAME}"
-            version = "{DIST_VERSION}"
-            dependencies = []
-
-            [project.entry-points.rlforge]
-            {EP_NAME} = "myplug_pkg.plugin"
-
-            [tool.setuptools]
-            packages = ["myplug_pkg"]
-            """
-        )
-    )
-    pkg = root / "myplug_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "plugin.py").write_text(PLUGIN_SOURCE)
-    res = _pip("install", "--no-deps", "--no-build-isolation", "-q", str(root))
-    if res.returncode != 0:
-        pytest.fail(f"pip install of the test plugin failed:\n{res.stdout}\n{res.stderr}")
-    importlib.invalidate_caches()
-    try:
+    with installed_package(tmp_path_factory.mktemp("myplug_dist"), DIST_NAME, "myplug_pkg", EP_NAME, PLUGIN_SOURCE,
+                           DIST_VERSION):
         yield DIST_NAME
-    finally:
-        _pip("uninstall", "-y", "-q", DIST_NAME)
-        for mod in [m for m in sys.modules if m == "myplug_pkg" or m.startswith("myplug_pkg.")]:
-            del sys.modules[mod]
-        importlib.invalidate_caches()
 
 
 def _norm(name: str) -> str:

@@ -4,10 +4,7 @@ come from ``rollout.agent.<tool>``."""
 
 from __future__ import annotations
 
-import importlib
-import subprocess
 import sys
-import textwrap
 
 import pytest
 
@@ -17,6 +14,7 @@ from rlforge import batch as B
 from rlforge.build import Builder
 from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
 from tests.agent.conftest import Scripted, prompt_batch, sampling
+from tests.plugin_dist import installed_package
 
 pytestmark = pytest.mark.slow
 
@@ -63,43 +61,10 @@ def rlforge_register(registry):
 '''
 
 
-def _pip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("agentplug_dist")
-    (root / "pyproject.toml").write_text(textwrap.dedent(f"""
-        [build-system]
-        requires = ["setuptools"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "{DIST}"
-        version = "0.1.0"
-        dependencies = []
-
-        [project.entry-points.rlforge]
-        {EP} = "agentplug_pkg.plugin"
-
-        [tool.setuptools]
-        packages = ["agentplug_pkg"]
-    """))
-    (root / "agentplug_pkg").mkdir()
-    (root / "agentplug_pkg" / "__init__.py").write_text("")
-    (root / "agentplug_pkg" / "plugin.py").write_text(SOURCE)
-    res = _pip("install", "--no-deps", "--no-build-isolation", "-q", str(root))
-    if res.returncode != 0:
-        pytest.fail(f"pip install of the test plugin failed:\n{res.stdout}\n{res.stderr}")
-    importlib.invalidate_caches()
-    try:
+    with installed_package(tmp_path_factory.mktemp("agentplug_dist"), DIST, "agentplug_pkg", EP, SOURCE):
         yield
-    finally:
-        _pip("uninstall", "-y", "-q", DIST)
-        for mod in [m for m in sys.modules if m.startswith("agentplug_pkg")]:
-            del sys.modules[mod]
-        importlib.invalidate_caches()
 
 
 @pytest.fixture

@@ -5,12 +5,10 @@ reward manager's ``reward_model`` train and score there."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from rlforge import Trainer, load_config
 from rlforge.plugin_manager import AUTOLOAD_ENV
 from tests.controller.test_ray import needs_ray
 from tests.plugins.megatron_cpu import free_port
-from tests.test_plugin_manager import _pip
+from tests.plugin_dist import installed_package
 
 ROOT = Path(__file__).resolve().parents[2]
 DIST = "rlforge-teacher-role"
@@ -90,37 +88,8 @@ def rlforge_register(registry):
 
 @pytest.fixture(scope="module")
 def teacher_plugin(tmp_path_factory):
-    root = tmp_path_factory.mktemp("teacher_dist")
-    (root / "pyproject.toml").write_text(textwrap.dedent(f"""
-        [build-system]
-        requires = ["setuptools"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "{DIST}"
-        version = "0.1.0"
-        dependencies = []
-
-        [project.entry-points.rlforge]
-        teacher_role = "teacher_role.plugin"
-
-        [tool.setuptools]
-        packages = ["teacher_role"]
-        """))
-    (root / "teacher_role").mkdir()
-    (root / "teacher_role" / "__init__.py").write_text("")
-    (root / "teacher_role" / "plugin.py").write_text(PLUGIN)
-    res = _pip("install", "--no-deps", "--no-build-isolation", "-q", str(root))
-    if res.returncode != 0:
-        pytest.fail(f"pip install of the teacher plugin failed:\n{res.stdout}\n{res.stderr}")
-    importlib.invalidate_caches()
-    try:
+    with installed_package(tmp_path_factory.mktemp("teacher_dist"), DIST, "teacher_role", "teacher_role", PLUGIN):
         yield DIST
-    finally:
-        _pip("uninstall", "-y", "-q", DIST)
-        for mod in [m for m in sys.modules if m == "teacher_role" or m.startswith("teacher_role.")]:
-            del sys.modules[mod]
-        importlib.invalidate_caches()
 
 
 def _fit(tmp_path, *extra):
