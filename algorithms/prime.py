@@ -3,7 +3,7 @@ PPO-clip on RLOO advantages of two reward sources, the verifier's outcome ``acc`
 implicit process reward model (PRM) that is trained online on the same outcome labels.
 
 The PRM is a role of the dataflow, built the way any trainable role is (docs/plugins.md, "Add a role"): the role
-``prm`` (:class:`PRMRank`, a ``RankWorker``) holds the PRM ``pi_psi`` (a causal LM, by default a copy of the policy's
+``prm`` (``prime_worker.PRMRank``, a ``RankWorker``) holds the PRM ``pi_psi`` (a causal LM, by default a copy of the policy's
 initial weights) with its optimizer and a frozen reference ``pi_ref`` beside it, on the run's strategy; the
 controllers place it like the actor (Ray: on the actor's bundles; torchrun: a rank in every process), checkpoint it
 (weights, optimizer, scheduler) and resume it. The flow:
@@ -30,9 +30,7 @@ from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
 from rlforge.config.schema import LR_SCHEDULERS, ScoringConfig, option
-from rlforge.controller.ray_workers import RankWorker
-from rlforge.controller.remote import Role, remote
-from rlforge.controller.worker import TrainWorker
+from rlforge.controller.remote import Role
 from rlforge.dataflow import DataFlow, Stage, StepContext
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
@@ -40,9 +38,6 @@ from rlforge.module import LossContext, schedule_steps
 
 if TYPE_CHECKING:
     import torch
-
-    from rlforge.build import Builder
-    from rlforge.module import RLModule
 else:
     from rlforge.lazy import lazy_import
 
@@ -237,41 +232,8 @@ class PRIME(PolicyGradientModule):
             alg.reward_gt_coef))
 
 
-class PRMWorker(TrainWorker):
-    """The PRM on the strategy with its optimizer: the update loop of every trained role, the BCE loss."""
-
-    role = "prm"
-    section_key = "algorithm.prm"
-    module: PRIME
-
-    def __init__(self, config: Any, module: PRIME, strategy: Any, hook: Any = None) -> None:
-        super().__init__(config, module, strategy, hook)
-        module.prm = self._prepare(module.prm)
-        module.prm.train()
-        module.prm_ref = self._setup(module.prm_ref, "ref")
-        self.optimizer, self.scheduler = module.configure_prm_optimizers()
-        module.prm, self.optimizer = self._setup_optimizer(module.prm, self.optimizer)
-
-    def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.module.prm_step(micro, ctx)
-
-
-class PRMRank(RankWorker):
-    """A rank of the ``prm`` role: the update (``RankWorker.update``), checkpoints, and the scoring pass."""
-
-    def train_worker(self, builder: Builder, module: RLModule, strategy: Any, engine: bool) -> Any:
-        if not isinstance(module, PRIME):
-            raise RLForgeError(f"The 'prm' role runs PRIME's implicit PRM; {type(module).__qualname__} is not PRIME.")
-        return PRMWorker(builder.config, module, strategy, builder.hook)
-
-    @remote("dp_score", "concat")
-    def implicit_q(self, batch: B.Batch) -> torch.Tensor:
-        """``log pi_psi - log pi_ref`` per response token [B, R], in the scoring pass's micro-batches."""
-        return self.worker._per_row(batch, lambda micro: self.worker.module.implicit_q(micro, grad=False), "log_prob")
-
-
 @hookimpl
 def rlforge_register(registry):
     registry.algorithm.register("prime", PRIME)
-    registry.role.register("prm", Role("rlforge.algorithms.prime:PRMRank", ("prm",), section="algorithm.prm"),
+    registry.role.register("prm", Role("rlforge.algorithms.prime_worker:PRMRank", ("prm",), section="algorithm.prm"),
                            description="PRIME's implicit process reward model, trained online (and its reference)")

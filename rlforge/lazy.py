@@ -32,6 +32,9 @@ def lazy_import(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     loader.exec_module(module)
+    parent, _, child = name.rpartition(".")
+    if parent:  # as the import system does: ``import a.b`` later finds ``a.b`` as an attribute of ``a``
+        setattr(sys.modules[parent], child, module)
     return module
 
 

@@ -149,7 +149,7 @@ class BaseStrategy:
         """The optimizer state, gathered (complete on rank 0 only). Collective."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(model, optimizer, options=_full_options())
+        return get_optimizer_state_dict(_sharded_params(model), optimizer, options=_full_options())
 
     def load_optimizer_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                                   state: dict[str, Any]) -> None:
@@ -158,7 +158,8 @@ class BaseStrategy:
             set_optimizer_state_dict,
         )
 
-        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(_sharded_params(model), optimizer, state, options=options)
 
     def save_sharded(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Write model and optimizer shards to ``path`` (every rank its own part). Collective."""
@@ -186,7 +187,19 @@ def _sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
         get_optimizer_state_dict,
     )
 
+    model = _sharded_params(model)
     return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+
+
+def _sharded_params(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with its sharded parameters registered: FSDP2 keeps the root module's (embeddings, norm, head)
+    gathered after a forward pass that no backward follows (a scoring or generation pass), and the optimizer's
+    parameters are the sharded ones, which the optimizer state is keyed by. Other models are returned as they are."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.reshard()
+    return model
 
 
 class ProcessGroupCollectives:

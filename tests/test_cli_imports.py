@@ -33,3 +33,12 @@ def test_importing_the_cli_loads_no_heavy_library() -> None:
 def test_listing_and_config_commands_load_no_heavy_library(argv: list[str]) -> None:
     body = f"from rlforge.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
     assert _heavy(body) == []
+
+
+def test_a_lazily_imported_submodule_is_an_attribute_of_its_package() -> None:
+    """``lazy_import("rlforge.ops")`` (rlforge.module does it) sets ``rlforge.ops`` as a plain import does, without
+    running it: ``import rlforge.ops; rlforge.ops.x`` later finds it (the module runs on first use)."""
+    body = ("import rlforge\nfrom rlforge.lazy import lazy_import\nops = lazy_import('rlforge.ops')\n"
+            "assert vars(rlforge)['ops'] is ops and not is_loaded('torch')\n"
+            "import rlforge.ops\nassert rlforge.ops.response_logprobs and is_loaded('torch')")
+    assert _heavy(body) == ["torch"]

@@ -14,7 +14,7 @@ from rlforge.cli import main
 from rlforge.errors import RLForgeError
 from rlforge.plugin_manager import PluginManager
 
-ALGOS = ["dapo", "dpo", "dr_grpo", "gdpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "otb", "pf_ppo", "ppo",
+ALGOS = ["dapo", "dpo", "dr_grpo", "gdpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "otb", "pf_ppo", "ppo", "prime",
          "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo", "rm", "simpo", "sppo", "tir_otb", "vapo"]
 CRITIC_ALGOS = {"ppo", "pf_ppo", "vapo"}
 

@@ -4,6 +4,7 @@ the row's images go as multi_modal_data, text rows stay token prompts, and the e
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import torch
@@ -44,6 +45,7 @@ def test_generate_sends_token_prompts_with_multi_modal_data(vlm):
     engine.vllm = SimpleNamespace(TokensPrompt=dict, SamplingParams=lambda **kw: kw)
     engine.model, engine.tokenizer, engine.stop_ids, engine.supports_sleep = model, tok, [tok.eos_token_id], False
     engine._engine = lambda: llm
+    engine._lock, engine._calls = threading.Lock(), 0
     out = engine.generate(batch, SamplingParams(max_new_tokens=4, temperature=0.0, n=1))
     image_token = mm.placeholder_token_ids(model)[0]
     first, second = llm.prompts

@@ -109,6 +109,7 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     adam, _ = _worker(pm, cfg, GRPO)
     shard = shard_for_update(batch, WORLD, 8)[rank]
     adam.update(shard)
+    adam.compute_log_probs(split_even(batch, WORLD, "test")[rank])  # FSDP2 keeps the root gathered after it
     full = [adam.state_dict(), adam.model_state_dict()]  # complete on rank 0 only
     torch.distributed.broadcast_object_list(full, src=0)  # as the Ray controller sends rank 0's state to all
     full = copy.deepcopy(full)  # as read back from a file: rank 0's dict shares tensors (step) with its optimizer
