@@ -166,6 +166,13 @@ class PRIME(PolicyGradientModule):
                               f"'algorithm.accuracy_upper_bound' ({alg.accuracy_upper_bound}).")
         if config.rollout.n < 2:
             raise ConfigError(f"--algo prime's RLOO needs rollout.n >= 2 samples per prompt, got {config.rollout.n}.")
+        if not alg.reward_dpo_coef and not alg.reward_gt_coef:
+            raise ConfigError("'algorithm.reward_dpo_coef' and 'algorithm.reward_gt_coef' are both 0: every advantage "
+                              "would be 0 and the policy would not learn; give one of them a weight (verl: 5 and 5).")
+        if alg.filter_groups:
+            raise ConfigError("'algorithm.filter_groups' (DAPO's dynamic sampling) does not apply to --algo prime, "
+                              "which filters prompts by accuracy band (algorithm.filter_accuracy, "
+                              "accuracy_lower_bound/accuracy_upper_bound, oversample_factor): drop filter_groups.")
         if alg.prm.use_gt and not alg.prm.lam:
             raise ConfigError("'algorithm.prm.use_gt' changes the accumulated rewards of 'algorithm.prm.lam' > 0; with "
                               "lam=0 it does nothing (as in verl): set algorithm.prm.lam or drop use_gt.")
@@ -189,8 +196,9 @@ class PRIME(PolicyGradientModule):
         if self.loads("prm"):
             m, p = self.config.model, precision.for_config(self.config)
             path = self.config.algorithm.prm.path or m.path
-            self.prm = load_model(path, p.weights, trust_remote_code=m.trust_remote_code)
-            self.prm_ref = load_model(path, p.frozen, trust_remote_code=m.trust_remote_code)
+            key = "algorithm.prm.path" if self.config.algorithm.prm.path else "model.path"
+            self.prm = load_model(path, p.weights, trust_remote_code=m.trust_remote_code, key=key)
+            self.prm_ref = load_model(path, p.frozen, trust_remote_code=m.trust_remote_code, key=key)
             self.prm_ref.requires_grad_(False).eval()
 
     def configure_prm_optimizers(self) -> tuple[torch.optim.Optimizer, Any]:

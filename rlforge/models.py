@@ -379,27 +379,28 @@ def _loader_errors() -> tuple[type[Exception], ...]:
 
 
 def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False,
-               with_adapter: bool = True) -> torch.nn.Module:
+               with_adapter: bool = True, key: str = "model.path") -> torch.nn.Module:
     """The causal LM (or vision-language model) of ``path``. A LoRA adapter folder is its base model with the
     adapter merged in; with ``with_adapter=False`` the base model alone, for ``lora.wrap`` to go on training the
-    adapter (``RLModule.configure_model``)."""
+    adapter (``RLModule.configure_model``). ``key``: the config key that gave ``path``, named in errors."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     quiet_transformers()
-    folder = resolve_model_path(path)
+    folder = resolve_model_path(path, key)
     scoring = [a for a in architectures(folder) if a.endswith(SCORING_HEADS)]
     if scoring:
-        raise RLForgeError(f"'{path}' is a {scoring[0]}: a reward or value model scores sequences and cannot generate. "
+        raise RLForgeError(f"'{path}' ({key}) is a {scoring[0]}: a reward or value model scores sequences and cannot "
+                           f"generate. "
                            f"Give a causal LM as the policy; use a reward model as reward.model.path "
                            f"(reward.manager=model).")
-    check_weights(folder, path, "model.path")
+    check_weights(folder, path, key)
     # a vision-language model (a vision_config: docs/multimodal.md) loads with its vision tower
     auto = AutoModelForImageTextToText if "vision_config" in model_config(folder) else AutoModelForCausalLM
     try:
         model = auto.from_pretrained(folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
     except _loader_errors() as exc:
-        raise _load_failure("a causal LM", path, "model.path", exc) from None
-    return _merged_adapter(model, path, "model.path") if with_adapter else model
+        raise _load_failure("a causal LM", path, key, exc) from None
+    return _merged_adapter(model, path, key) if with_adapter else model
 
 
 def _merged_adapter(model: torch.nn.Module, path: str, key: str) -> torch.nn.Module:

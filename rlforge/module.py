@@ -230,7 +230,8 @@ class RLModule:
                 self.actor = lora.wrap(self.actor, self.config, adapter_folder(cfg.path))
         # with LoRA (and no model.ref_path) the reference is the actor with its adapter off: no second copy
         if self.needs_reference() and self.loads("ref") and not self.reference_is_base():
-            self.ref = load_model(cfg.ref_path or cfg.path, p.frozen, trust_remote_code=cfg.trust_remote_code)
+            self.ref = load_model(cfg.ref_path or cfg.path, p.frozen, trust_remote_code=cfg.trust_remote_code,
+                                  key="model.ref_path" if cfg.ref_path else "model.path")
             self.ref.requires_grad_(False).eval()
         if self.needs_critic() and self.loads("critic"):
             self.critic = load_value_model(self.config.critic.path or cfg.path, p.weights, cfg.trust_remote_code)

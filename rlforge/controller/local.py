@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge.controller.groups import GroupController
-from rlforge.controller.remote import InProcess, WorkerGroup
+from rlforge.controller.remote import InProcess, WorkerGroup, placed_roles
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
@@ -46,7 +46,7 @@ class LocalController(GroupController):
         module.configure_model()
         reg = builder.registry
         # this process's one rank of each role, over the driver's module: no copy, no mirror
-        self.ranks = {role: reg.role.get(role).worker_class()(role, 0, 1) for role in builder.roles(module)}
+        self.ranks = {name: role.worker_class()(name, 0, 1) for name, role in placed_roles(builder, module).items()}
         for rank in self.ranks.values():
             rank.build(builder, module, initial_sync=False)
         self.groups = {role: WorkerGroup(role, type(rank), InProcess([rank]), self.config, reg)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from rlforge.config.schema import option
 from rlforge.controller.dispatch import PerRank
 from rlforge.controller.groups import GroupController, check_layout, data_parallel_size, rank_module_class
-from rlforge.controller.remote import WorkerGroup
+from rlforge.controller.remote import WorkerGroup, placed_roles
 from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
@@ -242,7 +242,7 @@ class RayController(GroupController):
             gpus = cfg.gpus_per_worker
             if gpus is None:
                 gpus = 1.0 if ray.cluster_resources().get("GPU", 0) and config.strategy.device != "cpu" else 0.0
-            self._place(builder.roles(module), rank_module_class(module), gpus)
+            self._place(list(placed_roles(builder, module)), rank_module_class(module), gpus)
             if cfg.rollout_workers:
                 self.rollout = self._rollout_group(cfg, gpus, rank_module_class(module))
                 self.sync_weights()  # the engines start from model.path: give them the actor's weights

@@ -19,12 +19,16 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from rlforge.build import Builder
 
 REMOTE = "__rlforge_remote__"
 
@@ -101,6 +105,42 @@ class Role:
         from omegaconf import OmegaConf
 
         return int(OmegaConf.select(config, self.ranks)) if self.ranks else int(config.strategy.num_processes)
+
+    def check(self, name: str, plugin: str, config: Any) -> None:
+        """Refuse, naming the role and its plugin, a worker that cannot be imported or is not a ``WorkerProcess``,
+        and a ``ranks`` key that does not give a positive number of ranks."""
+        from omegaconf import OmegaConf
+
+        from rlforge.controller.ray_workers import WorkerProcess
+
+        where = f"The role '{name}' (registered by plugin '{plugin}')"
+        if isinstance(self.worker, str) and not re.fullmatch(r"[\w.]+:\w+", self.worker):
+            raise RLForgeError(f"{where} names its worker as {self.worker!r}; give a class or 'package.module:Class'.")
+        try:
+            worker = self.worker_class()
+        except (ImportError, AttributeError) as e:
+            raise RLForgeError(f"{where}: its worker {self.worker!r} cannot be imported: {e}") from None
+        if not (isinstance(worker, type) and issubclass(worker, WorkerProcess)):
+            raise RLForgeError(f"{where}: its worker {worker!r} is not a subclass of "
+                               "rlforge.controller.ray_workers.WorkerProcess (docs/plugins.md, 'Add a role').")
+        if self.ranks:
+            value = OmegaConf.select(config, self.ranks, default=None)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RLForgeError(f"{where} takes its number of ranks from '{self.ranks}', which is {value!r}: it "
+                                   "must be a config key holding a whole number >= 1.")
+
+
+def placed_roles(builder: Builder, module: Any) -> dict[str, Role]:
+    """The roles a controller places for ``module`` (``Builder.roles``), each checked (:meth:`Role.check`)."""
+    out = {}
+    for name in builder.roles(module):
+        entry = builder.registry.role.entry(name)
+        if not isinstance(entry.obj, Role):
+            raise RLForgeError(f"The role '{name}' (registered by plugin '{entry.plugin}') is {entry.obj!r}, not a "
+                               "rlforge.controller.remote.Role: register Role(worker=..., models=(...)).")
+        entry.obj.check(name, entry.plugin, builder.config)
+        out[name] = entry.obj
+    return out
 
 
 class Workers:

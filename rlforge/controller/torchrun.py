@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge.controller.groups import GroupController, check_layout, data_parallel_size, rank_module_class
 from rlforge.controller.local import close_reward
-from rlforge.controller.remote import WorkerGroup
+from rlforge.controller.remote import WorkerGroup, placed_roles
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
@@ -127,7 +127,7 @@ class ChannelTransport:
 def _workers(builder: Builder, rank: int, world: int, module: RLModule) -> dict[str, Any]:
     """This process's rank of each role the run places (``Builder.roles``: ``registry.role``'s worker classes). Every
     role has one rank per process (a role's own ``Role.ranks`` count is the Ray controller's)."""
-    return {role: builder.registry.role.get(role).worker_class()(role, rank, world) for role in builder.roles(module)}
+    return {name: role.worker_class()(name, rank, world) for name, role in placed_roles(builder, module).items()}
 
 
 class TorchrunController(GroupController):

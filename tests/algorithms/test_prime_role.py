@@ -13,7 +13,7 @@ import torch
 from rlforge import Trainer, load_config
 from rlforge import batch as B
 from rlforge.build import Builder
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.plugin_manager import PluginManager
 from tests.test_e2e import CrashAt
 
@@ -70,11 +70,17 @@ def test_prm_updates_lower_its_loss_and_the_rescoring_uses_the_new_weights(tmp_p
         controller.shutdown()
 
 
-def test_a_reward_manager_without_acc_is_refused_by_name(tmp_path):
+def test_bad_prime_options_are_refused_by_name(tmp_path):
     with pytest.raises(ConfigError, match="rollout.n >= 2"):
         _config(tmp_path, "rollout.n=1")
     with pytest.raises(ConfigError, match="accuracy_lower_bound"):
         _config(tmp_path, "algorithm.accuracy_lower_bound=0.9", "algorithm.accuracy_upper_bound=0.5")
+    with pytest.raises(ConfigError, match="'algorithm.reward_dpo_coef' and 'algorithm.reward_gt_coef' are both 0"):
+        _config(tmp_path, "algorithm.reward_dpo_coef=0", "algorithm.reward_gt_coef=0")
+    with pytest.raises(ConfigError, match="'algorithm.filter_groups' .* does not apply to --algo prime"):
+        _config(tmp_path, "algorithm.filter_groups=true")
+    with pytest.raises(RLForgeError, match="algorithm.prm.path"):
+        Trainer(_config(tmp_path, f"algorithm.prm.path={tmp_path / 'no_such_prm'}")).fit()
 
 
 def _prm_tensors(run_dir: Path, step: int) -> dict[str, torch.Tensor]:

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from rlforge import Trainer, load_config
+from rlforge.controller.remote import Role
+from rlforge.errors import RLForgeError
 from rlforge.plugin_manager import AUTOLOAD_ENV
 from tests.controller.test_ray import needs_ray
 from tests.plugins.megatron_cpu import free_port
@@ -144,3 +146,33 @@ def test_under_torchrun_prime_trains_its_prm_and_the_reward_model_scores_on_ever
     steps = [row for row in map(json.loads, metrics.read_text().splitlines()) if "prm/loss" in row]
     assert len(steps) == 2
     assert all({"reward/model/mean", "prm/grad_norm", "prm/heldout_pairwise_acc"} <= set(row) for row in steps)
+
+
+class _NotAWorker:
+    pass
+
+
+@pytest.mark.parametrize("role, message", [
+    (_NotAWorker, r"is <class .*_NotAWorker'>, not a rlforge.controller.remote.Role"),
+    (Role("teacher_role.worker"), r"names its worker as 'teacher_role.worker'; give a class or 'package.module:Class'"),
+    (Role("no_such_package_xyz:Worker"), r"its worker 'no_such_package_xyz:Worker' cannot be imported"),
+    (Role(_NotAWorker), r"is not a subclass of rlforge.controller.ray_workers.WorkerProcess"),
+    (Role("rlforge.controller.ray_workers:RankWorker", ranks="trainer.project"), r"takes its number of ranks from "
+                                                                                  r"'trainer.project', which is 'rlforge'"),
+    (Role("rlforge.controller.ray_workers:RankWorker", ranks="no.such.key"), r"from 'no.such.key', which is None"),
+])
+def test_a_role_that_cannot_be_placed_is_refused_naming_it_and_its_plugin(role, message, tmp_path):
+    from rlforge.algorithms.grpo import GRPO
+    from rlforge.build import Builder
+    from rlforge.controller.remote import placed_roles
+    from rlforge.plugin_manager import PluginManager
+
+    pm = PluginManager(autoload=False)
+    pm.registry.role.current_plugin = "my_plugin"
+    pm.registry.role.register("odd", role)
+    config = load_config("grpo", QUICK, plugins=pm)
+    module = GRPO(config)
+    module.worker_roles = lambda: ["actor", "odd"]
+    with pytest.raises(RLForgeError, match=rf"The role 'odd' \(registered by plugin 'my_plugin'\)[ :].*{message}"):
+        placed_roles(Builder(config, pm), module)
+
