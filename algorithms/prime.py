@@ -29,6 +29,7 @@ from rlforge.algorithms import implicit_prm as P
 from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
+from rlforge.config.compose import check_batch_sizes
 from rlforge.config.schema import LR_SCHEDULERS, ScoringConfig, option
 from rlforge.controller.remote import Role
 from rlforge.dataflow import DataFlow, Stage, StepContext
@@ -169,10 +170,16 @@ class PRIME(PolicyGradientModule):
         if not alg.reward_dpo_coef and not alg.reward_gt_coef:
             raise ConfigError("'algorithm.reward_dpo_coef' and 'algorithm.reward_gt_coef' are both 0: every advantage "
                               "would be 0 and the policy would not learn; give one of them a weight (verl: 5 and 5).")
+        for key, on in (("use_kl_in_reward", alg.use_kl_in_reward), ("overlong_buffer", alg.overlong_buffer)):
+            if on:
+                raise ConfigError(f"'algorithm.{key}' shapes the token rewards, which --algo prime does not use: its "
+                                  "advantages come from the outcome 'acc' and the PRM's process rewards only (as in "
+                                  f"verl's recipe). Drop {key}; for a KL term use actor.use_kl_loss.")
         if alg.filter_groups:
             raise ConfigError("'algorithm.filter_groups' (DAPO's dynamic sampling) does not apply to --algo prime, "
                               "which filters prompts by accuracy band (algorithm.filter_accuracy, "
                               "accuracy_lower_bound/accuracy_upper_bound, oversample_factor): drop filter_groups.")
+        check_batch_sizes(config, "algorithm.prm")  # the PRM trains on the kept data.train_batch_size prompts
         if alg.prm.use_gt and not alg.prm.lam:
             raise ConfigError("'algorithm.prm.use_gt' changes the accumulated rewards of 'algorithm.prm.lam' > 0; with "
                               "lam=0 it does nothing (as in verl): set algorithm.prm.lam or drop use_gt.")
@@ -190,13 +197,15 @@ class PRIME(PolicyGradientModule):
         """The actor (and reference) as every algorithm loads them; the PRM and its frozen reference where this
         process holds the ``prm`` role."""
         from rlforge import precision
-        from rlforge.models import load_model
+        from rlforge.models import check_vocabulary, load_model, resolve_model_path
 
         super().configure_model()
         if self.loads("prm"):
             m, p = self.config.model, precision.for_config(self.config)
             path = self.config.algorithm.prm.path or m.path
             key = "algorithm.prm.path" if self.config.algorithm.prm.path else "model.path"
+            if self.config.algorithm.prm.path:  # it scores the policy's tokens: an embedding row for each
+                check_vocabulary(resolve_model_path(path, key), self.tokenizer, path, key)
             self.prm = load_model(path, p.weights, trust_remote_code=m.trust_remote_code, key=key)
             self.prm_ref = load_model(path, p.frozen, trust_remote_code=m.trust_remote_code, key=key)
             self.prm_ref.requires_grad_(False).eval()
@@ -234,10 +243,10 @@ class PRIME(PolicyGradientModule):
         return loss, {"prm/loss": loss.item(), "prm/acc_before_step": right.item()}
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
-        alg = self.config.algorithm
-        return self.set_advantages(batch, P.prime_advantages(
-            batch[PRM_SCORES], batch[B.ACC], batch[B.RESPONSE_MASK], batch[B.UID], alg.reward_dpo_coef,
-            alg.reward_gt_coef))
+        alg, mask = self.config.algorithm, batch[B.RESPONSE_MASK]
+        advantages, returns = P.prime_advantages(batch[PRM_SCORES], batch[B.ACC], mask, batch[B.UID],
+                                                 alg.reward_dpo_coef, alg.reward_gt_coef)
+        return self.set_advantages(batch, (advantages * mask, returns))  # 0 at padding, as verl's batch holds them
 
 
 @hookimpl

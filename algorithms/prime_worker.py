@@ -18,18 +18,20 @@ from rlforge.controller.worker import TrainWorker
 from rlforge.errors import RLForgeError
 
 if TYPE_CHECKING:
-    from rlforge.build import Builder
     from rlforge.module import LossContext, RLModule
 
 
 class PRMWorker(TrainWorker):
-    """The PRM on the strategy with its optimizer: the update loop of every trained role, the BCE loss."""
+    """The PRM on the strategy with its optimizer: the update loop of every trained role, the BCE loss, the scoring
+    pass."""
 
     role = "prm"
     section_key = "algorithm.prm"
     module: PRIME
 
-    def __init__(self, config: Any, module: PRIME, strategy: Any, hook: Any = None) -> None:
+    def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None) -> None:
+        if not isinstance(module, PRIME):
+            raise RLForgeError(f"The 'prm' role runs PRIME's implicit PRM; {type(module).__qualname__} is not PRIME.")
         super().__init__(config, module, strategy, hook)
         module.prm = self._prepare(module.prm)
         module.prm.train()
@@ -40,16 +42,13 @@ class PRMWorker(TrainWorker):
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.prm_step(micro, ctx)
 
-
-class PRMRank(RankWorker):
-    """A rank of the ``prm`` role: the update (``RankWorker.update``), checkpoints, and the scoring pass."""
-
-    def train_worker(self, builder: Builder, module: RLModule, strategy: Any, engine: bool) -> Any:
-        if not isinstance(module, PRIME):
-            raise RLForgeError(f"The 'prm' role runs PRIME's implicit PRM; {type(module).__qualname__} is not PRIME.")
-        return PRMWorker(builder.config, module, strategy, builder.hook)
-
     @remote("dp_score", "concat")
     def implicit_q(self, batch: B.Batch) -> torch.Tensor:
         """``log pi_psi - log pi_ref`` per response token [B, R], in the scoring pass's micro-batches."""
-        return self.worker._per_row(batch, lambda micro: self.worker.module.implicit_q(micro, grad=False), "log_prob")
+        return self._per_row(batch, lambda micro: self.module.implicit_q(micro, grad=False), "log_prob")
+
+
+class PRMRank(RankWorker):
+    """A rank of the ``prm`` role: the PRMWorker's methods (``update``, ``implicit_q``) and the checkpoints."""
+
+    trains = PRMWorker

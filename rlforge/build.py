@@ -53,6 +53,14 @@ class Builder:
             )
         return obj
 
+    def capabilities(self, kind: str) -> Any:
+        """What the component the config selects for ``kind`` (``rollout``, ``strategy``) declares
+        (``rlforge.capabilities``, read when it was registered)."""
+        from omegaconf import OmegaConf
+
+        registry = getattr(self.registry, kind)
+        return registry.entry(OmegaConf.select(self.config, registry.spec.key)).capabilities
+
     def module(self, module: RLModule | None = None, roles: Collection[str] | None = None) -> RLModule:
         """The algorithm (``algorithm.name``) or the given module, with its tokenizer loaded; ``roles`` limits
         the models ``configure_model`` will load (default: all the algorithm needs)."""

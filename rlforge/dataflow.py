@@ -300,7 +300,7 @@ class OldLogProbStage(Stage):
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         reuse = ctx.config.actor.reuse_rollout_log_probs
         if reuse is None:
-            reuse = bool(getattr(ctx.controller, "logprobs_match_actor", False))
+            reuse = ctx.controller.logprobs_match_actor
         if reuse:
             batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]
         else:

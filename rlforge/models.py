@@ -103,6 +103,9 @@ def _local_folder(path: str, key: str) -> Path:
         folder = hub_snapshot(path, key)
     if not folder.exists():
         raise RLForgeError(f"Model path '{path}' does not exist ({key}).")
+    if not folder.is_dir():
+        raise RLForgeError(f"Model path '{path}' ({key}) is a file; give the model's folder (config.json, weights, "
+                           "tokenizer), a builtin:NAME or a Hub id.")
     return folder
 
 
@@ -390,8 +393,7 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
     scoring = [a for a in architectures(folder) if a.endswith(SCORING_HEADS)]
     if scoring:
         raise RLForgeError(f"'{path}' ({key}) is a {scoring[0]}: a reward or value model scores sequences and cannot "
-                           f"generate. "
-                           f"Give a causal LM as the policy; use a reward model as reward.model.path "
+                           f"give token log-probs. Give a causal LM as {key}; use a reward model as reward.model.path "
                            f"(reward.manager=model).")
     check_weights(folder, path, key)
     # a vision-language model (a vision_config: docs/multimodal.md) loads with its vision tower

@@ -117,7 +117,8 @@ class RLModule:
         if self.processor is not None:
             from rlforge.multimodal import check_engine
 
-            check_engine(prompts, self.registry.rollout.get(self.config.rollout.name), self.config.rollout.name)
+            check_engine(prompts, self.registry.rollout.entry(self.config.rollout.name).capabilities,
+                         self.config.rollout.name)
             if self.needs_critic() and any(p.multi_modal is not None for p in prompts):
                 raise DataError(f"{name}: rows with images, but --algo {self.config.algorithm.name} trains a critic "
                                 f"(value model), which reads text only: a critic over images is not built yet "

@@ -150,10 +150,10 @@ def engine_prompt(ids: list[int], inputs: dict[str, Any] | None, image_token: in
     return {"prompt_token_ids": collapsed, "multi_modal_data": {"image": inputs[IMAGES]}}
 
 
-def check_engine(prompts: list[Any], engine: type, name: str) -> None:
-    """Rows with images need a rollout engine that declares ``supports_images`` (``hf``, ``vllm``): another would
-    generate from the image tokens without the pixels."""
-    if not getattr(engine, "supports_images", False) and any(p.multi_modal is not None for p in prompts):
+def check_engine(prompts: list[Any], capabilities: Any, name: str) -> None:
+    """Rows with images need a rollout engine that declares ``supports_images`` (``hf``, ``vllm``; ``capabilities``:
+    the engine's ``RolloutCapabilities``): another would generate from the image tokens without the pixels."""
+    if not capabilities.supports_images and any(p.multi_modal is not None for p in prompts):
         raise RLForgeError(f"The data has images, but the rollout engine '{name}' (rollout.name) does not take them: "
                            f"use rollout.name=hf or vllm (docs/multimodal.md).")
 

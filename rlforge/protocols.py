@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from rlforge.agent.base import ParsedTurn, Sample, ToolResult
     from rlforge.agent.trajectory import Trajectory
     from rlforge.batch import Batch
+    from rlforge.capabilities import StrategyCapabilities
 
 
 SEED_RANGE = 2**30  # seeds of SamplingParams.seed are drawn below it: under every engine's limit (vllm adds the row index)
@@ -71,10 +72,10 @@ class RolloutEngine(Protocol):
     ``generate_tokens`` (:class:`TokenGenerator`); for one without it, rlforge builds the requests on ``generate``
     (``rlforge.agent.engine.tokens_via_generate``)."""
 
+    # What it can do is declared on its class as ``capabilities = RolloutCapabilities(...)`` (rlforge.capabilities:
+    # owns_weights, logprobs_match_actor, supports_images, continuous_batching; all False when not declared) and read
+    # from its registry entry.
     supports_sleep: bool
-    # True when rollout_log_probs equal the actor's recomputed log-probs up to float noise (same weights and
-    # numerics, e.g. the hf engine generating with the actor itself): the trainer then skips the recomputation
-    logprobs_match_actor: bool
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
         """Return a batch with ``len(batch) * params.n`` rows (each prompt repeated n times in place, lists
@@ -129,6 +130,7 @@ class Strategy(Protocol):
     device: torch.device
     world_size: int
     rank: int
+    capabilities: StrategyCapabilities  # sharded, shares_prompts (rlforge.capabilities)
 
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, is_dataclass
 from typing import Any, Generic, TypeVar
 
+from rlforge.capabilities import RolloutCapabilities, StrategyCapabilities, declared, shown
 from rlforge.errors import RLForgeError, did_you_mean
 
 T = TypeVar("T")
@@ -35,6 +36,7 @@ class Kind:
     key: str
     section: str | None
     protocol: str = ""
+    capabilities: type | None = None  # what its components declare (rlforge.capabilities), read at registration
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Entry(Generic[T]):
     description: str
     plugin: str
     config: type | None = None  # dataclass of the component's own config section
+    capabilities: Any = None  # what it declares (rlforge.capabilities), for kinds that have them
 
     def config_path(self, kind: Kind) -> str | None:
         """Where this component's options live in the config (None: it has none)."""
@@ -85,7 +88,8 @@ class Registry(Generic[T]):
                     f"pass override=True to replace it."
                 )
             desc = description or _first_doc_line(o)
-            self._entries[name] = Entry(name, o, desc, self.current_plugin, config)
+            caps = None if self.spec.capabilities is None else declared(self.kind, name, o, self.spec.capabilities)
+            self._entries[name] = Entry(name, o, desc, self.current_plugin, config, caps)
             return o
 
         if obj is None:
@@ -153,10 +157,10 @@ class Registries:
 
     SPECS: dict[str, Kind] = {
         "algorithm": Kind("algorithm.name", None, "RLModule"),
-        "rollout": Kind("rollout.name", "rollout", "RolloutEngine"),
+        "rollout": Kind("rollout.name", "rollout", "RolloutEngine", RolloutCapabilities),
         "reward_manager": Kind("reward.manager", "reward", "RewardManager"),
         "reward_fn": Kind("reward.fn", "reward", "RewardFunction"),
-        "strategy": Kind("strategy.name", "strategy", "Strategy"),
+        "strategy": Kind("strategy.name", "strategy", "Strategy", StrategyCapabilities),
         "logger": Kind("logger.backends", "logger", "Logger"),
         "dataset": Kind("data.name", "data", "Dataset"),
         "controller": Kind("trainer.controller", "", "Controller"),
@@ -195,9 +199,9 @@ class Registries:
             reg.hint = hint
 
     def components_of(self, plugin: str) -> list[str]:
-        return [
-            f"{reg.kind}:{e.name}" for reg in self.all().values() for e in reg.entries() if e.plugin == plugin
-        ]
+        """``kind:name`` of each component ``plugin`` registered, with the capabilities it declares that are on."""
+        return [f"{reg.kind}:{e.name}" + (f"  (capabilities: {shown(e.capabilities)})" if shown(e.capabilities) else "")
+                for reg in self.all().values() for e in reg.entries() if e.plugin == plugin]
 
     def snapshot(self) -> dict[str, dict[str, Entry[Any]]]:
         return {kind: reg.snapshot() for kind, reg in self.all().items()}

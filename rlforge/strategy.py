@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge import precision
+from rlforge.capabilities import StrategyCapabilities
 
 if TYPE_CHECKING:
     import torch
@@ -56,9 +57,7 @@ class BaseStrategy:
     world_size = 1
     precision: precision.Precision = precision.resolve("32-true")
     scaler: Any = None  # torch.amp.GradScaler with 16-mixed
-    # model.shared_prefix is verified with this strategy's models: a prompt's KV cache, computed once and copied to
-    # its responses' rows, gives the plain forward's log-probs and gradients (two forwards before one backward)
-    shares_prompts = False
+    capabilities = StrategyCapabilities()  # a subclass declares its own (rlforge.capabilities)
 
     def configure_precision(self, config: Any) -> None:
         """Set ``precision`` (and the loss scaler of ``16-mixed``) from ``model.precision`` for ``self.device``.

@@ -98,6 +98,10 @@ def config_md() -> str:
                 out += [f"### `--algo {entry.name}`: {entry.description}", "",
                         f"Preset (applied over the defaults): `{json.dumps(entry.obj.preset)}`", ""]
                 out += table(entry.obj.config_class, "algorithm")
+                for sub in dataclasses.fields(entry.obj.config_class):  # nested sections: PRIME's algorithm.prm
+                    value = sub.default_factory() if sub.default_factory is not dataclasses.MISSING else None
+                    if dataclasses.is_dataclass(value):
+                        out += [f"`algorithm.{sub.name}`:", ""] + table(type(value), f"algorithm.{sub.name}")
             continue
         out += section_md(type(f.default_factory()), f.name, owned)
     out += component_tables(owned.get("", []), "##")  # components whose options are a top-level section

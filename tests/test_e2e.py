@@ -130,7 +130,7 @@ def test_epoch_limit_stops_before_total_steps_and_the_schedule_keeps_its_length(
     summary = trainer.fit()
     assert summary["steps"] == 2 and trainer.config.trainer.schedule_steps == 5
     lrs = [h["actor/lr"] for h in trainer.history]
-    assert lrs == pytest.approx([1e-5 * (1 - k / 5) for k in (1, 2)])  # after steps 1 and 2 of a 5-step decay
+    assert lrs == pytest.approx([1e-5 * (1 - k / 5) for k in (0, 1)])  # the rates steps 1 and 2 of a 5-step decay ran at
 
 
 def test_log_val_generations_hands_verls_pick_to_every_logger(tmp_path, monkeypatch) -> None:

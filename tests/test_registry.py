@@ -155,3 +155,49 @@ def test_registries_components_of_plugin() -> None:
     assert sorted(regs.components_of("p1")) == ["algorithm:a1", "reward fn:r1"]
     assert regs.components_of("p2") == ["algorithm:a2"]
     assert regs.components_of("nobody") == []
+
+
+def test_capabilities_are_read_at_registration_and_a_bare_attribute_is_refused() -> None:
+    from rlforge.capabilities import RolloutCapabilities, StrategyCapabilities
+
+    regs = Registries()
+
+    class Declared:
+        capabilities = RolloutCapabilities(owns_weights=True)
+
+    class Plain:
+        pass
+
+    regs.rollout.register("declared", Declared)
+    regs.rollout.register("plain", Plain)
+    assert regs.rollout.entry("declared").capabilities.owns_weights
+    assert regs.rollout.entry("plain").capabilities == RolloutCapabilities()
+
+    class Old:  # the convention before capabilities were declared
+        owns_weights = True
+
+    with pytest.raises(RLForgeError, match=r"rollout 'old' sets owns_weights as class attributes; declare them as "
+                                           r"capabilities = rlforge.capabilities.RolloutCapabilities\(owns_weights=True\)"):
+        regs.rollout.register("old", Old)
+
+    class Wrong:
+        capabilities = StrategyCapabilities()
+
+    with pytest.raises(RLForgeError, match=r"rollout 'wrong': capabilities must be a rlforge.capabilities."
+                                           r"RolloutCapabilities, got StrategyCapabilities"):
+        regs.rollout.register("wrong", Wrong)
+
+    class NotBool:
+        capabilities = StrategyCapabilities(sharded="yes")  # type: ignore[arg-type]
+
+    with pytest.raises(RLForgeError, match=r"strategy 'odd': capability sharded must be True or False, got 'yes'"):
+        regs.strategy.register("odd", NotBool)
+
+
+def test_plugins_list_shows_the_capabilities_that_are_on(capsys) -> None:
+    from rlforge.cli import main
+
+    assert main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout:vllm  (capabilities: owns_weights, supports_images, continuous_batching)" in out
+    assert "strategy:fsdp  (capabilities: sharded, shares_prompts)" in out

@@ -105,7 +105,7 @@ def test_builder_checks_the_protocol() -> None:
     pm = PluginManager(autoload=False)
 
     class NoGenerate:
-        supports_sleep = logprobs_match_actor = False
+        supports_sleep = False
 
         def __init__(self, config, model, tokenizer):
             pass

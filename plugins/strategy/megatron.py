@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlforge.capabilities import StrategyCapabilities
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
@@ -71,7 +72,7 @@ def import_megatron() -> Any:
 class MegatronStrategy(ProcessGroupCollectives, BaseStrategy):
     """megatron-core tensor parallelism x data parallelism (summed gradients) over N processes."""
 
-    sharded = True
+    capabilities = StrategyCapabilities(sharded=True)
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

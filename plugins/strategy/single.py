@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rlforge.capabilities import StrategyCapabilities
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.strategy import BaseStrategy
@@ -28,7 +29,7 @@ def pick_device(name: str) -> torch.device:
 class SingleDeviceStrategy(BaseStrategy):
     """Everything on one device; gradients are clipped by global norm."""
 
-    shares_prompts = True  # model.shared_prefix (tests/controller/test_worker.py)
+    capabilities = StrategyCapabilities(shares_prompts=True)  # model.shared_prefix (tests/controller/test_worker.py)
 
     def __init__(self, config: Any) -> None:
         self.device = pick_device(config.strategy.device)

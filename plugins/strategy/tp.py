@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlforge.capabilities import StrategyCapabilities
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
@@ -73,7 +74,8 @@ class TPConfig:
 class TPStrategy(FSDPStrategy):
     """FSDP2 over data-parallel groups x DTensor tensor parallelism inside each decoder layer."""
 
-    shares_prompts = False  # model.shared_prefix: not verified with tensor-parallel attention (plain forward passes)
+    # model.shared_prefix: not verified with tensor-parallel attention (plain forward passes)
+    capabilities = StrategyCapabilities(sharded=True)
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

@@ -377,21 +377,23 @@ def micro_batch_size(cfg: DictConfig, section: str = "actor") -> int:
 def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:
     """The mini-batch (prompts) divides the batch and the micro-batch (samples) divides the mini-batch.
 
-    The core checks ``actor``; algorithms with a critic check ``critic`` in their ``validate_config``.
+    The core checks ``actor``; algorithms with a critic check ``critic`` in their ``validate_config`` (a dotted
+    ``section`` for a role's options elsewhere: PRIME's ``algorithm.prm``).
     """
     prompts, n = cfg.data.train_batch_size, cfg.rollout.n
-    mini, micro = cfg[section].ppo_mini_batch_size, micro_batch_size(cfg, section)
+    options = config_section(cfg, section)
+    mini, micro = options.ppo_mini_batch_size, micro_batch_size(cfg, section)
     if mini <= 0 or micro <= 0:
         raise ConfigError(f"'{section}.ppo_mini_batch_size' and '{section}.ppo_micro_batch_size' must be positive.")
     if prompts % mini:
         raise ConfigError(
             f"'{section}.ppo_mini_batch_size' ({mini} prompts) must divide 'data.train_batch_size' ({prompts} prompts)."
         )
-    budget, longest = cfg[section].max_tokens_per_micro_batch, per_rank_longest(cfg)
+    budget, longest = options.max_tokens_per_micro_batch, per_rank_longest(cfg)
     if budget:
-        if cfg[section].ppo_micro_batch_size is not None:
+        if options.ppo_micro_batch_size is not None:
             raise ConfigError(
-                f"Set one of '{section}.ppo_micro_batch_size' ({cfg[section].ppo_micro_batch_size} samples) and "
+                f"Set one of '{section}.ppo_micro_batch_size' ({options.ppo_micro_batch_size} samples) and "
                 f"'{section}.max_tokens_per_micro_batch' ({budget} tokens): micro-batches are cut by count or by tokens."
             )
         if budget < longest:
@@ -404,12 +406,12 @@ def check_batch_sizes(cfg: DictConfig, section: str = "actor") -> None:
             f"'{section}.ppo_micro_batch_size' ({micro} samples) must divide the mini-batch of "
             f"{mini} prompts x rollout.n={n} = {mini * n} samples."
         )
-    for name in SCORING[section]:
+    for name in SCORING.get(section, ()):
         check_scoring(cfg, f"{section}.{name}", longest)
 
 
 # the forward-only passes of each role, with micro-batches of their own (schema.ScoringConfig)
-SCORING = {"actor": ("log_prob", "ref_log_prob"), "critic": ("values",)}
+SCORING = {"actor": ("log_prob", "ref_log_prob"), "critic": ("values",), "algorithm.prm": ("log_prob",)}
 
 
 def check_scoring(cfg: DictConfig, key: str, longest: int) -> None:

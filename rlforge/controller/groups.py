@@ -31,6 +31,8 @@ from rlforge.protocols import Generation, SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from rlforge.registry import Entry
+
 CHECKPOINT_MODES = ("full", "sharded")
 
 
@@ -41,18 +43,19 @@ def data_parallel_size(config: Any, strategy_factory: Any) -> int:
     return int(size(config)) if size is not None else int(config.strategy.num_processes)
 
 
-def check_layout(config: Any, strategy_factory: Any, needs_critic: bool) -> None:
-    """Fail before any worker starts: rank count, strategy, checkpoint mode, batch sizes per data-parallel group (at
-    compose time with the actor's batch sizes, ``validate_config``; the critic's when the controller starts)."""
+def check_layout(config: Any, strategy: Entry[Any], needs_critic: bool) -> None:
+    """Fail before any worker starts: rank count, strategy (its registry entry), checkpoint mode, batch sizes per
+    data-parallel group (at compose time with the actor's batch sizes, ``validate_config``; the critic's when the
+    controller starts)."""
     world = config.strategy.num_processes
     if world < 1:
         raise ConfigError(f"strategy.num_processes must be >= 1, got {world}.")
-    if world > 1 and not getattr(strategy_factory, "sharded", False):
+    if world > 1 and not strategy.capabilities.sharded:
         raise ConfigError(
             f"strategy.name={config.strategy.name} trains one copy per process without synchronizing gradients: "
             f"with strategy.num_processes={world} use strategy.name=fsdp (or tp)."
         )
-    world = data_parallel_size(config, strategy_factory)
+    world = data_parallel_size(config, strategy.obj)
     unit = f"strategy.num_processes={world} ranks" if world == config.strategy.num_processes else (
         f"{world} data-parallel groups (strategy.num_processes={config.strategy.num_processes})")
     if config.strategy.checkpoint not in CHECKPOINT_MODES:

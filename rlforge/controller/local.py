@@ -29,8 +29,7 @@ class LocalController(GroupController):
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
-        strategy = registry.strategy.get(config.strategy.name)
-        if config.strategy.num_processes != 1 or getattr(strategy, "sharded", False):
+        if config.strategy.num_processes != 1 or registry.strategy.entry(config.strategy.name).capabilities.sharded:
             raise ConfigError(
                 f"strategy.name={config.strategy.name} with strategy.num_processes={config.strategy.num_processes} "
                 f"needs one process per rank, which the local controller (one process) does not start. "
@@ -51,9 +50,10 @@ class LocalController(GroupController):
             rank.build(builder, module, initial_sync=False)
         self.groups = {role: WorkerGroup(role, type(rank), InProcess([rank]), self.config, reg)
                        for role, rank in self.ranks.items()}
-        self.logprobs_match_actor = bool(getattr(self.ranks["actor"].rollout, "logprobs_match_actor", False))
+        engine = builder.capabilities("rollout")
+        self.logprobs_match_actor = engine.logprobs_match_actor
         # an engine that takes overlapping calls (vllm's async engine): agent loops send each turn at once
-        self.continuous_batching = bool(getattr(self.ranks["actor"].rollout, "continuous_batching", False))
+        self.continuous_batching = engine.continuous_batching
         self.reward = builder.reward(module.tokenizer, self.workers)
 
     def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:

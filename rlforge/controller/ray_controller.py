@@ -49,6 +49,7 @@ from rlforge.pipeline import PIPELINES
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
+    from rlforge.registry import Entry
 
 
 @dataclass
@@ -86,9 +87,9 @@ def _import_ray() -> Any:
     return ray
 
 
-def check_config(config: Any, strategy_factory: Any, needs_critic: bool) -> None:
-    """:func:`rlforge.controller.groups.check_layout` and the Ray options."""
-    check_layout(config, strategy_factory, needs_critic)
+def check_config(config: Any, strategy: Entry[Any], needs_critic: bool) -> None:
+    """:func:`rlforge.controller.groups.check_layout` (``strategy``: its registry entry) and the Ray options."""
+    check_layout(config, strategy, needs_critic)
     if config.ray.placement_strategy not in PLACEMENT_STRATEGIES:
         raise ConfigError(
             f"ray.placement_strategy='{config.ray.placement_strategy}'. Allowed: {', '.join(PLACEMENT_STRATEGIES)}."
@@ -214,12 +215,12 @@ class RayController(GroupController):
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
-        check_config(config, registry.strategy.get(config.strategy.name), needs_critic=False)
+        check_config(config, registry.strategy.entry(config.strategy.name), needs_critic=False)
 
     def __init__(self, builder: Builder, module: RLModule) -> None:
         config, reg = builder.config, builder.registry
         self.strategy_factory = reg.strategy.get(config.strategy.name)
-        check_config(config, self.strategy_factory, module.needs_critic())
+        check_config(config, reg.strategy.entry(config.strategy.name), module.needs_critic())
         ray = self.ray = _import_ray()
         for plugin_file in builder.plugins.file_modules():  # the workers load them too, but unpickle classes first
             ray.cloudpickle.register_pickle_by_value(plugin_file)
@@ -230,7 +231,7 @@ class RayController(GroupController):
         self.reward: Any = None
         # the engines generate with a replica kept equal to the actor: their log-probs are the actor's if the
         # engine's are with the actor itself
-        self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
+        self.logprobs_match_actor = builder.capabilities("rollout").logprobs_match_actor
         self.registry = reg
         self.pools: list[ResourcePool] = []
         self.transports: list[RayTransport] = []

@@ -11,11 +11,12 @@ controller calls :class:`RankWorker` in place.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +26,8 @@ from rlforge import batch as B
 from rlforge import checkpoint as ckpt
 from rlforge import lora
 from rlforge.agent.engine import token_generator
-from rlforge.controller.remote import remote
-from rlforge.controller.worker import ActorWorker, CriticWorker
+from rlforge.controller.remote import declared, remote
+from rlforge.controller.worker import ActorWorker, CriticWorker, TrainWorker
 from rlforge.protocols import Generation, SamplingParams
 
 if TYPE_CHECKING:
@@ -128,30 +129,49 @@ class WorkerProcess:
             self.rollout.shutdown()
 
 
-def _engine_owns_weights(builder: Builder) -> bool:
-    """Whether the configured rollout engine keeps its own copy of the weights (vllm: ``owns_weights``)."""
-    return bool(getattr(builder.registry.rollout.get(builder.config.rollout.name), "owns_weights", False))
+FORWARDS = "__rlforge_runs_on_worker__"
+
+
+def _run_on_worker(cls: type[RankWorker]) -> None:
+    """Give ``cls`` each ``@remote`` method of its ``trains`` class that it does not write itself: a method of the same
+    name, signature and dispatch that runs it on ``self.worker`` (real methods, so Ray's actor class has them)."""
+    for name in declared(cls.trains):
+        own = getattr(cls, name, None)
+        if own is None or getattr(own, FORWARDS, False):
+            setattr(cls, name, _on_worker(name, getattr(cls.trains, name)))
+
+
+def _on_worker(name: str, target: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(target)  # the signature and the @remote mark of the TrainWorker's method
+    def run(self: RankWorker, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.worker, name)(*args, **kwargs)
+
+    setattr(run, FORWARDS, True)
+    return run
 
 
 class RankWorker(WorkerProcess):
     """One rank of a trained role: a :class:`rlforge.controller.worker.TrainWorker` (``self.worker``, made by
-    :meth:`train_worker`) on the strategy, with its update and state methods. A plugin's trainable role subclasses it,
-    returns its own ``TrainWorker`` from :meth:`train_worker` and declares its forward passes with ``@remote``."""
+    :meth:`train_worker`) on the strategy, with its update and state methods. The ``@remote`` methods of the
+    ``trains`` class (``update``, ``compute_log_probs``, ...) are this rank's as well, each running on ``self.worker``:
+    a plugin's trainable role sets ``trains`` to its ``TrainWorker`` and declares its methods there, once."""
+
+    trains: type = TrainWorker  # the role's TrainWorker class (abstract here: each role's loss)
 
     def __init__(self, role: str, rank: int, world_size: int) -> None:
         super().__init__(role, rank, world_size)
         self.worker: Any = None  # the role's TrainWorker, after setup
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _run_on_worker(cls)
+
     def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
         self.worker = self.train_worker(builder, module, builder.strategy(), engine)
 
     def train_worker(self, builder: Builder, module: RLModule, strategy: Any, engine: bool) -> Any:
-        """The role's ``TrainWorker`` over ``module`` on ``strategy``."""
-        raise NotImplementedError(f"{type(self).__qualname__}.train_worker")  # abstract: each role's
-
-    @remote("dp_update", "first")
-    def update(self, batch: B.Batch, step: int | None = None) -> dict[str, float]:
-        return self.worker.update(batch, step)
+        """The role's ``TrainWorker`` over ``module`` on ``strategy``: ``trains(config, module, strategy, hook)``."""
+        return self.trains(builder.config, module, strategy, builder.hook)
 
     # --- state ---------------------------------------------------------------------------------------
     @remote()
@@ -169,14 +189,6 @@ class RankWorker(WorkerProcess):
         self.worker.load_state_dict(state)
         self.set_rng(rng)
 
-    @remote(collect="first")
-    def model_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.worker.model_state_dict()
-
-    @remote()
-    def load_model_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
-        self.worker.load_model_state_dict(weights)
-
     @remote()
     def save_sharded(self, path: str) -> dict[str, Any]:
         return {**self.worker.save_sharded(Path(path)), "rng": ckpt.rng_state()}
@@ -192,25 +204,27 @@ class RankWorker(WorkerProcess):
             torch.distributed.destroy_process_group()
 
 
+_run_on_worker(RankWorker)
+
+
 class ActorRank(RankWorker):
     """A rank of the ``actor`` role: the policy, the reference model and (unless a rollout group generates) the
     rollout engine (the hybrid engine)."""
+
+    trains = ActorWorker
 
     def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
         super().build(builder, module, engine)
         if engine:
             self._start_engine(builder, self.worker.rollout_model, module.tokenizer)
-            if _engine_owns_weights(builder) and initial_sync:  # the engine starts from model.path: give it the
-                self.sync_weights()  # actor's weights (collective over the ranks)
+            # the engine starts from model.path: give it the actor's weights (collective over the ranks)
+            if builder.capabilities("rollout").owns_weights and initial_sync:
+                self.sync_weights()
 
     def train_worker(self, builder: Builder, module: RLModule, strategy: Any, engine: bool) -> Any:
         # the engines of a rollout worker group keep weights of their own: no replica here either
         return ActorWorker(builder.config, module, strategy, builder.hook,
-                           engine_owns_weights=_engine_owns_weights(builder) or not engine)
-
-    @remote("dp_score", "concat")
-    def compute_log_probs(self, batch: B.Batch, role: str) -> torch.Tensor:
-        return self.worker.compute_log_probs(batch, role)
+                           engine_owns_weights=builder.capabilities("rollout").owns_weights or not engine)
 
     @remote(collect="max")
     def sync_weights(self) -> float:
@@ -232,14 +246,9 @@ class ActorRank(RankWorker):
 
 
 class CriticRank(RankWorker):
-    """A rank of the ``critic`` role: the value model."""
+    """A rank of the ``critic`` role: the value model (``compute_values``, ``update``)."""
 
-    def train_worker(self, builder: Builder, module: RLModule, strategy: Any, engine: bool) -> Any:
-        return CriticWorker(builder.config, module, strategy, builder.hook)
-
-    @remote("dp_score", "concat")
-    def compute_values(self, batch: B.Batch) -> torch.Tensor:
-        return self.worker.compute_values(batch)
+    trains = CriticWorker
 
 
 class RolloutWorker(WorkerProcess):
@@ -255,7 +264,7 @@ class RolloutWorker(WorkerProcess):
         if lora.is_lora(model):  # the actor sends merged weights under the base model's names
             model = lora.merged_model(model)
         model.requires_grad_(False)
-        if not _engine_owns_weights(builder):  # an engine with weights of its own (vllm) reads only the config
+        if not builder.capabilities("rollout").owns_weights:  # an engine with weights of its own reads only the config
             gpu = torch.cuda.is_available() and config.strategy.device != "cpu"
             model = model.to("cuda" if gpu else "cpu")  # the GPU Ray gave this worker
         self._start_engine(builder, model, module.tokenizer)

@@ -135,7 +135,7 @@ class TorchrunController(GroupController):
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
-        check_layout(config, registry.strategy.get(config.strategy.name), needs_critic=False)
+        check_layout(config, registry.strategy.entry(config.strategy.name), needs_critic=False)
         pipeline = config.trainer.pipeline
         if PIPELINES[pipeline].own_rollout_weights:
             raise ConfigError(
@@ -164,14 +164,14 @@ class TorchrunController(GroupController):
     def __init__(self, builder: Builder, module: RLModule) -> None:
         config, reg = builder.config, builder.registry
         strategy = reg.strategy.get(config.strategy.name)
-        check_layout(config, strategy, module.needs_critic())
+        check_layout(config, reg.strategy.entry(config.strategy.name), module.needs_critic())
         module_cls = rank_module_class(module)
         self.config, self.module = config, module
         rank, world, group = _join(config)
         self.channel = Channel(group, rank, world, _workers(builder, rank, world, module))
         module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
         module.configure_model()
-        self.logprobs_match_actor = bool(getattr(reg.rollout.get(config.rollout.name), "logprobs_match_actor", False))
+        self.logprobs_match_actor = builder.capabilities("rollout").logprobs_match_actor
         dp = data_parallel_size(config, strategy)
         ranks = {role: world if reg.role.get(role).ranks else dp for role in self.channel.workers}
         self.groups = {role: WorkerGroup(role, type(worker), ChannelTransport(self.channel, role), config, reg,

@@ -26,6 +26,7 @@ from rlforge import batch as B
 from rlforge import lora
 from rlforge.config.compose import config_section, micro_batch_size
 from rlforge.controller.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
+from rlforge.controller.remote import remote
 from rlforge.errors import NonFiniteError
 from rlforge.module import LossContext, RLModule
 from rlforge.ops import SHARE_ALWAYS, SHARE_REPEATED, compile_forward, response_values, share_prompts
@@ -46,7 +47,7 @@ def shared_prefix_applies(config: Any, strategy: Any, model: torch.nn.Module) ->
     strategy verified with it (``shares_prompts``: single, fsdp)."""
     m = config.model
     return bool(m.shared_prefix and not m.remove_padding and not m.compile
-                and not getattr(model, "is_gradient_checkpointing", False) and getattr(strategy, "shares_prompts", False))
+                and not getattr(model, "is_gradient_checkpointing", False) and strategy.capabilities.shares_prompts)
 
 
 class TrainWorker:
@@ -129,6 +130,7 @@ class TrainWorker:
                 out[rows] = forward(batch.select(rows).to(self.strategy.device)).float().cpu()
         return out
 
+    @remote("dp_update", "first")
     def update(self, batch: B.Batch, step: int | None = None) -> dict[str, float]:
         """``batch`` is this rank's shard (``shard_for_update``): its mini-batches are 1/world_size of the global.
         ``step``: the driver's training step, which the module sees as ``module.step`` and the losses as
@@ -157,10 +159,10 @@ class TrainWorker:
             self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the rollout
             if offload:
                 self._move_optimizer_state(to_cpu=True)
+        out = {**logged, **{k: v / max(steps, 1) for k, v in totals.items()}}
+        out[f"{self.role}/lr"] = self.optimizer.param_groups[0]["lr"]  # the rate this update ran at (as verl logs)
         if self.scheduler is not None and self.bad_in_a_row < steps:  # at least one optimizer step ran
             self.scheduler.step()
-        out = {**logged, **{k: v / max(steps, 1) for k, v in totals.items()}}
-        out[f"{self.role}/lr"] = self.optimizer.param_groups[0]["lr"]
         out[f"{self.role}/skipped_steps"] = float(self.skipped_steps)
         return out
 
@@ -229,10 +231,12 @@ class TrainWorker:
         self.strategy.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         self._load_small_state(state)
 
+    @remote(collect="first")
     def model_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full weights on the CPU (complete on rank 0 only). Collective."""
         return self.strategy.model_state_dict(self.model)
 
+    @remote()
     def load_model_state_dict(self, weights: dict[str, torch.Tensor]) -> None:
         """Load full weights (every rank gets them; sharded models keep their shard)."""
         self.strategy.load_model_state_dict(self.model, weights)
@@ -275,7 +279,7 @@ class ActorWorker(TrainWorker):
         # and the gathered weight stream.
         # A pipeline that generates while the actor trains (trainer.pipeline=one_step_off, async) needs that replica too.
         self.rollout_model = module.actor
-        own = getattr(strategy, "sharded", False) or PIPELINES[config.trainer.pipeline].own_rollout_weights
+        own = strategy.capabilities.sharded or PIPELINES[config.trainer.pipeline].own_rollout_weights
         if own and not engine_owns_weights:
             self.rollout_model = copy.deepcopy(module.actor).requires_grad_(False).to(strategy.device)
         module.actor = self._prepare(module.actor)
@@ -288,6 +292,7 @@ class ActorWorker(TrainWorker):
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.training_step(micro, ctx)
 
+    @remote("dp_score", "concat")
     @torch.no_grad()
     def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
         """Per-token log-probs of the responses under the actor or the reference model (``module.forward_responses``;
@@ -324,6 +329,7 @@ class CriticWorker(TrainWorker):
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.critic_step(micro, ctx)
 
+    @remote("dp_score", "concat")
     @torch.no_grad()
     def compute_values(self, batch: B.Batch) -> torch.Tensor:
         resp_len = batch[B.RESPONSES].shape[1]

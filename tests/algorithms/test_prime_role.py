@@ -79,6 +79,14 @@ def test_bad_prime_options_are_refused_by_name(tmp_path):
         _config(tmp_path, "algorithm.reward_dpo_coef=0", "algorithm.reward_gt_coef=0")
     with pytest.raises(ConfigError, match="'algorithm.filter_groups' .* does not apply to --algo prime"):
         _config(tmp_path, "algorithm.filter_groups=true")
+    with pytest.raises(ConfigError, match=r"'algorithm.prm.ppo_mini_batch_size' \(3 prompts\) must divide"):
+        _config(tmp_path, "algorithm.prm.ppo_mini_batch_size=3")
+    for key in ("use_kl_in_reward=true", "overlong_buffer=4"):
+        with pytest.raises(ConfigError, match=rf"'algorithm.{key.split('=')[0]}' shapes the token rewards"):
+            _config(tmp_path, f"algorithm.{key}")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(RLForgeError, match=r"\(algorithm.prm.path\) is a file"):
+        Trainer(_config(tmp_path, f"algorithm.prm.path={tmp_path / 'weights.bin'}")).fit()
     with pytest.raises(RLForgeError, match="algorithm.prm.path"):
         Trainer(_config(tmp_path, f"algorithm.prm.path={tmp_path / 'no_such_prm'}")).fit()
 
@@ -155,3 +163,13 @@ def test_update_none_only_scores_and_before_rescores_with_the_trained_prm(tmp_pa
     before = Trainer(_config(tmp_path / "before", "algorithm.prm.lr=0.05", "trainer.total_steps=1"))
     before.fit()
     assert "prm/loss" in before.history[0] and abs(before.history[0]["prm/raw_reward"]) > 1e-3
+
+
+def test_the_batchs_advantages_are_zero_at_padding(tmp_path):
+    from rlforge.algorithms.prime import PRIME, PRM_SCORES
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    batch = B.Batch({PRM_SCORES: torch.tensor([[0.1, 0.0, 0.0], [-0.2, 0.3, 0.0]]), B.ACC: torch.tensor([1.0, 0.0]),
+                     B.RESPONSE_MASK: mask}, {B.UID: ["a", "a"]})
+    adv = PRIME(_config(tmp_path, "rollout.n=2")).compute_advantages(batch)[B.ADVANTAGES]
+    assert adv[0, 2] == 0 and (adv[mask.bool()] != 0).all()

@@ -64,7 +64,7 @@ def test_config_mistakes_fail_before_any_worker_starts(tmp_path, overrides, need
     assert needle in str(info.value)
     cfg = OmegaConf.merge(_config(tmp_path), OmegaConf.from_dotlist(list(overrides)))  # and when the controller starts
     with pytest.raises(ConfigError) as info:
-        check_config(cfg, PluginManager(autoload=False).registry.strategy.get(cfg.strategy.name), needs_critic=False)
+        check_config(cfg, PluginManager(autoload=False).registry.strategy.entry(cfg.strategy.name), needs_critic=False)
     assert needle in str(info.value)
 
 

@@ -100,7 +100,7 @@ def test_pipelines_need_a_rollout_group(tmp_path, pipeline, extra, says):
     if "ray.rollout_workers=0" in extra:  # and again when the controller starts
         cfg = OmegaConf.merge(_config(tmp_path), OmegaConf.from_dotlist([pipeline, *extra]))
         with pytest.raises(ConfigError, match=says):
-            check_config(cfg, PluginManager(autoload=False).registry.strategy.get("single"), needs_critic=False)
+            check_config(cfg, PluginManager(autoload=False).registry.strategy.entry("single"), needs_critic=False)
 
 
 def _meeting_grpo(folder):

@@ -7,6 +7,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge import load_config
+from rlforge.capabilities import StrategyCapabilities
 from rlforge.controller.microbatch import token_budget_plan
 from rlforge.controller.worker import ActorWorker
 from rlforge.ops import shares_prompts
@@ -120,7 +121,7 @@ def _actor_worker(pm, overrides, shares_prompts=None):
     module.configure_model()
     strategy = pm.registry.strategy.get("single")(cfg)
     if shares_prompts is not None:
-        strategy.shares_prompts = shares_prompts
+        strategy.capabilities = StrategyCapabilities(shares_prompts=shares_prompts)
     return ActorWorker(cfg, module, strategy)
 
 

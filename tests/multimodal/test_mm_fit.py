@@ -33,6 +33,7 @@ def test_two_grpo_steps_on_the_vision_task(tmp_path: Path) -> None:
 
 
 def test_an_engine_without_image_support_is_refused(vlm) -> None:
+    from rlforge.capabilities import RolloutCapabilities
     from rlforge.data import tokenize_rows
     from rlforge.errors import RLForgeError
     from rlforge.multimodal import check_engine
@@ -41,11 +42,8 @@ def test_an_engine_without_image_support_is_refused(vlm) -> None:
     _, tok, proc = vlm
     prompts = tokenize_rows([_row()], tok, 64, False, "t", processor=proc)
 
-    class TextEngine:  # a plugin's engine that does not declare supports_images
-        pass
-
     with pytest.raises(RLForgeError, match="the rollout engine 'text' \\(rollout.name\\) does not take them"):
-        check_engine(prompts, TextEngine, "text")
+        check_engine(prompts, RolloutCapabilities(), "text")  # a plugin's engine that does not declare supports_images
 
 
 def test_a_vision_run_resumed_after_its_first_step_ends_bit_identical(tmp_path: Path) -> None:

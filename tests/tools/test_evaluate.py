@@ -128,7 +128,6 @@ class CannedEngine:
     """A registered rollout engine that answers "42" to everything (generate/eval use whatever is registered)."""
 
     supports_sleep = False
-    logprobs_match_actor = False  # the RolloutEngine Protocol asks for it (its answers are canned)
     instances: list[CannedEngine] = []
 
     def __init__(self, config, model, tokenizer):

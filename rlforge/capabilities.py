@@ -1,0 +1,72 @@
+"""What a component can do, declared once on its class and read from its registry entry.
+
+A rollout engine or strategy declares ``capabilities = RolloutCapabilities(...)`` / ``StrategyCapabilities(...)``
+(every field defaults to False). The registry reads the declaration when the component is registered
+(``Registry.register``: the wrong type, or a capability written as a bare class attribute, is refused there), keeps it
+on the entry (``registry.rollout.entry(name).capabilities``, ``Builder.capabilities(kind)``) and ``rlforge plugins
+list`` shows it. The core reads capabilities only from there: it never probes a component for optional attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from rlforge.errors import RLForgeError
+
+
+@dataclass(frozen=True)
+class RolloutCapabilities:
+    """A rollout engine's (``registry.rollout``)."""
+
+    owns_weights: bool = False  # keeps its own copy of the weights (vllm): a sharded actor keeps no replica for it
+    logprobs_match_actor: bool = False  # its sampling log-probs are the actor's (hf): the old_logprob pass reuses them
+    supports_images: bool = False  # generates from rows with images (docs/multimodal.md)
+    continuous_batching: bool = False  # generate_tokens takes overlapping calls (agent turns start at once)
+
+
+@dataclass(frozen=True)
+class StrategyCapabilities:
+    """A training strategy's (``registry.strategy``)."""
+
+    sharded: bool = False  # several processes hold the model (fsdp, tp, megatron, fabric): a launcher places them
+    shares_prompts: bool = False  # verified with model.shared_prefix (a prompt's KV cache shared by its responses)
+
+
+def declared(kind: str, name: str, obj: Any, declaration: type) -> Any:
+    """The capabilities ``obj`` (registered as ``kind`` ``name``) declares: its ``capabilities`` attribute, or the
+    defaults. A value of another type, or a capability set as a bare class attribute, is an error naming both."""
+    value = getattr(obj, "capabilities", None)  # read once, at registration
+    if value is None:
+        value = declaration()
+    if not isinstance(value, declaration):
+        raise RLForgeError(f"{kind} '{name}': capabilities must be a rlforge.capabilities.{declaration.__name__}, "
+                           f"got {value!r}.")
+    attrs = _class_vars(obj)
+    loose = [f.name for f in fields(declaration) if f.name in attrs]
+    if loose:
+        given = ", ".join(f"{n}={attrs[n]!r}" for n in loose)
+        raise RLForgeError(f"{kind} '{name}' sets {', '.join(loose)} as class attributes; declare them as "
+                           f"capabilities = rlforge.capabilities.{declaration.__name__}({given}).")
+    for f in fields(declaration):
+        if not isinstance(getattr(value, f.name), bool):
+            raise RLForgeError(f"{kind} '{name}': capability {f.name} must be True or False, got "
+                               f"{getattr(value, f.name)!r}.")
+    return value
+
+
+def _class_vars(obj: Any) -> dict[str, Any]:
+    """The attributes set in the class bodies of ``obj`` and its bases (none for a factory function)."""
+    if not isinstance(obj, type):
+        return {}
+    out: dict[str, Any] = {}
+    for klass in reversed(obj.__mro__):
+        out.update(vars(klass))
+    return out
+
+
+def shown(capabilities: Any) -> str:
+    """The capabilities that are on, for ``rlforge plugins list`` (``""`` when none)."""
+    if capabilities is None:
+        return ""
+    return ", ".join(f.name for f in fields(capabilities) if getattr(capabilities, f.name))
