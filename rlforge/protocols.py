@@ -132,7 +132,15 @@ class Strategy(Protocol):
     rank: int
     capabilities: StrategyCapabilities  # sharded, shares_prompts (rlforge.capabilities)
 
+    @property
+    def sequence_parallel_size(self) -> int: ...  # ranks that share each packed micro-batch (1: none)
+
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
+
+    def setup_model_for(self, model: torch.nn.Module, role: str) -> torch.nn.Module: ...
+
+    def setup_optimizer(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+                        ) -> tuple[torch.nn.Module, torch.optim.Optimizer]: ...
 
     def autocast(self) -> Any:
         """A context manager for forward passes (autocast in a mixed ``model.precision``)."""

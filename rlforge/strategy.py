@@ -79,6 +79,22 @@ class BaseStrategy:
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         raise NotImplementedError(f"{type(self).__name__}.setup_model")  # abstract
 
+    @property
+    def sequence_parallel_size(self) -> int:
+        """The ranks that share each packed micro-batch (1: none); the workers scale token budgets by it."""
+        return 1
+
+    def setup_model_for(self, model: torch.nn.Module, role: str) -> torch.nn.Module:
+        """``setup_model`` for a worker's model of ``role`` (actor, ref, critic, a plugin role's): a strategy that
+        places models by role (fsdp: ``strategy.fsdp.offload_params``) overrides it."""
+        return self.setup_model(model)
+
+    def setup_optimizer(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+                        ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Model and optimizer set up together, for a strategy that wraps both (DeepSpeed through ``fabric``); by
+        default both as they are."""
+        return model, optimizer
+
     def all_reduce_sum(self, value: float) -> float:
         raise NotImplementedError(f"{type(self).__name__}.all_reduce_sum")  # abstract
 

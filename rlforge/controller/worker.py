@@ -80,10 +80,8 @@ class TrainWorker:
         raise NotImplementedError  # abstract: each worker's loss
 
     def _setup_optimizer(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
-        """A strategy that wraps model and optimizer together (DeepSpeed through ``fabric``) defines
-        ``setup_optimizer(model, optimizer) -> (model, optimizer)``; the others keep both as they are."""
-        setup = getattr(self.strategy, "setup_optimizer", None)
-        return (model, optimizer) if setup is None else setup(model, optimizer)
+        """The strategy's ``setup_optimizer`` (DeepSpeed through ``fabric`` wraps both; the others keep both)."""
+        return self.strategy.setup_optimizer(model, optimizer)
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """Put a model of this role on the strategy, with the ``model.*`` training options."""
@@ -94,9 +92,8 @@ class TrainWorker:
     def _setup(self, model: torch.nn.Module, role: str) -> torch.nn.Module:
         """``model`` (this worker's of ``role``: actor, ref, critic) on the strategy, its forward passes compiled with
         ``model.compile``, sharing prompts with ``model.shared_prefix`` where that applies. A strategy that places
-        models by role (fsdp: ``strategy.fsdp.offload_params``) defines ``setup_model_for(model, role)``."""
-        setup_for = getattr(self.strategy, "setup_model_for", None)
-        model = self.strategy.setup_model(model) if setup_for is None else setup_for(model, role)
+        models by role (fsdp: ``strategy.fsdp.offload_params``) overrides ``setup_model_for(model, role)``."""
+        model = self.strategy.setup_model_for(model, role)
         if self.config.model.compile:
             compile_forward(model, self.config.model.compile_backend)
         if shared_prefix_applies(self.config, self.strategy, model):
@@ -113,7 +110,7 @@ class TrainWorker:
         if not cut.tokens:
             return fixed_plan(len(batch), cut.rows)
         lengths = _lengths(batch)
-        budget = cut.tokens * getattr(self.strategy, "sequence_parallel_size", 1)
+        budget = cut.tokens * self.strategy.sequence_parallel_size
         plan = token_budget_plan(lengths, budget, self.remove_padding)
         if self.strategy.world_size > 1:
             parts = int(self.strategy.all_reduce_max(float(len(plan))))
