@@ -107,16 +107,9 @@ def setup(args: argparse.Namespace):
     return cfg, Builder(cfg, pm).agent(tok), engine, batch
 
 
-def backend(engine, mode: str):
-    """The engine's ``generate_tokens``: as it is (continuous batching), or behind a plain function (waves)."""
-    if mode == "continuous":
-        return engine.generate_tokens
-    return lambda prompts, params: engine.generate_tokens(prompts, params)
-
-
 def rollout(runner, engine, batch, params: SamplingParams, mode: str) -> tuple[B.Batch, dict, float]:
     start = time.perf_counter()
-    out, metrics = runner.rollout(batch, params, backend(engine, mode))
+    out, metrics = runner.rollout(batch, params, engine.generate_tokens, continuous=mode == "continuous")
     return out, metrics, time.perf_counter() - start
 
 

@@ -185,6 +185,7 @@ class Controller(Protocol):
     ``factory(builder, module)`` (``rlforge.build.Builder``) with the module's tokenizer loaded."""
 
     logprobs_match_actor: bool
+    continuous_batching: bool  # agent requests go to its generate_tokens at once (the engine's capability), not in waves
 
     @property
     def workers(self) -> Any:

@@ -1,6 +1,7 @@
 """The async engine handle of agent loops: token-in/token-out requests from every live trajectory, batched.
 
-Two ways, chosen by the backend (``continuous_batching``, see :func:`is_continuous`):
+Two ways, chosen by the caller (``continuous``: the engine's ``continuous_batching`` capability, which a controller
+passes on as ``Controller.continuous_batching``):
 
 *Continuous batching* (the ``vllm`` engine, which runs on vLLM's async engine): every request goes to the backend on
 its own, at once, from a thread of its own; the engine admits it into its running batch at its next step, so a
@@ -48,13 +49,6 @@ OFF_POLICY = ("the rollout samples with {key}={value:g} (rollout.{key}; rollout.
               "scores every token at that sampling, so tokens sampled otherwise would be trained off-policy")
 
 
-def is_continuous(backend: Backend) -> bool:
-    """Whether ``backend`` batches overlapping calls itself (continuous batching): a true ``continuous_batching``
-    attribute on it, or on the object it is a method of (the ``vllm`` engine; a controller that forwards to one)."""
-    owner = getattr(backend, "__self__", None)
-    return bool(getattr(backend, "continuous_batching", False) or getattr(owner, "continuous_batching", False))
-
-
 def request_seed(seed: int, order: int, turn: int) -> int:
     """The seed of turn ``turn`` of trajectory ``order`` under continuous batching: a stream of its own per pair
     (Cantor's pairing numbers the pairs, ``derived_seed`` spreads them)."""
@@ -74,13 +68,14 @@ class EngineHandle:
     :param defaults: the sampling parameters of a request that does not override them (``n`` is ignored).
     :param max_len: the longest sequence (prompt + new tokens) a request may ask for.
     :param wave_wait_s: the longest wait for the trajectories not yet waiting before a wave starts without them.
-    :param continuous: continuous batching (True) or waves (False); None: as the backend says (:func:`is_continuous`).
+    :param continuous: continuous batching (True: the backend takes overlapping calls, ``RolloutCapabilities``'s
+        ``continuous_batching``) or waves (False).
     """
 
     def __init__(self, backend: Backend, defaults: SamplingParams, max_len: int,
-                 wave_wait_s: float = WAVE_WAIT_S, continuous: bool | None = None) -> None:
+                 wave_wait_s: float = WAVE_WAIT_S, continuous: bool = False) -> None:
         self.backend = backend
-        self.continuous = is_continuous(backend) if continuous is None else bool(continuous)
+        self.continuous = continuous
         self.wave_wait_s = wave_wait_s
         self.defaults = replace(defaults, n=1)
         self.max_len = max_len

@@ -28,13 +28,16 @@ class AgentRunner:
     def __init__(self, loop: AgentLoop, name: str, context: AgentContext) -> None:
         self.loop, self.name, self.context = loop, name, context
 
-    def rollout(self, batch: B.Batch, sampling: SamplingParams, backend: Backend) -> tuple[B.Batch, dict[str, float]]:
+    def rollout(self, batch: B.Batch, sampling: SamplingParams, backend: Backend, continuous: bool = False
+                ) -> tuple[B.Batch, dict[str, float]]:
         """``sampling.n`` trajectories per prompt row of ``batch`` (repeated in place, as engines do); returns the
-        training batch and the agent metrics."""
+        training batch and the agent metrics. ``continuous``: each request goes to ``backend`` at once (it takes
+        overlapping calls: the ``continuous_batching`` capability), else in waves."""
         rows = batch.repeat_interleave(sampling.n)
         cfg = self.context.config
         handle = EngineHandle(backend, replace(sampling, min_new_tokens=0),
-                              cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, cfg.rollout.agent.wave_wait_s)
+                              cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, cfg.rollout.agent.wave_wait_s,
+                              continuous)
         try:
             done = run_async(self._run_all(samples(rows), handle))
         finally:

@@ -56,7 +56,7 @@ class AgentRolloutStage(RolloutStage):
             if run.builder is None:
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
             self.runner = run.builder.agent(run.module.tokenizer)
-        return self.runner.rollout(batch, params, backend)
+        return self.runner.rollout(batch, params, backend, run.controller.continuous_batching)
 
     def close(self) -> None:
         if self.runner is not None:

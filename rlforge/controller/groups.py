@@ -108,6 +108,7 @@ class GroupController:
     reward: Any
     groups: dict[str, Any]
     rollout: Any = None
+    continuous_batching = False  # agent requests go in waves (the local controller on vllm: each at once)
 
     @property
     def workers(self) -> Workers:

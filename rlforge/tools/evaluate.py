@@ -72,15 +72,17 @@ class Generator:
 
     def __init__(self, cfg: DictConfig, pm: Any, engine: Any, tokenizer: Any) -> None:
         self.engine = engine
-        self.runner = Builder(cfg, pm).agent(tokenizer) if cfg.rollout.agent.loop != SINGLE_TURN else None
+        builder = Builder(cfg, pm)
+        self.runner = builder.agent(tokenizer) if cfg.rollout.agent.loop != SINGLE_TURN else None
         self.backend = token_generator(engine, tokenizer)
+        self.continuous = builder.capabilities("rollout").continuous_batching
         self.sums: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
 
     def __call__(self, prompts: B.Batch, params: SamplingParams) -> B.Batch:
         if self.runner is None:
             return self.engine.generate(prompts, params)
-        out, metrics = self.runner.rollout(prompts, params, self.backend)
+        out, metrics = self.runner.rollout(prompts, params, self.backend, self.continuous)
         for key in VALIDATION_METRICS:
             if key in metrics:
                 self.sums[key] += metrics[key] * len(out)

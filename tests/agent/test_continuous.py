@@ -12,30 +12,15 @@ import pytest
 import torch
 
 from rlforge import batch as B
-from rlforge.agent.engine import EngineHandle, TrajectoryEngine, is_continuous
+from rlforge.agent.engine import EngineHandle, TrajectoryEngine
 from rlforge.protocols import Generation, SamplingParams
 from tests.agent.test_engines import GREEDY, _has_holes, _rollout, setup, vllm_engine  # noqa: F401 (fixtures)
 
 SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=4)
 
 
-def continuous(fn):
-    fn.continuous_batching = True
-    return fn
-
-
-def test_the_backend_chooses_continuous_batching_unless_told():
-    plain = continuous(lambda prompts, params: [])
-
-    class Engine:
-        continuous_batching = True
-
-        def generate_tokens(self, prompts, params):
-            return []
-
-    assert is_continuous(plain) and is_continuous(Engine().generate_tokens)
-    assert not is_continuous(lambda prompts, params: [])
-    assert not EngineHandle(plain, SAMPLED, 64, continuous=False).continuous
+def test_waves_unless_the_caller_says_the_backend_batches_continuously():
+    assert not EngineHandle(lambda p, s: [], SAMPLED, 64).continuous
     assert EngineHandle(lambda p, s: [], SAMPLED, 64, continuous=True).continuous
 
 
@@ -44,7 +29,6 @@ def test_a_next_turn_reaches_the_engine_while_another_trajectory_still_generates
     arrived there): in waves the two first turns would share one call and wait for each other forever."""
     second_turn = threading.Event()
 
-    @continuous
     def backend(prompts, params):
         (prompt,) = prompts
         if prompt == [3]:
@@ -53,7 +37,7 @@ def test_a_next_turn_reaches_the_engine_while_another_trajectory_still_generates
             raise TimeoutError("trajectory 0's second turn never reached the engine")
         return [Generation([prompt[-1] * 10], [-0.1], "stop")]
 
-    handle = EngineHandle(backend, SAMPLED, max_len=64)
+    handle = EngineHandle(backend, SAMPLED, max_len=64, continuous=True)
 
     async def trajectory(order, prompts):
         engine = TrajectoryEngine(handle, order)
@@ -76,13 +60,12 @@ def _seeds(params: SamplingParams, delays: list[float]) -> dict[tuple[int, int],
     """The seed of each (trajectory, turn) when three trajectories of two turns run with these tool delays."""
     seen: dict[tuple[int, int], int | None] = {}
 
-    @continuous
     def backend(prompts, params_):
         order, turn = prompts[0]
         seen[order, turn] = params_[0].seed
         return [Generation([1], [-0.1], "stop")]
 
-    handle = EngineHandle(backend, params, max_len=64)
+    handle = EngineHandle(backend, params, max_len=64, continuous=True)
 
     async def trajectory(order):
         for turn in range(2):
@@ -111,13 +94,12 @@ def test_seeds_follow_the_trajectory_and_its_turn_not_the_timing():
 
 
 def test_a_failing_request_gets_the_engines_error():
-    @continuous
     def backend(prompts, params):
         if prompts[0] == [2]:
             raise RuntimeError("the engine died")
         return [Generation([1], [-0.1], "stop")] * (2 if prompts[0] == [3] else 1)
 
-    handle = EngineHandle(backend, SAMPLED, max_len=64)
+    handle = EngineHandle(backend, SAMPLED, max_len=64, continuous=True)
 
     async def main():
         return await asyncio.gather(*(handle.request(0, [i], None, {}) for i in (1, 2, 3)), return_exceptions=True)
@@ -140,7 +122,7 @@ def _waves(engine):
 @pytest.mark.slow
 def test_vllm_greedy_tokens_are_the_same_in_waves_and_continuous(setup, vllm_engine):
     _, _, _, batch, runner, _ = setup
-    assert is_continuous(vllm_engine.generate_tokens)
+    assert type(vllm_engine).capabilities.continuous_batching
     ours, metrics = _rollout(runner, vllm_engine, batch, GREEDY)
     theirs, _ = runner.rollout(batch, GREEDY, _waves(vllm_engine))
     assert _has_holes(ours[B.RESPONSE_MASK]) and metrics["agent/wave_size/max"] == 1

@@ -40,7 +40,8 @@ def setup(pm):
 
 
 def _rollout(runner, engine, batch, params):
-    return runner.rollout(batch, params, engine.generate_tokens)
+    """As the controller runs an agent rollout on ``engine``: continuous batching where it declares it."""
+    return runner.rollout(batch, params, engine.generate_tokens, type(engine).capabilities.continuous_batching)
 
 
 def _logprob_gap(actor, out, temperature):
