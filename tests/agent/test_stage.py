@@ -11,9 +11,9 @@ from rlforge import Trainer
 from rlforge import batch as B
 from rlforge.agent.batching import AGENT_REWARDS
 from rlforge.agent.stage import AgentRewardStage, AgentRolloutStage
-from rlforge.dataflow import Stage, StepContext
+from rlforge.dataflow import Stage
 from rlforge.errors import RLForgeError
-from rlforge.protocols import SamplingParams
+from rlforge.testing import step_context
 
 AGENT = ["rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]"]
 
@@ -66,8 +66,7 @@ def test_agent_reward_stage_adds_turn_rewards():
     batch = B.Batch({B.SCORES: torch.tensor([1.0, 0.0]), B.TOKEN_LEVEL_SCORES: torch.tensor([[0, 1.0], [0, 0]]),
                      B.TOKEN_LEVEL_REWARDS: torch.tensor([[0, 0.5], [0, 0]]),
                      AGENT_REWARDS: torch.tensor([[0.5, 0.25], [0, -1.0]])})
-    ctx = StepContext(config=None, controller=None, module=None, hook=None, step=1, sampling=SamplingParams(),
-                      flow=None, draw=lambda: batch)
+    ctx = step_context(None, [batch])
     out = AgentRewardStage().run(ctx, batch)
     assert out[B.SCORES].tolist() == [1.75, -1.0]
     assert out[B.TOKEN_LEVEL_SCORES].tolist() == [[0.5, 1.25], [0, -1.0]]
@@ -76,11 +75,6 @@ def test_agent_reward_stage_adds_turn_rewards():
 
 
 def test_a_controller_without_generate_tokens_is_a_clear_error(make_config):
-    class Hook:
-        def rlforge_rollout_start(self, **kwargs):
-            pass
-
-    ctx = StepContext(config=make_config(*AGENT), controller=object(), module=None, hook=Hook(), step=1,
-                      sampling=SamplingParams(), flow=None, draw=lambda: None)
+    ctx = step_context(make_config(*AGENT), controller=object())
     with pytest.raises(RLForgeError, match="controller object \\(trainer.controller\\) does not provide"):
         AgentRolloutStage().run(ctx, B.Batch())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -13,6 +11,7 @@ from rlforge.algorithms import shaping
 from rlforge.cli import main
 from rlforge.errors import RLForgeError
 from rlforge.plugin_manager import PluginManager
+from rlforge.testing import fake_controller
 
 ALGOS = ["dapo", "dpo", "dr_grpo", "gdpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "otb", "pf_ppo", "ppo", "prime",
          "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo", "rm", "simpo", "sppo", "tir_otb", "vapo"]
@@ -75,15 +74,10 @@ class FakeTrainer:
 
 def _ctx(cfg, more=(), controller=None):
     """A step context whose ``regenerate`` serves pre-made batches, as dynamic sampling asks for more."""
-    from rlforge.dataflow import DataFlow, StepContext
-    from rlforge.protocols import SamplingParams
+    from rlforge.testing import step_context
 
     more = list(more)
-    hook = SimpleNamespace(rlforge_stage_start=lambda **kw: None, rlforge_stage_end=lambda **kw: None)
-    ctx = StepContext(config=cfg, controller=controller, module=None, hook=hook, step=1,
-                      sampling=SamplingParams(), flow=DataFlow("t", []), draw=lambda: more.pop(0))
-    ctx.regenerate = lambda before: ctx._draw()  # the flow before the stage is the identity here
-    return ctx, more
+    return step_context(cfg, more, controller=controller), more
 
 
 def test_dapo_flow_has_the_dynamic_sampling_stage_and_others_can_turn_it_on(pm):
@@ -164,7 +158,7 @@ def test_remax_baseline_is_the_greedy_score(pm):
         batch[B.SCORES] = torch.tensor([0.25 if u == "p" else 0.75 for u in batch[B.UID]])
         return batch
 
-    ctx, _ = _ctx(cfg, controller=SimpleNamespace(generate=generate, score=score))
+    ctx, _ = _ctx(cfg, controller=fake_controller(generate=generate, score=score))
     batch = _scored(["p", "p", "q", "q"], [1, 0, 0, 1], [2, 2, 2, 2])
     batch[B.RAW_PROMPT] = [[{"content": "x"}]] * 4
     for col in (B.DATA_SOURCE, B.GROUND_TRUTH, B.EXTRA_INFO):

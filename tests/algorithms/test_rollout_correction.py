@@ -353,12 +353,9 @@ def test_the_stage_is_in_the_flow_only_when_on_and_refuses_reused_log_probs(pm):
 
 
 def test_the_stage_recomputes_reused_log_probs_writes_weights_and_rejects(pm):
-    from types import SimpleNamespace
-
     from rlforge import batch as B
     from rlforge import load_config
-    from rlforge.dataflow import DataFlow, StepContext
-    from rlforge.protocols import SamplingParams
+    from rlforge.testing import fake_controller, step_context
 
     cfg = load_config("grpo", ["algorithm.rollout_is=token", "algorithm.rollout_is_threshold=2.0",
                                "algorithm.rollout_rs=token_k1", "algorithm.rollout_rs_threshold=0.5_2.0"], plugins=pm)
@@ -372,9 +369,7 @@ def test_the_stage_recomputes_reused_log_probs_writes_weights_and_rejects(pm):
 
     batch = B.Batch({B.ROLLOUT_LOG_PROBS: rollout, B.RESPONSE_MASK: torch.ones(2, 3, dtype=torch.long)})
     batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]  # what OLD_LOGPROB does when it reuses the engine's
-    hook = SimpleNamespace(rlforge_stage_start=lambda **k: None, rlforge_stage_end=lambda **k: None)
-    ctx = StepContext(config=cfg, controller=SimpleNamespace(compute_log_probs=compute_log_probs), module=None,
-                      hook=hook, step=1, sampling=SamplingParams(), flow=DataFlow("t", []), draw=lambda: None)
+    ctx = step_context(cfg, controller=fake_controller(compute_log_probs=compute_log_probs))
     out = RC.RolloutCorrection().run(ctx, batch)
     assert calls == ["actor"] and torch.equal(out[B.OLD_LOG_PROBS], trainer)
     # token weights: min(ratio, 2) = 1, 1.5, 2 / 0.2, 1, 1

@@ -9,6 +9,7 @@ import pytest
 
 from rlforge.cli import main
 from rlforge.errors import RLForgeError
+from rlforge.testing import FixedAnswerEngine
 from rlforge.tools.evaluate import parse_ks, pass_at_k, summarize
 
 pytestmark = pytest.mark.usefixtures("no_autoload")
@@ -124,32 +125,10 @@ def test_generate_greedy_matches_eval_answers(tmp_path):
     assert json.loads(report.read_text())["metrics"]["accuracy"] == pytest.approx(correct / 5)
 
 
-class CannedEngine:
+class CannedEngine(FixedAnswerEngine):
     """A registered rollout engine that answers "42" to everything (generate/eval use whatever is registered)."""
 
-    supports_sleep = False
-    instances: list[CannedEngine] = []
-
-    def __init__(self, config, model, tokenizer):
-        self.tokenizer, self.closed = tokenizer, False
-        CannedEngine.instances.append(self)
-
-    def generate(self, batch, params):
-        import torch
-
-        from rlforge import batch as B
-
-        out = batch.repeat_interleave(params.n) if params.n > 1 else batch
-        ids = self.tokenizer("42", add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-        out[B.RESPONSES] = torch.tensor([ids] * len(out))
-        out[B.RESPONSE_MASK] = torch.ones_like(out[B.RESPONSES])
-        return out
-
-    def update_weights(self, named_tensors):
-        pass
-
-    def shutdown(self):
-        self.closed = True
+    instances: list[FixedAnswerEngine] = []
 
 
 def test_generate_and_eval_use_the_configured_rollout_engine(tmp_path):
