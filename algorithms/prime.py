@@ -170,11 +170,12 @@ class PRIME(PolicyGradientModule):
         if not alg.reward_dpo_coef and not alg.reward_gt_coef:
             raise ConfigError("'algorithm.reward_dpo_coef' and 'algorithm.reward_gt_coef' are both 0: every advantage "
                               "would be 0 and the policy would not learn; give one of them a weight (verl: 5 and 5).")
-        for key, on in (("use_kl_in_reward", alg.use_kl_in_reward), ("overlong_buffer", alg.overlong_buffer)):
+        for key, on, hint in (("use_kl_in_reward", alg.use_kl_in_reward, "; for a KL term use actor.use_kl_loss"),
+                              ("overlong_buffer", alg.overlong_buffer, "")):
             if on:
                 raise ConfigError(f"'algorithm.{key}' shapes the token rewards, which --algo prime does not use: its "
                                   "advantages come from the outcome 'acc' and the PRM's process rewards only (as in "
-                                  f"verl's recipe). Drop {key}; for a KL term use actor.use_kl_loss.")
+                                  f"verl's recipe). Drop {key}{hint}.")
         if alg.filter_groups:
             raise ConfigError("'algorithm.filter_groups' (DAPO's dynamic sampling) does not apply to --algo prime, "
                               "which filters prompts by accuracy band (algorithm.filter_accuracy, "
@@ -205,7 +206,7 @@ class PRIME(PolicyGradientModule):
             path = self.config.algorithm.prm.path or m.path
             key = "algorithm.prm.path" if self.config.algorithm.prm.path else "model.path"
             if self.config.algorithm.prm.path:  # it scores the policy's tokens: an embedding row for each
-                check_vocabulary(resolve_model_path(path, key), self.tokenizer, path, key)
+                check_vocabulary(resolve_model_path(path, key), self.tokenizer, path, key, tokenizer_key="model.path")
             self.prm = load_model(path, p.weights, trust_remote_code=m.trust_remote_code, key=key)
             self.prm_ref = load_model(path, p.frozen, trust_remote_code=m.trust_remote_code, key=key)
             self.prm_ref.requires_grad_(False).eval()

@@ -45,8 +45,10 @@ def declared(kind: str, name: str, obj: Any, declaration: type) -> Any:
     attrs = _class_vars(obj)
     loose = [f.name for f in fields(declaration) if f.name in attrs]
     if loose:
-        given = ", ".join(f"{n}={attrs[n]!r}" for n in loose)
-        raise RLForgeError(f"{kind} '{name}' sets {', '.join(loose)} as class attributes; declare them as "
+        merged = {**{f.name: getattr(value, f.name) for f in fields(declaration)}, **{n: attrs[n] for n in loose}}
+        given = ", ".join(f"{f.name}={merged[f.name]!r}" for f in fields(declaration) if merged[f.name] != f.default)
+        what = "a class attribute" if len(loose) == 1 else "class attributes"
+        raise RLForgeError(f"{kind} '{name}' sets {', '.join(loose)} as {what}; declare its capabilities instead: "
                            f"capabilities = rlforge.capabilities.{declaration.__name__}({given}).")
     for f in fields(declaration):
         if not isinstance(getattr(value, f.name), bool):

@@ -287,11 +287,20 @@ def model_vocab_size(folder: Path) -> int | None:
     return size if isinstance(size, int) else None
 
 
-def check_vocabulary(folder: Path, tokenizer: Any, path: str, key: str = "model.path") -> None:
+def check_vocabulary(folder: Path, tokenizer: Any, path: str, key: str = "model.path",
+                     tokenizer_key: str | None = None) -> None:
     """The model has an embedding row for every token id its tokenizer can produce: else the first such token
-    stops the run with an ``IndexError`` deep in the forward pass. Read from ``config.json``: no model loaded."""
+    stops the run with an ``IndexError`` deep in the forward pass. Read from ``config.json``: no model loaded.
+    ``tokenizer_key``: where ``tokenizer`` comes from when it is another model's (PRIME's PRM scores the policy's
+    tokens: ``model.path``); None: the model's own."""
     size = model_vocab_size(folder)
     if size is not None and len(tokenizer) > size:
+        if tokenizer_key:
+            raise RLForgeError(
+                f"The model in '{path}' ({key}) has a vocabulary of {size} tokens (config.json vocab_size) but the "
+                f"tokenizer of {tokenizer_key} has {len(tokenizer)}: token ids {size} to {len(tokenizer) - 1} would "
+                f"have no embedding. {key} scores the tokens of {tokenizer_key}: give a model with its vocabulary."
+            )
         raise RLForgeError(
             f"The model in '{path}' ({key}) has a vocabulary of {size} tokens (config.json vocab_size) but its "
             f"tokenizer has {len(tokenizer)}: token ids {size} to {len(tokenizer) - 1} have no embedding. Resize the "

@@ -77,6 +77,17 @@ def table(cls: type, section: str) -> list[str]:
     return rows + [""]
 
 
+def nested_tables(cls: type, section: str) -> list[str]:
+    """A table for each nested dataclass section of ``cls`` (and theirs), under ``section``."""
+    out: list[str] = []
+    for sub in dataclasses.fields(cls):
+        value = sub.default_factory() if sub.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(value):
+            path = f"{section}.{sub.name}"
+            out += [f"`{path}`:", ""] + table(type(value), path) + nested_tables(type(value), path)
+    return out
+
+
 def config_md() -> str:
     out = [HEADER.format(src="rlforge/config/schema.py"), "# Configuration reference", "",
            rst_to_md(inspect.getdoc(schema) or ""), "",
@@ -98,10 +109,7 @@ def config_md() -> str:
                 out += [f"### `--algo {entry.name}`: {entry.description}", "",
                         f"Preset (applied over the defaults): `{json.dumps(entry.obj.preset)}`", ""]
                 out += table(entry.obj.config_class, "algorithm")
-                for sub in dataclasses.fields(entry.obj.config_class):  # nested sections: PRIME's algorithm.prm
-                    value = sub.default_factory() if sub.default_factory is not dataclasses.MISSING else None
-                    if dataclasses.is_dataclass(value):
-                        out += [f"`algorithm.{sub.name}`:", ""] + table(type(value), f"algorithm.{sub.name}")
+                out += nested_tables(entry.obj.config_class, "algorithm")  # PRIME's algorithm.prm(.log_prob)
             continue
         out += section_md(type(f.default_factory()), f.name, owned)
     out += component_tables(owned.get("", []), "##")  # components whose options are a top-level section

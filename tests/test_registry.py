@@ -176,9 +176,17 @@ def test_capabilities_are_read_at_registration_and_a_bare_attribute_is_refused()
     class Old:  # the convention before capabilities were declared
         owns_weights = True
 
-    with pytest.raises(RLForgeError, match=r"rollout 'old' sets owns_weights as class attributes; declare them as "
-                                           r"capabilities = rlforge.capabilities.RolloutCapabilities\(owns_weights=True\)"):
+    with pytest.raises(RLForgeError, match=r"rollout 'old' sets owns_weights as a class attribute; declare its "
+                                           r"capabilities instead: capabilities = rlforge.capabilities."
+                                           r"RolloutCapabilities\(owns_weights=True\)"):
         regs.rollout.register("old", Old)
+
+    class Half:  # declared, plus one bare: the suggested line keeps both
+        capabilities = RolloutCapabilities(owns_weights=True)
+        continuous_batching = True
+
+    with pytest.raises(RLForgeError, match=r"RolloutCapabilities\(owns_weights=True, continuous_batching=True\)"):
+        regs.rollout.register("half", Half)
 
     class Wrong:
         capabilities = StrategyCapabilities()
