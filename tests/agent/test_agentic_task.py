@@ -24,6 +24,7 @@ from rlforge.plugins.data.arith_tool import (
 )
 from rlforge.plugins.reward.rule import function_for
 from rlforge.sft.formats import Keys, conversation
+from rlforge.testing import fake_controller
 from tests.agent.conftest import CALL, Scripted, calculator_then_answer, prompt_batch, sampling
 
 PRESET = "builtin:agentic"
@@ -192,7 +193,7 @@ def test_validation_runs_the_agent_loop_with_the_validation_sampling(make_runner
     script = Scripted(tok, calculator_then_answer)
     stage = AgentRolloutStage()
     trainer = SimpleNamespace(config=cfg, builder=Builder(cfg, pm), module=SimpleNamespace(tokenizer=tok),
-                              controller=SimpleNamespace(generate_tokens=script), flow=SimpleNamespace(stages=[stage]))
+                              controller=fake_controller(generate_tokens=script), flow=SimpleNamespace(stages=[stage]))
     params = sampling(n=2)
     controller = validation_controller(trainer)
     out = controller.generate(prompt_batch(tok, [("2+3?", "5")]), params)

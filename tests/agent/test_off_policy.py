@@ -18,6 +18,7 @@ from rlforge.agent.batching import AGENT_REWARDS
 from rlforge.agent.stage import AgentRolloutStage
 from rlforge.dataflow import RolloutStage, Stage
 from rlforge.errors import ConfigError
+from rlforge.testing import fake_controller
 from tests.test_pipeline import ASYNC, OFF, SCHEDULES, Prompts, Versions, _gap, _log_probs, _weights
 from tests.test_resume import StopAt
 
@@ -122,7 +123,7 @@ def _engine(trainer, weights):
     model.load_state_dict(weights)
     engine = trainer.plugins.registry.rollout.get("hf")(trainer.config, model, trainer.module.tokenizer)
     return SimpleNamespace(config=trainer.config, builder=trainer.builder, module=trainer.module,
-                           controller=SimpleNamespace(generate_tokens=engine.generate_tokens))
+                           controller=fake_controller(generate_tokens=engine.generate_tokens))
 
 
 def test_a_simulated_user_runs_ahead(tmp_path):

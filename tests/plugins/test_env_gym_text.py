@@ -22,6 +22,7 @@ from rlforge.build import Builder
 from rlforge.data import collate, tokenize_rows
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.plugins.env.gym_text import SOURCE
+from rlforge.testing import fake_controller
 from tests.agent.conftest import Scripted, sampling
 
 CLASS = f"{__name__}:GuessNumber"
@@ -226,7 +227,7 @@ def test_validation_scores_the_episode_return(config, pm, char_tokenizer):
     module = builder.module()
     stage = AgentRolloutStage()
     run = SimpleNamespace(config=cfg, builder=builder, module=module, flow=SimpleNamespace(stages=[stage]),
-                          controller=SimpleNamespace(generate_tokens=Scripted(char_tokenizer, lambda _: "1"),
+                          controller=fake_controller(generate_tokens=Scripted(char_tokenizer, lambda _: "1"),
                                                      score=builder.reward(module.tokenizer).score))
     try:
         metrics, batch = module.validate(validation_controller(run), module.prepare_data(builder.dataset("val"), "val"))
