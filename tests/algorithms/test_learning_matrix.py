@@ -50,12 +50,15 @@ class WeightDelta:
         self.moved = sum(float((now[k] - v).abs().sum()) for k, v in self.start.items())
 
 
+ROLE_BATCHES = {"prime": ("algorithm.prm.ppo_mini_batch_size=2",)}  # its PRM's mini-batch divides the 4 prompts too
+
+
 @pytest.mark.parametrize("algo", [a for a in ALGOS if a not in SMOKED])
 def test_algorithm_trains_two_steps(tmp_path, algo):
     delta = WeightDelta()
     trainer = Trainer(fast_config(algo, tmp_path, "trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=2",
                                   "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size=4",
-                                  "critic.ppo_mini_batch_size=2"), callbacks=[delta])
+                                  "critic.ppo_mini_batch_size=2", *ROLE_BATCHES.get(algo, ())), callbacks=[delta])
     trainer.fit()
     assert [h["step"] for h in trainer.history] == [1, 2]
     losses = [v for h in trainer.history for k, v in h.items() if k.endswith("_loss")]
