@@ -19,10 +19,12 @@ def pip(*args: str) -> subprocess.CompletedProcess:
 
 
 @contextmanager
-def installed_package(root: Path, dist: str, package: str, entry_point: str, source: str,
+def installed_package(root: Path, dist: str, package: str, plugins: dict[str, tuple[str, str]],
                       version: str = "0.1.0") -> Iterator[None]:
-    """Distribution ``dist`` with the package ``package`` whose ``plugin.py`` is ``source``, registered as the rlforge
-    entry point ``entry_point``, pip-installed from ``root`` for the block; uninstalled and unimported after."""
+    """Distribution ``dist`` with the package ``package``: each rlforge entry point of ``plugins`` (name -> (module,
+    source)) is ``package.<module>`` with that source; pip-installed from ``root`` for the block, uninstalled and
+    unimported after."""
+    entry_points = "\n".join(f'{name} = "{package}.{module}"' for name, (module, _) in plugins.items())
     (root / "pyproject.toml").write_text(textwrap.dedent(f"""
         [build-system]
         requires = ["setuptools"]
@@ -34,14 +36,15 @@ def installed_package(root: Path, dist: str, package: str, entry_point: str, sou
         dependencies = []
 
         [project.entry-points.rlforge]
-        {entry_point} = "{package}.plugin"
+        {{entry_points}}
 
         [tool.setuptools]
         packages = ["{package}"]
-        """))
+        """).replace("{entry_points}", entry_points))
     (root / package).mkdir()
     (root / package / "__init__.py").write_text("")
-    (root / package / "plugin.py").write_text(source)
+    for module, source in plugins.values():
+        (root / package / f"{module}.py").write_text(source)
     res = pip("install", "--no-deps", "--no-build-isolation", "-q", str(root))
     if res.returncode != 0:
         pytest.fail(f"pip install of the test plugin {dist} failed:\n{res.stdout}\n{res.stderr}")

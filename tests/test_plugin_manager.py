@@ -321,8 +321,8 @@ def rlforge_register(registry):
 
 @pytest.fixture(scope="module")
 def installed_plugin(tmp_path_factory: pytest.TempPathFactory):
-    with installed_package(tmp_path_factory.mktemp("myplug_dist"), DIST_NAME, "myplug_pkg", EP_NAME, PLUGIN_SOURCE,
-                           DIST_VERSION):
+    with installed_package(tmp_path_factory.mktemp("myplug_dist"), DIST_NAME, "myplug_pkg",
+                           {EP_NAME: ("plugin", PLUGIN_SOURCE)}, DIST_VERSION):
         yield DIST_NAME
 
 

@@ -6,8 +6,6 @@ keys, a hook-only plugin with ``plugins.<name>.*`` options, and a stage inserted
 
 from __future__ import annotations
 
-import importlib
-import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from rlforge.config import compose
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.plugin_manager import AUTOLOAD_ENV, PluginError, PluginManager
+from tests.plugin_dist import installed_package
 
 # --- config sections owned by components -----------------------------------------------------------
 
@@ -288,38 +287,9 @@ def rlforge_before_flow_compile(flow, module, config):
 
 @pytest.fixture(scope="module")
 def wiring_package(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("wiring_dist")
-    (root / "pyproject.toml").write_text(textwrap.dedent(f"""
-        [build-system]
-        requires = ["setuptools"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "{DIST}"
-        version = "0.0.1"
-
-        [project.entry-points.rlforge]
-        shortengine = "wiring_pkg.engine"
-        tagger = "wiring_pkg.tagger"
-
-        [tool.setuptools]
-        packages = ["wiring_pkg"]
-        """))
-    pkg = root / "wiring_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "engine.py").write_text(PLUGIN)
-    (pkg / "tagger.py").write_text(HOOKS)
-    res = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
-                          str(root)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    importlib.invalidate_caches()
-    try:
+    with installed_package(tmp_path_factory.mktemp("wiring_dist"), DIST, "wiring_pkg",
+                           {"shortengine": ("engine", PLUGIN), "tagger": ("tagger", HOOKS)}, "0.0.1"):
         yield DIST
-    finally:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", DIST], capture_output=True, timeout=300)
-        for mod in [m for m in sys.modules if m.startswith("wiring_pkg")]:
-            del sys.modules[mod]
 
 
 def test_third_party_engine_and_hook_only_plugin_own_config_keys(wiring_package, monkeypatch, tmp_path) -> None:

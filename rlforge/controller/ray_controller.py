@@ -219,8 +219,9 @@ class RayController(GroupController):
 
     def __init__(self, builder: Builder, module: RLModule) -> None:
         config, reg = builder.config, builder.registry
-        self.strategy_factory = reg.strategy.get(config.strategy.name)
-        check_config(config, reg.strategy.entry(config.strategy.name), module.needs_critic())
+        entry = reg.strategy.entry(config.strategy.name)
+        self.strategy_factory = entry.obj
+        check_config(config, entry, module.needs_critic())
         ray = self.ray = _import_ray()
         for plugin_file in builder.plugins.file_modules():  # the workers load them too, but unpickle classes first
             ray.cloudpickle.register_pickle_by_value(plugin_file)

@@ -163,8 +163,9 @@ class TorchrunController(GroupController):
 
     def __init__(self, builder: Builder, module: RLModule) -> None:
         config, reg = builder.config, builder.registry
-        strategy = reg.strategy.get(config.strategy.name)
-        check_layout(config, reg.strategy.entry(config.strategy.name), module.needs_critic())
+        entry = reg.strategy.entry(config.strategy.name)
+        strategy = entry.obj
+        check_layout(config, entry, module.needs_critic())
         module_cls = rank_module_class(module)
         self.config, self.module = config, module
         rank, world, group = _join(config)

@@ -63,7 +63,7 @@ def rlforge_register(registry):
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    with installed_package(tmp_path_factory.mktemp("agentplug_dist"), DIST, "agentplug_pkg", EP, SOURCE):
+    with installed_package(tmp_path_factory.mktemp("agentplug_dist"), DIST, "agentplug_pkg", {EP: ("plugin", SOURCE)}):
         yield
 
 

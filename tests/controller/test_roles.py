@@ -90,7 +90,8 @@ def rlforge_register(registry):
 
 @pytest.fixture(scope="module")
 def teacher_plugin(tmp_path_factory):
-    with installed_package(tmp_path_factory.mktemp("teacher_dist"), DIST, "teacher_role", "teacher_role", PLUGIN):
+    with installed_package(tmp_path_factory.mktemp("teacher_dist"), DIST, "teacher_role",
+                           {"teacher_role": ("plugin", PLUGIN)}):
         yield DIST
 
 
