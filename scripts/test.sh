@@ -15,12 +15,19 @@ if [ "${1:-}" = "--learning-matrix" ]; then
   shift
   selection=(-m learning_matrix)
 fi
+# pytest-xdist: one worker per core (at most 4; RLFORGE_TEST_WORKERS overrides, 0 = none), each test file whole on one
+# worker, so its module-scoped engine or cluster starts once. Most of the suite's time is process starts, imports and
+# small ops that keep one core busy; each worker computes on one thread (tests/conftest.py).
+cores=$(nproc)
+workers=${RLFORGE_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
+parallel=()
+if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadfile); fi
 speed_line=$($py scripts/machine_speed.py)
 echo "$speed_line"
 speed=$(sed -E 's/.*2 threads ([0-9]+) GFLOP.*/\1/' <<<"$speed_line")  # the figure printed is the one the time is scaled by
 start=$(date +%s)
 rc=0
-RLFORGE_STRICT_SKIPS=1 .venv/bin/pytest -q -ra --durations=25 "${selection[@]}" "$@" || rc=$?
+RLFORGE_STRICT_SKIPS=1 .venv/bin/pytest -q -ra --durations=25 "${parallel[@]}" "${selection[@]}" "$@" || rc=$?
 seconds=$(( $(date +%s) - start ))
 $py - "$seconds" "$speed" <<'EOF'
 import sys

@@ -12,6 +12,16 @@ from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
 STRICT_SKIPS_ENV = "RLFORGE_STRICT_SKIPS"  # set by scripts/test.sh: there, only tests marked gpu may skip
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (scripts/test.sh runs one worker per core) each worker, and every process it starts,
+    computes on one thread: a worker per core with a thread per core each would oversubscribe the cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` skip, with the reason, where torch sees no CUDA device."""
     import torch

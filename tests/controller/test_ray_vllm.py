@@ -9,6 +9,7 @@ learning matrix (``scripts/test.sh --learning-matrix``) trains 30 steps and chec
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -40,12 +41,16 @@ class SyncProbe:
 
 
 def _vllm_processes():
+    """The live vLLM engine processes started from this test process: under pytest-xdist another worker's engines
+    run beside ours (each process inherits its worker's PYTEST_XDIST_WORKER, also through Ray's raylet)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
     out = []
     for p in psutil.process_iter():
         try:
-            if p.name().startswith("VLLM::") and p.status() != psutil.STATUS_ZOMBIE:
+            if (p.name().startswith("VLLM::") and p.status() != psutil.STATUS_ZOMBIE
+                    and p.environ().get("PYTEST_XDIST_WORKER") == worker):
                 out.append(p.pid)
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return set(out)
 
