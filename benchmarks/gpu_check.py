@@ -164,7 +164,7 @@ def check_generation(folder: Path, s: dict, device: str, dtype: str) -> dict:
     from rlforge import load_config
     from rlforge.models import load_model
     from rlforge.plugin_manager import PluginManager
-    from rlforge.protocols import SamplingParams
+    from rlforge.sampling import SamplingParams
 
     pm = PluginManager(autoload=False)
     dev = torch.device(device)

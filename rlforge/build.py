@@ -121,7 +121,7 @@ class Builder:
 
     def agent(self, tokenizer: Any) -> AgentRunner:
         """The agent loop (``rollout.agent.loop``) with its tools, tool parser and interaction (docs/agentic.md)."""
-        from rlforge.agent.base import AgentContext
+        from rlforge.agent.context import AgentContext
         from rlforge.agent.runner import AgentRunner
         from rlforge.agent.toolbox import Toolbox
 

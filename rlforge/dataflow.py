@@ -18,7 +18,8 @@ from rlforge import batch as B
 from rlforge.errors import RLForgeError
 
 if TYPE_CHECKING:
-    from rlforge.protocols import Controller, SamplingParams
+    from rlforge.protocols import Controller
+    from rlforge.sampling import SamplingParams
 
 LOADER_COLUMNS = frozenset({B.PROMPTS, B.PROMPT_MASK, B.UID, B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH,
                             B.EXTRA_INFO})

@@ -24,7 +24,7 @@ from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import stop_token_ids
 from rlforge.plugins.rollout.hf_decode import Decoder
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch

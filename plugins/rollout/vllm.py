@@ -52,7 +52,7 @@ from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, stop_token_ids
 from rlforge.plugins.strategy.tp_layout import Heads
 from rlforge.plugins.rollout.hf import response_mask
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch

@@ -26,7 +26,7 @@ from rlforge.config.compose import micro_batch_size
 from rlforge.controller.dispatch import PerRank
 from rlforge.controller.remote import Workers
 from rlforge.errors import ConfigError, RLForgeError
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch

@@ -28,7 +28,7 @@ from rlforge import lora
 from rlforge.agent.engine import token_generator
 from rlforge.controller.remote import declared, remote
 from rlforge.controller.worker import ActorWorker, CriticWorker, TrainWorker
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
     from rlforge.build import Builder

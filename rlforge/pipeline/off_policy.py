@@ -39,12 +39,13 @@ from rlforge.dataflow import DataFlow, OldLogProbStage, RolloutStage, Stage, Ste
 from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
 from rlforge.pipeline.base import Pipeline
-from rlforge.protocols import SEED_RANGE
+from rlforge.sampling import SEED_RANGE
 
 if TYPE_CHECKING:
     import torch
 
-    from rlforge.protocols import SamplingParams, WeightSnapshots
+    from rlforge.protocols import WeightSnapshots
+    from rlforge.sampling import SamplingParams
 else:
     torch = lazy_import("torch")
 
