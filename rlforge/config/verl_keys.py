@@ -14,7 +14,9 @@ from rlforge.config.verl_rules import (
 
 ARO = "actor_rollout_ref"
 SPEED = "speed or memory only: what is computed does not change"
-PROFILING = "profiling is not configured through the config (rlforge times every stage: timing_s/*)"
+PROFILING = ("verl's profilers (nsys, npu, torch, torch_memory) and their switches: profiling does not change what is "
+             "computed; rlforge's own is the profiler plugin (torch.profiler traces of chosen steps: plugins.profiler.steps, "
+             "docs/tracking.md), set in rlforge's terms")
 SEEDS = "seeds do not carry over between frameworks; rlforge seeds everything with trainer.seed"
 FSDP_LAYOUT = f"FSDP sharding and kernel options ({SPEED}); rlforge's fsdp strategy shards with FSDP2"
 SCHEDULERS = "megatron learning-rate decay styles other than constant"
@@ -366,6 +368,7 @@ DATA_RULES: dict[str, Rule] = {
     "data.val_batch_size": Ignore(f"validation runs in batches of rollout.micro_batch_size ({SPEED})"),
     "data.tool_config_path": Ignore(COPY),
     "data.function_tool_path": Ignore(COPY),
+    "data.return_raw_chat": Derived("data"),
     "data.return_*": Ignore("not read by verl 0.9.1: its dataset hands every row's chat messages to the agent loop, "
                             "which applies the chat template"),
     "data.shuffle": Map("data.shuffle"),

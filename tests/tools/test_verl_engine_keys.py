@@ -79,7 +79,9 @@ def test_use_torch_compile_is_read_by_no_engine_and_the_reference_strategy_is_th
 
 def test_rollout_mode_and_the_servers_parallelism() -> None:
     assert _fate(_t(f"{R}.mode=sync"), f"{R}.mode").kind == verl.REFUSED  # verl 0.9.1 raises on it too
-    assert _fate(_t(f"{R}.mode=async"), f"{R}.mode").kind == verl.IGNORED
+    async_ = _fate(_t(f"{R}.mode=async"), f"{R}.mode")  # vllm: rlforge's engine is vLLM's AsyncLLM too
+    assert async_.kind == verl.MAPPED and "AsyncLLM" in async_.text
+    assert _fate(_t(f"{R}.name=sglang", f"{R}.mode=async"), f"{R}.mode").kind == verl.IGNORED
     t = _t(f"{R}.data_parallel_size=1", f"{R}.expert_parallel_size=1")
     assert _fate(t, f"{R}.data_parallel_size").kind == _fate(t, f"{R}.expert_parallel_size").kind == verl.MAPPED
     assert _fate(_t(f"{R}.expert_parallel_size=8"), f"{R}.expert_parallel_size").kind == verl.IGNORED
