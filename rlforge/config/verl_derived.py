@@ -451,7 +451,7 @@ def val_only(c: Context) -> None:
 
 
 DERIVED: dict[str, Callable[[Context], None]] = {
-    "algorithm": algorithm, "parallel": L.parallel, "offload": L.offload, "chat_template": chat_template,
+    "algorithm": algorithm, "parallel": L.parallel, "offload": L.offload, "grad_offload": L.grad_offload, "chat_template": chat_template,
     "rollout_log_probs": rollout_log_probs, "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward,
     "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
     "grad_clip": T.grad_clip, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
@@ -460,7 +460,7 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
-ORDER = ("algorithm", "parallel", "offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
+ORDER = ("algorithm", "parallel", "offload", "grad_offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
          "overlong", "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip",
          "recompute", "entropy", "precision", "rollout_engine", "lengths", "validation", "multi_turn", "multimodal",
          "loggers", "resume", "checkpoints", "val_only")

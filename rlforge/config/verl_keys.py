@@ -169,7 +169,7 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(
             "the reference model has no optimizer" if role == "ref" else OPTIMIZER_OFFLOAD),
         f"{mg}.param_offload": Ignore(f"rlforge's megatron strategy keeps parameters on the device ({SPEED})"),
-        f"{mg}.grad_offload": Ignore(f"rlforge's megatron strategy keeps gradients on the device ({SPEED})"),
+        f"{mg}.grad_offload": Derived("grad_offload"),
         f"{mg}.seed": Ignore(SEEDS),
         f"{mg}.dtype": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
         f"{mg}.entropy_*": entropy,
