@@ -20,6 +20,8 @@ from rlforge.capabilities import StrategyCapabilities
 from rlforge.lazy import lazy_import
 from rlforge.sampling import Generation, SamplingParams
 
+from rlforge.weight_sync import SyncStats
+
 if TYPE_CHECKING:
     import torch
 else:  # loaded when a hint is resolved (typing.get_type_hints), not when the contracts are imported
@@ -44,10 +46,23 @@ class RolloutEngine(Protocol):
         """Return a batch with ``len(batch) * params.n`` rows (each prompt repeated n times in place, lists
         repeated too) and the columns responses, input_ids, attention_mask, response_mask, rollout_log_probs."""
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new weights (name, tensor) in place."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load new weights (name, tensor) in place; return the bytes moved. The built-in engines hand them to their
+        weight-sync backend (``weight_sync``, a :class:`WeightSync` the Builder sets as ``rollout.weight_sync``
+        picks)."""
 
     def shutdown(self) -> None: ...
+
+
+class WeightSync(Protocol):
+    """How weights reach one rollout engine (verl's checkpoint engine). Registered under ``weight_sync`` (base class
+    ``rlforge.weight_sync.WeightSync``, which declares the engine it serves); selected by ``rollout.weight_sync``; built
+    as ``factory(config, engine)``."""
+
+    def load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Give the engine these weights; return the bytes moved."""
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -166,7 +181,8 @@ class Controller(Protocol):
 
     def update_critic(self, batch: Batch) -> dict[str, float]: ...
 
-    def sync_weights(self) -> float: ...
+    def sync_weights(self) -> SyncStats:
+        """Give the rollout engines the actor's weights; what that moved (bytes) and took (seconds)."""
 
     # optional: generate_tokens(prompts, params) -> list[Generation] (TokenGenerator), used by agent loops
 
@@ -192,8 +208,8 @@ class WeightSnapshots(Protocol):
         of (name, tensor) clones; ``ray``, a reference to one copy in the object store. It is freed when the caller
         drops it."""
 
-    def load_weights(self, snapshot: Any) -> float:
-        """Give the engines a :meth:`snapshot_weights` copy; returns the seconds taken."""
+    def load_weights(self, snapshot: Any) -> SyncStats:
+        """Give the engines a :meth:`snapshot_weights` copy; the bytes moved and the seconds taken."""
 
 
 @runtime_checkable

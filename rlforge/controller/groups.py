@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import torch
 
     from rlforge.registry import Entry
+    from rlforge.weight_sync import SyncStats
 
 CHECKPOINT_MODES = ("full", "sharded")
 
@@ -160,7 +161,8 @@ class GroupController:
             raise RLForgeError(f"{what} needs a critic (the algorithm's needs_critic() is False).")
         return self.critic
 
-    def sync_weights(self) -> float:
+    def sync_weights(self) -> SyncStats:
+        """The actor ranks give their engines the new weights (``ActorRank.sync_weights``): bytes moved, seconds."""
         return self.actor.sync_weights()
 
     # --- checkpoints -------------------------------------------------------------------------------

@@ -248,10 +248,12 @@ def _generate(rollout: Callable[[StepContext, B.Batch, SamplingParams], tuple[B.
               snapshot: list[Any]) -> tuple[B.Batch, dict[str, float]]:
     """The rollout thread's work: load the snapshot of the weights handed over (if any; the last reference to it is
     dropped then) into the engine of ``run.controller`` (a ``Controller`` that is also ``WeightSnapshots``), then
-    generate."""
-    if snapshot:
-        cast("WeightSnapshots", run.controller).load_weights(snapshot.pop())
-    return rollout(run, prompts, params)
+    generate; the batch's metrics get that load's ``weight_sync/*``."""
+    if not snapshot:
+        return rollout(run, prompts, params)
+    stats = cast("WeightSnapshots", run.controller).load_weights(snapshot.pop())
+    batch, metrics = rollout(run, prompts, params)
+    return batch, {**metrics, **stats.metrics()}
 
 
 def _plain(batch: B.Batch) -> dict[str, Any]:
