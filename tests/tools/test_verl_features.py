@@ -145,3 +145,12 @@ def test_fsdp_size_over_all_gpus_is_rlforges_layout() -> None:
     assert _fate(one_gpu, f"{A}.fsdp_config.reshard_after_forward").text == "one GPU: nothing to shard"
     assert _fate(_t(f"{A}.fsdp_config.reshard_after_forward=True"), f"{A}.fsdp_config.reshard_after_forward").kind \
         == verl.MAPPED
+
+
+
+def test_verl_sft_wandb_logger_is_rlforge_sfts_wandb_logger() -> None:  # the logger itself: tests/test_sft.py
+    from rlforge.config.verl_launch import SFT_ENTRY
+
+    t = prepare(["data.train_files=/d/train.parquet", "model.path=/m", "trainer.logger=[console,wandb]"],
+                entry=SFT_ENTRY, refuse=False).translation
+    assert t.overrides["sft.loggers"] == ["wandb"] and _fate(t, "trainer.logger").kind == verl.MAPPED
