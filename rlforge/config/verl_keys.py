@@ -103,7 +103,7 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
         f"{m}.fused_kernel_options.*": Ignore(SPEED),
         f"{m}.tiled_mlp.*": Ignore(f"tiled MLP is not in rlforge ({SPEED})"),
         f"{m}.mtp.enable": Keep(off, "no multi-token prediction", "multi-token prediction (MTP) heads"),
-        f"{m}.mtp.*": Ignore("read only with model.mtp.enable"),
+        f"{m}.mtp.*": Ignore("read only with model.mtp.enable (refused where true: MTP heads)"),
         f"{m}.fsdp_config.*": Ignore(FSDP_LAYOUT),
     }
 
@@ -161,9 +161,9 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.override_transformer_config.attention_backend": Ignore(f"attention kernels ({SPEED})"),
         f"{mg}.override_transformer_config.use_flash_attn": Ignore(f"attention kernels ({SPEED})"),
         f"{mg}.override_transformer_config.num_layers_in_*_pipeline_stage": Ignore(
-            "read only with pipeline parallelism"),
+            "read only with pipeline parallelism (refused where > 1)"),
         f"{mg}.override_transformer_config.account_for_*_in_pipeline_split": Ignore(
-            "read only with pipeline parallelism"),
+            "read only with pipeline parallelism (refused where > 1)"),
         f"{mg}.override_transformer_config.moe_*": Keep(never, "", "MoE models in rlforge's megatron strategy"),
         f"{mg}.override_transformer_config.*": Keep(never, "", "overriding megatron TransformerConfig fields"),
         f"{mg}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(
@@ -400,7 +400,7 @@ REWARD_RULES: dict[str, Rule] = {
     "reward.reward_model.rollout.*": Ignore("read only with a generative reward model served by an engine"),
     "reward.reward_model.*": Ignore("the reward model runs beside the actor (reward.model.device)"),
     "reward.sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
-    "reward.sandbox_fusion.*": Ignore("read only with reward.sandbox_fusion.url"),
+    "reward.sandbox_fusion.*": Ignore("read only with reward.sandbox_fusion.url (refused where set)"),
     # verl's legacy reward section, moved into reward.* as verl's migrate_legacy_reward_impl moves it
     "reward_model.reward_kwargs.*": Derived("overlong"),
     "reward_model.overlong_buffer.*": Derived("overlong"),  # the DAPO recipe's keys before reward_kwargs
@@ -408,7 +408,7 @@ REWARD_RULES: dict[str, Rule] = {
     "reward_model.*": Derived("reward"),
     "custom_reward_function.*": Derived("reward"),
     "sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
-    "sandbox_fusion.*": Ignore("read only with sandbox_fusion.url"),
+    "sandbox_fusion.*": Ignore("read only with sandbox_fusion.url (refused where set)"),
 }
 
 TRAINER_RULES: dict[str, Rule] = {
@@ -453,9 +453,9 @@ OTHER_RULES: dict[str, Rule] = {
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
     "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
-    "skip.*": Ignore("read only with skip.*.enable"),
+    "skip.*": Ignore("read only with skip.*.enable (refused where true)"),
     "distillation.enabled": Keep(off, "no teacher", "on-policy distillation from a teacher model"),
-    "distillation.*": Ignore("read only with distillation.enabled"),
+    "distillation.*": Ignore("read only with distillation.enabled (refused where true: on-policy distillation)"),
     "async_training.*": Keep(never, "", "verl's fully-async trainer (its staleness is a share of samples; rlforge's "
                                         "trainer.pipeline=async bounds it in whole updates, docs/pipelines.md)"),
     "rollout.*": Ignore("the separate rollout pool of verl's off-policy trainers (rlforge's engine shares the "
