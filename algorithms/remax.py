@@ -10,7 +10,7 @@ from rlforge import batch as B
 from rlforge.dataflow import DataFlow, Stage, StepContext
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import torch

@@ -42,7 +42,7 @@ from rlforge.models import load_model, load_tokenizer
 from rlforge.plugin_manager import PluginManager
 from rlforge.plugins.agent.interactions import ArithTutor, ArithTutorConfig
 from rlforge.plugins.agent.tools import Calculator, CalculatorConfig
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 MODES = ("waves", "continuous")
 

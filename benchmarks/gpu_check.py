@@ -2,14 +2,16 @@
 plain ``generate``, weight sync against the copy bound, a full GRPO step (issue #8) and the same step with the
 one-step-off and async pipelines (issue #16), the first steps of docs/gpu-recipe.md (``recipe``), and the distributed sections
 of ``gpu_check_dist.py``: Megatron TP=1/PP=1 numerics against HF and the conversion on the device, the ``tp``
-strategy against one process, vLLM inside a Ray worker (docs/distributed.md).
+strategy against one process, vLLM inside a Ray worker (docs/distributed.md); the vllm engine's weight-sync backends
+(``weight_sync``: file buckets against vLLM's CUDA IPC transfer, and a LoRA adapter sync; issue #31).
 
     python benchmarks/gpu_check.py --out $OUT/gpu_check.json      # one GPU, all sections
     python benchmarks/gpu_check.py --only megatron,tp,vllm_ray --out $OUT/dist.json   # the distributed ones
     python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # the same code on CPU with tiny sizes
 
 Estimated on one H200 (not measured yet): the issue-#8 sections ~7 minutes, megatron ~1, tp ~1, vllm_ray ~3
-(Ray start, engine start, 4 steps); a run longer than one device call can be split with --only.
+(Ray start, engine start, 4 steps), weight_sync ~2 (three engine starts); a run longer than one device call can be
+split with --only.
 
 Models are random, with Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, ffn 4864):
 - update and weight sync: the full 151,936-token vocabulary; the actor on the ``fsdp`` strategy with one
@@ -48,7 +50,7 @@ SHAPES = {
 FULL = {"update_seqs": 16, "prompt_len": 512, "resp_len": 512, "micro": 16, "gen_prompts": 256, "gen_tokens": 256,
         "grpo_prompts": 64, "grpo_n": 8, "grpo_tokens": 256, "grpo_micro": 64, "grpo_steps": 4}
 SECTIONS = ("update", "update_compiled", "update_offload", "generation", "grpo", "grpo_one_step_off", "grpo_async",
-            "recipe", "megatron", "tp", "vllm_ray")
+            "recipe", "megatron", "tp", "vllm_ray", "weight_sync")
 PIPELINES = {"grpo_one_step_off": ("trainer.pipeline=one_step_off",),  # docs/pipelines.md: step time against "grpo"
              "grpo_async": ("trainer.pipeline=async", "trainer.max_staleness=2")}
 SMOKE = {"update_seqs": 4, "prompt_len": 16, "resp_len": 16, "micro": 2, "gen_prompts": 8, "gen_tokens": 8,
@@ -164,7 +166,7 @@ def check_generation(folder: Path, s: dict, device: str, dtype: str) -> dict:
     from rlforge import load_config
     from rlforge.models import load_model
     from rlforge.plugin_manager import PluginManager
-    from rlforge.protocols import SamplingParams
+    from rlforge.sampling import SamplingParams
 
     pm = PluginManager(autoload=False)
     dev = torch.device(device)
@@ -262,6 +264,56 @@ def check_recipe(tmp: Path, smoke: bool) -> dict:
     return out
 
 
+def check_weight_sync(folder: Path, smoke: bool) -> dict:
+    """The vllm engine's weight-sync backends (``rollout.weight_sync``, docs/rollout.md) on the same bf16 weights:
+    ``files`` (CPU buckets through /dev/shm) and ``vllm_native`` (vLLM's CUDA IPC transfer): bytes, seconds of 3
+    syncs, GB/s, and whether greedy answers after the sync agree between them; then a LoRA run's sync (rank 16,
+    all linear layers): the adapter alone, loaded as a vLLM LoRA adapter. --smoke: files only, on CPU."""
+    from rlforge import batch as B
+    from rlforge import load_config, lora
+    from rlforge.build import Builder
+    from rlforge.models import load_model, load_tokenizer
+    from rlforge.plugin_manager import PluginManager
+    from rlforge.sampling import SamplingParams
+    from rlforge.weight_sync import adapter_weights
+    from rlforge.weight_sync import timed as sync_timed
+
+    pm, device = PluginManager(autoload=False), "cpu" if smoke else "cuda"
+    tok = load_tokenizer(str(folder))
+    prompts = B.Batch({B.PROMPTS: torch.randint(3, 1000, (8, 16), generator=torch.Generator().manual_seed(0)),
+                       B.PROMPT_MASK: torch.ones(8, 16, dtype=torch.long)})
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
+    base = [f"model.path={folder}", "rollout.name=vllm", "rollout.vllm.gpu_memory_utilization=0.3",
+            "rollout.max_new_tokens=16", "data.max_prompt_length=16", "rollout.vllm.dtype=bfloat16"]
+    out: dict[str, Any] = {}
+    answers = {}
+    runs = [("files", []), ("lora_files", ["model.lora.rank=16", "model.lora.alpha=32"])]
+    if not smoke:
+        runs.insert(1, ("vllm_native", []))
+    for name, extra in runs:
+        cfg = load_config("grpo", [*base, f"rollout.weight_sync={name.removeprefix('lora_')}", *extra], plugins=pm)
+        actor = load_model(str(folder)).to(device, torch.bfloat16)
+        with torch.no_grad():
+            actor.model.norm.weight.mul_(1.5)  # weights the engine cannot have from model.path
+        if extra:
+            actor = lora.wrap(actor, cfg)
+        weights = (lambda: adapter_weights(actor)) if extra else (lambda: ((n, p.detach()) for n, p in
+                                                                           actor.named_parameters()))
+        engine = Builder(cfg, pm).rollout(actor, tok)
+        try:
+            engine.generate(prompts, greedy)  # the engine starts and gets the weights once
+            syncs = [sync_timed(engine.update_weights, weights()) for _ in range(3)]
+            best = min(syncs, key=lambda r: r.seconds)
+            answers[name] = engine.generate(prompts, greedy)[B.RESPONSES].tolist()
+        finally:
+            engine.shutdown()
+        out[name] = {"bytes": best.bytes, "seconds": [r.seconds for r in syncs], "gb_per_s": best.bytes / best.seconds / 1e9,
+                     "backend": type(engine.weight_sync).__name__}
+    if "vllm_native" in answers:
+        out["native_answers_equal_files"] = answers["vllm_native"] == answers["files"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="gpu_check.json")
@@ -293,7 +345,8 @@ def main() -> None:
                           ("megatron", lambda: check_megatron(full, device, sizes["update_seqs"],
                                                               sizes["prompt_len"] + sizes["resp_len"], timed)),
                           ("tp", lambda: check_tp(device)),
-                          ("vllm_ray", lambda: check_vllm_ray(sizes["grpo_steps"], device))):
+                          ("vllm_ray", lambda: check_vllm_ray(sizes["grpo_steps"], device)),
+                          ("weight_sync", lambda: check_weight_sync(full, args.smoke))):
             if name not in only:
                 continue
             start = time.perf_counter()

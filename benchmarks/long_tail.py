@@ -70,7 +70,7 @@ def main() -> None:
 
     import rlforge.plugins.rollout.hf_decode as hf_decode
     from rlforge.plugins.rollout.hf_decode import Decoder
-    from rlforge.protocols import SamplingParams
+    from rlforge.sampling import SamplingParams
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)

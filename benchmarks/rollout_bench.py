@@ -29,7 +29,7 @@ from rlforge.data import collate, tokenize_rows
 from rlforge.models import build_char_tokenizer, build_tiny_llama, load_model, load_tokenizer
 from rlforge.plugin_manager import PluginManager
 from rlforge.plugins.rollout.vllm import VLLMRollout, import_vllm
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 
 class VLLMNoStop(VLLMRollout):

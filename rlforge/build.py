@@ -85,7 +85,15 @@ class Builder:
         return strategy
 
     def rollout(self, model: Any, tokenizer: Any) -> RolloutEngine:
-        return self._build("rollout", self.config.rollout.name, self.config, model, tokenizer)
+        """The rollout engine (``rollout.name``) with the weight-sync backend ``rollout.weight_sync`` picks for it in
+        this process (``rlforge.weight_sync``; an engine that no backend serves keeps its own ``update_weights``)."""
+        from rlforge.weight_sync import backend_class
+
+        engine = self._build("rollout", self.config.rollout.name, self.config, model, tokenizer)
+        backend = backend_class(self.config, self.registry)
+        if backend is not None:
+            engine.weight_sync = backend(self.config, engine)
+        return engine
 
     def reward(self, tokenizer: Any, workers: Any = None) -> RewardManager:
         """The reward manager (``reward.manager``). One that scores on worker groups of its own (its class names
@@ -121,7 +129,7 @@ class Builder:
 
     def agent(self, tokenizer: Any) -> AgentRunner:
         """The agent loop (``rollout.agent.loop``) with its tools, tool parser and interaction (docs/agentic.md)."""
-        from rlforge.agent.base import AgentContext
+        from rlforge.agent.context import AgentContext
         from rlforge.agent.runner import AgentRunner
         from rlforge.agent.toolbox import Toolbox
 

@@ -23,6 +23,7 @@ class RolloutCapabilities:
     logprobs_match_actor: bool = False  # its sampling log-probs are the actor's (hf): the old_logprob pass reuses them
     supports_images: bool = False  # generates from rows with images (docs/multimodal.md)
     continuous_batching: bool = False  # generate_tokens takes overlapping calls (agent turns start at once)
+    lora_adapters: bool = False  # given a LoRA actor, generates with its adapter: a sync moves only the adapter
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from rlforge import batch as B
 from rlforge.errors import RLForgeError
 
 if TYPE_CHECKING:
-    from rlforge.protocols import Controller, SamplingParams
+    from rlforge.protocols import Controller
+    from rlforge.sampling import SamplingParams
 
 LOADER_COLUMNS = frozenset({B.PROMPTS, B.PROMPT_MASK, B.UID, B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH,
                             B.EXTRA_INFO})
@@ -380,11 +381,12 @@ class UpdateActorStage(Stage):
 
 @_stage("sync_weights", set(), set(), "update_weights")
 class SyncWeightsStage(Stage):
-    """The rollout engine gets the actor's new weights."""
+    """The rollout engine gets the actor's new weights (``weight_sync/bytes``, ``weight_sync/seconds``)."""
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        seconds = ctx.controller.sync_weights()
-        ctx.call_hook("weight_sync_end", seconds=seconds)
+        stats = ctx.controller.sync_weights()
+        ctx.log(stats.metrics())
+        ctx.call_hook("weight_sync_end", seconds=stats.seconds)
         return batch
 
 

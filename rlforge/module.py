@@ -137,7 +137,7 @@ class RLModule:
         ``val_samples.jsonl`` (None: no samples). Default: generate from the prompts with the validation sampling
         settings (``rollout.val_*``), score with the reward manager: ``val/reward``, ``val/accuracy``."""
         from rlforge.data import collate
-        from rlforge.protocols import SamplingParams
+        from rlforge.sampling import SamplingParams
 
         batch = collate(examples, self.tokenizer.pad_token_id, list(range(len(examples))))
         batch = controller.generate(batch, SamplingParams.from_config(self.config.rollout, validation=True))

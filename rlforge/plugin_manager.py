@@ -61,6 +61,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.algorithms.kto",
     "rlforge.algorithms.reward_model",
     "rlforge.algorithms.arith_pairs",
+    "rlforge.weight_sync",
     "rlforge.plugins.rollout.hf",
     "rlforge.plugins.rollout.vllm",
     "rlforge.plugins.reward.rule",

@@ -14,53 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from rlforge.agent.types import ParsedTurn, Sample, ToolResult, Trajectory
+from rlforge.batch import Batch
+from rlforge.capabilities import StrategyCapabilities
+from rlforge.lazy import lazy_import
+from rlforge.sampling import Generation, SamplingParams
+
+from rlforge.weight_sync import SyncStats
+
 if TYPE_CHECKING:
     import torch
-
-    from rlforge.agent.base import ParsedTurn, Sample, ToolResult
-    from rlforge.agent.trajectory import Trajectory
-    from rlforge.batch import Batch
-    from rlforge.capabilities import StrategyCapabilities
-
-
-SEED_RANGE = 2**30  # seeds of SamplingParams.seed are drawn below it: under every engine's limit (vllm adds the row index)
-SEED_STRIDE = 0x9E3779B1  # part k of a seeded generation samples with seed + k * stride (mod SEED_RANGE)
-
-
-def derived_seed(seed: int | None, part: int) -> int | None:
-    """The seed of part ``part`` of a seeded generation (an agent loop's wave, one engine's share of the prompts): a
-    random stream of its own, no two parts share one. Part 0 keeps ``seed``; None (unseeded) stays None."""
-    return None if seed is None else (seed + part * SEED_STRIDE) % SEED_RANGE
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = disabled
-    max_new_tokens: int = 16
-    min_new_tokens: int = 0  # EOS is suppressed before this many tokens (benchmarks use min = max)
-    # set: the engine samples from a private generator seeded with it, never the global torch RNG (a generation
-    # running beside the training stays reproducible, trainer.pipeline=async); None: the torch RNG
-    seed: int | None = None
-
-    @classmethod
-    def from_config(cls, rollout: Any, validation: bool = False) -> SamplingParams:
-        if validation:
-            return cls(rollout.val_n, rollout.val_temperature, rollout.val_top_p, rollout.val_top_k,
-                       rollout.max_new_tokens)
-        return cls(rollout.n, rollout.temperature, rollout.top_p, rollout.top_k, rollout.max_new_tokens,
-                   rollout.min_new_tokens)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One completion of a token-in/token-out request (``generate_tokens``)."""
-
-    ids: list[int]  # the generated token ids, up to and including the stop token
-    log_probs: list[float]  # the engine's log-prob of each generated token, at the sampling temperature
-    finish: str  # "stop" (a stop token ended it) or "length" (max_new_tokens reached)
+else:  # loaded when a hint is resolved (typing.get_type_hints), not when the contracts are imported
+    torch = lazy_import("torch")
 
 
 @runtime_checkable
@@ -81,10 +46,23 @@ class RolloutEngine(Protocol):
         """Return a batch with ``len(batch) * params.n`` rows (each prompt repeated n times in place, lists
         repeated too) and the columns responses, input_ids, attention_mask, response_mask, rollout_log_probs."""
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new weights (name, tensor) in place."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load new weights (name, tensor) in place; return the bytes moved. The built-in engines hand them to their
+        weight-sync backend (``weight_sync``, a :class:`WeightSync` the Builder sets as ``rollout.weight_sync``
+        picks)."""
 
     def shutdown(self) -> None: ...
+
+
+class WeightSync(Protocol):
+    """How weights reach one rollout engine (verl's checkpoint engine). Registered under ``weight_sync`` (base class
+    ``rlforge.weight_sync.WeightSync``, which declares the engine it serves); selected by ``rollout.weight_sync``; built
+    as ``factory(config, engine)``."""
+
+    def load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Give the engine these weights; return the bytes moved."""
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -203,7 +181,8 @@ class Controller(Protocol):
 
     def update_critic(self, batch: Batch) -> dict[str, float]: ...
 
-    def sync_weights(self) -> float: ...
+    def sync_weights(self) -> SyncStats:
+        """Give the rollout engines the actor's weights; what that moved (bytes) and took (seconds)."""
 
     # optional: generate_tokens(prompts, params) -> list[Generation] (TokenGenerator), used by agent loops
 
@@ -229,8 +208,8 @@ class WeightSnapshots(Protocol):
         of (name, tensor) clones; ``ray``, a reference to one copy in the object store. It is freed when the caller
         drops it."""
 
-    def load_weights(self, snapshot: Any) -> float:
-        """Give the engines a :meth:`snapshot_weights` copy; returns the seconds taken."""
+    def load_weights(self, snapshot: Any) -> SyncStats:
+        """Give the engines a :meth:`snapshot_weights` copy; the bytes moved and the seconds taken."""
 
 
 @runtime_checkable

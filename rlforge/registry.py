@@ -154,6 +154,7 @@ class Registries:
     dispatch_mode: Registry[Any]
     collect_mode: Registry[Any]
     role: Registry[Any]
+    weight_sync: Registry[Any]
 
     SPECS: dict[str, Kind] = {
         "algorithm": Kind("algorithm.name", None, "RLModule"),
@@ -173,6 +174,7 @@ class Registries:
         "dispatch_mode": Kind("", None, ""),  # how a worker group splits a call over its ranks (rlforge.controller)
         "collect_mode": Kind("", None, ""),  # how it joins the ranks' results
         "role": Kind("", None, ""),  # a worker class and the models it loads (rlforge.controller.remote.Role)
+        "weight_sync": Kind("rollout.weight_sync", None, "WeightSync"),  # how weights reach the engine (rlforge.weight_sync)
     }
     KINDS: dict[str, str] = {kind: spec.key for kind, spec in SPECS.items()}
 

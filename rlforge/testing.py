@@ -61,7 +61,7 @@ def step_context(config: Any = None, batches: Iterable[Any] = (), *, controller:
     in place: the test sees what is left); ``hook``: a :class:`RecordingHook` unless given (``ctx._hook.calls``)."""
     from rlforge.dataflow import DataFlow, StepContext
     from rlforge.errors import RLForgeError
-    from rlforge.protocols import SamplingParams
+    from rlforge.sampling import SamplingParams
 
     queue = batches if isinstance(batches, list) else list(batches)
 

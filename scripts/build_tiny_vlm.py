@@ -25,7 +25,7 @@ from rlforge.data import collate, tokenize_rows
 from rlforge.multimodal import build_tiny_vlm, save_vlm
 from rlforge.plugins.data.vision import vision_rows
 from rlforge.plugins.rollout.hf_decode import Decoder
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 VAL_SEED = 54321  # the vision dataset's validation seed (plugins/data/vision.py)
 

@@ -56,7 +56,7 @@ def sample_pairs(sizes: Sizes, seed: int = 1) -> tuple[list[dict[str, Any]], int
     import torch
 
     from rlforge.data import collate, tokenize_rows
-    from rlforge.protocols import SamplingParams
+    from rlforge.sampling import SamplingParams
 
     pm = PluginManager(autoload=False)
     cfg = load_config("grpo", [f"trainer.seed={seed}", f"data.arith.val_size={sizes.val_size}"], plugins=pm)

@@ -284,7 +284,7 @@ def test_scoring_passes_are_cut_by_count_or_by_tokens(registry) -> None:
 
 
 def test_sampled_validation_takes_its_own_top_p_and_top_k(registry) -> None:
-    from rlforge.protocols import SamplingParams
+    from rlforge.sampling import SamplingParams
 
     cfg = compose(registry, None, None, ["rollout.val_temperature=1.0", "rollout.val_top_p=0.7", "rollout.val_top_k=20"])
     params = SamplingParams.from_config(cfg.rollout, validation=True)

@@ -212,7 +212,7 @@ class _Hook:
 def _ctx(flow, draw=None):
     import torch
 
-    from rlforge.protocols import SamplingParams
+    from rlforge.sampling import SamplingParams
 
     hook = _Hook()
     ctx = StepContext(config=None, controller=None, module=None, hook=hook, step=3, sampling=SamplingParams(),

@@ -14,7 +14,7 @@ from rlforge import Trainer, hookimpl, load_config
 from rlforge import batch as B
 from rlforge.errors import ConfigError
 from rlforge.pipeline import OneStepOff
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 from tests.test_resume import StopAt
 
 FAST = [

@@ -378,6 +378,18 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run_and_logs_are_readable(
     assert not {"MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"} & set(os.environ)
 
 
+def test_wandb_logger_names_project_and_run_and_starts_nothing(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    from rlforge.sft.outputs import LOGGERS
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = LOGGERS["wandb"](OmegaConf.create({"trainer": {"project": "p"}}), tmp_path / "out", False)
+    assert isinstance(logger, WandbLogger) and logger.name == "p" and logger._experiment is None
+    assert logger._wandb_init["name"] == "sft/out" and logger._wandb_init["dir"] == str(tmp_path / "out")
+
+
 def test_loss_falls(tmp_path, pm, sft_config):
     val = write_jsonl(tmp_path / "val.jsonl", [{"prompt": f"What is {i}+1?", "response": str(i + 1)} for i in range(4)])
     losses = Losses()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlforge.agent.engine import OFF_POLICY, off_policy_fields
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 NO_EFFECT = frozenset({"model", "user", "metadata"})  # accepted, and they change nothing in the completion

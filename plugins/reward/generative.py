@@ -41,7 +41,7 @@ from rlforge.config.schema import option
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, optional_import
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import torch

@@ -24,7 +24,8 @@ from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import stop_token_ids
 from rlforge.plugins.rollout.hf_decode import Decoder
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
+from rlforge.weight_sync import WeightSync, tensor_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +76,7 @@ class HFRollout:
         self.stop_ids = stop_token_ids(tokenizer, model)
         self.micro_batch_size = config.rollout.micro_batch_size
         self.decoder = Decoder(model, self.stop_ids, tokenizer.pad_token_id, compile=config.rollout.hf.compile)
+        self.weight_sync: WeightSync = MemorySync(config, self)  # the Builder sets the one rollout.weight_sync picks
 
     @no_grad
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
@@ -124,22 +126,40 @@ class HFRollout:
 
         return tokens_via_generate(self, prompts, params, self.tokenizer.pad_token_id, set(self.stop_ids))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load these weights into the model it generates with (``rollout.weight_sync``: ``memory``); the bytes
+        copied."""
+        return self.weight_sync.load(named_tensors)
+
+    def shutdown(self) -> None:
+        self.model = self.decoder = None  # type: ignore[assignment]
+
+
+class MemorySync(WeightSync):
+    """The hf engine's model is the actor itself or a replica in this process: the tensors that it does not already
+    share are copied in place (none when it generates with the actor, also with LoRA: its adapter is live)."""
+
+    engine = HFRollout
+    preference = 10
+
+    def load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         from rlforge.lora import is_lora
 
-        if is_lora(self.model):  # the LoRA actor itself (LoRA runs on one device): its adapter is already live
-            return
-        params = dict(self.model.named_parameters())
+        model = self.rollout.model
+        if is_lora(model):  # the LoRA actor itself (LoRA runs on one device): its adapter is already live
+            return 0
+        params = dict(model.named_parameters())
+        moved = 0
         with torch.no_grad():
             for name, tensor in named_tensors:
                 if params[name].data_ptr() != tensor.data_ptr():
                     params[name].copy_(tensor)
-
-    def shutdown(self) -> None:
-        self.model = self.decoder = None  # type: ignore[assignment]
+                    moved += tensor_bytes(tensor)
+        return moved
 
 
 @hookimpl
 def rlforge_register(registry):
     registry.rollout.register("hf", HFRollout, config=HFRolloutConfig,
                               description="transformers generate (CPU/GPU), shares actor weights")
+    registry.weight_sync.register("memory", MemorySync, description="hf engine: tensors copied in place in its process")

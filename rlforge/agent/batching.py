@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
-from rlforge.agent.trajectory import TOKEN_LIMIT, TURN_LIMIT, Trajectory
+from rlforge.agent.types import TOKEN_LIMIT, TURN_LIMIT, Trajectory
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlforge.agent.workers import DaemonThreads
-from rlforge.protocols import SEED_RANGE, Generation, SamplingParams, derived_seed
+from rlforge.sampling import SEED_RANGE, Generation, SamplingParams, derived_seed
 
 if TYPE_CHECKING:
     from rlforge.batch import Batch

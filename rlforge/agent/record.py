@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge import diskio
-from rlforge.agent.trajectory import MODEL, Trajectory
+from rlforge.agent.types import MODEL, Trajectory
 from rlforge.errors import RLForgeError
 
 if TYPE_CHECKING:
-    from rlforge.agent.base import AgentContext
+    from rlforge.agent.context import AgentContext
 
 RECORD_FILE = "trajectories.jsonl"
 AGENT_RECORD = "agent_record"  # list column: the agent loop's part of each sample's record (when recording)

@@ -12,12 +12,13 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from rlforge import batch as B
-from rlforge.agent.base import AgentContext, AgentLoop, AgentLoopError, Sample
 from rlforge.agent.batching import agent_metrics, to_batch
+from rlforge.agent.context import AgentContext
 from rlforge.agent.engine import Backend, EngineHandle, TrajectoryEngine
+from rlforge.agent.loop import AgentLoop
 from rlforge.agent.record import AGENT_RECORD, agent_record
-from rlforge.agent.trajectory import Trajectory
-from rlforge.protocols import SamplingParams
+from rlforge.agent.types import AgentLoopError, Sample, Trajectory
+from rlforge.sampling import SamplingParams
 
 T = TypeVar("T")
 

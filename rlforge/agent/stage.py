@@ -16,7 +16,7 @@ from rlforge.agent.record import RECORD_FILE, sample_records, write_records
 from rlforge.dataflow import RolloutStage, Stage, StepContext
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from rlforge.agent.runner import AgentRunner

@@ -12,13 +12,13 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from rlforge.agent.base import ParsedTurn, Sample, Tool, ToolCall, ToolError, ToolResult
+from rlforge.agent.types import ParsedTurn, Sample, ToolCall, ToolError, ToolResult, ToolStats
 from rlforge.agent.workers import DaemonThreads, ToolLoop
 from rlforge.errors import RLForgeError
 
 if TYPE_CHECKING:
+    from rlforge.agent.base import Tool
     from rlforge.agent.chat import ChatFormat
-    from rlforge.agent.trajectory import ToolStats
 
 log = logging.getLogger("rlforge.agent")
 TOOL_THREADS = 16  # daemon threads that run sync tools (a hung sync tool holds one until it returns)

@@ -119,6 +119,7 @@ class RolloutConfig:
     max_new_tokens: int = option(8, ge=1)  # response length limit (EOS ends a response earlier)
     min_new_tokens: int = option(0, ge=0)  # EOS is suppressed before this many tokens (training rollouts only)
     micro_batch_size: int = option(256, ge=1)  # sequences per generate() call
+    weight_sync: str = "auto"  # weight-sync backend registry name: auto (the engine's best that runs here) | memory (hf) | files (vllm) | vllm_native (vllm on CUDA: IPC); docs/rollout.md
     val_temperature: float = option(0.0, ge=0)  # 0 = greedy validation (val_top_p/val_top_k unused); min_new_tokens is not applied there (verl's val_kwargs defaults)
     val_top_p: float = option(1.0, gt=0, le=1)  # nucleus sampling of sampled validation (val_temperature > 0; 1.0 = off)
     val_top_k: int = option(0, ge=0)  # top-k of sampled validation (val_temperature > 0; 0 = off)
@@ -289,7 +290,7 @@ class SFTConfig:
     num_nodes: int = 1  # machines (with strategy ddp or fsdp)
     strategy: str = "auto"  # auto | ddp | fsdp (GPU) | deepspeed | ... (Lightning strategy names)
     output_dir: str = "sft_out"  # the fine-tuned model and tokenizer; checkpoints/ and logs inside
-    loggers: list[str] = field(default_factory=lambda: ["mlflow"])  # mlflow (sqlite store in output_dir) | tensorboard
+    loggers: list[str] = field(default_factory=lambda: ["mlflow"])  # mlflow (sqlite store in output_dir) | tensorboard | wandb (pip install wandb)
     log_every: int = 10  # steps between logged metrics
     progress: bool = True  # Lightning's progress bar
     save_every: int = 100  # steps between checkpoints in output_dir/checkpoints (the newest kept; 0 = none)

@@ -126,13 +126,20 @@ def rollout_engine(c: Context) -> None:
                 "rollout.vllm.tensor_parallel_size only") if name == "vllm" and c.get(key) in (None, 1) else
          c.ignore(key, "engine tuning (throughput and memory only); rlforge sizes its engine itself"))
     mode = c.get(f"{R}.mode")
-    (c.refuse(f"{R}.mode", "rollout.mode=sync, which verl 0.9.1 removed too (it refuses it: set async or leave it "
-              "out)") if mode == "sync" else
-     c.ignore(f"{R}.mode", "verl 0.9.1's only mode (async inference servers); rlforge's engines run in the trainer's "
-              "workers"))
+    if mode == "sync":
+        c.refuse(f"{R}.mode", "rollout.mode=sync, which verl 0.9.1 removed too (it refuses it: set async or leave it out)")
+    elif name == "vllm":  # verl 0.9.1's only mode: an AsyncLLM server per replica, requests from concurrent agent loops
+        c.same(f"{R}.mode", "vLLM's asynchronous engine (AsyncLLM), requests batched continuously: rlforge's vllm "
+               "engine is that engine, in the trainer's workers (plugins/rollout/vllm_async.py)")
+    else:
+        c.ignore(f"{R}.mode", "verl 0.9.1's only mode (async inference servers); " + (
+            "rlforge's hf engine generates with the training model" if name == "hf" else
+            f"read by verl's {name} engine (rollout.name={name}: refused)"))
 
 
 def lengths(c: Context) -> None:
+    """The rollout's lengths (copies of data.max_prompt_length / max_response_length), and data.truncation, which verl
+    0.9.1 never reads: its agent loop keeps the last tokens of a longer text prompt, as rlforge's data.truncation=left."""
     for rollout_key, data_key in ((f"{R}.prompt_length", "data.max_prompt_length"),
                                   (f"{R}.response_length", "data.max_response_length")):
         if c.get(rollout_key) == c.get(data_key):
@@ -140,16 +147,15 @@ def lengths(c: Context) -> None:
         else:
             c.refuse(rollout_key, f"a rollout length ({c.get(rollout_key)}) other than {data_key} ({c.get(data_key)})")
     # verl 0.9.1 stores data.truncation (RLHFDataset) and reads it nowhere: its agent loop keeps the last
-    # rollout.prompt_length tokens of a longer text prompt (_cap_text_prompt_length) and refuses one with images
+    # rollout.prompt_length tokens of a longer text prompt (_cap_text_prompt_length) and refuses one with images.
+    # rlforge's data.truncation=left does the same, behind the same filter (data.filter_overlong_prompts) where it is on.
     mode = c.get("data.truncation")
-    if c.get("data.filter_overlong_prompts"):
-        c.ignore("data.truncation", "not reached: overlong prompts are filtered out first (and verl 0.9.1 reads "
-                 "data.truncation nowhere)")
-    else:
-        c.map("data.truncation", "data.truncation", "left", "" if mode == "left" else
-              f"verl 0.9.1 does not read data.truncation={mode}: its agent loop keeps the last rollout.prompt_length "
-              "tokens of a longer text prompt, as data.truncation=left does (a longer prompt with images is an "
-              "error in both)")
+    behind = (" behind data.filter_overlong_prompts, which drops such prompts first in both" if
+              c.get("data.filter_overlong_prompts") else "")
+    c.map("data.truncation", "data.truncation", "left", "" if mode == "left" else
+          f"verl 0.9.1 does not read data.truncation={mode}: its agent loop keeps the last rollout.prompt_length "
+          f"tokens of a longer text prompt, as data.truncation=left does{behind} (a longer prompt with images is an "
+          "error in both)")
 
 
 def validation(c: Context) -> None:
@@ -343,9 +349,15 @@ def chat_template(c: Context) -> None:
 
 
 def data(c: Context) -> None:
+    """The data files; ``data.return_raw_chat``, which verl 0.9.1 stores and never reads: its dataset always hands each
+    row's chat messages to the agent loop, which applies the chat template (rlforge's prompts are rendered the same)."""
     c.set("data.name", "files")
     for key in ("data.train_files", "data.val_files"):
         c.map(key, key, file_list(c.get(key)))
+    raw = "data.return_raw_chat"
+    (c.same(raw, "each row's chat messages go to the rollout, rendered with the model's chat template") if c.get(raw)
+     else c.ignore(raw, "not read by verl 0.9.1: its dataset hands every row's chat messages to the agent loop, which "
+                   "applies the chat template (as with return_raw_chat=True)"))
 
 
 MULTIMODAL_MISSING = {
@@ -439,7 +451,7 @@ def val_only(c: Context) -> None:
 
 
 DERIVED: dict[str, Callable[[Context], None]] = {
-    "algorithm": algorithm, "parallel": L.parallel, "offload": L.offload, "chat_template": chat_template,
+    "algorithm": algorithm, "parallel": L.parallel, "offload": L.offload, "grad_offload": L.grad_offload, "chat_template": chat_template,
     "rollout_log_probs": rollout_log_probs, "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward,
     "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
     "grad_clip": T.grad_clip, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
@@ -448,7 +460,7 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
-ORDER = ("algorithm", "parallel", "offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
+ORDER = ("algorithm", "parallel", "offload", "grad_offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
          "overlong", "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip",
          "recompute", "entropy", "precision", "rollout_engine", "lengths", "validation", "multi_turn", "multimodal",
          "loggers", "resume", "checkpoints", "val_only")

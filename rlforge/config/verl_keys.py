@@ -14,7 +14,9 @@ from rlforge.config.verl_rules import (
 
 ARO = "actor_rollout_ref"
 SPEED = "speed or memory only: what is computed does not change"
-PROFILING = "profiling is not configured through the config (rlforge times every stage: timing_s/*)"
+PROFILING = ("verl's profilers (nsys, npu, torch, torch_memory) and their switches: profiling does not change what is "
+             "computed; rlforge's own is the profiler plugin (torch.profiler traces of chosen steps: plugins.profiler.steps, "
+             "docs/tracking.md), set in rlforge's terms")
 SEEDS = "seeds do not carry over between frameworks; rlforge seeds everything with trainer.seed"
 FSDP_LAYOUT = f"FSDP sharding and kernel options ({SPEED}); rlforge's fsdp strategy shards with FSDP2"
 SCHEDULERS = "megatron learning-rate decay styles other than constant"
@@ -101,7 +103,7 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
         f"{m}.fused_kernel_options.*": Ignore(SPEED),
         f"{m}.tiled_mlp.*": Ignore(f"tiled MLP is not in rlforge ({SPEED})"),
         f"{m}.mtp.enable": Keep(off, "no multi-token prediction", "multi-token prediction (MTP) heads"),
-        f"{m}.mtp.*": Ignore("read only with model.mtp.enable"),
+        f"{m}.mtp.*": Ignore("read only with model.mtp.enable (refused where true: MTP heads)"),
         f"{m}.fsdp_config.*": Ignore(FSDP_LAYOUT),
     }
 
@@ -159,15 +161,15 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.override_transformer_config.attention_backend": Ignore(f"attention kernels ({SPEED})"),
         f"{mg}.override_transformer_config.use_flash_attn": Ignore(f"attention kernels ({SPEED})"),
         f"{mg}.override_transformer_config.num_layers_in_*_pipeline_stage": Ignore(
-            "read only with pipeline parallelism"),
+            "read only with pipeline parallelism (refused where > 1)"),
         f"{mg}.override_transformer_config.account_for_*_in_pipeline_split": Ignore(
-            "read only with pipeline parallelism"),
+            "read only with pipeline parallelism (refused where > 1)"),
         f"{mg}.override_transformer_config.moe_*": Keep(never, "", "MoE models in rlforge's megatron strategy"),
         f"{mg}.override_transformer_config.*": Keep(never, "", "overriding megatron TransformerConfig fields"),
         f"{mg}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(
             "the reference model has no optimizer" if role == "ref" else OPTIMIZER_OFFLOAD),
         f"{mg}.param_offload": Ignore(f"rlforge's megatron strategy keeps parameters on the device ({SPEED})"),
-        f"{mg}.grad_offload": Ignore(f"rlforge's megatron strategy keeps gradients on the device ({SPEED})"),
+        f"{mg}.grad_offload": Derived("grad_offload"),
         f"{mg}.seed": Ignore(SEEDS),
         f"{mg}.dtype": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
         f"{mg}.entropy_*": entropy,
@@ -366,6 +368,7 @@ DATA_RULES: dict[str, Rule] = {
     "data.val_batch_size": Ignore(f"validation runs in batches of rollout.micro_batch_size ({SPEED})"),
     "data.tool_config_path": Ignore(COPY),
     "data.function_tool_path": Ignore(COPY),
+    "data.return_raw_chat": Derived("data"),
     "data.return_*": Ignore("not read by verl 0.9.1: its dataset hands every row's chat messages to the agent loop, "
                             "which applies the chat template"),
     "data.shuffle": Map("data.shuffle"),
@@ -397,7 +400,7 @@ REWARD_RULES: dict[str, Rule] = {
     "reward.reward_model.rollout.*": Ignore("read only with a generative reward model served by an engine"),
     "reward.reward_model.*": Ignore("the reward model runs beside the actor (reward.model.device)"),
     "reward.sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
-    "reward.sandbox_fusion.*": Ignore("read only with reward.sandbox_fusion.url"),
+    "reward.sandbox_fusion.*": Ignore("read only with reward.sandbox_fusion.url (refused where set)"),
     # verl's legacy reward section, moved into reward.* as verl's migrate_legacy_reward_impl moves it
     "reward_model.reward_kwargs.*": Derived("overlong"),
     "reward_model.overlong_buffer.*": Derived("overlong"),  # the DAPO recipe's keys before reward_kwargs
@@ -405,7 +408,7 @@ REWARD_RULES: dict[str, Rule] = {
     "reward_model.*": Derived("reward"),
     "custom_reward_function.*": Derived("reward"),
     "sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
-    "sandbox_fusion.*": Ignore("read only with sandbox_fusion.url"),
+    "sandbox_fusion.*": Ignore("read only with sandbox_fusion.url (refused where set)"),
 }
 
 TRAINER_RULES: dict[str, Rule] = {
@@ -450,9 +453,9 @@ OTHER_RULES: dict[str, Rule] = {
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
     "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
-    "skip.*": Ignore("read only with skip.*.enable"),
+    "skip.*": Ignore("read only with skip.*.enable (refused where true)"),
     "distillation.enabled": Keep(off, "no teacher", "on-policy distillation from a teacher model"),
-    "distillation.*": Ignore("read only with distillation.enabled"),
+    "distillation.*": Ignore("read only with distillation.enabled (refused where true: on-policy distillation)"),
     "async_training.*": Keep(never, "", "verl's fully-async trainer (its staleness is a share of samples; rlforge's "
                                         "trainer.pipeline=async bounds it in whole updates, docs/pipelines.md)"),
     "rollout.*": Ignore("the separate rollout pool of verl's off-policy trainers (rlforge's engine shares the "

@@ -149,6 +149,20 @@ def offload(c: Context) -> None:
         c.set(OFFLOAD, roles)
 
 
+def grad_offload(c: Context) -> None:
+    """verl 0.9.0's megatron ``grad_offload`` (0.9.1 dropped the key: its ``param_offload`` releases the gradient
+    buffers too): no gradients held on the device between updates. rlforge frees them after every update (the next
+    one starts from zero in both), so True asks for what rlforge always does; False changes memory only."""
+    for key in c.owned:
+        if key.startswith(f"{REF}."):
+            c.ignore(key, "the reference model computes no gradients")
+        elif c.get(key):
+            c.same(key, "no gradients held on the device between updates: rlforge frees them after each update")
+        else:
+            c.ignore(key, f"verl keeps the gradient buffers on the device; rlforge frees them after each update "
+                     f"({SPEED_ONLY})")
+
+
 def uses_ref(c: Context) -> bool:
     """verl builds a reference model of its own: a KL term, and no LoRA (then the reference is the actor without its
     adapter)."""

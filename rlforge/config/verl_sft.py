@@ -81,7 +81,7 @@ RULES: dict[str, Rule] = {
     "profiler.*": Ignore("profiling is not configured through the config"),
 }
 TABLE = Table(RULES)
-SFT_LOGGERS = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
+SFT_LOGGERS = {"mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb"}
 
 
 def sft_files(c: Any) -> None:
@@ -175,8 +175,8 @@ def sft_loggers(c: Any) -> None:
     names = [value] if isinstance(value, str) else list(value or [])
     unknown = [n for n in names if n not in SFT_LOGGERS and n != "console"]
     if unknown:
-        c.refuse("trainer.logger", f"the {', '.join(unknown)} logger in rlforge's SFT (sft.loggers: mlflow, "
-                 "tensorboard)", 32 if {"swanlab", "trackio", "wandb"} & set(unknown) else None)
+        c.refuse("trainer.logger", f"the {', '.join(unknown)} logger in rlforge's SFT (sft.loggers: "
+                 f"{', '.join(SFT_LOGGERS)})", 32 if {"swanlab", "trackio"} & set(unknown) else None)
     else:
         c.map("trainer.logger", "sft.loggers", [SFT_LOGGERS[n] for n in names if n in SFT_LOGGERS],
               "console: Lightning's progress bar (sft.progress)")

@@ -82,9 +82,18 @@ def clip(c: Context) -> None:
 
 
 def grad_clip(c: Context) -> None:
-    for section in (A, "critic"):
-        if c.has(f"{section}.grad_clip"):
-            c.ignore(f"{section}.grad_clip", "not read by verl 0.9.1's engines: they clip at optim.clip_grad (mapped)")
+    """verl 0.9.1's engines clip at optim.clip_grad (mapped to <role>.grad_clip) and never read the role's own
+    grad_clip: a grad_clip equal to it asks for what verl does; another value changes nothing in verl."""
+    for section, target in ((A, "actor"), ("critic", "critic")):
+        key, used = f"{section}.grad_clip", c.get(f"{section}.optim.clip_grad")
+        if not c.has(key):
+            continue
+        if c.get(key) == used:
+            c.same(key, f"gradient clipping at {used}: verl 0.9.1 clips at {section}.optim.clip_grad, the same value "
+                   f"(mapped to {target}.grad_clip)")
+        else:
+            c.ignore(key, f"not read by verl 0.9.1's engines: they clip at optim.clip_grad ({used}, mapped to "
+                     f"{target}.grad_clip)")
 
 
 def warmup(c: Context) -> None:

@@ -153,7 +153,7 @@ def dispatch_rows(group: Any, args: tuple) -> Shares:
 def dispatch_engine_rows(group: Any, args: tuple) -> Shares:
     """``(batch, params)``: the prompts split over the ranks' engines; with a seed, each engine samples from a stream
     of its own (``derived_seed``)."""
-    from rlforge.protocols import derived_seed
+    from rlforge.sampling import derived_seed
 
     batch, params = args
     return Shares([(s, replace(params, seed=derived_seed(params.seed, i))) if len(s) else None
@@ -162,7 +162,7 @@ def dispatch_engine_rows(group: Any, args: tuple) -> Shares:
 
 def dispatch_engine_requests(group: Any, args: tuple) -> Shares:
     """``(prompts, params)``: agent loops' requests in contiguous parts over the engines (seeded as ``engine_rows``)."""
-    from rlforge.protocols import derived_seed
+    from rlforge.sampling import derived_seed
 
     prompts, params = args
     n = group.world_size

@@ -26,12 +26,13 @@ from rlforge.config.compose import micro_batch_size
 from rlforge.controller.dispatch import PerRank
 from rlforge.controller.remote import Workers
 from rlforge.errors import ConfigError, RLForgeError
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
     from rlforge.registry import Entry
+    from rlforge.weight_sync import SyncStats
 
 CHECKPOINT_MODES = ("full", "sharded")
 
@@ -160,7 +161,8 @@ class GroupController:
             raise RLForgeError(f"{what} needs a critic (the algorithm's needs_critic() is False).")
         return self.critic
 
-    def sync_weights(self) -> float:
+    def sync_weights(self) -> SyncStats:
+        """The actor ranks give their engines the new weights (``ActorRank.sync_weights``): bytes moved, seconds."""
         return self.actor.sync_weights()
 
     # --- checkpoints -------------------------------------------------------------------------------

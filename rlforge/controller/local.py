@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from rlforge.build import Builder
+    from rlforge.weight_sync import SyncStats
 
 log = logging.getLogger("rlforge")
 
@@ -59,9 +60,9 @@ class LocalController(GroupController):
     def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:
         """A copy of the weights :meth:`sync_weights` gives the engine now, for :meth:`load_weights` to give it later
         (``trainer.pipeline=async``: the actor trains on while the engine finishes older generations)."""
-        return [(name, tensor.clone()) for name, tensor in self.ranks["actor"].worker.named_weights()]
+        return [(name, tensor.clone()) for name, tensor in self.ranks["actor"].weights_for_engine()]
 
-    def load_weights(self, snapshot: Iterable[tuple[str, torch.Tensor]]) -> float:
+    def load_weights(self, snapshot: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
         """Give the engine these weights (a :meth:`snapshot_weights` copy, from the thread that generates)."""
         return self.ranks["actor"].load_weights(snapshot)
 

@@ -46,6 +46,7 @@ from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
 from rlforge.pipeline import PIPELINES
+from rlforge.weight_sync import SyncStats
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
@@ -317,12 +318,12 @@ class RayController(GroupController):
         return self.ray.put(obj)  # one copy in the object store for all ranks
 
     # --- weights for a rollout group ------------------------------------------------------------------
-    def sync_weights(self) -> float:
+    def sync_weights(self) -> SyncStats:
         if self.rollout is None:
             return super().sync_weights()
         start = time.perf_counter()
-        self.load_weights(self.snapshot_weights())
-        return time.perf_counter() - start
+        stats = self.load_weights(self.snapshot_weights())
+        return SyncStats(stats.bytes, time.perf_counter() - start)  # the gather and the object store too
 
     def snapshot_weights(self) -> Any:
         """The actor's full weights as they are now, for the rollout group (``ray.rollout_workers``): gathered by every
@@ -331,8 +332,9 @@ class RayController(GroupController):
         assert self.rollout is not None, "check_config: the off-policy pipelines need ray.rollout_workers >= 1"
         return self.ray.put(self.actor.full_weights())
 
-    def load_weights(self, snapshot: Any) -> float:
-        """Every rollout worker loads a :meth:`snapshot_weights` copy; returns the slowest one's seconds. Called by
+    def load_weights(self, snapshot: Any) -> SyncStats:
+        """Every rollout worker loads a :meth:`snapshot_weights` copy; the bytes they received, the slowest one's
+        seconds. Called by
         the pipelines' rollout thread while the trainer's thread uses the actor group."""
         return self.rollout.load_weights(snapshot)
 

@@ -15,8 +15,7 @@ import functools
 import os
 import random
 import socket
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,8 @@ from rlforge import lora
 from rlforge.agent.engine import token_generator
 from rlforge.controller.remote import declared, remote
 from rlforge.controller.worker import ActorWorker, CriticWorker, TrainWorker
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
+from rlforge.weight_sync import SyncStats, adapter_weights, timed
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
@@ -96,13 +96,11 @@ class WorkerProcess:
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         return self.tokens(prompts, params)
 
-    @remote(collect="max")
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
-        """Give this process's engine these weights (the actor's stream, a snapshot, ``RankWorker.full_weights``);
-        returns the seconds taken."""
-        start = time.perf_counter()
-        self.rollout.update_weights(iter(weights))
-        return time.perf_counter() - start
+    @remote(collect="sync_stats")
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
+        """Give this process's engine these weights (the actor's stream, a snapshot, ``ActorRank.full_weights``)
+        through its weight-sync backend (``rollout.weight_sync``); the bytes it moved and the seconds taken."""
+        return timed(self.rollout.update_weights, iter(weights))
 
     @remote()
     def engine_weights(self) -> list[dict[str, torch.Tensor]]:
@@ -215,6 +213,8 @@ class ActorRank(RankWorker):
 
     def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
         super().build(builder, module, engine)
+        # an engine that loads LoRA adapters gets the adapter alone (the rollout group's engines too)
+        self.adapters = builder.capabilities("rollout").lora_adapters and lora.is_lora(module.actor)
         if engine:
             self._start_engine(builder, self.worker.rollout_model, module.tokenizer)
             # the engine starts from model.path: give it the actor's weights (collective over the ranks)
@@ -226,17 +226,24 @@ class ActorRank(RankWorker):
         return ActorWorker(builder.config, module, strategy, builder.hook,
                            engine_owns_weights=builder.capabilities("rollout").owns_weights or not engine)
 
-    @remote(collect="max")
-    def sync_weights(self) -> float:
-        return self.load_weights(self.worker.named_weights())
+    @remote(collect="sync_stats")
+    def sync_weights(self) -> SyncStats:
+        return self.load_weights(self.weights_for_engine())
+
+    def weights_for_engine(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a sync gives the engine: a LoRA actor's adapter where the engine loads adapters (``lora_adapters``),
+        else the actor's full weights (``ActorWorker.named_weights``: merged with LoRA; gathered when sharded)."""
+        if self.adapters:
+            return adapter_weights(self.worker.module.actor)
+        return self.worker.named_weights()
 
     @remote(collect="first")
     def full_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """The actor's full weights on the CPU, for a rollout worker group (``ray.rollout_workers``). Collective: every
-        rank takes part in the gather (``named_weights`` of a sharded strategy); rank 0 returns them, the others
-        None."""
+        """The actor's weights for the engine on the CPU, for a rollout worker group (``ray.rollout_workers``).
+        Collective: every rank takes part in the gather (``named_weights`` of a sharded strategy); rank 0 returns
+        them, the others None."""
         keep = self.rank == 0
-        weights = [(name, t.to("cpu", copy=True)) for name, t in self.worker.named_weights() if keep]  # all iterate
+        weights = [(name, t.to("cpu", copy=True)) for name, t in self.weights_for_engine() if keep]  # all iterate
         return weights if keep else None
 
     @remote()
@@ -261,8 +268,8 @@ class RolloutWorker(WorkerProcess):
         """Load the policy and build the rollout engine on it, as the actor ranks do."""
         config = builder.config
         model = module.actor
-        if lora.is_lora(model):  # the actor sends merged weights under the base model's names
-            model = lora.merged_model(model)
+        if lora.is_lora(model) and not builder.capabilities("rollout").lora_adapters:
+            model = lora.merged_model(model)  # the actor sends merged weights under the base model's names
         model.requires_grad_(False)
         if not builder.capabilities("rollout").owns_weights:  # an engine with weights of its own reads only the config
             gpu = torch.cuda.is_available() and config.strategy.device != "cpu"

@@ -39,12 +39,13 @@ from rlforge.dataflow import DataFlow, OldLogProbStage, RolloutStage, Stage, Ste
 from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
 from rlforge.pipeline.base import Pipeline
-from rlforge.protocols import SEED_RANGE
+from rlforge.sampling import SEED_RANGE
 
 if TYPE_CHECKING:
     import torch
 
-    from rlforge.protocols import SamplingParams, WeightSnapshots
+    from rlforge.protocols import WeightSnapshots
+    from rlforge.sampling import SamplingParams
 else:
     torch = lazy_import("torch")
 
@@ -247,10 +248,12 @@ def _generate(rollout: Callable[[StepContext, B.Batch, SamplingParams], tuple[B.
               snapshot: list[Any]) -> tuple[B.Batch, dict[str, float]]:
     """The rollout thread's work: load the snapshot of the weights handed over (if any; the last reference to it is
     dropped then) into the engine of ``run.controller`` (a ``Controller`` that is also ``WeightSnapshots``), then
-    generate."""
-    if snapshot:
-        cast("WeightSnapshots", run.controller).load_weights(snapshot.pop())
-    return rollout(run, prompts, params)
+    generate; the batch's metrics get that load's ``weight_sync/*``."""
+    if not snapshot:
+        return rollout(run, prompts, params)
+    stats = cast("WeightSnapshots", run.controller).load_weights(snapshot.pop())
+    batch, metrics = rollout(run, prompts, params)
+    return batch, {**metrics, **stats.metrics()}
 
 
 def _plain(batch: B.Batch) -> dict[str, Any]:

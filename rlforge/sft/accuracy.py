@@ -11,7 +11,7 @@ from rlforge import batch as B
 from rlforge.controller.local import close_reward
 from rlforge.data import Prompt, collate, tokenize_rows
 from rlforge.errors import RLForgeError
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 
 class GreedyAccuracy:

@@ -5,6 +5,7 @@
 <output_dir>/checkpoints/step_N.ckpt, last.ckpt                Lightning checkpoints (sft.save_every)
 <output_dir>/mlflow.db, mlartifacts/, mlflow_run_id            mlflow (sft.loggers contains mlflow)
 <output_dir>/tensorboard/                                      TensorBoard (sft.loggers contains tensorboard)
+<output_dir>/wandb/, wandb_run_id                              Weights & Biases (sft.loggers contains wandb)
 ```
 """
 
@@ -16,11 +17,12 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from rlforge import lora
 from rlforge.as_loaded import as_loaded
+from rlforge.lazy import optional_import
 from rlforge.models import load_model
 from rlforge.sft.accuracy import GreedyAccuracy
 from rlforge.tracking import environment_kept
@@ -28,6 +30,7 @@ from rlforge.tracking import environment_kept
 CHECKPOINTS = "checkpoints"
 LAST = "last.ckpt"
 RUN_ID_FILE = "mlflow_run_id"
+WANDB_ID_FILE = "wandb_run_id"
 
 
 class _MLFlowLogger(MLFlowLogger):
@@ -52,9 +55,20 @@ def tensorboard_logger(config: DictConfig, out: Path, resuming: bool) -> Logger:
     return TensorBoardLogger(save_dir=str(out), name="", version="tensorboard", default_hp_metric=False)
 
 
+def wandb_logger(config: DictConfig, out: Path, resuming: bool) -> Logger:
+    """Weights & Biases (``pip install wandb``; ``WANDB_MODE=offline`` logs without an account), project
+    ``trainer.project``, run ``sft/<output folder>``; a resumed run continues its wandb run."""
+    optional_import("wandb", "sft.loggers includes 'wandb'", "pip install wandb")
+    id_file = out / WANDB_ID_FILE
+    run_id = id_file.read_text().strip() if resuming and id_file.is_file() else None
+    return WandbLogger(project=config.trainer.project, name=f"sft/{out.name}", save_dir=str(out), id=run_id,
+                       resume="allow")
+
+
 LOGGERS: dict[str, Callable[[DictConfig, Path, bool], Logger]] = {
     "mlflow": mlflow_logger,
     "tensorboard": tensorboard_logger,
+    "wandb": wandb_logger,
 }
 
 
@@ -67,8 +81,8 @@ def checkpointing(s: DictConfig) -> list[Callback]:
 
 
 class RunRecord(Callback):
-    """At the start of a fresh run: log the ``sft`` and ``data`` config as hyperparameters and keep the mlflow
-    run id (``mlflow_run_id``) so that a resumed run logs into the same mlflow run."""
+    """At the start of a fresh run: log the ``sft`` and ``data`` config as hyperparameters and keep the mlflow and
+    wandb run ids (``mlflow_run_id``, ``wandb_run_id``) so that a resumed run logs into the same runs."""
 
     def __init__(self, config: DictConfig, out: Path, resuming: bool) -> None:
         self.config, self.out, self.resuming = config, out, resuming
@@ -81,6 +95,8 @@ class RunRecord(Callback):
             lg.log_hyperparams(params)  # type: ignore[arg-type]
             if isinstance(lg, MLFlowLogger) and trainer.is_global_zero:
                 (self.out / RUN_ID_FILE).write_text(str(lg.run_id))
+            if isinstance(lg, WandbLogger) and trainer.is_global_zero:
+                (self.out / WANDB_ID_FILE).write_text(str(lg.version))
 
 
 class ExportHF(Callback):

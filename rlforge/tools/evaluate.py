@@ -26,7 +26,7 @@ from rlforge.agent.stage import VALIDATION_METRICS, add_agent_rewards
 from rlforge.build import Builder
 from rlforge.errors import RLForgeError
 from rlforge.models import load_tokenizer
-from rlforge.protocols import SamplingParams, derived_seed
+from rlforge.sampling import SamplingParams, derived_seed
 from rlforge.tools.inference import load_engine, prompt_batches
 
 

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from rlforge import batch as B
 from rlforge.models import load_tokenizer
-from rlforge.protocols import SamplingParams, derived_seed
+from rlforge.sampling import SamplingParams, derived_seed
 from rlforge.tools.inference import load_engine, prompt_batches
 
 

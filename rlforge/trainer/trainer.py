@@ -27,7 +27,7 @@ from rlforge.dataflow import DataFlow, StepContext
 from rlforge.errors import NonFiniteError
 from rlforge.module import RLModule
 from rlforge.plugin_manager import PluginManager
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
 

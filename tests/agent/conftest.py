@@ -13,7 +13,7 @@ import pytest
 import rlforge
 from rlforge.build import Builder
 from rlforge.data import collate, tokenize_rows
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
 LOGPROB = -0.5

@@ -13,7 +13,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge.agent.engine import EngineHandle, TrajectoryEngine
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
 from tests.agent.test_engines import GREEDY, _has_holes, _rollout, setup, vllm_engine  # noqa: F401 (fixtures)
 
 SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=4)

@@ -10,7 +10,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge.agent.engine import EngineHandle, TrajectoryEngine, tokens_via_generate
-from rlforge.protocols import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams
 
 PARAMS = SamplingParams(n=4, temperature=0.0, max_new_tokens=4)
 

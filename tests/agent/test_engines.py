@@ -17,7 +17,7 @@ from rlforge.build import Builder
 from rlforge.data import collate, tokenize_rows
 from rlforge.models import load_model, load_tokenizer
 from rlforge.ops import response_logprobs
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 LOGPROB_ATOL = 1e-4
 OVERRIDES = ["rollout.agent.loop=interaction", "rollout.agent.interaction=arith_tutor", "rollout.agent.max_turns=3",

@@ -7,7 +7,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge.agent.batching import AGENT_REWARDS, pad_rows, to_batch
-from rlforge.agent.trajectory import Trajectory
+from rlforge.agent.types import Trajectory
 from tests.agent.conftest import LOGPROB, Scripted, calculator_then_answer, prompt_batch, sampling
 
 

@@ -15,7 +15,7 @@ from rlforge.hookspecs import hookimpl
 from rlforge.plugin_manager import PluginManager
 from rlforge.plugins.agent.openai_server import OpenAIAgentLoop
 from rlforge.plugins.agent.tools import Calculator
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 from tests.agent.conftest import Scripted, calculator_then_answer, prompt_batch, run_loop, runner_for, sampling
 
 TOOLS = [Calculator(None).schema()]

@@ -13,7 +13,7 @@ import rlforge
 from rlforge import batch as B
 from rlforge.agent import Trajectory
 from rlforge.agent.record import AGENT_RECORD, RECORD_FILE, read_records, sample_records
-from rlforge.agent.trajectory import Span
+from rlforge.agent.types import Span
 from rlforge.cli import main
 from rlforge.errors import ConfigError, RLForgeError
 from tests.agent.conftest import Scripted, calculator_then_answer, prompt_batch, runner_for, sampling

@@ -16,7 +16,7 @@ import pytest
 from rlforge.agent import ParsedTurn, Sample, Tool, ToolCall, ToolResult
 from rlforge.agent.chat import TRUNCATION_MARKER, ChatFormat
 from rlforge.agent.toolbox import Toolbox
-from rlforge.agent.trajectory import ToolStats
+from rlforge.agent.types import ToolStats
 from rlforge.errors import RLForgeError
 from rlforge.plugins.agent.tools import Calculator, CalculatorConfig, PythonTool
 
@@ -366,7 +366,7 @@ HUNG_TOOLS = textwrap.dedent("""
     from rlforge.agent import ParsedTurn, Sample, Tool, ToolCall
     from rlforge.agent.chat import ChatFormat
     from rlforge.agent.toolbox import Toolbox
-    from rlforge.agent.trajectory import ToolStats
+    from rlforge.agent.types import ToolStats
 
     class Chars:  # a tokenizer with a chat template, without loading transformers
         def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):

@@ -14,7 +14,7 @@ from rlforge.controller.dispatch import PerRank
 from rlforge.controller.groups import GroupController, data_parallel_size
 from rlforge.controller.remote import InProcess, WorkerGroup, declared, remote
 from rlforge.errors import RLForgeError
-from rlforge.protocols import SamplingParams, derived_seed
+from rlforge.sampling import SamplingParams, derived_seed
 
 
 class Rank:

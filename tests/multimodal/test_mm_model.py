@@ -15,7 +15,7 @@ from rlforge.errors import RLForgeError
 from rlforge.plugins.data.vision import vision_rows
 from rlforge.plugins.rollout.hf import response_mask
 from rlforge.plugins.rollout.hf_decode import Decoder
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 TEXT_ROW = {"data_source": "arith", "prompt": [{"role": "user", "content": "What is 12+30?"}],
             "reward_model": {"ground_truth": "42"}}

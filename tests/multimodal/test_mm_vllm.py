@@ -12,7 +12,7 @@ import torch
 from rlforge import batch as B
 from rlforge import multimodal as mm
 from rlforge.plugins.rollout.vllm import VLLMRollout
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 from tests.multimodal.test_mm_data import mixed_batch
 
 

@@ -31,7 +31,7 @@ from rlforge.algorithms.grpo import GRPO
 from rlforge.controller.dispatch import shard_for_update, split_even, split_rows
 from rlforge.controller.worker import ActorWorker
 from rlforge.plugin_manager import PluginManager
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 from tests.controller.test_worker import SGDGRPO, _rollout_batch
 
 WORLD = 2

@@ -293,7 +293,7 @@ SUMS = ["53+93", "1+38", "20+20"]  # the "responses" the tiny model judges: it a
 def _greedy_numbers(engine, tok, texts):
     """The last number of the tiny model's greedy reply to each judge prompt, asked directly (all different, so a
     judge that mixed the samples up would not pass)."""
-    from rlforge.protocols import SamplingParams
+    from rlforge.sampling import SamplingParams
 
     out = []
     for text in texts:
@@ -310,12 +310,12 @@ def test_rlforge_own_endpoint_serving_the_tiny_model_as_the_judge(pm, make_manag
     """The judge is rlforge's OpenAI endpoint (openai_server.ChatServer) on the shipped tiny model through the hf
     engine, asked with the real openai client: each score is the number the model answers, greedily, to the judge
     prompt (the tiny model does sums)."""
-    from rlforge.agent.base import Sample
     from rlforge.agent.engine import EngineHandle, TrajectoryEngine, token_generator
+    from rlforge.agent.types import Sample
     from rlforge.build import Builder
     from rlforge.plugins.agent.openai_recorder import Recorder
     from rlforge.plugins.agent.openai_server import ChatServer
-    from rlforge.protocols import SamplingParams
+    from rlforge.sampling import SamplingParams
 
     engine, cfg = tiny_engine
     context = Builder(cfg, pm).agent(char_tokenizer).context

@@ -9,7 +9,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlforge.plugins.rollout.hf_decode import Decoder, _filled_layer
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 SMALL = {"vocab_size": 50, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4}
 MODELS = {  # name: (model factory, whether the filled-length cache applies)

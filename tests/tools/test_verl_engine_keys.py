@@ -54,6 +54,13 @@ def test_megatron_dtype_is_the_precision_and_pipeline_and_context_sizes_are_each
     assert {f"{A}.megatron.pipeline_model_parallel_size", f"{A}.megatron.context_parallel_size"} <= refused
 
 
+def test_megatron_grad_offload_is_what_rlforge_does_its_gradients_are_freed_after_each_update() -> None:
+    t = _t(*MEGATRON, f"{A}.megatron.grad_offload=True")  # a verl 0.9.0 key (0.9.1's param_offload releases them)
+    assert _fate(t, f"{A}.megatron.grad_offload").kind == verl.MAPPED and not t.refused
+    assert _fate(_t(*MEGATRON, f"{A}.megatron.grad_offload=False"), f"{A}.megatron.grad_offload").kind == verl.IGNORED
+    assert _fate(_t(*MEGATRON, f"{REF}.megatron.grad_offload=True"), f"{REF}.megatron.grad_offload").kind == verl.IGNORED
+
+
 def test_entropy_chunking_and_checkpointing_as_the_engine_reads_them() -> None:
     t = _t(f"{A}.entropy_from_logits_with_chunking=True")  # the actor's key fills fsdp_config's by interpolation
     assert _fate(t, f"{A}.entropy_from_logits_with_chunking").kind == verl.MAPPED
@@ -79,7 +86,9 @@ def test_use_torch_compile_is_read_by_no_engine_and_the_reference_strategy_is_th
 
 def test_rollout_mode_and_the_servers_parallelism() -> None:
     assert _fate(_t(f"{R}.mode=sync"), f"{R}.mode").kind == verl.REFUSED  # verl 0.9.1 raises on it too
-    assert _fate(_t(f"{R}.mode=async"), f"{R}.mode").kind == verl.IGNORED
+    async_ = _fate(_t(f"{R}.mode=async"), f"{R}.mode")  # vllm: rlforge's engine is vLLM's AsyncLLM too
+    assert async_.kind == verl.MAPPED and "AsyncLLM" in async_.text
+    assert _fate(_t(f"{R}.name=sglang", f"{R}.mode=async"), f"{R}.mode").kind == verl.IGNORED
     t = _t(f"{R}.data_parallel_size=1", f"{R}.expert_parallel_size=1")
     assert _fate(t, f"{R}.data_parallel_size").kind == _fate(t, f"{R}.expert_parallel_size").kind == verl.MAPPED
     assert _fate(_t(f"{R}.expert_parallel_size=8"), f"{R}.expert_parallel_size").kind == verl.IGNORED

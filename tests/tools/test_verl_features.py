@@ -46,14 +46,24 @@ def test_param_offload_without_the_fsdp_strategy_is_not_claimed() -> None:
     assert _fate(t, f"{REF}.fsdp_config.param_offload").kind == verl.IGNORED
 
 
-def test_overlong_prompts_unfiltered_are_cut_on_the_left_whatever_data_truncation_says() -> None:
+def test_overlong_prompts_are_cut_on_the_left_whatever_data_truncation_says() -> None:
     assert _t().overrides["data.truncation"] == "left"  # verl's default: filter_overlong_prompts=False
     t = _t("data.filter_overlong_prompts=False", "data.truncation=error")
     assert t.overrides["data.truncation"] == "left" and t.overrides["data.filter_overlong_prompts"] is False
     assert "does not read data.truncation=error" in _fate(t, "data.truncation").text
     assert _fate(_t("data.filter_overlong_prompts=False", "data.truncation=left"), "data.truncation").text == ""
-    t = _t("data.filter_overlong_prompts=True", "data.truncation=right")  # filtered first: never reached
-    assert "data.truncation" not in t.overrides and _fate(t, "data.truncation").kind == verl.IGNORED
+    t = _t("data.filter_overlong_prompts=True", "data.truncation=right")  # filtered first, in both
+    assert t.overrides["data.truncation"] == "left" and t.overrides["data.filter_overlong_prompts"] is True
+    assert "behind data.filter_overlong_prompts" in _fate(t, "data.truncation").text
+
+
+def test_keys_verl_never_reads_are_mapped_where_their_value_is_what_verl_does() -> None:
+    t = _t(f"{A}.grad_clip=1.0", f"{A}.optim.clip_grad=1.0")  # verl's engines clip at optim.clip_grad
+    assert t.overrides["actor.grad_clip"] == 1.0 and _fate(t, f"{A}.grad_clip").kind == verl.MAPPED
+    t = _t(f"{A}.grad_clip=0.5", f"{A}.optim.clip_grad=1.0")  # verl clips at 1.0 all the same
+    assert t.overrides["actor.grad_clip"] == 1.0 and _fate(t, f"{A}.grad_clip").kind == verl.IGNORED
+    assert _fate(_t("data.return_raw_chat=True"), "data.return_raw_chat").kind == verl.MAPPED
+    assert "not read by verl 0.9.1" in _fate(_t("data.return_raw_chat=False"), "data.return_raw_chat").text
 
 
 MEGATRON = ["--config-name=ppo_megatron_trainer", "algorithm.adv_estimator=grpo", f"{A}.use_kl_loss=True",
@@ -135,3 +145,12 @@ def test_fsdp_size_over_all_gpus_is_rlforges_layout() -> None:
     assert _fate(one_gpu, f"{A}.fsdp_config.reshard_after_forward").text == "one GPU: nothing to shard"
     assert _fate(_t(f"{A}.fsdp_config.reshard_after_forward=True"), f"{A}.fsdp_config.reshard_after_forward").kind \
         == verl.MAPPED
+
+
+
+def test_verl_sft_wandb_logger_is_rlforge_sfts_wandb_logger() -> None:  # the logger itself: tests/test_sft.py
+    from rlforge.config.verl_launch import SFT_ENTRY
+
+    t = prepare(["data.train_files=/d/train.parquet", "model.path=/m", "trainer.logger=[console,wandb]"],
+                entry=SFT_ENTRY, refuse=False).translation
+    assert t.overrides["sft.loggers"] == ["wandb"] and _fate(t, "trainer.logger").kind == verl.MAPPED

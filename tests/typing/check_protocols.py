@@ -20,8 +20,10 @@ from rlforge.plugins.reward.code import code_exec_score
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
 from rlforge.plugins.reward.model import ModelRewardManager
 from rlforge.plugins.reward.rule import RuleRewardManager
-from rlforge.plugins.rollout.hf import HFRollout
+from rlforge.plugins.rollout.hf import HFRollout, MemorySync
 from rlforge.plugins.rollout.vllm import VLLMRollout
+from rlforge.plugins.rollout.vllm_native import NativeSync
+from rlforge.plugins.rollout.vllm_weights import FileSync
 from rlforge.plugins.strategy.fabric import FabricStrategy
 from rlforge.plugins.strategy.fsdp import FSDPStrategy
 from rlforge.plugins.strategy.megatron import MegatronStrategy
@@ -37,11 +39,16 @@ from rlforge.protocols import (
     RolloutEngine,
     Strategy,
     WeightSnapshots,
+    WeightSync,
 )
 
 
 def rollout_engines(hf: HFRollout, vllm: VLLMRollout) -> list[RolloutEngine]:
     return [hf, vllm]
+
+
+def weight_syncs(memory: MemorySync, files: FileSync, native: NativeSync) -> list[WeightSync]:
+    return [memory, files, native]
 
 
 def reward_managers(rule: RuleRewardManager, model: ModelRewardManager) -> list[RewardManager]:

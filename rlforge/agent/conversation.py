@@ -1,4 +1,5 @@
-"""A trajectory (what an agent loop returns) and :class:`Conversation`, the helper that builds one turn by turn.
+""":class:`Conversation`, the helper that builds a trajectory (what an agent loop returns,
+:class:`rlforge.agent.types.Trajectory`) turn by turn.
 
 The response of a trajectory is everything after the prompt: model turns (``response_mask`` 1, with the engine's
 log-probs) and inserted turns (tool replies, user messages, chat-template glue; mask 0, log-prob 0)::
@@ -10,130 +11,20 @@ log-probs) and inserted turns (tool replies, user messages, chat-template glue; 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlforge.agent.types import DONE, MODEL, TOKEN_LIMIT, TURN_LIMIT, Sample, Span, ToolStats, Trajectory
+
 if TYPE_CHECKING:
-    from rlforge.agent.base import AgentContext, Sample
+    from rlforge.agent.context import AgentContext
     from rlforge.agent.engine import TrajectoryEngine
     from rlforge.agent.toolbox import ToolSession
-    from rlforge.protocols import Generation
-
-DONE, TURN_LIMIT, TOKEN_LIMIT = "done", "max_turns", "max_tokens"  # why a trajectory ended
-
-
-@dataclass
-class ToolStats:
-    """What the tools did in one trajectory (filled by ``ToolSession``)."""
-
-    calls: int = 0
-    errors: int = 0
-    parse_errors: int = 0
-    seconds: list[float] = field(default_factory=list)  # wall-clock time of each call
-
-
-@dataclass(frozen=True)
-class Span:
-    """A run of response tokens ``[start, end)``: a model turn (``role`` ``"assistant"``, loss mask 1) or what was
-    inserted between two model turns (mask 0): ``messages`` (tool replies, a user turn) with the chat template's
-    glue around them; ``role`` is their role (``"tool"``, ``"user"``; roles joined with ``+`` when they differ)."""
-
-    role: str
-    start: int
-    end: int
-    messages: tuple[dict[str, Any], ...] = ()
-
-
-MODEL = "assistant"  # the role of a model turn's span
+    from rlforge.sampling import Generation
 
 
 def inserted_role(messages: list[dict[str, Any]]) -> str:
     """The role of an inserted span: its messages' role, or their roles joined with ``+``."""
     return "+".join(dict.fromkeys(str(m.get("role", "?")) for m in messages)) or "?"
-
-
-@dataclass
-class Trajectory:
-    """One finished trajectory. ``response_mask`` is 1 on model-generated tokens only; ``log_probs`` holds the
-    engine's log-prob of each generated token and 0 elsewhere.
-
-    Rewards: ``turn_rewards[k]`` (per-turn and tool rewards of model turn k) goes on the last token of model turn k,
-    ``reward`` on the last model token; both are added to the reward function's score of ``answer`` (None: the text
-    of the last model turn)."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_mask: list[int]
-    log_probs: list[float]
-    turn_rewards: list[float] = field(default_factory=list)
-    reward: float = 0.0
-    answer: str | None = None
-    inserted_turns: int = 0  # tool replies and user messages
-    stop_reason: str = DONE  # done | max_turns | max_tokens
-    tools: ToolStats = field(default_factory=ToolStats)
-    metrics: dict[str, float] = field(default_factory=dict)  # free-form; logged as agent/<key>/mean
-    spans: list[Span] = field(default_factory=list)  # model turns and inserted turns in order (Conversation fills
-    # it; empty: read from the mask by ``all_spans``)
-
-    def turn_spans(self) -> list[tuple[int, int]]:
-        """``(start, end)`` response positions of each model turn (runs of 1s in the mask; end exclusive)."""
-        spans, start = [], None
-        for i, m in enumerate([*self.response_mask, 0]):
-            if m and start is None:
-                start = i
-            elif not m and start is not None:
-                spans.append((start, i))
-                start = None
-        return spans
-
-    def all_spans(self) -> list[Span]:
-        """The spans of the response: the recorded ``spans`` when they tile it and agree with the mask, else (a
-        trajectory built without a :class:`Conversation`) the runs of the mask: model turns, and ``"inserted"``
-        between them."""
-        if self.spans and self._spans_agree():
-            return list(self.spans)
-        out, pos = [], 0
-        for start, end in self.turn_spans():
-            if start > pos:
-                out.append(Span("inserted", pos, start))
-            out.append(Span(MODEL, start, end))
-            pos = end
-        if pos < len(self.response_ids):
-            out.append(Span("inserted", pos, len(self.response_ids)))
-        return out
-
-    def _spans_agree(self) -> bool:
-        pos = 0
-        for span in self.spans:
-            mask = 1 if span.role == MODEL else 0
-            if span.start != pos or any(m != mask for m in self.response_mask[span.start:span.end]):
-                return False
-            pos = span.end
-        return pos == len(self.response_ids)
-
-    def check(self, budget: int) -> None:
-        """``ValueError`` naming what is inconsistent (lengths, mask values, budget, rewards)."""
-        n = len(self.response_ids)
-        if not self.prompt_ids:
-            raise ValueError("the trajectory has no prompt tokens")
-        if len(self.response_mask) != n or len(self.log_probs) != n:
-            raise ValueError(f"response_ids, response_mask and log_probs have lengths {n}, {len(self.response_mask)}, "
-                             f"{len(self.log_probs)}; they must be equal")
-        if any(m not in (0, 1) for m in self.response_mask):
-            raise ValueError("response_mask must hold only 0 and 1")
-        if n > budget:
-            raise ValueError(f"the response has {n} tokens, over rollout.max_new_tokens={budget}")
-        if len(self.turn_rewards) > len(self.turn_spans()):
-            raise ValueError(f"{len(self.turn_rewards)} turn rewards for {len(self.turn_spans())} model turns")
-        for what, value in [("reward", self.reward), *((f"turn_rewards[{k}]", r) for k, r in
-                                                       enumerate(self.turn_rewards)),
-                            *((f"metrics[{k!r}]", v) for k, v in self.metrics.items())]:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{what} is {value!r}; it must be a finite number")
-        if self.answer is not None and not isinstance(self.answer, str):
-            raise ValueError(f"answer is {type(self.answer).__name__} ({self.answer!r:.40}), not a str (or None: the "
-                             f"text of the last model turn)")
 
 
 class Conversation:

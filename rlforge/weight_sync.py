@@ -1,0 +1,143 @@
+"""Weight-sync backends (verl's checkpoint engines): how the actor's weights reach a rollout engine.
+
+A backend is registered under ``registry.weight_sync`` and selected by ``rollout.weight_sync`` (``auto``: the
+usable backend with the highest ``preference`` among those that serve the run's engine). Built-in ones:
+
+- ``memory`` (``rlforge.plugins.rollout.hf``): the hf engine's model is the actor or a replica in this process; a sync
+  copies the tensors that are not already shared (none for the actor itself, LoRA included).
+- ``files`` (``rlforge.plugins.rollout.vllm_sync``): the vllm engine; tensors copied to the CPU in size-bounded
+  buckets, written to files in ``rollout.vllm.weight_sync_dir`` (a tmpfs) that the engine's workers map, or inside
+  vLLM's RPC messages. A LoRA run writes only its adapter (a peft folder) and the engine loads it as a LoRA adapter.
+- ``vllm_native`` (``rlforge.plugins.rollout.vllm_native``, CUDA only): vLLM's weight-transfer API, CUDA IPC from
+  the actor's GPU memory into the engine that shares its GPU.
+
+Each sync is measured: :class:`SyncStats` (bytes the backend moved, seconds) becomes the step's ``weight_sync/bytes``
+and ``weight_sync/seconds`` metrics (the ``sync_weights`` stage; ``timing_s/update_weights`` is that stage's time).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rlforge.errors import ConfigError
+from rlforge.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    import torch
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What one weight sync moved: ``bytes`` (summed over the engines that received them) and ``seconds`` (wall time
+    of the slowest engine, or of the whole sync where the controller gathers first)."""
+
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        return {"weight_sync/bytes": float(self.bytes), "weight_sync/seconds": self.seconds}
+
+
+def timed(load: Any, *args: Any) -> SyncStats:
+    """``load(*args)`` (returns the bytes it moved) as a :class:`SyncStats` with its wall time."""
+    start = time.perf_counter()
+    moved = load(*args)
+    return SyncStats(int(moved or 0), time.perf_counter() - start)  # None: an engine that does not count its bytes
+
+
+def collect_sync_stats(group: Any, results: list[SyncStats], shares: Any) -> SyncStats:
+    """A worker group's syncs as one: the bytes every engine received, the slowest engine's seconds."""
+    return SyncStats(sum(r.bytes for r in results), max((r.seconds for r in results), default=0.0))
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def adapter_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """A LoRA model's adapter tensors under peft's saved names (what its ``adapter_model.safetensors`` holds): what
+    an engine that loads LoRA adapters (``RolloutCapabilities.lora_adapters``) receives instead of merged weights."""
+    import peft
+
+    # save_embedding_layers=False: peft would look the base model's config up (on the Hub) at every sync
+    yield from peft.get_peft_model_state_dict(model, save_embedding_layers=False).items()
+
+
+class WeightSync:
+    """Base of the weight-sync backends. Built as ``backend(config, engine)`` for one rollout engine, which calls
+    :meth:`load` from its ``update_weights``.
+
+    Declared on the class: ``engine`` (the rollout engine class it feeds, subclasses included) and ``preference`` (``auto`` picks the usable backend with the highest). ``unusable(config)`` says why
+    the backend cannot run here (device, package, LoRA), ``""`` when it can."""
+
+    engine: ClassVar[type]
+    preference: ClassVar[int] = 0
+
+    def __init__(self, config: Any, engine: Any) -> None:
+        self.config = config
+        self.rollout = engine
+
+    @classmethod
+    def unusable(cls, config: Any) -> str:
+        return ""
+
+    @classmethod
+    def serves(cls, engine_cls: Any) -> bool:
+        return isinstance(engine_cls, type) and issubclass(engine_cls, cls.engine)
+
+    def load(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Give the engine these weights; return the bytes moved."""
+        raise NotImplementedError(f"{type(self).__qualname__}.load")
+
+    def close(self) -> None:
+        """Release what the backend holds (called when its engine shuts down)."""
+
+    @classmethod
+    def validate_config(cls, config: Any, registry: Any) -> None:
+        """rollout.weight_sync names a backend of this engine (the device is checked where the engine is built)."""
+        engine = registry.rollout.get(config.rollout.name)
+        if not cls.serves(engine):
+            raise ConfigError(f"rollout.weight_sync={config.rollout.weight_sync} feeds {cls.engine.__name__} "
+                              f"engines, not rollout.name={config.rollout.name}. Backends of this engine: "
+                              f"{', '.join(backends_of(registry, engine)) or '(none)'}; or rollout.weight_sync=auto.")
+
+
+def backends_of(registry: Any, engine_cls: Any) -> list[str]:
+    """The backends that serve ``engine_cls``, most preferred first."""
+    found = [e for e in registry.weight_sync.entries() if e.name != AUTO and e.obj.serves(engine_cls)]
+    return [e.name for e in sorted(found, key=lambda e: -e.obj.preference)]
+
+
+def backend_class(config: Any, registry: Any) -> type[WeightSync] | None:
+    """The backend ``rollout.weight_sync`` picks for ``rollout.name`` in this process (``auto``: the most preferred
+    usable one; None when no backend serves the engine: it loads weights its own way). A named backend that cannot
+    run here is an error naming the key, the value and the reason."""
+    name = config.rollout.weight_sync
+    engine = registry.rollout.get(config.rollout.name)
+    if name != AUTO:
+        chosen: type[WeightSync] = registry.weight_sync.get(name)
+        reason = chosen.unusable(config)
+        if reason:
+            raise ConfigError(f"rollout.weight_sync={name} cannot run here: {reason}. Use rollout.weight_sync=auto "
+                              f"or one of: {', '.join(backends_of(registry, engine))}.")
+        return chosen
+    for candidate in backends_of(registry, engine):
+        cls = registry.weight_sync.get(candidate)
+        if not cls.unusable(config):
+            return cls
+    return None
+
+
+class Auto:
+    """The most preferred backend of the engine that can run in its process (``rollout.weight_sync=auto``)."""
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.weight_sync.register(AUTO, Auto, description="the engine's most preferred backend that runs here")
+    registry.collect_mode.register("sync_stats", collect_sync_stats)
