@@ -3,7 +3,6 @@ the experiment template becomes a folder whose config composes with its reward f
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 from rlforge.cli import main
 from rlforge.errors import RLForgeError
 from rlforge.tools.scaffold import render, render_text, template_variables
+from tests.plugin_dist import install, visible
 
 # a name of its own per test process, so concurrent test runs in one environment do not collide
 NAME = f"tmpl_{os.getpid()}"
@@ -58,9 +58,10 @@ def test_plugin_installs_trains_lists_and_passes_its_tests(tmp_path):
     assert own_tests.returncode == 0, own_tests.stdout[-3000:] + own_tests.stderr[-3000:]
     assert "5 passed" in own_tests.stdout
 
-    install = _run("-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q", str(root))
-    assert install.returncode == 0, install.stdout + install.stderr
-    try:
+    site = tmp_path / "site"
+    installed = install(root, site)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    with visible(site):
         listed = _run("-m", "rlforge.cli", "plugins", "list")
         assert listed.returncode == 0, listed.stderr
         assert f"{NAME}  (entry point, {DIST} 0.1.0)\n    algorithm:{NAME}\n    reward fn:{NAME}\n" in listed.stdout
@@ -77,9 +78,6 @@ def test_plugin_installs_trains_lists_and_passes_its_tests(tmp_path):
         client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
         run_id = (run_dir / "mlflow_run_id").read_text().strip()
         assert len(client.get_metric_history(run_id, f"{NAME}/score_spread")) == 2  # the plugin's hook ran
-    finally:
-        _run("-m", "pip", "uninstall", "-y", "-q", DIST)
-        importlib.invalidate_caches()
     assert NAME not in _run("-m", "rlforge.cli", "plugins", "list").stdout
 
 
