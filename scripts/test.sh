@@ -16,12 +16,12 @@ if [ "${1:-}" = "--learning-matrix" ]; then
   selection=(-m learning_matrix)
 fi
 # pytest-xdist: one worker per core (at most 4; RLFORGE_TEST_WORKERS overrides, 0 = none), each test file whole on one
-# worker, so its module-scoped engine or cluster starts once. Most of the suite's time is process starts, imports and
-# small ops that keep one core busy; each worker computes on one thread (tests/conftest.py).
+# worker (tests/conftest.py's scheduler), so its module-scoped engine or cluster starts once. Most of the
+# suite's time is process starts, imports and small ops that keep one core busy; each worker computes on one thread.
 cores=$(nproc)
 workers=${RLFORGE_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
 parallel=()
-if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadfile); fi
+if [ "$workers" -gt 1 ]; then parallel=(-n "$workers"); fi
 speed_line=$($py scripts/machine_speed.py)
 echo "$speed_line"
 speed=$(sed -E 's/.*2 threads ([0-9]+) GFLOP.*/\1/' <<<"$speed_line")  # the figure printed is the one the time is scaled by

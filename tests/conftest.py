@@ -22,6 +22,31 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+# Test files whose checks would see another file's processes, so they run one after another on one pytest-xdist
+# worker: test_sandbox.py checks, machine-wide, that no sandboxed process outlives a test, and these files start
+# sandboxes (code rewards, the python tool).
+SHARED_WORKER = {path: "sandbox" for path in (
+    "tests/plugins/test_sandbox.py", "tests/plugins/test_reward.py", "tests/plugins/test_reward_faults.py",
+    "tests/agent/test_tools.py",
+)}
+
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # a plain pytest without the test extra: no workers
+    LoadFileScheduling = None
+else:
+    class FileScheduling(LoadFileScheduling):
+        """pytest-xdist's ``loadfile``: each test file whole on one worker (its module-scoped engine or cluster
+        starts once), the files of :data:`SHARED_WORKER` together."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SHARED_WORKER.get(path, path)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log):
+        return FileScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` skip, with the reason, where torch sees no CUDA device."""
     import torch
