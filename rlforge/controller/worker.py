@@ -244,10 +244,10 @@ class TrainWorker:
         """Write model and optimizer shards to ``path`` (every rank its own) and return the small state.
         ``background`` (``strategy.checkpoint=async``): return once the state is copied, a thread writes the files
         while training goes on, :meth:`finish_sharded` waits for them."""
+        self.finish_sharded()  # one write at a time
         if not background:
             self.strategy.save_sharded(path, self.model, self.optimizer)
             return self._small_state()
-        self.finish_sharded()  # one write at a time
         done: list[float] = []
         future = self.strategy.save_sharded_async(path, self.model, self.optimizer)
         self._writing = (future, time.perf_counter(), done)
