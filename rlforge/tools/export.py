@@ -46,11 +46,11 @@ def write_missing_actor(checkpoint: Path) -> None:
     shards = checkpoint / ckpt.SHARDED_DIR / ACTOR_DIR
     if ckpt.has_actor(checkpoint) or not shards.is_dir():
         return
-    config = run_config_of(checkpoint)
-    if config is None:
+    found = run_config_of(checkpoint)
+    if found is None:
         raise RLForgeError(f"Checkpoint {checkpoint} holds no {ACTOR_DIR}/ and no config to rebuild it from "
                            f"({ckpt.META_FILE} is missing).")
-    config = OmegaConf.create(config)
+    config = OmegaConf.create(found)
     module = Builder(config, PluginManager.for_config(config)).module(roles={"actor"})
     module.configure_model()
     load_sharded_model(shards, module.actor)
