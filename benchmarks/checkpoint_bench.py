@@ -31,12 +31,17 @@ MODES = ("full", "async")
 
 
 def run(folder: Path, mode: str, steps: int) -> dict[str, list[float]]:
-    history = rlforge_history(folder, 4, 2, 16, steps, overrides=(
-        "trainer.save_every=1", "trainer.keep_last_n=2", f"strategy.checkpoint={mode}"))
-    middle = history[:-1]  # the last checkpoint is written whole in both modes
-    return {"blocked_s": [h["timing_s/save_checkpoint"] for h in middle],
-            "write_s": [h["timing_s/checkpoint_write"] for h in middle if "timing_s/checkpoint_write" in h],
-            "step_s": [h["timing_s/step"] for h in middle]}
+    with tempfile.TemporaryDirectory() as run_dir:
+        history = rlforge_history(folder, 4, 2, 16, steps, overrides=(
+            "trainer.save_every=1", "trainer.keep_last_n=2", f"strategy.checkpoint={mode}", f"trainer.run_dir={run_dir}",
+            "logger.backends=[jsonl]"))
+        logged = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+    def before_last(name: str) -> list[float]:  # the last checkpoint is written whole in both modes
+        return [r[name] for r in logged if name in r and r["step"] < steps]
+
+    return {"blocked_s": before_last("timing_s/save_checkpoint"), "write_s": before_last("timing_s/checkpoint_write"),
+            "step_s": [h["timing_s/step"] for h in history[:-1]]}
 
 
 def main() -> None:

@@ -290,7 +290,7 @@ class Trainer:
         else:
             path = ckpt.save(self.run_dir, self.step, self.module.actor, self.module.tokenizer, state,
                              self.config.trainer.keep_last_n, meta, processor=getattr(self.module, "processor", None))
-        self._log_checkpoint({"timing_s/save_checkpoint": time.perf_counter() - start}, self.step)
+        self._log({"timing_s/save_checkpoint": time.perf_counter() - start})
         return path
 
     def finish_checkpoint(self) -> None:
@@ -304,7 +304,7 @@ class Trainer:
         with diskio.disk_errors(f"write checkpoint step {step} into {folder}", RESUME_HINT, where=folder):
             seconds = self.controller.finish_checkpoint()
         ckpt.save(self.run_dir, step, None, self.module.tokenizer, state, self.config.trainer.keep_last_n, meta)
-        self._log_checkpoint({"timing_s/checkpoint_write": seconds}, step)
+        self._log({"timing_s/checkpoint_write": seconds}, step)
 
     def _settle_checkpoint(self) -> None:
         """On the way out of a failed run: the checkpoint written in the background is completed if its write
@@ -313,14 +313,6 @@ class Trainer:
             self.finish_checkpoint()
         except Exception as exc:
             log.warning("The checkpoint being written when the run failed is incomplete and was dropped: %s", exc)
-
-    def _log_checkpoint(self, metrics: dict[str, float], step: int) -> None:
-        """Checkpoint timings, logged at ``step`` and added to that step's entry of ``history``."""
-        for entry in reversed(self.history):
-            if entry["step"] == step:
-                entry.update(metrics)
-                break
-        self._log(metrics, step)
 
     def _restore(self, path: Path, state: dict[str, Any]) -> None:
         if ckpt.has_actor(path):  # strategy.checkpoint=async: only the run's last checkpoint has actor/
