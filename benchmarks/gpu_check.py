@@ -307,8 +307,8 @@ def check_weight_sync(folder: Path, smoke: bool) -> dict:
             answers[name] = engine.generate(prompts, greedy)[B.RESPONSES].tolist()
         finally:
             engine.shutdown()
-        out[name] = {"bytes": best.bytes, "seconds": [r.seconds for r in syncs], "gb_per_s": best.bytes / best.seconds / 1e9,
-                     "backend": type(engine.weight_sync).__name__}
+        out[name] = {"bytes": best.bytes, "seconds": [r.seconds for r in syncs],
+                     "gb_per_s": best.bytes / best.seconds / 1e9, "backend": type(engine.weight_sync).__name__}
     if "vllm_native" in answers:
         out["native_answers_equal_files"] = answers["vllm_native"] == answers["files"]
     return out

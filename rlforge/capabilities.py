@@ -32,6 +32,7 @@ class StrategyCapabilities:
 
     sharded: bool = False  # several processes hold the model (fsdp, tp, megatron, fabric): a launcher places them
     shares_prompts: bool = False  # verified with model.shared_prefix (a prompt's KV cache shared by its responses)
+    async_checkpoint: bool = False  # save_sharded_async writes what load_sharded reads (strategy.checkpoint=async)
 
 
 def declared(kind: str, name: str, obj: Any, declaration: type) -> Any:

@@ -10,7 +10,12 @@ temporary folder and leaves the previous checkpoints as they were.
 With ``strategy.checkpoint=sharded`` the ranks of each role also write their model and optimizer shards
 (torch.distributed.checkpoint) into ``staging_dir`` before ``save``; ``save`` moves that folder into the
 checkpoint as ``sharded/<role>/``, so it is renamed into place together with the rest. ``actor/`` is
-always the full, gathered model: any checkpoint exports and serves as it is.
+the full, gathered model: any checkpoint exports and serves as it is.
+
+With ``strategy.checkpoint=async`` the ranks write that sharded state in the background while training goes on
+(``BaseStrategy.save_sharded_async``); ``save`` runs, with ``model=None``, only once the writes are complete, so
+the checkpoint still appears whole or not at all. Those checkpoints hold no ``actor/`` (the run's last one does;
+``rlforge export`` writes it from ``sharded/actor/``, see :func:`write_actor`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge.diskio import disk_errors, fsync_dir, open_binary, open_text, tensor_bytes
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -151,7 +156,8 @@ def save(
 ) -> Path:
     """Write the checkpoint of ``step`` atomically; keep the newest ``keep_last_n`` (0 = all). A vision-language
     model's ``processor`` adds its image processor's ``preprocessor_config.json`` to ``actor/``, which is then a
-    complete model folder like the text models'."""
+    complete model folder like the text models'. ``model=None``: no ``actor/`` (the weights are in the staged
+    ``sharded/`` folder)."""
     folder = run_dir / "checkpoints"
     final = step_dir(run_dir, step)
     tmp = folder / f".tmp_step_{step:06d}"
@@ -167,10 +173,9 @@ def save(
             folder.mkdir(parents=True, exist_ok=True)
             if tmp.exists():
                 shutil.rmtree(tmp)
-            model.save_pretrained(tmp / "actor", safe_serialization=True)
-            tokenizer.save_pretrained(tmp / "actor")
-            if processor is not None:
-                processor.image_processor.save_pretrained(tmp / "actor")
+            tmp.mkdir()
+            if model is not None:
+                write_actor(tmp / "actor", model, tokenizer, processor)
             staged = staging_dir(run_dir, step)
             if staged.is_dir():
                 staged.rename(tmp / SHARDED_DIR)
@@ -196,6 +201,27 @@ def save(
     return final
 
 
+def write_actor(folder: Path, model: Any, tokenizer: Any, processor: Any = None) -> None:
+    """``actor/``: the model as a plain Hugging Face folder (a LoRA model: its adapter), with its tokenizer (and a
+    vision-language model's image processor)."""
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    if processor is not None:
+        processor.image_processor.save_pretrained(folder)
+
+
+def check_mode(config: Any, registry: Any) -> None:
+    """``strategy.checkpoint=async`` needs a strategy whose sharded saves can run in the background."""
+    if config.strategy.checkpoint != "async":
+        return
+    entry = registry.strategy.entry(config.strategy.name)
+    if not entry.capabilities.async_checkpoint:
+        able = ", ".join(e.name for e in registry.strategy.entries() if e.capabilities.async_checkpoint)
+        raise ConfigError(f"strategy.checkpoint=async: strategy.name={config.strategy.name} cannot write its sharded "
+                          f"state in the background (it declares no async_checkpoint capability; these do: {able}). "
+                          f"Use strategy.checkpoint=sharded or full.")
+
+
 def _delete(checkpoint: Path) -> None:
     """Rename first, then remove: a process killed half-way never leaves a partial ``step_N`` folder."""
     doomed = checkpoint.with_name(f".deleting_{checkpoint.name}")
@@ -205,6 +231,11 @@ def _delete(checkpoint: Path) -> None:
 
 
 # --- reading --------------------------------------------------------------------------------------
+def has_actor(checkpoint: Path) -> bool:
+    """Whether the checkpoint holds ``actor/`` (all but the intermediate ones of ``strategy.checkpoint=async``)."""
+    return (checkpoint / "actor").is_dir()
+
+
 def weight_files(checkpoint: Path) -> list[Path]:
     """The actor's safetensors files (one file, or the shards an index lists; a LoRA run's adapter)."""
     actor = checkpoint / "actor"
@@ -240,8 +271,16 @@ def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise CorruptCheckpoint(f"{state_file} is missing: the checkpoint is incomplete.")
     if state_file.stat().st_size == 0:
         raise CorruptCheckpoint(f"{state_file} is empty (0 bytes).")
-    for weights in weight_files(checkpoint):
-        _check_safetensors(weights)
+    if has_actor(checkpoint):
+        for weights in weight_files(checkpoint):
+            _check_safetensors(weights)
+    else:  # strategy.checkpoint=async: the shards only (torch.distributed.checkpoint writes .metadata last)
+        roles = sorted((checkpoint / SHARDED_DIR).glob("*/")) if (checkpoint / SHARDED_DIR).is_dir() else []
+        if not roles:
+            raise CorruptCheckpoint(f"{checkpoint} holds neither actor/ nor {SHARDED_DIR}/: it is incomplete.")
+        for role in roles:
+            if not (role / ".metadata").is_file():
+                raise CorruptCheckpoint(f"{role / '.metadata'} is missing: the checkpoint is incomplete.")
     try:
         state = torch.load(state_file, weights_only=True)
     except Exception as exc:

@@ -186,9 +186,13 @@ class Controller(Protocol):
 
     # optional: generate_tokens(prompts, params) -> list[Generation] (TokenGenerator), used by agent loops
 
-    def state_dict(self, staging: Path) -> dict[str, Any]:
+    def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
         """The workers' state for a checkpoint (``staging``: a folder for sharded state, moved into the
-        checkpoint by ``rlforge.checkpoint.save``). Leaves the trained actor weights in ``module.actor``."""
+        checkpoint by ``rlforge.checkpoint.save``). Leaves the trained actor weights in ``module.actor``, except
+        with ``background`` (``strategy.checkpoint=async``): then the shards are still being written."""
+
+    def finish_checkpoint(self) -> float:
+        """Wait for the shards a ``background`` :meth:`state_dict` is writing; the seconds the write took."""
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
         """Restore :meth:`state_dict`'s result from the checkpoint ``folder`` (``module.actor`` holds its weights)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,6 +183,17 @@ class BaseStrategy:
 
         dcp.save(_sharded_state(model, optimizer), checkpoint_id=str(path))
 
+    def save_sharded_async(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Future[Any]:
+        """Start writing what :meth:`save_sharded` writes (``strategy.checkpoint=async``): returns once model and
+        optimizer state are copied to CPU memory, and the future completes when the files are written (by a thread;
+        its collectives go over a gloo group of their own, so they never interleave with training's). Collective.
+        A strategy declares that its :meth:`load_sharded` reads this layout with ``async_checkpoint=True``."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        group = _checkpoint_group() if dist.is_initialized() else None  # None: one process (the single strategy)
+        return dcp.async_save(_sharded_state(model, optimizer), checkpoint_id=str(path), process_group=group)
+
     def load_sharded(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Load what :meth:`save_sharded` wrote, into any number of ranks. Collective."""
         import torch.distributed.checkpoint as dcp
@@ -196,6 +208,17 @@ class BaseStrategy:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
+def load_sharded_model(path: Path, model: torch.nn.Module) -> None:
+    """Load the model part of what :meth:`BaseStrategy.save_sharded` wrote (any number of ranks) into ``model``, in
+    one process without a process group (``rlforge export`` of a ``strategy.checkpoint=async`` checkpoint)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    set_model_state_dict(model, state["model"])
+
+
 def _sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -204,6 +227,19 @@ def _sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
 
     model = _sharded_params(model)
     return {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+
+
+_CHECKPOINT_GROUP: list[Any] = []  # [the default group, the group of background checkpoint writes made beside it]
+
+
+def _checkpoint_group() -> Any:
+    """A gloo group over all ranks for :meth:`BaseStrategy.save_sharded_async`'s writer thread, made once per default
+    process group (collective then: every rank saves together)."""
+    import torch.distributed as dist
+
+    if not _CHECKPOINT_GROUP or _CHECKPOINT_GROUP[0] is not dist.group.WORLD:
+        _CHECKPOINT_GROUP[:] = [dist.group.WORLD, dist.new_group(backend="gloo")]
+    return _CHECKPOINT_GROUP[1]
 
 
 def _sharded_params(model: torch.nn.Module) -> torch.nn.Module:

@@ -72,8 +72,9 @@ class WeightSync:
     """Base of the weight-sync backends. Built as ``backend(config, engine)`` for one rollout engine, which calls
     :meth:`load` from its ``update_weights``.
 
-    Declared on the class: ``engine`` (the rollout engine class it feeds, subclasses included) and ``preference`` (``auto`` picks the usable backend with the highest). ``unusable(config)`` says why
-    the backend cannot run here (device, package, LoRA), ``""`` when it can."""
+    Declared on the class: ``engine`` (the rollout engine class it feeds, subclasses included) and ``preference``
+    (``auto`` picks the usable backend with the highest). ``unusable(config)`` says why the backend cannot run here
+    (device, package, LoRA), ``""`` when it can."""
 
     engine: ClassVar[type]
     preference: ClassVar[int] = 0

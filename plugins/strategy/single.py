@@ -29,7 +29,8 @@ def pick_device(name: str) -> torch.device:
 class SingleDeviceStrategy(BaseStrategy):
     """Everything on one device; gradients are clipped by global norm."""
 
-    capabilities = StrategyCapabilities(shares_prompts=True)  # model.shared_prefix (tests/controller/test_worker.py)
+    # shares_prompts: verified with model.shared_prefix (tests/controller/test_worker.py)
+    capabilities = StrategyCapabilities(shares_prompts=True, async_checkpoint=True)
 
     def __init__(self, config: Any) -> None:
         self.device = pick_device(config.strategy.device)

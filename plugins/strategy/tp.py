@@ -75,7 +75,7 @@ class TPStrategy(FSDPStrategy):
     """FSDP2 over data-parallel groups x DTensor tensor parallelism inside each decoder layer."""
 
     # model.shared_prefix: not verified with tensor-parallel attention (plain forward passes)
-    capabilities = StrategyCapabilities(sharded=True)
+    capabilities = StrategyCapabilities(sharded=True, async_checkpoint=True)
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

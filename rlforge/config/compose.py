@@ -14,7 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from rlforge import lora, precision
+from rlforge import checkpoint, lora, precision
 from rlforge.config import schema
 from rlforge.config.checks import check_model_folder, check_no_duplicates, check_resume_value, check_values
 from rlforge.data import data_file_problem
@@ -319,6 +319,7 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     precision.check(cfg.model.precision)
     lora.validate(cfg)
     check_batch_sizes(cfg)
+    checkpoint.check_mode(cfg, registry)
     PIPELINES[cfg.trainer.pipeline].validate_config(cfg)
     for _, entry in components:
         check = getattr(entry.obj, "validate_config", None)

@@ -210,7 +210,7 @@ class StrategyConfig:
     name: str = "single"  # strategy registry name: single (one device) | fsdp (FSDP2, one process per rank)
     device: str = option("auto", pattern=r"auto|[a-z]+(:\d+)?", what="auto, cpu, cuda or cuda:N")  # auto | cpu | cuda | cuda:N
     num_processes: int = option(1, ge=1)  # data-parallel ranks; > 1 needs strategy.name=fsdp and trainer.controller=ray
-    checkpoint: str = option("full", choices=("full", "sharded"))  # full (gathered; any rank count resumes) | sharded (torch.distributed.checkpoint)
+    checkpoint: str = option("full", choices=("full", "sharded", "async"))  # full (gathered; any rank count resumes) | sharded (torch.distributed.checkpoint) | async (sharded, written in the background while training goes on; actor/ only in the run's last checkpoint and on rlforge export; docs/reliability.md)
     offload_optimizer: bool = False  # optimizer state in CPU memory between updates (frees GPU memory for rollout)
     keep_freed_memory: bool = True  # CPU device: the allocator keeps freed tensor memory for reuse instead of returning it to the OS and faulting it in every step (glibc; RSS stays at its peak; docs/performance.md)
 

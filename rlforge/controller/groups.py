@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from rlforge.registry import Entry
     from rlforge.weight_sync import SyncStats
 
-CHECKPOINT_MODES = ("full", "sharded")
+CHECKPOINT_MODES = ("full", "sharded", "async")
 
 
 def data_parallel_size(config: Any, strategy_factory: Any) -> int:
@@ -170,25 +170,33 @@ class GroupController:
         """The groups with state to checkpoint (their worker class declares ``state_dict``): actor first."""
         return [g for g in self.groups.values() if "state_dict" in g.methods]
 
-    def state_dict(self, staging: Path) -> dict[str, Any]:
+    def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
         """The local controller's layout (gathered optimizer state; critic weights) plus each rank's RNG state,
-        or with ``strategy.checkpoint=sharded`` the small state while the ranks write their shards to ``staging``
-        (``checkpoint.save`` moves that folder into the checkpoint as ``sharded/``)."""
+        or with ``strategy.checkpoint=sharded`` (or ``async``) the small state while the ranks write their shards to
+        ``staging`` (``checkpoint.save`` moves that folder into the checkpoint as ``sharded/``). ``background``
+        (``async``): the ranks write in the background (:meth:`finish_checkpoint` waits) and the driver's mirror
+        of the actor is left as it is (no ``actor/`` in that checkpoint)."""
         state: dict[str, Any] = {"world_size": self.actor.world_size, "rng": {}}
-        sharded = self.config.strategy.checkpoint == "sharded"
+        sharded = self.config.strategy.checkpoint in ("sharded", "async")
         if sharded:
             state["sharded"] = True
             staging = staging.resolve()  # the workers' working folder may differ
         for group in self._roles():
             if sharded:
-                results = group.save_sharded(str(staging / group.role))
+                results = group.save_sharded(str(staging / group.role), background)
             else:
                 results = group.state_dict(True)
             state["rng"][group.role] = [r.pop("rng") for r in results]
             state[group.role] = results[0]
-        weights = self.actor.model_state_dict() if sharded else state["actor"].pop("model")
-        self.module.actor.load_state_dict(weights)  # the driver's mirror: checkpoint.save writes it as actor/
+        if not background:
+            weights = self.actor.model_state_dict() if sharded else state["actor"].pop("model")
+            self.module.actor.load_state_dict(weights)  # the driver's mirror: checkpoint.save writes it as actor/
         return state
+
+    def finish_checkpoint(self) -> float:
+        """Wait for the ranks' background writes of :meth:`state_dict` (``background=True``) and raise a rank's
+        error; the seconds the slowest rank's write took (0.0 when none was running)."""
+        return max((max(group.finish_sharded()) for group in self._roles()), default=0.0)
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
         """Restore what :meth:`state_dict` (or the local controller) saved in the checkpoint ``folder``;

@@ -70,12 +70,18 @@ class LocalController(GroupController):
         """The TrainWorker of each role that has state to checkpoint (actor first)."""
         return {role: self.ranks[role].worker for role, group in self.groups.items() if "state_dict" in group.methods}
 
-    def state_dict(self, staging: Path) -> dict[str, Any]:
-        """Optimizer/scheduler state of every trained role, and the weights of all but the actor (saved as HF)."""
+    def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
+        """Optimizer/scheduler state of every trained role, and the weights of all but the actor (saved as HF); with
+        ``strategy.checkpoint=async`` the workers' shards, as the other controllers write them (``groups.py``)."""
+        if self.config.strategy.checkpoint == "async":
+            return super().state_dict(staging, background)
         return {role: worker.state_dict() if role == "actor" else {**worker.state_dict(), "model": worker.model_state_dict()}
                 for role, worker in self._trained().items()}
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
+        if state.get("sharded"):  # strategy.checkpoint=async
+            super().load_state_dict(state, folder)
+            return
         if "sharded_step" in state:
             raise RLForgeError("This checkpoint holds sharded state (strategy.checkpoint=sharded): resume it with "
                                "trainer.controller=ray, or save with strategy.checkpoint=full.")

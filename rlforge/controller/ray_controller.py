@@ -339,8 +339,8 @@ class RayController(GroupController):
         return self.rollout.load_weights(snapshot)
 
     # --- checkpoints: the rollout workers' RNG (a sync run samples from it) ---------------------------
-    def state_dict(self, staging: Path) -> dict[str, Any]:
-        state = super().state_dict(staging)
+    def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
+        state = super().state_dict(staging, background)
         if self.rollout is not None:
             state["rng"]["rollout"] = self.rollout.rng_state()
         return state

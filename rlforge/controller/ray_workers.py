@@ -188,8 +188,8 @@ class RankWorker(WorkerProcess):
         self.set_rng(rng)
 
     @remote()
-    def save_sharded(self, path: str) -> dict[str, Any]:
-        return {**self.worker.save_sharded(Path(path)), "rng": ckpt.rng_state()}
+    def save_sharded(self, path: str, background: bool = False) -> dict[str, Any]:
+        return {**self.worker.save_sharded(Path(path), background), "rng": ckpt.rng_state()}
 
     @remote()
     def load_sharded(self, path: str, state: dict[str, Any], rng: dict[str, Any] | None) -> None:

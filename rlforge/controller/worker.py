@@ -15,6 +15,7 @@ import contextlib
 import copy
 import logging
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +59,7 @@ class TrainWorker:
     section_key = ""  # the config section of its batch and optimizer options (dotted: "algorithm.prm"); "" = role
     optimizer: torch.optim.Optimizer  # set by the subclass (the module's configure_*optimizers)
     scheduler: Any
+    _writing: tuple[Any, float, list[float]] | None = None  # a background checkpoint write: future, start, end
 
     def __init__(self, config: Any, module: RLModule, strategy: Any, hook: Any = None) -> None:
         self.config = config
@@ -238,10 +240,29 @@ class TrainWorker:
         """Load full weights (every rank gets them; sharded models keep their shard)."""
         self.strategy.load_model_state_dict(self.model, weights)
 
-    def save_sharded(self, path: Path) -> dict[str, Any]:
-        """Write model and optimizer shards to ``path`` (every rank its own) and return the small state."""
-        self.strategy.save_sharded(path, self.model, self.optimizer)
+    def save_sharded(self, path: Path, background: bool = False) -> dict[str, Any]:
+        """Write model and optimizer shards to ``path`` (every rank its own) and return the small state.
+        ``background`` (``strategy.checkpoint=async``): return once the state is copied, a thread writes the files
+        while training goes on, :meth:`finish_sharded` waits for them."""
+        self.finish_sharded()  # one write at a time
+        if not background:
+            self.strategy.save_sharded(path, self.model, self.optimizer)
+            return self._small_state()
+        done: list[float] = []
+        future = self.strategy.save_sharded_async(path, self.model, self.optimizer)
+        self._writing = (future, time.perf_counter(), done)
+        future.add_done_callback(lambda _: done.append(time.perf_counter()))
         return self._small_state()
+
+    @remote()
+    def finish_sharded(self) -> float:
+        """Wait for the background write of :meth:`save_sharded` (raising its error); the seconds it took from start
+        to end, however long ago it ended (0.0 when none was started)."""
+        if self._writing is None:
+            return 0.0
+        (future, start, done), self._writing = self._writing, None
+        future.result()
+        return done[0] - start if done else time.perf_counter() - start
 
     def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
         """Load what :meth:`save_sharded` wrote, into any number of ranks."""

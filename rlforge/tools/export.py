@@ -3,7 +3,8 @@
 A checkpoint (``<run>/checkpoints/step_N/``, see ``rlforge.checkpoint``) is exported by the strategy
 that wrote it: a strategy class may define ``export_checkpoint(checkpoint: Path, out: Path)`` for its own
 layout (e.g. sharded weights to gather). Strategies without one write ``actor/`` as a plain Hugging Face
-folder, which is copied as it is.
+folder, which is copied as it is; a ``strategy.checkpoint=async`` checkpoint without one gets it first
+(:func:`write_missing_actor`).
 
 Whatever wrote it, the export is then given back what the run's model had when it was loaded
 (``rlforge.as_loaded``): each weight's dtype and the tokenizer's own pad token. A LoRA run's checkpoint is its base model plus the adapter: exported merged, or as the adapter; ``eval`` and
@@ -31,6 +32,34 @@ from rlforge.tools.model_card import PROCESSOR_FILES, write_model_card
 ACTOR_DIR = "actor"
 
 
+def write_missing_actor(checkpoint: Path) -> None:
+    """Give a checkpoint of ``strategy.checkpoint=async`` that holds no ``actor/`` (all but a run's last) one: the
+    actor as its run builds it (``model.path``, LoRA, the config in ``meta.json``) with the weights of
+    ``sharded/actor/``, written beside and renamed into place. A checkpoint with ``actor/`` is left as it is."""
+    from omegaconf import OmegaConf
+
+    from rlforge.build import Builder
+    from rlforge.plugin_manager import PluginManager
+    from rlforge.resume import run_config_of
+    from rlforge.strategy import load_sharded_model
+
+    shards = checkpoint / ckpt.SHARDED_DIR / ACTOR_DIR
+    if ckpt.has_actor(checkpoint) or not shards.is_dir():
+        return
+    found = run_config_of(checkpoint)
+    if found is None:
+        raise RLForgeError(f"Checkpoint {checkpoint} holds no {ACTOR_DIR}/ and no config to rebuild it from "
+                           f"({ckpt.META_FILE} is missing).")
+    config = OmegaConf.create(found)
+    module = Builder(config, PluginManager.for_config(config)).module(roles={"actor"})
+    module.configure_model()
+    load_sharded_model(shards, module.actor)
+    tmp = checkpoint / f".{ACTOR_DIR}_tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    ckpt.write_actor(tmp, module.actor, module.tokenizer, getattr(module, "processor", None))
+    tmp.rename(checkpoint / ACTOR_DIR)
+
+
 def find_checkpoint(path: str | Path) -> Path:
     """``path`` itself if it is a checkpoint folder; the newest checkpoint if it is a run folder."""
     folder = Path(path).expanduser()
@@ -55,7 +84,12 @@ def model_folder(path: str) -> str:
     hub_id = not folder.exists() and HUB_ID.fullmatch(path)
     if path.startswith(BUILTIN_PREFIX) or (folder / "config.json").is_file() or hub_id:
         return path
-    actor = folder if (folder / ADAPTER_CONFIG).is_file() else find_checkpoint(folder) / ACTOR_DIR
+    if (folder / ADAPTER_CONFIG).is_file():
+        actor = folder
+    else:
+        checkpoint = find_checkpoint(folder)
+        write_missing_actor(checkpoint)
+        actor = checkpoint / ACTOR_DIR
     return str(merged_lora_folder(actor) if (actor / ADAPTER_CONFIG).is_file() else actor)
 
 
@@ -112,6 +146,7 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     target = Path(out).expanduser()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise RLForgeError(f"Output folder {out} exists and is not empty: choose a new folder.")
+    write_missing_actor(checkpoint)
     is_adapter = (checkpoint / ACTOR_DIR / ADAPTER_CONFIG).is_file()
     if adapter_only and not is_adapter:
         raise RLForgeError(f"{checkpoint} is not a LoRA checkpoint (no {ACTOR_DIR}/{ADAPTER_CONFIG}): --adapter "

@@ -3,7 +3,9 @@ around each."""
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import random
 import time
 from collections.abc import Iterable
@@ -31,6 +33,7 @@ from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
 
+log = logging.getLogger("rlforge")
 RESUME_HINT = "Free space, then continue with trainer.resume=auto (the last checkpoint is complete)."
 
 
@@ -65,6 +68,7 @@ class Trainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.run_dir: Path | None = None
+        self._writing: tuple[int, dict[str, Any], dict[str, Any]] | None = None  # a checkpoint written in the background
 
     # --- setup ------------------------------------------------------------------------------------
     def _resolve_run(self) -> resume.Binding:
@@ -109,6 +113,7 @@ class Trainer:
                 return self._fit(module, self.flow, binding)
             except BaseException as exc:
                 self.pipeline.close()  # the rollout thread stops before the plugins release what it may use
+                self._settle_checkpoint()
                 self.hook.rlforge_exception(trainer=self, exception=exc)
                 raise
             finally:
@@ -149,11 +154,12 @@ class Trainer:
                 raise NonFiniteError(f"{exc} The last good state is saved in {self.save()}.") from None
             if t.val_every and self.step % t.val_every == 0 and self.step < t.total_steps:
                 self.validate()
-            if t.save_every and self.step % t.save_every == 0:
-                self.save()
+            if t.save_every and self.step % t.save_every == 0 and self.step < t.total_steps:
+                self.save(background=cfg.strategy.checkpoint == "async")
+        self.finish_checkpoint()
         last_ckpt = ckpt.list_checkpoints(self.run_dir)
-        if not last_ckpt or last_ckpt[-1].name != f"step_{self.step:06d}":
-            self.save()
+        if not last_ckpt or last_ckpt[-1].name != f"step_{self.step:06d}" or not ckpt.has_actor(last_ckpt[-1]):
+            self.save()  # the last checkpoint, with actor/ (a plain Hugging Face folder) in every mode
         val_after = self.validate()
         elapsed = time.perf_counter() - start
         summary = {
@@ -226,11 +232,12 @@ class Trainer:
         self._log(metrics)
         return metrics
 
-    def _log(self, metrics: dict[str, float]) -> None:
-        with diskio.disk_errors(f"log the metrics of step {self.step} into {self.run_dir}", RESUME_HINT,
+    def _log(self, metrics: dict[str, float], step: int | None = None) -> None:
+        step = self.step if step is None else step
+        with diskio.disk_errors(f"log the metrics of step {step} into {self.run_dir}", RESUME_HINT,
                                 where=self.run_dir):
             for lg in self.loggers:
-                lg.log_metrics(metrics, self.step)
+                lg.log_metrics(metrics, step)
 
     def _log_val_generations(self, batch: B.Batch) -> None:
         """``trainer.log_val_generations``: verl's pick of this validation's generations in verl's file,
@@ -259,10 +266,16 @@ class Trainer:
                 fh.write(json.dumps({"step": self.step, **record}) + "\n")
 
     # --- checkpoints ------------------------------------------------------------------------------
-    def save(self) -> Path:
+    def save(self, background: bool = False) -> Path:
+        """Write the checkpoint of this step (``rlforge.checkpoint``) and return its folder. ``background``
+        (``strategy.checkpoint=async``): the ranks write their shards while training goes on, and the folder appears
+        once they are done (:meth:`finish_checkpoint`, at the latest when the next checkpoint starts); no ``actor/``.
+        Logs ``timing_s/save_checkpoint``, the seconds the loop waited (a previous write included)."""
+        start = time.perf_counter()
+        self.finish_checkpoint()
         state = {
             "step": self.step,
-            "controller": self.controller.state_dict(ckpt.staging_dir(self.run_dir, self.step)),
+            "controller": self.controller.state_dict(ckpt.staging_dir(self.run_dir, self.step), background),
             "sampler": self.sampler.state_dict(),
             "module": self.module.state_dict(),
             "rng": ckpt.rng_state(),
@@ -271,11 +284,39 @@ class Trainer:
         }
         self.hook.rlforge_save_checkpoint(trainer=self, checkpoint=state["extra"])
         meta = {"config": OmegaConf.to_container(self.config, resolve=True), **self.fingerprint}
-        return ckpt.save(self.run_dir, self.step, self.module.actor, self.module.tokenizer, state,
-                         self.config.trainer.keep_last_n, meta, processor=getattr(self.module, "processor", None))
+        if background:
+            self._writing = (self.step, copy.deepcopy(state), meta)  # as it is now: training goes on
+            path = ckpt.step_dir(self.run_dir, self.step)
+        else:
+            path = ckpt.save(self.run_dir, self.step, self.module.actor, self.module.tokenizer, state,
+                             self.config.trainer.keep_last_n, meta, processor=getattr(self.module, "processor", None))
+        self._log({"timing_s/save_checkpoint": time.perf_counter() - start})
+        return path
+
+    def finish_checkpoint(self) -> None:
+        """Wait for the checkpoint that is being written in the background (if any), then make it a checkpoint
+        (``checkpoint.save``: renamed into place once complete). Logs ``timing_s/checkpoint_write``, the seconds the
+        ranks took to write it, at its step."""
+        if self._writing is None:
+            return
+        (step, state, meta), self._writing = self._writing, None
+        folder = ckpt.step_dir(self.run_dir, step).parent
+        with diskio.disk_errors(f"write checkpoint step {step} into {folder}", RESUME_HINT, where=folder):
+            seconds = self.controller.finish_checkpoint()
+        ckpt.save(self.run_dir, step, None, self.module.tokenizer, state, self.config.trainer.keep_last_n, meta)
+        self._log({"timing_s/checkpoint_write": seconds}, step)
+
+    def _settle_checkpoint(self) -> None:
+        """On the way out of a failed run: the checkpoint written in the background is completed if its write
+        succeeds (it holds the state of its step, before the failure), else left unnamed."""
+        try:
+            self.finish_checkpoint()
+        except Exception as exc:
+            log.warning("The checkpoint being written when the run failed is incomplete and was dropped: %s", exc)
 
     def _restore(self, path: Path, state: dict[str, Any]) -> None:
-        ckpt.load_weights(path, self.module.actor)
+        if ckpt.has_actor(path):  # strategy.checkpoint=async: only the run's last checkpoint has actor/
+            ckpt.load_weights(path, self.module.actor)
         self.controller.load_state_dict(state["controller"], path)
         self.controller.sync_weights()
         self.sampler.load_state_dict(state["sampler"])

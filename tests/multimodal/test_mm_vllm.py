@@ -30,7 +30,7 @@ class FakeLLM:
     def __init__(self, eos):
         self.eos, self.prompts = eos, []
 
-    def generate(self, prompts, sampling, use_tqdm=False):
+    def generate(self, prompts, sampling, adapter=None):
         self.prompts = prompts
         logprob = SimpleNamespace(logprob=-0.5)
         out = SimpleNamespace(index=0, token_ids=[5, self.eos], logprobs=[{5: logprob}, {self.eos: logprob}])
@@ -45,7 +45,7 @@ def test_generate_sends_token_prompts_with_multi_modal_data(vlm):
     engine.vllm = SimpleNamespace(TokensPrompt=dict, SamplingParams=lambda **kw: kw)
     engine.model, engine.tokenizer, engine.stop_ids, engine.supports_sleep = model, tok, [tok.eos_token_id], False
     engine._engine = lambda: llm
-    engine._lock, engine._calls = threading.Lock(), 0
+    engine._lock, engine._calls, engine.adapter = threading.Lock(), 0, None
     out = engine.generate(batch, SamplingParams(max_new_tokens=4, temperature=0.0, n=1))
     image_token = mm.placeholder_token_ids(model)[0]
     first, second = llm.prompts

@@ -113,8 +113,8 @@ def test_each_sync_is_logged_with_its_bytes_and_seconds(tmp_path, pipeline, sync
 def test_a_sync_across_ray_reports_the_rollout_workers_bytes(tmp_path, ray_session):
     """trainer.controller=ray with a rollout worker group: the weights cross Ray (object store) and the worker's
     backend reports what it loaded; the controller's seconds include the gather."""
-    cfg = load_config("grpo", [*FAST, "trainer.pipeline=one_step_off", "trainer.total_steps=3", "trainer.controller=ray",
-                               "strategy.device=cpu",
+    cfg = load_config("grpo", [*FAST, "trainer.pipeline=one_step_off", "trainer.total_steps=3",
+                               "trainer.controller=ray", "strategy.device=cpu",
                                "ray.rollout_workers=1", f"trainer.runs_root={tmp_path}"])
     trainer = Trainer(cfg)
     trainer.fit()
