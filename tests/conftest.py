@@ -4,6 +4,7 @@ chat model, a counter of shared-prefix forward passes."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 
@@ -48,9 +49,12 @@ else:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` skip, with the reason, where torch sees no CUDA device."""
+    """The files with the most ``slow`` tests first (each file's own order kept), so pytest-xdist's workers start on
+    the long files and end on short ones. Tests marked ``gpu`` skip, with the reason, where torch sees no CUDA device."""
     import torch
 
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items[:] = sorted(items, key=lambda item: -slow[item.path])  # stable: files stay whole and in order within
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False on this machine")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Iterator
 
 import torch
 
@@ -34,3 +35,19 @@ def launch_env(rank: int, world: int, port: int) -> None:
     """The torchrun variables of one rank on this machine."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+
+
+@contextlib.contextmanager
+def launched(rank: int, world: int, port: int) -> Iterator[None]:
+    """:func:`launch_env` for the block, the variables as they were after it (a module-scoped fixture outlives the
+    per-test restore in tests/conftest.py; a RANK left behind would reach the next file's Ray workers)."""
+    saved = {key: os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    launch_env(rank, world, port)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

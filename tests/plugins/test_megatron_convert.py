@@ -29,7 +29,7 @@ from rlforge.plugins.strategy.megatron_convert import (
     transformer_config_kwargs,
 )
 from rlforge.plugins.strategy.tp_layout import Heads, shard
-from tests.plugins.megatron_cpu import allow_megatron_forward_on_cpu, free_port, launch_env
+from tests.plugins.megatron_cpu import allow_megatron_forward_on_cpu, free_port, launched
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed: pip install 'rlforge[megatron]'")
 
@@ -123,13 +123,13 @@ def strategy(pm):
     """The megatron strategy on a one-process gloo group, its forward allowed on CPU (``megatron_cpu``)."""
     from megatron.core import parallel_state
 
-    launch_env(0, 1, free_port())
     allow_megatron_forward_on_cpu()
     cfg = load_config("grpo", ["strategy.name=megatron", "strategy.device=cpu", "strategy.checkpoint=sharded",
                                "trainer.controller=ray"], plugins=pm)
-    yield pm.registry.strategy.get("megatron")(cfg)
-    parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
+    with launched(0, 1, free_port()):
+        yield pm.registry.strategy.get("megatron")(cfg)
+        parallel_state.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize("build", [_llama, _qwen2])
