@@ -130,6 +130,22 @@ def test_background_checkpoints_appear_when_complete_and_resume_bit_identically(
 
 
 @pytest.mark.slow
+def test_ppo_critic_shards_resume_bit_identically(tmp_path):
+    """The critic's weights and optimizer are only in sharded/critic/ (no full state in trainer_state.pt)."""
+    full = Trainer(fast_config("ppo", tmp_path / "a", *COMMON))
+    full.fit()
+    assert (ckpt.step_dir(full.run_dir, 1) / "sharded" / "critic" / ".metadata").is_file()
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(fast_config("ppo", tmp_path / "b", *COMMON), callbacks=[CrashAt(2)]).fit()
+    resumed = Trainer(fast_config("ppo", tmp_path / "b", *COMMON, "trainer.resume=auto"))
+    resumed.fit()
+    a, b = (_weights(r.run_dir / "checkpoints" / "step_000002") for r in (full, resumed))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert full.history[1]["critic/vf_loss"] == resumed.history[0]["critic/vf_loss"]
+
+
+@pytest.mark.slow
 def test_a_failed_background_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     from rlforge.strategy import BaseStrategy
 
