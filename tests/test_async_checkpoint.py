@@ -180,7 +180,8 @@ def test_shards_without_their_metadata_are_an_incomplete_checkpoint(tmp_path):
     (folder / "sharded" / "actor").mkdir(parents=True)
     (folder / "meta.json").write_text('{"step": 3}')
     torch.save({"step": 3}, folder / "trainer_state.pt")
-    with pytest.raises(ckpt.CorruptCheckpoint, match=r"sharded/actor/.metadata is missing: the checkpoint is incomplete"):
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"sharded/actor/.metadata is missing: the checkpoint is "
+                                                     r"incomplete"):
         ckpt.read(folder)
     (folder / "sharded" / "actor" / ".metadata").write_bytes(b"x")
     assert ckpt.read(folder)[0] == {"step": 3}
