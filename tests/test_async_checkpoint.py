@@ -22,6 +22,7 @@ from rlforge.testing import fast_config
 from rlforge.tools.export import export_checkpoint
 from tests.controller.test_ray import _config as ray_config
 from tests.controller.test_ray import needs_ray, ray_session  # noqa: F401 (a fixture)
+from tests.controller.test_torchrun import _torchrun_fit
 from tests.test_e2e import CrashAt
 
 COMMON = ["trainer.total_steps=2", "trainer.save_every=1", "trainer.keep_last_n=0", "data.arith.val_size=4",
@@ -212,3 +213,19 @@ def test_ray_fsdp_ranks_write_in_the_background_and_resume_bit_identically(tmp_p
     a, b = (_weights(r.run_dir / "checkpoints" / "step_000002") for r in (full, resumed))
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_write_in_the_background_and_resume_bit_identically(tmp_path):
+    """Under torchrun (2 FSDP ranks, gloo): step 1's checkpoint is written in the background; resuming from it
+    (trainer.resume=<step_1>, which sets the newer step 2 aside) trains step 2 again to the same weights."""
+    _torchrun_fit(tmp_path, "trainer.total_steps=2", "strategy.checkpoint=async")
+    (run,) = (tmp_path / "default").iterdir()
+    first = ckpt.step_dir(run, 1)
+    assert not ckpt.has_actor(first) and (first / "sharded" / "actor" / "__1_0.distcp").is_file()  # rank 1's shard
+    before = _weights(ckpt.step_dir(run, 2))
+    log = _torchrun_fit(tmp_path, "trainer.total_steps=2", "strategy.checkpoint=async", f"trainer.resume={first}")
+    assert "resumed from" in log and "step    2/2" in log, log[-3000:]
+    again = _weights(ckpt.step_dir(run, 2))
+    for k in before:
+        assert torch.equal(before[k], again[k]), k
