@@ -33,8 +33,8 @@ MODES = ("full", "async")
 def run(folder: Path, mode: str, steps: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as run_dir:
         history = rlforge_history(folder, 4, 2, 16, steps, overrides=(
-            "trainer.save_every=1", "trainer.keep_last_n=2", f"strategy.checkpoint={mode}", f"trainer.run_dir={run_dir}",
-            "logger.backends=[jsonl]"))
+            "trainer.save_every=1", "trainer.keep_last_n=2", f"strategy.checkpoint={mode}",
+            f"trainer.run_dir={run_dir}", "logger.backends=[jsonl]"))
         logged = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
     def before_last(name: str) -> list[float]:  # the last checkpoint is written whole in both modes

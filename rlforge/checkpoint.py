@@ -139,7 +139,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 # --- writing --------------------------------------------------------------------------------------
-def _fsync_tree(folder: Path) -> None:
+def fsync_tree(folder: Path) -> None:
     """Flush every file and folder under ``folder`` to disk, so a rename after it never exposes empty files."""
     for path in sorted(folder.rglob("*"), reverse=True):
         if path.is_file():
@@ -186,7 +186,7 @@ def save(
             with open_text(tmp / META_FILE) as fh:
                 fh.write(json.dumps({"step": step, **(meta or {})}, indent=1, default=str))
             current[0] = ""
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             if final.exists():
                 _delete(final)
             tmp.rename(final)

@@ -22,6 +22,7 @@ from rlforge.testing import fast_config
 from rlforge.tools.export import export_checkpoint
 from tests.controller.test_ray import _config as ray_config
 from tests.controller.test_ray import needs_ray, ray_session  # noqa: F401 (a fixture)
+from tests.controller.test_torchrun import _torchrun_fit
 from tests.test_e2e import CrashAt
 
 COMMON = ["trainer.total_steps=2", "trainer.save_every=1", "trainer.keep_last_n=0", "data.arith.val_size=4",
@@ -130,6 +131,22 @@ def test_background_checkpoints_appear_when_complete_and_resume_bit_identically(
 
 
 @pytest.mark.slow
+def test_ppo_critic_shards_resume_bit_identically(tmp_path):
+    """The critic's weights and optimizer are only in sharded/critic/ (no full state in trainer_state.pt)."""
+    full = Trainer(fast_config("ppo", tmp_path / "a", *COMMON))
+    full.fit()
+    assert (ckpt.step_dir(full.run_dir, 1) / "sharded" / "critic" / ".metadata").is_file()
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(fast_config("ppo", tmp_path / "b", *COMMON), callbacks=[CrashAt(2)]).fit()
+    resumed = Trainer(fast_config("ppo", tmp_path / "b", *COMMON, "trainer.resume=auto"))
+    resumed.fit()
+    a, b = (_weights(r.run_dir / "checkpoints" / "step_000002") for r in (full, resumed))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert full.history[1]["critic/vf_loss"] == resumed.history[0]["critic/vf_loss"]
+
+
+@pytest.mark.slow
 def test_a_failed_background_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     from rlforge.strategy import BaseStrategy
 
@@ -164,7 +181,8 @@ def test_shards_without_their_metadata_are_an_incomplete_checkpoint(tmp_path):
     (folder / "sharded" / "actor").mkdir(parents=True)
     (folder / "meta.json").write_text('{"step": 3}')
     torch.save({"step": 3}, folder / "trainer_state.pt")
-    with pytest.raises(ckpt.CorruptCheckpoint, match=r"sharded/actor/.metadata is missing: the checkpoint is incomplete"):
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"sharded/actor/.metadata is missing: the checkpoint is "
+                                                     r"incomplete"):
         ckpt.read(folder)
     (folder / "sharded" / "actor" / ".metadata").write_bytes(b"x")
     assert ckpt.read(folder)[0] == {"step": 3}
@@ -195,3 +213,19 @@ def test_ray_fsdp_ranks_write_in_the_background_and_resume_bit_identically(tmp_p
     a, b = (_weights(r.run_dir / "checkpoints" / "step_000002") for r in (full, resumed))
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_write_in_the_background_and_resume_bit_identically(tmp_path):
+    """Under torchrun (2 FSDP ranks, gloo): step 1's checkpoint is written in the background; resuming from it
+    (trainer.resume=<step_1>, which sets the newer step 2 aside) trains step 2 again to the same weights."""
+    _torchrun_fit(tmp_path, "trainer.total_steps=2", "strategy.checkpoint=async")
+    (run,) = (tmp_path / "default").iterdir()
+    first = ckpt.step_dir(run, 1)
+    assert not ckpt.has_actor(first) and (first / "sharded" / "actor" / "__1_0.distcp").is_file()  # rank 1's shard
+    before = _weights(ckpt.step_dir(run, 2))
+    log = _torchrun_fit(tmp_path, "trainer.total_steps=2", "strategy.checkpoint=async", f"trainer.resume={first}")
+    assert "resumed from" in log and "step    2/2" in log, log[-3000:]
+    again = _weights(ckpt.step_dir(run, 2))
+    for k in before:
+        assert torch.equal(before[k], again[k]), k

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlforge import checkpoint as ckpt
+from rlforge.diskio import disk_errors
 from rlforge.errors import RLForgeError
 from rlforge.lora import ADAPTER_CONFIG  # peft's: a LoRA run's checkpoint holds an adapter
 from rlforge.as_loaded import as_loaded
@@ -55,9 +56,12 @@ def write_missing_actor(checkpoint: Path) -> None:
     module.configure_model()
     load_sharded_model(shards, module.actor)
     tmp = checkpoint / f".{ACTOR_DIR}_tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    ckpt.write_actor(tmp, module.actor, module.tokenizer, getattr(module, "processor", None))
-    tmp.rename(checkpoint / ACTOR_DIR)
+    with disk_errors(f"write {checkpoint / ACTOR_DIR} from {shards}", "Free space, or export a copy of the checkpoint.",
+                     where=checkpoint):
+        shutil.rmtree(tmp, ignore_errors=True)
+        ckpt.write_actor(tmp, module.actor, module.tokenizer, getattr(module, "processor", None))
+        ckpt.fsync_tree(tmp)
+        tmp.rename(checkpoint / ACTOR_DIR)
 
 
 def find_checkpoint(path: str | Path) -> Path:

@@ -68,7 +68,8 @@ class Trainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.run_dir: Path | None = None
-        self._writing: tuple[int, dict[str, Any], dict[str, Any]] | None = None  # a checkpoint written in the background
+        # a checkpoint being written in the background: its step, trainer state and meta
+        self._writing: tuple[int, dict[str, Any], dict[str, Any]] | None = None
 
     # --- setup ------------------------------------------------------------------------------------
     def _resolve_run(self) -> resume.Binding:
