@@ -44,6 +44,7 @@ else:
             path = super()._split_scope(nodeid)
             return SHARED_WORKER.get(path, path)
 
+    @pytest.hookimpl(optionalhook=True)  # with ``-p no:xdist`` the hook is not declared
     def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return FileScheduling(config, log)
 
