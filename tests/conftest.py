@@ -4,6 +4,7 @@ chat model, a counter of shared-prefix forward passes."""
 from __future__ import annotations
 
 import os
+import signal
 from collections import Counter
 
 import pytest
@@ -140,6 +141,20 @@ def no_launch_variables_leak():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+SIGTERM_AT_START = signal.getsignal(signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def no_sigterm_handler_leaks():
+    """``ray.init`` gives this process a Python SIGTERM handler (``sys.exit``) that outlives ``ray.shutdown``; a
+    process forked later (datasets' ``map(num_proc=...)`` pool) inherits it, and a child stuck on a lock copied at the
+    fork then ignores the pool's terminate, so the test hangs (seen under pytest-xdist). After each test SIGTERM is
+    what it was when the session started."""
+    yield
+    if signal.getsignal(signal.SIGTERM) is not SIGTERM_AT_START:
+        signal.signal(signal.SIGTERM, SIGTERM_AT_START)
 
 
 @pytest.fixture
