@@ -13,6 +13,7 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator
+from unittest import mock
 
 import torch
 
@@ -39,15 +40,8 @@ def launch_env(rank: int, world: int, port: int) -> None:
 
 @contextlib.contextmanager
 def launched(rank: int, world: int, port: int) -> Iterator[None]:
-    """:func:`launch_env` for the block, the variables as they were after it (a module-scoped fixture outlives the
+    """:func:`launch_env` for the block, the environment as it was after it (a module-scoped fixture outlives the
     per-test restore in tests/conftest.py; a RANK left behind would reach the next file's Ray workers)."""
-    saved = {key: os.environ.get(key) for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    launch_env(rank, world, port)
-    try:
+    with mock.patch.dict(os.environ):
+        launch_env(rank, world, port)
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
