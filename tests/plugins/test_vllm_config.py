@@ -1,5 +1,6 @@
-"""The vllm engine's pass-through options (rollout.vllm.*) are checked when the config is composed: no engine starts,
-vLLM is not imported."""
+"""The vllm engine's options (rollout.vllm.*, engine_kwargs included) are checked when the config is composed, and
+engine_kwargs reach the engine's arguments: no engine starts; vLLM is imported only by the last test (its argument
+names)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,50 @@ def test_engine_lengths_hold_the_longest_sequence(pm) -> None:
     cfg = load_config("grpo", [*VLLM, "rollout.vllm.enable_chunked_prefill=true", "rollout.vllm.max_num_batched_tokens=16",
                                "rollout.vllm.sleep=false", "rollout.vllm.enable_prefix_caching=false"], plugins=pm)
     assert cfg.rollout.vllm.max_num_batched_tokens == 16 and cfg.rollout.vllm.sleep is False
+
+
+def test_engine_kwargs_refuse_what_rlforge_sets_and_what_vllm_lacks(pm, monkeypatch) -> None:
+    from rlforge.plugins.rollout import vllm_args
+
+    monkeypatch.setattr(vllm_args, "engine_arg_names", lambda: frozenset({"async_scheduling", "compilation_config"}))
+    cfg = load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.async_scheduling=true",
+                               "rollout.vllm.engine_kwargs.compilation_config.cudagraph_mode=PIECEWISE"], plugins=pm)
+    assert vllm_args.engine_kwargs(cfg) == {"async_scheduling": True, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+    with pytest.raises(ConfigError, match=r"rollout.vllm.engine_kwargs.max_model_len: vLLM's 'max_model_len' is set by "
+                                          r"rollout.vllm.max_model_len; set it there instead"):
+        load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.max_model_len=4096"], plugins=pm)
+    with pytest.raises(ConfigError, match=r"rollout.vllm.engine_kwargs.async_schedulin: 'async_schedulin' is not an "
+                                          r"engine argument of the installed vLLM .* Did you mean: async_scheduling\?"):
+        load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.async_schedulin=true"], plugins=pm)
+
+
+def test_engine_kwargs_reach_the_engine_after_rlforge_arguments(pm, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    from rlforge.plugins.rollout import vllm as plugin
+    from rlforge.plugins.rollout import vllm_args
+
+    monkeypatch.setattr(vllm_args, "engine_arg_names", lambda: frozenset({"mm_processor_cache_gb"}))
+    cfg = load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.mm_processor_cache_gb=0"], plugins=pm)
+    for var in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND"):
+        monkeypatch.setenv(var, "1")  # _start only sets them where unset; restored after the test
+    engine = plugin.VLLMRollout.__new__(plugin.VLLMRollout)  # the engine's state without starting vLLM
+    engine.config, engine.on_cpu, engine.tp, engine.dtype, engine.model_path = cfg, True, 1, "float32", "/m"
+    engine.model = SimpleNamespace(config=LlamaConfig(num_attention_heads=4, hidden_size=256))
+    engine.adapters, engine.supports_sleep = False, False
+    engine.weight_sync = SimpleNamespace(engine_args=dict)
+    seen: dict = {}
+    monkeypatch.setattr(plugin, "interruptible", lambda fn, **kw: seen.update(kw))
+    engine._start()
+    assert seen["mm_processor_cache_gb"] == 0 and seen["logprobs_mode"] == "processed_logprobs"
+
+
+def test_the_installed_vllm_takes_the_arguments_verl_launches_pass() -> None:
+    pytest.importorskip("vllm")
+    from rlforge.plugins.rollout.vllm_args import SET_BY_RLFORGE, check_engine_kwargs, engine_arg_names
+
+    assert set(SET_BY_RLFORGE) <= engine_arg_names()  # each one rlforge refuses is one it really sets
+    check_engine_kwargs({"async_scheduling": True, "mm_processor_cache_gb": 0, "additional_config": {"x": 1},
+                         "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1]}})

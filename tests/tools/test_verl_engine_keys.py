@@ -1,8 +1,8 @@
 """verl's engine keys checked against verl 0.9.1's own reading of them: activation recomputation (FSDP reads
 model.enable_gradient_checkpointing, megatron only override_transformer_config.recompute_*), megatron's dtype, its
 pipeline and context sizes, the entropy's chunking and checkpointing, use_torch_compile (read by no engine), the
-reference's strategy, rollout.mode, the inference servers' data/expert parallelism, and SFT's
-ignore_input_ids_mismatch. Pure config work, no models."""
+reference's strategy, rollout.mode, the inference servers' data/expert parallelism, rollout.engine_kwargs (passed to
+vLLM after the rollout keys), and SFT's ignore_input_ids_mismatch. Pure config work, no models."""
 
 from __future__ import annotations
 
@@ -102,3 +102,22 @@ def test_sft_ignore_input_ids_mismatch_is_refused_rlforge_trains_each_turn_inste
     assert _fate(t, "data.ignore_input_ids_mismatch").kind == verl.REFUSED
     t = prepare(base, entry=SFT_ENTRY, refuse=False).translation
     assert _fate(t, "data.ignore_input_ids_mismatch").kind == verl.MAPPED
+
+
+def test_vllm_engine_kwargs_pass_through_after_the_rollout_keys_and_other_engines_are_theirs() -> None:
+    ek = f"+{R}.engine_kwargs"
+    t = _t(f"{ek}.vllm.async_scheduling=True", f"{ek}.vllm.compilation_config.cudagraph_mode=FULL_DECODE_ONLY",
+           f"{R}.cudagraph_capture_sizes=[1,2]", f"{R}.max_model_len=2048", f"{ek}.vllm.max_model_len=4096",
+           f"{ek}.vllm.swap_space=null", f"{ek}.sglang.attention_backend=triton")
+    assert t.overrides["rollout.vllm.engine_kwargs"] == {  # verl: rollout.cudagraph_capture_sizes is set last
+        "async_scheduling": True, "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY",
+                                                         "cudagraph_capture_sizes": [1, 2]}}
+    assert t.overrides["rollout.vllm.max_model_len"] == 4096  # engine_kwargs' entry wins over rollout.max_model_len
+    assert "engine_kwargs.vllm.max_model_len after it" in _fate(t, f"{R}.max_model_len").text
+    assert _fate(t, f"{R}.engine_kwargs.vllm.swap_space").kind == verl.MAPPED  # verl drops null entries; so does rlforge
+    assert "swap_space" not in t.overrides["rollout.vllm.engine_kwargs"]
+    assert "read only by verl's sglang server" in _fate(t, f"{R}.engine_kwargs.sglang.attention_backend").text
+    sglang = _t(f"{R}.name=sglang", f"{ek}.sglang.attention_backend=triton", f"{ek}.vllm.async_scheduling=True")
+    assert "the sglang rollout engine" in _fate(sglang, f"{R}.engine_kwargs.sglang.attention_backend").text
+    assert _fate(sglang, f"{R}.engine_kwargs.vllm.async_scheduling").kind == verl.IGNORED
+    assert "rollout.vllm.engine_kwargs" not in sglang.overrides

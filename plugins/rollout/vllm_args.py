@@ -1,0 +1,104 @@
+"""The ``vllm`` engine's arguments: the checks of ``rollout.vllm.*`` (run when the config is composed, before any model
+loads) and the arguments passed to vLLM as they are (``rollout.vllm.engine_kwargs``, verl's
+``actor_rollout_ref.rollout.engine_kwargs.vllm``).
+
+``engine_kwargs`` holds fields of vLLM's ``AsyncEngineArgs`` (the ``vllm serve`` options with ``_`` for ``-``), e.g.
+``{async_scheduling: true, compilation_config: {cudagraph_mode: PIECEWISE}}``. They are added to the arguments
+rlforge builds; an argument rlforge sets itself is refused with the key that sets it, an unknown one with vLLM's
+list (the names are read from the installed vLLM, which is imported for it only when ``engine_kwargs`` is set).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib.util
+from typing import Any
+
+from rlforge.errors import ConfigError
+
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+KEY = "rollout.vllm.engine_kwargs"
+# the engine arguments rlforge builds itself, and what sets each one: engine_kwargs may not override them
+SET_BY_RLFORGE = {
+    "model": "model.path", "dtype": "rollout.vllm.dtype", "trust_remote_code": "model.trust_remote_code",
+    "seed": "trainer.seed", "max_model_len": "rollout.vllm.max_model_len",
+    "tensor_parallel_size": "rollout.vllm.tensor_parallel_size", "max_num_seqs": "rollout.vllm.max_num_seqs",
+    "enable_chunked_prefill": "rollout.vllm.enable_chunked_prefill",
+    "max_num_batched_tokens": "rollout.vllm.max_num_batched_tokens",
+    "enable_prefix_caching": "rollout.vllm.enable_prefix_caching", "enable_sleep_mode": "rollout.vllm.sleep",
+    "gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization", "enforce_eager": "rollout.vllm.enforce_eager",
+    "enable_lora": "model.lora.rank", "max_lora_rank": "model.lora.rank", "max_loras": "model.lora.rank",
+    "weight_transfer_config": "rollout.weight_sync",
+    "logprobs_mode": "rlforge (processed_logprobs: the log-probs the trainer compares with the actor's)",
+    "worker_extension_cls": "rlforge (its weight-sync extension)",
+    "disable_log_stats": "rlforge (no periodic throughput lines in the run's log)",
+}
+
+
+@functools.cache
+def engine_arg_names() -> frozenset[str]:
+    """The fields of the installed vLLM's ``AsyncEngineArgs`` (importing vLLM takes a few seconds)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+
+
+def engine_kwargs(config: Any) -> dict[str, Any]:
+    """``rollout.vllm.engine_kwargs`` as plain Python values."""
+    from omegaconf import OmegaConf
+
+    value = config.rollout.vllm.engine_kwargs
+    plain = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return dict(plain or {})
+
+
+def check_engine_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuse an argument rlforge sets itself (naming the key that sets it) and one vLLM does not have (naming the
+    closest of vLLM's); without vLLM installed only the first (the engine's start reports the missing package)."""
+    for name in kwargs:
+        if name in SET_BY_RLFORGE:
+            raise ConfigError(f"{KEY}.{name}: vLLM's '{name}' is set by {SET_BY_RLFORGE[name]}; set it there "
+                              f"instead (engine_kwargs adds arguments rlforge does not set).")
+    if not kwargs or importlib.util.find_spec("vllm") is None:
+        return
+    names = engine_arg_names()
+    for name in kwargs:
+        if name not in names:
+            close = difflib.get_close_matches(name, sorted(names), n=3)
+            hint = f" Did you mean: {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{KEY}.{name}: '{name}' is not an engine argument of the installed vLLM "
+                              f"(a field of vllm.engine.arg_utils.AsyncEngineArgs, as `vllm serve --help` lists them "
+                              f"with '-' for '_').{hint}")
+
+
+def validate(config: Any) -> None:
+    """The checks of ``rollout.vllm.*`` (``VLLMRollout.validate_config``)."""
+    v = config.rollout.vllm
+    if v.dtype not in ENGINE_DTYPES:
+        raise ConfigError(f"rollout.vllm.dtype='{v.dtype}'. Allowed: {', '.join(ENGINE_DTYPES)}.")
+    if not 0.0 < v.gpu_memory_utilization <= 1.0:
+        raise ConfigError(
+            f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}.")
+    if v.weight_bucket_mb <= 0:
+        raise ConfigError(f"rollout.vllm.weight_bucket_mb must be > 0, got {v.weight_bucket_mb}.")
+    if v.tensor_parallel_size < 1:
+        raise ConfigError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {v.tensor_parallel_size}.")
+    if v.idle_spin_s is not None and v.idle_spin_s < 0:
+        raise ConfigError(f"rollout.vllm.idle_spin_s must be >= 0 seconds or null (vLLM's own 1 s), "
+                          f"got {v.idle_spin_s}.")
+    longest = config.data.max_prompt_length + config.rollout.max_new_tokens
+    for key in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+        if v[key] is not None and v[key] < 1:
+            raise ConfigError(f"rollout.vllm.{key} must be >= 1 or null, got {v[key]}.")
+    if v.max_model_len is not None and v.max_model_len < longest:
+        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} must hold the longest sequence: "
+                          f"data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or null).")
+    context = v.max_model_len or longest
+    if v.max_num_batched_tokens is not None and v.max_num_batched_tokens < context and not v.enable_chunked_prefill:
+        raise ConfigError(f"rollout.vllm.max_num_batched_tokens={v.max_num_batched_tokens} is below the engine's "
+                          f"context of {context} tokens: without rollout.vllm.enable_chunked_prefill a whole "
+                          f"prompt is prefilled in one step.")
+    check_engine_kwargs(engine_kwargs(config))
