@@ -385,9 +385,13 @@ def test_wandb_logger_names_project_and_run_and_starts_nothing(tmp_path, monkeyp
     from rlforge.sft.outputs import LOGGERS
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    logger = LOGGERS["wandb"](OmegaConf.create({"trainer": {"project": "p"}}), tmp_path / "out", False)
+    config = OmegaConf.create({"trainer": {"project": "p"}, "sft": {"run_name": None}})
+    logger = LOGGERS["wandb"](config, tmp_path / "out", False)
     assert isinstance(logger, WandbLogger) and logger.name == "p" and logger._experiment is None
     assert logger._wandb_init["name"] == "sft/out" and logger._wandb_init["dir"] == str(tmp_path / "out")
+    config.sft.run_name = "qwen-sft-1"  # verl's trainer.experiment_name
+    assert LOGGERS["wandb"](config, tmp_path / "out", False)._wandb_init["name"] == "qwen-sft-1"
+    assert LOGGERS["mlflow"](config, tmp_path / "out", False)._run_name == "qwen-sft-1"
 
 
 def test_loss_falls(tmp_path, pm, sft_config):

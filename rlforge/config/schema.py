@@ -291,6 +291,7 @@ class SFTConfig:
     strategy: str = "auto"  # auto | ddp | fsdp (GPU) | deepspeed | ... (Lightning strategy names)
     output_dir: str = "sft_out"  # the fine-tuned model and tokenizer; checkpoints/ and logs inside
     loggers: list[str] = field(default_factory=lambda: ["mlflow"])  # mlflow (sqlite store in output_dir) | tensorboard | wandb (pip install wandb)
+    run_name: Optional[str] = None  # the run's name in mlflow and wandb (verl's trainer.experiment_name); None = sft/<output_dir's folder name>
     log_every: int = 10  # steps between logged metrics
     progress: bool = True  # Lightning's progress bar
     save_every: int = 100  # steps between checkpoints in output_dir/checkpoints (the newest kept; 0 = none)

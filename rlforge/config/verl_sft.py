@@ -70,6 +70,7 @@ RULES: dict[str, Rule] = {
     "trainer.total_training_steps": Derived("sft_steps"), "trainer.total_epochs": Derived("sft_steps"),
     "trainer.save_freq": Map("sft.save_every", non_negative), "trainer.test_freq": Map("sft.val_every", non_negative),
     "trainer.project_name": Map("trainer.project", note="the mlflow experiment of rlforge's SFT"),
+    "trainer.experiment_name": Map("sft.run_name"),  # verl: the run's name in wandb and mlflow (utils/tracking.py)
     "trainer.resume_mode": Derived("sft_resume"), "trainer.resume_from_path": Derived("sft_resume"),
     "trainer.default_local_dir": Map("sft.output_dir"), "trainer.seed": Map("sft.seed"),
     "trainer.logger": Derived("sft_loggers"),

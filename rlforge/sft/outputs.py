@@ -42,11 +42,16 @@ class _MLFlowLogger(MLFlowLogger):
             return super().experiment
 
 
+def run_name(config: DictConfig, out: Path) -> str:
+    """The run's name in mlflow and wandb: ``sft.run_name``, by default ``sft/<output folder name>``."""
+    return config.sft.run_name or f"sft/{out.name}"
+
+
 def mlflow_logger(config: DictConfig, out: Path, resuming: bool) -> Logger:
     """mlflow with a sqlite store in the output folder; a resumed run continues its mlflow run."""
     id_file = out / RUN_ID_FILE
     run_id = id_file.read_text().strip() if resuming and id_file.is_file() else None
-    return _MLFlowLogger(experiment_name=config.trainer.project, run_name=f"sft/{out.name}",
+    return _MLFlowLogger(experiment_name=config.trainer.project, run_name=run_name(config, out),
                         tracking_uri=f"sqlite:///{out.resolve() / 'mlflow.db'}",
                         artifact_location=(out.resolve() / "mlartifacts").as_uri(), run_id=run_id)
 
@@ -57,11 +62,11 @@ def tensorboard_logger(config: DictConfig, out: Path, resuming: bool) -> Logger:
 
 def wandb_logger(config: DictConfig, out: Path, resuming: bool) -> Logger:
     """Weights & Biases (``pip install wandb``; ``WANDB_MODE=offline`` logs without an account), project
-    ``trainer.project``, run ``sft/<output folder>``; a resumed run continues its wandb run."""
+    ``trainer.project``, run ``sft.run_name``; a resumed run continues its wandb run."""
     optional_import("wandb", "sft.loggers includes 'wandb'", "pip install wandb")
     id_file = out / WANDB_ID_FILE
     run_id = id_file.read_text().strip() if resuming and id_file.is_file() else None
-    return WandbLogger(project=config.trainer.project, name=f"sft/{out.name}", save_dir=str(out), id=run_id,
+    return WandbLogger(project=config.trainer.project, name=run_name(config, out), save_dir=str(out), id=run_id,
                        resume="allow")
 
 

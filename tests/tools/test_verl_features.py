@@ -148,9 +148,13 @@ def test_fsdp_size_over_all_gpus_is_rlforges_layout() -> None:
 
 
 
-def test_verl_sft_wandb_logger_is_rlforge_sfts_wandb_logger() -> None:  # the logger itself: tests/test_sft.py
+def test_verl_sft_wandb_logger_and_run_name_are_rlforge_sfts() -> None:  # the logger itself: tests/test_sft.py
     from rlforge.config.verl_launch import SFT_ENTRY
 
     t = prepare(["data.train_files=/d/train.parquet", "model.path=/m", "trainer.logger=[console,wandb]"],
                 entry=SFT_ENTRY, refuse=False).translation
     assert t.overrides["sft.loggers"] == ["wandb"] and _fate(t, "trainer.logger").kind == verl.MAPPED
+    assert t.overrides["sft.run_name"] == "test"  # verl 0.9.1's default trainer.experiment_name: the run's name
+    named = prepare(["data.train_files=/d/train.parquet", "model.path=/m", "trainer.experiment_name=qwen-sft-1"],
+                    entry=SFT_ENTRY, refuse=False).translation
+    assert named.overrides["sft.run_name"] == "qwen-sft-1" and _fate(named, "trainer.experiment_name").kind == verl.MAPPED
