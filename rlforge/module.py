@@ -361,5 +361,6 @@ def schedule_steps(config: Any) -> int:
 def _adamw(model: torch.nn.Module, section: Any, total_steps: int) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW over the trainable parameters (with LoRA: the adapter's only) with ``section``'s learning-rate schedule
     over ``total_steps`` training steps (``rlforge.lr_schedule``)."""
-    opt = torch.optim.AdamW(lora.trainable_parameters(model), lr=section.lr, weight_decay=section.weight_decay)
+    opt = torch.optim.AdamW(lora.trainable_parameters(model), lr=section.lr, weight_decay=section.weight_decay,
+                            betas=(float(section.betas[0]), float(section.betas[1])))
     return opt, lr_schedule.build(opt, section, total_steps)

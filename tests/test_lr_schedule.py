@@ -1,5 +1,6 @@
 """Learning-rate schedules (rlforge.lr_schedule): transformers' schedules under rlforge's names, checked against
-hand-computed factors and against verl 0.9.1's own formulas (verl/utils/torch_functional.py, transcribed here)."""
+hand-computed factors and against verl 0.9.1's own formulas (verl/utils/torch_functional.py, transcribed here); and the
+actor's and critic's AdamW betas."""
 
 from __future__ import annotations
 
@@ -60,3 +61,19 @@ def test_linear_decays_to_zero() -> None:
 def test_sft_defaults_decay_to_a_tenth() -> None:
     s = SFTConfig(warmup_steps=0)
     assert s.lr_scheduler == "cosine" and factors(s, 4, 5)[-1] == pytest.approx(0.1)
+
+
+def test_the_actor_and_critic_adamw_take_their_betas_and_bad_betas_are_refused() -> None:
+    from rlforge import load_config
+    from rlforge.errors import ConfigError
+    from rlforge.module import _adamw
+
+    cfg = load_config("ppo", ["actor.betas=[0.9,0.95]", "critic.betas=[0.8,0.99]"])
+    for section, betas in ((cfg.actor, (0.9, 0.95)), (cfg.critic, (0.8, 0.99))):
+        opt, _ = _adamw(torch.nn.Linear(2, 2), section, 4)
+        assert opt.param_groups[0]["betas"] == betas  # verl's FSDP engine: optim.betas
+    assert _adamw(torch.nn.Linear(2, 2), ActorConfig(), 4)[0].param_groups[0]["betas"] == (0.9, 0.999)
+    with pytest.raises(ConfigError, match=r"'actor.betas' must be 2 numbers, each in \[0, 1\), got \[0.9, 1.5\]"):
+        load_config("grpo", ["actor.betas=[0.9,1.5]"])
+    with pytest.raises(ConfigError, match=r"'critic.betas' must be 2 numbers, each in \[0, 1\), got \[0.9\]"):
+        load_config("ppo", ["critic.betas=[0.9]"])

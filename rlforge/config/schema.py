@@ -12,8 +12,10 @@ Algorithm presets, ``--config FILE`` and CLI ``key=value`` overrides are merged 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass, replace
 from typing import Any, Optional, get_type_hints
+
+from omegaconf import ListConfig
 
 from rlforge.agent.config import AgentConfig
 from rlforge.errors import ConfigError
@@ -35,7 +37,7 @@ class Valid:
     section (core, algorithm, components). Bounds: ``ge``/``le`` inclusive, ``gt``/``lt`` strict. ``choices``:
     the allowed strings; ``pattern``: a regular expression the whole string matches, ``what`` says it in words.
     ``None`` is always allowed where the type is Optional; floats must be finite (no NaN or inf) in any case.
-    ``why`` is added to the error message."""
+    ``length``: a list of that many items, each within the bounds. ``why`` is added to the error message."""
 
     ge: float | None = None
     gt: float | None = None
@@ -45,9 +47,13 @@ class Valid:
     pattern: str = ""
     what: str = ""
     why: str = ""  # appended to the error message
+    length: int = 0  # > 0: the value is a list of this many items, each checked against the bounds
 
     def describe(self, integer: bool = False) -> str:
-        """The rule in words: ``a positive integer``, ``> 0``, ``in (0, 1]``, ``one of a, b``."""
+        """The rule in words: ``a positive integer``, ``> 0``, ``in (0, 1]``, ``one of a, b``, ``2 numbers, each in
+        [0, 1)``."""
+        if self.length:
+            return f"{self.length} numbers, each {replace(self, length=0).describe()}"
         if self.choices:
             return "one of " + ", ".join(self.choices)
         if self.pattern:
@@ -63,6 +69,9 @@ class Valid:
         return f"{kind}{bound[2]} {_num(bound[0])}" if bound else "any value"
 
     def allows(self, value: Any) -> bool:
+        if self.length:
+            items = list(value) if isinstance(value, (list, tuple, ListConfig)) else []
+            return len(items) == self.length and all(replace(self, length=0).allows(v) for v in items)
         if self.choices:
             return value in self.choices
         if self.pattern:
@@ -76,7 +85,10 @@ def _num(x: float) -> str:
 
 
 def option(default: Any, **valid: Any) -> Any:
-    """A config field with its valid values: ``lr: float = option(5e-5, gt=0)  # the description``."""
+    """A config field with its valid values: ``lr: float = option(5e-5, gt=0)  # the description`` (a list default
+    is copied for each config)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"valid": Valid(**valid)})
     return field(default=default, metadata={"valid": Valid(**valid)})
 
 
@@ -159,6 +171,7 @@ class ScoringConfig:
 class ActorConfig:
     lr: float = option(5e-5, gt=0)  # AdamW learning rate of the actor
     weight_decay: float = option(0.0, ge=0)  # AdamW weight decay
+    betas: list[float] = option([0.9, 0.999], ge=0, lt=1, length=2)  # AdamW's (beta1, beta2) (verl's optim.betas)
     warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up from 0, in training steps
     warmup_ratio: float = option(0.0, ge=0, le=1)  # where warmup_steps is 0: a warm-up of int(warmup_ratio x trainer.schedule_steps, else total_steps) steps
     lr_scheduler: str = option("constant", choices=tuple(LR_SCHEDULERS))  # after the warm-up: constant | cosine (down to min_lr_ratio x lr) | linear (down to 0); transformers' get_scheduler, one step per training step
@@ -190,6 +203,7 @@ class CriticConfig:
     path: Optional[str] = None  # value model init; None = model.path's body with a fresh scalar head
     lr: float = option(1e-4, gt=0)  # AdamW learning rate of the critic
     weight_decay: float = option(0.0, ge=0)  # AdamW weight decay
+    betas: list[float] = option([0.9, 0.999], ge=0, lt=1, length=2)  # AdamW's (beta1, beta2)
     warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up from 0, in training steps
     warmup_ratio: float = option(0.0, ge=0, le=1)  # where warmup_steps is 0: a warm-up of int(warmup_ratio x trainer.schedule_steps, else total_steps) steps
     lr_scheduler: str = option("constant", choices=tuple(LR_SCHEDULERS))  # after the warm-up: constant | cosine | linear, as actor.lr_scheduler

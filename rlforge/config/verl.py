@@ -197,7 +197,7 @@ DERIVED_HINTS = {
     f"{ARO}.actor.ppo_micro_batch_size_per_gpu": "actor.ppo_micro_batch_size",
     f"{ARO}.actor.optim.lr_warmup_steps": "actor.warmup_steps", f"{ARO}.actor.optim.lr_warmup_steps_ratio":
     "actor.warmup_ratio", f"{ARO}.actor.optim.lr_scheduler_type": "actor.lr_scheduler",
-    f"{ARO}.actor.optim.warmup_style": "actor.lr_scheduler", f"{ARO}.actor.optim.min_lr_ratio": "actor.min_lr_ratio",
+    f"{ARO}.actor.optim.warmup_style": "actor.lr_scheduler", f"{ARO}.actor.optim.betas": "actor.betas", f"{ARO}.actor.optim.min_lr_ratio": "actor.min_lr_ratio",
     f"{ARO}.rollout.log_prob_micro_batch_size_per_gpu": "actor.log_prob.micro_batch_size",
     f"{ARO}.rollout.log_prob_max_token_len_per_gpu": "actor.log_prob.max_tokens_per_micro_batch",
     f"{ARO}.ref.log_prob_micro_batch_size_per_gpu": "actor.ref_log_prob.micro_batch_size",

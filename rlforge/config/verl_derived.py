@@ -409,13 +409,13 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "algorithm": algorithm, "parallel": L.parallel, "offload": L.offload, "grad_offload": L.grad_offload, "chat_template": chat_template,
     "rollout_log_probs": rollout_log_probs, "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward,
     "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
-    "grad_clip": T.grad_clip, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
+    "grad_clip": T.grad_clip, "betas": T.betas, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
     "schedule": T.schedule, "precision": L.precision, "rollout_engine": RO.rollout_engine, "lengths": lengths,
     "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
 ORDER = ("algorithm", "parallel", "offload", "grad_offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
-         "overlong", "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip",
+         "overlong", "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip", "betas",
          "recompute", "entropy", "precision", "rollout_engine", "lengths", "validation", "multi_turn", "multimodal",
          "loggers", "resume", "checkpoints", "val_only")

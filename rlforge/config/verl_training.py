@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlforge.config.verl_rules import float_list
+
 if TYPE_CHECKING:
     from rlforge.config.verl import Context
 
@@ -94,6 +96,21 @@ def grad_clip(c: Context) -> None:
         else:
             c.ignore(key, f"not read by verl 0.9.1's engines: they clip at optim.clip_grad ({used}, mapped to "
                      f"{target}.grad_clip)")
+
+
+def betas(c: Context) -> None:
+    """AdamW's betas: verl 0.9.1's FSDP engine passes ``optim.betas`` to torch's AdamW (rlforge's <role>.betas); its
+    megatron engine builds megatron's Adam, which keeps megatron's own betas (0.9, 0.999) and never reads them."""
+    megatron = c.get("model_engine") == "megatron"
+    for key in c.owned:
+        role, value = ("critic" if key.startswith("critic.") else "actor"), float_list(c.get(key))
+        if not megatron:
+            c.map(key, f"{role}.betas", value)
+        elif value == [0.9, 0.999]:
+            c.same(key, "megatron's Adam betas (0.9, 0.999), rlforge's default")
+        else:
+            c.ignore(key, "not read by verl's megatron engine: its Adam keeps megatron's betas (0.9, 0.999), "
+                     f"rlforge's default {role}.betas")
 
 
 def warmup(c: Context) -> None:

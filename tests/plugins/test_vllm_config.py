@@ -39,7 +39,8 @@ def test_engine_kwargs_refuse_what_rlforge_sets_and_what_vllm_lacks(pm, monkeypa
     monkeypatch.setattr(vllm_args, "engine_arg_names", lambda: frozenset({"async_scheduling", "compilation_config"}))
     cfg = load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.async_scheduling=true",
                                "rollout.vllm.engine_kwargs.compilation_config.cudagraph_mode=PIECEWISE"], plugins=pm)
-    assert vllm_args.engine_kwargs(cfg) == {"async_scheduling": True, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+    assert vllm_args.engine_kwargs(cfg) == {"async_scheduling": True,
+                                            "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
     with pytest.raises(ConfigError, match=r"rollout.vllm.engine_kwargs.max_model_len: vLLM's 'max_model_len' is set by "
                                           r"rollout.vllm.max_model_len; set it there instead"):
         load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.max_model_len=4096"], plugins=pm)

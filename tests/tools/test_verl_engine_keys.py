@@ -2,7 +2,8 @@
 model.enable_gradient_checkpointing, megatron only override_transformer_config.recompute_*), megatron's dtype, its
 pipeline and context sizes, the entropy's chunking and checkpointing, use_torch_compile (read by no engine), the
 reference's strategy, rollout.mode, the inference servers' data/expert parallelism, rollout.engine_kwargs (passed to
-vLLM after the rollout keys), and SFT's ignore_input_ids_mismatch. Pure config work, no models."""
+vLLM after the rollout keys), AdamW's betas (FSDP only), and SFT's ignore_input_ids_mismatch. Pure config work,
+no models."""
 
 from __future__ import annotations
 
@@ -121,3 +122,12 @@ def test_vllm_engine_kwargs_pass_through_after_the_rollout_keys_and_other_engine
     assert "the sglang rollout engine" in _fate(sglang, f"{R}.engine_kwargs.sglang.attention_backend").text
     assert _fate(sglang, f"{R}.engine_kwargs.vllm.async_scheduling").kind == verl.IGNORED
     assert "rollout.vllm.engine_kwargs" not in sglang.overrides
+
+
+def test_adamw_betas_are_read_by_the_fsdp_engine_and_not_by_megatrons_adam() -> None:
+    t = _t(f"{A}.optim.betas=[0.9,0.95]")
+    assert t.overrides["actor.betas"] == [0.9, 0.95] and _fate(t, f"{A}.optim.betas").kind == verl.MAPPED
+    t = _t(*MEGATRON, f"{A}.optim.betas=[0.9,0.98]")  # verl's megatron Adam: megatron's (0.9, 0.999)
+    assert "actor.betas" not in t.overrides and _fate(t, f"{A}.optim.betas").kind == verl.IGNORED
+    assert "not read by verl's megatron engine" in _fate(t, f"{A}.optim.betas").text and not t.refused
+    assert _fate(_t(*MEGATRON), f"{A}.optim.betas").kind == verl.MAPPED  # the default asks for megatron's own
