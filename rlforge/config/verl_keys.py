@@ -163,6 +163,21 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
             "read only with pipeline parallelism (refused where > 1)"),
         f"{mg}.override_transformer_config.account_for_*_in_pipeline_split": Ignore(
             "read only with pipeline parallelism (refused where > 1)"),
+        f"{mg}.override_transformer_config.sequence_parallel": Ignore(
+            f"megatron's sequence parallelism inside a tensor-parallel group ({SPEED})"),
+        f"{mg}.override_transformer_config.persist_layer_norm": Ignore(f"layer-norm kernels ({SPEED})"),
+        f"{mg}.override_transformer_config.deallocate_pipeline_outputs": Ignore(
+            "read only with pipeline parallelism (refused where > 1)"),
+        f"{mg}.override_transformer_config.normalization": Keep(is_("RMSNorm"), "RMSNorm, as rlforge's megatron models "
+                                                                "(Llama, Qwen2) have", "a normalization other than RMSNorm"),
+        f"{mg}.override_transformer_config.*_dropout": Keep(is_(0, 0.0), "no dropout (rlforge's megatron models have "
+                                                            "none: the RL losses assume none)", "dropout (megatron)"),
+        f"{mg}.override_transformer_config.fp8": Keep(off, "no fp8", "fp8 training (megatron)"),
+        f"{mg}.override_transformer_config.fp8_*": Ignore("read only with fp8 (refused where set)"),
+        f"{mg}.override_transformer_config.context_parallel_size": Keep(at_most_one, "no context parallelism",
+                                                                        "context parallelism (megatron)"),
+        f"{mg}.override_transformer_config.context_parallel_algo": Ignore(
+            "read only with context parallelism (refused where > 1)"),
         f"{mg}.override_transformer_config.moe_*": Keep(never, "", "MoE models in rlforge's megatron strategy"),
         f"{mg}.override_transformer_config.*": Keep(never, "", "overriding megatron TransformerConfig fields"),
         f"{mg}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(

@@ -131,3 +131,14 @@ def test_adamw_betas_are_read_by_the_fsdp_engine_and_not_by_megatrons_adam() -> 
     assert "actor.betas" not in t.overrides and _fate(t, f"{A}.optim.betas").kind == verl.IGNORED
     assert "not read by verl's megatron engine" in _fate(t, f"{A}.optim.betas").text and not t.refused
     assert _fate(_t(*MEGATRON), f"{A}.optim.betas").kind == verl.MAPPED  # the default asks for megatron's own
+
+
+def test_megatron_transformer_config_fields_that_change_nothing_computed_are_not_refused() -> None:
+    t = _t(*MEGATRON, f"+{TC}.sequence_parallel=True", f"+{TC}.persist_layer_norm=True", f"+{TC}.normalization=RMSNorm",
+           f"+{TC}.attention_dropout=0.0", f"+{TC}.deallocate_pipeline_outputs=True")
+    assert not t.refused and _fate(t, f"{TC}.normalization").kind == verl.MAPPED  # rlforge's models: RMSNorm
+    assert _fate(t, f"{TC}.sequence_parallel").kind == verl.IGNORED
+    t = _t(*MEGATRON, f"+{TC}.normalization=LayerNorm", f"+{TC}.hidden_dropout=0.1", f"+{TC}.fp8=hybrid",
+           f"+{TC}.fp8_recipe=blockwise")
+    refused = {f.key for f in t.refused if f.key.startswith(TC)}  # (the reference's copies of them too)
+    assert refused == {f"{TC}.normalization", f"{TC}.hidden_dropout", f"{TC}.fp8"}
