@@ -9,7 +9,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.lazy import lazy_import
 from rlforge.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
@@ -390,12 +390,27 @@ def _loader_errors() -> tuple[type[Exception], ...]:
     return (OSError, ValueError, SafetensorError)
 
 
+def override_config(config: Any, overrides: Any, key: str = "model.config_overrides") -> None:
+    """Set ``overrides`` (a dict) on a transformers config; a dict given for a sub-config (``text_config``)
+    updates it. A field the config does not have is an error naming it (a misspelt name would change nothing)."""
+    for name, value in overrides.items():
+        current = getattr(config, name, None)
+        if not hasattr(config, name):
+            raise ConfigError(f"{key}.{name}: the model's config ({type(config).__name__}) has no field '{name}'. "
+                               f"Its fields: {', '.join(sorted(config.to_dict()))}.")
+        if isinstance(value, dict) and hasattr(current, "to_dict"):
+            override_config(current, value, f"{key}.{name}")
+        else:
+            setattr(config, name, value)
+
+
 def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = False,
-               with_adapter: bool = True, key: str = "model.path") -> torch.nn.Module:
+               with_adapter: bool = True, key: str = "model.path", overrides: Any = None) -> torch.nn.Module:
     """The causal LM (or vision-language model) of ``path``. A LoRA adapter folder is its base model with the
     adapter merged in; with ``with_adapter=False`` the base model alone, for ``lora.wrap`` to go on training the
-    adapter (``RLModule.configure_model``). ``key``: the config key that gave ``path``, named in errors."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    adapter (``RLModule.configure_model``). ``key``: the config key that gave ``path``, named in errors.
+    ``overrides``: fields of its config set before the model is built (``model.config_overrides``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     quiet_transformers()
     folder = resolve_model_path(path, key)
@@ -408,7 +423,13 @@ def load_model(path: str, dtype: str = "float32", trust_remote_code: bool = Fals
     # a vision-language model (a vision_config: docs/multimodal.md) loads with its vision tower
     auto = AutoModelForImageTextToText if "vision_config" in model_config(folder) else AutoModelForCausalLM
     try:
-        model = auto.from_pretrained(folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
+        extra: dict[str, Any] = {}
+        if overrides:
+            from omegaconf import OmegaConf
+
+            extra["config"] = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+            override_config(extra["config"], OmegaConf.to_container(OmegaConf.create(overrides), resolve=True))
+        model = auto.from_pretrained(folder, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, **extra)
     except _loader_errors() as exc:
         raise _load_failure("a causal LM", path, key, exc) from None
     return _merged_adapter(model, path, key) if with_adapter else model

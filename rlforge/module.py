@@ -222,7 +222,7 @@ class RLModule:
         if self.loads("actor"):
             # a LoRA adapter as model.path: merged for full fine-tuning, else its training goes on (lora.wrap)
             self.actor = load_model(cfg.path, p.weights, trust_remote_code=cfg.trust_remote_code,
-                                    with_adapter=not lora.enabled(self.config))
+                                    with_adapter=not lora.enabled(self.config), overrides=cfg.config_overrides)
             if cfg.freeze_vision_tower:
                 from rlforge.multimodal import freeze_vision_tower
 
@@ -232,7 +232,8 @@ class RLModule:
         # with LoRA (and no model.ref_path) the reference is the actor with its adapter off: no second copy
         if self.needs_reference() and self.loads("ref") and not self.reference_is_base():
             self.ref = load_model(cfg.ref_path or cfg.path, p.frozen, trust_remote_code=cfg.trust_remote_code,
-                                  key="model.ref_path" if cfg.ref_path else "model.path")
+                                  key="model.ref_path" if cfg.ref_path else "model.path",
+                                  overrides=None if cfg.ref_path else cfg.config_overrides)
             self.ref.requires_grad_(False).eval()
         if self.needs_critic() and self.loads("critic"):
             self.critic = load_value_model(self.config.critic.path or cfg.path, p.weights, cfg.trust_remote_code)

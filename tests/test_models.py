@@ -1,5 +1,5 @@
 """rlforge.models: model paths (builtin names, local folders, Hugging Face Hub ids through the hub's cache) and
-the tiny Qwen2 chat model of rlforge.tools.tiny_chat."""
+the tiny Qwen2 chat model of rlforge.tools.tiny_chat; model.config_overrides."""
 
 from __future__ import annotations
 
@@ -198,3 +198,22 @@ def test_a_reward_model_is_refused_as_a_policy(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"]}))
     with pytest.raises(RLForgeError, match="is a LlamaForSequenceClassification: a reward or value model scores"):
         load_model(str(tmp_path))
+
+
+def test_config_overrides_reach_the_policy_and_the_context_check(pm):
+    from rlforge import load_config
+    from rlforge.errors import ConfigError
+    from rlforge.models import load_model
+
+    with pytest.raises(ConfigError, match="exceed the context of model.path: max_position_embeddings = 256"):
+        load_config("grpo", ["rollout.max_new_tokens=300"], plugins=pm)
+    cfg = load_config("grpo", ["rollout.max_new_tokens=300", "model.config_overrides.max_position_embeddings=512"],
+                      plugins=pm)  # verl's model.override_config.max_position_embeddings
+    assert load_model(cfg.model.path, overrides=cfg.model.config_overrides).config.max_position_embeddings == 512
+    with pytest.raises(ConfigError, match=r"exceed the context of model.path: max_position_embeddings "
+                                          r"\(model.config_overrides\) = 320"):
+        load_config("grpo", ["rollout.max_new_tokens=300", "model.config_overrides.max_position_embeddings=320"],
+                    plugins=pm)
+    with pytest.raises(ConfigError, match=r"model.config_overrides.max_position_embedding: the model's config "
+                                          r"\(LlamaConfig\) has no field 'max_position_embedding'"):
+        load_model(cfg.model.path, overrides={"max_position_embedding": 512})

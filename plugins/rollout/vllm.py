@@ -53,7 +53,7 @@ from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, stop_token_ids
 from rlforge.plugins.strategy.tp_layout import Heads
 from rlforge.plugins.rollout.hf import response_mask
-from rlforge.plugins.rollout.vllm_args import engine_kwargs, validate
+from rlforge.plugins.rollout.vllm_args import engine_kwargs, model_overrides, validate
 from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
@@ -275,6 +275,7 @@ class VLLMRollout:
                 # (docs/performance.md); on GPUs compilation and CUDA graphs stay on
                 enforce_eager=self.on_cpu if cfg.rollout.vllm.enforce_eager is None else cfg.rollout.vllm.enforce_eager,
                 disable_log_stats=True,  # as vllm.LLM: no periodic throughput lines in the run's log
+                **model_overrides(cfg),  # model.config_overrides as hf_overrides
                 **engine_kwargs(cfg),  # rollout.vllm.engine_kwargs: none of the above (vllm_args.check_engine_kwargs)
             )
         except Exception as exc:

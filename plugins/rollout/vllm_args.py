@@ -29,7 +29,7 @@ SET_BY_RLFORGE = {
     "enable_prefix_caching": "rollout.vllm.enable_prefix_caching", "enable_sleep_mode": "rollout.vllm.sleep",
     "gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization", "enforce_eager": "rollout.vllm.enforce_eager",
     "enable_lora": "model.lora.rank", "max_lora_rank": "model.lora.rank", "max_loras": "model.lora.rank",
-    "weight_transfer_config": "rollout.weight_sync",
+    "weight_transfer_config": "rollout.weight_sync", "hf_overrides": "model.config_overrides",
     "logprobs_mode": "rlforge (processed_logprobs: the log-probs the trainer compares with the actor's)",
     "worker_extension_cls": "rlforge (its weight-sync extension)",
     "disable_log_stats": "rlforge (no periodic throughput lines in the run's log)",
@@ -46,13 +46,22 @@ def engine_arg_names() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 
 
-def engine_kwargs(config: Any) -> dict[str, Any]:
-    """``rollout.vllm.engine_kwargs`` as plain Python values."""
+def _plain(value: Any) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    value = config.rollout.vllm.engine_kwargs
-    plain = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    plain: Any = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     return dict(plain or {})
+
+
+def engine_kwargs(config: Any) -> dict[str, Any]:
+    """``rollout.vllm.engine_kwargs`` as plain Python values."""
+    return _plain(config.rollout.vllm.engine_kwargs)
+
+
+def model_overrides(config: Any) -> dict[str, Any]:
+    """``model.config_overrides`` as vLLM's ``hf_overrides`` (the engine's model config as the trainer's)."""
+    overrides = _plain(config.model.config_overrides)
+    return {"hf_overrides": overrides} if overrides else {}
 
 
 def check_engine_kwargs(kwargs: dict[str, Any]) -> None:

@@ -56,7 +56,8 @@ def check_model_folder(folder: Path, key: str, cfg: DictConfig) -> None:
             f"'{folder}-safetensors'; M.from_pretrained(p).save_pretrained(o); T.from_pretrained(p).save_pretrained(o)\" "
             f"and set {key}={folder}-safetensors."
         )
-    found = model_context(folder / "config.json")
+    overrides = cfg.model.config_overrides if key == "model.path" else {}
+    found = model_context(folder / "config.json", OmegaConf.to_container(overrides) if overrides else {})
     if found is None:
         return
     context, source = found
@@ -68,8 +69,9 @@ def check_model_folder(folder: Path, key: str, cfg: DictConfig) -> None:
         )
 
 
-def model_context(config_json: Path) -> tuple[int, str] | None:
-    """(context length, where it came from) of a Hugging Face ``config.json``; None when it does not say.
+def model_context(config_json: Path, overrides: Any = None) -> tuple[int, str] | None:
+    """(context length, where it came from) of a Hugging Face ``config.json``, with ``overrides`` (the fields
+    ``model.config_overrides`` sets) over it; None when it does not say.
 
     RoPE scaling that extends the context (YaRN, linear, dynamic: a ``factor`` over
     ``original_max_position_embeddings``) counts; a nested ``text_config`` (multimodal models) is read too.
@@ -80,11 +82,14 @@ def model_context(config_json: Path) -> tuple[int, str] | None:
         return None  # the model loader reports an unreadable config.json with its own message
     if not isinstance(data, dict):
         return None
+    data = _merged(data, overrides or {})
     section = data.get("text_config") if isinstance(data.get("text_config"), dict) else data
     key = next((k for k in CONTEXT_KEYS if isinstance(section.get(k), int) and section[k] > 0), None)
     if key is None:
         return None
     context = section[key]
+    given = (overrides or {}).get("text_config") if section is not data else overrides
+    key += " (model.config_overrides)" if isinstance(given, dict) and key in given else ""
     rope = section.get("rope_scaling") or section.get("rope_parameters") or {}
     factor = rope.get("factor") if isinstance(rope, dict) else None
     if isinstance(factor, (int, float)) and factor > 1:
@@ -92,6 +97,15 @@ def model_context(config_json: Path) -> tuple[int, str] | None:
         if context <= original:  # the scaled context is not already the stated one (as in Llama 3.1's config)
             return int(original * factor), f"{key} x rope factor {factor}"
     return context, key
+
+
+def _merged(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``overrides`` over it (a dict over a dict is merged the same way)."""
+    out = dict(data)
+    for key, value in overrides.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
 
 
 def check_resume_value(value: str) -> None:

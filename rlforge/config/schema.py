@@ -105,6 +105,7 @@ class ModelConfig:
     compile_backend: str = "inductor"  # torch.compile's backend with model.compile: inductor (generates kernels) | aot_eager (graph capture and AOT autograd, no codegen: quick to compile) | any in torch._dynamo.list_backends()
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters (rank 0 = off; docs/models.md)
     freeze_vision_tower: bool = False  # vision-language models: no gradients for the vision encoder (docs/multimodal.md)
+    config_overrides: dict[str, Any] = field(default_factory=dict)  # fields of the policy's config.json set when it loads (actor, reference, vllm engine, the context check; not the critic), e.g. {max_position_embeddings: 32768} (verl's model.override_config); a field the config lacks is an error
 
 
 @dataclass

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from rlforge.config import verl_layout as L
 from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
-from rlforge.config.verl_rules import file_list, non_negative, top_k
+from rlforge.config.verl_rules import file_list, nest, non_negative, top_k
 
 if TYPE_CHECKING:
-    from rlforge.config.verl import Context
+    from rlforge.config.verl_fates import Context
 
 ARO = "actor_rollout_ref"
 A, R, REF = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref"
@@ -90,6 +90,24 @@ def algorithm(c: Context) -> None:
         c.same("critic.enable", "a critic exactly for PPO (adv_estimator=gae)")
     else:
         c.refuse("critic.enable", f"critic.enable={enable} with adv_estimator={est}")
+
+
+def model_config(c: Context) -> None:
+    """verl's ``model.override_config``: fields set on the policy's Hugging Face config (its ``model_config`` entry
+    instead, where given, as verl's HFModelConfig reads it), rlforge's ``model.config_overrides``."""
+    top = f"{ARO}.model.override_config."
+    inner = [k for k in c.owned if k.startswith(top + "model_config.")]
+    prefix = top + "model_config." if inner else top
+    overrides = nest({k[len(prefix):]: c.get(k) for k in (inner or c.owned)})
+    note = ("verl 0.9.1's vLLM server loads config.json without it (it sizes its max_model_len by it, and vLLM then "
+            "refuses a length over config.json's without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); rlforge's vllm engine "
+            "gets it too (hf_overrides): the rollout runs the model the trainer trains") if c.get(f"{R}.name") == \
+        "vllm" else ""
+    for key in c.owned:
+        if key.startswith(prefix):
+            c.map(key, "model.config_overrides", overrides, note)
+        else:
+            c.ignore(key, f"not read: verl applies {top}model_config alone where it is given")
 
 
 def lengths(c: Context) -> None:
@@ -410,12 +428,12 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "rollout_log_probs": rollout_log_probs, "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward,
     "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
     "grad_clip": T.grad_clip, "betas": T.betas, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
-    "schedule": T.schedule, "precision": L.precision, "rollout_engine": RO.rollout_engine, "lengths": lengths,
+    "schedule": T.schedule, "precision": L.precision, "rollout_engine": RO.rollout_engine, "model_config": model_config, "lengths": lengths,
     "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
 }
 # the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
 ORDER = ("algorithm", "parallel", "offload", "grad_offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
          "overlong", "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip", "betas",
-         "recompute", "entropy", "precision", "rollout_engine", "lengths", "validation", "multi_turn", "multimodal",
+         "recompute", "entropy", "precision", "rollout_engine", "model_config", "lengths", "validation", "multi_turn", "multimodal",
          "loggers", "resume", "checkpoints", "val_only")

@@ -84,7 +84,9 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
                                               "configs (set the field to 0 in config.json for others)", "dropout overrides"),
         f"{m}.override_config.*pdrop": Keep(is_(0, 0.0), "the model's config.json dropout: none in Qwen and Llama "
                                             "configs (set the field to 0 in config.json for others)", "dropout overrides"),
-        f"{m}.override_config.*": Keep(never, "", "overriding the model's config.json fields (edit its config.json)"),
+        f"{m}.override_config.attn_implementation": Ignore(f"attention kernels ({SPEED})"),
+        f"{m}.override_config.*": Derived("model_config") if actor else Keep(
+            never, "", "overriding the critic's config.json fields (model.config_overrides is the policy's)"),
         f"{m}.enable_gradient_checkpointing": Derived("recompute") if actor else Ignore(
             f"model.gradient_checkpointing{one}; {SPEED}"),
         f"{m}.enable_activation_offload": Ignore(f"activation offload is not in rlforge ({SPEED})"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rlforge.config.verl import Context
+    from rlforge.config.verl_fates import Context
 
 ARO = "actor_rollout_ref"
 A, REF = f"{ARO}.actor", f"{ARO}.ref"

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rlforge.config.verl_rules import nest
+
 if TYPE_CHECKING:
-    from rlforge.config.verl import Context
+    from rlforge.config.verl_fates import Context
 
 R = "actor_rollout_ref.rollout"
 EK = f"{R}.engine_kwargs"
@@ -79,7 +81,7 @@ def engine_kwargs(c: Context, name: str) -> set[str]:
     server reads only its own), those of an engine rlforge lacks refused. Returns the vLLM arguments given there that
     ``VLLM_KEYS`` also sets (engine_kwargs wins)."""
     own = {arg: target for arg, target in VLLM_KEYS.values() if arg}
-    passed: dict[str, Any] = {}
+    flat: dict[str, Any] = {}
     winners: set[str] = set()
     keys = [k for k in c.owned if k.startswith(EK + ".")]
     for key in keys:
@@ -97,11 +99,8 @@ def engine_kwargs(c: Context, name: str) -> set[str]:
         elif "." not in arg and value is None:
             c.same(key, "verl drops an engine argument set to null: vLLM's default, as in rlforge")
         else:
-            node = passed
-            *parents, leaf = arg.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
+            flat[arg] = value
+    passed = nest(flat)
     size = c.get(CAPTURE)
     if name == "vllm" and size:
         passed.setdefault("compilation_config", {})["cudagraph_capture_sizes"] = size

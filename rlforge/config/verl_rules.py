@@ -104,6 +104,18 @@ def float_list(value: Any) -> list[float]:
     return [float(v) for v in (yaml.safe_load(value) if isinstance(value, str) else value)]
 
 
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b": 1, "a.c": 2}`` -> ``{"a": {"b": 1, "c": 2}}``."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 class Table:
     """Exact keys first, then patterns (fnmatch, ``*`` spans dots) in the order given: the first match wins."""
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rlforge.config.verl_rules import float_list
 
 if TYPE_CHECKING:
-    from rlforge.config.verl import Context
+    from rlforge.config.verl_fates import Context
 
 ARO = "actor_rollout_ref"
 A, R, REF = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref"

@@ -87,7 +87,8 @@ def load_engine(cfg: DictConfig, pm: Any, tokenizer: Any) -> Any:
 
     m = cfg.model
     builder = Builder(cfg, pm)
-    model = load_model(m.path, precision.for_config(cfg).frozen, trust_remote_code=m.trust_remote_code)
+    model = load_model(m.path, precision.for_config(cfg).frozen, trust_remote_code=m.trust_remote_code,
+                       overrides=m.config_overrides)
     return builder.rollout(builder.strategy().setup_model(model).eval(), tokenizer)
 
 

@@ -49,7 +49,7 @@ def test_engine_kwargs_refuse_what_rlforge_sets_and_what_vllm_lacks(pm, monkeypa
         load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.async_schedulin=true"], plugins=pm)
 
 
-def test_engine_kwargs_reach_the_engine_after_rlforge_arguments(pm, monkeypatch) -> None:
+def test_engine_kwargs_and_model_config_overrides_reach_the_engine(pm, monkeypatch) -> None:
     from types import SimpleNamespace
 
     from transformers import LlamaConfig
@@ -58,7 +58,8 @@ def test_engine_kwargs_reach_the_engine_after_rlforge_arguments(pm, monkeypatch)
     from rlforge.plugins.rollout import vllm_args
 
     monkeypatch.setattr(vllm_args, "engine_arg_names", lambda: frozenset({"mm_processor_cache_gb"}))
-    cfg = load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.mm_processor_cache_gb=0"], plugins=pm)
+    cfg = load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.mm_processor_cache_gb=0",
+                               "model.config_overrides.max_position_embeddings=512"], plugins=pm)
     for var in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND"):
         monkeypatch.setenv(var, "1")  # _start only sets them where unset; restored after the test
     engine = plugin.VLLMRollout.__new__(plugin.VLLMRollout)  # the engine's state without starting vLLM
@@ -70,6 +71,7 @@ def test_engine_kwargs_reach_the_engine_after_rlforge_arguments(pm, monkeypatch)
     monkeypatch.setattr(plugin, "interruptible", lambda fn, **kw: seen.update(kw))
     engine._start()
     assert seen["mm_processor_cache_gb"] == 0 and seen["logprobs_mode"] == "processed_logprobs"
+    assert seen["hf_overrides"] == {"max_position_embeddings": 512}  # the engine's model is the trainer's
 
 
 def test_the_installed_vllm_takes_the_arguments_verl_launches_pass() -> None:

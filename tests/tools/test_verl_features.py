@@ -1,7 +1,8 @@
 """Translations of verl keys behind rlforge features, checked against verl 0.9.1's own reading of them: parameter
 offload (fsdp_config.param_offload / offload_policy -> strategy.fsdp.offload_params) and overlong prompts
 (filter_overlong_prompts=False -> data.truncation=left, the agent loop's cut), the reference's megatron layout (the
-actor's), balancing (trainer.balance_batch). Pure config work, no models."""
+actor's), balancing (trainer.balance_batch), model.override_config (model.config_overrides). Pure config work, no
+models."""
 
 from __future__ import annotations
 
@@ -158,3 +159,14 @@ def test_verl_sft_wandb_logger_and_run_name_are_rlforge_sfts() -> None:  # the l
     named = prepare(["data.train_files=/d/train.parquet", "model.path=/m", "trainer.experiment_name=qwen-sft-1"],
                     entry=SFT_ENTRY, refuse=False).translation
     assert named.overrides["sft.run_name"] == "qwen-sft-1" and _fate(named, "trainer.experiment_name").kind == verl.MAPPED
+
+
+def test_model_override_config_is_model_config_overrides_and_its_model_config_entry_wins() -> None:
+    m = "actor_rollout_ref.model"
+    oc = f"+{m}.override_config"
+    t = _t(f"{oc}.max_position_embeddings=32768", f"{oc}.attention_dropout=0.0")
+    assert t.overrides["model.config_overrides"] == {"max_position_embeddings": 32768} and not t.refused
+    assert "hf_overrides" in _fate(t, f"{m}.override_config.max_position_embeddings").text  # stated: vLLM too
+    t = _t(f"{oc}.model_config.max_position_embeddings=10240", f"{oc}.rope_theta=5")  # verl: model_config alone
+    assert t.overrides["model.config_overrides"] == {"max_position_embeddings": 10240}
+    assert _fate(t, f"{m}.override_config.rope_theta").kind == verl.IGNORED

@@ -1,0 +1,128 @@
+"""The fate of each verl key (mapped, refused or ignored) and the context the translation's rules give them in:
+``verl.translate`` fills a :class:`Translation` through a :class:`Context`; the rule modules (``verl_derived``,
+``verl_layout``, ``verl_training``, ``verl_rollout``, ``verl_sft``) see only this module, not the translation's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlforge.config.verl_rules import issue_note, nest
+
+DOC = "docs/migration-from-verl.md"
+MAPPED, REFUSED, IGNORED = "mapped", "refused", "ignored"
+
+
+@dataclass
+class Fate:
+    """What became of one verl key: ``kind`` is mapped, refused or ignored."""
+
+    key: str
+    value: Any
+    kind: str
+    target: str = ""  # mapped: the rlforge key ("" when the value states what rlforge always does)
+    text: str = ""  # mapped: a stated difference or what rlforge does; refused: the missing feature; ignored: why
+    issue: int | None = None
+
+    def line(self) -> str:
+        if self.kind == MAPPED:
+            to = f" -> {self.target} = {self.mapped_value!r}" if self.target else f": {self.text}"
+            note = f" ({self.text})" if self.target and self.text else ""
+            return f"mapped      {self.key}{to}{note}"
+        if self.kind == REFUSED:
+            return f"REFUSED     {self.key} = {self.value!r}: {self.text} is not in rlforge{issue_note(self.issue)}"
+        return f"ignored     {self.key}: {self.text}"
+
+    mapped_value: Any = None
+
+
+@dataclass
+class Translation:
+    """The rlforge overrides of a verl config and the fate of every key."""
+
+    algorithm: str = "grpo"
+    command: str = "fit"  # fit, or eval (trainer.val_only)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    fates: list[Fate] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[Fate]:
+        return [f for f in self.fates if f.kind == kind]
+
+    @property
+    def refused(self) -> list[Fate]:
+        return self.of(REFUSED)
+
+    def fates_for(self, key: str) -> list[Fate]:
+        """The fates of ``key`` and of every key below it (an override may set a whole section)."""
+        return [f for f in self.fates if f.key == key or f.key.startswith(key + ".")]
+
+    def nested(self) -> dict[str, Any]:
+        """The overrides as a nested mapping (a YAML config for ``--config``), with ``algorithm.name``."""
+        return nest({"algorithm.name": self.algorithm, **dict(sorted(self.overrides.items()))})
+
+    def report(self) -> list[str]:
+        head = (f"algorithm {self.algorithm}; {len(self.of(MAPPED))} mapped, {len(self.of(REFUSED))} refused, "
+                f"{len(self.of(IGNORED))} ignored (see {DOC})")
+        return [head] + [f.line() for f in sorted(self.fates, key=lambda f: (f.kind != REFUSED, f.kind, f.key))]
+
+
+def flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``{"a": {"b": 1}}`` -> ``("a.b", 1)``; an empty mapping is a leaf."""
+    if isinstance(tree, dict) and tree:
+        for key, value in tree.items():
+            yield from flatten(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], tree
+
+
+class Context:
+    """What a derived rule sees: the resolved keys, and ways to give each of its keys a fate."""
+
+    def __init__(self, flat: dict[str, Any], given: set[str], out: Translation) -> None:
+        self.flat, self.given, self.out = flat, given, out
+        self.owned: list[str] = []
+        self.algorithm, self.command, self.dp_size = "grpo", "fit", 1
+        self._done: set[str] = set()
+        manager = self.get("reward_model.reward_manager") or self.get("reward.reward_manager.name")
+        self.reward_manager = manager
+        enable = next((self.get(k) for k in ("reward_model.reward_kwargs.overlong_buffer_cfg.enable",
+                                             "reward_model.overlong_buffer.enable",
+                                             "reward.reward_kwargs.overlong_buffer_cfg.enable") if self.get(k) is not None),
+                      False)
+        self.overlong_on = manager == "dapo" and bool(enable)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.flat.get(key, default)
+        return default if value is None and default is not None else value
+
+    def has(self, key: str) -> bool:
+        return key in self.flat
+
+    def done(self, key: str) -> bool:
+        return key in self._done
+
+    def _fate(self, key: str, kind: str, target: str = "", text: str = "", issue: int | None = None,
+              value: Any = None) -> None:
+        if key not in self.flat or key in self._done:
+            return
+        self._done.add(key)
+        self.out.fates.append(Fate(key, self.flat[key], kind, target, text, issue, mapped_value=value))
+
+    def map(self, key: str, target: str, value: Any, note: str = "") -> None:
+        if key in self.flat and key not in self._done and not target.startswith(("--", "rlforge ")):
+            self.out.overrides[target] = value
+        self._fate(key, MAPPED, target, note, value=value)
+
+    def same(self, key: str, does: str) -> None:
+        self._fate(key, MAPPED, "", does)
+
+    def ignore(self, key: str, why: str) -> None:
+        self._fate(key, IGNORED, "", why)
+
+    def refuse(self, key: str, missing: str, issue: int | None = None) -> None:
+        self._fate(key, REFUSED, "", missing, issue)
+
+    def set(self, target: str, value: Any) -> None:
+        """An rlforge key that follows from keys already mapped (strategy.name=fsdp -> trainer.controller=ray)."""
+        self.out.overrides[target] = value
