@@ -4,8 +4,8 @@ loads) and the arguments passed to vLLM as they are (``rollout.vllm.engine_kwarg
 
 ``engine_kwargs`` holds fields of vLLM's ``AsyncEngineArgs`` (the ``vllm serve`` options with ``_`` for ``-``), e.g.
 ``{async_scheduling: true, compilation_config: {cudagraph_mode: PIECEWISE}}``. They are added to the arguments
-rlforge builds; an argument rlforge sets itself is refused with the key that sets it, an unknown one with vLLM's
-list (the names are read from the installed vLLM, which is imported for it only when ``engine_kwargs`` is set).
+rlforge builds; an argument rlforge sets itself is refused with the key that sets it, an unknown one with the closest
+of vLLM's names (read from the installed vLLM, which is imported for it only when ``engine_kwargs`` is set).
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ SET_BY_RLFORGE = {
     "gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization", "enforce_eager": "rollout.vllm.enforce_eager",
     "enable_lora": "model.lora.rank", "max_lora_rank": "model.lora.rank", "max_loras": "model.lora.rank",
     "weight_transfer_config": "rollout.weight_sync", "hf_overrides": "model.config_overrides",
-    "logprobs_mode": "rlforge (processed_logprobs: the log-probs the trainer compares with the actor's)",
-    "worker_extension_cls": "rlforge (its weight-sync extension)",
-    "disable_log_stats": "rlforge (no periodic throughput lines in the run's log)",
+}
+# the engine arguments rlforge fixes, and why
+FIXED_BY_RLFORGE = {
+    "logprobs_mode": "processed_logprobs: the log-probs the trainer compares with the actor's",
+    "worker_extension_cls": "its weight-sync extension", "disable_log_stats": "no periodic throughput lines in the log",
 }
 
 
@@ -71,6 +73,8 @@ def check_engine_kwargs(kwargs: dict[str, Any]) -> None:
         if name in SET_BY_RLFORGE:
             raise ConfigError(f"{KEY}.{name}: vLLM's '{name}' is set by {SET_BY_RLFORGE[name]}; set it there "
                               f"instead (engine_kwargs adds arguments rlforge does not set).")
+        if name in FIXED_BY_RLFORGE:
+            raise ConfigError(f"{KEY}.{name}: rlforge fixes vLLM's '{name}' ({FIXED_BY_RLFORGE[name]}).")
     if not kwargs or importlib.util.find_spec("vllm") is None:
         return
     names = engine_arg_names()

@@ -44,6 +44,8 @@ def test_engine_kwargs_refuse_what_rlforge_sets_and_what_vllm_lacks(pm, monkeypa
     with pytest.raises(ConfigError, match=r"rollout.vllm.engine_kwargs.max_model_len: vLLM's 'max_model_len' is set by "
                                           r"rollout.vllm.max_model_len; set it there instead"):
         load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.max_model_len=4096"], plugins=pm)
+    with pytest.raises(ConfigError, match=r"rollout.vllm.engine_kwargs.logprobs_mode: rlforge fixes vLLM's"):
+        load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.logprobs_mode=raw_logprobs"], plugins=pm)
     with pytest.raises(ConfigError, match=r"rollout.vllm.engine_kwargs.async_schedulin: 'async_schedulin' is not an "
                                           r"engine argument of the installed vLLM .* Did you mean: async_scheduling\?"):
         load_config("grpo", [*VLLM, "rollout.vllm.engine_kwargs.async_schedulin=true"], plugins=pm)
@@ -76,8 +78,9 @@ def test_engine_kwargs_and_model_config_overrides_reach_the_engine(pm, monkeypat
 
 def test_the_installed_vllm_takes_the_arguments_verl_launches_pass() -> None:
     pytest.importorskip("vllm")
-    from rlforge.plugins.rollout.vllm_args import SET_BY_RLFORGE, check_engine_kwargs, engine_arg_names
+    from rlforge.plugins.rollout.vllm_args import (FIXED_BY_RLFORGE, SET_BY_RLFORGE, check_engine_kwargs,
+                                                    engine_arg_names)
 
-    assert set(SET_BY_RLFORGE) <= engine_arg_names()  # each one rlforge refuses is one it really sets
+    assert set(SET_BY_RLFORGE) | set(FIXED_BY_RLFORGE) <= engine_arg_names()  # each refused one is a real argument
     check_engine_kwargs({"async_scheduling": True, "mm_processor_cache_gb": 0, "additional_config": {"x": 1},
                          "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_capture_sizes": [1]}})
