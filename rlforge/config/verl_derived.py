@@ -247,7 +247,9 @@ def overlong(c: Context) -> None:
         if leaf == "enable":
             c.same(key, "DAPO's overlong shaping (algorithm.overlong_buffer > 0)")
         elif leaf == "len":
-            c.map(key, "algorithm.overlong_buffer", int(cfg["len"]))
+            c.map(key, "algorithm.overlong_buffer", int(cfg["len"]), "verl's dapo reward manager puts the penalty in "
+                  "the reward itself, so its validation rewards (val-aux/<source>/reward) carry it too; rlforge shapes "
+                  "the training rewards only (validation accuracy, val-core, is the same)")
         elif leaf == "penalty_factor":
             c.map(key, "algorithm.overlong_penalty", float(cfg["penalty_factor"]))
         elif leaf == "log":
