@@ -94,6 +94,16 @@ DERIVED_HINTS = {
 }
 
 
+# verl sections whose entries are rlforge's entries of another section, field for field
+PREFIX_HINTS = {f"{ARO}.rollout.engine_kwargs.vllm.": "rollout.vllm.engine_kwargs.",
+                f"{ARO}.model.override_config.": "model.config_overrides."}
+
+
+def _derived_hint(key: str) -> str | None:
+    prefix = next((p for p in PREFIX_HINTS if key.startswith(p)), None)
+    return DERIVED_HINTS.get(key) or (PREFIX_HINTS[prefix] + key[len(prefix):] if prefix else None)
+
+
 def hint(key: str) -> str:
     """The extra sentence for an unknown config key that is verl's (empty when it is not)."""
     from rlforge.config.verl_keys import TABLE
@@ -105,7 +115,7 @@ def hint(key: str) -> str:
     if isinstance(rule, Map):
         return f" '{key}' is verl's key; rlforge's is '{rule.target}'{where}."
     if isinstance(rule, Derived):
-        target = DERIVED_HINTS.get(key)
+        target = _derived_hint(key)
         return (f" '{key}' is verl's key; rlforge's is {target}{where}." if target
                 else f" '{key}' is verl's key: it is translated together with others{where}.")
     if isinstance(rule, Keep):

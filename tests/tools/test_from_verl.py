@@ -247,6 +247,9 @@ def test_a_complete_hydra_config_translates_without_a_traceback(tmp_path: Path) 
     (f"{ARO}.rollout.log_prob_micro_batch_size_per_gpu=8", "rlforge's is actor.log_prob.micro_batch_size"),
     (f"{ARO}.actor.fsdp_config.param_offload=True", "rlforge's is strategy.fsdp.offload_params"),
     (f"{ARO}.actor.ulysses_sequence_parallel_size=2", "rlforge's is strategy.fsdp.sequence_parallel_size"),
+    (f"{ARO}.rollout.engine_kwargs.vllm.async_scheduling=true", "rlforge's is rollout.vllm.engine_kwargs.async_scheduling"),
+    (f"{ARO}.model.override_config.max_position_embeddings=4096",
+     "rlforge's is model.config_overrides.max_position_embeddings"),
 ])
 def test_verl_keys_typed_at_fit_get_the_rlforge_spelling(override: str, needle: str, capsys) -> None:
     assert main(["fit", override]) == 2
