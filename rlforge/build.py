@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from rlforge.agent.runner import AgentRunner
+    from rlforge.evaluation import Evaluator
     from rlforge.module import RLModule
     from rlforge.plugin_manager import PluginManager
     from rlforge.protocols import (
@@ -139,6 +140,18 @@ class Builder:
         new_interaction = (lambda: self._build("interaction", a.interaction, cfg)) if a.interaction else None
         context = AgentContext(cfg, tokenizer, tools, parser, new_interaction)
         return AgentRunner(self._build("agent_loop", a.loop, cfg, context), a.loop, context)
+
+    def evaluator(self, engine: RolloutEngine, tokenizer: Any, reward: RewardManager, rollout: str | None = None
+                  ) -> Evaluator:
+        """The evaluator (``rlforge.evaluation``) of a rollout engine outside a run (``rlforge eval``, the SFT check):
+        ``engine`` (registered as ``rollout``, default ``rollout.name``) generates, through the agent loop
+        ``rollout.agent.loop`` unless it is ``single_turn``, and ``reward`` scores. Its ``close`` stops the loop."""
+        from rlforge.agent.config import SINGLE_TURN
+        from rlforge.evaluation import EngineBackend, Evaluator
+
+        capabilities = self.registry.rollout.entry(rollout or self.config.rollout.name).capabilities
+        runner = self.agent(tokenizer) if self.config.rollout.agent.loop != SINGLE_TURN else None
+        return Evaluator(EngineBackend(engine, tokenizer, capabilities), reward.score, runner)
 
     def follow(self, module: RLModule) -> dict[str, Any] | None:
         """On a process that a launcher started but that does not drive the run (``trainer.controller=torchrun``,

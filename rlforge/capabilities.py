@@ -22,6 +22,7 @@ class RolloutCapabilities:
     owns_weights: bool = False  # keeps its own copy of the weights (vllm): a sharded actor keeps no replica for it
     logprobs_match_actor: bool = False  # its sampling log-probs are the actor's (hf): the old_logprob pass reuses them
     supports_images: bool = False  # generates from rows with images (docs/multimodal.md)
+    token_io: bool = False  # has generate_tokens (token-in/token-out requests); else rlforge builds them on generate
     continuous_batching: bool = False  # generate_tokens takes overlapping calls (agent turns start at once)
     lora_adapters: bool = False  # given a LoRA actor, generates with its adapter: a sync moves only the adapter
 

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlforge import batch as B
-from rlforge.agent.batching import AGENT_REWARDS
+from rlforge.agent.batching import AGENT_REWARDS, add_agent_rewards
 from rlforge.agent.config import SINGLE_TURN
 from rlforge.agent.record import RECORD_FILE, sample_records, write_records
 from rlforge.dataflow import RolloutStage, Stage, StepContext
 from rlforge.errors import ConfigError, RLForgeError
+from rlforge.evaluation import Evaluator
 from rlforge.hookspecs import hookimpl
+from rlforge.protocols import TokenGenerator
 from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -47,8 +49,13 @@ class AgentRolloutStage(RolloutStage):
         """``params.n`` trajectories of the run's agent loop per prompt of ``batch``: (the batch, the agent metrics).
         Training steps call it with the rollout's sampling settings, validation with the validation ones, the
         off-policy pipelines from their rollout thread (one call at a time: validation waits for that thread)."""
-        backend = getattr(run.controller, "generate_tokens", None)
-        if backend is None:
+        runner = self.agent_runner(run)
+        return runner.rollout(batch, params, run.controller.generate_tokens, run.controller.continuous_batching)
+
+    def agent_runner(self, run: RunParts) -> AgentRunner:
+        """The run's agent loop (``rollout.agent.loop``), built on first use; the run's controller must offer
+        token-in/token-out generation (``generate_tokens``, part of ``rlforge.protocols.Controller``)."""
+        if not isinstance(run.controller, TokenGenerator):
             raise RLForgeError(f"rollout.agent.loop={run.config.rollout.agent.loop} needs token-in/token-out "
                                f"generation, which the controller {type(run.controller).__name__} "
                                f"(trainer.controller) does not provide (generate_tokens).")
@@ -56,7 +63,7 @@ class AgentRolloutStage(RolloutStage):
             if run.builder is None:
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
             self.runner = run.builder.agent(run.module.tokenizer)
-        return self.runner.rollout(batch, params, backend, run.controller.continuous_batching)
+        return self.runner
 
     def close(self) -> None:
         if self.runner is not None:
@@ -78,50 +85,11 @@ class AgentRewardStage(Stage):
         return batch
 
 
-def add_agent_rewards(batch: B.Batch) -> Any:
-    """Add the trajectories' rewards (``agent_rewards`` [B, R]) to the reward function's ``scores`` and to the
-    token-level columns the batch has (``token_level_scores``, ``token_level_rewards``); returns them."""
-    extra = batch[AGENT_REWARDS]
-    batch[B.SCORES] = batch[B.SCORES] + extra.sum(-1)
-    for key in (B.TOKEN_LEVEL_SCORES, B.TOKEN_LEVEL_REWARDS):
-        if key in batch:
-            batch[key] = batch[key] + extra
-    return extra
-
-
-VALIDATION_METRICS = ("num_turns/mean", "tool_call_counts/mean", "agent/tool_call_format_ok",
-                      "agent/turn_limit_ratio")  # logged by validation as val/<name>
-
-
-class AgentValidation:
-    """The controller as validation sees it in a run with an agent loop: ``generate`` runs the loop with the given
-    sampling settings and keeps its metrics (``VALIDATION_METRICS`` as ``val/<name>``) in ``metrics``; ``score``
-    scores as a training step does: the reward function's scores plus the trajectories' rewards (an env's return,
-    a rubric's reward, tool rewards); everything else is the run's controller."""
-
-    def __init__(self, run: RunParts, stage: AgentRolloutStage) -> None:
-        self.run, self.stage = run, stage
-        self.metrics: dict[str, float] = {}
-
-    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
-        out, metrics = self.stage.rollout(self.run, batch, params)
-        self.metrics = {f"val/{k}": metrics[k] for k in VALIDATION_METRICS if k in metrics}
-        return out
-
-    def score(self, batch: B.Batch) -> B.Batch:
-        batch = self.run.controller.score(batch)
-        add_agent_rewards(batch)
-        return batch
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.run.controller, name)
-
-
-def validation_controller(run: RunParts) -> Any:
-    """What ``RLModule.validate`` gets as its controller: an :class:`AgentValidation` when the run's flow has the
-    agentic rollout stage, else the run's controller."""
+def evaluator(run: RunParts) -> Evaluator:
+    """The run's evaluator (``rlforge.evaluation``, what validation generates and scores through): the controller's
+    generation and scoring, through the agent loop of the flow's agentic rollout stage when it has one."""
     stage = agent_stage(run.flow)
-    return run.controller if stage is None else AgentValidation(run, stage)
+    return Evaluator(run.controller, run.controller.score, None if stage is None else stage.agent_runner(run))
 
 
 def agent_stage(flow: Any) -> AgentRolloutStage | None:

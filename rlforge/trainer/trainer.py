@@ -20,7 +20,7 @@ from rlforge import checkpoint as ckpt
 from rlforge import diskio
 from rlforge import pipeline as pipelines
 from rlforge import resume
-from rlforge.agent.stage import AgentValidation, validation_controller
+from rlforge.agent.stage import evaluator
 from rlforge.build import Builder
 from rlforge.config import compose
 from rlforge.config.compose import apply_total_epochs
@@ -221,10 +221,9 @@ class Trainer:
             return {}
         self.pipeline.settle(self.controller, self.step)  # the engine idle, with the trainer's weights
         rng = torch.get_rng_state()  # validation must not shift the training RNG stream
-        controller = validation_controller(self)
-        metrics, batch = self.module.validate(controller, self.val_examples)
-        if isinstance(controller, AgentValidation):
-            metrics = {**metrics, **controller.metrics}
+        self.module.evaluator = evaluator(self)
+        metrics, batch = self.module.validate(self.controller, self.val_examples)
+        metrics = {**metrics, **{f"val/{k}": v for k, v in self.module.evaluator.metrics().items()}}
         torch.set_rng_state(rng)
         if batch is not None:
             self._write_samples("val_samples.jsonl", batch, len(batch))
