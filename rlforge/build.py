@@ -78,8 +78,7 @@ class Builder:
         """The strategy of this process (every process that trains builds one); on a CPU device, with
         ``strategy.keep_freed_memory``, the process's allocator keeps freed memory for reuse."""
         strategy = self._build("strategy", self.config.strategy.name, self.config)
-        device = getattr(strategy, "device", None)
-        if self.config.strategy.keep_freed_memory and getattr(device, "type", None) == "cpu":
+        if self.config.strategy.keep_freed_memory and strategy.device.type == "cpu":
             from rlforge.strategy import keep_freed_memory
 
             keep_freed_memory()
@@ -123,7 +122,7 @@ class Builder:
         ``check_data_sources(config, registry, data_sources)`` checks their ``data_source`` values here, so a
         row no reward function can score fails before any model loads."""
         rows = self.registry.dataset.get(self.config.data.name)(self.config, split)
-        check = getattr(self.registry.reward_manager.get(self.config.reward.manager), "check_data_sources", None)
+        check = self.registry.reward_manager.entry(self.config.reward.manager).functions.get("check_data_sources")
         if check is not None and rows:
             check(self.config, self.registry, {r["data_source"] for r in rows if isinstance(r, dict) and "data_source" in r})
         return rows
@@ -157,7 +156,7 @@ class Builder:
         """On a process that a launcher started but that does not drive the run (``trainer.controller=torchrun``,
         ranks > 0): serve the driving process until the run ends and return this rank's summary. None where this
         process drives (every other controller)."""
-        follow = getattr(self.registry.controller.get(self.config.trainer.controller), "follow", None)
+        follow = self.registry.controller.entry(self.config.trainer.controller).functions.get("follow")
         return None if follow is None else follow(self, module)
 
     def controller(self, module: RLModule) -> Controller:

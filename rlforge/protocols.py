@@ -223,9 +223,10 @@ class WeightSnapshots(Protocol):
 
 @runtime_checkable
 class Logger(Protocol):
-    """Receives metrics. Registered under ``logger``; built as ``factory(config, run_dir)``. Optional: a logger that
-    defines ``log_generations(rows, step)`` shows ``trainer.log_val_generations``' rows ({input, output, score}) its
-    own way (wandb: a table; tensorboard: text); every logger gets their file through ``log_artifact``."""
+    """Receives metrics. Registered under ``logger``; built as ``factory(config, run_dir)``. A logger that declares
+    ``capabilities = LoggerCapabilities(shows_generations=True)`` (rlforge.capabilities) defines
+    ``log_generations(rows, step)``, which shows ``trainer.log_val_generations``' rows ({input, output, score}) its own
+    way (wandb: a table; tensorboard: text); every logger gets their file through ``log_artifact``."""
 
     def log_params(self, params: dict[str, Any]) -> None: ...
 
@@ -254,7 +255,8 @@ class AgentLoop(Protocol):
 class Tool(Protocol):
     """A function the model may call. Registered under ``tool`` (the registered name is the function's name);
     built once per run as ``factory(config)``; options at ``rollout.agent.<name>``. Subclass
-    :class:`rlforge.agent.Tool`, which adds per-trajectory state (``create``/``release``)."""
+    :class:`rlforge.agent.Tool`, which adds per-trajectory state (``create``/``release``): a tool that does not
+    subclass it has none (``execute`` gets ``state=None``)."""
 
     name: str
 

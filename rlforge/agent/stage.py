@@ -13,7 +13,7 @@ from rlforge import batch as B
 from rlforge.agent.batching import AGENT_REWARDS, add_agent_rewards
 from rlforge.agent.config import SINGLE_TURN
 from rlforge.agent.record import RECORD_FILE, sample_records, write_records
-from rlforge.dataflow import RolloutStage, Stage, StepContext
+from rlforge.dataflow import DataFlow, RolloutStage, Stage, StepContext
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.evaluation import Evaluator
 from rlforge.hookspecs import hookimpl
@@ -92,9 +92,9 @@ def evaluator(run: RunParts) -> Evaluator:
     return Evaluator(run.controller, run.controller.score, None if stage is None else stage.agent_runner(run))
 
 
-def agent_stage(flow: Any) -> AgentRolloutStage | None:
+def agent_stage(flow: DataFlow) -> AgentRolloutStage | None:
     """The flow's agentic rollout stage: its rollout stage, or the one the off-policy pipelines run ahead."""
-    for stage in getattr(flow, "stages", ()):
+    for stage in flow.stages:
         if isinstance(stage, RolloutStage) and isinstance(stage.source, AgentRolloutStage):
             return stage.source
     return None
@@ -137,14 +137,14 @@ def rlforge_before_flow_compile(flow: Any, config: Any) -> None:
 @hookimpl
 def rlforge_fit_start(trainer: Any) -> None:
     """The record stage writes into the run's folder."""
-    for stage in getattr(getattr(trainer, "flow", None), "stages", ()):
+    for stage in trainer.flow.stages:
         if isinstance(stage, TrajectoryRecordStage):
             stage.path = Path(trainer.run_dir) / RECORD_FILE
 
 
 def close_stages(trainer: Any) -> None:
     """Stop what the agent stages of the trainer's flow hold (tool threads, servers)."""
-    stage = agent_stage(getattr(trainer, "flow", None))
+    stage = agent_stage(trainer.flow)
     if stage is not None:
         stage.close()
 

@@ -242,7 +242,8 @@ class Trainer:
     def _log_val_generations(self, batch: B.Batch) -> None:
         """``trainer.log_val_generations``: verl's pick of this validation's generations in verl's file,
         ``val_generations/val_step<N>.json``, handed to every logger (``log_artifact``), and shown by a logger that
-        defines ``log_generations(rows, step)`` (wandb: a table, tensorboard: text, as verl shows them)."""
+        declares ``LoggerCapabilities(shows_generations=True)`` through its ``log_generations(rows, step)`` (wandb: a
+        table, tensorboard: text, as verl shows them)."""
         rows = val_generations(batch, self.module.tokenizer, self.config.trainer.log_val_generations)
         if not rows:
             return
@@ -250,11 +251,11 @@ class Trainer:
         with diskio.disk_errors(f"write {path}", RESUME_HINT, where=self.run_dir):
             path.parent.mkdir(exist_ok=True)
             diskio.write_atomic(path, json.dumps(rows, indent=1))
-        for lg in self.loggers:
+        declared = self.builder.registry.logger
+        for lg, name in zip(self.loggers, self.config.logger.backends):
             lg.log_artifact(str(path))
-            show = getattr(lg, "log_generations", None)
-            if show is not None:
-                show(rows, self.step)
+            if declared.entry(name).capabilities.shows_generations:
+                lg.log_generations(rows, self.step)
 
     def _write_samples(self, name: str, batch: B.Batch, limit: int) -> None:
         records = sample_records(batch, limit)  # none for batches without generated text (offline algorithms)
