@@ -237,6 +237,13 @@ class Logger(Protocol):
     def close(self) -> None: ...
 
 
+class GenerationsLogger(Logger, Protocol):
+    """A :class:`Logger` that declares ``LoggerCapabilities(shows_generations=True)``."""
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Show ``trainer.log_val_generations``' rows ({input, output, score}) of the validation at ``step``."""
+
+
 # --- agentic rollouts (rollout.agent.*, docs/agentic.md) ----------------------------------------------------
 
 

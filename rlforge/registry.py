@@ -149,11 +149,13 @@ class Registry(Generic[T]):
         return len(self._entries)
 
 
-def _declarations(entry: Entry[Any]) -> str:
-    """What ``rlforge plugins list`` shows after a component: ``  (capabilities: ...; defines: ...)``, or ``""``."""
+def _declarations(entry: Entry[Any], kind: Kind) -> str:
+    """What ``rlforge plugins list`` shows after a component: ``  (capabilities: ...; defines: ...)`` (the optional
+    functions of its kind, ``Kind.functions``; not ``validate_config``, which any component may have), or ``""``."""
     parts = [f"capabilities: {shown(entry.capabilities)}"] if shown(entry.capabilities) else []
-    if entry.functions:
-        parts.append(f"defines: {', '.join(sorted(entry.functions))}")
+    defines = sorted(f for f in entry.functions if f in kind.functions)
+    if defines:
+        parts.append(f"defines: {', '.join(defines)}")
     return f"  ({'; '.join(parts)})" if parts else ""
 
 
@@ -227,7 +229,7 @@ class Registries:
     def components_of(self, plugin: str) -> list[str]:
         """``kind:name`` of each component ``plugin`` registered, with the capabilities it declares that are on and
         the optional functions it defines (``Kind.functions``)."""
-        return [f"{reg.kind}:{e.name}{_declarations(e)}"
+        return [f"{reg.kind}:{e.name}{_declarations(e, reg.spec)}"
                 for reg in self.all().values() for e in reg.entries() if e.plugin == plugin]
 
     def snapshot(self) -> dict[str, dict[str, Entry[Any]]]:

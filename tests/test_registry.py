@@ -207,9 +207,9 @@ def test_plugins_list_shows_the_capabilities_that_are_on(capsys) -> None:
 
     assert main(["plugins", "list"]) == 0
     out = capsys.readouterr().out
-    assert ("rollout:vllm  (capabilities: owns_weights, supports_images, token_io, continuous_batching, lora_adapters; "
-            "defines: validate_config)") in out
-    assert "strategy:fsdp  (capabilities: sharded, shares_prompts, async_checkpoint; defines: validate_config)" in out
+    assert "rollout:vllm  (capabilities: owns_weights, supports_images, token_io, continuous_batching, lora_adapters)" in out
+    assert "strategy:fsdp  (capabilities: sharded, shares_prompts, async_checkpoint)" in out
+    assert "controller:torchrun  (defines: follow)" in out
     assert "dataset:files  (capabilities: reads_data_files)" in out
     assert "logger:tensorboard  (capabilities: shows_generations)" in out
 
@@ -321,7 +321,7 @@ def test_optional_class_functions_are_read_at_registration() -> None:
     regs.strategy.register("plain", Plain)
     assert set(regs.strategy.entry("exports").functions) == {"export_checkpoint", "validate_config"}
     assert regs.strategy.entry("plain").functions == {}
-    assert "strategy:exports  (defines: export_checkpoint, validate_config)" in regs.components_of("<unknown>")
+    assert "strategy:exports  (defines: export_checkpoint)" in regs.components_of("<unknown>")
     with pytest.raises(RLForgeError, match=r"strategy 'bad': export_checkpoint must be a function \(a static or class "
                                            r"method\), got 'gather.py'"):
         regs.strategy.register("bad", NotAFunction)

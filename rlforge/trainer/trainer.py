@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -32,6 +32,9 @@ from rlforge.plugin_manager import PluginManager
 from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
+
+if TYPE_CHECKING:
+    from rlforge.protocols import GenerationsLogger
 
 log = logging.getLogger("rlforge")
 RESUME_HINT = "Free space, then continue with trainer.resume=auto (the last checkpoint is complete)."
@@ -255,7 +258,7 @@ class Trainer:
         for lg, name in zip(self.loggers, self.config.logger.backends):
             lg.log_artifact(str(path))
             if declared.entry(name).capabilities.shows_generations:
-                lg.log_generations(rows, self.step)
+                cast("GenerationsLogger", lg).log_generations(rows, self.step)
 
     def _write_samples(self, name: str, batch: B.Batch, limit: int) -> None:
         records = sample_records(batch, limit)  # none for batches without generated text (offline algorithms)
