@@ -47,8 +47,9 @@ class AgentRolloutStage(RolloutStage):
 
     def rollout(self, run: RunParts, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
         """``params.n`` trajectories of the run's agent loop per prompt of ``batch``: (the batch, the agent metrics).
-        Training steps call it with the rollout's sampling settings, validation with the validation ones, the
-        off-policy pipelines from their rollout thread (one call at a time: validation waits for that thread)."""
+        Training steps call it with the rollout's sampling settings, the off-policy pipelines from their rollout
+        thread; validation runs the same runner through the run's :func:`evaluator`, with the validation settings
+        (one call at a time: validation waits for the rollout thread)."""
         runner = self.agent_runner(run)
         return runner.rollout(batch, params, run.controller.generate_tokens, run.controller.continuous_batching)
 
