@@ -10,6 +10,7 @@ error naming the component and its plugin.
 from __future__ import annotations
 
 from collections.abc import Collection
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import RLForgeError
@@ -148,9 +149,13 @@ class Builder:
         from rlforge.agent.config import SINGLE_TURN
         from rlforge.evaluation import EngineBackend, Evaluator
 
-        capabilities = self.registry.rollout.entry(rollout or self.config.rollout.name).capabilities
-        runner = self.agent(tokenizer) if self.config.rollout.agent.loop != SINGLE_TURN else None
-        return Evaluator(EngineBackend(engine, tokenizer, capabilities), reward.score, runner)
+        declared = self.registry.rollout.entry(rollout or self.config.rollout.name).capabilities
+        backend = EngineBackend(engine, tokenizer, declared)
+        if self.config.rollout.agent.loop == SINGLE_TURN:
+            return Evaluator(backend, reward.score)
+        runner = self.agent(tokenizer)
+        agent = partial(runner.rollout, backend=backend.generate_tokens, continuous=backend.continuous_batching)
+        return Evaluator(backend, reward.score, agent, runner.close)
 
     def follow(self, module: RLModule) -> dict[str, Any] | None:
         """On a process that a launcher started but that does not drive the run (``trainer.controller=torchrun``,

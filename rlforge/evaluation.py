@@ -5,9 +5,11 @@ choice of agent loop and the agent rewards are handled in one place.
 It generates through one contract, a :class:`GenerationBackend`: the batch ``generate`` for single-turn prompts, the
 token-in/token-out ``generate_tokens`` (taking overlapping calls when ``continuous_batching``) for an agent loop. The
 run's controller offers it; a rollout engine outside a run (``rlforge eval``, the SFT check) is wrapped into it by
-:class:`EngineBackend`. With an agent runner (``rollout.agent.loop`` other than ``single_turn``) each prompt's samples
-are the loop's trajectories; the trajectories' own rewards (``agent_rewards``: an env's return, tool and turn rewards)
-are then added to the reward function's scores, as the training step's ``agent_reward`` stage adds them.
+:class:`EngineBackend`. With an agent loop (``rollout.agent.loop`` other than ``single_turn``: in a run, the flow's own
+agentic rollout stage, ``rlforge.agent.stage.evaluator``; outside one, a runner on the engine's ``generate_tokens``,
+``Builder.evaluator``) each prompt's samples are the loop's trajectories; their own rewards (``agent_rewards``: an
+env's return, tool and turn rewards) are then added to the reward function's scores, as the training step's
+``agent_reward`` stage adds them.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from rlforge.agent.engine import token_generator
 from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
-    from rlforge.agent.runner import AgentRunner
     from rlforge.capabilities import RolloutCapabilities
     from rlforge.protocols import RolloutEngine
 
 AGENT_METRICS = ("num_turns/mean", "tool_call_counts/mean", "agent/tool_call_format_ok",
                  "agent/turn_limit_ratio")  # an agent loop's metrics the evaluator reports (validation: val/<name>)
+# an agent loop's rollout of prompts at the given sampling: (the trajectories as a batch, the agent metrics)
+AgentRollout = Callable[[B.Batch, SamplingParams], "tuple[B.Batch, dict[str, float]]"]
 
 
 class GenerationBackend(Protocol):
@@ -57,13 +60,14 @@ class EngineBackend:
 
 
 class Evaluator:
-    """Generates ``params.n`` samples per prompt through ``backend`` (through ``runner``, the agent loop, when given)
-    and scores them with ``score`` (the controller's or the reward manager's ``score``); :meth:`metrics` averages the
-    agent loop's metrics (:data:`AGENT_METRICS`) over every trajectory generated so far."""
+    """Generates ``params.n`` samples per prompt through ``backend``, or through ``agent`` (the agent loop's rollout
+    on that backend) when given, and scores them with ``score`` (the controller's or the reward manager's);
+    :meth:`metrics` averages the agent loop's metrics (:data:`AGENT_METRICS`) over every trajectory generated so far.
+    ``close``: what :meth:`close` stops (the agent loop's tools and servers, for an evaluator that built its own)."""
 
     def __init__(self, backend: GenerationBackend, score: Callable[[B.Batch], B.Batch],
-                 runner: AgentRunner | None = None) -> None:
-        self.backend, self.scorer, self.runner = backend, score, runner
+                 agent: AgentRollout | None = None, close: Callable[[], None] | None = None) -> None:
+        self.backend, self.scorer, self.agent, self._close = backend, score, agent, close
         self._parts: dict[str, list[tuple[float, int]]] = defaultdict(list)  # (value, trajectories) per call
 
     def __call__(self, prompts: B.Batch, params: SamplingParams) -> B.Batch:
@@ -71,10 +75,9 @@ class Evaluator:
         return self.score(self.generate(prompts, params))
 
     def generate(self, prompts: B.Batch, params: SamplingParams) -> B.Batch:
-        if self.runner is None:
+        if self.agent is None:
             return self.backend.generate(prompts, params)
-        out, metrics = self.runner.rollout(prompts, params, self.backend.generate_tokens,
-                                           self.backend.continuous_batching)
+        out, metrics = self.agent(prompts, params)
         for key in AGENT_METRICS:
             if key in metrics:
                 self._parts[key].append((metrics[key], len(out)))
@@ -94,6 +97,5 @@ class Evaluator:
                 for key, parts in self._parts.items()}
 
     def close(self) -> None:
-        """Stop the agent loop's tools and servers (an evaluator that built its runner; a run's stage owns its own)."""
-        if self.runner is not None:
-            self.runner.close()
+        if self._close is not None:
+            self._close()

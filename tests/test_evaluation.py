@@ -4,8 +4,6 @@ loop, agent rewards added to the scores), and a standalone engine behind the gen
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
-
 import torch
 
 from rlforge import batch as B
@@ -34,30 +32,30 @@ def test_single_turn_generates_with_the_backends_generate_and_scores() -> None:
     assert "metrics" not in out.meta and evaluate.metrics() == {}  # the manager's counters are for training steps
 
 
-class Runner:
-    """An agent runner whose trajectories carry a reward of 0.5 on their first token."""
+class Loop:
+    """An agent loop's rollout whose trajectories carry a reward of 0.5 on their first token."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[Any, bool]] = []
+        self.calls: list[SamplingParams] = []
         self.turns = iter([2.0, 5.0])
 
-    def rollout(self, batch: B.Batch, params: SamplingParams, backend: Any, continuous: bool
-                ) -> tuple[B.Batch, dict[str, float]]:
-        self.calls.append((backend, continuous))
+    def __call__(self, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
+        self.calls.append(params)
         rows = batch.repeat_interleave(params.n)
         rows[AGENT_REWARDS] = torch.tensor([[0.5, 0.0]] * len(rows))
         return rows, {"num_turns/mean": next(self.turns), "agent/other": 1.0}
 
 
-def test_an_agent_loop_generates_on_generate_tokens_and_its_rewards_are_added() -> None:
-    backend = SimpleNamespace(generate_tokens=object(), continuous_batching=True)
-    runner = Runner()
-    evaluate = Evaluator(backend, scored, runner)  # type: ignore[arg-type]
+def test_an_agent_loop_generates_and_its_rewards_are_added() -> None:
+    loop, closed = Loop(), []
+    evaluate = Evaluator(SimpleNamespace(), scored, loop, lambda: closed.append(True))  # type: ignore[arg-type]
     first = evaluate(B.Batch({B.PROMPTS: torch.zeros(1, 3, dtype=torch.long)}), PARAMS)
     evaluate(B.Batch({B.PROMPTS: torch.zeros(3, 3, dtype=torch.long)}), PARAMS)
-    assert runner.calls == [(backend.generate_tokens, True)] * 2
+    assert loop.calls == [PARAMS] * 2
     assert first[B.SCORES].tolist() == [1.5] and first[B.TOKEN_LEVEL_SCORES].tolist() == [[0.5, 1.0]]
     assert evaluate.metrics() == {"num_turns/mean": (2.0 * 1 + 5.0 * 3) / 4}  # per trajectory; only the agent keys
+    evaluate.close()
+    assert closed == [True]
 
 
 class BatchOnly:

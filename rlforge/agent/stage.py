@@ -6,6 +6,7 @@ ends the flow."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -48,15 +49,9 @@ class AgentRolloutStage(RolloutStage):
     def rollout(self, run: RunParts, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
         """``params.n`` trajectories of the run's agent loop per prompt of ``batch``: (the batch, the agent metrics).
         Training steps call it with the rollout's sampling settings, the off-policy pipelines from their rollout
-        thread; validation runs the same runner through the run's :func:`evaluator`, with the validation settings
-        (one call at a time: validation waits for the rollout thread)."""
-        runner = self.agent_runner(run)
-        return runner.rollout(batch, params, run.controller.generate_tokens, run.controller.continuous_batching)
-
-    def agent_runner(self, run: RunParts) -> AgentRunner:
-        """The run's agent loop (``rollout.agent.loop``), built on first use; the run's controller must offer
-        token-in/token-out generation (``generate_tokens``, part of ``rlforge.protocols.Controller``)."""
-        if not isinstance(run.controller, TokenGenerator):
+        thread, validation through the run's :func:`evaluator` with the validation settings (one call at a time:
+        validation waits for the rollout thread)."""
+        if not isinstance(run.controller, TokenGenerator):  # part of rlforge.protocols.Controller
             raise RLForgeError(f"rollout.agent.loop={run.config.rollout.agent.loop} needs token-in/token-out "
                                f"generation, which the controller {type(run.controller).__name__} "
                                f"(trainer.controller) does not provide (generate_tokens).")
@@ -64,7 +59,7 @@ class AgentRolloutStage(RolloutStage):
             if run.builder is None:
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
             self.runner = run.builder.agent(run.module.tokenizer)
-        return self.runner
+        return self.runner.rollout(batch, params, run.controller.generate_tokens, run.controller.continuous_batching)
 
     def close(self) -> None:
         if self.runner is not None:
@@ -88,9 +83,10 @@ class AgentRewardStage(Stage):
 
 def evaluator(run: RunParts) -> Evaluator:
     """The run's evaluator (``rlforge.evaluation``, what validation generates and scores through): the controller's
-    generation and scoring, through the agent loop of the flow's agentic rollout stage when it has one."""
+    generation and scoring, through the flow's own agentic rollout stage when it has one."""
     stage = agent_stage(run.flow)
-    return Evaluator(run.controller, run.controller.score, None if stage is None else stage.agent_runner(run))
+    agent = None if stage is None else functools.partial(stage.rollout, run)
+    return Evaluator(run.controller, run.controller.score, agent)
 
 
 def agent_stage(flow: DataFlow) -> AgentRolloutStage | None:

@@ -111,7 +111,7 @@ def evaluate(
         "reward_manager": cfg.reward.manager,
         "metrics": summarize(groups, k_list),
         "by_data_source": by_source,
-        **({"agent": evaluate.metrics()} if evaluate.runner is not None else {}),
+        **({"agent": evaluate.metrics()} if evaluate.agent is not None else {}),
         "seconds": round(time.perf_counter() - start, 3),
     }
 
