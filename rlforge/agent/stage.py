@@ -18,7 +18,7 @@ from rlforge.dataflow import DataFlow, RolloutStage, Stage, StepContext
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.evaluation import Evaluator
 from rlforge.hookspecs import hookimpl
-from rlforge.protocols import TokenGenerator
+from rlforge.protocols import Controller, TokenGenerator
 from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -51,7 +51,8 @@ class AgentRolloutStage(RolloutStage):
         Training steps call it with the rollout's sampling settings, the off-policy pipelines from their rollout
         thread, validation through the run's :func:`evaluator` with the validation settings (one call at a time:
         validation waits for the rollout thread)."""
-        if not isinstance(run.controller, TokenGenerator):  # part of rlforge.protocols.Controller
+        controller: Controller = run.controller
+        if not isinstance(controller, TokenGenerator):  # part of rlforge.protocols.Controller
             raise RLForgeError(f"rollout.agent.loop={run.config.rollout.agent.loop} needs token-in/token-out "
                                f"generation, which the controller {type(run.controller).__name__} "
                                f"(trainer.controller) does not provide (generate_tokens).")
@@ -59,7 +60,7 @@ class AgentRolloutStage(RolloutStage):
             if run.builder is None:
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
             self.runner = run.builder.agent(run.module.tokenizer)
-        return self.runner.rollout(batch, params, run.controller.generate_tokens, run.controller.continuous_batching)
+        return self.runner.rollout(batch, params, controller.generate_tokens, controller.continuous_batching)
 
     def close(self) -> None:
         if self.runner is not None:
