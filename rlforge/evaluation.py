@@ -92,7 +92,8 @@ class Evaluator:
         return batch
 
     def metrics(self) -> dict[str, float]:
-        """The agent metrics, each averaged over the trajectories (empty without an agent loop)."""
+        """The agent metrics, each averaged over the trajectories (one call's as the loop gave them; empty without an
+        agent loop)."""
         return {key: parts[0][0] if len(parts) == 1 else sum(v * n for v, n in parts) / sum(n for _, n in parts)
                 for key, parts in self._parts.items()}
 
