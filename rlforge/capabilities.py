@@ -14,7 +14,7 @@ capabilities only from there: it never probes a component for optional attribute
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rlforge.errors import RLForgeError
@@ -27,7 +27,8 @@ class RolloutCapabilities:
     owns_weights: bool = False  # keeps its own copy of the weights (vllm): a sharded actor keeps no replica for it
     logprobs_match_actor: bool = False  # its sampling log-probs are the actor's (hf): the old_logprob pass reuses them
     supports_images: bool = False  # generates from rows with images (docs/multimodal.md)
-    token_io: bool = False  # has generate_tokens (token-in/token-out requests); else rlforge builds them on generate
+    # has generate_tokens (token-in/token-out requests); else rlforge builds them on generate
+    token_io: bool = field(default=False, metadata={"method": "generate_tokens"})
     continuous_batching: bool = False  # generate_tokens takes overlapping calls (agent turns start at once)
     lora_adapters: bool = False  # given a LoRA actor, generates with its adapter: a sync moves only the adapter
 
@@ -52,7 +53,8 @@ class DatasetCapabilities:
 class LoggerCapabilities:
     """A logger's (``registry.logger``)."""
 
-    shows_generations: bool = False  # has log_generations(rows, step): shows trainer.log_val_generations' rows
+    # has log_generations(rows, step): shows trainer.log_val_generations' rows
+    shows_generations: bool = field(default=False, metadata={"method": "log_generations"})
 
 
 def declared(kind: str, name: str, obj: Any, declaration: type, given: Any = None) -> Any:
@@ -77,6 +79,9 @@ def declared(kind: str, name: str, obj: Any, declaration: type, given: Any = Non
         if not isinstance(getattr(value, f.name), bool):
             raise RLForgeError(f"{kind} '{name}': capability {f.name} must be True or False, got "
                                f"{getattr(value, f.name)!r}.")
+        method = f.metadata.get("method")
+        if method and getattr(value, f.name) and isinstance(obj, type) and not callable(attrs.get(method)):
+            raise RLForgeError(f"{kind} '{name}' declares {f.name}=True but its class defines no {method}() method.")
     return value
 
 

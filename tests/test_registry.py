@@ -347,3 +347,20 @@ def test_a_reward_manager_without_close_is_refused_when_built() -> None:
     with pytest.raises(RLForgeError, match=r"reward.manager=no_close: .* does not implement rlforge.protocols."
                                            r"RewardManager \(missing: close\)"):
         builder.reward(None)
+
+
+def test_a_capability_that_names_a_method_needs_it() -> None:
+    from rlforge.capabilities import LoggerCapabilities, RolloutCapabilities
+
+    class NoTable:
+        capabilities = LoggerCapabilities(shows_generations=True)
+
+    class NoTokens:
+        capabilities = RolloutCapabilities(token_io=True)
+
+    regs = Registries()
+    with pytest.raises(RLForgeError, match=r"logger 'no_table' declares shows_generations=True but its class defines "
+                                           r"no log_generations\(\) method"):
+        regs.logger.register("no_table", NoTable)
+    with pytest.raises(RLForgeError, match=r"rollout 'no_tokens' declares token_io=True .* no generate_tokens\(\)"):
+        regs.rollout.register("no_tokens", NoTokens)
