@@ -10,6 +10,7 @@ error naming the component and its plugin.
 from __future__ import annotations
 
 from collections.abc import Collection
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import RLForgeError
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from rlforge.agent.runner import AgentRunner
+    from rlforge.evaluation import Evaluator
     from rlforge.module import RLModule
     from rlforge.plugin_manager import PluginManager
     from rlforge.protocols import (
@@ -77,8 +79,7 @@ class Builder:
         """The strategy of this process (every process that trains builds one); on a CPU device, with
         ``strategy.keep_freed_memory``, the process's allocator keeps freed memory for reuse."""
         strategy = self._build("strategy", self.config.strategy.name, self.config)
-        device = getattr(strategy, "device", None)
-        if self.config.strategy.keep_freed_memory and getattr(device, "type", None) == "cpu":
+        if self.config.strategy.keep_freed_memory and strategy.device.type == "cpu":
             from rlforge.strategy import keep_freed_memory
 
             keep_freed_memory()
@@ -122,7 +123,7 @@ class Builder:
         ``check_data_sources(config, registry, data_sources)`` checks their ``data_source`` values here, so a
         row no reward function can score fails before any model loads."""
         rows = self.registry.dataset.get(self.config.data.name)(self.config, split)
-        check = getattr(self.registry.reward_manager.get(self.config.reward.manager), "check_data_sources", None)
+        check = self.registry.reward_manager.entry(self.config.reward.manager).functions.get("check_data_sources")
         if check is not None and rows:
             check(self.config, self.registry, {r["data_source"] for r in rows if isinstance(r, dict) and "data_source" in r})
         return rows
@@ -140,11 +141,27 @@ class Builder:
         context = AgentContext(cfg, tokenizer, tools, parser, new_interaction)
         return AgentRunner(self._build("agent_loop", a.loop, cfg, context), a.loop, context)
 
+    def evaluator(self, engine: RolloutEngine, tokenizer: Any, reward: RewardManager, rollout: str | None = None
+                  ) -> Evaluator:
+        """The evaluator (``rlforge.evaluation``) of a rollout engine outside a run (``rlforge eval``, the SFT check):
+        ``engine`` (registered as ``rollout``, default ``rollout.name``) generates, through the agent loop
+        ``rollout.agent.loop`` unless it is ``single_turn``, and ``reward`` scores. Its ``close`` stops the loop."""
+        from rlforge.agent.config import SINGLE_TURN
+        from rlforge.evaluation import EngineBackend, Evaluator
+
+        declared = self.registry.rollout.entry(rollout or self.config.rollout.name).capabilities
+        backend = EngineBackend(engine, tokenizer, declared)
+        if self.config.rollout.agent.loop == SINGLE_TURN:
+            return Evaluator(backend, reward.score)
+        runner = self.agent(tokenizer)
+        agent = partial(runner.rollout, backend=backend.generate_tokens, continuous=backend.continuous_batching)
+        return Evaluator(backend, reward.score, agent, runner.close)
+
     def follow(self, module: RLModule) -> dict[str, Any] | None:
         """On a process that a launcher started but that does not drive the run (``trainer.controller=torchrun``,
         ranks > 0): serve the driving process until the run ends and return this rank's summary. None where this
         process drives (every other controller)."""
-        follow = getattr(self.registry.controller.get(self.config.trainer.controller), "follow", None)
+        follow = self.registry.controller.entry(self.config.trainer.controller).functions.get("follow")
         return None if follow is None else follow(self, module)
 
     def controller(self, module: RLModule) -> Controller:

@@ -1,15 +1,20 @@
 """What a component can do, declared once on its class and read from its registry entry.
 
-A rollout engine or strategy declares ``capabilities = RolloutCapabilities(...)`` / ``StrategyCapabilities(...)``
-(every field defaults to False). The registry reads the declaration when the component is registered
-(``Registry.register``: the wrong type, or a capability written as a bare class attribute, is refused there), keeps it
-on the entry (``registry.rollout.entry(name).capabilities``, ``Builder.capabilities(kind)``) and ``rlforge plugins
-list`` shows it. The core reads capabilities only from there: it never probes a component for optional attributes.
+A rollout engine, strategy, dataset or logger declares ``capabilities = RolloutCapabilities(...)`` /
+``StrategyCapabilities(...)`` / ``DatasetCapabilities(...)`` / ``LoggerCapabilities(...)`` (every field defaults to
+False), or passes it at registration (``register(name, factory, capabilities=...)``, for a factory function). The
+registry reads the declaration when the component is registered (``Registry.register``: the wrong type, or a
+capability written as a bare class attribute, is refused there), keeps it on the entry
+(``registry.rollout.entry(name).capabilities``, ``Builder.capabilities(kind)``) and ``rlforge plugins list`` shows it.
+Likewise the optional functions a component's class may define (``validate_config``, a strategy's
+``export_checkpoint``: ``Kind.functions``) are read at registration into ``entry.functions``. The core reads
+capabilities only from there: it never probes a component for optional attributes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from rlforge.errors import RLForgeError
@@ -22,6 +27,8 @@ class RolloutCapabilities:
     owns_weights: bool = False  # keeps its own copy of the weights (vllm): a sharded actor keeps no replica for it
     logprobs_match_actor: bool = False  # its sampling log-probs are the actor's (hf): the old_logprob pass reuses them
     supports_images: bool = False  # generates from rows with images (docs/multimodal.md)
+    # has generate_tokens (token-in/token-out requests); else rlforge builds them on generate
+    token_io: bool = field(default=False, metadata={"method": "generate_tokens"})
     continuous_batching: bool = False  # generate_tokens takes overlapping calls (agent turns start at once)
     lora_adapters: bool = False  # given a LoRA actor, generates with its adapter: a sync moves only the adapter
 
@@ -35,10 +42,26 @@ class StrategyCapabilities:
     async_checkpoint: bool = False  # save_sharded_async writes what load_sharded reads (strategy.checkpoint=async)
 
 
-def declared(kind: str, name: str, obj: Any, declaration: type) -> Any:
-    """The capabilities ``obj`` (registered as ``kind`` ``name``) declares: its ``capabilities`` attribute, or the
-    defaults. A value of another type, or a capability set as a bare class attribute, is an error naming both."""
-    value = getattr(obj, "capabilities", None)  # read once, at registration
+@dataclass(frozen=True)
+class DatasetCapabilities:
+    """A dataset's (``registry.dataset``)."""
+
+    reads_data_files: bool = False  # reads data.train_files / data.val_files (else setting them is refused)
+
+
+@dataclass(frozen=True)
+class LoggerCapabilities:
+    """A logger's (``registry.logger``)."""
+
+    # has log_generations(rows, step): shows trainer.log_val_generations' rows
+    shows_generations: bool = field(default=False, metadata={"method": "log_generations"})
+
+
+def declared(kind: str, name: str, obj: Any, declaration: type, given: Any = None) -> Any:
+    """The capabilities ``obj`` (registered as ``kind`` ``name``) declares: ``given`` (``register(...,
+    capabilities=)``), else its ``capabilities`` attribute, else the defaults. A value of another type, or a capability
+    set as a bare class attribute, is an error naming both."""
+    value = given if given is not None else getattr(obj, "capabilities", None)  # read once, at registration
     if value is None:
         value = declaration()
     if not isinstance(value, declaration):
@@ -56,7 +79,24 @@ def declared(kind: str, name: str, obj: Any, declaration: type) -> Any:
         if not isinstance(getattr(value, f.name), bool):
             raise RLForgeError(f"{kind} '{name}': capability {f.name} must be True or False, got "
                                f"{getattr(value, f.name)!r}.")
+        method = f.metadata.get("method")
+        if method and getattr(value, f.name) and isinstance(obj, type) and not callable(attrs.get(method)):
+            raise RLForgeError(f"{kind} '{name}' declares {f.name}=True but its class defines no {method}() method.")
     return value
+
+
+def functions(kind: str, name: str, obj: Any, names: tuple[str, ...]) -> dict[str, Callable[..., Any]]:
+    """The optional functions among ``names`` that ``obj`` (registered as ``kind`` ``name``) defines, e.g.
+    ``validate_config``, read once at registration; one that is not callable is an error naming it."""
+    out: dict[str, Callable[..., Any]] = {}
+    for fn in names:
+        value = getattr(obj, fn, None)  # read once, at registration
+        if value is None:
+            continue
+        if not callable(value):
+            raise RLForgeError(f"{kind} '{name}': {fn} must be a function (a static or class method), got {value!r}.")
+        out[fn] = value
+    return out
 
 
 def _class_vars(obj: Any) -> dict[str, Any]:

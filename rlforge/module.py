@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
     from rlforge import ops
+    from rlforge.evaluation import Evaluator
     from rlforge.protocols import Controller
 else:
     torch = lazy_import("torch")
@@ -70,6 +71,9 @@ class RLModule:
         self._metrics: dict[str, float] | None = None  # the running step's metrics sink (set by the Trainer)
         self._on_worker = False  # built by a worker process (a Ray or torchrun rank), not the driver
         self._registry: Any = None  # the run's registries (set by the Builder)
+        # what validate generates and scores through (set by the Trainer before each validation: the run's agent
+        # loop, if any; None: the given controller's generate and score, single-turn)
+        self.evaluator: Evaluator | None = None
 
     @property
     def registry(self) -> Any:
@@ -135,14 +139,15 @@ class RLModule:
     def validate(self, controller: Controller, examples: list[Any]) -> tuple[dict[str, float], B.Batch | None]:
         """Measure the held-out ``examples``: the ``val/*`` metrics, and the batch whose samples go to
         ``val_samples.jsonl`` (None: no samples). Default: generate from the prompts with the validation sampling
-        settings (``rollout.val_*``), score with the reward manager: ``val/reward``, ``val/accuracy``."""
+        settings (``rollout.val_*``) and score them through :attr:`evaluator` (``rlforge.evaluation``: the run's
+        agent loop and its rewards included): ``val/reward``, ``val/accuracy``."""
         from rlforge.data import collate
+        from rlforge.evaluation import Evaluator
         from rlforge.sampling import SamplingParams
 
+        evaluate = self.evaluator or Evaluator(controller, controller.score)
         batch = collate(examples, self.tokenizer.pad_token_id, list(range(len(examples))))
-        batch = controller.generate(batch, SamplingParams.from_config(self.config.rollout, validation=True))
-        batch = controller.score(batch)
-        batch.meta.pop("metrics", None)  # the reward manager's counters are for training steps
+        batch = evaluate(batch, SamplingParams.from_config(self.config.rollout, validation=True))
         return generation_metrics(batch), batch
 
     def forward_responses(self, model: torch.nn.Module, micro: B.Batch, temperature: float) -> torch.Tensor:

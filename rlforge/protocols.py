@@ -33,13 +33,13 @@ class RolloutEngine(Protocol):
     """Generates ``n`` samples per prompt. Registered under ``rollout``; built as ``factory(config, model,
     tokenizer)`` where ``model`` is the actor (or its replica) that the engine must follow.
 
-    Agent loops (``rollout.agent.loop``) need token-in/token-out requests: an engine provides them with
-    ``generate_tokens`` (:class:`TokenGenerator`); for one without it, rlforge builds the requests on ``generate``
-    (``rlforge.agent.engine.tokens_via_generate``)."""
+    Agent loops (``rollout.agent.loop``) need token-in/token-out requests: an engine that declares ``token_io``
+    provides them with ``generate_tokens`` (:class:`TokenGenerator`); for one without it, rlforge builds the requests
+    on ``generate`` (``rlforge.agent.engine.tokens_via_generate``)."""
 
     # What it can do is declared on its class as ``capabilities = RolloutCapabilities(...)`` (rlforge.capabilities:
-    # owns_weights, logprobs_match_actor, supports_images, continuous_batching; all False when not declared) and read
-    # from its registry entry.
+    # owns_weights, logprobs_match_actor, supports_images, token_io, continuous_batching, lora_adapters; all False when
+    # not declared) and read from its registry entry.
     supports_sleep: bool
 
     def generate(self, batch: Batch, params: SamplingParams) -> Batch:
@@ -77,12 +77,16 @@ class TokenGenerator(Protocol):
 @runtime_checkable
 class RewardManager(Protocol):
     """Scores a batch. Registered under ``reward_manager``; built as ``factory(config, tokenizer, registry)``.
-    May define ``close()`` to stop processes it started, and a static ``check_data_sources(config, registry,
-    data_sources)`` that refuses data it cannot score (called on every dataset before any model loads)."""
+    May define a static ``check_data_sources(config, registry, data_sources)`` that refuses data it cannot score
+    (called on every dataset before any model loads)."""
 
     def score(self, batch: Batch) -> Batch:
         """Set ``scores`` [B], ``token_level_scores`` [B, R] (and ``acc`` [B]); metrics it measured go to
         ``batch.meta['metrics']`` (the reward stage moves them into the step's metrics)."""
+
+    def close(self) -> None:
+        """Stop the processes, threads or servers it started (``pass`` when it starts none); called once, when the
+        run, ``rlforge eval`` or the SFT check ends."""
 
 
 class RewardFunction(Protocol):
@@ -184,7 +188,8 @@ class Controller(Protocol):
     def sync_weights(self) -> SyncStats:
         """Give the rollout engines the actor's weights; what that moved (bytes) and took (seconds)."""
 
-    # optional: generate_tokens(prompts, params) -> list[Generation] (TokenGenerator), used by agent loops
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """Token-in/token-out requests on its engines (:class:`TokenGenerator`), used by agent loops."""
 
     def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
         """The workers' state for a checkpoint (``staging``: a folder for sharded state, moved into the
@@ -218,9 +223,10 @@ class WeightSnapshots(Protocol):
 
 @runtime_checkable
 class Logger(Protocol):
-    """Receives metrics. Registered under ``logger``; built as ``factory(config, run_dir)``. Optional: a logger that
-    defines ``log_generations(rows, step)`` shows ``trainer.log_val_generations``' rows ({input, output, score}) its
-    own way (wandb: a table; tensorboard: text); every logger gets their file through ``log_artifact``."""
+    """Receives metrics. Registered under ``logger``; built as ``factory(config, run_dir)``. A logger that declares
+    ``capabilities = LoggerCapabilities(shows_generations=True)`` (rlforge.capabilities) defines
+    ``log_generations(rows, step)``, which shows ``trainer.log_val_generations``' rows ({input, output, score}) its own
+    way (wandb: a table; tensorboard: text); every logger gets their file through ``log_artifact``."""
 
     def log_params(self, params: dict[str, Any]) -> None: ...
 
@@ -229,6 +235,13 @@ class Logger(Protocol):
     def log_artifact(self, path: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+class GenerationsLogger(Logger, Protocol):
+    """A :class:`Logger` that declares ``LoggerCapabilities(shows_generations=True)``."""
+
+    def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """Show ``trainer.log_val_generations``' rows ({input, output, score}) of the validation at ``step``."""
 
 
 # --- agentic rollouts (rollout.agent.*, docs/agentic.md) ----------------------------------------------------
@@ -249,7 +262,8 @@ class AgentLoop(Protocol):
 class Tool(Protocol):
     """A function the model may call. Registered under ``tool`` (the registered name is the function's name);
     built once per run as ``factory(config)``; options at ``rollout.agent.<name>``. Subclass
-    :class:`rlforge.agent.Tool`, which adds per-trajectory state (``create``/``release``)."""
+    :class:`rlforge.agent.Tool`, which adds per-trajectory state (``create``/``release``): a tool that does not
+    subclass it has none (``execute`` gets ``state=None``)."""
 
     name: str
 

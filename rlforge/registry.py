@@ -10,10 +10,18 @@ config dataclass: ``registry.rollout.register("vllm", VLLMRollout, config=VLLMCo
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Generic, TypeVar
 
-from rlforge.capabilities import RolloutCapabilities, StrategyCapabilities, declared, shown
+from rlforge.capabilities import (
+    DatasetCapabilities,
+    LoggerCapabilities,
+    RolloutCapabilities,
+    StrategyCapabilities,
+    declared,
+    functions,
+    shown,
+)
 from rlforge.errors import RLForgeError, did_you_mean
 
 T = TypeVar("T")
@@ -37,6 +45,7 @@ class Kind:
     section: str | None
     protocol: str = ""
     capabilities: type | None = None  # what its components declare (rlforge.capabilities), read at registration
+    functions: tuple[str, ...] = ()  # optional functions its components' classes may define, besides validate_config
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class Entry(Generic[T]):
     plugin: str
     config: type | None = None  # dataclass of the component's own config section
     capabilities: Any = None  # what it declares (rlforge.capabilities), for kinds that have them
+    functions: dict[str, Any] = field(default_factory=dict)  # the optional functions it defines (Kind.functions)
 
     def config_path(self, kind: Kind) -> str | None:
         """Where this component's options live in the config (None: it has none)."""
@@ -72,13 +82,17 @@ class Registry(Generic[T]):
 
     def register(
         self, name: str, obj: T | None = None, *, description: str = "", override: bool = False,
-        config: type | None = None,
+        config: type | None = None, capabilities: Any = None,
     ) -> Any:
-        """Register ``obj`` under ``name``; ``config`` is the dataclass of its options (see the module doc)."""
+        """Register ``obj`` under ``name``; ``config`` is the dataclass of its options (see the module doc);
+        ``capabilities`` what it declares, for a factory that cannot carry it as a class attribute
+        (``rlforge.capabilities``)."""
         if config is not None and not (isinstance(config, type) and is_dataclass(config)):
             raise RLForgeError(f"{self.kind} '{name}': config= must be a dataclass, got {config!r}.")
         if config is not None and self.spec.section is None:
             raise RLForgeError(f"{self.kind} '{name}': components of this kind take no config= section.")
+        if capabilities is not None and self.spec.capabilities is None:
+            raise RLForgeError(f"{self.kind} '{name}': components of this kind declare no capabilities=.")
 
         def add(o: T) -> T:
             if name in self._entries and not override:
@@ -88,8 +102,10 @@ class Registry(Generic[T]):
                     f"pass override=True to replace it."
                 )
             desc = description or _first_doc_line(o)
-            caps = None if self.spec.capabilities is None else declared(self.kind, name, o, self.spec.capabilities)
-            self._entries[name] = Entry(name, o, desc, self.current_plugin, config, caps)
+            caps = (None if self.spec.capabilities is None else
+                    declared(self.kind, name, o, self.spec.capabilities, capabilities))
+            fns = functions(self.kind, name, o, ("validate_config", *self.spec.functions))
+            self._entries[name] = Entry(name, o, desc, self.current_plugin, config, caps, fns)
             return o
 
         if obj is None:
@@ -133,6 +149,16 @@ class Registry(Generic[T]):
         return len(self._entries)
 
 
+def _declarations(entry: Entry[Any], kind: Kind) -> str:
+    """What ``rlforge plugins list`` shows after a component: ``  (capabilities: ...; defines: ...)`` (the optional
+    functions of its kind, ``Kind.functions``; not ``validate_config``, which any component may have), or ``""``."""
+    parts = [f"capabilities: {shown(entry.capabilities)}"] if shown(entry.capabilities) else []
+    defines = sorted(f for f in entry.functions if f in kind.functions)
+    if defines:
+        parts.append(f"defines: {', '.join(defines)}")
+    return f"  ({'; '.join(parts)})" if parts else ""
+
+
 def _first_doc_line(obj: object) -> str:
     doc = getattr(obj, "__doc__", None) or ""
     return doc.strip().splitlines()[0] if doc.strip() else ""
@@ -159,12 +185,12 @@ class Registries:
     SPECS: dict[str, Kind] = {
         "algorithm": Kind("algorithm.name", None, "RLModule"),
         "rollout": Kind("rollout.name", "rollout", "RolloutEngine", RolloutCapabilities),
-        "reward_manager": Kind("reward.manager", "reward", "RewardManager"),
+        "reward_manager": Kind("reward.manager", "reward", "RewardManager", functions=("check_data_sources",)),
         "reward_fn": Kind("reward.fn", "reward", "RewardFunction"),
-        "strategy": Kind("strategy.name", "strategy", "Strategy", StrategyCapabilities),
-        "logger": Kind("logger.backends", "logger", "Logger"),
-        "dataset": Kind("data.name", "data", "Dataset"),
-        "controller": Kind("trainer.controller", "", "Controller"),
+        "strategy": Kind("strategy.name", "strategy", "Strategy", StrategyCapabilities, ("export_checkpoint",)),
+        "logger": Kind("logger.backends", "logger", "Logger", LoggerCapabilities),
+        "dataset": Kind("data.name", "data", "Dataset", DatasetCapabilities),
+        "controller": Kind("trainer.controller", "", "Controller", functions=("follow",)),
         "agent_loop": Kind("rollout.agent.loop", "rollout.agent", "AgentLoop"),
         "tool": Kind("rollout.agent.tools", "rollout.agent", "Tool"),
         "tool_parser": Kind("rollout.agent.tool_parser", "rollout.agent", "ToolParser"),
@@ -201,8 +227,9 @@ class Registries:
             reg.hint = hint
 
     def components_of(self, plugin: str) -> list[str]:
-        """``kind:name`` of each component ``plugin`` registered, with the capabilities it declares that are on."""
-        return [f"{reg.kind}:{e.name}" + (f"  (capabilities: {shown(e.capabilities)})" if shown(e.capabilities) else "")
+        """``kind:name`` of each component ``plugin`` registered, with the capabilities it declares that are on and
+        the optional functions it defines (``Kind.functions``)."""
+        return [f"{reg.kind}:{e.name}{_declarations(e, reg.spec)}"
                 for reg in self.all().values() for e in reg.entries() if e.plugin == plugin]
 
     def snapshot(self) -> dict[str, dict[str, Entry[Any]]]:

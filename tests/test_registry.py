@@ -207,5 +207,160 @@ def test_plugins_list_shows_the_capabilities_that_are_on(capsys) -> None:
 
     assert main(["plugins", "list"]) == 0
     out = capsys.readouterr().out
-    assert "rollout:vllm  (capabilities: owns_weights, supports_images, continuous_batching, lora_adapters)" in out
+    assert "rollout:vllm  (capabilities: owns_weights, supports_images, token_io, continuous_batching, lora_adapters)" in out
     assert "strategy:fsdp  (capabilities: sharded, shares_prompts, async_checkpoint)" in out
+    assert "controller:torchrun  (defines: follow)" in out
+    assert "dataset:files  (capabilities: reads_data_files)" in out
+    assert "logger:tensorboard  (capabilities: shows_generations)" in out
+
+
+# --- declarations for datasets, loggers and factories; optional class functions -------------------------------------
+
+
+def test_a_factory_declares_capabilities_at_registration() -> None:
+    from rlforge.capabilities import DatasetCapabilities, StrategyCapabilities
+
+    regs = Registries()
+    regs.dataset.register("files_like", lambda config, split: [], capabilities=DatasetCapabilities(reads_data_files=True))
+    regs.dataset.register("plain", lambda config, split: [])
+    assert regs.dataset.entry("files_like").capabilities.reads_data_files
+    assert regs.dataset.entry("plain").capabilities == DatasetCapabilities()
+    assert regs.components_of("<unknown>") == ["dataset:files_like  (capabilities: reads_data_files)", "dataset:plain"]
+    with pytest.raises(RLForgeError, match=r"dataset 'wrong': capabilities must be a rlforge.capabilities."
+                                           r"DatasetCapabilities, got StrategyCapabilities"):
+        regs.dataset.register("wrong", lambda config, split: [], capabilities=StrategyCapabilities())
+    with pytest.raises(RLForgeError, match="reward fn 'f': components of this kind declare no capabilities="):
+        regs.reward_fn.register("f", lambda *a: 0.0, capabilities=DatasetCapabilities())
+
+    class Old:  # the convention before the declaration
+        reads_data_files = True
+
+    with pytest.raises(RLForgeError, match=r"capabilities = rlforge.capabilities.DatasetCapabilities\(reads_data_files"
+                                           r"=True\)"):
+        regs.dataset.register("old", Old)
+
+
+def test_a_dataset_reads_the_data_files_only_when_it_declares_it(tmp_path) -> None:
+    from omegaconf import OmegaConf
+
+    from rlforge.capabilities import DatasetCapabilities
+    from rlforge.config.compose import check_data_files
+    from rlforge.errors import ConfigError
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"data_source": "x", "prompt": [{"role": "user", "content": "hi"}]}\n')
+    regs = Registries()
+    regs.dataset.register("reads", lambda config, split: [], capabilities=DatasetCapabilities(reads_data_files=True))
+    regs.dataset.register("ignores", lambda config, split: [])
+
+    def cfg(name: str) -> object:
+        return OmegaConf.create({"data": {"name": name, "train_files": [str(rows)], "val_files": []}})
+
+    check_data_files(cfg("reads"), regs)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"'data.train_files' is set .* but data.name=ignores does not read it"):
+        check_data_files(cfg("ignores"), regs)  # type: ignore[arg-type]
+
+
+def test_a_logger_shows_generations_only_when_it_declares_it(tmp_path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from rlforge.capabilities import LoggerCapabilities
+    from rlforge.trainer import trainer as T
+
+    rows = [{"input": "1+1?", "output": "2", "score": 1.0}]
+    monkeypatch.setattr(T, "val_generations", lambda batch, tokenizer, n: rows)
+
+    class Shows:
+        capabilities = LoggerCapabilities(shows_generations=True)
+
+        def __init__(self) -> None:
+            self.artifacts: list[str] = []
+            self.shown: list[tuple[object, int]] = []
+
+        def log_artifact(self, path: str) -> None:
+            self.artifacts.append(path)
+
+        def log_generations(self, rows: object, step: int) -> None:
+            self.shown.append((rows, step))
+
+    class Quiet(Shows):  # has the method, declares nothing: the file only
+        capabilities = LoggerCapabilities()
+
+    regs = Registries()
+    regs.logger.register("shows", Shows)
+    regs.logger.register("quiet", Quiet)
+    shows, quiet = Shows(), Quiet()
+    run = SimpleNamespace(module=SimpleNamespace(tokenizer=None), run_dir=tmp_path, step=3, loggers=[shows, quiet],
+                          config=OmegaConf.create({"trainer": {"log_val_generations": 1},
+                                                   "logger": {"backends": ["shows", "quiet"]}}),
+                          builder=SimpleNamespace(registry=regs))
+    T.Trainer._log_val_generations(run, None)  # type: ignore[arg-type]
+    assert shows.shown == [(rows, 3)] and quiet.shown == []
+    assert shows.artifacts == quiet.artifacts == [str(tmp_path / "val_generations" / "val_step3.json")]
+
+
+def test_optional_class_functions_are_read_at_registration() -> None:
+    regs = Registries()
+
+    class Exports:
+        @staticmethod
+        def export_checkpoint(checkpoint: object, out: object) -> None: ...
+
+        @staticmethod
+        def validate_config(config: object, registry: object) -> None: ...
+
+    class Plain:
+        pass
+
+    class NotAFunction:
+        export_checkpoint = "gather.py"
+
+    regs.strategy.register("exports", Exports)
+    regs.strategy.register("plain", Plain)
+    assert set(regs.strategy.entry("exports").functions) == {"export_checkpoint", "validate_config"}
+    assert regs.strategy.entry("plain").functions == {}
+    assert "strategy:exports  (defines: export_checkpoint)" in regs.components_of("<unknown>")
+    with pytest.raises(RLForgeError, match=r"strategy 'bad': export_checkpoint must be a function \(a static or class "
+                                           r"method\), got 'gather.py'"):
+        regs.strategy.register("bad", NotAFunction)
+    regs.rollout.register("engine", Exports)  # not an engine's optional function: not read
+    assert set(regs.rollout.entry("engine").functions) == {"validate_config"}
+
+
+def test_a_reward_manager_without_close_is_refused_when_built() -> None:
+    from types import SimpleNamespace
+
+    from rlforge.build import Builder
+
+    class NoClose:
+        def __init__(self, config: object, tokenizer: object, registry: object) -> None: ...
+
+        def score(self, batch: object) -> object:
+            return batch
+
+    regs = Registries()
+    regs.reward_manager.register("no_close", NoClose)
+    builder = Builder(SimpleNamespace(reward=SimpleNamespace(manager="no_close")),  # type: ignore[arg-type]
+                      SimpleNamespace(registry=regs, hook=None))  # type: ignore[arg-type]
+    with pytest.raises(RLForgeError, match=r"reward.manager=no_close: .* does not implement rlforge.protocols."
+                                           r"RewardManager \(missing: close\)"):
+        builder.reward(None)
+
+
+def test_a_capability_that_names_a_method_needs_it() -> None:
+    from rlforge.capabilities import LoggerCapabilities, RolloutCapabilities
+
+    class NoTable:
+        capabilities = LoggerCapabilities(shows_generations=True)
+
+    class NoTokens:
+        capabilities = RolloutCapabilities(token_io=True)
+
+    regs = Registries()
+    with pytest.raises(RLForgeError, match=r"logger 'no_table' declares shows_generations=True but its class defines "
+                                           r"no log_generations\(\) method"):
+        regs.logger.register("no_table", NoTable)
+    with pytest.raises(RLForgeError, match=r"rollout 'no_tokens' declares token_io=True .* no generate_tokens\(\)"):
+        regs.rollout.register("no_tokens", NoTokens)

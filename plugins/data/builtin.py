@@ -9,6 +9,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+from rlforge.capabilities import DatasetCapabilities
 from rlforge.config.schema import option
 from rlforge.data import SAVED_DATASET_FILE, data_file_problem
 from rlforge.errors import DataError
@@ -147,4 +148,5 @@ def files_dataset(config: Any, split: str) -> list[dict[str, Any]]:
 def rlforge_register(registry):
     registry.dataset.register("arith", arith_dataset, config=ArithConfig,
                               description="built-in 'What is a+b?' task, generated offline")
-    registry.dataset.register("files", files_dataset, description="verl-style rows from data.train_files/val_files")
+    registry.dataset.register("files", files_dataset, description="verl-style rows from data.train_files/val_files",
+                              capabilities=DatasetCapabilities(reads_data_files=True))

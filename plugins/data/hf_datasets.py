@@ -29,6 +29,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, Optional
 
+from rlforge.capabilities import DatasetCapabilities
 from rlforge.config.schema import option
 from rlforge.data import SAVED_DATASET_DICT_FILE, SAVED_DATASET_FILE, Prompt, data_file_problem
 from rlforge.errors import ConfigError, DataError
@@ -429,7 +430,8 @@ def _segment(source: Source, left: int | None, h: Any) -> Segment:
 class HFDataset:
     """``data.name=hf``: a split's rows as :class:`ArrowRows` (see the module doc)."""
 
-    reads_data_files = True  # data.train_files / data.val_files, when data.hf.path is unset (rlforge.config.compose)
+    # reads data.train_files / data.val_files, when data.hf.path is unset (rlforge.config.compose)
+    capabilities = DatasetCapabilities(reads_data_files=True)
 
     def __call__(self, config: Any, split: str) -> Sequence[dict[str, Any]]:
         h = config.data.hf

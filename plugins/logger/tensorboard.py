@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlforge.capabilities import LoggerCapabilities
 from rlforge.hookspecs import hookimpl
 
 
 class TensorBoardLogger:
     """Scalars under the same names as every other logger; the config as text; PNG artifacts as images."""
+
+    capabilities = LoggerCapabilities(shows_generations=True)  # log_generations
 
     def __init__(self, config: Any, run_dir: str) -> None:
         from torch.utils.tensorboard import SummaryWriter

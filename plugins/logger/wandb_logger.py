@@ -10,12 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlforge.capabilities import LoggerCapabilities
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
 
 
 class WandbLogger:
     """Logs params (the run config), metrics (same names as every other logger) and artifacts to wandb."""
+
+    capabilities = LoggerCapabilities(shows_generations=True)  # log_generations
 
     def __init__(self, config: Any, run_dir: str) -> None:
         self.wandb = wandb = optional_import("wandb", "logger.backends includes 'wandb'", "pip install wandb")

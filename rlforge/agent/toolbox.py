@@ -12,12 +12,12 @@ import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+from rlforge.agent.base import Tool
 from rlforge.agent.types import ParsedTurn, Sample, ToolCall, ToolError, ToolResult, ToolStats
 from rlforge.agent.workers import DaemonThreads, ToolLoop
 from rlforge.errors import RLForgeError
 
 if TYPE_CHECKING:
-    from rlforge.agent.base import Tool
     from rlforge.agent.chat import ChatFormat
 
 log = logging.getLogger("rlforge.agent")
@@ -105,12 +105,11 @@ class ToolSession:
 
     async def __aexit__(self, *exc: Any) -> None:
         for name, created in self.states.items():
-            if not created.done() or created.cancelled() or created.exception() is not None:
-                continue
-            release = getattr(self.box.tools[name], "release", None)  # optional outside the Tool base class
+            tool = self.box.tools[name]
+            if not isinstance(tool, Tool) or not created.done() or created.cancelled() or created.exception() is not None:
+                continue  # per-trajectory state is the Tool base class's (create/release)
             try:
-                if release is not None:
-                    await self.box.call(release, created.result())
+                await self.box.call(tool.release, created.result())
             except Exception as err:  # the trajectory is done; a failed release must not fail the run
                 log.warning("Tool '%s': release() raised %s: %s", name, type(err).__name__, err)
 
@@ -152,7 +151,7 @@ class ToolSession:
             known = ", ".join(self.box.tools) or "(none)"
             raise ToolError(f"there is no tool '{call.name}'. Available tools: {known}")
         if call.name not in self.states:  # concurrent calls of one tool share the state
-            create = getattr(tool, "create", None) or (lambda sample: None)
+            create = tool.create if isinstance(tool, Tool) else _no_state  # a tool without the base class: no state
             self.states[call.name] = asyncio.ensure_future(self.box.call(create, self.sample))
         state = await asyncio.shield(self.states[call.name])
         result = await self.box.call(tool.execute, call.arguments, state)
@@ -167,6 +166,11 @@ class ToolSession:
     def _error(self, message: str) -> str:
         self.stats.errors += 1
         return f"Error: {message}"
+
+
+def _no_state(sample: Sample) -> None:
+    """The state of a tool that does not subclass :class:`rlforge.agent.Tool` (which defines ``create``)."""
+    return None
 
 
 def _message(name: str, call_id: str, text: str) -> dict[str, Any]:

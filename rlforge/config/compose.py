@@ -322,7 +322,7 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     checkpoint.check_mode(cfg, registry)
     PIPELINES[cfg.trainer.pipeline].validate_config(cfg)
     for _, entry in components:
-        check = getattr(entry.obj, "validate_config", None)
+        check = entry.functions.get("validate_config")
         if check is not None:
             check(cfg, registry)
     check_sequence_parallel_owner(cfg)
@@ -346,9 +346,9 @@ def check_sequence_parallel_owner(cfg: DictConfig) -> None:
 
 
 def check_data_files(cfg: DictConfig, registry: Any) -> None:
-    """``data.train_files``/``val_files`` exist, and are read: a dataset other than ``files`` ignores them unless it
-    says it reads them (its registered object has ``reads_data_files = True``)."""
-    reads = cfg.data.name == "files" or getattr(registry.dataset.entry(cfg.data.name).obj, "reads_data_files", False)
+    """``data.train_files``/``val_files`` exist, and are read: a dataset ignores them unless it declares that it reads
+    them (``DatasetCapabilities(reads_data_files=True)``, as ``files`` does)."""
+    reads = registry.dataset.entry(cfg.data.name).capabilities.reads_data_files
     for key in ("data.train_files", "data.val_files"):
         files = list(OmegaConf.select(cfg, key))
         if files and not reads:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from rlforge.build import Builder
+    from rlforge.protocols import RewardManager
     from rlforge.weight_sync import SyncStats
 
 log = logging.getLogger("rlforge")
@@ -99,14 +100,12 @@ class LocalController(GroupController):
 
         for rank in self.ranks.values():  # its engine; the process group (if any) is not the controller's to end
             WorkerProcess.shutdown(rank)
-        close_reward(self.reward)
+        self.reward.close()
 
 
-def close_reward(manager: Any) -> None:
-    """Stop a reward manager's processes, if it has any (``close`` is optional for reward managers)."""
-    close = getattr(manager, "close", None)
-    if close is not None:
-        close()
+def close_reward(manager: RewardManager) -> None:
+    """Stop a reward manager's processes (``close``, part of ``rlforge.protocols.RewardManager``)."""
+    manager.close()
 
 
 @hookimpl

@@ -86,7 +86,7 @@ class WorkerProcess:
     def _start_engine(self, builder: Builder, model: Any, tokenizer: Any) -> None:
         self.engine_model = model
         self.rollout = builder.rollout(model, tokenizer)
-        self.tokens = token_generator(self.rollout, tokenizer)
+        self.tokens = token_generator(self.rollout, tokenizer, builder.capabilities("rollout").token_io)
 
     @remote("engine_rows", "concat")
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:

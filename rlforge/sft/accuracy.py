@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig
 
 from rlforge import batch as B
-from rlforge.controller.local import close_reward
+from rlforge.build import Builder
 from rlforge.data import Prompt, collate, tokenize_rows
 from rlforge.errors import RLForgeError
 from rlforge.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from rlforge.protocols import RewardManager
+
+ENGINE = "hf"  # generates with the trained model object itself
 
 
 class GreedyAccuracy:
@@ -21,13 +26,13 @@ class GreedyAccuracy:
     """
 
     def __init__(self, config: DictConfig, plugins: Any, tokenizer: Any) -> None:
-        self.config, self.registry, self.tokenizer = config, plugins.registry, tokenizer
+        self.config, self.builder, self.tokenizer = config, Builder(config, plugins), tokenizer
         d = config.data
-        rows = self.registry.dataset.get(d.name)(config, "val")
+        rows = self.builder.registry.dataset.get(d.name)(config, "val")
         self.prompts = tokenize_rows(rows, tokenizer, d.max_prompt_length, True, f"{d.name} (val)")
-        self.manager = None
+        self.manager: RewardManager | None = None
         if self.prompts:
-            self.manager = self.registry.reward_manager.get(config.reward.manager)(config, tokenizer, self.registry)
+            self.manager = self.builder.reward(tokenizer)
             self._check()
 
     def _check(self) -> None:
@@ -54,10 +59,14 @@ class GreedyAccuracy:
         """Fraction of validation prompts answered right by greedy decoding; None without validation rows."""
         if self.manager is None:
             return None
-        engine = self.registry.rollout.get("hf")(self.config, model, self.tokenizer)
-        params = SamplingParams.from_config(self.config.rollout, validation=True)
-        batch = self.manager.score(engine.generate(self._batch(self.prompts), params))
+        engine = self.builder.registry.rollout.get(ENGINE)(self.config, model, self.tokenizer)
+        evaluate = self.builder.evaluator(engine, self.tokenizer, self.manager, ENGINE)
+        try:
+            batch = evaluate(self._batch(self.prompts), SamplingParams.from_config(self.config.rollout, validation=True))
+        finally:
+            evaluate.close()
         return float(batch[B.ACC].mean())
 
     def close(self) -> None:
-        close_reward(self.manager)
+        if self.manager is not None:
+            self.manager.close()

@@ -19,10 +19,6 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlforge import batch as B
-from rlforge.agent.config import SINGLE_TURN
-from rlforge.agent.engine import token_generator
-from rlforge.agent.batching import AGENT_REWARDS
-from rlforge.agent.stage import VALIDATION_METRICS, add_agent_rewards
 from rlforge.build import Builder
 from rlforge.errors import RLForgeError
 from rlforge.models import load_tokenizer
@@ -66,37 +62,6 @@ def summarize(groups: dict[Any, list[tuple[float, float]]], ks: list[int]) -> di
     return out
 
 
-class Generator:
-    """Generation of ``rlforge eval``: the engine's ``generate``, or the agent loop ``rollout.agent.loop`` on the
-    engine's token-in/token-out requests (its metrics, ``VALIDATION_METRICS``, averaged over the trajectories)."""
-
-    def __init__(self, cfg: DictConfig, pm: Any, engine: Any, tokenizer: Any) -> None:
-        self.engine = engine
-        builder = Builder(cfg, pm)
-        self.runner = builder.agent(tokenizer) if cfg.rollout.agent.loop != SINGLE_TURN else None
-        self.backend = token_generator(engine, tokenizer)
-        self.continuous = builder.capabilities("rollout").continuous_batching
-        self.sums: dict[str, float] = defaultdict(float)
-        self.counts: dict[str, int] = defaultdict(int)
-
-    def __call__(self, prompts: B.Batch, params: SamplingParams) -> B.Batch:
-        if self.runner is None:
-            return self.engine.generate(prompts, params)
-        out, metrics = self.runner.rollout(prompts, params, self.backend, self.continuous)
-        for key in VALIDATION_METRICS:
-            if key in metrics:
-                self.sums[key] += metrics[key] * len(out)
-                self.counts[key] += len(out)
-        return out
-
-    def metrics(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.counts[k] for k in self.sums}
-
-    def close(self) -> None:
-        if self.runner is not None:
-            self.runner.close()
-
-
 def evaluate(
     cfg: DictConfig, pm: Any, *, split: str = "val", ks: str | None = None, limit: int | None = None,
     log: Callable[[str], Any] = print,
@@ -107,17 +72,16 @@ def evaluate(
     k_list = parse_ks(ks, params.n)
     tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     batches, rows = prompt_batches(cfg, pm, tokenizer, split, limit)
-    reward = Builder(cfg, pm).reward(tokenizer)
+    builder = Builder(cfg, pm)
+    reward = builder.reward(tokenizer)
     engine = load_engine(cfg, pm, tokenizer)
-    generate = Generator(cfg, pm, engine, tokenizer)
+    evaluate = builder.evaluator(engine, tokenizer, reward)
     groups: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     source: dict[Any, str] = {}
     start = time.perf_counter()
     try:
         for i, prompts in enumerate(batches, 1):
-            scored = reward.score(generate(prompts, replace(params, seed=derived_seed(cfg.trainer.seed, i))))
-            if AGENT_REWARDS in scored:  # an agent loop's trajectory rewards count, as in training and validation
-                add_agent_rewards(scored)
+            scored = evaluate(prompts, replace(params, seed=derived_seed(cfg.trainer.seed, i)))
             if B.ACC not in scored:
                 raise RLForgeError(f"Reward manager '{cfg.reward.manager}' (reward.manager) sets no 'acc' column.")
             for uid, src, score, acc in zip(scored[B.UID], scored[B.DATA_SOURCE], scored[B.SCORES].tolist(),
@@ -126,8 +90,9 @@ def evaluate(
                 source[uid] = src
             log(f"eval: {i}/{len(batches)} batches, {len(groups)} prompts")
     finally:
-        generate.close()
+        evaluate.close()
         engine.shutdown()
+        reward.close()
     by_source = {
         src: {"prompts": len(sub), **summarize(sub, k_list)}
         for src in sorted(set(source.values()))
@@ -146,7 +111,7 @@ def evaluate(
         "reward_manager": cfg.reward.manager,
         "metrics": summarize(groups, k_list),
         "by_data_source": by_source,
-        **({"agent": generate.metrics()} if generate.runner is not None else {}),
+        **({"agent": evaluate.metrics()} if evaluate.agent is not None else {}),
         "seconds": round(time.perf_counter() - start, 3),
     }
 

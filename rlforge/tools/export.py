@@ -1,8 +1,8 @@
 """Checkpoints as models: find the model folder of a run or checkpoint, and ``rlforge export`` it.
 
 A checkpoint (``<run>/checkpoints/step_N/``, see ``rlforge.checkpoint``) is exported by the strategy
-that wrote it: a strategy class may define ``export_checkpoint(checkpoint: Path, out: Path)`` for its own
-layout (e.g. sharded weights to gather). Strategies without one write ``actor/`` as a plain Hugging Face
+that wrote it: a strategy class may define a static ``export_checkpoint(checkpoint: Path, out: Path)`` for its own
+layout (e.g. sharded weights to gather; read when it is registered, ``registry.strategy.entry(name).functions``). Strategies without one write ``actor/`` as a plain Hugging Face
 folder, which is copied as it is; a ``strategy.checkpoint=async`` checkpoint without one gets it first
 (:func:`write_missing_actor`).
 
@@ -126,8 +126,9 @@ def _run_setting(checkpoint: Path, key: str) -> Any:
 
 
 def _strategy_of(checkpoint: Path, registry: Any) -> Any:
-    """The strategy class named by the run's config.yaml (``single`` when the run folder is not there)."""
-    return registry.strategy.get(_run_setting(checkpoint, "strategy.name") or "single")
+    """The registry entry of the strategy named by the run's config.yaml (``single`` when the run folder is not
+    there)."""
+    return registry.strategy.entry(_run_setting(checkpoint, "strategy.name") or "single")
 
 
 def source_model(checkpoint: Path) -> str | None:
@@ -156,7 +157,7 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
         raise RLForgeError(f"{checkpoint} is not a LoRA checkpoint (no {ACTOR_DIR}/{ADAPTER_CONFIG}): --adapter "
                            f"applies to runs with model.lora.rank > 0.")
     exporter = (partial(export_lora, adapter_only=adapter_only) if is_adapter else
-                getattr(_strategy_of(checkpoint, registry), "export_checkpoint", None) or copy_hf_folder)
+                _strategy_of(checkpoint, registry).functions.get("export_checkpoint", copy_hf_folder))
     target.mkdir(parents=True, exist_ok=True)
     exporter(checkpoint, target)
     expected = ADAPTER_CONFIG if adapter_only else "config.json"

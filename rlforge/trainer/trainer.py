@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -20,7 +20,7 @@ from rlforge import checkpoint as ckpt
 from rlforge import diskio
 from rlforge import pipeline as pipelines
 from rlforge import resume
-from rlforge.agent.stage import AgentValidation, validation_controller
+from rlforge.agent.stage import evaluator
 from rlforge.build import Builder
 from rlforge.config import compose
 from rlforge.config.compose import apply_total_epochs
@@ -32,6 +32,9 @@ from rlforge.plugin_manager import PluginManager
 from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
+
+if TYPE_CHECKING:
+    from rlforge.protocols import GenerationsLogger
 
 log = logging.getLogger("rlforge")
 RESUME_HINT = "Free space, then continue with trainer.resume=auto (the last checkpoint is complete)."
@@ -221,10 +224,9 @@ class Trainer:
             return {}
         self.pipeline.settle(self.controller, self.step)  # the engine idle, with the trainer's weights
         rng = torch.get_rng_state()  # validation must not shift the training RNG stream
-        controller = validation_controller(self)
-        metrics, batch = self.module.validate(controller, self.val_examples)
-        if isinstance(controller, AgentValidation):
-            metrics = {**metrics, **controller.metrics}
+        self.module.evaluator = evaluator(self)
+        metrics, batch = self.module.validate(self.controller, self.val_examples)
+        metrics = {**metrics, **{f"val/{k}": v for k, v in self.module.evaluator.metrics().items()}}
         torch.set_rng_state(rng)
         if batch is not None:
             self._write_samples("val_samples.jsonl", batch, len(batch))
@@ -243,7 +245,8 @@ class Trainer:
     def _log_val_generations(self, batch: B.Batch) -> None:
         """``trainer.log_val_generations``: verl's pick of this validation's generations in verl's file,
         ``val_generations/val_step<N>.json``, handed to every logger (``log_artifact``), and shown by a logger that
-        defines ``log_generations(rows, step)`` (wandb: a table, tensorboard: text, as verl shows them)."""
+        declares ``LoggerCapabilities(shows_generations=True)`` through its ``log_generations(rows, step)`` (wandb: a
+        table, tensorboard: text, as verl shows them)."""
         rows = val_generations(batch, self.module.tokenizer, self.config.trainer.log_val_generations)
         if not rows:
             return
@@ -251,11 +254,11 @@ class Trainer:
         with diskio.disk_errors(f"write {path}", RESUME_HINT, where=self.run_dir):
             path.parent.mkdir(exist_ok=True)
             diskio.write_atomic(path, json.dumps(rows, indent=1))
-        for lg in self.loggers:
+        declared = self.builder.registry.logger
+        for lg, name in zip(self.loggers, self.config.logger.backends):
             lg.log_artifact(str(path))
-            show = getattr(lg, "log_generations", None)
-            if show is not None:
-                show(rows, self.step)
+            if declared.entry(name).capabilities.shows_generations:
+                cast("GenerationsLogger", lg).log_generations(rows, self.step)
 
     def _write_samples(self, name: str, batch: B.Batch, limit: int) -> None:
         records = sample_records(batch, limit)  # none for batches without generated text (offline algorithms)

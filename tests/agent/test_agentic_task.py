@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 import rlforge
 from rlforge import batch as B
-from rlforge.agent.stage import AgentRolloutStage, validation_controller
+from rlforge.agent.stage import AgentRolloutStage, evaluator
 from rlforge.errors import ConfigError, DataError
 from rlforge.plugins.agent.parsers import HermesParser
 from rlforge.plugins.data.arith_tool import (
@@ -193,37 +193,40 @@ def test_validation_runs_the_agent_loop_with_the_validation_sampling(make_runner
     script = Scripted(tok, calculator_then_answer)
     stage = AgentRolloutStage()
     trainer = SimpleNamespace(config=cfg, builder=Builder(cfg, pm), module=SimpleNamespace(tokenizer=tok),
-                              controller=fake_controller(generate_tokens=script), flow=SimpleNamespace(stages=[stage]))
+                              controller=fake_controller(generate_tokens=script, score=None),
+                              flow=SimpleNamespace(stages=[stage]))
     params = sampling(n=2)
-    controller = validation_controller(trainer)
-    out = controller.generate(prompt_batch(tok, [("2+3?", "5")]), params)
-    metrics = controller.metrics
+    evaluate = evaluator(trainer)
+    out = evaluate.generate(prompt_batch(tok, [("2+3?", "5")]), params)
+    metrics = evaluate.metrics()
     assert out[B.SOLUTION_TEXT] == ["5", "5"] and len(script.waves) == 2  # n=2 trajectories, two turns each
     assert {p.temperature for p in script.params} == {0.0}
-    assert metrics == {"val/num_turns/mean": 4.0, "val/tool_call_counts/mean": 1.0,
-                       "val/agent/tool_call_format_ok": 1.0, "val/agent/turn_limit_ratio": 0.0}
+    assert metrics == {"num_turns/mean": 4.0, "tool_call_counts/mean": 1.0,
+                       "agent/tool_call_format_ok": 1.0, "agent/turn_limit_ratio": 0.0}
+    assert stage.runner is not None  # the flow's own rollout stage ran the loop
     stage.close()
 
 
 def test_validation_without_an_agent_loop_calls_the_controllers_generate(tok):
     calls = []
-    controller = SimpleNamespace(generate=lambda batch, params: calls.append(params) or batch)
+    controller = SimpleNamespace(generate=lambda batch, params: calls.append(params) or batch, score=None)
     trainer = SimpleNamespace(controller=controller, flow=SimpleNamespace(stages=[]))
     batch = prompt_batch(tok, [("2+3?", "5")])
-    assert validation_controller(trainer) is controller
-    assert validation_controller(trainer).generate(batch, sampling()) is batch and calls == [sampling()]
+    evaluate = evaluator(trainer)
+    assert evaluate.agent is None and evaluate.backend is controller
+    assert evaluate.generate(batch, sampling()) is batch and calls == [sampling()] and evaluate.metrics() == {}
 
 
-def test_eval_generator_runs_the_agent_loop(make_config, tok, pm):
-    from rlforge.tools.evaluate import Generator
+def test_eval_runs_the_agent_loop(make_config, tok, pm):
+    from rlforge.build import Builder
 
     cfg = make_config("rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]")
     engine = SimpleNamespace(generate_tokens=Scripted(tok, calculator_then_answer))
-    generate = Generator(cfg, pm, engine, tok)
-    out = generate(prompt_batch(tok, [("2+3?", "5"), ("1+1?", "2")]), sampling())
-    generate.close()
+    evaluate = Builder(cfg, pm).evaluator(engine, tok, SimpleNamespace(score=None))
+    out = evaluate.generate(prompt_batch(tok, [("2+3?", "5"), ("1+1?", "2")]), sampling())
+    evaluate.close()
     assert out[B.SOLUTION_TEXT] == ["5", "5"]  # the scripted call is always 2+3
-    assert generate.metrics()["agent/tool_call_format_ok"] == 1.0
+    assert evaluate.metrics()["agent/tool_call_format_ok"] == 1.0
 
 
 # --- the shipped preset -------------------------------------------------------------------------------------------

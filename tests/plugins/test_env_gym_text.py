@@ -17,7 +17,7 @@ import torch
 import rlforge
 from rlforge import batch as B
 from rlforge.agent.batching import AGENT_REWARDS
-from rlforge.agent.stage import AgentRolloutStage, validation_controller
+from rlforge.agent.stage import AgentRolloutStage, evaluator
 from rlforge.build import Builder
 from rlforge.data import collate, tokenize_rows
 from rlforge.errors import ConfigError, RLForgeError
@@ -230,7 +230,8 @@ def test_validation_scores_the_episode_return(config, pm, char_tokenizer):
                           controller=fake_controller(generate_tokens=Scripted(char_tokenizer, lambda _: "1"),
                                                      score=builder.reward(module.tokenizer).score))
     try:
-        metrics, batch = module.validate(validation_controller(run), module.prepare_data(builder.dataset("val"), "val"))
+        module.evaluator = evaluator(run)
+        metrics, batch = module.validate(run.controller, module.prepare_data(builder.dataset("val"), "val"))
     finally:
         stage.close()
     assert metrics["val/reward"] == pytest.approx(1.0)

@@ -324,7 +324,7 @@ def test_rlforge_own_endpoint_serving_the_tiny_model_as_the_judge(pm, make_manag
     async def serve():
         server = ChatServer()
         await server.start()
-        handle = EngineHandle(token_generator(engine, char_tokenizer),
+        handle = EngineHandle(token_generator(engine, char_tokenizer, True),
                               SamplingParams(n=1, temperature=0.0, max_new_tokens=6), max_len=70)
         sample = Sample([], [], "judge", None, None, 0, 0)
         return server, server.add(Recorder(context, sample, TrajectoryEngine(handle)))

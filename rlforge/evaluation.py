@@ -1,0 +1,102 @@
+"""The one evaluator: generate from held-out prompts and score the samples as a training step's rollout and reward
+stages do. Validation (``RLModule.validate``), ``rlforge eval`` and the SFT accuracy check all go through it, so the
+choice of agent loop and the agent rewards are handled in one place.
+
+It generates through one contract, a :class:`GenerationBackend`: the batch ``generate`` for single-turn prompts, the
+token-in/token-out ``generate_tokens`` (taking overlapping calls when ``continuous_batching``) for an agent loop. The
+run's controller offers it; a rollout engine outside a run (``rlforge eval``, the SFT check) is wrapped into it by
+:class:`EngineBackend`. With an agent loop (``rollout.agent.loop`` other than ``single_turn``: in a run, the flow's own
+agentic rollout stage, ``rlforge.agent.stage.evaluator``; outside one, a runner on the engine's ``generate_tokens``,
+``Builder.evaluator``) each prompt's samples are the loop's trajectories; their own rewards (``agent_rewards``: an
+env's return, tool and turn rewards) are then added to the reward function's scores, as the training step's
+``agent_reward`` stage adds them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rlforge import batch as B
+from rlforge.agent.batching import AGENT_REWARDS, add_agent_rewards
+from rlforge.agent.engine import token_generator
+from rlforge.sampling import Generation, SamplingParams
+
+if TYPE_CHECKING:
+    from rlforge.capabilities import RolloutCapabilities
+    from rlforge.protocols import RolloutEngine
+
+AGENT_METRICS = ("num_turns/mean", "tool_call_counts/mean", "agent/tool_call_format_ok",
+                 "agent/turn_limit_ratio")  # an agent loop's metrics the evaluator reports (validation: val/<name>)
+# an agent loop's rollout of prompts at the given sampling: (the trajectories as a batch, the agent metrics)
+AgentRollout = Callable[[B.Batch, SamplingParams], "tuple[B.Batch, dict[str, float]]"]
+
+
+class GenerationBackend(Protocol):
+    """What the evaluator generates through: the run's controller, or a standalone engine (:class:`EngineBackend`)."""
+
+    continuous_batching: bool  # generate_tokens takes overlapping calls (agent turns go at once, not in waves)
+
+    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch: ...
+
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]: ...
+
+
+class EngineBackend:
+    """A rollout engine outside a run (``rlforge eval``, the SFT check) as a :class:`GenerationBackend`; its
+    ``capabilities`` are those its registry entry declares (``token_io``, ``continuous_batching``)."""
+
+    def __init__(self, engine: RolloutEngine, tokenizer: Any, capabilities: RolloutCapabilities) -> None:
+        self.engine = engine
+        self.tokens = token_generator(engine, tokenizer, capabilities.token_io)
+        self.continuous_batching = capabilities.continuous_batching
+
+    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
+        return self.engine.generate(batch, params)
+
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        return self.tokens(prompts, params)
+
+
+class Evaluator:
+    """Generates ``params.n`` samples per prompt through ``backend``, or through ``agent`` (the agent loop's rollout
+    on that backend) when given, and scores them with ``score`` (the controller's or the reward manager's);
+    :meth:`metrics` averages the agent loop's metrics (:data:`AGENT_METRICS`) over every trajectory generated so far.
+    ``close``: what :meth:`close` stops (the agent loop's tools and servers, for an evaluator that built its own)."""
+
+    def __init__(self, backend: GenerationBackend, score: Callable[[B.Batch], B.Batch],
+                 agent: AgentRollout | None = None, close: Callable[[], None] | None = None) -> None:
+        self.backend, self.scorer, self.agent, self._close = backend, score, agent, close
+        self._parts: dict[str, list[tuple[float, int]]] = defaultdict(list)  # (value, trajectories) per call
+
+    def __call__(self, prompts: B.Batch, params: SamplingParams) -> B.Batch:
+        """The scored samples of ``prompts``."""
+        return self.score(self.generate(prompts, params))
+
+    def generate(self, prompts: B.Batch, params: SamplingParams) -> B.Batch:
+        if self.agent is None:
+            return self.backend.generate(prompts, params)
+        out, metrics = self.agent(prompts, params)
+        for key in AGENT_METRICS:
+            if key in metrics:
+                self._parts[key].append((metrics[key], len(out)))
+        return out
+
+    def score(self, batch: B.Batch) -> B.Batch:
+        """The reward function's scores, plus the trajectories' rewards when an agent loop generated ``batch``."""
+        batch = self.scorer(batch)
+        batch.meta.pop("metrics", None)  # the reward manager's counters are for training steps
+        if AGENT_REWARDS in batch:
+            add_agent_rewards(batch)
+        return batch
+
+    def metrics(self) -> dict[str, float]:
+        """The agent metrics, each averaged over the trajectories (one call's as the loop gave them; empty without an
+        agent loop)."""
+        return {key: parts[0][0] if len(parts) == 1 else sum(v * n for v, n in parts) / sum(n for _, n in parts)
+                for key, parts in self._parts.items()}
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
