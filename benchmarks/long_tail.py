@@ -65,9 +65,6 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=1024)
     parser.add_argument("--long-share", type=float, default=0.15)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--runs", nargs="+", default=["heavy_compacted", "heavy_all_rows", "uniform"],
-                        help="of heavy_compacted, heavy_all_rows, uniform, heavy_unpacked, uniform_unpacked "
-                        "(the last two: hf_decode.PACK_MAX_BYTES = 0, the linear layers not packed)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -91,19 +88,15 @@ def main() -> None:
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.long, seed=0)
     heavy_batch = batch(args.rows, args.prompt, args.short, long_rows, pad)
     uniform_batch = batch(args.rows, args.prompt, args.short, args.rows, pad)
-    compact, pack = hf_decode.COMPACT_BELOW, hf_decode.PACK_MAX_BYTES
-    runs = {"heavy_compacted": (heavy_batch, heavy_ends, compact, pack),
-            "heavy_all_rows": (heavy_batch, heavy_ends, -1.0, pack),
-            "uniform": (uniform_batch, uniform_ends, compact, pack),
-            "heavy_unpacked": (heavy_batch, heavy_ends, compact, 0),
-            "uniform_unpacked": (uniform_batch, uniform_ends, compact, 0)}
-    runs = {name: runs[name] for name in args.runs}
+    runs = {"heavy_compacted": (heavy_batch, heavy_ends, hf_decode.COMPACT_BELOW),
+            "heavy_all_rows": (heavy_batch, heavy_ends, -1.0),
+            "uniform": (uniform_batch, uniform_ends, hf_decode.COMPACT_BELOW)}
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     generated: dict[str, int] = {}
     for _ in range(args.repeats):
-        for name, ((ids, mask), ends, compact_below, pack_max_bytes) in runs.items():
+        for name, ((ids, mask), ends, compact) in runs.items():
             handle = force_lengths(model, stop, ends)
-            hf_decode.COMPACT_BELOW, hf_decode.PACK_MAX_BYTES = compact_below, pack_max_bytes
+            hf_decode.COMPACT_BELOW = compact
             decoder = Decoder(model, [stop], pad)
             start = time.perf_counter()
             with torch.no_grad():
@@ -112,16 +105,13 @@ def main() -> None:
             handle.remove()
             generated[name] = int(((out != pad).sum()))
     best = {name: min(v) for name, v in seconds.items()}
-    result: dict = {
+    result = {
         "size": args.size, "rows": args.rows, "short": args.short, "long": args.long, "long_rows": long_rows,
         "tokens": tokens, "uniform_length": round(mean), "generated": generated, "seconds": seconds, "best": best,
+        "heavy_over_uniform": best["heavy_compacted"] / best["uniform"],
+        "heavy_over_uniform_before": best["heavy_all_rows"] / best["uniform"],
         "threads": torch.get_num_threads(),
     }
-    for label, heavy, uniform in (("heavy_over_uniform", "heavy_compacted", "uniform"),
-                                  ("heavy_over_uniform_before", "heavy_all_rows", "uniform"),
-                                  ("heavy_over_uniform_unpacked", "heavy_unpacked", "uniform_unpacked")):
-        if heavy in best and uniform in best:
-            result[label] = best[heavy] / best[uniform]
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -6,11 +6,8 @@ written in place (no re-allocation per token) with the attention reading only th
 (``_filled_layer``; 9% less time per 20.6M batch than reading the whole allocation), the attention mask allocated
 once for the whole call, and one set
 of batched tensor operations per token for the sampling, the log-probs and the finished rows, whatever the batch
-size. On CPU in fp32 (with MKL) the one-token steps' linear layers run on weights packed once per batch size for
-MKL's sgemm (``PackedLinears``), which the plain product packs again at every call (an 8-row step of the 20.6M
-model: 0.85x the time, docs/performance.md "Long tails"). Optionally the one-token step runs through
-``torch.compile`` (``rollout.hf.compile``, on transformers' ``StaticCache``, whose shapes do not change from step to
-step). Under autocast (a mixed
+size. Optionally the one-token step runs through ``torch.compile`` (``rollout.hf.compile``, on transformers'
+``StaticCache``, whose shapes do not change from step to step). Under autocast (a mixed
 ``model.precision``) the cache grows by concatenation instead, as transformers' default cache does.
 
 Semantics (those of the ``generate`` call it replaces):
@@ -25,10 +22,7 @@ Semantics (those of the ``generate`` call it replaces):
 - a row that emitted a stop token gets the pad token from then on; the loop ends when every row has stopped or
   after ``max_new_tokens`` tokens. Finished rows are dropped from the batch that is computed (not with a compiled
   step, whose shapes must repeat), so later tokens of the remaining rows are drawn from a smaller batch: a seeded
-  call stays reproducible, with other draws than a loop that keeps every row;
-- the packed linear layers (CPU, fp32) give the plain products' results up to float rounding (~1e-6 in the log-probs),
-  so a seeded call is reproducible, and a token can differ from the unpacked loop's only where two logits tie to
-  that precision.
+  call stays reproducible, with other draws than a loop that keeps every row.
 """
 
 from __future__ import annotations
@@ -51,9 +45,6 @@ CACHE_LENGTH_STEP = 64  # compiled steps: the cache length is rounded up to a mu
 # finished rows leave the decoding batch (their KV-cache rows dropped) once at most this share of its rows still runs:
 # a heavy-tailed batch then costs the tokens it generates, not its longest row times its size (docs/performance.md)
 COMPACT_BELOW = 0.75
-# linear weights up to this many bytes (fp32, CPU) are packed for MKL during decoding: the packed copies are held
-# beside the weights for the call (the weights' size again: 84 MB of resident memory for the 20.6M model)
-PACK_MAX_BYTES = 2**30
 
 
 class Sampler:
@@ -92,54 +83,6 @@ class Sampler:
             probs = torch.softmax(self.warpers(None, scores), dim=-1)
             tokens = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
         return tokens, log_probs.gather(-1, tokens[:, None]).squeeze(-1)
-
-
-class PackedLinears:
-    """The decoding step's ``nn.Linear`` layers on weights packed for MKL's sgemm at one batch size.
-
-    A plain fp32 product on CPU with few rows (the tail of a batch: 1-16 rows) reads each weight, packs it into MKL's
-    blocked layout and multiplies: at 8 rows it costs 2-3x reading the weights once (docs/performance.md). Packed once
-    per batch size (``torch.ops.mkl._mkl_reorder_linear_weight``, the layout torch.compile's weight freezing uses on
-    CPU), the products skip the packing. ``pack(rows)`` sets every layer's forward to the packed product for batches of
-    ``rows`` rows (MKL falls back to the plain product for other sizes); ``restore()`` undoes it. One row is left to
-    the plain product, a matrix-vector product that packs nothing (packed, it was 20-30% slower per step)."""
-
-    def __init__(self, layers: list[torch.nn.Linear]) -> None:
-        self.layers, self.rows = layers, 0
-
-    @classmethod
-    def for_model(cls, model: torch.nn.Module, device: Any) -> PackedLinears | None:
-        """The model's plain fp32 CPU linear layers, or None where packing does not apply (not CPU, no MKL, gradients
-        on, no such layers, or more than ``PACK_MAX_BYTES`` of them)."""
-        if device.type != "cpu" or torch.is_grad_enabled() or not torch.backends.mkl.is_available():
-            return None
-        if not hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight"):
-            return None
-        layers = [m for m in model.modules() if type(m) is torch.nn.Linear and type(m.weight) is torch.nn.Parameter
-                  and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
-        if not layers or sum(m.weight.numel() * 4 for m in layers) > PACK_MAX_BYTES:
-            return None
-        return cls(layers)
-
-    def pack(self, rows: int) -> None:
-        if rows == self.rows:
-            return
-        if rows == 1:
-            self.restore()
-            return
-        for layer in self.layers:
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(layer.weight, rows)
-            layer.forward = functools.partial(_packed_product, layer, packed, rows)  # type: ignore[method-assign]
-        self.rows = rows
-
-    def restore(self) -> None:
-        for layer in self.layers:
-            layer.__dict__.pop("forward", None)
-        self.rows = 0
-
-
-def _packed_product(layer: torch.nn.Linear, packed: torch.Tensor, rows: int, x: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkl._mkl_linear(x, packed, layer.weight, layer.bias, rows)
 
 
 @functools.cache
@@ -232,29 +175,21 @@ class Decoder:
         stop = sample.stop_ids
         position = position[:, -1:]
         steps = new
-        packed = None if self.compiled or not static else PackedLinears.for_model(self.model, prompts.device)
-        try:
-            for t in range(new):
-                token, log_prob = sample(out.logits[:, -1], t)
-                token = token.masked_fill(done, self.pad_id)
-                tokens[running, t], log_probs[running, t] = token, log_prob.masked_fill(done, 0.0)
-                done |= torch.isin(token, stop)
-                left = int((~done).sum())
-                if t + 1 == new or left == 0:
-                    steps = t + 1
-                    break
-                if not self.compiled and left <= COMPACT_BELOW * len(done):
-                    keep = (~done).nonzero().squeeze(-1)
-                    cache.reorder_cache(keep)
-                    token, position, mask, running, done = (token[keep], position[keep], mask[keep], running[keep],
-                                                            done[keep])
-                if packed is not None:
-                    packed.pack(len(done))
-                position = position + 1
-                out = self.step(input_ids=token[:, None], position_ids=position, past_key_values=cache,
-                                attention_mask=mask if self.compiled else mask[:, : width + t + 1],
-                                cache_position=torch.tensor([width + t], device=prompts.device), use_cache=True)
-        finally:
-            if packed is not None:
-                packed.restore()
+        for t in range(new):
+            token, log_prob = sample(out.logits[:, -1], t)
+            token = token.masked_fill(done, self.pad_id)
+            tokens[running, t], log_probs[running, t] = token, log_prob.masked_fill(done, 0.0)
+            done |= torch.isin(token, stop)
+            left = int((~done).sum())
+            if t + 1 == new or left == 0:
+                steps = t + 1
+                break
+            if not self.compiled and left <= COMPACT_BELOW * len(done):
+                keep = (~done).nonzero().squeeze(-1)
+                cache.reorder_cache(keep)
+                token, position, mask, running, done = token[keep], position[keep], mask[keep], running[keep], done[keep]
+            position = position + 1
+            out = self.step(input_ids=token[:, None], attention_mask=mask if self.compiled else mask[:, : width + t + 1],
+                            position_ids=position, past_key_values=cache,
+                            cache_position=torch.tensor([width + t], device=prompts.device), use_cache=True)
         return tokens[:, :steps], log_probs[:, :steps]

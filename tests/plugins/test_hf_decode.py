@@ -79,39 +79,3 @@ def test_finished_rows_leave_the_batch_with_the_same_tokens(monkeypatch) -> None
         first = Decoder(model, stops, 0).decode(prompts, mask, sampled)
         again = Decoder(model, stops, 0).decode(prompts, mask, sampled)
     assert all(torch.equal(a, b) for a, b in zip(first, again))  # seeded: reproducible with compaction too
-
-
-def test_packed_linears_give_the_plain_tokens_and_are_restored(monkeypatch) -> None:
-    """On CPU in fp32 without gradients the decoding steps' linear layers run on MKL-packed weights, repacked when
-    finished rows leave the batch: the same greedy tokens and log-probs (to float rounding) as the plain products, and
-    every layer's own forward back after the call. With gradients on, in bf16 or above PACK_MAX_BYTES: not packed."""
-    import rlforge.plugins.rollout.hf_decode as hf_decode
-
-    if not torch.backends.mkl.is_available():
-        pytest.skip("this torch build has no MKL")
-    torch.manual_seed(0)
-    model = MODELS["llama_gqa"][0]().eval()
-    packed_rows: list[int] = []
-    pack = hf_decode.PackedLinears.pack
-    monkeypatch.setattr(hf_decode.PackedLinears, "pack", lambda self, rows: (packed_rows.append(rows), pack(self, rows)))
-    prompts = torch.randint(3, 50, (8, 5))
-    mask = torch.ones_like(prompts)
-    mask[0, :2] = 0
-    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
-    with torch.no_grad():
-        free, _ = Decoder(model, [], 0).decode(prompts, mask, greedy)
-        stops = sorted({int(free[i, 2]) for i in range(4)})
-        tokens, log_probs = Decoder(model, stops, 0).decode(prompts, mask, greedy)
-        assert len(set(packed_rows)) >= 2, packed_rows  # repacked after the batch shrank
-        assert not any("forward" in vars(m) for m in model.modules())
-        assert hf_decode.PackedLinears.for_model(model, torch.device("meta")) is None
-        monkeypatch.setattr(hf_decode, "PACK_MAX_BYTES", 0)
-        packed_rows.clear()
-        plain_tokens, plain_log_probs = Decoder(model, stops, 0).decode(prompts, mask, greedy)
-        assert packed_rows == []
-        monkeypatch.undo()
-        assert hf_decode.PackedLinears.for_model(model, torch.device("cpu")) is not None
-        assert hf_decode.PackedLinears.for_model(model.to(torch.bfloat16), torch.device("cpu")) is None
-    assert hf_decode.PackedLinears.for_model(model.float(), torch.device("cpu")) is None  # gradients on
-    assert torch.equal(tokens, plain_tokens)
-    torch.testing.assert_close(log_probs, plain_log_probs, rtol=1e-5, atol=1e-5)
