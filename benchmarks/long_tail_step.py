@@ -21,7 +21,9 @@ ones asked for. Prompts are taken in order (no shuffling: every step has the sam
 The contenders alternate (rlforge heavy, rlforge uniform, TRL heavy, TRL uniform, then again), each round in a fresh
 process; per contender the median seconds per step after 2 warm-up steps of each round, and for rlforge the median
 of its stages (``timing_s/*``: gen, log_prob = old + ref, update). Reported: heavy / uniform per contender and
-rlforge's speed-up over TRL on each batch.
+rlforge's speed-up over TRL on each batch. ``--baseline-decoder FILE`` adds the contender ``rlforge-hf-baseline``:
+the hf engine decoding with another version of ``hf_decode.py`` (e.g. ``git show main:plugins/rollout/hf_decode.py``),
+to measure a change of the decoding loop in the same alternating run.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_vs_trl import ENGINES, SIZES, build_model, rlforge_history, round_output, step_timer, trl_trainer  # noqa: E402
+from decode_step import load_decoder  # noqa: E402
 from long_tail import force_lengths  # noqa: E402
 from step_breakdown import RLFORGE_TIMINGS  # noqa: E402
 
@@ -111,19 +115,23 @@ def run_round(spec: dict) -> list[dict]:
     cap = spec["long"]
     if spec["who"] == "trl":
         timer = step_timer()
-        with tempfile.TemporaryDirectory() as out:
-            trainer = trl_trainer(Path(folder), p, g, cap, steps, out, timer, rows=rows, generation_kwargs={},
+        with tempfile.TemporaryDirectory() as trl_out:
+            trainer = trl_trainer(Path(folder), p, g, cap, steps, trl_out, timer, rows=rows, generation_kwargs={},
                                   shuffle_dataset=False)
             trainer.train()
         logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
         return [{"step": s, "tokens": h["completions/mean_length"] * p * g} for s, h in zip(timer.times, logs)]
+    engine = spec["who"].split("-", 1)[1]
+    if engine.endswith("-baseline"):  # before the engine's module imports it
+        sys.modules["rlforge.plugins.rollout.hf_decode"] = load_decoder(Path(spec["decoder"]))
+        engine = engine.removesuffix("-baseline")
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "train.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        history = rlforge_history(Path(folder), p, g, cap, steps, spec["who"].split("-", 1)[1], overrides=(
+        history = rlforge_history(Path(folder), p, g, cap, steps, engine, overrides=(
             "data.name=files", f"data.train_files=[{data}]", "data.shuffle=false", "rollout.min_new_tokens=0",
             f"data.max_prompt_length={max(sizes)}"))
-    out = []
+    out: list[dict] = []
     for h in history:
         row = {phase: sum(h.get(f"timing_s/{k}", 0.0) for k in keys) for phase, keys in RLFORGE_TIMINGS.items()}
         out.append({"step": h["timing_s/step"], "tokens": h["response_length/mean"] * p * g, **row})
@@ -152,10 +160,14 @@ def update_pass(args: argparse.Namespace, folder: Path, repeats: int = 3) -> dic
     model = AutoModelForCausalLM.from_pretrained(folder)
     ops.share_prompts(model, ops.SHARE_REPEATED)
     grouped = ops.length_groups
+
+    def one_pass(lengths: Sequence[int], overhead: int = 0) -> list[list[int]]:
+        return [list(range(len(lengths)))]
+
     seconds: dict[str, list[float]] = {"grouped": [], "one_pass": []}
     for _ in range(repeats):
         for name in seconds:
-            ops.length_groups = grouped if name == "grouped" else (lambda n: [list(range(len(n)))])
+            ops.length_groups = grouped if name == "grouped" else one_pass
             start = time.perf_counter()
             logp, _ = ops.response_logprobs(model, ids, mask, args.long)
             logp.sum().backward()
@@ -177,6 +189,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--engines", default="hf", help=f"rlforge variants, comma-separated: {','.join(ENGINES)}")
     parser.add_argument("--no-trl", action="store_true", help="time rlforge only")
+    parser.add_argument("--baseline-decoder", type=Path, help="another hf_decode.py: adds rlforge-hf-baseline")
     parser.add_argument("--update-pass", action="store_true", help="only time the update's forward and backward on "
                         "the heavy batch, grouped by length and in one padded pass")
     parser.add_argument("--trl-python", default=sys.executable, help="interpreter of the environment with TRL")
@@ -192,6 +205,8 @@ def main() -> None:
         return
     plan = lengths(args)
     who_all = [f"rlforge-{e}" for e in args.engines.split(",")] + ([] if args.no_trl else ["trl"])
+    if args.baseline_decoder:
+        who_all.insert(1, "rlforge-hf-baseline")
     rows: dict[str, dict[str, list[dict]]] = {who: {d: [] for d in DISTRIBUTIONS} for who in who_all}
     load_before, started = os.getloadavg(), time.strftime("%Y-%m-%d %H:%M")
     with tempfile.TemporaryDirectory() as tmp:
@@ -214,7 +229,8 @@ def main() -> None:
                 for dist in DISTRIBUTIONS:
                     spec = {"who": who, "dist": dist, "folder": str(folder), "p": args.prompts, "g": args.samples,
                             "steps": args.steps, "short": args.short, "long": args.long,
-                            "long_prompts": plan["long_prompts"], "uniform": plan["uniform_length"]}
+                            "long_prompts": plan["long_prompts"], "uniform": plan["uniform_length"],
+                            "decoder": str(args.baseline_decoder)}
                     got = round_output(args.trl_python if who == "trl" else sys.executable, __file__, spec)
                     bad = [r["tokens"] for r in got if round(r["tokens"]) != plan["tokens"]]
                     if bad:
