@@ -159,8 +159,11 @@ class Strategy(Protocol):
 
 @runtime_checkable
 class Controller(Protocol):
-    """Runs the dataflow's operations on the workers. Registered under ``controller``; built as
-    ``factory(builder, module)`` (``rlforge.build.Builder``) with the module's tokenizer loaded."""
+    """A placement of the run's roles on ranks: its worker groups (``workers``), the rollout engines' weights and the
+    workers' checkpoint state. Registered under ``controller``; built as ``factory(builder, module)``
+    (``rlforge.build.Builder``) with the module's tokenizer loaded. The stages call the worker groups' declared
+    methods themselves (``ctx.workers.actor.compute_log_probs(batch, "ref")``, ``ctx.workers.critic.update(batch,
+    ctx.step)``); the controller runs none of those operations."""
 
     logprobs_match_actor: bool
     continuous_batching: bool  # agent requests go to its generate_tokens at once (the engine's capability), not in waves
@@ -173,16 +176,9 @@ class Controller(Protocol):
 
     def score(self, batch: Batch) -> Batch: ...
 
-    def compute_log_probs(self, batch: Batch, role: str = "actor") -> torch.Tensor: ...
-
-    def compute_values(self, batch: Batch) -> torch.Tensor: ...
-
-    def update_actor(self, batch: Batch) -> dict[str, float]: ...
-
-    def update_critic(self, batch: Batch) -> dict[str, float]: ...
-
     def sync_weights(self) -> SyncStats:
-        """Give the rollout engines the actor's weights; what that moved (bytes) and took (seconds)."""
+        """Give the rollout engines the actor's weights (the actor ranks' engines, or a rollout group's: the
+        placement decides); what that moved (bytes) and took (seconds)."""
 
     # optional: generate_tokens(prompts, params) -> list[Generation] (TokenGenerator), used by agent loops
 

@@ -29,8 +29,6 @@ from rlforge.errors import ConfigError, RLForgeError
 from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
-    import torch
-
     from rlforge.registry import Entry
     from rlforge.weight_sync import SyncStats
 
@@ -121,15 +119,11 @@ class GroupController:
     def actor(self) -> Any:
         return self.groups["actor"]
 
-    @property
-    def critic(self) -> Any:
-        return self.groups.get("critic")
-
     def _share(self, obj: Any) -> Any:
         """``obj`` as sent to every rank (Ray: one copy in the object store)."""
         return obj
 
-    # --- the dataflow: each call is the worker method's, split and joined by its declared modes --------------
+    # --- the engines: the actor ranks' or the rollout group's (the other operations: ``workers.<role>.<method>``) --
     def _engines(self) -> Any:
         """The group whose workers own the rollout engines."""
         return self.actor if self.rollout is None else self.rollout
@@ -143,23 +137,6 @@ class GroupController:
 
     def score(self, batch: B.Batch) -> B.Batch:
         return self.reward.score(batch)
-
-    def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
-        return self.actor.compute_log_probs(batch, role)
-
-    def update_actor(self, batch: B.Batch) -> dict[str, float]:
-        return self.actor.update(batch, self.module.step)  # the ranks' modules see the driver's step
-
-    def compute_values(self, batch: B.Batch) -> torch.Tensor:
-        return self._critic("compute_values").compute_values(batch)
-
-    def update_critic(self, batch: B.Batch) -> dict[str, float]:
-        return self._critic("update_critic").update(batch, self.module.step)
-
-    def _critic(self, what: str) -> Any:
-        if self.critic is None:
-            raise RLForgeError(f"{what} needs a critic (the algorithm's needs_critic() is False).")
-        return self.critic
 
     def sync_weights(self) -> SyncStats:
         """The actor ranks give their engines the new weights (``ActorRank.sync_weights``): bytes moved, seconds."""

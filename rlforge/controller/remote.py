@@ -144,8 +144,10 @@ def placed_roles(builder: Builder, module: Any) -> dict[str, Role]:
 
 
 class Workers:
-    """The worker groups of a run by role (``controller.workers``, ``StepContext.workers``): ``workers.actor``,
-    ``workers.critic``, a plugin's ``workers.prm``; ``role in workers``."""
+    """The worker groups of a run by role (``controller.workers``, ``StepContext.workers``), each called with its
+    worker class's declared methods: ``workers.actor.compute_log_probs(batch, "ref")``,
+    ``workers.critic.update(batch, step)``, a plugin's ``workers.prm``; ``role in workers``. A role the run did not
+    place is an error naming it and why."""
 
     def __init__(self, groups: dict[str, Any]) -> None:
         self._groups = groups
@@ -154,8 +156,9 @@ class Workers:
         groups = self.__dict__.get("_groups", {})
         if role in groups:
             return groups[role]
-        raise RLForgeError(f"No '{role}' worker group in this run (placed: {', '.join(groups) or 'none'}). A role is "
-                           f"placed when the algorithm's worker_roles() or the reward manager's worker_roles name it.")
+        raise RLForgeError(f"No '{role}' worker group in this run (placed: {', '.join(groups) or 'none'}): a role is "
+                           f"placed when the algorithm's worker_roles() or the reward manager's worker_roles() name it "
+                           f"(the critic when the algorithm's needs_critic() is True).")
 
     def __contains__(self, role: object) -> bool:
         return role in self._groups
