@@ -1,7 +1,7 @@
 """What a component can do, declared once on its class and read from its registry entry.
 
 A rollout engine or strategy declares ``capabilities = RolloutCapabilities(...)`` / ``StrategyCapabilities(...)``
-(every field defaults to False). The registry reads the declaration when the component is registered
+(every field defaults to False, or ""). The registry reads the declaration when the component is registered
 (``Registry.register``: the wrong type, or a capability written as a bare class attribute, is refused there), keeps it
 on the entry (``registry.rollout.entry(name).capabilities``, ``Builder.capabilities(kind)``) and ``rlforge plugins
 list`` shows it. The core reads capabilities only from there: it never probes a component for optional attributes.
@@ -33,6 +33,23 @@ class StrategyCapabilities:
     sharded: bool = False  # several processes hold the model (fsdp, tp, megatron, fabric): a launcher places them
     shares_prompts: bool = False  # verified with model.shared_prefix (a prompt's KV cache shared by its responses)
     async_checkpoint: bool = False  # save_sharded_async writes what load_sharded reads (strategy.checkpoint=async)
+    # the config key of how many consecutive ranks see the same rows (tp: "strategy.tp.size", sequence-parallel
+    # groups): the controllers split batches over num_processes / that many data-parallel groups; "": each rank alone
+    same_rows_key: str = ""
+
+    def data_parallel_size(self, config: Any) -> int:
+        """The data-parallel groups that ``strategy.num_processes`` ranks form (``same_rows_key``)."""
+        from omegaconf import OmegaConf
+
+        ranks = int(config.strategy.num_processes)
+        if not self.same_rows_key:
+            return ranks
+        size = OmegaConf.select(config, self.same_rows_key)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 or ranks % size:
+            raise RLForgeError(f"{self.same_rows_key}={size!r} must be a whole number >= 1 that divides "
+                               f"strategy.num_processes={ranks} (strategy.name={config.strategy.name} declares "
+                               f"same_rows_key='{self.same_rows_key}').")
+        return ranks // size
 
 
 def declared(kind: str, name: str, obj: Any, declaration: type) -> Any:
@@ -53,9 +70,9 @@ def declared(kind: str, name: str, obj: Any, declaration: type) -> Any:
         raise RLForgeError(f"{kind} '{name}' sets {', '.join(loose)} as {what}; declare its capabilities instead: "
                            f"capabilities = rlforge.capabilities.{declaration.__name__}({given}).")
     for f in fields(declaration):
-        if not isinstance(getattr(value, f.name), bool):
-            raise RLForgeError(f"{kind} '{name}': capability {f.name} must be True or False, got "
-                               f"{getattr(value, f.name)!r}.")
+        if not isinstance(getattr(value, f.name), type(f.default)):
+            must = "True or False" if isinstance(f.default, bool) else f"a {type(f.default).__name__}"
+            raise RLForgeError(f"{kind} '{name}': capability {f.name} must be {must}, got {getattr(value, f.name)!r}.")
     return value
 
 
@@ -73,4 +90,5 @@ def shown(capabilities: Any) -> str:
     """The capabilities that are on, for ``rlforge plugins list`` (``""`` when none)."""
     if capabilities is None:
         return ""
-    return ", ".join(f.name for f in fields(capabilities) if getattr(capabilities, f.name))
+    on = [(f.name, getattr(capabilities, f.name)) for f in fields(capabilities) if getattr(capabilities, f.name)]
+    return ", ".join(name if value is True else f"{name}={value}" for name, value in on)

@@ -35,13 +35,6 @@ if TYPE_CHECKING:
 CHECKPOINT_MODES = ("full", "sharded", "async")
 
 
-def data_parallel_size(config: Any, strategy_factory: Any) -> int:
-    """The data-parallel groups that ``strategy.num_processes`` ranks form: each rank alone, unless the strategy
-    groups them (``tp``: tensor-parallel groups that see the same rows)."""
-    size = getattr(strategy_factory, "data_parallel_size", None)
-    return int(size(config)) if size is not None else int(config.strategy.num_processes)
-
-
 def check_layout(config: Any, strategy: Entry[Any], needs_critic: bool) -> None:
     """Fail before any worker starts: rank count, strategy (its registry entry), checkpoint mode, batch sizes per
     data-parallel group (at compose time with the actor's batch sizes, ``validate_config``; the critic's when the
@@ -54,7 +47,7 @@ def check_layout(config: Any, strategy: Entry[Any], needs_critic: bool) -> None:
             f"strategy.name={config.strategy.name} trains one copy per process without synchronizing gradients: "
             f"with strategy.num_processes={world} use strategy.name=fsdp (or tp)."
         )
-    world = data_parallel_size(config, strategy.obj)
+    world = strategy.capabilities.data_parallel_size(config)
     unit = f"strategy.num_processes={world} ranks" if world == config.strategy.num_processes else (
         f"{world} data-parallel groups (strategy.num_processes={config.strategy.num_processes})")
     if config.strategy.checkpoint not in CHECKPOINT_MODES:

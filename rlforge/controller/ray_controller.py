@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.config.schema import option
 from rlforge.controller.dispatch import PerRank
-from rlforge.controller.groups import GroupController, check_layout, data_parallel_size, rank_module_class
+from rlforge.controller.groups import GroupController, check_layout, rank_module_class
 from rlforge.controller.remote import WorkerGroup, placed_roles
 from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
@@ -221,7 +221,7 @@ class RayController(GroupController):
     def __init__(self, builder: Builder, module: RLModule) -> None:
         config, reg = builder.config, builder.registry
         entry = reg.strategy.entry(config.strategy.name)
-        self.strategy_factory = entry.obj
+        self.strategy_caps = entry.capabilities
         check_config(config, entry, module.needs_critic())
         ray = self.ray = _import_ray()
         for plugin_file in builder.plugins.file_modules():  # the workers load them too, but unpickle classes first
@@ -301,7 +301,7 @@ class RayController(GroupController):
             pool = self._pool(name, n, cfg.cpus_per_worker, gpus, f"{' or '.join(keys)} or ray.cpus_per_worker / "
                                                                   f"ray.gpus_per_worker")
             for role in members:
-                dp = n if specs[role].ranks else data_parallel_size(config, self.strategy_factory)
+                dp = n if specs[role].ranks else self.strategy_caps.data_parallel_size(config)
                 group = self.groups[role] = self._group(role, pool, 1.0 / len(members), n, dp)
                 group.setup(config, module_cls, self.masters[role], not cfg.rollout_workers)
 

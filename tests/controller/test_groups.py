@@ -9,9 +9,10 @@ import torch
 from omegaconf import OmegaConf
 
 from rlforge import batch as B
-from rlforge import load_config
+from rlforge import capabilities, load_config
+from rlforge.capabilities import StrategyCapabilities, shown
 from rlforge.controller.dispatch import PerRank
-from rlforge.controller.groups import GroupController, data_parallel_size
+from rlforge.controller.groups import GroupController
 from rlforge.controller.remote import InProcess, WorkerGroup, declared, remote
 from rlforge.errors import RLForgeError
 from rlforge.sampling import SamplingParams, derived_seed
@@ -121,8 +122,16 @@ def test_data_parallel_size_follows_the_strategy(pm):
                                 "data.train_batch_size=8"], plugins=pm)
     tp = load_config("grpo", ["strategy.name=tp", "strategy.tp.size=2", "strategy.num_processes=4",
                               "trainer.controller=ray", "data.train_batch_size=8"], plugins=pm)
-    assert data_parallel_size(fsdp, pm.registry.strategy.get("fsdp")) == 4
-    assert data_parallel_size(tp, pm.registry.strategy.get("tp")) == 2
+    caps = {name: pm.registry.strategy.entry(name).capabilities for name in ("fsdp", "tp")}
+    assert caps["fsdp"].data_parallel_size(fsdp) == 4
+    assert caps["tp"].data_parallel_size(tp) == 2
+    assert "same_rows_key=strategy.tp.size" in shown(caps["tp"])  # declared: `rlforge plugins list` shows it
+    with pytest.raises(RLForgeError, match=r"strategy.tp.size=3 must be a whole number >= 1 that divides "
+                                           r"strategy.num_processes=4 \(strategy.name=tp declares"):
+        caps["tp"].data_parallel_size(OmegaConf.merge(tp, {"strategy": {"tp": {"size": 3}}}))
+    with pytest.raises(RLForgeError, match="capability same_rows_key must be a str, got 2"):
+        capabilities.declared("strategy", "odd", type("Odd", (), {"capabilities": StrategyCapabilities(
+            same_rows_key=2)}), StrategyCapabilities)  # type: ignore[arg-type]
 
 
 class TwoGroups(GroupController):
