@@ -93,8 +93,8 @@ def _sgd_grpo(config: Any) -> Any:
 def _tp_rank(rank: int, port: int, device: str, batch: Any, out_dir: str) -> None:
     from rlforge import load_config
     from rlforge.controller.dispatch import shard_for_update
-    from rlforge.controller.worker import ActorWorker
     from rlforge.plugin_manager import PluginManager
+    from rlforge.worker import ActorWorker
 
     _launch(rank, 2, port)
     pm = PluginManager(autoload=False)
@@ -113,8 +113,8 @@ def check_tp(device: str) -> dict[str, Any]:
     """The tp strategy (tp 2, both ranks on this device) against one process on the same batch, plain SGD."""
     from rlforge import batch as B
     from rlforge import load_config
-    from rlforge.controller.worker import ActorWorker
     from rlforge.plugin_manager import PluginManager
+    from rlforge.worker import ActorWorker
 
     pm = PluginManager(autoload=False)
     cfg = load_config("grpo", [*TOY, f"strategy.device={device}"], plugins=pm)

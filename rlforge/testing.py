@@ -82,10 +82,9 @@ def fake_controller(workers: dict[str, dict[str, Any]] | None = None, **methods:
     """A controller offering ``methods`` (``generate_tokens=...``) and worker groups with just the methods a stage
     under test calls (``workers={"actor": {"compute_log_probs": lambda batch, role: ...}}``, reached as
     ``ctx.workers.actor``), in waves, without reusing the engine's log-probs (``logprobs_match_actor=False``)."""
-    from rlforge.controller.remote import Workers
-
     groups = {role: SimpleNamespace(**fns) for role, fns in (workers or {}).items()}
-    return SimpleNamespace(logprobs_match_actor=False, continuous_batching=False, workers=Workers(groups), **methods)
+    return SimpleNamespace(logprobs_match_actor=False, continuous_batching=False, workers=SimpleNamespace(**groups),
+                           **methods)
 
 
 class FixedAnswerEngine:

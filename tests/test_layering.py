@@ -161,7 +161,6 @@ KNOWN_DEFERRED_CYCLES = [
     ["rlforge.checkpoint", "rlforge.lora", "rlforge.models", "rlforge.multimodal"],
     ["rlforge.config.verl", "rlforge.config.verl_derived", "rlforge.config.verl_layout", "rlforge.config.verl_sft",
      "rlforge.config.verl_training"],
-    ["rlforge.controller.ray_workers", "rlforge.controller.remote", "rlforge.controller.worker"],
 ]
 
 

@@ -13,9 +13,10 @@ from rlforge import capabilities, load_config
 from rlforge.capabilities import StrategyCapabilities, shown
 from rlforge.controller.dispatch import PerRank
 from rlforge.controller.groups import GroupController
-from rlforge.controller.remote import InProcess, WorkerGroup, declared, remote
+from rlforge.controller.remote import InProcess, WorkerGroup
 from rlforge.errors import RLForgeError
 from rlforge.sampling import SamplingParams, derived_seed
+from rlforge.worker import declared, remote
 
 
 class Rank:

@@ -155,7 +155,7 @@ def _workers(pm: PluginManager, extra: list[str], out_dir: str | None = None) ->
     built from ``WORKERS + extra``; with ``out_dir``, the actor saved sharded after its update, restored into a fresh
     worker, and one more update taken by both."""
     from rlforge.algorithms.ppo import PPO
-    from rlforge.controller.worker import ActorWorker, CriticWorker
+    from rlforge.worker import ActorWorker, CriticWorker
     from tests.controller.test_worker import SGDGRPO, _rollout_batch
 
     class SGDPPO(PPO):
