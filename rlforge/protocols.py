@@ -184,14 +184,16 @@ class Controller(Protocol):
 
     def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
         """The workers' state for a checkpoint (``staging``: a folder for sharded state, moved into the
-        checkpoint by ``rlforge.checkpoint.save``). Leaves the trained actor weights in ``module.actor``, except
-        with ``background`` (``strategy.checkpoint=async``): then the shards are still being written."""
+        checkpoint by ``rlforge.checkpoint.save``). The trained actor weights are in ``module.actor`` where the driver
+        trains it, else written to ``rlforge.checkpoint.staged_actor(staging)`` (a plain HF folder), except with
+        ``background`` (``strategy.checkpoint=async``): then the shards are still being written."""
 
     def finish_checkpoint(self) -> float:
         """Wait for the shards a ``background`` :meth:`state_dict` is writing; the seconds the write took."""
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
-        """Restore :meth:`state_dict`'s result from the checkpoint ``folder`` (``module.actor`` holds its weights)."""
+        """Restore :meth:`state_dict`'s result from the checkpoint ``folder``, the actor's weights included (its
+        ``actor/``, or the shards)."""
 
     def shutdown(self) -> None: ...
 

@@ -10,18 +10,22 @@ each operation's split and join is its worker method's declaration (``@remote`` 
 - log-probs and values: equal slices per data-parallel group (sharded models run collectives);
 - updates: each data-parallel group gets its slice of every mini-batch (``shard_for_update``);
 - checkpoints: every role whose worker declares ``state_dict`` (actor, critic, a plugin's trained role), gathered
-  (``strategy.checkpoint=full``) or written by every rank (``sharded``); the driver's ``module.actor`` mirrors the
-  trained weights, so ``checkpoint.save`` writes the plain HF folder.
+  (``strategy.checkpoint=full``) or written by every rank (``sharded``), under every controller; the actor's weights
+  are the plain HF ``actor/``, which the driver writes from the gathered weights (it holds no model between
+  checkpoints under ``ray`` and ``torchrun``) and reads back on resume.
 - roles a plugin adds (``registry.role``: PRIME's ``prm``, the ``model`` reward manager's ``reward_model``) are placed
   like the built-in ones and reached as ``controller.workers.<role>``.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
+from rlforge.checkpoint import SHARDED_DIR, load_weights, staged_actor, write_actor
 from rlforge.config.compose import micro_batch_size
 from rlforge.controller.dispatch import PerRank
 from rlforge.controller.remote import Workers
@@ -91,8 +95,8 @@ def rank_module_class(module: Any) -> type:
 
 
 class GroupController:
-    """The dataflow and checkpoints over worker groups. A subclass sets ``config``, ``module`` (the driver's
-    actor mirror), ``reward``, ``groups`` (role -> ``WorkerGroup``: every role ``Builder.roles`` names), ``rollout`` (a
+    """The engines and checkpoints over worker groups. A subclass sets ``config``, ``module`` (the driver's: with the
+    actor only where the driver trains it, ``local``), ``reward``, ``groups`` (role -> ``WorkerGroup``: every role ``Builder.roles`` names), ``rollout`` (a
     group that owns the rollout engines; None: the actor ranks own them) and may override ``_share``."""
 
     config: Any
@@ -141,26 +145,30 @@ class GroupController:
         return [g for g in self.groups.values() if "state_dict" in g.methods]
 
     def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
-        """The local controller's layout (gathered optimizer state; critic weights) plus each rank's RNG state,
-        or with ``strategy.checkpoint=sharded`` (or ``async``) the small state while the ranks write their shards to
-        ``staging`` (``checkpoint.save`` moves that folder into the checkpoint as ``sharded/``). ``background``
-        (``async``): the ranks write in the background (:meth:`finish_checkpoint` waits) and the driver's mirror
-        of the actor is left as it is (no ``actor/`` in that checkpoint)."""
+        """Each trained role's state and each rank's RNG state: gathered (``strategy.checkpoint=full``: the optimizer
+        state, and the weights of every role but the actor), or with ``sharded`` (or ``async``) the small state while
+        the ranks write their shards to ``staging`` (``checkpoint.save`` moves that folder into the checkpoint as
+        ``sharded/``). The actor's weights become the plain HF ``actor/``: ``checkpoint.save`` writes the driver's
+        ``module.actor`` where the driver trains it (``local``); elsewhere the driver holds no model, so they are
+        gathered and written to ``checkpoint.staged_actor(staging)`` here. ``background`` (``async``): the ranks
+        write in the background (:meth:`finish_checkpoint` waits), and that checkpoint has no ``actor/``."""
+        live = self.module.loads("actor")  # the local controller's workers train the driver's module.actor itself
         state: dict[str, Any] = {"world_size": self.actor.world_size, "rng": {}}
         sharded = self.config.strategy.checkpoint in ("sharded", "async")
         if sharded:
             state["sharded"] = True
-            staging = staging.resolve()  # the workers' working folder may differ
         for group in self._roles():
-            if sharded:
-                results = group.save_sharded(str(staging / group.role), background)
+            if sharded:  # the workers' working folder may differ: an absolute path
+                results = group.save_sharded(str(staging.resolve() / group.role), background)
             else:
-                results = group.state_dict(True)
+                results = group.state_dict(group.role != "actor" or not live)
             state["rng"][group.role] = [r.pop("rng") for r in results]
             state[group.role] = results[0]
-        if not background:
+        if not (background or live):
             weights = self.actor.model_state_dict() if sharded else state["actor"].pop("model")
-            self.module.actor.load_state_dict(weights)  # the driver's mirror: checkpoint.save writes it as actor/
+            with self._driver_actor() as actor:
+                actor.load_state_dict(weights)
+                write_actor(staged_actor(staging), actor, self.module.tokenizer, self.module.processor)
         return state
 
     def finish_checkpoint(self) -> float:
@@ -169,12 +177,15 @@ class GroupController:
         return max((max(group.finish_sharded()) for group in self._roles()), default=0.0)
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
-        """Restore what :meth:`state_dict` (or the local controller) saved in the checkpoint ``folder``;
-        ``checkpoint.load`` has already put the actor's weights into the driver's ``module.actor``."""
-        from rlforge.checkpoint import SHARDED_DIR
-
+        """Restore what :meth:`state_dict` saved in the checkpoint ``folder``: each role's shards, or its gathered state
+        with the actor's weights read from ``actor/`` (into the driver's ``module.actor`` where the driver trains it,
+        else into a copy loaded only while they are sent to the ranks)."""
         same_ranks = state.get("world_size") == self.actor.world_size
         for group in self._roles():
+            if group.role not in state:
+                raise RLForgeError(f"This checkpoint holds no state of the '{group.role}' role (it has: "
+                                   f"{', '.join(state)}): it was saved by a run with other roles (another algorithm "
+                                   f"or reward manager).")
             rngs = state.get("rng", {}).get(group.role) if same_ranks else None
             rngs = rngs or [None] * group.world_size
             if state.get("sharded") or "sharded_step" in state:
@@ -185,7 +196,28 @@ class GroupController:
                 continue
             role_state = dict(state[group.role])
             if group.role == "actor":
-                role_state["model"] = self.module.actor.state_dict()
-            ref = self._share(role_state)
-            group.load_state_dict(ref, PerRank(rngs))
+                role_state.update(self._actor_weights(folder))
+            group.load_state_dict(self._share(role_state), PerRank(rngs))
 
+    def _actor_weights(self, folder: Path) -> dict[str, Any]:
+        """What the actor ranks need besides their state to resume from ``actor/``: nothing where the driver trains
+        ``module.actor`` (its weights are loaded in place), else the weights as ``{"model": ...}``."""
+        if self.module.loads("actor"):
+            load_weights(folder, self.module.actor)
+            return {}
+        with self._driver_actor() as actor:
+            load_weights(folder, actor)
+            return {"model": actor.state_dict()}
+
+    @contextlib.contextmanager
+    def _driver_actor(self) -> Iterator[Any]:
+        """The actor as the driver would load it (``model.path``, LoRA and precision as configured), only while a
+        checkpoint's ``actor/`` is written or read: between checkpoints the driver of ``ray`` and ``torchrun`` holds
+        no model, the ranks hold the trained one."""
+        module = self.module
+        module.roles = frozenset({"actor"})
+        try:
+            module.configure_model()
+            yield module.actor
+        finally:
+            module.actor, module.roles = None, frozenset()

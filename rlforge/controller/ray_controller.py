@@ -20,9 +20,9 @@
 - Dispatch: prompts are split over the engines' workers for generation; training batches are split so that every
   rank gets its slice of every mini-batch (``shard_for_update``); results are gathered in order.
 - The reward manager runs here, in the driver (a learned reward model scores on its ``reward_model`` group). The
-  driver loads only the actor (no reference model, no critic):
-  its ``module.actor`` mirrors the trained weights at each checkpoint, so ``checkpoint.save`` writes the plain
-  HF folder as with the local controller. Each rank builds its own role's models through ``rlforge.build``.
+  driver loads no model (the tokenizer only): a checkpoint's plain HF ``actor/`` is written from the weights the
+  actor ranks gather (``groups.GroupController.state_dict``). Each rank builds its own role's models through
+  ``rlforge.build``.
 - A worker that dies or fails ends the run with a ``WorkerError`` naming its role, rank, pid and node.
 
 Ray is imported when this controller is built, never by the core.
@@ -227,7 +227,7 @@ class RayController(GroupController):
         for plugin_file in builder.plugins.file_modules():  # the workers load them too, but unpickle classes first
             ray.cloudpickle.register_pickle_by_value(plugin_file)
         self.config, self.module = config, module
-        module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
+        module.roles = frozenset()  # the driver loads no model (the tokenizer only): the ranks hold the trained ones
         module.configure_model()
         self.started_ray = self._connect(config.ray)
         self.reward: Any = None

@@ -169,7 +169,7 @@ class TorchrunController(GroupController):
         self.config, self.module = config, module
         rank, world, group = _join(config)
         self.channel = Channel(group, rank, world, _workers(builder, rank, world, module))
-        module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
+        module.roles = frozenset()  # the driver loads no model (the tokenizer only): the ranks hold the trained ones
         module.configure_model()
         self.logprobs_match_actor = builder.capabilities("rollout").logprobs_match_actor
         dp = entry.capabilities.data_parallel_size(config)
