@@ -1,14 +1,15 @@
-"""What the controllers share: the rank layout checks and the dataflow over worker groups.
+"""What the controllers share: the rank layout checks, and the engines and checkpoints over worker groups.
 
 A *worker group* (``rlforge.controller.remote.WorkerGroup``) is the ranks of one role (``actor``, ``critic``, the Ray
 controller's ``rollout``) with the worker class's declared methods bound to it; its transport is the local
-controller's process, Ray actors or torchrun's processes. :class:`GroupController` is the dataflow over those groups;
-each operation's split and join is its worker method's declaration (``@remote`` in ``ray_workers.py``):
+controller's process, Ray actors or torchrun's processes. Each operation's split and join is its worker method's
+declaration (``rlforge.worker.remote``, on the classes of ``ray_workers.py`` and ``rlforge.worker``):
 
 - generation: the prompts are split over the workers that own the engines (every actor rank, or the Ray
-  controller's rollout group), the responses gathered in order;
-- log-probs and values: equal slices per data-parallel group (sharded models run collectives);
-- updates: each data-parallel group gets its slice of every mini-batch (``shard_for_update``);
+  controller's rollout group), the responses gathered in order; weight syncs go to those engines;
+- log-probs, values and updates are the stages' calls on the groups (``ctx.workers.actor.compute_log_probs``,
+  ``ctx.workers.critic.update``): equal slices per data-parallel group for forward passes, each data-parallel group
+  its slice of every mini-batch for updates (``shard_for_update``);
 - checkpoints: every role whose worker declares ``state_dict`` (actor, critic, a plugin's trained role), gathered
   (``strategy.checkpoint=full``) or written by every rank (``sharded``), under every controller; the actor's weights
   are the plain HF ``actor/``, which the driver writes from the gathered weights (it holds no model between
@@ -95,9 +96,10 @@ def rank_module_class(module: Any) -> type:
 
 
 class GroupController:
-    """The engines and checkpoints over worker groups. A subclass sets ``config``, ``module`` (the driver's: with the
-    actor only where the driver trains it, ``local``), ``reward``, ``groups`` (role -> ``WorkerGroup``: every role ``Builder.roles`` names), ``rollout`` (a
-    group that owns the rollout engines; None: the actor ranks own them) and may override ``_share``."""
+    """The engines and checkpoints over worker groups (the stages call the groups themselves: ``workers``). A subclass
+    sets ``config``, ``module`` (the driver's; it holds the actor only where the driver trains it, ``local``),
+    ``reward``, ``groups`` (role -> ``WorkerGroup``: every role ``Builder.roles`` names), ``rollout`` (a group that
+    owns the rollout engines; None: the actor ranks own them) and may override ``_share``."""
 
     config: Any
     module: Any
@@ -136,7 +138,9 @@ class GroupController:
         return self.reward.score(batch)
 
     def sync_weights(self) -> SyncStats:
-        """The actor ranks give their engines the new weights (``ActorRank.sync_weights``): bytes moved, seconds."""
+        """The actor ranks give their engines the new weights (``ActorRank.sync_weights``): bytes moved, seconds. A
+        controller's own operation, not a pass-through: where a rollout group owns the engines (Ray) the weights
+        move between two groups (``RayController.sync_weights``)."""
         return self.actor.sync_weights()
 
     # --- checkpoints -------------------------------------------------------------------------------
@@ -181,11 +185,13 @@ class GroupController:
         with the actor's weights read from ``actor/`` (into the driver's ``module.actor`` where the driver trains it,
         else into a copy loaded only while they are sent to the ranks)."""
         same_ranks = state.get("world_size") == self.actor.world_size
+        saved = [k for k, v in state.items() if isinstance(v, dict) and k != "rng"]
+        missing = [group.role for group in self._roles() if group.role not in saved]
+        if missing:
+            raise RLForgeError(f"This checkpoint holds no state of the {', '.join(map(repr, missing))} role (it has: "
+                               f"{', '.join(saved)}): it was saved by a run with other roles (another algorithm or "
+                               f"reward manager).")
         for group in self._roles():
-            if group.role not in state:
-                raise RLForgeError(f"This checkpoint holds no state of the '{group.role}' role (it has: "
-                                   f"{', '.join(state)}): it was saved by a run with other roles (another algorithm "
-                                   f"or reward manager).")
             rngs = state.get("rng", {}).get(group.role) if same_ranks else None
             rngs = rngs or [None] * group.world_size
             if state.get("sharded") or "sharded_step" in state:

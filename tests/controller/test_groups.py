@@ -4,6 +4,8 @@ rank stands for the group; generation goes to the group that owns the engines, e
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -153,3 +155,30 @@ def test_generation_goes_to_the_rollout_group_and_each_engine_samples_its_own_st
     assert [e.seeds for e in controller.engines] == [[7, None, [5, 5]], [derived_seed(7, 1), None, [derived_seed(5, 1)]]]
     assert derived_seed(7, 1) != 7
     assert not any(r.seeds for r in controller.actor_ranks)  # the actor ranks own no engine
+
+class Trained:
+    """A trained role's rank: its checkpoint state (with its weights when asked) and its RNG state."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    @remote()
+    def state_dict(self, with_model):
+        return {"optimizer": self.rank, **({"model": {"w": self.rank}} if with_model else {}), "rng": f"rng{self.rank}"}
+
+
+def test_every_controller_checkpoints_each_rank_and_a_missing_role_is_named(registry, tmp_path):
+    """The one checkpoint path (the local controller's too): each role's rank-0 state, each rank's RNG state; the
+    actor's weights stay out where the driver trains the actor (``actor/`` is written from it)."""
+    c = GroupController()
+    c.config = OmegaConf.create({"strategy": {"checkpoint": "full"}})
+    c.module = SimpleNamespace(loads=lambda model: True)  # the local controller's driver trains module.actor
+    c.groups = {role: WorkerGroup(role, Trained, InProcess([Trained(0), Trained(1)]), c.config, registry)
+                for role in ("actor", "critic")}
+    state = c.state_dict(tmp_path)
+    assert state == {"world_size": 2, "rng": {"actor": ["rng0", "rng1"], "critic": ["rng0", "rng1"]},
+                     "actor": {"optimizer": 0}, "critic": {"optimizer": 0, "model": {"w": 0}}}
+    del state["critic"]
+    with pytest.raises(RLForgeError, match=r"holds no state of the 'critic' role \(it has: actor\): it was saved by "
+                                           r"a run with other roles"):
+        c.load_state_dict(state, tmp_path)
