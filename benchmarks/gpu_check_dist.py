@@ -142,6 +142,7 @@ def check_tp(device: str) -> dict[str, Any]:
 def check_vllm_ray(steps: int, device: str) -> dict[str, Any]:
     """A short GRPO run with one vLLM engine inside one Ray worker; the engine's weights after the first sync."""
     import ray
+    from transformers import AutoConfig
 
     from rlforge import Trainer, hookimpl, load_config
     from rlforge.plugins.strategy.tp_layout import vllm_shard
@@ -155,7 +156,8 @@ def check_vllm_ray(steps: int, device: str) -> dict[str, Any]:
             if not self.seen:
                 group = trainer.controller.actor
                 engine = group.engine_weights()[0][0]
-                expected = vllm_shard(group.model_state_dict(), trainer.module.actor.config, 0, 1)
+                config = AutoConfig.from_pretrained(trainer.config.model.path)  # the driver loads no model
+                expected = vllm_shard(group.model_state_dict(), config, 0, 1)
                 self.seen.update(replica=group.holds_replica()[0], engine_equals_actor=all(
                     torch.equal(engine[k].cpu(), v.to(engine[k].dtype)) for k, v in expected.items()))
 
