@@ -1,5 +1,5 @@
 """How a call to a worker group is split over its ranks and how their results are joined: the dispatch and collect
-modes that worker methods declare (``rlforge.controller.remote``), registered as the ``dispatch_mode`` and
+modes that worker methods declare (``rlforge.worker.remote``), registered as the ``dispatch_mode`` and
 ``collect_mode`` kinds (a plugin may add its own). Cheap to import: no torch at module level."""
 
 from __future__ import annotations
