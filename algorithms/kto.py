@@ -54,8 +54,8 @@ def reference_point(controller: Controller, batch: B.Batch) -> torch.Tensor:
     """``z0`` of ``batch`` (0-d): ``kto_kl_estimate`` over its mismatched pairs, under the current policy."""
     pairs = mismatched(batch)
     mask = pairs[B.RESPONSE_MASK]
-    policy = (controller.compute_log_probs(pairs, "actor") * mask).sum(-1)
-    ref = (controller.compute_log_probs(pairs, "ref") * mask).sum(-1)
+    policy = (controller.workers.actor.compute_log_probs(pairs, "actor") * mask).sum(-1)
+    ref = (controller.workers.actor.compute_log_probs(pairs, "ref") * mask).sum(-1)
     return P.kto_kl_estimate(policy, ref)
 
 

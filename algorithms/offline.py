@@ -122,7 +122,7 @@ class PreferenceUpdate(Stage):
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         ctx.call_hook("update_start", batch=batch)
-        metrics = finish_metrics(ctx.controller.update_actor(batch))
+        metrics = finish_metrics(ctx.workers.actor.update(batch, ctx.step))
         ctx.log(metrics)
         ctx.call_hook("update_end", batch=batch, metrics=metrics)
         return batch
@@ -243,14 +243,14 @@ class PreferenceModule(RLModule):
 
     def validate_pairs(self, controller: Controller, pairs: list[Any]) -> dict[str, float]:
         batch = self.evaluation_batch(controller, self.collate(pairs, list(range(len(pairs)))))
-        loss_sum, sums = self.batch_loss(batch, controller.compute_log_probs(batch, "actor"))
+        loss_sum, sums = self.batch_loss(batch, controller.workers.actor.compute_log_probs(batch, "actor"))
         out = {"loss": float(loss_sum) / len(pairs), **finish_metrics(sums)}
         return {f"val/{k}": v for k, v in out.items()}
 
     def evaluation_batch(self, controller: Controller, batch: B.Batch) -> B.Batch:
         """The columns the flow's stages add before the update, for a validation batch (the reference log-probs)."""
         if self.needs_reference():
-            batch[B.REF_LOG_PROBS] = controller.compute_log_probs(batch, "ref")
+            batch[B.REF_LOG_PROBS] = controller.workers.actor.compute_log_probs(batch, "ref")
         return batch
 
 

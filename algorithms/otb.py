@@ -43,7 +43,7 @@ class SumPiSquared(Stage):
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         request = B.Batch(batch.tensors, batch.lists, {**batch.meta, FORWARD_OUTPUT: SUM_PI_SQUARED})
-        batch[SUM_PI_SQUARED] = ctx.controller.compute_log_probs(request, "actor")
+        batch[SUM_PI_SQUARED] = ctx.workers.actor.compute_log_probs(request, "actor")
         return batch
 
 

@@ -13,9 +13,8 @@ import torch
 from rlforge import batch as B
 from rlforge.algorithms.prime import PRIME
 from rlforge.controller.ray_workers import RankWorker
-from rlforge.controller.remote import remote
-from rlforge.controller.worker import TrainWorker
 from rlforge.errors import RLForgeError
+from rlforge.worker import TrainWorker, remote
 
 if TYPE_CHECKING:
     from rlforge.module import LossContext, RLModule

@@ -107,7 +107,7 @@ class RewardModel(PreferenceModule):
     def validate(self, controller: Controller, examples: list[Any]) -> tuple[dict[str, float], B.Batch | None]:
         """Held-out pairwise accuracy (``val/accuracy`` = ``val/rewards/accuracies``), rewards and loss."""
         batch = self.collate(examples, list(range(len(examples))))
-        rewards = controller.compute_log_probs(batch, "actor").sum(-1)
+        rewards = controller.workers.actor.compute_log_probs(batch, "actor").sum(-1)
         loss_sum, sums = self.pair_rewards_loss(batch, rewards)
         out = {f"val/{k}": v for k, v in finish_metrics(sums).items()}
         out["val/loss"] = float(loss_sum) / len(examples)

@@ -373,7 +373,7 @@ class RolloutCorrection(Stage):
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         alg = ctx.config.algorithm
         if batch[B.OLD_LOG_PROBS] is batch[B.ROLLOUT_LOG_PROBS]:
-            batch[B.OLD_LOG_PROBS] = ctx.controller.compute_log_probs(batch, "actor")
+            batch[B.OLD_LOG_PROBS] = ctx.workers.actor.compute_log_probs(batch, "actor")
         weights, mask, metrics = compute_rollout_correction(
             batch[B.OLD_LOG_PROBS], batch[B.ROLLOUT_LOG_PROBS], batch[B.RESPONSE_MASK], alg.rollout_is,
             alg.rollout_is_threshold, alg.rollout_is_batch_normalize, alg.rollout_rs, alg.rollout_rs_threshold)

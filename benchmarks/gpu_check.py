@@ -111,8 +111,8 @@ def check_update_and_sync(folder: Path, params: int, s: dict, device: str, peak:
     """Actor forward and update on fsdp (one rank), then the weight stream into the rollout replica."""
     from rlforge import batch as B
     from rlforge import load_config
-    from rlforge.controller.worker import ActorWorker
     from rlforge.plugin_manager import PluginManager
+    from rlforge.worker import ActorWorker
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

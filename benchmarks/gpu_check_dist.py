@@ -93,8 +93,8 @@ def _sgd_grpo(config: Any) -> Any:
 def _tp_rank(rank: int, port: int, device: str, batch: Any, out_dir: str) -> None:
     from rlforge import load_config
     from rlforge.controller.dispatch import shard_for_update
-    from rlforge.controller.worker import ActorWorker
     from rlforge.plugin_manager import PluginManager
+    from rlforge.worker import ActorWorker
 
     _launch(rank, 2, port)
     pm = PluginManager(autoload=False)
@@ -113,8 +113,8 @@ def check_tp(device: str) -> dict[str, Any]:
     """The tp strategy (tp 2, both ranks on this device) against one process on the same batch, plain SGD."""
     from rlforge import batch as B
     from rlforge import load_config
-    from rlforge.controller.worker import ActorWorker
     from rlforge.plugin_manager import PluginManager
+    from rlforge.worker import ActorWorker
 
     pm = PluginManager(autoload=False)
     cfg = load_config("grpo", [*TOY, f"strategy.device={device}"], plugins=pm)
@@ -142,8 +142,10 @@ def check_tp(device: str) -> dict[str, Any]:
 def check_vllm_ray(steps: int, device: str) -> dict[str, Any]:
     """A short GRPO run with one vLLM engine inside one Ray worker; the engine's weights after the first sync."""
     import ray
+    from transformers import AutoConfig
 
     from rlforge import Trainer, hookimpl, load_config
+    from rlforge.models import resolve_model_path
     from rlforge.plugins.strategy.tp_layout import vllm_shard
 
     class Probe:
@@ -155,7 +157,8 @@ def check_vllm_ray(steps: int, device: str) -> dict[str, Any]:
             if not self.seen:
                 group = trainer.controller.actor
                 engine = group.engine_weights()[0][0]
-                expected = vllm_shard(group.model_state_dict(), trainer.module.actor.config, 0, 1)
+                config = AutoConfig.from_pretrained(resolve_model_path(trainer.config.model.path))  # the driver: no model
+                expected = vllm_shard(group.model_state_dict(), config, 0, 1)
                 self.seen.update(replica=group.holds_replica()[0], engine_equals_actor=all(
                     torch.equal(engine[k].cpu(), v.to(engine[k].dtype)) for k, v in expected.items()))
 

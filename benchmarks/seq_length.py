@@ -70,8 +70,8 @@ def _rank(rank: int, sp: int, port: int, spec: dict, out: str) -> None:
     from rlforge import batch as B
     from rlforge import load_config
     from rlforge.algorithms.grpo import GRPO
-    from rlforge.controller.worker import ActorWorker
     from rlforge.plugin_manager import PluginManager
+    from rlforge.worker import ActorWorker
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(sp), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))

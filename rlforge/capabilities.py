@@ -2,7 +2,7 @@
 
 A rollout engine, strategy, dataset or logger declares ``capabilities = RolloutCapabilities(...)`` /
 ``StrategyCapabilities(...)`` / ``DatasetCapabilities(...)`` / ``LoggerCapabilities(...)`` (every field defaults to
-False), or passes it at registration (``register(name, factory, capabilities=...)``, for a factory function). The
+False, or ""), or passes it at registration (``register(name, factory, capabilities=...)``, for a factory function). The
 registry reads the declaration when the component is registered (``Registry.register``: the wrong type, or a
 capability written as a bare class attribute, is refused there), keeps it on the entry
 (``registry.rollout.entry(name).capabilities``, ``Builder.capabilities(kind)``) and ``rlforge plugins list`` shows it.
@@ -40,6 +40,23 @@ class StrategyCapabilities:
     sharded: bool = False  # several processes hold the model (fsdp, tp, megatron, fabric): a launcher places them
     shares_prompts: bool = False  # verified with model.shared_prefix (a prompt's KV cache shared by its responses)
     async_checkpoint: bool = False  # save_sharded_async writes what load_sharded reads (strategy.checkpoint=async)
+    # the config key of how many consecutive ranks see the same rows (tp: "strategy.tp.size", sequence-parallel
+    # groups): the controllers split batches over num_processes / that many data-parallel groups; "": each rank alone
+    same_rows_key: str = ""
+
+    def data_parallel_size(self, config: Any) -> int:
+        """The data-parallel groups that ``strategy.num_processes`` ranks form (``same_rows_key``)."""
+        from omegaconf import OmegaConf
+
+        ranks = int(config.strategy.num_processes)
+        if not self.same_rows_key:
+            return ranks
+        size = OmegaConf.select(config, self.same_rows_key)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 or ranks % size:
+            raise RLForgeError(f"{self.same_rows_key}={size!r} must be a whole number >= 1 that divides "
+                               f"strategy.num_processes={ranks} (strategy.name={config.strategy.name} declares "
+                               f"same_rows_key='{self.same_rows_key}').")
+        return ranks // size
 
 
 @dataclass(frozen=True)
@@ -76,9 +93,9 @@ def declared(kind: str, name: str, obj: Any, declaration: type, given: Any = Non
         raise RLForgeError(f"{kind} '{name}' sets {', '.join(loose)} as {what}; declare its capabilities instead: "
                            f"capabilities = rlforge.capabilities.{declaration.__name__}({given}).")
     for f in fields(declaration):
-        if not isinstance(getattr(value, f.name), bool):
-            raise RLForgeError(f"{kind} '{name}': capability {f.name} must be True or False, got "
-                               f"{getattr(value, f.name)!r}.")
+        if not isinstance(getattr(value, f.name), type(f.default)):
+            must = "True or False" if isinstance(f.default, bool) else f"a {type(f.default).__name__}"
+            raise RLForgeError(f"{kind} '{name}': capability {f.name} must be {must}, got {getattr(value, f.name)!r}.")
         method = f.metadata.get("method")
         if method and getattr(value, f.name) and isinstance(obj, type) and not callable(attrs.get(method)):
             raise RLForgeError(f"{kind} '{name}' declares {f.name}=True but its class defines no {method}() method.")
@@ -113,4 +130,5 @@ def shown(capabilities: Any) -> str:
     """The capabilities that are on, for ``rlforge plugins list`` (``""`` when none)."""
     if capabilities is None:
         return ""
-    return ", ".join(f.name for f in fields(capabilities) if getattr(capabilities, f.name))
+    on = [(f.name, getattr(capabilities, f.name)) for f in fields(capabilities) if getattr(capabilities, f.name)]
+    return ", ".join(name if value is True else f"{name}={value}" for name, value in on)

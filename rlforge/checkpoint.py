@@ -61,6 +61,12 @@ def staging_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f".staged_step_{step:06d}"
 
 
+def staged_actor(staging: Path) -> Path:
+    """Where a controller whose driver holds no model (``ray``, ``torchrun``) writes ``actor/`` of the checkpoint whose
+    sharded state goes to ``staging``, before ``save`` moves it into the checkpoint."""
+    return staging.with_name(f"{staging.name}_actor")
+
+
 def step_of(checkpoint: Path) -> int:
     m = STEP_DIR.match(checkpoint.name)
     return int(m.group(1)) if m else -1
@@ -156,8 +162,8 @@ def save(
 ) -> Path:
     """Write the checkpoint of ``step`` atomically; keep the newest ``keep_last_n`` (0 = all). A vision-language
     model's ``processor`` adds its image processor's ``preprocessor_config.json`` to ``actor/``, which is then a
-    complete model folder like the text models'. ``model=None``: no ``actor/`` (the weights are in the staged
-    ``sharded/`` folder)."""
+    complete model folder like the text models'. ``model=None``: ``actor/`` as the controller staged it
+    (:func:`staged_actor`), or none (the weights are in the staged ``sharded/`` folder)."""
     folder = run_dir / "checkpoints"
     final = step_dir(run_dir, step)
     tmp = folder / f".tmp_step_{step:06d}"
@@ -174,9 +180,11 @@ def save(
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir()
+            staged = staging_dir(run_dir, step)
             if model is not None:
                 write_actor(tmp / "actor", model, tokenizer, processor)
-            staged = staging_dir(run_dir, step)
+            elif staged_actor(staged).is_dir():  # written by the controller (its driver holds no model)
+                staged_actor(staged).rename(tmp / "actor")
             if staged.is_dir():
                 staged.rename(tmp / SHARDED_DIR)
             current[0] = str(tmp / STATE_FILE)

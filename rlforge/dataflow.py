@@ -305,7 +305,7 @@ class OldLogProbStage(Stage):
         if reuse:
             batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]
         else:
-            batch[B.OLD_LOG_PROBS] = ctx.controller.compute_log_probs(batch, "actor")
+            batch[B.OLD_LOG_PROBS] = ctx.workers.actor.compute_log_probs(batch, "actor")
             if B.ROLLOUT_LOG_PROBS in batch:
                 ctx.metrics.update(rollout_probs_diff(batch[B.ROLLOUT_LOG_PROBS], batch[B.OLD_LOG_PROBS],
                                                       batch[B.RESPONSE_MASK]))
@@ -333,7 +333,7 @@ class RefLogProbStage(Stage):
     """Log-probs of the frozen reference model."""
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        batch[B.REF_LOG_PROBS] = ctx.controller.compute_log_probs(batch, "ref")
+        batch[B.REF_LOG_PROBS] = ctx.workers.actor.compute_log_probs(batch, "ref")
         return batch
 
 
@@ -342,7 +342,7 @@ class ValuesStage(Stage):
     """Per-token values of the critic."""
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        batch[B.VALUES] = ctx.controller.compute_values(batch)
+        batch[B.VALUES] = ctx.workers.critic.compute_values(batch)
         return batch
 
 
@@ -361,7 +361,7 @@ class UpdateCriticStage(Stage):
     """The critic's update."""
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        ctx.log(ctx.controller.update_critic(batch))
+        ctx.log(ctx.workers.critic.update(batch, ctx.step))
         return batch
 
 
@@ -373,7 +373,7 @@ class UpdateActorStage(Stage):
         if ctx.step <= ctx.config.trainer.critic_warmup:  # the critic learns first; the policy waits
             return batch
         ctx.call_hook("update_start", batch=batch)
-        metrics = ctx.controller.update_actor(batch)
+        metrics = ctx.workers.actor.update(batch, ctx.step)
         ctx.log(metrics)
         ctx.call_hook("update_end", batch=batch, metrics=metrics)
         return batch

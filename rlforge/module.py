@@ -151,7 +151,7 @@ class RLModule:
         return generation_metrics(batch), batch
 
     def forward_responses(self, model: torch.nn.Module, micro: B.Batch, temperature: float) -> torch.Tensor:
-        """What the log-prob stages store for ``micro`` under ``model`` (``controller.compute_log_probs``), [B, R]
+        """What the log-prob stages store for ``micro`` under ``model`` (``workers.actor.compute_log_probs``), [B, R]
         with 0 at padding: the responses' per-token log-probs at ``temperature``. A module whose model is not a
         causal LM overrides it (a reward model puts its reward on each sequence's last token)."""
         return ops.response_logprobs(model, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK], micro[B.RESPONSES].shape[1],

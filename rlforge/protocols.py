@@ -163,8 +163,11 @@ class Strategy(Protocol):
 
 @runtime_checkable
 class Controller(Protocol):
-    """Runs the dataflow's operations on the workers. Registered under ``controller``; built as
-    ``factory(builder, module)`` (``rlforge.build.Builder``) with the module's tokenizer loaded."""
+    """A placement of the run's roles on ranks: its worker groups (``workers``), the rollout engines' weights and the
+    workers' checkpoint state. Registered under ``controller``; built as ``factory(builder, module)``
+    (``rlforge.build.Builder``) with the module's tokenizer loaded. The stages call the worker groups' declared
+    methods themselves (``ctx.workers.actor.compute_log_probs(batch, "ref")``, ``ctx.workers.critic.update(batch,
+    ctx.step)``); the controller runs none of those operations."""
 
     logprobs_match_actor: bool
     continuous_batching: bool  # agent requests go to its generate_tokens at once (the engine's capability), not in waves
@@ -177,30 +180,25 @@ class Controller(Protocol):
 
     def score(self, batch: Batch) -> Batch: ...
 
-    def compute_log_probs(self, batch: Batch, role: str = "actor") -> torch.Tensor: ...
-
-    def compute_values(self, batch: Batch) -> torch.Tensor: ...
-
-    def update_actor(self, batch: Batch) -> dict[str, float]: ...
-
-    def update_critic(self, batch: Batch) -> dict[str, float]: ...
-
     def sync_weights(self) -> SyncStats:
-        """Give the rollout engines the actor's weights; what that moved (bytes) and took (seconds)."""
+        """Give the rollout engines the actor's weights (the actor ranks' engines, or a rollout group's: the
+        placement decides); what that moved (bytes) and took (seconds)."""
 
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         """Token-in/token-out requests on its engines (:class:`TokenGenerator`), used by agent loops."""
 
     def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
         """The workers' state for a checkpoint (``staging``: a folder for sharded state, moved into the
-        checkpoint by ``rlforge.checkpoint.save``). Leaves the trained actor weights in ``module.actor``, except
-        with ``background`` (``strategy.checkpoint=async``): then the shards are still being written."""
+        checkpoint by ``rlforge.checkpoint.save``). The trained actor weights are in ``module.actor`` where the driver
+        trains it, else written to ``rlforge.checkpoint.staged_actor(staging)`` (a plain HF folder), except with
+        ``background`` (``strategy.checkpoint=async``): then the shards are still being written."""
 
     def finish_checkpoint(self) -> float:
         """Wait for the shards a ``background`` :meth:`state_dict` is writing; the seconds the write took."""
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
-        """Restore :meth:`state_dict`'s result from the checkpoint ``folder`` (``module.actor`` holds its weights)."""
+        """Restore :meth:`state_dict`'s result from the checkpoint ``folder``, the actor's weights included (its
+        ``actor/``, or the shards)."""
 
     def shutdown(self) -> None: ...
 

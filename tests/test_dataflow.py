@@ -7,6 +7,7 @@ import pytest
 from rlforge import batch as B
 from rlforge.dataflow import BUILTIN_STAGES, DataFlow, FunctionStage, Stage, StepContext
 from rlforge.errors import RLForgeError
+from rlforge.testing import fake_controller
 
 GRPO_STAGES = [
     Stage.ROLLOUT, Stage.REWARD, Stage.FILTER, Stage.OLD_LOGPROB, Stage.ADVANTAGE, Stage.UPDATE_ACTOR,
@@ -279,7 +280,6 @@ def test_recomputed_old_log_probs_log_verls_rollout_probability_diff() -> None:
     """With the actor's recomputation (not the engine's log-probs reused), the old-log-prob stage logs verl's
     training/rollout_probs_diff_* (|p_actor - p_rollout| over response tokens) and their Pearson correlation."""
     import math
-    from types import SimpleNamespace
 
     import torch
     from omegaconf import OmegaConf
@@ -304,6 +304,6 @@ def test_recomputed_old_log_probs_log_verls_rollout_probability_diff() -> None:
     for reuse, logged in ((False, True), (True, False)):
         ctx, _ = _ctx(DataFlow("t", []))
         ctx.config = OmegaConf.create({"actor": {"reuse_rollout_log_probs": reuse}})
-        ctx.controller = SimpleNamespace(compute_log_probs=lambda b, role: actor)
+        ctx.controller = fake_controller(workers={"actor": {"compute_log_probs": lambda b, role: actor}})
         OldLogProbStage().run(ctx, batch)
         assert ("training/rollout_probs_diff_mean" in ctx.metrics) is logged  # reused: the same numbers, no diff

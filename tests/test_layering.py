@@ -159,7 +159,6 @@ def test_no_import_cycle_between_core_modules_at_import_time() -> None:
 # only shrink (delete an entry once its cycle is broken; the test fails while it is stale).
 KNOWN_DEFERRED_CYCLES = [
     ["rlforge.checkpoint", "rlforge.lora", "rlforge.models", "rlforge.multimodal"],
-    ["rlforge.controller.ray_workers", "rlforge.controller.remote", "rlforge.controller.worker"],
 ]
 
 

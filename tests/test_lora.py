@@ -13,10 +13,10 @@ import torch
 from rlforge import batch as B
 from rlforge import load_config, lora
 from rlforge.cli import main
-from rlforge.controller.worker import ActorWorker
 from rlforge.errors import ConfigError
 from rlforge.models import load_model
 from rlforge.plugin_manager import PluginManager
+from rlforge.worker import ActorWorker
 
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "actor.lr=5e-3"]
 SMALL = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2", "data.arith.train_size=512", "data.arith.val_size=4",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlforge.controller.microbatch import balanced_split, fixed_plan, token_budget_plan
-from rlforge.lengths import length_groups
 from rlforge.errors import RLForgeError
+from rlforge.lengths import length_groups
+from rlforge.microbatch import balanced_split, fixed_plan, token_budget_plan
 from rlforge.models import load_model
 from rlforge.ops import (
     SHARE_ALWAYS,

@@ -10,9 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlforge import Trainer, hookimpl, load_config
+from rlforge import Trainer, hookimpl, load_config, precision
 from rlforge import batch as B
 from rlforge.errors import ConfigError
+from rlforge.models import load_model
 from rlforge.pipeline import OneStepOff
 from rlforge.sampling import SamplingParams
 from tests.test_resume import StopAt
@@ -67,8 +68,8 @@ class Prompts:
         self.uids[trainer.step] = list(batch[B.UID])
 
 
-def _log_probs(trainer, weights, batch):
-    model = copy.deepcopy(trainer.module.actor)
+def _log_probs(trainer, model, weights, batch):
+    """The responses' log-probs under ``weights``, loaded into ``model``."""
     model.load_state_dict(weights)
     with torch.no_grad():
         return trainer.module.forward_responses(model.eval(), batch, trainer.config.rollout.temperature)
@@ -112,14 +113,16 @@ def assert_trained_on_schedule(trainer, rec, pipeline):
     assert [h["async/policy_version"] for h in trainer.history] == list(map(float, versions.values()))
     assert [h["async/buffer/size"] for h in trainer.history] == ahead
     assert trainer.history[0]["async/buffer/ready"] == 0  # step 1 had nothing ahead: it generated its batch itself
+    # the actor as its ranks load it, for the recorded weights (the driver of a Ray run holds no model)
+    model = load_model(trainer.config.model.path, precision.for_config(trainer.config).weights)
     for step, batch in rec.trained.items():
         mask = batch[B.RESPONSE_MASK]
         # the engine's log-probs are those of the saved weights of the version that generated, and of no other ...
-        gaps = {v: _gap(batch[B.ROLLOUT_LOG_PROBS], _log_probs(trainer, w, batch), mask)
+        gaps = {v: _gap(batch[B.ROLLOUT_LOG_PROBS], _log_probs(trainer, model, w, batch), mask)
                 for v, w in rec.weights.items()}
         assert [v for v, gap in gaps.items() if gap < 1e-4] == [versions[step]], (step, gaps)
         # ... and the old log-probs are recomputed with the trainer's weights (version step - 1)
-        assert _gap(batch[B.OLD_LOG_PROBS], _log_probs(trainer, rec.weights[step - 1], batch), mask) < 1e-4, step
+        assert _gap(batch[B.OLD_LOG_PROBS], _log_probs(trainer, model, rec.weights[step - 1], batch), mask) < 1e-4, step
         if step > 1:  # the lag is visible: the two differ
             assert _gap(batch[B.ROLLOUT_LOG_PROBS], batch[B.OLD_LOG_PROBS], mask) > 1e-2, step
 

@@ -9,9 +9,9 @@ import torch
 from rlforge import batch as B
 from rlforge import load_config, precision
 from rlforge.algorithms.grpo import GRPO
-from rlforge.controller.worker import ActorWorker
 from rlforge.errors import ConfigError
 from rlforge.plugin_manager import PluginManager
+from rlforge.worker import ActorWorker
 
 
 @pytest.fixture(scope="module")

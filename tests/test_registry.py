@@ -208,7 +208,8 @@ def test_plugins_list_shows_the_capabilities_that_are_on(capsys) -> None:
     assert main(["plugins", "list"]) == 0
     out = capsys.readouterr().out
     assert "rollout:vllm  (capabilities: owns_weights, supports_images, token_io, continuous_batching, lora_adapters)" in out
-    assert "strategy:fsdp  (capabilities: sharded, shares_prompts, async_checkpoint)" in out
+    assert ("strategy:fsdp  (capabilities: sharded, shares_prompts, async_checkpoint, "
+            "same_rows_key=strategy.fsdp.sequence_parallel_size)") in out
     assert "controller:torchrun  (defines: follow)" in out
     assert "dataset:files  (capabilities: reads_data_files)" in out
     assert "logger:tensorboard  (capabilities: shows_generations)" in out

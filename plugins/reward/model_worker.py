@@ -15,7 +15,7 @@ import torch
 from rlforge import batch as B
 from rlforge import ops
 from rlforge.controller.ray_workers import WorkerProcess
-from rlforge.controller.remote import remote
+from rlforge.worker import remote
 
 if TYPE_CHECKING:
     from rlforge.build import Builder

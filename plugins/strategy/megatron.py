@@ -72,7 +72,7 @@ def import_megatron() -> Any:
 class MegatronStrategy(ProcessGroupCollectives, BaseStrategy):
     """megatron-core tensor parallelism x data parallelism (summed gradients) over N processes."""
 
-    capabilities = StrategyCapabilities(sharded=True)
+    capabilities = StrategyCapabilities(sharded=True, same_rows_key="strategy.megatron.tensor_parallel_size")
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
@@ -86,10 +86,6 @@ class MegatronStrategy(ProcessGroupCollectives, BaseStrategy):
         if config.strategy.checkpoint != "sharded":
             raise ConfigError("strategy.name=megatron checkpoints its training state with megatron's "
                               "dist_checkpointing: set strategy.checkpoint=sharded.")
-
-    @staticmethod
-    def data_parallel_size(config: Any) -> int:
-        return int(config.strategy.num_processes) // int(config.strategy.megatron.tensor_parallel_size)
 
     def __init__(self, config: Any) -> None:
         missing = [k for k in LAUNCH_ENV if k not in os.environ]

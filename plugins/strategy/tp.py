@@ -75,7 +75,7 @@ class TPStrategy(FSDPStrategy):
     """FSDP2 over data-parallel groups x DTensor tensor parallelism inside each decoder layer."""
 
     # model.shared_prefix: not verified with tensor-parallel attention (plain forward passes)
-    capabilities = StrategyCapabilities(sharded=True, async_checkpoint=True)
+    capabilities = StrategyCapabilities(sharded=True, async_checkpoint=True, same_rows_key="strategy.tp.size")
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
@@ -84,11 +84,6 @@ class TPStrategy(FSDPStrategy):
         if size < 1 or n % size:
             raise ConfigError(f"strategy.tp.size={size} must be >= 1 and divide strategy.num_processes={n} "
                               f"(data-parallel groups x tensor-parallel size).")
-
-    @staticmethod
-    def data_parallel_size(config: Any) -> int:
-        """How many data-parallel groups the ranks form (the controllers split batches over them)."""
-        return int(config.strategy.num_processes) // int(config.strategy.tp.size)
 
     def __init__(self, config: Any) -> None:
         self.tp_size = int(config.strategy.tp.size)

@@ -1,5 +1,5 @@
 """How a call to a worker group is split over its ranks and how their results are joined: the dispatch and collect
-modes that worker methods declare (``rlforge.controller.remote``), registered as the ``dispatch_mode`` and
+modes that worker methods declare (``rlforge.worker.remote``), registered as the ``dispatch_mode`` and
 ``collect_mode`` kinds (a plugin may add its own). Cheap to import: no torch at module level."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from rlforge import batch as B
-from rlforge.controller.microbatch import balanced_split
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.microbatch import balanced_split
 
 
 def split_rows(batch: B.Batch, parts: int) -> list[B.Batch]:
@@ -81,7 +81,7 @@ def shard_for_update(batch: B.Batch, parts: int, mini_size: int, balance: bool =
 # A dispatch mode turns one driver-side call into each rank's arguments: ``mode(group, args) -> Shares``. A collect
 # mode joins the ranks' results: ``mode(group, results, shares) -> value`` (``results``: those ``Shares.keep``
 # selects, in rank order). ``group`` is the :class:`rlforge.controller.remote.WorkerGroup` (``role``, ``config``,
-# ``world_size``, ``dp_size``). Worker methods name their modes with ``rlforge.controller.remote.remote``.
+# ``world_size``, ``dp_size``). Worker methods name their modes with ``rlforge.worker.remote``.
 
 
 @dataclass

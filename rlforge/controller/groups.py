@@ -1,27 +1,32 @@
-"""What the controllers share: the rank layout checks and the dataflow over worker groups.
+"""What the controllers share: the rank layout checks, and the engines and checkpoints over worker groups.
 
 A *worker group* (``rlforge.controller.remote.WorkerGroup``) is the ranks of one role (``actor``, ``critic``, the Ray
 controller's ``rollout``) with the worker class's declared methods bound to it; its transport is the local
-controller's process, Ray actors or torchrun's processes. :class:`GroupController` is the dataflow over those groups;
-each operation's split and join is its worker method's declaration (``@remote`` in ``ray_workers.py``):
+controller's process, Ray actors or torchrun's processes. Each operation's split and join is its worker method's
+declaration (``rlforge.worker.remote``, on the classes of ``ray_workers.py`` and ``rlforge.worker``):
 
 - generation: the prompts are split over the workers that own the engines (every actor rank, or the Ray
-  controller's rollout group), the responses gathered in order;
-- log-probs and values: equal slices per data-parallel group (sharded models run collectives);
-- updates: each data-parallel group gets its slice of every mini-batch (``shard_for_update``);
+  controller's rollout group), the responses gathered in order; weight syncs go to those engines;
+- log-probs, values and updates are the stages' calls on the groups (``ctx.workers.actor.compute_log_probs``,
+  ``ctx.workers.critic.update``): equal slices per data-parallel group for forward passes, each data-parallel group
+  its slice of every mini-batch for updates (``shard_for_update``);
 - checkpoints: every role whose worker declares ``state_dict`` (actor, critic, a plugin's trained role), gathered
-  (``strategy.checkpoint=full``) or written by every rank (``sharded``); the driver's ``module.actor`` mirrors the
-  trained weights, so ``checkpoint.save`` writes the plain HF folder.
+  (``strategy.checkpoint=full``) or written by every rank (``sharded``), under every controller; the actor's weights
+  are the plain HF ``actor/``, which the driver writes from the gathered weights (it holds no model between
+  checkpoints under ``ray`` and ``torchrun``) and reads back on resume.
 - roles a plugin adds (``registry.role``: PRIME's ``prm``, the ``model`` reward manager's ``reward_model``) are placed
   like the built-in ones and reached as ``controller.workers.<role>``.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
+from rlforge.checkpoint import SHARDED_DIR, load_weights, staged_actor, write_actor
 from rlforge.config.compose import micro_batch_size
 from rlforge.controller.dispatch import PerRank
 from rlforge.controller.remote import Workers
@@ -29,19 +34,10 @@ from rlforge.errors import ConfigError, RLForgeError
 from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
-    import torch
-
     from rlforge.registry import Entry
     from rlforge.weight_sync import SyncStats
 
 CHECKPOINT_MODES = ("full", "sharded", "async")
-
-
-def data_parallel_size(config: Any, strategy_factory: Any) -> int:
-    """The data-parallel groups that ``strategy.num_processes`` ranks form: each rank alone, unless the strategy
-    groups them (``tp``: tensor-parallel groups that see the same rows)."""
-    size = getattr(strategy_factory, "data_parallel_size", None)
-    return int(size(config)) if size is not None else int(config.strategy.num_processes)
 
 
 def check_layout(config: Any, strategy: Entry[Any], needs_critic: bool) -> None:
@@ -56,7 +52,7 @@ def check_layout(config: Any, strategy: Entry[Any], needs_critic: bool) -> None:
             f"strategy.name={config.strategy.name} trains one copy per process without synchronizing gradients: "
             f"with strategy.num_processes={world} use strategy.name=fsdp (or tp)."
         )
-    world = data_parallel_size(config, strategy.obj)
+    world = strategy.capabilities.data_parallel_size(config)
     unit = f"strategy.num_processes={world} ranks" if world == config.strategy.num_processes else (
         f"{world} data-parallel groups (strategy.num_processes={config.strategy.num_processes})")
     if config.strategy.checkpoint not in CHECKPOINT_MODES:
@@ -100,9 +96,10 @@ def rank_module_class(module: Any) -> type:
 
 
 class GroupController:
-    """The dataflow and checkpoints over worker groups. A subclass sets ``config``, ``module`` (the driver's
-    actor mirror), ``reward``, ``groups`` (role -> ``WorkerGroup``: every role ``Builder.roles`` names), ``rollout`` (a
-    group that owns the rollout engines; None: the actor ranks own them) and may override ``_share``."""
+    """The engines and checkpoints over worker groups (the stages call the groups themselves: ``workers``). A subclass
+    sets ``config``, ``module`` (the driver's; it holds the actor only where the driver trains it, ``local``),
+    ``reward``, ``groups`` (role -> ``WorkerGroup``: every role ``Builder.roles`` names), ``rollout`` (a group that
+    owns the rollout engines; None: the actor ranks own them) and may override ``_share``."""
 
     config: Any
     module: Any
@@ -121,15 +118,11 @@ class GroupController:
     def actor(self) -> Any:
         return self.groups["actor"]
 
-    @property
-    def critic(self) -> Any:
-        return self.groups.get("critic")
-
     def _share(self, obj: Any) -> Any:
         """``obj`` as sent to every rank (Ray: one copy in the object store)."""
         return obj
 
-    # --- the dataflow: each call is the worker method's, split and joined by its declared modes --------------
+    # --- the engines: the actor ranks' or the rollout group's (the other operations: ``workers.<role>.<method>``) --
     def _engines(self) -> Any:
         """The group whose workers own the rollout engines."""
         return self.actor if self.rollout is None else self.rollout
@@ -144,25 +137,10 @@ class GroupController:
     def score(self, batch: B.Batch) -> B.Batch:
         return self.reward.score(batch)
 
-    def compute_log_probs(self, batch: B.Batch, role: str = "actor") -> torch.Tensor:
-        return self.actor.compute_log_probs(batch, role)
-
-    def update_actor(self, batch: B.Batch) -> dict[str, float]:
-        return self.actor.update(batch, self.module.step)  # the ranks' modules see the driver's step
-
-    def compute_values(self, batch: B.Batch) -> torch.Tensor:
-        return self._critic("compute_values").compute_values(batch)
-
-    def update_critic(self, batch: B.Batch) -> dict[str, float]:
-        return self._critic("update_critic").update(batch, self.module.step)
-
-    def _critic(self, what: str) -> Any:
-        if self.critic is None:
-            raise RLForgeError(f"{what} needs a critic (the algorithm's needs_critic() is False).")
-        return self.critic
-
     def sync_weights(self) -> SyncStats:
-        """The actor ranks give their engines the new weights (``ActorRank.sync_weights``): bytes moved, seconds."""
+        """The actor ranks give their engines the new weights (``ActorRank.sync_weights``): bytes moved, seconds. A
+        controller's own operation, not a pass-through: where a rollout group owns the engines (Ray) the weights
+        move between two groups (``RayController.sync_weights``)."""
         return self.actor.sync_weights()
 
     # --- checkpoints -------------------------------------------------------------------------------
@@ -171,26 +149,30 @@ class GroupController:
         return [g for g in self.groups.values() if "state_dict" in g.methods]
 
     def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
-        """The local controller's layout (gathered optimizer state; critic weights) plus each rank's RNG state,
-        or with ``strategy.checkpoint=sharded`` (or ``async``) the small state while the ranks write their shards to
-        ``staging`` (``checkpoint.save`` moves that folder into the checkpoint as ``sharded/``). ``background``
-        (``async``): the ranks write in the background (:meth:`finish_checkpoint` waits) and the driver's mirror
-        of the actor is left as it is (no ``actor/`` in that checkpoint)."""
+        """Each trained role's state and each rank's RNG state: gathered (``strategy.checkpoint=full``: the optimizer
+        state, and the weights of every role but the actor), or with ``sharded`` (or ``async``) the small state while
+        the ranks write their shards to ``staging`` (``checkpoint.save`` moves that folder into the checkpoint as
+        ``sharded/``). The actor's weights become the plain HF ``actor/``: ``checkpoint.save`` writes the driver's
+        ``module.actor`` where the driver trains it (``local``); elsewhere the driver holds no model, so they are
+        gathered and written to ``checkpoint.staged_actor(staging)`` here. ``background`` (``async``): the ranks
+        write in the background (:meth:`finish_checkpoint` waits), and that checkpoint has no ``actor/``."""
+        live = self.module.loads("actor")  # the local controller's workers train the driver's module.actor itself
         state: dict[str, Any] = {"world_size": self.actor.world_size, "rng": {}}
         sharded = self.config.strategy.checkpoint in ("sharded", "async")
         if sharded:
             state["sharded"] = True
-            staging = staging.resolve()  # the workers' working folder may differ
         for group in self._roles():
-            if sharded:
-                results = group.save_sharded(str(staging / group.role), background)
+            if sharded:  # the workers' working folder may differ: an absolute path
+                results = group.save_sharded(str(staging.resolve() / group.role), background)
             else:
-                results = group.state_dict(True)
+                results = group.state_dict(group.role != "actor" or not live)
             state["rng"][group.role] = [r.pop("rng") for r in results]
             state[group.role] = results[0]
-        if not background:
+        if not (background or live):
             weights = self.actor.model_state_dict() if sharded else state["actor"].pop("model")
-            self.module.actor.load_state_dict(weights)  # the driver's mirror: checkpoint.save writes it as actor/
+            with self._driver_actor() as actor:
+                actor.load_state_dict(weights)
+                write_actor(staged_actor(staging), actor, self.module.tokenizer, self.module.processor)
         return state
 
     def finish_checkpoint(self) -> float:
@@ -199,11 +181,16 @@ class GroupController:
         return max((max(group.finish_sharded()) for group in self._roles()), default=0.0)
 
     def load_state_dict(self, state: dict[str, Any], folder: Path) -> None:
-        """Restore what :meth:`state_dict` (or the local controller) saved in the checkpoint ``folder``;
-        ``checkpoint.load`` has already put the actor's weights into the driver's ``module.actor``."""
-        from rlforge.checkpoint import SHARDED_DIR
-
+        """Restore what :meth:`state_dict` saved in the checkpoint ``folder``: each role's shards, or its gathered state
+        with the actor's weights read from ``actor/`` (into the driver's ``module.actor`` where the driver trains it,
+        else into a copy loaded only while they are sent to the ranks)."""
         same_ranks = state.get("world_size") == self.actor.world_size
+        saved = [k for k, v in state.items() if isinstance(v, dict) and k != "rng"]
+        missing = [group.role for group in self._roles() if group.role not in saved]
+        if missing:
+            raise RLForgeError(f"This checkpoint holds no state of the {', '.join(map(repr, missing))} role (it has: "
+                               f"{', '.join(saved)}): it was saved by a run with other roles (another algorithm or "
+                               f"reward manager).")
         for group in self._roles():
             rngs = state.get("rng", {}).get(group.role) if same_ranks else None
             rngs = rngs or [None] * group.world_size
@@ -215,7 +202,28 @@ class GroupController:
                 continue
             role_state = dict(state[group.role])
             if group.role == "actor":
-                role_state["model"] = self.module.actor.state_dict()
-            ref = self._share(role_state)
-            group.load_state_dict(ref, PerRank(rngs))
+                role_state.update(self._actor_weights(folder))
+            group.load_state_dict(self._share(role_state), PerRank(rngs))
 
+    def _actor_weights(self, folder: Path) -> dict[str, Any]:
+        """What the actor ranks need besides their state to resume from ``actor/``: nothing where the driver trains
+        ``module.actor`` (its weights are loaded in place), else the weights as ``{"model": ...}``."""
+        if self.module.loads("actor"):
+            load_weights(folder, self.module.actor)
+            return {}
+        with self._driver_actor() as actor:
+            load_weights(folder, actor)
+            return {"model": actor.state_dict()}
+
+    @contextlib.contextmanager
+    def _driver_actor(self) -> Iterator[Any]:
+        """The actor as the driver would load it (``model.path``, LoRA and precision as configured), only while a
+        checkpoint's ``actor/`` is written or read: between checkpoints the driver of ``ray`` and ``torchrun`` holds
+        no model, the ranks hold the trained one."""
+        module = self.module
+        module.roles = frozenset({"actor"})
+        try:
+            module.configure_model()
+            yield module.actor
+        finally:
+            module.actor, module.roles = None, frozenset()

@@ -20,9 +20,9 @@
 - Dispatch: prompts are split over the engines' workers for generation; training batches are split so that every
   rank gets its slice of every mini-batch (``shard_for_update``); results are gathered in order.
 - The reward manager runs here, in the driver (a learned reward model scores on its ``reward_model`` group). The
-  driver loads only the actor (no reference model, no critic):
-  its ``module.actor`` mirrors the trained weights at each checkpoint, so ``checkpoint.save`` writes the plain
-  HF folder as with the local controller. Each rank builds its own role's models through ``rlforge.build``.
+  driver loads no model (the tokenizer only): a checkpoint's plain HF ``actor/`` is written from the weights the
+  actor ranks gather (``groups.GroupController.state_dict``). Each rank builds its own role's models through
+  ``rlforge.build``.
 - A worker that dies or fails ends the run with a ``WorkerError`` naming its role, rank, pid and node.
 
 Ray is imported when this controller is built, never by the core.
@@ -39,9 +39,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.config.schema import option
 from rlforge.controller.dispatch import PerRank
-from rlforge.controller.groups import GroupController, check_layout, data_parallel_size, rank_module_class
+from rlforge.controller.groups import GroupController, check_layout, rank_module_class
 from rlforge.controller.remote import WorkerGroup, placed_roles
-from rlforge.controller.local import close_reward
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
@@ -221,13 +220,13 @@ class RayController(GroupController):
     def __init__(self, builder: Builder, module: RLModule) -> None:
         config, reg = builder.config, builder.registry
         entry = reg.strategy.entry(config.strategy.name)
-        self.strategy_factory = entry.obj
+        self.strategy_caps = entry.capabilities
         check_config(config, entry, module.needs_critic())
         ray = self.ray = _import_ray()
         for plugin_file in builder.plugins.file_modules():  # the workers load them too, but unpickle classes first
             ray.cloudpickle.register_pickle_by_value(plugin_file)
         self.config, self.module = config, module
-        module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
+        module.roles = frozenset()  # the driver loads no model (the tokenizer only): the ranks hold the trained ones
         module.configure_model()
         self.started_ray = self._connect(config.ray)
         self.reward: Any = None
@@ -301,7 +300,7 @@ class RayController(GroupController):
             pool = self._pool(name, n, cfg.cpus_per_worker, gpus, f"{' or '.join(keys)} or ray.cpus_per_worker / "
                                                                   f"ray.gpus_per_worker")
             for role in members:
-                dp = n if specs[role].ranks else data_parallel_size(config, self.strategy_factory)
+                dp = n if specs[role].ranks else self.strategy_caps.data_parallel_size(config)
                 group = self.groups[role] = self._group(role, pool, 1.0 / len(members), n, dp)
                 group.setup(config, module_cls, self.masters[role], not cfg.rollout_workers)
 
@@ -352,7 +351,7 @@ class RayController(GroupController):
             self.rollout.set_rng(PerRank(rngs))
 
     def shutdown(self) -> None:
-        close_reward(self.reward)
+        self.reward.close()
         for transport in self.transports:
             transport.kill()
         for pool in self.pools:

@@ -25,10 +25,9 @@ from rlforge import batch as B
 from rlforge import checkpoint as ckpt
 from rlforge import lora
 from rlforge.agent.engine import token_generator
-from rlforge.controller.remote import declared, remote
-from rlforge.controller.worker import ActorWorker, CriticWorker, TrainWorker
 from rlforge.sampling import Generation, SamplingParams
 from rlforge.weight_sync import SyncStats, adapter_weights, timed
+from rlforge.worker import ActorWorker, CriticWorker, TrainWorker, declared, remote
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
@@ -149,7 +148,7 @@ def _on_worker(name: str, target: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class RankWorker(WorkerProcess):
-    """One rank of a trained role: a :class:`rlforge.controller.worker.TrainWorker` (``self.worker``, made by
+    """One rank of a trained role: a :class:`rlforge.worker.TrainWorker` (``self.worker``, made by
     :meth:`train_worker`) on the strategy, with its update and state methods. The ``@remote`` methods of the
     ``trains`` class (``update``, ``compute_log_probs``, ...) are this rank's as well, each running on ``self.worker``:
     a plugin's trainable role sets ``trains`` to its ``TrainWorker`` and declares its methods there, once."""

@@ -1,7 +1,7 @@
 """Declared worker methods, roles and the worker groups that call them (HybridFlow's single controller).
 
-A worker class marks each method the driver may call with :func:`remote`, naming how a call's arguments are split
-over the group's ranks (a *dispatch mode*) and how the ranks' results are joined (a *collect mode*); both are
+A worker class marks each method the driver may call with ``rlforge.worker.remote``, naming how a call's arguments
+are split over the group's ranks (a *dispatch mode*) and how the ranks' results are joined (a *collect mode*); both are
 registry kinds (``registry.dispatch_mode``, ``registry.collect_mode``: ``rlforge/controller/dispatch.py`` registers
 the built-in ones, a plugin may add its own). A :class:`WorkerGroup` binds every declared method of its worker class
 when it is built, over a *transport* that runs one method on chosen ranks: the ranks in this process
@@ -26,54 +26,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.worker import declared
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
-
-REMOTE = "__rlforge_remote__"
-
-
-@dataclass(frozen=True)
-class Remote:
-    """How a worker method is called through a group: the names of its dispatch and collect modes."""
-
-    dispatch: str = "all"
-    collect: str = "all"
-
-
-def remote(dispatch: str = "all", collect: str = "all") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Mark a worker method as callable through a :class:`WorkerGroup`.
-
-    ``dispatch``: ``all`` (every rank, the same arguments; a ``PerRank`` argument gives each rank its own value),
-    ``dp_score`` / ``dp_update`` (the first argument, a Batch, split over data-parallel groups for a forward pass or
-    an update), ``rows`` (the first argument's rows in near-equal parts, for models without collectives), ``engine_rows`` / ``engine_requests`` (prompts split over the ranks' rollout engines, each seeded).
-    ``collect``: ``all`` (the list, in rank order), ``first``, ``max``, ``concat`` (Batches or per-row tensors, back
-    in row order), ``flatten``. Call arguments are positional or keyword, as the method's signature allows."""
-
-    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        setattr(fn, REMOTE, Remote(dispatch, collect))
-        return fn
-
-    return mark
-
-
-def declared(cls: type) -> dict[str, Remote]:
-    """The methods of ``cls`` marked with :func:`remote`, in it or a base class (an override keeps the mark)."""
-    out: dict[str, Remote] = {}
-    for klass in reversed(cls.__mro__):
-        for name, value in vars(klass).items():
-            spec = getattr(value, REMOTE, None)
-            if isinstance(spec, Remote):
-                out[name] = spec
-    return out
-
 
 @dataclass(frozen=True)
 class Role:
     """A role of the dataflow (``registry.role``), which the controllers place on ranks.
 
     :param worker: the worker class its ranks run (a class or ``"module:Class"``, imported when a controller places
-        the role): ``Class(role, rank, world_size)`` with :func:`remote` methods, ``setup(config, module_cls, master)``
+        the role): ``Class(role, rank, world_size)`` with :func:`rlforge.worker.remote` methods, ``setup(config, module_cls, master)``
         in a process of its own and ``build(builder, module)`` in the driver's (``ray_workers.WorkerProcess``).
     :param models: the models of ``RLModule`` each rank loads (``builder.module(roles=models)``).
     :param section: the config section of its batch options (``ppo_mini_batch_size``, ...: what the ``dp_update``
@@ -144,8 +107,10 @@ def placed_roles(builder: Builder, module: Any) -> dict[str, Role]:
 
 
 class Workers:
-    """The worker groups of a run by role (``controller.workers``, ``StepContext.workers``): ``workers.actor``,
-    ``workers.critic``, a plugin's ``workers.prm``; ``role in workers``."""
+    """The worker groups of a run by role (``controller.workers``, ``StepContext.workers``), each called with its
+    worker class's declared methods: ``workers.actor.compute_log_probs(batch, "ref")``,
+    ``workers.critic.update(batch, step)``, a plugin's ``workers.prm``; ``role in workers``. A role the run did not
+    place is an error naming it and why."""
 
     def __init__(self, groups: dict[str, Any]) -> None:
         self._groups = groups
@@ -154,8 +119,9 @@ class Workers:
         groups = self.__dict__.get("_groups", {})
         if role in groups:
             return groups[role]
-        raise RLForgeError(f"No '{role}' worker group in this run (placed: {', '.join(groups) or 'none'}). A role is "
-                           f"placed when the algorithm's worker_roles() or the reward manager's worker_roles name it.")
+        raise RLForgeError(f"No '{role}' worker group in this run (placed: {', '.join(groups) or 'none'}): a role is "
+                           f"placed when the algorithm's worker_roles() or the reward manager's worker_roles() name it "
+                           f"(the critic when the algorithm's needs_critic() is True).")
 
     def __contains__(self, role: object) -> bool:
         return role in self._groups
@@ -186,7 +152,7 @@ class InProcess:
 
 
 class WorkerGroup:
-    """The ranks of one role over a transport, with every :func:`remote` method of ``worker_cls`` bound as a method
+    """The ranks of one role over a transport, with every :func:`rlforge.worker.remote` method of ``worker_cls`` bound as a method
     of the group (split by its dispatch mode, joined by its collect mode). ``dp_size``: the data-parallel groups the
     ranks form (consecutive ranks of a tensor-parallel group see the same rows); ``config``: the run's config, which
     the modes read (mini-batch sizes, balancing)."""

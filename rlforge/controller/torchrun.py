@@ -24,8 +24,7 @@ import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from rlforge.controller.groups import GroupController, check_layout, data_parallel_size, rank_module_class
-from rlforge.controller.local import close_reward
+from rlforge.controller.groups import GroupController, check_layout, rank_module_class
 from rlforge.controller.remote import WorkerGroup, placed_roles
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
@@ -164,16 +163,15 @@ class TorchrunController(GroupController):
     def __init__(self, builder: Builder, module: RLModule) -> None:
         config, reg = builder.config, builder.registry
         entry = reg.strategy.entry(config.strategy.name)
-        strategy = entry.obj
         check_layout(config, entry, module.needs_critic())
         module_cls = rank_module_class(module)
         self.config, self.module = config, module
         rank, world, group = _join(config)
         self.channel = Channel(group, rank, world, _workers(builder, rank, world, module))
-        module.roles = frozenset({"actor"})  # the driver's mirror of the trained weights, for checkpoints
+        module.roles = frozenset()  # the driver loads no model (the tokenizer only): the ranks hold the trained ones
         module.configure_model()
         self.logprobs_match_actor = builder.capabilities("rollout").logprobs_match_actor
-        dp = data_parallel_size(config, strategy)
+        dp = entry.capabilities.data_parallel_size(config)
         ranks = {role: world if reg.role.get(role).ranks else dp for role in self.channel.workers}
         self.groups = {role: WorkerGroup(role, type(worker), ChannelTransport(self.channel, role), config, reg,
                                          ranks[role]) for role, worker in self.channel.workers.items()}
@@ -182,7 +180,7 @@ class TorchrunController(GroupController):
         self.reward = builder.reward(module.tokenizer, self.workers)
 
     def shutdown(self) -> None:
-        close_reward(self.reward)
+        self.reward.close()
         self.channel.stop()
         for worker in self.channel.workers.values():
             worker.shutdown()

@@ -292,7 +292,7 @@ class RecomputedOldLogProb(OldLogProbStage):
     rollout correction (``algorithm.rollout_is``) then see the lag."""
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        batch[B.OLD_LOG_PROBS] = ctx.controller.compute_log_probs(batch, "actor")
+        batch[B.OLD_LOG_PROBS] = ctx.workers.actor.compute_log_probs(batch, "actor")
         return batch
 
 

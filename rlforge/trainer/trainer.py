@@ -319,9 +319,7 @@ class Trainer:
             log.warning("The checkpoint being written when the run failed is incomplete and was dropped: %s", exc)
 
     def _restore(self, path: Path, state: dict[str, Any]) -> None:
-        if ckpt.has_actor(path):  # strategy.checkpoint=async: only the run's last checkpoint has actor/
-            ckpt.load_weights(path, self.module.actor)
-        self.controller.load_state_dict(state["controller"], path)
+        self.controller.load_state_dict(state["controller"], path)  # the actor's weights too (actor/ or shards)
         self.controller.sync_weights()
         self.sampler.load_state_dict(state["sampler"])
         self.module.load_state_dict(state.get("module", {}))

@@ -17,6 +17,7 @@ from rlforge.algorithms.pf_ppo import PolicyFiltration
 from rlforge.algorithms.vapo import POS_LM_WEIGHT
 from rlforge.errors import ConfigError, DataError
 from rlforge.module import LossContext
+from rlforge.testing import fake_controller, step_context
 
 TWO_REWARDS = Path(__file__).parent / "data" / "two_rewards.py"
 
@@ -174,8 +175,8 @@ def test_otb_asks_the_actor_for_sum_pi_squared_after_the_old_log_probs(pm):
 
     batch = _batch([1.0, 0.0], [2, 1], ["a", "a"])
     cfg = load_config("otb", plugins=pm)
-    out = SumPiSquared().run(SimpleNamespace(config=cfg, controller=SimpleNamespace(
-        compute_log_probs=compute_log_probs)), batch)
+    ctx = step_context(cfg, controller=fake_controller(workers={"actor": {"compute_log_probs": compute_log_probs}}))
+    out = SumPiSquared().run(ctx, batch)
     assert seen == [(SUM_PI_SQUARED, "actor")] and FORWARD_OUTPUT not in batch.meta
     assert torch.equal(out[SUM_PI_SQUARED], torch.full((2, 4), 0.5))
 

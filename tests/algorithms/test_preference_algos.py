@@ -208,7 +208,7 @@ def test_dpo_training_step_is_the_dpo_loss_and_micro_batches_add_up(dpo_module) 
 def test_a_pair_runs_its_prompt_once(pm, dpo_module, shared_calls) -> None:
     """``model.shared_prefix`` (the default): on the actor worker a pair's chosen and rejected rows share one forward
     pass of their prompt, and the log-probs equal the plain forward's."""
-    from rlforge.controller.worker import ActorWorker
+    from rlforge.worker import ActorWorker
 
     batch = _pairs_batch(dpo_module)
     log_probs = {}

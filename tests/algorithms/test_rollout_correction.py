@@ -369,7 +369,7 @@ def test_the_stage_recomputes_reused_log_probs_writes_weights_and_rejects(pm):
 
     batch = B.Batch({B.ROLLOUT_LOG_PROBS: rollout, B.RESPONSE_MASK: torch.ones(2, 3, dtype=torch.long)})
     batch[B.OLD_LOG_PROBS] = batch[B.ROLLOUT_LOG_PROBS]  # what OLD_LOGPROB does when it reuses the engine's
-    ctx = step_context(cfg, controller=fake_controller(compute_log_probs=compute_log_probs))
+    ctx = step_context(cfg, controller=fake_controller(workers={"actor": {"compute_log_probs": compute_log_probs}}))
     out = RC.RolloutCorrection().run(ctx, batch)
     assert calls == ["actor"] and torch.equal(out[B.OLD_LOG_PROBS], trainer)
     # token weights: min(ratio, 2) = 1, 1.5, 2 / 0.2, 1, 1

@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 
 from rlforge import batch as B
 from rlforge.controller.dispatch import restore, shard_for_scoring, shard_for_update
-from rlforge.controller.groups import GroupController
-from rlforge.controller.remote import InProcess, WorkerGroup, remote
-from rlforge.controller.microbatch import balanced_split
+from rlforge.controller.remote import InProcess, WorkerGroup
 from rlforge.errors import RLForgeError
+from rlforge.microbatch import balanced_split
+from rlforge.worker import remote
 
 
 def _batch(lengths: list[int], width: int = 40) -> B.Batch:
@@ -76,10 +76,9 @@ class _Rank:
 
 @pytest.mark.parametrize("balance,budget,expected", [(None, 0, [154, 6]), (None, 64, [80, 80]), (True, 0, [80, 80]),
                                                       (False, 64, [154, 6])])
-def test_the_controller_balances_when_trainer_balance_batch_says_so(balance, budget, expected, registry) -> None:
-    c = GroupController()
+def test_the_actor_group_balances_when_trainer_balance_batch_says_so(balance, budget, expected, registry) -> None:
     config = OmegaConf.create({"trainer": {"balance_batch": balance}, "actor": {"max_tokens_per_micro_batch": budget}})
-    c.groups = {"actor": WorkerGroup("actor", _Rank, InProcess([_Rank(), _Rank()]), config, registry)}
+    actor = WorkerGroup("actor", _Rank, InProcess([_Rank(), _Rank()]), config, registry)
     _Rank.tokens = []
-    out = c.compute_log_probs(_batch([40, 39, 38, 37, 2, 2, 1, 1]))
+    out = actor.compute_log_probs(_batch([40, 39, 38, 37, 2, 2, 1, 1]))
     assert _Rank.tokens == expected and out[:, 0].tolist() == list(range(8))  # rows in order either way

@@ -4,17 +4,21 @@ rank stands for the group; generation goes to the group that owns the engines, e
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from rlforge import batch as B
-from rlforge import load_config
+from rlforge import capabilities, load_config
+from rlforge.capabilities import StrategyCapabilities, shown
 from rlforge.controller.dispatch import PerRank
-from rlforge.controller.groups import GroupController, data_parallel_size
-from rlforge.controller.remote import InProcess, WorkerGroup, declared, remote
+from rlforge.controller.groups import GroupController
+from rlforge.controller.remote import InProcess, WorkerGroup
 from rlforge.errors import RLForgeError
 from rlforge.sampling import SamplingParams, derived_seed
+from rlforge.worker import declared, remote
 
 
 class Rank:
@@ -121,8 +125,16 @@ def test_data_parallel_size_follows_the_strategy(pm):
                                 "data.train_batch_size=8"], plugins=pm)
     tp = load_config("grpo", ["strategy.name=tp", "strategy.tp.size=2", "strategy.num_processes=4",
                               "trainer.controller=ray", "data.train_batch_size=8"], plugins=pm)
-    assert data_parallel_size(fsdp, pm.registry.strategy.get("fsdp")) == 4
-    assert data_parallel_size(tp, pm.registry.strategy.get("tp")) == 2
+    caps = {name: pm.registry.strategy.entry(name).capabilities for name in ("fsdp", "tp")}
+    assert caps["fsdp"].data_parallel_size(fsdp) == 4
+    assert caps["tp"].data_parallel_size(tp) == 2
+    assert "same_rows_key=strategy.tp.size" in shown(caps["tp"])  # declared: `rlforge plugins list` shows it
+    with pytest.raises(RLForgeError, match=r"strategy.tp.size=3 must be a whole number >= 1 that divides "
+                                           r"strategy.num_processes=4 \(strategy.name=tp declares"):
+        caps["tp"].data_parallel_size(OmegaConf.merge(tp, {"strategy": {"tp": {"size": 3}}}))
+    with pytest.raises(RLForgeError, match="capability same_rows_key must be a str, got 2"):
+        capabilities.declared("strategy", "odd", type("Odd", (), {"capabilities": StrategyCapabilities(
+            same_rows_key=2)}), StrategyCapabilities)  # type: ignore[arg-type]
 
 
 class TwoGroups(GroupController):
@@ -143,3 +155,30 @@ def test_generation_goes_to_the_rollout_group_and_each_engine_samples_its_own_st
     assert [e.seeds for e in controller.engines] == [[7, None, [5, 5]], [derived_seed(7, 1), None, [derived_seed(5, 1)]]]
     assert derived_seed(7, 1) != 7
     assert not any(r.seeds for r in controller.actor_ranks)  # the actor ranks own no engine
+
+class Trained:
+    """A trained role's rank: its checkpoint state (with its weights when asked) and its RNG state."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    @remote()
+    def state_dict(self, with_model):
+        return {"optimizer": self.rank, **({"model": {"w": self.rank}} if with_model else {}), "rng": f"rng{self.rank}"}
+
+
+def test_every_controller_checkpoints_each_rank_and_a_missing_role_is_named(registry, tmp_path):
+    """The one checkpoint path (the local controller's too): each role's rank-0 state, each rank's RNG state; the
+    actor's weights stay out where the driver trains the actor (``actor/`` is written from it)."""
+    c = GroupController()
+    c.config = OmegaConf.create({"strategy": {"checkpoint": "full"}})
+    c.module = SimpleNamespace(loads=lambda model: True)  # the local controller's driver trains module.actor
+    c.groups = {role: WorkerGroup(role, Trained, InProcess([Trained(0), Trained(1)]), c.config, registry)
+                for role in ("actor", "critic")}
+    state = c.state_dict(tmp_path)
+    assert state == {"world_size": 2, "rng": {"actor": ["rng0", "rng1"], "critic": ["rng0", "rng1"]},
+                     "actor": {"optimizer": 0}, "critic": {"optimizer": 0, "model": {"w": 0}}}
+    del state["critic"]
+    with pytest.raises(RLForgeError, match=r"holds no state of the 'critic' role \(it has: actor\): it was saved by "
+                                           r"a run with other roles"):
+        c.load_state_dict(state, tmp_path)

@@ -124,8 +124,8 @@ def _meeting_grpo(folder):
 
         def configure_model(self):
             super().configure_model()
-            if "RANK" in os.environ:  # an actor rank; not a rollout worker (nor the driver, which never generates)
-                return
+            if "RANK" in os.environ or not self.loads("actor"):  # an actor rank, or the driver (it loads no model)
+                return  # only a rollout worker counts its generations
             calls = []
 
             def counted(module, args, kwargs):  # a hook, not a wrapped forward: it follows the model into a copy

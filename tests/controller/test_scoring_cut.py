@@ -4,7 +4,7 @@ where set, else the update's."""
 from __future__ import annotations
 
 from rlforge.config.schema import ScoringConfig
-from rlforge.controller.microbatch import Cut, scoring_cut
+from rlforge.microbatch import Cut, scoring_cut
 
 UPDATE, BUDGETED = Cut(8), Cut(8, 4096)
 

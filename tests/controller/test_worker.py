@@ -7,12 +7,12 @@ import torch
 
 from rlforge import batch as B
 from rlforge import load_config
-from rlforge.capabilities import StrategyCapabilities
-from rlforge.controller.microbatch import token_budget_plan
-from rlforge.controller.worker import ActorWorker
-from rlforge.ops import shares_prompts
 from rlforge.algorithms.grpo import GRPO
+from rlforge.capabilities import StrategyCapabilities
+from rlforge.microbatch import token_budget_plan
+from rlforge.ops import shares_prompts
 from rlforge.plugin_manager import PluginManager
+from rlforge.worker import ActorWorker
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

@@ -29,9 +29,9 @@ from rlforge import batch as B
 from rlforge import load_config, ops
 from rlforge.algorithms.grpo import GRPO
 from rlforge.controller.dispatch import shard_for_update, split_even, split_rows
-from rlforge.controller.worker import ActorWorker
 from rlforge.plugin_manager import PluginManager
 from rlforge.sampling import SamplingParams
+from rlforge.worker import ActorWorker
 from tests.controller.test_worker import SGDGRPO, _rollout_batch
 
 WORLD = 2

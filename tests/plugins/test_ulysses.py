@@ -155,7 +155,7 @@ def _workers(pm: PluginManager, extra: list[str], out_dir: str | None = None) ->
     built from ``WORKERS + extra``; with ``out_dir``, the actor saved sharded after its update, restored into a fresh
     worker, and one more update taken by both."""
     from rlforge.algorithms.ppo import PPO
-    from rlforge.controller.worker import ActorWorker, CriticWorker
+    from rlforge.worker import ActorWorker, CriticWorker
     from tests.controller.test_worker import SGDGRPO, _rollout_batch
 
     class SGDPPO(PPO):
@@ -444,11 +444,9 @@ def test_sequence_parallel_config_errors_name_the_keys(pm, extra, message):
 
 def test_sequence_parallel_groups_are_the_data_parallel_unit(pm):
     """4 ranks with sp=2 are 2 data-parallel groups: the batch arithmetic counts groups, not ranks."""
-    from rlforge.plugins.strategy.fsdp import FSDPStrategy
-
     cfg = load_config("grpo", [*SP_BASE, "strategy.num_processes=4", "strategy.fsdp.sequence_parallel_size=2",
                                "model.remove_padding=true"], plugins=pm)
-    assert FSDPStrategy.data_parallel_size(cfg) == 2
+    assert pm.registry.strategy.entry("fsdp").capabilities.data_parallel_size(cfg) == 2
     load_config("grpo", [*SP_BASE, "strategy.num_processes=2", "strategy.fsdp.sequence_parallel_size=2",
                          "model.remove_padding=true", "actor.max_tokens_per_micro_batch=36"], plugins=pm)  # per rank
     with pytest.raises(ConfigError, match="over 2 data-parallel groups"):  # a mini-batch of 3 sequences

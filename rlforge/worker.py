@@ -1,8 +1,14 @@
-"""Workers: a model on a strategy with its optimizer and the mini-/micro-batch update loop.
+"""What runs on the ranks: worker methods declared for the driver (:func:`remote`), and the training worker (a model
+on a strategy with its optimizer and the mini-/micro-batch update loop).
+
+A worker class marks each method the driver may call with :func:`remote` (its dispatch and collect modes); the
+controller's worker groups (``rlforge.controller.remote.WorkerGroup``) bind what :func:`declared` finds. The worker
+half of a run lives here, beside the module (``rlforge.module``) whose losses it runs; the controller only places and
+calls it.
 
 ``ActorWorker`` trains the policy (and holds the reference model and the model the rollout engine
-generates with); ``CriticWorker`` trains the value model. The same classes serve the local controller
-(one process) and the Ray controller (one worker per data-parallel rank, see ``ray_workers.py``).
+generates with); ``CriticWorker`` trains the value model. The same classes serve every controller: one process
+(``local``), and one worker per data-parallel rank (``ray``, ``torchrun``: ``rlforge.controller.ray_workers``).
 
 With several ranks, each worker sees its share of every mini-batch (``dispatch.shard_for_update``); losses
 are normalized by mini-batch-wide counts summed over the ranks, so the summed gradients equal one
@@ -17,7 +23,8 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +33,50 @@ import torch
 from rlforge import batch as B
 from rlforge import lora
 from rlforge.config.compose import config_section, micro_batch_size
-from rlforge.controller.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
-from rlforge.controller.remote import remote
 from rlforge.errors import NonFiniteError
+from rlforge.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
 from rlforge.module import LossContext, RLModule
 from rlforge.ops import SHARE_ALWAYS, SHARE_REPEATED, compile_forward, response_values, share_prompts
 from rlforge.pipeline import PIPELINES
 
 log = logging.getLogger("rlforge")
+
+REMOTE = "__rlforge_remote__"
+
+
+@dataclass(frozen=True)
+class Remote:
+    """How a worker method is called through a group: the names of its dispatch and collect modes."""
+
+    dispatch: str = "all"
+    collect: str = "all"
+
+
+def remote(dispatch: str = "all", collect: str = "all") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark a worker method as callable through a worker group (``rlforge.controller.remote.WorkerGroup``).
+
+    ``dispatch``: ``all`` (every rank, the same arguments; a ``PerRank`` argument gives each rank its own value),
+    ``dp_score`` / ``dp_update`` (the first argument, a Batch, split over data-parallel groups for a forward pass or
+    an update), ``rows`` (the first argument's rows in near-equal parts, for models without collectives), ``engine_rows`` / ``engine_requests`` (prompts split over the ranks' rollout engines, each seeded).
+    ``collect``: ``all`` (the list, in rank order), ``first``, ``max``, ``concat`` (Batches or per-row tensors, back
+    in row order), ``flatten``. Call arguments are positional or keyword, as the method's signature allows."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(fn, REMOTE, Remote(dispatch, collect))
+        return fn
+
+    return mark
+
+
+def declared(cls: type) -> dict[str, Remote]:
+    """The methods of ``cls`` marked with :func:`remote`, in it or a base class (an override keeps the mark)."""
+    out: dict[str, Remote] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            spec = getattr(value, REMOTE, None)
+            if isinstance(spec, Remote):
+                out[name] = spec
+    return out
 
 
 def _lengths(batch: B.Batch) -> list[int]:
@@ -104,7 +147,7 @@ class TrainWorker:
         return model
 
     def micro_plan(self, batch: B.Batch, cut: Cut | None = None) -> list[list[int]]:
-        """The rows of each micro-batch of ``batch`` (see ``microbatch.py``), cut as the update's (or ``cut``).
+        """The rows of each micro-batch of ``batch`` (see ``rlforge.microbatch``), cut as the update's (or ``cut``).
         Collective with a token budget on several ranks: they agree on the number of micro-batches. A token budget is
         per rank: with sequence parallelism a micro-batch holds ``sequence_parallel_size`` x the budget, which its
         ranks split (verl's ``max_token_len_per_gpu x ulysses_sequence_parallel_size``)."""
