@@ -167,6 +167,51 @@ def test_a_failed_background_write_leaves_the_previous_checkpoint(tmp_path, monk
     ckpt.read(ckpt.step_dir(trainer.run_dir, 1))
 
 
+class FailingSave:
+    """A ``rlforge_save_checkpoint`` hook that fails at step ``step``."""
+
+    def __init__(self, step):
+        self.step = step
+
+    @hookimpl
+    def rlforge_save_checkpoint(self, trainer, checkpoint):
+        if trainer.step == self.step:
+            raise RuntimeError(f"save hook failed at step {self.step}")
+
+
+@pytest.mark.slow
+def test_a_failure_while_a_checkpoint_starts_loses_no_written_checkpoint(tmp_path, monkeypatch):
+    """The ranks' background write starts last in ``Trainer.save``: a failing save hook leaves nothing half-started,
+    and a Ctrl-C inside the controller's part (the write already running) is waited for on the way out; the staged
+    folder stays unnamed and the next resume starts from the checkpoint before it."""
+    from rlforge.controller.groups import GroupController
+
+    trainer = Trainer(fast_config("grpo", tmp_path / "a", *COMMON), callbacks=[FailingSave(2)])
+    with pytest.raises(RuntimeError, match="save hook failed at step 2"):
+        trainer.fit()
+    assert [p.name for p in ckpt.list_checkpoints(trainer.run_dir)] == ["step_000001"]
+    assert not ckpt.staging_dir(trainer.run_dir, 2).exists()
+
+    start = GroupController.state_dict
+
+    def interrupted(self, staging, background=False):
+        state = start(self, staging, background)
+        if "step_000002" in str(staging):
+            raise KeyboardInterrupt  # the shards are being written
+        return state
+
+    monkeypatch.setattr(GroupController, "state_dict", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(fast_config("grpo", tmp_path / "b", *COMMON)).fit()
+    (run,) = (tmp_path / "b" / "default").iterdir()
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_000001"]
+    assert (ckpt.staging_dir(run, 2) / "actor" / ".metadata").is_file()  # the write was waited for, not cut off
+    monkeypatch.setattr(GroupController, "state_dict", start)
+    resumed = Trainer(fast_config("grpo", tmp_path / "b", *COMMON, "trainer.resume=auto"))
+    resumed.fit()
+    assert [h["step"] for h in resumed.history] == [2] and not ckpt.staging_dir(run, 2).exists()
+
+
 def test_a_strategy_without_background_saves_is_refused_by_name(tmp_path):
     with pytest.raises(ConfigError, match=r"strategy.checkpoint=async: strategy.name=megatron cannot write its sharded "
                                           r"state in the background .*these do: .*fsdp.*single"):

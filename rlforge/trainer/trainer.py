@@ -277,9 +277,8 @@ class Trainer:
         Logs ``timing_s/save_checkpoint``, the seconds the loop waited (a previous write included)."""
         start = time.perf_counter()
         self.finish_checkpoint()
-        state = {
+        state: dict[str, Any] = {
             "step": self.step,
-            "controller": self.controller.state_dict(ckpt.staging_dir(self.run_dir, self.step), background),
             "sampler": self.sampler.state_dict(),
             "module": self.module.state_dict(),
             "rng": ckpt.rng_state(),
@@ -289,11 +288,16 @@ class Trainer:
         self.hook.rlforge_save_checkpoint(trainer=self, checkpoint=state["extra"])
         meta = {"config": OmegaConf.to_container(self.config, resolve=True), **self.fingerprint}
         if background:
-            self._writing = (self.step, copy.deepcopy(state), meta)  # as it is now: training goes on
+            state = copy.deepcopy(state)  # as it is now: training goes on
+        # last, so that once the ranks' background write starts nothing else can fail before it is tracked
+        state["controller"] = self.controller.state_dict(ckpt.staging_dir(self.run_dir, self.step), background)
+        if background:
+            self._writing = (self.step, state, meta)
+            state["controller"] = copy.deepcopy(state["controller"])  # the ranks' small state, as it is now
             path = ckpt.step_dir(self.run_dir, self.step)
         else:
             path = ckpt.save(self.run_dir, self.step, self.module.actor, self.module.tokenizer, state,
-                             self.config.trainer.keep_last_n, meta, processor=getattr(self.module, "processor", None))
+                             self.config.trainer.keep_last_n, meta, processor=self.module.processor)
         self._log({"timing_s/save_checkpoint": time.perf_counter() - start})
         return path
 
@@ -312,8 +316,12 @@ class Trainer:
 
     def _settle_checkpoint(self) -> None:
         """On the way out of a failed run: the checkpoint written in the background is completed if its write
-        succeeds (it holds the state of its step, before the failure), else left unnamed."""
+        succeeds (it holds the state of its step, before the failure), else left unnamed. A write the failure
+        interrupted before it was tracked (inside ``controller.state_dict``) is waited for and left unnamed: the next
+        resume removes its staged folder."""
         try:
+            if self._writing is None:
+                self.controller.finish_checkpoint()
             self.finish_checkpoint()
         except Exception as exc:
             log.warning("The checkpoint being written when the run failed is incomplete and was dropped: %s", exc)
