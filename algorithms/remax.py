@@ -38,7 +38,7 @@ class GreedyBaseline(Stage):
             {k: prompts[k] for k in (B.UID, B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH, B.EXTRA_INFO)},
         )
         params = SamplingParams(1, 0.0, 1.0, 0, ctx.config.rollout.max_new_tokens)
-        greedy = ctx.controller.score(ctx.controller.generate(prompts, params))
+        greedy = ctx.controller.score(ctx.workers.rollout.generate(prompts, params))
         greedy.meta.pop("metrics", None)  # the reward manager's counters describe the training samples
         by_uid = dict(zip(greedy[B.UID], greedy[B.SCORES].tolist()))
         batch[B.REWARD_BASELINES] = torch.tensor([by_uid[u] for u in batch[B.UID]])

@@ -111,7 +111,7 @@ class Stage:
     requires: frozenset[str] = frozenset()
     produces: frozenset[str] = frozenset()
     timing_name: str = ""  # the name in ``timing_s/<name>`` (default: ``name``); built-ins use verl's
-    uses_engine: bool = False  # generates (ctx.controller.generate, ctx.regenerate): pipelines check it
+    uses_engine: bool = False  # generates (ctx.workers.rollout.generate, ctx.regenerate): pipelines check it
 
     ROLLOUT: ClassVar[Stage]
     REWARD: ClassVar[Stage]
@@ -260,7 +260,7 @@ class RolloutStage(Stage):
         ``run`` is a :class:`StepContext` (or the ``Trainer``, for validation): only its ``config``, ``controller``,
         ``builder``, ``module`` and ``flow`` are read, so the off-policy pipelines can call it from their rollout
         thread."""
-        return run.controller.generate(batch, params), {}
+        return run.controller.workers.rollout.generate(batch, params), {}
 
     @property
     def source(self) -> RolloutStage:

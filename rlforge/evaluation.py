@@ -2,10 +2,10 @@
 stages do. Validation (``RLModule.validate``), ``rlforge eval`` and the SFT accuracy check all go through it, so the
 choice of agent loop and the agent rewards are handled in one place.
 
-It generates through one contract, a :class:`GenerationBackend`: the batch ``generate`` for single-turn prompts, the
+It generates through one contract: the batch ``generate`` for single-turn prompts (a :class:`GenerationBackend`), the
 token-in/token-out ``generate_tokens`` (taking overlapping calls when ``continuous_batching``) for an agent loop. The
-run's controller offers it; a rollout engine outside a run (``rlforge eval``, the SFT check) is wrapped into it by
-:class:`EngineBackend`. With an agent loop (``rollout.agent.loop`` other than ``single_turn``: in a run, the flow's own
+run's rollout workers offer both (``controller.workers.rollout``); a rollout engine outside a run (``rlforge eval``,
+the SFT check) is wrapped into it by :class:`EngineBackend`. With an agent loop (``rollout.agent.loop`` other than ``single_turn``: in a run, the flow's own
 agentic rollout stage, ``rlforge.agent.stage.evaluator``; outside one, a runner on the engine's ``generate_tokens``,
 ``Builder.evaluator``) each prompt's samples are the loop's trajectories; their own rewards (``agent_rewards``: an
 env's return, tool and turn rewards) are then added to the reward function's scores, as the training step's
@@ -34,13 +34,10 @@ AgentRollout = Callable[[B.Batch, SamplingParams], "tuple[B.Batch, dict[str, flo
 
 
 class GenerationBackend(Protocol):
-    """What the evaluator generates through: the run's controller, or a standalone engine (:class:`EngineBackend`)."""
-
-    continuous_batching: bool  # generate_tokens takes overlapping calls (agent turns go at once, not in waves)
+    """What the evaluator generates single-turn samples through: the run's rollout workers
+    (``controller.workers.rollout``), or a standalone engine (:class:`EngineBackend`)."""
 
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch: ...
-
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]: ...
 
 
 class EngineBackend:

@@ -145,7 +145,7 @@ class RLModule:
         from rlforge.evaluation import Evaluator
         from rlforge.sampling import SamplingParams
 
-        evaluate = self.evaluator or Evaluator(controller, controller.score)
+        evaluate = self.evaluator or Evaluator(controller.workers.rollout, controller.score)
         batch = collate(examples, self.tokenizer.pad_token_id, list(range(len(examples))))
         batch = evaluate(batch, SamplingParams.from_config(self.config.rollout, validation=True))
         return generation_metrics(batch), batch

@@ -174,18 +174,15 @@ class Controller(Protocol):
 
     @property
     def workers(self) -> Any:
-        """The worker groups by role (``rlforge.controller.remote.Workers``): workers.actor, workers.prm, ..."""
-
-    def generate(self, batch: Batch, params: SamplingParams) -> Batch: ...
+        """The worker groups by role (``rlforge.controller.remote.Workers``): workers.actor, workers.prm, ..., and
+        workers.rollout, the group that owns the rollout engines (``generate``, ``generate_tokens``: the
+        token-in/token-out requests of agent loops, :class:`TokenGenerator`)."""
 
     def score(self, batch: Batch) -> Batch: ...
 
     def sync_weights(self) -> SyncStats:
         """Give the rollout engines the actor's weights (the actor ranks' engines, or a rollout group's: the
         placement decides); what that moved (bytes) and took (seconds)."""
-
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
-        """Token-in/token-out requests on its engines (:class:`TokenGenerator`), used by agent loops."""
 
     def state_dict(self, staging: Path, background: bool = False) -> dict[str, Any]:
         """The workers' state for a checkpoint (``staging``: a folder for sharded state, moved into the

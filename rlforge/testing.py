@@ -14,8 +14,8 @@
 - ``step_context(config, batches, controller=...)``: the ``StepContext`` a stage runs in, without a trainer: ``draw``
   serves ``batches`` in order, ``regenerate`` draws the next one, hooks are recorded (``RecordingHook.calls``).
 - ``fake_controller(workers, **methods)``: a controller with just the worker-group methods (``workers={"actor":
-  {"compute_log_probs": ...}}``) and controller methods (``generate_tokens``, ...) a stage under test calls, waves and
-  no log-prob reuse.
+  {"compute_log_probs": ...}}``; ``generate=``/``generate_tokens=`` are the rollout workers', ``ctx.workers.rollout``)
+  and controller methods (``score``, ...) a stage under test calls, waves and no log-prob reuse.
 - ``FixedAnswerEngine``: a rollout engine (register it under ``registry.rollout``) that answers every prompt with the
   same text (``answer``), for tests of what surrounds generation (rewards, eval, export) without sampling.
 """
@@ -79,11 +79,16 @@ def step_context(config: Any = None, batches: Iterable[Any] = (), *, controller:
 
 
 def fake_controller(workers: dict[str, dict[str, Any]] | None = None, **methods: Any) -> Any:
-    """A controller offering ``methods`` (``generate_tokens=...``) and worker groups with just the methods a stage
-    under test calls (``workers={"actor": {"compute_log_probs": lambda batch, role: ...}}``, reached as
-    ``ctx.workers.actor``), in waves, without reusing the engine's log-probs (``logprobs_match_actor=False``)."""
-    groups = {role: SimpleNamespace(**fns) for role, fns in (workers or {}).items()}
-    return SimpleNamespace(logprobs_match_actor=False, continuous_batching=False, workers=SimpleNamespace(**groups),
+    """A controller offering ``methods`` (``score=...``) and worker groups with just the methods a stage under test
+    calls (``workers={"actor": {"compute_log_probs": lambda batch, role: ...}}``, reached as ``ctx.workers.actor``;
+    ``generate=``/``generate_tokens=`` go to ``ctx.workers.rollout``), in waves, without reusing the engine's
+    log-probs (``logprobs_match_actor=False``)."""
+    groups = {role: dict(fns) for role, fns in (workers or {}).items()}
+    for name in ("generate", "generate_tokens"):  # the engines' methods: ctx.workers.rollout's
+        if name in methods:
+            groups.setdefault("rollout", {})[name] = methods.pop(name)
+    return SimpleNamespace(logprobs_match_actor=False, continuous_batching=False,
+                           workers=SimpleNamespace(**{role: SimpleNamespace(**fns) for role, fns in groups.items()}),
                            **methods)
 
 

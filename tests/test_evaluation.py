@@ -25,7 +25,7 @@ def scored(batch: B.Batch) -> B.Batch:
 
 def test_single_turn_generates_with_the_backends_generate_and_scores() -> None:
     calls: list[SamplingParams] = []
-    backend = SimpleNamespace(generate=lambda batch, params: calls.append(params) or batch, continuous_batching=False)
+    backend = SimpleNamespace(generate=lambda batch, params: calls.append(params) or batch)
     evaluate = Evaluator(backend, scored)  # type: ignore[arg-type]
     out = evaluate(B.Batch({B.PROMPTS: torch.zeros(2, 3, dtype=torch.long)}), PARAMS)
     assert calls == [PARAMS] and out[B.SCORES].tolist() == [1.0, 1.0]

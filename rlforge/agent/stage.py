@@ -52,15 +52,17 @@ class AgentRolloutStage(RolloutStage):
         thread, validation through the run's :func:`evaluator` with the validation settings (one call at a time:
         validation waits for the rollout thread)."""
         controller: Controller = run.controller
-        if not isinstance(controller, TokenGenerator):  # part of rlforge.protocols.Controller
+        engines = controller.workers.rollout
+        if not isinstance(engines, TokenGenerator):
             raise RLForgeError(f"rollout.agent.loop={run.config.rollout.agent.loop} needs token-in/token-out "
-                               f"generation, which the controller {type(run.controller).__name__} "
-                               f"(trainer.controller) does not provide (generate_tokens).")
+                               f"generation, which the rollout workers of the controller "
+                               f"{type(run.controller).__name__} (trainer.controller) do not provide "
+                               f"(generate_tokens).")
         if self.runner is None:
             if run.builder is None:
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
             self.runner = run.builder.agent(run.module.tokenizer)
-        return self.runner.rollout(batch, params, controller.generate_tokens, controller.continuous_batching)
+        return self.runner.rollout(batch, params, engines.generate_tokens, controller.continuous_batching)
 
     def close(self) -> None:
         if self.runner is not None:
@@ -87,7 +89,7 @@ def evaluator(run: RunParts) -> Evaluator:
     generation and scoring, through the flow's own agentic rollout stage when it has one."""
     stage = agent_stage(run.flow)
     agent = None if stage is None else functools.partial(stage.rollout, run)
-    return Evaluator(run.controller, run.controller.score, agent)
+    return Evaluator(run.controller.workers.rollout, run.controller.score, agent)
 
 
 def agent_stage(flow: DataFlow) -> AgentRolloutStage | None:

@@ -31,7 +31,7 @@ from rlforge.config.compose import micro_batch_size
 from rlforge.controller.dispatch import PerRank
 from rlforge.controller.remote import Workers
 from rlforge.errors import ConfigError, RLForgeError
-from rlforge.sampling import Generation, SamplingParams
+
 
 if TYPE_CHECKING:
     from rlforge.registry import Entry
@@ -111,8 +111,8 @@ class GroupController:
     @property
     def workers(self) -> Workers:
         """The worker groups by role: ``workers.actor.compute_log_probs(batch, "ref")``, a plugin role's
-        ``workers.prm.update(batch, step)``."""
-        return Workers(self.groups)
+        ``workers.prm.update(batch, step)``, the engines' ``workers.rollout.generate(batch, params)``."""
+        return Workers(self.groups, self.rollout if self.rollout is not None else self.groups.get("actor"))
 
     @property
     def actor(self) -> Any:
@@ -121,18 +121,6 @@ class GroupController:
     def _share(self, obj: Any) -> Any:
         """``obj`` as sent to every rank (Ray: one copy in the object store)."""
         return obj
-
-    # --- the engines: the actor ranks' or the rollout group's (the other operations: ``workers.<role>.<method>``) --
-    def _engines(self) -> Any:
-        """The group whose workers own the rollout engines."""
-        return self.actor if self.rollout is None else self.rollout
-
-    def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
-        return self._engines().generate(batch, params)
-
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
-        """Agent loops' requests (one wave), split in contiguous parts over the engines."""
-        return self._engines().generate_tokens(prompts, params)
 
     def score(self, batch: B.Batch) -> B.Batch:
         return self.reward.score(batch)

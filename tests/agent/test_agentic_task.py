@@ -207,13 +207,13 @@ def test_validation_runs_the_agent_loop_with_the_validation_sampling(make_runner
     stage.close()
 
 
-def test_validation_without_an_agent_loop_calls_the_controllers_generate(tok):
+def test_validation_without_an_agent_loop_calls_the_rollout_workers_generate(tok):
     calls = []
-    controller = SimpleNamespace(generate=lambda batch, params: calls.append(params) or batch, score=None)
+    controller = fake_controller(generate=lambda batch, params: calls.append(params) or batch, score=None)
     trainer = SimpleNamespace(controller=controller, flow=SimpleNamespace(stages=[]))
     batch = prompt_batch(tok, [("2+3?", "5")])
     evaluate = evaluator(trainer)
-    assert evaluate.agent is None and evaluate.backend is controller
+    assert evaluate.agent is None and evaluate.backend is controller.workers.rollout
     assert evaluate.generate(batch, sampling()) is batch and calls == [sampling()] and evaluate.metrics() == {}
 
 

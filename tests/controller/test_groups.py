@@ -149,9 +149,11 @@ def test_generation_goes_to_the_rollout_group_and_each_engine_samples_its_own_st
     engine a seed of its own, the first keeping the launch seed, as the agent engine does for its waves."""
     controller = TwoGroups(registry)
     prompts = _rows(4)
-    assert len(controller.generate(prompts, SamplingParams(seed=7))) == 4
-    controller.generate(prompts, SamplingParams())
-    assert len(controller.generate_tokens([[1], [2], [3]], [SamplingParams(seed=5)] * 3)) == 3
+    engines = controller.workers.rollout
+    assert engines is controller.rollout
+    assert len(engines.generate(prompts, SamplingParams(seed=7))) == 4
+    engines.generate(prompts, SamplingParams())
+    assert len(engines.generate_tokens([[1], [2], [3]], [SamplingParams(seed=5)] * 3)) == 3
     assert [e.seeds for e in controller.engines] == [[7, None, [5, 5]], [derived_seed(7, 1), None, [derived_seed(5, 1)]]]
     assert derived_seed(7, 1) != 7
     assert not any(r.seeds for r in controller.actor_ranks)  # the actor ranks own no engine
