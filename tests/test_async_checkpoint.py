@@ -174,20 +174,35 @@ def test_a_strategy_without_background_saves_is_refused_by_name(tmp_path):
                     "trainer.controller=ray", "strategy.num_processes=2")
 
 
-def test_shards_without_their_metadata_are_an_incomplete_checkpoint(tmp_path):
+def test_damaged_shards_are_an_incomplete_checkpoint(tmp_path):
     """What a resume reads first: a checkpoint without actor/ is complete only when every role's shards have the
-    .metadata torch.distributed.checkpoint writes last."""
+    .metadata torch.distributed.checkpoint writes last and every .distcp file it lists, whole."""
+    import torch.distributed.checkpoint as dcp
+
     folder = tmp_path / "checkpoints" / "step_000003"
-    (folder / "sharded" / "actor").mkdir(parents=True)
+    shards = folder / "sharded" / "actor"
+    shards.mkdir(parents=True)
     (folder / "meta.json").write_text('{"step": 3}')
     torch.save({"step": 3}, folder / "trainer_state.pt")
     with pytest.raises(ckpt.CorruptCheckpoint, match=r"sharded/actor/.metadata is missing: the checkpoint is "
                                                      r"incomplete"):
         ckpt.read(folder)
-    (folder / "sharded" / "actor" / ".metadata").write_bytes(b"x")
+    dcp.save({"w": torch.ones(64)}, checkpoint_id=str(shards), no_dist=True)
     assert ckpt.read(folder)[0] == {"step": 3}
-    (folder / "sharded" / "actor" / ".metadata").unlink()
-    (folder / "sharded" / "actor").rmdir()
+    (data,) = shards.glob("*.distcp")
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(ckpt.CorruptCheckpoint, match=rf"{data} cannot be read: it is truncated or corrupted \(100 "
+                                                     rf"bytes; .*places data up to byte"):
+        ckpt.read(folder)
+    data.unlink()
+    with pytest.raises(ckpt.CorruptCheckpoint, match=rf"{data} is missing \(listed by .*\.metadata\)"):
+        ckpt.read(folder)
+    (shards / ".metadata").write_bytes(b"x")
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"\.metadata cannot be read: it is truncated or corrupted"):
+        ckpt.read(folder)
+    for f in shards.iterdir():
+        f.unlink()
+    shards.rmdir()
     with pytest.raises(ckpt.CorruptCheckpoint, match=r"holds neither actor/ nor sharded/"):
         ckpt.read(folder)
 
