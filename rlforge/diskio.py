@@ -4,7 +4,8 @@
   system) into one ``RLForgeError``: "Cannot <what>: <reason> (<file>). <how much space>. <hint>". The failure is
   found anywhere in the exception's chain, and in the text of libraries that write in native code (torch's
   ``PytorchStreamWriter`` wraps the ``OSError`` of the file object it was given, safetensors reports
-  ``File too large (os error 27)``, sqlite ``database or disk is full``).
+  ``File too large (os error 27)``, sqlite ``database or disk is full``), and in each rank's exception that
+  torch.distributed.checkpoint collects into a ``CheckpointException`` (a background checkpoint write).
 - :func:`open_regular` opens a file to write with ``O_NOFOLLOW`` and refuses anything but a regular file with
   one link: a ``samples.jsonl`` or ``.rlforge.lock`` planted as a symbolic or hard link to another file (or a
   FIFO) is refused, never written through.
@@ -46,6 +47,10 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(cur))
         yield cur
         todo += [cur.__cause__, cur.__context__]
+        # torch.distributed.checkpoint's CheckpointException: each rank's exception, as (exception, traceback)
+        failures = getattr(cur, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
 
 
 def failed_write(exc: BaseException) -> tuple[int | None, str, str] | None:
@@ -118,9 +123,9 @@ def disk_errors(what: str, hint: str = "", where: Path | None = None, needed: in
     """
     try:
         yield
-    except RLForgeError:
+    except (RLForgeError, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # torch.distributed.checkpoint's CheckpointException is a BaseException
         found = failed_write(exc)
         if found is None:
             raise
