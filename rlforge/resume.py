@@ -49,6 +49,8 @@ MAY_CHANGE = (
     "trainer.resume", "trainer.resume_force", "trainer.run_dir", "trainer.runs_root", "trainer.experiment",
     "logger.*", "reward.num_workers", "reward.max_error_share", "ray.address", "ray.num_cpus",
     "ray.placement_timeout_s",
+    # how weights reach the engine, and how checkpoints are written (a checkpoint is loaded as it was written)
+    "rollout.weight_sync", "strategy.checkpoint",
     # where the judge of reward.manager=generative is reached and how patiently (its model and prompt must stay)
     "reward.generative.base_url", "reward.generative.api_key_env", "reward.generative.max_concurrency",
     "reward.generative.timeout_s", "reward.generative.retries", "reward.generative.local_device",

@@ -130,8 +130,10 @@ def test_changed_builtin_task_is_refused(registry):
         blocking, _ = compare_configs(saved, plain(f"{key}={value}"), lambda: saved)
         assert len(blocking) == 1 and blocking[0].startswith(f"{key}: "), (key, blocking)
     blocking, changed = compare_configs(saved, plain("trainer.total_steps=9", "logger.backends=[console]",
-                                                     "trainer.save_every=3"), lambda: saved)
-    assert blocking == [] and sorted(changed) == ["logger.backends", "trainer.save_every", "trainer.total_steps"]
+                                                     "trainer.save_every=3", "strategy.checkpoint=async",
+                                                     "rollout.weight_sync=memory"), lambda: saved)
+    assert blocking == [] and sorted(changed) == ["logger.backends", "rollout.weight_sync", "strategy.checkpoint",
+                                                  "trainer.save_every", "trainer.total_steps"]
     # a key added since the checkpoint passes at its default, not at another value
     older = {**saved, "actor": {k: v for k, v in saved["actor"].items() if k != "entropy_coeff"}}
     assert compare_configs(older, saved, lambda: saved) == ([], {})
