@@ -27,6 +27,7 @@ from typing import IO, Any
 from rlforge.errors import RLForgeError
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
+DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)  # permissions, a read-only file system, an immutable folder
 # how libraries that write in native code spell a failed write, and the errno each means
 TEXT_SIGNS = {"No space left on device": errno.ENOSPC, "StorageFull": errno.ENOSPC,
               "database or disk is full": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
@@ -114,7 +115,8 @@ def space_words(code: int | None, where: Path, needed: int | None = None) -> str
 @contextlib.contextmanager
 def disk_errors(what: str, hint: str = "", where: Path | None = None, needed: int | None = None,
                 largest: int | None = None, current: list[str] | None = None) -> Iterator[None]:
-    """Turn a failed write into a ``WriteFailure``: "Cannot <what>: <reason> (<file>). <space>. <hint>".
+    """Turn a failed write into a ``WriteFailure``: "Cannot <what>: <reason> (<file>). <space>. <hint>". The
+    hint's advice to free space reads "make the folder writable" for a write refused by permissions.
 
     :param where: the folder written to (for the free space); :param needed: the bytes the whole write needs;
     :param largest: the bytes of its largest file (against a file-size limit; default ``needed``);
@@ -132,6 +134,9 @@ def disk_errors(what: str, hint: str = "", where: Path | None = None, needed: in
         code, reason, filename = found
         filename = filename or (current[0] if current else "")
         space = space_words(code, where, (largest or needed) if code == errno.EFBIG else needed) if where else ""
+        if code in DENIED:
+            hint = hint.replace("Free space", "Make the folder writable").replace("free space", "make the folder "
+                                                                                               "writable")
         raise WriteFailure(f"Cannot {what}: {reason}{f' ({filename})' if filename else ''}."
                            f"{' ' + space if space else ''}{' ' + hint if hint else ''}") from None
 

@@ -207,6 +207,44 @@ def test_damaged_shards_are_an_incomplete_checkpoint(tmp_path):
         ckpt.read(folder)
 
 
+def test_a_read_only_checkpoint_gets_actor_in_a_stand_in(tmp_path, monkeypatch):
+    """rlforge export/eval/generate of a checkpoint without actor/ that this process may not write into (archived
+    read-only, another user's): actor/ is built in a temporary stand-in, and the checkpoint is left as it is."""
+    import errno
+    from pathlib import Path
+
+    import torch.distributed.checkpoint as dcp
+    from omegaconf import OmegaConf
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from rlforge.build import Builder
+    from rlforge.tools.export import write_missing_actor
+
+    config = fast_config("grpo", tmp_path)
+    module = Builder(config, PluginManager.for_config(config)).module(roles={"actor"})
+    module.configure_model()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    dcp.save({"model": get_model_state_dict(module.actor)}, checkpoint_id=str(checkpoint / "sharded" / "actor"),
+             no_dist=True)
+    (checkpoint / "meta.json").write_text(json.dumps({"step": 1, "config": OmegaConf.to_container(config)}))
+    (tmp_path / "run" / "config.yaml").write_text("run: config\n")
+    mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if self.parent == checkpoint:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(self))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    stand_in = write_missing_actor(checkpoint)
+    assert stand_in != checkpoint and stand_in.name == checkpoint.name and not ckpt.has_actor(checkpoint)
+    assert (stand_in / "actor" / "config.json").is_file() and (stand_in / "meta.json").read_text().startswith('{"step"')
+    assert (stand_in.parent.parent / "config.yaml").read_text() == "run: config\n"  # the run's files, for the card
+    weights = load_file(str(stand_in / "actor" / "model.safetensors"))
+    assert weights.keys() == module.actor.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in module.actor.state_dict().items())
+
+
 @needs_ray
 @pytest.mark.slow
 def test_ray_fsdp_ranks_write_in_the_background_and_resume_bit_identically(tmp_path, ray_session):

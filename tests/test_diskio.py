@@ -76,6 +76,13 @@ def test_the_message_names_the_file_and_the_space(tmp_path, monkeypatch):
         raise _background_write(_torch_style())
 
 
+def test_a_write_refused_by_permissions_is_not_told_to_free_space(tmp_path):
+    with pytest.raises(WriteFailure) as err, diskio.disk_errors("write it", "Free space, then resume.", where=tmp_path):
+        raise _background_write(PermissionError(errno.EPERM, "Operation not permitted", "/r/.staged_step_2"))
+    assert str(err.value) == ("Cannot write it: Operation not permitted (/r/.staged_step_2). Make the folder "
+                              "writable, then resume.")
+
+
 # --- links -----------------------------------------------------------------------------------------------
 @pytest.fixture
 def precious(tmp_path) -> Path:
