@@ -279,16 +279,18 @@ def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise CorruptCheckpoint(f"{state_file} is missing: the checkpoint is incomplete.")
     if state_file.stat().st_size == 0:
         raise CorruptCheckpoint(f"{state_file} is empty (0 bytes).")
+    roles = sorted((checkpoint / SHARDED_DIR).glob("*/")) if (checkpoint / SHARDED_DIR).is_dir() else []
     if has_actor(checkpoint):
         for weights in weight_files(checkpoint):
             _check_safetensors(weights)
-    else:  # strategy.checkpoint=async: the shards only (torch.distributed.checkpoint writes .metadata last)
-        roles = sorted((checkpoint / SHARDED_DIR).glob("*/")) if (checkpoint / SHARDED_DIR).is_dir() else []
-        if not roles:
-            raise CorruptCheckpoint(f"{checkpoint} holds neither actor/ nor {SHARDED_DIR}/: it is incomplete.")
-        for role in roles:
-            if not (role / ".metadata").is_file():
-                raise CorruptCheckpoint(f"{role / '.metadata'} is missing: the checkpoint is incomplete.")
+    elif not roles:  # strategy.checkpoint=async: the shards only
+        raise CorruptCheckpoint(f"{checkpoint} holds neither actor/ nor {SHARDED_DIR}/: it is incomplete.")
+    from rlforge.strategy import sharded_problem
+
+    for role in roles:
+        problem = sharded_problem(role)
+        if problem:
+            raise CorruptCheckpoint(f"{problem}.")
     try:
         state = torch.load(state_file, weights_only=True)
     except Exception as exc:

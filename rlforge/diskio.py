@@ -4,7 +4,8 @@
   system) into one ``RLForgeError``: "Cannot <what>: <reason> (<file>). <how much space>. <hint>". The failure is
   found anywhere in the exception's chain, and in the text of libraries that write in native code (torch's
   ``PytorchStreamWriter`` wraps the ``OSError`` of the file object it was given, safetensors reports
-  ``File too large (os error 27)``, sqlite ``database or disk is full``).
+  ``File too large (os error 27)``, sqlite ``database or disk is full``), and in each rank's exception that
+  torch.distributed.checkpoint collects into a ``CheckpointException`` (a background checkpoint write).
 - :func:`open_regular` opens a file to write with ``O_NOFOLLOW`` and refuses anything but a regular file with
   one link: a ``samples.jsonl`` or ``.rlforge.lock`` planted as a symbolic or hard link to another file (or a
   FIFO) is refused, never written through.
@@ -26,6 +27,7 @@ from typing import IO, Any
 from rlforge.errors import RLForgeError
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
+DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)  # permissions, a read-only file system, an immutable folder
 # how libraries that write in native code spell a failed write, and the errno each means
 TEXT_SIGNS = {"No space left on device": errno.ENOSPC, "StorageFull": errno.ENOSPC,
               "database or disk is full": errno.ENOSPC, "Disk quota exceeded": errno.EDQUOT,
@@ -46,6 +48,10 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(cur))
         yield cur
         todo += [cur.__cause__, cur.__context__]
+        # torch.distributed.checkpoint's CheckpointException: each rank's exception, as (exception, traceback)
+        failures = getattr(cur, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
 
 
 def failed_write(exc: BaseException) -> tuple[int | None, str, str] | None:
@@ -109,7 +115,8 @@ def space_words(code: int | None, where: Path, needed: int | None = None) -> str
 @contextlib.contextmanager
 def disk_errors(what: str, hint: str = "", where: Path | None = None, needed: int | None = None,
                 largest: int | None = None, current: list[str] | None = None) -> Iterator[None]:
-    """Turn a failed write into a ``WriteFailure``: "Cannot <what>: <reason> (<file>). <space>. <hint>".
+    """Turn a failed write into a ``WriteFailure``: "Cannot <what>: <reason> (<file>). <space>. <hint>". The
+    hint's advice to free space reads "make the folder writable" for a write refused by permissions.
 
     :param where: the folder written to (for the free space); :param needed: the bytes the whole write needs;
     :param largest: the bytes of its largest file (against a file-size limit; default ``needed``);
@@ -118,15 +125,18 @@ def disk_errors(what: str, hint: str = "", where: Path | None = None, needed: in
     """
     try:
         yield
-    except RLForgeError:
+    except (RLForgeError, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # torch.distributed.checkpoint's CheckpointException is a BaseException
         found = failed_write(exc)
         if found is None:
             raise
         code, reason, filename = found
         filename = filename or (current[0] if current else "")
         space = space_words(code, where, (largest or needed) if code == errno.EFBIG else needed) if where else ""
+        if code in DENIED:
+            hint = hint.replace("Free space", "Make the folder writable").replace("free space", "make the folder "
+                                                                                               "writable")
         raise WriteFailure(f"Cannot {what}: {reason}{f' ({filename})' if filename else ''}."
                            f"{' ' + space if space else ''}{' ' + hint if hint else ''}") from None
 

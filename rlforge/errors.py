@@ -20,7 +20,9 @@ class DataError(RLForgeError):
 
 def did_you_mean(name: str, choices: Iterable[str], prefix: str = "") -> str:
     """Return ``" Did you mean '<prefix>x'?"`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    choices = list(choices)
+    close = ([c for c in choices if c.casefold() == name.casefold()]  # AUTO: 'auto'
+             or difflib.get_close_matches(name, choices, n=1, cutoff=0.6))
     return f" Did you mean '{prefix}{close[0]}'?" if close else ""
 
 

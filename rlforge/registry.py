@@ -9,7 +9,7 @@ config dataclass: ``registry.rollout.register("vllm", VLLMRollout, config=VLLMCo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, is_dataclass
 from typing import Any, Generic, TypeVar
 
@@ -23,6 +23,7 @@ from rlforge.capabilities import (
     shown,
 )
 from rlforge.errors import RLForgeError, did_you_mean
+from rlforge.weight_sync import backend_problem
 
 T = TypeVar("T")
 
@@ -46,6 +47,8 @@ class Kind:
     protocol: str = ""
     capabilities: type | None = None  # what its components declare (rlforge.capabilities), read at registration
     functions: tuple[str, ...] = ()  # optional functions its components' classes may define, besides validate_config
+    # what is wrong with a component (its name, the object), "" when nothing: refused at registration
+    check: Callable[[str, Any], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,9 @@ class Registry(Generic[T]):
                     f"{self.kind} '{name}' is already registered (by plugin '{prev}'); "
                     f"pass override=True to replace it."
                 )
+            problem = self.spec.check(name, o) if self.spec.check is not None else ""
+            if problem:
+                raise RLForgeError(f"{self.kind} '{name}' (plugin '{self.current_plugin}'): {problem}")
             desc = description or _first_doc_line(o)
             caps = (None if self.spec.capabilities is None else
                     declared(self.kind, name, o, self.spec.capabilities, capabilities))
@@ -200,7 +206,7 @@ class Registries:
         "dispatch_mode": Kind("", None, ""),  # how a worker group splits a call over its ranks (rlforge.controller)
         "collect_mode": Kind("", None, ""),  # how it joins the ranks' results
         "role": Kind("", None, ""),  # a worker class and the models it loads (rlforge.controller.remote.Role)
-        "weight_sync": Kind("rollout.weight_sync", None, "WeightSync"),  # how weights reach the engine (rlforge.weight_sync)
+        "weight_sync": Kind("rollout.weight_sync", None, "WeightSync", check=backend_problem),  # how weights reach the engine (rlforge.weight_sync)
     }
     KINDS: dict[str, str] = {kind: spec.key for kind, spec in SPECS.items()}
 

@@ -49,6 +49,8 @@ MAY_CHANGE = (
     "trainer.resume", "trainer.resume_force", "trainer.run_dir", "trainer.runs_root", "trainer.experiment",
     "logger.*", "reward.num_workers", "reward.max_error_share", "ray.address", "ray.num_cpus",
     "ray.placement_timeout_s",
+    # how weights reach the engine, and how checkpoints are written (a checkpoint is loaded as it was written)
+    "rollout.weight_sync", "strategy.checkpoint",
     # where the judge of reward.manager=generative is reached and how patiently (its model and prompt must stay)
     "reward.generative.base_url", "reward.generative.api_key_env", "reward.generative.max_concurrency",
     "reward.generative.timeout_s", "reward.generative.retries", "reward.generative.local_device",
@@ -149,7 +151,7 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
     if damage and not force:
         raise RLForgeError(f"{damage} The run's record is damaged; to continue and rewrite it from the current "
                            f"config, set trainer.resume_force=true.")
-    checkpoint, state, meta = _pick_checkpoint(run_dir, explicit)
+    checkpoint, state, meta, aside = _pick_checkpoint(run_dir, explicit)
     reference = meta.get("config") or (_plain(saved) if saved is not None else None)
     blocking, changed = compare_configs(reference, _plain(config), lambda: _plain(defaults()))
     if checkpoint is not None:
@@ -165,6 +167,7 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
                 f"or continue anyway with trainer.resume_force=true."
             )
         log.warning("Resuming %s although it changed (trainer.resume_force=true): %s", where, listed)
+    _set_aside(*aside)  # only now: a refused resume leaves the run folder as it was
     if damage:
         log.warning("%s Rewriting it from the current config (trainer.resume_force=true).", damage)
         write_run_config(run_dir, config)
@@ -172,17 +175,21 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
     return Binding(run_dir, lock, False, checkpoint, state, changed)
 
 
-def _pick_checkpoint(run_dir: Path, explicit: Path | None) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
-    """The checkpoint to continue from, read: ``explicit`` (no fallback), else the newest readable one. Corrupt
-    checkpoints newer than it, and with ``explicit`` every newer one, are set aside (``checkpoints/set_aside/``)."""
+Aside = tuple[list[Path], str]  # checkpoints to set aside once the resume is accepted, and why
+
+
+def _pick_checkpoint(run_dir: Path, explicit: Path | None
+                     ) -> tuple[Path | None, dict[str, Any], dict[str, Any], Aside]:
+    """The checkpoint to continue from, read: ``explicit`` (no fallback), else the newest readable one; and the
+    checkpoints to set aside (``checkpoints/set_aside/``) once the resume is accepted: the corrupt ones newer than
+    it, and with ``explicit`` every newer one. Nothing is moved here."""
     found = ckpt.list_checkpoints(run_dir)
     if explicit is not None:
         if not explicit.is_dir():
             raise RLForgeError(f"trainer.resume={explicit}: no such checkpoint.")
         state, meta = ckpt.read(explicit)
-        _set_aside([c for c in found if ckpt.step_of(c) > ckpt.step_of(explicit)],
-                   f"they are newer than trainer.resume={explicit.name}")
-        return explicit, state, meta
+        newer = [c for c in found if ckpt.step_of(c) > ckpt.step_of(explicit)]
+        return explicit, state, meta, (newer, f"they are newer than trainer.resume={explicit.name}")
     problems: list[str] = []
     for candidate in reversed(found):
         try:
@@ -193,12 +200,11 @@ def _pick_checkpoint(run_dir: Path, explicit: Path | None) -> tuple[Path | None,
         if problems:
             log.warning("Skipping corrupt checkpoint(s): %s Resuming from the newest good one, %s.",
                         " ".join(problems), candidate)
-        _set_aside(found[found.index(candidate) + 1:], "they cannot be read")
-        return candidate, state, meta
+        return candidate, state, meta, (found[found.index(candidate) + 1:], "they cannot be read")
     if problems:
         raise RLForgeError(f"No readable checkpoint in {run_dir / 'checkpoints'}: {' '.join(problems)} Start a new "
                            f"run with trainer.resume=never.")
-    return None, {}, {}
+    return None, {}, {}, ([], "")
 
 
 def _set_aside(checkpoints: list[Path], why: str) -> None:

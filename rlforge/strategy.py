@@ -219,6 +219,34 @@ def load_sharded_model(path: Path, model: torch.nn.Module) -> None:
     set_model_state_dict(model, state["model"])
 
 
+def sharded_problem(folder: Path) -> str | None:
+    """What is wrong with a folder :meth:`BaseStrategy.save_sharded` wrote, or None when it is complete: its
+    ``.metadata`` (written last) reads, and every file it lists is there and as long as the bytes it places in it
+    (a truncated or deleted ``.distcp`` file shows). Reads the metadata only."""
+    import torch
+
+    _ = torch.Tensor  # runs a lazily imported torch (rlforge.lazy) before one of its submodules is imported
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = folder / ".metadata"
+    if not metadata.is_file():
+        return f"{metadata} is missing: the checkpoint is incomplete"
+    try:
+        storage = FileSystemReader(str(folder)).read_metadata().storage_data
+        ends: dict[str, int] = {}
+        for info in storage.values():
+            ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    except Exception as exc:
+        return f"{metadata} cannot be read: it is truncated or corrupted ({type(exc).__name__})"
+    for name, end in sorted(ends.items()):
+        if not (folder / name).is_file():
+            return f"{folder / name} is missing (listed by {metadata}): the checkpoint is incomplete"
+        if (size := (folder / name).stat().st_size) < end:
+            return (f"{folder / name} cannot be read: it is truncated or corrupted ({size} bytes; {metadata} places "
+                    f"data up to byte {end})")
+    return None
+
+
 def _sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,

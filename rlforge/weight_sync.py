@@ -17,12 +17,13 @@ and ``weight_sync/seconds`` metrics (the ``sync_weights`` stage; ``timing_s/upda
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -68,13 +69,18 @@ def adapter_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     yield from peft.get_peft_model_state_dict(model, save_embedding_layers=False).items()
 
 
+class WeightSyncError(RLForgeError):
+    """A weight-sync backend's ``load`` failed or returned something else than the bytes it moved."""
+
+
 class WeightSync:
     """Base of the weight-sync backends. Built as ``backend(config, engine)`` for one rollout engine, which calls
     :meth:`load` from its ``update_weights``.
 
     Declared on the class: ``engine`` (the rollout engine class it feeds, subclasses included) and ``preference``
     (``auto`` picks the usable backend with the highest). ``unusable(config)`` says why the backend cannot run here
-    (device, package, LoRA), ``""`` when it can."""
+    (device, package, LoRA), ``""`` when it can. A subclass's ``load`` is checked: an exception it raises, or a
+    result that is not an int >= 0, is a :class:`WeightSyncError` naming the backend."""
 
     engine: ClassVar[type]
     preference: ClassVar[int] = 0
@@ -83,9 +89,19 @@ class WeightSync:
         self.config = config
         self.rollout = engine
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "load" in vars(cls):
+            cls.load = _checked(cls.load)  # type: ignore[method-assign]
+
     @classmethod
     def unusable(cls, config: Any) -> str:
         return ""
+
+    def engine_args(self) -> dict[str, Any]:
+        """Arguments the backend needs when the engine is created (the vllm engine: ``vllm.LLM`` keyword
+        arguments, e.g. ``vllm_native``'s ``weight_transfer_config``); none by default."""
+        return {}
 
     @classmethod
     def serves(cls, engine_cls: Any) -> bool:
@@ -108,6 +124,59 @@ class WeightSync:
                               f"{', '.join(backends_of(registry, engine)) or '(none)'}; or rollout.weight_sync=auto.")
 
 
+def _label(cls: type) -> str:
+    return f"weight-sync backend {cls.__qualname__} ({cls.__module__})"
+
+
+def _checked(load: Any) -> Any:
+    """A backend's ``load`` whose exceptions name the backend and whose result must be the bytes moved."""
+
+    @functools.wraps(load)
+    def checked(self: WeightSync, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        try:
+            moved = load(self, named_tensors)
+        except WeightSyncError:
+            raise  # a subclass's load calling its base's: named once
+        except RLForgeError as exc:  # already in words
+            raise WeightSyncError(f"{_label(type(self))}: {exc}") from exc
+        except Exception as exc:
+            raise WeightSyncError(f"{_label(type(self))}: load raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(moved, int) or isinstance(moved, bool) or moved < 0:
+            raise WeightSyncError(f"{_label(type(self))}: load returned {moved!r}; it must return the bytes it "
+                                  f"moved, an int >= 0.")
+        return moved
+
+    return checked
+
+
+def backend_problem(name: str, obj: Any) -> str:
+    """What is wrong with a class registered as weight-sync backend ``name`` ("" when nothing): checked at
+    registration, so a malformed plugin backend never breaks the runs that do not use it."""
+    if obj is Auto:
+        return ""
+    if not (isinstance(obj, type) and issubclass(obj, WeightSync)):
+        return f"{obj!r} is not a subclass of rlforge.weight_sync.WeightSync."
+    engine = getattr(obj, "engine", None)
+    if not isinstance(engine, type):
+        return (f"{obj.__qualname__}.engine must be the rollout engine class it feeds (e.g. engine = HFRollout), "
+                f"got {'nothing' if engine is None else repr(engine)}.")
+    if obj.load is WeightSync.load:
+        return f"{obj.__qualname__} defines no load(named_tensors) method."
+    return ""
+
+
+def unusable_reason(cls: type[WeightSync], config: Any) -> str:
+    """Why ``cls`` cannot run here, "" when it can: its ``unusable(config)``; one that raises, or returns something
+    else than words, is unusable with that as the reason."""
+    try:
+        reason = cls.unusable(config)
+    except Exception as exc:
+        return f"{_label(cls)}.unusable() raised {type(exc).__name__}: {exc}"
+    if reason and not isinstance(reason, str):
+        return f"{_label(cls)}.unusable() returned {reason!r} instead of a reason in words"
+    return reason or ""
+
+
 def backends_of(registry: Any, engine_cls: Any) -> list[str]:
     """The backends that serve ``engine_cls``, most preferred first."""
     found = [e for e in registry.weight_sync.entries() if e.name != AUTO and e.obj.serves(engine_cls)]
@@ -122,14 +191,16 @@ def backend_class(config: Any, registry: Any) -> type[WeightSync] | None:
     engine = registry.rollout.get(config.rollout.name)
     if name != AUTO:
         chosen: type[WeightSync] = registry.weight_sync.get(name)
-        reason = chosen.unusable(config)
+        reason = unusable_reason(chosen, config)
         if reason:
-            raise ConfigError(f"rollout.weight_sync={name} cannot run here: {reason}. Use rollout.weight_sync=auto "
-                              f"or one of: {', '.join(backends_of(registry, engine))}.")
+            usable = [b for b in backends_of(registry, engine) if not unusable_reason(registry.weight_sync.get(b),
+                                                                                      config)]
+            raise ConfigError(f"rollout.weight_sync={name} cannot run here: {reason.rstrip('.')}. Use "
+                              f"rollout.weight_sync=auto{' or one of: ' + ', '.join(usable) if usable else ''}.")
         return chosen
     for candidate in backends_of(registry, engine):
         cls = registry.weight_sync.get(candidate)
-        if not cls.unusable(config):
+        if not unusable_reason(cls, config):
             return cls
     return None
 

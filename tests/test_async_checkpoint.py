@@ -219,22 +219,75 @@ def test_a_strategy_without_background_saves_is_refused_by_name(tmp_path):
                     "trainer.controller=ray", "strategy.num_processes=2")
 
 
-def test_shards_without_their_metadata_are_an_incomplete_checkpoint(tmp_path):
+def test_damaged_shards_are_an_incomplete_checkpoint(tmp_path):
     """What a resume reads first: a checkpoint without actor/ is complete only when every role's shards have the
-    .metadata torch.distributed.checkpoint writes last."""
+    .metadata torch.distributed.checkpoint writes last and every .distcp file it lists, whole."""
+    import torch.distributed.checkpoint as dcp
+
     folder = tmp_path / "checkpoints" / "step_000003"
-    (folder / "sharded" / "actor").mkdir(parents=True)
+    shards = folder / "sharded" / "actor"
+    shards.mkdir(parents=True)
     (folder / "meta.json").write_text('{"step": 3}')
     torch.save({"step": 3}, folder / "trainer_state.pt")
     with pytest.raises(ckpt.CorruptCheckpoint, match=r"sharded/actor/.metadata is missing: the checkpoint is "
                                                      r"incomplete"):
         ckpt.read(folder)
-    (folder / "sharded" / "actor" / ".metadata").write_bytes(b"x")
+    dcp.save({"w": torch.ones(64)}, checkpoint_id=str(shards), no_dist=True)
     assert ckpt.read(folder)[0] == {"step": 3}
-    (folder / "sharded" / "actor" / ".metadata").unlink()
-    (folder / "sharded" / "actor").rmdir()
+    (data,) = shards.glob("*.distcp")
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(ckpt.CorruptCheckpoint, match=rf"{data} cannot be read: it is truncated or corrupted \(100 "
+                                                     rf"bytes; .*places data up to byte"):
+        ckpt.read(folder)
+    data.unlink()
+    with pytest.raises(ckpt.CorruptCheckpoint, match=rf"{data} is missing \(listed by .*\.metadata\)"):
+        ckpt.read(folder)
+    (shards / ".metadata").write_bytes(b"x")
+    with pytest.raises(ckpt.CorruptCheckpoint, match=r"\.metadata cannot be read: it is truncated or corrupted"):
+        ckpt.read(folder)
+    for f in shards.iterdir():
+        f.unlink()
+    shards.rmdir()
     with pytest.raises(ckpt.CorruptCheckpoint, match=r"holds neither actor/ nor sharded/"):
         ckpt.read(folder)
+
+
+def test_a_read_only_checkpoint_gets_actor_in_a_stand_in(tmp_path, monkeypatch):
+    """rlforge export/eval/generate of a checkpoint without actor/ that this process may not write into (archived
+    read-only, another user's): actor/ is built in a temporary stand-in, and the checkpoint is left as it is."""
+    import errno
+    from pathlib import Path
+
+    import torch.distributed.checkpoint as dcp
+    from omegaconf import OmegaConf
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from rlforge.build import Builder
+    from rlforge.tools.export import write_missing_actor
+
+    config = fast_config("grpo", tmp_path)
+    module = Builder(config, PluginManager.for_config(config)).module(roles={"actor"})
+    module.configure_model()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    dcp.save({"model": get_model_state_dict(module.actor)}, checkpoint_id=str(checkpoint / "sharded" / "actor"),
+             no_dist=True)
+    (checkpoint / "meta.json").write_text(json.dumps({"step": 1, "config": OmegaConf.to_container(config)}))
+    (tmp_path / "run" / "config.yaml").write_text("run: config\n")
+    mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if self.parent == checkpoint:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(self))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    stand_in = write_missing_actor(checkpoint)
+    assert stand_in != checkpoint and stand_in.name == checkpoint.name and not ckpt.has_actor(checkpoint)
+    assert (stand_in / "actor" / "config.json").is_file() and (stand_in / "meta.json").read_text().startswith('{"step"')
+    assert (stand_in.parent.parent / "config.yaml").read_text() == "run: config\n"  # the run's files, for the card
+    weights = load_file(str(stand_in / "actor" / "model.safetensors"))
+    assert weights.keys() == module.actor.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in module.actor.state_dict().items())
 
 
 @needs_ray

@@ -144,7 +144,7 @@ def test_plugins_list_header_and_tool_plugins(capsys, monkeypatch) -> None:
     assert first.startswith("# hook spec version 2; entry-point plugins: off (RLFORGE_DISABLE_PLUGIN_AUTOLOAD)")
     assert "plugins.disable=[NAME,...]" in first
     for comp in ("logger:tensorboard", "logger:wandb"):
-        assert f"    {comp}\n" in out
+        assert f"    {comp}  (capabilities: shows_generations)\n" in out
     assert "rlforge.plugins.logger.plots  (builtin, rlforge " in out
     monkeypatch.delenv("RLFORGE_DISABLE_PLUGIN_AUTOLOAD")
     assert main(["plugins", "list"]) == 0

@@ -7,9 +7,11 @@ import errno
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlforge import diskio
 from rlforge.diskio import WriteFailure
@@ -33,9 +35,20 @@ def _torch_style() -> Exception:
         return exc
 
 
+def _background_write(exc: BaseException) -> BaseException:
+    """What torch.distributed.checkpoint raises when a rank's write fails: each rank's exception collected into a
+    CheckpointException (a BaseException), not chained."""
+    _ = torch.Tensor  # runs the torch that rlforge imported lazily before a submodule of it is imported
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException("write failed", {0: (exc, traceback.StackSummary())})
+
+
 @pytest.mark.parametrize("exc, code", [
     (OSError(errno.ENOSPC, "No space left on device", "/r/x"), errno.ENOSPC),
     (_torch_style(), errno.EFBIG),
+    (_background_write(_torch_style()), errno.EFBIG),
+    (_background_write(PermissionError(errno.EPERM, "Operation not permitted", "/r/.staged_step_2")), errno.EPERM),
     (RuntimeError("Error while serializing: I/O error: File too large (os error 27)"), errno.EFBIG),
     (Exception("(sqlite3.OperationalError) database or disk is full"), errno.ENOSPC),
 ])
@@ -58,6 +71,16 @@ def test_the_message_names_the_file_and_the_space(tmp_path, monkeypatch):
     assert str(err.value) == ("Cannot write it: File too large (/r/state.pt). The file-size limit of this process "
                               "(ulimit -f) is 1.0 MiB and the largest file needs about 8.0 MiB: raise it (ulimit -f "
                               "unlimited).")
+    with pytest.raises(WriteFailure, match=r"^Cannot write it: File too large \(/r/state.pt\)"), \
+            diskio.disk_errors("write it", where=tmp_path, current=["/r/state.pt"]):
+        raise _background_write(_torch_style())
+
+
+def test_a_write_refused_by_permissions_is_not_told_to_free_space(tmp_path):
+    with pytest.raises(WriteFailure) as err, diskio.disk_errors("write it", "Free space, then resume.", where=tmp_path):
+        raise _background_write(PermissionError(errno.EPERM, "Operation not permitted", "/r/.staged_step_2"))
+    assert str(err.value) == ("Cannot write it: Operation not permitted (/r/.staged_step_2). Make the folder "
+                              "writable, then resume.")
 
 
 # --- links -----------------------------------------------------------------------------------------------

@@ -130,8 +130,10 @@ def test_changed_builtin_task_is_refused(registry):
         blocking, _ = compare_configs(saved, plain(f"{key}={value}"), lambda: saved)
         assert len(blocking) == 1 and blocking[0].startswith(f"{key}: "), (key, blocking)
     blocking, changed = compare_configs(saved, plain("trainer.total_steps=9", "logger.backends=[console]",
-                                                     "trainer.save_every=3"), lambda: saved)
-    assert blocking == [] and sorted(changed) == ["logger.backends", "trainer.save_every", "trainer.total_steps"]
+                                                     "trainer.save_every=3", "strategy.checkpoint=async",
+                                                     "rollout.weight_sync=memory"), lambda: saved)
+    assert blocking == [] and sorted(changed) == ["logger.backends", "rollout.weight_sync", "strategy.checkpoint",
+                                                  "trainer.save_every", "trainer.total_steps"]
     # a key added since the checkpoint passes at its default, not at another value
     older = {**saved, "actor": {k: v for k, v in saved["actor"].items() if k != "entropy_coeff"}}
     assert compare_configs(older, saved, lambda: saved) == ([], {})
@@ -170,6 +172,16 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_newest_good_one(capsys, cap
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_refused_resume_leaves_the_run_folder_as_it_was(capsys, run):
+    run_dir, overrides = run
+    _state(run_dir, 2).write_bytes(b"")  # auto would fall back over it; a named step_1 is older than step_2
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    for resume in ("auto", str(_state(run_dir, 1).parent)):
+        err = _error(capsys, ["fit", *overrides, f"trainer.resume={resume}", "actor.lr=1e-3"])
+        assert "Cannot resume" in err and "actor.lr: 5e-05 -> 0.001" in err
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+
+
 def test_no_readable_checkpoint_and_truncated_weights(capsys, run):
     run_dir, overrides = run
     weights = run_dir / "checkpoints" / "step_000002" / "actor" / "model.safetensors"
@@ -182,7 +194,7 @@ def test_no_readable_checkpoint_and_truncated_weights(capsys, run):
 
 
 def test_a_foreign_checkpoint_without_meta_json_is_never_resumed(caplog, run):
-    from rlforge.resume import _pick_checkpoint
+    from rlforge.resume import _pick_checkpoint, _set_aside
 
     run_dir, _ = run
     good = run_dir / "checkpoints" / "step_000002"
@@ -190,10 +202,12 @@ def test_a_foreign_checkpoint_without_meta_json_is_never_resumed(caplog, run):
     shutil.copytree(good, foreign)
     (foreign / "meta.json").unlink()  # another tool's folder, or one copied in by hand
     shutil.copytree(good, renamed)  # a checkpoint renamed to a later step
-    checkpoint, state, meta = _pick_checkpoint(run_dir, None)
+    checkpoint, state, meta, aside = _pick_checkpoint(run_dir, None)
     assert checkpoint == good and meta["step"] == 2
     assert f"{foreign / 'meta.json'} is missing: {foreign} is not a checkpoint rlforge wrote" in caplog.text
     assert f"{renamed / 'meta.json'} names step 2, not 4" in caplog.text
+    assert not (run_dir / "checkpoints" / "set_aside").exists()  # moved only once the resume is accepted
+    _set_aside(*aside)
     assert sorted(p.name for p in (run_dir / "checkpoints" / "set_aside").iterdir()) == ["step_000003", "step_000004"]
     with pytest.raises(RLForgeError, match="is not a checkpoint rlforge wrote"):  # named explicitly: refused too
         shutil.copytree(run_dir / "checkpoints" / "set_aside" / "step_000003", foreign)

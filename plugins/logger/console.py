@@ -59,8 +59,9 @@ class ConsoleLogger:
         # validation's line shows rlforge's names; verl's duplicates (val-core/, val-aux/) go to the trackers only
         val = {k: v for k, v in metrics.items() if k.startswith("val/")}
         train = {k: v for k, v in metrics.items() if not k.startswith(("val/", "val-core/", "val-aux/"))}
-        if train:
-            self.console.print(f"step {step:>4}/{self.total} | {format_metrics(train, LINE_KEYS)}")
+        line = format_metrics(train, LINE_KEYS)
+        if line:  # metrics logged apart from the step's (a checkpoint's timing_s/*) get no line of their own
+            self.console.print(f"step {step:>4}/{self.total} | {line}")
             if self.progress is not None:
                 info = format_metrics(train, {"critic/score/mean": "reward", "response_length/mean": "len",
                                               "timing_s/step": "s/step"})

@@ -132,6 +132,7 @@ class HFRollout:
         return self.weight_sync.load(named_tensors)
 
     def shutdown(self) -> None:
+        self.weight_sync.close()
         self.model = self.decoder = None  # type: ignore[assignment]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlforge import checkpoint as ckpt
-from rlforge.diskio import disk_errors
+from rlforge.diskio import DENIED, disk_errors
 from rlforge.errors import RLForgeError
 from rlforge.lora import ADAPTER_CONFIG  # peft's: a LoRA run's checkpoint holds an adapter
 from rlforge.as_loaded import as_loaded
@@ -33,10 +33,12 @@ from rlforge.tools.model_card import PROCESSOR_FILES, write_model_card
 ACTOR_DIR = "actor"
 
 
-def write_missing_actor(checkpoint: Path) -> None:
+def write_missing_actor(checkpoint: Path) -> Path:
     """Give a checkpoint of ``strategy.checkpoint=async`` that holds no ``actor/`` (all but a run's last) one: the
     actor as its run builds it (``model.path``, LoRA, the config in ``meta.json``) with the weights of
-    ``sharded/actor/``, written beside and renamed into place. A checkpoint with ``actor/`` is left as it is."""
+    ``sharded/actor/``, written beside and renamed into place; the checkpoint to read from then on. A checkpoint
+    with ``actor/`` is left as it is. One that this process may not write into (archived read-only, another
+    user's) gets it in a temporary stand-in (:func:`_stand_in`), which is returned instead."""
     from omegaconf import OmegaConf
 
     from rlforge.build import Builder
@@ -46,7 +48,7 @@ def write_missing_actor(checkpoint: Path) -> None:
 
     shards = checkpoint / ckpt.SHARDED_DIR / ACTOR_DIR
     if ckpt.has_actor(checkpoint) or not shards.is_dir():
-        return
+        return checkpoint
     found = run_config_of(checkpoint)
     if found is None:
         raise RLForgeError(f"Checkpoint {checkpoint} holds no {ACTOR_DIR}/ and no config to rebuild it from "
@@ -56,12 +58,39 @@ def write_missing_actor(checkpoint: Path) -> None:
     module.configure_model()
     load_sharded_model(shards, module.actor)
     tmp = checkpoint / f".{ACTOR_DIR}_tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+    except OSError as exc:
+        if exc.errno not in DENIED:
+            raise
+        checkpoint = _stand_in(checkpoint)
+    tmp = checkpoint / f".{ACTOR_DIR}_tmp"
     with disk_errors(f"write {checkpoint / ACTOR_DIR} from {shards}", "Free space, or export a copy of the checkpoint.",
                      where=checkpoint):
-        shutil.rmtree(tmp, ignore_errors=True)
-        ckpt.write_actor(tmp, module.actor, module.tokenizer, getattr(module, "processor", None))
+        ckpt.write_actor(tmp, module.actor, module.tokenizer, module.processor)
         ckpt.fsync_tree(tmp)
         tmp.rename(checkpoint / ACTOR_DIR)
+    return checkpoint
+
+
+def _stand_in(checkpoint: Path) -> Path:
+    """A writable stand-in for ``checkpoint``: a temporary run folder (removed at exit) whose entries, and those of
+    its ``checkpoints/<name>/``, link to the run's and the checkpoint's own; what reads a checkpoint and its run
+    (export, the model card) reads it as the original."""
+    import atexit
+    import tempfile
+
+    run = Path(tempfile.mkdtemp(prefix=f"rlforge-{checkpoint.name}-"))
+    atexit.register(shutil.rmtree, run, True)
+    for entry in checkpoint.parent.parent.iterdir():
+        if entry.name != "checkpoints":
+            (run / entry.name).symlink_to(entry.resolve())
+    stand_in = run / "checkpoints" / checkpoint.name
+    stand_in.mkdir(parents=True)
+    for entry in checkpoint.iterdir():
+        (stand_in / entry.name).symlink_to(entry.resolve())
+    return stand_in
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -92,8 +121,7 @@ def model_folder(path: str) -> str:
         actor = folder
     else:
         checkpoint = find_checkpoint(folder)
-        write_missing_actor(checkpoint)
-        actor = checkpoint / ACTOR_DIR
+        actor = write_missing_actor(checkpoint) / ACTOR_DIR
     return str(merged_lora_folder(actor) if (actor / ADAPTER_CONFIG).is_file() else actor)
 
 
@@ -151,7 +179,7 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     target = Path(out).expanduser()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise RLForgeError(f"Output folder {out} exists and is not empty: choose a new folder.")
-    write_missing_actor(checkpoint)
+    checkpoint = write_missing_actor(checkpoint)
     is_adapter = (checkpoint / ACTOR_DIR / ADAPTER_CONFIG).is_file()
     if adapter_only and not is_adapter:
         raise RLForgeError(f"{checkpoint} is not a LoRA checkpoint (no {ACTOR_DIR}/{ADAPTER_CONFIG}): --adapter "

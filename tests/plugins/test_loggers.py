@@ -40,6 +40,14 @@ def test_jsonl_appends_one_record_per_call_and_nan_becomes_null(pm, tmp_path):
         (2, {"critic/score/mean": 0.75})]
 
 
+def test_console_prints_a_line_only_for_metrics_it_shows(pm, capsys):
+    lg = pm.registry.logger.get("console")(_config(trainer={"total_steps": 3, "progress": False}), "")
+    lg.log_metrics({"critic/score/mean": 0.5}, step=1)
+    lg.log_metrics({"timing_s/save_checkpoint": 0.1, "timing_s/checkpoint_write": 0.2}, step=1)  # logged apart
+    lg.close()
+    assert capsys.readouterr().out.splitlines() == ["step    1/3 | reward 0.5"]
+
+
 def test_csv_widens_its_header_for_new_metrics_and_keeps_it_on_resume(pm, tmp_path):
     lg = pm.registry.logger.get("csv")(_config(), str(tmp_path))
     lg.log_metrics({"critic/score/mean": 0.5}, step=0)

@@ -23,7 +23,17 @@ from rlforge.plugins.rollout.hf import HFRollout, MemorySync
 from rlforge.plugins.rollout.vllm_weights import FileSync
 from rlforge.registry import UnknownComponentError
 from rlforge.sampling import SamplingParams
-from rlforge.weight_sync import SyncStats, adapter_weights, backend_class, collect_sync_stats, tensor_bytes, timed
+from rlforge.errors import RLForgeError
+from rlforge.weight_sync import (
+    SyncStats,
+    WeightSync,
+    WeightSyncError,
+    adapter_weights,
+    backend_class,
+    collect_sync_stats,
+    tensor_bytes,
+    timed,
+)
 from tests.controller.test_ray import needs_ray, ray_session  # noqa: F401 - ray_session is a fixture
 
 FAST = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2", "data.arith.train_size=64",
@@ -52,7 +62,7 @@ def test_vllm_native_without_cuda_is_refused_where_the_engine_is_built(pm):
     cfg = load_config("grpo", ["rollout.name=vllm", "rollout.weight_sync=vllm_native"], plugins=pm)  # the driver may
     with pytest.raises(ConfigError, match=r"rollout.weight_sync=vllm_native cannot run here: vLLM's weight transfer "
                                           r"uses CUDA IPC, and this process sees no CUDA GPU\. Use "
-                                          r"rollout.weight_sync=auto or one of: vllm_native, files"):
+                                          r"rollout.weight_sync=auto or one of: files\.$"):  # only usable ones
         backend_class(cfg, pm.registry)  # have no GPU where its Ray workers do: refused where the engine is built
 
 
@@ -90,6 +100,85 @@ def test_the_memory_backend_copies_only_what_the_engine_does_not_share(pm):
     assert replica.update_weights(actor.named_parameters()) == _bytes(actor)
     assert torch.equal(replica.model.lm_head.weight, actor.lm_head.weight)
     assert Builder(cfg, pm).rollout(actor, tok).update_weights(actor.named_parameters()) == 0  # it is the actor
+    closed: list[bool] = []
+    replica.weight_sync.close = lambda: closed.append(True)
+    replica.shutdown()
+    assert closed == [True]  # the engine's shutdown closes its backend
+
+
+class Counting(WeightSync):
+    """A plugin backend written as docs/plugins.md describes it: engine, preference, load."""
+
+    engine = HFRollout
+    result: object = 0
+    reason: object = ""
+
+    def load(self, named_tensors):
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+    @classmethod
+    def unusable(cls, config):
+        if isinstance(cls.reason, Exception):
+            raise cls.reason
+        return cls.reason
+
+
+def _with(pm, **backends):
+    registry = copy.copy(pm.registry)
+    registry.weight_sync = copy.deepcopy(pm.registry.weight_sync)
+    registry.weight_sync.current_plugin = "myws"
+    for name, cls in backends.items():
+        registry.weight_sync.register(name, cls)
+    return registry
+
+
+@pytest.mark.parametrize("backend, says", [
+    (type("NoEngine", (WeightSync,), {"load": lambda self, t: 0}), r"NoEngine.engine must be the rollout engine "
+                                                                   r"class it feeds .*got nothing"),
+    (type("StrEngine", (WeightSync,), {"engine": "HFRollout", "load": lambda self, t: 0}), r"got 'HFRollout'"),
+    (type("NotSub", (), {"engine": HFRollout}), r"is not a subclass of rlforge.weight_sync.WeightSync"),
+    (type("NoLoad", (WeightSync,), {"engine": HFRollout}), r"NoLoad defines no load\(named_tensors\) method"),
+])
+def test_a_malformed_backend_is_refused_at_registration_naming_its_plugin(pm, backend, says):
+    with pytest.raises(RLForgeError, match=rf"^weight sync 'bad' \(plugin 'myws'\): .*{says}"):
+        _with(pm, bad=backend)
+
+
+def test_a_backend_that_cannot_say_why_it_is_unusable_is_unusable(pm, monkeypatch):
+    registry = _with(pm, counting=type("Preferred", (Counting,), {"preference": 100}))
+    cfg = load_config("grpo", [], plugins=pm)
+    for reason, says in [(ImportError("no frobnicator"), r"unusable\(\) raised ImportError: no frobnicator"),
+                         (42, r"unusable\(\) returned 42 instead of a reason in words")]:
+        monkeypatch.setattr(Counting, "reason", reason)
+        assert backend_class(cfg, registry) is MemorySync  # auto passes over it
+        with read_write(cfg):
+            cfg.rollout.weight_sync = "counting"
+        with pytest.raises(ConfigError, match=rf"rollout.weight_sync=counting cannot run here: weight-sync backend "
+                                              rf"Preferred .*{says}\. Use rollout.weight_sync=auto or one of: "
+                                              rf"memory\.$"):
+            backend_class(cfg, registry)
+        with read_write(cfg):
+            cfg.rollout.weight_sync = "auto"
+    with pytest.raises(UnknownComponentError, match=r"Did you mean 'auto'\?"):
+        load_config("grpo", ["rollout.weight_sync=AUTO"], plugins=pm)
+
+
+@pytest.mark.parametrize("result, says", [
+    (-5, r"load returned -5; it must return the bytes it moved, an int >= 0"), (None, "load returned None"),
+    (1.5, "load returned 1.5"), ("lots", "load returned 'lots'"), (True, "load returned True"),
+    (RuntimeError("exploded"), "load raised RuntimeError: exploded"),
+])
+def test_what_a_backends_load_returns_or_raises_names_the_backend(monkeypatch, result, says):
+    monkeypatch.setattr(Counting, "result", result)
+    with pytest.raises(WeightSyncError, match=rf"^weight-sync backend Counting \({__name__}\): {says}"):
+        Counting(None, None).load([])
+
+
+def test_a_plugin_backend_needs_no_engine_args(monkeypatch):
+    monkeypatch.setattr(Counting, "result", 7)
+    assert Counting(None, None).engine_args() == {} and Counting(None, None).load([]) == 7
 
 
 @pytest.mark.slow
