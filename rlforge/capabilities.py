@@ -9,6 +9,10 @@ capability written as a bare class attribute, is refused there), keeps it on the
 Likewise the optional functions a component's class may define (``validate_config``, a strategy's
 ``export_checkpoint``: ``Kind.functions``) are read at registration into ``entry.functions``. The core reads
 capabilities only from there: it never probes a component for optional attributes.
+
+A worker class declares its remote methods the same way, once, on the method: ``@remote(dispatch, collect)`` names
+how a call through a worker group is split over the ranks and how their results are joined (the modes are registry
+kinds, ``rlforge/controller/dispatch.py``); ``rlforge.worker`` offers the same ``remote`` to worker classes.
 """
 
 from __future__ import annotations
@@ -132,3 +136,44 @@ def shown(capabilities: Any) -> str:
         return ""
     on = [(f.name, getattr(capabilities, f.name)) for f in fields(capabilities) if getattr(capabilities, f.name)]
     return ", ".join(name if value is True else f"{name}={value}" for name, value in on)
+
+
+# --- worker methods: @remote declares how a call through a worker group is split and joined ------------------------
+
+REMOTE = "__rlforge_remote__"
+
+
+@dataclass(frozen=True)
+class Remote:
+    """How a worker method is called through a group: the names of its dispatch and collect modes."""
+
+    dispatch: str = "all"
+    collect: str = "all"
+
+
+def remote(dispatch: str = "all", collect: str = "all") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark a worker method as callable through a worker group (``rlforge.controller.remote.WorkerGroup``).
+
+    ``dispatch``: ``all`` (every rank, the same arguments; a ``PerRank`` argument gives each rank its own value),
+    ``dp_score`` / ``dp_update`` (the first argument, a Batch, split over data-parallel groups for a forward pass or
+    an update), ``rows`` (the first argument's rows in near-equal parts, for models without collectives),
+    ``engine_rows`` / ``engine_requests`` (prompts split over the ranks' rollout engines, each seeded).
+    ``collect``: ``all`` (the list, in rank order), ``first``, ``max``, ``concat`` (Batches or per-row tensors, back
+    in row order), ``flatten``. Call arguments are positional or keyword, as the method's signature allows."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(fn, REMOTE, Remote(dispatch, collect))
+        return fn
+
+    return mark
+
+
+def declared_methods(cls: type) -> dict[str, Remote]:
+    """The methods of ``cls`` marked with :func:`remote`, in it or a base class (an override keeps the mark)."""
+    out: dict[str, Remote] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            spec = getattr(value, REMOTE, None)
+            if isinstance(spec, Remote):
+                out[name] = spec
+    return out

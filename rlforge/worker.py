@@ -23,8 +23,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ import torch
 from rlforge import batch as B
 from rlforge import lora
 from rlforge.config.compose import config_section, micro_batch_size
+from rlforge.capabilities import remote
 from rlforge.errors import NonFiniteError
 from rlforge.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
 from rlforge.module import LossContext, RLModule
@@ -40,44 +40,6 @@ from rlforge.ops import SHARE_ALWAYS, SHARE_REPEATED, compile_forward, response_
 from rlforge.pipeline import PIPELINES
 
 log = logging.getLogger("rlforge")
-
-REMOTE = "__rlforge_remote__"
-
-
-@dataclass(frozen=True)
-class Remote:
-    """How a worker method is called through a group: the names of its dispatch and collect modes."""
-
-    dispatch: str = "all"
-    collect: str = "all"
-
-
-def remote(dispatch: str = "all", collect: str = "all") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Mark a worker method as callable through a worker group (``rlforge.controller.remote.WorkerGroup``).
-
-    ``dispatch``: ``all`` (every rank, the same arguments; a ``PerRank`` argument gives each rank its own value),
-    ``dp_score`` / ``dp_update`` (the first argument, a Batch, split over data-parallel groups for a forward pass or
-    an update), ``rows`` (the first argument's rows in near-equal parts, for models without collectives), ``engine_rows`` / ``engine_requests`` (prompts split over the ranks' rollout engines, each seeded).
-    ``collect``: ``all`` (the list, in rank order), ``first``, ``max``, ``concat`` (Batches or per-row tensors, back
-    in row order), ``flatten``. Call arguments are positional or keyword, as the method's signature allows."""
-
-    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        setattr(fn, REMOTE, Remote(dispatch, collect))
-        return fn
-
-    return mark
-
-
-def declared(cls: type) -> dict[str, Remote]:
-    """The methods of ``cls`` marked with :func:`remote`, in it or a base class (an override keeps the mark)."""
-    out: dict[str, Remote] = {}
-    for klass in reversed(cls.__mro__):
-        for name, value in vars(klass).items():
-            spec = getattr(value, REMOTE, None)
-            if isinstance(spec, Remote):
-                out[name] = spec
-    return out
-
 
 def _lengths(batch: B.Batch) -> list[int]:
     """Real tokens (prompt + response) per row."""

@@ -27,7 +27,8 @@ from rlforge import lora
 from rlforge.agent.engine import token_generator
 from rlforge.sampling import Generation, SamplingParams
 from rlforge.weight_sync import SyncStats, adapter_weights, timed
-from rlforge.worker import ActorWorker, CriticWorker, TrainWorker, declared, remote
+from rlforge.capabilities import declared_methods, remote
+from rlforge.worker import ActorWorker, CriticWorker, TrainWorker
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
@@ -132,7 +133,7 @@ FORWARDS = "__rlforge_runs_on_worker__"
 def _run_on_worker(cls: type[RankWorker]) -> None:
     """Give ``cls`` each ``@remote`` method of its ``trains`` class that it does not write itself: a method of the same
     name, signature and dispatch that runs it on ``self.worker`` (real methods, so Ray's actor class has them)."""
-    for name in declared(cls.trains):
+    for name in declared_methods(cls.trains):
         own = getattr(cls, name, None)
         if own is None or getattr(own, FORWARDS, False):
             setattr(cls, name, _on_worker(name, getattr(cls.trains, name)))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
-from rlforge.worker import declared
+from rlforge.capabilities import declared_methods
 
 if TYPE_CHECKING:
     from rlforge.build import Builder
@@ -168,7 +168,7 @@ class WorkerGroup:
         self.section = (spec.section if spec is not None else "") or role  # its batch options' config section
         self.world_size = transport.world_size
         self.dp_size = dp_size or self.world_size
-        self.methods = declared(worker_cls)
+        self.methods = declared_methods(worker_cls)
         if not self.methods:
             raise RLForgeError(f"Role '{role}': {worker_cls.__qualname__} declares no @remote methods.")
         for name, spec in self.methods.items():

@@ -18,7 +18,7 @@ from rlforge.controller.groups import GroupController
 from rlforge.controller.remote import InProcess, WorkerGroup
 from rlforge.errors import RLForgeError
 from rlforge.sampling import SamplingParams, derived_seed
-from rlforge.worker import declared, remote
+from rlforge.capabilities import declared_methods, remote
 
 
 class Rank:
@@ -75,7 +75,7 @@ def _rows(n):
 
 def test_declared_methods_are_bound_and_others_are_not(registry):
     group, _ = _group(2, registry)
-    assert set(declared(Rank)) == {"update", "compute_log_probs", "load", "sync_weights", "generate",
+    assert set(declared_methods(Rank)) == {"update", "compute_log_probs", "load", "sync_weights", "generate",
                                    "generate_tokens"}
     assert not hasattr(group, "private")
     assert group.sync_weights() == 1.0  # collect=max
