@@ -351,7 +351,8 @@ class RayController(GroupController):
             self.rollout.set_rng(PerRank(rngs))
 
     def shutdown(self) -> None:
-        self.reward.close()
+        if self.reward is not None:  # None when placing the roles failed (the manager is built after them)
+            self.reward.close()
         for transport in self.transports:
             transport.kill()
         for pool in self.pools:

@@ -100,10 +100,12 @@ def test_a_tool_agent_runs_ahead_on_the_schedule(tmp_path, monkeypatch, case):
     # validation (after steps 2 and 4, and the final one) ran the agent loop, in the trainer's thread
     assert [c[0] for c in calls.calls].count("MainThread") == 1 + 3
     assert len(outs.validations) == 3 and all("val/num_turns/mean" in m for m in outs.validations)
+    model = copy.deepcopy(trainer.module.actor)  # the local controller's driver trains the actor
     for step, batch in rec.trained.items():
         mask = batch[B.RESPONSE_MASK]
         # the engine's log-probs are those of the weights of the scheduled version, and of no other
-        gaps = {v: _gap(batch[B.ROLLOUT_LOG_PROBS], _log_probs(trainer, w, batch), mask) for v, w in rec.weights.items()}
+        gaps = {v: _gap(batch[B.ROLLOUT_LOG_PROBS], _log_probs(trainer, model, w, batch), mask)
+                for v, w in rec.weights.items()}
         assert [v for v, gap in gaps.items() if gap < 1e-4] == [versions[step]], (step, gaps)
         # the synchronous agent stage, given the same prompts, weights and seed, generates the very same batch: the
         # same tokens, masks (0 on tool replies and template glue), log-probs and agent rewards

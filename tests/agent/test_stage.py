@@ -13,7 +13,7 @@ from rlforge.agent.batching import AGENT_REWARDS
 from rlforge.agent.stage import AgentRewardStage, AgentRolloutStage
 from rlforge.dataflow import Stage
 from rlforge.errors import RLForgeError
-from rlforge.testing import step_context
+from rlforge.testing import fake_controller, step_context
 
 AGENT = ["rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]"]
 
@@ -74,7 +74,8 @@ def test_agent_reward_stage_adds_turn_rewards():
     assert ctx.metrics["agent/reward/mean"] == pytest.approx(-0.125)
 
 
-def test_a_controller_without_generate_tokens_is_a_clear_error(make_config):
-    ctx = step_context(make_config(*AGENT), controller=object())
-    with pytest.raises(RLForgeError, match="controller object \\(trainer.controller\\) does not provide"):
+def test_rollout_workers_without_generate_tokens_are_a_clear_error(make_config):
+    ctx = step_context(make_config(*AGENT), controller=fake_controller(generate=lambda batch, params: batch))
+    with pytest.raises(RLForgeError, match="the rollout workers of the controller SimpleNamespace \\(trainer.controller\\) "
+                                           "do not provide \\(generate_tokens\\)"):
         AgentRolloutStage().run(ctx, B.Batch())
