@@ -105,12 +105,15 @@ class Builder:
 
     def manager_roles(self) -> tuple[str, ...]:
         """The roles the reward manager scores on (its class's ``worker_roles``; none for most)."""
-        return tuple(getattr(self.registry.reward_manager.get(self.config.reward.manager), "worker_roles", ()))
+        name = self.config.reward.manager
+        roles = getattr(self.registry.reward_manager.get(name), "worker_roles", ())
+        return _role_names(roles, f"The reward manager '{name}' (reward.manager): its worker_roles")
 
     def roles(self, module: RLModule) -> list[str]:
         """The roles a controller places for ``module``: the algorithm's ``worker_roles()`` and the reward manager's,
         each once, each registered (``registry.role``)."""
-        roles = list(dict.fromkeys([*module.worker_roles(), *self.manager_roles()]))
+        own = _role_names(module.worker_roles(), f"The algorithm {type(module).__qualname__}: its worker_roles()")
+        roles = list(dict.fromkeys([*own, *self.manager_roles()]))
         for role in roles:
             self.registry.role.entry(role)  # an unknown role fails here, naming the registered ones
         return roles
@@ -176,3 +179,11 @@ def _members(proto: type) -> list[str]:
         if base.__name__ not in ("Protocol", "Generic", "object"):
             names |= set(vars(base)) | set(getattr(base, "__annotations__", {}))
     return sorted(n for n in names if not n.startswith("_"))
+
+
+def _role_names(roles: Any, owner: str) -> tuple[str, ...]:
+    """``roles`` (``worker_roles``), refused unless a list or tuple of role names (a bare string would be read as
+    one role per letter)."""
+    if not isinstance(roles, (list, tuple)) or not all(isinstance(r, str) for r in roles):
+        raise RLForgeError(f"{owner} must be a list or tuple of role names, got {roles!r}.")
+    return tuple(roles)

@@ -82,13 +82,16 @@ def fake_controller(workers: dict[str, dict[str, Any]] | None = None, **methods:
     """A controller offering ``methods`` (``score=...``) and worker groups with just the methods a stage under test
     calls (``workers={"actor": {"compute_log_probs": lambda batch, role: ...}}``, reached as ``ctx.workers.actor``;
     ``generate=``/``generate_tokens=`` go to ``ctx.workers.rollout``), in waves, without reusing the engine's
-    log-probs (``logprobs_match_actor=False``)."""
+    log-probs (``logprobs_match_actor=False``). A role not given is the real controller's error
+    (``rlforge.controller.remote.Workers``)."""
+    from rlforge.controller.remote import Workers
+
     groups = {role: dict(fns) for role, fns in (workers or {}).items()}
     for name in ("generate", "generate_tokens"):  # the engines' methods: ctx.workers.rollout's
         if name in methods:
             groups.setdefault("rollout", {})[name] = methods.pop(name)
     return SimpleNamespace(logprobs_match_actor=False, continuous_batching=False,
-                           workers=SimpleNamespace(**{role: SimpleNamespace(**fns) for role, fns in groups.items()}),
+                           workers=Workers({role: SimpleNamespace(**fns) for role, fns in groups.items()}),
                            **methods)
 
 

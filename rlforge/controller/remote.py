@@ -177,22 +177,43 @@ class WorkerGroup:
                 dispatch, collect = registry.dispatch_mode.get(spec.dispatch), registry.collect_mode.get(spec.collect)
             except RLForgeError as exc:
                 raise RLForgeError(f"{worker_cls.__qualname__}.{name} (role '{role}'): {exc}") from None
-            setattr(self, name, self._bind(name, inspect.signature(fn), dispatch, collect, fn))
+            setattr(self, name, self._bind(name, spec.dispatch, dispatch, collect, fn))
 
-    def _bind(self, name: str, signature: inspect.Signature, dispatch: Any, collect: Any,
-              fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _bind(self, name: str, mode: str, dispatch: Any, collect: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+        from rlforge.controller.dispatch import Shares
+
+        signature = inspect.signature(fn)
+        shown = signature.replace(parameters=list(signature.parameters.values())[1:])  # without the worker's self
+
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(None, *args, **kwargs)  # None stands for the worker's self
+            try:
+                bound = signature.bind(None, *args, **kwargs)  # None stands for the worker's self
+            except TypeError as exc:
+                raise RLForgeError(f"{self.role}.{name}{shown}: {exc}") from None
             bound.apply_defaults()
             shares = dispatch(self, bound.args[1:])
+            where = f"Dispatch mode '{mode}' (role '{self.role}', method {name})"
+            if not isinstance(shares, Shares):
+                raise RLForgeError(f"{where} returned {type(shares).__name__}, not a "
+                                   "rlforge.controller.dispatch.Shares.")
+            if len(shares.args) != self.world_size:
+                raise RLForgeError(f"{where} gave {len(shares.args)} entries in Shares.args for {self.world_size} "
+                                   "ranks: give one per rank (None for a rank that sits out).")
             results = self.transport.call_each(name, shares.args)
             return collect(self, results[::shares.keep], shares)
 
         return call
 
-    if TYPE_CHECKING:  # the bound methods are set per worker class
-        def __getattr__(self, name: str) -> Any: ...
+    def __getattr__(self, name: str) -> Any:
+        from rlforge.errors import did_you_mean
+
+        methods = self.__dict__.get("methods")
+        if methods is None or name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(f"Role '{self.role}' has no method {name!r} the driver can call: its declared (@remote) "
+                             f"methods are {', '.join(sorted(methods))}.{did_you_mean(name, methods)} A worker "
+                             "method is callable through its group when it is declared with @remote.")
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.role!r}, {self.world_size} ranks, {len(self.methods)} methods)"

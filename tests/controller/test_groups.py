@@ -80,8 +80,8 @@ def test_declared_methods_are_bound_and_others_are_not(registry):
     assert not hasattr(group, "private")
     assert group.sync_weights() == 1.0  # collect=max
     assert group.load("s", rng=PerRank(["r0", "r1"])) == [(0, "s", "r0"), (1, "s", "r1")]  # keywords bind too
-    with pytest.raises(TypeError):
-        group.load()  # the worker method's own signature
+    with pytest.raises(RLForgeError, match=r"actor.load\(state, rng=None\): missing a required argument: 'state'"):
+        group.load()  # the worker method's own signature, named with its role
 
 
 @pytest.mark.parametrize(("world", "dp", "expected"), [
@@ -118,6 +118,39 @@ def test_per_rank_values_must_match_the_ranks(registry):
     group, _ = _group(2, registry)
     with pytest.raises(RLForgeError, match="3 per-rank values for a group of 2 ranks"):
         group.load("s", PerRank([1, 2, 3]))
+
+
+def test_an_undeclared_method_names_the_role_and_the_declared_ones(registry):
+    group, _ = _group(2, registry)
+    with pytest.raises(AttributeError, match=r"Role 'actor' has no method 'updat'.*compute_log_probs.*"
+                                             r"Did you mean 'update'\?"):
+        group.updat(_rows(4))
+
+
+def test_a_dispatch_mode_must_give_shares_with_one_entry_per_rank():
+    from rlforge.controller.dispatch import Shares
+    from rlforge.plugin_manager import PluginManager
+
+    registry = PluginManager(autoload=False).registry
+    registry.dispatch_mode.register("short", lambda group, args: Shares([args]))
+    registry.dispatch_mode.register("listed", lambda group, args: [args] * group.world_size)
+
+    class Odd:
+        @remote("short")
+        def short(self):
+            return 1
+
+        @remote("listed")
+        def listed(self):
+            return 1
+
+    group = WorkerGroup("odd", Odd, InProcess([Odd(), Odd()]), _config(), registry)
+    with pytest.raises(RLForgeError, match=r"Dispatch mode 'short' \(role 'odd', method short\) gave 1 entries .* "
+                                           r"for 2 ranks"):
+        group.short()
+    with pytest.raises(RLForgeError, match=r"Dispatch mode 'listed' \(role 'odd', method listed\) returned list, "
+                                           r"not a rlforge.controller.dispatch.Shares"):
+        group.listed()
 
 
 def test_data_parallel_size_follows_the_strategy(pm):
@@ -184,3 +217,12 @@ def test_every_controller_checkpoints_each_rank_and_a_missing_role_is_named(regi
     with pytest.raises(RLForgeError, match=r"holds no state of the 'critic' role \(it has: actor\): it was saved by "
                                            r"a run with other roles"):
         c.load_state_dict(state, tmp_path)
+
+
+def test_the_testing_kit_names_a_role_it_was_not_given_like_the_controllers():
+    from rlforge.testing import fake_controller
+
+    controller = fake_controller(workers={"actor": {"compute_log_probs": lambda batch, role: batch}})
+    assert controller.workers.actor.compute_log_probs(1, "ref") == 1 and "actor" in controller.workers
+    with pytest.raises(RLForgeError, match=r"No 'teacher' worker group in this run \(placed: actor\)"):
+        controller.workers.teacher

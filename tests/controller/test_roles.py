@@ -178,3 +178,15 @@ def test_a_role_that_cannot_be_placed_is_refused_naming_it_and_its_plugin(role, 
     with pytest.raises(RLForgeError, match=rf"The role 'odd' \(registered by plugin 'my_plugin'\)[ :].*{message}"):
         placed_roles(Builder(config, pm), module)
 
+
+
+def test_worker_roles_given_as_a_string_is_refused_naming_the_algorithm(pm):
+    from rlforge.algorithms.grpo import GRPO
+    from rlforge.build import Builder
+
+    config = load_config("grpo", QUICK, plugins=pm)
+    module = GRPO(config)
+    module.worker_roles = lambda: "actor"
+    with pytest.raises(RLForgeError, match=r"The algorithm GRPO: its worker_roles\(\) must be a list or tuple of "
+                                           r"role names, got 'actor'"):
+        Builder(config, pm).roles(module)
