@@ -57,6 +57,13 @@ class RLModule:
 
     config_class: ClassVar[type] = AlgorithmConfig
     preset: ClassVar[dict[str, Any]] = {}
+    _init_args: tuple[tuple[Any, ...], dict[str, Any]]  # set by __new__
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        module = super().__new__(cls)
+        # the constructor's arguments, which ranks that rebuild it as cls(config) would not get (rank_module_class)
+        module._init_args = (args, kwargs)
+        return module
 
     def __init__(self, config: DictConfig) -> None:
         self.config = config

@@ -81,17 +81,23 @@ def check_layout(config: Any, strategy: Entry[Any], needs_critic: bool) -> None:
 
 def rank_module_class(module: Any) -> type:
     """The class each rank rebuilds the module from, as ``cls(config)`` (``ray_workers.WorkerProcess``). A module
-    whose constructor takes more than the config would run on the ranks without those arguments, so it is refused."""
+    whose constructor needs more than the config, or was given more (``RLModule.__new__`` keeps what it was given),
+    would run on the ranks without those arguments, so it is refused; optional ones left at their defaults are fine."""
     import inspect
 
     cls = type(module)
-    extra = [p.name for p in list(inspect.signature(cls.__init__).parameters.values())[2:]]
+    signature = inspect.signature(cls.__init__)
+    params = list(signature.parameters.values())[2:]  # after self and the config
+    required = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    args, kwargs = module._init_args
+    given = [n for n in signature.bind_partial(None, *args, **kwargs).arguments if n in {p.name for p in params}]
+    extra = list(dict.fromkeys([*required, *given]))
     if extra:
         raise ConfigError(
-            f"{cls.__qualname__}.__init__ takes {', '.join(extra)} besides the config; under trainer.controller="
-            f"{module.config.trainer.controller} every rank rebuilds the module as {cls.__qualname__}(config), so "
-            f"those arguments would be lost there. Put them in the algorithm's config (its config_class) and read "
-            f"them from self.config, or use trainer.controller=local.")
+            f"{cls.__qualname__}.__init__ {'needs' if required else 'is given'} {', '.join(extra)} besides the config; "
+            f"under trainer.controller={module.config.trainer.controller} every rank rebuilds the module as "
+            f"{cls.__qualname__}(config), so those arguments would be lost there. Put them in the algorithm's config "
+            f"(its config_class) and read them from self.config, or use trainer.controller=local.")
     return cls
 
 

@@ -72,13 +72,22 @@ def test_a_module_with_constructor_arguments_is_refused_where_ranks_rebuild_it(p
     from rlforge.controller.groups import rank_module_class
 
     class WithBeta(RLModule):
-        def __init__(self, config, beta=0.1):
+        def __init__(self, config, beta=0.1, *args, **kwargs):
             super().__init__(config)
             self.beta = beta
+
+    class NeedsBeta(RLModule):
+        def __init__(self, config, beta):
+            super().__init__(config)
 
     cfg = load_config("grpo", ["trainer.controller=ray", "strategy.name=fsdp", "strategy.num_processes=2",
                                "data.train_batch_size=8"], plugins=pm)
     assert rank_module_class(RLModule(cfg)) is RLModule
-    with pytest.raises(ConfigError, match=r"WithBeta.__init__ takes beta besides the config; under "
+    assert rank_module_class(WithBeta(cfg)) is WithBeta  # what the ranks rebuild: WithBeta(config)
+    with pytest.raises(ConfigError, match=r"NeedsBeta.__init__ needs beta besides the config; under "
                                           r"trainer.controller=ray every rank rebuilds"):
-        rank_module_class(WithBeta(cfg))
+        rank_module_class(NeedsBeta(cfg, 0.2))
+    for args, kwargs, named in (((0.2,), {}, "beta"), ((), {"beta": 0.2}, "beta"),
+                                ((0.2, 1), {"k": 2}, "beta, args, kwargs")):  # given: the ranks would not get them
+        with pytest.raises(ConfigError, match=rf"WithBeta.__init__ is given {named} besides the config"):
+            rank_module_class(WithBeta(cfg, *args, **kwargs))
