@@ -6,8 +6,9 @@ places the model (``strategy.name``) and the rollout engine (``rollout.name``). 
 validation settings ``rollout.val_n`` and ``rollout.val_temperature`` (greedy by default).
 
 A run folder or checkpoint is run with the config it was trained with (data, prompt and response lengths,
-reward, rollout and template settings), under ``--config`` and ``key=value`` overrides; a plain model folder
-starts from the defaults.
+reward, rollout and template settings), in one process (``strategy.name=single``, ``trainer.controller=local``,
+whatever strategy trained it), under ``--config`` and ``key=value`` overrides; a plain model folder starts from the
+defaults.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def training_config(model: str) -> tuple[DictConfig, str] | None:
                          ("model", "ref_path"), ("critic", "path")):
         if isinstance(cfg.get(section), DictConfig):
             cfg[section].pop(key, None)
+    # inference runs in this one process, whatever placed the training run's ranks (an fsdp run under ray): the
+    # checkpoint's actor/ is a plain model folder
+    cfg.trainer.controller, cfg.strategy.name, cfg.strategy.num_processes = "local", "single", 1
     return cfg, f"the training config of {checkpoint}"
 
 

@@ -155,3 +155,21 @@ def test_generate_and_eval_use_the_configured_rollout_engine(tmp_path):
     assert report["rollout"] == "canned"
     assert report["metrics"] == {"reward/mean": 0.5, "accuracy": 0.5, "pass@1": 0.5, "pass@2": 0.5}
     assert all(engine.closed for engine in CannedEngine.instances)
+
+
+def test_a_run_trained_on_several_processes_is_evaluated_in_one(tmp_path):
+    from omegaconf import OmegaConf
+
+    from rlforge import load_config
+    from rlforge.tools.inference import compose_for_model
+
+    trained = load_config("grpo", ["trainer.controller=ray", "strategy.name=fsdp", "strategy.num_processes=2",
+                                   "data.train_batch_size=8"])
+    checkpoint = tmp_path / "checkpoints" / "step_000001"
+    (checkpoint / "actor").mkdir(parents=True)
+    (checkpoint / "actor" / "config.json").write_text("{}")
+    (checkpoint / "trainer_state.pt").touch()
+    (checkpoint / "meta.json").write_text(json.dumps({"config": OmegaConf.to_container(trained)}))
+    _, cfg = compose_for_model(str(checkpoint))
+    assert (cfg.trainer.controller, cfg.strategy.name, cfg.strategy.num_processes) == ("local", "single", 1)
+    assert cfg.data.train_batch_size == 8  # the rest is the training run's
