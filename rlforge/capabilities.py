@@ -4,7 +4,7 @@ A rollout engine, strategy, dataset or logger declares ``capabilities = RolloutC
 ``StrategyCapabilities(...)`` / ``DatasetCapabilities(...)`` / ``LoggerCapabilities(...)`` (every field defaults to
 False, or ""), or passes it at registration (``register(name, factory, capabilities=...)``, for a factory function). The
 registry reads the declaration when the component is registered (``Registry.register``: the wrong type, or a
-capability written as a bare class attribute, is refused there), keeps it on the entry
+capability written as a bare attribute of the class, function or object, is refused there), keeps it on the entry
 (``registry.rollout.entry(name).capabilities``, ``Builder.capabilities(kind)``) and ``rlforge plugins list`` shows it.
 Likewise the optional functions a component's class may define (``validate_config``, a strategy's
 ``export_checkpoint``: ``Kind.functions``) are read at registration into ``entry.functions``. The core reads
@@ -81,19 +81,20 @@ class LoggerCapabilities:
 def declared(kind: str, name: str, obj: Any, declaration: type, given: Any = None) -> Any:
     """The capabilities ``obj`` (registered as ``kind`` ``name``) declares: ``given`` (``register(...,
     capabilities=)``), else its ``capabilities`` attribute, else the defaults. A value of another type, or a capability
-    set as a bare class attribute, is an error naming both."""
+    set as a bare attribute (of the class, or of a registered function or object), is an error naming both."""
     value = given if given is not None else getattr(obj, "capabilities", None)  # read once, at registration
     if value is None:
         value = declaration()
     if not isinstance(value, declaration):
         raise RLForgeError(f"{kind} '{name}': capabilities must be a rlforge.capabilities.{declaration.__name__}, "
                            f"got {value!r}.")
-    attrs = _class_vars(obj)
+    attrs = _attributes(obj)
     loose = [f.name for f in fields(declaration) if f.name in attrs]
     if loose:
         merged = {**{f.name: getattr(value, f.name) for f in fields(declaration)}, **{n: attrs[n] for n in loose}}
         given = ", ".join(f"{f.name}={merged[f.name]!r}" for f in fields(declaration) if merged[f.name] != f.default)
-        what = "a class attribute" if len(loose) == 1 else "class attributes"
+        what = ("a class attribute" if len(loose) == 1 else "class attributes") if isinstance(obj, type) else (
+            "an attribute" if len(loose) == 1 else "attributes")
         raise RLForgeError(f"{kind} '{name}' sets {', '.join(loose)} as {what}; declare its capabilities instead: "
                            f"capabilities = rlforge.capabilities.{declaration.__name__}({given}).")
     for f in fields(declaration):
@@ -120,13 +121,15 @@ def functions(kind: str, name: str, obj: Any, names: tuple[str, ...]) -> dict[st
     return out
 
 
-def _class_vars(obj: Any) -> dict[str, Any]:
-    """The attributes set in the class bodies of ``obj`` and its bases (none for a factory function)."""
-    if not isinstance(obj, type):
-        return {}
+def _attributes(obj: Any) -> dict[str, Any]:
+    """The attributes set in the class bodies of ``obj`` and its bases; for a registered function or object, those of
+    its class and its own."""
+    klass = obj if isinstance(obj, type) else type(obj)
     out: dict[str, Any] = {}
-    for klass in reversed(obj.__mro__):
-        out.update(vars(klass))
+    for base in reversed(klass.__mro__):
+        out.update(vars(base))
+    if not isinstance(obj, type):
+        out.update(getattr(obj, "__dict__", {}))
     return out
 
 

@@ -108,6 +108,10 @@ class Registry(Generic[T]):
             if problem:
                 raise RLForgeError(f"{self.kind} '{name}' (plugin '{self.current_plugin}'): {problem}")
             desc = description or _first_doc_line(o)
+            stray = getattr(o, "capabilities", None) if self.spec.capabilities is None else None
+            if stray is not None:
+                raise RLForgeError(f"{self.kind} '{name}' sets capabilities = {stray!r}, but components of this "
+                                   f"kind declare no capabilities: remove it.")
             caps = (None if self.spec.capabilities is None else
                     declared(self.kind, name, o, self.spec.capabilities, capabilities))
             fns = functions(self.kind, name, o, ("validate_config", *self.spec.functions))

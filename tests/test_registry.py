@@ -181,6 +181,29 @@ def test_capabilities_are_read_at_registration_and_a_bare_attribute_is_refused()
                                            r"RolloutCapabilities\(owns_weights=True\)"):
         regs.rollout.register("old", Old)
 
+    class Callable:  # registered as an object (a dataset), its capability a bare attribute of its class
+        reads_data_files = True
+
+        def __call__(self, config, split):
+            return []
+
+    def factory(config, split):
+        return []
+
+    factory.reads_data_files = True  # type: ignore[attr-defined]
+    for obj in (Callable(), factory):
+        with pytest.raises(RLForgeError, match=r"dataset 'bare' sets reads_data_files as an attribute; declare its "
+                                               r"capabilities instead: capabilities = rlforge.capabilities."
+                                               r"DatasetCapabilities\(reads_data_files=True\)"):
+            regs.dataset.register("bare", obj)
+
+    class ToolWithCapabilities:
+        capabilities = RolloutCapabilities(token_io=True)
+
+    with pytest.raises(RLForgeError, match=r"tool 'capable' sets capabilities = RolloutCapabilities\(.*\), but "
+                                           r"components of this kind declare no capabilities"):
+        regs.tool.register("capable", ToolWithCapabilities)
+
     class Half:  # declared, plus one bare: the suggested line keeps both
         capabilities = RolloutCapabilities(owns_weights=True)
         continuous_batching = True
