@@ -27,6 +27,34 @@ LOADER_COLUMNS = frozenset({B.PROMPTS, B.PROMPT_MASK, B.UID, B.RAW_PROMPT, B.DAT
 PAIR_COLUMNS = LOADER_COLUMNS | {B.RESPONSES, B.RESPONSE_MASK, B.INPUT_IDS, B.ATTENTION_MASK, B.LABEL, B.MARGIN}
 
 
+class Workers:
+    """The worker groups of a run by role (``controller.workers``, ``StepContext.workers``), each called with its
+    worker class's declared methods: ``workers.actor.compute_log_probs(batch, "ref")``,
+    ``workers.critic.update(batch, step)``, a plugin's ``workers.prm``; ``role in workers``. ``workers.rollout`` is
+    the group whose ranks own the rollout engines (``generate``, ``generate_tokens``): the Ray controller's rollout
+    group, else the actor's (``engines``). A role the run did not place is an error naming it and why."""
+
+    def __init__(self, groups: dict[str, Any], engines: Any = None) -> None:
+        self._groups = groups
+        self._engines = engines
+
+    def __getattr__(self, role: str) -> Any:
+        groups = self.__dict__.get("_groups", {})
+        if role in groups:
+            return groups[role]
+        if role == "rollout" and self.__dict__.get("_engines") is not None:
+            return self._engines
+        raise RLForgeError(f"No '{role}' worker group in this run (placed: {', '.join(groups) or 'none'}): a role is "
+                           f"placed when the algorithm's worker_roles() or the reward manager's worker_roles() name it "
+                           f"(the critic when the algorithm's needs_critic() is True).")
+
+    def __contains__(self, role: object) -> bool:
+        return role in self._groups
+
+    def __iter__(self) -> Any:
+        return iter(self._groups.values())
+
+
 class StepContext:
     """What a stage may use: the components of the run and the step's state. One per training step.
 
@@ -56,7 +84,7 @@ class StepContext:
 
     @property
     def workers(self) -> Any:
-        """The run's worker groups by role (``controller.workers``): ``ctx.workers.actor.compute_log_probs(batch,
+        """The run's worker groups by role (``controller.workers``, :class:`Workers`): ``ctx.workers.actor.compute_log_probs(batch,
         "ref")``, a plugin role's ``ctx.workers.prm.update(batch, ctx.step)``."""
         return self.controller.workers
 

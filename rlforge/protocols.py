@@ -174,7 +174,7 @@ class Controller(Protocol):
 
     @property
     def workers(self) -> Any:
-        """The worker groups by role (``rlforge.controller.remote.Workers``): workers.actor, workers.prm, ..., and
+        """The worker groups by role (``rlforge.dataflow.Workers``): workers.actor, workers.prm, ..., and
         workers.rollout, the group that owns the rollout engines (``generate``, ``generate_tokens``: the
         token-in/token-out requests of agent loops, :class:`TokenGenerator`)."""
 

@@ -83,8 +83,8 @@ def fake_controller(workers: dict[str, dict[str, Any]] | None = None, **methods:
     calls (``workers={"actor": {"compute_log_probs": lambda batch, role: ...}}``, reached as ``ctx.workers.actor``;
     ``generate=``/``generate_tokens=`` go to ``ctx.workers.rollout``), in waves, without reusing the engine's
     log-probs (``logprobs_match_actor=False``). A role not given is the real controller's error
-    (``rlforge.controller.remote.Workers``)."""
-    from rlforge.controller.remote import Workers
+    (``rlforge.dataflow.Workers``)."""
+    from rlforge.dataflow import Workers
 
     groups = {role: dict(fns) for role, fns in (workers or {}).items()}
     for name in ("generate", "generate_tokens"):  # the engines' methods: ctx.workers.rollout's

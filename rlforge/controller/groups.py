@@ -29,7 +29,7 @@ from rlforge import batch as B
 from rlforge.checkpoint import SHARDED_DIR, load_weights, staged_actor, write_actor
 from rlforge.config.compose import micro_batch_size
 from rlforge.controller.dispatch import PerRank
-from rlforge.controller.remote import Workers
+from rlforge.dataflow import Workers
 from rlforge.errors import ConfigError, RLForgeError
 
 

@@ -106,34 +106,6 @@ def placed_roles(builder: Builder, module: Any) -> dict[str, Role]:
     return out
 
 
-class Workers:
-    """The worker groups of a run by role (``controller.workers``, ``StepContext.workers``), each called with its
-    worker class's declared methods: ``workers.actor.compute_log_probs(batch, "ref")``,
-    ``workers.critic.update(batch, step)``, a plugin's ``workers.prm``; ``role in workers``. ``workers.rollout`` is
-    the group whose ranks own the rollout engines (``generate``, ``generate_tokens``): the Ray controller's rollout
-    group, else the actor's (``engines``). A role the run did not place is an error naming it and why."""
-
-    def __init__(self, groups: dict[str, Any], engines: Any = None) -> None:
-        self._groups = groups
-        self._engines = engines
-
-    def __getattr__(self, role: str) -> Any:
-        groups = self.__dict__.get("_groups", {})
-        if role in groups:
-            return groups[role]
-        if role == "rollout" and self.__dict__.get("_engines") is not None:
-            return self._engines
-        raise RLForgeError(f"No '{role}' worker group in this run (placed: {', '.join(groups) or 'none'}): a role is "
-                           f"placed when the algorithm's worker_roles() or the reward manager's worker_roles() name it "
-                           f"(the critic when the algorithm's needs_critic() is True).")
-
-    def __contains__(self, role: object) -> bool:
-        return role in self._groups
-
-    def __iter__(self) -> Any:
-        return iter(self._groups.values())
-
-
 class Transport(Protocol):
     """Runs one method on chosen ranks of a group: ``call_each(method, args)`` runs ``method(*args[r])`` on each rank
     ``r`` whose args are not None and returns their results in rank order."""
