@@ -223,9 +223,6 @@ def sharded_problem(folder: Path) -> str | None:
     """What is wrong with a folder :meth:`BaseStrategy.save_sharded` wrote, or None when it is complete: its
     ``.metadata`` (written last) reads, and every file it lists is there and as long as the bytes it places in it
     (a truncated or deleted ``.distcp`` file shows). Reads the metadata only."""
-    import torch
-
-    _ = torch.Tensor  # runs a lazily imported torch (rlforge.lazy) before one of its submodules is imported
     from torch.distributed.checkpoint import FileSystemReader
 
     metadata = folder / ".metadata"

@@ -42,3 +42,14 @@ def test_a_lazily_imported_submodule_is_an_attribute_of_its_package() -> None:
             "assert vars(rlforge)['ops'] is ops and not is_loaded('torch')\n"
             "import rlforge.ops\nassert rlforge.ops.response_logprobs and is_loaded('torch')")
     assert _heavy(body) == ["torch"]
+
+
+def test_a_submodule_of_a_lazy_package_imported_first_runs_once() -> None:
+    """``import torch.distributed.checkpoint`` while ``lazy_import("torch")`` has not run torch yet: torch's
+    ``__init__`` imports torch.distributed itself, and the import system must not run it a second time (that aborted
+    the process: "cannot initialize type GradBucket: an object with that name is already defined")."""
+    body = ("from rlforge.lazy import lazy_import\ntorch = lazy_import('torch')\nassert not is_loaded('torch')\n"
+            "from torch.distributed.checkpoint import FileSystemReader\n"
+            "import torch.distributed.checkpoint as dcp\n"
+            "assert dcp.FileSystemReader is FileSystemReader and float(torch.ones(2).sum()) == 2.0")
+    assert _heavy(body) == ["torch"]

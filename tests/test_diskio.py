@@ -38,7 +38,6 @@ def _torch_style() -> Exception:
 def _background_write(exc: BaseException) -> BaseException:
     """What torch.distributed.checkpoint raises when a rank's write fails: each rank's exception collected into a
     CheckpointException (a BaseException), not chained."""
-    _ = torch.Tensor  # runs the torch that rlforge imported lazily before a submodule of it is imported
     from torch.distributed.checkpoint.api import CheckpointException
 
     return CheckpointException("write failed", {0: (exc, traceback.StackSummary())})
