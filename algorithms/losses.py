@@ -202,6 +202,43 @@ def gpg_policy_loss(
     return loss, {"clipped": zeros, "clipped_lower": zeros.clone()}
 
 
+# --- on-policy distillation -----------------------------------------------------------------------
+
+
+def distillation_loss(
+    log_prob: torch.Tensor,
+    teacher_log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    mask: torch.Tensor,
+    loss_mode: str = "k3",
+    loss_max_clamp: float | None = None,
+    use_policy_gradient: bool = False,
+    clip_ratios: tuple[float, float, float] = (0.2, 0.2, 3.0),
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """On-policy distillation's per-token loss from the sampled tokens' log-probs under the student (``log_prob``,
+    with its gradient) and the teacher.
+
+    ``d = kl_penalty(log_prob, teacher_log_prob, loss_mode)`` (an estimate of KL(student || teacher)), clamped to
+    ``[-loss_max_clamp, loss_max_clamp]`` when given. ``use_policy_gradient=False``: the loss is ``d``.
+    ``True``: :func:`clipped_policy_loss` with advantages ``-d`` (detached), ``old_log_prob`` and
+    ``clip_ratios = (low, high, c)``, times ``rollout_is_weights`` when given (as verl: the direct loss is not
+    weighted); 0 off the mask. Returns the
+    ``[B, R]`` loss (aggregate with :func:`agg_loss`) and ``[B, R]`` stats: ``abs_loss`` (``|d|`` before the
+    clamp) and, with the policy gradient, ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``.
+    """
+    d = kl_penalty(log_prob, teacher_log_prob, loss_mode)
+    stats = {"abs_loss": d.detach().abs()}
+    if loss_max_clamp is not None:
+        d = d.clamp(-loss_max_clamp, loss_max_clamp)
+    if not use_policy_gradient:
+        return torch.where(mask.bool(), d, 0.0), stats
+    loss, pg = clipped_policy_loss(log_prob, old_log_prob, -d.detach(), mask, *clip_ratios,
+                                   rollout_is_weights=rollout_is_weights)
+    names = {"clipped": "pg_clipfrac", "clipped_lower": "pg_clipfrac_lower", "neg_log_ratio": "ppo_kl"}
+    return loss, {**stats, **{names[k]: v for k, v in pg.items()}}
+
+
 # --- value loss -----------------------------------------------------------------------------------
 
 
@@ -234,5 +271,5 @@ def value_loss(
 
 __all__ = [
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "LOG_RATIO_CLAMP", "GSPO_LOG_RATIO_CLAMP", "agg_loss",
-    "clipped_policy_loss", "gspo_policy_loss", "gpg_policy_loss", "value_loss", "kl_penalty",
+    "clipped_policy_loss", "gspo_policy_loss", "gpg_policy_loss", "value_loss", "kl_penalty", "distillation_loss",
 ]

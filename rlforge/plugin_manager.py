@@ -57,6 +57,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.algorithms.sppo",
     "rlforge.algorithms.vapo",
     "rlforge.algorithms.prime",
+    "rlforge.algorithms.distill",
     "rlforge.algorithms.dpo",
     "rlforge.algorithms.kto",
     "rlforge.algorithms.reward_model",

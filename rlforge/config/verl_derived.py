@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rlforge.config import verl_distill
 from rlforge.config import verl_layout as L
 from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
@@ -426,7 +427,7 @@ def val_only(c: Context) -> None:
 
 
 DERIVED: dict[str, Callable[[Context], None]] = {
-    "algorithm": algorithm, "parallel": L.parallel, "offload": L.offload, "grad_offload": L.grad_offload, "chat_template": chat_template,
+    "algorithm": algorithm, "distillation": verl_distill.distillation, "parallel": L.parallel, "offload": L.offload, "grad_offload": L.grad_offload, "chat_template": chat_template,
     "rollout_log_probs": rollout_log_probs, "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward,
     "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
     "grad_clip": T.grad_clip, "betas": T.betas, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
@@ -434,8 +435,8 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
 }
-# the order they run in: the algorithm and the parallel layout first (others read them), steps before warm-up
-ORDER = ("algorithm", "parallel", "offload", "grad_offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
+# the order they run in: the algorithm (distillation may turn it into opd) and the parallel layout first (others read them), steps before warm-up
+ORDER = ("algorithm", "distillation", "parallel", "offload", "grad_offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
          "overlong", "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip", "betas",
          "recompute", "entropy", "precision", "rollout_engine", "model_config", "lengths", "validation", "multi_turn", "multimodal",
          "loggers", "resume", "checkpoints", "val_only")

@@ -471,8 +471,7 @@ OTHER_RULES: dict[str, Rule] = {
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
     "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
     "skip.*": Ignore("read only with skip.*.enable (refused where true)"),
-    "distillation.enabled": Keep(off, "no teacher", "on-policy distillation from a teacher model"),
-    "distillation.*": Ignore("read only with distillation.enabled (refused where true: on-policy distillation)"),
+    "distillation.*": Derived("distillation"),
     "async_training.*": Keep(never, "", "verl's fully-async trainer (its staleness is a share of samples; rlforge's "
                                         "trainer.pipeline=async bounds it in whole updates, docs/pipelines.md)"),
     "rollout.*": Ignore("the separate rollout pool of verl's off-policy trainers (rlforge's engine shares the "

@@ -1,0 +1,153 @@
+"""On-policy distillation (``--algo opd``): GRPO whose policy also learns from a frozen teacher's log-probs of the
+tokens it sampled (Agarwal et al., "On-Policy Distillation of Language Models", arXiv:2306.13649; the policy-gradient
+form of Thinking Machines' "On-Policy Distillation", 2025). verl 0.9's ``distillation.*`` with an estimator loss.
+
+The teacher is a role of the dataflow (docs/plugins.md, "Add a role"): ``teacher`` (``distill_worker.TeacherWorker``)
+holds the causal LM of ``algorithm.teacher.path``, frozen, on ranks of its own (Ray: a pool of
+``algorithm.teacher.num_workers``; torchrun: one rank per process; local: in the driver's process). The flow:
+
+    rollout -> reward -> old_logprob [-> ref_logprob] -> teacher_logprob -> advantage -> update_actor -> sync
+
+Per response token ``d_t = kl_penalty(log pi(a_t), log pi_teacher(a_t), loss_mode)`` (student's log-probs at the
+rollout temperature with their gradient, the teacher's at temperature 1), clamped to ``+-loss_max_clamp``; then
+(``algorithms/functional.distillation_loss``):
+
+- ``use_policy_gradient=false`` (verl's default): ``d`` aggregated by ``actor.loss_agg_mode`` is the loss;
+- ``use_policy_gradient=true``: PPO clip (``clip_ratio_low/high``, dual clip ``clip_ratio_c``) with advantages
+  ``-d`` (detached) and the batch's old log-probs, aggregated the same way;
+- ``use_task_rewards=true`` (verl's default): GRPO's whole actor loss (task advantages, entropy, KL loss) plus
+  ``distillation_loss_coef`` x the distillation loss; ``false``: the distillation loss alone.
+
+Teacher and student must share the tokenizer (the rows' tokens are read as they are); a teacher with another
+vocabulary is refused when it loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from rlforge.algorithms.grpo import GRPO, GRPOConfig
+from rlforge.algorithms.names import KL_ESTIMATORS
+
+from rlforge import batch as B
+from rlforge.config.schema import option
+from rlforge.controller.remote import Role
+from rlforge.dataflow import DataFlow, Stage, StepContext
+from rlforge.errors import ConfigError
+from rlforge.hookspecs import hookimpl
+from rlforge.module import LossContext
+
+if TYPE_CHECKING:
+    import torch
+    from omegaconf import DictConfig
+    from rlforge.algorithms import functional as F
+else:
+    from rlforge.lazy import lazy_import
+
+    F = lazy_import("rlforge.algorithms.functional")
+
+TEACHER_LOG_PROBS = "teacher_log_probs"  # [B, R] the teacher's log-probs of the sampled response tokens
+
+
+@dataclass
+class TeacherConfig:
+    """The frozen teacher (verl: ``distillation.teacher_models.<name>``)."""
+
+    path: Optional[str] = None  # the teacher's causal LM (folder or Hub id); required (verl: model_path)
+    dtype: str = option("float32", choices=("float32", "bfloat16", "float16"))  # the teacher's weights and forward pass
+    device: str = "auto"  # auto (the rank's GPU if it has one, else cpu) | cpu | cuda | cuda:N
+    batch_size: int = option(16, ge=1)  # sequences per teacher forward pass (memory and speed only)
+    trust_remote_code: bool = False  # for the teacher's code
+    num_workers: int = option(1, ge=1)  # trainer.controller=ray: ranks of the teacher role (a resource pool of their own, ray.cpus_per_worker / gpus_per_worker each); torchrun: one per process
+
+
+@dataclass
+class DistillLossConfig:
+    """The distillation loss (verl: ``distillation.distillation_loss``; its defaults)."""
+
+    loss_mode: str = option("k3", choices=KL_ESTIMATORS)  # the per-token KL(student || teacher) estimator of the sampled tokens (verl: loss_mode; its top-k modes are not in rlforge)
+    use_policy_gradient: bool = False  # true: -d as the advantage of a PPO-clip term (use k1); false: d itself is the loss (use k3)
+    use_task_rewards: bool = True  # true: GRPO's actor loss on the task rewards + distillation_loss_coef x the distillation loss; false: the distillation loss alone
+    distillation_loss_coef: float = option(1.0, ge=0)  # weight of the distillation loss beside the task loss (use_task_rewards only)
+    loss_max_clamp: Optional[float] = option(None, gt=0)  # d clamped to [-c, c] before it is used; None = no clamp
+    clip_ratio_low: float = option(0.2, ge=0)  # use_policy_gradient: PPO clip below 1 (verl: clip_ratio_low)
+    clip_ratio_high: float = option(0.2, ge=0)  # use_policy_gradient: PPO clip above 1 (verl: clip_ratio_high)
+    clip_ratio_c: float = option(3.0, gt=1)  # use_policy_gradient: dual-clip bound where the advantage is negative
+
+
+@dataclass
+class OPDConfig(GRPOConfig):
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    distill: DistillLossConfig = field(default_factory=DistillLossConfig)
+
+
+class TeacherLogProbs(Stage):
+    """The teacher's log-probs of every sampled response token, from the ``teacher`` role's ranks."""
+
+    name = "teacher_logprob"
+    requires = frozenset({B.INPUT_IDS, B.ATTENTION_MASK, B.RESPONSES, B.RESPONSE_MASK})
+    produces = frozenset({TEACHER_LOG_PROBS})
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        teacher = ctx.workers.teacher.teacher_log_probs(batch)
+        batch[TEACHER_LOG_PROBS] = teacher
+        if B.OLD_LOG_PROBS in batch:  # the student before this step's update, as a reference figure
+            mask = batch[B.RESPONSE_MASK].to(teacher.dtype)
+            gap = (batch[B.OLD_LOG_PROBS] - teacher) * mask
+            ctx.log({"distillation/reverse_kl_k1": float(gap.sum() / mask.sum().clamp_min(1))})
+        return batch
+
+
+class OPD(GRPO):
+    """On-policy distillation from a frozen teacher, on top of GRPO's task advantages."""
+
+    config_class = OPDConfig
+    preset = {"algorithm": {"name": "opd"}, "rollout": {"n": 8}}
+
+    @classmethod
+    def validate_config(cls, config: DictConfig) -> None:
+        super().validate_config(config)
+        if not config.algorithm.teacher.path:
+            raise ConfigError("--algo opd distils from a teacher: set algorithm.teacher.path (a causal LM that "
+                              "shares the policy's tokenizer).")
+
+    def worker_roles(self) -> list[str]:
+        return [*super().worker_roles(), "teacher"]
+
+    def flow(self) -> DataFlow:
+        return super().flow().insert_after(Stage.OLD_LOGPROB, TeacherLogProbs())
+
+    def policy_loss(
+        self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        d = self.config.algorithm.distill
+        a = self.config.actor
+        mask = batch[B.RESPONSE_MASK].to(log_probs.dtype)
+        norm_length = self.config.algorithm.norm_length or self.config.rollout.max_new_tokens
+        loss_mat, stats = F.distillation_loss(
+            log_probs, batch[TEACHER_LOG_PROBS], batch[B.OLD_LOG_PROBS], mask, d.loss_mode, d.loss_max_clamp,
+            d.use_policy_gradient, (d.clip_ratio_low, d.clip_ratio_high, d.clip_ratio_c), self.is_weights(batch),
+        )
+
+        def agg(mat: torch.Tensor, mode: str = a.loss_agg_mode) -> torch.Tensor:
+            return F.agg_loss(mat, mask, mode, ctx.global_tokens, ctx.global_seqs, norm_length)
+
+        distill = agg(loss_mat)
+        metrics = {"distillation/loss": distill.item()}
+        metrics.update({f"distillation/{k}": agg(v.detach().to(mask.dtype), "token-mean").item()
+                        for k, v in stats.items()})
+        if not d.use_task_rewards:
+            if entropy is not None:
+                metrics["actor/entropy"] = agg(entropy.detach(), "token-mean").item()
+            return distill, metrics
+        loss, task = super().policy_loss(batch, log_probs, entropy, ctx)
+        return loss + d.distillation_loss_coef * distill, {**task, **metrics}
+
+
+@hookimpl
+def rlforge_register(registry: Any) -> None:
+    registry.role.register("teacher", Role("rlforge.algorithms.distill_worker:TeacherWorker", pool="teacher",
+                                           ranks="algorithm.teacher.num_workers"),
+                           description="on-policy distillation's frozen teacher on ranks of its own")
+    registry.algorithm.register("opd", OPD)

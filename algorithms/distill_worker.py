@@ -1,0 +1,57 @@
+"""The ``teacher`` role of on-policy distillation (``algorithms/distill.py``): the frozen teacher on ranks of its own.
+
+Each rank loads the causal LM of ``algorithm.teacher.path`` (on ``algorithm.teacher.device``: ``auto`` is the GPU the
+rank was given, else the CPU) and scores its share of the rows (the ``rows`` dispatch: no collectives, any number of
+rows). Its own module so that registering ``opd`` (``rlforge algos``) does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlforge import batch as B
+from rlforge import ops
+from rlforge.controller.ray_workers import WorkerProcess
+from rlforge.errors import ConfigError
+from rlforge.worker import remote
+
+if TYPE_CHECKING:
+    from rlforge.build import Builder
+    from rlforge.module import RLModule
+
+
+class TeacherWorker(WorkerProcess):
+    """One rank of the ``teacher`` role: the teacher's log-probs of the sampled response tokens."""
+
+    def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
+        from rlforge.models import load_model, load_tokenizer
+        from rlforge.tools.export import model_folder
+
+        t = self.options = builder.config.algorithm.teacher
+        folder = model_folder(t.path)
+        teacher_vocab = load_tokenizer(folder, trust_remote_code=t.trust_remote_code,
+                                       key="algorithm.teacher.path").get_vocab()
+        if teacher_vocab != module.tokenizer.get_vocab():
+            raise ConfigError(f"'algorithm.teacher.path' ({t.path}) has another tokenizer than the policy "
+                              f"({len(teacher_vocab)} vs {len(module.tokenizer.get_vocab())} tokens, or the same "
+                              f"number with other ids): on-policy distillation reads the policy's sampled tokens "
+                              f"with the teacher, so both must share one vocabulary.")
+        self.device = torch.device("cuda" if t.device == "auto" and torch.cuda.is_available() else
+                                   "cpu" if t.device == "auto" else t.device)
+        model = load_model(str(folder), t.dtype, t.trust_remote_code, key="algorithm.teacher.path")
+        self.model = model.requires_grad_(False).eval().to(self.device)
+
+    @remote("rows", "concat")
+    @torch.no_grad()
+    def teacher_log_probs(self, batch: B.Batch) -> torch.Tensor:
+        """The teacher's log-probs (temperature 1) of each row's response tokens [B, R] in fp32, 0 at padding; in
+        batches of ``algorithm.teacher.batch_size``."""
+        ids, mask, width = batch[B.INPUT_IDS], batch[B.ATTENTION_MASK], batch[B.RESPONSES].shape[1]
+        size = self.options.batch_size
+        mm = batch[B.MULTI_MODAL_INPUTS] if B.MULTI_MODAL_INPUTS in batch else None
+        parts = [ops.response_logprobs(self.model, ids[i:i + size].to(self.device), mask[i:i + size].to(self.device),
+                                       width, multi_modal=None if mm is None else mm[i:i + size])[0].float().cpu()
+                 for i in range(0, len(ids), size)]
+        return torch.cat(parts) * batch[B.RESPONSE_MASK].float()

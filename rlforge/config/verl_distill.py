@@ -1,0 +1,105 @@
+"""verl 0.9's on-policy distillation (``distillation.*``) as rlforge's ``--algo opd`` (algorithms/distill.py).
+
+verl adds a teacher's distillation loss to any estimator; rlforge's ``opd`` is GRPO with it, so a launch on
+``adv_estimator=grpo`` maps and one on another estimator is refused naming it. One teacher: verl's routing of samples
+to several teachers by ``distillation.teacher_key`` (MOPD) is refused. The estimator losses (``k1``/``kl``, ``abs``,
+``k2``/``mse``, ``k3``/``low_var_kl``) map; the top-k losses, which need the teacher's top-k log-probs and the
+student's full distribution in the loss, are refused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlforge.config.verl_fates import Context
+
+D, L = "distillation", "distillation.distillation_loss"
+ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl's estimator losses: kl_penalty's names
+PLACEMENT = ("the teacher's devices and inference engine (rlforge's teacher is a forward pass of the Hugging Face "
+             "model on ranks of the teacher role: algorithm.teacher.num_workers, .device, .batch_size); what is "
+             "computed does not change")
+
+
+def teachers(c: Context) -> dict[str, str]:
+    """The teachers a launch names: ``teacher_models.<name>`` entries with a model_path (verl's default entry has
+    none)."""
+    prefix = f"{D}.teacher_models."
+    names = {k[len(prefix):].split(".", 1)[0] for k in c.owned if k.startswith(prefix)}
+    return {n: c.get(f"{prefix}{n}.model_path") for n in sorted(names) if c.get(f"{prefix}{n}.model_path")}
+
+
+def distillation(c: Context) -> None:
+    """On-policy distillation: ``enabled`` picks ``--algo opd`` (on GRPO); the loss keys and the one teacher's path
+    map, the teacher's placement and inference engine are ignored, and the rest is read only when enabled."""
+    if not c.get(f"{D}.enabled"):
+        c.same(f"{D}.enabled", "no teacher")
+        for key in c.owned:
+            c.ignore(key, "read only with distillation.enabled")
+        return
+    if c.algorithm != "grpo":
+        c.refuse(f"{D}.enabled", f"on-policy distillation on adv_estimator={c.get('algorithm.adv_estimator')} "
+                                 f"(rlforge's --algo opd is GRPO with a teacher)")
+    else:
+        c.map(f"{D}.enabled", "--algo", "opd")
+        c.algorithm = "opd"
+    found = teachers(c)
+    if not found:
+        c.refuse(f"{D}.enabled", "distillation without a teacher (no teacher_models.<name>.model_path)")
+    for name, path in found.items():
+        key = f"{D}.teacher_models.{name}.model_path"
+        if len(found) == 1:
+            c.map(key, "algorithm.teacher.path", path)
+        else:
+            c.refuse(key, f"several teachers routed by teacher_key ({', '.join(found)}): rlforge's opd distils "
+                          f"from one")
+    if len(found) > 1:
+        c.refuse(f"{D}.teacher_key", f"several teachers routed by teacher_key ({', '.join(found)})")
+    c.ignore(f"{D}.teacher_key", "one teacher: every sample goes to it")
+    mode = c.get(f"{L}.loss_mode")
+    if mode in ESTIMATORS:
+        c.map(f"{L}.loss_mode", "algorithm.distill.loss_mode", mode)
+    else:
+        c.refuse(f"{L}.loss_mode", f"the top-k distillation loss {mode} (the teacher's top-k log-probs against the "
+                                   f"student's full distribution)")
+    for key in (f"{L}.topk", f"{L}.log_prob_min_clamp"):
+        c.ignore(key, "read only by the top-k losses (loss_mode=*_topk)")
+    task, pg = bool(c.get(f"{L}.use_task_rewards")), bool(c.get(f"{L}.use_policy_gradient"))
+    c.map(f"{L}.use_task_rewards", "algorithm.distill.use_task_rewards", task)
+    c.map(f"{L}.use_policy_gradient", "algorithm.distill.use_policy_gradient", pg)
+    c.map(f"{L}.loss_max_clamp", "algorithm.distill.loss_max_clamp", c.get(f"{L}.loss_max_clamp"))
+    if task:
+        c.map(f"{L}.distillation_loss_coef", "algorithm.distill.distillation_loss_coef",
+              c.get(f"{L}.distillation_loss_coef"))
+    else:
+        c.ignore(f"{L}.distillation_loss_coef", "read only with use_task_rewards (the distillation loss alone has "
+                                                "weight 1)")
+    policy_gradient(c, pg)
+    for key in c.owned:
+        if key.startswith(f"{D}.teacher_models.") or key in (f"{D}.n_gpus_per_node", f"{D}.nnodes"):
+            c.ignore(key, PLACEMENT)
+
+
+def policy_gradient(c: Context, pg: bool) -> None:
+    """The PPO-clip term of ``use_policy_gradient``: verl's vanilla loss with the distillation section's clip ratios
+    (``clip_ratio_low``/``high``, each ``clip_ratio`` where null) and its dual clip 3.0."""
+    keys = [f"{L}.{k}" for k in ("policy_loss_mode", "clip_ratio", "clip_ratio_low", "clip_ratio_high")]
+    if not pg:
+        for key in keys:
+            c.ignore(key, "read only with use_policy_gradient")
+        return
+    mode = c.get(f"{L}.policy_loss_mode")
+    if mode == "vanilla":
+        c.same(f"{L}.policy_loss_mode", "PPO clip with dual clip 3.0 (verl's vanilla)")
+    else:
+        c.refuse(f"{L}.policy_loss_mode", f"policy_loss_mode={mode} for the distillation term (rlforge's opd uses "
+                                          f"PPO clip, verl's vanilla)")
+    ratio = c.get(f"{L}.clip_ratio")
+    for side in ("low", "high"):
+        value = c.get(f"{L}.clip_ratio_{side}")
+        c.map(f"{L}.clip_ratio_{side}", f"algorithm.distill.clip_ratio_{side}", ratio if value is None else value)
+    if c.get(f"{L}.clip_ratio_low") is not None and c.get(f"{L}.clip_ratio_high") is not None:
+        c.ignore(f"{L}.clip_ratio", "clip_ratio_low and clip_ratio_high are both set (verl reads clip_ratio only for a "
+                                    "null one)")
+    else:
+        c.same(f"{L}.clip_ratio", "the clip ratio of the null side")

@@ -1,0 +1,116 @@
+"""On-policy distillation (``--algo opd``, algorithms/distill.py): the loss by hand, its configuration errors, and a
+student that moves toward a teacher on the ``teacher`` role."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlforge import Trainer, load_config
+from rlforge import batch as B
+from rlforge.algorithms import functional as F
+from rlforge.algorithms.distill import OPD, TEACHER_LOG_PROBS
+from rlforge.algorithms.grpo import GRPO
+from rlforge.module import LossContext
+from rlforge.errors import RLForgeError
+
+S = torch.tensor([[-1.0, -2.0, -0.5]])  # the student's log-probs of three sampled tokens
+T = torch.tensor([[-1.5, -0.5, -0.5]])  # the teacher's
+MASK = torch.tensor([[1.0, 1.0, 0.0]])
+
+
+def test_the_direct_loss_is_the_kl_estimate_on_the_mask():
+    loss, stats = F.distillation_loss(S, T, S, MASK, "k1")
+    assert loss.tolist() == [[0.5, -1.5, 0.0]]  # log s - log t
+    assert stats["abs_loss"].tolist() == [[0.5, 1.5, 0.0]]
+    loss, _ = F.distillation_loss(S, T, S, MASK, "k3")
+    # k3 = exp(t - s) - (t - s) - 1: row 0 t - s = -0.5 -> e^-0.5 - 0.5; t - s = 1.5 -> e^1.5 - 2.5
+    assert loss[0, :2].tolist() == pytest.approx([math.exp(-0.5) - 0.5, math.exp(1.5) - 2.5])
+
+
+def test_the_clamp_bounds_the_loss_both_ways():
+    loss, stats = F.distillation_loss(S, T, S, MASK, "k1", loss_max_clamp=1.0)
+    assert loss.tolist() == [[0.5, -1.0, 0.0]]
+    assert stats["abs_loss"][0, 1].item() == 1.5  # before the clamp
+
+
+def test_the_policy_gradient_form_is_ppo_clip_with_minus_d_as_the_advantage():
+    s = S.clone().requires_grad_(True)
+    loss, stats = F.distillation_loss(s, T, S, MASK, "k1", use_policy_gradient=True)
+    # ratio 1 (old = new): the loss is -A = d per token, and its gradient is -A = d per log-prob
+    assert loss.tolist() == [[0.5, -1.5, 0.0]]
+    loss.sum().backward()
+    assert s.grad.tolist() == [[0.5, -1.5, 0.0]]
+    assert {"pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "abs_loss"} == set(stats)
+    # a ratio above 1 + high where A > 0 is clipped: token 1's d is now -2.0 + 0.5 + 0.5 = -1, A = 1, ratio e^0.5 > 1.2
+    # -> the loss is -1 * 1.2
+    loss, stats = F.distillation_loss(S + 0.5, T, S, MASK, "k1", use_policy_gradient=True,
+                                      clip_ratios=(0.2, 0.2, 3.0))
+    assert loss[0, 1].item() == pytest.approx(-1.2)
+    assert stats["pg_clipfrac"][0, 1].item() == 1.0
+
+
+def _config(tmp_path, *extra):
+    return load_config("opd", [f"trainer.runs_root={tmp_path}", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
+                               "rollout.n=2", "rollout.max_new_tokens=4", "trainer.val_before_train=false",
+                               "trainer.val_every=0", "trainer.progress=false", "logger.backends=[jsonl]",
+                               "trainer.save_every=0", *extra])
+
+
+def test_a_teacher_is_required(tmp_path):
+    with pytest.raises(RLForgeError, match="set algorithm.teacher.path"):
+        _config(tmp_path)
+
+
+def test_a_teacher_with_another_vocabulary_is_refused(tmp_path):
+    from rlforge.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer("builtin:tiny-arith")
+    tokenizer.add_tokens(["<extra>"])
+    folder = tmp_path / "other"
+    model = load_model("builtin:tiny-arith")
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(RLForgeError, match="has another tokenizer than the policy"):
+        Trainer(_config(tmp_path, f"algorithm.teacher.path={folder}", "trainer.total_steps=1")).fit()
+
+
+def _teacher_batch(module):
+    g = torch.Generator().manual_seed(0)
+    batch = B.Batch({B.RESPONSE_MASK: torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
+                     B.OLD_LOG_PROBS: -torch.rand(2, 3, generator=g), TEACHER_LOG_PROBS: -torch.rand(2, 3, generator=g),
+                     B.TOKEN_LEVEL_REWARDS: torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])}, {B.UID: ["a", "a"]})
+    return module.advantages(batch)
+
+
+@pytest.mark.parametrize("task", [True, False])
+def test_the_actor_loss_is_the_task_loss_plus_the_weighted_distillation_loss(tmp_path, task):
+    cfg = _config(tmp_path, "algorithm.teacher.path=builtin:tiny-arith", f"algorithm.distill.use_task_rewards={task}",
+                  "algorithm.distill.distillation_loss_coef=0.5", "algorithm.distill.loss_mode=k3")
+    module = OPD(cfg)
+    batch = _teacher_batch(module)
+    log_probs = batch[B.OLD_LOG_PROBS] + 0.1
+    mask = batch[B.RESPONSE_MASK].float()
+    ctx = LossContext(global_tokens=float(mask.sum()), global_seqs=2.0)
+    loss, metrics = module.policy_loss(batch, log_probs, None, ctx)
+    d, _ = F.distillation_loss(log_probs, batch[TEACHER_LOG_PROBS], batch[B.OLD_LOG_PROBS], mask, "k3")
+    distill = F.agg_loss(d, mask, "token-mean", float(mask.sum()), 2.0)
+    task_loss = GRPO.policy_loss(module, batch, log_probs, None, ctx)[0]
+    expected = task_loss + 0.5 * distill if task else distill  # verl: the coefficient weighs it only beside the task
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert metrics["distillation/loss"] == pytest.approx(distill.item(), rel=1e-6)
+    assert ("actor/pg_loss" in metrics) is task
+
+
+def test_two_steps_place_the_teacher_and_log_the_distillation(tmp_path):
+    trainer = Trainer(_config(tmp_path, "algorithm.teacher.path=builtin:tiny-arith", "trainer.total_steps=2",
+                              "algorithm.distill.use_policy_gradient=true", "algorithm.distill.loss_mode=k1"))
+    trainer.fit()
+    first, second = trainer.history[:2]
+    # the teacher is the policy's initial weights: before the first update they agree to float rounding
+    assert abs(first["distillation/reverse_kl_k1"]) < 1e-5
+    assert second["distillation/abs_loss"] > 0
+    assert {"distillation/loss", "distillation/pg_clipfrac", "actor/pg_loss"} <= set(second)
