@@ -26,6 +26,9 @@ REPRESENTATIVE = {
     "examples/ppo_trainer/run_qwen3_8b_megatron.sh": "pipeline parallelism",  # megatron
     "partial_rollout/run/run_qwen3-0.6b_gsm8k_grpo_tool_baseline.sh": "tool classes",  # multi-turn tool GRPO
     "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh": None,  # SFT (its schedule: verl's, through transformers)
+    # on-policy distillation (k1 as a policy gradient, no task rewards); the teacher is the tiny model too (_local)
+    "examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh": None,
+    "examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh": "several teachers",
 }
 EXTRA = {"dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": [  # main_dapo's config; its overlong window within 8 tokens
     "--config-name=dapo_trainer", "data.gen_batch_size=2", "algorithm.filter_groups.max_num_gen_batches=2",
@@ -48,7 +51,9 @@ def _local(launch: dict, tmp_path, model, data) -> list[str]:
             "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.device=cpu", "trainer.total_training_steps=1",
             "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console]",
             "trainer.resume_mode=disable", f"trainer.default_local_dir={tmp_path}/run", f"critic.model.path={model}",
-            "critic.ppo_micro_batch_size_per_gpu=2", "data.filter_overlong_prompts=True"]
+            "critic.ppo_micro_batch_size_per_gpu=2", "data.filter_overlong_prompts=True",
+            *([f"distillation.teacher_models.teacher_model.model_path={model}"]
+              if "distillation.enabled=True" in launch["args"] else [])]
 
 
 @pytest.fixture(scope="module")
