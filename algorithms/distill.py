@@ -3,8 +3,9 @@ tokens it sampled (Agarwal et al., "On-Policy Distillation of Language Models", 
 form of Thinking Machines' "On-Policy Distillation", 2025). verl 0.9's ``distillation.*`` with an estimator loss.
 
 The teacher is a role of the dataflow (docs/plugins.md, "Add a role"): ``teacher`` (``distill_worker.TeacherWorker``)
-holds the causal LM of ``algorithm.teacher.path``, frozen, on ranks of its own (Ray: a pool of
-``algorithm.teacher.num_workers``; torchrun: one rank per process; local: in the driver's process). The flow:
+holds the causal LM of ``algorithm.teacher.path`` (unset: the policy's initial weights, ``model.path``), frozen, on
+ranks of its own (Ray: a pool of ``algorithm.teacher.num_workers``; torchrun: one rank per process; local: in the
+driver's process). The flow:
 
     rollout -> reward -> old_logprob [-> ref_logprob] -> teacher_logprob -> advantage -> update_actor -> sync
 
@@ -34,13 +35,11 @@ from rlforge import batch as B
 from rlforge.config.schema import option
 from rlforge.controller.remote import Role
 from rlforge.dataflow import DataFlow, Stage, StepContext
-from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import LossContext
 
 if TYPE_CHECKING:
     import torch
-    from omegaconf import DictConfig
     from rlforge.algorithms import functional as F
 else:
     from rlforge.lazy import lazy_import
@@ -54,7 +53,7 @@ TEACHER_LOG_PROBS = "teacher_log_probs"  # [B, R] the teacher's log-probs of the
 class TeacherConfig:
     """The frozen teacher (verl: ``distillation.teacher_models.<name>``)."""
 
-    path: Optional[str] = None  # the teacher's causal LM (folder or Hub id); required (verl: model_path)
+    path: Optional[str] = None  # the teacher's causal LM (folder, Hub id, builtin:NAME, run or checkpoint); None = model.path: the policy's initial weights, a self-distillation anchor (verl: model_path, required there)
     dtype: str = option("float32", choices=("float32", "bfloat16", "float16"))  # the teacher's weights and forward pass
     device: str = "auto"  # auto (the rank's GPU if it has one, else cpu) | cpu | cuda | cuda:N
     batch_size: int = option(16, ge=1)  # sequences per teacher forward pass (memory and speed only)
@@ -104,13 +103,6 @@ class OPD(GRPO):
 
     config_class = OPDConfig
     preset = {"algorithm": {"name": "opd"}, "rollout": {"n": 8}}
-
-    @classmethod
-    def validate_config(cls, config: DictConfig) -> None:
-        super().validate_config(config)
-        if not config.algorithm.teacher.path:
-            raise ConfigError("--algo opd distils from a teacher: set algorithm.teacher.path (a causal LM that "
-                              "shares the policy's tokenizer).")
 
     def worker_roles(self) -> list[str]:
         return [*super().worker_roles(), "teacher"]

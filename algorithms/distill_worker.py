@@ -1,6 +1,6 @@
 """The ``teacher`` role of on-policy distillation (``algorithms/distill.py``): the frozen teacher on ranks of its own.
 
-Each rank loads the causal LM of ``algorithm.teacher.path`` (on ``algorithm.teacher.device``: ``auto`` is the GPU the
+Each rank loads the causal LM of ``algorithm.teacher.path`` (unset: ``model.path``; on ``algorithm.teacher.device``: ``auto`` is the GPU the
 rank was given, else the CPU) and scores its share of the rows (the ``rows`` dispatch: no collectives, any number of
 rows). Its own module so that registering ``opd`` (``rlforge algos``) does not import torch.
 """
@@ -30,11 +30,12 @@ class TeacherWorker(WorkerProcess):
         from rlforge.tools.export import model_folder
 
         t = self.options = builder.config.algorithm.teacher
-        folder = model_folder(t.path)
+        path = t.path or builder.config.model.path  # unset: the policy's initial weights
+        folder = model_folder(path)
         teacher_vocab = load_tokenizer(folder, trust_remote_code=t.trust_remote_code,
                                        key="algorithm.teacher.path").get_vocab()
         if teacher_vocab != module.tokenizer.get_vocab():
-            raise ConfigError(f"'algorithm.teacher.path' ({t.path}) has another tokenizer than the policy "
+            raise ConfigError(f"'algorithm.teacher.path' ({path}) has another tokenizer than the policy "
                               f"({len(teacher_vocab)} vs {len(module.tokenizer.get_vocab())} tokens, or the same "
                               f"number with other ids): on-policy distillation reads the policy's sampled tokens "
                               f"with the teacher, so both must share one vocabulary.")

@@ -13,7 +13,7 @@ from rlforge.errors import RLForgeError
 from rlforge.plugin_manager import PluginManager
 from rlforge.testing import fake_controller
 
-ALGOS = ["dapo", "dpo", "dr_grpo", "gdpo", "gpg", "grpo", "gspo", "ipo", "kto", "opo", "orpo", "otb", "pf_ppo", "ppo", "prime",
+ALGOS = ["dapo", "dpo", "dr_grpo", "gdpo", "gpg", "grpo", "gspo", "ipo", "kto", "opd", "opo", "orpo", "otb", "pf_ppo", "ppo", "prime",
          "reinforce_pp", "reinforce_pp_baseline", "remax", "rloo", "rm", "simpo", "sppo", "tir_otb", "vapo"]
 CRITIC_ALGOS = {"ppo", "pf_ppo", "vapo"}
 

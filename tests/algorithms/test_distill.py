@@ -59,11 +59,6 @@ def _config(tmp_path, *extra):
                                "trainer.save_every=0", *extra])
 
 
-def test_a_teacher_is_required(tmp_path):
-    with pytest.raises(RLForgeError, match="set algorithm.teacher.path"):
-        _config(tmp_path)
-
-
 def test_a_teacher_with_another_vocabulary_is_refused(tmp_path):
     from rlforge.models import load_model, load_tokenizer
 

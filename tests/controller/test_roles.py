@@ -1,5 +1,5 @@
 """Roles a plugin adds (``registry.role``, docs/plugins.md "Add a role"): a third-party package, pip-installed, adds a
-``teacher`` role (a frozen copy of the policy on ranks of its own) and an algorithm whose flow calls it; the local and
+``anchor`` role (a frozen copy of the policy on ranks of its own) and an algorithm whose flow calls it; the local and
 Ray controllers place it. Under torchrun every process holds a rank of each role: PRIME's ``prm`` and the ``model``
 reward manager's ``reward_model`` train and score there."""
 
@@ -22,13 +22,13 @@ from tests.plugins.megatron_cpu import free_port
 from tests.plugin_dist import installed_package
 
 ROOT = Path(__file__).resolve().parents[2]
-DIST = "rlforge-teacher-role"
+DIST = "rlforge-anchor-role"
 QUICK = ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=2", "rollout.max_new_tokens=6",
          "data.arith.val_size=8", "trainer.val_every=0", "trainer.val_before_train=false", "trainer.progress=false",
          "trainer.total_steps=1", "logger.backends=[]"]
 
 PLUGIN = '''
-"""A third-party role: a frozen copy of the initial policy ("teacher") on ranks of its own, and GRPO that logs the
+"""A third-party role: a frozen copy of the initial policy ("anchor") on ranks of its own, and GRPO that logs the
 policy's KL to it (a distillation flow's first half)."""
 import torch
 
@@ -42,17 +42,17 @@ from rlforge.hookspecs import hookimpl
 from rlforge.worker import remote
 
 
-class TeacherWorker(WorkerProcess):
+class AnchorWorker(WorkerProcess):
     def build(self, builder, module, engine=True, initial_sync=True):
         from rlforge.models import load_model
 
-        self.teacher = load_model(builder.config.model.path).eval()
+        self.anchor = load_model(builder.config.model.path).eval()
         self.pid = __import__("os").getpid()
 
     @remote("rows", "concat")
-    def teacher_log_probs(self, batch):
+    def anchor_log_probs(self, batch):
         with torch.no_grad():
-            return ops.response_logprobs(self.teacher, batch[B.INPUT_IDS], batch[B.ATTENTION_MASK],
+            return ops.response_logprobs(self.anchor, batch[B.INPUT_IDS], batch[B.ATTENTION_MASK],
                                          batch[B.RESPONSES].shape[1])[0]
 
     @remote(collect="first")
@@ -60,66 +60,66 @@ class TeacherWorker(WorkerProcess):
         return self.pid
 
 
-class TeacherKL(Stage):
-    name = "teacher_kl"
+class AnchorKL(Stage):
+    name = "anchor_kl"
     requires = frozenset({B.OLD_LOG_PROBS})
 
     def run(self, ctx, batch):
-        teacher = ctx.workers.teacher.teacher_log_probs(batch)
+        anchor = ctx.workers.anchor.anchor_log_probs(batch)
         mask = batch[B.RESPONSE_MASK]
-        ctx.log({"teacher/kl": float(((batch[B.OLD_LOG_PROBS] - teacher) * mask).sum() / mask.sum()),
-                 "teacher/pid": float(ctx.workers.teacher.process_id())})
+        ctx.log({"anchor/kl": float(((batch[B.OLD_LOG_PROBS] - anchor) * mask).sum() / mask.sum()),
+                 "anchor/pid": float(ctx.workers.anchor.process_id())})
         return batch
 
 
-class GRPOWithTeacher(GRPO):
-    preset = {"algorithm": {"name": "grpo_teacher"}}
+class GRPOWithAnchor(GRPO):
+    preset = {"algorithm": {"name": "grpo_anchor"}}
 
     def worker_roles(self):
-        return [*super().worker_roles(), "teacher"]
+        return [*super().worker_roles(), "anchor"]
 
     def flow(self):
-        return super().flow().insert_after(Stage.OLD_LOGPROB, TeacherKL())
+        return super().flow().insert_after(Stage.OLD_LOGPROB, AnchorKL())
 
 
 @hookimpl
 def rlforge_register(registry):
-    registry.role.register("teacher", Role(TeacherWorker, pool="teacher"))
-    registry.algorithm.register("grpo_teacher", GRPOWithTeacher)
+    registry.role.register("anchor", Role(AnchorWorker, pool="anchor"))
+    registry.algorithm.register("grpo_anchor", GRPOWithAnchor)
 '''
 
 
 @pytest.fixture(scope="module")
-def teacher_plugin(tmp_path_factory):
-    with installed_package(tmp_path_factory.mktemp("teacher_dist"), DIST, "teacher_role",
-                           {"teacher_role": ("plugin", PLUGIN)}):
+def anchor_plugin(tmp_path_factory):
+    with installed_package(tmp_path_factory.mktemp("anchor_dist"), DIST, "anchor_role",
+                           {"anchor_role": ("plugin", PLUGIN)}):
         yield DIST
 
 
 def _fit(tmp_path, *extra):
-    trainer = Trainer(load_config("grpo_teacher", [f"trainer.runs_root={tmp_path}", *QUICK, *extra]))
+    trainer = Trainer(load_config("grpo_anchor", [f"trainer.runs_root={tmp_path}", *QUICK, *extra]))
     trainer.fit()
     return trainer
 
 
-def test_a_pip_installed_plugin_adds_a_role_the_local_controller_places(teacher_plugin, tmp_path, monkeypatch):
+def test_a_pip_installed_plugin_adds_a_role_the_local_controller_places(anchor_plugin, tmp_path, monkeypatch):
     monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
     trainer = _fit(tmp_path)
     (step,) = trainer.history
-    assert step["teacher/kl"] == pytest.approx(0.0, abs=1e-5)  # before the first update the policy is the teacher
-    assert step["teacher/pid"] == os.getpid()  # local: the role's one rank lives in this process
-    assert "teacher" in trainer.controller.workers
+    assert step["anchor/kl"] == pytest.approx(0.0, abs=1e-5)  # before the first update the policy is the anchor
+    assert step["anchor/pid"] == os.getpid()  # local: the role's one rank lives in this process
+    assert "anchor" in trainer.controller.workers
 
 
 @needs_ray
-def test_the_ray_controller_gives_the_plugin_role_ray_actors_of_its_own(teacher_plugin, tmp_path, monkeypatch):
+def test_the_ray_controller_gives_the_plugin_role_ray_actors_of_its_own(anchor_plugin, tmp_path, monkeypatch):
     monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     trainer = _fit(tmp_path, "trainer.controller=ray", "strategy.device=cpu", "ray.num_cpus=2")
     (step,) = trainer.history
-    assert step["teacher/kl"] == pytest.approx(0.0, abs=1e-6)
-    assert step["teacher/pid"] != os.getpid()
-    assert type(trainer.controller.workers.teacher.transport).__name__ == "RayTransport"
+    assert step["anchor/kl"] == pytest.approx(0.0, abs=1e-6)
+    assert step["anchor/pid"] != os.getpid()
+    assert type(trainer.controller.workers.anchor.transport).__name__ == "RayTransport"
 
 
 def _reward_model_folder(root: Path) -> Path:
@@ -156,7 +156,7 @@ class _NotAWorker:
 
 @pytest.mark.parametrize("role, message", [
     (_NotAWorker, r"is <class .*_NotAWorker'>, not a rlforge.controller.remote.Role"),
-    (Role("teacher_role.worker"), r"names its worker as 'teacher_role.worker'; give a class or 'package.module:Class'"),
+    (Role("anchor_role.worker"), r"names its worker as 'anchor_role.worker'; give a class or 'package.module:Class'"),
     (Role("no_such_package_xyz:Worker"), r"its worker 'no_such_package_xyz:Worker' cannot be imported"),
     (Role(_NotAWorker), r"is not a subclass of rlforge.controller.ray_workers.WorkerProcess"),
     (Role("rlforge.controller.ray_workers:RankWorker", ranks="trainer.project"), r"takes its number of ranks from "
