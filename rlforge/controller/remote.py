@@ -164,8 +164,14 @@ class WorkerGroup:
             except TypeError as exc:
                 raise RLForgeError(f"{self.role}.{name}{shown}: {exc}") from None
             bound.apply_defaults()
-            shares = dispatch(self, bound.args[1:])
             where = f"Dispatch mode '{mode}' (role '{self.role}', method {name})"
+            try:
+                shares = dispatch(self, bound.args[1:])
+            except (TypeError, AttributeError) as exc:  # arguments the mode cannot split (not a Batch where one goes)
+                given = ", ".join(type(a).__name__ for a in bound.args[1:])
+                raise RLForgeError(f"{where} cannot split the arguments {self.role}.{name}({given}): "
+                                   f"{type(exc).__name__}: {exc}. The batch modes (rows, dp_*, engine_rows) split "
+                                   f"an rlforge.batch.Batch given first.") from None
             if not isinstance(shares, Shares):
                 raise RLForgeError(f"{where} returned {type(shares).__name__}, not a "
                                    "rlforge.controller.dispatch.Shares.")

@@ -82,6 +82,9 @@ def test_declared_methods_are_bound_and_others_are_not(registry):
     assert group.load("s", rng=PerRank(["r0", "r1"])) == [(0, "s", "r0"), (1, "s", "r1")]  # keywords bind too
     with pytest.raises(RLForgeError, match=r"actor.load\(state, rng=None\): missing a required argument: 'state'"):
         group.load()  # the worker method's own signature, named with its role
+    with pytest.raises(RLForgeError, match=r"Dispatch mode 'dp_score' \(role 'actor', method compute_log_probs\) "
+                                           r"cannot split the arguments actor.compute_log_probs\(int, str\)"):
+        group.compute_log_probs(7)  # a number where a Batch goes
 
 
 @pytest.mark.parametrize(("world", "dp", "expected"), [
