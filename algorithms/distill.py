@@ -25,6 +25,7 @@ vocabulary is refused when it loads.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -35,11 +36,13 @@ from rlforge import batch as B
 from rlforge.config.schema import option
 from rlforge.controller.remote import Role
 from rlforge.dataflow import DataFlow, Stage, StepContext
+from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import LossContext
 
 if TYPE_CHECKING:
     import torch
+    from omegaconf import DictConfig
     from rlforge.algorithms import functional as F
 else:
     from rlforge.lazy import lazy_import
@@ -103,6 +106,13 @@ class OPD(GRPO):
 
     config_class = OPDConfig
     preset = {"algorithm": {"name": "opd"}, "rollout": {"n": 8}}
+
+    @classmethod
+    def validate_config(cls, config: DictConfig) -> None:
+        super().validate_config(config)
+        device = config.algorithm.teacher.device
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(device)):
+            raise ConfigError(f"'algorithm.teacher.device' is '{device}'. Allowed: auto, cpu, cuda or cuda:N.")
 
     def worker_roles(self) -> list[str]:
         return [*super().worker_roles(), "teacher"]

@@ -14,7 +14,7 @@ import torch
 from rlforge import batch as B
 from rlforge import ops
 from rlforge.controller.ray_workers import WorkerProcess
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.worker import remote
 
 if TYPE_CHECKING:
@@ -31,9 +31,13 @@ class TeacherWorker(WorkerProcess):
 
         t = self.options = builder.config.algorithm.teacher
         path = t.path or builder.config.model.path  # unset: the policy's initial weights
-        folder = model_folder(path)
+        key = "algorithm.teacher.path" if t.path else "model.path"
+        try:
+            folder = model_folder(path)
+        except RLForgeError as exc:
+            raise RLForgeError(f"{key}: {exc}") from None
         teacher_vocab = load_tokenizer(folder, trust_remote_code=t.trust_remote_code,
-                                       key="algorithm.teacher.path").get_vocab()
+                                       key=key).get_vocab()
         if teacher_vocab != module.tokenizer.get_vocab():
             raise ConfigError(f"'algorithm.teacher.path' ({path}) has another tokenizer than the policy "
                               f"({len(teacher_vocab)} vs {len(module.tokenizer.get_vocab())} tokens, or the same "
@@ -41,7 +45,7 @@ class TeacherWorker(WorkerProcess):
                               f"with the teacher, so both must share one vocabulary.")
         self.device = torch.device("cuda" if t.device == "auto" and torch.cuda.is_available() else
                                    "cpu" if t.device == "auto" else t.device)
-        model = load_model(str(folder), t.dtype, t.trust_remote_code, key="algorithm.teacher.path")
+        model = load_model(str(folder), t.dtype, t.trust_remote_code, key=key)
         self.model = model.requires_grad_(False).eval().to(self.device)
 
     @remote("rows", "concat")

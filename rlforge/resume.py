@@ -54,6 +54,9 @@ MAY_CHANGE = (
     # where the judge of reward.manager=generative is reached and how patiently (its model and prompt must stay)
     "reward.generative.base_url", "reward.generative.api_key_env", "reward.generative.max_concurrency",
     "reward.generative.timeout_s", "reward.generative.retries", "reward.generative.local_device",
+    # how many ranks the frozen models of the reward model and opd's teacher use, and their batch (the same results)
+    "reward.model.num_workers", "reward.model.batch_size", "algorithm.teacher.num_workers",
+    "algorithm.teacher.batch_size",
     "data.train_files", "data.val_files",  # the data itself is compared by its fingerprint
     "sft.*",  # options of `rlforge sft`, not read by `rlforge fit`
 )

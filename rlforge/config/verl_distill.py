@@ -37,31 +37,41 @@ def distillation(c: Context) -> None:
         for key in c.owned:
             c.ignore(key, "read only with distillation.enabled")
         return
-    if c.algorithm != "grpo":
-        c.refuse(f"{D}.enabled", f"on-policy distillation on adv_estimator={c.get('algorithm.adv_estimator')} "
-                                 f"(rlforge's --algo opd is GRPO with a teacher)")
-    else:
-        c.map(f"{D}.enabled", "--algo", "opd")
-        c.algorithm = "opd"
     found = teachers(c)
-    if not found:
-        c.refuse(f"{D}.enabled", "distillation without a teacher (no teacher_models.<name>.model_path)")
+    if c.algorithm != "grpo" or not found:  # verl requires a teacher; rlforge's opd would distil from the policy
+        c.refuse(f"{D}.enabled", "on-policy distillation without a teacher (no teacher_models.<name>.model_path)"
+                 if c.algorithm == "grpo" else f"on-policy distillation on adv_estimator="
+                 f"{c.get('algorithm.adv_estimator')} (rlforge's --algo opd is GRPO with a teacher)")
+        for key in c.owned:
+            c.ignore(key, "read only by on-policy distillation (refused: distillation.enabled)")
+        return
+    c.map(f"{D}.enabled", "--algo", "opd")
+    c.algorithm = "opd"
+    several = f"distillation from several teachers routed by teacher_key ({', '.join(found)})"
     for name, path in found.items():
         key = f"{D}.teacher_models.{name}.model_path"
         if len(found) == 1:
             c.map(key, "algorithm.teacher.path", path)
         else:
-            c.refuse(key, f"several teachers routed by teacher_key ({', '.join(found)}): rlforge's opd distils "
-                          f"from one")
+            c.refuse(key, several)
     if len(found) > 1:
-        c.refuse(f"{D}.teacher_key", f"several teachers routed by teacher_key ({', '.join(found)})")
+        c.refuse(f"{D}.teacher_key", several)
     c.ignore(f"{D}.teacher_key", "one teacher: every sample goes to it")
+    prefix = f"{D}.teacher_models."
+    for key in c.owned:
+        if key.startswith(prefix) and key.endswith(".key"):
+            c.ignore(key, "the teacher's routing key (one teacher: every sample goes to it)")
+        elif key.startswith(prefix) and key.endswith(".model_path"):
+            c.ignore(key, "an entry without a model (null): no teacher")
     mode = c.get(f"{L}.loss_mode")
     if mode in ESTIMATORS:
         c.map(f"{L}.loss_mode", "algorithm.distill.loss_mode", mode)
-    else:
+    elif str(mode).endswith(("_topk", "_topk_tail")):
         c.refuse(f"{L}.loss_mode", f"the top-k distillation loss {mode} (the teacher's top-k log-probs against the "
                                    f"student's full distribution)")
+    else:
+        c.refuse(f"{L}.loss_mode", f"distillation loss_mode={mode}, which verl 0.9.1 does not have either (its "
+                                   f"estimators: {', '.join(ESTIMATORS)}; its top-k losses: forward_kl_topk, ...)")
     for key in (f"{L}.topk", f"{L}.log_prob_min_clamp"):
         c.ignore(key, "read only by the top-k losses (loss_mode=*_topk)")
     task, pg = bool(c.get(f"{L}.use_task_rewards")), bool(c.get(f"{L}.use_policy_gradient"))

@@ -109,3 +109,58 @@ def test_two_steps_place_the_teacher_and_log_the_distillation(tmp_path):
     assert abs(first["distillation/reverse_kl_k1"]) < 1e-5
     assert second["distillation/abs_loss"] > 0
     assert {"distillation/loss", "distillation/pg_clipfrac", "actor/pg_loss"} <= set(second)
+
+
+def test_a_bad_teacher_device_is_a_config_error(tmp_path):
+    with pytest.raises(RLForgeError, match=r"'algorithm.teacher.device' is 'tpu'. Allowed: auto, cpu, cuda or cuda:N"):
+        _config(tmp_path, "algorithm.teacher.device=tpu")
+
+
+def test_the_teachers_batch_and_ranks_may_change_on_resume():
+    from rlforge.resume import may_change
+
+    assert may_change("algorithm.teacher.batch_size") and may_change("algorithm.teacher.num_workers")
+    assert not may_change("algorithm.teacher.path") and not may_change("algorithm.teacher.dtype")
+
+
+# --- verl's distillation.* -----------------------------------------------------------------------------------
+def _verl(*args):
+    from rlforge.config import verl
+    from rlforge.config.verl_launch import prepare
+
+    t = prepare(["trainer.n_gpus_per_node=4", "trainer.total_training_steps=5", "algorithm.adv_estimator=grpo",
+                 "actor_rollout_ref.rollout.name=vllm",
+                 "distillation.enabled=True", *args], refuse=False).translation
+    return t, {f.key: f for f in t.fates}, verl
+
+
+def test_verl_distillation_maps_to_opd_with_its_loss_keys():
+    t, fates, verl = _verl("distillation.teacher_models.teacher_model.model_path=Org/Teacher",
+                           "distillation.distillation_loss.loss_mode=k1",
+                           "distillation.distillation_loss.use_policy_gradient=True",
+                           "distillation.distillation_loss.use_task_rewards=False",
+                           "distillation.distillation_loss.loss_max_clamp=10.0")
+    assert t.algorithm == "opd" and not t.refused
+    assert {k: t.overrides[k] for k in t.overrides if k.startswith("algorithm.distill") or k == "algorithm.teacher.path"} \
+        == {"algorithm.teacher.path": "Org/Teacher", "algorithm.distill.loss_mode": "k1",
+            "algorithm.distill.use_policy_gradient": True, "algorithm.distill.use_task_rewards": False,
+            "algorithm.distill.loss_max_clamp": 10.0, "algorithm.distill.clip_ratio_low": 0.2,
+            "algorithm.distill.clip_ratio_high": 0.2}
+    assert fates["distillation.distillation_loss.distillation_loss_coef"].kind == verl.IGNORED  # no task rewards
+
+
+@pytest.mark.parametrize("args, refused, text", [
+    ([], "distillation.enabled", "on-policy distillation without a teacher"),
+    (["distillation.teacher_models.teacher_model.model_path=T", "algorithm.adv_estimator=gae"],
+     "distillation.enabled", "on-policy distillation on adv_estimator=gae"),
+    (["distillation.teacher_models.teacher_model.model_path=T", "+distillation.teacher_models.b.model_path=U"],
+     "distillation.teacher_key", "several teachers routed by teacher_key (b, teacher_model)"),
+    (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.loss_mode=bogus"],
+     "distillation.distillation_loss.loss_mode", "which verl 0.9.1 does not have either"),
+    (["distillation.teacher_models.teacher_model.model_path=T",
+      "distillation.distillation_loss.loss_mode=forward_kl_topk"],
+     "distillation.distillation_loss.loss_mode", "the top-k distillation loss forward_kl_topk"),
+])
+def test_verl_distillation_refusals_name_the_missing_feature(args, refused, text):
+    t, fates, verl = _verl(*args)
+    assert fates[refused].kind == verl.REFUSED and text in fates[refused].text, fates[refused]
