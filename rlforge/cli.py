@@ -104,7 +104,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def _from_verl(args: argparse.Namespace) -> int:
-    """``rlforge config from-verl VERL.yaml|ARGS... [--out FILE]``: translate, report every key, check the result."""
+    """``rlforge config from-verl VERL.yaml|ARGS... [--out FILE]``: translate, report every key, check the result.
+    Exit status 2 when a key is refused (the translation is written or shown all the same)."""
     from pathlib import Path
 
     import yaml
@@ -134,6 +135,10 @@ def _from_verl(args: argparse.Namespace) -> int:
             compose_with_plugins(None, str(out), [], loaded=_warn)  # the translation composes as it is
         print(f"wrote {out}: rlforge {'sft' if t.command == 'sft' else 'fit'} --config {out}"
               + (f" ({len(t.refused)} refused key(s) above)" if t.refused else ""))
+    if t.refused:  # the YAML is the rest of the launch: run as it is, it would train without what was refused
+        print(f"rlforge: {len(t.refused)} key(s) of this verl launch are REFUSED (above): the translation is not the "
+              "launch, and a run of it would go without them (exit status 2).", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -263,9 +263,11 @@ def test_hydra_prefixes_at_fit_get_a_hint(capsys) -> None:
 
 
 def test_from_verl_prints_the_translation_and_rlforge_verl_refuses_with_every_missing_feature(capsys) -> None:
-    assert main(["config", "from-verl", *BASE, "trainer.logger=[console,clearml]"]) == 0
+    assert main(["config", "from-verl", *BASE, "trainer.logger=[console,clearml]"]) == 2  # shown, and refused
     captured = capsys.readouterr()
     assert "trainer:" in captured.out and "REFUSED     trainer.logger" in captured.err
+    assert "1 key(s) of this verl launch are REFUSED" in captured.err
+    assert main(["config", "from-verl", *BASE]) == 0
     assert main(["verl", *BASE, "trainer.logger=[console,clearml]", f"{ARO}.actor.ulysses_sequence_parallel_size=2",
                  "algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=4"]) == 2
     err = capsys.readouterr().err
