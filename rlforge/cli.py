@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 
 
 def _warn(pm: Any) -> Any:
@@ -161,7 +161,13 @@ def cmd_verl(argv: list[str]) -> int:
         print("\n".join(t.report()))
         return 0
     print(f"rlforge: verl launch: {t.report()[0]}", file=sys.stderr)
-    pm, cfg = compose_with_plugins(None, None, [], loaded=_warn, base=(prepared.config, ORIGIN))
+    try:
+        pm, cfg = compose_with_plugins(None, None, [], loaded=_warn, base=(prepared.config, ORIGIN))
+    except ConfigError as exc:  # a value rlforge refuses, named by the verl key it came from
+        sources = [f"{f.key}={f.value}" for f in t.fates if f.target and f"'{f.target}'" in str(exc)]
+        if not sources:
+            raise
+        raise ConfigError(f"{exc} (from verl's {', '.join(sources)})") from None
     if t.command == "sft":
         from rlforge.sft import run_sft
 

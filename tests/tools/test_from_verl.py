@@ -273,3 +273,9 @@ def test_from_verl_prints_the_translation_and_rlforge_verl_refuses_with_every_mi
     err = capsys.readouterr().err
     # the critic's size above the actor's, and the logger
     assert "2 thing(s) rlforge does not have" in err and "critic (4) than for the actor (2" in err and "clearml" in err
+
+
+def test_a_value_rlforge_refuses_at_rlforge_verl_names_the_verl_key_it_came_from(capsys) -> None:
+    assert main(["verl", *BASE, f"{ARO}.actor.optim.lr=-1", "trainer.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "'actor.lr'" in err and f"(from verl's {ARO}.actor.optim.lr=-1" in err, err[-2000:]
