@@ -16,7 +16,8 @@
   a pool of its own, a plugin's role likewise (the ``model`` reward manager's ``reward_model`` has a pool of
   ``reward.model.num_workers`` ranks); the roles on one pool split each bundle's resources; the rollout group
   always has a pool of its own (``ray.rollout_cpus_per_worker``/``rollout_gpus_per_worker``). Placement that
-  cannot be satisfied within ``ray.placement_timeout_s`` fails with the cluster's resources in the message.
+  cannot be satisfied within ``ray.placement_timeout_s`` fails with the cluster's resources in the message; on a
+  local cluster (no ``ray.address``), pools that need more than it has fail at once.
 - Dispatch: prompts are split over the engines' workers for generation; training batches are split so that every
   rank gets its slice of every mini-batch (``shard_for_update``); results are gathered in order.
 - The reward manager runs here, in the driver (a learned reward model scores on its ``reward_model`` group). The
@@ -115,7 +116,7 @@ class ResourcePool:
     def __init__(self, ray: Any, name: str, ranks: int, cpus: float, gpus: float, cfg: Any, keys: str) -> None:
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        self.cpus, self.gpus = cpus, gpus
+        self.ranks, self.cpus, self.gpus = ranks, cpus, gpus
         bundle = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
         self.pg = placement_group([dict(bundle) for _ in range(ranks)], strategy=cfg.placement_strategy)
         if not self.pg.wait(timeout_seconds=cfg.placement_timeout_s):
@@ -266,9 +267,25 @@ class RayController(GroupController):
 
     def _pool(self, name: str, ranks: int, cpus: float, gpus: float, keys: str) -> ResourcePool:
         """A placement group of ``ranks`` bundles; ``keys``: the options that size it, named when it cannot be placed."""
+        if not self.config.ray.address:  # a local cluster cannot grow: what it cannot hold is refused at once
+            self._check_fits(name, ranks, {"CPU": cpus, "GPU": gpus}, keys)
         pool = ResourcePool(self.ray, name, ranks, cpus, gpus, self.config.ray, keys)
         self.pools.append(pool)
         return pool
+
+    def _check_fits(self, name: str, ranks: int, bundle: dict[str, float], keys: str) -> None:
+        """Refuse a pool that, with the pools already placed, needs more CPUs or GPUs than the local cluster has (it
+        would wait ``ray.placement_timeout_s`` for resources that cannot come)."""
+        total = _plain_resources(self.ray.cluster_resources())
+        for resource, each in bundle.items():
+            placed = sum(p.ranks * (p.cpus if resource == "CPU" else p.gpus) for p in self.pools)
+            if each and placed + ranks * each > total.get(resource, 0.0) + 1e-9:
+                raise RLForgeError(
+                    f"Ray cannot place the '{name}' pool ({ranks} x {resource} {each:g}): with the pools already "
+                    f"placed ({placed:g} {resource}) this run needs {placed + ranks * each:g} {resource}, and the local "
+                    f"cluster has {total.get(resource, 0.0):g} (ray.num_cpus={self.config.ray.num_cpus}; None = all of "
+                    f"this machine's). Lower {keys}, or give the cluster more (ray.num_cpus, or ray.address of a "
+                    f"bigger one).")
 
     def _group(self, role: str, pool: ResourcePool, share: float, n: int, dp: int) -> WorkerGroup:
         """``n`` Ray actors of ``role``'s worker class (``registry.role``) on ``pool``, started (not set up yet)."""

@@ -1,6 +1,7 @@
 """The Ray controller on a local CPU cluster: 2 ranks per role, FSDP over gloo, the shipped tiny model.
 
-- placement that cannot be satisfied fails within ray.placement_timeout_s, naming the cluster's resources;
+- placement that a local cluster cannot hold fails at once, naming its resources (a cluster at ray.address: within
+  ray.placement_timeout_s);
 - a GRPO run whose actor worker is killed mid-run stops with an error naming the worker and its role, and
   ``trainer.resume=auto`` continues from the last (full) checkpoint;
 - PPO (actor and critic groups) with sharded checkpoints, interrupted and resumed, ends with the same weights
@@ -69,11 +70,12 @@ def test_config_mistakes_fail_before_any_worker_starts(tmp_path, overrides, need
 
 
 @needs_ray
-def test_unsatisfiable_placement_fails_in_time_and_stops_its_cluster(tmp_path):
+def test_placement_a_local_cluster_cannot_hold_fails_at_once_and_stops_it(tmp_path):
     assert not ray.is_initialized()
-    cfg = _config(tmp_path, "ray.num_cpus=2", "ray.cpus_per_worker=4", "ray.placement_timeout_s=2")
-    with pytest.raises(RLForgeError, match=r"could not place the 'actor' pool \(2 x \{'CPU': 4\.0\}.*within "
-                                           r"ray.placement_timeout_s=2"):
+    cfg = _config(tmp_path, "ray.num_cpus=2", "ray.cpus_per_worker=4", "ray.placement_timeout_s=600")
+    # a local cluster cannot grow: refused at once, not after the timeout
+    with pytest.raises(RLForgeError, match=r"cannot place the 'actor' pool \(2 x CPU 4\).* this run needs 8 CPU, and "
+                                           r"the local cluster has 2 \(ray.num_cpus=2"):
         Trainer(cfg).fit()
     assert not ray.is_initialized()  # the controller started this cluster, so it shut it down
 
