@@ -162,18 +162,24 @@ class PolicyGradientModule(RLModule):
         """The rollout-correction weights column, or None when the batch has none."""
         return batch[ROLLOUT_IS_WEIGHTS] if ROLLOUT_IS_WEIGHTS in batch else None
 
+    def aggregate(self, mat: torch.Tensor, mask: torch.Tensor, ctx: LossContext, mode: str | None = None) -> torch.Tensor:
+        """This micro-batch's share of the mini-batch aggregate of ``mat`` [B, R] over ``mask`` (``agg_loss`` with
+        ``mode``, by default ``actor.loss_agg_mode``, and the mini-batch counts of ``ctx``)."""
+        norm_length = self.config.algorithm.norm_length or self.config.rollout.max_new_tokens
+        return F.agg_loss(mat, mask, mode or self.config.actor.loss_agg_mode, ctx.global_tokens, ctx.global_seqs,
+                          norm_length)
+
     def policy_loss(
         self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext
     ) -> tuple[torch.Tensor, dict[str, float]]:
         a = self.config.actor
         mask = batch[B.RESPONSE_MASK].to(log_probs.dtype)
-        norm_length = self.config.algorithm.norm_length or self.config.rollout.max_new_tokens
 
-        def agg(mat: torch.Tensor, mode: str = a.loss_agg_mode, on: torch.Tensor = mask) -> torch.Tensor:
-            return F.agg_loss(mat, on, mode, ctx.global_tokens, ctx.global_seqs, norm_length)
+        def agg(mat: torch.Tensor, mode: str | None = None, on: torch.Tensor = mask) -> torch.Tensor:
+            return self.aggregate(mat, on, ctx, mode)
 
         pg = self.policy_gradient_loss(batch, log_probs, mask)
-        pg_loss = agg(pg.loss, pg.agg_mode or a.loss_agg_mode, mask if pg.mask is None else pg.mask.to(mask.dtype))
+        pg_loss = agg(pg.loss, pg.agg_mode, mask if pg.mask is None else pg.mask.to(mask.dtype))
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.item()}
         for key, stat in pg.stats.items():

@@ -25,7 +25,6 @@ vocabulary is refused when it loads.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -33,10 +32,10 @@ from rlforge.algorithms.grpo import GRPO, GRPOConfig
 from rlforge.algorithms.names import KL_ESTIMATORS
 
 from rlforge import batch as B
+from rlforge.config.checks import check_device
 from rlforge.config.schema import option
 from rlforge.controller.remote import Role
 from rlforge.dataflow import DataFlow, Stage, StepContext
-from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import LossContext
 
@@ -110,9 +109,7 @@ class OPD(GRPO):
     @classmethod
     def validate_config(cls, config: DictConfig) -> None:
         super().validate_config(config)
-        device = config.algorithm.teacher.device
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(device)):
-            raise ConfigError(f"'algorithm.teacher.device' is '{device}'. Allowed: auto, cpu, cuda or cuda:N.")
+        check_device(config.algorithm.teacher.device, "algorithm.teacher.device")
 
     def worker_roles(self) -> list[str]:
         return [*super().worker_roles(), "teacher"]
@@ -124,16 +121,14 @@ class OPD(GRPO):
         self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext
     ) -> tuple[torch.Tensor, dict[str, float]]:
         d = self.config.algorithm.distill
-        a = self.config.actor
         mask = batch[B.RESPONSE_MASK].to(log_probs.dtype)
-        norm_length = self.config.algorithm.norm_length or self.config.rollout.max_new_tokens
         loss_mat, stats = F.distillation_loss(
             log_probs, batch[TEACHER_LOG_PROBS], batch[B.OLD_LOG_PROBS], mask, d.loss_mode, d.loss_max_clamp,
             d.use_policy_gradient, (d.clip_ratio_low, d.clip_ratio_high, d.clip_ratio_c), self.is_weights(batch),
         )
 
-        def agg(mat: torch.Tensor, mode: str = a.loss_agg_mode) -> torch.Tensor:
-            return F.agg_loss(mat, mask, mode, ctx.global_tokens, ctx.global_seqs, norm_length)
+        def agg(mat: torch.Tensor, mode: str | None = None) -> torch.Tensor:
+            return self.aggregate(mat, mask, ctx, mode)
 
         distill = agg(loss_mat)
         metrics = {"distillation/loss": distill.item()}

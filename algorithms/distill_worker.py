@@ -26,7 +26,7 @@ class TeacherWorker(WorkerProcess):
     """One rank of the ``teacher`` role: the teacher's log-probs of the sampled response tokens."""
 
     def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
-        from rlforge.models import load_model, load_tokenizer
+        from rlforge.models import frozen_model_device, load_model, load_tokenizer
         from rlforge.tools.export import model_folder
 
         t = self.options = builder.config.algorithm.teacher
@@ -43,8 +43,7 @@ class TeacherWorker(WorkerProcess):
                               f"({len(teacher_vocab)} vs {len(module.tokenizer.get_vocab())} tokens, or the same "
                               f"number with other ids): on-policy distillation reads the policy's sampled tokens "
                               f"with the teacher, so both must share one vocabulary.")
-        self.device = torch.device("cuda" if t.device == "auto" and torch.cuda.is_available() else
-                                   "cpu" if t.device == "auto" else t.device)
+        self.device = frozen_model_device(t.device)
         model = load_model(str(folder), t.dtype, t.trust_remote_code, key=key)
         self.model = model.requires_grad_(False).eval().to(self.device)
 
@@ -59,4 +58,4 @@ class TeacherWorker(WorkerProcess):
         parts = [ops.response_logprobs(self.model, ids[i:i + size].to(self.device), mask[i:i + size].to(self.device),
                                        width, multi_modal=None if mm is None else mm[i:i + size])[0].float().cpu()
                  for i in range(0, len(ids), size)]
-        return torch.cat(parts) * batch[B.RESPONSE_MASK].float()
+        return torch.cat(parts)

@@ -280,6 +280,12 @@ def load_processor(path: str, tokenizer: Any, trust_remote_code: bool = False, k
     return load(resolve_model_path(path, key), tokenizer, trust_remote_code)
 
 
+def frozen_model_device(name: str) -> torch.device:
+    """Where a frozen model (a reward model, a teacher, a local judge) runs: ``auto`` is the GPU when there is one,
+    else the CPU; other names (``cpu``, ``cuda``, ``cuda:N``; ``rlforge.config.checks.check_device``) as given."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+
+
 def model_vocab_size(folder: Path) -> int | None:
     """The embedding rows ``config.json`` declares (``vocab_size``, or its ``text_config``'s), or None."""
     config = model_config(folder)

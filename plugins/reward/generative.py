@@ -37,6 +37,7 @@ from rlforge.plugins.reward.rule import ERROR_SHARE, RewardFailure
 
 from rlforge import batch as B
 from rlforge.agent.workers import ToolLoop
+from rlforge.config.checks import check_device
 from rlforge.config.schema import option
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
@@ -253,13 +254,12 @@ class LocalJudge:
     sampled verdict leaves the training's random numbers alone)."""
 
     def __init__(self, config: Any, options: Any, registry: Any) -> None:
-        from rlforge.models import load_model, load_tokenizer
+        from rlforge.models import frozen_model_device, load_model, load_tokenizer
 
         self.options = options
         path = str(options.local_model)
         self.where = f"local judge {path} on the hf engine"
-        device = options.local_device
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        device = frozen_model_device(options.local_device)
         self.tokenizer = load_tokenizer(path, key=f"{KEY}.local_model")
         model = load_model(path).requires_grad_(False).eval().to(device)
         self.engine = registry.rollout.get("hf")(config, model, self.tokenizer)
@@ -305,8 +305,7 @@ class GenerativeRewardManager:
                               f"name, as the endpoint serves it.")
         if g.base_url and not str(g.base_url).startswith(("http://", "https://")):
             raise ConfigError(f"'{KEY}.base_url' is '{g.base_url}': write an http:// or https:// URL.")
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(g.local_device)):
-            raise ConfigError(f"'{KEY}.local_device' is '{g.local_device}'. Allowed: auto, cpu, cuda or cuda:N.")
+        check_device(g.local_device, f"{KEY}.local_device")
         template_fields(g.template)
         compile_pattern(g.score_pattern)
         if not g.score_max > g.score_min:

@@ -21,7 +21,6 @@ of ``reward.model.num_workers`` ranks, under torchrun one rank per process, else
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from rlforge.plugins.reward.rule import RuleRewardManager
 
 from rlforge import batch as B
+from rlforge.config.checks import check_device
 from rlforge.config.schema import option
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
@@ -84,8 +84,7 @@ class ModelRewardManager:
             raise ConfigError(f"'reward.model.path' does not exist: {m.path}.")
         if m.dtype not in DTYPES:
             raise ConfigError(f"'reward.model.dtype' is '{m.dtype}'. Allowed: {', '.join(DTYPES)}.")
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", m.device):
-            raise ConfigError(f"'reward.model.device' is '{m.device}'. Allowed: auto, cpu, cuda or cuda:N.")
+        check_device(m.device, "reward.model.device")
         if m.batch_size <= 0:
             raise ConfigError(f"'reward.model.batch_size' must be a positive integer, got {m.batch_size}.")
         if m.rule_weight and not m.rule:

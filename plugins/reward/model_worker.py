@@ -30,7 +30,7 @@ class RewardModelWorker(WorkerProcess):
 
     def load(self, config: Any, tokenizer: Any) -> None:
         """Load the reward model and its tokenizer; ``tokenizer`` is the policy's (the rows' tokens)."""
-        from rlforge.models import load_reward_model, load_tokenizer
+        from rlforge.models import frozen_model_device, load_reward_model, load_tokenizer
         from rlforge.plugins.reward.model import check_reward_model_folder
         from rlforge.tools.export import model_folder
 
@@ -38,8 +38,7 @@ class RewardModelWorker(WorkerProcess):
         folder = model_folder(m.path)
         check_reward_model_folder(folder, m.path)
         self.rm_tokenizer = load_tokenizer(folder, trust_remote_code=m.trust_remote_code)
-        self.device = torch.device("cuda" if m.device == "auto" and torch.cuda.is_available() else
-                                   "cpu" if m.device == "auto" else m.device)
+        self.device = frozen_model_device(m.device)
         model = load_reward_model(folder, self.rm_tokenizer.pad_token_id, m.dtype, m.trust_remote_code,
                                   key="reward.model.path")
         self.model = model.requires_grad_(False).eval().to(self.device)

@@ -3,6 +3,7 @@
 - :func:`check_values`: every field of every section (core, algorithm, components) against its declared
   :class:`~rlforge.config.schema.Valid` rule, and every float is finite. The rules live on the fields
   (``option(default, gt=0)``), so a plugin's options are checked like the core's.
+- :func:`check_device`: where a frozen model runs (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
 - :func:`check_model_folder`: a model folder's weights are safetensors (pickles are refused) and its context
   holds ``data.max_prompt_length + rollout.max_new_tokens``, read from ``config.json`` without loading anything.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlforge.errors import ConfigError
 
+DEVICE = r"auto|cpu|cuda(:\d+)?"  # the devices a frozen model's option names (rlforge.models.frozen_model_device)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # config.json keys that give a model's context length, most common first
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def check_device(value: Any, key: str) -> None:
+    """Raise a ConfigError naming ``key`` unless ``value`` is auto, cpu, cuda or cuda:N."""
+    if not re.fullmatch(DEVICE, str(value)):
+        raise ConfigError(f"'{key}' is '{value}'. Allowed: auto, cpu, cuda or cuda:N.")
 
 
 def check_values(node: DictConfig, prefix: str = "") -> None:

@@ -57,12 +57,6 @@ def distillation(c: Context) -> None:
     if len(found) > 1:
         c.refuse(f"{D}.teacher_key", several)
     c.ignore(f"{D}.teacher_key", "one teacher: every sample goes to it")
-    prefix = f"{D}.teacher_models."
-    for key in c.owned:
-        if key.startswith(prefix) and key.endswith(".key"):
-            c.ignore(key, "the teacher's routing key (one teacher: every sample goes to it)")
-        elif key.startswith(prefix) and key.endswith(".model_path"):
-            c.ignore(key, "an entry without a model (null): no teacher")
     mode = c.get(f"{L}.loss_mode")
     if mode in ESTIMATORS:
         c.map(f"{L}.loss_mode", "algorithm.distill.loss_mode", mode)
@@ -85,8 +79,13 @@ def distillation(c: Context) -> None:
         c.ignore(f"{L}.distillation_loss_coef", "read only with use_task_rewards (the distillation loss alone has "
                                                 "weight 1)")
     policy_gradient(c, pg)
-    for key in c.owned:
-        if key.startswith(f"{D}.teacher_models.") or key in (f"{D}.n_gpus_per_node", f"{D}.nnodes"):
+    prefix = f"{D}.teacher_models."
+    for key in c.owned:  # the rest of the teacher entries, and the teacher pool
+        if key.startswith(prefix) and key.endswith(".key"):
+            c.ignore(key, "the teacher's routing key (one teacher: every sample goes to it)")
+        elif key.startswith(prefix) and key.endswith(".model_path"):
+            c.ignore(key, "an entry without a model (null): no teacher")
+        elif key.startswith(prefix) or key in (f"{D}.n_gpus_per_node", f"{D}.nnodes"):
             c.ignore(key, PLACEMENT)
 
 
