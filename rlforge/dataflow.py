@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
+from rlforge.weight_sync import add_sync_metrics
 
 if TYPE_CHECKING:
     from rlforge.protocols import Controller
@@ -413,7 +414,7 @@ class SyncWeightsStage(Stage):
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         stats = ctx.controller.sync_weights()
-        ctx.log(stats.metrics())
+        add_sync_metrics(ctx.metrics, stats.metrics())
         ctx.call_hook("weight_sync_end", seconds=stats.seconds)
         return batch
 

@@ -12,7 +12,8 @@ usable backend with the highest ``preference`` among those that serve the run's 
   the actor's GPU memory into the engine that shares its GPU.
 
 Each sync is measured: :class:`SyncStats` (bytes the backend moved, seconds) becomes the step's ``weight_sync/bytes``
-and ``weight_sync/seconds`` metrics (the ``sync_weights`` stage; ``timing_s/update_weights`` is that stage's time).
+and ``weight_sync/seconds`` metrics, summed over the syncs of the step (``weight_sync/count``; the ``sync_weights``
+stage; ``timing_s/update_weights`` is that stage's time).
 """
 
 from __future__ import annotations
@@ -41,7 +42,20 @@ class SyncStats:
     seconds: float = 0.0
 
     def metrics(self) -> dict[str, float]:
-        return {"weight_sync/bytes": float(self.bytes), "weight_sync/seconds": self.seconds}
+        return {"weight_sync/bytes": float(self.bytes), "weight_sync/seconds": self.seconds, "weight_sync/count": 1.0}
+
+
+SYNC_METRICS = ("weight_sync/bytes", "weight_sync/seconds", "weight_sync/count")
+
+
+def add_sync_metrics(metrics: dict[str, float], synced: dict[str, float]) -> None:
+    """Add the ``weight_sync/*`` entries of ``synced`` (:meth:`SyncStats.metrics`, or a batch's rollout metrics) to a
+    step's ``metrics``, popping them from ``synced``. A step in which the engine got weights more than once (under an
+    off-policy pipeline: a snapshot the rollout thread loaded for this step's batch, and a sync of the idle engine
+    now) reports their sums, and ``weight_sync/count`` how many there were; one would otherwise hide the other."""
+    for key in SYNC_METRICS:
+        if key in synced:
+            metrics[key] = metrics.get(key, 0.0) + synced.pop(key)
 
 
 def timed(load: Any, *args: Any) -> SyncStats:

@@ -40,6 +40,7 @@ from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
 from rlforge.pipeline.base import Pipeline
 from rlforge.sampling import SEED_RANGE
+from rlforge.weight_sync import add_sync_metrics
 
 if TYPE_CHECKING:
     import torch
@@ -154,6 +155,7 @@ class OffPolicy(Pipeline):
         generated = self.buffer.popleft().result()
         generated[B.POLICY_VERSION] = torch.full((len(generated),), head.version, dtype=torch.long)
         staleness = (ctx.step - 1) - generated[B.POLICY_VERSION]
+        add_sync_metrics(ctx.metrics, head.metrics)  # the snapshot loaded for it, beside a sync of this step's
         return generated, {**head.metrics, "async/staleness/mean": float(staleness.double().mean()),
                            "async/staleness/max": float(staleness.max()), "async/policy_version": float(head.version),
                            "async/buffer/ready": float(ready)}

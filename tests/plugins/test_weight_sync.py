@@ -29,6 +29,7 @@ from rlforge.weight_sync import (
     WeightSync,
     WeightSyncError,
     adapter_weights,
+    add_sync_metrics,
     backend_class,
     collect_sync_stats,
     tensor_bytes,
@@ -87,7 +88,7 @@ def test_auto_picks_the_engines_most_preferred_backend_that_runs_here(pm):
 def test_sync_stats_sum_the_bytes_and_keep_the_slowest_engine():
     stats = collect_sync_stats(None, [SyncStats(10, 0.5), SyncStats(30, 0.2)], None)
     assert stats == SyncStats(40, 0.5)
-    assert stats.metrics() == {"weight_sync/bytes": 40.0, "weight_sync/seconds": 0.5}
+    assert stats.metrics() == {"weight_sync/bytes": 40.0, "weight_sync/seconds": 0.5, "weight_sync/count": 1.0}
     assert timed(lambda: None).bytes == 0  # an engine that does not count its bytes
 
 
@@ -195,6 +196,29 @@ def test_each_sync_is_logged_with_its_bytes_and_seconds(tmp_path, pipeline, sync
     synced = {h["step"]: h for h in trainer.history if "weight_sync/bytes" in h}
     assert sorted(synced) == synced_at
     assert all(h["weight_sync/bytes"] == full and h["weight_sync/seconds"] > 0 for h in synced.values())
+
+
+def test_syncs_of_one_step_add_up():
+    step = SyncStats(10, 0.5).metrics()
+    carried = {"reward/mean": 1.0, **SyncStats(30, 0.25).metrics()}
+    add_sync_metrics(step, carried)
+    assert step == {"weight_sync/bytes": 40.0, "weight_sync/seconds": 0.75, "weight_sync/count": 2.0}
+    assert carried == {"reward/mean": 1.0}  # taken out of the batch's metrics, which are logged after
+
+
+@pytest.mark.slow
+def test_a_checkpoint_between_syncs_loses_none_of_their_metrics(tmp_path):
+    """async, 2 ahead: the checkpoint of step 3 waits for batches 4 and 5, so at step 4 the engine is idle and is
+    synced at once (version 3, for batch 6) in the step that also reports the snapshot loaded for batch 4 (version
+    1): both count (the second hid the first before)."""
+    cfg = load_config("grpo", [*FAST, "trainer.pipeline=async", "trainer.max_staleness=2", "trainer.total_steps=6",
+                               "trainer.save_every=3", f"trainer.runs_root={tmp_path}"])
+    trainer = Trainer(cfg)
+    trainer.fit()
+    full = _bytes(trainer.module.actor)
+    synced = {h["step"]: h for h in trainer.history if "weight_sync/bytes" in h}
+    assert {s: h["weight_sync/count"] for s, h in synced.items()} == {4: 2.0, 5: 1.0}  # versions 1, 3; 2
+    assert synced[4]["weight_sync/bytes"] == 2 * full and synced[5]["weight_sync/bytes"] == full
 
 
 @needs_ray
