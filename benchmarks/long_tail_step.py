@@ -24,12 +24,21 @@ of its stages (``timing_s/*``: gen, log_prob = old + ref, update). Reported: hea
 rlforge's speed-up over TRL on each batch. ``--baseline-decoder FILE`` adds the contender ``rlforge-hf-baseline``:
 the hf engine decoding with another version of ``hf_decode.py`` (e.g. ``git show main:plugins/rollout/hf_decode.py``),
 to measure a change of the decoding loop in the same alternating run.
+
+``--partial-tokens T`` adds the contender ``rlforge-hf-partial`` on the heavy batch only: ``trainer.pipeline=partial
+trainer.partial_tokens=T`` (a long response continues over ``ceil(long / T)`` steps). Its first steps train only
+the short groups (the long ones have not ended yet), so it skips ``ceil(long / T) - 1`` more warm-up steps than the
+others: from then on every step trains the same response tokens (the short groups of its prompts and the long group
+of the prompts ``ceil(long / T) - 1`` steps before), which the round checks as for the others. Give it ``--steps``
+above its warm-up. Against the uniform batch of the sync pipeline, which reuses the engine's log-probs, it also
+recomputes the old log-probs (a forward pass: the lag makes them differ).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -122,6 +131,12 @@ def run_round(spec: dict) -> list[dict]:
         logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
         return [{"step": s, "tokens": h["completions/mean_length"] * p * g} for s, h in zip(timer.times, logs)]
     engine = spec["who"].split("-", 1)[1]
+    partial: tuple[str, ...] = ()
+    if engine.endswith("-partial"):
+        in_flight = p * g * math.ceil(spec["long"] / spec["partial_tokens"])  # the most rows a segment decodes
+        partial = ("trainer.pipeline=partial", f"trainer.partial_tokens={spec['partial_tokens']}",
+                   f"rollout.micro_batch_size={in_flight}")  # one decoding batch, as the others
+        engine = engine.removesuffix("-partial")
     if engine.endswith("-baseline"):  # before the engine's module imports it
         sys.modules["rlforge.plugins.rollout.hf_decode"] = load_decoder(Path(spec["decoder"]))
         engine = engine.removesuffix("-baseline")
@@ -130,7 +145,7 @@ def run_round(spec: dict) -> list[dict]:
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         history = rlforge_history(Path(folder), p, g, cap, steps, engine, overrides=(
             "data.name=files", f"data.train_files=[{data}]", "data.shuffle=false", "rollout.min_new_tokens=0",
-            f"data.max_prompt_length={max(sizes)}"))
+            f"data.max_prompt_length={max(sizes)}", *partial))
     out: list[dict] = []
     for h in history:
         row = {phase: sum(h.get(f"timing_s/{k}", 0.0) for k in keys) for phase, keys in RLFORGE_TIMINGS.items()}
@@ -190,6 +205,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--engines", default="hf", help=f"rlforge variants, comma-separated: {','.join(ENGINES)}")
     parser.add_argument("--no-trl", action="store_true", help="time rlforge only")
     parser.add_argument("--baseline-decoder", type=Path, help="another hf_decode.py: adds rlforge-hf-baseline")
+    parser.add_argument("--partial-tokens", type=int, help="adds rlforge-hf-partial (heavy batch only): "
+                        "trainer.pipeline=partial with this trainer.partial_tokens")
     parser.add_argument("--update-pass", action="store_true", help="only time the update's forward and backward on "
                         "the heavy batch, grouped by length and in one padded pass")
     parser.add_argument("--trl-python", default=sys.executable, help="interpreter of the environment with TRL")
@@ -207,7 +224,12 @@ def main() -> None:
     who_all = [f"rlforge-{e}" for e in args.engines.split(",")] + ([] if args.no_trl else ["trl"])
     if args.baseline_decoder:
         who_all.insert(1, "rlforge-hf-baseline")
+    if args.partial_tokens:
+        who_all.insert(1, "rlforge-hf-partial")
     rows: dict[str, dict[str, list[dict]]] = {who: {d: [] for d in DISTRIBUTIONS} for who in who_all}
+    for who in who_all:
+        if who.endswith("-partial"):
+            del rows[who]["uniform"]
     load_before, started = os.getloadavg(), time.strftime("%Y-%m-%d %H:%M")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "model"
@@ -226,22 +248,27 @@ def main() -> None:
             return
         for _ in range(args.rounds):
             for who in who_all:
-                for dist in DISTRIBUTIONS:
+                warmup = WARMUP + (math.ceil(args.long / args.partial_tokens) - 1 if who.endswith("-partial") else 0)
+                for dist in DISTRIBUTIONS[:1] if who.endswith("-partial") else DISTRIBUTIONS:
                     spec = {"who": who, "dist": dist, "folder": str(folder), "p": args.prompts, "g": args.samples,
                             "steps": args.steps, "short": args.short, "long": args.long,
                             "long_prompts": plan["long_prompts"], "uniform": plan["uniform_length"],
-                            "decoder": str(args.baseline_decoder)}
-                    got = round_output(args.trl_python if who == "trl" else sys.executable, __file__, spec)
+                            "decoder": str(args.baseline_decoder), "partial_tokens": args.partial_tokens}
+                    got = round_output(args.trl_python if who == "trl" else sys.executable, __file__, spec)[warmup:]
+                    if not got:
+                        raise SystemExit(f"{who}: --steps {args.steps} leaves no step after its {warmup} warm-up")
                     bad = [r["tokens"] for r in got if round(r["tokens"]) != plan["tokens"]]
                     if bad:
                         raise SystemExit(f"{who} {dist}: generated {bad} response tokens per step, not "
                                          f"{plan['tokens']}: the forced lengths did not hold.")
-                    rows[who][dist] += got[WARMUP:]
-                    print(f"{who} {dist}: " + " ".join(f"{r['step']:.3f}" for r in got[WARMUP:]) + " s/step",
+                    rows[who][dist] += got
+                    print(f"{who} {dist}: " + " ".join(f"{r['step']:.3f}" for r in got) + " s/step",
                           flush=True)
     median = {who: {d: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "tokens"}
                     for d, rs in by.items()} for who, by in rows.items()}
-    heavy_over_uniform = {who: m["heavy"]["step"] / m["uniform"]["step"] for who, m in median.items()}
+    # the partial pipeline's heavy steps against the sync pipeline's uniform ones (it runs no uniform batch)
+    heavy_over_uniform = {who: m["heavy"]["step"] / median[who.removesuffix("-partial")]["uniform"]["step"]
+                          for who, m in median.items()}
     result = {
         "size": args.size, "params": params, "P": args.prompts, "G": args.samples, "short": args.short,
         "long": args.long, **plan, "started": started, "load_average_before": load_before,
@@ -249,7 +276,7 @@ def main() -> None:
         "rows": rows,
     }
     if "trl" in median:
-        result["speedup_vs_trl"] = {who: {d: median["trl"][d]["step"] / m[d]["step"] for d in DISTRIBUTIONS}
+        result["speedup_vs_trl"] = {who: {d: median["trl"][d]["step"] / m[d]["step"] for d in m}
                                     for who, m in median.items() if who != "trl"}
     print(json.dumps({k: result[k] for k in ("median", "heavy_over_uniform", "speedup_vs_trl") if k in result},
                      indent=1))

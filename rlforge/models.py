@@ -220,14 +220,15 @@ def end_of_turn_id(tokenizer: Any) -> int | None:
     return next((i for i in tokenizer.encode(tail, add_special_tokens=False) if i in special), None)
 
 
-def stop_token_ids(tokenizer: Any, model: Any = None) -> list[int]:
-    """Every token id that ends a response: ``model.generation_config.eos_token_id`` (an id or a list), the
-    tokenizer's EOS and the chat template's end-of-turn token (``end_of_turn_id``), without repeats.
+def stop_token_ids(tokenizer: Any, model: Any = None, generation_config: Any = None) -> list[int]:
+    """Every token id that ends a response: ``model.generation_config.eos_token_id`` (an id or a list; or that of
+    ``generation_config``), the tokenizer's EOS and the chat template's end-of-turn token (``end_of_turn_id``),
+    without repeats.
 
     Chat models often end a turn with a token that is not the tokenizer's ``eos_token`` (Llama 3's
     ``<|eot_id|>``, ChatML's ``<|im_end|>``) and list it in ``generation_config.json`` only.
     """
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = getattr(generation_config or getattr(model, "generation_config", None), "eos_token_id", None)
     ids = [eos] if isinstance(eos, int) else list(eos or [])
     ids += [tokenizer.eos_token_id, end_of_turn_id(tokenizer)]
     found = list(dict.fromkeys(int(i) for i in ids if i is not None))
@@ -237,6 +238,20 @@ def stop_token_ids(tokenizer: Any, model: Any = None) -> list[int]:
             "and its chat template closes an assistant message with no special token (model.path)."
         )
     return found
+
+
+def generation_stop_ids(tokenizer: Any, path: str, trust_remote_code: bool = False) -> list[int]:
+    """:func:`stop_token_ids` of the model at ``path`` without loading its weights: from the generation config it
+    loads with (``generation_config.json``, else the one transformers derives from ``config.json``)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    folder = resolve_model_path(path)
+    try:
+        generation = GenerationConfig.from_pretrained(folder)
+    except OSError:  # no generation_config.json
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(
+            folder, trust_remote_code=trust_remote_code))
+    return stop_token_ids(tokenizer, generation_config=generation)
 
 
 def quiet_transformers() -> None:

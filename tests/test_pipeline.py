@@ -214,7 +214,7 @@ def test_invalid_combinations_fail_at_compose(tmp_path, pipeline, extra, says):
 
 @pytest.mark.parametrize(("extra", "says"), [
     ([ASYNC, "trainer.max_staleness=0"], "'trainer.max_staleness' must be a positive integer, got 0"),
-    (["trainer.max_staleness=2"], "trainer.max_staleness=2 bounds the lag of trainer.pipeline=async; "
+    (["trainer.max_staleness=2"], "trainer.max_staleness=2 is an option of trainer.pipeline=async; "
                                   "trainer.pipeline=sync has none. Set trainer.pipeline=async, or leave"),
     ([OFF, "trainer.max_staleness=2"], "trainer.pipeline=one_step_off lags exactly one update; for "
                                        "trainer.max_staleness=2 use trainer.pipeline=async"),

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from rlforge import multimodal
 from rlforge.errors import RLForgeError
 from rlforge.lazy import lazy_import
+from rlforge.lengths import length_groups
 from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -150,21 +151,26 @@ class Decoder:
                                "under autocast (a mixed model.precision): set rollout.hf.compile=false, or "
                                "model.precision=32-true or bf16-true.")
         config = self.model.config.get_text_config(decoder=True)
+        filled = False
         if not static:
             cache = DynamicCache(config=config)
         else:  # storage is allocated at the first forward
             cache = StaticCache(config=config, max_cache_len=length)
             if not self.compiled and all(type(layer) is StaticLayer for layer in cache.layers):
                 # plain attention in every layer (no sliding-window or linear-attention layers): read the filled part
-                cache = Cache(layers=[_filled_layer()(length) for _ in cache.layers])
+                cache, filled = Cache(layers=[_filled_layer()(length) for _ in cache.layers]), True
         mask = prompt_mask.new_ones(rows, length)  # later columns: causality hides the ones not written yet
         mask[:, :width] = prompt_mask
         position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
         vision = multimodal.forward_inputs(self.model, prompts, prompt_mask, multi_modal) if multi_modal else None
+        groups = length_groups(prompt_mask.sum(-1).tolist()) if filled and vision is None else [[]]
         vision = vision or {"position_ids": position}
-        out = self.model(input_ids=prompts, attention_mask=mask if self.compiled else prompt_mask,
-                         past_key_values=cache, cache_position=torch.arange(width, device=prompts.device),
-                         use_cache=True, logits_to_keep=1, **vision)
+        if len(groups) > 1:
+            out = self._prefill_by_length(prompts, prompt_mask, position, cache, groups)
+        else:
+            out = self.model(input_ids=prompts, attention_mask=mask if self.compiled else prompt_mask,
+                             past_key_values=cache, cache_position=torch.arange(width, device=prompts.device),
+                             use_cache=True, logits_to_keep=1, **vision)
         if vision["position_ids"].dim() == 3:  # M-RoPE (3, B, P): go on from the temporal row
             position = vision["position_ids"][0]
         sample = Sampler(params, self.stop_ids, prompts.device, self.banned)
@@ -193,3 +199,37 @@ class Decoder:
                             position_ids=position, past_key_values=cache,
                             cache_position=torch.tensor([width + t], device=prompts.device), use_cache=True)
         return tokens[:, :steps], log_probs[:, :steps]
+
+    def _prefill_by_length(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, position: torch.Tensor,
+                           cache: Any, groups: list[list[int]]) -> Any:
+        """The prompts' forward pass as one pass per group of rows of similar length (``lengths.length_groups``: where
+        the left padding of the short prompts would be most of a single pass's work, e.g. the long and short prompts
+        of partial rollouts), each trimmed to its longest prompt; their keys and values are then written into
+        ``cache`` (a filled-part cache, empty) in the left-padded layout of one pass. Returns an object whose
+        ``logits[:, -1]`` are each row's next-token logits, as the single pass's."""
+        from types import SimpleNamespace
+
+        from transformers import DynamicCache
+
+        rows, width = prompts.shape
+        lengths = prompt_mask.sum(-1)
+        config = self.model.config.get_text_config(decoder=True)
+        keys: list[tuple[torch.Tensor, torch.Tensor]] = []
+        logits: torch.Tensor | None = None
+        for group in groups:
+            idx = torch.tensor(group, device=prompts.device)
+            start = width - int(lengths[idx].max())
+            part = DynamicCache(config=config)
+            out = self.model(input_ids=prompts[idx, start:], attention_mask=prompt_mask[idx, start:],
+                             position_ids=position[idx, start:], past_key_values=part, use_cache=True, logits_to_keep=1)
+            if logits is None:
+                logits = out.logits.new_zeros(rows, 1, out.logits.shape[-1])
+            logits[idx] = out.logits[:, -1:]
+            for i, layer in enumerate(part.layers):
+                if len(keys) <= i:
+                    keys.append((layer.keys.new_zeros(rows, layer.keys.shape[1], width, layer.keys.shape[-1]),
+                                 layer.values.new_zeros(rows, layer.values.shape[1], width, layer.values.shape[-1])))
+                keys[i][0][idx, :, start:], keys[i][1][idx, :, start:] = layer.keys, layer.values
+        for layer, (k, v) in zip(cache.layers, keys):
+            layer.update(k, v)  # positions 0 .. width - 1, as the single pass writes them
+        return SimpleNamespace(logits=logits)

@@ -6,8 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 from rlforge import batch as B
-from rlforge.dataflow import DataFlow
+from rlforge.dataflow import DataFlow, OldLogProbStage, Stage, StepContext
 from rlforge.errors import ConfigError
+
+
+OPTIONS = {"max_staleness": "async", "partial_tokens": "partial"}  # trainer.<key>: the pipeline it belongs to
 
 
 class Pipeline:
@@ -19,13 +22,17 @@ class Pipeline:
     def __init__(self, config: Any) -> None:
         self.config = config
 
+    reads: tuple[str, ...] = ()  # the trainer options of OPTIONS this pipeline reads (the others must stay unset)
+
     @classmethod
     def validate_config(cls, config: Any) -> None:
         """Refuse options this pipeline cannot serve (at compose time, before any model loads)."""
-        if config.trainer.max_staleness is not None:
-            raise ConfigError(f"trainer.max_staleness={config.trainer.max_staleness} bounds the lag of "
-                              f"trainer.pipeline=async; trainer.pipeline={cls.name} has none. Set "
-                              f"trainer.pipeline=async, or leave trainer.max_staleness unset (null).")
+        for key, owner in OPTIONS.items():
+            value = config.trainer[key]
+            if value is not None and key not in cls.reads:
+                raise ConfigError(f"trainer.{key}={value} is an option of trainer.pipeline={owner}; "
+                                  f"trainer.pipeline={cls.name} has none. Set trainer.pipeline={owner}, or leave "
+                                  f"trainer.{key} unset (null).")
 
     def prepare(self, flow: DataFlow) -> DataFlow:
         """The flow this pipeline runs (before ``compile``)."""
@@ -48,3 +55,23 @@ class Pipeline:
 
     def close(self) -> None:
         """Wait for and release what the pipeline runs in the background."""
+
+    def off_policy_stages(self, flow: DataFlow, rollout: Stage, why: str) -> None:
+        """For a pipeline whose samples lag the trainer's weights: refuse other stages that generate during the step
+        (``why`` they cannot), and recompute the old log-probs with the trainer's weights."""
+        others = [s.name for s in flow.stages if s.uses_engine and s is not rollout]
+        if others:
+            raise ConfigError(f"trainer.pipeline={self.name}: stage '{others[0]}' of dataflow '{flow.name}' generates "
+                              f"during the step (e.g. algorithm.filter_groups=true, or ReMax's greedy baseline), "
+                              f"{why}. Use trainer.pipeline=sync.")
+        if Stage.OLD_LOGPROB in flow:
+            flow.replace(Stage.OLD_LOGPROB, RecomputedOldLogProb())
+
+
+class RecomputedOldLogProb(OldLogProbStage):
+    """The old log-probs from the trainer's current weights, always (the engine's are older): PPO's ratio and
+    rollout correction (``algorithm.rollout_is``) then see the lag."""
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        batch[B.OLD_LOG_PROBS] = ctx.workers.actor.compute_log_probs(batch, "actor")
+        return batch

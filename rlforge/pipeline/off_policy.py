@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from rlforge import batch as B
-from rlforge.dataflow import DataFlow, OldLogProbStage, RolloutStage, Stage, StepContext
+from rlforge.dataflow import DataFlow, RolloutStage, Stage, StepContext
 from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
 from rlforge.pipeline.base import Pipeline
@@ -81,6 +81,7 @@ class OffPolicy(Pipeline):
 
     name = "async"
     own_rollout_weights = True
+    reads = ("max_staleness",)
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -101,6 +102,7 @@ class OffPolicy(Pipeline):
 
     @classmethod
     def validate_config(cls, config: Any) -> None:
+        super().validate_config(config)
         key = f"trainer.pipeline={cls.name}"  # the controller checks that it can generate beside the training
         if config.actor.reuse_rollout_log_probs:
             raise ConfigError(f"{key} generates with weights older than the trainer's, so the old log-probs must "
@@ -121,18 +123,12 @@ class OffPolicy(Pipeline):
                               f"{'overrides run()' if isinstance(rollout, RolloutStage) else 'is no RolloutStage'}"
                               f" (a plugin's stage). Subclass RolloutStage and override rollout(), or use "
                               f"trainer.pipeline=sync.")
-        others = [s.name for s in flow.stages if s.uses_engine and s is not rollout]
-        if others:
-            raise ConfigError(f"{key}: stage '{others[0]}' of dataflow '{flow.name}' generates during the step (e.g. "
-                              f"algorithm.filter_groups=true, or ReMax's greedy baseline), while the engine is busy "
-                              f"with the next batches. {hint}")
+        self.off_policy_stages(flow, rollout, "while the engine is busy with the next batches")
         if Stage.SYNC_WEIGHTS not in flow:
             raise ConfigError(f"{key} needs the sync_weights stage in dataflow '{flow.name}' "
                               f"({' -> '.join(flow.names())}). {hint}")
         self.source = rollout
         flow.replace(rollout, LaggedRollout(self))
-        if Stage.OLD_LOGPROB in flow:
-            flow.replace(Stage.OLD_LOGPROB, RecomputedOldLogProb())
         flow.remove(Stage.SYNC_WEIGHTS)  # the rollout stage gives the engine its weights (DeliverWeights)
         return flow
 
@@ -208,8 +204,8 @@ class OffPolicy(Pipeline):
     def state_dict(self) -> dict[str, Any]:
         """The batches generated for the next steps (waited for), so that a resumed run trains on the same
         samples."""
-        return {"buffer": [{"version": e.version, "prompts": _plain(e.prompts),
-                            "batch": None if e.version is None else _plain(e.result()), "metrics": dict(e.metrics)}
+        return {"buffer": [{"version": e.version, "prompts": batch_state(e.prompts),
+                            "batch": None if e.version is None else batch_state(e.result()), "metrics": dict(e.metrics)}
                            for e in self.buffer]}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
@@ -217,8 +213,8 @@ class OffPolicy(Pipeline):
         saved = state.get("buffer")
         if saved is None:  # a one_step_off checkpoint from before async: its one batch ahead, or none
             saved = [state["pending"]] if state.get("pending") else []
-        self.buffer = deque(InFlight(_batch(s["prompts"]), s["version"],
-                                     batch=None if s["batch"] is None else _batch(s["batch"]),
+        self.buffer = deque(InFlight(batch_from_state(s["prompts"]), s["version"],
+                                     batch=None if s["batch"] is None else batch_from_state(s["batch"]),
                                      metrics=dict(s.get("metrics") or {})) for s in saved)
 
     def close(self) -> None:
@@ -258,11 +254,11 @@ def _generate(rollout: Callable[[StepContext, B.Batch, SamplingParams], tuple[B.
     return batch, {**metrics, **stats.metrics()}
 
 
-def _plain(batch: B.Batch) -> dict[str, Any]:
+def batch_state(batch: B.Batch) -> dict[str, Any]:
     return {"tensors": dict(batch.tensors), "lists": dict(batch.lists), "meta": dict(batch.meta)}
 
 
-def _batch(state: dict[str, Any]) -> B.Batch:
+def batch_from_state(state: dict[str, Any]) -> B.Batch:
     return B.Batch(state["tensors"], state["lists"], state["meta"])
 
 
@@ -287,15 +283,6 @@ class LaggedRollout(RolloutStage):
 
     def rollout(self, run: Any, batch: B.Batch, params: SamplingParams) -> tuple[B.Batch, dict[str, float]]:
         return self.source.rollout(run, batch, params)
-
-
-class RecomputedOldLogProb(OldLogProbStage):
-    """The old log-probs from the trainer's current weights, always (the engine's are older): PPO's ratio and
-    rollout correction (``algorithm.rollout_is``) then see the lag."""
-
-    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        batch[B.OLD_LOG_PROBS] = ctx.workers.actor.compute_log_probs(batch, "actor")
-        return batch
 
 
 class WaitForRollout(Stage):

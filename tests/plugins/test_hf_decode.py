@@ -79,3 +79,36 @@ def test_finished_rows_leave_the_batch_with_the_same_tokens(monkeypatch) -> None
         first = Decoder(model, stops, 0).decode(prompts, mask, sampled)
         again = Decoder(model, stops, 0).decode(prompts, mask, sampled)
     assert all(torch.equal(a, b) for a, b in zip(first, again))  # seeded: reproducible with compaction too
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
+def test_prompts_of_very_different_lengths_prefill_in_groups_with_the_same_tokens(monkeypatch, name) -> None:
+    """Short prompts beside long ones (mostly left padding in one pass) are prefilled in passes of their own length
+    (``lengths.length_groups``): the same greedy tokens and log-probs as one padded pass, and sampled ones
+    reproducible."""
+    import rlforge.plugins.rollout.hf_decode as hf_decode
+
+    torch.manual_seed(0)
+    model = MODELS[name][0]().eval()
+    widths: list[int] = []
+    model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    prompts = torch.randint(3, 50, (8, 300))
+    mask = torch.ones_like(prompts)
+    mask[:6, :290] = 0  # six prompts of 10 tokens, two of 300
+    prompts[mask == 0] = 0
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+    with torch.no_grad():
+        tokens, log_probs = Decoder(model, [2], 0).decode(prompts, mask, greedy)
+        assert sorted(widths[:2]) == [10, 300], widths  # two prefills, each as wide as its longest prompt
+        monkeypatch.setattr(hf_decode, "length_groups", lambda lengths: [list(range(len(lengths)))])
+        widths.clear()
+        one_tokens, one_log_probs = Decoder(model, [2], 0).decode(prompts, mask, greedy)
+        assert widths[0] == 300
+    assert torch.equal(tokens, one_tokens)
+    torch.testing.assert_close(log_probs, one_log_probs, rtol=1e-4, atol=1e-4)
+    monkeypatch.undo()
+    sampled = SamplingParams(n=1, temperature=1.0, max_new_tokens=6, seed=3)
+    with torch.no_grad():
+        first = Decoder(model, [2], 0).decode(prompts, mask, sampled)
+        again = Decoder(model, [2], 0).decode(prompts, mask, sampled)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
