@@ -36,19 +36,27 @@ from rlforge.config.checks import check_device
 from rlforge.config.schema import option
 from rlforge.controller.remote import Role
 from rlforge.dataflow import DataFlow, Stage, StepContext
+from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import LossContext
 
 if TYPE_CHECKING:
     import torch
     from omegaconf import DictConfig
+    from rlforge import ops
     from rlforge.algorithms import functional as F
 else:
     from rlforge.lazy import lazy_import
 
     F = lazy_import("rlforge.algorithms.functional")
+    ops = lazy_import("rlforge.ops")
+    torch = lazy_import("torch")
 
 TEACHER_LOG_PROBS = "teacher_log_probs"  # [B, R] the teacher's log-probs of the sampled response tokens
+TEACHER_TOPK_LOG_PROBS = "teacher_topk_log_probs"  # [B, R, K] loss_mode=forward_kl_topk: the teacher's top-k log-probs
+TEACHER_TOPK_IDS = "teacher_topk_ids"  # [B, R, K] ... and their token ids
+TOPK_LOSSES = ("forward_kl_topk",)  # the losses over the teacher's top-k tokens (verl 0.9.1 has this one)
+TOPK_STRATEGIES = ("single", "fsdp")  # the strategies whose actor runs ops.response_logits as it is
 
 
 @dataclass
@@ -67,7 +75,9 @@ class TeacherConfig:
 class DistillLossConfig:
     """The distillation loss (verl: ``distillation.distillation_loss``; its defaults)."""
 
-    loss_mode: str = option("k3", choices=KL_ESTIMATORS)  # the per-token KL(student || teacher) estimator of the sampled tokens (verl: loss_mode; its top-k modes are not in rlforge)
+    loss_mode: str = option("k3", choices=(*KL_ESTIMATORS, *TOPK_LOSSES))  # an estimator of KL(student || teacher) at the sampled tokens (k1/kl, abs, k2/mse, k3/low_var_kl), or forward_kl_topk: KL(teacher || student) over the teacher's top-k tokens at each position (verl: loss_mode)
+    topk: int = option(32, ge=1)  # forward_kl_topk: the teacher's tokens per position (verl: topk)
+    log_prob_min_clamp: Optional[float] = None  # forward_kl_topk: both top-k log-probs clamped below at this (e.g. -10); None = no clamp (verl: log_prob_min_clamp)
     use_policy_gradient: bool = False  # true: -d as the advantage of a PPO-clip term (use k1); false: d itself is the loss (use k3)
     use_task_rewards: bool = True  # true: GRPO's actor loss on the task rewards + distillation_loss_coef x the distillation loss; false: the distillation loss alone
     distillation_loss_coef: float = option(1.0, ge=0)  # weight of the distillation loss beside the task loss (use_task_rewards only)
@@ -91,7 +101,17 @@ class TeacherLogProbs(Stage):
     produces = frozenset({TEACHER_LOG_PROBS})
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        teacher = ctx.workers.teacher.teacher_log_probs(batch)
+        d = ctx.config.algorithm.distill
+        if d.loss_mode in TOPK_LOSSES:
+            if any(v is not None for v in batch.lists.get(B.MULTI_MODAL_INPUTS, [])):
+                raise ConfigError(f"algorithm.distill.loss_mode={d.loss_mode} does not read images yet: use an "
+                                  f"estimator loss (k1, k3, ...) for vision-language rows.")
+            scores = ctx.workers.teacher.teacher_topk(batch, d.topk)
+            for key in (TEACHER_TOPK_LOG_PROBS, TEACHER_TOPK_IDS):
+                batch[key] = scores[key]
+            teacher = scores[TEACHER_LOG_PROBS]
+        else:
+            teacher = ctx.workers.teacher.teacher_log_probs(batch)
         batch[TEACHER_LOG_PROBS] = teacher
         if B.OLD_LOG_PROBS in batch:  # the student before this step's update, as a reference figure
             mask = batch[B.RESPONSE_MASK].to(teacher.dtype)
@@ -110,6 +130,17 @@ class OPD(GRPO):
     def validate_config(cls, config: DictConfig) -> None:
         super().validate_config(config)
         check_device(config.algorithm.teacher.device, "algorithm.teacher.device")
+        mode, strategy = config.algorithm.distill.loss_mode, config.strategy.name
+        if mode in TOPK_LOSSES:
+            if strategy not in TOPK_STRATEGIES:
+                raise ConfigError(f"algorithm.distill.loss_mode={mode} computes the student's whole distribution in "
+                                  f"a forward pass of its own, which strategy.name={strategy} does not run yet "
+                                  f"(it runs with {', '.join(TOPK_STRATEGIES)}): use an estimator loss (k1, k3, ...).")
+            sp = config.strategy.get("fsdp", {}).get("sequence_parallel_size", 1) if strategy == "fsdp" else 1
+            if sp and sp > 1:
+                raise ConfigError(f"algorithm.distill.loss_mode={mode} with Ulysses sequence parallelism "
+                                  f"(strategy.fsdp.sequence_parallel_size={sp}) is not built: use an estimator loss, "
+                                  f"or sequence_parallel_size=1.")
 
     def worker_roles(self) -> list[str]:
         return [*super().worker_roles(), "teacher"]
@@ -117,15 +148,46 @@ class OPD(GRPO):
     def flow(self) -> DataFlow:
         return super().flow().insert_after(Stage.OLD_LOGPROB, TeacherLogProbs())
 
+    def training_step(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
+        """With ``forward_kl_topk`` the loss needs the student's whole distribution at each response position: one
+        padded forward pass gives the sampled tokens' log-probs, the entropy and the log-probs at the teacher's top-k
+        tokens (``ops.response_logits``, the [B, R, V] log-softmax in fp32); the estimator losses take the base
+        class's step."""
+        if self.config.algorithm.distill.loss_mode not in TOPK_LOSSES:
+            return super().training_step(micro, ctx)
+        assert self.actor is not None
+        mask = micro[B.ATTENTION_MASK][:, -micro[B.RESPONSES].shape[1]:].float()
+        logits = ops.response_logits(self.actor, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK],
+                                     micro[B.RESPONSES].shape[1], ctx.temperature)
+        log_softmax = torch.log_softmax(logits.float(), dim=-1)
+        log_probs = log_softmax.gather(-1, micro[B.RESPONSES][..., None]).squeeze(-1) * mask
+        entropy = -(log_softmax.exp() * log_softmax).sum(-1) * mask
+        return self.distill_loss(micro, log_probs, entropy, ctx, log_softmax.gather(-1, micro[TEACHER_TOPK_IDS]))
+
     def policy_loss(
         self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext
     ) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.distill_loss(batch, log_probs, entropy, ctx)
+
+    def distill_loss(
+        self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext,
+        student_topk: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The actor's loss: the distillation loss (``student_topk``: the student's log-probs at the teacher's top-k
+        tokens, for ``forward_kl_topk``), with GRPO's task loss when ``use_task_rewards``."""
         d = self.config.algorithm.distill
         mask = batch[B.RESPONSE_MASK].to(log_probs.dtype)
+        divergence: torch.Tensor | None = None
+        topk_stats: dict[str, torch.Tensor] = {}
+        if student_topk is not None:
+            divergence, topk_stats = F.forward_kl_topk(student_topk, batch[TEACHER_TOPK_LOG_PROBS],
+                                                       d.log_prob_min_clamp)
         loss_mat, stats = F.distillation_loss(
             log_probs, batch[TEACHER_LOG_PROBS], batch[B.OLD_LOG_PROBS], mask, d.loss_mode, d.loss_max_clamp,
             d.use_policy_gradient, (d.clip_ratio_low, d.clip_ratio_high, d.clip_ratio_c), self.is_weights(batch),
+            divergence,
         )
+        stats.update(topk_stats)
 
         def agg(mat: torch.Tensor, mode: str | None = None) -> torch.Tensor:
             return self.aggregate(mat, mask, ctx, mode)

@@ -13,6 +13,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge import ops
+from rlforge.algorithms.distill import TEACHER_LOG_PROBS, TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS
 from rlforge.controller.ray_workers import WorkerProcess
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.worker import remote
@@ -59,3 +60,23 @@ class TeacherWorker(WorkerProcess):
                                        width, multi_modal=None if mm is None else mm[i:i + size])[0].float().cpu()
                  for i in range(0, len(ids), size)]
         return torch.cat(parts)
+
+    @remote("rows", "concat")
+    @torch.no_grad()
+    def teacher_topk(self, batch: B.Batch, k: int) -> B.Batch:
+        """The teacher's log-probs (temperature 1, fp32) of its ``k`` most likely tokens at each response position
+        and their ids, [B, R, k] (``TEACHER_TOPK_LOG_PROBS``, ``TEACHER_TOPK_IDS``), and of the sampled tokens [B, R]
+        (``TEACHER_LOG_PROBS``, 0 at padding); in batches of ``algorithm.teacher.batch_size``."""
+        ids, mask, width = batch[B.INPUT_IDS], batch[B.ATTENTION_MASK], batch[B.RESPONSES].shape[1]
+        size, parts = self.options.batch_size, []
+        for i in range(0, len(ids), size):
+            logits = ops.response_logits(self.model, ids[i:i + size].to(self.device), mask[i:i + size].to(self.device),
+                                         width)
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            top = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1)
+            sampled = log_probs.gather(-1, batch[B.RESPONSES][i:i + size, :, None].to(self.device)).squeeze(-1)
+            resp = mask[i:i + size, -width:].to(self.device)
+            parts.append(B.Batch({TEACHER_LOG_PROBS: (sampled * resp).cpu(),
+                                  TEACHER_TOPK_LOG_PROBS: (top.values * resp[..., None]).cpu(),
+                                  TEACHER_TOPK_IDS: top.indices.cpu()}))
+        return B.Batch.concat(parts)

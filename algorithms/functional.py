@@ -45,6 +45,7 @@ from rlforge.algorithms.losses import (
     agg_loss,
     clipped_policy_loss,
     distillation_loss,
+    forward_kl_topk,
     gpg_policy_loss,
     gspo_policy_loss,
     kl_penalty,
@@ -215,6 +216,7 @@ __all__ = [
     # losses (losses.py)
     "agg_loss", "clipped_policy_loss", "gspo_policy_loss", "gpg_policy_loss", "value_loss", "kl_penalty",
     "distillation_loss",
+    "forward_kl_topk",
     # verl 0.9's other policy losses (pg_losses.py)
     "cispo_policy_loss", "dppo_tv_policy_loss", "dppo_kl_policy_loss", "sapo_policy_loss", "clip_cov_policy_loss",
     "kl_cov_policy_loss", "geo_mean_policy_loss", "sppo_policy_loss", "dro_policy_loss", "reinforce_policy_loss",

@@ -205,9 +205,25 @@ def gpg_policy_loss(
 # --- on-policy distillation -----------------------------------------------------------------------
 
 
+def forward_kl_topk(
+    student_topk_log_prob: torch.Tensor, teacher_topk_log_prob: torch.Tensor, log_prob_min_clamp: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """verl's ``forward_kl_topk`` divergence per token, [B, R]: ``sum_k p_T,k (log p_T,k - log p_S,k)`` over the
+    teacher's top-k tokens ``[B, R, K]`` (``log p_S,k``: the student's full-vocabulary log-softmax at those tokens,
+    with its gradient), both log-probs clamped below at ``log_prob_min_clamp`` when given, then at least 0 (the
+    truncated sum can be negative). Stats [B, R]: ``student_mass`` and ``teacher_mass``, ``sum_k p`` of each before
+    the clamp (how much of each distribution the top-k holds)."""
+    stats = {"student_mass": student_topk_log_prob.detach().exp().sum(-1),
+             "teacher_mass": teacher_topk_log_prob.detach().exp().sum(-1)}
+    student, teacher = student_topk_log_prob.float(), teacher_topk_log_prob.float()
+    if log_prob_min_clamp is not None:
+        student, teacher = student.clamp_min(log_prob_min_clamp), teacher.clamp_min(log_prob_min_clamp)
+    return (teacher.exp() * (teacher - student)).sum(-1).clamp_min(0.0), stats
+
+
 def distillation_loss(
     log_prob: torch.Tensor,
-    teacher_log_prob: torch.Tensor,
+    teacher_log_prob: torch.Tensor | None,
     old_log_prob: torch.Tensor,
     mask: torch.Tensor,
     loss_mode: str = "k3",
@@ -215,11 +231,13 @@ def distillation_loss(
     use_policy_gradient: bool = False,
     clip_ratios: tuple[float, float, float] = (0.2, 0.2, 3.0),
     rollout_is_weights: torch.Tensor | None = None,
+    divergence: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """On-policy distillation's per-token loss from the sampled tokens' log-probs under the student (``log_prob``,
     with its gradient) and the teacher.
 
-    ``d = kl_penalty(log_prob, teacher_log_prob, loss_mode)`` (an estimate of KL(student || teacher)), clamped to
+    ``d = kl_penalty(log_prob, teacher_log_prob, loss_mode)`` (an estimate of KL(student || teacher)), or the
+    per-token ``divergence`` when given (e.g. :func:`forward_kl_topk`, with its gradient), clamped to
     ``[-loss_max_clamp, loss_max_clamp]`` when given. ``use_policy_gradient=False``: the loss is ``d``.
     ``True``: :func:`clipped_policy_loss` with advantages ``-d`` (detached), ``old_log_prob`` and
     ``clip_ratios = (low, high, c)``, times ``rollout_is_weights`` when given (as verl: the direct loss is not
@@ -227,7 +245,11 @@ def distillation_loss(
     ``[B, R]`` loss (aggregate with :func:`agg_loss`) and ``[B, R]`` stats: ``abs_loss`` (``|d|`` before the
     clamp) and, with the policy gradient, ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``.
     """
-    d = kl_penalty(log_prob, teacher_log_prob, loss_mode)
+    if divergence is not None:
+        d = divergence
+    else:
+        assert teacher_log_prob is not None, "an estimator loss needs the teacher's log-probs of the sampled tokens"
+        d = kl_penalty(log_prob, teacher_log_prob, loss_mode)
     stats = {"abs_loss": d.detach().abs()}
     if loss_max_clamp is not None:
         d = d.clamp(-loss_max_clamp, loss_max_clamp)

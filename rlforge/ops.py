@@ -327,6 +327,17 @@ def response_logprobs(
     return logp, ent
 
 
+def response_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    response_len: int, temperature: float = 1.0) -> torch.Tensor:
+    """The logits (divided by ``temperature``) that predict each of the last ``response_len`` tokens of
+    ``input_ids``, [B, response_len, V], from one padded forward pass (no shared prompts or length groups): for
+    losses over the whole distribution, e.g. top-k distillation. Mask the positions past each row's response."""
+    logits = _forward(model)(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+                             logits_to_keep=response_len + 1).logits[:, :-1]
+    return logits / temperature if temperature and temperature != 1.0 else logits
+
+
 def sum_pi_squared(logits: torch.Tensor, chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> torch.Tensor:
     """``sum_v softmax(logits)_v^2`` over the last dimension, in fp32 (``exp(logsumexp(2z) - 2 logsumexp(z))``),
     in chunks of ``chunk_elements`` fp32 logits; no gradient is kept."""

@@ -3,8 +3,8 @@
 verl adds a teacher's distillation loss to any estimator; rlforge's ``opd`` is GRPO with it, so a launch on
 ``adv_estimator=grpo`` maps and one on another estimator is refused naming it. One teacher: verl's routing of samples
 to several teachers by ``distillation.teacher_key`` (MOPD) is refused. The estimator losses (``k1``/``kl``, ``abs``,
-``k2``/``mse``, ``k3``/``low_var_kl``) map; the top-k losses, which need the teacher's top-k log-probs and the
-student's full distribution in the loss, are refused.
+``k2``/``mse``, ``k3``/``low_var_kl``) and the top-k loss ``forward_kl_topk`` (with ``topk`` and
+``log_prob_min_clamp``) map.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 D, L = "distillation", "distillation.distillation_loss"
 ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl's estimator losses: kl_penalty's names
+TOPK = ("forward_kl_topk",)  # verl 0.9.1's loss over the teacher's top-k tokens
 PLACEMENT = ("the teacher's devices and inference engine (rlforge's teacher is a forward pass of the Hugging Face "
              "model on ranks of the teacher role: algorithm.teacher.num_workers, .device, .batch_size); what is "
              "computed does not change")
@@ -58,16 +59,22 @@ def distillation(c: Context) -> None:
         c.refuse(f"{D}.teacher_key", several)
     c.ignore(f"{D}.teacher_key", "one teacher: every sample goes to it")
     mode = c.get(f"{L}.loss_mode")
-    if mode in ESTIMATORS:
+    if mode in TOPK and c.get("model_engine") == "megatron":
+        c.refuse(f"{L}.loss_mode", f"the top-k distillation loss {mode} on the megatron engine (rlforge computes it "
+                                   f"with the single and fsdp strategies)")
+    elif mode in ESTIMATORS or mode in TOPK:
         c.map(f"{L}.loss_mode", "algorithm.distill.loss_mode", mode)
-    elif str(mode).endswith(("_topk", "_topk_tail")):
-        c.refuse(f"{L}.loss_mode", f"the top-k distillation loss {mode} (the teacher's top-k log-probs against the "
-                                   f"student's full distribution)")
     else:
         c.refuse(f"{L}.loss_mode", f"distillation loss_mode={mode}, which verl 0.9.1 does not have either (its "
-                                   f"estimators: {', '.join(ESTIMATORS)}; its top-k losses: forward_kl_topk, ...)")
-    for key in (f"{L}.topk", f"{L}.log_prob_min_clamp"):
-        c.ignore(key, "read only by the top-k losses (loss_mode=*_topk)")
+                                   f"estimators: {', '.join(ESTIMATORS)}; its top-k loss: {', '.join(TOPK)})")
+    for key, ours in ((f"{L}.topk", "algorithm.distill.topk"),
+                      (f"{L}.log_prob_min_clamp", "algorithm.distill.log_prob_min_clamp")):
+        if mode in TOPK:
+            c.map(key, ours, c.get(key))
+        else:
+            c.ignore(key, "read only by the top-k loss (loss_mode=forward_kl_topk)")
+    for key in (f"{L}.use_chunked_topk", f"{L}.chunked_topk_chunk_size"):
+        c.ignore(key, "how verl computes the top-k loss's log-softmax (memory only); rlforge computes it whole")
     task, pg = bool(c.get(f"{L}.use_task_rewards")), bool(c.get(f"{L}.use_policy_gradient"))
     c.map(f"{L}.use_task_rewards", "algorithm.distill.use_task_rewards", task)
     c.map(f"{L}.use_policy_gradient", "algorithm.distill.use_policy_gradient", pg)

@@ -149,6 +149,21 @@ def test_verl_distillation_maps_to_opd_with_its_loss_keys():
     assert fates["distillation.distillation_loss.distillation_loss_coef"].kind == verl.IGNORED  # no task rewards
 
 
+def test_verl_topk_distillation_maps_with_its_keys():
+    t, fates, verl = _verl("distillation.teacher_models.teacher_model.model_path=Org/Teacher",
+                           "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                           "distillation.distillation_loss.topk=16",
+                           "distillation.distillation_loss.log_prob_min_clamp=-10.0")
+    assert t.algorithm == "opd" and not t.refused
+    assert {k: t.overrides[k] for k in ("algorithm.distill.loss_mode", "algorithm.distill.topk",
+                                        "algorithm.distill.log_prob_min_clamp")} \
+        == {"algorithm.distill.loss_mode": "forward_kl_topk", "algorithm.distill.topk": 16,
+            "algorithm.distill.log_prob_min_clamp": -10.0}
+    _, fates, _ = _verl("distillation.teacher_models.teacher_model.model_path=Org/Teacher",
+                        "distillation.distillation_loss.topk=16")  # k3: the top-k keys are not read
+    assert fates["distillation.distillation_loss.topk"].kind == verl.IGNORED
+
+
 @pytest.mark.parametrize("args, refused, text", [
     ([], "distillation.enabled", "on-policy distillation without a teacher"),
     (["distillation.teacher_models.teacher_model.model_path=T", "algorithm.adv_estimator=gae"],
@@ -157,10 +172,63 @@ def test_verl_distillation_maps_to_opd_with_its_loss_keys():
      "distillation.teacher_key", "several teachers routed by teacher_key (b, teacher_model)"),
     (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.loss_mode=bogus"],
      "distillation.distillation_loss.loss_mode", "which verl 0.9.1 does not have either"),
-    (["distillation.teacher_models.teacher_model.model_path=T",
-      "distillation.distillation_loss.loss_mode=forward_kl_topk"],
-     "distillation.distillation_loss.loss_mode", "the top-k distillation loss forward_kl_topk"),
 ])
 def test_verl_distillation_refusals_name_the_missing_feature(args, refused, text):
     t, fates, verl = _verl(*args)
     assert fates[refused].kind == verl.REFUSED and text in fates[refused].text, fates[refused]
+
+
+# --- forward_kl_topk ------------------------------------------------------------------------------------------------
+def test_forward_kl_topk_by_hand():
+    """sum_k p_T,k (log p_T,k - log p_S,k) over the teacher's top-k; clamped below at 0 and at log_prob_min_clamp."""
+    teacher = torch.tensor([[[math.log(0.6), math.log(0.3)], [math.log(0.5), math.log(0.1)]]])
+    student = torch.tensor([[[math.log(0.5), math.log(0.25)], [math.log(0.9), math.log(0.05)]]])
+    d, stats = F.forward_kl_topk(student, teacher)
+    first = 0.6 * math.log(0.6 / 0.5) + 0.3 * math.log(0.3 / 0.25)
+    second = 0.5 * math.log(0.5 / 0.9) + 0.1 * math.log(0.1 / 0.05)  # negative: the truncated sum
+    assert d[0].tolist() == pytest.approx([first, max(second, 0.0)], rel=1e-5) and second < 0
+    assert stats["teacher_mass"][0].tolist() == pytest.approx([0.9, 0.6]) and stats["student_mass"][0].tolist() \
+        == pytest.approx([0.75, 0.95])
+    far = torch.tensor([[[math.log(0.6), -30.0]]])  # a student log-prob below the clamp counts as the clamp
+    clamped, _ = F.forward_kl_topk(far, torch.tensor([[[math.log(0.6), math.log(0.3)]]]), log_prob_min_clamp=-10.0)
+    assert clamped.item() == pytest.approx(0.3 * (math.log(0.3) + 10.0), rel=1e-5)
+
+
+def test_the_topk_loss_flows_into_the_direct_and_policy_gradient_forms():
+    student = torch.log_softmax(torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(1)), -1).requires_grad_()
+    teacher = torch.log_softmax(torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(2)), -1).topk(2, -1)
+    d, _ = F.forward_kl_topk(student.gather(-1, teacher.indices), teacher.values)
+    cap = float(d.detach()[0, :2].mean())  # the clamp bounds the larger of the two valid tokens only
+    loss, _ = F.distillation_loss(S, None, S, MASK, "forward_kl_topk", cap, divergence=d)
+    assert loss[0].tolist() == pytest.approx([min(x, cap) for x in d[0].tolist()[:2]] + [0.0], rel=1e-6)
+    loss.sum().backward()
+    assert student.grad is not None and student.grad.abs().sum() > 0  # the direct form trains the student's logits
+    pg, stats = F.distillation_loss(S, None, S, MASK, "forward_kl_topk", use_policy_gradient=True,
+                                    divergence=d.detach())
+    assert pg[0].tolist() == pytest.approx(d[0].tolist()[:2] + [0.0], rel=1e-6)  # ratio 1: the loss is -A = d
+    assert "pg_clipfrac" in stats
+
+
+def test_topk_distillation_from_the_initial_weights_starts_at_zero_and_logs_the_masses(tmp_path):
+    """The teacher is the policy's initial weights: before the first update the top-k KL is 0 and both top-k hold the
+    same mass; the teacher's sampled-token log-probs from the top-k pass are those of the estimator pass."""
+    trainer = Trainer(_config(tmp_path, "algorithm.distill.loss_mode=forward_kl_topk", "algorithm.distill.topk=4",
+                              "algorithm.distill.use_task_rewards=false", "trainer.total_steps=2",
+                              "actor.ppo_micro_batch_size=16"))
+    trainer.fit()
+    first, second = trainer.history[:2]
+    assert first["distillation/loss"] == pytest.approx(0.0, abs=1e-5)
+    assert first["distillation/student_mass"] == pytest.approx(first["distillation/teacher_mass"], abs=1e-5)
+    assert 0 < first["distillation/teacher_mass"] <= 1 and second["distillation/loss"] > 0
+    assert abs(first["distillation/reverse_kl_k1"]) < 1e-5
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["strategy.name=fabric", "trainer.controller=ray"], "does not run yet"),
+    (["strategy.name=fsdp", "strategy.fsdp.sequence_parallel_size=2", "strategy.num_processes=2",
+      "trainer.controller=ray", "model.remove_padding=true"],
+     "Ulysses sequence parallelism"),
+])
+def test_topk_distillation_refuses_what_it_cannot_run(tmp_path, extra, says):
+    with pytest.raises(RLForgeError, match=says):
+        _config(tmp_path, "algorithm.distill.loss_mode=forward_kl_topk", *extra)
