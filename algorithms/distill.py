@@ -131,6 +131,11 @@ class OPD(GRPO):
         super().validate_config(config)
         check_device(config.algorithm.teacher.device, "algorithm.teacher.device")
         mode, strategy = config.algorithm.distill.loss_mode, config.strategy.name
+        if mode in ("k1", "kl") and not config.algorithm.distill.use_policy_gradient:
+            raise ConfigError(f"algorithm.distill.loss_mode={mode} as a direct loss (use_policy_gradient=false) does "
+                              f"not learn from the teacher: the gradient of log pi - log pi_T is that of log pi alone. "
+                              f"Use it as a reward (algorithm.distill.use_policy_gradient=true), or loss_mode=k3 (as "
+                              f"verl 0.9.1, which refuses it too).")
         if mode in TOPK_LOSSES:
             if strategy not in TOPK_STRATEGIES:
                 raise ConfigError(f"algorithm.distill.loss_mode={mode} computes the student's whole distribution in "

@@ -224,11 +224,13 @@ def test_topk_distillation_from_the_initial_weights_starts_at_zero_and_logs_the_
 
 
 @pytest.mark.parametrize(("extra", "says"), [
+    (["algorithm.distill.loss_mode=k1"], r"loss_mode=k1 as a direct loss \(use_policy_gradient=false\) does not learn"),
+    (["algorithm.distill.loss_mode=kl"], "use_policy_gradient=true"),
     (["strategy.name=fabric", "trainer.controller=ray"], "does not run yet"),
     (["strategy.name=fsdp", "strategy.fsdp.sequence_parallel_size=2", "strategy.num_processes=2",
       "trainer.controller=ray", "model.remove_padding=true"],
      "Ulysses sequence parallelism"),
 ])
-def test_topk_distillation_refuses_what_it_cannot_run(tmp_path, extra, says):
+def test_distillation_refuses_what_it_cannot_run(tmp_path, extra, says):
     with pytest.raises(RLForgeError, match=says):
         _config(tmp_path, "algorithm.distill.loss_mode=forward_kl_topk", *extra)
