@@ -200,6 +200,10 @@ def test_hf_engine_seeded_sampling_ignores_the_global_rng(pm):
     assert torch.equal(torch.get_rng_state(), state)  # the global RNG was not used
     other = engine.generate(prompts, SamplingParams(4, 1.0, 1.0, 0, 8, seed=124))
     assert not torch.equal(first[B.RESPONSES], other[B.RESPONSES])
+    # one row per micro-batch: each samples from a stream of its own (the same seed in each repeated every draw)
+    engine.micro_batch_size = 1
+    rows = engine.generate(prompts.select([0]), SamplingParams(4, 1.0, 1.0, 0, 8, seed=123))[B.RESPONSES]
+    assert len({tuple(r.tolist()) for r in rows}) > 1
 
 
 @pytest.mark.parametrize("pipeline", [OFF, ASYNC])

@@ -14,7 +14,7 @@ once, which takes seconds on CPU, and later batches of that shape reuse it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
@@ -24,7 +24,7 @@ from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import stop_token_ids
 from rlforge.plugins.rollout.hf_decode import Decoder
-from rlforge.sampling import Generation, SamplingParams
+from rlforge.sampling import Generation, SamplingParams, derived_seed
 from rlforge.weight_sync import WeightSync, tensor_bytes
 
 if TYPE_CHECKING:
@@ -81,7 +81,9 @@ class HFRollout:
     @no_grad
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         out = batch.repeat_interleave(params.n) if params.n > 1 else batch
-        parts = [self._generate(mb, params) for mb in out.split(self.micro_batch_size)]
+        # a seeded call: each micro-batch samples from a stream of its own (the same seed would repeat their draws)
+        parts = [self._generate(mb, replace(params, seed=derived_seed(params.seed, i)))
+                 for i, mb in enumerate(out.split(self.micro_batch_size))]
         width = max(p[0].shape[1] for p in parts)
         pad = self.tokenizer.pad_token_id
 

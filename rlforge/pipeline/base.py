@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +54,15 @@ class Pipeline:
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
         """Restore :meth:`state_dict`; the engine now holds the weights of ``step`` (version ``step``)."""
+        self.drop_unread(state, ())
+
+    def drop_unread(self, state: dict[str, Any], reads: tuple[str, ...]) -> None:
+        """Warn about what a checkpoint's pipeline state holds that this pipeline does not continue (a resume that
+        changed ``trainer.pipeline`` with ``trainer.resume_force=true``): those samples are dropped."""
+        left = [key for key, value in state.items() if value and key not in reads]
+        if left:
+            print(f"rlforge: warning: the checkpoint holds samples of another trainer.pipeline ({', '.join(left)}), "
+                  f"which trainer.pipeline={self.name} does not continue: they are dropped.", file=sys.stderr)
 
     def close(self) -> None:
         """Wait for and release what the pipeline runs in the background."""

@@ -209,6 +209,7 @@ class OffPolicy(Pipeline):
                            for e in self.buffer]}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        self.drop_unread(state, ("buffer", "pending"))
         self.engine_version = step
         saved = state.get("buffer")
         if saved is None:  # a one_step_off checkpoint from before async: its one batch ahead, or none

@@ -70,10 +70,13 @@ class PartialRollouts(Pipeline):
     def validate_config(cls, config: Any) -> None:
         super().validate_config(config)
         key, most = f"trainer.pipeline={cls.name}", config.rollout.max_new_tokens
-        if cls.segment_tokens(config) >= most:
-            raise ConfigError(f"{key}: trainer.partial_tokens={config.trainer.partial_tokens} is not below "
-                              f"rollout.max_new_tokens={most}, so every response would end within its step. Set "
-                              f"trainer.partial_tokens below {most}, or use trainer.pipeline=sync.")
+        segment = cls.segment_tokens(config)
+        if segment >= most:
+            what = (f"trainer.partial_tokens={segment}" if config.trainer.partial_tokens is not None else
+                    f"trainer.partial_tokens (unset: {segment}, a quarter of rollout.max_new_tokens and at least 1)")
+            hint = f"Set trainer.partial_tokens below {most}, or use" if most > 1 else "Use"
+            raise ConfigError(f"{key}: {what} is not below rollout.max_new_tokens={most}, so every response would end "
+                              f"within its step. {hint} trainer.pipeline=sync.")
         if config.actor.reuse_rollout_log_probs:
             raise ConfigError(f"{key} continues responses by newer weights, so the old log-probs must be "
                               f"recomputed: set actor.reuse_rollout_log_probs=null (or false), not true.")
@@ -99,18 +102,15 @@ class PartialRollouts(Pipeline):
         if prompts.lists.get(B.MULTI_MODAL_INPUTS) and any(prompts.lists[B.MULTI_MODAL_INPUTS]):
             raise ConfigError(f"trainer.pipeline={self.name} does not continue responses to images yet. "
                               f"Use trainer.pipeline=sync.")
-        fresh = prompts.repeat_interleave(ctx.sampling.n)  # no response yet: width 0
-        fresh[B.RESPONSES] = torch.zeros((len(fresh), 0), dtype=torch.long)
-        fresh[B.RESPONSE_MASK] = torch.zeros((len(fresh), 0), dtype=torch.long)
-        fresh[B.ROLLOUT_LOG_PROBS] = torch.zeros((len(fresh), 0))
-        fresh[B.POLICY_VERSION] = torch.full((len(fresh),), ctx.step - 1, dtype=torch.long)
-        fresh[ENDED] = torch.zeros(len(fresh), dtype=torch.bool)
+        fresh = self._fresh(ctx, prompts)
         rows = fresh if self.carried is None else B.Batch.concat([self.carried, fresh])
-        carried_in, segments = 0 if self.carried is None else len(self.carried), 0
+        carried_in, segments, unit = 0 if self.carried is None else len(self.carried), 0, self._unit(ctx)
         while True:  # ends: each segment brings every open row closer to rollout.max_new_tokens
+            if bool(rows[ENDED].all()):  # nothing left to decode, and the ended groups do not split evenly
+                rows = B.Batch.concat([rows, self._fresh(ctx, ctx.draw())])
             rows = self._segment(ctx, rows)
             segments += 1
-            done = self._ended_groups(rows)
+            done = self._trainable(rows, unit)
             if done.any():
                 break
         train, self.carried = rows.select(done), (rows.select(~done) if not done.all() else None)
@@ -120,16 +120,34 @@ class PartialRollouts(Pipeline):
                        "partial/carried_out": float(0 if self.carried is None else len(self.carried)),
                        "partial/trained_rows": float(len(train)), "partial/lag/max": lag}
 
+    @staticmethod
+    def _fresh(ctx: StepContext, prompts: B.Batch) -> B.Batch:
+        """``rollout.n`` rows per prompt, with no response yet (width 0), of version ``step - 1``."""
+        fresh = prompts.repeat_interleave(ctx.sampling.n)
+        fresh[B.RESPONSES] = torch.zeros((len(fresh), 0), dtype=torch.long)
+        fresh[B.RESPONSE_MASK] = torch.zeros((len(fresh), 0), dtype=torch.long)
+        fresh[B.ROLLOUT_LOG_PROBS] = torch.zeros((len(fresh), 0))
+        fresh[B.POLICY_VERSION] = torch.full((len(fresh),), ctx.step - 1, dtype=torch.long)
+        fresh[ENDED] = torch.zeros(len(fresh), dtype=torch.bool)
+        return fresh
+
+    @staticmethod
+    def _unit(ctx: StepContext) -> int:
+        """The trained rows must split evenly over the data-parallel ranks (their collectives need equal shares)."""
+        return int(ctx.builder.capabilities("strategy").data_parallel_size(ctx.config))
+
     def _segment(self, ctx: StepContext, rows: B.Batch) -> B.Batch:
-        """Decode one segment of every row that has not ended (one engine call per distinct token budget)."""
-        most = int(ctx.config.rollout.max_new_tokens)
+        """Decode one segment of every row that has not ended: one engine call per distinct (token budget, minimum
+        left of ``rollout.min_new_tokens``): the minimum counts over the whole response, not per segment."""
+        most, least = int(ctx.config.rollout.max_new_tokens), int(ctx.config.rollout.min_new_tokens)
         lengths = rows[B.RESPONSE_MASK].sum(-1, dtype=torch.long)  # the responses so far
         budget = (most - lengths).clamp(max=self.segment)
-        open_rows = (~rows[ENDED]).nonzero(as_tuple=True)[0]
+        floor = torch.minimum((least - lengths).clamp(min=0), budget)
+        open_rows = (~rows[ENDED]).nonzero(as_tuple=True)[0].tolist()
         new: dict[int, tuple[torch.Tensor, torch.Tensor, bool]] = {}
-        for tokens in sorted({int(budget[i]) for i in open_rows}, reverse=True):
-            idx = [int(i) for i in open_rows if int(budget[i]) == tokens]
-            params = dataclasses.replace(ctx.sampling, n=1, max_new_tokens=tokens,
+        for tokens, minimum in sorted({(int(budget[i]), int(floor[i])) for i in open_rows}, reverse=True):
+            idx = [i for i in open_rows if int(budget[i]) == tokens and int(floor[i]) == minimum]
+            params = dataclasses.replace(ctx.sampling, n=1, max_new_tokens=tokens, min_new_tokens=minimum,
                                          seed=int(torch.randint(0, SEED_RANGE, ())))
             out = ctx.controller.workers.rollout.generate(engine_prompts(rows.select(idx), lengths[idx]), params)
             for j, i in enumerate(idx):
@@ -139,10 +157,21 @@ class PartialRollouts(Pipeline):
                 new[i] = got, out[B.ROLLOUT_LOG_PROBS][j, :n], ended
         return extend(rows, new)
 
-    def _ended_groups(self, rows: B.Batch) -> torch.Tensor:
-        """[rows] bool: the row's group (``uid``) has ended in all its rows."""
+    @staticmethod
+    def _trainable(rows: B.Batch, unit: int) -> torch.Tensor:
+        """[rows] bool: the rows of the groups (``uid``) that have ended in all their rows, the oldest first, as many
+        groups as make a number of rows that splits evenly over ``unit`` data-parallel ranks (the others wait)."""
         open_groups = {u for u, ended in zip(rows[B.UID], rows[ENDED].tolist()) if not ended}
-        return torch.tensor([u not in open_groups for u in rows[B.UID]], dtype=torch.bool)
+        ended = list(dict.fromkeys(u for u in rows[B.UID] if u not in open_groups))
+        size = {u: 0 for u in ended}
+        for u in rows[B.UID]:
+            if u in size:
+                size[u] += 1
+        total = sum(size.values())
+        while ended and total % unit:
+            total -= size[ended.pop()]
+        keep = set(ended)
+        return torch.tensor([u in keep for u in rows[B.UID]], dtype=torch.bool)
 
     def stop_ids(self, ctx: StepContext) -> set[int]:
         """The tokens that end a response (the engines' own: ``rlforge.models.stop_token_ids``)."""
@@ -159,8 +188,15 @@ class PartialRollouts(Pipeline):
         return {"carried": None if self.carried is None else batch_state(self.carried)}
 
     def load_state_dict(self, state: dict[str, Any], step: int) -> None:
+        self.drop_unread(state, ("carried",))
         saved = state.get("carried")
         self.carried = None if saved is None else batch_from_state(saved)
+        most = int(self.config.rollout.max_new_tokens)
+        if self.carried is not None and int(self.carried[B.RESPONSE_MASK].sum(-1).max()) > most:
+            longest = int(self.carried[B.RESPONSE_MASK].sum(-1).max())
+            raise ConfigError(f"The checkpoint carries responses of up to {longest} tokens into the next step "
+                              f"(trainer.pipeline=partial), more than rollout.max_new_tokens={most} allows now: resume "
+                              f"with rollout.max_new_tokens >= {longest}.")
 
 
 def engine_prompts(rows: B.Batch, lengths: torch.Tensor) -> B.Batch:
