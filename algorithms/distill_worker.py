@@ -13,7 +13,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge import ops
-from rlforge.algorithms.distill import TEACHER_LOG_PROBS, TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS
+from rlforge.algorithms.distill import TEACHER_LOG_PROBS, TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS, TOPK_LOSSES
 from rlforge.controller.ray_workers import WorkerProcess
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.worker import remote
@@ -27,7 +27,13 @@ class TeacherWorker(WorkerProcess):
     """One rank of the ``teacher`` role: the teacher's log-probs of the sampled response tokens."""
 
     def build(self, builder: Builder, module: RLModule, engine: bool = True, initial_sync: bool = True) -> None:
-        from rlforge.models import frozen_model_device, load_model, load_tokenizer
+        from rlforge.models import (
+            frozen_model_device,
+            load_model,
+            load_tokenizer,
+            model_vocab_size,
+            resolve_model_path,
+        )
         from rlforge.tools.export import model_folder
 
         t = self.options = builder.config.algorithm.teacher
@@ -46,6 +52,16 @@ class TeacherWorker(WorkerProcess):
                               f"with the teacher, so both must share one vocabulary.")
         self.device = frozen_model_device(t.device)
         model = load_model(str(folder), t.dtype, t.trust_remote_code, key=key)
+        distill = builder.config.algorithm.distill
+        if distill.loss_mode in TOPK_LOSSES:  # the teacher's top-k ids index the student's output
+            ours = model_vocab_size(resolve_model_path(model_folder(builder.config.model.path)))
+            theirs = model.get_output_embeddings().weight.shape[0]
+            if ours is not None and theirs > ours:
+                raise ConfigError(f"'algorithm.teacher.path' ({path}) has an output layer of {theirs} tokens and the "
+                                  f"policy one of {ours}: with algorithm.distill.loss_mode={distill.loss_mode} the "
+                                  f"teacher's top-k ids must be the policy's tokens (same tokenizer, but padded "
+                                  f"vocabularies differ). Use an estimator loss (k3, ...) or a teacher of the policy's "
+                                  f"vocabulary size.")
         self.model = model.requires_grad_(False).eval().to(self.device)
 
     @remote("rows", "concat")

@@ -100,16 +100,17 @@ def policy_gradient(c: Context, pg: bool) -> None:
     """The PPO-clip term of ``use_policy_gradient``: verl's vanilla loss with the distillation section's clip ratios
     (``clip_ratio_low``/``high``, each ``clip_ratio`` where null) and its dual clip 3.0."""
     keys = [f"{L}.{k}" for k in ("policy_loss_mode", "clip_ratio", "clip_ratio_low", "clip_ratio_high")]
+    mode = c.get(f"{L}.policy_loss_mode")
+    if mode != "vanilla":  # verl 0.9.1's DistillationLossConfig raises for it, policy gradient or not
+        c.refuse(f"{L}.policy_loss_mode", f"policy_loss_mode={mode} for the distillation term, which verl 0.9.1 "
+                                          f"refuses too (only vanilla: PPO clip, what rlforge's opd uses)")
+        keys.remove(f"{L}.policy_loss_mode")
     if not pg:
         for key in keys:
             c.ignore(key, "read only with use_policy_gradient")
         return
-    mode = c.get(f"{L}.policy_loss_mode")
     if mode == "vanilla":
         c.same(f"{L}.policy_loss_mode", "PPO clip with dual clip 3.0 (verl's vanilla)")
-    else:
-        c.refuse(f"{L}.policy_loss_mode", f"policy_loss_mode={mode} for the distillation term (rlforge's opd uses "
-                                          f"PPO clip, verl's vanilla)")
     ratio = c.get(f"{L}.clip_ratio")
     for side in ("low", "high"):
         value = c.get(f"{L}.clip_ratio_{side}")

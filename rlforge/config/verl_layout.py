@@ -21,13 +21,20 @@ def precision(c: Context) -> None:
     optimizer) as one model.precision."""
     megatron = c.get("model_engine") == "megatron"
     params = "fp32" if megatron else str(c.get(f"{A}.fsdp_config.model_dtype", "fp32"))
-    compute = str(c.get(f"{A}.megatron.dtype" if megatron else f"{A}.fsdp_config.dtype", "bfloat16"))
+    # verl's FSDP engine computes (autocast) in mixed_precision.param_dtype, bf16 when unset, and none when fp32; it
+    # never reads fsdp_config.dtype (only its megatron engine reads a dtype: megatron.dtype)
+    compute = str(c.get(f"{A}.megatron.dtype", "bfloat16") if megatron
+                  else c.get(f"{A}.fsdp_config.mixed_precision.param_dtype") or "bf16")
     keys = [k for k in c.owned if k.startswith((f"{A}.fsdp_config.", f"{A}.megatron."))]
     decider = f"{A}.megatron.dtype" if megatron else f"{A}.fsdp_config.model_dtype"
     for key in [k for k in keys if k.startswith(f"{A}.fsdp_config.") == megatron]:
         keys.remove(key)
         c.ignore(key, "read only by verl's FSDP engine (model_engine=megatron here)" if megatron
                  else "read only by verl's megatron engine (model_engine=megatron)")
+    if f"{A}.fsdp_config.dtype" in keys:
+        keys.remove(f"{A}.fsdp_config.dtype")
+        c.ignore(f"{A}.fsdp_config.dtype", "not read by verl 0.9.1's FSDP engine, which computes in "
+                                           "fsdp_config.mixed_precision.param_dtype (bf16 unless set)")
     half = {"bfloat16": "bf16", "bf16": "bf16", "float16": "16", "fp16": "16"}
     if params in ("fp32", "float32"):
         name = f"{half[compute]}-mixed" if compute in half else "32-true"

@@ -172,6 +172,8 @@ def test_verl_topk_distillation_maps_with_its_keys():
      "distillation.teacher_key", "several teachers routed by teacher_key (b, teacher_model)"),
     (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.loss_mode=bogus"],
      "distillation.distillation_loss.loss_mode", "which verl 0.9.1 does not have either"),
+    (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.policy_loss_mode=gspo"],
+     "distillation.distillation_loss.policy_loss_mode", "which verl 0.9.1 refuses too"),  # without the policy gradient
 ])
 def test_verl_distillation_refusals_name_the_missing_feature(args, refused, text):
     t, fates, verl = _verl(*args)
@@ -234,3 +236,19 @@ def test_topk_distillation_from_the_initial_weights_starts_at_zero_and_logs_the_
 def test_distillation_refuses_what_it_cannot_run(tmp_path, extra, says):
     with pytest.raises(RLForgeError, match=says):
         _config(tmp_path, "algorithm.distill.loss_mode=forward_kl_topk", *extra)
+
+
+def test_a_topk_teacher_with_a_larger_output_layer_is_refused(tmp_path):
+    """The same tokenizer, a padded vocabulary (as Qwen2.5's sizes differ): the teacher's top-k ids could fall outside
+    the policy's output, so forward_kl_topk refuses it when the teacher loads; the estimator losses read only the
+    sampled tokens and keep working."""
+    from rlforge.models import load_model, load_tokenizer
+
+    folder = tmp_path / "padded"
+    model = load_model("builtin:tiny-arith")
+    model.resize_token_embeddings(model.config.vocab_size + 7)
+    model.save_pretrained(folder)
+    load_tokenizer("builtin:tiny-arith").save_pretrained(folder)
+    with pytest.raises(RLForgeError, match=r"has an output layer of 110 tokens and the policy one of 103"):
+        Trainer(_config(tmp_path, f"algorithm.teacher.path={folder}", "trainer.total_steps=1",
+                        "algorithm.distill.loss_mode=forward_kl_topk")).fit()

@@ -55,6 +55,16 @@ def test_megatron_dtype_is_the_precision_and_pipeline_and_context_sizes_are_each
     assert {f"{A}.megatron.pipeline_model_parallel_size", f"{A}.megatron.context_parallel_size"} <= refused
 
 
+def test_fsdp_computes_in_mixed_precision_param_dtype_and_never_reads_fsdp_config_dtype() -> None:
+    """verl 0.9.1's FSDP engine autocasts to mixed_precision.param_dtype (bf16 unless set, none when fp32)."""
+    assert _t().overrides["model.precision"] == "bf16-mixed"
+    mp = f"+{A}.fsdp_config.mixed_precision"
+    assert _t(f"{mp}.param_dtype=fp32").overrides["model.precision"] == "32-true"
+    assert _t(f"{mp}.param_dtype=fp16").overrides["model.precision"] == "16-mixed"
+    t = _t(f"{A}.fsdp_config.dtype=float16")  # read by no FSDP code: still bf16
+    assert t.overrides["model.precision"] == "bf16-mixed" and _fate(t, f"{A}.fsdp_config.dtype").kind == verl.IGNORED
+
+
 def test_megatron_grad_offload_is_what_rlforge_does_its_gradients_are_freed_after_each_update() -> None:
     t = _t(*MEGATRON, f"{A}.megatron.grad_offload=True")  # a verl 0.9.0 key (0.9.1's param_offload releases them)
     assert _fate(t, f"{A}.megatron.grad_offload").kind == verl.MAPPED and not t.refused
