@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
-from rlforge.dataflow import Stage, StepContext
+from rlforge.dataflow import Stage, StepContext, groups_splitting_evenly
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
@@ -73,11 +73,11 @@ class DynamicSampling(Stage):
         while len(set(kept[B.UID])) < target and rounds < most:
             kept = B.Batch.concat([kept, _keep_informative(ctx.regenerate(before=self), metric)])
             rounds += 1
-        groups = list(dict.fromkeys(kept[B.UID]))
-        ctx.log({"train/gen_batches": float(rounds), "train/kept_groups": float(min(len(groups), target))})
+        # at most the target; fewer (the rounds ran out) as many as split evenly over the data-parallel ranks
+        groups = groups_splitting_evenly(kept[B.UID], list(dict.fromkeys(kept[B.UID]))[:target],
+                                         ctx.data_parallel_size)
+        ctx.log({"train/gen_batches": float(rounds), "train/kept_groups": float(len(groups))})
         if not groups:  # nothing informative: train on the original batch (its advantages are all zero)
             return batch
-        if len(groups) > target:
-            keep = set(groups[:target])
-            kept = kept.select([i for i, u in enumerate(kept[B.UID]) if u in keep])
-        return kept
+        keep = set(groups)
+        return kept.select([i for i, u in enumerate(kept[B.UID]) if u in keep])

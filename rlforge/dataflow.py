@@ -11,7 +11,8 @@ is loaded, that every stage's inputs come from the loader or an earlier stage.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from rlforge import batch as B
@@ -99,6 +100,15 @@ class StepContext:
     def draw(self) -> B.Batch:
         """The next ``data.train_batch_size`` training prompts (the data cursor advances)."""
         return self._draw()
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The data-parallel ranks that share each trained batch (sharded models run collectives on equal shares, so
+        a stage that chooses the trained rows keeps their number a multiple of it); 1 for a stage run without the
+        run's builder (by itself, as in a test)."""
+        if self.builder is None:
+            return 1
+        return int(self.builder.capabilities("strategy").data_parallel_size(self.config))
 
     def run(self, stage: Stage, batch: B.Batch) -> B.Batch:
         """Run one stage with its hooks, adding its own seconds to ``timing_s/<stage.timing_name>`` (a stage that
@@ -248,6 +258,17 @@ class DataFlow:
 
     def __repr__(self) -> str:
         return f"DataFlow({self.name!r}, {' -> '.join(self.names())})"
+
+
+def groups_splitting_evenly(uids: Sequence[Hashable], groups: Sequence[Hashable], unit: int) -> list[Hashable]:
+    """The longest prefix of ``groups`` (group ids in priority order) whose rows (the entries of ``uids``, the batch's
+    ``uid`` column) number a multiple of ``unit`` (:attr:`StepContext.data_parallel_size`)."""
+    size = Counter(uids)
+    kept = list(groups)
+    total = sum(size[g] for g in kept)
+    while kept and total % unit:
+        total -= size[kept.pop()]
+    return kept
 
 
 # --- the built-in stages -----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.agent.config import SINGLE_TURN
-from rlforge.dataflow import DataFlow, RolloutStage, StepContext
+from rlforge.dataflow import DataFlow, RolloutStage, StepContext, groups_splitting_evenly
 from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
 from rlforge.pipeline.base import Pipeline
@@ -104,7 +104,7 @@ class PartialRollouts(Pipeline):
                               f"Use trainer.pipeline=sync.")
         fresh = self._fresh(ctx, prompts)
         rows = fresh if self.carried is None else B.Batch.concat([self.carried, fresh])
-        carried_in, segments, unit = 0 if self.carried is None else len(self.carried), 0, self._unit(ctx)
+        carried_in, segments, unit = 0 if self.carried is None else len(self.carried), 0, ctx.data_parallel_size
         while True:  # ends: each segment brings every open row closer to rollout.max_new_tokens
             if bool(rows[ENDED].all()):  # nothing left to decode, and the ended groups do not split evenly
                 rows = B.Batch.concat([rows, self._fresh(ctx, ctx.draw())])
@@ -130,11 +130,6 @@ class PartialRollouts(Pipeline):
         fresh[B.POLICY_VERSION] = torch.full((len(fresh),), ctx.step - 1, dtype=torch.long)
         fresh[ENDED] = torch.zeros(len(fresh), dtype=torch.bool)
         return fresh
-
-    @staticmethod
-    def _unit(ctx: StepContext) -> int:
-        """The trained rows must split evenly over the data-parallel ranks (their collectives need equal shares)."""
-        return int(ctx.builder.capabilities("strategy").data_parallel_size(ctx.config))
 
     def _segment(self, ctx: StepContext, rows: B.Batch) -> B.Batch:
         """Decode one segment of every row that has not ended: one engine call per distinct (token budget, minimum
@@ -163,14 +158,7 @@ class PartialRollouts(Pipeline):
         groups as make a number of rows that splits evenly over ``unit`` data-parallel ranks (the others wait)."""
         open_groups = {u for u, ended in zip(rows[B.UID], rows[ENDED].tolist()) if not ended}
         ended = list(dict.fromkeys(u for u in rows[B.UID] if u not in open_groups))
-        size = {u: 0 for u in ended}
-        for u in rows[B.UID]:
-            if u in size:
-                size[u] += 1
-        total = sum(size.values())
-        while ended and total % unit:
-            total -= size[ended.pop()]
-        keep = set(ended)
+        keep = set(groups_splitting_evenly(rows[B.UID], ended, unit))
         return torch.tensor([u in keep for u in rows[B.UID]], dtype=torch.bool)
 
     def stop_ids(self, ctx: StepContext) -> set[int]:

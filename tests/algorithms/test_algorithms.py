@@ -112,6 +112,24 @@ def test_dynamic_sampling_stops_at_the_generation_cap(pm):
     assert ctx.metrics["train/kept_groups"] == 0.0
 
 
+def test_dynamic_sampling_keeps_a_number_of_rows_the_data_parallel_ranks_split_evenly(pm, monkeypatch):
+    """When the rounds run out with fewer informative groups than data.train_batch_size, as many are kept as make
+    rows that split evenly over the data-parallel ranks (3 groups of 3 rows over 2 ranks: 2 groups); with one rank,
+    all of them (an odd count crashed an FSDP update before)."""
+    from rlforge.dataflow import StepContext, groups_splitting_evenly
+
+    assert groups_splitting_evenly([*"aaabbbccc"], ["a", "b", "c"], 2) == ["a", "b"]
+    assert groups_splitting_evenly([*"aaabbbccc"], ["a", "b", "c"], 1) == ["a", "b", "c"]
+    assert groups_splitting_evenly([*"aaa"], ["a"], 2) == []
+    cfg = load_config("dapo", ["data.train_batch_size=4", "actor.ppo_mini_batch_size=4", "rollout.n=3",
+                               "algorithm.max_gen_batches=1"], plugins=pm)
+    batch = _scored([*"aaabbbcccddd"], [1, 0, 1, 0, 1, 1, 1, 0, 0, 1, 1, 1], [2] * 12)  # a, b, c informative
+    ctx, _ = _ctx(cfg, [])
+    monkeypatch.setattr(StepContext, "data_parallel_size", property(lambda self: 2))  # as FSDP over 2 ranks
+    out = shaping.DynamicSampling().run(ctx, batch)
+    assert out[B.UID] == [*"aaabbb"] and ctx.metrics["train/kept_groups"] == 2.0
+
+
 def test_dynamic_sampling_filters_on_the_metric_named(pm):
     """algorithm.filter_metric (verl's filter_groups.metric): a group whose shaped reward varies but whose score or
     acc does not is kept on reward, dropped on score and acc."""
