@@ -2,9 +2,10 @@
 ``trainer.partial_tokens`` tokens of each response; a response that has not ended by then is continued in the next
 step's decoding batch, by the next step's weights, beside the next step's new prompts.
 
-In a synchronous step a heavy-tailed batch waits for its longest response, decoded row by row at the end; here the
-long responses share their decoding steps with the next batches' short ones, so a step's generation follows the
-tokens it produces (docs/performance.md, "Long tails").
+In a synchronous step a heavy-tailed batch waits for its longest response, decoded nearly alone at the end; here the
+long responses share their decoding steps with the next batches' short ones, at the price of prefilling each
+continued response again and recomputing the old log-probs (on the CPUs measured so far that price was higher than
+the gain: docs/performance.md, "Partial rollouts and a prefill by length").
 
 The schedule of step ``k`` (fixed, never timing-dependent):
 
@@ -12,13 +13,17 @@ The schedule of step ``k`` (fixed, never timing-dependent):
    steps that have not ended;
 2. every row that has not ended gets one segment: at most ``trainer.partial_tokens`` new tokens (and no more than
    ``rollout.max_new_tokens`` in all), sampled by the current weights (version ``k - 1``) with a seed drawn from the
-   trainer's RNG. The engine sees the prompt followed by the response so far (its rollout log-probs are kept per
-   token, so ``rollout_log_probs`` are the behaviour policy's, segment by segment);
-3. a group (the rows of one prompt) whose rows have all ended is trained on this step; the others are carried on.
-   Should no group have ended, step 2 runs again for the rows left (so a step never trains on nothing).
+   trainer's RNG (``rollout.min_new_tokens`` counts over the whole response). The engine sees the prompt followed
+   by the response so far (its rollout log-probs are kept per token, so ``rollout_log_probs`` are the behaviour
+   policy's, segment by segment);
+3. the groups (the rows of one prompt) whose rows have all ended are trained on this step, oldest first, as many as
+   make a number of rows that splits evenly over the data-parallel ranks; the others are carried on. Should none be
+   trainable, step 2 runs again (with the next prompts too once every row has ended): a step never trains on
+   nothing.
 
 A trained row's ``policy_version`` is the version of its first segment: it lags by at most
-``ceil(rollout.max_new_tokens / partial_tokens) - 1`` updates. The old log-probs are recomputed by the trainer's
+``ceil(rollout.max_new_tokens / partial_tokens) - 1`` updates, plus any step its ended group waited for an even
+split. The old log-probs are recomputed by the trainer's
 weights (PPO's ratio and ``algorithm.rollout_is`` then see the lag). A checkpoint holds the carried rows, so a
 resumed run continues them exactly; the rows still carried when the run ends are not trained.
 """
