@@ -54,7 +54,7 @@ class TeacherWorker(WorkerProcess):
         model = load_model(str(folder), t.dtype, t.trust_remote_code, key=key)
         distill = builder.config.algorithm.distill
         if distill.loss_mode in TOPK_LOSSES:  # the teacher's top-k ids index the student's output
-            ours = model_vocab_size(resolve_model_path(model_folder(builder.config.model.path)))
+            ours = model_vocab_size(resolve_model_path(builder.config.model.path))  # config.json only
             theirs = model.get_output_embeddings().weight.shape[0]
             if ours is not None and theirs > ours:
                 raise ConfigError(f"'algorithm.teacher.path' ({path}) has an output layer of {theirs} tokens and the "

@@ -166,7 +166,7 @@ class Decoder:
         groups = length_groups(prompt_mask.sum(-1).tolist()) if filled and vision is None else [[]]
         vision = vision or {"position_ids": position}
         if len(groups) > 1:
-            out = self._prefill_by_length(prompts, prompt_mask, position, cache, groups)
+            out = self._prefill_by_length(prompts, prompt_mask, position, cache, groups, config)
         else:
             out = self.model(input_ids=prompts, attention_mask=mask if self.compiled else prompt_mask,
                              past_key_values=cache, cache_position=torch.arange(width, device=prompts.device),
@@ -201,19 +201,18 @@ class Decoder:
         return tokens[:, :steps], log_probs[:, :steps]
 
     def _prefill_by_length(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, position: torch.Tensor,
-                           cache: Any, groups: list[list[int]]) -> Any:
+                           cache: Any, groups: list[list[int]], config: Any) -> Any:
         """The prompts' forward pass as one pass per group of rows of similar length (``lengths.length_groups``: where
         the left padding of the short prompts would be most of a single pass's work, e.g. the long and short prompts
         of partial rollouts), each trimmed to its longest prompt; their keys and values are then written into
-        ``cache`` (a filled-part cache, empty) in the left-padded layout of one pass. Returns an object whose
-        ``logits[:, -1]`` are each row's next-token logits, as the single pass's."""
+        ``cache`` (a filled-part cache of the text ``config``, empty) in the left-padded layout of one pass. Returns
+        an object whose ``logits[:, -1]`` are each row's next-token logits, as the single pass's."""
         from types import SimpleNamespace
 
         from transformers import DynamicCache
 
         rows, width = prompts.shape
         lengths = prompt_mask.sum(-1)
-        config = self.model.config.get_text_config(decoder=True)
         keys: list[tuple[torch.Tensor, torch.Tensor]] = []
         logits: torch.Tensor | None = None
         for group in groups:

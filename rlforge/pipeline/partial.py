@@ -185,8 +185,8 @@ class PartialRollouts(Pipeline):
         saved = state.get("carried")
         self.carried = None if saved is None else batch_from_state(saved)
         most = int(self.config.rollout.max_new_tokens)
-        if self.carried is not None and int(self.carried[B.RESPONSE_MASK].sum(-1).max()) > most:
-            longest = int(self.carried[B.RESPONSE_MASK].sum(-1).max())
+        longest = 0 if self.carried is None else int(self.carried[B.RESPONSE_MASK].sum(-1).max())
+        if longest > most:
             raise ConfigError(f"The checkpoint carries responses of up to {longest} tokens into the next step "
                               f"(trainer.pipeline=partial), more than rollout.max_new_tokens={most} allows now: resume "
                               f"with rollout.max_new_tokens >= {longest}.")
