@@ -36,7 +36,7 @@ from rlforge.config.checks import check_device
 from rlforge.config.schema import option
 from rlforge.controller.remote import Role
 from rlforge.dataflow import DataFlow, Stage, StepContext
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, DataError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import LossContext
 
@@ -57,6 +57,33 @@ TEACHER_TOPK_LOG_PROBS = "teacher_topk_log_probs"  # [B, R, K] loss_mode=forward
 TEACHER_TOPK_IDS = "teacher_topk_ids"  # [B, R, K] ... and their token ids
 TOPK_LOSSES = ("forward_kl_topk",)  # the losses over the teacher's top-k tokens (verl 0.9.1 has this one)
 TOPK_STRATEGIES = ("single", "fsdp")  # the strategies whose actor runs ops.response_logits as it is
+EXTRA_INFO_FIELD = f"{B.EXTRA_INFO}."  # algorithm.teacher.route_by=extra_info.<name>: a field of the row's extra_info
+
+
+def route_values(batch: B.Batch, route_by: str) -> list[str | None]:
+    """Each row's value of ``algorithm.teacher.route_by`` (``data_source`` or ``extra_info.<name>``), as text (None
+    where the row has none): what ``algorithm.teacher.routes`` is keyed by."""
+    if route_by == B.DATA_SOURCE:
+        values = list(batch[B.DATA_SOURCE]) if B.DATA_SOURCE in batch else [None] * len(batch)
+    else:
+        name = route_by[len(EXTRA_INFO_FIELD):]
+        infos = batch[B.EXTRA_INFO] if B.EXTRA_INFO in batch else [None] * len(batch)
+        values = [info.get(name) if isinstance(info, dict) else None for info in infos]
+    return [None if v is None or v == "" else str(v) for v in values]
+
+
+def check_routes(batch: B.Batch, teacher: Any) -> None:
+    """Every row of ``batch`` has a teacher in ``algorithm.teacher.routes`` (when it has routes), else a DataError
+    naming the first row without one."""
+    if not teacher.routes:
+        return
+    for i, value in enumerate(route_values(batch, teacher.route_by)):
+        if value not in teacher.routes:
+            source = batch[B.DATA_SOURCE][i] if B.DATA_SOURCE in batch else None
+            uid = batch[B.UID][i] if B.UID in batch else None
+            raise DataError(f"A row (uid {uid!r}, data_source {source!r}) has {teacher.route_by}={value!r}, for which "
+                            f"algorithm.teacher.routes names no teacher (its keys: {sorted(teacher.routes)}): add a "
+                            f"teacher for it, or route by another field (algorithm.teacher.route_by).")
 
 
 @dataclass
@@ -69,6 +96,8 @@ class TeacherConfig:
     batch_size: int = option(16, ge=1)  # sequences per teacher forward pass (memory and speed only)
     trust_remote_code: bool = False  # for the teacher's code
     num_workers: int = option(1, ge=1)  # trainer.controller=ray: ranks of the teacher role (a resource pool of their own, ray.cpus_per_worker / gpus_per_worker each); torchrun: one per process
+    routes: dict[str, str] = field(default_factory=dict)  # several teachers (MOPD): a row's route_by value -> its teacher's causal LM (as path); every teacher rank holds them all; {} = the one teacher of path (verl: teacher_models.<name>.key / .model_path)
+    route_by: str = "data_source"  # with routes: the row field that picks a row's teacher: data_source or extra_info.<name> (verl: distillation.teacher_key)
 
 
 @dataclass
@@ -102,6 +131,7 @@ class TeacherLogProbs(Stage):
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         d = ctx.config.algorithm.distill
+        check_routes(batch, ctx.config.algorithm.teacher)
         if d.loss_mode in TOPK_LOSSES:
             if any(v is not None for v in batch.lists.get(B.MULTI_MODAL_INPUTS, [])):
                 raise ConfigError(f"algorithm.distill.loss_mode={d.loss_mode} does not read images yet: use an "
@@ -129,7 +159,20 @@ class OPD(GRPO):
     @classmethod
     def validate_config(cls, config: DictConfig) -> None:
         super().validate_config(config)
-        check_device(config.algorithm.teacher.device, "algorithm.teacher.device")
+        teacher = config.algorithm.teacher
+        check_device(teacher.device, "algorithm.teacher.device")
+        if teacher.routes and teacher.path:
+            raise ConfigError(f"algorithm.teacher.path ({teacher.path}) and algorithm.teacher.routes "
+                              f"({dict(teacher.routes)}) are both set: one teacher (path) or one per route (routes), "
+                              f"not both.")
+        if teacher.route_by != B.DATA_SOURCE and not (teacher.route_by.startswith(EXTRA_INFO_FIELD)
+                                                       and len(teacher.route_by) > len(EXTRA_INFO_FIELD)):
+            raise ConfigError(f"algorithm.teacher.route_by={teacher.route_by!r}: a row's teacher is picked by "
+                              f"{B.DATA_SOURCE} or {EXTRA_INFO_FIELD}<name> (a field of the row's extra_info).")
+        empty = [k for k, v in teacher.routes.items() if not v]
+        if empty:
+            raise ConfigError(f"algorithm.teacher.routes: no model for {empty} (each route names its teacher's "
+                              f"causal LM).")
         mode, strategy = config.algorithm.distill.loss_mode, config.strategy.name
         if mode in ("k1", "kl") and not config.algorithm.distill.use_policy_gradient:
             raise ConfigError(f"algorithm.distill.loss_mode={mode} as a direct loss (use_policy_gradient=false) does "

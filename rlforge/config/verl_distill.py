@@ -1,8 +1,8 @@
 """verl 0.9's on-policy distillation (``distillation.*``) as rlforge's ``--algo opd`` (algorithms/distill.py).
 
 verl adds a teacher's distillation loss to any estimator; rlforge's ``opd`` is GRPO with it, so a launch on
-``adv_estimator=grpo`` maps and one on another estimator is refused naming it. One teacher: verl's routing of samples
-to several teachers by ``distillation.teacher_key`` (MOPD) is refused. The estimator losses (``k1``/``kl``, ``abs``,
+``adv_estimator=grpo`` maps and one on another estimator is refused naming it. Several teachers routed by
+``distillation.teacher_key`` (MOPD) map to ``algorithm.teacher.routes`` and ``route_by``. The estimator losses (``k1``/``kl``, ``abs``,
 ``k2``/``mse``, ``k3``/``low_var_kl``) and the top-k loss ``forward_kl_topk`` (with ``topk`` and
 ``log_prob_min_clamp``) map.
 """
@@ -17,29 +17,34 @@ if TYPE_CHECKING:
 D, L = "distillation", "distillation.distillation_loss"
 ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")  # verl's estimator losses: kl_penalty's names
 TOPK = ("forward_kl_topk",)  # verl 0.9.1's loss over the teacher's top-k tokens
+DEFAULT = "teacher_model"  # verl's default teacher entry
 PLACEMENT = ("the teacher's devices and inference engine (rlforge's teacher is a forward pass of the Hugging Face "
              "model on ranks of the teacher role: algorithm.teacher.num_workers, .device, .batch_size); what is "
              "computed does not change")
 
 
 def teachers(c: Context) -> dict[str, str]:
-    """The teachers a launch names: ``teacher_models.<name>`` entries with a model_path (verl's default entry has
-    none)."""
+    """The teacher entries verl uses, ``name -> model_path`` (None where an entry has none): ``teacher_models``'
+    entries, without the default ``teacher_model`` when the launch names others (verl pops it then, even when it has
+    a model_path)."""
     prefix = f"{D}.teacher_models."
-    names = {k[len(prefix):].split(".", 1)[0] for k in c.owned if k.startswith(prefix)}
-    return {n: c.get(f"{prefix}{n}.model_path") for n in sorted(names) if c.get(f"{prefix}{n}.model_path")}
+    names = sorted({k[len(prefix):].split(".", 1)[0] for k in c.owned if k.startswith(prefix)})
+    if len(names) > 1:
+        names.remove(DEFAULT)
+    return {n: c.get(f"{prefix}{n}.model_path") for n in names}
 
 
 def distillation(c: Context) -> None:
-    """On-policy distillation: ``enabled`` picks ``--algo opd`` (on GRPO); the loss keys and the one teacher's path
-    map, the teacher's placement and inference engine are ignored, and the rest is read only when enabled."""
+    """On-policy distillation: ``enabled`` picks ``--algo opd`` (on GRPO); the loss keys and the teachers (one path,
+    or several routed by teacher_key) map, the teachers' placement and inference engines are ignored, and the rest is read only
+    when enabled."""
     if not c.get(f"{D}.enabled"):
         c.same(f"{D}.enabled", "no teacher")
         for key in c.owned:
             c.ignore(key, "read only with distillation.enabled")
         return
     found = teachers(c)
-    if c.algorithm != "grpo" or not found:  # verl requires a teacher; rlforge's opd would distil from the policy
+    if c.algorithm != "grpo" or not any(found.values()):  # verl requires a teacher; rlforge's opd would distil
         c.refuse(f"{D}.enabled", "on-policy distillation without a teacher (no teacher_models.<name>.model_path)"
                  if c.algorithm == "grpo" else f"on-policy distillation on adv_estimator="
                  f"{c.get('algorithm.adv_estimator')} (rlforge's --algo opd is GRPO with a teacher)")
@@ -48,16 +53,7 @@ def distillation(c: Context) -> None:
         return
     c.map(f"{D}.enabled", "--algo", "opd")
     c.algorithm = "opd"
-    several = f"distillation from several teachers routed by teacher_key ({', '.join(found)})"
-    for name, path in found.items():
-        key = f"{D}.teacher_models.{name}.model_path"
-        if len(found) == 1:
-            c.map(key, "algorithm.teacher.path", path)
-        else:
-            c.refuse(key, several)
-    if len(found) > 1:
-        c.refuse(f"{D}.teacher_key", several)
-    c.ignore(f"{D}.teacher_key", "one teacher: every sample goes to it")
+    routed(c, found)
     mode = c.get(f"{L}.loss_mode")
     if mode in TOPK and c.get("model_engine") == "megatron":
         c.refuse(f"{L}.loss_mode", f"the top-k distillation loss {mode} on the megatron engine (rlforge computes it "
@@ -88,12 +84,47 @@ def distillation(c: Context) -> None:
     policy_gradient(c, pg)
     prefix = f"{D}.teacher_models."
     for key in c.owned:  # the rest of the teacher entries, and the teacher pool
-        if key.startswith(prefix) and key.endswith(".key"):
-            c.ignore(key, "the teacher's routing key (one teacher: every sample goes to it)")
-        elif key.startswith(prefix) and key.endswith(".model_path"):
-            c.ignore(key, "an entry without a model (null): no teacher")
+        if key.startswith(f"{prefix}{DEFAULT}.") and DEFAULT not in found:
+            c.ignore(key, f"verl drops its default entry {DEFAULT} when a launch names other teachers (its "
+                          f"distillation.yaml says so)")
         elif key.startswith(prefix) or key in (f"{D}.n_gpus_per_node", f"{D}.nnodes"):
             c.ignore(key, PLACEMENT)
+
+
+def routed(c: Context, found: dict[str, str]) -> None:
+    """One teacher: its model_path is ``algorithm.teacher.path`` and every sample goes to it (its key and
+    ``teacher_key`` are not read). Several (MOPD): ``algorithm.teacher.routes`` maps each entry's ``key`` to its
+    model_path, and ``teacher_key`` is ``algorithm.teacher.route_by`` (rlforge's rows keep data_source and
+    extra_info; another dataset column is refused)."""
+    prefix = f"{D}.teacher_models."
+    if len(found) == 1:
+        name, path = next(iter(found.items()))
+        c.map(f"{prefix}{name}.model_path", "algorithm.teacher.path", path)
+        c.ignore(f"{prefix}{name}.key", "one teacher: every sample goes to it (verl routes by key only with several)")
+        c.ignore(f"{D}.teacher_key", "one teacher: every sample goes to it")
+        return
+    keys = {name: c.get(f"{prefix}{name}.key") for name in found}
+    broken = [n for n in found if found[n] is None or keys[n] is None]
+    clash = sorted({str(k) for k in keys.values() if k is not None and list(keys.values()).count(k) > 1})
+    if broken or clash:
+        why = (f"teacher entries without a model_path or key ({', '.join(broken)})" if broken else
+               f"two teacher entries with the same key ({', '.join(clash)})")
+        c.refuse(f"{D}.teacher_key", f"{why}, which verl 0.9.1 refuses too")
+        for name in found:
+            for field in ("model_path", "key"):
+                c.ignore(f"{prefix}{name}.{field}", f"a teacher of the launch's refused routing ({D}.teacher_key)")
+        return
+    routes = {str(keys[name]): found[name] for name in found}
+    for name in found:
+        c.map(f"{prefix}{name}.model_path", "algorithm.teacher.routes", routes)
+        c.map(f"{prefix}{name}.key", "algorithm.teacher.routes", routes, "the routing value of this entry's teacher")
+    by = c.get(f"{D}.teacher_key")
+    if by == "data_source":
+        c.map(f"{D}.teacher_key", "algorithm.teacher.route_by", by)
+    else:
+        c.refuse(f"{D}.teacher_key", f"routing samples to teachers by the dataset column '{by}' (rlforge's rows keep "
+                                     f"data_source and extra_info: algorithm.teacher.route_by=data_source or "
+                                     f"extra_info.<name>)")
 
 
 def policy_gradient(c: Context, pg: bool) -> None:

@@ -168,8 +168,15 @@ def test_verl_topk_distillation_maps_with_its_keys():
     ([], "distillation.enabled", "on-policy distillation without a teacher"),
     (["distillation.teacher_models.teacher_model.model_path=T", "algorithm.adv_estimator=gae"],
      "distillation.enabled", "on-policy distillation on adv_estimator=gae"),
-    (["distillation.teacher_models.teacher_model.model_path=T", "+distillation.teacher_models.b.model_path=U"],
-     "distillation.teacher_key", "several teachers routed by teacher_key (b, teacher_model)"),
+    (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
+      "+distillation.teacher_models.a.key=x"],
+     "distillation.teacher_key", "teacher entries without a model_path or key (b), which verl 0.9.1 refuses too"),
+    (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
+      "+distillation.teacher_models.a.key=x", "+distillation.teacher_models.b.key=x"],
+     "distillation.teacher_key", "two teacher entries with the same key (x)"),
+    (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
+      "+distillation.teacher_models.a.key=x", "+distillation.teacher_models.b.key=y", "distillation.teacher_key=task"],
+     "distillation.teacher_key", "by the dataset column 'task'"),
     (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.loss_mode=bogus"],
      "distillation.distillation_loss.loss_mode", "which verl 0.9.1 does not have either"),
     (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.policy_loss_mode=gspo"],
@@ -178,6 +185,30 @@ def test_verl_topk_distillation_maps_with_its_keys():
 def test_verl_distillation_refusals_name_the_missing_feature(args, refused, text):
     t, fates, verl = _verl(*args)
     assert fates[refused].kind == verl.REFUSED and text in fates[refused].text, fates[refused]
+
+
+def test_verl_several_teachers_map_to_routes_by_data_source():
+    """verl's MOPD launch: each entry's key routes samples (by data_source) to its model_path; verl drops the default
+    entry teacher_model once others are named, even with a model_path, and so does the translation."""
+    t, fates, verl = _verl("distillation.teacher_models.teacher_model.model_path=Dropped",
+                           "distillation.teacher_key=data_source",
+                           "+distillation.teacher_models.gsm8k.key=openai/gsm8k",
+                           "+distillation.teacher_models.gsm8k.model_path=Qwen/Qwen3-32B",
+                           "+distillation.teacher_models.geo3k.key=hiyouga/geometry3k",
+                           "+distillation.teacher_models.geo3k.model_path=Qwen/Qwen3-VL-32B-Instruct",
+                           "+distillation.teacher_models.geo3k.num_replicas=1")
+    assert t.algorithm == "opd" and not t.refused
+    assert t.overrides["algorithm.teacher.routes"] == {"openai/gsm8k": "Qwen/Qwen3-32B",
+                                                       "hiyouga/geometry3k": "Qwen/Qwen3-VL-32B-Instruct"}
+    assert t.overrides["algorithm.teacher.route_by"] == "data_source" and "algorithm.teacher.path" not in t.overrides
+    dropped = fates["distillation.teacher_models.teacher_model.model_path"]
+    assert dropped.kind == verl.IGNORED and "drops its default entry" in dropped.text
+    assert fates["distillation.teacher_models.geo3k.num_replicas"].kind == verl.IGNORED
+    # one named entry besides the default: that one is the teacher, and routing is not read
+    t, fates, verl = _verl("distillation.teacher_models.teacher_model.model_path=Dropped",
+                           "+distillation.teacher_models.only.key=k", "+distillation.teacher_models.only.model_path=T")
+    assert t.overrides["algorithm.teacher.path"] == "T" and "algorithm.teacher.routes" not in t.overrides
+    assert fates["distillation.teacher_models.only.key"].kind == verl.IGNORED
 
 
 # --- forward_kl_topk ------------------------------------------------------------------------------------------------
@@ -252,3 +283,93 @@ def test_a_topk_teacher_with_a_larger_output_layer_is_refused(tmp_path):
     with pytest.raises(RLForgeError, match=r"has an output layer of 110 tokens and the policy one of 103"):
         Trainer(_config(tmp_path, f"algorithm.teacher.path={folder}", "trainer.total_steps=1",
                         "algorithm.distill.loss_mode=forward_kl_topk")).fit()
+
+
+# --- several teachers (MOPD) ----------------------------------------------------------------------------------------
+def _halved_teacher(tmp_path):
+    """The tiny policy with its output layer halved: another teacher of the same tokenizer."""
+    from rlforge.models import load_model, load_tokenizer
+
+    folder = tmp_path / "halved"
+    model = load_model("builtin:tiny-arith")
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(0.5)
+    model.save_pretrained(folder)
+    load_tokenizer("builtin:tiny-arith").save_pretrained(folder)
+    return folder
+
+
+def _routed_batch(values):
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 100, (len(values), 7), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # a left-padded prompt
+    return B.Batch({B.INPUT_IDS: ids, B.ATTENTION_MASK: mask, B.RESPONSES: ids[:, -3:]},
+                   {B.DATA_SOURCE: ["arith"] * len(values), B.UID: [str(i) for i in range(len(values))],
+                    B.EXTRA_INFO: [{"a": v} for v in values]})
+
+
+def test_route_values_read_data_source_or_an_extra_info_field():
+    from rlforge.algorithms.distill import route_values
+
+    batch = B.Batch({B.INPUT_IDS: torch.zeros(3, 1)},
+                    {B.DATA_SOURCE: ["gsm8k", "", "geo"], B.EXTRA_INFO: [{"task": 1}, None, {"other": "x"}]})
+    assert route_values(batch, "data_source") == ["gsm8k", None, "geo"]
+    assert route_values(batch, "extra_info.task") == ["1", None, None]  # as text: routes' keys are text
+
+
+def test_each_row_is_scored_by_the_teacher_its_route_names(tmp_path):
+    """Rows routed by extra_info.a to two teachers: each row's log-probs (and top-k) are its own teacher's, in the
+    batch's row order, whatever the sub-batch size."""
+    from rlforge import ops
+    from rlforge.algorithms.distill_worker import TeacherWorker
+    from rlforge.models import load_model
+
+    first, second = load_model("builtin:tiny-arith").eval(), load_model(str(_halved_teacher(tmp_path))).eval()
+    worker = TeacherWorker("teacher", 0, 1)
+    worker.models, worker.device = {"0": first, "1": second}, torch.device("cpu")
+    worker.options = _config(tmp_path, "algorithm.teacher.routes={'0': a, '1': b}",
+                             "algorithm.teacher.route_by=extra_info.a", "algorithm.teacher.batch_size=1"
+                             ).algorithm.teacher
+    batch = _routed_batch([1, 0, 1, 0, 0])
+    with torch.no_grad():
+        got = worker.teacher_log_probs(batch)
+        alone = {m: ops.response_logprobs(m, batch[B.INPUT_IDS], batch[B.ATTENTION_MASK], 3)[0] for m in (first, second)}
+        top = worker.teacher_topk(batch, 4)
+    for i, a in enumerate([1, 0, 1, 0, 0]):
+        assert torch.allclose(got[i], alone[second if a else first][i], atol=1e-6), i
+    assert not torch.allclose(alone[first][0], alone[second][0])  # the two teachers differ
+    assert torch.allclose(top[TEACHER_LOG_PROBS], got, atol=1e-6)
+    assert top["teacher_topk_log_probs"].shape == (5, 3, 4)
+
+
+def test_several_teachers_train_and_a_row_without_a_teacher_is_named(tmp_path):
+    halved = _halved_teacher(tmp_path)
+    routes = f"algorithm.teacher.routes={{'0': builtin:tiny-arith, '1': {halved}}}"
+    trainer = Trainer(_config(tmp_path, routes, "algorithm.teacher.route_by=extra_info.a", "data.arith.max_operand=1", "data.arith.val_size=0",
+                              "trainer.total_steps=1"))
+    trainer.fit()
+    assert trainer.history[0]["distillation/reverse_kl_k1"] != 0  # rows of a=1 read the halved teacher
+    with pytest.raises(RLForgeError, match=r"has extra_info.a='1', for which algorithm.teacher.routes names no "
+                                           r"teacher \(its keys: \['0'\]\)"):
+        Trainer(_config(tmp_path / "b", "algorithm.teacher.routes={'0': builtin:tiny-arith}",
+                        "algorithm.teacher.route_by=extra_info.a", "data.arith.max_operand=1", "data.arith.val_size=0",
+                        "trainer.total_steps=1")).fit()
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["algorithm.teacher.path=builtin:tiny-arith", "algorithm.teacher.routes={x: builtin:tiny-arith}"],
+     "are both set: one teacher"),
+    (["algorithm.teacher.routes={x: builtin:tiny-arith}", "algorithm.teacher.route_by=task"],
+     r"route_by='task': a row's teacher is picked by data_source or extra_info.<name>"),
+    (["algorithm.teacher.routes={x: ''}"], r"algorithm.teacher.routes: no model for \['x'\]"),
+])
+def test_bad_routes_are_config_errors(tmp_path, extra, says):
+    with pytest.raises(RLForgeError, match=says):
+        _config(tmp_path, *extra)
+
+
+def test_the_routes_may_not_change_on_resume():
+    from rlforge.resume import may_change
+
+    assert not may_change("algorithm.teacher.routes.gsm8k") and not may_change("algorithm.teacher.route_by")

@@ -28,7 +28,8 @@ REPRESENTATIVE = {
     "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh": None,  # SFT (its schedule: verl's, through transformers)
     # on-policy distillation (k1 as a policy gradient, no task rewards); the teacher is the tiny model too (_local)
     "examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh": None,
-    "examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh": "several teachers",
+    # several teachers routed by data_source (MOPD); both teachers the tiny model, the rows all openai/gsm8k
+    "examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh": None,
 }
 EXTRA = {"dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": [  # main_dapo's config; its overlong window within 8 tokens
     "--config-name=dapo_trainer", "data.gen_batch_size=2", "algorithm.filter_groups.max_num_gen_batches=2",
@@ -52,8 +53,15 @@ def _local(launch: dict, tmp_path, model, data) -> list[str]:
             "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console]",
             "trainer.resume_mode=disable", f"trainer.default_local_dir={tmp_path}/run", f"critic.model.path={model}",
             "critic.ppo_micro_batch_size_per_gpu=2", "data.filter_overlong_prompts=True",
-            *([f"distillation.teacher_models.teacher_model.model_path={model}"]
-              if "distillation.enabled=True" in launch["args"] else [])]
+            *_teachers(launch, model)]
+
+
+def _teachers(launch: dict, model) -> list[str]:
+    """Every teacher entry's model_path (the default entry where the launch names none) set to the tiny model."""
+    if "distillation.enabled=True" not in launch["args"]:
+        return []
+    keys = {a.lstrip("+").split("=", 1)[0] for a in launch["args"] if ".model_path=" in a and "teacher_models" in a}
+    return [f"{key}={model}" for key in sorted(keys or {"distillation.teacher_models.teacher_model.model_path"})]
 
 
 @pytest.fixture(scope="module")
