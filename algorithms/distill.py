@@ -210,7 +210,9 @@ class OPD(GRPO):
         log_softmax = torch.log_softmax(logits.float(), dim=-1)
         log_probs = log_softmax.gather(-1, micro[B.RESPONSES][..., None]).squeeze(-1) * mask
         entropy = -(log_softmax.exp() * log_softmax).sum(-1) * mask
-        return self.distill_loss(micro, log_probs, entropy, ctx, log_softmax.gather(-1, micro[TEACHER_TOPK_IDS]))
+        teacher_ids = micro[TEACHER_TOPK_IDS]
+        student_ids = log_softmax.detach().topk(teacher_ids.shape[-1], dim=-1).indices  # the overlap diagnostics
+        return self.distill_loss(micro, log_probs, entropy, ctx, log_softmax.gather(-1, teacher_ids), student_ids)
 
     def policy_loss(
         self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext
@@ -219,17 +221,18 @@ class OPD(GRPO):
 
     def distill_loss(
         self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext,
-        student_topk: torch.Tensor | None = None,
+        student_topk: torch.Tensor | None = None, student_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The actor's loss: the distillation loss (``student_topk``: the student's log-probs at the teacher's top-k
-        tokens, for ``forward_kl_topk``), with GRPO's task loss when ``use_task_rewards``."""
+        tokens, for ``forward_kl_topk``, and ``student_ids`` its own top-k tokens, for the overlap metrics), with GRPO's
+        task loss when ``use_task_rewards``."""
         d = self.config.algorithm.distill
         mask = batch[B.RESPONSE_MASK].to(log_probs.dtype)
         divergence: torch.Tensor | None = None
         topk_stats: dict[str, torch.Tensor] = {}
         if student_topk is not None:
             divergence, topk_stats = F.forward_kl_topk(student_topk, batch[TEACHER_TOPK_LOG_PROBS],
-                                                       d.log_prob_min_clamp)
+                                                       d.log_prob_min_clamp, batch[TEACHER_TOPK_IDS], student_ids)
         loss_mat, stats = F.distillation_loss(
             log_probs, batch[TEACHER_LOG_PROBS], batch[B.OLD_LOG_PROBS], mask, d.loss_mode, d.loss_max_clamp,
             d.use_policy_gradient, (d.clip_ratio_low, d.clip_ratio_high, d.clip_ratio_c), self.is_weights(batch),
@@ -241,7 +244,7 @@ class OPD(GRPO):
             return self.aggregate(mat, mask, ctx, mode)
 
         distill = agg(loss_mat)
-        metrics = {"distillation/loss": distill.item()}
+        metrics = {"distillation/loss": distill.item(), **self._overlap_metrics(topk_stats, mask, ctx)}
         metrics.update({f"distillation/{k}": agg(v.detach().to(mask.dtype), "token-mean").item()
                         for k, v in stats.items()})
         if not d.use_task_rewards:
@@ -250,6 +253,21 @@ class OPD(GRPO):
             return distill, metrics
         loss, task = super().policy_loss(batch, log_probs, entropy, ctx)
         return loss + d.distillation_loss_coef * distill, {**task, **metrics}
+
+    def _overlap_metrics(self, stats: dict[str, torch.Tensor], mask: torch.Tensor, ctx: LossContext
+                         ) -> dict[str, float]:
+        """verl's top-k overlap diagnostics, taken out of ``stats``: ``overlap_ratio``, the token mean of the overlap
+        count over K; ``overlap_token_advantage``, the mean over positions with an overlap, in each micro-batch,
+        weighted across micro-batches and ranks by their response tokens (verl averages its micro-batches' means)."""
+        if "overlap_count" not in stats:
+            return {}
+        count, advantage = stats.pop("overlap_count"), stats.pop("overlap_token_advantage")
+        k = self.config.algorithm.distill.topk
+        ratio = self.aggregate(count / k, mask, ctx, "token-mean").item()
+        where = mask * (count > 0)
+        mean = float((advantage * where).sum() / where.sum()) if where.sum() > 0 else 0.0
+        return {"distillation/overlap_ratio": ratio,
+                "distillation/overlap_token_advantage": mean * float(mask.sum()) / max(ctx.global_tokens, 1.0)}
 
 
 @hookimpl

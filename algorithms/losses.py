@@ -207,18 +207,29 @@ def gpg_policy_loss(
 
 def forward_kl_topk(
     student_topk_log_prob: torch.Tensor, teacher_topk_log_prob: torch.Tensor, log_prob_min_clamp: float | None = None,
+    teacher_ids: torch.Tensor | None = None, student_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """verl's ``forward_kl_topk`` divergence per token, [B, R]: ``sum_k p_T,k (log p_T,k - log p_S,k)`` over the
     teacher's top-k tokens ``[B, R, K]`` (``log p_S,k``: the student's full-vocabulary log-softmax at those tokens,
     with its gradient), both log-probs clamped below at ``log_prob_min_clamp`` when given, then at least 0 (the
     truncated sum can be negative). Stats [B, R]: ``student_mass`` and ``teacher_mass``, ``sum_k p`` of each before
-    the clamp (how much of each distribution the top-k holds)."""
+    the clamp (how much of each distribution the top-k holds); with the teacher's and the student's own top-k ids
+    ([B, R, K] each), verl's overlap diagnostics (after "Rethinking On-Policy Distillation of Large Language Models",
+    arXiv:2604.13016): ``overlap_count``, how many of the teacher's top-k tokens are among the student's, and
+    ``overlap_token_advantage``, the mean over those tokens of ``-p_T,k (log p_T,k - log p_S,k)`` (clamped log-probs;
+    0 where none overlap)."""
     stats = {"student_mass": student_topk_log_prob.detach().exp().sum(-1),
              "teacher_mass": teacher_topk_log_prob.detach().exp().sum(-1)}
     student, teacher = student_topk_log_prob.float(), teacher_topk_log_prob.float()
     if log_prob_min_clamp is not None:
         student, teacher = student.clamp_min(log_prob_min_clamp), teacher.clamp_min(log_prob_min_clamp)
-    return (teacher.exp() * (teacher - student)).sum(-1).clamp_min(0.0), stats
+    token_kl = teacher.exp() * (teacher - student)
+    if teacher_ids is not None and student_ids is not None:
+        overlap = (teacher_ids[..., :, None] == student_ids[..., None, :]).any(-1)
+        count = overlap.sum(-1)
+        stats["overlap_count"] = count.float()
+        stats["overlap_token_advantage"] = (-token_kl.detach() * overlap).sum(-1) / count.clamp_min(1)
+    return token_kl.sum(-1).clamp_min(0.0), stats
 
 
 def distillation_loss(

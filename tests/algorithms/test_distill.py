@@ -227,6 +227,18 @@ def test_forward_kl_topk_by_hand():
     assert clamped.item() == pytest.approx(0.3 * (math.log(0.3) + 10.0), rel=1e-5)
 
 
+def test_topk_overlap_diagnostics_by_hand():
+    """verl's overlap diagnostics: how many of the teacher's top-k ids the student's top-k holds, and the mean of
+    -p_T (log p_T - log p_S) over those tokens (0 where none overlap)."""
+    teacher = torch.tensor([[[math.log(0.6), math.log(0.3)], [math.log(0.5), math.log(0.1)]]])
+    student = torch.tensor([[[math.log(0.5), math.log(0.25)], [math.log(0.9), math.log(0.05)]]])
+    teacher_ids = torch.tensor([[[4, 7], [1, 2]]])
+    student_ids = torch.tensor([[[7, 9], [3, 5]]])  # position 0 shares token 7 (the teacher's second), position 1 none
+    _, stats = F.forward_kl_topk(student, teacher, None, teacher_ids, student_ids)
+    assert stats["overlap_count"].tolist() == [[1.0, 0.0]]
+    assert stats["overlap_token_advantage"][0].tolist() == pytest.approx([-0.3 * math.log(0.3 / 0.25), 0.0], rel=1e-5)
+
+
 def test_the_topk_loss_flows_into_the_direct_and_policy_gradient_forms():
     student = torch.log_softmax(torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(1)), -1).requires_grad_()
     teacher = torch.log_softmax(torch.randn(1, 3, 5, generator=torch.Generator().manual_seed(2)), -1).topk(2, -1)
@@ -253,6 +265,10 @@ def test_topk_distillation_from_the_initial_weights_starts_at_zero_and_logs_the_
     assert first["distillation/loss"] == pytest.approx(0.0, abs=1e-5)
     assert first["distillation/student_mass"] == pytest.approx(first["distillation/teacher_mass"], abs=1e-5)
     assert 0 < first["distillation/teacher_mass"] <= 1 and second["distillation/loss"] > 0
+    # the same model on both sides: the student's top-4 is the teacher's, and no overlapping token has a KL term
+    assert first["distillation/overlap_ratio"] == pytest.approx(1.0)
+    assert first["distillation/overlap_token_advantage"] == pytest.approx(0.0, abs=1e-6)
+    assert second["distillation/overlap_ratio"] <= 1.0
     assert abs(first["distillation/reverse_kl_k1"]) < 1e-5
 
 
