@@ -209,3 +209,18 @@ def test_the_default_segment_is_named_when_it_is_too_long(tmp_path):
     with pytest.raises(ConfigError, match=r"trainer.partial_tokens \(unset: 1, a quarter .*\) is not below "
                                           r"rollout.max_new_tokens=1, .* Use trainer.pipeline=sync"):
         fast_config("grpo", tmp_path, PARTIAL, "rollout.max_new_tokens=1")
+
+
+def test_eval_of_a_partial_run_takes_any_max_new_tokens(tmp_path, capsys):
+    """Evaluation does not train: a partial run's folder evaluates with a rollout.max_new_tokens below its
+    partial_tokens (the pipeline's own check would refuse that in training)."""
+    import json
+
+    from rlforge.cli import main
+
+    trainer = Trainer(fast_config("grpo", tmp_path, PARTIAL, "trainer.partial_tokens=3", "rollout.max_new_tokens=7",
+                                  "trainer.total_steps=1", "trainer.save_every=1"))
+    trainer.fit()
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(trainer.run_dir), "--out", str(out), "--limit", "2", "rollout.max_new_tokens=2"]) == 0
+    assert json.loads(out.read_text())["max_new_tokens"] == 2

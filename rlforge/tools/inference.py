@@ -24,6 +24,7 @@ from rlforge.data import collate, template_kwargs, tokenize_rows
 from rlforge.errors import RLForgeError
 from rlforge.lora import ADAPTER_CONFIG
 from rlforge.models import BUILTIN_PREFIX
+from rlforge.pipeline.base import OPTIONS as PIPELINE_OPTIONS
 from rlforge.tools.export import find_checkpoint, model_folder
 
 SPLITS = ("train", "val")
@@ -80,6 +81,11 @@ def training_config(model: str) -> tuple[DictConfig, str] | None:
     # inference runs in this one process, whatever placed the training run's ranks (an fsdp run under ray): the
     # checkpoint's actor/ is a plain model folder
     cfg.trainer.controller, cfg.strategy.name, cfg.strategy.num_processes = "local", "single", 1
+    # nor does it train: the training pipeline and its options (partial's partial_tokens, which must stay below an
+    # evaluation's rollout.max_new_tokens) do not apply
+    cfg.trainer.pipeline = "sync"
+    for key in PIPELINE_OPTIONS:
+        cfg.trainer.pop(key, None)
     return cfg, f"the training config of {checkpoint}"
 
 
