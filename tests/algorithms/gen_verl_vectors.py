@@ -10,6 +10,9 @@ verl is not a dependency of rlforge: run this in a throwaway environment, outsid
         --sppo-recipe PATH/verl-recipe/sppo
     PYTHONPATH=/tmp/verlpkg/src:STUBS /tmp/verlenv/bin/python tests/algorithms/gen_verl_vectors.py \\
         --prime-recipe PATH/verl-recipe/prime   # writes data/verl_prime_vectors.json only
+    /tmp/verlenv/bin/pip install datasets pillow   # verl.trainer.distillation imports verl's dataset module
+    PYTHONPATH=/tmp/verlpkg/src:STUBS /tmp/verlenv/bin/python tests/algorithms/gen_verl_vectors.py \\
+        --distill   # writes data/verl_distill_vectors.json only
 
 ``STUBS`` is a folder with a ``ray`` package that defines ``ObjectRef`` (verl's protocol module names
 ``ray.ObjectRef`` at import; nothing here uses Ray). The SPPO recipe (verl-recipe, not in the wheel) is read from its
@@ -18,6 +21,13 @@ The PRIME recipe likewise (``prime_core_algos.py``'s ``compute_rloo_advantage_re
 ``compute_dpo_accuracy``; ``prime_dp_rm.py``'s ``prime_norm`` method, whose module needs flash-attn to import: only the
 method is compiled). The PRIME files were taken from verl's repository at the commit before the recipes moved out
 (2bb42bae6^, ``recipe/prime/``).
+
+``--distill`` runs verl's on-policy distillation losses (nothing needs a recipe): the FSDP logits processor's
+``verl.trainer.distillation.fsdp.losses.compute_forward_kl_topk`` (teacher top-k log-probs and ids as jagged nested
+tensors in verl's packed no-padding layout; its per-token outputs are read back with verl's ``no_padding_2_padding``),
+and ``verl.trainer.distillation.losses.distillation_loss`` (through the registered ``forward_kl_topk`` and
+``compute_distillation_loss_reverse_kl_estimator``, the ``loss_max_clamp``, and ``agg_loss`` or the vanilla policy
+loss), with verl's own ``ActorConfig``, ``DistillationConfig`` and ``DistillationLossConfig``.
 """
 
 from __future__ import annotations
@@ -275,13 +285,196 @@ def sppo(recipe: Path) -> list[dict[str, Any]]:
     return cases
 
 
+# --- on-policy distillation (--distill: data/verl_distill_vectors.json) ----------------------------------------------
+
+DISTILL_OUT = OUT.with_name("verl_distill_vectors.json")
+PROMPT_LENS = (2, 3, 1, 2)  # verl's no-padding layout: every row's prompt and response tokens, packed
+RESPONSE_LENS = (6, 3, 5, 4)  # B rows, R = 6 (right padding)
+VOCAB, TOPK = 12, 4
+DISTILL_CLIP = (0.2, 0.28)  # DistillationLossConfig's clip_ratio_low/high; its vanilla loss reads no clip_ratio_c: 3.0
+
+
+def _response_mask(dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return (torch.arange(R)[None] < torch.tensor(RESPONSE_LENS)[:, None]).to(dtype)
+
+
+def _packed(padded: torch.Tensor, fill: torch.Tensor) -> Any:
+    """``padded`` ([B, R, *], the response tokens' values) in verl's packed no-padding layout, a jagged nested tensor
+    over the rows' prompt + response positions: response token j of row i sits at the position that predicts it
+    (``offset_i + prompt_len_i - 1 + j``, what ``no_padding_2_padding`` reads back); ``fill`` ([total_nnz, *]) holds
+    the other positions. Differentiable in ``padded``."""
+    lengths = torch.tensor(PROMPT_LENS) + torch.tensor(RESPONSE_LENS)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    rows, cols = _response_mask().nonzero(as_tuple=True)
+    positions = offsets[rows] + torch.tensor(PROMPT_LENS)[rows] - 1 + cols
+    values = fill.to(padded.dtype).index_put((positions,), padded[rows, cols])
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def _distill_batch(**tensors: Any) -> Any:
+    """A micro-batch TensorDict as verl's distillation loss reads it (nested prompts/responses/response_mask, dp_size 1,
+    this micro-batch's own token and sequence counts)."""
+    import verl.utils.tensordict_utils as tu
+
+    def jagged(lengths: tuple[int, ...]) -> torch.Tensor:
+        return torch.nested.nested_tensor([torch.ones(n, dtype=torch.long) for n in lengths], layout=torch.jagged)
+
+    base = {"prompts": jagged(PROMPT_LENS), "responses": jagged(RESPONSE_LENS), "response_mask": jagged(RESPONSE_LENS)}
+    return tu.get_tensordict({**base, **tensors}, non_tensor_dict={
+        "dp_size": 1, "batch_num_tokens": sum(RESPONSE_LENS), "global_batch_size": B})
+
+
+def _distill_configs(loss_mode: str, agg: str = "token-mean", **loss: Any) -> tuple[Any, Any]:
+    from verl.workers.config import ActorConfig, DistillationConfig, DistillationLossConfig
+
+    loss_config = DistillationLossConfig(loss_mode=loss_mode, clip_ratio_low=DISTILL_CLIP[0],
+                                         clip_ratio_high=DISTILL_CLIP[1], **loss)
+    actor = ActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1, rollout_n=1,
+                        loss_agg_mode=agg)
+    return actor, DistillationConfig(enabled=False, distillation_loss=loss_config)
+
+
+def _nnz() -> int:
+    return sum(PROMPT_LENS) + sum(RESPONSE_LENS)
+
+
+def _distill_inputs(seed: int) -> dict[str, torch.Tensor]:
+    """Sampled-token log-probs [B, R] of student (``new``), rollout policy (``old``), teacher, and IS weights; float64.
+    The teacher is far enough off for the clamps to act."""
+    g = torch.Generator().manual_seed(seed)
+    old = torch.empty(B, R, dtype=torch.float64).uniform_(0.05, 0.95, generator=g).log()
+    new = (old + 0.4 * torch.randn(B, R, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+    teacher = (new + 1.2 * torch.randn(B, R, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+    weights = torch.empty(B, R, dtype=torch.float64).uniform_(0.5, 1.8, generator=g)
+    return {"old": old, "new": new, "teacher": teacher, "weights": weights}
+
+
+def _estimator_case(seed: int, loss_mode: str, clamp: float | None, pg: bool, weighted: bool = False,
+                    agg: str = "token-mean") -> dict[str, Any]:
+    """verl.trainer.distillation.losses.distillation_loss with an estimator loss_mode (through the registered
+    compute_distillation_loss_reverse_kl_estimator, the loss_max_clamp, and the vanilla policy loss or agg_loss)."""
+    from verl.trainer.distillation import losses
+
+    x = _distill_inputs(seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    fill = torch.randn(_nnz(), generator=g, dtype=torch.float64) - 2.0  # prompt positions (read by nobody)
+    new = x["new"].clone().requires_grad_(True)
+    tensors = {"teacher_logprobs": _packed(x["teacher"].unsqueeze(-1), fill.unsqueeze(-1)),
+               "old_log_probs": x["old"]}
+    if weighted:
+        tensors["rollout_is_weights"] = x["weights"]
+    data = _distill_batch(**tensors)
+    actor, distill = _distill_configs(loss_mode, agg, loss_max_clamp=clamp, use_policy_gradient=pg)
+    loss, metrics = losses.distillation_loss(actor, distill, {"log_probs": _packed(new, fill)}, data)
+    loss.backward()
+    per_token, _ = losses.compute_distillation_loss_reverse_kl_estimator(
+        actor, distill, {"log_probs": _packed(x["new"], fill)}, data)
+    return {"seed": seed, "loss_mode": loss_mode, "loss_max_clamp": clamp, "use_policy_gradient": pg,
+            "weighted": weighted, "loss_agg_mode": agg, "distillation_losses": _list(per_token),
+            "loss": loss.item(), "grad": _list(new.grad), "metrics": _metrics(metrics)}
+
+
+def _metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        v = v.aggregate() if hasattr(v, "aggregate") else v  # verl's Metric(aggregation, value)
+        if isinstance(v, (int, float)) or torch.is_tensor(v):
+            out[k] = float(v)
+    return out
+
+
+def _topk_inputs(seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Student logits [B, R, V] and the teacher's top-K log-probs and ids [B, R, K] of a teacher whose logits range
+    from close to the student's to opposite (row 0's first token: exactly opposite, so the top-Ks are disjoint)."""
+    g = torch.Generator().manual_seed(seed)
+    student = 2.0 * torch.randn(B, R, VOCAB, generator=g, dtype=torch.float64)
+    mix = torch.empty(B, R, 1, dtype=torch.float64).uniform_(-0.5, 1.0, generator=g)
+    teacher = mix * student + 2.0 * (1 - mix.abs()) * torch.randn(B, R, VOCAB, generator=g, dtype=torch.float64)
+    teacher[0, 0] = -student[0, 0]
+    top = torch.log_softmax(teacher, -1).topk(TOPK, -1)
+    sampled = torch.log_softmax(student, -1)[..., 0]  # the sampled tokens' log-probs (for the policy-gradient form)
+    old = sampled + 0.3 * torch.randn(B, R, generator=g, dtype=torch.float64)
+    return {"student_logits": student.to(dtype), "teacher_topk_log_probs": top.values.to(dtype),
+            "teacher_topk_ids": top.indices, "new": sampled.to(dtype), "old": old.to(dtype)}
+
+
+def _topk_case(seed: int, dtype: torch.dtype, min_clamp: float | None, max_clamp: float | None, pg: bool = False
+               ) -> dict[str, Any]:
+    """verl.trainer.distillation.fsdp.losses.compute_forward_kl_topk on the packed logits (as the FSDP engine's logits
+    processor calls it; its (1, total_nnz) outputs made nested per row as prepare_model_outputs does), then
+    verl.trainer.distillation.losses.distillation_loss with loss_mode forward_kl_topk (the registered
+    compute_forward_kl_topk's clamp at 0, loss_max_clamp, agg_loss or the vanilla policy loss)."""
+    from verl.trainer.distillation import losses
+    from verl.trainer.distillation.fsdp import losses as fsdp_losses
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    x = _topk_inputs(seed, dtype)
+    g = torch.Generator().manual_seed(200 + seed)
+    n = _nnz()
+    fill_logits = 2.0 * torch.randn(n, VOCAB, generator=g, dtype=torch.float64)
+    fill_top = torch.log_softmax(2.0 * torch.randn(n, VOCAB, generator=g, dtype=torch.float64), -1).topk(TOPK, -1)
+    fill_new = torch.randn(n, generator=g, dtype=torch.float64) - 2.0
+    logits = x["student_logits"].clone().requires_grad_(True)
+    new = x["new"].clone().requires_grad_(True)
+    data = _distill_batch(teacher_logprobs=_packed(x["teacher_topk_log_probs"], fill_top.values),
+                          teacher_ids=_packed(x["teacher_topk_ids"], fill_top.indices), old_log_probs=x["old"])
+    actor, distill = _distill_configs("forward_kl_topk", loss_max_clamp=max_clamp, log_prob_min_clamp=min_clamp,
+                                      topk=TOPK, use_policy_gradient=pg)
+    packed_logits = _packed(logits, fill_logits).values().unsqueeze(0)  # (1, total_nnz, V)
+    outputs = fsdp_losses.compute_forward_kl_topk(packed_logits, data["teacher_logprobs"], data["teacher_ids"],
+                                                  distill, "thd")
+    offsets = data["teacher_logprobs"].offsets()
+    model_output = {k: torch.nested.nested_tensor_from_jagged(v.squeeze(0), offsets) for k, v in outputs.items()}
+    model_output["log_probs"] = _packed(new, fill_new)
+    loss, metrics = losses.distillation_loss(actor, distill, model_output, data)
+    loss.backward()
+    mask = _response_mask().bool()
+    per_token = {k: _list(torch.where(mask, no_padding_2_padding(v, data).detach().double(), 0.0))
+                 for k, v in model_output.items() if k != "log_probs"}
+    return {"seed": seed, "dtype": str(dtype).removeprefix("torch."), "log_prob_min_clamp": min_clamp,
+            "loss_max_clamp": max_clamp, "use_policy_gradient": pg, "loss_agg_mode": "token-mean", **per_token,
+            "divergence_dtype": str(outputs["distillation_losses"].dtype).removeprefix("torch."),
+            "loss": loss.item(), "grad_logits": None if pg else _list(logits.grad),  # the policy gradient detaches it
+            "grad_log_probs": _list(new.grad) if pg else None, "metrics": _metrics(metrics)}
+
+
+def distill() -> dict[str, Any]:
+    estimator = [
+        *(_estimator_case(0, mode, clamp, False) for mode in ("k3", "abs", "mse", "k2", "low_var_kl")
+          for clamp in (None, 0.5)),
+        *(_estimator_case(1, mode, clamp, True) for mode in ("k1", "k3") for clamp in (None, 0.5)),
+        _estimator_case(2, "k1", 0.5, True, weighted=True),
+        _estimator_case(2, "k3", None, False, weighted=True),  # the direct loss ignores the IS weights
+        _estimator_case(3, "k1", None, True, agg="seq-mean-token-mean"),
+        _estimator_case(3, "k3", 0.5, False, agg="seq-mean-token-mean"),
+    ]
+    topk = [_topk_case(seed, dtype, min_clamp, max_clamp)
+            for seed, dtype in ((0, torch.float32), (1, torch.float64))
+            for min_clamp, max_clamp in ((None, None), (-3.0, None), (-3.0, 0.3))]
+    topk.append(_topk_case(2, torch.float32, -3.0, 0.3, pg=True))
+    for case in topk:
+        assert any(c == 0 for row in case["overlap_count"] for c in row), "a position with no overlap"
+    return {"prompt_lens": PROMPT_LENS, "response_lens": RESPONSE_LENS, "clip_ratios": [*DISTILL_CLIP, 3.0],
+            "estimator_inputs": {str(s): {k: _list(v) for k, v in _distill_inputs(s).items()} for s in range(4)},
+            "estimator": estimator,
+            "topk_inputs": {f"{s}-{d}": {k: (v.tolist() if not v.is_floating_point() else _list(v))
+                                         for k, v in _topk_inputs(s, getattr(torch, d)).items()}
+                            for s, d in ((0, "float32"), (1, "float64"), (2, "float32"))},
+            "topk": topk}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sppo-recipe", type=Path, help="verl-recipe's sppo/ folder: writes data/verl_vectors.json")
     parser.add_argument("--prime-recipe", type=Path, help="the prime/ recipe folder: writes data/verl_prime_vectors.json")
+    parser.add_argument("--distill", action="store_true", help="writes data/verl_distill_vectors.json")
     args = parser.parse_args()
     import verl
 
+    if args.distill:
+        data = {"verl_version": verl.__version__, **distill()}
+        DISTILL_OUT.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+        print(f"wrote {DISTILL_OUT} ({DISTILL_OUT.stat().st_size} bytes)")
     if args.prime_recipe:
         PRIME_OUT.write_text(json.dumps({"verl_version": verl.__version__, **prime(args.prime_recipe)},
                                         separators=(",", ":")) + "\n")

@@ -129,3 +129,135 @@ def test_sppo_matches_the_verl_recipe(case) -> None:
     loss.backward()
     torch.testing.assert_close(loss, torch.tensor(case["loss"], dtype=torch.float64), **TOL)
     torch.testing.assert_close(logp.grad, _t(case["grad"]), **TOL)
+
+
+# --- on-policy distillation: data/verl_distill_vectors.json (gen_verl_vectors.py --distill) ---------------------------
+
+DISTILL = json.loads((Path(__file__).parent / "data" / "verl_distill_vectors.json").read_text())
+F32_TOL = {"atol": 1e-6, "rtol": 1e-6}  # float32 math (verl's top-k divergence is float32 whatever its inputs)
+
+
+def _distill_mask() -> torch.Tensor:
+    lengths = torch.tensor(DISTILL["response_lens"])
+    return (torch.arange(6)[None] < lengths[:, None]).double()
+
+
+def _estimator_id(case: dict) -> str:
+    return (f"{case['loss_mode']}-{'pg' if case['use_policy_gradient'] else 'direct'}-clamp{case['loss_max_clamp']}"
+            f"-{case['loss_agg_mode']}{'-weighted' if case['weighted'] else ''}")
+
+
+@pytest.mark.parametrize("case", DISTILL["estimator"], ids=_estimator_id)
+def test_distillation_estimator_loss_matches_verl(case) -> None:
+    """``F.distillation_loss`` (aggregated with ``F.agg_loss``) against verl's ``distillation_loss`` with an estimator
+    loss_mode: the loss, its gradient in the student's sampled-token log-probs, the per-token estimate (verl's
+    ``compute_distillation_loss_reverse_kl_estimator``, before the clamp) and the metrics. verl's policy-gradient
+    form is its vanilla loss with DistillationLossConfig's clip ratios and the default clip_ratio_c 3.0."""
+    x = {k: _t(v) for k, v in DISTILL["estimator_inputs"][str(case["seed"])].items()}
+    mask = _distill_mask()
+    logp = x["new"].clone().requires_grad_(True)
+    loss_mat, stats = F.distillation_loss(logp, x["teacher"], x["old"], mask, case["loss_mode"],
+                                          case["loss_max_clamp"], case["use_policy_gradient"],
+                                          tuple(DISTILL["clip_ratios"]), x["weights"] if case["weighted"] else None)
+    loss = F.agg_loss(loss_mat, mask, case["loss_agg_mode"])
+    loss.backward()
+    torch.testing.assert_close(loss, torch.tensor(case["loss"], dtype=torch.float64), **TOL)
+    torch.testing.assert_close(logp.grad, _t(case["grad"]), **TOL)
+    d = F.kl_penalty(x["new"], x["teacher"], case["loss_mode"]) * mask
+    torch.testing.assert_close(d, _t(case["distillation_losses"]) * mask, **TOL)
+    metrics = case["metrics"]
+    assert F.agg_loss(stats["abs_loss"], mask).item() == pytest.approx(metrics["distillation/abs_loss"], abs=1e-9)
+    for name in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):  # verl's clip fractions are float32 means
+        if case["use_policy_gradient"]:
+            value = F.agg_loss(stats[name].double(), mask).item()
+            assert value == pytest.approx(metrics[f"distillation/{name}"], abs=1e-7), name
+
+
+def test_every_verl_estimator_mode_has_a_case() -> None:
+    modes = {(c["loss_mode"], c["use_policy_gradient"]) for c in DISTILL["estimator"]}
+    # verl refuses k1 without the policy gradient (its gradient does not depend on the teacher)
+    assert {m for m, _ in modes} == {"k1", "k3", "abs", "mse", "k2", "low_var_kl"}
+    assert {("k1", True), ("k3", True), ("k3", False)} <= modes
+
+
+def test_the_topk_vectors_reach_the_clamps_and_the_edge_cases() -> None:
+    """verl's un-clamped truncated sum goes negative somewhere (so the clamp at 0 is tested), some position has no
+    overlap, the loss_max_clamp acts, and the log_prob_min_clamp changes the divergence."""
+    cases = DISTILL["topk"]
+    assert any(v < 0 for c in cases for row in c["distillation_losses"] for v in row)
+    assert all(any(v == 0 for row in c["overlap_count"] for v in row) for c in cases)
+    assert any(v > c["loss_max_clamp"] for c in cases if c["loss_max_clamp"] for row in c["distillation_losses"]
+               for v in row)
+    by_clamp = {(c["seed"], c["log_prob_min_clamp"]): c["distillation_losses"] for c in cases}
+    assert by_clamp[(0, None)] != by_clamp[(0, -3.0)]
+
+
+def _topk_id(case: dict) -> str:
+    return (f"{case['dtype']}-seed{case['seed']}-min{case['log_prob_min_clamp']}-max{case['loss_max_clamp']}"
+            f"{'-pg' if case['use_policy_gradient'] else ''}")
+
+
+@pytest.mark.parametrize("case", DISTILL["topk"], ids=_topk_id)
+def test_forward_kl_topk_matches_verl(case) -> None:
+    """``F.forward_kl_topk`` and ``F.distillation_loss(divergence=...)`` against verl's FSDP
+    ``compute_forward_kl_topk`` (the logits processor's per-token outputs) and its ``distillation_loss`` with loss_mode
+    forward_kl_topk. The student's inputs are built as rlforge's OPD builds them: the full log-softmax of the logits
+    gathered at the teacher's top-k ids, and the student's own top-k ids (K = the teacher's) for the overlap.
+
+    Like with like: verl's ``compute_forward_kl_topk`` returns the truncated sum un-clamped (it can be negative; the
+    registered ``forward_kl_topk`` loss clamps it at 0 afterwards), while rlforge's ``forward_kl_topk`` returns it
+    already clamped at 0; so the per-token divergence is compared to verl's ``clamp_min(0)``, and the loss and its
+    gradient (both after verl's clamp) directly. The divergence is float32 on both sides (verl's ``kl_divergence``
+    casts to float32, as rlforge's does), hence 1e-6. verl's ``overlap_token_advantage`` is computed in the inputs'
+    dtype and rlforge's in float32, so it too is compared to 1e-6 in the float64 case; the masses and the overlap
+    count (no float32 cast on either side) to 1e-9 / exactly."""
+    dtype = getattr(torch, case["dtype"])
+    x = DISTILL["topk_inputs"][f"{case['seed']}-{case['dtype']}"]
+    mask = _distill_mask()
+    logits = torch.tensor(x["student_logits"], dtype=dtype).requires_grad_(True)
+    new = torch.tensor(x["new"], dtype=dtype).requires_grad_(True)
+    old = torch.tensor(x["old"], dtype=dtype)
+    teacher = torch.tensor(x["teacher_topk_log_probs"], dtype=dtype)
+    teacher_ids = torch.tensor(x["teacher_topk_ids"])
+    log_softmax = torch.log_softmax(logits, dim=-1)
+    student_ids = log_softmax.detach().topk(teacher_ids.shape[-1], dim=-1).indices
+    divergence, stats = F.forward_kl_topk(log_softmax.gather(-1, teacher_ids), teacher, case["log_prob_min_clamp"],
+                                          teacher_ids, student_ids)
+    on = mask.bool()
+
+    def expect(key: str) -> torch.Tensor:
+        return torch.tensor(case[key], dtype=torch.float64)
+
+    def masked(v: torch.Tensor) -> torch.Tensor:
+        return torch.where(on, v.detach().double(), 0.0)
+
+    assert divergence.dtype == getattr(torch, case["divergence_dtype"])
+    torch.testing.assert_close(masked(divergence), expect("distillation_losses").clamp_min(0.0), **F32_TOL)
+    exact = F32_TOL if dtype == torch.float32 else TOL
+    torch.testing.assert_close(masked(stats["student_mass"]), expect("student_mass"), **exact)
+    torch.testing.assert_close(masked(stats["teacher_mass"]), expect("teacher_mass"), **exact)
+    assert masked(stats["overlap_count"]).tolist() == case["overlap_count"]
+    torch.testing.assert_close(masked(stats["overlap_token_advantage"]), expect("overlap_token_advantage"), **F32_TOL)
+
+    loss_mat, _ = F.distillation_loss(new, None, old, mask.to(dtype), "forward_kl_topk", case["loss_max_clamp"],
+                                      case["use_policy_gradient"], tuple(DISTILL["clip_ratios"]), None, divergence)
+    loss = F.agg_loss(loss_mat, mask.to(loss_mat.dtype), case["loss_agg_mode"])
+    loss.backward()
+    torch.testing.assert_close(loss.double(), torch.tensor(case["loss"], dtype=torch.float64), **F32_TOL)
+    if case["use_policy_gradient"]:
+        assert logits.grad is None  # the policy gradient detaches the divergence, in verl too
+        torch.testing.assert_close(new.grad.double(), expect("grad_log_probs"), **F32_TOL)
+    else:
+        torch.testing.assert_close(logits.grad.double(), expect("grad_logits"), **F32_TOL)
+
+    # verl's metrics from the same per-token values: means over the response tokens, the overlap advantage over
+    # those with an overlap
+    metrics, count = case["metrics"], stats["overlap_count"][on].double()
+    assert stats["student_mass"][on].double().mean().item() == pytest.approx(metrics["distillation/student_mass"],
+                                                                             abs=1e-6)
+    assert stats["teacher_mass"][on].double().mean().item() == pytest.approx(metrics["distillation/teacher_mass"],
+                                                                             abs=1e-6)
+    assert count.mean().item() / teacher_ids.shape[-1] == pytest.approx(metrics["distillation/overlap_ratio"],
+                                                                        abs=1e-6)
+    advantage = stats["overlap_token_advantage"][on][count > 0].double().mean().item()
+    assert advantage == pytest.approx(metrics["distillation/overlap_token_advantage"], abs=1e-6)
