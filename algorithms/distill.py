@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.algorithms.grpo import GRPO, GRPOConfig
+from rlforge.algorithms.distill_routes import check_batch_routes, check_prompt_routes, validate_routes
 from rlforge.algorithms.names import KL_ESTIMATORS
 
 from rlforge import batch as B
@@ -36,7 +37,7 @@ from rlforge.config.checks import check_device
 from rlforge.config.schema import option
 from rlforge.controller.remote import Role
 from rlforge.dataflow import DataFlow, Stage, StepContext
-from rlforge.errors import ConfigError, DataError
+from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import LossContext
 
@@ -57,33 +58,6 @@ TEACHER_TOPK_LOG_PROBS = "teacher_topk_log_probs"  # [B, R, K] loss_mode=forward
 TEACHER_TOPK_IDS = "teacher_topk_ids"  # [B, R, K] ... and their token ids
 TOPK_LOSSES = ("forward_kl_topk",)  # the losses over the teacher's top-k tokens (verl 0.9.1 has this one)
 TOPK_STRATEGIES = ("single", "fsdp")  # the strategies whose actor runs ops.response_logits as it is
-EXTRA_INFO_FIELD = f"{B.EXTRA_INFO}."  # algorithm.teacher.route_by=extra_info.<name>: a field of the row's extra_info
-
-
-def route_values(batch: B.Batch, route_by: str) -> list[str | None]:
-    """Each row's value of ``algorithm.teacher.route_by`` (``data_source`` or ``extra_info.<name>``), as text (None
-    where the row has none): what ``algorithm.teacher.routes`` is keyed by."""
-    if route_by == B.DATA_SOURCE:
-        values = list(batch[B.DATA_SOURCE]) if B.DATA_SOURCE in batch else [None] * len(batch)
-    else:
-        name = route_by[len(EXTRA_INFO_FIELD):]
-        infos = batch[B.EXTRA_INFO] if B.EXTRA_INFO in batch else [None] * len(batch)
-        values = [info.get(name) if isinstance(info, dict) else None for info in infos]
-    return [None if v is None or v == "" else str(v) for v in values]
-
-
-def check_routes(batch: B.Batch, teacher: Any) -> None:
-    """Every row of ``batch`` has a teacher in ``algorithm.teacher.routes`` (when it has routes), else a DataError
-    naming the first row without one."""
-    if not teacher.routes:
-        return
-    for i, value in enumerate(route_values(batch, teacher.route_by)):
-        if value not in teacher.routes:
-            source = batch[B.DATA_SOURCE][i] if B.DATA_SOURCE in batch else None
-            uid = batch[B.UID][i] if B.UID in batch else None
-            raise DataError(f"A row (uid {uid!r}, data_source {source!r}) has {teacher.route_by}={value!r}, for which "
-                            f"algorithm.teacher.routes names no teacher (its keys: {sorted(teacher.routes)}): add a "
-                            f"teacher for it, or route by another field (algorithm.teacher.route_by).")
 
 
 @dataclass
@@ -131,7 +105,8 @@ class TeacherLogProbs(Stage):
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         d = ctx.config.algorithm.distill
-        check_routes(batch, ctx.config.algorithm.teacher)
+        if ctx.config.algorithm.teacher.routes:
+            check_batch_routes(batch, ctx.config.algorithm.teacher)
         if d.loss_mode in TOPK_LOSSES:
             if any(v is not None for v in batch.lists.get(B.MULTI_MODAL_INPUTS, [])):
                 raise ConfigError(f"algorithm.distill.loss_mode={d.loss_mode} does not read images yet: use an "
@@ -159,20 +134,8 @@ class OPD(GRPO):
     @classmethod
     def validate_config(cls, config: DictConfig) -> None:
         super().validate_config(config)
-        teacher = config.algorithm.teacher
-        check_device(teacher.device, "algorithm.teacher.device")
-        if teacher.routes and teacher.path:
-            raise ConfigError(f"algorithm.teacher.path ({teacher.path}) and algorithm.teacher.routes "
-                              f"({dict(teacher.routes)}) are both set: one teacher (path) or one per route (routes), "
-                              f"not both.")
-        if teacher.route_by != B.DATA_SOURCE and not (teacher.route_by.startswith(EXTRA_INFO_FIELD)
-                                                       and len(teacher.route_by) > len(EXTRA_INFO_FIELD)):
-            raise ConfigError(f"algorithm.teacher.route_by={teacher.route_by!r}: a row's teacher is picked by "
-                              f"{B.DATA_SOURCE} or {EXTRA_INFO_FIELD}<name> (a field of the row's extra_info).")
-        empty = [k for k, v in teacher.routes.items() if not v]
-        if empty:
-            raise ConfigError(f"algorithm.teacher.routes: no model for {empty} (each route names its teacher's "
-                              f"causal LM).")
+        check_device(config.algorithm.teacher.device, "algorithm.teacher.device")
+        validate_routes(config.algorithm.teacher)
         mode, strategy = config.algorithm.distill.loss_mode, config.strategy.name
         if mode in ("k1", "kl") and not config.algorithm.distill.use_policy_gradient:
             raise ConfigError(f"algorithm.distill.loss_mode={mode} as a direct loss (use_policy_gradient=false) does "
@@ -192,6 +155,15 @@ class OPD(GRPO):
 
     def worker_roles(self) -> list[str]:
         return [*super().worker_roles(), "teacher"]
+
+    def prepare_data(self, rows: Any, split: str) -> list[Any]:
+        """GRPO's prompts; with several teachers every training prompt must have one (checked before any model
+        loads)."""
+        prompts = super().prepare_data(rows, split)
+        teacher = self.config.algorithm.teacher
+        if split == "train" and teacher.routes:
+            check_prompt_routes(prompts, rows, f"{self.config.data.name} ({split})", teacher)
+        return prompts
 
     def flow(self) -> DataFlow:
         return super().flow().insert_after(Stage.OLD_LOGPROB, TeacherLogProbs())
@@ -238,13 +210,14 @@ class OPD(GRPO):
             d.use_policy_gradient, (d.clip_ratio_low, d.clip_ratio_high, d.clip_ratio_c), self.is_weights(batch),
             divergence,
         )
+        overlap = self._overlap_metrics(topk_stats, batch, mask, ctx)  # out of topk_stats: not token means
         stats.update(topk_stats)
 
         def agg(mat: torch.Tensor, mode: str | None = None) -> torch.Tensor:
             return self.aggregate(mat, mask, ctx, mode)
 
         distill = agg(loss_mat)
-        metrics = {"distillation/loss": distill.item(), **self._overlap_metrics(topk_stats, mask, ctx)}
+        metrics = {"distillation/loss": distill.item(), **overlap}
         metrics.update({f"distillation/{k}": agg(v.detach().to(mask.dtype), "token-mean").item()
                         for k, v in stats.items()})
         if not d.use_task_rewards:
@@ -254,15 +227,16 @@ class OPD(GRPO):
         loss, task = super().policy_loss(batch, log_probs, entropy, ctx)
         return loss + d.distillation_loss_coef * distill, {**task, **metrics}
 
-    def _overlap_metrics(self, stats: dict[str, torch.Tensor], mask: torch.Tensor, ctx: LossContext
-                         ) -> dict[str, float]:
+    def _overlap_metrics(self, stats: dict[str, torch.Tensor], batch: B.Batch, mask: torch.Tensor,
+                         ctx: LossContext) -> dict[str, float]:
         """verl's top-k overlap diagnostics, taken out of ``stats``: ``overlap_ratio``, the token mean of the overlap
-        count over K; ``overlap_token_advantage``, the mean over positions with an overlap, in each micro-batch,
-        weighted across micro-batches and ranks by their response tokens (verl averages its micro-batches' means)."""
+        count over K (verl divides by ``topk``: the same unless the vocabulary is smaller); ``overlap_token_advantage``,
+        the mean over positions with an overlap, in each micro-batch, weighted across micro-batches and ranks by their
+        response tokens (verl averages its micro-batches' means)."""
         if "overlap_count" not in stats:
             return {}
         count, advantage = stats.pop("overlap_count"), stats.pop("overlap_token_advantage")
-        k = self.config.algorithm.distill.topk
+        k = batch[TEACHER_TOPK_IDS].shape[-1]  # the teacher's K: topk, or its vocabulary where that is smaller
         ratio = self.aggregate(count / k, mask, ctx, "token-mean").item()
         where = mask * (count > 0)
         mean = float((advantage * where).sum() / where.sum()) if where.sum() > 0 else 0.0

@@ -19,8 +19,8 @@ from rlforge.algorithms.distill import (
     TEACHER_TOPK_IDS,
     TEACHER_TOPK_LOG_PROBS,
     TOPK_LOSSES,
-    route_values,
 )
+from rlforge.algorithms.distill_routes import route_value
 from rlforge.controller.ray_workers import WorkerProcess
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.worker import remote
@@ -60,11 +60,13 @@ class TeacherWorker(WorkerProcess):
         except RLForgeError as exc:
             raise RLForgeError(f"{key}: {exc}") from None
         teacher_vocab = load_tokenizer(folder, trust_remote_code=t.trust_remote_code, key=key).get_vocab()
-        if teacher_vocab != module.tokenizer.get_vocab():
-            raise ConfigError(f"'{key}' ({path}) has another tokenizer than the policy "
-                              f"({len(teacher_vocab)} vs {len(module.tokenizer.get_vocab())} tokens, or the same "
-                              f"number with other ids): on-policy distillation reads the policy's sampled tokens "
-                              f"with the teacher, so both must share one vocabulary.")
+        ours = module.tokenizer.get_vocab()
+        if teacher_vocab != ours:
+            how = (f"{len(teacher_vocab)} vs {len(ours)} tokens" if len(teacher_vocab) != len(ours) else
+                   f"the same {len(ours)} tokens with other ids")
+            raise ConfigError(f"'{key}' ({path}) has another tokenizer than the policy ({how}): on-policy "
+                              f"distillation reads the policy's sampled tokens with the teacher, so both must share "
+                              f"one vocabulary.")
         model = load_model(str(folder), t.dtype, t.trust_remote_code, key=key)
         theirs = model.get_output_embeddings().weight.shape[0]
         if policy_vocab is not None and theirs > policy_vocab:  # the teacher's top-k ids index the student's output
@@ -78,10 +80,11 @@ class TeacherWorker(WorkerProcess):
 
     def _routed(self, batch: B.Batch) -> list[tuple[torch.nn.Module, list[int]]]:
         """``(teacher, rows)`` for every teacher with rows in ``batch`` (one teacher: all rows; the driver checked
-        that every row has a route, ``distill.check_routes``)."""
+        that every row has a route, ``distill_routes.check_batch_routes``)."""
         if None in self.models:
             return [(self.models[None], list(range(len(batch))))]
-        values = route_values(batch, self.options.route_by)
+        values = [route_value(source, info, self.options.route_by)
+                  for source, info in zip(batch[B.DATA_SOURCE], batch[B.EXTRA_INFO])]
         groups = [(model, [i for i, v in enumerate(values) if v == route]) for route, model in self.models.items()]
         return [(model, rows) for model, rows in groups if rows]
 

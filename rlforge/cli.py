@@ -157,9 +157,9 @@ def cmd_verl(argv: list[str]) -> int:
     prepared = prepare([a for a in argv if a not in flags], SFT_ENTRY if "--sft" in opts else PPO_ENTRY,
                        refuse="--print" not in opts)
     t = prepared.translation
-    if "--print" in opts:
+    if "--print" in opts:  # exit status 2 where keys are refused, as `rlforge config from-verl`
         print("\n".join(t.report()))
-        return 0
+        return 2 if t.refused else 0
     print(f"rlforge: verl launch: {t.report()[0]}", file=sys.stderr)
     try:
         pm, cfg = compose_with_plugins(None, None, [], loaded=_warn, base=(prepared.config, ORIGIN))

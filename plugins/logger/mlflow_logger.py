@@ -113,7 +113,8 @@ class MlflowLogger:
             diskio.write_atomic(uri_file, self.uri)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        flat = {k: str(v)[:6000] for k, v in flatten(params).items()}
+        # names as mlflow allows them (a mapping's keys may be any text: algorithm.teacher.routes' data sources)
+        flat = {mlflow_name(k): str(v)[:6000] for k, v in flatten(params).items()}
         with self._store_errors("read the run's parameters"):
             existing = self.mlflow.get_run(self.run.info.run_id).data.params
         ops = self.mlflow.log_params({k: v for k, v in flat.items() if k not in existing}, synchronous=False)
@@ -209,7 +210,7 @@ def _cause(exc: BaseException, store: Path) -> int | None:
 
 
 def mlflow_name(name: str) -> str:
-    """The metric name as mlflow stores it: mlflow allows letters, digits and ``_-. :/`` only, so ``@`` becomes
+    """The metric (or parameter) name as mlflow stores it: mlflow allows letters, digits and ``_-. :/`` only, so ``@`` becomes
     ``_at_`` (``val-core/gsm8k/acc/mean@4`` -> ``val-core/gsm8k/acc/mean_at_4``, as verl's mlflow logger writes it)
     and any other character ``_``."""
     return re.sub(r"[^\w\-. :/]", "_", name.replace("@", "_at_"))

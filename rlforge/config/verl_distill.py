@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlforge.errors import ConfigError
+
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
 
@@ -29,28 +31,33 @@ def teachers(c: Context) -> dict[str, str]:
     a model_path)."""
     prefix = f"{D}.teacher_models."
     names = sorted({k[len(prefix):].split(".", 1)[0] for k in c.owned if k.startswith(prefix)})
-    if len(names) > 1:
+    if len(names) > 1 and DEFAULT in names:
         names.remove(DEFAULT)
     return {n: c.get(f"{prefix}{n}.model_path") for n in names}
 
 
 def distillation(c: Context) -> None:
     """On-policy distillation: ``enabled`` picks ``--algo opd`` (on GRPO); the loss keys and the teachers (one path,
-    or several routed by teacher_key) map, the teachers' placement and inference engines are ignored, and the rest is read only
-    when enabled."""
+    or several routed by teacher_key) map, the teachers' placement and inference engines are ignored, and the rest is
+    read only when enabled. A launch verl itself refuses (a teacher entry without model_path or key, two with one key)
+    is an error."""
     if not c.get(f"{D}.enabled"):
         c.same(f"{D}.enabled", "no teacher")
         for key in c.owned:
             c.ignore(key, "read only with distillation.enabled")
         return
     found = teachers(c)
-    if c.algorithm != "grpo" or not any(found.values()):  # verl requires a teacher; rlforge's opd would distil
-        c.refuse(f"{D}.enabled", "on-policy distillation without a teacher (no teacher_models.<name>.model_path)"
-                 if c.algorithm == "grpo" else f"on-policy distillation on adv_estimator="
-                 f"{c.get('algorithm.adv_estimator')} (rlforge's --algo opd is GRPO with a teacher)")
+    if c.algorithm != "grpo":
+        c.refuse(f"{D}.enabled", f"on-policy distillation on adv_estimator={c.get('algorithm.adv_estimator')} "
+                                 f"(rlforge's --algo opd is GRPO with a teacher)")
         for key in c.owned:
             c.ignore(key, "read only by on-policy distillation (refused: distillation.enabled)")
         return
+    missing = [n for n, path in found.items() if not path] or ([] if found else [DEFAULT])
+    if missing:  # verl's DistillationTeacherModelConfig.check_configured
+        raise ConfigError(f"distillation.enabled=True, but {D}.teacher_models.{missing[0]}.model_path is unset: "
+                          f"every teacher entry verl uses needs one (verl 0.9.1 raises for it too, 'model_path must "
+                          f"be specified'). Name the teacher's model there.")
     c.map(f"{D}.enabled", "--algo", "opd")
     c.algorithm = "opd"
     routed(c, found)
@@ -97,23 +104,25 @@ def routed(c: Context, found: dict[str, str]) -> None:
     model_path, and ``teacher_key`` is ``algorithm.teacher.route_by`` (rlforge's rows keep data_source and
     extra_info; another dataset column is refused)."""
     prefix = f"{D}.teacher_models."
+    keys = {name: c.get(f"{prefix}{name}.key") for name in found}
+    unnamed = [n for n, k in keys.items() if k is None and n != DEFAULT]  # verl names its default entry "default"
+    if unnamed:
+        raise ConfigError(f"{prefix}{unnamed[0]}.key is unset: verl routes samples to its teacher entries by key "
+                          f"(distillation.teacher_key) and 0.9.1 raises for an entry without one, 'key must be "
+                          f"specified', even for a single entry besides the default {DEFAULT}.")
     if len(found) == 1:
         name, path = next(iter(found.items()))
         c.map(f"{prefix}{name}.model_path", "algorithm.teacher.path", path)
         c.ignore(f"{prefix}{name}.key", "one teacher: every sample goes to it (verl routes by key only with several)")
         c.ignore(f"{D}.teacher_key", "one teacher: every sample goes to it")
         return
-    keys = {name: c.get(f"{prefix}{name}.key") for name in found}
-    broken = [n for n in found if found[n] is None or keys[n] is None]
-    clash = sorted({str(k) for k in keys.values() if k is not None and list(keys.values()).count(k) > 1})
-    if broken or clash:
-        why = (f"teacher entries without a model_path or key ({', '.join(broken)})" if broken else
-               f"two teacher entries with the same key ({', '.join(clash)})")
-        c.refuse(f"{D}.teacher_key", f"{why}, which verl 0.9.1 refuses too")
-        for name in found:
-            for field in ("model_path", "key"):
-                c.ignore(f"{prefix}{name}.{field}", f"a teacher of the launch's refused routing ({D}.teacher_key)")
-        return
+    by_text: dict[str, str] = {}
+    for name, key in keys.items():
+        if str(key) in by_text:
+            raise ConfigError(f"{prefix}{by_text[str(key)]}.key and {prefix}{name}.key are both {str(key)!r}: "
+                              f"each teacher needs a key of its own (verl 0.9.1 raises for it too, 'Duplicate "
+                              f"teacher key').")
+        by_text[str(key)] = name
     routes = {str(keys[name]): found[name] for name in found}
     for name in found:
         c.map(f"{prefix}{name}.model_path", "algorithm.teacher.routes", routes)

@@ -46,8 +46,9 @@ def compose_for_model(
     if split not in SPLITS:
         raise RLForgeError(f"Unknown split '{split}' (--split). Available: {', '.join(SPLITS)}.")
     extra = [f"model.path={json.dumps(model_folder(model))}"]  # a LoRA checkpoint: its base with the adapter merged
-    if data:
-        extra += ["data.name=files", f"data.{split}_files={json.dumps(list(data))}"]
+    if data:  # only the evaluated split is read: the other's files (a run's, relative to its start) are dropped
+        other = next(s for s in SPLITS if s != split)
+        extra += ["data.name=files", f"data.{split}_files={json.dumps(list(data))}", f"data.{other}_files=[]"]
     if n is not None:
         extra.append(f"rollout.val_n={n}")
     if temperature is not None:

@@ -165,15 +165,8 @@ def test_verl_topk_distillation_maps_with_its_keys():
 
 
 @pytest.mark.parametrize("args, refused, text", [
-    ([], "distillation.enabled", "on-policy distillation without a teacher"),
     (["distillation.teacher_models.teacher_model.model_path=T", "algorithm.adv_estimator=gae"],
      "distillation.enabled", "on-policy distillation on adv_estimator=gae"),
-    (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
-      "+distillation.teacher_models.a.key=x"],
-     "distillation.teacher_key", "teacher entries without a model_path or key (b), which verl 0.9.1 refuses too"),
-    (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
-      "+distillation.teacher_models.a.key=x", "+distillation.teacher_models.b.key=x"],
-     "distillation.teacher_key", "two teacher entries with the same key (x)"),
     (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
       "+distillation.teacher_models.a.key=x", "+distillation.teacher_models.b.key=y", "distillation.teacher_key=task"],
      "distillation.teacher_key", "by the dataset column 'task'"),
@@ -185,6 +178,23 @@ def test_verl_topk_distillation_maps_with_its_keys():
 def test_verl_distillation_refusals_name_the_missing_feature(args, refused, text):
     t, fates, verl = _verl(*args)
     assert fates[refused].kind == verl.REFUSED and text in fates[refused].text, fates[refused]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ([], r"teacher_models.teacher_model.model_path is unset.*'model_path must be specified'"),
+    (["+distillation.teacher_models.a.key=x"], r"teacher_models.a.model_path is unset"),
+    (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
+      "+distillation.teacher_models.a.key=x"], r"teacher_models.b.key is unset.*'key must be specified'"),
+    (["+distillation.teacher_models.a.model_path=T"], r"teacher_models.a.key is unset"),  # one entry besides the default
+    (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
+      "+distillation.teacher_models.a.key=1", "+distillation.teacher_models.b.key='1'"],
+     r"teacher_models.a.key and distillation.teacher_models.b.key are both '1'.*'Duplicate teacher key'"),
+])
+def test_verl_launches_that_verl_refuses_are_errors(args, says):
+    """verl 0.9.1's DistillationConfig raises for these: a teacher without model_path, an entry without key (the
+    default entry excepted), two entries with one key (compared as the text rlforge routes by)."""
+    with pytest.raises(RLForgeError, match=says):
+        _verl(*args)
 
 
 def test_verl_several_teachers_map_to_routes_by_data_source():
@@ -209,6 +219,11 @@ def test_verl_several_teachers_map_to_routes_by_data_source():
                            "+distillation.teacher_models.only.key=k", "+distillation.teacher_models.only.model_path=T")
     assert t.overrides["algorithm.teacher.path"] == "T" and "algorithm.teacher.routes" not in t.overrides
     assert fates["distillation.teacher_models.only.key"].kind == verl.IGNORED
+    # Hydra's ~ deletes the default entry: the same routes
+    t, _, _ = _verl("~distillation.teacher_models.teacher_model", "+distillation.teacher_models.a.key=x",
+                    "+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.key=y",
+                    "+distillation.teacher_models.b.model_path=U")
+    assert t.overrides["algorithm.teacher.routes"] == {"x": "T", "y": "U"}
 
 
 # --- forward_kl_topk ------------------------------------------------------------------------------------------------
@@ -268,7 +283,7 @@ def test_topk_distillation_from_the_initial_weights_starts_at_zero_and_logs_the_
     # the same model on both sides: the student's top-4 is the teacher's, and no overlapping token has a KL term
     assert first["distillation/overlap_ratio"] == pytest.approx(1.0)
     assert first["distillation/overlap_token_advantage"] == pytest.approx(0.0, abs=1e-6)
-    assert second["distillation/overlap_ratio"] <= 1.0
+    assert second["distillation/overlap_ratio"] <= 1.0 and "distillation/overlap_count" not in second
     assert abs(first["distillation/reverse_kl_k1"]) < 1e-5
 
 
@@ -325,13 +340,22 @@ def _routed_batch(values):
                     B.EXTRA_INFO: [{"a": v} for v in values]})
 
 
-def test_route_values_read_data_source_or_an_extra_info_field():
-    from rlforge.algorithms.distill import route_values
+def test_route_values_and_what_keeps_a_row_from_a_teacher():
+    from types import SimpleNamespace
 
-    batch = B.Batch({B.INPUT_IDS: torch.zeros(3, 1)},
-                    {B.DATA_SOURCE: ["gsm8k", "", "geo"], B.EXTRA_INFO: [{"task": 1}, None, {"other": "x"}]})
-    assert route_values(batch, "data_source") == ["gsm8k", None, "geo"]
-    assert route_values(batch, "extra_info.task") == ["1", None, None]  # as text: routes' keys are text
+    from rlforge.algorithms.distill_routes import route_problem, route_value
+
+    assert route_value("gsm8k", None, "data_source") == "gsm8k" and route_value("", None, "data_source") == ""
+    assert route_value("x", {"task": 1}, "extra_info.task") == "1"  # as text: routes' keys are text
+    assert route_value("x", {"task": None}, "extra_info.task") is None
+    teacher = SimpleNamespace(route_by="extra_info.task", routes={"1": "a"})
+    assert route_problem("x", {"task": 1}, teacher) == ""
+    assert "has no extra_info (route_by=extra_info.task)" == route_problem("x", None, teacher)
+    assert "has an extra_info that is a list" in route_problem("x", [1], teacher)
+    assert "has no field 'task' in its extra_info (its fields: ['other']" in route_problem("x", {"other": 1}, teacher)
+    assert "has extra_info.task='2', for which algorithm.teacher.routes names no teacher (its keys: ['1'])" \
+        == route_problem("x", {"task": 2}, teacher)
+    assert "has data_source=''" in route_problem("", None, SimpleNamespace(route_by="data_source", routes={"a": "b"}))
 
 
 def test_each_row_is_scored_by_the_teacher_its_route_names(tmp_path):
@@ -366,11 +390,25 @@ def test_several_teachers_train_and_a_row_without_a_teacher_is_named(tmp_path):
                               "trainer.total_steps=1"))
     trainer.fit()
     assert trainer.history[0]["distillation/reverse_kl_k1"] != 0  # rows of a=1 read the halved teacher
-    with pytest.raises(RLForgeError, match=r"has extra_info.a='1', for which algorithm.teacher.routes names no "
-                                           r"teacher \(its keys: \['0'\]\)"):
+    # a prompt without a teacher is found when the data loads, before any model: named by its row
+    with pytest.raises(RLForgeError, match=r"arith \(train\), row \d+: the row has extra_info.a='1', for which "
+                                           r"algorithm.teacher.routes names no teacher \(its keys: \['0'\]\)"):
         Trainer(_config(tmp_path / "b", "algorithm.teacher.routes={'0': builtin:tiny-arith}",
                         "algorithm.teacher.route_by=extra_info.a", "data.arith.max_operand=1", "data.arith.val_size=0",
                         "trainer.total_steps=1")).fit()
+    assert not list((tmp_path / "b").rglob("step_*"))
+
+
+def test_a_step_row_without_a_teacher_is_named_in_the_driver():
+    """Rows that did not come from the loaded prompts (an agent loop's) are checked again at each step."""
+    from types import SimpleNamespace
+
+    from rlforge.algorithms.distill_routes import check_batch_routes
+
+    batch = B.Batch({B.INPUT_IDS: torch.zeros(2, 1)}, {B.UID: ["u0", "u1"], B.DATA_SOURCE: ["a", "z"],
+                                                        B.EXTRA_INFO: [None, None]})
+    with pytest.raises(RLForgeError, match=r"A row of this step \(uid 'u1', data_source 'z'\) has data_source='z'"):
+        check_batch_routes(batch, SimpleNamespace(route_by="data_source", routes={"a": "m"}))
 
 
 @pytest.mark.parametrize(("extra", "says"), [
@@ -378,7 +416,11 @@ def test_several_teachers_train_and_a_row_without_a_teacher_is_named(tmp_path):
      "are both set: one teacher"),
     (["algorithm.teacher.routes={x: builtin:tiny-arith}", "algorithm.teacher.route_by=task"],
      r"route_by='task': a row's teacher is picked by data_source or extra_info.<name>"),
-    (["algorithm.teacher.routes={x: ''}"], r"algorithm.teacher.routes: no model for \['x'\]"),
+    (["algorithm.teacher.routes={x: ''}"], r"algorithm.teacher.routes\['x'\] is '': each route names"),
+    (["algorithm.teacher.routes.a.b=builtin:tiny-arith"],  # a dotted override nests the key
+     r"routes\['a'\] is \{'b': 'builtin:tiny-arith'\}.*must be written in the mapping form"),
+    (["algorithm.teacher.routes={'': builtin:tiny-arith}"], "algorithm.teacher.routes has an empty key"),
+    (["algorithm.teacher.route_by=extra_info.task"], "is read only with algorithm.teacher.routes"),
 ])
 def test_bad_routes_are_config_errors(tmp_path, extra, says):
     with pytest.raises(RLForgeError, match=says):

@@ -250,6 +250,11 @@ def test_mlflow_runs_share_one_store_from_the_environment(monkeypatch, tmp_path)
     assert len(client.search_runs([client.get_experiment_by_name("team").experiment_id])) == 2
     assert ids[0] == ids[2] != ids[1]
     assert [(m.step, m.value) for m in client.get_metric_history(ids[0], "critic/score/mean")] == [(1, 0.25), (3, 0.75)]
+    lg = MlflowLogger(cfg, str(tmp_path / "r2"))  # a mapping's keys in the config are any text (data sources)
+    lg.log_params({"routes": {"math (hard)": "a+b", "it's": 1}})
+    lg.close()
+    assert {k: v for k, v in client.get_run(ids[1]).data.params.items() if k.startswith("routes.")} == \
+        {"routes.math _hard_": "a+b", "routes.it_s": "1"}
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert [p.name for p in report(tmp_path / "r1")] == ["reward.png"]  # `rlforge report` finds the shared store
     assert [a.path for a in client.list_artifacts(ids[0])] == ["reward.png"]

@@ -173,3 +173,26 @@ def test_a_run_trained_on_several_processes_is_evaluated_in_one(tmp_path):
     _, cfg = compose_for_model(str(checkpoint))
     assert (cfg.trainer.controller, cfg.strategy.name, cfg.strategy.num_processes) == ("local", "single", 1)
     assert cfg.data.train_batch_size == 8  # the rest is the training run's
+
+
+def test_eval_of_a_run_with_data_reads_only_the_given_files(tmp_path, monkeypatch):
+    """A run trained on relative data paths, evaluated from another folder with --data: the run's own files (not
+    found from there) are not read; the given ones are."""
+    from rlforge import Trainer
+    from rlforge.plugins.data.builtin import arith_rows
+    from rlforge.testing import fast_config
+
+    rows = "".join(json.dumps(r) + "\n" for r in arith_rows(8, 9, seed=0))
+    (tmp_path / "train.jsonl").write_text(rows)
+    (tmp_path / "eval.jsonl").write_text(rows)
+    monkeypatch.chdir(tmp_path)
+    trainer = Trainer(fast_config("grpo", tmp_path / "runs", "data.name=files", "data.train_files=[train.jsonl]",
+                                  "data.val_files=[]", "trainer.total_steps=1", "trainer.save_every=1"))
+    trainer.fit()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    out = tmp_path / "report.json"
+    assert main(["eval", str(trainer.run_dir), "--data", str(tmp_path / "eval.jsonl"), "--limit", "2",
+                 "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"] == 2

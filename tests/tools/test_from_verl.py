@@ -268,6 +268,9 @@ def test_from_verl_prints_the_translation_and_rlforge_verl_refuses_with_every_mi
     assert "trainer:" in captured.out and "REFUSED     trainer.logger" in captured.err
     assert "1 key(s) of this verl launch are REFUSED" in captured.err
     assert main(["config", "from-verl", *BASE]) == 0
+    assert main(["verl", "--print", *BASE]) == 0
+    assert main(["verl", "--print", *BASE, "trainer.logger=[console,clearml]"]) == 2  # as config from-verl
+    assert "REFUSED     trainer.logger" in capsys.readouterr().out
     assert main(["verl", *BASE, "trainer.logger=[console,clearml]", f"{ARO}.actor.ulysses_sequence_parallel_size=2",
                  "algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=4"]) == 2
     err = capsys.readouterr().err
