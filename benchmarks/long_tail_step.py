@@ -12,8 +12,10 @@ Work: P prompts x G samples per step, one optimizer step per batch, fp32, no KL 
   (the heavy batch's long-response prompts carry ``short`` more characters, see below: slightly more work there).
 
 Both cap ``max_new_tokens`` at ``long`` and leave ``min_new_tokens`` at 0. The lengths are forced through the
-positions (``long_tail.force_lengths``, installed on every Llama the round's process loads): the model's next token
-is the stop token at the positions where a response must end, never elsewhere. A long-response prompt is ``short``
+positions (``long_tail.force_lengths``, installed on every Llama the round's process loads; for ``--engines vllm``,
+whose model runs in vLLM's own processes, the logits processor ``vllm_lengths.ForcedLengths`` does the same there,
+through ``rollout.vllm.engine_kwargs``): the model's next token is the stop token at the positions where a response
+must end, never elsewhere. A long-response prompt is ``short``
 characters longer than the others, so the position where the short responses end falls inside it. Prompts are
 ``What is a+b?`` with one-digit operands (one length for all). Each round checks that the tokens generated are the
 ones asked for. Prompts are taken in order (no shuffling: every step has the same mix).
@@ -120,7 +122,8 @@ def run_round(spec: dict) -> list[dict]:
         raise SystemExit(f"The short prompts have several lengths: {sorted(set(sizes))}")
     # input position q predicts the token at q + 1; response token t sits at position prompt + t
     ends = {short_len + spec["short"] - 2, long_len + spec["long"] - 2} if heavy else {short_len + spec["uniform"] - 2}
-    force_on_load(AutoTokenizer.from_pretrained(folder).eos_token_id, ends)
+    stop_id = AutoTokenizer.from_pretrained(folder).eos_token_id
+    force_on_load(stop_id, ends)
     cap = spec["long"]
     if spec["who"] == "trl":
         timer = step_timer()
@@ -131,11 +134,16 @@ def run_round(spec: dict) -> list[dict]:
         logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
         return [{"step": s, "tokens": h["completions/mean_length"] * p * g} for s, h in zip(timer.times, logs)]
     engine = spec["who"].split("-", 1)[1]
-    partial: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    if engine == "vllm":  # vLLM runs its own model in its own processes: a logits processor there forces the lengths
+        here = str(Path(__file__).resolve().parent)
+        os.environ.update(LONG_TAIL_ENDS=",".join(map(str, sorted(ends))), LONG_TAIL_STOP=str(stop_id),
+                          PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+        extra = ("rollout.vllm.engine_kwargs={logits_processors: ['vllm_lengths:ForcedLengths']}",)
     if engine.endswith("-partial"):
         in_flight = p * g * math.ceil(spec["long"] / spec["partial_tokens"])  # the most rows a segment decodes
-        partial = ("trainer.pipeline=partial", f"trainer.partial_tokens={spec['partial_tokens']}",
-                   f"rollout.micro_batch_size={in_flight}")  # one decoding batch, as the others
+        extra = ("trainer.pipeline=partial", f"trainer.partial_tokens={spec['partial_tokens']}",
+                 f"rollout.micro_batch_size={in_flight}")  # one decoding batch, as the others
         engine = engine.removesuffix("-partial")
     if engine.endswith("-baseline"):  # before the engine's module imports it
         sys.modules["rlforge.plugins.rollout.hf_decode"] = load_decoder(Path(spec["decoder"]))
@@ -145,7 +153,7 @@ def run_round(spec: dict) -> list[dict]:
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         history = rlforge_history(Path(folder), p, g, cap, steps, engine, overrides=(
             "data.name=files", f"data.train_files=[{data}]", "data.shuffle=false", "rollout.min_new_tokens=0",
-            f"data.max_prompt_length={max(sizes)}", *partial))
+            f"data.max_prompt_length={max(sizes)}", *extra))
     out: list[dict] = []
     for h in history:
         row = {phase: sum(h.get(f"timing_s/{k}", 0.0) for k in keys) for phase, keys in RLFORGE_TIMINGS.items()}
