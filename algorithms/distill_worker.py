@@ -3,7 +3,8 @@
 Each rank loads the causal LM of ``algorithm.teacher.path`` (unset: ``model.path``), or every teacher of
 ``algorithm.teacher.routes`` (several teachers: each row goes to the one its ``route_by`` value names), on
 ``algorithm.teacher.device`` (``auto`` is the GPU the rank was given, else the CPU), and scores its share of the rows
-(the ``rows`` dispatch: no collectives, any number of rows). Its own module so that registering ``opd`` (``rlforge algos``) does not import torch.
+(the ``rows`` dispatch: no collectives, any number of rows). Its own module so that registering ``opd`` (``rlforge
+algos``) does not import torch.
 """
 
 from __future__ import annotations
@@ -14,12 +15,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge import ops
-from rlforge.algorithms.distill import (
-    TEACHER_LOG_PROBS,
-    TEACHER_TOPK_IDS,
-    TEACHER_TOPK_LOG_PROBS,
-    TOPK_LOSSES,
-)
+from rlforge.algorithms.distill import TEACHER_LOG_PROBS, TEACHER_TOPK_IDS, TEACHER_TOPK_LOG_PROBS, TOPK_LOSSES
 from rlforge.algorithms.distill_routes import route_value
 from rlforge.controller.ray_workers import WorkerProcess
 from rlforge.errors import ConfigError, RLForgeError
