@@ -170,21 +170,18 @@ class OPD(GRPO):
 
     def training_step(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         """With ``forward_kl_topk`` the loss needs the student's whole distribution at each response position: one
-        padded forward pass gives the sampled tokens' log-probs, the entropy and the log-probs at the teacher's top-k
-        tokens (``ops.response_logits``, the [B, R, V] log-softmax in fp32); the estimator losses take the base
-        class's step."""
+        padded forward pass gives the sampled tokens' log-probs, the entropy, the log-probs at the teacher's top-k
+        tokens and the student's own top-k (``ops.response_logits``, then ``ops.topk_logprobs``: the fp32 log-softmax
+        in chunks, recomputed in the backward pass); the estimator losses take the base class's step."""
         if self.config.algorithm.distill.loss_mode not in TOPK_LOSSES:
             return super().training_step(micro, ctx)
         assert self.actor is not None
         mask = micro[B.ATTENTION_MASK][:, -micro[B.RESPONSES].shape[1]:].float()
         logits = ops.response_logits(self.actor, micro[B.INPUT_IDS], micro[B.ATTENTION_MASK],
                                      micro[B.RESPONSES].shape[1], ctx.temperature)
-        log_softmax = torch.log_softmax(logits.float(), dim=-1)
-        log_probs = log_softmax.gather(-1, micro[B.RESPONSES][..., None]).squeeze(-1) * mask
-        entropy = -(log_softmax.exp() * log_softmax).sum(-1) * mask
-        teacher_ids = micro[TEACHER_TOPK_IDS]
-        student_ids = log_softmax.detach().topk(teacher_ids.shape[-1], dim=-1).indices  # the overlap diagnostics
-        return self.distill_loss(micro, log_probs, entropy, ctx, log_softmax.gather(-1, teacher_ids), student_ids)
+        log_probs, entropy, at_teacher, student_ids = ops.topk_logprobs(logits, micro[B.RESPONSES],
+                                                                        micro[TEACHER_TOPK_IDS])
+        return self.distill_loss(micro, log_probs * mask, entropy * mask, ctx, at_teacher, student_ids)
 
     def policy_loss(
         self, batch: B.Batch, log_probs: torch.Tensor, entropy: torch.Tensor | None, ctx: LossContext

@@ -140,6 +140,37 @@ def token_logprobs(
     return logp.view(labels.shape), (ent.view(labels.shape) if ent is not None else None)
 
 
+def _topk_chunk(logits: torch.Tensor, labels: torch.Tensor, topk_ids: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    logp = (logits.gather(-1, labels.unsqueeze(-1)) - lse).squeeze(-1)
+    entropy = lse.squeeze(-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy, logits.gather(-1, topk_ids) - lse
+
+
+def topk_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, topk_ids: torch.Tensor, chunk_elements: int = LOGITS_CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For losses over the distribution at given tokens (top-k distillation), from ``logits`` [..., V] in fp32:
+    ``log softmax(logits)`` at ``labels`` [...] and at ``topk_ids`` [..., K], the entropy [...], and the ids of the
+    K largest logits [..., K] (no gradient). As :func:`token_logprobs`, chunked by ``chunk_elements`` fp32 logits
+    with each chunk's intermediates recomputed in the backward pass: the [..., V] log-softmax is never held whole."""
+    vocab, k = logits.shape[-1], topk_ids.shape[-1]
+    flat, flat_labels, flat_ids = logits.reshape(-1, vocab), labels.reshape(-1), topk_ids.reshape(-1, k)
+    rows = max(1, chunk_elements // vocab)
+    recompute = torch.is_grad_enabled() and flat.requires_grad and flat.shape[0] > rows
+    parts = [checkpoint(_topk_chunk, flat[i:i + rows], flat_labels[i:i + rows], flat_ids[i:i + rows],
+                        use_reentrant=False) if recompute
+             else _topk_chunk(flat[i:i + rows], flat_labels[i:i + rows], flat_ids[i:i + rows])
+             for i in range(0, flat.shape[0], rows)]
+    with torch.no_grad():
+        own = torch.cat([flat[i:i + rows].topk(k, dim=-1).indices for i in range(0, flat.shape[0], rows)])
+    logp, entropy, at_ids = (torch.cat([p[j] for p in parts]) for j in range(3))
+    return (logp.view(labels.shape), entropy.view(labels.shape), at_ids.view(topk_ids.shape),
+            own.view(topk_ids.shape))
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counting only real tokens (left padding gets position 0)."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -18,7 +18,30 @@ from rlforge.ops import (
     response_values,
     share_prompts,
     token_logprobs,
+    topk_logprobs,
 )
+
+
+@pytest.mark.parametrize("chunk", [1 << 24, 7 * 11])  # one chunk; chunks of 7 positions (11-token vocabulary)
+def test_topk_logprobs_is_the_whole_log_softmax_in_chunks(chunk):
+    """The log-probs at the labels and at given ids, the entropy and the K largest ids equal those of one whole
+    log-softmax, and so do their gradients, chunked (recomputed in the backward pass) or not."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 10, 11, generator=g)  # fp32, as the function computes
+    labels = torch.randint(0, 11, (3, 10), generator=g)
+    ids = torch.randint(0, 11, (3, 10, 4), generator=g)
+    a = logits.clone().requires_grad_()
+    logp, ent, at_ids, own = topk_logprobs(a, labels, ids, chunk_elements=chunk)
+    b = logits.clone().requires_grad_()
+    whole = torch.log_softmax(b, -1)
+    expected = (whole.gather(-1, labels[..., None]).squeeze(-1), -(whole.exp() * whole).sum(-1), whole.gather(-1, ids))
+    for got, want in zip((logp, ent, at_ids), expected):
+        torch.testing.assert_close(got, want)
+    assert torch.equal(own, logits.topk(4, dim=-1).indices)
+    weights = [torch.randn(x.shape, generator=g) for x in expected]
+    sum((x * w).sum() for x, w in zip((logp, ent, at_ids), weights)).backward()
+    sum((x * w).sum() for x, w in zip(expected, weights)).backward()
+    torch.testing.assert_close(a.grad, b.grad)
 
 
 def test_token_logprobs_hand_computed():

@@ -77,7 +77,8 @@ def distillation(c: Context) -> None:
         else:
             c.ignore(key, "read only by the top-k loss (loss_mode=forward_kl_topk)")
     for key in (f"{L}.use_chunked_topk", f"{L}.chunked_topk_chunk_size"):
-        c.ignore(key, "how verl computes the top-k loss's log-softmax (memory only); rlforge computes it whole")
+        c.ignore(key, "how verl computes the top-k loss's log-softmax (memory only); rlforge always computes it in "
+                      "chunks, recomputed in the backward pass")
     task, pg = bool(c.get(f"{L}.use_task_rewards")), bool(c.get(f"{L}.use_policy_gradient"))
     c.map(f"{L}.use_task_rewards", "algorithm.distill.use_task_rewards", task)
     c.map(f"{L}.use_policy_gradient", "algorithm.distill.use_policy_gradient", pg)
