@@ -262,6 +262,9 @@ def overlong(c: Context) -> None:
             c.refuse(key, f"DAPO reward option {leaf}")
 
 
+PLACEMENT_KEYS = ("enable_resource_pool", "n_gpus_per_node", "nnodes")  # verl's legacy reward_model placement
+
+
 def reward(c: Context) -> None:
     """verl's reward section, with the legacy keys moved in first (as migrate_legacy_reward_impl does)."""
     legacy = {"reward_model.reward_manager": "reward.reward_manager.name", "reward_model.num_workers": "reward.num_workers",
@@ -275,6 +278,9 @@ def reward(c: Context) -> None:
             c.same(old, f"moved to {new}, as verl moves it")
         elif c.has(old):
             c.ignore(old, f"null: {new} applies")
+    for leaf in PLACEMENT_KEYS:  # moved to reward.reward_model.<leaf>, which is placement only (verl_keys)
+        c.ignore(f"reward_model.{leaf}", f"moved to reward.reward_model.{leaf}, as verl moves it: where verl places "
+                                         f"its reward model; rlforge's runs beside the actor (reward.model.device)")
     for key in c.owned:
         if key.startswith(("reward_model.", "custom_reward_function.")) and key not in legacy and not c.done(key):
             (c.ignore(key, "null") if c.get(key) is None else

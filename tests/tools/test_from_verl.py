@@ -228,6 +228,16 @@ def test_lora_megatron_tp_multi_turn_and_rewards_are_not_falsely_refused() -> No
     assert off.target == "strategy.fsdp.offload_params" and "actor" not in off.mapped_value
 
 
+def test_legacy_reward_model_placement_is_moved_and_ignored_as_verl_moves_it() -> None:
+    """verl's migrate_legacy_reward_impl moves reward_model.enable_resource_pool/n_gpus_per_node/nnodes to
+    reward.reward_model.*, which only place verl's reward model: ignored, not refused."""
+    t = tr("reward_model.enable_resource_pool=True", "reward_model.n_gpus_per_node=8", "reward_model.nnodes=1")
+    for leaf in ("enable_resource_pool", "n_gpus_per_node", "nnodes"):
+        f = fate(t, f"reward_model.{leaf}")
+        assert f.kind == verl.IGNORED and f"moved to reward.reward_model.{leaf}" in f.text, f
+    assert not t.refused
+
+
 def test_a_complete_hydra_config_translates_without_a_traceback(tmp_path: Path) -> None:
     """What a verl run leaves in .hydra/config.yaml: the whole tree, ${oc.select:...} interpolations included."""
     import shutil
