@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.errors import ConfigError, RLForgeError
 
@@ -39,6 +40,7 @@ class LoraConfig:
     alpha: int = 16  # scaling alpha (the update is alpha / r x B A)
     dropout: float = 0.0  # dropout on the adapter's input
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])  # module names, or [all-linear]
+    exclude_modules: Optional[str] = None  # a regular expression of module names to leave without adapters, matched against the whole name (peft's exclude_modules), e.g. '.*visual.*' (verl: model.exclude_modules); a vision tower is left out of all-linear anyway
 
 
 def enabled(config: Any) -> bool:
@@ -60,6 +62,12 @@ def validate(config: Any) -> None:
         raise ConfigError(f"'model.lora.dropout' must be in [0, 1), got {lora.dropout}.")
     if lora.rank and not lora.target_modules:
         raise ConfigError("'model.lora.target_modules' is empty: name modules (e.g. [q_proj,v_proj]) or [all-linear].")
+    if lora.exclude_modules is not None:
+        try:
+            re.compile(lora.exclude_modules)
+        except re.error as exc:
+            raise ConfigError(f"'model.lora.exclude_modules' ({lora.exclude_modules!r}) is not a regular expression: "
+                              f"{exc}.") from None
 
 
 def _peft() -> Any:
@@ -82,10 +90,13 @@ def wrap(model: torch.nn.Module, config: Any, adapter: Path | None = None,
     lora = config.model.lora
     targets = list(lora.target_modules)
     every = targets == ["all-linear"]
+    # the user's exclusion, and with all-linear a vision tower's: peft full-matches each module name against it
+    excluded = [p for p in (lora.get("exclude_modules"), lora_excluded(model) if every else None) if p]
     spec = peft.LoraConfig(
         r=int(lora.rank), lora_alpha=int(lora.alpha), lora_dropout=float(lora.dropout),
         target_modules="all-linear" if every else targets, task_type="CAUSAL_LM",
-        exclude_modules=lora_excluded(model) if every else None,  # all-linear: a vision tower is left out
+        exclude_modules=(excluded[0] if len(excluded) == 1 else "|".join(f"(?:{p})" for p in excluded)) if excluded
+        else None,
     )
     try:
         wrapped = peft.get_peft_model(model, spec)

@@ -95,6 +95,17 @@ def test_lora_needs_one_device_and_valid_options(pm) -> None:
                              "trainer.controller=ray"], plugins=pm)
     with pytest.raises(ConfigError, match="LoRA cannot be applied"):
         _module(pm, ["model.lora.target_modules=[no_such_proj]"])
+    with pytest.raises(ConfigError, match=r"'model.lora.exclude_modules' \('\(mlp'\) is not a regular expression"):
+        load_config("grpo", ["model.lora.rank=4", "model.lora.exclude_modules=(mlp"], plugins=pm)
+
+
+def test_exclude_modules_leaves_the_matching_modules_without_adapters(pm) -> None:
+    """model.lora.exclude_modules (verl's model.exclude_modules): a regular expression of whole module names."""
+    _, module = _module(pm, ["model.lora.exclude_modules=.*mlp.*"])
+    adapted = {n.split(".lora_")[0] for n, _ in module.actor.named_parameters() if ".lora_" in n}
+    assert adapted and not any("mlp" in n for n in adapted) and any("self_attn" in n for n in adapted)
+    _, everything = _module(pm)
+    assert any("mlp" in n for n, _ in everything.actor.named_parameters() if ".lora_" in n)
 
 
 def _fit(tmp_path: Path, steps: int, extra=()) -> Path:

@@ -95,7 +95,8 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
         f"{m}.lora_alpha": Map("model.lora.alpha") if actor else Ignore("read only with LoRA on the critic"),
         f"{m}.target_modules": Map("model.lora.target_modules", str_list) if actor else Ignore(
             "read only with LoRA on the critic"),
-        f"{m}.exclude_modules": Keep(off, "LoRA on every target module", "excluding modules from LoRA"),
+        f"{m}.exclude_modules": Map("model.lora.exclude_modules") if actor else Ignore(
+            "read only with LoRA on the critic"),
         f"{m}.lora_adapter_path": Keep(off, "a fresh adapter", "starting LoRA from a saved adapter"),
         f"{m}.lora.rank": Keep(is_(0), "no megatron LoRA", "LoRA with the megatron strategy"),
         f"{m}.lora.*": Ignore("read only by verl's megatron LoRA (model.lora.rank > 0)"),

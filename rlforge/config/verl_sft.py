@@ -48,7 +48,7 @@ RULES: dict[str, Rule] = {
     "model.enable_gradient_checkpointing": Ignore(f"activation recomputation ({SPEED})"),
     "model.lora_rank": Map("model.lora.rank"), "model.lora_alpha": Map("model.lora.alpha"),
     "model.target_modules": Map("model.lora.target_modules", str_list),
-    "model.exclude_modules": Keep(off, "LoRA on every target module", "excluding modules from LoRA"),
+    "model.exclude_modules": Map("model.lora.exclude_modules"),
     "model.lora_adapter_path": Keep(off, "a fresh adapter", "starting LoRA from a saved adapter"),
     "model.lora.rank": Keep(is_(0), "full fine-tuning", "LoRA in rlforge's SFT"),
     "model.custom_chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates", 32),
