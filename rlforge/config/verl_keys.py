@@ -160,6 +160,7 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.override_transformer_config": Ignore(COPY),
         f"{mg}.override_transformer_config.recompute_*": recompute,
         f"{mg}.override_transformer_config.*fusion": Ignore(f"kernel fusion ({SPEED})"),
+        f"{mg}.override_transformer_config.use_fused_*": Ignore(f"fused kernels ({SPEED})"),
         f"{mg}.override_transformer_config.attention_backend": Ignore(f"attention kernels ({SPEED})"),
         f"{mg}.override_transformer_config.use_flash_attn": Ignore(f"attention kernels ({SPEED})"),
         f"{mg}.override_transformer_config.num_layers_in_*_pipeline_stage": Ignore(
@@ -171,6 +172,8 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.override_transformer_config.persist_layer_norm": Ignore(f"layer-norm kernels ({SPEED})"),
         f"{mg}.override_transformer_config.deallocate_pipeline_outputs": Ignore(
             "read only with pipeline parallelism (refused where > 1)"),
+        f"{mg}.override_transformer_config.swiglu": Keep(is_(True), "SwiGLU, as rlforge's megatron models (Llama, "
+                                                         "Qwen2) have", "an MLP other than SwiGLU (megatron)"),
         f"{mg}.override_transformer_config.normalization": Keep(is_("RMSNorm"), "RMSNorm, as rlforge's megatron models "
                                                                 "(Llama, Qwen2) have", "a normalization other than RMSNorm"),
         f"{mg}.override_transformer_config.*_dropout": Keep(is_(0, 0.0), "no dropout (rlforge's megatron models have "
