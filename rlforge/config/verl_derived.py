@@ -170,9 +170,18 @@ def multi_turn(c: Context) -> None:
         c.same(f"{R}.agent.default_agent_loop", "rlforge's tool_agent loop")
     else:
         c.refuse(f"{R}.agent.default_agent_loop", f"verl's agent loop '{loop}'")
+    # verl's tool loop stops after max_assistant_turns model turns, or once max_user_turns tool replies were given
+    # (checked after each model turn): at most max_user_turns + 1 model turns
+    assistant, user = c.get(f"{m}.max_assistant_turns"), c.get(f"{m}.max_user_turns")
+    turns = min(t for t in (assistant, user + 1 if user else None, float("inf")) if t)
+    by_user = "verl stops after max_user_turns tool replies: at most max_user_turns + 1 model turns"
     table: dict[str, Callable[[Any], None]] = {
-        "max_assistant_turns": lambda v: c.map(f"{m}.max_assistant_turns", "rollout.agent.max_turns", v)
-        if v else c.same(f"{m}.max_assistant_turns", "rollout.agent.max_turns' default"),
+        "max_assistant_turns": lambda v: c.map(f"{m}.max_assistant_turns", "rollout.agent.max_turns", turns,
+                                               by_user if turns != v else "")
+        if v else c.same(f"{m}.max_assistant_turns", "no limit of its own (max_user_turns sets rollout.agent.max_turns)"
+                          if user else "rollout.agent.max_turns' default"),
+        "max_user_turns": lambda v: c.map(f"{m}.max_user_turns", "rollout.agent.max_turns", turns, by_user)
+        if v else c.same(f"{m}.max_user_turns", "off"),
         "max_parallel_calls": lambda v: c.map(f"{m}.max_parallel_calls", "rollout.agent.max_tool_calls_per_turn", v),
         "format": lambda v: c.map(f"{m}.format", "rollout.agent.tool_parser", v) if v == "hermes" else c.refuse(
             f"{m}.format", f"the '{v}' tool-call format (rlforge's parsers: hermes)"),

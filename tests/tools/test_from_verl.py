@@ -228,6 +228,16 @@ def test_lora_megatron_tp_multi_turn_and_rewards_are_not_falsely_refused() -> No
     assert off.target == "strategy.fsdp.offload_params" and "actor" not in off.mapped_value
 
 
+@pytest.mark.parametrize(("assistant", "user", "turns"), [(None, 8, 9), (5, 8, 5), (5, 2, 3), (5, None, 5)])
+def test_max_user_turns_caps_the_model_turns_as_verls_tool_loop_does(assistant, user, turns) -> None:
+    """verl's tool loop stops after max_assistant_turns model turns or once max_user_turns tool replies were given
+    (checked after each model turn): rollout.agent.max_turns = min(assistant, user + 1)."""
+    m = f"{ARO}.rollout.multi_turn"
+    t = tr(f"{m}.enable=True", *([f"{m}.max_assistant_turns={assistant}"] if assistant else []),
+           *([f"{m}.max_user_turns={user}"] if user else []))
+    assert t.overrides["rollout.agent.max_turns"] == turns and not t.refused
+
+
 def test_legacy_reward_model_placement_is_moved_and_ignored_as_verl_moves_it() -> None:
     """verl's migrate_legacy_reward_impl moves reward_model.enable_resource_pool/n_gpus_per_node/nnodes to
     reward.reward_model.*, which only place verl's reward model: ignored, not refused."""
