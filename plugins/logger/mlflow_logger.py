@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -94,6 +95,8 @@ class MlflowLogger:
         if self.store is not None:
             diskio.refuse_links(self.store)  # sqlite would follow a link and write into its target
         self.pending: tuple[str, Any] | None = None  # (what, mlflow's RunOperations) of the last async write
+        self.names: dict[str, str] = {}  # key -> its mlflow name in this run (_name)
+        self.owners: dict[str, str] = {}  # mlflow name -> the key that has it
         section = config.get("logger", {}).get("mlflow", {}) or {}
         name = section.get("experiment") or os.environ.get("MLFLOW_EXPERIMENT_NAME") or config.trainer.project
         id_file, uri_file = folder / RUN_ID_FILE, folder / MLFLOW_STORE_FILE
@@ -112,9 +115,21 @@ class MlflowLogger:
             diskio.write_atomic(id_file, self.run.info.run_id)
             diskio.write_atomic(uri_file, self.uri)
 
+    def _name(self, key: str) -> str:
+        """``mlflow_name(key)``, made distinct from the names other keys got in this run (two data sources may
+        differ only in characters mlflow does not allow): a later key that would collide gets a hash of itself."""
+        name = self.names.get(key)
+        if name is None:
+            name = mlflow_name(key)
+            if self.owners.setdefault(name, key) != key:
+                name = f"{name[:MLFLOW_NAME_LIMIT - 9]}_{_digest(key)}"
+                self.owners[name] = key
+            self.names[key] = name
+        return name
+
     def log_params(self, params: dict[str, Any]) -> None:
         # names as mlflow allows them (a mapping's keys may be any text: algorithm.teacher.routes' data sources)
-        flat = {mlflow_name(k): str(v)[:6000] for k, v in flatten(params).items()}
+        flat = {self._name(k): str(v)[:6000] for k, v in flatten(params).items()}
         with self._store_errors("read the run's parameters"):
             existing = self.mlflow.get_run(self.run.info.run_id).data.params
         ops = self.mlflow.log_params({k: v for k, v in flat.items() if k not in existing}, synchronous=False)
@@ -122,7 +137,7 @@ class MlflowLogger:
         self.pending = ("write the run's parameters", ops)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        ops = self.mlflow.log_metrics({mlflow_name(k): float(v) for k, v in metrics.items()}, step=step,
+        ops = self.mlflow.log_metrics({self._name(k): float(v) for k, v in metrics.items()}, step=step,
                                       synchronous=False)
         self._settle()  # the previous write, finished by now; this one is checked at the next call or the end
         self.pending = (f"write the metrics of step {step}", ops)
@@ -209,11 +224,25 @@ def _cause(exc: BaseException, store: Path) -> int | None:
     return errno.ENOSPC if free is not None and free < NEARLY_FULL else None
 
 
+MLFLOW_NAME_LIMIT = 250  # mlflow's longest metric or parameter name
+
+
 def mlflow_name(name: str) -> str:
-    """The metric (or parameter) name as mlflow stores it: mlflow allows letters, digits and ``_-. :/`` only, so ``@`` becomes
-    ``_at_`` (``val-core/gsm8k/acc/mean@4`` -> ``val-core/gsm8k/acc/mean_at_4``, as verl's mlflow logger writes it)
-    and any other character ``_``."""
-    return re.sub(r"[^\w\-. :/]", "_", name.replace("@", "_at_"))
+    """The metric (or parameter) name as mlflow stores it: mlflow allows letters, digits and ``_-. :/`` only, so ``@``
+    becomes ``_at_`` (``val-core/gsm8k/acc/mean@4`` -> ``val-core/gsm8k/acc/mean_at_4``, as verl's mlflow logger
+    writes it) and any other character ``_``; a name must also be a normalized path (no empty, ``.`` or ``..``
+    segment: each becomes ``_``, so a data source ``gsm8k/`` or ``a//b`` is kept apart) and at most 250 characters
+    (a longer one keeps its start and a hash of the whole)."""
+    name = re.sub(r"[^\w\-. :/]", "_", name.replace("@", "_at_"))
+    name = "/".join(part if part not in ("", ".", "..") else "_" for part in name.split("/"))
+    name = f"_{name}" if name.startswith("..") else name  # mlflow refuses a name that starts with ..
+    if len(name) > MLFLOW_NAME_LIMIT:
+        name = f"{name[:MLFLOW_NAME_LIMIT - 9]}_{_digest(name)}"
+    return name
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
 @hookimpl

@@ -53,7 +53,11 @@ def distillation(c: Context) -> None:
         for key in c.owned:
             c.ignore(key, "read only by on-policy distillation (refused: distillation.enabled)")
         return
-    missing = [n for n, path in found.items() if not path] or ([] if found else [DEFAULT])
+    if not found:
+        raise ConfigError(f"distillation.enabled=True, but {D}.teacher_models has no entry: name a teacher "
+                          f"({D}.teacher_models.{DEFAULT}.model_path, or +{D}.teacher_models.<name>.key/.model_path); "
+                          f"verl 0.9.1 has none to distil from either.")
+    missing = [n for n, path in found.items() if not path]
     if missing:  # verl's DistillationTeacherModelConfig.check_configured
         raise ConfigError(f"distillation.enabled=True, but {D}.teacher_models.{missing[0]}.model_path is unset: "
                           f"every teacher entry verl uses needs one (verl 0.9.1 raises for it too, 'model_path must "
@@ -62,9 +66,16 @@ def distillation(c: Context) -> None:
     c.algorithm = "opd"
     routed(c, found)
     mode = c.get(f"{L}.loss_mode")
+    if mode == "k1" and not c.get(f"{L}.use_policy_gradient"):  # verl's DistillationLossConfig.__post_init__
+        raise ConfigError(f"{L}.loss_mode=k1 with use_policy_gradient=False: verl 0.9.1 refuses it too (as a direct "
+                          f"loss its gradient does not depend on the teacher). Set use_policy_gradient=True, or "
+                          f"loss_mode=k3.")
     if mode in TOPK and c.get("model_engine") == "megatron":
         c.refuse(f"{L}.loss_mode", f"the top-k distillation loss {mode} on the megatron engine (rlforge computes it "
                                    f"with the single and fsdp strategies)")
+    elif mode == "kl" and not c.get(f"{L}.use_policy_gradient"):
+        c.refuse(f"{L}.loss_mode", "loss_mode=kl as a direct loss (use_policy_gradient=False): its gradient does not "
+                                   "depend on the teacher (verl 0.9.1 refuses it under the name k1 only)")
     elif mode in ESTIMATORS or mode in TOPK:
         c.map(f"{L}.loss_mode", "algorithm.distill.loss_mode", mode)
     else:
@@ -119,6 +130,9 @@ def routed(c: Context, found: dict[str, str]) -> None:
         return
     by_text: dict[str, str] = {}
     for name, key in keys.items():
+        if str(key) == "":
+            c.refuse(f"{prefix}{name}.key", "a teacher for the rows whose data_source is empty (rlforge's routes "
+                                            "need a non-empty key)")
         if str(key) in by_text:
             raise ConfigError(f"{prefix}{by_text[str(key)]}.key and {prefix}{name}.key are both {str(key)!r}: "
                               f"each teacher needs a key of its own (verl 0.9.1 raises for it too, 'Duplicate "

@@ -46,15 +46,18 @@ def compose_for_model(
     if split not in SPLITS:
         raise RLForgeError(f"Unknown split '{split}' (--split). Available: {', '.join(SPLITS)}.")
     extra = [f"model.path={json.dumps(model_folder(model))}"]  # a LoRA checkpoint: its base with the adapter merged
-    if data:  # only the evaluated split is read: the other's files (a run's, relative to its start) are dropped
-        other = next(s for s in SPLITS if s != split)
+    base = training_config(model)
+    other = next(s for s in SPLITS if s != split)
+    if base is not None and "data" in base[0]:  # only the evaluated split is read: not a run's other files
+        base[0].data[f"{other}_files"] = []
+    if data:
         extra += ["data.name=files", f"data.{split}_files={json.dumps(list(data))}", f"data.{other}_files=[]"]
     if n is not None:
         extra.append(f"rollout.val_n={n}")
     if temperature is not None:
         extra.append(f"rollout.val_temperature={temperature}")
     return compose_with_plugins(None, config_file, [*(overrides or []), *extra], loaded=loaded,
-                                base=training_config(model), modules=list(modules or []))
+                                base=base, modules=list(modules or []))
 
 
 def training_config(model: str) -> tuple[DictConfig, str] | None:

@@ -172,6 +172,11 @@ def test_verl_topk_distillation_maps_with_its_keys():
      "distillation.teacher_key", "by the dataset column 'task'"),
     (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.loss_mode=bogus"],
      "distillation.distillation_loss.loss_mode", "which verl 0.9.1 does not have either"),
+    (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.loss_mode=kl"],
+     "distillation.distillation_loss.loss_mode", "verl 0.9.1 refuses it under the name k1 only"),
+    (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
+      "+distillation.teacher_models.a.key=x", "+distillation.teacher_models.b.key=''"],
+     "distillation.teacher_models.b.key", "rows whose data_source is empty"),
     (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.policy_loss_mode=gspo"],
      "distillation.distillation_loss.policy_loss_mode", "which verl 0.9.1 refuses too"),  # without the policy gradient
 ])
@@ -189,6 +194,9 @@ def test_verl_distillation_refusals_name_the_missing_feature(args, refused, text
     (["+distillation.teacher_models.a.model_path=T", "+distillation.teacher_models.b.model_path=U",
       "+distillation.teacher_models.a.key=1", "+distillation.teacher_models.b.key='1'"],
      r"teacher_models.a.key and distillation.teacher_models.b.key are both '1'.*'Duplicate teacher key'"),
+    (["~distillation.teacher_models.teacher_model"], r"distillation.teacher_models has no entry"),
+    (["distillation.teacher_models.teacher_model.model_path=T", "distillation.distillation_loss.loss_mode=k1"],
+     r"loss_mode=k1 with use_policy_gradient=False: verl 0.9.1 refuses it too"),
 ])
 def test_verl_launches_that_verl_refuses_are_errors(args, says):
     """verl 0.9.1's DistillationConfig raises for these: a teacher without model_path, an entry without key (the

@@ -250,11 +250,17 @@ def test_mlflow_runs_share_one_store_from_the_environment(monkeypatch, tmp_path)
     assert len(client.search_runs([client.get_experiment_by_name("team").experiment_id])) == 2
     assert ids[0] == ids[2] != ids[1]
     assert [(m.step, m.value) for m in client.get_metric_history(ids[0], "critic/score/mean")] == [(1, 0.25), (3, 0.75)]
-    lg = MlflowLogger(cfg, str(tmp_path / "r2"))  # a mapping's keys in the config are any text (data sources)
-    lg.log_params({"routes": {"math (hard)": "a+b", "it's": 1}})
+    # a mapping's keys in the config, and data sources in metric names, are any text: names mlflow accepts
+    # (characters, path rules, length), and distinct where two keys differ only in characters it does not allow
+    lg = MlflowLogger(cfg, str(tmp_path / "r2"))
+    sources = ["math (hard)", "it's", "gsm8k/", "a//b", "../up", "x(1)", "x[1]", "s" * 300]
+    lg.log_params({"routes": {source: i for i, source in enumerate(sources)}})
+    lg.log_metrics({f"val/{source}/accuracy": 1.0 for source in sources}, step=1)
     lg.close()
-    assert {k: v for k, v in client.get_run(ids[1]).data.params.items() if k.startswith("routes.")} == \
-        {"routes.math _hard_": "a+b", "routes.it_s": "1"}
+    params = {k: v for k, v in client.get_run(ids[1]).data.params.items() if k.startswith("routes.")}
+    assert sorted(params.values(), key=int) == [str(i) for i in range(len(sources))]  # none lost
+    assert params["routes.math _hard_"] == "0" and params["routes.gsm8k/_"] == "2" and params["routes.a/_/b"] == "3"
+    assert len([k for k in client.get_run(ids[1]).data.metrics if k.startswith("val/")]) == len(sources)
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert [p.name for p in report(tmp_path / "r1")] == ["reward.png"]  # `rlforge report` finds the shared store
     assert [a.path for a in client.list_artifacts(ids[0])] == ["reward.png"]

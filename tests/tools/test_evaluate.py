@@ -175,7 +175,7 @@ def test_a_run_trained_on_several_processes_is_evaluated_in_one(tmp_path):
     assert cfg.data.train_batch_size == 8  # the rest is the training run's
 
 
-def test_eval_of_a_run_with_data_reads_only_the_given_files(tmp_path, monkeypatch):
+def test_eval_of_a_run_with_data_reads_only_the_given_files(tmp_path, monkeypatch, capsys):
     """A run trained on relative data paths, evaluated from another folder with --data: the run's own files (not
     found from there) are not read; the given ones are."""
     from rlforge import Trainer
@@ -196,3 +196,6 @@ def test_eval_of_a_run_with_data_reads_only_the_given_files(tmp_path, monkeypatc
     assert main(["eval", str(trainer.run_dir), "--data", str(tmp_path / "eval.jsonl"), "--limit", "2",
                  "--out", str(out)]) == 0
     assert json.loads(out.read_text())["rows"] == 2
+    capsys.readouterr()
+    assert main(["eval", str(trainer.run_dir), "--out", str(out)]) == 2
+    assert "no rows in the 'val' split" in capsys.readouterr().err  # not: train.jsonl is not found from here
