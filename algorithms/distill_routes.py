@@ -8,6 +8,7 @@ the rows of each step again in the driver (rows from elsewhere: an agent loop's)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rlforge import batch as B
@@ -77,7 +78,8 @@ def check_prompt_routes(prompts: list[Any], rows: Any, name: str, teacher: Any) 
     for p in prompts:
         problem = route_problem(p.data_source, p.extra_info, teacher)
         if problem:
-            where = row_origin(rows[p.index], p.index, name) if isinstance(rows, list) else f"{name}, row {p.index + 1}"
+            where = (row_origin(rows[p.index], p.index, name) if isinstance(rows, Sequence)  # hf's rows too
+                     else f"{name}, row {p.index + 1}")
             raise DataError(f"{where}: the row {problem}: {HINT}.")
 
 
