@@ -53,6 +53,8 @@ CASES = {
     "wrong type": (["actor.lr=fast"], "Invalid value for 'actor.lr'", "fast"),
     "a number for a true/false key": (["trainer.val_before_train=2"], "Invalid value for 'trainer.val_before_train'",
                                       "2; it is true or false"),
+    "a number as a mapping key": (["model.config_overrides={1: 2}"], "Invalid value for 'model.config_overrides.1'",
+                                  "quote a key YAML reads as a number or boolean"),
     "a value for a section": (["trainer=5"], "'trainer' (in command-line overrides) is a section of the config",
                               "trainer.total_steps"),
     "negative size": (["data.train_batch_size=-4"], "'data.train_batch_size' must be a positive integer", "-4"),

@@ -6,6 +6,7 @@ inconsistent batch sizes fail with a message that names the key, the value and t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,8 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
         reason = str(getattr(exc, "msg", exc)).splitlines()[0]
         if reason.startswith("Incompatible value 'None'"):  # `key=` with nothing after it is null in Hydra syntax
             reason = f"it needs a value ('{key}=' with nothing after the '=' sets it to null)"
+        elif re.match(r"Key .* \((int|float|bool)\) is incompatible with \(str\)", reason):  # {1: x} in YAML
+            reason += "; a mapping's keys are text here: quote a key YAML reads as a number or boolean ({'1': ...})"
         raise ConfigError(f"Invalid value for '{key}' (in {source}): {reason}.") from None
 
 
