@@ -90,8 +90,7 @@ class TeacherWorker(WorkerProcess):
         size, parts, order = self.options.batch_size, [], []
         for model, rows in self._routed(batch):
             part = batch.select(rows)
-            parts += [score(model, part.select(list(range(i, min(i + size, len(part))))))
-                      for i in range(0, len(part), size)]
+            parts += [score(model, sub) for sub in part.split(size)]
             order += rows
         out = B.Batch.concat(parts)
         return out if order == sorted(order) else out.select(torch.as_tensor(order).argsort())

@@ -102,15 +102,37 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return masked_sum(x, mask, dim) / mask.sum(dim).clamp(min=1)
 
 
-def _logprobs_entropy(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _logprobs_entropy(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, at_ids: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """In fp32: ``log softmax(logits)`` at ``labels``, the entropy (``with_entropy``) and the log-softmax at
+    ``at_ids`` [..., K] (where given)."""
     logits = logits.float()
-    lse = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
-    if not with_entropy:
-        return logp, None
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    logp = (logits.gather(-1, labels.unsqueeze(-1)) - lse).squeeze(-1)
     # H = -sum p log p = logsumexp(z) - sum softmax(z) z
-    return logp, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    ent = lse.squeeze(-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1) if with_entropy else None
+    return logp, ent, (logits.gather(-1, at_ids) - lse if at_ids is not None else None)
+
+
+def _chunked_logprobs(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, at_ids: torch.Tensor | None,
+                      chunk_elements: int) -> tuple[torch.Tensor | None, ...]:
+    """:func:`_logprobs_entropy` over the leading dimensions flattened, in chunks of ``chunk_elements`` fp32 logits;
+    with autograd on, each chunk's fp32 intermediates are recomputed in the backward pass instead of being kept.
+    Outputs flat (rows first)."""
+    vocab = logits.shape[-1]
+    flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1)
+    flat_ids = at_ids.reshape(-1, at_ids.shape[-1]) if at_ids is not None else None
+    rows = max(1, chunk_elements // vocab)
+    if flat.shape[0] <= rows:
+        return _logprobs_entropy(flat, flat_labels, with_entropy, flat_ids)
+    recompute = torch.is_grad_enabled() and flat.requires_grad
+    parts = []
+    for i in range(0, flat.shape[0], rows):
+        args = (flat[i:i + rows], flat_labels[i:i + rows], with_entropy,
+                flat_ids[i:i + rows] if flat_ids is not None else None)
+        parts.append(checkpoint(_logprobs_entropy, *args, use_reentrant=False) if recompute
+                     else _logprobs_entropy(*args))
+    return tuple(torch.cat([p[j] for p in parts]) if parts[0][j] is not None else None for j in range(3))
 
 
 def token_logprobs(
@@ -122,31 +144,8 @@ def token_logprobs(
     The leading dimensions are processed in chunks of ``chunk_elements`` fp32 logits; with autograd on, each
     chunk's fp32 intermediates are recomputed in the backward pass instead of being kept.
     """
-    vocab = logits.shape[-1]
-    flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1)
-    rows = max(1, chunk_elements // vocab)
-    if flat.shape[0] <= rows:
-        logp, ent = _logprobs_entropy(flat, flat_labels, with_entropy)
-    else:
-        recompute = torch.is_grad_enabled() and flat.requires_grad
-        parts = [
-            checkpoint(_logprobs_entropy, flat[i : i + rows], flat_labels[i : i + rows], with_entropy,
-                       use_reentrant=False) if recompute
-            else _logprobs_entropy(flat[i : i + rows], flat_labels[i : i + rows], with_entropy)
-            for i in range(0, flat.shape[0], rows)
-        ]
-        logp = torch.cat([p[0] for p in parts])
-        ent = torch.cat([p[1] for p in parts]) if with_entropy else None
+    logp, ent, _ = _chunked_logprobs(logits, labels, with_entropy, None, chunk_elements)
     return logp.view(labels.shape), (ent.view(labels.shape) if ent is not None else None)
-
-
-def _topk_chunk(logits: torch.Tensor, labels: torch.Tensor, topk_ids: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits = logits.float()
-    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-    logp = (logits.gather(-1, labels.unsqueeze(-1)) - lse).squeeze(-1)
-    entropy = lse.squeeze(-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return logp, entropy, logits.gather(-1, topk_ids) - lse
 
 
 def topk_logprobs(
@@ -156,17 +155,10 @@ def topk_logprobs(
     ``log softmax(logits)`` at ``labels`` [...] and at ``topk_ids`` [..., K], the entropy [...], and the ids of the
     K largest logits [..., K] (no gradient). As :func:`token_logprobs`, chunked by ``chunk_elements`` fp32 logits
     with each chunk's intermediates recomputed in the backward pass: the [..., V] log-softmax is never held whole."""
-    vocab, k = logits.shape[-1], topk_ids.shape[-1]
-    flat, flat_labels, flat_ids = logits.reshape(-1, vocab), labels.reshape(-1), topk_ids.reshape(-1, k)
-    rows = max(1, chunk_elements // vocab)
-    recompute = torch.is_grad_enabled() and flat.requires_grad and flat.shape[0] > rows
-    parts = [checkpoint(_topk_chunk, flat[i:i + rows], flat_labels[i:i + rows], flat_ids[i:i + rows],
-                        use_reentrant=False) if recompute
-             else _topk_chunk(flat[i:i + rows], flat_labels[i:i + rows], flat_ids[i:i + rows])
-             for i in range(0, flat.shape[0], rows)]
-    with torch.no_grad():
-        own = torch.cat([flat[i:i + rows].topk(k, dim=-1).indices for i in range(0, flat.shape[0], rows)])
-    logp, entropy, at_ids = (torch.cat([p[j] for p in parts]) for j in range(3))
+    logp, entropy, at_ids = _chunked_logprobs(logits, labels, True, topk_ids, chunk_elements)
+    k, flat = topk_ids.shape[-1], logits.detach().reshape(-1, logits.shape[-1])
+    rows = max(1, chunk_elements // flat.shape[-1])
+    own = torch.cat([flat[i:i + rows].topk(k, dim=-1).indices for i in range(0, flat.shape[0], rows)])
     return (logp.view(labels.shape), entropy.view(labels.shape), at_ids.view(topk_ids.shape),
             own.view(topk_ids.shape))
 
