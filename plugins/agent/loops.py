@@ -22,20 +22,26 @@ class SingleTurnLoop(AgentLoop):
 
 
 class ToolAgentLoop(AgentLoop):
-    """The model answers or calls tools (``rollout.agent.tools``, read by ``rollout.agent.tool_parser``); each turn's
-    calls run concurrently and their replies (or error messages) come back as tool messages. Ends at the first turn
-    without a tool call, after ``rollout.agent.max_turns`` model turns, or when the token budget is spent."""
+    """The model answers or calls tools (``rollout.agent.tools``, verl's tool files; read by
+    ``rollout.agent.tool_parser``); each turn's calls run concurrently and their replies (or error messages) come back
+    as tool messages. Ends at the first turn without a tool call, after ``rollout.agent.max_turns`` model turns, or
+    when the token budget is spent. A row's ``extra_info.tool_selection`` (a list of tool names, as in verl) offers
+    only those of the run's tools to its trajectories."""
 
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
         AgentLoop.validate_config(config, registry)
-        if not config.rollout.agent.tools:
+        a = config.rollout.agent
+        if not (a.tools or a.tool_config_path or a.function_tool_path):
             raise ConfigError("rollout.agent.loop=tool_agent needs tools: set 'rollout.agent.tools', e.g. "
-                              f"'rollout.agent.tools=[calculator]'. Available: {', '.join(registry.tool.available())}.")
+                              f"'rollout.agent.tools=[calculator]' (available: {', '.join(registry.tool.available())}"
+                              "), or verl's 'rollout.agent.tool_config_path' / 'function_tool_path'.")
 
     async def run(self, sample: Sample, engine: TrajectoryEngine) -> Trajectory:
-        conv = self.conversation(sample, tools=True)
-        async with conv.tool_session() as tools:
+        selection = sample.extra_info.get("tool_selection") if isinstance(sample.extra_info, dict) else None
+        names = [n for n in selection if n in self.context.tools.tools] if selection else None
+        conv = self.conversation(sample, tools=True if names is None else self.context.tools.schemas(names))
+        async with conv.tool_session(names) as tools:
             while (text := await conv.generate(engine)) is not None:
                 parsed = self.context.parser.parse(text)
                 if not parsed.calls and not parsed.errors:

@@ -5,6 +5,7 @@ same names in ``rlforge.protocols``."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -43,7 +44,7 @@ class Tool:
     def create(self, sample: Sample) -> Any:
         return None
 
-    def execute(self, arguments: dict[str, Any], state: Any) -> str | ToolResult:
+    def execute(self, arguments: dict[str, Any], state: Any) -> str | ToolResult | Awaitable[str | ToolResult]:
         raise NotImplementedError(f"tool {self.name!r} must implement execute")  # abstract
 
     def release(self, state: Any) -> None:

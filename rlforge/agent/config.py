@@ -4,7 +4,9 @@ the limits every trajectory obeys (docs/agentic.md). Components put their own op
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from rlforge.errors import ConfigError
@@ -19,6 +21,8 @@ class AgentConfig:
 
     loop: str = SINGLE_TURN  # agent loop registry name: single_turn | tool_agent | interaction | openai_agent
     tools: list[str] = field(default_factory=list)  # tool registry names offered to the model
+    tool_config_path: Optional[str] = None  # verl's tool config YAML: its BaseTool classes are offered too (needs verl)
+    function_tool_path: Optional[str] = None  # a Python file of verl @function_tool functions, offered too (needs verl)
     tool_parser: str = "hermes"  # reads tool calls from the model's text (tool parser registry name)
     interaction: Optional[str] = None  # interaction registry name: the simulated user of loop=interaction
     max_turns: int = 4  # model turns (generate calls) per trajectory
@@ -42,6 +46,11 @@ def validate_agent_config(config: Any) -> None:
     for key in ("tool_timeout_s", "wave_wait_s"):
         if not a[key] > 0:
             raise ConfigError(f"'rollout.agent.{key}' must be > 0 seconds, got {a[key]}.")
+    for key in ("tool_config_path", "function_tool_path"):
+        if a[key] is not None and not Path(a[key]).is_file():
+            raise ConfigError(f"'rollout.agent.{key}' names {a[key]!r}, which is not a file "
+                              f"({'missing' if not Path(a[key]).exists() else 'a folder'}; relative paths are read "
+                              f"from the working directory {os.getcwd()}).")
     repeated = sorted({t for t in a.tools if list(a.tools).count(t) > 1})
     if repeated:
         raise ConfigError(f"'rollout.agent.tools' names '{repeated[0]}' twice: {list(a.tools)}.")

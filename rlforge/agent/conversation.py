@@ -130,9 +130,10 @@ class Conversation:
         self.inserted_turns += 1
         return True
 
-    def tool_session(self) -> ToolSession:
-        """The tools of this trajectory: ``async with conv.tool_session() as tools: await tools.run(parsed)``."""
-        return self.context.tools.session(self.sample, self.chat, self.stats)
+    def tool_session(self, names: list[str] | None = None) -> ToolSession:
+        """The tools of this trajectory: ``async with conv.tool_session() as tools: await tools.run(parsed)``;
+        ``names``: only these of the run's tools (a call of another gets the "no such tool" reply)."""
+        return self.context.tools.session(self.sample, self.chat, self.stats, names)
 
     def add_reward(self, reward: float) -> None:
         """Add ``reward`` to the last model turn."""

@@ -31,10 +31,11 @@ class AgentLoop:
     def validate_config(config: Any, registry: Any) -> None:
         validate_agent_config(config)
 
-    def conversation(self, sample: Sample, *, tools: bool = False, messages: list[dict[str, Any]] | None = None
-                     ) -> Conversation:
+    def conversation(self, sample: Sample, *, tools: bool | list[dict[str, Any]] = False,
+                     messages: list[dict[str, Any]] | None = None) -> Conversation:
         """A new trajectory for ``sample``. ``tools``: render the prompt with the tools' schemas (the chat template's
-        ``tools=``); ``messages``: added to the prompt's messages (e.g. an interaction's opening message)."""
+        ``tools=``; a list: these schemas); ``messages``: added to the prompt's messages (e.g. an interaction's
+        opening message)."""
         return Conversation(self.context, sample, tools=tools,
                             opening=[*sample.messages, *messages] if messages else None)
 

@@ -43,12 +43,15 @@ class Toolbox:
         self._blocked_loops: list[ToolLoop] = []  # replaced after a tool blocked them (their threads are daemons)
         self._checks: set[asyncio.Task[None]] = set()  # running _replace_if_blocked (the loop keeps weak references)
 
-    def schemas(self) -> list[dict[str, Any]]:
-        return [tool.schema() for tool in self.tools.values()]
+    def schemas(self, names: list[str] | None = None) -> list[dict[str, Any]]:
+        """The tools' schemas (``names``: of these tools only)."""
+        return [tool.schema() for name, tool in self.tools.items() if names is None or name in names]
 
-    def session(self, sample: Sample, chat: ChatFormat, stats: ToolStats) -> ToolSession:
-        """``async with toolbox.session(sample, chat, stats) as tools: replies, reward = await tools.run(parsed)``."""
-        return ToolSession(self, sample, chat, stats)
+    def session(self, sample: Sample, chat: ChatFormat, stats: ToolStats, names: list[str] | None = None
+                ) -> ToolSession:
+        """``async with toolbox.session(sample, chat, stats) as tools: replies, reward = await tools.run(parsed)``;
+        ``names``: only these tools can be called."""
+        return ToolSession(self, sample, chat, stats, names)
 
     async def call(self, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` off the rollout's event loop: a sync function in a daemon tool thread, an async one (or the
@@ -96,8 +99,10 @@ class Toolbox:
 class ToolSession:
     """The tools of one trajectory: ``create`` on a tool's first call, ``release`` when the trajectory ends."""
 
-    def __init__(self, box: Toolbox, sample: Sample, chat: ChatFormat, stats: ToolStats) -> None:
+    def __init__(self, box: Toolbox, sample: Sample, chat: ChatFormat, stats: ToolStats,
+                 names: list[str] | None = None) -> None:
         self.box, self.sample, self.chat, self.stats = box, sample, chat, stats
+        self.tools = box.tools if names is None else {n: t for n, t in box.tools.items() if n in names}
         self.states: dict[str, asyncio.Future[Any]] = {}  # each tool's create(), run once per trajectory
 
     async def __aenter__(self) -> ToolSession:
@@ -105,7 +110,7 @@ class ToolSession:
 
     async def __aexit__(self, *exc: Any) -> None:
         for name, created in self.states.items():
-            tool = self.box.tools[name]
+            tool = self.tools[name]
             if not isinstance(tool, Tool) or not created.done() or created.cancelled() or created.exception() is not None:
                 continue  # per-trajectory state is the Tool base class's (create/release)
             try:
@@ -146,9 +151,9 @@ class ToolSession:
         return text, reward
 
     async def _execute(self, call: ToolCall) -> tuple[str, float]:
-        tool = self.box.tools.get(call.name)
+        tool = self.tools.get(call.name)
         if tool is None:
-            known = ", ".join(self.box.tools) or "(none)"
+            known = ", ".join(self.tools) or "(none)"
             raise ToolError(f"there is no tool '{call.name}'. Available tools: {known}")
         if call.name not in self.states:  # concurrent calls of one tool share the state
             create = tool.create if isinstance(tool, Tool) else _no_state  # a tool without the base class: no state

@@ -9,6 +9,7 @@ precision) is ``verl_layout``'s, the micro-batches and the learning-rate schedul
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rlforge.config import verl_distill
@@ -185,9 +186,8 @@ def multi_turn(c: Context) -> None:
         "max_parallel_calls": lambda v: c.map(f"{m}.max_parallel_calls", "rollout.agent.max_tool_calls_per_turn", v),
         "format": lambda v: c.map(f"{m}.format", "rollout.agent.tool_parser", v) if v == "hermes" else c.refuse(
             f"{m}.format", f"the '{v}' tool-call format (rlforge's parsers: hermes)"),
-        "tool_config_path": lambda v: c.refuse(f"{m}.tool_config_path", "verl's tool classes from a tool config file "
-                                               "(register the tools in an rlforge plugin: rollout.agent.tools)")
-        if v else c.same(f"{m}.tool_config_path", "no tools"),
+        **{key: partial(_tool_file, c, f"{m}.{key}", f"rollout.agent.{key}")
+           for key in ("tool_config_path", "function_tool_path")},
         "max_tool_response_length": lambda v: c.map(f"{m}.max_tool_response_length",
                                                     "rollout.agent.max_tool_output_tokens", v,
                                                     "verl cuts tool replies in characters, rlforge in tokens"),
@@ -202,6 +202,14 @@ def multi_turn(c: Context) -> None:
             c.same(key, "off")
         else:
             c.refuse(key, f"verl's multi_turn.{leaf}")
+
+
+def _tool_file(c: Context, key: str, target: str, value: Any) -> None:
+    if value:
+        c.map(key, target, value, "verl's tools, called as verl's tool_agent calls them (verl must be importable; "
+                                  "docs/agentic.md#verls-tools)")
+    else:
+        c.same(key, "no tools")
 
 
 def filter_groups(c: Context) -> None:

@@ -4,6 +4,8 @@ Launches that ask for a feature rlforge lacks must be refused naming it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlforge.cli import main
@@ -24,14 +26,16 @@ REPRESENTATIVE = {
     # two at a time for at most two rounds (EXTRA)
     "dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": None,
     "examples/ppo_trainer/run_qwen3_8b_megatron.sh": "pipeline parallelism",  # megatron
-    "partial_rollout/run/run_qwen3-0.6b_gsm8k_grpo_tool_baseline.sh": "tool classes",  # multi-turn tool GRPO
+    # multi-turn tool GRPO; its tool config swapped for a local one of the same schema (_tools)
+    "partial_rollout/run/run_qwen3-0.6b_gsm8k_grpo_tool_baseline.sh": None,
     "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh": None,  # SFT (its schedule: verl's, through transformers)
     # on-policy distillation (k1 as a policy gradient, no task rewards); the teacher is the tiny model too (_local)
     "examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh": None,
     # several teachers routed by data_source (MOPD); both teachers the tiny model, the rows all openai/gsm8k
     "examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh": None,
 }
-EXTRA = {"dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": [  # main_dapo's config; its overlong window within 8 tokens
+EXTRA = {"partial_rollout/run/run_qwen3-0.6b_gsm8k_grpo_tool_baseline.sh": ["data.max_prompt_length=512"],  # + schema
+         "dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": [  # main_dapo's config; its overlong window within 8 tokens
     "--config-name=dapo_trainer", "data.gen_batch_size=2", "algorithm.filter_groups.max_num_gen_batches=2",
     "reward.reward_kwargs.max_resp_len=8", "reward.reward_kwargs.overlong_buffer_cfg.len=4"]}
 
@@ -56,6 +60,40 @@ def _local(launch: dict, tmp_path, model, data) -> list[str]:
             *_teachers(launch, model)]
 
 
+GRADER = '''
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import ToolResponse
+
+
+class Grader(BaseTool):
+    """The answer against the row's ground truth (create_kwargs from extra_info.tools_kwargs), as a GSM8K tool."""
+
+    async def create(self, instance_id=None, **kwargs):
+        self.truth = kwargs.get("create_kwargs", {}).get("ground_truth")
+        return "grader", ToolResponse()
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        ok = str(parameters.get("answer", "")).strip() == str(self.truth)
+        return ToolResponse(text=f"Current parsed answer={parameters.get('answer')!r} reward={float(ok)}"), float(ok), {}
+'''
+
+
+def _tools(launch: dict, tmp_path, monkeypatch) -> list[str]:
+    """A launch's tool config swapped for a local one: a verl BaseTool with the schema of verl's GSM8K tool."""
+    key = f"{ARO}.rollout.multi_turn.tool_config_path"
+    if not any(a.startswith(f"{key}=") for a in launch["args"]):
+        return []
+    (tmp_path / "gsm8k_grader.py").write_text(GRADER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    schema = {"type": "function", "function": {"name": "calc_gsm8k_reward", "description": "The reward of an answer",
+                                               "parameters": {"type": "object", "properties": {"answer": {
+                                                   "type": "string", "description": "The answer, digits"}},
+                                                   "required": ["answer"]}}}
+    config = {"tools": [{"class_name": "gsm8k_grader.Grader", "config": {"type": "native"}, "tool_schema": schema}]}
+    (tmp_path / "tools.yaml").write_text(json.dumps(config))
+    return [f"{key}={tmp_path / 'tools.yaml'}"]
+
+
 def _teachers(launch: dict, model) -> list[str]:
     """Every teacher entry's model_path (the default entry where the launch names none) set to the tiny model."""
     if "distillation.enabled=True" not in launch["args"]:
@@ -71,7 +109,8 @@ def local_data(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("verl_data")
     rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{a}+{b}? Answer after '####'."}],
-             "reward_model": {"style": "rule", "ground_truth": str(a + b)}, "extra_info": {"index": i},
+             "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+             "extra_info": {"index": i, "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": str(a + b)}}}},
              "messages": [{"role": "user", "content": f"{a}+{b}?"}, {"role": "assistant", "content": f"#### {a + b}"}]}
             for i, (a, b) in enumerate(zip(range(3, 11), range(5, 13)))]
     pq.write_table(pa.Table.from_pylist(rows[:6]), root / "train.parquet")
@@ -81,10 +120,12 @@ def local_data(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", list(REPRESENTATIVE))
-def test_a_verl_example_launch_trains_or_names_what_is_missing(source, tmp_path, tiny_chat_model, local_data, capsys):
+def test_a_verl_example_launch_trains_or_names_what_is_missing(source, tmp_path, tiny_chat_model, local_data, capsys,
+                                                              monkeypatch):
     launch = _launch(source)
     args = [*(["--sft"] if launch["entry"].endswith("sft_trainer") else []), *launch["args"],
-            *_local(launch, tmp_path, tiny_chat_model, local_data), *EXTRA.get(source, [])]
+            *_local(launch, tmp_path, tiny_chat_model, local_data), *_tools(launch, tmp_path, monkeypatch),
+            *EXTRA.get(source, [])]
     code = main(["verl", *args])
     err = capsys.readouterr().err
     missing = REPRESENTATIVE[source]
