@@ -41,6 +41,7 @@ RAW_PROMPT = "raw_prompt"  # chat messages
 MULTI_MODAL_INPUTS = "multi_modal_inputs"  # per row: {pixel_values, image_grid_thw} of its images, None without (rlforge.multimodal)
 RESPONSE_TEXT = "response_text"
 SOLUTION_TEXT = "solution_text"  # what the reward function scores when set (an agent loop's answer); else the decoded response
+NUM_TURNS = "num_turns"  # per row of an agent rollout: its turns as verl counts them (prompt + model + inserted turns)
 REWARD_BASELINES = "reward_baselines"  # [B] per-sample baseline score (ReMax: the greedy response's score)
 
 LEFT_PADDED = frozenset({PROMPTS, PROMPT_MASK})

@@ -143,7 +143,7 @@ class RuleRewardManager:
         solutions = batch.lists.get(B.SOLUTION_TEXT, texts)  # an agent loop's answer, when it gives one
         n = len(batch)
         sources, truths = batch[B.DATA_SOURCE], batch[B.GROUND_TRUTH]
-        extra = batch.lists.get(B.EXTRA_INFO, [None] * n)
+        extra = verl_extra_info(batch)
         tasks = [(i, self.key_for(sources[i]), (sources[i], solutions[i], truths[i], extra[i])) for i in range(n)]
         outcomes = self.workers.run(tasks)
         self._check_error_share(outcomes, sources)
@@ -221,6 +221,21 @@ def no_function_message(data_sources: list[str], registry: Any) -> str:
             f", and verl's data_source names for them (openai/gsm8k, lighteval/MATH, math_dapo, aime*, ...: "
             f"docs/migration-from-verl.md). Set reward.fn=NAME or reward.file=path.py (a compute_score function), "
             f"or register a function under the data_source's name in a plugin.")
+
+
+def verl_extra_info(batch: B.Batch) -> list[Any]:
+    """Each row's ``extra_info`` as verl's naive reward manager passes it: with ``num_turns`` (the agent loop's turns;
+    2, a prompt and one answer, for single-turn rollouts, which verl 0.9.1 runs as an agent loop too) and
+    ``rollout_reward_scores`` ({}) added; a row without extra_info gets a dict of these two. A row whose extra_info
+    is not a dict is passed as it is."""
+    n = len(batch)
+    turns = batch.lists.get(B.NUM_TURNS) or [None] * n
+    out = []
+    for info, t in zip(batch.lists.get(B.EXTRA_INFO) or [None] * n, turns):
+        if info is None or isinstance(info, dict):
+            info = {**(info or {}), "num_turns": 2 if t is None else t, "rollout_reward_scores": {}}
+        out.append(info)
+    return out
 
 
 def check_data_sources(config: Any, registry: Any, data_sources: Iterable[str]) -> None:

@@ -61,7 +61,13 @@ def to_batch(rows: B.Batch, trajectories: list[Trajectory], answers: list[str], 
             rewards[i, pos] += r
     out[AGENT_REWARDS] = rewards
     out[B.SOLUTION_TEXT] = answers
+    out[B.NUM_TURNS] = [num_turns(t) for t in trajectories]
     return out
+
+
+def num_turns(traj: Trajectory) -> int:
+    """The trajectory's turns as verl counts them: the prompt, each model turn and each inserted turn."""
+    return 1 + len(traj.turn_spans()) + traj.inserted_turns
 
 
 def _stats(name: str, values: Sequence[float], kinds: Sequence[str] = ("mean", "max", "min")) -> dict[str, float]:
@@ -79,7 +85,7 @@ def agent_metrics(trajectories: list[Trajectory], wait_seconds: list[float], wav
     model_tokens = sum(sum(t.response_mask) for t in trajectories)
     latencies = [s for t in trajectories for s in t.tools.seconds]
     out = {
-        **_stats("num_turns", [1 + m + t.inserted_turns for m, t in zip(model_turns, trajectories)]),
+        **_stats("num_turns", [num_turns(t) for t in trajectories]),
         **_stats("agent/model_turns", model_turns, ("mean", "max")),
         **_stats("tool_call_counts", [t.tools.calls for t in trajectories]),
         **_stats("agent_loop/tool_calls", [sum(t.tools.seconds) for t in trajectories], ("mean", "max")),

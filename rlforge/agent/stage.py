@@ -41,7 +41,7 @@ class AgentRolloutStage(RolloutStage):
 
     name = RolloutStage.name
     requires = RolloutStage.requires
-    produces = RolloutStage.produces | {AGENT_REWARDS, B.SOLUTION_TEXT}
+    produces = RolloutStage.produces | {AGENT_REWARDS, B.SOLUTION_TEXT, B.NUM_TURNS}
 
     def __init__(self) -> None:
         self.runner: AgentRunner | None = None

@@ -32,6 +32,7 @@ def test_tool_trajectory_mask_hand_checked(make_runner, tok):
     assert out[B.SOLUTION_TEXT] == ["5"]  # the last model turn, without EOS
     assert out[AGENT_REWARDS].sum() == 0
     assert metrics["num_turns/mean"] == 4  # verl's count: prompt + 2 model turns + 1 tool turn
+    assert out[B.NUM_TURNS] == [4]  # per row, for the reward function (extra_info["num_turns"], as in verl)
     assert metrics["agent/model_turns/mean"] == 2 and metrics["tool_call_counts/mean"] == 1
     assert metrics["agent/response_tokens_per_turn"] == 84 / 2
     assert metrics["agent/tool_errors"] == 0 and metrics["agent/turn_limit_ratio"] == 0

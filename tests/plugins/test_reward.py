@@ -323,6 +323,27 @@ def test_rule_manager_passes_extra_info(char_tokenizer, registry, manager_factor
     torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([0.25, 0.75]))
 
 
+def test_extra_info_carries_num_turns_and_rollout_reward_scores_as_in_verl(char_tokenizer, registry, manager_factory,
+                                                                           tmp_path: Path) -> None:
+    """verl's naive reward manager adds num_turns (2 for a single-turn rollout: the prompt and the answer) and
+    rollout_reward_scores ({}) to each row's extra_info; retool's reward, for one, reads extra_info['num_turns']."""
+    path = tmp_path / "turns.py"
+    path.write_text("def compute_score(ds, s, gt, extra_info):\n"
+                    "    assert extra_info['rollout_reward_scores'] == {}\n"
+                    "    return float(extra_info['num_turns']) + float(extra_info.get('w', 0))\n")
+    mgr = manager_factory(char_tokenizer, registry, file=str(path))
+    batch = _response_batch(char_tokenizer, ["1", "2", "3"], ["x"] * 3, ["1"] * 3)
+    batch[B.EXTRA_INFO] = [{"w": 0.5}, None, {}]
+    torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([2.5, 2.0, 2.0]))
+    assert batch[B.EXTRA_INFO] == [{"w": 0.5}, None, {}]  # the rows' own extra_info is not changed
+    batch[B.NUM_TURNS] = [2, 5, 3]  # an agent rollout's turns
+    torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([2.5, 5.0, 3.0]))
+    batch[B.EXTRA_INFO] = ["text", None, {}]  # not a dict: passed as it is
+    path.write_text("def compute_score(ds, s, gt, extra_info):\n    return 1.0 if extra_info == 'text' else 0.0\n")
+    mgr = manager_factory(char_tokenizer, registry, file=str(path))
+    torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([1.0, 0.0, 0.0]))
+
+
 # --- faults in reward functions -------------------------------------------------------------------------
 
 FAULTY_REWARD = """
