@@ -8,6 +8,7 @@ walks them all and checks each mapped target against rlforge's schema. Keys comp
 
 from __future__ import annotations
 
+from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import (
     Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, is_, never, non_negative, off, str_list, top_k,
 )
@@ -49,6 +50,9 @@ def _optim(section: str, target: str) -> dict[str, Rule]:
         f"{o}.min_lr_ratio": Derived("schedule"),
         f"{o}.num_cycles": Derived("schedule"),
         f"{o}.zero_indexed_step": Derived("schedule"),
+        f"{o}.lr_min": Derived("schedule"),
+        f"{o}.lr_start": Derived("schedule"),
+        f"{o}.lr_decay_ratio": Derived("schedule"),
         f"{o}.lr_decay_style": Keep(is_("constant"), "a constant rate after the warm-up", SCHEDULERS, 32),
         f"{o}.decay_type": Ignore("read by torchtitan's scheduler only (model_engine=torchtitan: refused)"),
         f"{o}.weight_decay_incr_style": Keep(is_("constant"), "a constant weight decay", "weight-decay schedules"),
@@ -195,7 +199,9 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.entropy_*": entropy,
         f"{mg}.*": Ignore(f"megatron engine options ({SPEED}): offload, distributed optimizer, checkpoint format, "
                           "padding, weight conversion (rlforge converts Hugging Face weights itself)"),
-        f"{section}.veomni.*": Ignore("read only by verl's veomni engine (model_engine=veomni: refused)"),
+        **verl_veomni.engine_rules(section, role, sp, entropy, Map("strategy.offload_optimizer") if role == "actor"
+                                   else Ignore("the reference model has no optimizer" if role == "ref"
+                                               else OPTIMIZER_OFFLOAD)),
         f"{section}.torchtitan.*": Ignore("read only by verl's torchtitan engine (model_engine=torchtitan: refused)"),
         f"{section}.profiler.*": Ignore(PROFILING),
         f"{section}.checkpoint.*": Ignore("checkpoints always hold model, optimizer and trainer state"),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlforge.config import verl_veomni
+
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
 
@@ -19,6 +21,12 @@ NO_REF = "read only with a reference model of its own (use_kl_loss or use_kl_in_
 def precision(c: Context) -> None:
     """FSDP's parameter dtype and compute dtype (or megatron's compute dtype, its parameters kept in fp32 by its
     optimizer) as one model.precision."""
+    if c.get("model_engine") == verl_veomni.ENGINE:
+        name, decider = verl_veomni.precision(c)
+        for key in c.owned:
+            (c.map(key, "model.precision", name) if key == decider else
+             c.ignore(key, "read only by verl's FSDP engine (model_engine=veomni here)"))
+        return
     megatron = c.get("model_engine") == "megatron"
     params = "fp32" if megatron else str(c.get(f"{A}.fsdp_config.model_dtype", "fp32"))
     # verl's FSDP engine computes (autocast) in mixed_precision.param_dtype, bf16 when unset, and none when fp32; it
@@ -61,7 +69,7 @@ def parallel(c: Context) -> None:
         c.refuse(f"{A}.megatron.pipeline_model_parallel_size", "pipeline parallelism in rlforge's megatron strategy")
     if cp > 1:
         c.refuse(f"{A}.megatron.context_parallel_size", "context parallelism (megatron)")
-    if engine not in ("dp", "megatron"):
+    if engine not in ("dp", "megatron", verl_veomni.ENGINE):
         c.refuse("model_engine", f"verl's {engine} training engine (rlforge's strategies: single, fsdp, megatron)")
     elif pp == cp == 1 and world % tp:
         c.refuse("trainer.n_gpus_per_node", f"{world} GPUs not divisible by TP x PP x CP = {tp * pp * cp} (verl refuses "
@@ -100,13 +108,16 @@ def parallel(c: Context) -> None:
 def offload(c: Context) -> None:
     """Parameter offload as verl 0.9.1's FSDP engines do it: the actor and the critic keep their parameters in CPU
     memory with ``fsdp_config.param_offload`` (between passes) or ``offload_policy`` (FSDP2's CPUOffloadPolicy, only
-    with strategy=fsdp2); the reference model, a forward-only engine, always does, whatever its keys say. rlforge's
+    with strategy=fsdp2); the reference model, a forward-only engine, always does, whatever its keys say (in the FSDP
+    engine; the veomni engine reads ``veomni.param_offload`` for every role). rlforge's
     fsdp strategy offloads the listed roles with CPUOffloadPolicy: the same values, the tensors waiting elsewhere.
     ``fsdp_size`` too: verl shards over all GPUs unless it names a smaller group (HSDP); rlforge always over all."""
     strategy = c.out.overrides.get("strategy.name")
     roles = []
-    for section, role, engine in ((A, "actor", f"{A}.fsdp_config"), (REF, "ref", f"{REF}.fsdp_config"),
-                                  ("critic", "critic", "critic.fsdp")):
+    veomni = c.get("model_engine") == verl_veomni.ENGINE
+    for section, role, engine in ((A, "actor", f"{A}.veomni" if veomni else f"{A}.fsdp_config"),
+                                  (REF, "ref", f"{REF}.veomni" if veomni else f"{REF}.fsdp_config"),
+                                  ("critic", "critic", "critic.veomni" if veomni else "critic.fsdp")):
         keys = [k for k in c.owned if k.startswith(f"{engine}.")]
         if not keys:
             continue
@@ -135,12 +146,13 @@ def offload(c: Context) -> None:
              if c.get(reshard) else c.ignore(reshard, f"rlforge frees them after each forward pass ({SPEED_ONLY})"))
         param, policy = f"{engine}.param_offload", f"{engine}.offload_policy"
         fsdp2 = c.get(f"{section}.strategy", c.get(f"{A}.strategy")) == "fsdp2"
-        on = True if role == "ref" else bool(c.get(param) or (fsdp2 and c.get(policy)))
+        forced = role == "ref" and not veomni  # verl's FSDP engine offloads its forward-only roles; VeOmni's does not
+        on = True if forced else bool(c.get(param) or (fsdp2 and c.get(policy)))
         if on:
             roles.append(role)
         for key in keys:
             value = bool(c.get(key))
-            if role == "ref":
+            if forced:
                 note = "" if value else ("verl 0.9.1 does not read it: the reference model, a forward-only engine, "
                                          "always keeps its parameters in CPU memory (FSDP CPU offload), and so does "
                                          "rlforge's")

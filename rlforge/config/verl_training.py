@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import float_list
 
 if TYPE_CHECKING:
@@ -120,6 +121,9 @@ def warmup(c: Context) -> None:
         steps, ratio = f"{section}.optim.lr_warmup_steps", f"{section}.optim.lr_warmup_steps_ratio"
         if not c.has(steps):
             continue
+        if c.get("model_engine") == verl_veomni.ENGINE:
+            verl_veomni.warmup(c, steps, ratio, target)
+            continue
         if c.get(steps) is not None and c.get(steps) > 0:
             c.map(steps, f"{target}.warmup_steps", c.get(steps))
             c.ignore(ratio, "not read: lr_warmup_steps is set")
@@ -132,9 +136,10 @@ def schedule(c: Context) -> None:
     """verl's FSDP schedule: ``lr_scheduler_type`` (the deprecated ``warmup_style`` wins where set), constant or cosine
     down to ``min_lr_ratio`` (null: 0) with ``num_cycles`` waves, steps counted from 0. transformers' schedules, which
     rlforge's ``lr_scheduler`` names, are the same functions."""
+    veomni = c.get("model_engine") == verl_veomni.ENGINE
     for section, target in ((A, "actor"), ("critic", "critic")):
         if c.has(f"{section}.optim.lr_scheduler_type"):
-            fsdp_schedule(c, f"{section}.optim", target)
+            (verl_veomni.schedule if veomni else fsdp_schedule)(c, f"{section}.optim", target)
     for key in c.owned:  # the same names in other engines' optimizer sections
         if not c.done(key):
             c.ignore(key, "read only by verl's FSDP schedule (lr_scheduler_type); other engines' schedules: "

@@ -33,6 +33,8 @@ REPRESENTATIVE = {
     "examples/on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh": None,
     # several teachers routed by data_source (MOPD); both teachers the tiny model, the rows all openai/gsm8k
     "examples/on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh": None,
+    # verl's veomni training engine (rlforge's fsdp strategy; its cosine schedule), distilling from one teacher
+    "examples/on_policy_distillation_trainer/run_qwen3_0.6b_opd_veomni.sh": None,
 }
 EXTRA = {"partial_rollout/run/run_qwen3-0.6b_gsm8k_grpo_tool_baseline.sh": ["data.max_prompt_length=512"],  # + schema
          "dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": [  # main_dapo's config; its overlong window within 8 tokens
