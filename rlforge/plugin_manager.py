@@ -89,6 +89,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.env.verifiers_env",
     "rlforge.plugins.env.gym_text",
     "rlforge.plugins.data.hf_datasets",
+    "rlforge.plugins.data.verl_class",
     "rlforge.controller.dispatch",
     "rlforge.controller.remote",
     "rlforge.controller.local",

@@ -350,7 +350,18 @@ def chat_template(c: Context) -> None:
 def data(c: Context) -> None:
     """The data files; ``data.return_raw_chat``, which verl 0.9.1 stores and never reads: its dataset always hands each
     row's chat messages to the agent loop, which applies the chat template (rlforge's prompts are rendered the same)."""
-    c.set("data.name", "files")
+    cls_path, cls_name = c.get("data.custom_cls.path"), c.get("data.custom_cls.name")
+    if cls_path:  # verl's dataset class by path: rlforge's verl_class dataset builds it as verl does
+        c.set("data.name", "verl_class")
+        c.map("data.custom_cls.path", "data.verl_class.path", cls_path)
+        c.map("data.custom_cls.name", "data.verl_class.name", cls_name)
+        section = {k.split(".", 1)[1]: c.get(k) for k in sorted(c.given) if k.startswith("data.")
+                   and not k.startswith(("data.custom_cls.", "data.train_files", "data.val_files"))}
+        c.set("data.verl_class.config", section)
+    else:
+        c.set("data.name", "files")
+        for key in ("data.custom_cls.path", "data.custom_cls.name"):
+            c.same(key, "verl's RLHFDataset: verl-format rows (data.name=files)")
     for key in ("data.train_files", "data.val_files"):
         c.map(key, key, file_list(c.get(key)))
     raw = "data.return_raw_chat"

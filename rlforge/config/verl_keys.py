@@ -411,8 +411,8 @@ DATA_RULES: dict[str, Rule] = {
     "data.image_patch_size": Derived("multimodal"),
     "data.mm_processor_kwargs": Derived("multimodal"),
     "data.trust_remote_code": Ignore("the tokenizer follows model.trust_remote_code"),
-    "data.custom_cls.*": Keep(off, "verl-format rows (data.name=files)",
-                              "a dataset class by path: register an rlforge dataset (data.name)"),
+    "data.custom_cls.path": Derived("data"),
+    "data.custom_cls.name": Derived("data"),
     "data.apply_chat_template_kwargs": Derived("chat_template"),
     "data.apply_chat_template_kwargs.*": Derived("chat_template"),
 }

@@ -1,0 +1,133 @@
+"""``verl_class`` dataset: a verl dataset class by path (verl's ``data.custom_cls.path`` / ``.name``), unchanged.
+
+verl 0.9.1 builds its training data as ``cls(data_files=..., tokenizer=..., processor=..., config=<verl's data
+section>, max_samples=...)``, usually a subclass of its ``RLHFDataset`` that reads other file formats or maps rows
+(``_read_files_and_tokenize``), and each item it returns carries the chat messages of its prompt (``raw_prompt``),
+``data_source``, ``reward_model`` and ``extra_info``. This dataset loads the class with verl's own loader
+(``verl.utils.import_utils.load_extern_object``), builds it the same way from ``data.train_files`` /
+``data.val_files``, the model's tokenizer and ``data.verl_class.config`` (verl's data section: verl 0.9.1's defaults
+for the keys it does not give), and hands its items to rlforge as verl-format rows. verl must be importable (the
+class imports it). Prompts with images or video are refused (rlforge's image rows: ``data.name=files``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from rlforge.capabilities import DatasetCapabilities
+from rlforge.errors import ConfigError, DataError, RLForgeError
+from rlforge.hookspecs import hookimpl
+
+INSTALL = "pip install --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0"
+MAX_SAMPLES = {"train": "train_max_samples", "val": "val_max_samples"}  # verl's data keys of each split's limit
+
+
+@dataclass
+class VerlClassConfig:
+    """``data.name=verl_class``: a verl dataset class (docs/data.md#a-verl-dataset-class)."""
+
+    path: Optional[str] = None  # the Python file that defines the class (verl's data.custom_cls.path)
+    name: Optional[str] = None  # the class's name in it (verl's data.custom_cls.name)
+    config: dict[str, Any] = field(default_factory=dict)  # verl's data section the class reads; verl 0.9.1's defaults for the rest
+
+
+def data_section(config: Any) -> Any:
+    """verl's data section as the class sees it: verl 0.9.1's defaults, the rlforge run's files and lengths, then
+    ``data.verl_class.config``."""
+    from omegaconf import OmegaConf
+
+    from rlforge.config.verl_hydra import load_default
+
+    base = {k: v for k, v in load_default("ppo_trainer")["data"].items() if not (isinstance(v, str) and "${" in v)}
+    run = {"train_files": list(config.data.train_files), "val_files": list(config.data.val_files),
+           "max_prompt_length": int(config.data.max_prompt_length),
+           "filter_overlong_prompts": bool(config.data.filter_overlong_prompts)}
+    own = config.data.verl_class.config
+    own = dict(OmegaConf.to_container(own, resolve=True)) if own else {}  # type: ignore[arg-type]  # a mapping
+    return OmegaConf.create({**base, **run, **own, "custom_cls": {"path": config.data.verl_class.path,
+                                                                    "name": config.data.verl_class.name}})
+
+
+def _load_class(v: Any) -> Any:
+    where = f"data.verl_class.path={v.path} data.verl_class.name={v.name}"
+    try:
+        from verl.utils.import_utils import load_extern_object
+    except ImportError as exc:
+        raise RLForgeError(f"{where}: verl dataset classes are loaded with verl's own loader, and verl cannot be "
+                           f"imported ({exc}). The class imports verl too: {INSTALL} (docs/data.md).") from None
+    try:
+        cls = load_extern_object(v.path, v.name)
+    except Exception as exc:
+        raise RLForgeError(f"verl could not load the dataset class of {where}: {type(exc).__name__}: {exc}") from None
+    from torch.utils.data import Dataset
+
+    if not (isinstance(cls, type) and issubclass(cls, Dataset)):
+        raise RLForgeError(f"{where}: {cls!r} is not a torch.utils.data.Dataset class (verl requires one too).")
+    return cls
+
+
+def _row(item: Any, i: int, label: str) -> dict[str, Any]:
+    where = f"{label}, item {i}"
+    if not isinstance(item, dict) or "raw_prompt" not in item or "data_source" not in item:
+        keys = sorted(item) if isinstance(item, dict) else type(item).__name__
+        raise DataError(f"{where}: an item must be a dict with 'raw_prompt' (the prompt's chat messages) and "
+                        f"'data_source', as verl's RLHFDataset returns; got {keys}.")
+    prompt = item["raw_prompt"]
+    if hasattr(prompt, "tolist"):
+        prompt = prompt.tolist()
+    if not isinstance(prompt, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                               for m in prompt):
+        raise DataError(f"{where}: 'raw_prompt' must be chat messages with text content; prompts with images, video "
+                        f"or audio are not read through data.name=verl_class (rlforge's image rows: data.name=files, "
+                        f"docs/multimodal.md).")
+    return {"data_source": item["data_source"], "prompt": prompt, "reward_model": item.get("reward_model"),
+            "extra_info": item.get("extra_info"), "_origin": where}
+
+
+class VerlClassDataset:
+    """A verl dataset class by path (verl's data.custom_cls), on data.train_files / val_files."""
+
+    @staticmethod
+    def validate_config(config: Any, registry: Any) -> None:
+        v = config.data.verl_class
+        for key in ("path", "name"):
+            if not v[key]:
+                raise ConfigError(f"data.name=verl_class needs 'data.verl_class.{key}' (verl's data.custom_cls.{key}).")
+
+    def __call__(self, config: Any, split: str) -> list[dict[str, Any]]:
+        return verl_class_rows(config, split)
+
+
+def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
+    """The items of the verl dataset class, built on ``split``'s files, as verl-format rows."""
+    from rlforge.models import load_tokenizer
+
+    files = list(config.data.train_files if split == "train" else config.data.val_files)
+    if not files:
+        if split == "val":
+            return []
+        raise DataError("'data.train_files' is empty: give the files the verl dataset class reads (data.name="
+                        "verl_class).")
+    v = config.data.verl_class
+    cls = _load_class(v)
+    section = data_section(config)
+    tokenizer = load_tokenizer(config.model.path, bool(config.model.trust_remote_code))
+    label = f"{v.name} ({v.path}) on {', '.join(files)}"
+    try:
+        dataset = cls(data_files=files, tokenizer=tokenizer, processor=None, config=section,
+                      max_samples=int(section.get(MAX_SAMPLES[split], -1) or -1))
+        items = [dataset[i] for i in range(len(dataset))]
+    except (DataError, RLForgeError):
+        raise
+    except Exception as exc:
+        raise DataError(f"The verl dataset class {label} failed: {type(exc).__name__}: {exc}") from None
+    if not items:
+        raise DataError(f"The verl dataset class {label} has no items.")
+    return [_row(item, i, label) for i, item in enumerate(items)]
+
+
+@hookimpl
+def rlforge_register(registry: Any) -> None:
+    registry.dataset.register("verl_class", VerlClassDataset(), config=VerlClassConfig,
+                              description="a verl dataset class by path (verl's data.custom_cls), on data.train_files",
+                              capabilities=DatasetCapabilities(reads_data_files=True))

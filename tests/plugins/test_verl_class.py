@@ -1,0 +1,127 @@
+"""``data.name=verl_class``: a verl dataset class by path (verl's ``data.custom_cls``), subclassing the real verl 0.9.1
+``RLHFDataset``, built as verl builds it and read as verl-format rows (docs/data.md#a-verl-dataset-class)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import rlforge
+from rlforge.build import Builder
+from rlforge.errors import ConfigError, DataError, RLForgeError
+
+pytest.importorskip("verl.utils.dataset", reason="the test extra installs verl (scripts/setup.sh)")
+
+CLASSES = '''
+import datasets
+from verl.utils.dataset import RLHFDataset
+
+
+class QADataset(RLHFDataset):
+    """Rows {"q": ..., "a": ...} mapped to verl's format; a data-config key of its own picks the data_source."""
+
+    def _read_files_and_tokenize(self):
+        frames = [datasets.load_dataset("json", data_files=f)["train"] for f in self.data_files]
+        df = datasets.concatenate_datasets(frames)
+        source = self.config.get("qa_source", "arith")
+        self.dataframe = df.map(lambda r, i: {"data_source": source, "prompt": [{"role": "user", "content": r["q"]}],
+                                              "reward_model": {"ground_truth": r["a"]}, "extra_info": {"index": i}},
+                                with_indices=True, remove_columns=df.column_names)
+        self.dataframe = self.maybe_filter_out_long_prompts(self.dataframe)
+
+
+class Broken(RLHFDataset):
+    def _read_files_and_tokenize(self):
+        raise ValueError("cannot parse the files")
+
+
+class Pictures(QADataset):
+    def __getitem__(self, item):
+        row = super().__getitem__(item)
+        row["raw_prompt"] = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
+        return row
+
+
+NotADataset = dict
+'''
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "qa_classes.py").write_text(CLASSES)
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"q": q, "a": a}) + "\n" for q, a in
+                          [("2+3?", "5"), ("4+4?", "8"), ("what is " + "1+" * 40 + "1?", "41")]))
+    return str(tmp_path / "qa_classes.py"), str(qa)
+
+
+def _rows(pm, path, data, *extra, cls="QADataset"):
+    cfg = rlforge.load_config("grpo", ["data.name=verl_class", f"data.verl_class.path={path}",
+                                       f"data.verl_class.name={cls}", f"data.train_files=[{data}]", *extra], plugins=pm)
+    return Builder(cfg, pm).dataset("train")
+
+
+def test_the_class_builds_rows_as_verl_builds_them(pm, files):
+    path, data = files
+    rows = _rows(pm, path, data, "data.max_prompt_length=64", "data.filter_overlong_prompts=true")
+    # verl's own filter (maybe_filter_out_long_prompts, the tokenizer's chat template) dropped the long prompt
+    assert [(r["data_source"], r["prompt"], r["reward_model"], r["extra_info"]) for r in rows] == [
+        ("arith", [{"role": "user", "content": "2+3?"}], {"ground_truth": "5"}, {"index": 0}),
+        ("arith", [{"role": "user", "content": "4+4?"}], {"ground_truth": "8"}, {"index": 1})]
+    assert rows[0]["_origin"].startswith("QADataset (") and rows[0]["_origin"].endswith("item 0")
+
+
+def test_the_class_reads_its_own_keys_of_verl_s_data_section(pm, files):
+    path, data = files
+    rows = _rows(pm, path, data, "data.max_prompt_length=200", "data.verl_class.config={qa_source: openai/gsm8k}")
+    assert {r["data_source"] for r in rows} == {"openai/gsm8k"} and len(rows) == 3
+
+
+@pytest.mark.parametrize(("cls", "error", "message"), [
+    ("Broken", DataError, r"The verl dataset class Broken \(.*qa_classes.py\) on .*qa.jsonl failed: ValueError: "
+                          "cannot parse the files"),
+    ("Pictures", DataError, r"item 0: 'raw_prompt' must be chat messages with text content"),
+    ("NotADataset", RLForgeError, r"is not a torch.utils.data.Dataset class"),
+    ("Missing", RLForgeError, r"verl could not load the dataset class of data.verl_class.path=.* "
+                              r"data.verl_class.name=Missing: AttributeError"),
+])
+def test_a_class_that_fails_is_named(pm, files, cls, error, message):
+    path, data = files
+    with pytest.raises(error, match=message):
+        _rows(pm, path, data, "data.max_prompt_length=200", cls=cls)
+
+
+def test_config_errors(pm, files, monkeypatch):
+    path, data = files
+    with pytest.raises(ConfigError, match="data.name=verl_class needs 'data.verl_class.name'"):
+        rlforge.load_config("grpo", ["data.name=verl_class", f"data.verl_class.path={path}",
+                                     f"data.train_files=[{data}]"], plugins=pm)
+    monkeypatch.setitem(sys.modules, "verl.utils.import_utils", None)
+    with pytest.raises(RLForgeError, match=r"verl cannot be imported .*pip install --no-deps verl==0.9.1"):
+        _rows(pm, path, data)
+
+
+def test_verl_s_custom_cls_maps_to_the_verl_class_dataset(files):
+    from rlforge.config.verl_launch import prepare
+
+    path, data = files
+    t = prepare([f"data.custom_cls.path={path}", "data.custom_cls.name=QADataset", f"data.train_files={data}",
+                 "data.max_prompt_length=64", "actor_rollout_ref.rollout.name=vllm"], refuse=False).translation
+    assert not t.refused
+    o = t.overrides
+    assert (o["data.name"], o["data.verl_class.path"], o["data.verl_class.name"]) == ("verl_class", path, "QADataset")
+    assert o["data.verl_class.config"] == {"max_prompt_length": 64}  # the launch's data keys, for the class to read
+
+
+@pytest.mark.slow
+def test_fit_trains_on_a_verl_dataset_class(pm, files, tmp_path):
+    path, data = files
+    cfg = rlforge.load_config("grpo", [
+        "data.name=verl_class", f"data.verl_class.path={path}", "data.verl_class.name=QADataset",
+        f"data.train_files=[{data}]", f"data.val_files=[{data}]", "data.max_prompt_length=200",
+        "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2", "trainer.total_steps=1",
+        "trainer.val_before_train=false", "trainer.progress=false", "logger.backends=[console]",
+        f"trainer.runs_root={tmp_path}"], plugins=pm)
+    assert rlforge.Trainer(cfg).fit()["steps"] == 1
