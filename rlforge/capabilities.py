@@ -68,6 +68,7 @@ class DatasetCapabilities:
     """A dataset's (``registry.dataset``)."""
 
     reads_data_files: bool = False  # reads data.train_files / data.val_files (else setting them is refused)
+    checks_own_files: bool = False  # hands data.train_files / val_files to its own reader as they are (folders, Hub ids): not checked as local files first
 
 
 @dataclass(frozen=True)

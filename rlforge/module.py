@@ -120,8 +120,11 @@ class RLModule:
         """
         from rlforge.data import template_kwargs, tokenize_rows
 
+        from rlforge.agent.config import check_row_loops
+
         d = self.config.data
         name = f"{d.name} ({split})"
+        check_row_loops(rows, self.config.rollout.agent.loop, name)
         prompts = tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name,
                                 processor=self.processor, image_key=d.image_key, truncation=d.truncation,
                                 template=template_kwargs(self.config))

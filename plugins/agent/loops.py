@@ -39,7 +39,8 @@ class ToolAgentLoop(AgentLoop):
 
     async def run(self, sample: Sample, engine: TrajectoryEngine) -> Trajectory:
         selection = sample.extra_info.get("tool_selection") if isinstance(sample.extra_info, dict) else None
-        names = [n for n in selection if n in self.context.tools.tools] if selection else None
+        # verl's order: the row's, each name once
+        names = list(dict.fromkeys(n for n in selection if n in self.context.tools.tools)) if selection else None
         conv = self.conversation(sample, tools=True if names is None else self.context.tools.schemas(names))
         async with conv.tool_session(names) as tools:
             while (text := await conv.generate(engine)) is not None:

@@ -11,6 +11,8 @@ class imports it). Prompts with images or video are refused (rlforge's image row
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -55,10 +57,15 @@ def _load_class(v: Any) -> Any:
     except ImportError as exc:
         raise RLForgeError(f"{where}: verl dataset classes are loaded with verl's own loader, and verl cannot be "
                            f"imported ({exc}). The class imports verl too: {INSTALL} (docs/data.md).") from None
+    if os.getcwd() not in sys.path and "" not in sys.path:  # verl runs as `python -m`: the working directory's
+        sys.path.append(os.getcwd())  # packages (a recipe's `from recipe.x import ...`) import there
     try:
         cls = load_extern_object(v.path, v.name)
     except Exception as exc:
-        raise RLForgeError(f"verl could not load the dataset class of {where}: {type(exc).__name__}: {exc}") from None
+        cause = exc.__cause__ or exc.__context__
+        why = f" (caused by {type(cause).__name__}: {cause})" if cause is not None else ""
+        raise RLForgeError(f"verl could not load the dataset class of {where}: {type(exc).__name__}: {exc}{why}"
+                           ) from None
     from torch.utils.data import Dataset
 
     if not (isinstance(cls, type) and issubclass(cls, Dataset)):
@@ -75,13 +82,28 @@ def _row(item: Any, i: int, label: str) -> dict[str, Any]:
     prompt = item["raw_prompt"]
     if hasattr(prompt, "tolist"):
         prompt = prompt.tolist()
-    if not isinstance(prompt, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                               for m in prompt):
-        raise DataError(f"{where}: 'raw_prompt' must be chat messages with text content; prompts with images, video "
-                        f"or audio are not read through data.name=verl_class (rlforge's image rows: data.name=files, "
-                        f"docs/multimodal.md).")
-    return {"data_source": item["data_source"], "prompt": prompt, "reward_model": item.get("reward_model"),
-            "extra_info": item.get("extra_info"), "_origin": where}
+    if not isinstance(prompt, (str, list)) or not all(isinstance(m, dict) for m in prompt):
+        raise DataError(f"{where}: 'raw_prompt' must be chat messages (a list of dicts with 'role' and 'content'), as "
+                        f"verl's RLHFDataset builds them; got {type(prompt).__name__}.")
+    prompt = prompt if isinstance(prompt, str) else [_text_message(m, where) for m in prompt]
+    row = {"data_source": item["data_source"], "prompt": prompt, "reward_model": item.get("reward_model"),
+           "extra_info": item.get("extra_info"), "_origin": where}
+    if "agent_name" in item:  # verl's per-row agent loop: checked against the run's (rlforge.agent.config)
+        row["agent_name"] = item["agent_name"]
+    return row
+
+
+def _text_message(message: dict[str, Any], where: str) -> dict[str, Any]:
+    """A message with text content; text-only content parts are joined (verl's _build_messages writes them)."""
+    content = message.get("content")
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return {**message, "content": "".join(str(p.get("text", "")) for p in content)}
+    if not isinstance(content, str):
+        kinds = sorted({str(p.get("type")) for p in content if isinstance(p, dict)}) if isinstance(content, list) else []
+        raise DataError(f"{where}: a message's content is {', '.join(kinds) or type(content).__name__}; prompts with "
+                        f"images, video or audio are not read through data.name=verl_class (rlforge's image rows: "
+                        f"data.name=files, docs/multimodal.md).")
+    return message
 
 
 class VerlClassDataset:
@@ -113,14 +135,18 @@ def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
     section = data_section(config)
     tokenizer = load_tokenizer(config.model.path, bool(config.model.trust_remote_code))
     label = f"{v.name} ({v.path}) on {', '.join(files)}"
+    step = "building it"
     try:
         dataset = cls(data_files=files, tokenizer=tokenizer, processor=None, config=section,
                       max_samples=int(section.get(MAX_SAMPLES[split], -1) or -1))
-        items = [dataset[i] for i in range(len(dataset))]
+        items = []
+        for i in range(len(dataset)):
+            step = f"reading item {i}"
+            items.append(dataset[i])
     except (DataError, RLForgeError):
         raise
     except Exception as exc:
-        raise DataError(f"The verl dataset class {label} failed: {type(exc).__name__}: {exc}") from None
+        raise DataError(f"The verl dataset class {label} failed {step}: {type(exc).__name__}: {exc}") from None
     if not items:
         raise DataError(f"The verl dataset class {label} has no items.")
     return [_row(item, i, label) for i, item in enumerate(items)]
@@ -130,4 +156,4 @@ def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
 def rlforge_register(registry: Any) -> None:
     registry.dataset.register("verl_class", VerlClassDataset(), config=VerlClassConfig,
                               description="a verl dataset class by path (verl's data.custom_cls), on data.train_files",
-                              capabilities=DatasetCapabilities(reads_data_files=True))
+                              capabilities=DatasetCapabilities(reads_data_files=True, checks_own_files=True))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, DataError
 
 SINGLE_TURN = "single_turn"
 
@@ -54,3 +54,26 @@ def validate_agent_config(config: Any) -> None:
     repeated = sorted({t for t in a.tools if list(a.tools).count(t) > 1})
     if repeated:
         raise ConfigError(f"'rollout.agent.tools' names '{repeated[0]}' twice: {list(a.tools)}.")
+
+
+VERL_LOOPS = {"single_turn_agent": SINGLE_TURN, "tool_agent": "tool_agent"}  # verl's agent_name -> rlforge's loop
+
+
+def check_row_loops(rows: Any, loop: str, name: str) -> None:
+    """Rows that name their agent loop as verl's data does (``agent_name``) name this run's: rlforge runs one agent
+    loop per run (verl picks one per row), so a row that asks for another is a DataError naming it. Rows held in
+    memory are checked (``files``, ``verl_class``); streamed and Arrow-backed rows are not read twice for it."""
+    from rlforge.data import row_origin
+
+    if not isinstance(rows, list):
+        return
+    for i, row in enumerate(rows):
+        asked = row.get("agent_name") if isinstance(row, dict) else None
+        if asked is None or VERL_LOOPS.get(asked, asked) == loop:
+            continue
+        want = VERL_LOOPS.get(asked, asked)
+        raise DataError(f"{row_origin(row, i, name)}: agent_name '{asked}' asks for the agent loop '{want}', but this "
+                        f"run's is rollout.agent.loop={loop}: rlforge runs one agent loop per run, where verl picks one "
+                        f"per row. Set rollout.agent.loop={want} (in a verl launch: "
+                        f"actor_rollout_ref.rollout.agent.default_agent_loop={asked}).")
+

@@ -44,8 +44,9 @@ class Toolbox:
         self._checks: set[asyncio.Task[None]] = set()  # running _replace_if_blocked (the loop keeps weak references)
 
     def schemas(self, names: list[str] | None = None) -> list[dict[str, Any]]:
-        """The tools' schemas (``names``: of these tools only)."""
-        return [tool.schema() for name, tool in self.tools.items() if names is None or name in names]
+        """The tools' schemas (``names``: of these tools only, in that order)."""
+        return [tool.schema() for tool in self.tools.values()] if names is None else [
+            self.tools[name].schema() for name in names if name in self.tools]
 
     def session(self, sample: Sample, chat: ChatFormat, stats: ToolStats, names: list[str] | None = None
                 ) -> ToolSession:

@@ -13,6 +13,8 @@ A ``BaseTool`` is called as verl calls it, once per call: ``create(create_kwargs
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections import Counter
 from typing import Any
 
@@ -90,11 +92,16 @@ def load_verl_tools(config: Any) -> dict[str, Tool]:
     except ImportError as exc:
         raise RLForgeError(f"{where}: verl's tools are loaded with verl's own loader, and verl cannot be imported "
                            f"({exc}). The tool files import verl too: {INSTALL} (docs/agentic.md#verls-tools).") from None
+    if os.getcwd() not in sys.path and "" not in sys.path:  # verl runs as `python -m`: its class_name modules
+        sys.path.append(os.getcwd())  # are found in the working directory too
     try:
         tools = load_all_tools(given.get("tool_config_path"), given.get("function_tool_path"))
     except Exception as exc:
-        raise RLForgeError(f"verl could not load the tools of {where}: {type(exc).__name__}: {exc}") from None
+        hint = (" (a class_name's module was not found: verl imports 'module.Class' from sys.path, which holds the "
+                "working directory; set PYTHONPATH for modules elsewhere)" if "has no attribute 'loader'" in str(exc)
+                else " (class_name must be 'module.Class')" if "not enough values to unpack" in str(exc) else "")
+        raise RLForgeError(f"verl could not load the tools of {where}: {type(exc).__name__}: {exc}{hint}") from None
     twice = sorted(n for n, c in Counter(t.name for t in tools).items() if c > 1)
     if twice:
-        raise RLForgeError(f"{where} declare the tool name '{twice[0]}' twice (verl would keep only the last one).")
+        raise RLForgeError(f"The tools of {where} name '{twice[0]}' twice (verl would keep only the last one).")
     return {t.name: VerlTool(config, t) for t in tools}

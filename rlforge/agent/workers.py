@@ -91,6 +91,17 @@ class DaemonThreads:
             self._threads = 0
 
 
+def _settle(done: concurrent.futures.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    """Set ``done``'s result or exception unless it is already done (cancelled by a timeout)."""
+    try:
+        if error is None:
+            done.set_result(result)
+        else:
+            done.set_exception(error)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
 class ToolLoop:
     """An event loop in a daemon thread, for ``async`` tools."""
 
@@ -112,13 +123,22 @@ class ToolLoop:
             self.loop.close()
 
     def submit(self, awaitable: Awaitable[Any]) -> concurrent.futures.Future[Any]:
-        return asyncio.run_coroutine_threadsafe(self._guarded(awaitable), self.loop)
+        """The awaitable's result, set the moment it is ready: not through a callback of the loop, which a tool that
+        blocks the loop (a blocking call in an ``async def``) would hold back until it returns. Cancelling the future
+        cancels the task."""
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        task = asyncio.run_coroutine_threadsafe(self._guarded(awaitable, done), self.loop)
+        done.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
+        return done
 
-    async def _guarded(self, awaitable: Awaitable[Any]) -> Any:
+    async def _guarded(self, awaitable: Awaitable[Any], done: concurrent.futures.Future[Any]) -> None:
         try:
-            return await awaitable
-        except (SystemExit, KeyboardInterrupt) as exc:  # asyncio would re-raise them out of the loop
-            raise _contained(exc) from None
+            _settle(done, result=await awaitable)
+        except asyncio.CancelledError as exc:  # the caller gave up (its timeout) or the loop stops
+            _settle(done, error=exc)
+            raise
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt would stop the run, not the call
+            _settle(done, error=_contained(exc))
         finally:
             if os.getpid() != self._pid:
                 os._exit(0)  # a fork of the tool: see DaemonThreads._work

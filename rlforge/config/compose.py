@@ -351,14 +351,15 @@ def check_sequence_parallel_owner(cfg: DictConfig) -> None:
 def check_data_files(cfg: DictConfig, registry: Any) -> None:
     """``data.train_files``/``val_files`` exist, and are read: a dataset ignores them unless it declares that it reads
     them (``DatasetCapabilities(reads_data_files=True)``, as ``files`` does)."""
-    reads = registry.dataset.entry(cfg.data.name).capabilities.reads_data_files
+    caps = registry.dataset.entry(cfg.data.name).capabilities
+    reads = caps.reads_data_files
     for key in ("data.train_files", "data.val_files"):
         files = list(OmegaConf.select(cfg, key))
         if files and not reads:
             raise ConfigError(f"'{key}' is set ({files[0]}{', ...' if len(files) > 1 else ''}) but data.name="
                               f"{cfg.data.name} does not read it: the run would train on data.name's rows. Set "
                               f"data.name=files to train on the files.")
-        problem = next((p for f in files if (p := data_file_problem(f))), None)
+        problem = None if caps.checks_own_files else next((p for f in files if (p := data_file_problem(f))), None)
         if problem:
             raise ConfigError(f"{problem} ({key}).")
 

@@ -9,7 +9,6 @@ precision) is ``verl_layout``'s, the micro-batches and the learning-rate schedul
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rlforge.config import verl_distill
@@ -154,23 +153,29 @@ def validation(c: Context) -> None:
 
 
 def multi_turn(c: Context) -> None:
-    m, loop = f"{R}.multi_turn", c.get(f"{R}.agent.default_agent_loop")
-    enabled = bool(c.get(f"{m}.enable"))
+    """verl 0.9.1 runs each row's ``agent_name`` loop, else ``agent.default_agent_loop`` (single_turn_agent); it loads
+    the tool files whatever the loop, and records ``multi_turn.enable`` in the batch's meta_info without reading it.
+    rlforge runs one loop per run: the default loop's (a row that names another is refused when the data loads)."""
+    from rlforge.agent.config import VERL_LOOPS
+
+    m, loop = f"{R}.multi_turn", c.get(f"{R}.agent.default_agent_loop") or "single_turn_agent"
     keys = [k for k in c.owned if k.startswith(f"{m}.") and k != f"{m}.enable"]
-    if not enabled:
-        c.same(f"{m}.enable", "single-turn rollouts")
-        for key in keys:
-            c.ignore(key, "read only with multi_turn.enable")
-        if loop in ("single_turn_agent", None):
-            c.same(f"{R}.agent.default_agent_loop", "single-turn rollouts")
-        else:
-            c.refuse(f"{R}.agent.default_agent_loop", f"verl's agent loop '{loop}'")
-        return
-    c.map(f"{m}.enable", "rollout.agent.loop", "tool_agent")
-    if loop in ("tool_agent", "single_turn_agent", None):
-        c.same(f"{R}.agent.default_agent_loop", "rlforge's tool_agent loop")
+    c.ignore(f"{m}.enable", "verl 0.9.1 does not choose the agent loop by it (it is recorded in the batch's meta_info "
+                            "only): the loop is agent.default_agent_loop, or a row's agent_name")
+    if loop in VERL_LOOPS:
+        c.map(f"{R}.agent.default_agent_loop", "rollout.agent.loop", VERL_LOOPS[loop],
+              "rows whose agent_name names another loop are refused when the data loads (rlforge runs one loop per "
+              "run)")
     else:
         c.refuse(f"{R}.agent.default_agent_loop", f"verl's agent loop '{loop}'")
+    for key in ("tool_config_path", "function_tool_path"):
+        if f"{m}.{key}" in keys:
+            keys.remove(f"{m}.{key}")
+            _tool_file(c, f"{m}.{key}", f"rollout.agent.{key}", c.get(f"{m}.{key}"))
+    if VERL_LOOPS.get(loop) != "tool_agent":
+        for key in keys:
+            c.ignore(key, f"read only by verl's tool_agent loop (agent.default_agent_loop={loop} here)")
+        return
     # verl's tool loop stops after max_assistant_turns model turns, or once max_user_turns tool replies were given
     # (checked after each model turn): at most max_user_turns + 1 model turns
     assistant, user = c.get(f"{m}.max_assistant_turns"), c.get(f"{m}.max_user_turns")
@@ -186,8 +191,6 @@ def multi_turn(c: Context) -> None:
         "max_parallel_calls": lambda v: c.map(f"{m}.max_parallel_calls", "rollout.agent.max_tool_calls_per_turn", v),
         "format": lambda v: c.map(f"{m}.format", "rollout.agent.tool_parser", v) if v == "hermes" else c.refuse(
             f"{m}.format", f"the '{v}' tool-call format (rlforge's parsers: hermes)"),
-        **{key: partial(_tool_file, c, f"{m}.{key}", f"rollout.agent.{key}")
-           for key in ("tool_config_path", "function_tool_path")},
         "max_tool_response_length": lambda v: c.map(f"{m}.max_tool_response_length",
                                                     "rollout.agent.max_tool_output_tokens", v,
                                                     "verl cuts tool replies in characters, rlforge in tokens"),

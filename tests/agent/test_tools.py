@@ -302,6 +302,38 @@ def test_an_async_tool_that_blocks_times_out_and_the_rollout_loop_keeps_running(
     assert during >= 5  # the rollout's loop ran while the tool blocked (on it, it would tick once at most)
 
 
+class BlocksBriefly(Tool):
+    """An async tool that blocks its loop for a moment (a short blocking call in an ``async def``)."""
+
+    name = "blocks_briefly"
+
+    async def execute(self, arguments, state):
+        time.sleep(0.02)
+        return "done"
+
+
+class BlockLimits(Limits):
+    tool_timeout_s = 1.5
+
+
+def test_a_call_that_finished_is_answered_while_another_blocks_the_tool_loop(tok):
+    """The brief call is answered as soon as it returns, though the long one then holds the tool loop past the
+    timeout (its result would otherwise wait for the loop: both would time out)."""
+    box = Toolbox({t.name: t(None) for t in (BlocksBriefly, BlocksLoop)}, BlockLimits())
+
+    async def go():
+        async with box.session(SAMPLE, ChatFormat(tok), ToolStats()) as session:
+            return await session.run(ParsedTurn("", [ToolCall("blocks_briefly", {}, "a"),
+                                                     ToolCall("blocks_loop", {}, "b")]))
+
+    try:
+        messages, _ = asyncio.run(go())
+    finally:
+        box.close()
+    assert messages[0]["content"] == "done"
+    assert messages[1]["content"].startswith("Error: the tool 'blocks_loop' did not answer within 1.5 s")
+
+
 class Forks(Tool):
     name = "forks"
 

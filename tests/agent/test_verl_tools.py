@@ -200,8 +200,8 @@ def test_tool_selection_offers_a_row_only_its_tools(pm, tok, tool_files):
     runner = Builder(cfg, pm).agent(tok)
     rows = [{"data_source": "arith", "prompt": [{"role": "user", "content": "2+5?"}],
              "reward_model": {"ground_truth": "7"}, "extra_info": {"tool_selection": sel}}
-            for sel in (["shout", "unknown"], None)]
-    batch = collate(tokenize_rows(rows, tok, 64, True, "test"), tok.pad_token_id, ["u0", "u1"])
+            for sel in (["shout", "unknown"], None, ["shout", "add", "shout"])]
+    batch = collate(tokenize_rows(rows, tok, 64, True, "test"), tok.pad_token_id, ["u0", "u1", "u2"])
     call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 5}}</tool_call>'
     engine = Scripted(tok, lambda text: call if "<|tool|>" not in text else "7")
     try:
@@ -211,6 +211,7 @@ def test_tool_selection_offers_a_row_only_its_tools(pm, tok, tool_files):
     first_prompts = engine.waves[0]
     assert "tools: shout<" in first_prompts[0] and "add" not in first_prompts[0]
     assert "tools: add, shout<" in first_prompts[1]
+    assert "tools: shout, add<" in first_prompts[2]  # the row's order, each once (as verl renders them)
     texts = [tok.decode([t for t, m in zip(ids, mask) if m]) for ids, mask in
              zip(out[B.INPUT_IDS].tolist(), out[B.ATTENTION_MASK].tolist())]
     assert "Error: there is no tool 'add'. Available tools: shout" in texts[0]
@@ -226,13 +227,14 @@ def test_config_errors_name_the_key_and_file(pm, tool_files, tmp_path):
                             plugins=pm)
     bad = tmp_path / "bad.yaml"
     bad.write_text(json.dumps({"tools": [{"class_name": "no_such_module_x.Tool", "config": {"type": "native"}}]}))
-    with pytest.raises(RLForgeError, match=r"verl could not load the tools of rollout.agent.tool_config_path=.*bad.yaml"):
+    with pytest.raises(RLForgeError, match=r"verl could not load the tools of rollout.agent.tool_config_path=.*bad.yaml"
+                                           r".*module was not found: verl imports 'module.Class' from sys.path"):
         _box(pm, f"rollout.agent.tool_config_path={bad}")
     config, _, _ = tool_files
     twice = tmp_path / "twice.yaml"
     entry = json.loads(open(config("Grader")).read())["tools"][0]
     twice.write_text(json.dumps({"tools": [entry, entry]}))
-    with pytest.raises(RLForgeError, match="declare the tool name 'grade' twice"):
+    with pytest.raises(RLForgeError, match="name 'grade' twice"):
         _box(pm, f"rollout.agent.tool_config_path={twice}")
 
 
@@ -262,7 +264,7 @@ def test_verl_launch_keys_map_to_the_tool_files(tool_files):
     from rlforge.config.verl_launch import given_keys
 
     config, functions, _ = tool_files
-    args = ["actor_rollout_ref.rollout.multi_turn.enable=True", "actor_rollout_ref.rollout.name=vllm",
+    args = ["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent", "actor_rollout_ref.rollout.name=vllm",
             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={config('Grader')}",
             f"actor_rollout_ref.rollout.multi_turn.function_tool_path={functions()}"]
     parsed = verl_hydra.parse_args(args, verl_hydra.ENTRY_CONFIGS["verl.trainer.main_ppo"])

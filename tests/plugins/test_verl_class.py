@@ -44,6 +44,21 @@ class Pictures(QADataset):
         return row
 
 
+class RaisesAt1(QADataset):
+    def __getitem__(self, item):
+        if item == 1:
+            raise KeyError("boom")
+        return super().__getitem__(item)
+
+
+class TextParts(QADataset):
+    def __getitem__(self, item):
+        row = super().__getitem__(item)
+        row["raw_prompt"] = [{"role": "user", "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "3?"}]}]
+        row["agent_name"] = "single_turn_agent"
+        return row
+
+
 NotADataset = dict
 '''
 
@@ -73,6 +88,32 @@ def test_the_class_builds_rows_as_verl_builds_them(pm, files):
     assert rows[0]["_origin"].startswith("QADataset (") and rows[0]["_origin"].endswith("item 0")
 
 
+def test_text_content_parts_are_joined_and_folders_are_the_class_s_to_read(pm, files, tmp_path):
+    path, data = files
+    rows = _rows(pm, path, data, "data.max_prompt_length=200", cls="TextParts")
+    assert rows[0]["prompt"] == [{"role": "user", "content": "2+3?"}] and rows[0]["agent_name"] == "single_turn_agent"
+    folder = tmp_path / "shards"  # verl's classes read folders and Hub ids themselves: not checked as files
+    folder.mkdir()
+    (folder / "part.jsonl").write_text(open(data).read())
+    cfg = rlforge.load_config("grpo", ["data.name=verl_class", f"data.verl_class.path={path}",
+                                       "data.verl_class.name=QADataset", f"data.train_files=[{folder}]"], plugins=pm)
+    assert cfg.data.train_files == [str(folder)]
+
+
+def test_a_row_whose_agent_name_is_not_the_run_s_loop_is_refused(pm, files):
+    """verl picks the agent loop per row (agent_name); rlforge runs one per run, so another is a DataError."""
+    from rlforge.agent.config import check_row_loops
+
+    path, data = files
+    rows = _rows(pm, path, data, "data.max_prompt_length=200", cls="TextParts")  # agent_name single_turn_agent
+    check_row_loops(rows, "single_turn", "verl_class (train)")
+    with pytest.raises(DataError, match=r"TextParts .* item 0: agent_name 'single_turn_agent' asks for the agent loop "
+                                        r"'single_turn', but this run's is rollout.agent.loop=tool_agent.*"
+                                        r"default_agent_loop=single_turn_agent"):
+        check_row_loops(rows, "tool_agent", "verl_class (train)")
+    check_row_loops([{"agent_name": "tool_agent"}], "tool_agent", "x")
+
+
 def test_the_class_reads_its_own_keys_of_verl_s_data_section(pm, files):
     path, data = files
     rows = _rows(pm, path, data, "data.max_prompt_length=200", "data.verl_class.config={qa_source: openai/gsm8k}")
@@ -80,9 +121,10 @@ def test_the_class_reads_its_own_keys_of_verl_s_data_section(pm, files):
 
 
 @pytest.mark.parametrize(("cls", "error", "message"), [
-    ("Broken", DataError, r"The verl dataset class Broken \(.*qa_classes.py\) on .*qa.jsonl failed: ValueError: "
-                          "cannot parse the files"),
-    ("Pictures", DataError, r"item 0: 'raw_prompt' must be chat messages with text content"),
+    ("Broken", DataError, r"The verl dataset class Broken \(.*qa_classes.py\) on .*qa.jsonl failed building it: "
+                          "ValueError: cannot parse the files"),
+    ("Pictures", DataError, r"item 0: a message's content is image, text; prompts with images"),
+    ("RaisesAt1", DataError, r"failed reading item 1: KeyError"),
     ("NotADataset", RLForgeError, r"is not a torch.utils.data.Dataset class"),
     ("Missing", RLForgeError, r"verl could not load the dataset class of data.verl_class.path=.* "
                               r"data.verl_class.name=Missing: AttributeError"),

@@ -218,7 +218,7 @@ def test_new_losses_and_estimators_map_to_the_policy_loss_registry() -> None:
 
 
 def test_lora_megatron_tp_multi_turn_and_rewards_are_not_falsely_refused() -> None:
-    t = tr(f"{ARO}.model.lora_rank=8", f"{ARO}.model.lora_alpha=16", f"{ARO}.rollout.multi_turn.enable=True",
+    t = tr(f"{ARO}.model.lora_rank=8", f"{ARO}.model.lora_alpha=16", f"{ARO}.rollout.agent.default_agent_loop=tool_agent",
            f"{ARO}.rollout.multi_turn.max_assistant_turns=3", "reward.reward_manager.name=dapo",
            f"{ARO}.actor.optim.lr_warmup_steps=5", "trainer.val_only=False", "critic.optim.lr_warmup_steps_ratio=0.1")
     o = t.overrides
@@ -233,9 +233,21 @@ def test_max_user_turns_caps_the_model_turns_as_verls_tool_loop_does(assistant, 
     """verl's tool loop stops after max_assistant_turns model turns or once max_user_turns tool replies were given
     (checked after each model turn): rollout.agent.max_turns = min(assistant, user + 1)."""
     m = f"{ARO}.rollout.multi_turn"
-    t = tr(f"{m}.enable=True", *([f"{m}.max_assistant_turns={assistant}"] if assistant else []),
+    t = tr(f"{ARO}.rollout.agent.default_agent_loop=tool_agent", *([f"{m}.max_assistant_turns={assistant}"] if assistant else []),
            *([f"{m}.max_user_turns={user}"] if user else []))
     assert t.overrides["rollout.agent.max_turns"] == turns and not t.refused
+
+
+def test_the_agent_loop_is_verl_s_default_agent_loop_not_multi_turn_enable() -> None:
+    """verl 0.9.1 runs each row's agent_name, else agent.default_agent_loop; multi_turn.enable only goes into the
+    batch's meta_info, and the tool files load whatever the loop."""
+    m = f"{ARO}.rollout.multi_turn"
+    t = tr(f"{m}.enable=True", f"{m}.max_assistant_turns=3")
+    assert t.overrides["rollout.agent.loop"] == "single_turn" and "rollout.agent.max_turns" not in t.overrides
+    assert fate(t, f"{m}.enable").kind == verl.IGNORED and fate(t, f"{m}.max_assistant_turns").kind == verl.IGNORED
+    t = tr(f"{ARO}.rollout.agent.default_agent_loop=tool_agent", f"{m}.function_tool_path=tools.py")  # no enable
+    assert t.overrides["rollout.agent.loop"] == "tool_agent" and not t.refused
+    assert t.overrides["rollout.agent.function_tool_path"] == "tools.py"
 
 
 def test_legacy_reward_model_placement_is_moved_and_ignored_as_verl_moves_it() -> None:
