@@ -35,9 +35,13 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     c.command = out.command
     derived: dict[str, list[str]] = {}
     critic = sft or flat.get("algorithm.adv_estimator") == "gae" or bool(flat.get("critic.enable"))
+    own_reader = not sft and bool(flat.get("data.custom_cls.path"))  # a dataset class reads verl's data section
     for key, value in flat.items():
         rule = TABLE.rule(key)
-        if key.startswith("critic.") and key != "critic.enable" and not critic:
+        if own_reader and key.startswith("data.") and (rule is None or isinstance(rule, Keep) and not rule.ok(value)):
+            c.same(key, "read by the dataset class (data.custom_cls), which gets verl's data section "
+                        "(data.verl_class.config)")
+        elif key.startswith("critic.") and key != "critic.enable" and not critic:
             c.ignore(key, f"verl builds no critic for adv_estimator={flat.get('algorithm.adv_estimator')}")
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)

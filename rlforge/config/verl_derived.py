@@ -358,11 +358,22 @@ def data(c: Context) -> None:
         c.set("data.name", "verl_class")
         c.map("data.custom_cls.path", "data.verl_class.path", cls_path)
         c.map("data.custom_cls.name", "data.verl_class.name", cls_name)
-        section = {k.split(".", 1)[1]: c.get(k) for k in sorted(c.given) if k.startswith("data.")
-                   and not k.startswith(("data.custom_cls.", "data.train_files", "data.val_files"))}
-        c.set("data.verl_class.config", section)
+        # the launch's data keys and the tool files verl's data section interpolates (its overlong filter renders the
+        # tools' schemas); verl's defaults for the rest (plugins/data/verl_class.py)
+        keys = [k for k in sorted(c.given) if k.startswith("data.")
+                and not k.startswith(("data.custom_cls.", "data.train_files", "data.val_files"))]
+        keys += [k for k in ("data.filter_overlong_prompts", "data.tool_config_path", "data.function_tool_path")
+                 if c.get(k) is not None and k not in keys]
+        c.set("data.verl_class.config", {k.split(".", 1)[1]: c.get(k) for k in keys})
+        # the class filters overlong prompts itself, as it reads (RLHFDataset's filter; a class that reads otherwise
+        # may not): rows it yields are kept, a longer prompt cut from the left as verl's agent loop cuts it
+        c.same("data.filter_overlong_prompts", f"read by the dataset class, which filters as it reads, as in verl "
+               f"(data.verl_class.config.filter_overlong_prompts={bool(c.get('data.filter_overlong_prompts'))}); "
+               f"rlforge keeps the rows it yields (data.filter_overlong_prompts=false, data.truncation=left)")
+        c.set("data.filter_overlong_prompts", False)
     else:
         c.set("data.name", "files")
+        c.map("data.filter_overlong_prompts", "data.filter_overlong_prompts", bool(c.get("data.filter_overlong_prompts")))
         for key in ("data.custom_cls.path", "data.custom_cls.name"):
             c.same(key, "verl's RLHFDataset: verl-format rows (data.name=files)")
     for key in ("data.train_files", "data.val_files"):

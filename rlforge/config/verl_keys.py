@@ -402,7 +402,7 @@ DATA_RULES: dict[str, Rule] = {
     "data.seed": Ignore(SEEDS),
     "data.dataloader_num_workers": Ignore("prompts are tokenized once at start-up"),
     "data.validation_shuffle": Ignore("the order of validation prompts does not change its metrics"),
-    "data.filter_overlong_prompts": Map("data.filter_overlong_prompts"),
+    "data.filter_overlong_prompts": Derived("data"),
     "data.filter_overlong_prompts_workers": Ignore("filtering runs once at start-up"),
     "data.truncation": Derived("lengths"),
     "data.image_key": Derived("multimodal"),

@@ -22,10 +22,7 @@ def precision(c: Context) -> None:
     """FSDP's parameter dtype and compute dtype (or megatron's compute dtype, its parameters kept in fp32 by its
     optimizer) as one model.precision."""
     if c.get("model_engine") == verl_veomni.ENGINE:
-        name, decider = verl_veomni.precision(c)
-        for key in c.owned:
-            (c.map(key, "model.precision", name) if key == decider else
-             c.ignore(key, "read only by verl's FSDP engine (model_engine=veomni here)"))
+        verl_veomni.precision(c)
         return
     megatron = c.get("model_engine") == "megatron"
     params = "fp32" if megatron else str(c.get(f"{A}.fsdp_config.model_dtype", "fp32"))
@@ -144,8 +141,9 @@ def offload(c: Context) -> None:
             keys.remove(reshard)
             (c.same(reshard, "each layer's gathered parameters are freed after its forward pass (FSDP2's default)")
              if c.get(reshard) else c.ignore(reshard, f"rlforge frees them after each forward pass ({SPEED_ONLY})"))
-        param, policy = f"{engine}.param_offload", f"{engine}.offload_policy"
-        fsdp2 = c.get(f"{section}.strategy", c.get(f"{A}.strategy")) == "fsdp2"
+        # VeOmni's enable_fsdp_offload is FSDP2's CPUOffloadPolicy, as the FSDP engine's offload_policy
+        param, policy = f"{engine}.param_offload", f"{engine}.enable_fsdp_offload" if veomni else f"{engine}.offload_policy"
+        fsdp2 = veomni or c.get(f"{section}.strategy", c.get(f"{A}.strategy")) == "fsdp2"
         forced = role == "ref" and not veomni  # verl's FSDP engine offloads its forward-only roles; VeOmni's does not
         on = True if forced else bool(c.get(param) or (fsdp2 and c.get(policy)))
         if on:
@@ -160,7 +158,7 @@ def offload(c: Context) -> None:
                 c.ignore(key, "read only with strategy=fsdp2 (FSDP2's CPUOffloadPolicy)")
                 continue
             elif key == param and not value and on:
-                note = "not read: offload_policy=True offloads the parameters (FSDP2's CPUOffloadPolicy)"
+                note = f"{policy.rsplit('.', 1)[1]}=True offloads the parameters (FSDP2's CPUOffloadPolicy)"
             else:
                 note = ""
             c.map(key, OFFLOAD, roles, note)

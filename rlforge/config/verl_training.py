@@ -141,7 +141,12 @@ def schedule(c: Context) -> None:
         if c.has(f"{section}.optim.lr_scheduler_type"):
             (verl_veomni.schedule if veomni else fsdp_schedule)(c, f"{section}.optim", target)
     for key in c.owned:  # the same names in other engines' optimizer sections
-        if not c.done(key):
+        if c.done(key):
+            continue
+        if veomni:  # only a '+key' puts them there: VeOmniOptimizerConfig has no such field
+            c.refuse(key, f"verl's veomni optimizer option {key.rsplit('.', 1)[1]} (VeOmniOptimizerConfig has no such "
+                          "field: verl 0.9.1 refuses the launch too)")
+        else:
             c.ignore(key, "read only by verl's FSDP schedule (lr_scheduler_type); other engines' schedules: "
                           "lr_decay_style")
 

@@ -37,7 +37,8 @@ def engine_rules(section: str, role: str, sp: Rule, entropy: Rule, optimizer_off
         f"{v}.param_offload": Derived("offload"),
         f"{v}.fsdp_size": Derived("offload"),
         f"{v}.optimizer_offload": optimizer_offload,
-        f"{v}.mixed_precision": Derived("precision") if role == "actor" else follows,
+        f"{v}.mixed_precision": follows if role == "ref" else Derived("precision"),
+        f"{v}.enable_fsdp_offload": Derived("offload"),
         f"{v}.ulysses_parallel_size": sp,
         f"{v}.expert_parallel_size": Keep(at_most_one, "no expert parallelism", "expert parallelism (MoE)"),
         f"{v}.strategy": Derived("parallel") if role == "actor" else Ignore("the strategy is one for all roles"),
@@ -56,10 +57,21 @@ def engine_rules(section: str, role: str, sp: Rule, entropy: Rule, optimizer_off
     }
 
 
-def precision(c: Context) -> tuple[str, str]:
-    """(rlforge's model.precision, the key that decides it) of a veomni launch."""
-    key = f"actor_rollout_ref.actor.{ENGINE}.mixed_precision"
-    return ("bf16-mixed" if c.get(key, True) else "bf16-true"), key
+def precision(c: Context) -> None:
+    """rlforge's model.precision of a veomni launch, from the actor's ``mixed_precision``; a critic in another one is
+    refused (rlforge's precision is one for every model; the frozen reference computes the same either way)."""
+    key, critic = f"actor_rollout_ref.actor.{ENGINE}.mixed_precision", f"critic.{ENGINE}.mixed_precision"
+    mixed = c.get(key, True) is not False
+    for owned in c.owned:
+        if owned == key:
+            c.map(key, "model.precision", "bf16-mixed" if mixed else "bf16-true")
+        elif owned == critic and (c.get(critic, True) is not False) != mixed:
+            c.refuse(critic, f"a critic in another precision than the actor's (veomni.mixed_precision={c.get(critic)} "
+                     f"for the critic, {c.get(key)} for the actor)")
+        elif owned == critic:
+            c.same(critic, "the actor's precision: one for every model")
+        else:
+            c.ignore(owned, "read only by verl's FSDP engine (model_engine=veomni here)")
 
 
 def schedule(c: Context, o: str, target: str) -> None:

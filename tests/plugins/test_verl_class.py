@@ -150,11 +150,16 @@ def test_verl_s_custom_cls_maps_to_the_verl_class_dataset(files):
 
     path, data = files
     t = prepare([f"data.custom_cls.path={path}", "data.custom_cls.name=QADataset", f"data.train_files={data}",
-                 "data.max_prompt_length=64", "actor_rollout_ref.rollout.name=vllm"], refuse=False).translation
-    assert not t.refused
+                 "data.max_prompt_length=64", "data.filter_overlong_prompts=True", "data.train_max_samples=5",
+                 "data.prompt_key=question", "+data.my_key=3", "actor_rollout_ref.rollout.name=vllm"],
+                refuse=False).translation
+    assert not t.refused  # keys rlforge lacks (max_samples, another prompt column, the class's own) are the class's
     o = t.overrides
     assert (o["data.name"], o["data.verl_class.path"], o["data.verl_class.name"]) == ("verl_class", path, "QADataset")
-    assert o["data.verl_class.config"] == {"max_prompt_length": 64}  # the launch's data keys, for the class to read
+    assert o["data.verl_class.config"] == {"max_prompt_length": 64, "filter_overlong_prompts": True,
+                                           "train_max_samples": 5, "prompt_key": "question", "my_key": 3}
+    # the class filters as it reads (verl's RLHFDataset filter); its rows are kept, cut from the left as verl's loop does
+    assert (o["data.filter_overlong_prompts"], o["data.truncation"]) == (False, "left")
 
 
 @pytest.mark.slow

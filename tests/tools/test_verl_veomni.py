@@ -63,6 +63,16 @@ def test_what_rlforge_lacks_is_refused_by_name(key, value, missing) -> None:
     assert fate.kind == verl.REFUSED and missing in fate.text
 
 
+def test_the_critic_s_precision_and_fsdp2_offload() -> None:
+    gae = ["algorithm.adv_estimator=gae"]
+    assert _fate(_t(*gae, "critic.veomni.mixed_precision=False"), "critic.veomni.mixed_precision").kind == verl.REFUSED
+    assert not _t(*gae, "critic.veomni.mixed_precision=False", f"{A}.veomni.mixed_precision=False").refused
+    t = _t(f"{A}.veomni.enable_fsdp_offload=True")  # VeOmni's FSDP2 CPUOffloadPolicy
+    assert t.overrides["strategy.fsdp.offload_params"] == ["actor"]
+    fate = _fate(_t(f"+{O}.num_cycles=1.0"), f"{O}.num_cycles")  # no such field in VeOmniOptimizerConfig
+    assert fate.kind == verl.REFUSED and "VeOmniOptimizerConfig" in fate.text
+
+
 def test_a_warm_up_from_lr_start_is_refused_only_with_a_warm_up() -> None:
     assert _fate(_t(f"{O}.lr_start=1e-7"), f"{O}.lr_start").kind == verl.MAPPED  # no warm-up: never read
     fate = _fate(_t(f"{O}.lr_start=1e-7", f"{O}.lr_warmup_steps_ratio=0.1"), f"{O}.lr_start")
