@@ -14,6 +14,8 @@ from typing import Any
 from rlforge.errors import RLForgeError
 
 TRUNCATION_MARKER = "...(truncated)"
+# the side of a long tool reply that is cut away -> the marker in its place (verl's tool_response_truncate_side)
+TRUNCATION_MARKERS = {"right": TRUNCATION_MARKER, "left": "(truncated)...", "middle": "...(truncated)..."}
 CHARS_PER_TOKEN = 64  # text is cut to this many characters per token allowed before it is tokenized (bounded cost)
 _USER, _ASSISTANT = "RLFORGE_USER_SENTINEL", "RLFORGE_ASSISTANT_SENTINEL"
 _BASE = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _ASSISTANT}]
@@ -70,16 +72,25 @@ class ChatFormat:
         closing = end[len(stop_text):] if stop_text and end.startswith(stop_text) else end
         return self.encode(closing + added)
 
-    def truncate(self, text: str, max_tokens: int) -> tuple[str, bool]:
-        """``text`` cut to at most ``max_tokens`` tokens, the last of them a truncation marker; (text, whether cut).
-        Only its first ``CHARS_PER_TOKEN * max_tokens`` characters are tokenized, so a reply of any size costs
-        the same."""
-        head = text[:CHARS_PER_TOKEN * max_tokens]
-        ids = self.encode(head)
-        if len(ids) <= max_tokens and len(head) == len(text):
+    def truncate(self, text: str, max_tokens: int, side: str = "right") -> tuple[str, bool]:
+        """``text`` cut to at most ``max_tokens`` tokens, a truncation marker among them; (text, whether cut).
+        ``side`` is the side cut away, as verl's ``tool_response_truncate_side``: ``right`` keeps the head (then
+        ``...(truncated)``), ``left`` the tail (after ``(truncated)...``), ``middle`` both halves around
+        ``...(truncated)...``. Only ``CHARS_PER_TOKEN * max_tokens`` characters of each kept end are tokenized, so a
+        reply of any size costs the same."""
+        span = CHARS_PER_TOKEN * max_tokens
+        if len(text) <= span and len(self.encode(text)) <= max_tokens:
             return text, False
-        keep = max(0, max_tokens - len(self.encode(TRUNCATION_MARKER)))
-        return self.decode(ids[:keep]) + TRUNCATION_MARKER, True
+        marker = TRUNCATION_MARKERS[side]
+        keep = max(0, max_tokens - len(self.encode(marker)))
+        if side == "right":
+            return self.decode(self.encode(text[:span])[:keep]) + marker, True
+        tail = self.encode(text[-span:])
+        if side == "left":
+            return marker + self.decode(tail[len(tail) - keep:] if keep else []), True
+        head_n, tail_n = (keep + 1) // 2, keep // 2
+        return (self.decode(self.encode(text[:span])[:head_n]) + marker
+                + self.decode(tail[len(tail) - tail_n:] if tail_n else [])), True
 
 
 def valid_text(text: str) -> str:

@@ -29,6 +29,7 @@ class AgentConfig:
     max_tokens_per_turn: int = 0  # new tokens per model turn; 0 = what is left of rollout.max_new_tokens
     max_tool_calls_per_turn: int = 4  # tool calls run per model turn; further calls get an error reply
     max_tool_output_tokens: int = 256  # a tool's reply is cut to this many tokens, with a marker
+    tool_output_truncate_side: str = "right"  # the side of a long reply cut away: right (its head kept), left (its tail kept) or middle (head and tail kept), as verl's tool_response_truncate_side
     tool_timeout_s: float = 10.0  # wall-clock limit of one tool call; then the model gets an error reply
     record_trajectories: bool = False  # write <run>/trajectories.jsonl: per trained sample its token ids, loss mask, spans (model turns, tool and user turns), tool calls, policy version and reward (rlforge report RUN --trajectory N shows one)
     wave_wait_s: float = 0.05  # longest wait for trajectories in a tool call before a wave starts without them; above tool_timeout_s, waves never depend on timing (reproducible sampling)
@@ -43,6 +44,9 @@ def validate_agent_config(config: Any) -> None:
     if a.max_tokens_per_turn < 0:
         raise ConfigError(f"'rollout.agent.max_tokens_per_turn' must be >= 0 (0 = no per-turn limit), "
                           f"got {a.max_tokens_per_turn}.")
+    if a.tool_output_truncate_side not in ("right", "left", "middle"):
+        raise ConfigError(f"'rollout.agent.tool_output_truncate_side' must be right, left or middle (the side of a long "
+                          f"tool reply that is cut away), got {a.tool_output_truncate_side!r}.")
     for key in ("tool_timeout_s", "wave_wait_s"):
         if not a[key] > 0:
             raise ConfigError(f"'rollout.agent.{key}' must be > 0 seconds, got {a[key]}.")

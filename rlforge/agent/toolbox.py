@@ -148,7 +148,8 @@ class ToolSession:
         except Exception as exc:
             text, reward = self._error(f"the tool '{call.name}' failed: {type(exc).__name__}: {exc}"), 0.0
         self.stats.seconds.append(time.perf_counter() - start)
-        text, _ = self.chat.truncate(text, self.box.limits.max_tool_output_tokens)
+        limits = self.box.limits
+        text, _ = self.chat.truncate(text, limits.max_tool_output_tokens, limits.tool_output_truncate_side)
         return text, reward
 
     async def _execute(self, call: ToolCall) -> tuple[str, float]:

@@ -71,3 +71,17 @@ def test_a_template_that_ignores_a_role_is_refused():
     chat = ChatFormat(CharTokenizer(ignores_tools, eos="|"))
     with pytest.raises(RLForgeError, match="renders messages with roles \\['tool'\\] as nothing"):
         chat.inserted_ids([{"role": "tool", "content": "5"}], "|")
+
+
+@pytest.mark.parametrize(("side", "expected"), [
+    ("right", "abcdefghij...(truncated)"),  # the head kept
+    ("left", "(truncated)...0123456789"),  # the tail kept
+    ("middle", "abcde...(truncated)...56789"),  # head and tail
+])
+def test_a_long_reply_is_cut_on_the_side_verl_names(char_tokenizer, side, expected):
+    """verl's tool_response_truncate_side: the side cut away (in tokens here; the marker counts in the budget)."""
+    chat = ChatFormat(char_tokenizer)
+    marker = {"right": 14, "left": 14, "middle": 17}[side]  # characters: one token each
+    text, cut = chat.truncate("abcdefghijklmnopqrstuvwxyz0123456789", 10 + marker, side)
+    assert (text, cut) == (expected, True)
+    assert chat.truncate("short", 30, side) == ("short", False)

@@ -163,6 +163,7 @@ class Limits:
     max_tool_calls_per_turn = 3
     tool_timeout_s = 0.3
     max_tool_output_tokens = 100
+    tool_output_truncate_side = "right"
 
 
 def run_calls(tok, tools, calls, errors=()):
@@ -420,6 +421,7 @@ HUNG_TOOLS = textwrap.dedent("""
 
     class Limits:
         max_tool_calls_per_turn, tool_timeout_s, max_tool_output_tokens = 4, 0.2, 100
+        tool_output_truncate_side = "right"
 
     box = Toolbox({"sleeps": Sleeps(None), "blocks": Blocks(None)}, Limits())
 
