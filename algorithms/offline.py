@@ -185,7 +185,8 @@ class PreferenceModule(RLModule):
     def prepare_data(self, rows: list[dict[str, Any]], split: str) -> list[Any]:
         """Preference rows become examples; validation rows in the prompt format (``reward_model.ground_truth``)
         also give prompts to generate from (a row may be both)."""
-        from rlforge.data import is_preference_row, row_origin, tokenize_preferences
+        from rlforge.data import row_origin
+        from rlforge.preferences import is_preference_row, tokenize_preferences
 
         d, name = self.config.data, f"{self.config.data.name} ({split})"
         rows = [{**r, "_origin": row_origin(r, i, name)} for i, r in enumerate(rows)]
@@ -200,7 +201,7 @@ class PreferenceModule(RLModule):
         return examples + (super().prepare_data(prompts, split) if prompts else [])
 
     def collate(self, examples: list[Any], uids: list[Any]) -> B.Batch:
-        from rlforge.data import collate_preferences
+        from rlforge.preferences import collate_preferences
 
         return collate_preferences(examples, self.tokenizer.pad_token_id, uids)
 
@@ -232,7 +233,7 @@ class PreferenceModule(RLModule):
     def validate(self, controller: Controller, examples: list[Any]) -> tuple[dict[str, float], B.Batch | None]:
         """Prompt examples: generate and score (``val/accuracy``); pairs: the loss and metrics on the held-out
         pairs, as ``val/loss``, ``val/rewards/accuracies``, ..."""
-        from rlforge.data import PreferenceExample
+        from rlforge.preferences import PreferenceExample
 
         pairs = [e for e in examples if isinstance(e, PreferenceExample)]
         prompts = [e for e in examples if not isinstance(e, PreferenceExample)]

@@ -248,7 +248,7 @@ def weight_files(checkpoint: Path) -> list[Path]:
     """The actor's safetensors files (one file, or the shards an index lists; a LoRA run's adapter)."""
     actor = checkpoint / "actor"
     from rlforge import lora
-    from rlforge.models import safetensors_files
+    from rlforge.weight_files import safetensors_files
 
     if (actor / lora.ADAPTER_CONFIG).is_file():
         return [actor / lora.ADAPTER_WEIGHTS]
@@ -260,7 +260,7 @@ def weight_files(checkpoint: Path) -> list[Path]:
 
 def _check_safetensors(path: Path) -> None:
     """The file is complete: its header parses and its size is what the header says (truncation shows)."""
-    from rlforge.models import safetensors_problem
+    from rlforge.weight_files import safetensors_problem
 
     problem = safetensors_problem(path)
     if problem:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 LOADER_COLUMNS = frozenset({B.PROMPTS, B.PROMPT_MASK, B.UID, B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH,
                             B.EXTRA_INFO})
-# what a batch of preference data brings (``rlforge.data.collate_preferences``): completions in the rollout layout
+# what a batch of preference data brings (``rlforge.preferences.collate_preferences``): completions in the rollout layout
 PAIR_COLUMNS = LOADER_COLUMNS | {B.RESPONSES, B.RESPONSE_MASK, B.INPUT_IDS, B.ATTENTION_MASK, B.LABEL, B.MARGIN}
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.lazy import lazy_import
 from rlforge.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from rlforge.weight_files import check_weights, safetensors_problem
 
 if TYPE_CHECKING:
     import torch
@@ -346,56 +346,6 @@ def model_config(folder: Path) -> dict[str, Any]:
 def architectures(folder: Path) -> list[str]:
     """The ``architectures`` of a model folder's ``config.json`` (empty when it has none)."""
     return list(model_config(folder).get("architectures") or [])
-
-
-# --- weight files ---------------------------------------------------------------------------------------------
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-
-
-def safetensors_files(folder: Path) -> list[Path]:
-    """The safetensors files ``from_pretrained`` reads from ``folder``: the shards its index lists, else
-    ``model.safetensors`` (empty when the folder has neither).
-
-    :raises RLForgeError: when the index itself cannot be read.
-    """
-    index = folder / SAFETENSORS_INDEX
-    if index.is_file():
-        try:
-            return [folder / s for s in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-        except (OSError, ValueError, KeyError, AttributeError, TypeError):
-            raise RLForgeError(f"{index} cannot be read: it is truncated or corrupted.") from None
-    single = folder / "model.safetensors"
-    return [single] if single.exists() else []
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """What is wrong with a safetensors file, or None when it is complete: its header parses and the file is as
-    long as the header says (a truncated or overwritten file shows). Reads the header only."""
-    if not path.is_file():
-        return f"{path} is missing"
-    size = path.stat().st_size
-    if size == 0:
-        return f"{path} is empty (0 bytes)"
-    try:
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n)) if 0 < n <= size - 8 else None
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    except (struct.error, ValueError, TypeError, KeyError, AttributeError, IndexError):
-        header, end = None, 0
-    if header is None or size != 8 + n + end:
-        return f"{path} cannot be read: it is truncated or corrupted ({size} bytes)"
-    return None
-
-
-def check_weights(folder: Path, path: str, key: str) -> None:
-    """Every safetensors file of a model folder is complete, checked before ``from_pretrained`` so a damaged file
-    is one error naming it instead of a ``SafetensorError`` from deep in the loader."""
-    for weights in safetensors_files(folder):
-        problem = safetensors_problem(weights)
-        if problem:
-            raise RLForgeError(f"Cannot load the model '{path}' ({key}): {problem}. Copy the model folder again, "
-                               f"or point {key} at an intact one.")
 
 
 def _load_failure(what: str, path: str, key: str, exc: Exception) -> RLForgeError:

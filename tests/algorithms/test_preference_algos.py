@@ -15,7 +15,7 @@ from rlforge import batch as B
 from rlforge.algorithms import preference as P
 from rlforge.algorithms.offline import example_sums, finish_metrics, sequence_sums
 from rlforge.cli import main
-from rlforge.data import PreferenceExample, collate_preferences, tokenize_preferences
+from rlforge.preferences import PreferenceExample, collate_preferences, tokenize_preferences
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.module import LossContext
 

@@ -13,7 +13,7 @@ import torch
 from rlforge import batch as B
 from rlforge import multimodal as mm
 from rlforge.cli import main
-from rlforge.data import collate_preferences, tokenize_preferences
+from rlforge.preferences import collate_preferences, tokenize_preferences
 from rlforge.errors import DataError
 from tests.multimodal.test_mm_data import _png
 

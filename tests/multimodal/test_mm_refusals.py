@@ -9,7 +9,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlforge import load_config
-from rlforge.data import tokenize_preferences, tokenize_rows
+from rlforge.data import tokenize_rows
+from rlforge.preferences import tokenize_preferences
 from rlforge.errors import DataError, RLForgeError
 from rlforge.tools.data_prep import SOURCES, convert_row
 from tests.multimodal.test_mm_data import _png, _row

@@ -14,7 +14,7 @@ from rlforge import Trainer, load_config
 from rlforge import batch as B
 from rlforge.build import Builder
 from rlforge.cli import main
-from rlforge.data import collate_preferences, tokenize_preferences
+from rlforge.preferences import collate_preferences, tokenize_preferences
 from rlforge.errors import ConfigError
 from rlforge.plugin_manager import PluginManager
 
