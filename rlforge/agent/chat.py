@@ -82,15 +82,22 @@ class ChatFormat:
         if len(text) <= span and len(self.encode(text)) <= max_tokens:
             return text, False
         marker = TRUNCATION_MARKERS[side]
+        head, tail = self.encode(text[:span]), self.encode(text[-span:])
         keep = max(0, max_tokens - len(self.encode(marker)))
-        if side == "right":
-            return self.decode(self.encode(text[:span])[:keep]) + marker, True
-        tail = self.encode(text[-span:])
-        if side == "left":
-            return marker + self.decode(tail[len(tail) - keep:] if keep else []), True
-        head_n, tail_n = (keep + 1) // 2, keep // 2
-        return (self.decode(self.encode(text[:span])[:head_n]) + marker
-                + self.decode(tail[len(tail) - tail_n:] if tail_n else [])), True
+        while True:  # the kept ends re-encoded may take more tokens (a merge across the cut): keep fewer
+            cut = self._cut(head, tail, keep, side, marker)
+            if keep == 0 or len(self.encode(cut)) <= max_tokens:
+                return cut, True
+            keep -= 1
+
+    def _cut(self, head: list[int], tail: list[int], keep: int, side: str, marker: str) -> str:
+        """``keep`` tokens of the head and/or the tail around ``marker``; a character whose bytes the cut split
+        (a byte-level token in the middle of a multibyte character) is left out rather than shown as U+FFFD."""
+        first = (keep + 1) // 2 if side == "middle" else keep if side == "right" else 0
+        last = keep - first
+        start = self.decode(head[:first]).rstrip("\ufffd")
+        end = self.decode(tail[len(tail) - last:] if last else []).lstrip("\ufffd")
+        return {"right": start + marker, "left": marker + end, "middle": start + marker + end}[side]
 
 
 def valid_text(text: str) -> str:

@@ -65,19 +65,35 @@ VERL_LOOPS = {"single_turn_agent": SINGLE_TURN, "tool_agent": "tool_agent"}  # v
 
 def check_row_loops(rows: Any, loop: str, name: str) -> None:
     """Rows that name their agent loop as verl's data does (``agent_name``) name this run's: rlforge runs one agent
-    loop per run (verl picks one per row), so a row that asks for another is a DataError naming it. Rows held in
-    memory are checked (``files``, ``verl_class``); streamed and Arrow-backed rows are not read twice for it."""
+    loop per run (verl picks one per row), so rows that ask for another, or for several, are a DataError naming them.
+    Rows held in memory and Arrow-backed rows with an ``agent_name`` column are checked; streamed rows are not."""
+    from collections.abc import Sequence
+
     from rlforge.data import row_origin
 
-    if not isinstance(rows, list):
+    if not isinstance(rows, Sequence) or not rows or not isinstance(rows[0], dict):
         return
+    if not isinstance(rows, list) and "agent_name" not in rows[0]:  # Arrow rows share their columns
+        return
+    first: dict[str, str] = {}  # agent_name -> where it first appears
     for i, row in enumerate(rows):
         asked = row.get("agent_name") if isinstance(row, dict) else None
-        if asked is None or VERL_LOOPS.get(asked, asked) == loop:
+        if asked is not None and asked not in first:
+            first[asked] = row_origin(row, i, name)
+    if len(first) > 1:
+        seen = ", ".join(f"'{a}' ({where})" for a, where in first.items())
+        raise DataError(f"The rows of {name} name several agent loops in agent_name: {seen}. rlforge runs one agent "
+                        f"loop per run (verl picks one per row): give the rows one agent_name, or none (then "
+                        f"rollout.agent.loop={loop} runs them), or dispatch on the row inside one agent loop "
+                        f"(docs/agentic.md).")
+    for asked, where in first.items():
+        want = VERL_LOOPS.get(asked)
+        if want == loop:
             continue
-        want = VERL_LOOPS.get(asked, asked)
-        raise DataError(f"{row_origin(row, i, name)}: agent_name '{asked}' asks for the agent loop '{want}', but this "
-                        f"run's is rollout.agent.loop={loop}: rlforge runs one agent loop per run, where verl picks one "
-                        f"per row. Set rollout.agent.loop={want} (in a verl launch: "
+        if want is None:
+            raise DataError(f"{where}: agent_name '{asked}' is a verl agent loop rlforge does not run (verl's loops "
+                            f"it runs: {', '.join(VERL_LOOPS)}; rlforge's own: rollout.agent.loop).")
+        raise DataError(f"{where}: agent_name '{asked}' asks for the agent loop '{want}', but this run's is "
+                        f"rollout.agent.loop={loop}: rlforge runs one agent loop per run, where verl picks one per row. "
+                        f"Set rollout.agent.loop={want} (in a verl launch: "
                         f"actor_rollout_ref.rollout.agent.default_agent_loop={asked}).")
-

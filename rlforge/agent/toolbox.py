@@ -82,7 +82,7 @@ class Toolbox:
             return
         if not await loop.responsive(min(STALL_PROBE_S, self.limits.tool_timeout_s)) and loop is self._loop:
             self._blocked_loops.append(loop)
-            loop.close()
+            loop.retire()
             self._loop = ToolLoop(f"rlforge-tool-loop-{len(self._blocked_loops)}")
             log.warning("An async tool blocked its event loop past rollout.agent.tool_timeout_s=%g s (a blocking call "
                         "in an 'async def' tool?); later async tool calls run on a fresh loop (%d of at most %d "

@@ -153,6 +153,19 @@ class ToolLoop:
             return False
         return True
 
+    def retire(self) -> None:
+        """Stop the loop once the tasks it holds have ended (a loop replaced because a tool blocked it: the calls
+        queued behind that tool still run when it returns, each within its caller's timeout)."""
+        async def drain() -> None:
+            me = asyncio.current_task()
+            await asyncio.gather(*(t for t in asyncio.all_tasks() if t is not me), return_exceptions=True)
+            self.loop.stop()
+
+        try:
+            asyncio.run_coroutine_threadsafe(drain(), self.loop)
+        except RuntimeError:  # closed meanwhile
+            pass
+
     def close(self) -> None:
         """Stop the loop (a blocked loop stops once its tool returns; the thread is a daemon either way)."""
         if not self.loop.is_closed():

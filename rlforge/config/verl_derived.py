@@ -199,9 +199,10 @@ def multi_turn(c: Context) -> None:
         leaf = key.rsplit(".", 1)[1]
         if leaf in table:
             table[leaf](c.get(key))
-        elif leaf == "tool_response_truncate_side":
-            (c.map(key, "rollout.agent.tool_output_truncate_side", c.get(key)) if c.get(key) in ("left", "right", "middle")
-             else c.refuse(key, f"tool_response_truncate_side={c.get(key)} (verl's sides: left, right, middle)"))
+        elif leaf == "tool_response_truncate_side":  # verl's tool loop cuts the middle for any other value
+            side = c.get(key) if c.get(key) in ("left", "right") else "middle"
+            c.map(key, "rollout.agent.tool_output_truncate_side", side,
+                  "" if side == c.get(key) else f"verl's tool loop cuts the middle for '{c.get(key)}'")
         elif leaf in ("use_inference_chat_template", "tokenization_sanity_check_mode"):
             c.ignore(key, "how verl re-tokenizes turns; rlforge inserts tool replies as tokens")
         elif c.get(key) in (None, False, 1):

@@ -85,3 +85,15 @@ def test_a_long_reply_is_cut_on_the_side_verl_names(char_tokenizer, side, expect
     text, cut = chat.truncate("abcdefghijklmnopqrstuvwxyz0123456789", 10 + marker, side)
     assert (text, cut) == (expected, True)
     assert chat.truncate("short", 30, side) == ("short", False)
+
+
+@pytest.mark.parametrize("side", ["right", "left", "middle"])
+@pytest.mark.parametrize("text", ["数据" * 300 + "尾巴", "🙂🚀" * 200, "abc数据🙂" * 150])
+def test_a_cut_never_splits_a_character_nor_passes_the_budget(tiny_chat_model, side, text):
+    """Byte-level BPE splits a multibyte character over tokens: a cut between them would show U+FFFD (and its
+    re-encoding would take more tokens than the budget)."""
+    from transformers import AutoTokenizer
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(tiny_chat_model))
+    cut, was_cut = chat.truncate(text, 30, side)
+    assert was_cut and "\ufffd" not in cut and len(chat.encode(cut)) <= 30

@@ -442,3 +442,28 @@ def test_hung_tools_do_not_keep_the_process_alive():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(["Error: the tool 'sleeps' did not answer", "Error: the tool 'blocks' did not "
                                        "answer"])
+
+
+def test_a_retired_tool_loop_runs_its_queued_calls_then_stops():
+    """A tool loop replaced because a tool blocked it keeps running the calls already queued on it (they still get
+    their answers within their own timeouts), and stops once they are done."""
+    import threading
+
+    from rlforge.agent.workers import ToolLoop
+
+    gate = threading.Event()
+    loop = ToolLoop("test-retire")
+
+    async def blocker():
+        gate.wait(10)  # blocks the loop, as a blocking call in an async tool does
+        return "blocker"
+
+    async def queued():
+        return "queued"
+
+    first, second = loop.submit(blocker()), loop.submit(queued())
+    loop.retire()
+    gate.set()
+    assert (first.result(10), second.result(10)) == ("blocker", "queued")
+    loop.thread.join(10)
+    assert not loop.thread.is_alive()

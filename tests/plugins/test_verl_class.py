@@ -172,3 +172,31 @@ def test_fit_trains_on_a_verl_dataset_class(pm, files, tmp_path):
         "trainer.val_before_train=false", "trainer.progress=false", "logger.backends=[console]",
         f"trainer.runs_root={tmp_path}"], plugins=pm)
     assert rlforge.Trainer(cfg).fit()["steps"] == 1
+
+
+def test_rows_that_name_several_or_unknown_loops_are_refused_with_what_to_do():
+    from collections.abc import Sequence
+
+    from rlforge.agent.config import check_row_loops
+
+    mixed = [{"agent_name": "single_turn_agent", "_origin": "a.jsonl, row 1"},
+             {"agent_name": "tool_agent", "_origin": "a.jsonl, row 2"}]
+    with pytest.raises(DataError, match=r"name several agent loops in agent_name: 'single_turn_agent' \(a.jsonl, row "
+                                        r"1\), 'tool_agent' \(a.jsonl, row 2\)"):
+        check_row_loops(mixed, "tool_agent", "files (train)")
+    with pytest.raises(DataError, match="agent_name 'react_agent' is a verl agent loop rlforge does not run"):
+        check_row_loops([{"agent_name": "react_agent"}], "single_turn", "files (train)")
+
+    class ArrowLike(Sequence):  # hf's Arrow-backed rows: a Sequence of dicts, not a list
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, i):
+            return self.rows[i]
+
+    with pytest.raises(DataError, match="asks for the agent loop 'tool_agent'"):
+        check_row_loops(ArrowLike([{"agent_name": "tool_agent"}]), "single_turn", "hf (train)")
+    check_row_loops(ArrowLike([{"prompt": "x"}]), "single_turn", "hf (train)")  # no such column: not read

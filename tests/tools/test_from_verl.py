@@ -248,6 +248,8 @@ def test_the_agent_loop_is_verl_s_default_agent_loop_not_multi_turn_enable() -> 
     t = tr(f"{ARO}.rollout.agent.default_agent_loop=tool_agent", f"{m}.function_tool_path=tools.py")  # no enable
     assert t.overrides["rollout.agent.loop"] == "tool_agent" and not t.refused
     assert t.overrides["rollout.agent.function_tool_path"] == "tools.py"
+    t = tr(f"{ARO}.rollout.agent.default_agent_loop=tool_agent", f"{m}.tool_response_truncate_side=both")
+    assert t.overrides["rollout.agent.tool_output_truncate_side"] == "middle"  # verl's tool loop: any other value
 
 
 def test_legacy_reward_model_placement_is_moved_and_ignored_as_verl_moves_it() -> None:
