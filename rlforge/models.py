@@ -240,6 +240,12 @@ def stop_token_ids(tokenizer: Any, model: Any = None, generation_config: Any = N
     return found
 
 
+def rollout_stop_ids(config: Any, tokenizer: Any, model: Any) -> list[int]:
+    """The tokens that end a rollout engine's responses: :func:`stop_token_ids`, none with ``rollout.ignore_eos``
+    (the responses run to ``rollout.max_new_tokens``, as verl's ``ignore_eos``)."""
+    return [] if config.rollout.ignore_eos else stop_token_ids(tokenizer, model)
+
+
 def generation_stop_ids(tokenizer: Any, path: str, trust_remote_code: bool = False) -> list[int]:
     """:func:`stop_token_ids` of the model at ``path`` without loading its weights: from the generation config it
     loads with (``generation_config.json``, else the one transformers derives from ``config.json``)."""

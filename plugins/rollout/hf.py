@@ -3,7 +3,7 @@
 Decoding is rlforge's loop on a static KV cache (``hf_decode.Decoder``), which samples what transformers
 ``generate`` would with the same parameters, in less time per token. A response ends at the first of the model's stop
 tokens (``rlforge.models.stop_token_ids``: the generation config's EOS ids, the tokenizer's EOS and the chat
-template's end-of-turn token). The checkpoint's other generation defaults (temperature, top-k, repetition penalty,
+template's end-of-turn token; none with ``rollout.ignore_eos``). The checkpoint's other generation defaults (temperature, top-k, repetition penalty,
 ...) are not used: sampling follows ``SamplingParams`` only, as in the vllm engine.
 
 With ``rollout.hf.compile=true`` the one-token decoding step runs through ``torch.compile`` (on every device). The
@@ -22,7 +22,7 @@ from rlforge.capabilities import RolloutCapabilities
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
-from rlforge.models import stop_token_ids
+from rlforge.models import rollout_stop_ids
 from rlforge.plugins.rollout.hf_decode import Decoder
 from rlforge.sampling import Generation, SamplingParams, derived_seed
 from rlforge.weight_sync import WeightSync, tensor_bytes
@@ -73,7 +73,7 @@ class HFRollout:
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
-        self.stop_ids = stop_token_ids(tokenizer, model)
+        self.stop_ids = rollout_stop_ids(config, tokenizer, model)
         self.micro_batch_size = config.rollout.micro_batch_size
         self.decoder = Decoder(model, self.stop_ids, tokenizer.pad_token_id, compile=config.rollout.hf.compile)
         self.weight_sync: WeightSync = MemorySync(config, self)  # the Builder sets the one rollout.weight_sync picks

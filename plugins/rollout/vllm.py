@@ -50,7 +50,7 @@ from rlforge.capabilities import RolloutCapabilities
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
-from rlforge.models import resolve_model_path, stop_token_ids
+from rlforge.models import resolve_model_path, rollout_stop_ids
 from rlforge.plugins.strategy.tp_layout import Heads
 from rlforge.plugins.rollout.hf import response_mask
 from rlforge.plugins.rollout.vllm_args import engine_kwargs, model_overrides, validate
@@ -192,7 +192,7 @@ class VLLMRollout:
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
-        self.stop_ids = stop_token_ids(tokenizer, model)
+        self.stop_ids = rollout_stop_ids(config, tokenizer, model)
         self.model_path = str(resolve_model_path(config.model.path))
         self.dtype = config.rollout.vllm.dtype
         if self.dtype == "auto":

@@ -38,6 +38,9 @@ class AgentConfig:
 def validate_agent_config(config: Any) -> None:
     """Limits are positive and the tool list has no repeats (component names are checked by the registries)."""
     a = config.rollout.agent
+    if config.rollout.ignore_eos and a.loop != SINGLE_TURN:
+        raise ConfigError(f"rollout.ignore_eos=true with rollout.agent.loop={a.loop}: a model turn ends at its stop "
+                          f"token, so an agent loop needs them (ignore_eos is for single-turn rollouts).")
     for key in ("max_turns", "max_tool_calls_per_turn", "max_tool_output_tokens"):
         if a[key] <= 0:
             raise ConfigError(f"'rollout.agent.{key}' must be a positive integer, got {a[key]}.")

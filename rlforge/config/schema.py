@@ -131,6 +131,7 @@ class RolloutConfig:
     top_k: int = option(0, ge=0)  # 0 = disabled
     max_new_tokens: int = option(8, ge=1)  # response length limit (EOS ends a response earlier)
     min_new_tokens: int = option(0, ge=0)  # EOS is suppressed before this many tokens (training rollouts only)
+    ignore_eos: bool = False  # responses run to max_new_tokens: the stop tokens are sampled and trained as any token (verl's rollout.ignore_eos); single-turn rollouts only
     micro_batch_size: int = option(256, ge=1)  # sequences per generate() call
     weight_sync: str = "auto"  # weight-sync backend registry name: auto (the engine's best that runs here) | memory (hf) | files (vllm) | vllm_native (vllm on CUDA: IPC); docs/rollout.md
     val_temperature: float = option(0.0, ge=0)  # 0 = greedy validation (val_top_p/val_top_k unused); min_new_tokens is not applied there (verl's val_kwargs defaults)

@@ -303,7 +303,7 @@ ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.enable_prefix_caching": Derived("rollout_engine"),
     f"{ROLLOUT}.free_cache_engine": Derived("rollout_engine"),
     f"{ROLLOUT}.checkpoint_engine.*": Ignore("weights are synced to the engine in buckets"),
-    f"{ROLLOUT}.ignore_eos": Keep(off, "responses end at EOS", "ignoring EOS (generating to the length limit)"),
+    f"{ROLLOUT}.ignore_eos": Map("rollout.ignore_eos"),
     f"{ROLLOUT}.logprobs_mode": Keep(is_("processed_logprobs"), "log-probs at the sampling temperature",
                                      "raw (unprocessed) engine log-probs"),
     f"{ROLLOUT}.over_sample_rate": Keep(off, "every rollout waited for", "over-sampling and dropping slow rollouts"),

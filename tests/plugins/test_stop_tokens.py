@@ -186,3 +186,23 @@ def test_vllm_engine_runs_tiny_chat_model_and_stops_like_hf(pm, tiny_chat_model,
     assert tok.batch_decode(ours[B.RESPONSES], skip_special_tokens=False) == ["HelloHelloHello<|im_end|>"] * 3
     assert torch.equal(ours[B.RESPONSES], theirs[B.RESPONSES])
     assert torch.equal(ours[B.RESPONSE_MASK], theirs[B.RESPONSE_MASK])
+
+
+def test_ignore_eos_runs_every_response_to_max_new_tokens(pm):
+    """verl's rollout.ignore_eos: the stop tokens are sampled as any token and the responses run to the limit, every
+    token trained (the mask is all ones); agent loops, whose turns end at a stop token, refuse it."""
+    from rlforge import load_config
+    from rlforge.errors import ConfigError
+
+    cfg = load_config("grpo", ["rollout.max_new_tokens=12", "data.max_prompt_length=24", "rollout.ignore_eos=true"],
+                      plugins=pm)
+    tok = load_tokenizer(cfg.model.path)
+    rows = pm.registry.dataset.get("arith")(cfg, "val")[:4]
+    batch = collate(tokenize_rows(rows, tok, 24, True, "val"), tok.pad_token_id, list(range(len(rows))))
+    engine = pm.registry.rollout.get("hf")(cfg, load_model(cfg.model.path), tok)
+    out = engine.generate(batch, SamplingParams(n=1, temperature=0.0, max_new_tokens=12))
+    assert out[B.RESPONSE_MASK].shape[1] == 12 and bool(out[B.RESPONSE_MASK].bool().all())
+    assert (out[B.RESPONSES] == tok.eos_token_id).any()  # the trained model answers, then EOS, and goes on
+    with pytest.raises(ConfigError, match="rollout.ignore_eos=true with rollout.agent.loop=tool_agent"):
+        load_config("grpo", ["rollout.ignore_eos=true", "rollout.agent.loop=tool_agent",
+                             "rollout.agent.tools=[calculator]"], plugins=pm)
