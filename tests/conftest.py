@@ -29,7 +29,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # sandboxes (code rewards, the python tool).
 SHARED_WORKER = {path: "sandbox" for path in (
     "tests/plugins/test_sandbox.py", "tests/plugins/test_reward.py", "tests/plugins/test_reward_faults.py",
-    "tests/agent/test_tools.py",
+    "tests/plugins/test_code_reward.py", "tests/agent/test_tools.py",
 )}
 
 try:

@@ -427,3 +427,34 @@ def test_kl_estimator_list_matches_config_validation() -> None:
     for name in F.KL_ESTIMATORS:
         F.kl_penalty(LOGP, REF, name)
         F.kl_penalty(LOGP, REF, name + "+")
+
+
+# --- DAPO: overlong penalty and dynamic-sampling filter -------------------------------------------------
+
+
+def test_overlong_penalty() -> None:
+    # max 20, buffer 4 -> free up to 16 tokens, then -(L - 16) / 4
+    out = F.overlong_penalty(torch.tensor([10, 16, 17, 18, 20]), 20, 4)
+    _close(out, [0.0, 0.0, -0.25, -0.5, -1.0])
+    _close(F.overlong_penalty([10, 17, 20], 20, 4, penalty_factor=0.5), [0.0, -0.125, -0.5])
+    # past the maximum the line continues (verl does not clamp at -factor): -(22 - 16) / 4 = -1.5
+    _close(F.overlong_penalty([22], 20, 4), [-1.5])
+    assert F.overlong_penalty(torch.tensor([3.0]), 20, 4).dtype == torch.float32
+    with pytest.raises(ValueError, match="buffer_length"):
+        F.overlong_penalty([1], 20, 0)
+
+
+def test_uniform_group_mask() -> None:
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 2.0])
+    ids = ["a", "a", "b", "b", "c", "c", "d"]
+    # a all equal -> drop; b mixed -> keep; c all equal -> drop; d singleton -> keep
+    keep = F.uniform_group_mask(scores, ids)
+    assert keep.dtype == torch.bool
+    assert keep.tolist() == [False, False, True, True, False, False, True]
+    assert F.uniform_group_mask([0.0, 1.0, 0.0, 0.0], [1, 2, 1, 2]).tolist() == [False, True, False, True]
+
+
+def test_uniform_group_mask_exact_ties() -> None:
+    # identical floats are equal, whatever their float mean rounds to (np.std([.1]*3) is 1.4e-17 > 0)
+    assert F.uniform_group_mask([0.1, 0.1, 0.1], ["g"] * 3).tolist() == [False] * 3
+    assert F.uniform_group_mask([0.1, 0.1, 0.1 + 1e-9], ["g"] * 3).tolist() == [True] * 3

@@ -1,9 +1,8 @@
-"""rlforge.plugins.reward: rule functions, user reward files, the rule reward manager and its fault handling,
-and the ``code`` reward (the sandbox itself is tested in test_sandbox.py)."""
+"""rlforge.plugins.reward: rule functions, user reward files, the rule reward manager and its fault handling (the
+``code`` reward: test_code_reward.py; the sandbox itself: test_sandbox.py)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -14,13 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from rlforge.plugins.reward import workers
-from rlforge.plugins.reward.code import (
-    CodeRewardConfig,
-    code_exec_score,
-    extract_code,
-    load_tests,
-    outputs_match,
-)
+from rlforge.plugins.reward.code import CodeRewardConfig
 from rlforge.plugins.reward.functions import arith_score, gsm8k_score
 from rlforge.plugins.reward.results import split_result
 from rlforge.plugins.reward.rule import RuleRewardManager, bind_config
@@ -480,48 +473,3 @@ def test_clean_batch_reports_zero_faults(char_tokenizer, registry, manager_facto
 def test_non_positive_timeout_is_refused(char_tokenizer, registry) -> None:
     with pytest.raises(RLForgeError, match=r"reward.timeout_s must be > 0 seconds, got 0.0"):
         RuleRewardManager(_reward_config(timeout_s=0.0), char_tokenizer, registry)
-
-
-# --- the code reward ------------------------------------------------------------------------------------
-
-DOUBLE_TESTS = {"inputs": ["2\n", "5\n"], "outputs": ["4\n", "10"]}
-
-
-def test_extract_code_takes_the_last_fenced_block() -> None:
-    text = "Try:\n```python\nprint(1)\n```\nBetter:\n```\nprint(2)\n```\n"
-    assert extract_code(text) == "print(2)\n"
-    assert extract_code("print(3)") == "print(3)"
-
-
-def test_load_tests_and_outputs_match() -> None:
-    assert load_tests(json.dumps(DOUBLE_TESTS)) == [("2\n", "4\n"), ("5\n", "10")]
-    with pytest.raises(ValueError, match="ground_truth must be"):
-        load_tests("[1, 2]")
-    with pytest.raises(ValueError, match="2 inputs and 1 outputs"):
-        load_tests({"inputs": ["1", "2"], "outputs": ["1"]})
-    assert outputs_match("4  \n\n", "4")
-    assert not outputs_match("4\n5", "4")
-
-
-@pytest.mark.parametrize(
-    ("program", "score", "acc"),
-    [
-        ("print(int(input()) * 2)", 1.0, 1.0),
-        ("```python\nn = int(input())\nprint(4 if n == 2 else 0)\n```", 0.5, 0.0),
-        ("print(int(input()) * 2); raise SystemExit(1)", 0.0, 0.0),  # a failing exit status fails the test
-        ("while True: pass", 0.0, 0.0),
-    ],
-)
-def test_code_exec_score(program, score, acc) -> None:
-    result = code_exec_score("code", program, DOUBLE_TESTS, None, sandbox_timeout_s=1.0)
-    assert result == {"score": score, "acc": acc}
-
-
-def test_code_reward_through_the_manager(char_tokenizer, registry, manager_factory) -> None:
-    mgr = manager_factory(char_tokenizer, registry, sandbox_timeout_s=1.0)
-    programs = ["print(int(input())*2)", "print(4)", "while 1: pass"]
-    truth = json.dumps(DOUBLE_TESTS)
-    out = mgr.score(_response_batch(char_tokenizer, programs, ["code"] * 3, [truth] * 3, width=24))
-    torch.testing.assert_close(out[B.SCORES], torch.tensor([1.0, 0.5, 0.0]))
-    assert out[B.ACC].tolist() == [1.0, 0.0, 0.0]
-    assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/error_share": 0.0}
