@@ -11,16 +11,14 @@ class imports it). Prompts with images or video are refused (rlforge's image row
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlforge.capabilities import DatasetCapabilities
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.verl_code import INSTALL, search_working_directory
 
-INSTALL = "pip install --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0"
 MAX_SAMPLES = {"train": "train_max_samples", "val": "val_max_samples"}  # verl's data keys of each split's limit
 
 
@@ -57,8 +55,7 @@ def _load_class(v: Any) -> Any:
     except ImportError as exc:
         raise RLForgeError(f"{where}: verl dataset classes are loaded with verl's own loader, and verl cannot be "
                            f"imported ({exc}). The class imports verl too: {INSTALL} (docs/data.md).") from None
-    if os.getcwd() not in sys.path and "" not in sys.path:  # verl runs as `python -m`: the working directory's
-        sys.path.append(os.getcwd())  # packages (a recipe's `from recipe.x import ...`) import there
+    search_working_directory()
     try:
         cls = load_extern_object(v.path, v.name)
     except Exception as exc:

@@ -12,19 +12,15 @@ A ``BaseTool`` is called as verl calls it, once per call: ``create(create_kwargs
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 from collections import Counter
 from typing import Any
 
 from rlforge.agent.base import Tool
 from rlforge.agent.types import Sample, ToolError
 from rlforge.errors import RLForgeError
+from rlforge.verl_code import INSTALL, search_working_directory
 
-log = logging.getLogger("rlforge.agent")
 KEYS = ("tool_config_path", "function_tool_path")  # rollout.agent.<key>, as verl's rollout.multi_turn.<key>
-INSTALL = "pip install --no-deps verl==0.9.1 tensordict==0.10.0 pyvers"
 
 
 class AgentData:
@@ -92,8 +88,7 @@ def load_verl_tools(config: Any) -> dict[str, Tool]:
     except ImportError as exc:
         raise RLForgeError(f"{where}: verl's tools are loaded with verl's own loader, and verl cannot be imported "
                            f"({exc}). The tool files import verl too: {INSTALL} (docs/agentic.md#verls-tools).") from None
-    if os.getcwd() not in sys.path and "" not in sys.path:  # verl runs as `python -m`: its class_name modules
-        sys.path.append(os.getcwd())  # are found in the working directory too
+    search_working_directory()
     try:
         tools = load_all_tools(given.get("tool_config_path"), given.get("function_tool_path"))
     except Exception as exc:
