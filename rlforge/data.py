@@ -31,6 +31,7 @@ class Prompt:
     extra_info: Any
     index: int  # position of the source row
     multi_modal: dict[str, Any] | None = None  # the row's vision inputs (rlforge.multimodal), None without images
+    agent_name: str | None = None  # the row's agent_name column (verl's per-row agent loop), None without
 
 
 # the files ``datasets`` writes into a folder: Dataset.save_to_disk (one split), DatasetDict.save_to_disk (splits)
@@ -288,7 +289,9 @@ def _prompt(row: dict[str, Any], index: int, messages: list[dict[str, Any]], ids
         ids = truncate(ids, max_len, truncation)
     reward = row.get("reward_model") or {}
     truth = reward.get("ground_truth") if isinstance(reward, dict) else None
-    return Prompt(ids, messages, row.get("data_source", ""), truth, row.get("extra_info"), index, multi_modal)
+    agent = row.get("agent_name")
+    return Prompt(ids, messages, row.get("data_source", ""), truth, row.get("extra_info"), index, multi_modal,
+                  None if agent is None else str(agent))
 
 
 def _checked_messages(row: dict[str, Any], where: str, need_reward: bool) -> list[dict[str, Any]]:
@@ -321,6 +324,7 @@ def collate(prompts: Sequence[Prompt], pad_id: int, uids: list[Any]) -> B.Batch:
             B.EXTRA_INFO: [p.extra_info for p in prompts],
             **({B.MULTI_MODAL_INPUTS: [p.multi_modal for p in prompts]}
                if any(p.multi_modal is not None for p in prompts) else {}),
+            **({B.AGENT_NAME: [p.agent_name for p in prompts]} if any(p.agent_name for p in prompts) else {}),
         },
     )
 

@@ -101,6 +101,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.agent.parsers",
     "rlforge.plugins.agent.interactions",
     "rlforge.plugins.agent.openai_server",
+    "rlforge.plugins.agent.verl_loops",
 )
 
 

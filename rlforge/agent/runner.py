@@ -91,11 +91,12 @@ def samples(rows: B.Batch) -> list[Sample]:
     """One :class:`Sample` per row (the loader's columns; messages copied, so loops may extend them)."""
     n = len(rows)
     lists = {col: rows.lists.get(col, [None] * n) for col in (B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH,
-                                                               B.EXTRA_INFO, B.UID)}
+                                                               B.EXTRA_INFO, B.UID, B.AGENT_NAME)}
     return [Sample(messages=copy.deepcopy(lists[B.RAW_PROMPT][i] or []),
                    prompt_ids=rows[B.PROMPTS][i][rows[B.PROMPT_MASK][i].bool()].tolist(),
                    data_source=lists[B.DATA_SOURCE][i] or "", ground_truth=lists[B.GROUND_TRUTH][i],
-                   extra_info=lists[B.EXTRA_INFO][i], uid=lists[B.UID][i], index=i) for i in range(n)]
+                   extra_info=lists[B.EXTRA_INFO][i], uid=lists[B.UID][i], index=i,
+                   agent_name=lists[B.AGENT_NAME][i]) for i in range(n)]
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

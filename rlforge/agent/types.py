@@ -31,6 +31,7 @@ class Sample:
     extra_info: Any
     uid: Any  # group id: the rollout.n samples of a prompt share it
     index: int  # row of the rollout batch (prompt index x rollout.n + sample number)
+    agent_name: str | None = None  # the row's agent_name column (verl's per-row agent loop; rollout.agent.loop=verl_agent)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rlforge.config import verl_agent as AG
 from rlforge.config import verl_distill
 from rlforge.config import verl_layout as L
 from rlforge.config import verl_rollout as RO
@@ -150,73 +151,6 @@ def validation(c: Context) -> None:
     c.map(f"{v}.n", "rollout.val_n", n)
     c.map(f"{v}.top_p", "rollout.val_top_p", float(c.get(f"{v}.top_p", 1.0)))
     c.map(f"{v}.top_k", "rollout.val_top_k", top_k(c.get(f"{v}.top_k")))
-
-
-def multi_turn(c: Context) -> None:
-    """verl 0.9.1 runs each row's ``agent_name`` loop, else ``agent.default_agent_loop`` (single_turn_agent); it loads
-    the tool files whatever the loop, and records ``multi_turn.enable`` in the batch's meta_info without reading it.
-    rlforge runs one loop per run: the default loop's (a row that names another is refused when the data loads)."""
-    from rlforge.agent.config import VERL_LOOPS
-
-    m, loop = f"{R}.multi_turn", c.get(f"{R}.agent.default_agent_loop") or "single_turn_agent"
-    keys = [k for k in c.owned if k.startswith(f"{m}.") and k != f"{m}.enable"]
-    c.ignore(f"{m}.enable", "verl 0.9.1 does not choose the agent loop by it (it is recorded in the batch's meta_info "
-                            "only): the loop is agent.default_agent_loop, or a row's agent_name")
-    if loop in VERL_LOOPS:
-        c.map(f"{R}.agent.default_agent_loop", "rollout.agent.loop", VERL_LOOPS[loop],
-              "rows whose agent_name names another loop are refused when the data loads (rlforge runs one loop per "
-              "run)")
-    else:
-        c.refuse(f"{R}.agent.default_agent_loop", f"verl's agent loop '{loop}'")
-    for key in ("tool_config_path", "function_tool_path"):
-        if f"{m}.{key}" in keys:
-            keys.remove(f"{m}.{key}")
-            _tool_file(c, f"{m}.{key}", f"rollout.agent.{key}", c.get(f"{m}.{key}"))
-    if VERL_LOOPS.get(loop) != "tool_agent":
-        for key in keys:
-            c.ignore(key, f"read only by verl's tool_agent loop (agent.default_agent_loop={loop} here)")
-        return
-    # verl's tool loop stops after max_assistant_turns model turns, or once max_user_turns tool replies were given
-    # (checked after each model turn): at most max_user_turns + 1 model turns
-    assistant, user = c.get(f"{m}.max_assistant_turns"), c.get(f"{m}.max_user_turns")
-    turns = min(t for t in (assistant, user + 1 if user else None, float("inf")) if t)
-    by_user = "verl stops after max_user_turns tool replies: at most max_user_turns + 1 model turns"
-    table: dict[str, Callable[[Any], None]] = {
-        "max_assistant_turns": lambda v: c.map(f"{m}.max_assistant_turns", "rollout.agent.max_turns", turns,
-                                               by_user if turns != v else "")
-        if v else c.same(f"{m}.max_assistant_turns", "no limit of its own (max_user_turns sets rollout.agent.max_turns)"
-                          if user else "rollout.agent.max_turns' default"),
-        "max_user_turns": lambda v: c.map(f"{m}.max_user_turns", "rollout.agent.max_turns", turns, by_user)
-        if v else c.same(f"{m}.max_user_turns", "off"),
-        "max_parallel_calls": lambda v: c.map(f"{m}.max_parallel_calls", "rollout.agent.max_tool_calls_per_turn", v),
-        "format": lambda v: c.map(f"{m}.format", "rollout.agent.tool_parser", v) if v == "hermes" else c.refuse(
-            f"{m}.format", f"the '{v}' tool-call format (rlforge's parsers: hermes)"),
-        "max_tool_response_length": lambda v: c.map(f"{m}.max_tool_response_length",
-                                                    "rollout.agent.max_tool_output_tokens", v,
-                                                    "verl cuts tool replies in characters, rlforge in tokens"),
-    }
-    for key in keys:
-        leaf = key.rsplit(".", 1)[1]
-        if leaf in table:
-            table[leaf](c.get(key))
-        elif leaf == "tool_response_truncate_side":  # verl's tool loop cuts the middle for any other value
-            side = c.get(key) if c.get(key) in ("left", "right") else "middle"
-            c.map(key, "rollout.agent.tool_output_truncate_side", side,
-                  "" if side == c.get(key) else f"verl's tool loop cuts the middle for '{c.get(key)}'")
-        elif leaf in ("use_inference_chat_template", "tokenization_sanity_check_mode"):
-            c.ignore(key, "how verl re-tokenizes turns; rlforge inserts tool replies as tokens")
-        elif c.get(key) in (None, False, 1):
-            c.same(key, "off")
-        else:
-            c.refuse(key, f"verl's multi_turn.{leaf}")
-
-
-def _tool_file(c: Context, key: str, target: str, value: Any) -> None:
-    if value:
-        c.map(key, target, value, "verl's tools, called as verl's tool_agent calls them (verl must be importable; "
-                                  "docs/agentic.md#verls-tools)")
-    else:
-        c.same(key, "no tools")
 
 
 def filter_groups(c: Context) -> None:
@@ -484,7 +418,7 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
     "grad_clip": T.grad_clip, "betas": T.betas, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
     "schedule": T.schedule, "precision": L.precision, "rollout_engine": RO.rollout_engine, "model_config": model_config, "lengths": lengths,
-    "validation": validation, "multi_turn": multi_turn, "filter_groups": filter_groups, "multimodal": multimodal,
+    "validation": validation, "multi_turn": AG.multi_turn, "filter_groups": filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
 }
 # the order they run in: the algorithm (distillation may turn it into opd) and the parallel layout first (others read them), steps before warm-up

@@ -184,8 +184,10 @@ def test_rows_that_name_several_or_unknown_loops_are_refused_with_what_to_do():
     with pytest.raises(DataError, match=r"name several agent loops in agent_name: 'single_turn_agent' \(a.jsonl, row "
                                         r"1\), 'tool_agent' \(a.jsonl, row 2\)"):
         check_row_loops(mixed, "tool_agent", "files (train)")
-    with pytest.raises(DataError, match="agent_name 'react_agent' is a verl agent loop rlforge does not run"):
+    with pytest.raises(DataError, match="agent_name 'react_agent' is not one of verl's built-in agent loops .*"
+                                        "rollout.agent.loop=verl_agent"):
         check_row_loops([{"agent_name": "react_agent"}], "single_turn", "files (train)")
+    check_row_loops([*mixed, {"agent_name": "react_agent"}], "verl_agent", "files (train)")  # verl's loops, per row
 
     class ArrowLike(Sequence):  # hf's Arrow-backed rows: a Sequence of dicts, not a list
         def __init__(self, rows):
