@@ -19,7 +19,7 @@ class AgentConfig:
     """Multi-turn rollouts (docs/agentic.md). A trajectory's response (model tokens and inserted tokens together)
     is at most ``rollout.max_new_tokens`` tokens; ``loop=single_turn`` is the one-prompt, one-completion rollout."""
 
-    loop: str = SINGLE_TURN  # agent loop registry name: single_turn | tool_agent | interaction | openai_agent
+    loop: str = SINGLE_TURN  # agent loop registry name: single_turn | tool_agent | interaction | openai_agent | verl_agent (verl's own loops, per row)
     tools: list[str] = field(default_factory=list)  # tool registry names offered to the model
     tool_config_path: Optional[str] = None  # verl's tool config YAML: its BaseTool classes are offered too (needs verl)
     function_tool_path: Optional[str] = None  # a Python file of verl @function_tool functions, offered too (needs verl)
