@@ -7,7 +7,8 @@ section>, max_samples=...)``, usually a subclass of its ``RLHFDataset`` that rea
 (``verl.utils.import_utils.load_extern_object``), builds it the same way from ``data.train_files`` /
 ``data.val_files``, the model's tokenizer and ``data.verl_class.config`` (verl's data section: verl 0.9.1's defaults
 for the keys it does not give), and hands its items to rlforge as verl-format rows. verl must be importable (the
-class imports it). Prompts with images or video are refused (rlforge's image rows: ``data.name=files``)."""
+class imports it). A vision-language model's processor is passed to the class as verl passes it, and an item's
+image content parts become the row's images (``data.image_key``); video and audio are refused."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def _load_class(v: Any) -> Any:
     return cls
 
 
-def _row(item: Any, i: int, label: str) -> dict[str, Any]:
+def _row(item: Any, i: int, label: str, image_key: str) -> dict[str, Any]:
     where = f"{label}, item {i}"
     if not isinstance(item, dict) or "raw_prompt" not in item or "data_source" not in item:
         keys = sorted(item) if isinstance(item, dict) else type(item).__name__
@@ -82,25 +83,44 @@ def _row(item: Any, i: int, label: str) -> dict[str, Any]:
     if not isinstance(prompt, (str, list)) or not all(isinstance(m, dict) for m in prompt):
         raise DataError(f"{where}: 'raw_prompt' must be chat messages (a list of dicts with 'role' and 'content'), as "
                         f"verl's RLHFDataset builds them; got {type(prompt).__name__}.")
-    prompt = prompt if isinstance(prompt, str) else [_text_message(m, where) for m in prompt]
+    images: list[Any] = []
+    prompt = prompt if isinstance(prompt, str) else [_text_message(m, where, images) for m in prompt]
     row = {"data_source": item["data_source"], "prompt": prompt, "reward_model": item.get("reward_model"),
-           "extra_info": item.get("extra_info"), "_origin": where}
+           "extra_info": item.get("extra_info"), "_origin": where, **({image_key: images} if images else {})}
     if "agent_name" in item:  # verl's per-row agent loop: checked against the run's (rlforge.agent.config)
         row["agent_name"] = item["agent_name"]
     return row
 
 
-def _text_message(message: dict[str, Any], where: str) -> dict[str, Any]:
-    """A message with text content; text-only content parts are joined (verl's _build_messages writes them)."""
+def _text_message(message: dict[str, Any], where: str, images: list[Any]) -> dict[str, Any]:
+    """A message as rlforge's rows hold it: content parts (what verl's ``_build_messages`` writes) joined into text,
+    each image part as an ``<image>`` placeholder, its image (a PIL image, a path, or ``{"bytes"}``/``{"path"}``)
+    appended to ``images``."""
+    from rlforge.multimodal import IMAGE_PLACEHOLDER
+
     content = message.get("content")
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return {**message, "content": "".join(str(p.get("text", "")) for p in content)}
-    if not isinstance(content, str):
-        kinds = sorted({str(p.get("type")) for p in content if isinstance(p, dict)}) if isinstance(content, list) else []
-        raise DataError(f"{where}: a message's content is {', '.join(kinds) or type(content).__name__}; prompts with "
-                        f"images, video or audio are not read through data.name=verl_class (rlforge's image rows: "
-                        f"data.name=files, docs/multimodal.md).")
-    return message
+    if isinstance(content, str):
+        return message
+    if not isinstance(content, list):
+        raise DataError(f"{where}: a message's content is {type(content).__name__}; verl's messages hold text or a "
+                        f"list of content parts.")
+    text = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            text.append(str(part.get("text", "")))
+        elif kind == "image":
+            image = part.get("image")
+            image = image if image is not None else {k: part[k] for k in ("bytes", "path") if part.get(k) is not None}
+            if not image:
+                raise DataError(f"{where}: an image content part without its image ('image', 'bytes' or 'path'): "
+                                f"{sorted(part)}.")
+            images.append(image)
+            text.append(IMAGE_PLACEHOLDER)
+        else:
+            raise DataError(f"{where}: a message's content has a {kind or type(part).__name__} part; rlforge reads "
+                            f"text and images from data.name=verl_class (video and audio: not yet).")
+    return {**message, "content": "".join(text)}
 
 
 class VerlClassDataset:
@@ -119,7 +139,7 @@ class VerlClassDataset:
 
 def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
     """The items of the verl dataset class, built on ``split``'s files, as verl-format rows."""
-    from rlforge.models import load_tokenizer
+    from rlforge.models import load_processor, load_tokenizer
 
     files = list(config.data.train_files if split == "train" else config.data.val_files)
     if not files:
@@ -131,10 +151,11 @@ def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
     cls = _load_class(v)
     section = data_section(config)
     tokenizer = load_tokenizer(config.model.path, bool(config.model.trust_remote_code))
+    processor = load_processor(config.model.path, tokenizer, bool(config.model.trust_remote_code))  # None: text
     label = f"{v.name} ({v.path}) on {', '.join(files)}"
     step = "building it"
     try:
-        dataset = cls(data_files=files, tokenizer=tokenizer, processor=None, config=section,
+        dataset = cls(data_files=files, tokenizer=tokenizer, processor=processor, config=section,
                       max_samples=int(section.get(MAX_SAMPLES[split], -1) or -1))
         items = []
         for i in range(len(dataset)):
@@ -145,8 +166,19 @@ def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
     except Exception as exc:
         raise DataError(f"The verl dataset class {label} failed {step}: {type(exc).__name__}: {exc}") from None
     if not items:
-        raise DataError(f"The verl dataset class {label} has no items.")
-    return [_row(item, i, label) for i, item in enumerate(items)]
+        hint = ""
+        if processor is not None and section.get("filter_overlong_prompts") and not _importable("qwen_vl_utils"):
+            hint = (" verl's filter of overlong prompts drops every prompt it cannot measure, and with a processor it "
+                    "measures them with qwen_vl_utils, which is not installed (pip install qwen-vl-utils; it needs "
+                    "torchvision), or set data.filter_overlong_prompts=false")
+        raise DataError(f"The verl dataset class {label} has no items.{hint}")
+    return [_row(item, i, label, str(config.data.image_key)) for i, item in enumerate(items)]
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 @hookimpl

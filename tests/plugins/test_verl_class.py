@@ -40,7 +40,8 @@ class Broken(RLHFDataset):
 class Pictures(QADataset):
     def __getitem__(self, item):
         row = super().__getitem__(item)
-        row["raw_prompt"] = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}]
+        row["raw_prompt"] = [{"role": "user",
+                              "content": [{"type": "video", "video": "v.mp4"}, {"type": "text", "text": "?"}]}]
         return row
 
 
@@ -123,7 +124,7 @@ def test_the_class_reads_its_own_keys_of_verl_s_data_section(pm, files):
 @pytest.mark.parametrize(("cls", "error", "message"), [
     ("Broken", DataError, r"The verl dataset class Broken \(.*qa_classes.py\) on .*qa.jsonl failed building it: "
                           "ValueError: cannot parse the files"),
-    ("Pictures", DataError, r"item 0: a message's content is image, text; prompts with images"),
+    ("Pictures", DataError, r"item 0: a message's content has a video part; rlforge reads text and images"),
     ("RaisesAt1", DataError, r"failed reading item 1: KeyError"),
     ("NotADataset", RLForgeError, r"is not a torch.utils.data.Dataset class"),
     ("Missing", RLForgeError, r"verl could not load the dataset class of data.verl_class.path=.* "
@@ -202,3 +203,42 @@ def test_rows_that_name_several_or_unknown_loops_are_refused_with_what_to_do():
     with pytest.raises(DataError, match="asks for the agent loop 'tool_agent'"):
         check_row_loops(ArrowLike([{"agent_name": "tool_agent"}]), "single_turn", "hf (train)")
     check_row_loops(ArrowLike([{"prompt": "x"}]), "single_turn", "hf (train)")  # no such column: not read
+
+
+def test_images_of_verl_s_own_rlhf_dataset_become_the_rows_images(pm, tmp_path):
+    """verl's RLHFDataset itself, given the tiny vision-language model's processor (as verl gives the model's): its
+    <image> placeholders and image column come back as rlforge's image rows."""
+    import importlib.util
+    import inspect
+
+    from PIL import Image
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from rlforge.data import tokenize_rows
+    from rlforge.models import load_processor, load_tokenizer
+
+    paths = []
+    for n, color in enumerate(("red", "blue")):
+        paths.append(str(tmp_path / f"{color}.png"))
+        Image.new("RGB", (56 + 28 * n, 56), color).save(paths[-1])
+    data = tmp_path / "pictures.jsonl"
+    data.write_text("".join(json.dumps({"data_source": "geo3k", "prompt": [{"role": "user", "content": text}],
+                                        "images": images, "reward_model": {"ground_truth": truth}}) + "\n"
+                            for text, images, truth in [("<image>Which color?", paths[:1], "red"),
+                                                        ("<image> or <image>?", paths, "blue")]))
+    keys = ["model.path=builtin:tiny-vlm", "data.name=verl_class",
+            f"data.verl_class.path={inspect.getfile(RLHFDataset)}", "data.verl_class.name=RLHFDataset",
+            f"data.train_files=[{data}]", "data.max_prompt_length=400"]
+    rows = Builder(rlforge.load_config("grpo", [*keys, "data.filter_overlong_prompts=false"], plugins=pm),
+                   pm).dataset("train")
+    assert [r["prompt"] for r in rows] == [[{"role": "user", "content": "<image>Which color?"}],
+                                           [{"role": "user", "content": "<image> or <image>?"}]]
+    assert [r["images"] for r in rows] == [paths[:1], paths]
+    tok = load_tokenizer("builtin:tiny-vlm")
+    prompts = tokenize_rows(rows, tok, 400, True, "verl_class", processor=load_processor("builtin:tiny-vlm", tok))
+    assert [p.multi_modal is not None for p in prompts] == [True, True]
+    if importlib.util.find_spec("qwen_vl_utils") is None:  # verl measures image prompts with it (needs torchvision)
+        with pytest.raises(DataError, match="has no items. verl's filter of overlong prompts drops every prompt it "
+                                            "cannot measure, .* qwen_vl_utils, which is not installed"):
+            Builder(rlforge.load_config("grpo", [*keys, "data.filter_overlong_prompts=true"], plugins=pm),
+                    pm).dataset("train")
