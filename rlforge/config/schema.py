@@ -289,7 +289,8 @@ class SFTConfig:
     steps: int = 400  # optimizer steps
     epochs: Optional[int] = option(None, ge=1)  # set: steps = epochs x (training examples // batch_size), counted after sft.truncation drops rows, in place of sft.steps (verl's total_epochs)
     batch_size: int = 64  # examples per optimizer step, over all devices
-    micro_batch_size: Optional[int] = None  # examples per forward/backward on one device; None = batch_size / devices
+    micro_batch_size: Optional[int] = None  # examples per forward/backward on one device (one data-parallel group with sequence_parallel_size > 1); None = batch_size / data-parallel groups
+    sequence_parallel_size: int = option(1, ge=1)  # Ulysses sequence parallelism: devices that share each micro-batch, each holding a slice of its packed tokens (verl's ulysses_sequence_parallel_size); must divide the devices, which form devices / sequence_parallel_size data-parallel groups
     lr: float = 1e-3  # peak learning rate (after the warm-up; see lr_scheduler)
     warmup_steps: int = 20  # linear warm-up from 0, in optimizer steps
     warmup_ratio: float = option(0.0, ge=0, le=1)  # where warmup_steps is 0: a warm-up of int(warmup_ratio x sft.steps) steps

@@ -7,13 +7,11 @@ from typing import Any
 
 from rlforge.config import verl_training as T
 from rlforge.config.verl_rules import (
-    Derived, Ignore, Keep, Map, Rule, Table, at_most_one, float_list, is_, non_negative, off, str_list,
+    Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off, str_list,
 )
 from rlforge.lr_schedule import LR_SCHEDULERS
 
 SPEED = "speed or memory only: what is computed does not change"
-SFT_SP = ("Ulysses sequence parallelism in SFT (rlforge's SFT trains through Lightning; the RL strategies have it: "
-          "strategy.fsdp.sequence_parallel_size)")
 RULES: dict[str, Rule] = {
     "*._target_": Ignore("verl's structured-config class path"),
     "data.train_files": Derived("sft_files"), "data.val_files": Derived("sft_files"),
@@ -56,8 +54,8 @@ RULES: dict[str, Rule] = {
     "model.mtp.enable": Keep(off, "no multi-token prediction", "multi-token prediction (MTP) heads"),
     "model.strategy": Ignore("the Lightning strategy is sft.strategy"),
     "model.fsdp_config.*": Ignore(SPEED), "model.*": Ignore(f"read only by verl's model engine ({SPEED})"),
-    "engine.ulysses_sequence_parallel_size": Keep(at_most_one, "no sequence parallelism", SFT_SP),
-    "ulysses_sequence_parallel_size": Keep(at_most_one, "no sequence parallelism", SFT_SP),
+    "engine.ulysses_sequence_parallel_size": Map("sft.sequence_parallel_size"),
+    "ulysses_sequence_parallel_size": Map("sft.sequence_parallel_size"),
     "use_remove_padding": Ignore(SPEED),
     "engine.*": Ignore(f"FSDP engine options ({SPEED})"),
     "optim.lr": Map("sft.lr"), "optim.weight_decay": Map("sft.weight_decay"), "optim.clip_grad": Map("sft.grad_clip"),

@@ -83,22 +83,35 @@ def pad(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """``batch_size`` examples per optimizer step over ``world`` ranks, ``micro`` per forward pass on a rank."""
+    """``batch_size`` examples per optimizer step over ``world`` data-parallel ranks, ``micro`` per forward pass on
+    one; with sequence parallelism the ``sp`` devices of a data-parallel group share each micro-batch (device
+    ``r`` is in group ``r // sp``)."""
 
     batch_size: int
     world: int
     micro: int
+    sp: int = 1
 
     @classmethod
-    def from_config(cls, s: DictConfig, world: int) -> BatchPlan:
+    def from_config(cls, s: DictConfig, devices: int) -> BatchPlan:
+        sp = int(s.sequence_parallel_size)
+        if devices % sp:
+            raise ConfigError(f"sft.sequence_parallel_size={sp} must divide the number of devices ({devices}).")
+        world = devices // sp
+        ranks = f"{world} devices" if sp == 1 else f"{world} data-parallel groups of {sp} devices"
         if s.batch_size % world:
-            raise ConfigError(f"sft.batch_size={s.batch_size} must be a multiple of the number of devices ({world}).")
+            groups = "devices" if sp == 1 else "data-parallel groups (devices / sft.sequence_parallel_size)"
+            raise ConfigError(f"sft.batch_size={s.batch_size} must be a multiple of the number of {groups} ({world}).")
         per_rank = s.batch_size // world
         micro = s.micro_batch_size or per_rank
         if micro <= 0 or per_rank % micro:
             raise ConfigError(f"sft.micro_batch_size={s.micro_batch_size} must divide the examples per device and "
-                              f"step (sft.batch_size={s.batch_size} / {world} devices = {per_rank}).")
-        return cls(s.batch_size, world, micro)
+                              f"step (sft.batch_size={s.batch_size} / {ranks} = {per_rank}).")
+        return cls(s.batch_size, world, micro, sp)
+
+    def rank(self, device_rank: int) -> int:
+        """The data-parallel rank of device ``device_rank``."""
+        return device_rank // self.sp
 
     @property
     def per_rank(self) -> int:
@@ -161,13 +174,14 @@ class SFTData(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         assert trainer is not None
-        data = StepBatches(self.train, self.plan, self.steps, trainer.global_rank, self.order, self.pad_id)
+        data = StepBatches(self.train, self.plan, self.steps, self.plan.rank(trainer.global_rank), self.order,
+                           self.pad_id)
         start = FromIndex(len(data), lambda: trainer.global_step * self.plan.accumulation)
         return DataLoader(data, batch_size=None, sampler=start)
 
     def val_dataloader(self) -> DataLoader:
         assert self.trainer is not None
-        mine = self.val[self.trainer.global_rank :: self.plan.world]
+        mine = self.val[self.plan.rank(self.trainer.global_rank) :: self.plan.world]
         micro = [pad(mine[i : i + self.plan.micro], self.pad_id) for i in range(0, len(mine), self.plan.micro)]
         return DataLoader(micro, batch_size=None)
 

@@ -50,6 +50,23 @@ def build_model(config: DictConfig, tokenizer: Any) -> torch.nn.Module:
     return lora.wrap(model, config) if lora.enabled(config) and not lora.is_lora(model) else model
 
 
+def packed_token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], sp: Any
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_loss` with Ulysses sequence parallelism: the micro-batch's rows (right-padded) packed into one row,
+    run over the devices of ``sp`` (``ulysses.SequenceParallel``), each on its slice; every device gets the whole
+    result."""
+    lengths = batch["attention_mask"].sum(1).tolist()
+    ids = torch.cat([row[:n] for row, n in zip(batch["input_ids"], lengths)])[None]
+    positions = torch.cat([torch.arange(n, device=ids.device) for n in lengths])[None]
+    starts = [0, *torch.tensor(lengths).cumsum(0).tolist()[:-1]]
+    # the positions whose next token is trained (the label of position p is token p + 1, as in token_loss)
+    before = torch.cat([start + torch.nonzero(mask[1:n]).flatten()
+                        for start, mask, n in zip(starts, batch["loss_mask"], lengths)])
+    (nll,) = sp.packed_outputs(model, ids, positions, before,
+                               lambda logits, labels: (F.cross_entropy(logits.float(), labels, reduction="none"),))
+    return nll.sum(), batch["loss_mask"][:, 1:].sum()
+
+
 def token_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of the trained tokens' negative log-likelihoods, number of trained tokens) of a padded batch."""
     ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]
@@ -67,6 +84,10 @@ class SFTModule(L.LightningModule):
     (``num_tokens``), times ``ranks * accumulation`` to undo Lightning's division by the accumulation and the
     ranks' gradient averaging: each optimizer step follows the token mean over the global batch, however the
     batch is split over devices and micro-batches.
+
+    With ``sft.sequence_parallel_size`` > 1 (Ulysses, ``rlforge.plugins.strategy.ulysses``) the devices of a
+    data-parallel group share each micro-batch, packed: the parameter gradients of a group's devices sum to the
+    one-device gradient, so the loss is scaled by all the devices (``ranks``) as well.
     """
 
     def __init__(self, model: torch.nn.Module, s: DictConfig, ranks: int) -> None:
@@ -74,16 +95,29 @@ class SFTModule(L.LightningModule):
         self.model = model.train()  # from_pretrained returns a model in eval mode
         self.s = s
         self.ranks = ranks
+        self.sp: Any = None  # this device's ulysses.SequenceParallel, with sft.sequence_parallel_size > 1
         self._step_loss = torch.zeros(())
         self._val = torch.zeros(2)
 
+    def setup(self, stage: str) -> None:
+        size = int(self.s.sequence_parallel_size)
+        if size > 1 and self.sp is None:
+            from rlforge.plugins.strategy import ulysses
+
+            grid = ulysses.sequence_parallel_mesh(self.trainer.strategy.root_device.type, self.trainer.world_size, size)
+            self.sp = ulysses.use_ulysses(self.model, ulysses.from_mesh(grid), "sft.sequence_parallel_size")
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_loss(self.model, batch) if self.sp is None else packed_token_loss(self.model, batch, self.sp)
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        total, _ = token_loss(self.model, batch)
+        total, _ = self._loss(batch)
         share = total / batch["num_tokens"].clamp(min=1)
         self._step_loss = self._step_loss.to(share.device) + share.detach().float()
         accumulation = self.trainer.accumulate_grad_batches
         if (batch_idx + 1) % accumulation == 0:
-            loss = self.trainer.strategy.reduce(self._step_loss, reduce_op="sum")
+            # every device of a sequence-parallel group holds its group's share
+            loss = self.trainer.strategy.reduce(self._step_loss, reduce_op="sum") / int(self.s.sequence_parallel_size)
             self.log("train/loss", loss, prog_bar=True, batch_size=1)
             self.log("train/lr", self.lr_schedulers().get_last_lr()[0], batch_size=1)  # type: ignore[union-attr]
             self._step_loss = torch.zeros((), device=share.device)
@@ -93,7 +127,7 @@ class SFTModule(L.LightningModule):
         self._val = torch.zeros(2, device=self.device)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        total, count = token_loss(self.model, batch)
+        total, count = self._loss(batch)  # a sequence-parallel group's devices add the same: the ratio is kept
         self._val += torch.stack([total.float(), count.float()])
 
     def on_validation_epoch_end(self) -> None:

@@ -201,7 +201,7 @@ def fit(config: DictConfig, tokenizer: Any, train: list[Example], val: list[Exam
     _schedule(trainer, plan, s)
     data = SFTData(train, val, plan, s, tokenizer.pad_token_id)
     L.seed_everything(s.seed, verbose=False)
-    module = SFTModule(build_model(config, tokenizer), s, plan.world)
+    module = SFTModule(build_model(config, tokenizer), s, trainer.world_size)
     if ckpt:
         say(f"resuming from {ckpt}")
     with warnings.catch_warnings():
