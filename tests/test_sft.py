@@ -68,14 +68,17 @@ def runs(example: Example, tok) -> list[tuple[int, str]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    """A one-layer char-level Llama saved as a Hugging Face folder: SFT from a model folder, and fast."""
-    folder = tmp_path_factory.mktemp("small_model")
+def save_small_model(folder, heads: int = 1):
+    """A one-layer char-level Llama saved as a Hugging Face folder in ``folder``: SFT from a model folder, and fast."""
     tokenizer = build_char_tokenizer()
-    build_tiny_llama(tokenizer, hidden=64, layers=1, heads=1, ffn=128).save_pretrained(folder)
+    build_tiny_llama(tokenizer, hidden=64, layers=1, heads=heads, ffn=128).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    return save_small_model(tmp_path_factory.mktemp("small_model"))
 
 
 @pytest.fixture

@@ -13,20 +13,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlforge.models import build_char_tokenizer, build_tiny_llama
 from tests.plugins.megatron_cpu import free_port
+from tests.test_sft import save_small_model
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def two_heads(tmp_path_factory):
-    """A one-layer char-level Llama with 2 attention heads (sequence parallelism splits heads over devices)."""
-    folder = tmp_path_factory.mktemp("two_heads")
-    tokenizer = build_char_tokenizer()
-    build_tiny_llama(tokenizer, hidden=64, layers=1, heads=2, ffn=128).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    """The small model with 2 attention heads (sequence parallelism splits the heads over the devices)."""
+    return save_small_model(tmp_path_factory.mktemp("two_heads"), heads=2)
 
 
 def _sft(out: Path, model: Path, *extra: str) -> tuple[dict[str, torch.Tensor], str]:
