@@ -134,23 +134,19 @@ def lengths(c: Context) -> None:
 
 
 def validation(c: Context) -> None:
-    """val_kwargs: greedy unless do_sample (verl then reads neither temperature nor top_p/top_k)."""
+    """val_kwargs: verl 0.9.1's agent loop (its only rollout path) samples validation at val_kwargs.temperature,
+    top_p and top_k whatever do_sample says (do_sample goes into the batch's meta_info, which only the legacy
+    HFRollout, not in its rollout registry, reads); temperature 0 is greedy."""
     v = f"{R}.val_kwargs"
-    sample, n = bool(c.get(f"{v}.do_sample")), c.get(f"{v}.n", 1)
-    c.same(f"{v}.do_sample", "sampled validation" if sample else "greedy validation")
-    if not sample:
-        c.map(f"{v}.temperature", "rollout.val_temperature", 0.0, "" if not c.get(f"{v}.temperature") else
-              "greedy: verl ignores the temperature without do_sample")
-        for key in ("top_p", "top_k"):
-            c.ignore(f"{v}.{key}", "not read with val_kwargs.do_sample=False (greedy)")
-        c.map(f"{v}.n", "rollout.val_n", 1, "" if n <= 1 else f"verl's {n} greedy answers per prompt are one answer "
-              f"{n} times: rlforge generates it once (its metrics are named mean@1, not mean@{n}; the values are the "
-              "same, std 0)")
-        return
-    c.map(f"{v}.temperature", "rollout.val_temperature", float(c.get(f"{v}.temperature")))
-    c.map(f"{v}.n", "rollout.val_n", n)
+    temperature, n = float(c.get(f"{v}.temperature") or 0.0), c.get(f"{v}.n", 1)
+    c.ignore(f"{v}.do_sample", "verl 0.9.1's agent loop samples at val_kwargs.temperature/top_p/top_k whatever it says "
+                               "(it goes into the batch's meta_info only)")
+    c.map(f"{v}.temperature", "rollout.val_temperature", temperature, "" if temperature else "greedy")
     c.map(f"{v}.top_p", "rollout.val_top_p", float(c.get(f"{v}.top_p", 1.0)))
     c.map(f"{v}.top_k", "rollout.val_top_k", top_k(c.get(f"{v}.top_k")))
+    c.map(f"{v}.n", "rollout.val_n", n if temperature else 1, "" if temperature or n <= 1 else
+          f"verl's {n} greedy answers per prompt are one answer {n} times: rlforge generates it once (its metrics are "
+          f"named mean@1, not mean@{n}; the values are the same, std 0)")
 
 
 def filter_groups(c: Context) -> None:

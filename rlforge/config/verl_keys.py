@@ -284,7 +284,9 @@ ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.temperature": Map("rollout.temperature"),
     f"{ROLLOUT}.top_k": Map("rollout.top_k", top_k),
     f"{ROLLOUT}.top_p": Map("rollout.top_p"),
-    f"{ROLLOUT}.do_sample": Keep(is_(True), "sampled training rollouts", "greedy training rollouts"),
+    f"{ROLLOUT}.do_sample": Ignore("not read by verl 0.9.1: its agent loop samples training rollouts at rollout."
+                                   "temperature/top_p/top_k (only the legacy HFRollout, not in its rollout registry, "
+                                   "reads it)"),
     f"{ROLLOUT}.full_determinism": Ignore("deterministic engine kernels (reproducibility, not results)"),
     f"{ROLLOUT}.seed": Ignore(SEEDS),
     f"{ROLLOUT}.prompt_length": Derived("lengths"),

@@ -156,16 +156,19 @@ def test_dynamic_sampling_metrics() -> None:
 
 
 def test_val_only_runs_eval_and_val_kwargs_sample_for_validation() -> None:
+    """verl 0.9.1's agent loop samples validation at val_kwargs.temperature/top_p/top_k whatever do_sample says
+    (agent_loop.py, AgentLoopWorker.generate_sequences); temperature 0 is greedy."""
     assert tr("trainer.val_only=True").command == "eval"
     v = f"{ARO}.rollout.val_kwargs"
-    greedy = tr(f"{v}.temperature=0.6")
-    assert greedy.overrides["rollout.val_temperature"] == 0.0  # verl: do_sample=False is greedy whatever the temperature
-    sampled = tr(f"{v}.do_sample=True", f"{v}.temperature=0.6", f"{v}.n=4")
-    assert sampled.overrides["rollout.val_temperature"] == 0.6 and sampled.overrides["rollout.val_n"] == 4
-    top = tr(f"{v}.do_sample=True", f"{v}.top_p=0.7", f"{v}.top_k=-1").overrides
+    sampled = tr(f"{v}.temperature=0.6")
+    assert sampled.overrides["rollout.val_temperature"] == 0.6  # do_sample=False (the default) samples all the same
+    assert fate(sampled, f"{v}.do_sample").kind == verl.IGNORED
+    same = tr(f"{v}.do_sample=True", f"{v}.temperature=0.6", f"{v}.n=4")
+    assert same.overrides["rollout.val_temperature"] == 0.6 and same.overrides["rollout.val_n"] == 4
+    top = tr(f"{v}.top_p=0.7", f"{v}.top_k=-1").overrides
     assert top["rollout.val_top_p"] == 0.7 and top["rollout.val_top_k"] == 0
-    assert fate(tr(f"{v}.top_p=0.7"), f"{v}.top_p").kind == verl.IGNORED  # greedy: verl does not read it
-    copies = tr(f"{v}.n=30")  # 30 greedy copies of one answer
+    assert tr().overrides["rollout.val_temperature"] == 0.0  # verl's default: greedy
+    copies = tr(f"{v}.n=30")  # greedy: 30 copies of one answer
     assert copies.overrides["rollout.val_n"] == 1 and "mean@1" in fate(copies, f"{v}.n").text
 
 
