@@ -185,7 +185,8 @@ class TrainWorker:
 
     def _optimizer_step(self, mini: B.Batch) -> dict[str, float]:
         ctx = LossContext(
-            global_tokens=self.strategy.all_reduce_sum(float(mini[B.RESPONSE_MASK].sum())),
+            # at least 1: a mini-batch without a trained token (every response masked) has a loss of 0, not 0/0
+            global_tokens=max(1.0, self.strategy.all_reduce_sum(float(mini[B.RESPONSE_MASK].sum()))),
             global_seqs=self.strategy.all_reduce_sum(float(len(mini))),
             temperature=self.config.rollout.temperature,
             step=self.module.step,

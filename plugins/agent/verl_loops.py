@@ -51,6 +51,9 @@ def _owned(config: Any) -> dict[str, Any]:
         f"{rollout}.prompt_length": int(d.max_prompt_length), f"{rollout}.response_length": int(r.max_new_tokens),
         f"{rollout}.n": int(r.n), f"{rollout}.temperature": float(r.temperature), f"{rollout}.top_p": float(r.top_p),
         f"{rollout}.top_k": int(r.top_k) or -1, f"{rollout}.calculate_log_probs": True,
+        f"{rollout}.val_kwargs.temperature": float(r.val_temperature),
+        f"{rollout}.val_kwargs.top_p": float(r.val_top_p),
+        f"{rollout}.val_kwargs.top_k": int(r.val_top_k) or -1, f"{rollout}.val_kwargs.n": int(r.val_n),
         f"{rollout}.multi_turn.max_assistant_turns": int(a.max_turns),
         f"{rollout}.multi_turn.max_parallel_calls": int(a.max_tool_calls_per_turn),
         f"{rollout}.multi_turn.max_tool_response_length": int(a.max_tool_output_tokens),
@@ -86,7 +89,21 @@ def check_config(config: Any) -> None:
     """Keys of ``rollout.agent.verl_agent.config`` that rlforge's own settings decide must agree with them."""
     from rlforge.config.verl_fates import flatten
 
+    from rlforge.config.verl_hydra import load_default
+
     given = dict(flatten(_given(config)))
+    closed = load_default("ppo_trainer")
+    for key in given:  # verl's structured sections (those with a _target_) take only their own keys, as in verl
+        node, parts = closed, key.split(".")
+        for depth, part in enumerate(parts):
+            if not isinstance(node, dict):
+                break
+            if part not in node:
+                if "_target_" in node:
+                    raise ConfigError(f"rollout.agent.verl_agent.config sets '{key}', but verl's "
+                                      f"{'.'.join(parts[:depth])} has no key '{part}' (verl refuses it too).")
+                break
+            node = node[part]
     for key, want in _owned(config).items():
         if key in given and given[key] != want:
             raise ConfigError(f"rollout.agent.verl_agent.config sets '{key}={given[key]}', but this run's own "
@@ -94,37 +111,78 @@ def check_config(config: Any) -> None:
                               f"loops lists them) and leave it out of verl_agent.config.")
 
 
-class EngineServer:
-    """verl's server manager (``LLMServerClient.generate``) on one trajectory's rlforge engine: token ids in, verl's
-    ``TokenOutput`` out. ``max_tokens`` defaults as verl's vLLM server computes it."""
+# sampling keys a loop may send that rlforge's engines do not apply, with the value that asks for nothing
+NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_tokens": 0,
+           "ignore_eos": False, "stop": None, "stop_token_ids": None, "n": 1, "seed": None}
+TAKEN = ("temperature", "top_p", "top_k")  # passed on (the engine refuses values other than the rollout's)
+READ = ("max_tokens", "max_new_tokens", "logprobs", "skip_special_tokens", "detokenize")  # read here, or moot
 
-    def __init__(self, engine: TrajectoryEngine, prompt_length: int, response_length: int) -> None:
-        self.engine, self.prompt_length, self.response_length = engine, prompt_length, response_length
 
-    async def generate(self, request_id: Any = None, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-                       image_data: Any = None, video_data: Any = None, audio_data: Any = None, **kwargs: Any) -> Any:
-        from verl.workers.rollout.replica import TokenOutput
+class Generations:
+    """What one trajectory's generate calls returned, in order (the log-probs of a loop that does not return them)."""
 
-        if image_data or video_data or audio_data:
-            raise ValueError("the loop sent images, video or audio: rlforge's verl_agent loop runs text models")
-        params = dict(sampling_params)
-        if float(params.pop("repetition_penalty", 1.0) or 1.0) != 1.0:
-            raise ValueError("the loop asked for a repetition penalty, which rlforge's engines do not apply")
-        asked = params.pop("max_tokens", params.pop("max_new_tokens", None))
-        room = self.engine.handle.max_len - len(prompt_ids)
-        if room < 1:
-            raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate within "
-                             f"{self.engine.handle.max_len} tokens (data.max_prompt_length + rollout.max_new_tokens)")
-        if asked is None:
-            asked = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
-        overrides: dict[str, Any] = {"max_new_tokens": max(1, min(int(asked), room))}
-        for key in ("temperature", "top_p", "top_k"):
-            if key in params:
-                overrides[key] = params[key]
-        if overrides.get("top_k", 0) == -1:  # verl's "no top-k"
-            overrides["top_k"] = 0
-        gen = await self.engine.generate(list(prompt_ids), **overrides)
-        return TokenOutput(token_ids=list(gen.ids), log_probs=list(gen.log_probs), stop_reason="completed")
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.log_probs: list[float] = []
+
+    def add(self, ids: list[int], log_probs: list[float]) -> None:
+        self.ids += ids
+        self.log_probs += log_probs
+
+
+def check_sampling(params: dict[str, Any]) -> None:
+    """A ``ValueError`` naming the first sampling key rlforge's engines would not apply."""
+    for key, value in params.items():
+        if key in TAKEN or key in READ:
+            continue
+        if key not in NEUTRAL:
+            raise ValueError(f"the loop asked for the sampling parameter {key}={value!r}, which rlforge's engines do "
+                             f"not take (they take {', '.join(TAKEN)} and max_tokens)")
+        neutral = NEUTRAL[key]
+        if value != neutral and not (neutral is None and not value):
+            raise ValueError(f"the loop asked for {key}={value!r}, which rlforge's engines do not apply "
+                             f"(only {key}={neutral!r}: leave it out)")
+
+
+@functools.lru_cache(maxsize=None)
+def server_class() -> type:
+    """verl's ``LLMServerClient`` with ``generate`` on one trajectory's rlforge engine: token ids in, verl's
+    ``TokenOutput`` out (a subclass, so loops that check the type take it). ``max_tokens`` defaults as verl's vLLM
+    server computes it, within rlforge's engine window."""
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.replica import TokenOutput
+
+    class EngineServer(LLMServerClient):  # type: ignore[misc]
+        def __init__(self, engine: TrajectoryEngine, config: Any) -> None:
+            super().__init__(config, None)
+            rollout = config.actor_rollout_ref.rollout
+            self.engine, self.prompt_length, self.response_length = engine, int(rollout.prompt_length), int(
+                rollout.response_length)
+            self.generations = Generations()
+
+        async def generate(self, request_id: Any = None, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                           image_data: Any = None, video_data: Any = None, audio_data: Any = None,
+                           **kwargs: Any) -> Any:
+            if image_data or video_data or audio_data:
+                raise ValueError("the loop sent images, video or audio: rlforge's verl_agent loop runs text models")
+            check_sampling(sampling_params)
+            asked = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+            room = self.engine.handle.max_len - len(prompt_ids)
+            if room < 1:
+                raise ValueError(f"a prompt of {len(prompt_ids)} tokens leaves no room to generate within "
+                                 f"{self.engine.handle.max_len} tokens (data.max_prompt_length + "
+                                 f"rollout.max_new_tokens)")
+            if asked is None:
+                asked = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
+            overrides: dict[str, Any] = {k: sampling_params[k] for k in TAKEN if k in sampling_params}
+            if overrides.get("top_k") == -1:  # verl's "no top-k"
+                overrides["top_k"] = 0
+            gen = await self.engine.generate(list(prompt_ids), max_new_tokens=max(1, min(int(asked), room)),
+                                             **overrides)
+            self.generations.add(list(gen.ids), list(gen.log_probs))
+            return TokenOutput(token_ids=list(gen.ids), log_probs=list(gen.log_probs), stop_reason="completed")
+
+    return EngineServer
 
 
 @functools.lru_cache(maxsize=None)
@@ -192,6 +250,14 @@ class VerlAgentLoop(AgentLoop):
         self.registry: dict[str, Any] = dict(_agent_loop_registry)
         if options.agent_loop_config_path:
             self.registry.update(_loop_entries(options.agent_loop_config_path))
+            for name, entry in self.registry.items():  # import each class now: its import error, not Hydra's
+                try:
+                    hydra.utils.get_class(entry["_target_"])
+                except Exception as exc:
+                    cause = exc.__cause__ or exc.__context__ or exc  # Hydra's own message wraps the import error
+                    raise RLForgeError(f"{options.agent_loop_config_path}: the agent loop '{name}' names "
+                                       f"_target_={entry['_target_']}, which does not import: "
+                                       f"{type(cause).__name__}: {cause}") from None
         if options.default_agent_loop not in self.registry:
             raise ConfigError(f"rollout.agent.verl_agent.default_agent_loop={options.default_agent_loop} is not a verl "
                               f"agent loop here: {', '.join(sorted(self.registry))}.")
@@ -217,35 +283,53 @@ class VerlAgentLoop(AgentLoop):
         if name not in self.registry:
             raise ValueError(f"the row's agent_name '{name}' is not a verl agent loop here (verl's built-in loops and "
                              f"rollout.agent.verl_agent.agent_loop_config_path's: {', '.join(sorted(self.registry))})")
-        rollout = self.verl.actor_rollout_ref.rollout
-        server = EngineServer(engine, int(rollout.prompt_length), int(rollout.response_length))
-        loop = self._instantiate(config=self.registry[name], server_manager=server, **self._shared)
+        server = server_class()(engine, self.verl)
         p = engine.defaults
         params = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k or -1, "repetition_penalty": 1.0,
                   "logprobs": True}
-        output = await loop.run(params, **self.row_fields(sample))
-        return trajectory(output, name, int(self.config.rollout.max_new_tokens))
+        try:
+            loop = self._instantiate(config=self.registry[name], server_manager=server, **self._shared)
+            output = await loop.run(params, **self.row_fields(sample))
+            budget = int(self.config.rollout.max_new_tokens)
+            return trajectory(output, server.generations, self.context.tokenizer, budget)
+        except Exception as exc:
+            cause = exc.__cause__ if type(exc).__name__ == "InstantiationException" and exc.__cause__ else None
+            why = f" (caused by {type(cause).__name__}: {cause})" if cause is not None else ""
+            raise RuntimeError(f"verl's agent loop '{name}': {type(exc).__name__}: {exc}{why}") from exc
 
 
-def trajectory(output: Any, name: str, budget: int) -> Trajectory:
+def trajectory(output: Any, generations: Generations, tokenizer: Any, budget: int) -> Trajectory:
     """verl's ``AgentLoopOutput`` as a trajectory: the response cut to ``budget`` tokens (verl cuts it to
-    ``response_length``), verl's turn count kept (the prompt, model and inserted turns)."""
+    ``response_length``), verl's turn count kept (the prompt, model and inserted turns), the reward function's input
+    as verl's naive reward manager makes it (the whole response decoded without special tokens; the loop's
+    ``extra_fields`` in ``extra_info``). A loop that returns no log-probs gets those of its generate calls, when its
+    model tokens are what they generated."""
     if output.reward_score is not None:
-        raise ValueError(f"verl's agent loop '{name}' scored the trajectory (reward_score={output.reward_score}); "
-                         f"rlforge scores trajectories with the run's reward function and does not take a loop's score")
+        raise ValueError(f"the loop scored the trajectory (reward_score={output.reward_score}); rlforge scores "
+                         f"trajectories with the run's reward function and does not take a loop's score")
     if output.multi_modal_data and any(output.multi_modal_data.values()):
-        raise ValueError(f"verl's agent loop '{name}' returned images, video or audio; rlforge's verl_agent loop runs "
-                         f"text models")
-    if output.response_logprobs is None and any(output.response_mask):
-        raise ValueError(f"verl's agent loop '{name}' returned no response_logprobs: rlforge trains on the engine's "
-                         f"log-probs, which the server gives every generate call (pass them on as verl's loops do)")
+        raise ValueError("the loop returned images, video or audio; rlforge's verl_agent loop runs text models")
     n = min(len(output.response_ids), budget)
-    mask = [int(m) for m in output.response_mask[:n]]
-    log_probs = [float(x) for x in (output.response_logprobs or [0.0] * n)[:n]]
-    traj = Trajectory(prompt_ids=[int(t) for t in output.prompt_ids],
-                      response_ids=[int(t) for t in output.response_ids[:n]], response_mask=mask, log_probs=log_probs)
-    traj.inserted_turns = max(0, int(output.num_turns) - 1 - len(traj.turn_spans()))
-    return traj
+    ids, mask = [int(t) for t in output.response_ids[:n]], [int(m) for m in output.response_mask[:n]]
+    log_probs = output.response_logprobs
+    if log_probs is None:
+        model = [t for t, m in zip(ids, mask) if m]
+        if model != generations.ids[:len(model)]:
+            raise ValueError("the loop returned no response_logprobs, and its model tokens (response_mask 1) are not "
+                             "the tokens its generate calls returned: rlforge trains on the engine's log-probs (pass "
+                             "them on from each TokenOutput.log_probs)")
+        found = iter(generations.log_probs)
+        log_probs = [next(found) if m else 0.0 for m in mask]
+    extra = output.extra_fields or {}
+    return Trajectory(prompt_ids=[int(t) for t in output.prompt_ids], response_ids=ids, response_mask=mask,
+                      log_probs=[float(x) for x in log_probs[:n]],
+                      answer=tokenizer.decode(ids, skip_special_tokens=True),
+                      inserted_turns=max(0, int(output.num_turns) - 1 - _model_turns(mask)),
+                      extra_info=dict(extra) if isinstance(extra, dict) else None)
+
+
+def _model_turns(mask: list[int]) -> int:
+    return sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
 
 
 @hookimpl

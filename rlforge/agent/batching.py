@@ -62,6 +62,10 @@ def to_batch(rows: B.Batch, trajectories: list[Trajectory], answers: list[str], 
     out[AGENT_REWARDS] = rewards
     out[B.SOLUTION_TEXT] = answers
     out[B.NUM_TURNS] = [num_turns(t) for t in trajectories]
+    if any(t.extra_info for t in trajectories):  # a loop's additions to what the reward function receives
+        rows_info = rows.lists.get(B.EXTRA_INFO) or [None] * len(trajectories)
+        out[B.EXTRA_INFO] = [{**(info if isinstance(info, dict) else {}), **t.extra_info} if t.extra_info else info
+                             for info, t in zip(rows_info, trajectories)]
     return out
 
 

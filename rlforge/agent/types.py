@@ -111,6 +111,7 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)  # free-form; logged as agent/<key>/mean
     spans: list[Span] = field(default_factory=list)  # model turns and inserted turns in order (Conversation fills
     # it; empty: read from the mask by ``all_spans``)
+    extra_info: dict[str, Any] | None = None  # added to the row's extra_info that the reward function receives
 
     def turn_spans(self) -> list[tuple[int, int]]:
         """``(start, end)`` response positions of each model turn (runs of 1s in the mask; end exclusive)."""
@@ -167,6 +168,8 @@ class Trajectory:
                             *((f"metrics[{k!r}]", v) for k, v in self.metrics.items())]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{what} is {value!r}; it must be a finite number")
+        if self.extra_info is not None and not isinstance(self.extra_info, dict):
+            raise ValueError(f"extra_info is {type(self.extra_info).__name__}, not a dict (or None)")
         if self.answer is not None and not isinstance(self.answer, str):
             raise ValueError(f"answer is {type(self.answer).__name__} ({self.answer!r:.40}), not a str (or None: the "
                              f"text of the last model turn)")

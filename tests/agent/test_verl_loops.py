@@ -12,7 +12,7 @@ import pytest
 from rlforge import batch as B
 from rlforge.agent.types import AgentLoopError
 from rlforge.data import collate, tokenize_rows
-from rlforge.errors import ConfigError, DataError
+from rlforge.errors import ConfigError, DataError, RLForgeError
 from tests.agent.conftest import Scripted, runner_for, sampling
 
 pytest.importorskip("verl.experimental.agent_loop", reason="the test extra installs verl (scripts/setup.sh)")
@@ -31,7 +31,10 @@ class Shouter(AgentLoopBase):
         self.loud = loud
 
     async def run(self, sampling_params, **kwargs):
+        from verl.workers.rollout.llm_server import LLMServerClient
+
         SEEN.append({"kwargs": kwargs, "params": dict(sampling_params), "loud": self.loud,
+                     "typed": isinstance(self.server_manager, LLMServerClient),
                      "response_length": self.rollout_config.response_length,
                      "user_turns": self.rollout_config.multi_turn.max_user_turns,
                      "custom": self.config.get("custom", {}).get("knob")})
@@ -45,7 +48,8 @@ class Shouter(AgentLoopBase):
         return AgentLoopOutput(
             prompt_ids=prompt, response_ids=first.token_ids + user + second.token_ids,
             response_mask=[1] * len(first.token_ids) + [0] * len(user) + [1] * len(second.token_ids),
-            response_logprobs=first.log_probs + [0.0] * len(user) + second.log_probs, num_turns=4, metrics={})
+            response_logprobs=first.log_probs + [0.0] * len(user) + second.log_probs, num_turns=4, metrics={},
+            extra_fields={"shouted": text})
 
 
 class Scorer(AgentLoopBase):
@@ -56,10 +60,27 @@ class Scorer(AgentLoopBase):
 
 
 class NoLogProbs(AgentLoopBase):
+    """Two turns with a user turn between, returned without log-probs (as verl-recipe's LangGraph loop does)."""
+
+    async def run(self, sampling_params, **kwargs):
+        first = await self.server_manager.generate("r", prompt_ids=[5, 6], sampling_params=sampling_params)
+        second = await self.server_manager.generate("r", prompt_ids=[5, 6, *first.token_ids, 7],
+                                                    sampling_params=sampling_params)
+        ids = first.token_ids + [7] + second.token_ids
+        mask = [1] * len(first.token_ids) + [0] + [1] * len(second.token_ids)
+        return AgentLoopOutput(prompt_ids=[5, 6], response_ids=ids, response_mask=mask, num_turns=4, metrics={})
+
+
+class Retokenized(AgentLoopBase):
     async def run(self, sampling_params, **kwargs):
         out = await self.server_manager.generate("r", prompt_ids=[5, 6], sampling_params=sampling_params)
-        return AgentLoopOutput(prompt_ids=[5, 6], response_ids=out.token_ids, response_mask=[1] * len(out.token_ids),
-                               metrics={})
+        return AgentLoopOutput(prompt_ids=[5, 6], response_ids=[9, *out.token_ids], metrics={},
+                               response_mask=[1] * (len(out.token_ids) + 1))
+
+
+class Stopper(AgentLoopBase):
+    async def run(self, sampling_params, **kwargs):
+        await self.server_manager.generate("r", prompt_ids=[5, 6], sampling_params={**sampling_params, "stop": ["a"]})
 '''
 
 
@@ -71,8 +92,8 @@ def loop_files(tmp_path, monkeypatch, request):
     monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "agent.yaml"
     path.write_text(json.dumps([{"name": "shouter", "_target_": f"{module}.Shouter", "loud": "?"},
-                                {"name": "scorer", "_target_": f"{module}.Scorer"},
-                                {"name": "no_log_probs", "_target_": f"{module}.NoLogProbs"}]))
+                                *({"name": n.lower(), "_target_": f"{module}.{n}"} for n in
+                                  ("Scorer", "NoLogProbs", "Retokenized", "Stopper"))]))
     yield str(path), lambda: sys.modules[module].SEEN
     sys.modules.pop(module, None)
 
@@ -142,7 +163,12 @@ def test_each_row_runs_the_loop_its_agent_name_names(pm, tok, loop_files):
     assert shouted.startswith("ok<|end|>x")
     assert out[B.NUM_TURNS] == [4, 2]  # the shouter's count, and single_turn_agent's (the row without agent_name)
     assert tok.decode(out[B.RESPONSES][1].tolist()).startswith("ok<|end|>")
+    # the reward function gets what verl's naive reward manager gives it: the whole response, the loop's extra_fields
+    assert out[B.SOLUTION_TEXT][0] == tok.decode(out[B.RESPONSES][0][out[B.RESPONSE_MASK][0] >= 0].tolist(),
+                                                 skip_special_tokens=True).rstrip()
+    assert out[B.EXTRA_INFO][0]["shouted"] == "OK?" and out[B.EXTRA_INFO][0]["index"] == 7
     (call,) = seen()
+    assert call["typed"]  # the server manager is a verl LLMServerClient (loops that check its type take it)
     assert call["loud"] == "?" and call["response_length"] == 160 and call["user_turns"] == 2 and call["custom"] == 3
     kwargs = call["kwargs"]
     assert kwargs["raw_prompt"] == [{"role": "user", "content": "2+3?"}] and kwargs["index"] == 7
@@ -153,12 +179,23 @@ def test_each_row_runs_the_loop_its_agent_name_names(pm, tok, loop_files):
     assert sorted(p.max_new_tokens for p in engine.params) == [3, 160, 160]  # the loop's max_tokens, else verl's
 
 
+def test_a_loop_that_returns_no_log_probs_gets_those_of_its_generate_calls(pm, tok, loop_files):
+    path, _ = loop_files
+    out, _ = _rollout(pm, tok, Scripted(tok, lambda t: "5"), [("2+3?", "5", {"agent_name": "nologprobs"})],
+                      "rollout.agent.loop=verl_agent", f"rollout.agent.verl_agent.agent_loop_config_path={path}")
+    mask = out[B.RESPONSE_MASK][0].tolist()
+    assert mask[:5] == [1, 1, 0, 1, 1] and out[B.NUM_TURNS] == [4]
+    assert out[B.ROLLOUT_LOG_PROBS][0].tolist()[:5] == [-0.5, -0.5, 0.0, -0.5, -0.5]  # the engine's, per model token
+
+
 @pytest.mark.parametrize(("name", "error"), [
     ("scorer", "scored the trajectory \\(reward_score=1.0\\); rlforge scores trajectories with the run's reward"),
-    ("no_log_probs", "returned no response_logprobs"),
-    ("nowhere", "the row's agent_name 'nowhere' is not a verl agent loop here \\(.*no_log_probs, scorer, shouter, "
-                "single_turn_agent, tool_agent\\)"),
-], ids=["reward_score", "no_log_probs", "unknown_loop"])
+    ("retokenized", "returned no response_logprobs, and its model tokens .* are not the tokens its generate calls "
+                    "returned"),
+    ("stopper", "asked for stop=\\['a'\\], which rlforge's engines do not apply"),
+    ("nowhere", "the row's agent_name 'nowhere' is not a verl agent loop here \\(.*: nologprobs, retokenized, scorer, "
+                "shouter, single_turn_agent, stopper, tool_agent\\)"),
+], ids=["reward_score", "retokenized", "stop", "unknown_loop"])
 def test_what_rlforge_cannot_take_from_a_loop_is_an_error_naming_the_loop_and_sample(pm, tok, loop_files, name, error):
     path, _ = loop_files
     with pytest.raises(AgentLoopError, match=f"Agent loop 'verl_agent' .* failed on sample 0 .*{error}"):
@@ -179,7 +216,19 @@ def test_config_errors_name_the_key(pm, tok, make_config, loop_files, tmp_path):
     with pytest.raises(ConfigError, match="default_agent_loop=react is not a verl agent loop here: single_turn_agent, "
                                           "tool_agent"):
         runner_for(pm, tok, "rollout.agent.loop=verl_agent", "rollout.agent.verl_agent.default_agent_loop=react")
+    with pytest.raises(ConfigError, match="sets 'actor_rollout_ref.rollout.multi_turn.max_user_turnz', but verl's "
+                                          "actor_rollout_ref.rollout.multi_turn has no key 'max_user_turnz'"):
+        make_config("rollout.agent.loop=verl_agent",
+                    "rollout.agent.verl_agent.config.actor_rollout_ref.rollout.multi_turn.max_user_turnz=2")
+    with pytest.raises(ConfigError, match="sets 'actor_rollout_ref.rollout.val_kwargs.temperature=0.3', but this "
+                                          "run's own settings make it 0.0"):
+        make_config("rollout.agent.loop=verl_agent",
+                    "rollout.agent.verl_agent.config.actor_rollout_ref.rollout.val_kwargs.temperature=0.3")
     bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps([{"name": "x", "_target_": "no_such_module_x.Loop"}]))
+    with pytest.raises(RLForgeError, match="bad.yaml: the agent loop 'x' names _target_=no_such_module_x.Loop, which "
+                                           "does not import: ModuleNotFoundError: No module named 'no_such_module_x'"):
+        runner_for(pm, tok, "rollout.agent.loop=verl_agent", f"rollout.agent.verl_agent.agent_loop_config_path={bad}")
     bad.write_text(json.dumps([{"name": "x"}]))
     with pytest.raises(ConfigError, match="bad.yaml, entry 0: each agent loop entry needs 'name' and '_target_'"):
         runner_for(pm, tok, "rollout.agent.loop=verl_agent", f"rollout.agent.verl_agent.agent_loop_config_path={bad}")

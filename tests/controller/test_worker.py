@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -77,6 +79,22 @@ def _assert_same_update(a, b, rtol=1e-5, atol=1e-6):
 def test_micro_batch_split_gives_the_same_update(pm, mode):
     _assert_same_update(_update(pm, mode, ["actor.ppo_micro_batch_size=16"]),
                         _update(pm, mode, ["actor.ppo_micro_batch_size=4"]))
+
+
+def test_a_mini_batch_without_trained_tokens_changes_nothing_and_logs_finite_numbers(pm):
+    """Every response masked (an agent loop's inserted text only): the loss is 0, not 0/0 (NaN) as before."""
+    cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4",
+                               "actor.lr=1e-2", "actor.entropy_coeff=0.01"], plugins=pm)
+    module = SGDGRPO(cfg)
+    module.configure_model()
+    worker = ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg))
+    batch = _rollout_batch(module)
+    batch[B.RESPONSE_MASK] = torch.zeros_like(batch[B.RESPONSE_MASK])
+    batch[B.OLD_LOG_PROBS] = worker.compute_log_probs(batch)
+    before = {k: v.detach().clone() for k, v in module.actor.state_dict().items()}
+    metrics = worker.update(batch)
+    assert metrics["actor/pg_loss"] == 0.0 and all(math.isfinite(v) for v in metrics.values())
+    assert all(torch.equal(before[k], v) for k, v in module.actor.state_dict().items())
 
 
 # the fast path: packed sequences, token-budget micro-batches (sequences here are 7 to 11 tokens long) and
