@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
 
 R = "actor_rollout_ref.rollout"
+NO_LIMIT = "verl: no limit; every model turn takes a token at least, so rollout.max_new_tokens turns is none"
 # the multi_turn keys rlforge's own settings decide, for verl's loops too (plugins/agent/verl_loops.py:_owned)
 OWNED = {"max_parallel_calls": "rollout.agent.max_tool_calls_per_turn",
          "max_tool_response_length": "rollout.agent.max_tool_output_tokens"}
@@ -52,14 +53,17 @@ def multi_turn(c: Context) -> None:
         return
     # verl's tool loop stops after max_assistant_turns model turns, or once max_user_turns tool replies were given
     # (checked after each model turn): at most max_user_turns + 1 model turns
+    # without either limit verl's loop runs until the response budget is spent: a model turn takes a token at least
     assistant, user = c.get(f"{m}.max_assistant_turns"), c.get(f"{m}.max_user_turns")
-    turns = min(t for t in (assistant, user + 1 if user else None, float("inf")) if t)
+    budget = _budget(c)
+    turns = min(t for t in (assistant, user + 1 if user else None, budget) if t)
     by_user = "verl stops after max_user_turns tool replies: at most max_user_turns + 1 model turns"
     table: dict[str, Callable[[Any], None]] = {
         "max_assistant_turns": lambda v: c.map(f"{m}.max_assistant_turns", "rollout.agent.max_turns", turns,
                                                by_user if turns != v else "")
-        if v else c.same(f"{m}.max_assistant_turns", "no limit of its own (max_user_turns sets rollout.agent.max_turns)"
-                          if user else "rollout.agent.max_turns' default"),
+        if v else c.same(f"{m}.max_assistant_turns", "no limit of its own (max_user_turns sets rollout.agent."
+                                                     "max_turns)")
+        if user else c.map(f"{m}.max_assistant_turns", "rollout.agent.max_turns", budget, NO_LIMIT),
         "max_user_turns": lambda v: c.map(f"{m}.max_user_turns", "rollout.agent.max_turns", turns, by_user)
         if v else c.same(f"{m}.max_user_turns", "off"),
         "max_parallel_calls": lambda v: c.map(f"{m}.max_parallel_calls", "rollout.agent.max_tool_calls_per_turn", v),
@@ -109,9 +113,7 @@ def verl_loops(c: Context, loop: str, keys: list[str]) -> None:
             keys.remove(f"{m}.{key}")
             _tool_file(c, f"{m}.{key}", f"rollout.agent.{key}", c.get(f"{m}.{key}"))
     assistant = c.get(f"{m}.max_assistant_turns")
-    budget = int(c.get(f"{R}.response_length") or c.get("data.max_response_length"))
-    c.map(f"{m}.max_assistant_turns", "rollout.agent.max_turns", assistant or budget, "" if assistant else
-          "verl: no limit; every model turn takes a token at least, so rollout.max_new_tokens turns is none")
+    c.map(f"{m}.max_assistant_turns", "rollout.agent.max_turns", assistant or _budget(c), "" if assistant else NO_LIMIT)
     for key in keys:
         leaf = key.rsplit(".", 1)[1]
         if leaf == "max_assistant_turns":
@@ -125,3 +127,8 @@ def verl_loops(c: Context, loop: str, keys: list[str]) -> None:
             c.map(key, f"{v}.config.{key}", c.get(key), "read by verl's loops from verl's config")
         else:
             c.same(key, "verl 0.9.1's default, which verl's loops read")
+
+
+def _budget(c: Context) -> int:
+    """The response budget (verl's rollout.response_length): the most model turns a trajectory can take."""
+    return int(c.get(f"{R}.response_length") or c.get("data.max_response_length"))

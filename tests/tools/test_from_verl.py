@@ -231,7 +231,8 @@ def test_lora_megatron_tp_multi_turn_and_rewards_are_not_falsely_refused() -> No
     assert off.target == "strategy.fsdp.offload_params" and "actor" not in off.mapped_value
 
 
-@pytest.mark.parametrize(("assistant", "user", "turns"), [(None, 8, 9), (5, 8, 5), (5, 2, 3), (5, None, 5)])
+@pytest.mark.parametrize(("assistant", "user", "turns"), [(None, 8, 9), (5, 8, 5), (5, 2, 3), (5, None, 5),
+                                                          (None, None, 512)])  # no limit: the 512-token budget
 def test_max_user_turns_caps_the_model_turns_as_verls_tool_loop_does(assistant, user, turns) -> None:
     """verl's tool loop stops after max_assistant_turns model turns or once max_user_turns tool replies were given
     (checked after each model turn): rollout.agent.max_turns = min(assistant, user + 1)."""
