@@ -12,6 +12,7 @@ from typing import Any, Optional
 from rlforge.errors import ConfigError, DataError
 
 SINGLE_TURN = "single_turn"
+ANSWER_FROM = ("last_turn", "response")  # rollout.agent.answer_from
 
 
 @dataclass
@@ -31,6 +32,7 @@ class AgentConfig:
     max_tool_output_tokens: int = 256  # a tool's reply is cut to this many tokens, with a marker
     tool_output_truncate_side: str = "right"  # the side of a long reply cut away: right (its head kept), left (its tail kept) or middle (head and tail kept), as verl's tool_response_truncate_side
     tool_timeout_s: float = 10.0  # wall-clock limit of one tool call; then the model gets an error reply
+    answer_from: str = "last_turn"  # what the reward function scores when a loop returns no answer: last_turn (the last model turn's text) | response (the whole response decoded without special tokens, tool replies and user turns included, as verl's reward managers read it)
     record_trajectories: bool = False  # write <run>/trajectories.jsonl: per trained sample its token ids, loss mask, spans (model turns, tool and user turns), tool calls, policy version and reward (rlforge report RUN --trajectory N shows one)
     wave_wait_s: float = 0.05  # longest wait for trajectories in a tool call before a wave starts without them; above tool_timeout_s, waves never depend on timing (reproducible sampling)
 
@@ -47,6 +49,9 @@ def validate_agent_config(config: Any) -> None:
     if a.max_tokens_per_turn < 0:
         raise ConfigError(f"'rollout.agent.max_tokens_per_turn' must be >= 0 (0 = no per-turn limit), "
                           f"got {a.max_tokens_per_turn}.")
+    if a.answer_from not in ANSWER_FROM:
+        raise ConfigError(f"'rollout.agent.answer_from' must be {' or '.join(ANSWER_FROM)} (what the reward function "
+                          f"scores when a loop gives no answer), got {a.answer_from!r}.")
     if a.tool_output_truncate_side not in ("right", "left", "middle"):
         raise ConfigError(f"'rollout.agent.tool_output_truncate_side' must be right, left or middle (the side of a long "
                           f"tool reply that is cut away), got {a.tool_output_truncate_side!r}.")

@@ -44,11 +44,17 @@ class AgentRunner:
         finally:
             handle.close()
         trajectories = [t for t, _ in done]
-        answers = [t.answer if t.answer is not None else self.last_turn_text(t) for t in trajectories]
+        answers = [t.answer if t.answer is not None else self.default_answer(t) for t in trajectories]
         out = to_batch(rows, trajectories, answers, self.context.tokenizer.pad_token_id)
         if cfg.rollout.agent.record_trajectories:
             out[AGENT_RECORD] = [agent_record(t, self.context) for t in trajectories]
         return out, agent_metrics(trajectories, [s for _, s in done], handle.waves)
+
+    def default_answer(self, traj: Trajectory) -> str:
+        """What the reward function scores of a trajectory without an answer (``rollout.agent.answer_from``)."""
+        if self.context.config.rollout.agent.answer_from == "response":
+            return str(self.context.tokenizer.decode(traj.response_ids, skip_special_tokens=True))
+        return self.last_turn_text(traj)
 
     def last_turn_text(self, traj: Trajectory) -> str:
         spans = traj.turn_spans()

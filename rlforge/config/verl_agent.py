@@ -53,6 +53,7 @@ def multi_turn(c: Context) -> None:
         return
     # verl's tool loop stops after max_assistant_turns model turns, or once max_user_turns tool replies were given
     # (checked after each model turn): at most max_user_turns + 1 model turns
+    c.set("rollout.agent.answer_from", "response")  # verl's reward managers decode the whole response
     # without either limit verl's loop runs until the response budget is spent: a model turn takes a token at least
     assistant, user = c.get(f"{m}.max_assistant_turns"), c.get(f"{m}.max_user_turns")
     budget = _budget(c)

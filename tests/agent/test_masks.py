@@ -38,6 +38,15 @@ def test_tool_trajectory_mask_hand_checked(make_runner, tok):
     assert metrics["agent/tool_errors"] == 0 and metrics["agent/turn_limit_ratio"] == 0
 
 
+def test_answer_from_response_scores_the_whole_response_as_verl_does(make_runner, tok):
+    """verl's reward managers decode the whole response without special tokens (tool replies included)."""
+    runner, _ = make_runner("rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]",
+                            "rollout.agent.answer_from=response")
+    out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, calculator_then_answer))
+    assert out[B.SOLUTION_TEXT] == [tok.decode(out[B.RESPONSES][0], skip_special_tokens=True)]
+    assert out[B.SOLUTION_TEXT][0].startswith("<tool_call>") and out[B.SOLUTION_TEXT][0].endswith("55")
+
+
 def test_interaction_trajectory_mask_and_turn_rewards(make_runner, tok):
     runner, _ = make_runner("rollout.agent.loop=interaction", "rollout.agent.interaction=arith_tutor")
     answers = iter(["4", "5"])

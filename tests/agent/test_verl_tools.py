@@ -270,6 +270,7 @@ def test_verl_launch_keys_map_to_the_tool_files(tool_files):
     parsed = verl_hydra.parse_args(args, verl_hydra.ENTRY_CONFIGS["verl.trainer.main_ppo"])
     t = verl.translate(verl_hydra.compose_tree(parsed), given_keys(parsed.overrides))
     assert t.overrides["rollout.agent.loop"] == "tool_agent"
+    assert t.overrides["rollout.agent.answer_from"] == "response"  # what verl's reward managers score
     assert t.overrides["rollout.agent.tool_config_path"] == config("Grader")
     assert t.overrides["rollout.agent.function_tool_path"] == functions()
     assert not t.refused
