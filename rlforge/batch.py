@@ -38,6 +38,7 @@ DATA_SOURCE = "data_source"
 GROUND_TRUTH = "ground_truth"
 EXTRA_INFO = "extra_info"
 RAW_PROMPT = "raw_prompt"  # chat messages
+LOOP_SCORES = "loop_scores"  # per row of an agent rollout: the score its loop gave it, in place of the reward function's (verl's AgentLoopOutput.reward_score); None: the function's
 AGENT_NAME = "agent_name"  # per row: the verl agent loop its data names (verl's agent_name column; None: the run's default)
 MULTI_MODAL_INPUTS = "multi_modal_inputs"  # per row: {pixel_values, image_grid_thw} of its images, None without (rlforge.multimodal)
 RESPONSE_TEXT = "response_text"
@@ -46,7 +47,7 @@ NUM_TURNS = "num_turns"  # per row of an agent rollout: its turns as verl counts
 REWARD_BASELINES = "reward_baselines"  # [B] per-sample baseline score (ReMax: the greedy response's score)
 
 LEFT_PADDED = frozenset({PROMPTS, PROMPT_MASK})
-OPTIONAL_LISTS = frozenset({MULTI_MODAL_INPUTS, AGENT_NAME})  # row columns a batch may lack (None for each of its rows in concat)
+OPTIONAL_LISTS = frozenset({MULTI_MODAL_INPUTS, AGENT_NAME, LOOP_SCORES})  # row columns a batch may lack (None for each of its rows in concat)
 
 
 class Batch:

@@ -10,8 +10,8 @@ rollout engine (token ids in, token ids and log-probs out, as verl's vLLM server
 waves (hf) apply as for rlforge's own loops. What a loop returns (``AgentLoopOutput``) becomes a
 :class:`~rlforge.agent.Trajectory`; the reward function scores it as any trajectory.
 
-Not run, each refused by name when it arises: images, video and audio; a loop that scores its own trajectories
-(``reward_score``); a repetition penalty. rlforge's own tools (``rollout.agent.tools``) are not offered to verl's
+Not run, each refused by name when it arises: images, video and audio; sampling parameters rlforge's engines do
+not apply (a repetition penalty, stop strings, ...). rlforge's own tools (``rollout.agent.tools``) are not offered to verl's
 loops (verl's tools are: ``rollout.agent.tool_config_path`` / ``function_tool_path``)."""
 
 from __future__ import annotations
@@ -302,11 +302,8 @@ def trajectory(output: Any, generations: Generations, tokenizer: Any, budget: in
     """verl's ``AgentLoopOutput`` as a trajectory: the response cut to ``budget`` tokens (verl cuts it to
     ``response_length``), verl's turn count kept (the prompt, model and inserted turns), the reward function's input
     as verl's naive reward manager makes it (the whole response decoded without special tokens; the loop's
-    ``extra_fields`` in ``extra_info``). A loop that returns no log-probs gets those of its generate calls, when its
+    ``extra_fields`` in ``extra_info``), or the loop's own ``reward_score`` in place of the reward function's. A loop that returns no log-probs gets those of its generate calls, when its
     model tokens are what they generated."""
-    if output.reward_score is not None:
-        raise ValueError(f"the loop scored the trajectory (reward_score={output.reward_score}); rlforge scores "
-                         f"trajectories with the run's reward function and does not take a loop's score")
     if output.multi_modal_data and any(output.multi_modal_data.values()):
         raise ValueError("the loop returned images, video or audio; rlforge's verl_agent loop runs text models")
     n = min(len(output.response_ids), budget)
@@ -325,7 +322,8 @@ def trajectory(output: Any, generations: Generations, tokenizer: Any, budget: in
                       log_probs=[float(x) for x in log_probs[:n]],
                       answer=tokenizer.decode(ids, skip_special_tokens=True),
                       inserted_turns=max(0, int(output.num_turns) - 1 - _model_turns(mask)),
-                      extra_info=dict(extra) if isinstance(extra, dict) else None)
+                      extra_info=dict(extra) if isinstance(extra, dict) else None,
+                      score=None if output.reward_score is None else float(output.reward_score))
 
 
 def _model_turns(mask: list[int]) -> int:

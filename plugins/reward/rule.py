@@ -144,8 +144,11 @@ class RuleRewardManager:
         n = len(batch)
         sources, truths = batch[B.DATA_SOURCE], batch[B.GROUND_TRUTH]
         extra = verl_extra_info(batch)
-        tasks = [(i, self.key_for(sources[i]), (sources[i], solutions[i], truths[i], extra[i])) for i in range(n)]
-        outcomes = self.workers.run(tasks)
+        loop = batch.lists.get(B.LOOP_SCORES) or [None] * n  # rows an agent loop scored: the function is not called
+        tasks = [(i, self.key_for(sources[i]), (sources[i], solutions[i], truths[i], extra[i])) for i in range(n)
+                 if loop[i] is None]
+        outcomes: dict[int, Outcome] = self.workers.run(tasks) if tasks else {}
+        outcomes.update({i: (OK, (score, float(score >= 1), {})) for i, score in enumerate(loop) if score is not None})
         self._check_error_share(outcomes, sources)
         scores = torch.full((n,), self.fallback_score)
         accs = torch.zeros(n)

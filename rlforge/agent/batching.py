@@ -62,6 +62,8 @@ def to_batch(rows: B.Batch, trajectories: list[Trajectory], answers: list[str], 
     out[AGENT_REWARDS] = rewards
     out[B.SOLUTION_TEXT] = answers
     out[B.NUM_TURNS] = [num_turns(t) for t in trajectories]
+    if any(t.score is not None for t in trajectories):  # loops that scored their trajectories themselves
+        out[B.LOOP_SCORES] = [None if t.score is None else float(t.score) for t in trajectories]
     if any(t.extra_info for t in trajectories):  # a loop's additions to what the reward function receives
         rows_info = rows.lists.get(B.EXTRA_INFO) or [None] * len(trajectories)
         out[B.EXTRA_INFO] = [{**(info if isinstance(info, dict) else {}), **t.extra_info} if t.extra_info else info
@@ -117,8 +119,24 @@ def add_agent_rewards(batch: B.Batch) -> Any:
     """Add the trajectories' rewards (``agent_rewards`` [B, R]) to the reward function's ``scores`` and to the
     token-level columns the batch has (``token_level_scores``, ``token_level_rewards``); returns them."""
     extra = batch[AGENT_REWARDS]
-    batch[B.SCORES] = batch[B.SCORES] + extra.sum(-1)
+    change = extra + replaced_scores(batch)
+    batch[B.SCORES] = batch[B.SCORES] + change.sum(-1)
     for key in (B.TOKEN_LEVEL_SCORES, B.TOKEN_LEVEL_REWARDS):
         if key in batch:
-            batch[key] = batch[key] + extra
+            batch[key] = batch[key] + change
     return extra
+
+
+def replaced_scores(batch: B.Batch) -> Any:
+    """[B, R]: on the last model token of each row that its loop scored (``loop_scores``), the loop's score minus
+    the reward manager's (0 where the manager already took the loop's score, as ``rule`` does); 0 elsewhere."""
+    delta = torch.zeros(batch[B.RESPONSES].shape, dtype=torch.float32)
+    loop = batch.lists.get(B.LOOP_SCORES)
+    if loop is None:
+        return delta
+    mask = batch[B.RESPONSE_MASK]
+    last = (mask * torch.arange(1, mask.shape[1] + 1)).argmax(-1)
+    for i, score in enumerate(loop):
+        if score is not None:
+            delta[i, last[i]] = score - float(batch[B.SCORES][i])
+    return delta

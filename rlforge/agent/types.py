@@ -112,6 +112,7 @@ class Trajectory:
     spans: list[Span] = field(default_factory=list)  # model turns and inserted turns in order (Conversation fills
     # it; empty: read from the mask by ``all_spans``)
     extra_info: dict[str, Any] | None = None  # added to the row's extra_info that the reward function receives
+    score: float | None = None  # set: the trajectory's score in place of the reward function's (which is not called)
 
     def turn_spans(self) -> list[tuple[int, int]]:
         """``(start, end)`` response positions of each model turn (runs of 1s in the mask; end exclusive)."""
@@ -163,7 +164,8 @@ class Trajectory:
             raise ValueError(f"the response has {n} tokens, over rollout.max_new_tokens={budget}")
         if len(self.turn_rewards) > len(self.turn_spans()):
             raise ValueError(f"{len(self.turn_rewards)} turn rewards for {len(self.turn_spans())} model turns")
-        for what, value in [("reward", self.reward), *((f"turn_rewards[{k}]", r) for k, r in
+        scored = [("score", self.score)] if self.score is not None else []
+        for what, value in [("reward", self.reward), *scored, *((f"turn_rewards[{k}]", r) for k, r in
                                                        enumerate(self.turn_rewards)),
                             *((f"metrics[{k!r}]", v) for k, v in self.metrics.items())]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

@@ -8,6 +8,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 from rlforge import batch as B
 from rlforge.agent.types import AgentLoopError
@@ -188,14 +189,38 @@ def test_a_loop_that_returns_no_log_probs_gets_those_of_its_generate_calls(pm, t
     assert out[B.ROLLOUT_LOG_PROBS][0].tolist()[:5] == [-0.5, -0.5, 0.0, -0.5, -0.5]  # the engine's, per model token
 
 
+def test_a_loop_s_reward_score_replaces_the_reward_function_s(pm, tok, loop_files):
+    """verl uses an AgentLoopOutput's reward_score as the trajectory's score and does not call the reward function."""
+    from rlforge.agent.batching import AGENT_REWARDS, add_agent_rewards
+    from rlforge.build import Builder
+
+    path, _ = loop_files
+    rows = [("2+3?", "5", {"agent_name": "scorer"}), ("2+3?", "5", {})]
+    out, _ = _rollout(pm, tok, Scripted(tok, lambda t: "5"), rows, "rollout.agent.loop=verl_agent",
+                      f"rollout.agent.verl_agent.agent_loop_config_path={path}")
+    assert out[B.LOOP_SCORES] == [1.0, None]
+    cfg = runner_for(pm, tok, "rollout.agent.loop=verl_agent").context.config
+    manager = Builder(cfg, pm).reward(tok)
+    try:
+        scored = manager.score(out)
+    finally:
+        manager.close()
+    assert scored[B.SCORES].tolist() == [1.0, 1.0] and scored[B.ACC].tolist() == [1.0, 1.0]  # "5" is right too
+    # a reward manager that does not take loop scores (a reward model): the loop's replaces its own
+    scored[B.SCORES] = torch.tensor([0.25, 0.25])
+    scored[B.TOKEN_LEVEL_SCORES] = torch.zeros(scored[B.RESPONSES].shape)
+    scored[AGENT_REWARDS] = torch.zeros(scored[B.RESPONSES].shape)
+    add_agent_rewards(scored)
+    assert scored[B.SCORES].tolist() == [1.0, 0.25] and scored[B.TOKEN_LEVEL_SCORES].sum(-1).tolist() == [0.75, 0.0]
+
+
 @pytest.mark.parametrize(("name", "error"), [
-    ("scorer", "scored the trajectory \\(reward_score=1.0\\); rlforge scores trajectories with the run's reward"),
     ("retokenized", "returned no response_logprobs, and its model tokens .* are not the tokens its generate calls "
                     "returned"),
     ("stopper", "asked for stop=\\['a'\\], which rlforge's engines do not apply"),
     ("nowhere", "the row's agent_name 'nowhere' is not a verl agent loop here \\(.*: nologprobs, retokenized, scorer, "
                 "shouter, single_turn_agent, stopper, tool_agent\\)"),
-], ids=["reward_score", "retokenized", "stop", "unknown_loop"])
+], ids=["retokenized", "stop", "unknown_loop"])
 def test_what_rlforge_cannot_take_from_a_loop_is_an_error_naming_the_loop_and_sample(pm, tok, loop_files, name, error):
     path, _ = loop_files
     with pytest.raises(AgentLoopError, match=f"Agent loop 'verl_agent' .* failed on sample 0 .*{error}"):
