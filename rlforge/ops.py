@@ -25,7 +25,7 @@ elements (recomputed in the backward pass), never as one full-vocabulary fp32 te
 
 A model marked by ``sequence_parallel`` runs its packed forward passes over the ranks of a sequence-parallel group
 (Ulysses): each rank holds a slice of the packed row, the per-token outputs are gathered back, every rank returns the
-whole result (``plugins/strategy/ulysses.py``).
+whole result (``rlforge/ulysses.py``).
 
 A vision-language model's passes take the rows' vision inputs (``multi_modal``: ``B.MULTI_MODAL_INPUTS``, see
 ``rlforge.multimodal``): padded, with M-RoPE positions (3, B, L) from the model's ``get_rope_index``; packed, with

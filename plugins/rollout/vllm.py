@@ -51,7 +51,7 @@ from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, rollout_stop_ids
-from rlforge.plugins.strategy.tp_layout import Heads
+from rlforge.heads import Heads
 from rlforge.plugins.rollout.hf import response_mask
 from rlforge.plugins.rollout.vllm_args import engine_kwargs, model_overrides, validate
 from rlforge.sampling import Generation, SamplingParams

@@ -47,10 +47,10 @@ from rlforge.strategy import BaseStrategy, ProcessGroupCollectives
 if TYPE_CHECKING:
     import torch
 
-    from rlforge.plugins.strategy import ulysses
+    from rlforge import ulysses
 else:
     torch = lazy_import("torch")
-    ulysses = lazy_import("rlforge.plugins.strategy.ulysses")  # its autograd functions subclass torch's at import
+    ulysses = lazy_import("rlforge.ulysses")  # its autograd functions subclass torch's at import
 
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 BACKENDS = ("auto", "nccl", "gloo")

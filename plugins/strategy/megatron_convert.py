@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
-from rlforge.plugins.strategy.tp_layout import Heads, column, row
+from rlforge.heads import Heads
+from rlforge.plugins.strategy.tp_layout import column, row
 
 if TYPE_CHECKING:
     import torch

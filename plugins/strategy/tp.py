@@ -29,7 +29,7 @@ from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 from rlforge.plugins.strategy.fsdp import FSDPStrategy
-from rlforge.plugins.strategy.tp_layout import Heads
+from rlforge.heads import Heads
 
 if TYPE_CHECKING:
     import torch

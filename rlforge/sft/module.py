@@ -85,7 +85,7 @@ class SFTModule(L.LightningModule):
     ranks' gradient averaging: each optimizer step follows the token mean over the global batch, however the
     batch is split over devices and micro-batches.
 
-    With ``sft.sequence_parallel_size`` > 1 (Ulysses, ``rlforge.plugins.strategy.ulysses``) the devices of a
+    With ``sft.sequence_parallel_size`` > 1 (Ulysses, ``rlforge.ulysses``) the devices of a
     data-parallel group share each micro-batch, packed: the parameter gradients of a group's devices sum to the
     one-device gradient, so the loss is scaled by all the devices (``ranks``) as well.
     """
@@ -102,7 +102,7 @@ class SFTModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         size = int(self.s.sequence_parallel_size)
         if size > 1 and self.sp is None:
-            from rlforge.plugins.strategy import ulysses
+            from rlforge import ulysses
 
             grid = ulysses.sequence_parallel_mesh(self.trainer.strategy.root_device.type, self.trainer.world_size, size)
             self.sp = ulysses.use_ulysses(self.model, ulysses.from_mesh(grid), "sft.sequence_parallel_size")

@@ -174,7 +174,7 @@ def test_sequence_parallelism_refuses_a_vision_language_model_when_set_up(vlm):
     from rlforge.errors import ConfigError
     import types
 
-    from rlforge.plugins.strategy.ulysses import use_ulysses
+    from rlforge.ulysses import use_ulysses
 
     model, _, _ = vlm
     with pytest.raises(ConfigError, match=r"strategy.fsdp.sequence_parallel_size=2: sequence parallelism does not take "

@@ -28,7 +28,8 @@ from rlforge.plugins.strategy.megatron_convert import (
     megatron_tp_shard,
     transformer_config_kwargs,
 )
-from rlforge.plugins.strategy.tp_layout import Heads, shard
+from rlforge.heads import Heads
+from rlforge.plugins.strategy.tp_layout import shard
 from tests.plugins.megatron_cpu import allow_megatron_forward_on_cpu, free_port, launched
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed: pip install 'rlforge[megatron]'")

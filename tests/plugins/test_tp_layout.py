@@ -15,7 +15,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRotaryEmbedding
 
 from rlforge.errors import ConfigError
-from rlforge.plugins.strategy.tp_layout import Heads, kv_head_index, shard, vllm_shard, vocab
+from rlforge.heads import Heads
+from rlforge.plugins.strategy.tp_layout import kv_head_index, shard, vllm_shard, vocab
 
 HEAD_DIM = 8
 

@@ -1,4 +1,4 @@
-"""Ulysses sequence parallelism (``plugins/strategy/ulysses.py``): pure functions here, collectives in ONE spawn of
+"""Ulysses sequence parallelism (``rlforge/ulysses.py``): pure functions here, collectives in ONE spawn of
 2 CPU processes over gloo (one sequence-parallel group of 2) that runs every check and writes what it saw, against
 the one-process results each rank computes itself on the same inputs:
 
@@ -35,7 +35,7 @@ from rlforge import batch as B
 from rlforge import load_config, ops
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.plugin_manager import PluginManager
-from rlforge.plugins.strategy import ulysses as U
+from rlforge import ulysses as U
 from tests.plugins.megatron_cpu import free_port, launch_env
 
 SP = 2

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.lazy import lazy_import
-from rlforge.plugins.strategy.tp_layout import Heads
+from rlforge.heads import Heads
 
 if TYPE_CHECKING:
     import torch
