@@ -68,7 +68,7 @@ def corpus(f: dict[str, float]) -> list[str]:
             f"| refused, naming the missing feature | {f['refused']} | {f['refused_pct']:.1f}% |",
             f"| ignored, with the reason | {f['ignored']} | {f['ignored_pct']:.1f}% |", "",
             f"Launches: {f['compose']} compose as they are; {f['refused_named']} are refused, each for named missing "
-            f"features (sequence parallelism in SFT, megatron pipeline parallelism, MoE expert parallelism, "
+            f"features (megatron pipeline and context parallelism, MoE expert parallelism, "
             f"NPUs, SGLang, ...); {f['verl_refuses']} are refused by verl 0.9.1's own composition (keys of older verl releases, "
             f"Hydra syntax errors, engines 0.9.1 lacks); {f['config_not_in_rlforge']} name a config rlforge does not ship "
             "(a recipe's own config file, or SFT's automodel/megatron engine and optimizer). Every difference from verl that the tables know of is a refusal or a stated "

@@ -189,6 +189,17 @@ def test_override_values_yaml_misreads_name_the_override_and_the_quoting(registr
     assert override in str(info.value) and "quote it" in str(info.value)
 
 
+def test_a_mapping_without_a_space_after_the_colon_is_refused_not_misread(registry) -> None:
+    """Hydra (which verl users type) reads {a:b} as a: b; YAML reads it as the key 'a:b' without a value."""
+    with pytest.raises(ConfigError, match="Override 'data.apply_chat_template_kwargs=\\{enable_thinking:false\\}': "
+                                          "YAML reads '\\{enable_thinking:false\\}' as the key 'enable_thinking:false' "
+                                          "without a value \\(Hydra reads it as enable_thinking: false\\); write "
+                                          "'\\{enable_thinking: false\\}'"):
+        compose(registry, None, None, ["data.apply_chat_template_kwargs={enable_thinking:false}"])
+    assert compose(registry, None, None, ["data.apply_chat_template_kwargs={url: 'http://x'}"]
+                   ).data.apply_chat_template_kwargs == {"url": "http://x"}
+
+
 def test_missing_config_file(registry, tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not found") as info:

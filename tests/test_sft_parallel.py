@@ -70,9 +70,25 @@ def test_sequence_parallel_size_must_divide_the_devices(tmp_path):
     s = OmegaConf.create({"sequence_parallel_size": 3, "batch_size": 8, "micro_batch_size": None})
     with pytest.raises(ConfigError, match=r"sft.sequence_parallel_size=3 must divide the number of devices \(4\)"):
         BatchPlan.from_config(s, 4)
+    s.devices = "auto"  # Lightning's count of them: named when it is not the number given
+    with pytest.raises(ConfigError, match=r"must divide the number of devices \(1: sft.devices=auto\)"):
+        BatchPlan.from_config(s, 1)
     s.sequence_parallel_size, s.batch_size = 2, 9
     with pytest.raises(ConfigError, match=r"sft.batch_size=9 must be a multiple of the number of data-parallel groups "
                                           r"\(devices / sft.sequence_parallel_size\) \(2\)"):
         BatchPlan.from_config(s, 4)
     s.batch_size = 8
     assert BatchPlan.from_config(s, 4) == BatchPlan(8, 2, 4, 2) and BatchPlan(8, 2, 4, 2).rank(3) == 1
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork_find_unused_parameters_false", "ddp_notebook"])
+def test_strategies_that_start_ranks_from_this_process_are_refused(strategy):
+    from omegaconf import OmegaConf
+
+    from rlforge.config.schema import SFTConfig
+    from rlforge.errors import ConfigError
+    from rlforge.sft.run import check_config
+
+    with pytest.raises(ConfigError, match=f"sft.strategy={strategy} is not supported: .* Use sft.strategy=ddp"):
+        check_config(OmegaConf.structured(SFTConfig(strategy=strategy)))
+

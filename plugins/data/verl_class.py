@@ -12,6 +12,7 @@ image content parts become the row's images (``data.image_key``); video and audi
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -20,6 +21,7 @@ from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.verl_code import INSTALL, search_working_directory
 
+log = logging.getLogger(__name__)
 MAX_SAMPLES = {"train": "train_max_samples", "val": "val_max_samples"}  # verl's data keys of each split's limit
 
 
@@ -33,8 +35,8 @@ class VerlClassConfig:
 
 
 def data_section(config: Any) -> Any:
-    """verl's data section as the class sees it: verl 0.9.1's defaults, the rlforge run's files and lengths, then
-    ``data.verl_class.config``."""
+    """verl's data section as the class sees it: verl 0.9.1's defaults, the rlforge run's files, lengths, filter and
+    image column, then ``data.verl_class.config``."""
     from omegaconf import OmegaConf
 
     from rlforge.config.verl_hydra import load_default
@@ -42,7 +44,8 @@ def data_section(config: Any) -> Any:
     base = {k: v for k, v in load_default("ppo_trainer")["data"].items() if not (isinstance(v, str) and "${" in v)}
     run = {"train_files": list(config.data.train_files), "val_files": list(config.data.val_files),
            "max_prompt_length": int(config.data.max_prompt_length),
-           "filter_overlong_prompts": bool(config.data.filter_overlong_prompts)}
+           "filter_overlong_prompts": bool(config.data.filter_overlong_prompts),
+           "image_key": str(config.data.image_key)}
     own = config.data.verl_class.config
     own = dict(OmegaConf.to_container(own, resolve=True)) if own else {}  # type: ignore[arg-type]  # a mapping
     return OmegaConf.create({**base, **run, **own, "custom_cls": {"path": config.data.verl_class.path,
@@ -153,6 +156,11 @@ def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
     tokenizer = load_tokenizer(config.model.path, bool(config.model.trust_remote_code))
     processor = load_processor(config.model.path, tokenizer, bool(config.model.trust_remote_code))  # None: text
     label = f"{v.name} ({v.path}) on {', '.join(files)}"
+    unmeasured = processor is not None and section.get("filter_overlong_prompts") and not _importable("qwen_vl_utils")
+    if unmeasured:
+        log.warning("%s: verl's filter of overlong prompts measures prompts with images through qwen_vl_utils, which "
+                    "is not installed: it drops every prompt with images (pip install qwen-vl-utils, which needs "
+                    "torchvision, or data.filter_overlong_prompts=false).", label)
     step = "building it"
     try:
         dataset = cls(data_files=files, tokenizer=tokenizer, processor=processor, config=section,
@@ -167,7 +175,7 @@ def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
         raise DataError(f"The verl dataset class {label} failed {step}: {type(exc).__name__}: {exc}") from None
     if not items:
         hint = ""
-        if processor is not None and section.get("filter_overlong_prompts") and not _importable("qwen_vl_utils"):
+        if unmeasured:
             hint = (" verl's filter of overlong prompts drops every prompt it cannot measure, and with a processor it "
                     "measures them with qwen_vl_utils, which is not installed (pip install qwen-vl-utils; it needs "
                     "torchvision), or set data.filter_overlong_prompts=false")

@@ -44,10 +44,27 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
             raise ConfigError(f"Override '{o}': YAML reads the value as a mapping (it has ': '); quote it as a YAML "
                               f"string: '{key}=\"{value}\"'.")
+        glued = _glued_key(parsed)
+        if glued is not None:
+            name, rest = glued.split(":", 1)
+            raise ConfigError(f"Override '{o}': YAML reads '{{{glued}}}' as the key '{glued}' without a value (Hydra "
+                              f"reads it as {name}: {rest}); write '{{{name}: {rest}}}', with a space after the colon.")
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except OmegaConfBaseException as exc:
         raise ConfigError(f"Cannot parse overrides {overrides}: {exc}") from None
+
+
+def _glued_key(value: Any) -> str | None:
+    """A mapping key with a colon and no value anywhere in ``value`` (YAML's reading of ``{a:b}``), else None."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = k if isinstance(k, str) and ":" in k and v is None else _glued_key(v)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        return next((g for g in map(_glued_key, value) if g is not None), None)
+    return None
 
 
 PRESETS = Path(__file__).parent / "presets"  # --config builtin:NAME reads NAME.yaml here (package data)

@@ -38,9 +38,11 @@ def multi_turn(c: Context) -> None:
         return
     c.same(f"{R}.agent.agent_loop_config_path", "verl's built-in loops only")
     if loop in VERL_LOOPS:
+        scored = ("; with rollout.agent.answer_from=response, as verl's reward managers score the whole response"
+                  if VERL_LOOPS[loop] == "tool_agent" else "")
         c.map(f"{R}.agent.default_agent_loop", "rollout.agent.loop", VERL_LOOPS[loop],
               "rows whose agent_name names another loop are refused when the data loads (rlforge runs one loop per "
-              "run)")
+              f"run){scored}")
     else:
         c.refuse(f"{R}.agent.default_agent_loop", f"verl's agent loop '{loop}'")
     for key in ("tool_config_path", "function_tool_path"):

@@ -139,6 +139,10 @@ def validation(c: Context) -> None:
     HFRollout, not in its rollout registry, reads); temperature 0 is greedy."""
     v = f"{R}.val_kwargs"
     temperature, n = float(c.get(f"{v}.temperature") or 0.0), c.get(f"{v}.n", 1)
+    if c.get(f"{v}.do_sample") and not float(c.get(f"{R}.temperature") or 0.0) > 0:
+        c.refuse(f"{v}.do_sample", "val_kwargs.do_sample=True with rollout.temperature <= 0 (verl 0.9.1's "
+                                   "validate_config refuses it too: 'validation gen temperature should be greater than 0 "
+                                   "when enabling do_sample')")
     c.ignore(f"{v}.do_sample", "verl 0.9.1's agent loop samples at val_kwargs.temperature/top_p/top_k whatever it says "
                                "(it goes into the batch's meta_info only)")
     c.map(f"{v}.temperature", "rollout.val_temperature", temperature, "" if temperature else "greedy")

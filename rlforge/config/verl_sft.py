@@ -12,6 +12,8 @@ from rlforge.config.verl_rules import (
 from rlforge.lr_schedule import LR_SCHEDULERS
 
 SPEED = "speed or memory only: what is computed does not change"
+TORCHRUN = ("not read by verl 0.9.1's SFT entry, which takes its devices from torchrun (--nproc_per_node, --nnodes; not "
+            "in the launch's overrides): set sft.devices and sft.num_nodes")
 RULES: dict[str, Rule] = {
     "*._target_": Ignore("verl's structured-config class path"),
     "data.train_files": Derived("sft_files"), "data.val_files": Derived("sft_files"),
@@ -72,7 +74,9 @@ RULES: dict[str, Rule] = {
     "trainer.resume_mode": Derived("sft_resume"), "trainer.resume_from_path": Derived("sft_resume"),
     "trainer.default_local_dir": Map("sft.output_dir"), "trainer.seed": Map("sft.seed"),
     "trainer.logger": Derived("sft_loggers"),
-    "trainer.n_gpus_per_node": Map("sft.devices"), "trainer.nnodes": Map("sft.num_nodes"),
+    # verl 0.9.1's SFT entry (sft_trainer.py) takes its ranks from torchrun's --nproc_per_node/--nnodes, which the
+    # launch's overrides do not carry; only its Ray entry (sft_trainer_ray.py) reads these
+    "trainer.n_gpus_per_node": Ignore(TORCHRUN), "trainer.nnodes": Ignore(TORCHRUN),
     "trainer.device": Keep(is_("cuda", "cpu"), "sft.accelerator", "devices other than cuda and cpu"),
     "trainer.default_hdfs_dir": Keep(off, "local checkpoints", "copying checkpoints to HDFS"),
     "trainer.*": Ignore("names, checkpoint counts and profiling of verl's SFT trainer"),

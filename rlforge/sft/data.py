@@ -96,7 +96,9 @@ class BatchPlan:
     def from_config(cls, s: DictConfig, devices: int) -> BatchPlan:
         sp = int(s.sequence_parallel_size)
         if devices % sp:
-            raise ConfigError(f"sft.sequence_parallel_size={sp} must divide the number of devices ({devices}).")
+            given = s.get("devices", devices)
+            raise ConfigError(f"sft.sequence_parallel_size={sp} must divide the number of devices ({devices}"
+                              f"{'' if str(given) == str(devices) else f': sft.devices={given}'}).")
         world = devices // sp
         ranks = f"{world} devices" if sp == 1 else f"{world} data-parallel groups of {sp} devices"
         if s.batch_size % world:

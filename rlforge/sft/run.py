@@ -65,6 +65,9 @@ class _NoTips(logging.Filter):
         return "Tip:" not in str(record.msg)
 
 
+IN_PROCESS = ("ddp_spawn", "ddp_fork", "ddp_notebook")  # Lightning strategies whose ranks start from this process
+
+
 def check_config(s: DictConfig) -> None:
     """Fail before any model is loaded: every ``sft`` choice and size is checked here."""
     choices = {"format": ("auto", *FORMATS), "truncation": ("error", *TRUNCATIONS),
@@ -73,6 +76,12 @@ def check_config(s: DictConfig) -> None:
     for key, allowed in choices.items():
         if s[key] not in allowed:
             raise ConfigError(f"Unknown sft.{key} '{s[key]}'. Choose one of: {', '.join(allowed)}.")
+    if s.strategy.startswith(IN_PROCESS):  # Lightning's multiprocessing launcher: the run pickled into spawned
+        # processes (its config holds a class per plugin set, its loggers modules) or forked ones (the reward
+        # function's worker processes then belong to another parent)
+        raise ConfigError(f"sft.strategy={s.strategy} is not supported: it starts the ranks from this process (spawned "
+                          f"or forked), which rlforge's SFT run does not survive. Use sft.strategy=ddp: Lightning runs "
+                          f"the command again for the other ranks.")
     for name in s.loggers:
         if name not in LOGGERS:
             raise ConfigError(f"Unknown logger '{name}' in sft.loggers. Available: {', '.join(LOGGERS)}.")

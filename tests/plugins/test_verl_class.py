@@ -237,6 +237,13 @@ def test_images_of_verl_s_own_rlhf_dataset_become_the_rows_images(pm, tmp_path):
     tok = load_tokenizer("builtin:tiny-vlm")
     prompts = tokenize_rows(rows, tok, 400, True, "verl_class", processor=load_processor("builtin:tiny-vlm", tok))
     assert [p.multi_modal is not None for p in prompts] == [True, True]
+    # data.image_key is the class's image column too (verl's data.image_key)
+    pics = tmp_path / "pics.jsonl"
+    pics.write_text(data.read_text().replace('"images":', '"pics":'))
+    renamed = [k.replace(str(data), str(pics)) for k in keys]
+    rows = Builder(rlforge.load_config("grpo", [*renamed, "data.filter_overlong_prompts=false", "data.image_key=pics"],
+                                       plugins=pm), pm).dataset("train")
+    assert [r["pics"] for r in rows] == [paths[:1], paths]
     if importlib.util.find_spec("qwen_vl_utils") is None:  # verl measures image prompts with it (needs torchvision)
         with pytest.raises(DataError, match="has no items. verl's filter of overlong prompts drops every prompt it "
                                             "cannot measure, .* qwen_vl_utils, which is not installed"):

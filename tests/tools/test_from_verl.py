@@ -168,6 +168,9 @@ def test_val_only_runs_eval_and_val_kwargs_sample_for_validation() -> None:
     top = tr(f"{v}.top_p=0.7", f"{v}.top_k=-1").overrides
     assert top["rollout.val_top_p"] == 0.7 and top["rollout.val_top_k"] == 0
     assert tr().overrides["rollout.val_temperature"] == 0.0  # verl's default: greedy
+    refused = tr(f"{v}.do_sample=True", f"{ARO}.rollout.temperature=0")  # verl's validate_config asserts
+    assert fate(refused, f"{v}.do_sample").kind == verl.REFUSED and "verl 0.9.1's validate_config" in fate(
+        refused, f"{v}.do_sample").text
     copies = tr(f"{v}.n=30")  # greedy: 30 copies of one answer
     assert copies.overrides["rollout.val_n"] == 1 and "mean@1" in fate(copies, f"{v}.n").text
 
