@@ -11,8 +11,8 @@ waves (hf) apply as for rlforge's own loops. What a loop returns (``AgentLoopOut
 :class:`~rlforge.agent.Trajectory`; the reward function scores it as any trajectory.
 
 Not run, each refused by name when it arises: images, video and audio; sampling parameters rlforge's engines do
-not apply (a repetition penalty, stop strings, ...). rlforge's own tools (``rollout.agent.tools``) are not offered to verl's
-loops (verl's tools are: ``rollout.agent.tool_config_path`` / ``function_tool_path``)."""
+not apply (a repetition penalty, stop strings, ...). rlforge's own tools (``rollout.agent.tools``) are not offered
+to verl's loops (verl's tools are: ``rollout.agent.tool_config_path`` / ``function_tool_path``)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,6 @@ def _given(config: Any) -> dict[str, Any]:
 def check_config(config: Any) -> None:
     """Keys of ``rollout.agent.verl_agent.config`` that rlforge's own settings decide must agree with them."""
     from rlforge.config.verl_fates import flatten
-
     from rlforge.config.verl_hydra import load_default
 
     given = dict(flatten(_given(config)))
@@ -302,8 +301,8 @@ def trajectory(output: Any, generations: Generations, tokenizer: Any, budget: in
     """verl's ``AgentLoopOutput`` as a trajectory: the response cut to ``budget`` tokens (verl cuts it to
     ``response_length``), verl's turn count kept (the prompt, model and inserted turns), the reward function's input
     as verl's naive reward manager makes it (the whole response decoded without special tokens; the loop's
-    ``extra_fields`` in ``extra_info``), or the loop's own ``reward_score`` in place of the reward function's. A loop that returns no log-probs gets those of its generate calls, when its
-    model tokens are what they generated."""
+    ``extra_fields`` in ``extra_info``), or the loop's own ``reward_score`` in place of the reward function's. A loop
+    that returns no log-probs gets those of its generate calls, when its model tokens are what they generated."""
     if output.multi_modal_data and any(output.multi_modal_data.values()):
         raise ValueError("the loop returned images, video or audio; rlforge's verl_agent loop runs text models")
     n = min(len(output.response_ids), budget)

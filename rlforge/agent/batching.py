@@ -130,7 +130,7 @@ def add_agent_rewards(batch: B.Batch) -> Any:
 def replaced_scores(batch: B.Batch) -> Any:
     """[B, R]: on the last model token of each row that its loop scored (``loop_scores``), the loop's score minus
     the reward manager's (0 where the manager already took the loop's score, as ``rule`` does); 0 elsewhere."""
-    delta = torch.zeros(batch[B.RESPONSES].shape, dtype=torch.float32)
+    delta = torch.zeros_like(batch[AGENT_REWARDS])
     loop = batch.lists.get(B.LOOP_SCORES)
     if loop is None:
         return delta
