@@ -88,6 +88,9 @@ SFT_LOGGERS = {"mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb
 
 
 def sft_files(c: Any) -> None:
+    # verl's SFT measures a validation loss only: no greedy accuracy (rlforge's is on data.name's task, the built-in
+    # arithmetic one here, which says nothing about the launch's data)
+    c.set("sft.val_accuracy", False)
     for key, target in (("data.train_files", "sft.train_file"), ("data.val_files", "sft.val_file")):
         from rlforge.config.verl_rules import file_list
 
