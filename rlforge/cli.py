@@ -103,6 +103,25 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _from_verl_args(argv: list[str]) -> argparse.Namespace:
+    """``--out FILE`` and ``--sft`` (verl's SFT trainer) out of ``config from-verl``'s arguments; the rest is the
+    launch's, in verl's syntax (``--config-path``/``--config-name``, ``+key=v``, ``~key``) or a verl config file."""
+    out, sft, rest = None, False, []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--out":
+            out = next(it, None)
+            if out is None:
+                raise RLForgeError("rlforge config from-verl: --out needs a file name.")
+        elif arg.startswith("--out="):
+            out = arg.split("=", 1)[1]
+        elif arg == "--sft":
+            sft = True
+        else:
+            rest.append(arg)
+    return argparse.Namespace(overrides=rest, out=out, sft=sft)
+
+
 def _from_verl(args: argparse.Namespace) -> int:
     """``rlforge config from-verl VERL.yaml|ARGS... [--out FILE]``: translate, report every key, check the result.
     Exit status 2 when a key is refused (the translation is written or shown all the same)."""
@@ -111,15 +130,16 @@ def _from_verl(args: argparse.Namespace) -> int:
     import yaml
 
     from rlforge.config import compose_with_plugins
-    from rlforge.config.verl_launch import prepare, prepare_file
+    from rlforge.config.verl_launch import PPO_ENTRY, SFT_ENTRY, prepare, prepare_file
 
     if not args.overrides:
-        raise RLForgeError("Usage: rlforge config from-verl VERL_CONFIG.yaml|VERL_ARGS... [--out rlforge.yaml]")
+        raise RLForgeError("Usage: rlforge config from-verl VERL_CONFIG.yaml|[--sft] VERL_ARGS... [--out rlforge.yaml]")
     one = args.overrides[0]
     if len(args.overrides) == 1 and "=" not in one and one.endswith((".yaml", ".yml")):
         prepared, source = prepare_file(one), one
     else:
-        prepared, source = prepare(list(args.overrides), refuse=False), "the verl launch"
+        entry = SFT_ENTRY if getattr(args, "sft", False) else PPO_ENTRY
+        prepared, source = prepare(list(args.overrides), entry, refuse=False), "the verl launch"
     t = prepared.translation
     text = yaml.safe_dump(prepared.translation.nested() if t.command != "sft" else
                           {k: v for k, v in t.nested().items() if k != "algorithm"}, sort_keys=False)
@@ -381,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["verl"]:  # verl's own argument syntax (--config-path, +key=v, ~key): no argparse
         return _run(lambda: cmd_verl(argv[1:]))
+    if argv[:2] == ["config", "from-verl"] and not {"-h", "--help"} & set(argv):  # verl's syntax too
+        return _run(lambda: _from_verl(_from_verl_args(argv[2:])))
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse cannot intermix a `*` positional with options inside a sub-command: collect stray key=value

@@ -319,6 +319,18 @@ def test_from_verl_prints_the_translation_and_rlforge_verl_refuses_with_every_mi
     assert "2 thing(s) rlforge does not have" in err and "critic (4) than for the actor (2" in err and "clearml" in err
 
 
+def test_from_verl_takes_verl_s_own_options_and_the_sft_trainer(capsys, tmp_path) -> None:
+    """--config-name/--config-path (verl's syntax, not argparse's) and --sft, as rlforge verl takes them."""
+    assert main(["config", "from-verl", "--config-name=ppo_megatron_trainer", *BASE,
+                 f"{ARO}.actor.megatron.tensor_model_parallel_size=2"]) == 0
+    assert "megatron:" in capsys.readouterr().out
+    out = tmp_path / "sft.yaml"
+    assert main(["config", "from-verl", "--sft", "data.train_files=chat.jsonl", "model.path=builtin:tiny-arith",
+                 "--out", str(out)]) == 0
+    assert f"rlforge sft --config {out}" in capsys.readouterr().out
+    assert "train_file: chat.jsonl" in out.read_text() and "val_accuracy: false" in out.read_text()
+
+
 def test_a_value_rlforge_refuses_at_rlforge_verl_names_the_verl_key_it_came_from(capsys) -> None:
     assert main(["verl", *BASE, f"{ARO}.actor.optim.lr=-1", "trainer.device=cpu"]) == 2
     err = capsys.readouterr().err
