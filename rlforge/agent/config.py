@@ -76,7 +76,8 @@ def check_row_loops(rows: Any, loop: str, name: str) -> None:
     """Rows that name their agent loop as verl's data does (``agent_name``) name this run's: rlforge's own loops run
     one per run (verl picks one per row), so rows that ask for another, or for several, are a DataError naming them;
     ``loop=verl_agent`` runs verl's loops row by row (and names a row whose loop it lacks when it runs). Rows held in
-    memory and Arrow-backed rows with an ``agent_name`` column are checked; streamed rows are not."""
+    memory and Arrow-backed rows with an ``agent_name`` column are checked here; streamed rows when they run
+    (``rlforge.agent.runner.check_agent_name``)."""
     from collections.abc import Sequence
 
     from rlforge.data import row_origin

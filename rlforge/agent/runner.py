@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from rlforge import batch as B
 from rlforge.agent.batching import agent_metrics, to_batch
+from rlforge.agent.config import VERL_AGENT, VERL_LOOPS
 from rlforge.agent.context import AgentContext
 from rlforge.agent.engine import Backend, EngineHandle, TrajectoryEngine
 from rlforge.agent.loop import AgentLoop
@@ -75,6 +76,7 @@ class AgentRunner:
     async def _run_one(self, sample: Sample, handle: EngineHandle) -> tuple[Trajectory, float]:
         engine = TrajectoryEngine(handle, sample.index)
         try:
+            check_agent_name(sample.agent_name, self.name)
             traj = await self.loop.run(sample, engine)
             if not isinstance(traj, Trajectory):
                 raise TypeError(f"run() returned {type(traj).__name__}, not a rlforge.agent.Trajectory")
@@ -91,6 +93,16 @@ class AgentRunner:
     def close(self) -> None:
         self.loop.close()
         self.context.tools.close()
+
+
+def check_agent_name(asked: str | None, loop: str) -> None:
+    """A row that names verl's agent loop (``agent_name``) runs under the loop it names: the rows the loader could
+    not check (streamed ones) are checked here; ``verl_agent`` picks each row's loop itself."""
+    if asked is None or loop == VERL_AGENT or VERL_LOOPS.get(asked) == loop:
+        return
+    raise ValueError(f"the row's agent_name '{asked}' asks for verl's agent loop of that name, but this run's loop is "
+                     f"rollout.agent.loop={loop} (rlforge's own loops run one per run; rollout.agent.loop={VERL_AGENT} "
+                     f"runs verl's loops row by row)")
 
 
 def samples(rows: B.Batch) -> list[Sample]:

@@ -271,6 +271,17 @@ def test_rows_of_several_loops_load_under_verl_agent_and_the_error_elsewhere_say
         check_row_loops(rows, "tool_agent", "files (train)")
 
 
+def test_a_row_naming_another_loop_stops_at_its_trajectory_where_the_loader_could_not_check_it(pm, tok):
+    """Streamed rows are not read at load: the runner checks each row's agent_name when its trajectory starts."""
+    with pytest.raises(AgentLoopError, match="failed on sample 0 .* agent_name 'tool_agent' asks for verl's agent loop "
+                                             "of that name, but this run's loop is rollout.agent.loop=interaction"):
+        _rollout(pm, tok, Scripted(tok, lambda t: "5"), [("2+3?", "5", {"agent_name": "tool_agent"})],
+                 "rollout.agent.loop=interaction", "rollout.agent.interaction=arith_tutor")
+    out, _ = _rollout(pm, tok, Scripted(tok, lambda t: "5"), [("2+3?", "5", {"agent_name": "tool_agent"})],
+                      "rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]")
+    assert out[B.NUM_TURNS] == [2]  # its own loop: runs
+
+
 def test_a_launch_with_an_agent_loop_config_runs_verl_loops(loop_files):
     from rlforge.config import verl, verl_hydra
     from rlforge.config.verl_launch import given_keys
