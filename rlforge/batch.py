@@ -50,6 +50,12 @@ LEFT_PADDED = frozenset({PROMPTS, PROMPT_MASK})
 OPTIONAL_LISTS = frozenset({MULTI_MODAL_INPUTS, AGENT_NAME, LOOP_SCORES})  # row columns a batch may lack (None for each of its rows in concat)
 
 
+def last_model_token(mask: torch.Tensor) -> torch.Tensor:
+    """[B]: each row's last position where the response mask ``mask`` [B, R] is 1 (its last model token; 0 for a row
+    without one), where a score goes."""
+    return (mask * torch.arange(1, mask.shape[1] + 1)).argmax(-1)
+
+
 class Batch:
     """Columns of equal length: ``tensors`` (torch, first dimension) and ``lists`` (Python objects)."""
 

@@ -317,16 +317,13 @@ def trajectory(output: Any, generations: Generations, tokenizer: Any, budget: in
         found = iter(generations.log_probs)
         log_probs = [next(found) if m else 0.0 for m in mask]
     extra = output.extra_fields or {}
-    return Trajectory(prompt_ids=[int(t) for t in output.prompt_ids], response_ids=ids, response_mask=mask,
+    traj = Trajectory(prompt_ids=[int(t) for t in output.prompt_ids], response_ids=ids, response_mask=mask,
                       log_probs=[float(x) for x in log_probs[:n]],
                       answer=tokenizer.decode(ids, skip_special_tokens=True),
-                      inserted_turns=max(0, int(output.num_turns) - 1 - _model_turns(mask)),
                       extra_info=dict(extra) if isinstance(extra, dict) else None,
                       score=None if output.reward_score is None else float(output.reward_score))
-
-
-def _model_turns(mask: list[int]) -> int:
-    return sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))
+    traj.inserted_turns = max(0, int(output.num_turns) - 1 - len(traj.turn_spans()))
+    return traj
 
 
 @hookimpl

@@ -12,6 +12,7 @@ image content parts become the row's images (``data.image_key``); video and audi
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -156,7 +157,8 @@ def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
     tokenizer = load_tokenizer(config.model.path, bool(config.model.trust_remote_code))
     processor = load_processor(config.model.path, tokenizer, bool(config.model.trust_remote_code))  # None: text
     label = f"{v.name} ({v.path}) on {', '.join(files)}"
-    unmeasured = processor is not None and section.get("filter_overlong_prompts") and not _importable("qwen_vl_utils")
+    unmeasured = (processor is not None and section.get("filter_overlong_prompts")
+                  and importlib.util.find_spec("qwen_vl_utils") is None)
     if unmeasured:
         log.warning("%s: verl's filter of overlong prompts measures prompts with images through qwen_vl_utils, which "
                     "is not installed: it drops every prompt with images (pip install qwen-vl-utils, which needs "
@@ -181,12 +183,6 @@ def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
                     "torchvision), or set data.filter_overlong_prompts=false")
         raise DataError(f"The verl dataset class {label} has no items.{hint}")
     return [_row(item, i, label, str(config.data.image_key)) for i, item in enumerate(items)]
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
 
 
 @hookimpl

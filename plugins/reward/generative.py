@@ -341,7 +341,7 @@ class GenerativeRewardManager:
                         "reward.fallback_score and are counted in reward/timeouts.", faults[TIMEOUT], n, KEY,
                         self.options.timeout_s, self.options.retries)
         mask = batch[B.RESPONSE_MASK]
-        last = (mask * torch.arange(1, mask.shape[1] + 1)).argmax(-1)  # the last response token of the model
+        last = B.last_model_token(mask)
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)
         token_scores[torch.arange(n), last] = scores
         batch[B.SCORES], batch[B.TOKEN_LEVEL_SCORES], batch[B.RESPONSE_TEXT] = scores, token_scores, texts

@@ -162,7 +162,7 @@ class RuleRewardManager:
                 faults[kind] += 1
                 self._log_first(kind, sources[i], i, value)
         mask = batch[B.RESPONSE_MASK]
-        last = (mask * torch.arange(1, mask.shape[1] + 1)).argmax(-1)  # the last response token of the model
+        last = B.last_model_token(mask)
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)
         token_scores[torch.arange(n), last] = scores
         batch[B.SCORES] = scores

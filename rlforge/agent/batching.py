@@ -134,8 +134,7 @@ def replaced_scores(batch: B.Batch) -> Any:
     loop = batch.lists.get(B.LOOP_SCORES)
     if loop is None:
         return delta
-    mask = batch[B.RESPONSE_MASK]
-    last = (mask * torch.arange(1, mask.shape[1] + 1)).argmax(-1)
+    last = B.last_model_token(batch[B.RESPONSE_MASK])
     for i, score in enumerate(loop):
         if score is not None:
             delta[i, last[i]] = score - float(batch[B.SCORES][i])
