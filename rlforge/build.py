@@ -131,8 +131,9 @@ class Builder:
             check(self.config, self.registry, {r["data_source"] for r in rows if isinstance(r, dict) and "data_source" in r})
         return rows
 
-    def agent(self, tokenizer: Any) -> AgentRunner:
-        """The agent loop (``rollout.agent.loop``) with its tools, tool parser and interaction (docs/agentic.md)."""
+    def agent(self, tokenizer: Any, processor: Any = None) -> AgentRunner:
+        """The agent loop (``rollout.agent.loop``) with its tools, tool parser and interaction (docs/agentic.md);
+        ``processor``: a vision-language model's (rows with images)."""
         from rlforge.agent.context import AgentContext
         from rlforge.agent.runner import AgentRunner
         from rlforge.agent.toolbox import Toolbox
@@ -148,7 +149,7 @@ class Builder:
         tools = Toolbox(named, a)
         parser = self._build("tool_parser", a.tool_parser, cfg)
         new_interaction = (lambda: self._build("interaction", a.interaction, cfg)) if a.interaction else None
-        context = AgentContext(cfg, tokenizer, tools, parser, new_interaction)
+        context = AgentContext(cfg, tokenizer, tools, parser, new_interaction, processor)
         return AgentRunner(self._build("agent_loop", a.loop, cfg, context), a.loop, context)
 
     def evaluator(self, engine: RolloutEngine, tokenizer: Any, reward: RewardManager, rollout: str | None = None

@@ -224,7 +224,7 @@ def prompt_batch(
     """The prompts of ``rows`` (see ``tokenize_rows``), without the overlong ones when ``filter_overlong``:
     ``indices`` are the rows' positions (``Prompt.index``), ``wheres`` name them in errors."""
     messages = [_checked_messages(row, where, need_reward) for row, where in zip(rows, wheres)]
-    vision = _vision_rows(rows, messages, wheres, processor, image_key)
+    vision = _vision_rows(rows, messages, wheres, processor, image_key, template)
     text = [i for i in range(len(rows)) if i not in vision]
     all_ids: list[Any] = [None] * len(rows)
     for i, ids in zip(text, apply_templates(tokenizer, [messages[i] for i in text], [wheres[i] for i in text],
@@ -238,7 +238,7 @@ def prompt_batch(
 
 
 def _vision_rows(rows: list[dict[str, Any]], messages: list[list[dict[str, Any]]], wheres: list[str], processor: Any,
-                 image_key: str) -> dict[int, tuple[list[int], dict[str, Any]]]:
+                 image_key: str, template: dict[str, Any] | None = None) -> dict[int, tuple[list[int], dict[str, Any]]]:
     """The rows with images or ``<image>`` placeholders, encoded by the processor: {row: (ids, vision inputs)}. For a
     text model (no processor) a row with images is an error and ``<image>`` is plain text."""
     from rlforge import multimodal as mm
@@ -261,7 +261,7 @@ def _vision_rows(rows: list[dict[str, Any]], messages: list[list[dict[str, Any]]
                             f"placeholder(s) but the row has no column '{image_key}' (data.image_key). Columns "
                             f"present: {columns}.")
         typed = mm.typed_messages(messages[i], len(images), where, image_key)
-        found[i] = mm.encode_prompt(processor, typed, images, where)
+        found[i] = mm.encode_prompt(processor, typed, images, where, **(template or {}))
     return found
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rlforge import batch as B
 from rlforge.agent.batching import AGENT_REWARDS, add_agent_rewards
-from rlforge.agent.engine import token_generator
+from rlforge.agent.engine import call_backend, token_generator
 from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
@@ -52,8 +52,9 @@ class EngineBackend:
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         return self.engine.generate(batch, params)
 
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
-        return self.tokens(prompts, params)
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams],
+                        multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:
+        return call_backend(self.tokens, prompts, params, multi_modal)
 
 
 class Evaluator:

@@ -126,12 +126,14 @@ def typed_messages(messages: list[dict[str, Any]], images: int, where: str, imag
     return [{**m, "content": _split(m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
 
 
-def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[Any], where: str
-                  ) -> tuple[list[int], dict[str, torch.Tensor]]:
+def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[Any], where: str,
+                  tools: list[dict[str, Any]] | None = None, **template: Any) -> tuple[list[int], dict[str, Any]]:
     """(prompt ids with each image expanded into its image-pad tokens, the row's vision inputs) of typed
-    ``messages`` through the processor's chat template (generation prompt added) and the processor itself."""
+    ``messages`` through the processor's chat template (generation prompt added; with ``tools``' schemas and the
+    ``template`` keyword arguments, ``data.apply_chat_template_kwargs``) and the processor itself."""
     try:
-        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = processor.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                             tokenize=False, **template)
         encoded = processor(text=[text], images=images, return_tensors="pt")
     except Exception as exc:  # a template or processor that refuses the row
         detail = (str(exc).strip().splitlines() or [""])[0]

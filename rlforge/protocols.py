@@ -71,7 +71,9 @@ class TokenGenerator(Protocol):
 
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         """One completion per prompt (``params[i]`` for ``prompts[i]``; ``n`` is ignored); each ends at a stop token
-        or after ``max_new_tokens``. Many agent loops' requests arrive here together, batched in waves."""
+        or after ``max_new_tokens``. Many agent loops' requests arrive here together, batched in waves. An engine
+        that declares ``supports_images`` also takes ``multi_modal=``: each prompt's vision inputs
+        (``B.MULTI_MODAL_INPUTS``' dicts, None for a text prompt), given only when a prompt has images."""
 
 
 @runtime_checkable

@@ -10,9 +10,10 @@ rollout engine (token ids in, token ids and log-probs out, as verl's vLLM server
 waves (hf) apply as for rlforge's own loops. What a loop returns (``AgentLoopOutput``) becomes a
 :class:`~rlforge.agent.Trajectory`; the reward function scores it as any trajectory.
 
-Not run, each refused by name when it arises: images, video and audio; sampling parameters rlforge's engines do
-not apply (a repetition penalty, stop strings, ...). rlforge's own tools (``rollout.agent.tools``) are not offered
-to verl's loops (verl's tools are: ``rollout.agent.tool_config_path`` / ``function_tool_path``)."""
+Not run, each refused by name when it arises: rows with images (rlforge's own loops take them), video and audio;
+sampling parameters rlforge's engines do not apply (a repetition penalty, stop strings, ...). rlforge's own tools
+(``rollout.agent.tools``) are not offered to verl's loops (verl's tools are: ``rollout.agent.tool_config_path`` /
+``function_tool_path``)."""
 
 from __future__ import annotations
 
@@ -282,6 +283,12 @@ class VerlAgentLoop(AgentLoop):
         if name not in self.registry:
             raise ValueError(f"the row's agent_name '{name}' is not a verl agent loop here (verl's built-in loops and "
                              f"rollout.agent.verl_agent.agent_loop_config_path's: {', '.join(sorted(self.registry))})")
+        if sample.multi_modal is not None:
+            raise ValueError("the row has images: rlforge runs verl's agent loops on text rows only (verl's loops "
+                             "take a row's images through RLHFDataset.process_vision_info, which imports qwen_vl_utils "
+                             "and so torchvision, which the CPU install cannot have: not built). rlforge's own loops "
+                             "take rows with images: rollout.agent.loop=tool_agent, interaction or your own "
+                             "(docs/agentic.md)")
         server = server_class()(engine, self.verl)
         p = engine.defaults
         params = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k or -1, "repetition_penalty": 1.0,

@@ -121,12 +121,14 @@ class HFRollout:
         compute = precision.for_config(self.config).compute
         return torch.autocast(device.type, dtype=getattr(torch, compute)) if compute else contextlib.nullcontext()
 
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams],
+                        multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:
         """Token-in/token-out requests of agent loops: one batched ``generate`` per group of requests whose sampling
-        parameters differ at most in ``max_new_tokens`` (``rlforge.agent.engine.tokens_via_generate``)."""
+        parameters differ at most in ``max_new_tokens`` (``rlforge.agent.engine.tokens_via_generate``);
+        ``multi_modal``: each prompt's vision inputs (None for a text prompt)."""
         from rlforge.agent.engine import tokens_via_generate
 
-        return tokens_via_generate(self, prompts, params, self.tokenizer.pad_token_id, set(self.stop_ids))
+        return tokens_via_generate(self, prompts, params, self.tokenizer.pad_token_id, set(self.stop_ids), multi_modal)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load these weights into the model it generates with (``rollout.weight_sync``: ``memory``); the bytes

@@ -431,18 +431,25 @@ class VLLMRollout:
                     self._asleep = True
 
     @no_grad
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams],
+                        multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:
         """Token-in/token-out requests of agent loops (a wave, or under continuous batching one request per call, from
         several threads at once), each with its own sampling parameters (seeded as in ``generate``: request ``i``
         with ``SamplingParams.seed + i`` when set, else from a base drawn from the torch RNG); ``finish`` is vLLM's
-        finish reason."""
+        finish reason. ``multi_modal``: each prompt's vision inputs (None for a text prompt), sent as ``generate``
+        sends a row's (``multimodal.engine_prompt``)."""
+        from rlforge import multimodal
+
         top = 2**31 - len(prompts)
         unseeded = any(p.temperature > 0 and p.seed is None for p in params)
         seed = int(torch.randint(0, top, ())) if unseeded else 0
         sampling = [self._sampling_params(replace(p, n=1), None if p.temperature == 0 else
                                           (p.seed % top if p.seed is not None else seed) + i)
                     for i, p in enumerate(params)]
-        results = self._run([self.vllm.TokensPrompt(prompt_token_ids=ids) for ids in prompts], sampling)
+        image_token = (multimodal.placeholder_token_ids(self.model) or [None])[0]
+        vision = multi_modal or [None] * len(prompts)
+        results = self._run([self.vllm.TokensPrompt(**multimodal.engine_prompt(ids, inputs, image_token))
+                             for ids, inputs in zip(prompts, vision)], sampling)
         return [Generation(list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)],
                            "length" if c.finish_reason == "length" else "stop")
                 for c in (r.outputs[0] for r in results)]

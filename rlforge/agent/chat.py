@@ -22,10 +22,14 @@ _BASE = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _A
 
 
 class ChatFormat:
-    """Renders prompts (with tool schemas) and inserted turns for one tokenizer's chat template."""
+    """Renders prompts (with tool schemas) and inserted turns for one tokenizer's chat template, or a vision-language
+    model's processor's (``processor``: it renders every conversation and encodes prompts with images)."""
 
-    def __init__(self, tokenizer: Any, template: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: Any, template: dict[str, Any] | None = None, processor: Any = None,
+                 image_key: str = "images") -> None:
         self.tokenizer = tokenizer
+        self.processor = processor
+        self.image_key = image_key  # data.image_key, named in errors
         self.template = dict(template or {})  # data.apply_chat_template_kwargs, passed to every render
         self._base = self.render(_BASE, add_generation_prompt=False)
         at = self._base.rfind(_ASSISTANT)
@@ -37,8 +41,9 @@ class ChatFormat:
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt, **self.template)
+            return (self.processor or self.tokenizer).apply_chat_template(
+                messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+                **self.template)
         except Exception as exc:  # jinja errors: a role or field the template does not handle
             roles = [m.get("role") for m in messages]
             raise RLForgeError(f"The chat template cannot render messages with roles {roles}"
@@ -50,9 +55,19 @@ class ChatFormat:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """The opening prompt, ending with the template's generation prompt (as the data loader renders it)."""
-        return self.encode(self.render(messages, tools))
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                   images: list[Any] | None = None) -> list[int]:
+        """The opening prompt, ending with the template's generation prompt (as the data loader renders it).
+        ``images``: the row's images, one per ``<image>`` placeholder of ``messages``; the processor expands each
+        into its image-pad tokens, as the data loader does."""
+        if not images:
+            return self.encode(self.render(messages, tools))
+        from rlforge import multimodal as mm
+
+        if self.processor is None:
+            raise RLForgeError("A prompt with images needs a vision-language model's processor (model.path).")
+        typed = mm.typed_messages(messages, len(images), "the trajectory's prompt", self.image_key)
+        return mm.encode_prompt(self.processor, typed, images, "the trajectory's prompt", tools, **self.template)[0]
 
     def inserted_ids(self, messages: list[dict[str, Any]], stop_text: str = "") -> list[int]:
         """The tokens that follow a model turn when ``messages`` (tool replies, a user message) come next, up to the

@@ -8,31 +8,46 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rlforge.agent.chat import ChatFormat
+from rlforge.agent.engine import RowImages
 
 if TYPE_CHECKING:
     from rlforge.agent.base import Interaction, ToolParser
     from rlforge.agent.toolbox import Toolbox
+    from rlforge.agent.types import Sample
 
 
 @dataclass
 class AgentContext:
     """What agent loops share for a run: the config, the tokenizer and its chat format, the tools, the tool parser,
-    and a factory of interactions (None when ``rollout.agent.interaction`` is unset)."""
+    a factory of interactions (None when ``rollout.agent.interaction`` is unset) and a vision-language model's
+    processor (None for a text model)."""
 
     config: Any
     tokenizer: Any
     tools: Toolbox
     parser: ToolParser
     new_interaction: Callable[[], Interaction] | None = None
+    processor: Any = None
     chat: ChatFormat = field(init=False)
 
     def __post_init__(self) -> None:
         from rlforge.data import template_kwargs
 
-        self.chat = ChatFormat(self.tokenizer, template_kwargs(self.config))
+        self.chat = ChatFormat(self.tokenizer, template_kwargs(self.config), self.processor,
+                               self.config.data.image_key)
         bind = getattr(self.parser, "bind", None)  # optional: parsers that read the tokenizer (``tokenizer``)
         if bind is not None:
             bind(self)
+
+    def row_images(self, sample: Sample) -> RowImages | None:
+        """The images a trajectory's requests carry: its row's vision inputs and the image-pad tokens of its prompt
+        (None for a text row)."""
+        if sample.multi_modal is None:
+            return None
+        token = getattr(self.processor, "image_token_id", None)
+        if token is None:
+            token = self.tokenizer.convert_tokens_to_ids(self.processor.image_token)
+        return RowImages(sample.multi_modal, int(token), sample.prompt_ids.count(token))
 
     @property
     def limits(self) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rlforge.agent.types import DONE, MODEL, TOKEN_LIMIT, TURN_LIMIT, Sample, Span, ToolStats, Trajectory
+from rlforge.multimodal import IMAGES
 
 if TYPE_CHECKING:
     from rlforge.agent.context import AgentContext
@@ -44,8 +45,9 @@ class Conversation:
         self.sample = sample
         self.messages = list(opening if opening is not None else sample.messages)
         schemas = (context.tools.schemas() if tools is True else tools) or None
-        if schemas or opening is not None:
-            self.prompt_ids = self.chat.prompt_ids(self.messages, schemas)
+        if schemas or opening is not None:  # a row with images: rendered with its images by the processor
+            images = sample.multi_modal[IMAGES] if sample.multi_modal is not None else None
+            self.prompt_ids = self.chat.prompt_ids(self.messages, schemas, images)
         else:
             self.prompt_ids = list(sample.prompt_ids)
         limit = context.config.data.max_prompt_length

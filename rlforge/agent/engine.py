@@ -32,7 +32,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from rlforge.agent.workers import DaemonThreads
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 WAVE_WAIT_S = 0.05  # default longest wait for trajectories still in a tool call before a wave starts without them
 CONTINUOUS_THREADS = 256  # requests a continuous handle has at the backend at once (one blocked thread each); more wait
-Backend = Callable[[list[list[int]], list[SamplingParams]], list[Generation]]
+Backend = Callable[..., list[Generation]]  # generate_tokens(prompts, params[, multi_modal=]) -> one per prompt
+VisionInputs = dict[str, Any]  # a row's vision inputs (rlforge.multimodal: pixel_values, image_grid_thw, images)
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k")  # what changes the distribution a token is sampled from
 OFF_POLICY = ("the rollout samples with {key}={value:g} (rollout.{key}; rollout.val_* in validation) and the trainer "
               "scores every token at that sampling, so tokens sampled otherwise would be trained off-policy")
@@ -60,11 +61,39 @@ def off_policy_fields(asked: Mapping[str, Any], rollout: SamplingParams) -> list
     return [(k, getattr(rollout, k)) for k in SAMPLING_FIELDS if k in asked and asked[k] != getattr(rollout, k)]
 
 
+@dataclass(frozen=True)
+class RowImages:
+    """What a trajectory of a row with images sends with each request: the row's vision inputs (``inputs``), and the
+    image-pad token (``token_id``) of which each request's prompt must hold ``tokens`` (as the row's prompt does)."""
+
+    inputs: VisionInputs
+    token_id: int
+    tokens: int
+
+    def check(self, prompt_ids: list[int]) -> None:
+        found = prompt_ids.count(self.token_id)
+        if found != self.tokens:
+            raise ValueError(f"the request's prompt holds {found} image tokens, but the row's images take "
+                             f"{self.tokens}: a prompt for a row with images is rendered by the model's processor "
+                             f"(Conversation does; AgentContext.chat.prompt_ids(messages, tools, images)) and keeps "
+                             f"them in every turn")
+
+
+def call_backend(backend: Backend, prompts: list[list[int]], params: list[SamplingParams],
+                 multi_modal: list[VisionInputs | None] | None = None) -> list[Generation]:
+    """``backend(prompts, params)``; ``multi_modal=`` (each prompt's vision inputs or None) only when a prompt has
+    images, so that engines which take no images keep their two-argument ``generate_tokens``."""
+    if multi_modal is not None and any(m is not None for m in multi_modal):
+        return backend(prompts, params, multi_modal=multi_modal)
+    return backend(prompts, params)
+
+
 class EngineHandle:
     """Sends the ``generate`` requests of concurrent agent loops to ``backend``: each on its own at once (continuous
     batching) or batched into waves (see the module docstring).
 
-    :param backend: ``generate_tokens(prompts, params) -> generations`` of the rollout engine (or controller).
+    :param backend: ``generate_tokens(prompts, params[, multi_modal=]) -> generations`` of the rollout engine (or
+        controller); ``multi_modal`` (each prompt's vision inputs, or None) is given when a request has images.
     :param defaults: the sampling parameters of a request that does not override them (``n`` is ignored).
     :param max_len: the longest sequence (prompt + new tokens) a request may ask for.
     :param wave_wait_s: the longest wait for the trajectories not yet waiting before a wave starts without them.
@@ -82,7 +111,8 @@ class EngineHandle:
         self.waves: list[int] = []  # requests per backend call, in order (1 each under continuous batching)
         self.live = 0  # trajectories running (TrajectoryEngine.track); a wave waits a little for all of them
         self._arrived = asyncio.Event()
-        self._pending: list[tuple[tuple[int, int], list[int], SamplingParams, asyncio.Future[Generation]]] = []
+        self._pending: list[tuple[tuple[int, int], list[int], SamplingParams, VisionInputs | None,
+                                  asyncio.Future[Generation]]] = []
         self._arrivals = 0  # requests so far: the tie-break of a wave's order
         self._task: asyncio.Task[None] | None = None
         self._turns: dict[int, int] = {}  # continuous: requests so far per trajectory (the turn in its seed)
@@ -97,9 +127,10 @@ class EngineHandle:
         return await self.request(0, prompt_ids, params, overrides)
 
     async def request(self, order: int, prompt_ids: Sequence[int], params: SamplingParams | None,
-                      overrides: dict[str, Any]) -> Generation:
+                      overrides: dict[str, Any], multi_modal: VisionInputs | None = None) -> Generation:
         """:meth:`generate` for trajectory ``order`` (the sample's row): placed in its wave by ``order``, then by
-        arrival; under continuous batching sent at once, seeded by ``order`` and its turn."""
+        arrival; under continuous batching sent at once, seeded by ``order`` and its turn. ``multi_modal``: the
+        vision inputs of the images in ``prompt_ids`` (a row with images)."""
         p = replace(params or self.defaults, n=1, **overrides)
         off = off_policy_fields({k: getattr(p, k) for k in SAMPLING_FIELDS}, self.defaults)
         if off:
@@ -113,23 +144,24 @@ class EngineHandle:
             raise ValueError(f"a request of {len(ids)} prompt tokens + max_new_tokens={p.max_new_tokens} does not fit "
                              f"the engine's {self.max_len} tokens (data.max_prompt_length + rollout.max_new_tokens)")
         if self.continuous:
-            return await self._submit(order, ids, p)
+            return await self._submit(order, ids, p, multi_modal)
         future: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
-        self._pending.append(((order, self._arrivals), ids, p, future))
+        self._pending.append(((order, self._arrivals), ids, p, multi_modal, future))
         self._arrivals += 1
         self._arrived.set()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._dispatch())
         return await future
 
-    async def _submit(self, order: int, ids: list[int], p: SamplingParams) -> Generation:
+    async def _submit(self, order: int, ids: list[int], p: SamplingParams, multi_modal: VisionInputs | None
+                      ) -> Generation:
         """One request at the backend now (continuous batching), in a daemon thread of the handle's."""
         turn = self._turns.get(order, 0)
         self._turns[order] = turn + 1
         if p.temperature > 0:
             p = replace(p, seed=request_seed(p.seed if p.seed is not None else self._base_seed(), order, turn))
         self.waves.append(1)
-        outs = await asyncio.wrap_future(self._threads.submit(self.backend, [ids], [p]))
+        outs = await asyncio.wrap_future(self._threads.submit(call_backend, self.backend, [ids], [p], [multi_modal]))
         if len(outs) != 1:
             raise RuntimeError(f"generate_tokens returned {len(outs)} generations for 1 prompt")
         return outs[0]
@@ -151,7 +183,8 @@ class EngineHandle:
             params = [replace(w[2], seed=derived_seed(w[2].seed, len(self.waves))) for w in wave]  # a stream per wave
             self.waves.append(len(wave))
             try:
-                outs = await loop.run_in_executor(self._executor, self.backend, [w[1] for w in wave], params)
+                outs = await loop.run_in_executor(self._executor, call_backend, self.backend, [w[1] for w in wave],
+                                                  params, [w[3] for w in wave])
                 if len(outs) != len(wave):
                     raise RuntimeError(f"generate_tokens returned {len(outs)} generations for {len(wave)} prompts")
             except Exception as exc:  # every waiting loop fails with the engine's error
@@ -199,9 +232,10 @@ class TrajectoryEngine:
     """One trajectory's view of the :class:`EngineHandle` (what ``AgentLoop.run`` receives): counts its turns
     and the seconds it waited for generations."""
 
-    def __init__(self, handle: EngineHandle, order: int = 0) -> None:
+    def __init__(self, handle: EngineHandle, order: int = 0, images: RowImages | None = None) -> None:
         self.handle = handle
         self.order = order  # the sample's row: its requests' place in a wave
+        self.images = images  # a row with images: every request carries them
         self.calls = 0
         self.seconds = 0.0
         handle.live += 1
@@ -216,9 +250,12 @@ class TrajectoryEngine:
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                        **overrides: Any) -> Generation:
         self.calls += 1
+        if self.images is not None:
+            self.images.check(list(prompt_ids))
         start = time.perf_counter()
         try:
-            return await self.handle.request(self.order, prompt_ids, params, overrides)
+            return await self.handle.request(self.order, prompt_ids, params, overrides,
+                                             None if self.images is None else self.images.inputs)
         finally:
             self.seconds += time.perf_counter() - start
 
@@ -233,28 +270,33 @@ def token_generator(engine: Any, tokenizer: Any, token_io: bool) -> Backend:
 
 
 def tokens_via_generate(engine: Any, prompts: list[list[int]], params: list[SamplingParams], pad_id: int,
-                        stop_ids: set[int]) -> list[Generation]:
+                        stop_ids: set[int], multi_modal: list[VisionInputs | None] | None = None) -> list[Generation]:
     """``generate_tokens`` on top of a batch ``engine.generate``: requests that differ only in ``max_new_tokens``
-    share one call (with the largest; each result is cut to its own limit, which a sampled sequence allows)."""
+    share one call (with the largest; each result is cut to its own limit, which a sampled sequence allows).
+    ``multi_modal``: each prompt's vision inputs (None for a text prompt), the batch's ``B.MULTI_MODAL_INPUTS``."""
     groups: dict[SamplingParams, list[int]] = {}
     for i, p in enumerate(params):
         groups.setdefault(replace(p, n=1, max_new_tokens=1), []).append(i)
     out: dict[int, Generation] = {}
     for key, rows in groups.items():
         longest = max(params[i].max_new_tokens for i in rows)
-        batch = engine.generate(prompt_batch([prompts[i] for i in rows], pad_id), replace(key, max_new_tokens=longest))
+        vision = [multi_modal[i] for i in rows] if multi_modal is not None else None
+        batch = engine.generate(prompt_batch([prompts[i] for i in rows], pad_id, vision),
+                                replace(key, max_new_tokens=longest))
         for j, i in enumerate(rows):
             out[i] = _row_generation(batch, j, params[i].max_new_tokens, stop_ids)
     return [out[i] for i in range(len(prompts))]
 
 
-def prompt_batch(prompts: list[list[int]], pad_id: int) -> Batch:
-    """The loader's columns ``prompts``/``prompt_mask`` (left-padded) for these prompts."""
+def prompt_batch(prompts: list[list[int]], pad_id: int, multi_modal: list[VisionInputs | None] | None = None) -> Batch:
+    """The loader's columns ``prompts``/``prompt_mask`` (left-padded) for these prompts, and their vision inputs
+    (``B.MULTI_MODAL_INPUTS``) when one has images."""
     from rlforge import batch as B
     from rlforge.agent.batching import pad_rows
 
+    lists = {B.MULTI_MODAL_INPUTS: list(multi_modal)} if multi_modal and any(m is not None for m in multi_modal) else {}
     return B.Batch({B.PROMPTS: pad_rows(prompts, pad_id, left=True),
-                    B.PROMPT_MASK: pad_rows([[1] * len(p) for p in prompts], 0, left=True)})
+                    B.PROMPT_MASK: pad_rows([[1] * len(p) for p in prompts], 0, left=True)}, lists=lists)
 
 
 def _row_generation(batch: Batch, row: int, limit: int, stop_ids: set[int]) -> Generation:

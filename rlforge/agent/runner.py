@@ -74,7 +74,7 @@ class AgentRunner:
                 raise
 
     async def _run_one(self, sample: Sample, handle: EngineHandle) -> tuple[Trajectory, float]:
-        engine = TrajectoryEngine(handle, sample.index)
+        engine = TrajectoryEngine(handle, sample.index, self.context.row_images(sample))
         try:
             check_agent_name(sample.agent_name, self.name)
             traj = await self.loop.run(sample, engine)
@@ -109,12 +109,13 @@ def samples(rows: B.Batch) -> list[Sample]:
     """One :class:`Sample` per row (the loader's columns; messages copied, so loops may extend them)."""
     n = len(rows)
     lists = {col: rows.lists.get(col, [None] * n) for col in (B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH,
-                                                               B.EXTRA_INFO, B.UID, B.AGENT_NAME)}
+                                                               B.EXTRA_INFO, B.UID, B.AGENT_NAME,
+                                                               B.MULTI_MODAL_INPUTS)}
     return [Sample(messages=copy.deepcopy(lists[B.RAW_PROMPT][i] or []),
                    prompt_ids=rows[B.PROMPTS][i][rows[B.PROMPT_MASK][i].bool()].tolist(),
                    data_source=lists[B.DATA_SOURCE][i] or "", ground_truth=lists[B.GROUND_TRUTH][i],
                    extra_info=lists[B.EXTRA_INFO][i], uid=lists[B.UID][i], index=i,
-                   agent_name=lists[B.AGENT_NAME][i]) for i in range(n)]
+                   agent_name=lists[B.AGENT_NAME][i], multi_modal=lists[B.MULTI_MODAL_INPUTS][i]) for i in range(n)]
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

@@ -61,7 +61,7 @@ class AgentRolloutStage(RolloutStage):
         if self.runner is None:
             if run.builder is None:
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
-            self.runner = run.builder.agent(run.module.tokenizer)
+            self.runner = run.builder.agent(run.module.tokenizer, run.module.processor)
         return self.runner.rollout(batch, params, engines.generate_tokens, controller.continuous_batching)
 
     def close(self) -> None:

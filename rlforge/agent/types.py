@@ -32,6 +32,8 @@ class Sample:
     uid: Any  # group id: the rollout.n samples of a prompt share it
     index: int  # row of the rollout batch (prompt index x rollout.n + sample number)
     agent_name: str | None = None  # the row's agent_name column (verl's per-row agent loop; rollout.agent.loop=verl_agent)
+    multi_modal: dict[str, Any] | None = None  # the row's vision inputs (B.MULTI_MODAL_INPUTS: pixel_values,
+    # image_grid_thw, images); None for a text row. Its requests carry them (docs/agentic.md, images)
 
 
 @dataclass(frozen=True)

@@ -161,13 +161,15 @@ def dispatch_engine_rows(group: Any, args: tuple) -> Shares:
 
 
 def dispatch_engine_requests(group: Any, args: tuple) -> Shares:
-    """``(prompts, params)``: agent loops' requests in contiguous parts over the engines (seeded as ``engine_rows``)."""
+    """``(prompts, params[, multi_modal])``: agent loops' requests in contiguous parts over the engines (seeded as
+    ``engine_rows``), each with its vision inputs."""
     from rlforge.sampling import derived_seed
 
-    prompts, params = args
+    prompts, params, *rest = args  # rest: [multi_modal] where the method takes it
     n = group.world_size
     bounds = [round(i * len(prompts) / n) for i in range(n + 1)]
-    return Shares([(prompts[a:b], [replace(p, seed=derived_seed(p.seed, i)) for p in params[a:b]]) if b > a else None
+    return Shares([(prompts[a:b], [replace(p, seed=derived_seed(p.seed, i)) for p in params[a:b]],
+                    *(None if m is None else m[a:b] for m in rest)) if b > a else None
                    for i, (a, b) in enumerate(zip(bounds, bounds[1:]))])
 
 

@@ -24,7 +24,7 @@ import torch
 from rlforge import batch as B
 from rlforge import checkpoint as ckpt
 from rlforge import lora
-from rlforge.agent.engine import token_generator
+from rlforge.agent.engine import call_backend, token_generator
 from rlforge.sampling import Generation, SamplingParams
 from rlforge.weight_sync import SyncStats, adapter_weights, timed
 from rlforge.capabilities import declared_methods, remote
@@ -93,8 +93,9 @@ class WorkerProcess:
         return self.rollout.generate(batch, params)
 
     @remote("engine_requests", "flatten")
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
-        return self.tokens(prompts, params)
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams],
+                        multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:
+        return call_backend(self.tokens, prompts, params, multi_modal)
 
     @remote(collect="sync_stats")
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:

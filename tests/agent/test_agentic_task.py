@@ -192,7 +192,8 @@ def test_validation_runs_the_agent_loop_with_the_validation_sampling(make_runner
     cfg = make_config("rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]")
     script = Scripted(tok, calculator_then_answer)
     stage = AgentRolloutStage()
-    trainer = SimpleNamespace(config=cfg, builder=Builder(cfg, pm), module=SimpleNamespace(tokenizer=tok),
+    module = SimpleNamespace(tokenizer=tok, processor=None)
+    trainer = SimpleNamespace(config=cfg, builder=Builder(cfg, pm), module=module,
                               controller=fake_controller(generate_tokens=script, score=None),
                               flow=SimpleNamespace(stages=[stage]))
     params = sampling(n=2)

@@ -194,6 +194,21 @@ def test_generation_goes_to_the_rollout_group_and_each_engine_samples_its_own_st
     assert derived_seed(7, 1) != 7
     assert not any(r.seeds for r in controller.actor_ranks)  # the actor ranks own no engine
 
+
+class VisionRank(Rank):
+    @remote("engine_requests", "flatten")
+    def generate_tokens(self, prompts, params, multi_modal=None):
+        self.seeds.append(multi_modal)
+        return [None] * len(prompts)
+
+
+def test_agent_requests_keep_their_images_when_split_over_the_engines(registry):
+    ranks = [VisionRank(r) for r in range(2)]
+    engines = WorkerGroup("rollout", VisionRank, InProcess(ranks), _config(), registry)
+    engines.generate_tokens([[1], [2], [3]], [SamplingParams()] * 3, multi_modal=[{"a": 1}, None, {"c": 3}])
+    engines.generate_tokens([[1], [2], [3]], [SamplingParams()] * 3)  # text requests: the default None
+    assert [r.seeds for r in ranks] == [[[{"a": 1}, None], None], [[{"c": 3}], None]]
+
 class Trained:
     """A trained role's rank: its checkpoint state (with its weights when asked) and its RNG state."""
 

@@ -164,3 +164,15 @@ def test_a_prompt_with_images_over_the_limit_is_never_cut(vlm):
     _, tok, proc = vlm
     with pytest.raises(DataError, match="row 1: prompt is .* a prompt with images is never cut"):
         tokenize_rows([_row()], tok, 4, False, "t", processor=proc, truncation="left")
+
+
+def test_rows_with_images_get_the_chat_template_kwargs(vlm):
+    """``data.apply_chat_template_kwargs`` reach the processor's template as they reach the tokenizer's."""
+    import copy
+
+    _, tok, proc = vlm
+    proc = copy.copy(proc)
+    proc.chat_template = "{% if system_note %}<|system|>" + "{{ system_note }}<|end|>{% endif %}" + mm.VLM_CHAT_TEMPLATE
+    plain, noted = (tokenize_rows([_row()], tok, 64, False, "t", processor=proc, template=t)[0].ids
+                    for t in (None, {"system_note": "hi"}))
+    assert noted[-len(plain):] == plain and tok.decode(noted[:len(noted) - len(plain)]) == "<|system|>hi<|end|>"

@@ -33,7 +33,8 @@ class FakeLLM:
     def generate(self, prompts, sampling, adapter=None):
         self.prompts = prompts
         logprob = SimpleNamespace(logprob=-0.5)
-        out = SimpleNamespace(index=0, token_ids=[5, self.eos], logprobs=[{5: logprob}, {self.eos: logprob}])
+        out = SimpleNamespace(index=0, token_ids=[5, self.eos], logprobs=[{5: logprob}, {self.eos: logprob}],
+                              finish_reason="stop")
         return [SimpleNamespace(outputs=[out]) for _ in prompts]
 
 
@@ -56,3 +57,24 @@ def test_generate_sends_token_prompts_with_multi_modal_data(vlm):
     assert second == {"prompt_token_ids": prompts[1].ids}
     assert out[B.RESPONSES][:, :2].tolist() == [[5, tok.eos_token_id]] * 2
     assert torch.equal(out[B.PROMPTS], batch[B.PROMPTS])  # the batch keeps the expanded prompt the actor reads
+
+
+def test_agent_requests_send_their_images_the_same_way(vlm):
+    """``generate_tokens`` (agent loops' requests, a prompt that has grown by turns) sends as ``generate`` does."""
+    model, tok, proc = vlm
+    prompts, _ = mixed_batch(tok, proc)
+    llm = FakeLLM(tok.eos_token_id)
+    engine = VLLMRollout.__new__(VLLMRollout)
+    engine.vllm = SimpleNamespace(TokensPrompt=dict, SamplingParams=lambda **kw: kw)
+    engine.model, engine.tokenizer, engine.stop_ids, engine.supports_sleep = model, tok, [tok.eos_token_id], False
+    engine._engine = lambda: llm
+    engine._lock, engine._calls, engine.adapter = threading.Lock(), 0, None
+    turn_two = [*prompts[0].ids, 5, tok.eos_token_id, 7, 8]  # the first turn's answer and an inserted reply after it
+    params = [SamplingParams(max_new_tokens=4, temperature=0.0)] * 2
+    outs = engine.generate_tokens([turn_two, prompts[1].ids], params, multi_modal=[prompts[0].multi_modal, None])
+    image_token = mm.placeholder_token_ids(model)[0]
+    first, second = llm.prompts
+    assert first["prompt_token_ids"].count(image_token) == 1
+    assert first["prompt_token_ids"][-4:] == [5, tok.eos_token_id, 7, 8]
+    assert len(first["multi_modal_data"]["image"]) == 1 and second == {"prompt_token_ids": prompts[1].ids}
+    assert [o.ids for o in outs] == [[5, tok.eos_token_id]] * 2
