@@ -163,28 +163,35 @@ def _from_verl(args: argparse.Namespace) -> int:
 
 
 def cmd_verl(argv: list[str]) -> int:
-    """``rlforge verl [--sft] [--print] ARGS...``: a verl launch's arguments, run by rlforge."""
+    """``rlforge verl [--sft] [--print] ARGS... [-- RLFORGE_OVERRIDES...]``: a verl launch's arguments, run by rlforge;
+    rlforge's own keys after ``--`` go on top of the translation."""
     from rlforge.config import compose_with_plugins
     from rlforge.config.verl_launch import ORIGIN, PPO_ENTRY, SFT_ENTRY, prepare
 
     flags = {"--sft", "--print"}
     if argv[:1] in (["-h"], ["--help"]):
-        print("usage: rlforge verl [--sft] [--print] VERL_ARGS...\n\nThe arguments of `python3 -m "
-              "verl.trainer.main_ppo` (--sft: of verl's SFT trainer): --config-path/--config-name and Hydra overrides "
-              "(key=v, +key=v, ++key=v, ~key). --print: show the translation and stop. See docs/migration-from-verl.md.")
+        print("usage: rlforge verl [--sft] [--print] VERL_ARGS... [-- RLFORGE_OVERRIDES...]\n\nThe arguments of "
+              "`python3 -m verl.trainer.main_ppo` (--sft: of verl's SFT trainer): --config-path/--config-name and "
+              "Hydra overrides (key=v, +key=v, ++key=v, ~key). After --: rlforge's own keys (as `rlforge fit` takes "
+              "them, e.g. sft.devices=2), set on top of the translation. --print: show the translation and stop. See "
+              "docs/migration-from-verl.md.")
         return 0
+    at = argv.index("--") if "--" in argv else len(argv)
+    argv, ours = argv[:at], argv[at + 1:]
     opts = {a for a in argv if a in flags}
     prepared = prepare([a for a in argv if a not in flags], SFT_ENTRY if "--sft" in opts else PPO_ENTRY,
                        refuse="--print" not in opts)
     t = prepared.translation
     if "--print" in opts:  # exit status 2 where keys are refused, as `rlforge config from-verl`
-        print("\n".join(t.report()))
+        print("\n".join([*t.report(), *([f"then rlforge's keys: {' '.join(ours)}"] if ours else [])]))
         return 2 if t.refused else 0
     print(f"rlforge: verl launch: {t.report()[0]}", file=sys.stderr)
     try:
-        pm, cfg = compose_with_plugins(None, None, [], loaded=_warn, base=(prepared.config, ORIGIN))
+        pm, cfg = compose_with_plugins(None, None, ours, loaded=_warn, base=(prepared.config, ORIGIN))
     except ConfigError as exc:  # a value rlforge refuses, named by the verl key it came from
-        sources = [f"{f.key}={f.value}" for f in t.fates if f.target and f"'{f.target}'" in str(exc)]
+        mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
+        sources = [f"{f.key}={f.value}" for f in t.fates
+                   if f.target and f.target not in mine and f"'{f.target}'" in str(exc)]
         if not sources:
             raise
         raise ConfigError(f"{exc} (from verl's {', '.join(sources)})") from None

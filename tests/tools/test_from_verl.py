@@ -335,3 +335,35 @@ def test_a_value_rlforge_refuses_at_rlforge_verl_names_the_verl_key_it_came_from
     assert main(["verl", *BASE, f"{ARO}.actor.optim.lr=-1", "trainer.device=cpu"]) == 2
     err = capsys.readouterr().err
     assert "'actor.lr'" in err and f"(from verl's {ARO}.actor.optim.lr=-1" in err, err[-2000:]
+
+
+def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, monkeypatch) -> None:
+    import rlforge.sft
+    import rlforge.trainer
+
+    seen = {}
+
+    class Trainer:  # what `rlforge verl` would train, captured
+        def __init__(self, cfg, plugins=None):
+            seen["fit"] = cfg
+
+        def fit(self):
+            return {}
+
+    monkeypatch.setattr(rlforge.sft, "run_sft", lambda cfg, pm: seen.setdefault("sft", cfg))
+    monkeypatch.setattr(rlforge.trainer, "Trainer", Trainer)
+    assert main(["verl", "--sft", "data.train_files=chat.jsonl", "model.path=builtin:tiny-arith", "--",
+                 "sft.devices=2"]) == 0
+    assert seen["sft"].sft.devices == 2 and seen["sft"].sft.train_file == "chat.jsonl"
+    data = Path(__file__).parent / "data"
+    files = [f"data.train_files={data / 'gsm8k_train.jsonl'}", f"data.val_files={data / 'verl_gsm8k_test.jsonl'}",
+             f"{ARO}.model.path=builtin:tiny-arith", "data.max_prompt_length=128", "data.max_response_length=64"]
+    assert main(["verl", *BASE, *files, "trainer.device=cpu", "--", "rollout.name=hf", "actor.lr=3e-6"]) == 0
+    assert seen["fit"].rollout.name == "hf" and seen["fit"].actor.lr == 3e-6
+    assert main(["verl", "--print", *BASE, "--", "rollout.name=hf"]) == 0
+    assert "then rlforge's keys: rollout.name=hf" in capsys.readouterr().out
+    assert main(["verl", *BASE, "trainer.device=cpu", "--", f"{ARO}.actor.optim.lr=1e-5"]) == 2  # verl's spelling
+    assert "is verl's key; rlforge's is 'actor.lr'" in capsys.readouterr().err
+    assert main(["verl", *BASE, "trainer.device=cpu", "--", "actor.lr=-1"]) == 2
+    err = capsys.readouterr().err
+    assert "'actor.lr'" in err and "from verl's" not in err  # the bad value is the user's, not the launch's
