@@ -66,11 +66,16 @@ def _open_image(value: Any, where: str, key: str, n: int) -> Any:
 
 def row_images(row: dict[str, Any], image_key: str, where: str) -> list[Any]:
     """The images of a row's ``image_key`` column (none when it is missing or empty), as RGB PIL images."""
-    value = row.get(image_key)
+    return open_images(row.get(image_key), where, image_key)
+
+
+def open_images(value: Any, where: str, key: str) -> list[Any]:
+    """One image or a list of them (PIL images, ``{"bytes": ...}``, ``{"path": ...}``, paths) as RGB PIL images;
+    ``where`` and ``key`` name them in errors."""
     if value is None:
         return []
     values = list(value) if isinstance(value, (list, tuple)) else [value]
-    return [_open_image(v, where, image_key, n) for n, v in enumerate(values)]
+    return [_open_image(v, where, key, n) for n, v in enumerate(values)]
 
 
 def _split(text: str) -> list[dict[str, Any]]:
@@ -134,12 +139,31 @@ def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[A
     try:
         text = processor.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
                                              tokenize=False, **template)
-        encoded = processor(text=[text], images=images, return_tensors="pt")
-    except Exception as exc:  # a template or processor that refuses the row
+    except Exception as exc:  # a template that refuses the row
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise DataError(f"{where}: the processor cannot encode this row ({type(exc).__name__}: {detail}).") from None
+    return encode_text(processor, text, images, where)
+
+
+def encode_text(processor: Any, text: str, images: list[Any], where: str) -> tuple[list[int], dict[str, Any]]:
+    """(ids of rendered ``text`` with each image's pad expanded into its image-pad tokens, the vision inputs of
+    ``images``) from the processor; no special tokens added."""
+    try:
+        encoded = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
+    except Exception as exc:  # a processor that refuses the images or the text
         detail = (str(exc).strip().splitlines() or [""])[0]
         raise DataError(f"{where}: the processor cannot encode this row ({type(exc).__name__}: {detail}).") from None
     return encoded["input_ids"][0].tolist(), {PIXEL_VALUES: encoded[PIXEL_VALUES],
                                                IMAGE_GRID_THW: encoded[IMAGE_GRID_THW], IMAGES: list(images)}
+
+
+def append_inputs(first: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:
+    """The vision inputs of ``first``'s images followed by ``more``'s (a sequence whose later turns add images)."""
+    if first is None:
+        return dict(more)
+    return {PIXEL_VALUES: torch.cat([first[PIXEL_VALUES], more[PIXEL_VALUES]]),
+            IMAGE_GRID_THW: torch.cat([first[IMAGE_GRID_THW], more[IMAGE_GRID_THW]]),
+            IMAGES: [*first.get(IMAGES, []), *more.get(IMAGES, [])]}
 
 
 def engine_prompt(ids: list[int], inputs: dict[str, Any] | None, image_token: int | None) -> dict[str, Any]:

@@ -62,6 +62,10 @@ def to_batch(rows: B.Batch, trajectories: list[Trajectory], answers: list[str], 
     out[AGENT_REWARDS] = rewards
     out[B.SOLUTION_TEXT] = answers
     out[B.NUM_TURNS] = [num_turns(t) for t in trajectories]
+    if any(t.multi_modal is not None for t in trajectories):  # inserted turns showed images: the whole sequence's
+        rows_mm = rows.lists.get(B.MULTI_MODAL_INPUTS) or [None] * len(trajectories)
+        out[B.MULTI_MODAL_INPUTS] = [row if t.multi_modal is None else t.multi_modal
+                                     for row, t in zip(rows_mm, trajectories)]
     if any(t.score is not None for t in trajectories):  # loops that scored their trajectories themselves
         out[B.LOOP_SCORES] = [None if t.score is None else float(t.score) for t in trajectories]
     if any(t.extra_info for t in trajectories):  # a loop's additions to what the reward function receives

@@ -73,6 +73,22 @@ class ChatFormat:
         """The tokens that follow a model turn when ``messages`` (tool replies, a user message) come next, up to the
         generation prompt of the next model turn. ``stop_text``: the text of the stop token that ended the model
         turn ("" when it was cut by the length limit: the template's end marker is inserted whole)."""
+        return self.encode(self._inserted_text(messages, stop_text))
+
+    def inserted_with_images(self, messages: list[dict[str, Any]], images: list[Any], stop_text: str = ""
+                             ) -> tuple[list[int], dict[str, Any]]:
+        """:meth:`inserted_ids` of messages that show ``images`` (one per ``<image>`` placeholder of their contents,
+        in order), each expanded into its image-pad tokens by the processor; and the images' vision inputs."""
+        from rlforge import multimodal as mm
+
+        if self.processor is None:
+            raise RLForgeError("Messages with images need a vision-language model's processor (model.path is a text "
+                               "model).")
+        where = "the inserted messages"
+        typed = mm.typed_messages(messages, len(images), where, "images")
+        return mm.encode_text(self.processor, self._inserted_text(typed, stop_text), images, where)
+
+    def _inserted_text(self, messages: list[dict[str, Any]], stop_text: str) -> str:
         full = self.render([*_BASE, *messages])
         if not full.startswith(self._base):
             raise RLForgeError(
@@ -85,7 +101,7 @@ class ChatFormat:
                                "as nothing, so the model would never see them.")
         end = self.end_of_message
         closing = end[len(stop_text):] if stop_text and end.startswith(stop_text) else end
-        return self.encode(closing + added)
+        return closing + added
 
     def truncate(self, text: str, max_tokens: int, side: str = "right") -> tuple[str, bool]:
         """``text`` cut to at most ``max_tokens`` tokens, a truncation marker among them; (text, whether cut).

@@ -44,10 +44,16 @@ class AgentContext:
         (None for a text row)."""
         if sample.multi_modal is None:
             return None
+        token = self.image_token_id
+        return RowImages(sample.multi_modal, token, sample.prompt_ids.count(token))
+
+    @property
+    def image_token_id(self) -> int:
+        """The image-pad token of the vision-language model's processor."""
         token = getattr(self.processor, "image_token_id", None)
         if token is None:
             token = self.tokenizer.convert_tokens_to_ids(self.processor.image_token)
-        return RowImages(sample.multi_modal, int(token), sample.prompt_ids.count(token))
+        return int(token)
 
     @property
     def limits(self) -> Any:

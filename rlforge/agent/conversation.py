@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rlforge.agent.engine import RowImages
 from rlforge.agent.types import DONE, MODEL, TOKEN_LIMIT, TURN_LIMIT, Sample, Span, ToolStats, Trajectory
-from rlforge.multimodal import IMAGES
+from rlforge.multimodal import IMAGE_PLACEHOLDER, IMAGES, open_images
 
 if TYPE_CHECKING:
     from rlforge.agent.context import AgentContext
@@ -65,6 +66,8 @@ class Conversation:
         self.spans: list[Span] = []  # the response's model and inserted turns, in order
         self._stop_text = ""  # text of the stop token that ended the last model turn ("" if cut by length)
         self.last: Generation | None = None  # the last model turn's generation
+        self.images = context.row_images(sample)  # the images so far (the row's, then inserted turns'); None: none
+        self._added_images = False  # inserted turns showed images: the trajectory's vision inputs are not the row's
 
     @property
     def turns(self) -> int:
@@ -97,7 +100,7 @@ class Conversation:
         if self.remaining <= 0:
             self.stop(TOKEN_LIMIT)
             return None
-        self.last = await engine.generate([*self.prompt_ids, *self.response_ids],
+        self.last = await engine.generate([*self.prompt_ids, *self.response_ids], images=self.images,
                                           max_new_tokens=min(per_turn, self.remaining), **overrides)
         return self.add_generation(self.last)
 
@@ -118,11 +121,23 @@ class Conversation:
 
     def add_messages(self, messages: list[dict[str, Any]]) -> bool:
         """Insert ``messages`` after the last model turn (mask 0), with the generation prompt of the next turn.
-        False (and the trajectory stops at the token limit) when they would leave no room for another model turn."""
-        ids = self.chat.inserted_ids(messages, self._stop_text)
+        False (and the trajectory stops at the token limit) when they would leave no room for another model turn.
+        A message may show images (a vision-language model): its ``images`` (PIL images, ``{"bytes": ...}`` or
+        paths), one per ``<image>`` placeholder of its content, in order (tool replies with images have them)."""
+        images = _message_images(messages)
+        if images:
+            ids, inputs = self.chat.inserted_with_images(
+                [{k: v for k, v in m.items() if k != "images"} for m in messages], images, self._stop_text)
+            token = self.context.image_token_id
+            extended = (self.images.extended(inputs, ids.count(token)) if self.images is not None else
+                        RowImages(inputs, token, ids.count(token)))
+        else:
+            ids = self.chat.inserted_ids(messages, self._stop_text)
         if len(ids) >= self.remaining:
             self.stop(TOKEN_LIMIT)
             return False
+        if images:
+            self.images, self._added_images = extended, True
         self.spans.append(Span(inserted_role(messages), len(self.response_ids), len(self.response_ids) + len(ids),
                                tuple(messages)))
         self.response_ids += ids
@@ -148,4 +163,21 @@ class Conversation:
             log_probs=self.log_probs, turn_rewards=self.turn_rewards, reward=reward, answer=answer,
             inserted_turns=self.inserted_turns, stop_reason=self.stop_reason or DONE, tools=self.stats,
             metrics=dict(metrics or {}), spans=list(self.spans),
+            multi_modal=self.images.inputs if self._added_images and self.images is not None else None,
         )
+
+
+def _message_images(messages: list[dict[str, Any]]) -> list[Any]:
+    """The images the messages show (their ``images``, opened); where there are any, each message's count is checked
+    against its ``<image>`` placeholders."""
+    shown = [open_images(m.get("images"), f"message {n} ({m.get('role')})", "images") for n, m in enumerate(messages)]
+    if not any(shown):
+        return []
+    for n, (m, images) in enumerate(zip(messages, shown)):
+        content = m.get("content")
+        found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
+        if found != len(images):
+            raise ValueError(f"message {n} ({m.get('role')}) has {len(images)} image(s) in 'images' and {found} "
+                             f"{IMAGE_PLACEHOLDER} placeholder(s) in its content: put one placeholder where each "
+                             f"image goes")
+    return [image for images in shown for image in images]

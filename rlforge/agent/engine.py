@@ -63,12 +63,19 @@ def off_policy_fields(asked: Mapping[str, Any], rollout: SamplingParams) -> list
 
 @dataclass(frozen=True)
 class RowImages:
-    """What a trajectory of a row with images sends with each request: the row's vision inputs (``inputs``), and the
-    image-pad token (``token_id``) of which each request's prompt must hold ``tokens`` (as the row's prompt does)."""
+    """What a trajectory with images sends with each request: the vision inputs of its images so far (``inputs``:
+    the row's, then those its inserted turns added), and the image-pad token (``token_id``) of which each request's
+    prompt must hold ``tokens``."""
 
     inputs: VisionInputs
     token_id: int
     tokens: int
+
+    def extended(self, inputs: VisionInputs, tokens: int) -> RowImages:
+        """These images followed by more (``inputs``, taking ``tokens`` image-pad tokens)."""
+        from rlforge.multimodal import append_inputs
+
+        return RowImages(append_inputs(self.inputs, inputs), self.token_id, self.tokens + tokens)
 
     def check(self, prompt_ids: list[int]) -> None:
         found = prompt_ids.count(self.token_id)
@@ -248,14 +255,17 @@ class TrajectoryEngine:
         return self.handle.defaults
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
-                       **overrides: Any) -> Generation:
+                       images: RowImages | None = None, **overrides: Any) -> Generation:
+        """One completion of ``prompt_ids`` (``overrides``: sampling fields such as ``max_new_tokens``); ``images``:
+        those of the prompt when its inserted turns added some (default: the row's)."""
         self.calls += 1
-        if self.images is not None:
-            self.images.check(list(prompt_ids))
+        images = images or self.images
+        if images is not None:
+            images.check(list(prompt_ids))
         start = time.perf_counter()
         try:
             return await self.handle.request(self.order, prompt_ids, params, overrides,
-                                             None if self.images is None else self.images.inputs)
+                                             None if images is None else images.inputs)
         finally:
             self.seconds += time.perf_counter() - start
 

@@ -44,7 +44,8 @@ def agent_record(traj: Trajectory, context: AgentContext) -> dict[str, Any]:
             if parsed.reasoning:
                 item["reasoning"] = parsed.reasoning
         elif span.messages:
-            item["messages"] = [dict(m) for m in span.messages]
+            item["messages"] = [{**m, "images": len(m["images"])} if m.get("images") else dict(m)
+                                for m in span.messages]  # images shown: their count
         spans.append(item)
     return {"spans": spans, "stop_reason": traj.stop_reason, "turn_rewards": list(traj.turn_rewards),
             "loop_reward": traj.reward,

@@ -16,6 +16,7 @@ from rlforge.agent.base import Tool
 from rlforge.agent.types import ParsedTurn, Sample, ToolCall, ToolError, ToolResult, ToolStats
 from rlforge.agent.workers import DaemonThreads, ToolLoop
 from rlforge.errors import RLForgeError
+from rlforge.multimodal import IMAGE_PLACEHOLDER, open_images
 
 if TYPE_CHECKING:
     from rlforge.agent.chat import ChatFormat
@@ -125,7 +126,7 @@ class ToolSession:
         limit = self.box.limits.max_tool_calls_per_turn
         calls, extra = parsed.calls[:limit], parsed.calls[limit:]
         results = await asyncio.gather(*(self._call(c) for c in calls))
-        messages = [_message(c.name, c.id, text) for c, (text, _) in zip(calls, results)]
+        messages = [_message(c.name, c.id, text, images) for c, (text, _, images) in zip(calls, results)]
         for c in extra:
             self.stats.errors += 1
             messages.append(_message(c.name, c.id, f"Error: only {limit} tool calls per turn are run "
@@ -133,13 +134,14 @@ class ToolSession:
         for reason in parsed.errors:
             self.stats.parse_errors += 1
             messages.append(_message("", "", f"Error: the tool call could not be read: {reason}"))
-        return messages, sum(r for _, r in results)
+        return messages, sum(r for _, r, _ in results)
 
-    async def _call(self, call: ToolCall) -> tuple[str, float]:
+    async def _call(self, call: ToolCall) -> tuple[str, float, list[Any]]:
         self.stats.calls += 1
         start = time.perf_counter()
+        images: list[Any] = []
         try:
-            text, reward = await asyncio.wait_for(self._execute(call), self.box.limits.tool_timeout_s)
+            text, reward, images = await asyncio.wait_for(self._execute(call), self.box.limits.tool_timeout_s)
         except asyncio.TimeoutError:
             text, reward = self._error(f"the tool '{call.name}' did not answer within "
                                        f"{self.box.limits.tool_timeout_s:g} s (rollout.agent.tool_timeout_s)"), 0.0
@@ -150,9 +152,9 @@ class ToolSession:
         self.stats.seconds.append(time.perf_counter() - start)
         limits = self.box.limits
         text, _ = self.chat.truncate(text, limits.max_tool_output_tokens, limits.tool_output_truncate_side)
-        return text, reward
+        return text, reward, images
 
-    async def _execute(self, call: ToolCall) -> tuple[str, float]:
+    async def _execute(self, call: ToolCall) -> tuple[str, float, list[Any]]:
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(self.tools) or "(none)"
@@ -165,10 +167,22 @@ class ToolSession:
         if isinstance(result, ToolResult) and isinstance(result.text, str):
             if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
                 raise ToolError(f"the tool '{call.name}' returned the reward {result.reward!r}, not a finite number")
-            return result.text, float(result.reward)
+            return result.text, float(result.reward), self._images(call.name, result)
         if isinstance(result, str):
-            return result, 0.0
+            return result, 0.0, []
         raise ToolError(f"the tool '{call.name}' returned {type(result).__name__} ({result!r:.80}), not text")
+
+    def _images(self, name: str, result: ToolResult) -> list[Any]:
+        """A reply's images, opened; a text model gets an error reply instead."""
+        if not result.images:
+            return []
+        if self.chat.processor is None:
+            raise ToolError(f"the tool '{name}' replied with images, which a text model cannot see (model.path has "
+                            f"no image processor)")
+        if IMAGE_PLACEHOLDER in result.text:
+            raise ToolError(f"the tool '{name}' replied with images and a text holding {IMAGE_PLACEHOLDER}: the images "
+                            f"(ToolResult.images) are shown before the text, which must not mark places for them")
+        return open_images(result.images, f"the tool '{name}''s reply", "images")
 
     def _error(self, message: str) -> str:
         self.stats.errors += 1
@@ -180,8 +194,11 @@ def _no_state(sample: Sample) -> None:
     return None
 
 
-def _message(name: str, call_id: str, text: str) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "tool", "content": text}
+def _message(name: str, call_id: str, text: str, images: list[Any] | tuple[()] = ()) -> dict[str, Any]:
+    """A tool message; its images (``images``) go before the text, one ``<image>`` placeholder each."""
+    message: dict[str, Any] = {"role": "tool", "content": IMAGE_PLACEHOLDER * len(images) + text}
+    if images:
+        message["images"] = images
     if name:
         message["name"] = name
     if call_id:

@@ -57,10 +57,13 @@ class ParsedTurn:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """A tool's reply with a reward (added to the reward of the turn that called it)."""
+    """A tool's reply with a reward (added to the reward of the turn that called it) and the images it shows
+    (PIL images, ``{"bytes": ...}`` or paths; a vision-language model sees them before the text, as verl inserts a
+    ``ToolResponse``'s images)."""
 
     text: str
     reward: float = 0.0
+    images: tuple[Any, ...] | list[Any] = ()
 
 
 DONE, TURN_LIMIT, TOKEN_LIMIT = "done", "max_turns", "max_tokens"  # why a trajectory ended
@@ -115,6 +118,8 @@ class Trajectory:
     # it; empty: read from the mask by ``all_spans``)
     extra_info: dict[str, Any] | None = None  # added to the row's extra_info that the reward function receives
     score: float | None = None  # set: the trajectory's score in place of the reward function's (which is not called)
+    multi_modal: dict[str, Any] | None = None  # the vision inputs of every image of the sequence when inserted turns
+    # showed images (the row's first, then theirs; Conversation sets it); None: the row's
 
     def turn_spans(self) -> list[tuple[int, int]]:
         """``(start, end)`` response positions of each model turn (runs of 1s in the mask; end exclusive)."""
@@ -172,6 +177,9 @@ class Trajectory:
                             *((f"metrics[{k!r}]", v) for k, v in self.metrics.items())]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{what} is {value!r}; it must be a finite number")
+        if self.multi_modal is not None and not (isinstance(self.multi_modal, dict) and
+                                                 {"pixel_values", "image_grid_thw"} <= set(self.multi_modal)):
+            raise ValueError("multi_modal must be a dict with pixel_values and image_grid_thw (or None: the row's)")
         if self.extra_info is not None and not isinstance(self.extra_info, dict):
             raise ValueError(f"extra_info is {type(self.extra_info).__name__}, not a dict (or None)")
         if self.answer is not None and not isinstance(self.answer, str):

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from rlforge.agent.base import Tool
-from rlforge.agent.types import Sample, ToolError
+from rlforge.agent.types import Sample, ToolError, ToolResult
 from rlforge.errors import RLForgeError
 from rlforge.verl_code import INSTALL, search_working_directory
 
@@ -54,7 +54,7 @@ class VerlTool(Tool):
         extra = sample.extra_info if isinstance(sample.extra_info, dict) else {}
         return AgentData(sample, extra.get("tools_kwargs") or {})
 
-    async def execute(self, arguments: dict[str, Any], state: AgentData) -> str:
+    async def execute(self, arguments: dict[str, Any], state: AgentData) -> ToolResult:
         from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
 
         name = self.tool.name
@@ -71,9 +71,9 @@ class VerlTool(Tool):
             if response is None or not hasattr(response, "text"):
                 raise ToolError(f"the verl tool '{name}' returned {result!r:.80}, not verl's (ToolResponse, reward, "
                                 f"metrics)")
-        if getattr(response, "image", None) or getattr(response, "video", None):
-            raise ToolError(f"the verl tool '{name}' replied with images or video; rlforge's tool replies are text")
-        return response.text or ""
+        if getattr(response, "video", None):
+            raise ToolError(f"the verl tool '{name}' replied with video; rlforge's tool replies show text and images")
+        return ToolResult(response.text or "", images=list(getattr(response, "image", None) or []))
 
 
 def load_verl_tools(config: Any) -> dict[str, Tool]:

@@ -184,7 +184,7 @@ def test_both_files_together_and_a_tool_error_is_an_error_reply(pm, tok, tool_fi
     messages, _ = _run(box, tok, [("nosy", {}), ("paint", {}), ("f_add", {"a": 1})])
     nosy, paint, add = (m["content"] for m in messages)
     assert nosy.startswith("Error: ") and "AgentData.messages is not given to tools by rlforge" in nosy
-    assert paint.startswith("Error: ") and "replied with images or video" in paint
+    assert paint.startswith("Error: ") and "replied with images, which a text model cannot see" in paint
     assert add.startswith("Error: ") and "TypeError" in add  # a missing argument, as verl's fn(**parameters)
 
 

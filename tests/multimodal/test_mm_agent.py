@@ -124,3 +124,132 @@ def test_verls_own_loops_refuse_rows_with_images(setup, pm) -> None:
     with pytest.raises(AgentLoopError, match=r"the row has images: rlforge runs verl's agent loops on text rows only "
                                              r".*rollout.agent.loop=tool_agent, interaction or your own"):
         runner.rollout(batch.select([0]), SamplingParams(n=1, temperature=0.0, max_new_tokens=4), hf.generate_tokens)
+
+
+# --- inserted turns that show images (a tool's crop of the picture) ------------------------------------------------
+def _crop(sample):
+    return sample.multi_modal["images"][0].crop((0, 0, 56, 56))  # 56 x 56 pixels: 4 image tokens
+
+
+class _Zoom(AgentLoop):
+    """Answer, get a tool reply showing a crop of the row's image, answer again."""
+
+    async def run(self, sample, engine):
+        conv = self.conversation(sample)
+        await conv.generate(engine)
+        if conv.add_messages([{"role": "tool", "content": "<image>Zoomed.", "images": [_crop(sample)]}]):
+            await conv.generate(engine)
+        return conv.finish()
+
+
+@pytest.mark.slow
+def test_a_tool_reply_with_an_image_is_seen_by_later_turns_and_trained_with_them(setup, pm) -> None:
+    import json
+
+    from rlforge.agent.record import AGENT_RECORD
+
+    _, model, tok, proc, batch, hf = setup
+    cfg = load_config("grpo", [*OVERRIDES[:3], "rollout.max_new_tokens=48", "rollout.agent.loop=tool_agent",
+                               "rollout.agent.tools=[calculator]", "rollout.agent.record_trajectories=true"],
+                      plugins=pm)
+    runner = Builder(cfg, pm).agent(tok, proc)
+    runner.loop = _Zoom(cfg, runner.context)
+    torch.manual_seed(0)
+    out, metrics = runner.rollout(batch, SamplingParams(n=2, temperature=1.0, max_new_tokens=48), hf.generate_tokens)
+    assert metrics["agent/model_turns/mean"] == 2
+    image = proc.image_token_id
+    for i, inputs in enumerate(out.lists[B.MULTI_MODAL_INPUTS]):  # the row's picture, then the crop
+        assert inputs["image_grid_thw"].shape[0] == 2 and inputs["image_grid_thw"][1].tolist() == [1, 4, 4]
+        in_response = out[B.RESPONSES][i] == image
+        assert in_response.sum().item() == 4 and not (out[B.RESPONSE_MASK][i].bool() & in_response).any()
+    assert out.lists[B.MULTI_MODAL_INPUTS][0] is not batch.lists[B.MULTI_MODAL_INPUTS][0]  # the rows' own untouched
+    assert batch.lists[B.MULTI_MODAL_INPUTS][0]["image_grid_thw"].shape[0] == 1
+    assert _gap(model, out) < 1e-4  # every model turn: the engine saw what the trainer sees
+    record = json.loads(json.dumps(out[AGENT_RECORD][0]))  # the record stays JSON: the images are counted
+    assert record["spans"][1]["messages"] == [{"role": "tool", "content": "<image>Zoomed.", "images": 1}]
+
+
+def test_inserted_images_must_match_their_placeholders(setup, pm) -> None:
+    cfg, model, tok, proc, batch, hf = setup
+    runner = Builder(cfg, pm).agent(tok, proc)
+
+    class Bad(AgentLoop):
+        async def run(self, sample, engine):
+            conv = self.conversation(sample)
+            await conv.generate(engine)
+            conv.add_messages([{"role": "tool", "content": "Zoomed.", "images": [_crop(sample)]}])
+            return conv.finish()
+
+    runner.loop = Bad(cfg, runner.context)
+    with pytest.raises(AgentLoopError, match=r"message 0 \(tool\) has 1 image\(s\) in 'images' and 0 <image> "
+                                             r"placeholder\(s\) in its content"):
+        runner.rollout(batch.select([0]), SamplingParams(n=1, temperature=0.0, max_new_tokens=4), hf.generate_tokens)
+
+
+def _tool_replies(pm, tok, proc, tool, sample, name=None):
+    import asyncio
+
+    from rlforge.agent.chat import ChatFormat
+    from rlforge.agent.toolbox import Toolbox
+    from rlforge.agent.types import ParsedTurn, ToolCall, ToolStats
+
+    cfg = load_config("grpo", ["rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]"], plugins=pm)
+    name = name or tool.name
+    box = Toolbox({name: tool}, cfg.rollout.agent)
+
+    async def go():
+        async with box.session(sample, ChatFormat(tok, processor=proc), ToolStats()) as session:
+            return (await session.run(ParsedTurn("", [ToolCall(name, {}, "")])))[0]
+
+    try:
+        return asyncio.run(go())
+    finally:
+        box.close()
+
+
+def test_tools_reply_with_images_for_a_vision_model_and_errors_otherwise(setup, pm) -> None:
+    from rlforge.agent import Tool
+    from rlforge.agent.runner import samples
+    from rlforge.agent.types import ToolResult
+
+    _, _, tok, proc, batch, _ = setup
+    sample = samples(batch.select([0]))[0]
+
+    class Zoom(Tool):
+        name = "zoom"
+
+        def __init__(self, text):
+            super().__init__(None)
+            self.text = text
+
+        def execute(self, arguments, state):
+            return ToolResult(self.text, images=[_crop(sample)])
+
+    (reply,) = _tool_replies(pm, tok, proc, Zoom("the corner"), sample)
+    assert reply["content"] == "<image>the corner" and reply["images"][0].size == (56, 56)
+    (text_model,) = _tool_replies(pm, tok, None, Zoom("the corner"), sample)
+    assert text_model["content"].startswith("Error: the tool 'zoom' replied with images, which a text model cannot "
+                                            "see") and "images" not in text_model
+    (marked,) = _tool_replies(pm, tok, proc, Zoom("here: <image>"), sample)
+    assert "are shown before the text, which must not mark places for them" in marked["content"]
+
+
+def test_a_verl_tool_response_with_images_becomes_a_reply_with_images(setup, pm) -> None:
+    pytest.importorskip("verl", reason="verl is not installed (scripts/setup.sh test installs it)")
+    from verl.tools.base_tool import BaseTool
+    from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+    from rlforge.agent.runner import samples
+    from rlforge.agent.verl_tools import VerlTool
+
+    _, _, tok, proc, batch, _ = setup
+    sample = samples(batch.select([0]))[0]
+
+    class ZoomIn(BaseTool):  # as verl's image zoom-in tool answers: ToolResponse(image=[...], text=...)
+        async def execute(self, instance_id, parameters, **kwargs):
+            return ToolResponse(image=[_crop(sample)], text="zoomed"), 0.0, {}
+
+    schema = OpenAIFunctionToolSchema.model_validate({"type": "function", "function": {
+        "name": "zoom_in", "description": "zoom", "parameters": {"type": "object", "properties": {}}}})
+    (reply,) = _tool_replies(pm, tok, proc, VerlTool(None, ZoomIn({}, schema)), sample, "zoom_in")
+    assert reply["content"] == "<image>zoomed" and len(reply["images"]) == 1
