@@ -33,9 +33,9 @@ def setup(pm, vlm):
     return cfg, model, tok, proc, batch, hf
 
 
-def _gap(model, out) -> float:
+def _gap(model, out, remove_padding=False) -> float:
     recomputed, _ = response_logprobs(model, out[B.INPUT_IDS], out[B.ATTENTION_MASK], out[B.RESPONSES].shape[1],
-                                      multi_modal=out.lists[B.MULTI_MODAL_INPUTS])
+                                      multi_modal=out.lists[B.MULTI_MODAL_INPUTS], remove_padding=remove_padding)
     return ((recomputed - out[B.ROLLOUT_LOG_PROBS]).abs() * out[B.RESPONSE_MASK]).max().item()
 
 
@@ -165,6 +165,7 @@ def test_a_tool_reply_with_an_image_is_seen_by_later_turns_and_trained_with_them
     assert out.lists[B.MULTI_MODAL_INPUTS][0] is not batch.lists[B.MULTI_MODAL_INPUTS][0]  # the rows' own untouched
     assert batch.lists[B.MULTI_MODAL_INPUTS][0]["image_grid_thw"].shape[0] == 1
     assert _gap(model, out) < 1e-4  # every model turn: the engine saw what the trainer sees
+    assert _gap(model, out, remove_padding=True) < 1e-4  # packed (model.remove_padding) too
     record = json.loads(json.dumps(out[AGENT_RECORD][0]))  # the record stays JSON: the images are counted
     assert record["spans"][1]["messages"] == [{"role": "tool", "content": "<image>Zoomed.", "images": 1}]
 
