@@ -152,11 +152,12 @@ class Builder:
         context = AgentContext(cfg, tokenizer, tools, parser, new_interaction, processor)
         return AgentRunner(self._build("agent_loop", a.loop, cfg, context), a.loop, context)
 
-    def evaluator(self, engine: RolloutEngine, tokenizer: Any, reward: RewardManager, rollout: str | None = None
-                  ) -> Evaluator:
+    def evaluator(self, engine: RolloutEngine, tokenizer: Any, reward: RewardManager, rollout: str | None = None,
+                  processor: Any = None) -> Evaluator:
         """The evaluator (``rlforge.evaluation``) of a rollout engine outside a run (``rlforge eval``, the SFT check):
         ``engine`` (registered as ``rollout``, default ``rollout.name``) generates, through the agent loop
-        ``rollout.agent.loop`` unless it is ``single_turn``, and ``reward`` scores. Its ``close`` stops the loop."""
+        ``rollout.agent.loop`` unless it is ``single_turn`` (``processor``: a vision-language model's), and
+        ``reward`` scores. Its ``close`` stops the loop."""
         from rlforge.agent.config import SINGLE_TURN
         from rlforge.evaluation import EngineBackend, Evaluator
 
@@ -164,7 +165,7 @@ class Builder:
         backend = EngineBackend(engine, tokenizer, declared)
         if self.config.rollout.agent.loop == SINGLE_TURN:
             return Evaluator(backend, reward.score)
-        runner = self.agent(tokenizer)
+        runner = self.agent(tokenizer, processor)
         agent = partial(runner.rollout, backend=backend.generate_tokens, continuous=backend.continuous_batching)
         return Evaluator(backend, reward.score, agent, runner.close)
 

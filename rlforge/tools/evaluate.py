@@ -21,9 +21,8 @@ from omegaconf import DictConfig
 from rlforge import batch as B
 from rlforge.build import Builder
 from rlforge.errors import RLForgeError
-from rlforge.models import load_tokenizer
 from rlforge.sampling import SamplingParams, derived_seed
-from rlforge.tools.inference import load_engine, prompt_batches
+from rlforge.tools.inference import load_engine, load_tokenizer_and_processor, prompt_batches
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -70,12 +69,12 @@ def evaluate(
     score them with ``reward.manager``; return the report."""
     params = SamplingParams.from_config(cfg.rollout, validation=True)
     k_list = parse_ks(ks, params.n)
-    tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    batches, rows = prompt_batches(cfg, pm, tokenizer, split, limit)
+    tokenizer, processor = load_tokenizer_and_processor(cfg)
+    batches, rows = prompt_batches(cfg, pm, tokenizer, split, limit, processor=processor)
     builder = Builder(cfg, pm)
     reward = builder.reward(tokenizer)
     engine = load_engine(cfg, pm, tokenizer)
-    evaluate = builder.evaluator(engine, tokenizer, reward)
+    evaluate = builder.evaluator(engine, tokenizer, reward, processor=processor)
     groups: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     source: dict[Any, str] = {}
     start = time.perf_counter()

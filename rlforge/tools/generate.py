@@ -11,9 +11,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlforge import batch as B
-from rlforge.models import load_tokenizer
 from rlforge.sampling import SamplingParams, derived_seed
-from rlforge.tools.inference import load_engine, prompt_batches
+from rlforge.tools.inference import load_engine, load_tokenizer_and_processor, prompt_batches
 
 
 def generate(
@@ -27,8 +26,8 @@ def generate(
     Rows need only a ``prompt``.
     """
     params = SamplingParams.from_config(cfg.rollout, validation=True)
-    tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    batches, _ = prompt_batches(cfg, pm, tokenizer, split, limit, need_reward=False)
+    tokenizer, processor = load_tokenizer_and_processor(cfg)
+    batches, _ = prompt_batches(cfg, pm, tokenizer, split, limit, need_reward=False, processor=processor)
     engine = load_engine(cfg, pm, tokenizer)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -106,15 +106,27 @@ def load_engine(cfg: DictConfig, pm: Any, tokenizer: Any) -> Any:
     return builder.rollout(builder.strategy().setup_model(model).eval(), tokenizer)
 
 
-def prompt_batches(
-    cfg: DictConfig, pm: Any, tokenizer: Any, split: str, limit: int | None = None, need_reward: bool = True
-) -> tuple[list[Batch], int]:
-    """The split's prompts (the first ``limit`` rows) with the chat template applied, in batches of
-    ``rollout.micro_batch_size``, and the number of rows read (prompts over ``data.max_prompt_length`` are
-    dropped when ``data.filter_overlong_prompts`` is on). Each prompt's ``uid`` is its row index."""
-    from rlforge.build import Builder
+def load_tokenizer_and_processor(cfg: DictConfig) -> tuple[Any, Any]:
+    """The tokenizer of ``model.path`` and its processor (a vision-language model's; None for a text model)."""
+    from rlforge.models import load_processor, load_tokenizer
 
-    rows = Builder(cfg, pm).dataset(split)
+    tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    return tokenizer, load_processor(cfg.model.path, tokenizer, trust_remote_code=cfg.model.trust_remote_code)
+
+
+def prompt_batches(
+    cfg: DictConfig, pm: Any, tokenizer: Any, split: str, limit: int | None = None, need_reward: bool = True,
+    processor: Any = None,
+) -> tuple[list[Batch], int]:
+    """The split's prompts (the first ``limit`` rows) with the chat template applied (rows with images through a
+    vision-language model's ``processor``), in batches of ``rollout.micro_batch_size``, and the number of rows read
+    (prompts over ``data.max_prompt_length`` are dropped when ``data.filter_overlong_prompts`` is on). Each prompt's
+    ``uid`` is its row index."""
+    from rlforge.build import Builder
+    from rlforge.multimodal import check_engine
+
+    builder = Builder(cfg, pm)
+    rows = builder.dataset(split)
     if not rows:
         hint = " Pass --data FILE or set data.val_files." if cfg.data.name == "files" and split == "val" else ""
         raise RLForgeError(f"Dataset '{cfg.data.name}' (data.name) has no rows in the '{split}' split.{hint}")
@@ -122,15 +134,10 @@ def prompt_batches(
         if limit <= 0:
             raise RLForgeError(f"--limit must be a positive number of prompts, got {limit}.")
         rows = rows[:limit]
-    key = cfg.data.image_key
-    with_images = next((i for i, r in enumerate(rows) if r.get(key) is not None), None)
-    if with_images is not None:
-        raise RLForgeError(f"{cfg.data.name} ({split}), row {with_images + 1}: the row has images (column '{key}'): "
-                           f"rlforge eval and generate read prompts as text only; images are not built there yet "
-                           f"(docs/multimodal.md). Validation during rlforge fit scores image rows.")
     prompts = tokenize_rows(rows, tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts,
-                            f"{cfg.data.name} ({split})", need_reward=need_reward, truncation=cfg.data.truncation,
-                            template=template_kwargs(cfg))
+                            f"{cfg.data.name} ({split})", need_reward=need_reward, processor=processor,
+                            image_key=cfg.data.image_key, truncation=cfg.data.truncation, template=template_kwargs(cfg))
+    check_engine(prompts, builder.capabilities("rollout"), cfg.rollout.name)
     size = cfg.rollout.micro_batch_size
     chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)]
     return [collate(c, tokenizer.pad_token_id, [p.index for p in c]) for c in chunks], len(rows)

@@ -56,22 +56,26 @@ def test_video_and_a_missing_image_column_are_named(vlm):
         tokenize_rows([other], tok, 64, False, "t", processor=proc)
 
 
-def test_eval_and_generate_refuse_image_rows_with_the_real_reason(tmp_path):
-    from rlforge.plugin_manager import PluginManager
-    from rlforge.tools.inference import prompt_batches
+@pytest.mark.slow
+def test_eval_and_generate_run_image_rows_and_a_text_model_names_the_row(tmp_path, capsys):
+    import json
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path = tmp_path / "v.parquet"
-    pq.write_table(pa.Table.from_pylist([_row()]), path)
-    cfg = load_config("grpo", ["model.path=builtin:tiny-vlm", "data.name=files", f"data.train_files=[{path}]",
-                               f"data.val_files=[{path}]"])
-    from rlforge.models import load_tokenizer
+    from rlforge.cli import main
 
-    with pytest.raises(RLForgeError, match=r"row 1: the row has images \(column 'images'\): rlforge eval and generate "
-                                           r"read prompts as text only"):
-        prompt_batches(cfg, PluginManager(autoload=False), load_tokenizer("builtin:tiny-vlm"), "val")
+    path = tmp_path / "v.parquet"
+    pq.write_table(pa.Table.from_pylist([_row(), _row()]), path)
+    common = [f"--data={path}", "data.max_prompt_length=48", "rollout.max_new_tokens=4"]
+    assert main(["generate", "builtin:tiny-vlm", *common, "--out", str(tmp_path / "g.jsonl")]) == 0
+    lines = [json.loads(line) for line in (tmp_path / "g.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and lines[0]["prompt"][0]["content"].startswith("<image>")
+    assert main(["eval", "builtin:tiny-vlm", *common, "--out", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["by_data_source"]["vision_count"]["prompts"] == 2
+    assert main(["eval", "builtin:tiny-arith", *common, "--out", str(tmp_path / "t.json")]) == 2
+    assert "row 1: the row has images (column 'images', data.image_key), but model.path has no image processor" in \
+        capsys.readouterr().err
 
 
 def test_geometry3k_rows_need_an_answer_and_an_image_column():
