@@ -78,7 +78,8 @@ def open_images(value: Any, where: str, key: str) -> list[Any]:
     return [_open_image(v, where, key, n) for n, v in enumerate(values)]
 
 
-def _split(text: str) -> list[dict[str, Any]]:
+def split_placeholders(text: str) -> list[dict[str, Any]]:
+    """``text`` as typed parts: text parts, and an image part where each ``<image>`` placeholder is."""
     parts: list[dict[str, Any]] = []
     for n, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
         if n:
@@ -128,7 +129,8 @@ def typed_messages(messages: list[dict[str, Any]], images: int, where: str, imag
         raise DataError(f"{where}: the prompt has {found} {IMAGE_PLACEHOLDER} placeholder(s) but column "
                         f"'{image_key}' (data.image_key) holds {images} image(s): they must be equal, one placeholder "
                         f"where each image goes.")
-    return [{**m, "content": _split(m["content"])} if isinstance(m.get("content"), str) else m for m in messages]
+    return [{**m, "content": split_placeholders(m["content"])} if isinstance(m.get("content"), str) else m
+            for m in messages]
 
 
 def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[Any], where: str,

@@ -31,6 +31,9 @@ class ChatFormat:
         self.processor = processor
         self.image_key = image_key  # data.image_key, named in errors
         self.template = dict(template or {})  # data.apply_chat_template_kwargs, passed to every render
+        # the processor's image and video pad tokens: each stands for an image's features, never for text
+        self.reserved = [t for t in (getattr(processor, "image_token", None), getattr(processor, "video_token", None))
+                         if isinstance(t, str) and t]
         self._base = self.render(_BASE, add_generation_prompt=False)
         at = self._base.rfind(_ASSISTANT)
         if at < 0:
@@ -66,8 +69,9 @@ class ChatFormat:
 
         if self.processor is None:
             raise RLForgeError("A prompt with images needs a vision-language model's processor (model.path).")
-        typed = mm.typed_messages(messages, len(images), "the trajectory's prompt", self.image_key)
-        return mm.encode_prompt(self.processor, typed, images, "the trajectory's prompt", tools, **self.template)[0]
+        typed = mm.typed_messages(messages, len(images), "the trajectory's opening messages", self.image_key)
+        return mm.encode_prompt(self.processor, typed, images, "the trajectory's opening messages", tools,
+                                **self.template)[0]
 
     def inserted_ids(self, messages: list[dict[str, Any]], stop_text: str = "") -> list[int]:
         """The tokens that follow a model turn when ``messages`` (tool replies, a user message) come next, up to the
@@ -77,16 +81,22 @@ class ChatFormat:
 
     def inserted_with_images(self, messages: list[dict[str, Any]], images: list[Any], stop_text: str = ""
                              ) -> tuple[list[int], dict[str, Any]]:
-        """:meth:`inserted_ids` of messages that show ``images`` (one per ``<image>`` placeholder of their contents,
-        in order), each expanded into its image-pad tokens by the processor; and the images' vision inputs."""
+        """:meth:`inserted_ids` of messages that show ``images`` (their typed image parts, in order), each expanded
+        into its image-pad tokens by the processor; and the images' vision inputs."""
         from rlforge import multimodal as mm
 
         if self.processor is None:
             raise RLForgeError("Messages with images need a vision-language model's processor (model.path is a text "
                                "model).")
-        where = "the inserted messages"
-        typed = mm.typed_messages(messages, len(images), where, "images")
-        return mm.encode_text(self.processor, self._inserted_text(typed, stop_text), images, where)
+        return mm.encode_text(self.processor, self._inserted_text(messages, stop_text), images,
+                              "the inserted messages")
+
+    def escape(self, text: str) -> str:
+        """``text`` with each spelling of the model's image or video pad token broken by a space after its first
+        character (``< |image_pad|>``): inserted text (a tool's reply, a web page) must not take an image's place."""
+        for token in self.reserved:
+            text = text.replace(token, f"{token[0]} {token[1:]}")
+        return text
 
     def _inserted_text(self, messages: list[dict[str, Any]], stop_text: str) -> str:
         full = self.render([*_BASE, *messages])

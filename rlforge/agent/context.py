@@ -40,9 +40,9 @@ class AgentContext:
             bind(self)
 
     def row_images(self, sample: Sample) -> RowImages | None:
-        """The images a trajectory's requests carry: its row's vision inputs and the image-pad tokens of its prompt
-        (None for a text row)."""
-        if sample.multi_modal is None:
+        """The images a trajectory's requests carry: its row's vision inputs (None for a text row) and the image-pad
+        tokens of its prompt; None for a text model."""
+        if self.processor is None:
             return None
         token = self.image_token_id
         return RowImages(sample.multi_modal, token, sample.prompt_ids.count(token))

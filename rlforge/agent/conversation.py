@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge.agent.engine import RowImages
 from rlforge.agent.types import DONE, MODEL, TOKEN_LIMIT, TURN_LIMIT, Sample, Span, ToolStats, Trajectory
-from rlforge.multimodal import IMAGE_PLACEHOLDER, IMAGES, open_images
+from rlforge.multimodal import IMAGE_PLACEHOLDER, IMAGES, flatten_parts, open_images, split_placeholders
 
 if TYPE_CHECKING:
     from rlforge.agent.context import AgentContext
@@ -123,16 +123,17 @@ class Conversation:
         """Insert ``messages`` after the last model turn (mask 0), with the generation prompt of the next turn.
         False (and the trajectory stops at the token limit) when they would leave no room for another model turn.
         A message may show images (a vision-language model): its ``images`` (PIL images, ``{"bytes": ...}`` or
-        paths), one per ``<image>`` placeholder of its content, in order (tool replies with images have them)."""
-        images = _message_images(messages)
+        paths), one per ``<image>`` placeholder of its content, in order (tool replies with images have them). In a
+        message without ``images``, ``<image>`` is text; text that spells the model's image or video pad token is
+        escaped (``ChatFormat.escape``), so that only real images take image tokens."""
+        messages, rendered, images = self._inserted(messages)
         if images:
-            ids, inputs = self.chat.inserted_with_images(
-                [{k: v for k, v in m.items() if k != "images"} for m in messages], images, self._stop_text)
+            ids, inputs = self.chat.inserted_with_images(rendered, images, self._stop_text)
             token = self.context.image_token_id
             extended = (self.images.extended(inputs, ids.count(token)) if self.images is not None else
                         RowImages(inputs, token, ids.count(token)))
         else:
-            ids = self.chat.inserted_ids(messages, self._stop_text)
+            ids = self.chat.inserted_ids(rendered, self._stop_text)
         if len(ids) >= self.remaining:
             self.stop(TOKEN_LIMIT)
             return False
@@ -146,6 +147,33 @@ class Conversation:
         self.messages += messages
         self.inserted_turns += 1
         return True
+
+    def _inserted(self, messages: list[dict[str, Any]]
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:
+        """(``messages`` as kept: text contents escaped, images opened; as rendered: without ``images``, a message
+        with images split into typed parts on its placeholders; the images they show, in order)."""
+        kept, out, images = [], [], []
+        for n, m in enumerate(messages):
+            where = f"message {n} ({m.get('role')})"
+            shown = open_images(m.get("images"), where, "images")
+            content = m.get("content")
+            if isinstance(content, list):  # typed parts (the OpenAI format): an image part needs its image
+                content = flatten_parts(content, where)
+                if content.count(IMAGE_PLACEHOLDER) and not shown:
+                    raise ValueError(f"{where} has an image part but no 'images': give the image in its 'images'")
+            message = {k: v for k, v in m.items() if k != "images"}
+            if isinstance(content, str):
+                message["content"] = self.chat.escape(content)
+            kept.append({**message, "images": shown} if shown else message)
+            if shown:
+                found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
+                if found != len(shown):
+                    raise ValueError(f"{where} has {len(shown)} image(s) in 'images' and {found} {IMAGE_PLACEHOLDER} "
+                                     f"placeholder(s) in its content: put one placeholder where each image goes")
+                message["content"] = split_placeholders(message["content"])
+            out.append(message)
+            images += shown
+        return kept, out, images
 
     def tool_session(self, names: list[str] | None = None) -> ToolSession:
         """The tools of this trajectory: ``async with conv.tool_session() as tools: await tools.run(parsed)``;
@@ -165,19 +193,3 @@ class Conversation:
             metrics=dict(metrics or {}), spans=list(self.spans),
             multi_modal=self.images.inputs if self._added_images and self.images is not None else None,
         )
-
-
-def _message_images(messages: list[dict[str, Any]]) -> list[Any]:
-    """The images the messages show (their ``images``, opened); where there are any, each message's count is checked
-    against its ``<image>`` placeholders."""
-    shown = [open_images(m.get("images"), f"message {n} ({m.get('role')})", "images") for n, m in enumerate(messages)]
-    if not any(shown):
-        return []
-    for n, (m, images) in enumerate(zip(messages, shown)):
-        content = m.get("content")
-        found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
-        if found != len(images):
-            raise ValueError(f"message {n} ({m.get('role')}) has {len(images)} image(s) in 'images' and {found} "
-                             f"{IMAGE_PLACEHOLDER} placeholder(s) in its content: put one placeholder where each "
-                             f"image goes")
-    return [image for images in shown for image in images]

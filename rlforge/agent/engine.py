@@ -67,7 +67,7 @@ class RowImages:
     the row's, then those its inserted turns added), and the image-pad token (``token_id``) of which each request's
     prompt must hold ``tokens``."""
 
-    inputs: VisionInputs
+    inputs: VisionInputs | None  # None: no image yet (a text row of a vision-language model)
     token_id: int
     tokens: int
 
@@ -80,10 +80,11 @@ class RowImages:
     def check(self, prompt_ids: list[int]) -> None:
         found = prompt_ids.count(self.token_id)
         if found != self.tokens:
-            raise ValueError(f"the request's prompt holds {found} image tokens, but the row's images take "
-                             f"{self.tokens}: a prompt for a row with images is rendered by the model's processor "
-                             f"(Conversation does; AgentContext.chat.prompt_ids(messages, tools, images)) and keeps "
-                             f"them in every turn")
+            raise ValueError(f"the request's prompt holds {found} image tokens, but its images take {self.tokens}: "
+                             f"each image token stands for a part of an image, so a prompt with images is rendered by "
+                             f"the model's processor (Conversation does; AgentContext.chat.prompt_ids(messages, tools, "
+                             f"images)) and keeps them in every turn, and inserted text must not spell the image token "
+                             f"(Conversation.add_messages escapes it)")
 
 
 def call_backend(backend: Backend, prompts: list[list[int]], params: list[SamplingParams],

@@ -8,6 +8,7 @@ import asyncio
 import inspect
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
@@ -170,7 +171,8 @@ class ToolSession:
             return result.text, float(result.reward), self._images(call.name, result)
         if isinstance(result, str):
             return result, 0.0, []
-        raise ToolError(f"the tool '{call.name}' returned {type(result).__name__} ({result!r:.80}), not text")
+        shown = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(result))  # no memory address: the reply is trained on
+        raise ToolError(f"the tool '{call.name}' returned {type(result).__name__} ({shown:.80}), not text")
 
     def _images(self, name: str, result: ToolResult) -> list[Any]:
         """A reply's images, opened; a text model gets an error reply instead."""

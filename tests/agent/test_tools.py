@@ -128,6 +128,13 @@ class Junk(Tool):
         return {"not": "text"}
 
 
+class Opaque(Tool):
+    name = "opaque"
+
+    def execute(self, arguments, state):
+        return object()  # its repr has a memory address, which must not reach the reply (it is trained on)
+
+
 class BadReward(Tool):
     name = "bad_reward"
 
@@ -189,6 +196,7 @@ def run_calls(tok, tools, calls, errors=()):
     (Hangs, "Error: the tool 'hangs' did not answer within 0.3 s (rollout.agent.tool_timeout_s)"),
     (HangsSync, "Error: the tool 'hangs_sync' did not answer within 0.3 s"),
     (Junk, "Error: the tool 'junk' returned dict"),
+    (Opaque, "Error: the tool 'opaque' returned object (<object object>), not text"),
     (BadReward, "Error: the tool 'bad_reward' returned the reward nan, not a finite number"),
 ])
 def test_a_failing_tool_gives_an_error_reply(tok, tool, reply):

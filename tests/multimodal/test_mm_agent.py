@@ -78,8 +78,8 @@ def test_a_request_without_the_rows_image_tokens_is_refused(setup, pm) -> None:
     cfg, model, tok, proc, batch, hf = setup
     runner = Builder(cfg, pm).agent(tok, proc)
     runner.loop = _TextOnly(cfg, runner.context)
-    with pytest.raises(AgentLoopError, match=r"holds 0 image tokens, but the row's images take \d+: a prompt for a "
-                                             r"row with images is rendered by the model's processor"):
+    with pytest.raises(AgentLoopError, match=r"holds 0 image tokens, but its images take \d+: each image token "
+                                             r"stands for a part of an image"):
         runner.rollout(batch.select([0]), SamplingParams(n=1, temperature=0.0, max_new_tokens=4), hf.generate_tokens)
 
 
@@ -131,15 +131,35 @@ def _crop(sample):
     return sample.multi_modal["images"][0].crop((0, 0, 56, 56))  # 56 x 56 pixels: 4 image tokens
 
 
-class _Zoom(AgentLoop):
-    """Answer, get a tool reply showing a crop of the row's image, answer again."""
+class _Insert(AgentLoop):
+    """Answer, get ``message(sample)`` inserted, answer again."""
+
+    @staticmethod
+    def message(sample):
+        raise NotImplementedError  # abstract
 
     async def run(self, sample, engine):
         conv = self.conversation(sample)
         await conv.generate(engine)
-        if conv.add_messages([{"role": "tool", "content": "<image>Zoomed.", "images": [_crop(sample)]}]):
+        if conv.add_messages([self.message(sample)]):
             await conv.generate(engine)
         return conv.finish()
+
+
+class _Zoom(_Insert):
+    """A tool reply showing a crop of the row's image."""
+
+    @staticmethod
+    def message(sample):
+        return {"role": "tool", "content": "<image>Zoomed.", "images": [_crop(sample)]}
+
+
+def _two_turn_runner(pm, tok, proc, loop, max_new_tokens, *extra):
+    cfg = load_config("grpo", [*OVERRIDES[:3], f"rollout.max_new_tokens={max_new_tokens}",
+                               "rollout.agent.loop=tool_agent", "rollout.agent.tools=[calculator]", *extra], plugins=pm)
+    runner = Builder(cfg, pm).agent(tok, proc)
+    runner.loop = loop(cfg, runner.context)
+    return runner
 
 
 @pytest.mark.slow
@@ -149,11 +169,7 @@ def test_a_tool_reply_with_an_image_is_seen_by_later_turns_and_trained_with_them
     from rlforge.agent.record import AGENT_RECORD
 
     _, model, tok, proc, batch, hf = setup
-    cfg = load_config("grpo", [*OVERRIDES[:3], "rollout.max_new_tokens=48", "rollout.agent.loop=tool_agent",
-                               "rollout.agent.tools=[calculator]", "rollout.agent.record_trajectories=true"],
-                      plugins=pm)
-    runner = Builder(cfg, pm).agent(tok, proc)
-    runner.loop = _Zoom(cfg, runner.context)
+    runner = _two_turn_runner(pm, tok, proc, _Zoom, 48, "rollout.agent.record_trajectories=true")
     torch.manual_seed(0)
     out, metrics = runner.rollout(batch, SamplingParams(n=2, temperature=1.0, max_new_tokens=48), hf.generate_tokens)
     assert metrics["agent/model_turns/mean"] == 2
@@ -170,20 +186,16 @@ def test_a_tool_reply_with_an_image_is_seen_by_later_turns_and_trained_with_them
     assert record["spans"][1]["messages"] == [{"role": "tool", "content": "<image>Zoomed.", "images": 1}]
 
 
-def test_inserted_images_must_match_their_placeholders(setup, pm) -> None:
-    cfg, model, tok, proc, batch, hf = setup
-    runner = Builder(cfg, pm).agent(tok, proc)
-
-    class Bad(AgentLoop):
-        async def run(self, sample, engine):
-            conv = self.conversation(sample)
-            await conv.generate(engine)
-            conv.add_messages([{"role": "tool", "content": "Zoomed.", "images": [_crop(sample)]}])
-            return conv.finish()
-
-    runner.loop = Bad(cfg, runner.context)
-    with pytest.raises(AgentLoopError, match=r"message 0 \(tool\) has 1 image\(s\) in 'images' and 0 <image> "
-                                             r"placeholder\(s\) in its content"):
+@pytest.mark.parametrize("message, error", [
+    (lambda sample: {"role": "tool", "content": "Zoomed.", "images": [_crop(sample)]},
+     r"message 0 \(tool\) has 1 image\(s\) in 'images' and 0 <image> placeholder\(s\) in its content"),
+    (lambda sample: {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "this?"}]},
+     r"message 0 \(user\) has an image part but no 'images'"),
+])
+def test_inserted_images_must_match_their_placeholders(setup, pm, message, error) -> None:
+    _, _, tok, proc, batch, hf = setup
+    runner = _two_turn_runner(pm, tok, proc, type("Bad", (_Insert,), {"message": staticmethod(message)}), 24)
+    with pytest.raises(AgentLoopError, match=error):
         runner.rollout(batch.select([0]), SamplingParams(n=1, temperature=0.0, max_new_tokens=4), hf.generate_tokens)
 
 
@@ -254,3 +266,63 @@ def test_a_verl_tool_response_with_images_becomes_a_reply_with_images(setup, pm)
         "name": "zoom_in", "description": "zoom", "parameters": {"type": "object", "properties": {}}}})
     (reply,) = _tool_replies(pm, tok, proc, VerlTool(None, ZoomIn({}, schema)), sample, "zoom_in")
     assert reply["content"] == "<image>zoomed" and len(reply["images"]) == 1
+
+
+class _Spell(_Insert):
+    """A user turn whose text spells the image-pad token and writes <image>, on image and text rows alike."""
+
+    @staticmethod
+    def message(sample):
+        return {"role": "user", "content": "Docs: <|image_pad|> marks <image> spots."}
+
+
+@pytest.mark.slow
+def test_inserted_text_never_takes_an_images_place(setup, pm) -> None:
+    from tests.multimodal.test_mm_data import mixed_batch
+
+    _, model, tok, proc, _, hf = setup
+    runner = _two_turn_runner(pm, tok, proc, _Spell, 64)
+    _, batch = mixed_batch(tok, proc)  # a row with an image and a text row, in one wave
+    out, metrics = runner.rollout(batch, SamplingParams(n=1, temperature=0.0, max_new_tokens=64), hf.generate_tokens)
+    assert metrics["agent/model_turns/mean"] == 2
+    assert not (out[B.RESPONSES] == proc.image_token_id).any()  # escaped: "< |image_pad|>"; <image> is text here
+    assert "< |image_pad|> marks <image> spots." in tok.decode(out[B.RESPONSES][1])
+    assert _gap(model, out) < 1e-4
+
+
+@pytest.mark.slow
+def test_an_openai_agent_on_image_rows_keeps_the_image_and_image_url_parts_are_400s(setup, pm, tmp_path) -> None:
+    """The agent sends the row's messages back (their <image> placeholders: the row's images); the endpoint cannot
+    take images of its own (an image_url part is a 400 the agent sees)."""
+    import textwrap
+
+    pytest.importorskip("openai")
+    _, model, tok, proc, batch, hf = setup
+    agent_file = tmp_path / "vision_agent.py"
+    agent_file.write_text(textwrap.dedent("""
+        import openai
+
+        def agent(sample, endpoint):
+            api = openai.OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+            try:
+                api.chat.completions.create(model=endpoint.model, messages=[{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+            except openai.BadRequestError as exc:
+                assert exc.status_code == 400
+            else:
+                raise AssertionError("an image_url part was accepted")
+            first = api.chat.completions.create(model=endpoint.model, messages=sample.messages)
+            again = [*sample.messages, {"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "Sure?"}]
+            return api.chat.completions.create(model=endpoint.model, messages=again).choices[0].message.content
+    """))
+    cfg = load_config("grpo", [*OVERRIDES[:4], "rollout.agent.loop=openai_agent",
+                               f"rollout.agent.openai_agent.entry={agent_file}:agent"], plugins=pm)
+    runner = Builder(cfg, pm).agent(tok, proc)
+    try:
+        out, metrics = runner.rollout(batch.select([0, 1]), SamplingParams(n=1, temperature=0.0, max_new_tokens=24),
+                                      hf.generate_tokens)
+    finally:
+        runner.close()
+    assert metrics["agent/model_turns/mean"] == 2 and torch.equal(out[B.PROMPTS], batch.select([0, 1])[B.PROMPTS])
+    assert _gap(model, out) < 1e-4
