@@ -221,6 +221,11 @@ def _loop_entries(path: str) -> dict[str, Any]:
 class VerlAgentLoop(AgentLoop):
     """Each row through verl's agent loop named by its ``agent_name`` (else ``default_agent_loop``)."""
 
+    refuses_images = ("rlforge runs verl's agent loops on text rows only (verl's loops take a row's images through "
+                      "RLHFDataset.process_vision_info, which imports qwen_vl_utils and so torchvision, which the CPU "
+                      "install cannot have: not built). rlforge's own loops take rows with images: "
+                      "rollout.agent.loop=tool_agent, interaction or your own (docs/agentic.md)")
+
     @staticmethod
     def validate_config(config: Any, registry: Any) -> None:
         AgentLoop.validate_config(config, registry)
@@ -283,12 +288,8 @@ class VerlAgentLoop(AgentLoop):
         if name not in self.registry:
             raise ValueError(f"the row's agent_name '{name}' is not a verl agent loop here (verl's built-in loops and "
                              f"rollout.agent.verl_agent.agent_loop_config_path's: {', '.join(sorted(self.registry))})")
-        if sample.multi_modal is not None:
-            raise ValueError("the row has images: rlforge runs verl's agent loops on text rows only (verl's loops "
-                             "take a row's images through RLHFDataset.process_vision_info, which imports qwen_vl_utils "
-                             "and so torchvision, which the CPU install cannot have: not built). rlforge's own loops "
-                             "take rows with images: rollout.agent.loop=tool_agent, interaction or your own "
-                             "(docs/agentic.md)")
+        if sample.multi_modal is not None:  # rows streamed past the loader's check
+            raise ValueError(f"the row has images: {self.refuses_images}")
         server = server_class()(engine, self.verl)
         p = engine.defaults
         params = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k or -1, "repetition_penalty": 1.0,

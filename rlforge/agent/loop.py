@@ -23,6 +23,9 @@ class AgentLoop:
     :class:`Trajectory`. :meth:`conversation` starts one that keeps the token ids, the response mask, the log-probs,
     the chat messages and the limits (``rollout.agent.*``) for you."""
 
+    # why this loop cannot run rows with images ("": it can); the data is refused with it when it loads
+    refuses_images: str = ""
+
     def __init__(self, config: Any, context: AgentContext) -> None:
         self.config = config
         self.context = context

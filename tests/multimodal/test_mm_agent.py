@@ -326,3 +326,13 @@ def test_an_openai_agent_on_image_rows_keeps_the_image_and_image_url_parts_are_4
         runner.close()
     assert metrics["agent/model_turns/mean"] == 2 and torch.equal(out[B.PROMPTS], batch.select([0, 1])[B.PROMPTS])
     assert _gap(model, out) < 1e-4
+
+
+def test_verls_loops_on_image_rows_are_refused_when_the_data_loads(tmp_path, capsys) -> None:
+    pytest.importorskip("verl", reason="verl is not installed (scripts/setup.sh test installs it)")
+    from rlforge.cli import main
+
+    assert main(["fit", "--algo", "grpo", "--config", "builtin:vision", f"trainer.runs_root={tmp_path}",
+                 "rollout.agent.loop=verl_agent", "data.vision.train_size=8", "data.vision.val_size=4"]) == 2
+    assert ("vision (train), row 1: the row has images, but rollout.agent.loop=verl_agent does not take them: rlforge "
+            "runs verl's agent loops on text rows only") in capsys.readouterr().err
