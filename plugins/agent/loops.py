@@ -74,7 +74,7 @@ class InteractionLoop(AgentLoop):
         interaction = self.context.new_interaction()
         try:
             first = await maybe_await(interaction.reset(sample))
-            conv = self.conversation(sample, messages=[{"role": "user", "content": first}] if first else None)
+            conv = self.conversation(sample, messages=[_user(first, "reset()")] if first else None)
             while (text := await conv.generate(engine)) is not None:
                 reply, reward, done = _step_result(await maybe_await(interaction.step(text)))
                 conv.add_reward(reward)
@@ -83,7 +83,7 @@ class InteractionLoop(AgentLoop):
                 if conv.turns_left <= 0:
                     conv.stop(TURN_LIMIT)
                     break
-                if not conv.add_messages([{"role": "user", "content": reply}]):
+                if not conv.add_messages([_user(reply, "step()")]):
                     break
             return conv.finish()
         finally:
@@ -92,13 +92,24 @@ class InteractionLoop(AgentLoop):
                 await maybe_await(close())
 
 
-def _step_result(result: Any) -> tuple[str, float, bool]:
-    ok = (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], str)
+def _step_result(result: Any) -> tuple[Any, float, bool]:
+    ok = (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], (str, dict))
           and isinstance(result[1], numbers.Real) and not isinstance(result[2], str))
     if not ok:
-        raise TypeError(f"the interaction's step() returned {result!r:.120}; it must return (reply: str, reward: "
-                        f"float, done: bool)")
+        raise TypeError(f"the interaction's step() returned {result!r:.120}; it must return (reply: str or message "
+                        f"dict, reward: float, done: bool)")
     return result[0], float(result[1]), bool(result[2])
+
+
+def _user(reply: Any, where: str) -> dict[str, Any]:
+    """An interaction's reply as the next user message: its text, or a message dict (``content``, and ``images``
+    for a vision-language model: one per ``<image>`` placeholder)."""
+    if isinstance(reply, str):
+        return {"role": "user", "content": reply}
+    if not isinstance(reply, dict) or not isinstance(reply.get("content"), str):
+        raise TypeError(f"the interaction's {where} returned {reply!r:.120}; a reply is a str or a dict with a str "
+                        f"'content' (and 'images')")
+    return {"role": "user", **reply}
 
 
 @hookimpl

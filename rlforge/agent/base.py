@@ -64,12 +64,14 @@ class Interaction:
     def options(self) -> Any:
         return self.config.rollout.agent.get(self.name) if self.config is not None else None
 
-    def reset(self, sample: Sample) -> str | None:
-        """The user's first message, appended to the prompt (None: the prompt alone)."""
+    def reset(self, sample: Sample) -> str | dict[str, Any] | None:
+        """The user's first message, appended to the prompt (None: the prompt alone). A message may be a dict
+        ``{"content": "<image>...", "images": [...]}`` that shows images to a vision-language model."""
         return None
 
-    def step(self, message: str) -> tuple[str, float, bool]:
-        """``(reply, reward, done)`` for the model's ``message``; the reward is added to that model turn."""
+    def step(self, message: str) -> tuple[str | dict[str, Any], float, bool]:
+        """``(reply, reward, done)`` for the model's ``message``; the reward is added to that model turn. The reply
+        is text, or a message dict with ``images`` as in :meth:`reset` (an environment's rendered observation)."""
         raise NotImplementedError(f"interaction {self.name!r} must implement step")  # abstract
 
     def close(self) -> None:

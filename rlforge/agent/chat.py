@@ -65,13 +65,18 @@ class ChatFormat:
         into its image-pad tokens, as the data loader does."""
         if not images:
             return self.encode(self.render(messages, tools))
+        return self.prompt_with_images(messages, tools, images)[0]
+
+    def prompt_with_images(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                           images: list[Any]) -> tuple[list[int], dict[str, Any]]:
+        """:meth:`prompt_ids` of messages with images, and the images' vision inputs."""
         from rlforge import multimodal as mm
 
         if self.processor is None:
             raise RLForgeError("A prompt with images needs a vision-language model's processor (model.path).")
         typed = mm.typed_messages(messages, len(images), "the trajectory's opening messages", self.image_key)
         return mm.encode_prompt(self.processor, typed, images, "the trajectory's opening messages", tools,
-                                **self.template)[0]
+                                **self.template)
 
     def inserted_ids(self, messages: list[dict[str, Any]], stop_text: str = "") -> list[int]:
         """The tokens that follow a model turn when ``messages`` (tool replies, a user message) come next, up to the

@@ -40,15 +40,23 @@ class Conversation:
     def __init__(self, context: AgentContext, sample: Sample, *, tools: bool | list[dict[str, Any]] = False,
                  opening: list[dict[str, Any]] | None = None) -> None:
         """``tools``: render the prompt with the run's tool schemas (True) or with these schemas (a list);
-        ``opening``: the conversation's first messages (default: the sample's, tokenized as the loader did)."""
+        ``opening``: the conversation's first messages (default: the sample's, tokenized as the loader did; a
+        message of its own may show images, as in :meth:`add_messages`)."""
         self.context = context
         self.chat = context.chat
         self.sample = sample
         self.messages = list(opening if opening is not None else sample.messages)
+        self.images = context.row_images(sample)  # the images so far (the row's, then inserted turns'); None: none
+        self._added_images = False  # the trajectory shows images of its own: its vision inputs are not the row's
         schemas = (context.tools.schemas() if tools is True else tools) or None
-        if schemas or opening is not None:  # a row with images: rendered with its images by the processor
-            images = sample.multi_modal[IMAGES] if sample.multi_modal is not None else None
-            self.prompt_ids = self.chat.prompt_ids(self.messages, schemas, images)
+        row_images = list(sample.multi_modal[IMAGES]) if sample.multi_modal is not None else []
+        if any(m.get("images") for m in self.messages):
+            rendered, images = self._opening(row_images)
+            self.prompt_ids, inputs = self.chat.prompt_with_images(rendered, schemas, images)
+            self.images = RowImages(inputs, context.image_token_id, self.prompt_ids.count(context.image_token_id))
+            self._added_images = True
+        elif schemas or opening is not None:  # a row with images: rendered with its images by the processor
+            self.prompt_ids = self.chat.prompt_ids(self.messages, schemas, row_images or None)
         else:
             self.prompt_ids = list(sample.prompt_ids)
         limit = context.config.data.max_prompt_length
@@ -66,8 +74,6 @@ class Conversation:
         self.spans: list[Span] = []  # the response's model and inserted turns, in order
         self._stop_text = ""  # text of the stop token that ended the last model turn ("" if cut by length)
         self.last: Generation | None = None  # the last model turn's generation
-        self.images = context.row_images(sample)  # the images so far (the row's, then inserted turns'); None: none
-        self._added_images = False  # inserted turns showed images: the trajectory's vision inputs are not the row's
 
     @property
     def turns(self) -> int:
@@ -147,6 +153,28 @@ class Conversation:
         self.messages += messages
         self.inserted_turns += 1
         return True
+
+    def _opening(self, row_images: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The opening messages without their ``images`` and every image they show, in order: a message's own, or
+        for the placeholders of a message without ``images`` the row's next ones (all of them must be used)."""
+        rendered, images, used = [], [], 0
+        for n, m in enumerate(self.messages):
+            content = m.get("content")
+            found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
+            if m.get("images"):
+                shown = open_images(m["images"], f"opening message {n} ({m.get('role')})", "images")
+                if found != len(shown):
+                    raise ValueError(f"opening message {n} ({m.get('role')}) has {len(shown)} image(s) in 'images' "
+                                     f"and {found} {IMAGE_PLACEHOLDER} placeholder(s) in its content")
+                images += shown
+            else:
+                images += row_images[used:used + found]
+                used += found
+            rendered.append({k: v for k, v in m.items() if k != "images"})
+        if used != len(row_images):
+            raise ValueError(f"the opening messages have {used} {IMAGE_PLACEHOLDER} placeholder(s) for the row's "
+                             f"{len(row_images)} image(s) ({self.chat.image_key}, data.image_key)")
+        return rendered, images
 
     def _inserted(self, messages: list[dict[str, Any]]
                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]:

@@ -336,3 +336,34 @@ def test_verls_loops_on_image_rows_are_refused_when_the_data_loads(tmp_path, cap
                  "rollout.agent.loop=verl_agent", "data.vision.train_size=8", "data.vision.val_size=4"]) == 2
     assert ("vision (train), row 1: the row has images, but rollout.agent.loop=verl_agent does not take them: rlforge "
             "runs verl's agent loops on text rows only") in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_interaction_shows_images_in_its_opening_and_its_replies(setup, pm) -> None:
+    """An environment that renders its observations: reset() and step() return message dicts with images."""
+    from rlforge.agent import Interaction
+
+    class Frames(Interaction):
+        name = "frames"
+
+        def reset(self, sample):
+            self.sample, self.turn = sample, 0
+            return {"content": "Frame <image>", "images": [_crop(sample)]}
+
+        def step(self, message):
+            self.turn += 1
+            return {"content": "<image>", "images": [_crop(self.sample).rotate(90)]}, 0.0, self.turn == 2
+
+    _, model, tok, proc, batch, hf = setup
+    cfg = load_config("grpo", [*OVERRIDES[:3], "rollout.max_new_tokens=48", "rollout.agent.loop=interaction",
+                               "rollout.agent.interaction=arith_tutor"], plugins=pm)
+    runner = Builder(cfg, pm).agent(tok, proc)
+    runner.context.new_interaction = lambda: Frames(cfg)
+    out, metrics = runner.rollout(batch.select([0, 1]), SamplingParams(n=1, temperature=0.0, max_new_tokens=48),
+                                  hf.generate_tokens)
+    assert metrics["agent/model_turns/mean"] == 2
+    for i, inputs in enumerate(out.lists[B.MULTI_MODAL_INPUTS]):  # the row's picture, the opening's, the reply's
+        assert inputs["image_grid_thw"][:, 1:].prod(-1).tolist() == [36, 16, 16]
+        assert (out[B.PROMPTS][i] == proc.image_token_id).sum() == 9 + 4
+        assert (out[B.RESPONSES][i] == proc.image_token_id).sum() == 4
+    assert _gap(model, out) < 1e-4
