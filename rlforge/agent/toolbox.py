@@ -171,8 +171,7 @@ class ToolSession:
             return result.text, float(result.reward), self._images(call.name, result)
         if isinstance(result, str):
             return result, 0.0, []
-        shown = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(result))  # no memory address: the reply is trained on
-        raise ToolError(f"the tool '{call.name}' returned {type(result).__name__} ({shown:.80}), not text")
+        raise ToolError(f"the tool '{call.name}' returned {type(result).__name__} ({result!r:.80}), not text")
 
     def _images(self, name: str, result: ToolResult) -> list[Any]:
         """A reply's images, opened; a text model gets an error reply instead."""
@@ -184,11 +183,20 @@ class ToolSession:
         if IMAGE_PLACEHOLDER in result.text:
             raise ToolError(f"the tool '{name}' replied with images and a text holding {IMAGE_PLACEHOLDER}: the images "
                             f"(ToolResult.images) are shown before the text, which must not mark places for them")
-        return open_images(result.images, f"the tool '{name}''s reply", "images")
+        images = open_images(result.images, f"the reply of the tool '{name}'", "images")
+        for n, image in enumerate(images):  # one the processor refuses (0 pixels, a 1 x 4000 strip) is the tool's error
+            try:
+                self.chat.processor.image_processor(images=[image], return_tensors="pt")
+            except Exception as exc:
+                detail = (str(exc).strip().splitlines() or [""])[0]
+                raise ToolError(f"the tool '{name}' replied with an image the model's image processor cannot take "
+                                f"(images[{n}], {image.width} x {image.height} pixels: {type(exc).__name__}: "
+                                f"{detail})") from None
+        return images
 
     def _error(self, message: str) -> str:
         self.stats.errors += 1
-        return f"Error: {message}"
+        return "Error: " + re.sub(r" at 0x[0-9a-fA-F]+", "", message)  # no memory address: the reply is trained on
 
 
 def _no_state(sample: Sample) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlforge import batch as B
+from rlforge.agent.config import SINGLE_TURN
 from rlforge.sampling import SamplingParams, derived_seed
 from rlforge.tools.inference import load_engine, load_tokenizer_and_processor, prompt_batches
 
@@ -25,6 +26,9 @@ def generate(
     ``response`` (decoded, special tokens removed), ``response_tokens``, ``ground_truth`` and ``extra_info``.
     Rows need only a ``prompt``.
     """
+    if cfg.rollout.agent.loop != SINGLE_TURN:
+        log(f"note: rlforge generate runs the engine's single-turn generate; rollout.agent.loop="
+            f"{cfg.rollout.agent.loop} is not run (rlforge eval runs it)")
     params = SamplingParams.from_config(cfg.rollout, validation=True)
     tokenizer, processor = load_tokenizer_and_processor(cfg)
     batches, _ = prompt_batches(cfg, pm, tokenizer, split, limit, need_reward=False, processor=processor)

@@ -231,15 +231,25 @@ def test_tools_reply_with_images_for_a_vision_model_and_errors_otherwise(setup, 
     class Zoom(Tool):
         name = "zoom"
 
-        def __init__(self, text):
+        def __init__(self, text, image=None):
             super().__init__(None)
-            self.text = text
+            self.text, self.image = text, image
 
         def execute(self, arguments, state):
-            return ToolResult(self.text, images=[_crop(sample)])
+            return ToolResult(self.text, images=[_crop(sample) if self.image is None else self.image])
 
     (reply,) = _tool_replies(pm, tok, proc, Zoom("the corner"), sample)
     assert reply["content"] == "<image>the corner" and reply["images"][0].size == (56, 56)
+    # images the processor refuses, or that are no image, are the tool's errors: a reply, never a stopped run
+    from PIL import Image
+
+    for image, error in [(Image.new("RGB", (3, 4000)), "an image the model's image processor cannot take (images[0], "
+                                                        "3 x 4000 pixels: ValueError: absolute aspect ratio"),
+                         (Image.new("RGB", (0, 0)), "cannot take (images[0], 0 x 0 pixels"),
+                         ({"bytes": b"no image"}, "images[0] is not a readable image (UnidentifiedImageError: cannot "
+                                                  "identify image file <_io.BytesIO object>)")]:
+        (bad,) = _tool_replies(pm, tok, proc, Zoom("x", image), sample)
+        assert bad["content"].startswith("Error: ") and error in bad["content"] and "images" not in bad
     (text_model,) = _tool_replies(pm, tok, None, Zoom("the corner"), sample)
     assert text_model["content"].startswith("Error: the tool 'zoom' replied with images, which a text model cannot "
                                             "see") and "images" not in text_model

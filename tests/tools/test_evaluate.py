@@ -109,8 +109,9 @@ def test_generate_jsonl_from_prompt_only_rows(tmp_path, capsys):
     assert f"wrote 6 samples to {out}" in capsys.readouterr().out
     again = tmp_path / "again.jsonl"
     assert main(["generate", "builtin:tiny-arith", "--data", str(prompts), "--n", "3", "--temperature", "1.0",
-                 "--out", str(again)]) == 0
-    assert again.read_text() == out.read_text()  # sampling is seeded by trainer.seed
+                 "--out", str(again), "rollout.agent.loop=interaction", "rollout.agent.interaction=arith_tutor"]) == 0
+    assert again.read_text() == out.read_text()  # sampling is seeded by trainer.seed; no agent loop here, and it says so
+    assert "rollout.agent.loop=interaction is not run (rlforge eval runs it)" in capsys.readouterr().err
 
 
 def test_generate_greedy_matches_eval_answers(tmp_path):
