@@ -18,6 +18,11 @@ class DataError(RLForgeError):
     """A data file or row is malformed: the message names the file and the row."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message ("" when it has none): what an error message quotes of a cause."""
+    return (str(exc).strip().splitlines() or [""])[0]
+
+
 def did_you_mean(name: str, choices: Iterable[str], prefix: str = "") -> str:
     """Return ``" Did you mean '<prefix>x'?"`` for the closest choice, or an empty string."""
     choices = list(choices)

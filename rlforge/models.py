@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlforge.errors import ConfigError, RLForgeError
+from rlforge.errors import ConfigError, RLForgeError, first_line
 from rlforge.lazy import lazy_import
 from rlforge.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from rlforge.weight_files import check_weights, safetensors_problem
@@ -278,9 +278,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise RLForgeError(f"Cannot load a tokenizer from '{path}' ({key}): {type(exc).__name__}: {first}. The "
-                           "folder needs the tokenizer files (tokenizer.json or the model's vocabulary files and "
+        raise RLForgeError(f"Cannot load a tokenizer from '{path}' ({key}): {type(exc).__name__}: {first_line(exc)}. "
+                           "The folder needs the tokenizer files (tokenizer.json or the model's vocabulary files and "
                            "tokenizer_config.json) beside config.json.") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -120,7 +120,7 @@ class RLModule:
         """
         from rlforge.data import template_kwargs, tokenize_rows
 
-        from rlforge.agent.config import check_row_loops
+        from rlforge.agent.config import check_image_rows, check_row_loops
 
         d = self.config.data
         name = f"{d.name} ({split})"
@@ -133,12 +133,7 @@ class RLModule:
 
             check_engine(prompts, self.registry.rollout.entry(self.config.rollout.name).capabilities,
                          self.config.rollout.name)
-            loop = self.config.rollout.agent.loop
-            refused = getattr(self.registry.agent_loop.get(loop), "refuses_images", "")
-            first = next((p for p in prompts if p.multi_modal is not None), None)
-            if refused and first is not None:
-                raise DataError(f"{name}, row {first.index + 1}: the row has images, but rollout.agent.loop={loop} "
-                                f"does not take them: {refused}")
+            check_image_rows(prompts, self.registry, self.config.rollout.agent.loop, name)
             if self.needs_critic() and any(p.multi_modal is not None for p in prompts):
                 raise DataError(f"{name}: rows with images, but --algo {self.config.algorithm.name} trains a critic "
                                 f"(value model), which reads text only: a critic over images is not built yet "

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlforge.errors import DataError, RLForgeError
+from rlforge.errors import DataError, RLForgeError, first_line
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -142,19 +142,21 @@ def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[A
         text = processor.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
                                              tokenize=False, **template)
     except Exception as exc:  # a template that refuses the row
-        detail = (str(exc).strip().splitlines() or [""])[0]
-        raise DataError(f"{where}: the processor cannot encode this row ({type(exc).__name__}: {detail}).") from None
+        raise DataError(f"{where}: the processor cannot encode this row ({type(exc).__name__}: {first_line(exc)}).") \
+            from None
     return encode_text(processor, text, images, where)
 
 
-def encode_text(processor: Any, text: str, images: list[Any], where: str) -> tuple[list[int], dict[str, Any]]:
+
+def encode_text(processor: Any, text: str, images: list[Any], where: str, what: str = "this row"
+                ) -> tuple[list[int], dict[str, Any]]:
     """(ids of rendered ``text`` with each image's pad expanded into its image-pad tokens, the vision inputs of
-    ``images``) from the processor; no special tokens added."""
+    ``images``) from the processor; no special tokens added. ``what`` names the input in an error."""
     try:
         encoded = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
     except Exception as exc:  # a processor that refuses the images or the text
-        detail = (str(exc).strip().splitlines() or [""])[0]
-        raise DataError(f"{where}: the processor cannot encode this row ({type(exc).__name__}: {detail}).") from None
+        raise DataError(f"{where}: the processor cannot encode {what} ({type(exc).__name__}: {first_line(exc)}).") \
+            from None
     return encoded["input_ids"][0].tolist(), {PIXEL_VALUES: encoded[PIXEL_VALUES],
                                                IMAGE_GRID_THW: encoded[IMAGE_GRID_THW], IMAGES: list(images)}
 

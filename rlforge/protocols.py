@@ -69,7 +69,8 @@ class WeightSync(Protocol):
 class TokenGenerator(Protocol):
     """The token-in/token-out request API of a rollout engine (and of a controller, for its engines)."""
 
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams],
+                        multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:
         """One completion per prompt (``params[i]`` for ``prompts[i]``; ``n`` is ignored); each ends at a stop token
         or after ``max_new_tokens``. Many agent loops' requests arrive here together, batched in waves. An engine
         that declares ``supports_images`` also takes ``multi_modal=``: each prompt's vision inputs
@@ -248,7 +249,8 @@ class GenerationsLogger(Logger, Protocol):
 class AgentLoop(Protocol):
     """Owns one trajectory at a time (many run concurrently). Registered under ``agent_loop``; built once per run as
     ``factory(config, context)`` (:class:`rlforge.agent.AgentContext`: tokenizer, tools, parser, interaction).
-    Subclass :class:`rlforge.agent.AgentLoop`."""
+    Subclass :class:`rlforge.agent.AgentLoop`. A loop that cannot run rows with images says why in a class
+    attribute ``refuses_images`` (a str; such data is refused when it loads)."""
 
     async def run(self, sample: Sample, engine: Any) -> Trajectory:
         """Generate through ``engine`` (``await engine.generate(prompt_ids, ...)``), call tools or an interaction,
@@ -268,7 +270,7 @@ class Tool(Protocol):
         """The OpenAI function schema ``{"type": "function", "function": {name, description, parameters}}``."""
 
     def execute(self, arguments: dict[str, Any], state: Any) -> str | ToolResult | Any:
-        """The tool's reply as text (or a ToolResult with a reward); may be ``async``."""
+        """The tool's reply as text (or a ToolResult with a reward and the images it shows); may be ``async``."""
 
 
 @runtime_checkable
@@ -284,11 +286,12 @@ class Interaction(Protocol):
     """A simulated user or environment, one instance per trajectory. Registered under ``interaction``; built as
     ``factory(config)``; options at ``rollout.agent.<name>``. Both methods may be ``async``."""
 
-    def reset(self, sample: Sample) -> str | None | Any:
-        """The first message of the user (None: the prompt alone opens the conversation)."""
+    def reset(self, sample: Sample) -> str | dict[str, Any] | None | Any:
+        """The first message of the user (None: the prompt alone opens the conversation); a message dict
+        ``{"content", "images"}`` shows images to a vision-language model."""
 
-    def step(self, message: str) -> tuple[str, float, bool] | Any:
-        """React to the model's message: ``(reply, reward, done)``."""
+    def step(self, message: str) -> tuple[str | dict[str, Any], float, bool] | Any:
+        """React to the model's message: ``(reply, reward, done)``; the reply as text or a message dict."""
 
 
 @dataclass

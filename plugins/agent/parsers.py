@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from rlforge.agent import ParsedTurn, ToolCall, ToolParser
-from rlforge.errors import ConfigError, RLForgeError
+from rlforge.errors import ConfigError, RLForgeError, first_line
 from rlforge.hookspecs import hookimpl
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -158,9 +158,8 @@ class TokenizerParser(ToolParser):
         try:
             message = self.tokenizer.parse_response(text, prefix=self.prefix, tools=self.tools)
         except Exception as exc:  # the template's own parsers failed on the model's text (json, regex, recursion)
-            first = (str(exc).strip().splitlines() or [""])[0]
             return ParsedTurn(text.strip(), [], [f"the turn does not follow the model's response_template "
-                                                 f"({type(exc).__name__}: {first:.200}) in {text!r:.200}"])
+                                                 f"({type(exc).__name__}: {first_line(exc):.200}) in {text!r:.200}"])
         calls: list[ToolCall] = []
         errors: list[str] = []
         for raw in message.get("tool_calls") or []:

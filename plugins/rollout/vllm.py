@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge import batch as B
 from rlforge.capabilities import RolloutCapabilities
-from rlforge.errors import RLForgeError
+from rlforge.errors import RLForgeError, first_line
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, rollout_stop_ids
@@ -280,10 +280,9 @@ class VLLMRollout:
                 **engine_kwargs(cfg),  # rollout.vllm.engine_kwargs: none of the above (vllm_args.check_engine_kwargs)
             )
         except Exception as exc:
-            first_line = (str(exc).strip().splitlines() or [""])[0]
             raise RLForgeError(
                 f"vLLM could not start an engine for '{cfg.model.path}' (model.path, rollout.name=vllm): "
-                f"{type(exc).__name__}: {first_line}. The vLLM log above has the root cause (an unsupported "
+                f"{type(exc).__name__}: {first_line(exc)}. The vLLM log above has the root cause (an unsupported "
                 "architecture or head size, or on CPU a VLLM_CPU_KVCACHE_SPACE larger than the free memory). "
                 "Use rollout.name=hf for models vLLM cannot run."
             ) from exc

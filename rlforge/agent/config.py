@@ -72,6 +72,16 @@ VERL_LOOPS = {"single_turn_agent": SINGLE_TURN, "tool_agent": "tool_agent"}  # v
 VERL_AGENT = "verl_agent"  # the loop that runs verl's own agent loops, row by row (plugins/agent/verl_loops.py)
 
 
+def check_image_rows(prompts: Any, registry: Any, loop: str, name: str) -> None:
+    """Prompts with images need an agent loop that takes them: one whose class says why it cannot
+    (``AgentLoop.refuses_images``) makes the first such row a DataError naming it."""
+    refused = getattr(registry.agent_loop.get(loop), "refuses_images", "")
+    first = next((p for p in prompts if p.multi_modal is not None), None) if refused else None
+    if first is not None:
+        raise DataError(f"{name}, row {first.index + 1}: the row has images, but rollout.agent.loop={loop} does not "
+                        f"take them: {refused}")
+
+
 def check_row_loops(rows: Any, loop: str, name: str) -> None:
     """Rows that name their agent loop as verl's data does (``agent_name``) name this run's: rlforge's own loops run
     one per run (verl picks one per row), so rows that ask for another, or for several, are a DataError naming them;

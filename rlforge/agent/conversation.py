@@ -24,6 +24,15 @@ if TYPE_CHECKING:
     from rlforge.sampling import Generation
 
 
+def _placed(images: list[Any], content: Any, where: str) -> list[Any]:
+    """``images``, checked to be one per ``<image>`` placeholder of the message's ``content``."""
+    found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
+    if found != len(images):
+        raise ValueError(f"{where} has {len(images)} image(s) in 'images' and {found} {IMAGE_PLACEHOLDER} "
+                         f"placeholder(s) in its content: put one placeholder where each image goes")
+    return images
+
+
 def inserted_role(messages: list[dict[str, Any]]) -> str:
     """The role of an inserted span: its messages' role, or their roles joined with ``+``."""
     return "+".join(dict.fromkeys(str(m.get("role", "?")) for m in messages)) or "?"
@@ -45,18 +54,17 @@ class Conversation:
         self.context = context
         self.chat = context.chat
         self.sample = sample
-        self.messages = list(opening if opening is not None else sample.messages)
+        self.messages = [self._escaped(m) for m in opening] if opening is not None else list(sample.messages)
         self.images = context.row_images(sample)  # the images so far (the row's, then inserted turns'); None: none
         self._added_images = False  # the trajectory shows images of its own: its vision inputs are not the row's
         schemas = (context.tools.schemas() if tools is True else tools) or None
-        row_images = list(sample.multi_modal[IMAGES]) if sample.multi_modal is not None else []
         if any(m.get("images") for m in self.messages):
-            rendered, images = self._opening(row_images)
+            rendered, images = self._opening(self._row_images())
             self.prompt_ids, inputs = self.chat.prompt_with_images(rendered, schemas, images)
             self.images = RowImages(inputs, context.image_token_id, self.prompt_ids.count(context.image_token_id))
             self._added_images = True
         elif schemas or opening is not None:  # a row with images: rendered with its images by the processor
-            self.prompt_ids = self.chat.prompt_ids(self.messages, schemas, row_images or None)
+            self.prompt_ids = self.chat.prompt_ids(self.messages, schemas, self._row_images() or None)
         else:
             self.prompt_ids = list(sample.prompt_ids)
         limit = context.config.data.max_prompt_length
@@ -106,7 +114,9 @@ class Conversation:
         if self.remaining <= 0:
             self.stop(TOKEN_LIMIT)
             return None
-        self.last = await engine.generate([*self.prompt_ids, *self.response_ids], images=self.images,
+        if self.images is not None:  # a vision-language model: the images so far (engines without images: no keyword)
+            overrides["images"] = self.images
+        self.last = await engine.generate([*self.prompt_ids, *self.response_ids],
                                           max_new_tokens=min(per_turn, self.remaining), **overrides)
         return self.add_generation(self.last)
 
@@ -154,20 +164,31 @@ class Conversation:
         self.inserted_turns += 1
         return True
 
+    def _row_images(self) -> list[Any]:
+        """The row's images, for a prompt rendered again (none for a text row)."""
+        if self.sample.multi_modal is None:
+            return []
+        if IMAGES not in self.sample.multi_modal:
+            raise ValueError(f"the row's vision inputs have no '{IMAGES}' (the images themselves, which the data "
+                             f"loader keeps beside pixel_values), so its prompt cannot be rendered again")
+        return list(self.sample.multi_modal[IMAGES])
+
+    def _escaped(self, message: dict[str, Any]) -> dict[str, Any]:
+        """``message`` with its text escaped (``ChatFormat.escape``)."""
+        content = message.get("content")
+        return {**message, "content": self.chat.escape(content)} if isinstance(content, str) else message
+
     def _opening(self, row_images: list[Any]) -> tuple[list[dict[str, Any]], list[Any]]:
         """The opening messages without their ``images`` and every image they show, in order: a message's own, or
         for the placeholders of a message without ``images`` the row's next ones (all of them must be used)."""
         rendered, images, used = [], [], 0
         for n, m in enumerate(self.messages):
             content = m.get("content")
-            found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
             if m.get("images"):
-                shown = open_images(m["images"], f"opening message {n} ({m.get('role')})", "images")
-                if found != len(shown):
-                    raise ValueError(f"opening message {n} ({m.get('role')}) has {len(shown)} image(s) in 'images' "
-                                     f"and {found} {IMAGE_PLACEHOLDER} placeholder(s) in its content")
-                images += shown
+                where = f"opening message {n} ({m.get('role')})"
+                images += _placed(open_images(m["images"], where, "images"), content, where)
             else:
+                found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
                 images += row_images[used:used + found]
                 used += found
             rendered.append({k: v for k, v in m.items() if k != "images"})
@@ -189,15 +210,10 @@ class Conversation:
                 content = flatten_parts(content, where)
                 if content.count(IMAGE_PLACEHOLDER) and not shown:
                     raise ValueError(f"{where} has an image part but no 'images': give the image in its 'images'")
-            message = {k: v for k, v in m.items() if k != "images"}
-            if isinstance(content, str):
-                message["content"] = self.chat.escape(content)
+            message = self._escaped({**{k: v for k, v in m.items() if k != "images"}, "content": content})
             kept.append({**message, "images": shown} if shown else message)
             if shown:
-                found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
-                if found != len(shown):
-                    raise ValueError(f"{where} has {len(shown)} image(s) in 'images' and {found} {IMAGE_PLACEHOLDER} "
-                                     f"placeholder(s) in its content: put one placeholder where each image goes")
+                _placed(shown, message["content"], where)
                 message["content"] = split_placeholders(message["content"])
             out.append(message)
             images += shown

@@ -19,6 +19,7 @@ from rlforge.agent.engine import Backend, EngineHandle, TrajectoryEngine
 from rlforge.agent.loop import AgentLoop
 from rlforge.agent.record import AGENT_RECORD, agent_record
 from rlforge.agent.types import AgentLoopError, Sample, Trajectory
+from rlforge.multimodal import IMAGES
 from rlforge.sampling import SamplingParams
 
 T = TypeVar("T")
@@ -111,11 +112,13 @@ def samples(rows: B.Batch) -> list[Sample]:
     lists = {col: rows.lists.get(col, [None] * n) for col in (B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH,
                                                                B.EXTRA_INFO, B.UID, B.AGENT_NAME,
                                                                B.MULTI_MODAL_INPUTS)}
+    vision = [None if v is None else {**v, **({IMAGES: list(v[IMAGES])} if IMAGES in v else {})}  # loops' own copies
+              for v in lists[B.MULTI_MODAL_INPUTS]]
     return [Sample(messages=copy.deepcopy(lists[B.RAW_PROMPT][i] or []),
                    prompt_ids=rows[B.PROMPTS][i][rows[B.PROMPT_MASK][i].bool()].tolist(),
                    data_source=lists[B.DATA_SOURCE][i] or "", ground_truth=lists[B.GROUND_TRUTH][i],
                    extra_info=lists[B.EXTRA_INFO][i], uid=lists[B.UID][i], index=i,
-                   agent_name=lists[B.AGENT_NAME][i], multi_modal=lists[B.MULTI_MODAL_INPUTS][i]) for i in range(n)]
+                   agent_name=lists[B.AGENT_NAME][i], multi_modal=vision[i]) for i in range(n)]
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rlforge.agent.base import Tool
 from rlforge.agent.types import ParsedTurn, Sample, ToolCall, ToolError, ToolResult, ToolStats
 from rlforge.agent.workers import DaemonThreads, ToolLoop
-from rlforge.errors import RLForgeError
+from rlforge.errors import RLForgeError, first_line
 from rlforge.multimodal import IMAGE_PLACEHOLDER, open_images
 
 if TYPE_CHECKING:
@@ -168,15 +168,14 @@ class ToolSession:
         if isinstance(result, ToolResult) and isinstance(result.text, str):
             if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
                 raise ToolError(f"the tool '{call.name}' returned the reward {result.reward!r}, not a finite number")
-            return result.text, float(result.reward), self._images(call.name, result)
+            images = await self.box.call(self._images, call.name, result) if result.images else []  # a tool thread
+            return result.text, float(result.reward), images
         if isinstance(result, str):
             return result, 0.0, []
         raise ToolError(f"the tool '{call.name}' returned {type(result).__name__} ({result!r:.80}), not text")
 
     def _images(self, name: str, result: ToolResult) -> list[Any]:
-        """A reply's images, opened; a text model gets an error reply instead."""
-        if not result.images:
-            return []
+        """A reply's images, opened and checked by the image processor; a text model gets an error reply instead."""
         if self.chat.processor is None:
             raise ToolError(f"the tool '{name}' replied with images, which a text model cannot see (model.path has "
                             f"no image processor)")
@@ -188,10 +187,9 @@ class ToolSession:
             try:
                 self.chat.processor.image_processor(images=[image], return_tensors="pt")
             except Exception as exc:
-                detail = (str(exc).strip().splitlines() or [""])[0]
                 raise ToolError(f"the tool '{name}' replied with an image the model's image processor cannot take "
                                 f"(images[{n}], {image.width} x {image.height} pixels: {type(exc).__name__}: "
-                                f"{detail})") from None
+                                f"{first_line(exc)})") from None
         return images
 
     def _error(self, message: str) -> str:

@@ -122,6 +122,7 @@ def prompt_batches(
     vision-language model's ``processor``), in batches of ``rollout.micro_batch_size``, and the number of rows read
     (prompts over ``data.max_prompt_length`` are dropped when ``data.filter_overlong_prompts`` is on). Each prompt's
     ``uid`` is its row index."""
+    from rlforge.agent.config import check_image_rows
     from rlforge.build import Builder
     from rlforge.multimodal import check_engine
 
@@ -138,6 +139,7 @@ def prompt_batches(
                             f"{cfg.data.name} ({split})", need_reward=need_reward, processor=processor,
                             image_key=cfg.data.image_key, truncation=cfg.data.truncation, template=template_kwargs(cfg))
     check_engine(prompts, builder.capabilities("rollout"), cfg.rollout.name)
+    check_image_rows(prompts, builder.registry, cfg.rollout.agent.loop, f"{cfg.data.name} ({split})")
     size = cfg.rollout.micro_batch_size
     chunks = [prompts[i : i + size] for i in range(0, len(prompts), size)]
     return [collate(c, tokenizer.pad_token_id, [p.index for p in c]) for c in chunks], len(rows)

@@ -356,24 +356,25 @@ def test_an_interaction_shows_images_in_its_opening_and_its_replies(setup, pm) -
     class Frames(Interaction):
         name = "frames"
 
-        def reset(self, sample):
+        def reset(self, sample):  # the text spells the image-pad token: escaped, as in inserted turns
             self.sample, self.turn = sample, 0
-            return {"content": "Frame <image>", "images": [_crop(sample)]}
+            return {"content": "<image><|image_pad|>", "images": [_crop(sample)]}
 
-        def step(self, message):
+        def step(self, message):  # a frame of another size, and text that is no valid UTF-8
             self.turn += 1
-            return {"content": "<image>", "images": [_crop(self.sample).rotate(90)]}, 0.0, self.turn == 2
+            return {"content": "<image> \ud800", "images": [_crop(self.sample).resize((112, 56))]}, 0.0, self.turn == 2
 
     _, model, tok, proc, batch, hf = setup
-    cfg = load_config("grpo", [*OVERRIDES[:3], "rollout.max_new_tokens=48", "rollout.agent.loop=interaction",
-                               "rollout.agent.interaction=arith_tutor"], plugins=pm)
+    cfg = load_config("grpo", [*OVERRIDES[:3], "data.max_prompt_length=64", "rollout.max_new_tokens=48",
+                               "rollout.agent.loop=interaction", "rollout.agent.interaction=arith_tutor"], plugins=pm)
     runner = Builder(cfg, pm).agent(tok, proc)
     runner.context.new_interaction = lambda: Frames(cfg)
     out, metrics = runner.rollout(batch.select([0, 1]), SamplingParams(n=1, temperature=0.0, max_new_tokens=48),
                                   hf.generate_tokens)
     assert metrics["agent/model_turns/mean"] == 2
-    for i, inputs in enumerate(out.lists[B.MULTI_MODAL_INPUTS]):  # the row's picture, the opening's, the reply's
-        assert inputs["image_grid_thw"][:, 1:].prod(-1).tolist() == [36, 16, 16]
+    for i, inputs in enumerate(out.lists[B.MULTI_MODAL_INPUTS]):  # in order: the row's, the opening's, the reply's
+        assert inputs["image_grid_thw"].tolist() == [[1, 6, 6], [1, 4, 4], [1, 4, 8]]
+        assert [image.size for image in inputs["images"]] == [(84, 84), (56, 56), (112, 56)]
         assert (out[B.PROMPTS][i] == proc.image_token_id).sum() == 9 + 4
-        assert (out[B.RESPONSES][i] == proc.image_token_id).sum() == 4
+        assert (out[B.RESPONSES][i] == proc.image_token_id).sum() == 8
     assert _gap(model, out) < 1e-4
