@@ -36,6 +36,7 @@ weight stream and keeps no replica. ``rollout.vllm.tensor_parallel_size`` splits
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import math
 import multiprocessing
 import os
@@ -360,6 +361,9 @@ class VLLMRollout:
                 # exactly the hf engine's stop tokens (vLLM's own EOS handling off)
                 ignore_eos=True,
                 stop_token_ids=self.stop_ids,
+                # a vision-language model never samples its image or video pad tokens (as in hf): another request or
+                # the update would look for that image's pixels. The log-probs stay the raw model's (vLLM's default)
+                logit_bias={t: -100.0 for t in self._placeholders} or None,
                 seed=seed,
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=False,
@@ -369,12 +373,19 @@ class VLLMRollout:
             raise RLForgeError(f"vLLM rejects the sampling parameters {params} (rollout.n, temperature, top_p, "
                                f"top_k, max_new_tokens; val_n, val_temperature): {exc}") from None
 
+    @functools.cached_property
+    def _placeholders(self) -> list[int]:
+        """The model's image and video pad tokens (none for a text model): the first is the image's."""
+        from rlforge import multimodal
+
+        return multimodal.placeholder_token_ids(self.model)
+
     @no_grad
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         from rlforge import multimodal
 
         vision = batch.lists.get(B.MULTI_MODAL_INPUTS) or [None] * len(batch)
-        image_token = (multimodal.placeholder_token_ids(self.model) or [None])[0]
+        image_token = (self._placeholders or [None])[0]
         prompts = [
             self.vllm.TokensPrompt(**multimodal.engine_prompt(row[mask.bool()].tolist(), inputs, image_token))
             for row, mask, inputs in zip(batch[B.PROMPTS], batch[B.PROMPT_MASK], vision)
@@ -445,7 +456,7 @@ class VLLMRollout:
         sampling = [self._sampling_params(replace(p, n=1), None if p.temperature == 0 else
                                           (p.seed % top if p.seed is not None else seed) + i)
                     for i, p in enumerate(params)]
-        image_token = (multimodal.placeholder_token_ids(self.model) or [None])[0]
+        image_token = (self._placeholders or [None])[0]
         vision = multi_modal or [None] * len(prompts)
         results = self._run([self.vllm.TokensPrompt(**multimodal.engine_prompt(ids, inputs, image_token))
                              for ids, inputs in zip(prompts, vision)], sampling)

@@ -31,7 +31,7 @@ class FakeLLM:
         self.eos, self.prompts = eos, []
 
     def generate(self, prompts, sampling, adapter=None):
-        self.prompts = prompts
+        self.prompts, self.sampling = prompts, sampling
         logprob = SimpleNamespace(logprob=-0.5)
         out = SimpleNamespace(index=0, token_ids=[5, self.eos], logprobs=[{5: logprob}, {self.eos: logprob}],
                               finish_reason="stop")
@@ -56,6 +56,9 @@ def test_generate_sends_token_prompts_with_multi_modal_data(vlm):
     assert image.size == (84, 84) and image.mode == "RGB"
     assert second == {"prompt_token_ids": prompts[1].ids}
     assert out[B.RESPONSES][:, :2].tolist() == [[5, tok.eos_token_id]] * 2
+    # the image and video pad tokens are never sampled (another pass would look for their pixels), as in hf
+    assert llm.sampling[0]["logit_bias"] == {t: -100.0 for t in mm.placeholder_token_ids(model)} and \
+        len(llm.sampling[0]["logit_bias"]) == 2
     assert torch.equal(out[B.PROMPTS], batch[B.PROMPTS])  # the batch keeps the expanded prompt the actor reads
 
 
