@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlforge.config import verl_derived  # noqa: E402
 from rlforge.config.verl_keys import TABLE  # noqa: E402
-from rlforge.config.verl_rules import Derived, Ignore, Keep, Map, issue_note  # noqa: E402
+from rlforge.config.verl_rules import Derived, Ignore, Keep, Map  # noqa: E402
 from rlforge.config.verl_sft import TABLE as SFT_TABLE  # noqa: E402
 from tests.tools.verl_corpus import figures, launches, run  # noqa: E402
 
@@ -40,7 +40,7 @@ def tables() -> list[str]:
             if isinstance(rule, Map):
                 mapped.append(f"| {k} | `{rule.target}` | {_cell(rule.note)} |")
             elif isinstance(rule, Keep):
-                refused.append(f"| {k} | {_cell(rule.does)} | {_cell(rule.missing)}{_cell(issue_note(rule.issue))} |")
+                refused.append(f"| {k} | {_cell(rule.does)} | {_cell(rule.missing)} |")
             elif isinstance(rule, Ignore):
                 ignored.append(f"| {k} | {_cell(rule.why)} |")
             elif isinstance(rule, Derived):

@@ -54,7 +54,7 @@ def algorithm(c: Context) -> None:
     algo = ESTIMATORS.get(est)
     if algo is None:
         c.refuse("algorithm.adv_estimator", f"verl's adv_estimator={est} (rlforge's: "
-                 f"{', '.join(sorted(ESTIMATORS))})", 30)
+                 f"{', '.join(sorted(ESTIMATORS))})")
     else:
         c.map("algorithm.adv_estimator", "--algo", algo)
     bypass = bool(c.get("algorithm.rollout_correction.bypass_mode"))
@@ -68,7 +68,7 @@ def algorithm(c: Context) -> None:
     if mode in POLICY_LOSSES:
         c.map(f"{A}.policy_loss.loss_mode", "actor.policy_loss", mode)
     else:
-        c.refuse(f"{A}.policy_loss.loss_mode", f"verl's policy_loss.loss_mode={mode}", 30)
+        c.refuse(f"{A}.policy_loss.loss_mode", f"verl's policy_loss.loss_mode={mode}")
     if c.get("algorithm.use_pf_ppo") and est == "gae":
         algo = "pf_ppo"
         c.map("algorithm.use_pf_ppo", "--algo", algo)
@@ -337,7 +337,7 @@ def multimodal(c: Context) -> None:
     c.map("data.image_key", "data.image_key", c.get("data.image_key"))
     for key in c.owned:
         if key in c.given and key in MULTIMODAL_MISSING:
-            c.refuse(key, MULTIMODAL_MISSING[key], 29)
+            c.refuse(key, MULTIMODAL_MISSING[key])
         else:
             c.ignore(key, "read only for rows with videos or audio, or by verl's image resizing (rlforge's processor "
                      "resizes images)")

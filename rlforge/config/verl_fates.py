@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlforge.config.verl_rules import issue_note, nest
+from rlforge.config.verl_rules import nest
 
 DOC = "docs/migration-from-verl.md"
 MAPPED, REFUSED, IGNORED = "mapped", "refused", "ignored"
@@ -23,7 +23,6 @@ class Fate:
     kind: str
     target: str = ""  # mapped: the rlforge key ("" when the value states what rlforge always does)
     text: str = ""  # mapped: a stated difference or what rlforge does; refused: the missing feature; ignored: why
-    issue: int | None = None
 
     def line(self) -> str:
         if self.kind == MAPPED:
@@ -31,7 +30,7 @@ class Fate:
             note = f" ({self.text})" if self.target and self.text else ""
             return f"mapped      {self.key}{to}{note}"
         if self.kind == REFUSED:
-            return f"REFUSED     {self.key} = {self.value!r}: {self.text} is not in rlforge{issue_note(self.issue)}"
+            return f"REFUSED     {self.key} = {self.value!r}: {self.text} is not in rlforge"
         return f"ignored     {self.key}: {self.text}"
 
     mapped_value: Any = None
@@ -102,12 +101,11 @@ class Context:
     def done(self, key: str) -> bool:
         return key in self._done
 
-    def _fate(self, key: str, kind: str, target: str = "", text: str = "", issue: int | None = None,
-              value: Any = None) -> None:
+    def _fate(self, key: str, kind: str, target: str = "", text: str = "", value: Any = None) -> None:
         if key not in self.flat or key in self._done:
             return
         self._done.add(key)
-        self.out.fates.append(Fate(key, self.flat[key], kind, target, text, issue, mapped_value=value))
+        self.out.fates.append(Fate(key, self.flat[key], kind, target, text, mapped_value=value))
 
     def map(self, key: str, target: str, value: Any, note: str = "") -> None:
         if key in self.flat and key not in self._done and not target.startswith(("--", "rlforge ")):
@@ -120,8 +118,8 @@ class Context:
     def ignore(self, key: str, why: str) -> None:
         self._fate(key, IGNORED, "", why)
 
-    def refuse(self, key: str, missing: str, issue: int | None = None) -> None:
-        self._fate(key, REFUSED, "", missing, issue)
+    def refuse(self, key: str, missing: str) -> None:
+        self._fate(key, REFUSED, "", missing)
 
     def set(self, target: str, value: Any) -> None:
         """An rlforge key that follows from keys already mapped (strategy.name=fsdp -> trainer.controller=ray)."""

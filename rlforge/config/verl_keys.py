@@ -53,7 +53,7 @@ def _optim(section: str, target: str) -> dict[str, Rule]:
         f"{o}.lr_min": Derived("schedule"),
         f"{o}.lr_start": Derived("schedule"),
         f"{o}.lr_decay_ratio": Derived("schedule"),
-        f"{o}.lr_decay_style": Keep(is_("constant"), "a constant rate after the warm-up", SCHEDULERS, 32),
+        f"{o}.lr_decay_style": Keep(is_("constant"), "a constant rate after the warm-up", SCHEDULERS),
         f"{o}.decay_type": Ignore("read by torchtitan's scheduler only (model_engine=torchtitan: refused)"),
         f"{o}.weight_decay_incr_style": Keep(is_("constant"), "a constant weight decay", "weight-decay schedules"),
         f"{o}.min_lr*": Ignore("read only by a decaying schedule (lr_decay_style)"),
@@ -81,7 +81,7 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
         f"{m}.tokenizer_path": Keep(off, "the tokenizer of model.path", "a tokenizer from another folder"),
         f"{m}.use_shm": Ignore("models load from disk or the Hugging Face cache"),
         f"{m}.trust_remote_code": Map("model.trust_remote_code") if actor else Ignore(f"model.trust_remote_code{one}"),
-        f"{m}.custom_chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates", 32),
+        f"{m}.custom_chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates"),
         f"{m}.external_lib": Keep(off, "no extra import", "importing a module by name: install it as an rlforge plugin"),
         f"{m}.override_config": Keep(off, "the model's own config.json", "overriding the model's config.json fields"),
         f"{m}.override_config.*dropout": Keep(is_(0, 0.0), "the model's config.json dropout: none in Qwen and Llama "

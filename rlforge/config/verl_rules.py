@@ -3,8 +3,7 @@ lookup from a dotted verl key to its rule.
 
 - :class:`Map`: rlforge has the setting, with the same meaning: the value goes to ``target`` (converted).
 - :class:`Keep`: rlforge has no setting because it always behaves one way; a value that asks for that behaviour is
-  mapped (it means what rlforge does), any other is refused, naming the missing feature (and the open issue that
-  adds it, if one does).
+  mapped (it means what rlforge does), any other is refused, naming the missing feature.
 - :class:`Ignore`: the key does not change what is computed (infrastructure rlforge does itself, memory and speed
   knobs, copies of other keys, settings read only by a feature this config does not use); the reason says which.
 - :class:`Derived`: the key is one input of a setting computed from several keys (``verl_derived``).
@@ -17,14 +16,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-ISSUES = {28: "Ulysses sequence parallelism", 29: "multimodal (VLM) training", 30: "new algorithms and losses",
-          32: "more loggers, learning-rate schedulers and chat-template options"}
-
-
-def issue_note(issue: int | None) -> str:
-    return f" (open work: issue {issue}, {ISSUES[issue]})" if issue else ""
-
 
 def same(value: Any) -> Any:
     return value
@@ -42,7 +33,6 @@ class Keep:
     ok: Callable[[Any], bool]  # the values that ask for what rlforge always does
     does: str  # what rlforge always does (the mapped case)
     missing: str  # the feature a value outside ``ok`` asks for (the refused case)
-    issue: int | None = None
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ RULES: dict[str, Rule] = {
     "data.val_max_samples": Keep(lambda v: v is None or v < 0, "every row", "using only the first N rows"),
     "data.custom_cls.*": Keep(off, "rlforge's SFT rows", "a dataset class by path"),
     "data.apply_chat_template_kwargs": Keep(off, "the chat template's defaults", "chat-template keyword arguments in "
-                                            "rlforge's SFT (RL prompts read data.apply_chat_template_kwargs)", 32),
-    "data.chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates", 32),
+                                            "rlforge's SFT (RL prompts read data.apply_chat_template_kwargs)"),
+    "data.chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates"),
     "data.ignore_input_ids_mismatch": Keep(off, "no row trained as verl's per-message concatenation (where verl's check "
                                            "fails and it stops, rlforge trains each assistant turn against its own "
                                            "history: docs/sft.md)", "training the per-message concatenation where it differs "
@@ -51,7 +51,7 @@ RULES: dict[str, Rule] = {
     "model.exclude_modules": Map("model.lora.exclude_modules"),
     "model.lora_adapter_path": Keep(off, "a fresh adapter", "starting LoRA from a saved adapter"),
     "model.lora.rank": Keep(is_(0), "full fine-tuning", "LoRA in rlforge's SFT"),
-    "model.custom_chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates", 32),
+    "model.custom_chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates"),
     "model.override_config": Keep(off, "the model's config.json", "overriding config.json fields"),
     "model.mtp.enable": Keep(off, "no multi-token prediction", "multi-token prediction (MTP) heads"),
     "model.strategy": Ignore("the Lightning strategy is sft.strategy"),
@@ -147,7 +147,7 @@ def sft_schedule(c: Any) -> None:
         c.set("sft.num_cycles", 0.5)
     else:
         c.refuse("optim.lr_scheduler", f"the '{kind}' schedule in rlforge's SFT (sft.lr_scheduler: "
-                 f"{', '.join(LR_SCHEDULERS)})", 32)
+                 f"{', '.join(LR_SCHEDULERS)})")
     for key in ("optim.lr_scheduler_type", "optim.warmup_style", "optim.min_lr_ratio", "optim.num_cycles",
                 "optim.zero_indexed_step"):
         c.ignore(key, "not read by verl v0.7's SFT trainer (optim.lr_scheduler picks its schedule)")
