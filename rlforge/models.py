@@ -293,6 +293,19 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
     return tok
 
 
+def load_tokenizer_and_processor(config: Any) -> tuple[Any, Any]:
+    """The tokenizer of ``model.path`` and its processor (a vision-language model's; None for a text model), both
+    with ``model.chat_template`` in place of the model's own chat template when it is set."""
+    m = config.model
+    tokenizer = load_tokenizer(m.path, trust_remote_code=m.trust_remote_code)
+    processor = load_processor(m.path, tokenizer, trust_remote_code=m.trust_remote_code)
+    if m.chat_template:
+        tokenizer.chat_template = m.chat_template
+        if processor is not None:
+            processor.chat_template = m.chat_template
+    return tokenizer, processor
+
+
 def load_processor(path: str, tokenizer: Any, trust_remote_code: bool = False, key: str = "model.path") -> Any:
     """The processor of a vision-language model folder (one with ``preprocessor_config.json``), else None."""
     from rlforge.multimodal import load_processor as load

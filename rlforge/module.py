@@ -218,12 +218,11 @@ class RLModule:
 
     def configure_tokenizer(self) -> None:
         """Load the tokenizer of ``model.path`` (called before the data is prepared), and the processor of a
-        vision-language model (``self.processor``, None for a text model)."""
-        from rlforge.models import load_processor, load_tokenizer
+        vision-language model (``self.processor``, None for a text model); ``model.chat_template`` replaces their
+        chat template when set."""
+        from rlforge.models import load_tokenizer_and_processor
 
-        cfg = self.config.model
-        self.tokenizer = load_tokenizer(cfg.path, trust_remote_code=cfg.trust_remote_code)
-        self.processor = load_processor(cfg.path, self.tokenizer, trust_remote_code=cfg.trust_remote_code)
+        self.tokenizer, self.processor = load_tokenizer_and_processor(self.config)
 
     def configure_model(self) -> None:
         """Load the actor, and the reference and critic models when the algorithm needs them (only those in

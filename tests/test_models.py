@@ -217,3 +217,23 @@ def test_config_overrides_reach_the_policy_and_the_context_check(pm):
     with pytest.raises(ConfigError, match=r"model.config_overrides.max_position_embedding: the model's config "
                                           r"\(LlamaConfig\) has no field 'max_position_embedding'"):
         load_model(cfg.model.path, overrides={"max_position_embedding": 512})
+
+
+def test_model_chat_template_replaces_the_tokenizers_and_the_processors(pm):
+    """``model.chat_template`` (verl's model.custom_chat_template): what every prompt and agent turn is rendered with."""
+    from rlforge import load_config
+    from rlforge.config import verl
+    from rlforge.models import load_tokenizer_and_processor
+
+    template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if tools %}[tools]{% endif %}"
+                "{% if add_generation_prompt %}[assistant]{% endif %}")
+    messages = [{"role": "user", "content": "hi"}]
+    for path in ("builtin:tiny-arith", "builtin:tiny-vlm"):
+        cfg = load_config("grpo", [f"model.path={path}", f'model.chat_template="{template}"'], plugins=pm)
+        tok, proc = load_tokenizer_and_processor(cfg)
+        for renderer in [tok, *([proc] if proc is not None else [])]:
+            assert renderer.apply_chat_template(messages, tools=[{"type": "function", "function": {"name": "f"}}],
+                                                tokenize=False, add_generation_prompt=True) == "[user]hi[tools][assistant]"
+    from tests.tools.test_from_verl import tr
+
+    assert tr(f'actor_rollout_ref.model.custom_chat_template="{template}"').overrides["model.chat_template"] == template

@@ -143,7 +143,7 @@ class VerlClassDataset:
 
 def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
     """The items of the verl dataset class, built on ``split``'s files, as verl-format rows."""
-    from rlforge.models import load_processor, load_tokenizer
+    from rlforge.models import load_tokenizer_and_processor
 
     files = list(config.data.train_files if split == "train" else config.data.val_files)
     if not files:
@@ -154,8 +154,7 @@ def verl_class_rows(config: Any, split: str) -> list[dict[str, Any]]:
     v = config.data.verl_class
     cls = _load_class(v)
     section = data_section(config)
-    tokenizer = load_tokenizer(config.model.path, bool(config.model.trust_remote_code))
-    processor = load_processor(config.model.path, tokenizer, bool(config.model.trust_remote_code))  # None: text
+    tokenizer, processor = load_tokenizer_and_processor(config)  # processor None: a text model
     label = f"{v.name} ({v.path}) on {', '.join(files)}"
     unmeasured = (processor is not None and section.get("filter_overlong_prompts")
                   and importlib.util.find_spec("qwen_vl_utils") is None)

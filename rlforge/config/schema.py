@@ -98,6 +98,7 @@ class ModelConfig:
     ref_path: Optional[str] = None  # reference model for the KL term; None = same as `path`
     precision: str = option("auto", choices=PRECISIONS)  # auto (bf16-mixed on CUDA, 32-true on CPU) | 32-true | bf16-mixed | 16-mixed | bf16-true (docs/models.md)
     trust_remote_code: bool = False  # never on unless you set it
+    chat_template: Optional[str] = None  # a Jinja chat template in place of the model's own (its tokenizer's and processor's), e.g. one that writes tool schemas where the model's does not; saved with checkpoints (verl's model.custom_chat_template)
     remove_padding: bool = False  # packed forward passes of actor, reference, critic: no padding computed (GPU; docs/performance.md)
     shared_prefix: bool = True  # padded forward passes (log-probs, values, updates) run each distinct prompt of a micro-batch once, its responses on its KV cache; off where it does not apply (docs/models.md)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, ~30% slower)

@@ -81,7 +81,8 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
         f"{m}.tokenizer_path": Keep(off, "the tokenizer of model.path", "a tokenizer from another folder"),
         f"{m}.use_shm": Ignore("models load from disk or the Hugging Face cache"),
         f"{m}.trust_remote_code": Map("model.trust_remote_code") if actor else Ignore(f"model.trust_remote_code{one}"),
-        f"{m}.custom_chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates"),
+        f"{m}.custom_chat_template": Map("model.chat_template") if actor else Keep(
+            off, "the policy's chat template (model.chat_template)", "a chat template of the critic's own"),
         f"{m}.external_lib": Keep(off, "no extra import", "importing a module by name: install it as an rlforge plugin"),
         f"{m}.override_config": Keep(off, "the model's own config.json", "overriding the model's config.json fields"),
         f"{m}.override_config.*dropout": Keep(is_(0, 0.0), "the model's config.json dropout: none in Qwen and Llama "

@@ -22,7 +22,8 @@ from rlforge import batch as B
 from rlforge.build import Builder
 from rlforge.errors import RLForgeError
 from rlforge.sampling import SamplingParams, derived_seed
-from rlforge.tools.inference import load_engine, load_tokenizer_and_processor, prompt_batches
+from rlforge.models import load_tokenizer_and_processor
+from rlforge.tools.inference import load_engine, prompt_batches
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -13,7 +13,8 @@ from omegaconf import DictConfig
 from rlforge import batch as B
 from rlforge.agent.config import SINGLE_TURN
 from rlforge.sampling import SamplingParams, derived_seed
-from rlforge.tools.inference import load_engine, load_tokenizer_and_processor, prompt_batches
+from rlforge.models import load_tokenizer_and_processor
+from rlforge.tools.inference import load_engine, prompt_batches
 
 
 def generate(

@@ -106,14 +106,6 @@ def load_engine(cfg: DictConfig, pm: Any, tokenizer: Any) -> Any:
     return builder.rollout(builder.strategy().setup_model(model).eval(), tokenizer)
 
 
-def load_tokenizer_and_processor(cfg: DictConfig) -> tuple[Any, Any]:
-    """The tokenizer of ``model.path`` and its processor (a vision-language model's; None for a text model)."""
-    from rlforge.models import load_processor, load_tokenizer
-
-    tokenizer = load_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    return tokenizer, load_processor(cfg.model.path, tokenizer, trust_remote_code=cfg.model.trust_remote_code)
-
-
 def prompt_batches(
     cfg: DictConfig, pm: Any, tokenizer: Any, split: str, limit: int | None = None, need_reward: bool = True,
     processor: Any = None,
