@@ -43,7 +43,7 @@ def _open_image(value: Any, where: str, key: str, n: int) -> Any:
     from PIL import Image
 
     if isinstance(value, Image.Image):
-        return value.convert("RGB")
+        return value if value.mode == "RGB" else value.convert("RGB")  # opened once: a tool's images are passed on
     source: Any = value
     if isinstance(value, dict):
         source = value.get("bytes") or value.get("path")
@@ -133,14 +133,13 @@ def typed_messages(messages: list[dict[str, Any]], images: int, where: str, imag
             for m in messages]
 
 
-def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[Any], where: str,
-                  tools: list[dict[str, Any]] | None = None, **template: Any) -> tuple[list[int], dict[str, Any]]:
+def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[Any], where: str, **template: Any
+                  ) -> tuple[list[int], dict[str, Any]]:
     """(prompt ids with each image expanded into its image-pad tokens, the row's vision inputs) of typed
-    ``messages`` through the processor's chat template (generation prompt added; with ``tools``' schemas and the
-    ``template`` keyword arguments, ``data.apply_chat_template_kwargs``) and the processor itself."""
+    ``messages`` through the processor's chat template (generation prompt added; ``template``: its keyword arguments,
+    ``data.apply_chat_template_kwargs``) and the processor itself."""
     try:
-        text = processor.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
-                                             tokenize=False, **template)
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template)
     except Exception as exc:  # a template that refuses the row
         raise DataError(f"{where}: the processor cannot encode this row ({type(exc).__name__}: {first_line(exc)}).") \
             from None

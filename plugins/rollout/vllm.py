@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import math
 import multiprocessing
 import os
 import threading
@@ -54,7 +53,14 @@ from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, rollout_stop_ids
 from rlforge.heads import Heads
 from rlforge.plugins.rollout.hf import response_mask
-from rlforge.plugins.rollout.vllm_args import engine_kwargs, model_overrides, validate
+from rlforge.plugins.rollout.vllm_args import (
+    cpu_groups,
+    engine_kwargs,
+    kv_cache_gib,
+    model_overrides,
+    rank_gpus,
+    validate,
+)
 from rlforge.sampling import Generation, SamplingParams
 
 if TYPE_CHECKING:
@@ -92,37 +98,6 @@ def interruptible(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
     threading.Thread(target=call, name="rlforge-vllm-call", daemon=True).start()
     return wait(future)
-
-
-def kv_cache_gib(model_config: Any, max_len: int, max_seqs: int, dtype: torch.dtype) -> int:
-    """Whole GiB that hold the K and V of ``max_seqs`` sequences of ``max_len`` tokens (with a 25% margin for
-    vLLM's block rounding), at least 1."""
-    heads, layers = Heads.of(model_config), model_config.get_text_config().num_hidden_layers
-    need = 2 * layers * heads.kv_heads * heads.head_dim * dtype.itemsize * max_len * max_seqs
-    return max(1, math.ceil(1.25 * need / 2**30))
-
-
-def cpu_groups(parts: int) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``parts`` engine workers on this process's CPUs: disjoint core groups
-    (``0|1``). vLLM binds one worker per NUMA node by itself and refuses more workers than nodes."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < parts:
-        raise RLForgeError(f"rollout.vllm.tensor_parallel_size={parts} needs at least {parts} CPUs on this machine "
-                           f"(one core group per engine worker); this process may use {len(cpus)}.")
-    size = len(cpus) // parts
-    groups = [cpus[i * size:(i + 1) * size] for i in range(parts)]
-    return "|".join(",".join(str(c) for c in g) for g in groups)
-
-
-def rank_gpus(visible: str | None, local_rank: int, tp: int) -> str:
-    """The GPUs of the engine of local rank ``local_rank``: its ``tp`` devices among those visible (all of the
-    machine's under torchrun, the ones Ray assigned to the worker under Ray), as ``CUDA_VISIBLE_DEVICES``."""
-    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-    mine = ids[local_rank * tp:(local_rank + 1) * tp]
-    if len(mine) < tp:
-        raise RLForgeError(f"rollout.vllm.tensor_parallel_size={tp}: local rank {local_rank} needs GPUs "
-                           f"{local_rank * tp}..{(local_rank + 1) * tp - 1} of the {len(ids)} visible ({visible}).")
-    return ",".join(mine)
 
 
 def import_vllm() -> Any:

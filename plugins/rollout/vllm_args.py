@@ -1,6 +1,6 @@
 """The ``vllm`` engine's arguments: the checks of ``rollout.vllm.*`` (run when the config is composed, before any model
-loads) and the arguments passed to vLLM as they are (``rollout.vllm.engine_kwargs``, verl's
-``actor_rollout_ref.rollout.engine_kwargs.vllm``).
+loads), the placement and KV-cache size rlforge sets before vLLM starts, and the arguments passed to vLLM as they are
+(``rollout.vllm.engine_kwargs``, verl's ``actor_rollout_ref.rollout.engine_kwargs.vllm``).
 
 ``engine_kwargs`` holds fields of vLLM's ``AsyncEngineArgs`` (the ``vllm serve`` options with ``_`` for ``-``), e.g.
 ``{async_scheduling: true, compilation_config: {cudagraph_mode: PIECEWISE}}``. They are added to the arguments
@@ -13,9 +13,18 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib.util
-from typing import Any
+import math
+import os
+from typing import TYPE_CHECKING, Any
 
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeError
+from rlforge.heads import Heads
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
 
 ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 KEY = "rollout.vllm.engine_kwargs"
@@ -115,3 +124,35 @@ def validate(config: Any) -> None:
                           f"context of {context} tokens: without rollout.vllm.enable_chunked_prefill a whole "
                           f"prompt is prefilled in one step.")
     check_engine_kwargs(engine_kwargs(config))
+
+
+# --- placement and sizing of the engine (what rlforge sets before vLLM starts) -----------------------------------
+def kv_cache_gib(model_config: Any, max_len: int, max_seqs: int, dtype: torch.dtype) -> int:
+    """Whole GiB that hold the K and V of ``max_seqs`` sequences of ``max_len`` tokens (with a 25% margin for
+    vLLM's block rounding), at least 1."""
+    heads, layers = Heads.of(model_config), model_config.get_text_config().num_hidden_layers
+    need = 2 * layers * heads.kv_heads * heads.head_dim * dtype.itemsize * max_len * max_seqs
+    return max(1, math.ceil(1.25 * need / 2**30))
+
+
+def cpu_groups(parts: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``parts`` engine workers on this process's CPUs: disjoint core groups
+    (``0|1``). vLLM binds one worker per NUMA node by itself and refuses more workers than nodes."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < parts:
+        raise RLForgeError(f"rollout.vllm.tensor_parallel_size={parts} needs at least {parts} CPUs on this machine "
+                           f"(one core group per engine worker); this process may use {len(cpus)}.")
+    size = len(cpus) // parts
+    groups = [cpus[i * size:(i + 1) * size] for i in range(parts)]
+    return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
+def rank_gpus(visible: str | None, local_rank: int, tp: int) -> str:
+    """The GPUs of the engine of local rank ``local_rank``: its ``tp`` devices among those visible (all of the
+    machine's under torchrun, the ones Ray assigned to the worker under Ray), as ``CUDA_VISIBLE_DEVICES``."""
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    mine = ids[local_rank * tp:(local_rank + 1) * tp]
+    if len(mine) < tp:
+        raise RLForgeError(f"rollout.vllm.tensor_parallel_size={tp}: local rank {local_rank} needs GPUs "
+                           f"{local_rank * tp}..{(local_rank + 1) * tp - 1} of the {len(ids)} visible ({visible}).")
+    return ",".join(mine)

@@ -72,12 +72,9 @@ class ChatFormat:
         """:meth:`prompt_ids` of messages with images, and the images' vision inputs."""
         from rlforge import multimodal as mm
 
-        if self.processor is None:
-            raise RLForgeError("A prompt with images needs a vision-language model's processor (model.path is a text "
-                               "model).")
-        typed = mm.typed_messages(messages, len(images), "the trajectory's opening messages", self.image_key)
-        return mm.encode_prompt(self.processor, [_valid_message(m) for m in typed], images,
-                                "the trajectory's opening messages", tools, **self.template)
+        where = "the trajectory's opening messages"
+        typed = mm.typed_messages(messages, len(images), where, self.image_key)
+        return mm.encode_text(self._processor(), valid_text(self.render(typed, tools)), images, where)
 
     def inserted_ids(self, messages: list[dict[str, Any]], stop_text: str = "") -> list[int]:
         """The tokens that follow a model turn when ``messages`` (tool replies, a user message) come next, up to the
@@ -91,11 +88,14 @@ class ChatFormat:
         into its image-pad tokens by the processor; and the images' vision inputs."""
         from rlforge import multimodal as mm
 
-        if self.processor is None:
-            raise RLForgeError("Messages with images need a vision-language model's processor (model.path is a text "
-                               "model).")
-        return mm.encode_text(self.processor, valid_text(self._inserted_text(messages, stop_text)), images,
+        return mm.encode_text(self._processor(), valid_text(self._inserted_text(messages, stop_text)), images,
                               "the inserted messages", "them")
+
+    def _processor(self) -> Any:
+        """The processor that encodes images (an error for a text model)."""
+        if self.processor is None:
+            raise RLForgeError("Images need a vision-language model's processor (model.path is a text model).")
+        return self.processor
 
     def escape(self, text: str) -> str:
         """``text`` with each spelling of the model's image or video pad token broken by a space after its first
@@ -145,17 +145,6 @@ class ChatFormat:
         start = self.decode(head[:first]).rstrip("\ufffd")
         end = self.decode(tail[len(tail) - last:] if last else []).lstrip("\ufffd")
         return {"right": start + marker, "left": marker + end, "middle": start + marker + end}[side]
-
-
-def _valid_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message whose text (a string content or text parts) is :func:`valid_text`."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return {**message, "content": valid_text(content)}
-    if isinstance(content, list):
-        return {**message, "content": [{**p, "text": valid_text(p["text"])} if isinstance(p.get("text"), str) else p
-                                       for p in content]}
-    return message
 
 
 def valid_text(text: str) -> str:

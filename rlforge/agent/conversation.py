@@ -24,9 +24,14 @@ if TYPE_CHECKING:
     from rlforge.sampling import Generation
 
 
+def _placeholders(content: Any) -> int:
+    """The ``<image>`` placeholders of a message's content (none in a content that is not text)."""
+    return content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
+
+
 def _placed(images: list[Any], content: Any, where: str) -> list[Any]:
     """``images``, checked to be one per ``<image>`` placeholder of the message's ``content``."""
-    found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
+    found = _placeholders(content)
     if found != len(images):
         raise ValueError(f"{where} has {len(images)} image(s) in 'images' and {found} {IMAGE_PLACEHOLDER} "
                          f"placeholder(s) in its content: put one placeholder where each image goes")
@@ -56,13 +61,11 @@ class Conversation:
         self.sample = sample
         self.messages = [self._escaped(m) for m in opening] if opening is not None else list(sample.messages)
         self.images = context.row_images(sample)  # the images so far (the row's, then inserted turns'); None: none
-        self._added_images = False  # the trajectory shows images of its own: its vision inputs are not the row's
         schemas = (context.tools.schemas() if tools is True else tools) or None
         if any(m.get("images") for m in self.messages):
             rendered, images = self._opening(self._row_images())
             self.prompt_ids, inputs = self.chat.prompt_with_images(rendered, schemas, images)
             self.images = RowImages(inputs, context.image_token_id, self.prompt_ids.count(context.image_token_id))
-            self._added_images = True
         elif schemas or opening is not None:  # a row with images: rendered with its images by the processor
             self.prompt_ids = self.chat.prompt_ids(self.messages, schemas, self._row_images() or None)
         else:
@@ -154,7 +157,7 @@ class Conversation:
             self.stop(TOKEN_LIMIT)
             return False
         if images:
-            self.images, self._added_images = extended, True
+            self.images = extended
         self.spans.append(Span(inserted_role(messages), len(self.response_ids), len(self.response_ids) + len(ids),
                                tuple(messages)))
         self.response_ids += ids
@@ -188,7 +191,7 @@ class Conversation:
                 where = f"opening message {n} ({m.get('role')})"
                 images += _placed(open_images(m["images"], where, "images"), content, where)
             else:
-                found = content.count(IMAGE_PLACEHOLDER) if isinstance(content, str) else 0
+                found = _placeholders(content)
                 images += row_images[used:used + found]
                 used += found
             rendered.append({k: v for k, v in m.items() if k != "images"})
@@ -208,7 +211,7 @@ class Conversation:
             content = m.get("content")
             if isinstance(content, list):  # typed parts (the OpenAI format): an image part needs its image
                 content = flatten_parts(content, where)
-                if content.count(IMAGE_PLACEHOLDER) and not shown:
+                if _placeholders(content) and not shown:
                     raise ValueError(f"{where} has an image part but no 'images': give the image in its 'images'")
             message = self._escaped({**{k: v for k, v in m.items() if k != "images"}, "content": content})
             kept.append({**message, "images": shown} if shown else message)
@@ -235,5 +238,7 @@ class Conversation:
             log_probs=self.log_probs, turn_rewards=self.turn_rewards, reward=reward, answer=answer,
             inserted_turns=self.inserted_turns, stop_reason=self.stop_reason or DONE, tools=self.stats,
             metrics=dict(metrics or {}), spans=list(self.spans),
-            multi_modal=self.images.inputs if self._added_images and self.images is not None else None,
+            # the trajectory showed images of its own (opening, inserted turns): its vision inputs are not the row's
+            multi_modal=(self.images.inputs if self.images is not None and self.images.inputs is not
+                         self.sample.multi_modal else None),
         )

@@ -272,7 +272,7 @@ def test_kv_cache_is_sized_for_the_run():
     max_seqs x max_len tokens, +25%, in whole GiB."""
     from transformers import PretrainedConfig
 
-    from rlforge.plugins.rollout.vllm import kv_cache_gib
+    from rlforge.plugins.rollout.vllm_args import kv_cache_gib
 
     tiny = PretrainedConfig(num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, hidden_size=128)
     assert kv_cache_gib(tiny, 128, 256, torch.float32) == 1  # 4 KiB per token x 32,768 tokens = 128 MiB

@@ -51,7 +51,7 @@ def test_a_sleeping_engine_wakes_its_weights_for_a_sync_and_its_kv_cache_to_gene
 
 def test_each_rank_engine_gets_its_own_gpus():
     from rlforge.errors import RLForgeError
-    from rlforge.plugins.rollout.vllm import rank_gpus
+    from rlforge.plugins.rollout.vllm_args import rank_gpus
 
     assert rank_gpus("0,1,2,3", 1, 1) == "1"  # torchrun: local rank 1 of a machine's GPUs
     assert rank_gpus("5", 0, 1) == "5"  # Ray: the worker's assigned GPU
