@@ -162,18 +162,38 @@ def _from_verl(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compose_launch(prepared: Any, ours: list[str]) -> tuple[Any, Any]:
+    """The translated launch with rlforge's own keys (``ours``) on top, composed and checked; a value rlforge refuses
+    is named by the verl key it came from."""
+    from rlforge.config import compose_with_plugins
+    from rlforge.config.verl_launch import ORIGIN
+
+    try:
+        return compose_with_plugins(None, None, ours, loaded=_warn, base=(prepared.config, ORIGIN))
+    except ConfigError as exc:
+        import re
+
+        mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
+        subject = re.search(r"'([\w.]+)'", str(exc))  # the key the error is about (not a "did you mean" one)
+        sources = [f"{f.key}={f.value}" for f in prepared.translation.fates
+                   if subject and f.target == subject.group(1) and f.target not in mine]
+        if not sources:
+            raise
+        raise ConfigError(f"{exc} (from verl's {', '.join(sources)})") from None
+
+
 def cmd_verl(argv: list[str]) -> int:
     """``rlforge verl [--sft] [--print] ARGS... [-- RLFORGE_OVERRIDES...]``: a verl launch's arguments, run by rlforge;
     rlforge's own keys after ``--`` go on top of the translation."""
-    from rlforge.config import compose_with_plugins
-    from rlforge.config.verl_launch import ORIGIN, PPO_ENTRY, SFT_ENTRY, prepare
+    from rlforge.config.verl_launch import PPO_ENTRY, SFT_ENTRY, prepare
 
     flags = {"--sft", "--print"}
     if argv[:1] in (["-h"], ["--help"]):
         print("usage: rlforge verl [--sft] [--print] VERL_ARGS... [-- RLFORGE_OVERRIDES...]\n\nThe arguments of "
               "`python3 -m verl.trainer.main_ppo` (--sft: of verl's SFT trainer): --config-path/--config-name and "
               "Hydra overrides (key=v, +key=v, ++key=v, ~key). After --: rlforge's own keys (as `rlforge fit` takes "
-              "them, e.g. sft.devices=2), set on top of the translation. --print: show the translation and stop. See "
+              "them, e.g. sft.devices=2), set on top of the translation. --print: show the translation, check that it "
+              "composes with them (data files, model folder, values) and stop; exit status 2 where it does not. See "
               "docs/migration-from-verl.md.")
         return 0
     at = argv.index("--") if "--" in argv else len(argv)
@@ -184,17 +204,16 @@ def cmd_verl(argv: list[str]) -> int:
     t = prepared.translation
     if "--print" in opts:  # exit status 2 where keys are refused, as `rlforge config from-verl`
         print("\n".join([*t.report(), *([f"then rlforge's keys: {' '.join(ours)}"] if ours else [])]))
-        return 2 if t.refused else 0
+        if t.refused:
+            return 2
+        try:  # the translation and the keys after -- compose as the run would compose them
+            _compose_launch(prepared, ours)
+        except ConfigError as exc:
+            print(f"rlforge: the run would stop here: {exc}", file=sys.stderr)
+            return 2
+        return 0
     print(f"rlforge: verl launch: {t.report()[0]}", file=sys.stderr)
-    try:
-        pm, cfg = compose_with_plugins(None, None, ours, loaded=_warn, base=(prepared.config, ORIGIN))
-    except ConfigError as exc:  # a value rlforge refuses, named by the verl key it came from
-        mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
-        sources = [f"{f.key}={f.value}" for f in t.fates
-                   if f.target and f.target not in mine and f"'{f.target}'" in str(exc)]
-        if not sources:
-            raise
-        raise ConfigError(f"{exc} (from verl's {', '.join(sources)})") from None
+    pm, cfg = _compose_launch(prepared, ours)
     if t.command == "sft":
         from rlforge.sft import run_sft
 

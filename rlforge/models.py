@@ -267,9 +267,12 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model.path") -> Any:
+def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model.path",
+                   chat_template: str | None = None) -> Any:
     """The tokenizer of a model folder (left padding, a pad token), checked to fit the model's vocabulary. A LoRA
-    adapter folder's own tokenizer when it holds one (a LoRA checkpoint does), else its base model's."""
+    adapter folder's own tokenizer when it holds one (a LoRA checkpoint does), else its base model's.
+    ``chat_template`` (``model.chat_template``) replaces the folder's chat template, or gives one to a folder
+    without any."""
     from transformers import AutoTokenizer
 
     folder = resolve_model_path(path, key)
@@ -283,10 +286,12 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
                            "tokenizer_config.json) beside config.json.") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if chat_template:
+        tok.chat_template = chat_template
     if not getattr(tok, "chat_template", None):
         raise RLForgeError(
             f"The tokenizer in '{path}' has no chat template ({key}); rlforge applies the chat template to "
-            f"every prompt. Add one to tokenizer_config.json."
+            f"every prompt. Add one to tokenizer_config.json, or set model.chat_template."
         )
     tok.padding_side = "left"
     check_vocabulary(folder, tok, path, key)
@@ -297,12 +302,10 @@ def load_tokenizer_and_processor(config: Any) -> tuple[Any, Any]:
     """The tokenizer of ``model.path`` and its processor (a vision-language model's; None for a text model), both
     with ``model.chat_template`` in place of the model's own chat template when it is set."""
     m = config.model
-    tokenizer = load_tokenizer(m.path, trust_remote_code=m.trust_remote_code)
+    tokenizer = load_tokenizer(m.path, trust_remote_code=m.trust_remote_code, chat_template=m.chat_template)
     processor = load_processor(m.path, tokenizer, trust_remote_code=m.trust_remote_code)
-    if m.chat_template:
-        tokenizer.chat_template = m.chat_template
-        if processor is not None:
-            processor.chat_template = m.chat_template
+    if m.chat_template and processor is not None:
+        processor.chat_template = m.chat_template
     return tokenizer, processor
 
 

@@ -472,3 +472,12 @@ def test_an_empty_value_for_a_required_key_says_it_needs_one(pm):
     with pytest.raises(ConfigError, match=r"Invalid value for 'model.path' \(in command-line overrides\): it needs a "
                                           r"value \('model.path=' with nothing after the '=' sets it to null\)"):
         rlforge.load_config("grpo", ["model.path="], plugins=pm)
+
+
+def test_chat_template_kwargs_may_not_set_apply_chat_templates_own_parameters(registry) -> None:
+    compose(registry, overrides=["data.apply_chat_template_kwargs={enable_thinking: false, reasoning_effort: low}"])
+    with pytest.raises(ConfigError, match=r"'data.apply_chat_template_kwargs' sets tokenize: a parameter of "
+                                          r"apply_chat_template that rlforge sets itself"):
+        compose(registry, overrides=["data.apply_chat_template_kwargs={tokenize: false}"])
+    with pytest.raises(ConfigError, match=r"sets chat_template.*\(a template of your own: model.chat_template\)"):
+        compose(registry, overrides=["data.apply_chat_template_kwargs={chat_template: x}"])

@@ -117,7 +117,7 @@ def test_qwen3_each_turn_trains_against_the_history_it_is_generated_from(qwen3):
     assert text(qwen3, second) == (
         "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n"
         "<|im_start|>assistant\n<think>\nr2\n</think>\nA2<|im_end|>\n")
-    opened = render(qwen3, row["messages"][:3], True, "row 1")
+    opened = render(qwen3, row["messages"][:3], True, "row 1", {})
     assert text(qwen3, Example(opened, [])).endswith("Q2<|im_end|>\n<|im_start|>assistant\n")
     assert runs(second, qwen3) == [(len(opened), "<think>\nr2\n</think>\nA2<|im_end|>")]
     with pytest.raises(DataError, match="row 1: the chat template renders earlier turns differently .* 2 sequences"):
@@ -140,10 +140,10 @@ def test_prefix_preserving_templates_keep_one_sequence_equal_to_each_turn_agains
     # conversation's rendering, with today's mask (hand-checked in test_sft); each turn rendered against its own
     # history is a prefix of it with the same trained tokens, so the loss is the same either way
     (whole,) = turn_sequences({"messages": CHAT}, chatml, Keys(), "row 1")
-    assert whole.ids == render(chatml, CHAT, False, "row 1")
+    assert whole.ids == render(chatml, CHAT, False, "row 1", {})
     assert runs(whole, chatml) == [(31, "<tool>f</tool><|im_end|>"), (67, "B<|im_end|>")]
     for i, trained in ((2, (31, "<tool>f</tool><|im_end|>")), (4, (67, "B<|im_end|>"))):
-        opened = render(chatml, CHAT[:i], True, "r")
+        opened = render(chatml, CHAT[:i], True, "r", {})
         (own,) = turn_sequences({"messages": CHAT[: i + 1]}, chatml, Keys(), "r")  # the conversation up to turn i
         assert whole.ids[: len(own.ids)] == own.ids and whole.mask[: len(own.ids)] == own.mask
         assert own.ids[: len(opened)] == opened and runs(own, chatml)[-1] == trained == (len(opened), trained[1])
@@ -225,3 +225,58 @@ def test_verl_multiturn_parquet_trains_with_a_qwen3_template(tmp_path, pm, qwen3
     m = run_sft(cfg, pm, log=logged.append)  # 4 rows x 2 turns = 8 sequences = one batch of 8
     assert math.isfinite(m["train/loss"])
     assert any("8 training examples" in line for line in logged)
+
+
+# --- the chat template's keyword arguments and a row's enable_thinking column (verl's multi-turn SFT dataset) --------
+THINKING = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is not defined %}-{% elif enable_thinking %}T{% else %}F{% endif %}"
+            "{{ effort | default('') }}{% endif %}")
+
+
+def test_a_rows_enable_thinking_column_goes_over_the_template_kwargs(char_tokenizer):
+    tok = build_char_tokenizer()
+    tok.chat_template = THINKING
+    rows = [{"prompt": "Q", "response": "A", "think": True}, {"prompt": "Q", "response": "A", "think": None},
+            {"prompt": "Q", "response": "A"}]
+
+    def prompts(keys: Keys) -> list[str]:
+        examples, _ = build_examples(rows, tok, OmegaConf.create({"format": "auto", "max_length": 64,
+                                                                   "truncation": "error"}), keys, "d.jsonl")
+        return [tok.decode(e.ids[: e.mask.index(1)]) for e in examples]
+
+    kwargs = {"enable_thinking": False, "effort": "low"}
+    assert prompts(Keys(template=kwargs, thinking="think", thinking_default=True)) == [
+        "<|user|>Q<|end|><|assistant|>Tlow", "<|user|>Q<|end|><|assistant|>Flow", "<|user|>Q<|end|><|assistant|>Tlow"]
+    assert prompts(Keys(template=kwargs, thinking="think")) == [
+        "<|user|>Q<|end|><|assistant|>Tlow", "<|user|>Q<|end|><|assistant|>Flow", "<|user|>Q<|end|><|assistant|>Flow"]
+    assert prompts(Keys(thinking="")) == ["<|user|>Q<|end|><|assistant|>-"] * 3  # the column not read
+    rows.append({"prompt": "Q", "response": "A", "think": "no"})
+    with pytest.raises(DataError, match=r"d.jsonl, row 4: 'think' \(sft.enable_thinking_key\) must be true, false or "
+                                        r"null, got 'no'"):
+        prompts(Keys(thinking="think"))
+
+
+def test_sft_renders_with_model_chat_template_and_its_kwargs_and_saves_the_template(tmp_path, pm):
+    model = tmp_path / "no_template"
+    tok = build_char_tokenizer()
+    build_tiny_llama(tok, hidden=32, layers=1, heads=1, ffn=64).save_pretrained(model)
+    tok.chat_template = None
+    tok.save_pretrained(model)  # a base model: no chat template of its own
+    rows = [{"prompt": f"{i}+1", "response": str(i + 1), "enable_thinking": True if i % 2 else None} for i in range(8)]
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    template = THINKING.replace("'", '"')
+    cfg = load_config(overrides=[*FAST, f"sft.init={model}", f"sft.output_dir={tmp_path / 'out'}",
+                                 f"sft.train_file={path}", "sft.steps=1", f"model.chat_template='{template}'",
+                                 "data.apply_chat_template_kwargs={enable_thinking: false, effort: hi}"])
+    from rlforge.sft.data import train_examples
+    from rlforge.sft.module import build_tokenizer
+
+    sft_tok = build_tokenizer(cfg)
+    examples, _ = train_examples(cfg, pm.registry, sft_tok)
+    heads = [sft_tok.decode(e.ids[: e.mask.index(1)]) for e in examples]
+    assert heads[:2] == ["<|user|>0+1<|end|><|assistant|>Fhi", "<|user|>1+1<|end|><|assistant|>Thi"]
+    assert math.isfinite(run_sft(cfg, pm)["train/loss"])
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").chat_template == template  # saved with the model

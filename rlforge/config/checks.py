@@ -128,6 +128,23 @@ def check_resume_value(value: str) -> None:
         )
 
 
+# apply_chat_template's own parameters: rlforge passes them itself, or they change what a render returns
+TEMPLATE_CALL_KEYS = ("conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+                      "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+                      "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+
+
+def check_template_kwargs(value: Any) -> None:
+    """``data.apply_chat_template_kwargs`` holds the template's own variables (``enable_thinking``, ...), none of
+    ``apply_chat_template``'s parameters."""
+    taken = sorted(set(value or {}) & set(TEMPLATE_CALL_KEYS))
+    if taken:
+        hint = " (a template of your own: model.chat_template)" if "chat_template" in taken else ""
+        raise ConfigError(f"'data.apply_chat_template_kwargs' sets {', '.join(taken)}: a parameter of "
+                          f"apply_chat_template that rlforge sets itself{hint}. Give it the template's own variables "
+                          f"only, e.g. {{enable_thinking: false}}.")
+
+
 def check_no_duplicates(cfg: DictConfig, key: str) -> None:
     values = list(OmegaConf.select(cfg, key))
     dupes = sorted({v for v in values if values.count(v) > 1})

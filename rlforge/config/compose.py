@@ -17,7 +17,9 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from rlforge import checkpoint, lora, precision
 from rlforge.config import schema
-from rlforge.config.checks import check_model_folder, check_no_duplicates, check_resume_value, check_values
+from rlforge.config.checks import (
+    check_model_folder, check_no_duplicates, check_resume_value, check_template_kwargs, check_values,
+)
 from rlforge.data import data_file_problem
 from rlforge.errors import ConfigError, did_you_mean
 from rlforge.models import BUILTIN_PREFIX, resolve_model_path
@@ -326,6 +328,7 @@ def validate(cfg: DictConfig, registry: Any) -> None:
             check_model_folder(resolve_model_path(OmegaConf.select(cfg, key), key), key, cfg)
     check_resume_value(cfg.trainer.resume)
     check_no_duplicates(cfg, "logger.backends")
+    check_template_kwargs(cfg.data.apply_chat_template_kwargs)
     if cfg.rollout.val_n > 1 and cfg.rollout.val_temperature == 0:
         raise ConfigError(
             f"{cfg.rollout.val_n} samples per prompt (rollout.val_n) at temperature 0 are {cfg.rollout.val_n} "

@@ -119,7 +119,7 @@ class DataConfig:
     filter_overlong_prompts: bool = True  # drop longer prompts (False: data.truncation decides)
     truncation: str = option("error", choices=("error", "left", "right", "middle"))  # a prompt over max_prompt_length with filter_overlong_prompts=false: error (naming the row) | left (keep its last max_prompt_length tokens: what verl 0.9.1's agent loop does) | right (keep the first) | middle (the first half and the last half); a row with images is never cut (an error)
     shuffle: bool = True  # reshuffle the prompts every epoch (seeded, resumable)
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of every chat-template render of a prompt: the data loader (training, validation, eval, generate) and the agent loops' turns, e.g. {enable_thinking: false} (verl's data.apply_chat_template_kwargs); not yet the vision processor's or SFT's
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of every chat-template render of a prompt: the data loader (training, validation, eval, generate) and the agent loops' turns, e.g. {enable_thinking: false} (verl's data.apply_chat_template_kwargs), the vision processor's and rlforge sft's (its rows' enable_thinking column over it: sft.enable_thinking_key)
     image_key: str = "images"  # the column of a row's images (verl's data.image_key; docs/multimodal.md)
 
 
@@ -285,6 +285,8 @@ class SFTConfig:
     text_key: str = "text"  # TRL's language-modelling column: plain text, trained on every token
     messages_key: str = "messages"  # conversation column (multi-turn chat; loss on assistant turns)
     tools_key: str = "tools"  # column of tool schemas given to the chat template (rows without it: none)
+    enable_thinking_key: str = "enable_thinking"  # column whose value (true/false; null: not set) is the chat template's enable_thinking for that row, over data.apply_chat_template_kwargs (verl's data.enable_thinking_key); "" = not read
+    enable_thinking_default: Optional[bool] = None  # enable_thinking for rows without that column (null: data.apply_chat_template_kwargs decides; verl's data.enable_thinking_default)
     max_length: int = 1024  # tokens per example (prompt + response, or the whole conversation)
     truncation: str = "error"  # longer examples: error (names the row) | left | right (cut that end) | drop
     steps: int = 400  # optimizer steps

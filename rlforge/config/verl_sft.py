@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlforge.config import verl_training as T
+from rlforge.config.verl_derived import chat_template
 from rlforge.config.verl_rules import (
     Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off, str_list,
 )
@@ -22,7 +23,7 @@ RULES: dict[str, Rule] = {
     "data.multiturn.enable": Derived("sft_columns"),
     "data.messages_key": Map("sft.messages_key"), "data.multiturn.messages_key": Map("sft.messages_key"),
     "data.tools_key": Map("sft.tools_key"), "data.multiturn.tools_key": Map("sft.tools_key"),
-    "data.*enable_thinking*": Ignore("verl's enable_thinking column is not read (docs/sft.md)"),
+    "data.enable_thinking_key": Derived("sft_thinking"), "data.enable_thinking_default": Derived("sft_thinking"),
     "data.max_length": Map("sft.max_length"),
     "data.truncation": Keep(is_("error", "left", "right"), "sft.truncation", "middle truncation"),
     "data.train_batch_size": Map("sft.batch_size"),
@@ -34,9 +35,11 @@ RULES: dict[str, Rule] = {
     "data.train_max_samples": Keep(lambda v: v is None or v < 0, "every row", "using only the first N rows"),
     "data.val_max_samples": Keep(lambda v: v is None or v < 0, "every row", "using only the first N rows"),
     "data.custom_cls.*": Keep(off, "rlforge's SFT rows", "a dataset class by path"),
-    "data.apply_chat_template_kwargs": Keep(off, "the chat template's defaults", "chat-template keyword arguments in "
-                                            "rlforge's SFT (RL prompts read data.apply_chat_template_kwargs)"),
-    "data.chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates"),
+    "data.apply_chat_template_kwargs": Derived("chat_template"),
+    "data.apply_chat_template_kwargs.*": Derived("chat_template"),
+    "data.chat_template": Ignore("not read by verl 0.9.1's SFT trainer (v0.7's fsdp_sft_trainer stops on any value: "
+                                "'Apply Chat template from config is not supported yet'); a template of your own is "
+                                "model.custom_chat_template, rlforge's model.chat_template"),
     "data.ignore_input_ids_mismatch": Keep(off, "no row trained as verl's per-message concatenation (where verl's check "
                                            "fails and it stops, rlforge trains each assistant turn against its own "
                                            "history: docs/sft.md)", "training the per-message concatenation where it differs "
@@ -51,7 +54,7 @@ RULES: dict[str, Rule] = {
     "model.exclude_modules": Map("model.lora.exclude_modules"),
     "model.lora_adapter_path": Keep(off, "a fresh adapter", "starting LoRA from a saved adapter"),
     "model.lora.rank": Keep(is_(0), "full fine-tuning", "LoRA in rlforge's SFT"),
-    "model.custom_chat_template": Keep(off, "the tokenizer's chat template", "custom chat templates"),
+    "model.custom_chat_template": Map("model.chat_template"),
     "model.override_config": Keep(off, "the model's config.json", "overriding config.json fields"),
     "model.mtp.enable": Keep(off, "no multi-token prediction", "multi-token prediction (MTP) heads"),
     "model.strategy": Ignore("the Lightning strategy is sft.strategy"),
@@ -99,6 +102,23 @@ def sft_files(c: Any) -> None:
             c.refuse(key, f"several SFT files ({len(files)}; {target} takes one)")
         else:
             c.map(key, target, files[0] if files else None)
+
+
+def sft_thinking(c: Any) -> None:
+    """verl's multi-turn SFT dataset: a row's enable_thinking column, else the default, over the template's kwargs."""
+    key = c.get("data.enable_thinking_key")
+    c.map("data.enable_thinking_key", "sft.enable_thinking_key", key or "")
+    default = c.get("data.enable_thinking_default")
+    if isinstance(default, str) and default.lower() in ("none", "null", ""):
+        c.map("data.enable_thinking_default", "sft.enable_thinking_default", None,
+              f"verl 0.9.1 passes its '{default}' on as a string, so that rows without the column render with "
+              f"enable_thinking=True (bool('{default}')), over data.apply_chat_template_kwargs; rlforge reads it as "
+              f"unset: the kwargs decide")
+    elif isinstance(default, str):
+        c.refuse("data.enable_thinking_default", f"enable_thinking_default={default!r}, a string (verl renders such "
+                 f"rows with bool({default!r}) = True; give true or false)")
+    else:
+        c.map("data.enable_thinking_default", "sft.enable_thinking_default", None if default is None else bool(default))
 
 
 def sft_columns(c: Any) -> None:
@@ -189,5 +209,7 @@ def sft_loggers(c: Any) -> None:
 
 
 DERIVED = {"sft_files": sft_files, "sft_columns": sft_columns, "sft_warmup": sft_warmup, "sft_schedule": sft_schedule,
-           "sft_steps": sft_steps, "sft_resume": sft_resume, "sft_loggers": sft_loggers}
-ORDER = ("sft_files", "sft_columns", "sft_steps", "sft_warmup", "sft_schedule", "sft_resume", "sft_loggers")
+           "sft_steps": sft_steps, "sft_resume": sft_resume, "sft_loggers": sft_loggers, "chat_template": chat_template,
+           "sft_thinking": sft_thinking}
+ORDER = ("sft_files", "sft_columns", "sft_steps", "sft_warmup", "sft_schedule", "sft_resume", "sft_loggers",
+         "chat_template", "sft_thinking")

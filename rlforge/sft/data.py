@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from rlforge.data import template_kwargs
 from rlforge.errors import ConfigError, DataError
 from rlforge.sft.formats import FORMATS, MISSING, Example, Keys, dig, row_format, truncate
 from rlforge.sft.order import ORDERS, BatchOrder
@@ -188,16 +189,19 @@ class SFTData(L.LightningDataModule):
         return DataLoader(micro, batch_size=None)
 
 
-def sft_keys(s: DictConfig) -> Keys:
-    return Keys(s.prompt_key, s.response_key, s.messages_key, s.tools_key, s.completion_key, s.text_key)
+def sft_keys(config: DictConfig) -> Keys:
+    s = config.sft
+    return Keys(s.prompt_key, s.response_key, s.messages_key, s.tools_key, s.completion_key, s.text_key,
+                template_kwargs(config), s.enable_thinking_key, s.enable_thinking_default)
 
 
 def train_examples(config: DictConfig, registry: Any, tokenizer: Any) -> tuple[list[Example], int]:
     """``sft.train_file``'s examples, or ``data.name``'s training rows with their ground truth as the response."""
     s = config.sft
     if s.train_file:
-        return build_examples(file_rows(config, registry, s.train_file), tokenizer, s, sft_keys(s), s.train_file)
-    return build_examples(builtin_rows(config, registry), tokenizer, s, Keys(), config.data.name)
+        return build_examples(file_rows(config, registry, s.train_file), tokenizer, s, sft_keys(config), s.train_file)
+    return build_examples(builtin_rows(config, registry), tokenizer, s, Keys(template=template_kwargs(config)),
+                          config.data.name)
 
 
 def val_examples(config: DictConfig, registry: Any, tokenizer: Any) -> tuple[list[Example], int]:
@@ -205,4 +209,4 @@ def val_examples(config: DictConfig, registry: Any, tokenizer: Any) -> tuple[lis
     s = config.sft
     if not s.val_file:
         return [], 0
-    return build_examples(file_rows(config, registry, s.val_file), tokenizer, s, sft_keys(s), s.val_file)
+    return build_examples(file_rows(config, registry, s.val_file), tokenizer, s, sft_keys(config), s.val_file)

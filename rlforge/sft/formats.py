@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlforge.errors import DataError
@@ -47,7 +47,8 @@ class Example:
 
 @dataclass(frozen=True)
 class Keys:
-    """Where a row keeps its fields (``sft.*_key``); dots reach into nested dicts (``extra_info.question``)."""
+    """Where a row keeps its fields (``sft.*_key``); dots reach into nested dicts (``extra_info.question``). With them,
+    how its messages are rendered: the chat template's keyword arguments (``data.apply_chat_template_kwargs``)."""
 
     prompt: str = "prompt"
     response: str = "response"
@@ -55,6 +56,21 @@ class Keys:
     tools: str = "tools"
     completion: str = "completion"
     text: str = "text"
+    template: dict[str, Any] = field(default_factory=dict)
+    thinking: str = ""  # the column of a row's enable_thinking (sft.enable_thinking_key; "" = not read)
+    thinking_default: bool | None = None  # for rows without that column (sft.enable_thinking_default)
+
+    def row_template(self, row: dict[str, Any], where: str) -> dict[str, Any]:
+        """The chat template's keyword arguments for ``row``: its enable_thinking column (a null value sets nothing)
+        or, where it lacks the column, the default, over ``template`` (verl's multi-turn SFT dataset does the same)."""
+        value = dig(row, self.thinking) if self.thinking else MISSING
+        value = self.thinking_default if value is MISSING else value
+        if value is None:
+            return self.template
+        if str(value) not in ("True", "False", "0", "1"):  # numpy's bool_ too; a string would always be true
+            raise DataError(f"{where}: '{self.thinking}' (sft.enable_thinking_key) must be true, false or null, got "
+                            f"{value!r:.40}.")
+        return {**self.template, "enable_thinking": bool(value)}
 
 
 def dig(row: dict[str, Any], key: str) -> Any:
@@ -74,32 +90,35 @@ def need(row: dict[str, Any], key: str, config_key: str, where: str) -> Any:
     return value
 
 
-def apply(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any) -> list[int]:
+def apply(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any,
+          template: dict[str, Any]) -> list[int]:
     enc = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=generation_prompt,
-                                        tokenize=True)
+                                        tokenize=True, **template)
     return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
 
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, where: str,
-           tools: Any = None) -> list[int]:
-    """Token ids of ``messages`` through the chat template; a template's own error names the row and its cause."""
+           template: dict[str, Any], tools: Any = None) -> list[int]:
+    """Token ids of ``messages`` through the chat template (``template``: its keyword arguments,
+    ``Keys.row_template``); a template's own error names the row and its cause."""
     from jinja2 import TemplateError
 
     try:
-        return apply(tokenizer, messages, generation_prompt, tools)
+        return apply(tokenizer, messages, generation_prompt, tools, template)
     except TemplateError as exc:
         raise DataError(f"{where}: the chat template rejects this row: {exc} "
-                        f"({rejection_cause(tokenizer, messages, generation_prompt, tools)})") from None
+                        f"({rejection_cause(tokenizer, messages, generation_prompt, tools, template)})") from None
 
 
-def rejection_cause(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any) -> str:
+def rejection_cause(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any,
+                    template: dict[str, Any]) -> str:
     """Why a template refused ``messages``: the system message when the rest renders, else the roles it got."""
     from jinja2 import TemplateError
 
     roles = [m["role"] for m in messages]
     if roles[0] == "system" and len(roles) > 1:
         try:
-            apply(tokenizer, messages[1:], generation_prompt, tools)
+            apply(tokenizer, messages[1:], generation_prompt, tools, template)
             return ("the template has no system role: it renders the conversation without message 0 (system); "
                     "fold the system message into the first user message or drop it")
         except TemplateError:
@@ -128,7 +147,7 @@ def prompt_response(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str)
     if not isinstance(response, str):
         raise DataError(f"{where}: '{keys.response}' (sft.response_key) must be a string, "
                         f"got {type(response).__name__}.")
-    prompt = render(tokenizer, messages, True, where)
+    prompt = render(tokenizer, messages, True, where, keys.row_template(row, where))
     answer = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return Example(prompt + answer, [0] * len(prompt) + [1] * len(answer))
 
@@ -181,8 +200,10 @@ def prompt_completion(row: dict[str, Any], tokenizer: Any, keys: Keys, where: st
     elif isinstance(prompt, list) and isinstance(completion, list):
         tools = row_tools(row, keys, where)
         messages = check_messages(prompt, keys.prompt, where)
-        head = render(tokenizer, messages, True, where, tools)
-        ids = render(tokenizer, messages + check_messages(completion, keys.completion, where), False, where, tools)
+        template = keys.row_template(row, where)
+        head = render(tokenizer, messages, True, where, template, tools)
+        ids = render(tokenizer, messages + check_messages(completion, keys.completion, where), False, where,
+                     template, tools)
         how = "the chat template renders the prompt differently once the completion follows"
     else:
         raise DataError(f"{where}: '{keys.prompt}' (sft.prompt_key) and '{keys.completion}' (sft.completion_key) must "
@@ -217,7 +238,7 @@ def turn_sequences(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) 
     if isinstance(raw, str):
         raise DataError(f"{where}: '{keys.messages}' (sft.messages_key) must be a list of chat messages, not a string.")
     messages = check_messages(raw, keys.messages, where)
-    tools = row_tools(row, keys, where)
+    tools, template = row_tools(row, keys, where), keys.row_template(row, where)
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise DataError(f"{where}: the conversation has no assistant message to train on.")
@@ -226,8 +247,8 @@ def turn_sequences(row: dict[str, Any], tokenizer: Any, keys: Keys, where: str) 
     sequences: list[Example] = []
     trained_to = 0  # the end of the last trained token of sequences[-1]
     for i in turns:
-        opened = render(tokenizer, messages[:i], True, where, tools)
-        closed = render(tokenizer, messages[: i + 1], False, where, tools)
+        opened = render(tokenizer, messages[:i], True, where, template, tools)
+        closed = render(tokenizer, messages[: i + 1], False, where, template, tools)
         if closed[: len(opened)] != opened:
             raise DataError(history_changed(tokenizer, opened, closed, i, where))
         start, end = len(opened), len(opened) + turn_end(tokenizer, closed[len(opened):])

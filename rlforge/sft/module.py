@@ -18,7 +18,13 @@ FRESH_TINY = "tiny-arith"  # sft.init value: a freshly initialised tiny char-lev
 
 
 def _pretrained_tokenizer(config: DictConfig) -> Any:
-    return load_tokenizer(config.sft.init, config.model.trust_remote_code)
+    return load_tokenizer(config.sft.init, config.model.trust_remote_code, "sft.init", config.model.chat_template)
+
+
+def _fresh_tokenizer(config: DictConfig) -> Any:
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = config.model.chat_template or tokenizer.chat_template
+    return tokenizer
 
 
 def _pretrained_model(config: DictConfig, tokenizer: Any) -> torch.nn.Module:
@@ -32,13 +38,14 @@ def _pretrained_model(config: DictConfig, tokenizer: Any) -> torch.nn.Module:
 
 # sft.init -> (tokenizer factory, model factory); any other value is a model folder or builtin:NAME
 INITS: dict[str, tuple[Callable[[DictConfig], Any], Callable[[DictConfig, Any], torch.nn.Module]]] = {
-    FRESH_TINY: (lambda config: build_char_tokenizer(), lambda config, tokenizer: build_tiny_llama(tokenizer)),
+    FRESH_TINY: (_fresh_tokenizer, lambda config, tokenizer: build_tiny_llama(tokenizer)),
 }
 PRETRAINED = (_pretrained_tokenizer, _pretrained_model)
 
 
 def build_tokenizer(config: DictConfig) -> Any:
-    """The tokenizer of ``sft.init`` (read before the model, so that the data is checked before a model loads)."""
+    """The tokenizer of ``sft.init`` (read before the model, so that the data is checked before a model loads), with
+    ``model.chat_template`` in place of its own chat template when that is set."""
     return INITS.get(config.sft.init, PRETRAINED)[0](config)
 
 

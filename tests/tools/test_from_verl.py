@@ -312,7 +312,8 @@ def test_from_verl_prints_the_translation_and_rlforge_verl_refuses_with_every_mi
     assert "trainer:" in captured.out and "REFUSED     trainer.logger" in captured.err
     assert "1 key(s) of this verl launch are REFUSED" in captured.err
     assert main(["config", "from-verl", *BASE]) == 0
-    assert main(["verl", "--print", *BASE]) == 0
+    assert main(["verl", "--print", *BASE]) == 2  # shown, then composed as the run would: verl's default data path
+    assert "the run would stop here: Data file not found: " in capsys.readouterr().err
     assert main(["verl", "--print", *BASE, "trainer.logger=[console,clearml]"]) == 2  # as config from-verl
     assert "REFUSED     trainer.logger" in capsys.readouterr().out
     assert main(["verl", *BASE, "trainer.logger=[console,clearml]", f"{ARO}.actor.ulysses_sequence_parallel_size=2",
@@ -363,8 +364,11 @@ def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, m
              f"{ARO}.model.path=builtin:tiny-arith", "data.max_prompt_length=128", "data.max_response_length=64"]
     assert main(["verl", *BASE, *files, "trainer.device=cpu", "--", "rollout.name=hf", "actor.lr=3e-6"]) == 0
     assert seen["fit"].rollout.name == "hf" and seen["fit"].actor.lr == 3e-6
-    assert main(["verl", "--print", *BASE, "--", "rollout.name=hf"]) == 0
+    assert main(["verl", "--print", *BASE, *files, "trainer.device=cpu", "--", "rollout.name=hf"]) == 0
     assert "then rlforge's keys: rollout.name=hf" in capsys.readouterr().out
+    assert main(["verl", "--print", *BASE, *files, "trainer.device=cpu", "--", "rollout.nme=hf"]) == 2  # checked too
+    err = capsys.readouterr().err
+    assert "would stop here: Unknown config key 'rollout.nme'" in err and "from verl's" not in err
     assert main(["verl", *BASE, "trainer.device=cpu", "--", f"{ARO}.actor.optim.lr=1e-5"]) == 2  # verl's spelling
     assert "is verl's key; rlforge's is 'actor.lr'" in capsys.readouterr().err
     assert main(["verl", *BASE, "trainer.device=cpu", "--", "actor.lr=-1"]) == 2

@@ -170,3 +170,25 @@ def test_model_override_config_is_model_config_overrides_and_its_model_config_en
     t = _t(f"{oc}.model_config.max_position_embeddings=10240", f"{oc}.rope_theta=5")  # verl: model_config alone
     assert t.overrides["model.config_overrides"] == {"max_position_embeddings": 10240}
     assert _fate(t, f"{m}.override_config.rope_theta").kind == verl.IGNORED
+
+
+def test_verl_sft_chat_template_keys_are_rlforge_sfts() -> None:  # what they do: tests/test_sft_multiturn.py
+    from rlforge.config.verl_launch import SFT_ENTRY
+
+    base = ["data.train_files=/d/train.parquet", "model.path=/m"]
+    t = prepare([*base, "model.custom_chat_template='{{ messages }}'", "+data.apply_chat_template_kwargs.effort=low",
+                 "data.enable_thinking_key=think", "data.enable_thinking_default=false", "+data.chat_template=x"],
+                entry=SFT_ENTRY, refuse=False).translation
+    assert not t.refused
+    assert t.overrides["model.chat_template"] == "{{ messages }}"
+    assert t.overrides["data.apply_chat_template_kwargs"] == {"effort": "low"}
+    assert t.overrides["sft.enable_thinking_key"] == "think" and t.overrides["sft.enable_thinking_default"] is False
+    assert _fate(t, "data.chat_template").kind == verl.IGNORED  # 0.9.1 never reads it; v0.7 stops on it
+    assert "model.chat_template" in _fate(t, "data.chat_template").text
+    # verl 0.9.1's default 'none' is a string, bool('none') is True: rlforge reads it as unset and says so
+    t = prepare(base, entry=SFT_ENTRY, refuse=False).translation
+    assert t.overrides["sft.enable_thinking_default"] is None
+    assert t.overrides["sft.enable_thinking_key"] == "enable_thinking"
+    assert "bool('none')" in _fate(t, "data.enable_thinking_default").text
+    t = prepare([*base, "data.enable_thinking_default=maybe"], entry=SFT_ENTRY, refuse=False).translation
+    assert _fate(t, "data.enable_thinking_default").kind == verl.REFUSED
