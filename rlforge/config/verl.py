@@ -18,11 +18,16 @@ from rlforge.config.verl_rules import Derived, Ignore, Keep, Map
 __all__ = ["DOC", "IGNORED", "MAPPED", "REFUSED", "Context", "Fate", "Translation", "flatten", "hint", "translate"]
 
 ARO = "actor_rollout_ref"
+# verl's config name (less _trainer, _megatron_trainer) -> the trainer that runs it: main_ppo's v1 trainer, the DAPO
+# recipe's main_dapo (a RayPPOTrainer, verl's legacy ray_trainer), the fully-async and one-step-off trainers
+TRAINERS = {"ppo": "v1", "dapo": "dapo", "fully_async_ppo": "fully_async", "one_step_off_ppo": "one_step_off"}
 
 
-def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = False) -> Translation:
+def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = False,
+              config_name: str = "ppo_trainer") -> Translation:
     """Translate verl's complete, resolved PPO-family config (``sft``: an SFT trainer's). ``given``: the keys the launch
-    set itself (a few keys are refused only when set on purpose, e.g. multimodal columns)."""
+    set itself (a few keys are refused only when set on purpose, e.g. multimodal columns). ``config_name``: the named
+    config it composed, which says which of verl's trainers runs it (``Context.trainer``)."""
     if sft:
         from rlforge.config.verl_sft import DERIVED, ORDER, TABLE
     else:
@@ -33,6 +38,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     out = Translation(command="sft" if sft else "fit")
     c = Context(flat, set(given or ()), out)
     c.command = out.command
+    c.trainer = TRAINERS.get(config_name.split("_megatron")[0].removesuffix("_trainer"), "v1")
     derived: dict[str, list[str]] = {}
     critic = sft or flat.get("algorithm.adv_estimator") == "gae" or bool(flat.get("critic.enable"))
     own_reader = not sft and bool(flat.get("data.custom_cls.path"))  # a dataset class reads verl's data section

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 ARO = "actor_rollout_ref"
 A, R, REF = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref"
+RC = "algorithm.rollout_correction"
 # verl's adv_estimator -> rlforge's algorithm (the algorithm name carries its estimator)
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "grpo_vectorized": "grpo", "rloo": "rloo", "rloo_vectorized": "rloo",
               "reinforce_plus_plus": "reinforce_pp", "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
@@ -34,7 +35,8 @@ POLICY_LOSSES = ("vanilla", "gspo", "gpg", "cispo", "sapo", "clip_cov", "kl_cov"
 # the algorithm-specific keys verl's estimators read, and the rlforge algorithms that have them
 READS = {"algorithm.gamma": ({"gae", "reinforce_plus_plus"}, {"ppo", "pf_ppo", "reinforce_pp"}),
          "algorithm.lam": ({"gae"}, {"ppo", "pf_ppo"}),
-         "algorithm.norm_adv_by_std_in_grpo": ({"grpo", "grpo_vectorized", "gdpo"}, {"grpo", "gdpo"})}
+         # verl's gdpo estimator is called without it and always divides by the std (rlforge's gdpo default)
+         "algorithm.norm_adv_by_std_in_grpo": ({"grpo", "grpo_vectorized"}, {"grpo"})}
 TARGET = {"algorithm.gamma": "algorithm.gamma", "algorithm.lam": "algorithm.lam",
           "algorithm.norm_adv_by_std_in_grpo": "algorithm.norm_adv_by_std"}
 LOGGERS = {"console": "console", "wandb": "wandb", "mlflow": "mlflow", "tensorboard": "tensorboard",
@@ -45,7 +47,9 @@ LOGGER_NOTES = {"file": "verl's file logger writes {step, data} lines to $VERL_F
 TABLE_LOGGERS = ("swanlab", "trackio")  # where verl shows validation generations and rlforge's loggers do not
 REWARD_MANAGERS = {"naive": "rule", "dapo": "rule", "prime": "rule"}  # prime: verl's parallel naive manager
 # verl's filter_groups.metric -> rlforge's algorithm.filter_metric (seq_final_reward: before any KL in the reward)
-FILTER_METRICS = {"seq_reward": "reward", "seq_final_reward": "reward", "score": "score", "acc": "acc"}
+FILTER_METRICS = {"reward": "reward", "seq_reward": "reward", "seq_final_reward": "reward", "score": "score",
+                  "acc": "acc"}
+FILTER_METRICS_COMPUTED = ("reward", "seq_reward", "seq_final_reward")  # computed by a verl trainer, not looked up
 NO_LIMIT_ROUNDS = 1000  # verl's max_num_gen_batches=0 (no limit) as rlforge's algorithm.max_gen_batches
 
 
@@ -57,14 +61,15 @@ def algorithm(c: Context) -> None:
                  f"{', '.join(sorted(ESTIMATORS))})")
     else:
         c.map("algorithm.adv_estimator", "--algo", algo)
-    bypass = bool(c.get("algorithm.rollout_correction.bypass_mode"))
-    if bypass and mode == "vanilla":
-        mode = "bypass_mode"  # verl: bypass mode replaces the PPO loss by its own
-        c.map("algorithm.rollout_correction.bypass_mode", "actor.policy_loss", mode)
-    elif bypass:
-        c.refuse("algorithm.rollout_correction.bypass_mode", f"bypass mode with policy_loss.loss_mode={mode}")
-    else:
-        c.same("algorithm.rollout_correction.bypass_mode", "old log-probs from the actor")
+    bypass = f"{RC}.bypass_mode"
+    if not c.get(bypass):
+        c.same(bypass, "old log-probs from the actor")
+    elif c.trainer == "dapo":
+        c.ignore(bypass, "not read by verl's DAPO recipe trainer: it recomputes the old log-probs and applies rollout "
+                         "correction as configured")
+    else:  # main_ppo's v1 trainer; only verl's legacy trainer (trainer.use_v1=False) swaps the loss for its bypass loss
+        c.map(bypass, "actor.reuse_rollout_log_probs", True, "verl 0.9.1's main_ppo: the old log-probs are the "
+              "engine's, rollout correction (rollout_is, rollout_rs) is skipped and the loss is policy_loss.loss_mode's")
     if mode in POLICY_LOSSES:
         c.map(f"{A}.policy_loss.loss_mode", "actor.policy_loss", mode)
     else:
@@ -82,7 +87,8 @@ def algorithm(c: Context) -> None:
     c.algorithm = algo or c.algorithm
     for key, (verl_reads, ours) in READS.items():
         if est not in verl_reads:
-            c.ignore(key, f"not read by verl's {est} estimator")
+            c.ignore(key, f"not read by verl's {est} estimator" + (
+                " (it always divides by the std, as rlforge's gdpo does)" if est == "gdpo" else ""))
         elif c.algorithm in ours:
             c.map(key, TARGET[key], c.get(key))
         else:
@@ -163,27 +169,45 @@ def filter_groups(c: Context) -> None:
              else c.ignore(key, "read only with filter_groups.enable (dynamic sampling)"))
         return
     c.map(f"{f}.enable", "algorithm.filter_groups", True)
-    metric = c.get(f"{f}.metric")
-    kl = metric == "seq_final_reward" and c.get("algorithm.use_kl_in_reward")
+    metric, recipe = c.get(f"{f}.metric"), c.trainer == "dapo"
+    # the DAPO recipe's trainer computes seq_reward / seq_final_reward itself and looks any other name up in the reward
+    # function's extra info; main_ppo's v1 replay buffer computes only "reward" (the pre-KL reward sum) and looks
+    # others up there too, stopping where a group lacks it
+    computed = ("seq_reward", "seq_final_reward") if recipe else ("reward",)
+    kl = recipe and metric == "seq_final_reward" and c.get("algorithm.use_kl_in_reward")
     if metric in FILTER_METRICS and not kl:
-        note = ("verl's dapo reward manager takes a reward function's plain-number result as its acc; rlforge's acc is "
-                "then result >= 1" if metric == "acc" and c.reward_manager == "dapo" else "")
-        c.map(f"{f}.metric", "algorithm.filter_metric", FILTER_METRICS[metric], note)
+        notes = [("verl's dapo reward manager takes a reward function's plain-number result as its acc; rlforge's acc "
+                  "is then result >= 1") if metric == "acc" and c.reward_manager == "dapo" else ""]
+        if metric in FILTER_METRICS_COMPUTED and metric not in computed:
+            notes.append(f"verl's {'DAPO recipe trainer' if recipe else 'main_ppo'} looks {metric!r} up in the reward "
+                         f"function's extra info and stops where it is missing; rlforge filters on the sequence reward "
+                         f"(what {'main_ppo' if recipe else 'the DAPO recipe trainer'} computes for it)")
+        c.map(f"{f}.metric", "algorithm.filter_metric", FILTER_METRICS[metric], "; ".join(filter(None, notes)))
     else:
         c.refuse(f"{f}.metric", "dynamic sampling on the KL-penalized reward (seq_final_reward with use_kl_in_reward)"
                  if kl else f"dynamic sampling on metric={metric} (rlforge's algorithm.filter_metric: reward, score, acc)")
     rounds = int(c.get(f"{f}.max_num_gen_batches") or 0)
-    train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
-    scale = max(1, round(gen / train)) if gen and train and gen != train else 1
-    note = "" if scale == 1 else (f"verl draws data.gen_batch_size={gen} prompts per round; rlforge draws "
-                                  f"data.train_batch_size={train} per round ({scale} rounds for one of verl's) and "
-                                  f"stops when enough groups are kept")
-    c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches",
-          NO_LIMIT_ROUNDS if rounds <= 0 else rounds * scale, "verl's 0 (no limit) is 1000 rounds" if rounds <= 0
-          else "")
-    if "data.gen_batch_size" in c.owned:
-        (c.same("data.gen_batch_size", "data.train_batch_size") if scale == 1
-         else c.map("data.gen_batch_size", "algorithm.max_gen_batches", rounds * scale, note))
+    if not recipe:  # main_ppo's v1 replay buffer refills until the batch is full, one prompt at a time
+        c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches", NO_LIMIT_ROUNDS,
+              "verl 0.9.1's main_ppo ignores it and refills without a limit: 1000 rounds" if rounds > 0 else
+              "no limit: 1000 rounds")
+        if "data.gen_batch_size" in c.owned:
+            c.ignore("data.gen_batch_size", "verl 0.9.1's main_ppo draws prompts one at a time with dynamic sampling "
+                     "(it sets gen_batch_size to 1); rlforge draws data.train_batch_size per round until enough groups "
+                     "are kept: the same groups are trained")
+    else:
+        train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
+        scale = max(1, round(gen / train)) if gen and train and gen != train else 1
+        note = "" if scale == 1 else (f"verl draws data.gen_batch_size={gen} prompts per round; rlforge draws "
+                                      f"data.train_batch_size={train} per round ({scale} rounds for one of verl's) and "
+                                      f"stops when enough groups are kept")
+        c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches",
+              NO_LIMIT_ROUNDS if rounds <= 0 else rounds * scale, "verl's 0 (no limit) is 1000 rounds" if rounds <= 0
+              else "verl's DAPO recipe stops with an error when the rounds run out; rlforge trains the step on the "
+                   "groups it kept")
+        if "data.gen_batch_size" in c.owned:
+            (c.same("data.gen_batch_size", "data.train_batch_size") if scale == 1
+             else c.map("data.gen_batch_size", "algorithm.max_gen_batches", rounds * scale, note))
     for key in keys:
         if key.endswith("max_inflight_gen_batches"):
             c.ignore(key, "generation prefetch (speed only)")
@@ -203,24 +227,37 @@ def overlong(c: Context) -> None:
     longest = c.get("data.max_response_length")
     for key in keys:
         leaf = key.rsplit(".", 1)[1]
+        moved = (legacy_moved(c, "reward.reward_kwargs") + "; rlforge reads it as the move means"
+                 if key.startswith("reward_model.") and c.trainer not in MIGRATING_TRAINERS else "")
         if leaf == "enable":
-            c.same(key, "DAPO's overlong shaping (algorithm.overlong_buffer > 0)")
+            c.same(key, "; ".join(filter(None, ["DAPO's overlong shaping (algorithm.overlong_buffer > 0)", moved])))
         elif leaf == "len":
-            c.map(key, "algorithm.overlong_buffer", int(cfg["len"]), "verl's dapo reward manager puts the penalty in "
-                  "the reward itself, so its validation rewards (val-aux/<source>/reward) carry it too; rlforge shapes "
-                  "the training rewards only (validation accuracy, val-core, is the same)")
+            c.map(key, "algorithm.overlong_buffer", int(cfg["len"]), "; ".join(filter(None, [
+                "verl's dapo reward manager puts the penalty in the reward itself, so its validation rewards "
+                "(val-aux/<source>/reward) carry it too; rlforge shapes the training rewards only (validation accuracy, "
+                "val-core, is the same)", moved])))
         elif leaf == "penalty_factor":
-            c.map(key, "algorithm.overlong_penalty", float(cfg["penalty_factor"]))
+            c.map(key, "algorithm.overlong_penalty", float(cfg["penalty_factor"]), moved)
         elif leaf == "log":
             c.ignore(key, "rlforge always logs critic/overlong_penalty/mean")
         elif leaf == "max_resp_len":
-            (c.same(key, "rollout.max_new_tokens") if cfg[leaf] in (None, longest) else
+            (c.same(key, "; ".join(filter(None, ["rollout.max_new_tokens", moved]))) if cfg[leaf] in (None, longest) else
              c.refuse(key, f"an overlong limit (max_resp_len={cfg[leaf]}) other than data.max_response_length"))
         else:
             c.refuse(key, f"DAPO reward option {leaf}")
 
 
 PLACEMENT_KEYS = ("enable_resource_pool", "n_gpus_per_node", "nnodes")  # verl's legacy reward_model placement
+MIGRATING_TRAINERS = ("dapo", "fully_async")  # the trainers that move the legacy reward keys (verl.TRAINERS)
+
+
+def legacy_moved(c: Context, new: str) -> str:
+    """What becomes of a legacy reward key (``reward_model.*``, ``custom_reward_function.*``) that moves to ``new``."""
+    if c.trainer in MIGRATING_TRAINERS:
+        return f"moved to {new}, as verl moves it"
+    return (f"moved to {new}, as verl's migrate_legacy_reward_impl moves it; verl 0.9.1 calls that only in its DAPO "
+            f"recipe and fully-async trainers: its main_ppo leaves this legacy key unread (there the launch keeps "
+            f"{new}'s value)")
 
 
 def reward(c: Context) -> None:
@@ -233,7 +270,7 @@ def reward(c: Context) -> None:
     for old, new in legacy.items():
         if c.get(old) is not None:
             value[new] = c.get(old)
-            c.same(old, f"moved to {new}, as verl moves it")
+            c.same(old, legacy_moved(c, new))
         elif c.has(old):
             c.ignore(old, f"null: {new} applies")
     for leaf in PLACEMENT_KEYS:  # moved to reward.reward_model.<leaf>, which is placement only (verl_keys)
@@ -247,7 +284,9 @@ def reward(c: Context) -> None:
     source, module = c.get("reward.reward_manager.source"), c.get("reward.reward_manager.module.path")
     rm = bool(value["reward.reward_model.enable"])
     if manager in REWARD_MANAGERS and source == "register":
-        c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule")
+        c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule",
+              "verl 0.9.1's reward loop has no 'prime' manager (it stops: unknown reward manager); rlforge scores as "
+              "the naive manager, which prime ran in parallel" if manager == "prime" else "")
     else:
         c.refuse("reward.reward_manager.name", f"verl's '{manager}' reward manager" if source == "register"
                  else f"a reward manager class by path ({module})")
@@ -347,9 +386,9 @@ def steps(c: Context) -> None:
     """verl trains total_training_steps steps when it is set (its schedule spans them), else total_epochs x batches per
     epoch; either way its loop ends after total_epochs passes over the data."""
     total, epochs = c.get("trainer.total_training_steps"), c.get("trainer.total_epochs")
-    note = ("with dynamic sampling verl stops once total_epochs passes over the prompts are used up, however many steps "
+    note = ("with dynamic sampling verl's DAPO recipe stops once total_epochs passes over the prompts are used up, however many steps "
             "that is; rlforge counts total_epochs x rows // data.train_batch_size steps, drawing more prompts as needed"
-            if c.get("algorithm.filter_groups.enable") else "")
+            if c.get("algorithm.filter_groups.enable") and c.trainer == "dapo" else "")  # main_ppo counts steps
     if total is not None:
         c.map("trainer.total_training_steps", "trainer.total_steps", total)
         c.map("trainer.total_epochs", "trainer.epoch_limit", int(epochs), note)
@@ -404,7 +443,9 @@ def checkpoints(c: Context) -> None:
 
 
 def val_only(c: Context) -> None:
-    if c.get("trainer.val_only"):
+    if c.get("trainer.val_only") and not c.get("trainer.val_before_train"):  # verl checks it in that block only
+        c.ignore("trainer.val_only", "read only with trainer.val_before_train=True: without it verl trains")
+    elif c.get("trainer.val_only"):
         c.command = "eval"
         c.map("trainer.val_only", "rlforge eval", True, "validation only: `rlforge verl` runs `rlforge eval` on "
               "data.val_files")
@@ -414,6 +455,7 @@ def val_only(c: Context) -> None:
 
 DERIVED: dict[str, Callable[[Context], None]] = {
     "algorithm": algorithm, "distillation": verl_distill.distillation, "parallel": L.parallel, "offload": L.offload, "grad_offload": L.grad_offload, "chat_template": chat_template,
+    "rollout_correction": T.rollout_correction, "weight_decay": T.weight_decay, "loss_scale": T.loss_scale,
     "rollout_log_probs": rollout_log_probs, "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward,
     "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
     "grad_clip": T.grad_clip, "betas": T.betas, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
@@ -422,7 +464,8 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
 }
 # the order they run in: the algorithm (distillation may turn it into opd) and the parallel layout first (others read them), steps before warm-up
-ORDER = ("algorithm", "distillation", "parallel", "offload", "grad_offload", "chat_template", "rollout_log_probs", "sequence_parallel", "data", "reward",
+ORDER = ("algorithm", "distillation", "parallel", "offload", "grad_offload", "chat_template", "rollout_correction",
+         "weight_decay", "loss_scale", "rollout_log_probs", "sequence_parallel", "data", "reward",
          "overlong", "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip", "betas",
          "recompute", "entropy", "precision", "rollout_engine", "model_config", "lengths", "validation", "multi_turn", "multimodal",
          "loggers", "resume", "checkpoints", "val_only")

@@ -82,6 +82,7 @@ class Context:
         self.flat, self.given, self.out = flat, given, out
         self.owned: list[str] = []
         self.algorithm, self.command, self.dp_size = "grpo", "fit", 1
+        self.trainer = "v1"  # the verl trainer that runs the launch (verl.TRAINERS)
         self._done: set[str] = set()
         manager = self.get("reward_model.reward_manager") or self.get("reward.reward_manager.name")
         self.reward_manager = manager

@@ -38,7 +38,8 @@ def _optim(section: str, target: str) -> dict[str, Rule]:
         f"{o}.name": Keep(is_("AdamW", "adamw"), "AdamW", "optimizers other than AdamW"),
         f"{o}.optimizer_impl": Keep(is_("torch.optim"), "torch.optim.AdamW", "optimizer implementations by path"),
         f"{o}.lr": Map(f"{target}.lr"),
-        f"{o}.weight_decay": Map(f"{target}.weight_decay"),
+        f"{o}.weight_decay": Derived("weight_decay"),
+        f"{o}.lr_warmup_init": Keep(lambda v: not v, "a warm-up from 0", "a warm-up starting above 0 (lr_warmup_init)"),
         f"{o}.clip_grad": Map(f"{target}.grad_clip"),
         f"{o}.betas": Derived("betas"),
         f"{o}.eps": Keep(is_(1e-8), "AdamW's eps 1e-8", "an AdamW eps other than 1e-8"),
@@ -250,7 +251,7 @@ ACTOR_RULES: dict[str, Rule] = {
     f"{ACTOR}.policy_loss.*": Ignore("not read by verl 0.9.1's losses (they read the actor's own keys, e.g. "
                                      "actor.tau_pos)"),
     f"{ACTOR}.loss_agg_mode": Map("actor.loss_agg_mode"),
-    f"{ACTOR}.loss_scale_factor": Map("algorithm.norm_length", non_negative),
+    f"{ACTOR}.loss_scale_factor": Derived("loss_scale"),
     f"{ACTOR}.entropy_coeff": Map("actor.entropy_coeff"),
     f"{ACTOR}.calculate_entropy": Ignore("rlforge always logs actor/entropy"),
     f"{ACTOR}.calculate_sum_pi_squared": Ignore("the optimal_token_baseline estimators' input; rlforge's otb "
@@ -264,7 +265,9 @@ ACTOR_RULES: dict[str, Rule] = {
     f"{ACTOR}.use_fused_kernels": Ignore(COPY),
     f"{ACTOR}.use_remove_padding": Ignore(COPY),
     f"{ACTOR}.grad_clip": Derived("grad_clip"),
-    f"{ACTOR}.use_rollout_log_probs": Map("actor.reuse_rollout_log_probs", lambda v: True if v else None),
+    f"{ACTOR}.use_rollout_log_probs": Ignore("not read by verl 0.9.1 (a field of its actor config no code reads); "
+                                             "the engine's log-probs as the old ones: algorithm.rollout_correction."
+                                             "bypass_mode"),
 }
 
 REF = f"{ARO}.ref"
@@ -348,8 +351,7 @@ CRITIC_RULES: dict[str, Rule] = {
     "critic.data_loader_seed": Ignore(SEEDS),
     "critic.cliprange_value": Map("critic.cliprange_value"),
     "critic.loss_agg_mode": Map("critic.loss_agg_mode"),
-    "critic.loss_scale_factor": Ignore("the critic's loss is not length-normalized by a constant in verl's "
-                                       "default value loss"),
+    "critic.loss_scale_factor": Derived("loss_scale"),
     "critic.grad_clip": Derived("grad_clip"),
 }
 
@@ -369,15 +371,8 @@ ALGORITHM_RULES: dict[str, Rule] = {
     "algorithm.pf_ppo.*": Derived("algorithm"),
     "algorithm.gdpo_reward_keys": Map("algorithm.reward_keys", str_list),
     "algorithm.gdpo_reward_weights": Map("algorithm.reward_weights"),
-    "algorithm.rollout_correction.rollout_is": Map("algorithm.rollout_is"),
-    "algorithm.rollout_correction.rollout_is_threshold": Map("algorithm.rollout_is_threshold", str),
-    "algorithm.rollout_correction.rollout_is_batch_normalize": Map("algorithm.rollout_is_batch_normalize"),
-    "algorithm.rollout_correction.rollout_rs": Map("algorithm.rollout_rs"),
-    "algorithm.rollout_correction.rollout_rs_threshold": Map("algorithm.rollout_rs_threshold",
-                                                             lambda v: None if v is None else str(v)),
     "algorithm.rollout_correction.bypass_mode": Derived("algorithm"),
-    "algorithm.rollout_correction.loss_type": Map("actor.bypass_mode.loss_type"),
-    "algorithm.rollout_correction.*": Keep(off, "", "rollout-correction options rlforge does not have"),
+    "algorithm.rollout_correction.*": Derived("rollout_correction"),
 }
 
 DATA_RULES: dict[str, Rule] = {
@@ -463,13 +458,16 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.val_before_train": Map("trainer.val_before_train"),
     "trainer.val_only": Derived("val_only"),
     "trainer.test_freq": Map("trainer.val_every", non_negative, "rlforge also validates once after the last step"),
-    "trainer.critic_warmup": Map("trainer.critic_warmup"),
+    # verl updates the actor once critic_warmup <= its step (counted from 1): critic_warmup - 1 critic-only steps
+    "trainer.critic_warmup": Map("trainer.critic_warmup", lambda v: max(int(v or 0) - 1, 0),
+                                 "the same steps: verl's critic_warmup=N updates the actor from its step N on"),
     "trainer.default_hdfs_dir": Keep(off, "local checkpoints", "copying checkpoints to HDFS"),
     "trainer.del_local_ckpt_after_load": Keep(off, "checkpoints kept", "deleting checkpoints after loading them"),
     "trainer.max_actor_ckpt_to_keep": Derived("checkpoints"),
     "trainer.max_critic_ckpt_to_keep": Derived("checkpoints"),
     "trainer.ray_wait_register_center_timeout": Ignore("Ray start-up timeout (ray.placement_timeout_s)"),
-    "trainer.use_v1": Ignore("verl's choice between its two trainer implementations"),
+    "trainer.use_v1": Keep(is_(True), "verl's v1 trainer (main_ppo's default)",
+                           "verl's deprecated legacy trainer (trainer.use_v1=False, main_ppo_v0)"),
     "trainer.v1.trainer_mode": Keep(is_("sync"), "generate, then train", "verl's v1 asynchronous trainer modes "
                                     "(rlforge: trainer.pipeline=one_step_off or async, docs/pipelines.md)"),
     "trainer.v1.*": Ignore("read only by verl's v1 asynchronous modes"),

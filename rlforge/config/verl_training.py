@@ -7,13 +7,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlforge.config import verl_veomni
-from rlforge.config.verl_rules import float_list
+from rlforge.config.verl_rules import float_list, non_negative, off
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
 
 ARO = "actor_rollout_ref"
 A, R, REF = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref"
+RC = "algorithm.rollout_correction"
+SUM_NORM = "seq-mean-token-sum-norm"
 # verl's forward-only passes: (its keys' section, their prefix, the key that turns on token budgets, rlforge's section)
 SCORING = ((R, "log_prob_", f"{R}.log_prob_use_dynamic_bsz", "actor.log_prob"),
            (REF, "log_prob_", f"{REF}.log_prob_use_dynamic_bsz", "actor.ref_log_prob"),
@@ -243,3 +245,67 @@ def entropy(c: Context) -> None:
              else c.ignore(key, f"rlforge recomputes its log-prob and entropy chunks in the backward pass ({SPEED})"))
         else:
             c.ignore(key, f"rlforge's chunks hold 64 MiB of fp32 logits ({SPEED})")
+
+
+def rollout_correction(c: Context) -> None:
+    """verl's rollout correction (IS weights, rejection): applied only with the engine's log-probs in the batch and,
+    in main_ppo, not in bypass mode (see ``algorithm``)."""
+    skip = ("verl applies rollout correction only with the engine's log-probs (rollout.calculate_log_probs=True; "
+            "this launch has it off)" if not c.get(f"{R}.calculate_log_probs") else
+            "verl 0.9.1's main_ppo skips rollout correction in bypass mode" if c.get(f"{RC}.bypass_mode")
+            and c.trainer != "dapo" else "")
+    targets = {"rollout_is": "algorithm.rollout_is", "rollout_is_threshold": "algorithm.rollout_is_threshold",
+               "rollout_is_batch_normalize": "algorithm.rollout_is_batch_normalize",
+               "rollout_rs": "algorithm.rollout_rs", "rollout_rs_threshold": "algorithm.rollout_rs_threshold"}
+    no_is = c.get(f"{RC}.rollout_is_threshold") is None  # verl computes IS weights only with a threshold
+    for key in c.owned:
+        leaf, value = key[len(RC) + 1:], c.get(key)
+        if leaf in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize") and no_is and not skip:
+            (c.map(key, "algorithm.rollout_is", None, "rollout_is_threshold=null: verl computes no IS weights")
+             if leaf == "rollout_is" and value is not None else c.ignore(key, "null: no IS weights"
+                                                                        if leaf != "rollout_is_batch_normalize" else
+                                                                        "read only with IS weights"))
+        elif leaf == "loss_type":
+            c.ignore(key, "read only by the bypass loss of verl's legacy trainer (trainer.use_v1=False)")
+        elif leaf in targets and skip:
+            c.ignore(key, skip)
+        elif leaf in targets:  # thresholds: a number or a string of them ("0.5_2.0"); null: verl's default
+            c.map(key, targets[leaf], str(value) if leaf.endswith("threshold") and value is not None else value)
+        elif off(value):
+            c.same(key, "")
+        else:
+            c.refuse(key, "rollout-correction options rlforge does not have")
+
+
+def weight_decay(c: Context) -> None:
+    """``optim.weight_decay``: AdamW's decoupled decay of every parameter; megatron-core's optimizer skips biases and
+    1-D weights (norms)."""
+    megatron = c.get("model_engine") == "megatron"
+    for key in c.owned:
+        value = c.get(key)
+        c.map(key, f"{'critic' if key.startswith('critic.') else 'actor'}.weight_decay", value,
+              "megatron-core's optimizer does not decay biases and 1-D weights (norms); rlforge's AdamW decays every "
+              "parameter" if megatron and value else "")
+
+
+def loss_scale(c: Context) -> None:
+    """``loss_scale_factor``: the divisor of each sequence's token sum with loss_agg_mode=seq-mean-token-sum-norm (the
+    only mode that reads it); rlforge's algorithm.norm_length, one for the actor and the critic."""
+    actor, critic = f"{A}.loss_scale_factor", "critic.loss_scale_factor"
+    wide = ("verl 0.9.1's main_ppo divides by the longest response of each micro-batch (the width it pads to); "
+            "rlforge by rollout.max_new_tokens (loss_scale_factor=<data.max_response_length> gives one constant in both)")
+    if actor in c.owned:
+        value = c.get(actor)
+        if c.get(f"{A}.loss_agg_mode") != SUM_NORM:
+            c.ignore(actor, f"read only with loss_agg_mode={SUM_NORM}")
+        else:
+            c.map(actor, "algorithm.norm_length", non_negative(value), "" if value else wide)
+    if critic in c.owned:
+        value, mine = c.get(critic), c.get(actor) if c.get(f"{A}.loss_agg_mode") == SUM_NORM else None
+        if c.get("critic.loss_agg_mode") != SUM_NORM:
+            c.ignore(critic, f"read only with critic.loss_agg_mode={SUM_NORM}")
+        elif value == mine or value is None and c.get(f"{A}.loss_agg_mode") != SUM_NORM:
+            c.same(critic, f"algorithm.norm_length, the actor's" + ("" if value else f" ({wide})"))
+        else:
+            c.refuse(critic, f"a value-loss length normalization ({value}) other than the actor's ({mine}): rlforge's "
+                             f"algorithm.norm_length is one for both")

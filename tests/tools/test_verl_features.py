@@ -192,3 +192,50 @@ def test_verl_sft_chat_template_keys_are_rlforge_sfts() -> None:  # what they do
     assert "bool('none')" in _fate(t, "data.enable_thinking_default").text
     t = prepare([*base, "data.enable_thinking_default=maybe"], entry=SFT_ENTRY, refuse=False).translation
     assert _fate(t, "data.enable_thinking_default").kind == verl.REFUSED
+
+
+def test_what_verl_0_9_1s_main_ppo_reads_differs_from_its_dapo_recipe_trainer() -> None:
+    """Found by reading verl 0.9.1's v1 trainer (main_ppo's default): legacy reward keys unread, the replay buffer's
+    dynamic sampling (metric 'reward', no round limit), bypass mode without its legacy loss."""
+    legacy = ["reward_model.reward_manager=dapo", "custom_reward_function.path=/r.py"]
+    main = _t(*legacy)
+    assert main.overrides["reward.file"] == "/r.py"  # honoured, and the difference stated
+    assert "its main_ppo leaves this legacy key unread" in _fate(main, "custom_reward_function.path").text
+    dapo = prepare(["--config-name=dapo_trainer", *GPUS, *legacy], refuse=False).translation
+    assert _fate(dapo, "custom_reward_function.path").text == "moved to reward.custom_reward_function.path, as verl " \
+                                                              "moves it"
+    f = "algorithm.filter_groups"
+    t = _t(f"{f}.enable=True", f"{f}.max_num_gen_batches=10", "data.gen_batch_size=1536", "data.train_batch_size=512")
+    assert t.overrides["algorithm.filter_metric"] == "reward" and not t.refused  # verl's default metric
+    assert t.overrides["algorithm.max_gen_batches"] == 1000 and "ignores it" in _fate(t, f"{f}.max_num_gen_batches").text
+    assert _fate(t, "data.gen_batch_size").kind == verl.IGNORED
+    t = _t(f"{f}.enable=True", f"{f}.metric=seq_reward")
+    assert "looks 'seq_reward' up in the reward function's extra info" in _fate(t, f"{f}.metric").text
+    rc = "algorithm.rollout_correction"
+    t = _t(f"{rc}.bypass_mode=True", f"{rc}.rollout_is=token", f"{rc}.loss_type=reinforce")
+    assert t.overrides["actor.reuse_rollout_log_probs"] is True and "algorithm.rollout_is" not in t.overrides
+    assert _fate(t, f"{rc}.rollout_is").kind == _fate(t, f"{rc}.loss_type").kind == verl.IGNORED
+    t = _t("actor_rollout_ref.rollout.calculate_log_probs=False", f"{rc}.rollout_is=token")
+    assert "algorithm.rollout_is" not in t.overrides and "only with the engine's log-probs" in _fate(
+        t, f"{rc}.rollout_is").text
+    t = _t(f"{rc}.rollout_is=token", f"{rc}.rollout_is_threshold=null")  # verl computes no IS weights then
+    assert t.overrides["algorithm.rollout_is"] is None and not t.refused
+
+
+def test_verl_keys_whose_meaning_needed_a_closer_look() -> None:
+    t = _t("algorithm.adv_estimator=gae", "trainer.critic_warmup=20")
+    assert t.overrides["trainer.critic_warmup"] == 19  # verl updates the actor from its step 20 (counted from 1)
+    assert _fate(_t("trainer.val_only=True", "trainer.val_before_train=False"), "trainer.val_only").kind == verl.IGNORED
+    assert _fate(_t(f"+{A}.use_rollout_log_probs=True"), f"{A}.use_rollout_log_probs").kind == verl.IGNORED
+    t = _t("algorithm.adv_estimator=gdpo", "algorithm.norm_adv_by_std_in_grpo=False")
+    assert "always divides by the std" in _fate(t, "algorithm.norm_adv_by_std_in_grpo").text
+    assert "algorithm.norm_adv_by_std" not in t.overrides
+    t = _t("model_engine=megatron", f"{A}.optim.weight_decay=0.1", f"{A}.optim.lr_warmup_init=1e-7")
+    assert "does not decay biases" in _fate(t, f"{A}.optim.weight_decay").text
+    assert _fate(t, f"{A}.optim.lr_warmup_init").kind == verl.REFUSED
+    t = _t(f"{A}.loss_agg_mode=seq-mean-token-sum-norm")
+    assert "longest response of each micro-batch" in _fate(t, f"{A}.loss_scale_factor").text
+    assert _fate(_t(f"{A}.loss_agg_mode=seq-mean-token-sum-norm", f"{A}.loss_scale_factor=512"),
+                 f"{A}.loss_scale_factor").text == ""
+    assert "no 'prime' manager" in _fate(_t("reward.reward_manager.name=prime"), "reward.reward_manager.name").text
+    assert _fate(_t("trainer.use_v1=False"), "trainer.use_v1").kind == verl.REFUSED

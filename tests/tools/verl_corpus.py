@@ -45,7 +45,8 @@ def run(launch: dict) -> Outcome:
         tree = verl_hydra.compose_tree(parsed)
     except ConfigError as exc:
         return Outcome(launch["source"], launch["entry"], [], error=str(exc))
-    t = verl.translate(tree, given_keys(parsed.overrides), sft=parsed.config_name.startswith("sft_"))
+    t = verl.translate(tree, given_keys(parsed.overrides), sft=parsed.config_name.startswith("sft_"),
+                       config_name=parsed.config_name)
     out = Outcome(launch["source"], launch["entry"], parsed.overrides, translation=t)
     for o in parsed.overrides:
         key = o.split("=", 1)[0].lstrip("+~")
