@@ -229,7 +229,8 @@ def test_verl_multiturn_parquet_trains_with_a_qwen3_template(tmp_path, pm, qwen3
 
 # --- the chat template's keyword arguments and a row's enable_thinking column (verl's multi-turn SFT dataset) --------
 THINKING = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% if enable_thinking is not defined %}-{% elif enable_thinking %}T{% else %}F{% endif %}"
+            "{% if add_generation_prompt %}<|assistant|>"
+            "{% if enable_thinking is not defined %}-{% elif enable_thinking %}T{% else %}F{% endif %}"
             "{{ effort | default('') }}{% endif %}")
 
 

@@ -69,7 +69,8 @@ def algorithm(c: Context) -> None:
                          "correction as configured")
     else:  # main_ppo's v1 trainer; only verl's legacy trainer (trainer.use_v1=False) swaps the loss for its bypass loss
         c.map(bypass, "actor.reuse_rollout_log_probs", True, "verl 0.9.1's main_ppo: the old log-probs are the "
-              "engine's, rollout correction (rollout_is, rollout_rs) is skipped and the loss is policy_loss.loss_mode's")
+              "engine's, rollout correction (rollout_is, rollout_rs) is skipped and the loss is "
+              "policy_loss.loss_mode's")
     if mode in POLICY_LOSSES:
         c.map(f"{A}.policy_loss.loss_mode", "actor.policy_loss", mode)
     else:
@@ -234,14 +235,15 @@ def overlong(c: Context) -> None:
         elif leaf == "len":
             c.map(key, "algorithm.overlong_buffer", int(cfg["len"]), "; ".join(filter(None, [
                 "verl's dapo reward manager puts the penalty in the reward itself, so its validation rewards "
-                "(val-aux/<source>/reward) carry it too; rlforge shapes the training rewards only (validation accuracy, "
-                "val-core, is the same)", moved])))
+                "(val-aux/<source>/reward) carry it too; rlforge shapes the training rewards only (validation "
+                "accuracy, val-core, is the same)", moved])))
         elif leaf == "penalty_factor":
             c.map(key, "algorithm.overlong_penalty", float(cfg["penalty_factor"]), moved)
         elif leaf == "log":
             c.ignore(key, "rlforge always logs critic/overlong_penalty/mean")
         elif leaf == "max_resp_len":
-            (c.same(key, "; ".join(filter(None, ["rollout.max_new_tokens", moved]))) if cfg[leaf] in (None, longest) else
+            (c.same(key, "; ".join(filter(None, ["rollout.max_new_tokens", moved])))
+             if cfg[leaf] in (None, longest) else
              c.refuse(key, f"an overlong limit (max_resp_len={cfg[leaf]}) other than data.max_response_length"))
         else:
             c.refuse(key, f"DAPO reward option {leaf}")
@@ -386,8 +388,9 @@ def steps(c: Context) -> None:
     """verl trains total_training_steps steps when it is set (its schedule spans them), else total_epochs x batches per
     epoch; either way its loop ends after total_epochs passes over the data."""
     total, epochs = c.get("trainer.total_training_steps"), c.get("trainer.total_epochs")
-    note = ("with dynamic sampling verl's DAPO recipe stops once total_epochs passes over the prompts are used up, however many steps "
-            "that is; rlforge counts total_epochs x rows // data.train_batch_size steps, drawing more prompts as needed"
+    note = ("with dynamic sampling verl's DAPO recipe stops once total_epochs passes over the prompts are used up, "
+            "however many steps that is; rlforge counts total_epochs x rows // data.train_batch_size steps, drawing "
+            "more prompts as needed"
             if c.get("algorithm.filter_groups.enable") and c.trainer == "dapo" else "")  # main_ppo counts steps
     if total is not None:
         c.map("trainer.total_training_steps", "trainer.total_steps", total)

@@ -293,7 +293,8 @@ def loss_scale(c: Context) -> None:
     only mode that reads it); rlforge's algorithm.norm_length, one for the actor and the critic."""
     actor, critic = f"{A}.loss_scale_factor", "critic.loss_scale_factor"
     wide = ("verl 0.9.1's main_ppo divides by the longest response of each micro-batch (the width it pads to); "
-            "rlforge by rollout.max_new_tokens (loss_scale_factor=<data.max_response_length> gives one constant in both)")
+            "rlforge by rollout.max_new_tokens (loss_scale_factor=<data.max_response_length> gives one constant in "
+            "both)")
     if actor in c.owned:
         value = c.get(actor)
         if c.get(f"{A}.loss_agg_mode") != SUM_NORM:

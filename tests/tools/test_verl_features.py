@@ -207,7 +207,8 @@ def test_what_verl_0_9_1s_main_ppo_reads_differs_from_its_dapo_recipe_trainer() 
     f = "algorithm.filter_groups"
     t = _t(f"{f}.enable=True", f"{f}.max_num_gen_batches=10", "data.gen_batch_size=1536", "data.train_batch_size=512")
     assert t.overrides["algorithm.filter_metric"] == "reward" and not t.refused  # verl's default metric
-    assert t.overrides["algorithm.max_gen_batches"] == 1000 and "ignores it" in _fate(t, f"{f}.max_num_gen_batches").text
+    assert t.overrides["algorithm.max_gen_batches"] == 1000
+    assert "ignores it" in _fate(t, f"{f}.max_num_gen_batches").text
     assert _fate(t, "data.gen_batch_size").kind == verl.IGNORED
     t = _t(f"{f}.enable=True", f"{f}.metric=seq_reward")
     assert "looks 'seq_reward' up in the reward function's extra info" in _fate(t, f"{f}.metric").text
