@@ -176,7 +176,8 @@ def _compose_launch(prepared: Any, ours: list[str]) -> tuple[Any, Any]:
         mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
         subject = re.search(r"'([\w.]+)'", str(exc))  # the key the error is about (not a "did you mean" one)
         sources = [f"{f.key}={f.value}" for f in prepared.translation.fates
-                   if subject and f.target == subject.group(1) and f.target not in mine]
+                   if subject and f.target == subject.group(1)
+                   and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
         if not sources:
             raise
         raise ConfigError(f"{exc} (from verl's {', '.join(sources)})") from None
@@ -192,9 +193,9 @@ def cmd_verl(argv: list[str]) -> int:
         print("usage: rlforge verl [--sft] [--print] VERL_ARGS... [-- RLFORGE_OVERRIDES...]\n\nThe arguments of "
               "`python3 -m verl.trainer.main_ppo` (--sft: of verl's SFT trainer): --config-path/--config-name and "
               "Hydra overrides (key=v, +key=v, ++key=v, ~key). After --: rlforge's own keys (as `rlforge fit` takes "
-              "them, e.g. sft.devices=2), set on top of the translation. --print: show the translation, check that it "
-              "composes with them (data files, model folder, values) and stop; exit status 2 where it does not. See "
-              "docs/migration-from-verl.md.")
+              "them, e.g. sft.devices=2), set on top of the translation. --print: show the translation, check "
+              "what can be checked before any data is read (keys, values, data files, model folder) and stop; exit "
+              "status 2 where the run would not start. See docs/migration-from-verl.md.")
         return 0
     at = argv.index("--") if "--" in argv else len(argv)
     argv, ours = argv[:at], argv[at + 1:]
@@ -207,8 +208,12 @@ def cmd_verl(argv: list[str]) -> int:
         if t.refused:
             return 2
         try:  # the translation and the keys after -- compose as the run would compose them
-            _compose_launch(prepared, ours)
-        except ConfigError as exc:
+            _, cfg = _compose_launch(prepared, ours)
+            if t.command == "sft":
+                from rlforge.sft.run import preflight
+
+                preflight(cfg)
+        except (ConfigError, RLForgeError) as exc:
             print(f"rlforge: the run would stop here: {exc}", file=sys.stderr)
             return 2
         return 0

@@ -171,7 +171,7 @@ def build_char_tokenizer() -> Any:
     chars = [chr(c) for c in range(32, 127)] + ["\n"]
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + chars)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character, newlines too
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(SPECIAL_TOKENS)
     fast = PreTrainedTokenizerFast(
@@ -287,6 +287,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if chat_template:
+        check_chat_template(chat_template)
         tok.chat_template = chat_template
     if not getattr(tok, "chat_template", None):
         raise RLForgeError(
@@ -296,6 +297,20 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
     tok.padding_side = "left"
     check_vocabulary(folder, tok, path, key)
     return tok
+
+
+def check_chat_template(template: Any) -> None:
+    """``model.chat_template`` is a Jinja template that parses (an error here names the key and the line)."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if not isinstance(template, str):
+        raise RLForgeError(f"model.chat_template must be a Jinja template (a string), got {type(template).__name__}.")
+    try:
+        ImmutableSandboxedEnvironment().parse(template)
+    except TemplateSyntaxError as exc:
+        raise RLForgeError(f"model.chat_template is not a valid Jinja template: {exc.message} (line {exc.lineno}).") \
+            from None
 
 
 def load_tokenizer_and_processor(config: Any) -> tuple[Any, Any]:

@@ -481,3 +481,8 @@ def test_chat_template_kwargs_may_not_set_apply_chat_templates_own_parameters(re
         compose(registry, overrides=["data.apply_chat_template_kwargs={tokenize: false}"])
     with pytest.raises(ConfigError, match=r"sets chat_template.*\(a template of your own: model.chat_template\)"):
         compose(registry, overrides=["data.apply_chat_template_kwargs={chat_template: x}"])
+    with pytest.raises(ConfigError, match=r"sets messages"):  # the template's own variable
+        compose(registry, overrides=["data.apply_chat_template_kwargs={messages: 1}"])
+    with pytest.raises(RLForgeError, match=r"model.chat_template is not a valid Jinja template: unexpected '}' "
+                                           r"\(line 1\)"):
+        compose(registry, overrides=["model.chat_template='{{ m.content }'"])

@@ -237,3 +237,14 @@ def test_model_chat_template_replaces_the_tokenizers_and_the_processors(pm):
     from tests.tools.test_from_verl import tr
 
     assert tr(f'actor_rollout_ref.model.custom_chat_template="{template}"').overrides["model.chat_template"] == template
+
+
+
+def test_the_char_tokenizer_keeps_every_newline() -> None:  # a run of newlines was one unknown token
+    from transformers import AutoTokenizer
+
+    from rlforge.models import build_char_tokenizer, resolve_model_path
+
+    for tok in (build_char_tokenizer(), AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-arith"))):
+        ids = tok("a\n\nb")["input_ids"]
+        assert len(ids) == 4 and tok.decode(ids) == "a\n\nb"

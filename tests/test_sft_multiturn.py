@@ -251,10 +251,16 @@ def test_a_rows_enable_thinking_column_goes_over_the_template_kwargs(char_tokeni
     assert prompts(Keys(template=kwargs, thinking="think")) == [
         "<|user|>Q<|end|><|assistant|>Tlow", "<|user|>Q<|end|><|assistant|>Flow", "<|user|>Q<|end|><|assistant|>Flow"]
     assert prompts(Keys(thinking="")) == ["<|user|>Q<|end|><|assistant|>-"] * 3  # the column not read
-    rows.append({"prompt": "Q", "response": "A", "think": "no"})
-    with pytest.raises(DataError, match=r"d.jsonl, row 4: 'think' \(sft.enable_thinking_key\) must be true, false or "
-                                        r"null, got 'no'"):
-        prompts(Keys(thinking="think"))
+    for bad in ("no", "False", "1"):  # a string is refused, even one that looks boolean (bool("False") is True)
+        with pytest.raises(DataError, match=r"d.jsonl, row 4: 'think' \(sft.enable_thinking_key\) must be true, false "
+                                            r"or null, got '"):
+            build_examples([*rows, {"prompt": "Q", "response": "A", "think": bad}], tok,
+                           OmegaConf.create({"format": "auto", "max_length": 64, "truncation": "error"}),
+                           Keys(thinking="think"), "d.jsonl")
+    failing = "{{ messages[0]['content'] / 0 }}"  # the template's own code fails: the row is named, no traceback
+    tok.chat_template = failing
+    with pytest.raises(DataError, match=r"d.jsonl, row 1: the chat template fails on this row: TypeError"):
+        prompts(Keys())
 
 
 def test_sft_renders_with_model_chat_template_and_its_kwargs_and_saves_the_template(tmp_path, pm):

@@ -129,7 +129,7 @@ def check_resume_value(value: str) -> None:
 
 
 # apply_chat_template's own parameters: rlforge passes them itself, or they change what a render returns
-TEMPLATE_CALL_KEYS = ("conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+TEMPLATE_CALL_KEYS = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
                       "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
                       "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
 

@@ -22,7 +22,7 @@ from rlforge.config.checks import (
 )
 from rlforge.data import data_file_problem
 from rlforge.errors import ConfigError, did_you_mean
-from rlforge.models import BUILTIN_PREFIX, resolve_model_path
+from rlforge.models import BUILTIN_PREFIX, check_chat_template, resolve_model_path
 from rlforge.pipeline import PIPELINES
 
 
@@ -329,6 +329,8 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     check_resume_value(cfg.trainer.resume)
     check_no_duplicates(cfg, "logger.backends")
     check_template_kwargs(cfg.data.apply_chat_template_kwargs)
+    if cfg.model.chat_template:
+        check_chat_template(cfg.model.chat_template)
     if cfg.rollout.val_n > 1 and cfg.rollout.val_temperature == 0:
         raise ConfigError(
             f"{cfg.rollout.val_n} samples per prompt (rollout.val_n) at temperature 0 are {cfg.rollout.val_n} "

@@ -19,8 +19,9 @@ __all__ = ["DOC", "IGNORED", "MAPPED", "REFUSED", "Context", "Fate", "Translatio
 
 ARO = "actor_rollout_ref"
 # verl's config name (less _trainer, _megatron_trainer) -> the trainer that runs it: main_ppo's v1 trainer, the DAPO
-# recipe's main_dapo (a RayPPOTrainer, verl's legacy ray_trainer), the fully-async and one-step-off trainers
-TRAINERS = {"ppo": "v1", "dapo": "dapo", "fully_async_ppo": "fully_async", "one_step_off_ppo": "one_step_off"}
+# recipe's main_dapo (a RayPPOTrainer, verl's legacy ray_trainer), the fully-async and one-step-off trainers, v0.7's SFT
+TRAINERS = {"ppo": "v1", "dapo": "dapo", "fully_async_ppo": "fully_async", "one_step_off_ppo": "one_step_off",
+            "sft": "fsdp_sft"}  # sft_trainer: v0.7's fsdp_sft_trainer (0.9.1's SFT trainer: sft_trainer_engine)
 
 
 def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = False,

@@ -208,7 +208,8 @@ def filter_groups(c: Context) -> None:
                    "groups it kept")
         if "data.gen_batch_size" in c.owned:
             (c.same("data.gen_batch_size", "data.train_batch_size") if scale == 1
-             else c.map("data.gen_batch_size", "algorithm.max_gen_batches", rounds * scale, note))
+             else c.map("data.gen_batch_size", "algorithm.max_gen_batches",
+                        NO_LIMIT_ROUNDS if rounds <= 0 else rounds * scale, note))
     for key in keys:
         if key.endswith("max_inflight_gen_batches"):
             c.ignore(key, "generation prefetch (speed only)")
@@ -217,6 +218,11 @@ def filter_groups(c: Context) -> None:
 def overlong(c: Context) -> None:
     """DAPO's overlong shaping: only with the dapo reward manager, only when overlong_buffer_cfg.enable."""
     keys = list(c.owned)
+    if c.legacy_reward_kwargs:  # the legacy section replaces reward.reward_kwargs whole, as verl moves it
+        for key in [k for k in keys if k.startswith("reward.")]:
+            c.ignore(key, "replaced by reward_model.reward_kwargs: verl's migrate_legacy_reward_impl moves that whole "
+                          "section over it")
+        keys = [k for k in keys if k.startswith("reward_model.")]
     cfg = {k.rsplit(".", 1)[1]: c.get(k) for k in keys}
     if not c.overlong_on:
         why = ("read only with overlong_buffer_cfg.enable" if c.reward_manager == "dapo"
@@ -324,7 +330,11 @@ def rollout_log_probs(c: Context) -> None:
 def chat_template(c: Context) -> None:
     """``data.apply_chat_template_kwargs`` (an empty mapping, or its entries as keys of their own) as one mapping."""
     top = "data.apply_chat_template_kwargs"
-    kwargs = {k[len(top) + 1:]: c.get(k) for k in c.owned if k != top}
+    if top in c.owned and c.get(top) is not None and not isinstance(c.get(top), dict) and len(c.owned) == 1:
+        c.refuse(top, f"data.apply_chat_template_kwargs={c.get(top)!r}: verl passes a mapping of the template's "
+                      f"variables")
+        return
+    kwargs = nest({k[len(top) + 1:]: c.get(k) for k in c.owned if k != top})
     for key in c.owned:
         c.map(key, top, kwargs)
 

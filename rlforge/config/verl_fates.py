@@ -86,10 +86,11 @@ class Context:
         self._done: set[str] = set()
         manager = self.get("reward_model.reward_manager") or self.get("reward.reward_manager.name")
         self.reward_manager = manager
-        enable = next((self.get(k) for k in ("reward_model.reward_kwargs.overlong_buffer_cfg.enable",
-                                             "reward_model.overlong_buffer.enable",
-                                             "reward.reward_kwargs.overlong_buffer_cfg.enable") if self.get(k) is not None),
-                      False)
+        # a legacy reward_model.reward_kwargs section replaces reward.reward_kwargs whole (migrate_legacy_reward_impl)
+        self.legacy_reward_kwargs = any(k.startswith("reward_model.reward_kwargs.") and v is not None
+                                        for k, v in flat.items())
+        enable = self.get(f"{'reward_model' if self.legacy_reward_kwargs else 'reward'}.reward_kwargs."
+                          f"overlong_buffer_cfg.enable")
         self.overlong_on = manager == "dapo" and bool(enable)
 
     def get(self, key: str, default: Any = None) -> Any:

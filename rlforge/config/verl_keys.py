@@ -427,7 +427,9 @@ REWARD_RULES: dict[str, Rule] = {
     "reward.sandbox_fusion.*": Ignore("read only with reward.sandbox_fusion.url (refused where set)"),
     # verl's legacy reward section, moved into reward.* as verl's migrate_legacy_reward_impl moves it
     "reward_model.reward_kwargs.*": Derived("overlong"),
-    "reward_model.overlong_buffer.*": Derived("overlong"),  # the DAPO recipe's keys before reward_kwargs
+    "reward_model.overlong_buffer.*": Ignore("not read by verl 0.9.1: the DAPO recipe's earlier keys (verl moves "
+                                             "reward_model.reward_kwargs only); its overlong shaping is "
+                                             "reward.reward_kwargs.overlong_buffer_cfg"),
     "reward_model.rollout.*": Ignore("read only with a generative reward model served by an engine"),
     "reward_model.*": Derived("reward"),
     "custom_reward_function.*": Derived("reward"),

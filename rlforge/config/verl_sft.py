@@ -24,6 +24,7 @@ RULES: dict[str, Rule] = {
     "data.messages_key": Map("sft.messages_key"), "data.multiturn.messages_key": Map("sft.messages_key"),
     "data.tools_key": Map("sft.tools_key"), "data.multiturn.tools_key": Map("sft.tools_key"),
     "data.enable_thinking_key": Derived("sft_thinking"), "data.enable_thinking_default": Derived("sft_thinking"),
+    "data.multiturn.enable_thinking_key": Derived("sft_thinking"),
     "data.max_length": Map("sft.max_length"),
     "data.truncation": Keep(is_("error", "left", "right"), "sft.truncation", "middle truncation"),
     "data.train_batch_size": Map("sft.batch_size"),
@@ -37,9 +38,7 @@ RULES: dict[str, Rule] = {
     "data.custom_cls.*": Keep(off, "rlforge's SFT rows", "a dataset class by path"),
     "data.apply_chat_template_kwargs": Derived("chat_template"),
     "data.apply_chat_template_kwargs.*": Derived("chat_template"),
-    "data.chat_template": Ignore("not read by verl 0.9.1's SFT trainer (v0.7's fsdp_sft_trainer stops on any value: "
-                                "'Apply Chat template from config is not supported yet'); a template of your own is "
-                                "model.custom_chat_template, rlforge's model.chat_template"),
+    "data.chat_template": Derived("sft_chat_template"),
     "data.ignore_input_ids_mismatch": Keep(off, "no row trained as verl's per-message concatenation (where verl's check "
                                            "fails and it stops, rlforge trains each assistant turn against its own "
                                            "history: docs/sft.md)", "training the per-message concatenation where it differs "
@@ -104,10 +103,33 @@ def sft_files(c: Any) -> None:
             c.map(key, target, files[0] if files else None)
 
 
+def sft_chat_template(c: Any) -> None:
+    """``data.chat_template``: v0.7's fsdp_sft_trainer stops on any value; 0.9.1's SFT trainer never reads it."""
+    key = "data.chat_template"
+    pointer = "a template of your own is model.custom_chat_template, rlforge's model.chat_template"
+    if c.get(key) is None:
+        c.same(key, "the model's chat template")
+    elif c.trainer == "fsdp_sft":
+        c.refuse(key, f"data.chat_template (verl's fsdp_sft_trainer stops on it too: 'Apply Chat template from "
+                      f"config is not supported yet'; {pointer})")
+    else:
+        c.ignore(key, f"not read by verl 0.9.1's SFT trainer; {pointer}")
+
+
 def sft_thinking(c: Any) -> None:
-    """verl's multi-turn SFT dataset: a row's enable_thinking column, else the default, over the template's kwargs."""
-    key = c.get("data.enable_thinking_key")
-    c.map("data.enable_thinking_key", "sft.enable_thinking_key", key or "")
+    """verl's multi-turn SFT dataset: a row's enable_thinking column, else the default, over the template's kwargs;
+    its single-turn SFTDataset (v0.7, data.multiturn.enable=false) reads no such column."""
+    if c.has("data.multiturn.enable") and not c.get("data.multiturn.enable"):
+        c.set("sft.enable_thinking_key", "")
+        for key in c.owned:
+            c.ignore(key, "read only by verl's multi-turn SFT dataset (data.multiturn.enable=false: its single-turn "
+                          "SFTDataset renders every row without it)")
+        return
+    for name in ("data.enable_thinking_key", "data.multiturn.enable_thinking_key"):  # 0.9.1's place; v0.7's
+        if c.has(name):
+            c.map(name, "sft.enable_thinking_key", c.get(name) or "")
+    if not c.has("data.enable_thinking_default"):
+        return
     default = c.get("data.enable_thinking_default")
     if isinstance(default, str) and default.lower() in ("none", "null", ""):
         c.map("data.enable_thinking_default", "sft.enable_thinking_default", None,
@@ -210,6 +232,6 @@ def sft_loggers(c: Any) -> None:
 
 DERIVED = {"sft_files": sft_files, "sft_columns": sft_columns, "sft_warmup": sft_warmup, "sft_schedule": sft_schedule,
            "sft_steps": sft_steps, "sft_resume": sft_resume, "sft_loggers": sft_loggers, "chat_template": chat_template,
-           "sft_thinking": sft_thinking}
+           "sft_thinking": sft_thinking, "sft_chat_template": sft_chat_template}
 ORDER = ("sft_files", "sft_columns", "sft_steps", "sft_warmup", "sft_schedule", "sft_resume", "sft_loggers",
-         "chat_template", "sft_thinking")
+         "chat_template", "sft_thinking", "sft_chat_template")

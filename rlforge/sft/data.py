@@ -38,7 +38,7 @@ def builtin_rows(config: DictConfig, registry: Any) -> list[dict[str, Any]]:
         truth = dig(row, "reward_model.ground_truth")
         if truth is MISSING:
             raise DataError(f"{where}: missing 'reward_model.ground_truth', the SFT target when sft.train_file "
-                            f"is unset. Columns present: {sorted(row)}.")
+                            f"is unset. Columns present: {sorted(k for k in row if k != '_origin')}.")
         rows.append({"prompt": row.get("prompt"), "response": str(truth), "_origin": where})
     return rows
 

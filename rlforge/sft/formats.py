@@ -67,7 +67,7 @@ class Keys:
         value = self.thinking_default if value is MISSING else value
         if value is None:
             return self.template
-        if str(value) not in ("True", "False", "0", "1"):  # numpy's bool_ too; a string would always be true
+        if isinstance(value, str) or str(value) not in ("True", "False", "0", "1"):  # numpy's bool_ too
             raise DataError(f"{where}: '{self.thinking}' (sft.enable_thinking_key) must be true, false or null, got "
                             f"{value!r:.40}.")
         return {**self.template, "enable_thinking": bool(value)}
@@ -86,7 +86,8 @@ def dig(row: dict[str, Any], key: str) -> Any:
 def need(row: dict[str, Any], key: str, config_key: str, where: str) -> Any:
     value = dig(row, key)
     if value is MISSING:
-        raise DataError(f"{where}: missing '{key}' ({config_key}). Columns present: {sorted(row)}.")
+        raise DataError(f"{where}: missing '{key}' ({config_key}). Columns present: "
+                        f"{sorted(k for k in row if k != '_origin')}.")
     return value
 
 
@@ -108,6 +109,8 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bo
     except TemplateError as exc:
         raise DataError(f"{where}: the chat template rejects this row: {exc} "
                         f"({rejection_cause(tokenizer, messages, generation_prompt, tools, template)})") from None
+    except (ArithmeticError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:  # the template's code
+        raise DataError(f"{where}: the chat template fails on this row: {type(exc).__name__}: {exc}") from None
 
 
 def rejection_cause(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, tools: Any,

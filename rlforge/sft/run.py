@@ -95,6 +95,19 @@ def check_config(s: DictConfig) -> None:
         raise ConfigError(f"sft.betas must be two numbers in [0, 1) (AdamW's beta1, beta2), got {list(s.betas)}.")
 
 
+def preflight(config: DictConfig) -> None:
+    """What is checked before any data or model is read: the ``sft`` choices and sizes, the files, ``sft.init``."""
+    from rlforge.data import data_file_problem
+
+    s = config.sft
+    check_config(s)
+    for key in ("train_file", "val_file"):
+        if s[key] and (problem := data_file_problem(s[key])):
+            raise ConfigError(f"{problem} (sft.{key}).")
+    if s.init != FRESH_TINY:
+        resolve_model_path(s.init, "sft.init")
+
+
 def apply_epochs(s: DictConfig, examples: int) -> None:
     """With ``sft.epochs`` set, ``sft.steps`` becomes epochs x (examples // sft.batch_size): whole batches per epoch
     (``sft.sampling=epoch`` leaves the tail out), verl's count. Called once the training examples are known."""
@@ -176,7 +189,7 @@ def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
     ``val/accuracy``). ``callbacks`` are extra Lightning callbacks. Everything that can be checked is checked
     before the model is created."""
     s, say = config.sft, rank_zero_only(log)
-    check_config(s)
+    preflight(config)
     ckpt = resume_from(s)
     quiet_transformers()
     hide_lightning_tips()

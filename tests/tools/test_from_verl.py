@@ -372,6 +372,11 @@ def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, m
     assert main(["verl", "--print", *BASE, *files, "trainer.device=cpu", "--", "rollout.nme=hf"]) == 2  # checked too
     err = capsys.readouterr().err
     assert "would stop here: Unknown config key 'rollout.nme'" in err and "from verl's" not in err
+    ours = "data.apply_chat_template_kwargs.tokenize=true"
+    assert main(["verl", *BASE, *files, "trainer.device=cpu", "--", ours]) == 2
+    assert "from verl's" not in capsys.readouterr().err  # a key below the section given after --: the user's own
+    assert main(["verl", "--print", "--sft", "data.train_files=/nowhere.parquet", "model.path=builtin:tiny-arith"]) == 2
+    assert "would stop here: Data file not found: /nowhere.parquet (sft.train_file)" in capsys.readouterr().err
     assert main(["verl", *BASE, "trainer.device=cpu", "--", f"{ARO}.actor.optim.lr=1e-5"]) == 2  # verl's spelling
     assert "is verl's key; rlforge's is 'actor.lr'" in capsys.readouterr().err
     assert main(["verl", *BASE, "trainer.device=cpu", "--", "actor.lr=-1"]) == 2

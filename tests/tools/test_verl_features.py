@@ -240,3 +240,35 @@ def test_verl_keys_whose_meaning_needed_a_closer_look() -> None:
                  f"{A}.loss_scale_factor").text == ""
     assert "no 'prime' manager" in _fate(_t("reward.reward_manager.name=prime"), "reward.reward_manager.name").text
     assert _fate(_t("trainer.use_v1=False"), "trainer.use_v1").kind == verl.REFUSED
+
+
+
+def test_chat_template_kwargs_stay_nested_and_sft_template_keys_follow_the_trainer() -> None:
+    from rlforge.config.verl_launch import SFT_ENTRY
+
+    t = _t("+data.apply_chat_template_kwargs.x.y=1", "+data.apply_chat_template_kwargs.enable_thinking=False")
+    assert t.overrides["data.apply_chat_template_kwargs"] == {"x": {"y": 1}, "enable_thinking": False}
+    assert _fate(_t("data.apply_chat_template_kwargs=5"), "data.apply_chat_template_kwargs").kind == verl.REFUSED
+    v07 = ["--config-name=sft_trainer", "data.train_files=/d.parquet", "model.partial_pretrain=/m"]
+    t = prepare([*v07, "data.multiturn.enable=false"], entry=SFT_ENTRY, refuse=False).translation
+    assert t.overrides["sft.enable_thinking_key"] == ""  # verl's single-turn SFTDataset reads no such column
+    t = prepare([*v07, "data.multiturn.enable=true", "data.chat_template=abc"], entry=SFT_ENTRY,
+                refuse=False).translation
+    assert t.overrides["sft.enable_thinking_key"] == "enable_thinking"
+    assert _fate(t, "data.chat_template").kind == verl.REFUSED  # v0.7's fsdp_sft_trainer stops on it too
+
+
+def test_legacy_overlong_keys_replace_the_section_and_the_old_recipe_keys_are_unread() -> None:
+    dapo = ["--config-name=dapo_trainer", *GPUS, "algorithm.filter_groups.metric=acc", "data.max_response_length=64"]
+    legacy = "+reward_model.reward_kwargs"
+    t = prepare([*dapo, f"{legacy}.overlong_buffer_cfg.enable=True", f"{legacy}.overlong_buffer_cfg.len=4",
+                 f"{legacy}.max_resp_len=64"], refuse=False).translation
+    assert t.overrides["algorithm.overlong_buffer"] == 4  # the launch's 4, not the section it replaces
+    assert "replaced by reward_model.reward_kwargs" in _fate(t, "reward.reward_kwargs.overlong_buffer_cfg.len").text
+    t = prepare([*dapo, "+reward_model.overlong_buffer.enable=True", "+reward_model.overlong_buffer.len=16"],
+                refuse=False).translation
+    assert _fate(t, "reward_model.overlong_buffer.len").kind == verl.IGNORED
+    t = prepare(["--config-name=dapo_trainer", *GPUS, "algorithm.filter_groups.enable=True",
+                 "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=0",
+                 "data.gen_batch_size=64", "data.train_batch_size=32"], refuse=False).translation
+    assert t.overrides["algorithm.max_gen_batches"] == 1000  # verl's 0: no limit, from both keys
