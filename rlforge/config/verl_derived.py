@@ -275,10 +275,13 @@ def reward(c: Context) -> None:
               "custom_reward_function.path": "reward.custom_reward_function.path",
               "custom_reward_function.name": "reward.custom_reward_function.name"}
     value = {new: c.get(new) for new in legacy.values()}
+    # custom_reward_function moves as a whole section (verl assigns it), the other keys one by one
+    whole = any(c.get(f"custom_reward_function.{leaf}") is not None for leaf in ("path", "name"))
     for old, new in legacy.items():
-        if c.get(old) is not None:
+        if c.get(old) is not None or whole and old.startswith("custom_reward_function."):
             value[new] = c.get(old)
-            c.same(old, legacy_moved(c, new))
+            c.same(old, legacy_moved(c, new) if c.get(old) is not None else
+                   f"null, moved with its section over {new}, as verl moves it")
         elif c.has(old):
             c.ignore(old, f"null: {new} applies")
     for leaf in PLACEMENT_KEYS:  # moved to reward.reward_model.<leaf>, which is placement only (verl_keys)
@@ -308,7 +311,8 @@ def reward(c: Context) -> None:
     file, fn = value["reward.custom_reward_function.path"], value["reward.custom_reward_function.name"]
     if file:
         c.map("reward.custom_reward_function.path", "reward.file", file)
-        c.map("reward.custom_reward_function.name", "reward.fn_name", fn or "compute_score")
+        c.map("reward.custom_reward_function.name", "reward.fn_name", fn or "compute_score",
+              "" if fn else "the moved section has no name, on which verl stops; rlforge calls compute_score")
     else:
         c.same("reward.custom_reward_function.path", "the built-in function of each row's data_source")
         c.ignore("reward.custom_reward_function.name", "read only with custom_reward_function.path")

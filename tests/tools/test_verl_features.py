@@ -272,3 +272,13 @@ def test_legacy_overlong_keys_replace_the_section_and_the_old_recipe_keys_are_un
                  "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=0",
                  "data.gen_batch_size=64", "data.train_batch_size=32"], refuse=False).translation
     assert t.overrides["algorithm.max_gen_batches"] == 1000  # verl's 0: no limit, from both keys
+
+
+
+def test_the_legacy_custom_reward_function_moves_as_a_whole_section() -> None:
+    dapo = ["--config-name=dapo_trainer", *GPUS, "algorithm.filter_groups.metric=acc"]
+    t = prepare([*dapo, "custom_reward_function.name=other", "reward.custom_reward_function.path=/x.py"],
+                refuse=False).translation  # verl: the legacy section (path null) replaces the new one
+    assert "reward.file" not in t.overrides and "reward.fn_name" not in t.overrides
+    t = prepare([*dapo, "custom_reward_function.path=/x.py"], refuse=False).translation
+    assert t.overrides["reward.file"] == "/x.py" and "verl stops" in _fate(t, "reward.custom_reward_function.name").text
