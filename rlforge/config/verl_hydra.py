@@ -208,6 +208,16 @@ def merge_into(base: dict[str, Any], layer: dict[str, Any]) -> None:
             base[key] = value
 
 
+def first_new_key(base: dict[str, Any], value: dict[str, Any]) -> str | None:
+    """The first dotted key of ``value`` that ``base`` lacks (None: every key exists)."""
+    for k, v in value.items():
+        if k not in base:
+            return str(k)
+        if isinstance(v, dict) and isinstance(base[k], dict) and (deeper := first_new_key(base[k], v)) is not None:
+            return f"{k}.{deeper}"
+    return None
+
+
 def apply_override(tree: dict[str, Any], o: Any) -> None:
     """One Hydra override on ``tree`` with Hydra's rules (struct mode: ``key=v`` needs the key; ``+key`` needs it
     absent or null; ``++key`` either way; ``~key`` deletes), in clearer words."""
@@ -231,13 +241,18 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
         if value is not None and node[leaf] != value:
             raise ConfigError(f"Override '{line}': '{key}' is {node[leaf]!r}, not {value!r}, so it is not deleted.")
         del node[leaf]
-    elif o.is_add() and present and node[leaf] not in (None, "???"):
+    elif o.is_add() and present and node[leaf] not in (None, "???") and not isinstance(value, (dict, list)):
+        # Hydra merges a mapping or list given with '+' into what is there; a plain value needs the key absent
         raise ConfigError(f"Override '{line}': '{key}' is already in verl's config; set it without '+': "
                           f"{line[1:]} (or force with '++').")
     elif not (o.is_add() or o.is_force_add()) and not present:
         raise ConfigError(f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too). "
                           f"To add a key, prefix it with '+': +{line}.")
     elif isinstance(value, dict) and isinstance(node.get(leaf), dict):
+        new = None if o.is_add() or o.is_force_add() else first_new_key(node[leaf], value)
+        if new is not None:  # struct mode: a plain override merges into the keys that exist
+            raise ConfigError(f"Override '{line}': '{key}.{new}' is not a key of verl's config (verl 0.9.1 refuses it "
+                              f"too). To add keys, prefix it with '+': +{line}.")
         merge_into(node[leaf], value)
     else:
         node[leaf] = value

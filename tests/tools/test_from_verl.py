@@ -45,6 +45,14 @@ def test_hydra_override_grammar() -> None:
         tr("+trainer.save_freq=3")
     with pytest.raises(ConfigError, match="is a sweep"):
         tr("trainer.save_freq=1,2")
+    # a mapping: '+' merges it into the section, new keys included; without '+' only into keys that exist (Hydra's
+    # rules on verl's struct-mode config, checked against hydra.compose on verl's own config directory)
+    t = tr("+data.apply_chat_template_kwargs={enable_thinking:false}", "algorithm.filter_groups={enable:true}")
+    assert t.overrides["data.apply_chat_template_kwargs"] == {"enable_thinking": False}
+    assert t.overrides["algorithm.filter_groups"] is True
+    with pytest.raises(ConfigError, match=r"'data.apply_chat_template_kwargs.enable_thinking' is not a key of verl's "
+                                          r"config.*\+data.apply_chat_template_kwargs="):
+        tr("data.apply_chat_template_kwargs={enable_thinking:false}")
 
 
 def test_gamma_and_lam_go_where_the_estimator_reads_them() -> None:
