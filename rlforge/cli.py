@@ -213,7 +213,7 @@ def cmd_verl(argv: list[str]) -> int:
                 from rlforge.sft.run import preflight
 
                 preflight(cfg)
-        except (ConfigError, RLForgeError) as exc:
+        except RLForgeError as exc:
             print(f"rlforge: the run would stop here: {exc}", file=sys.stderr)
             return 2
         return 0

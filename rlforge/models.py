@@ -286,8 +286,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
                            "tokenizer_config.json) beside config.json.") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    if chat_template:
-        check_chat_template(chat_template)
+    if chat_template:  # checked when the config composed (rlforge.config.checks.check_chat_template)
         tok.chat_template = chat_template
     if not getattr(tok, "chat_template", None):
         raise RLForgeError(
@@ -297,20 +296,6 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, key: str = "model
     tok.padding_side = "left"
     check_vocabulary(folder, tok, path, key)
     return tok
-
-
-def check_chat_template(template: Any) -> None:
-    """``model.chat_template`` is a Jinja template that parses (an error here names the key and the line)."""
-    from jinja2 import TemplateSyntaxError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    if not isinstance(template, str):
-        raise RLForgeError(f"model.chat_template must be a Jinja template (a string), got {type(template).__name__}.")
-    try:
-        ImmutableSandboxedEnvironment().parse(template)
-    except TemplateSyntaxError as exc:
-        raise RLForgeError(f"model.chat_template is not a valid Jinja template: {exc.message} (line {exc.lineno}).") \
-            from None
 
 
 def load_tokenizer_and_processor(config: Any) -> tuple[Any, Any]:

@@ -477,12 +477,15 @@ def test_an_empty_value_for_a_required_key_says_it_needs_one(pm):
 def test_chat_template_kwargs_may_not_set_apply_chat_templates_own_parameters(registry) -> None:
     compose(registry, overrides=["data.apply_chat_template_kwargs={enable_thinking: false, reasoning_effort: low}"])
     with pytest.raises(ConfigError, match=r"'data.apply_chat_template_kwargs' sets tokenize: a parameter of "
-                                          r"apply_chat_template that rlforge sets itself"):
+                                          r"apply_chat_template or a name the render itself passes"):
         compose(registry, overrides=["data.apply_chat_template_kwargs={tokenize: false}"])
     with pytest.raises(ConfigError, match=r"sets chat_template.*\(a template of your own: model.chat_template\)"):
         compose(registry, overrides=["data.apply_chat_template_kwargs={chat_template: x}"])
     with pytest.raises(ConfigError, match=r"sets messages"):  # the template's own variable
         compose(registry, overrides=["data.apply_chat_template_kwargs={messages: 1}"])
-    with pytest.raises(RLForgeError, match=r"model.chat_template is not a valid Jinja template: unexpected '}' "
-                                           r"\(line 1\)"):
+    with pytest.raises(ConfigError, match=r"'model.chat_template' is not a valid Jinja chat template: unexpected '}' "
+                                          r"\(line 1\)"):
         compose(registry, overrides=["model.chat_template='{{ m.content }'"])
+    # transformers' own extensions and tags (loop controls, {% generation %}) are valid
+    compose(registry, overrides=["model.chat_template='{% for m in messages %}{% generation %}{{ m.content }}"
+                                 "{% endgeneration %}{% break %}{% endfor %}'"])

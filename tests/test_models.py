@@ -239,7 +239,6 @@ def test_model_chat_template_replaces_the_tokenizers_and_the_processors(pm):
     assert tr(f'actor_rollout_ref.model.custom_chat_template="{template}"').overrides["model.chat_template"] == template
 
 
-
 def test_the_char_tokenizer_keeps_every_newline() -> None:  # a run of newlines was one unknown token
     from transformers import AutoTokenizer
 

@@ -134,6 +134,20 @@ TEMPLATE_CALL_KEYS = ("conversation", "messages", "tools", "documents", "chat_te
                       "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
 
 
+def check_chat_template(template: Any) -> None:
+    """``model.chat_template`` compiles as transformers compiles chat templates (its extensions and tags)."""
+    from jinja2 import TemplateSyntaxError
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    if not isinstance(template, str):
+        raise ConfigError(f"'model.chat_template' must be a Jinja template (a string), got {type(template).__name__}.")
+    try:
+        _compile_jinja_template(template)
+    except TemplateSyntaxError as exc:
+        raise ConfigError(f"'model.chat_template' is not a valid Jinja chat template: {exc.message} (line "
+                          f"{exc.lineno}).") from None
+
+
 def check_template_kwargs(value: Any) -> None:
     """``data.apply_chat_template_kwargs`` holds the template's own variables (``enable_thinking``, ...), none of
     ``apply_chat_template``'s parameters."""
@@ -141,8 +155,8 @@ def check_template_kwargs(value: Any) -> None:
     if taken:
         hint = " (a template of your own: model.chat_template)" if "chat_template" in taken else ""
         raise ConfigError(f"'data.apply_chat_template_kwargs' sets {', '.join(taken)}: a parameter of "
-                          f"apply_chat_template that rlforge sets itself{hint}. Give it the template's own variables "
-                          f"only, e.g. {{enable_thinking: false}}.")
+                          f"apply_chat_template or a name the render itself passes to the template{hint}. Give it the "
+                          f"template's own variables only, e.g. {{enable_thinking: false}}.")
 
 
 def check_no_duplicates(cfg: DictConfig, key: str) -> None:

@@ -18,11 +18,12 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from rlforge import checkpoint, lora, precision
 from rlforge.config import schema
 from rlforge.config.checks import (
-    check_model_folder, check_no_duplicates, check_resume_value, check_template_kwargs, check_values,
+    check_chat_template, check_model_folder, check_no_duplicates, check_resume_value, check_template_kwargs,
+    check_values,
 )
 from rlforge.data import data_file_problem
 from rlforge.errors import ConfigError, did_you_mean
-from rlforge.models import BUILTIN_PREFIX, check_chat_template, resolve_model_path
+from rlforge.models import BUILTIN_PREFIX, resolve_model_path
 from rlforge.pipeline import PIPELINES
 
 

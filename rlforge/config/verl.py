@@ -37,9 +37,9 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
 
     flat = dict(flatten(tree))
     out = Translation(command="sft" if sft else "fit")
-    c = Context(flat, set(given or ()), out)
+    trainer = TRAINERS.get(config_name.split("_megatron")[0].removesuffix("_trainer"), "v1")
+    c = Context(flat, set(given or ()), out, trainer)
     c.command = out.command
-    c.trainer = TRAINERS.get(config_name.split("_megatron")[0].removesuffix("_trainer"), "v1")
     derived: dict[str, list[str]] = {}
     critic = sft or flat.get("algorithm.adv_estimator") == "gae" or bool(flat.get("critic.enable"))
     own_reader = not sft and bool(flat.get("data.custom_cls.path"))  # a dataset class reads verl's data section

@@ -16,6 +16,7 @@ from rlforge.config import verl_distill
 from rlforge.config import verl_layout as L
 from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
+from rlforge.config.verl_fates import MIGRATING_TRAINERS
 from rlforge.config.verl_rules import file_list, nest, non_negative, top_k
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 
 ARO = "actor_rollout_ref"
 A, R, REF = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref"
-RC = "algorithm.rollout_correction"
 # verl's adv_estimator -> rlforge's algorithm (the algorithm name carries its estimator)
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "grpo_vectorized": "grpo", "rloo": "rloo", "rloo_vectorized": "rloo",
               "reinforce_plus_plus": "reinforce_pp", "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
@@ -45,7 +45,7 @@ LOGGERS = {"console": "console", "wandb": "wandb", "mlflow": "mlflow", "tensorbo
 LOGGER_NOTES = {"file": "verl's file logger writes {step, data} lines to $VERL_FILE_LOGGER_PATH or "
                         "<project>/<experiment>.jsonl; rlforge's jsonl logger writes the metrics to <run>/metrics.jsonl"}
 TABLE_LOGGERS = ("swanlab", "trackio")  # where verl shows validation generations and rlforge's loggers do not
-REWARD_MANAGERS = {"naive": "rule", "dapo": "rule", "prime": "rule"}  # prime: verl's parallel naive manager
+REWARD_MANAGERS = {"naive": "rule", "dapo": "rule"}  # verl 0.9.1's reward loop has no 'prime' manager (it stops)
 # verl's filter_groups.metric -> rlforge's algorithm.filter_metric (seq_final_reward: before any KL in the reward)
 FILTER_METRICS = {"reward": "reward", "seq_reward": "reward", "seq_final_reward": "reward", "score": "score",
                   "acc": "acc"}
@@ -61,7 +61,7 @@ def algorithm(c: Context) -> None:
                  f"{', '.join(sorted(ESTIMATORS))})")
     else:
         c.map("algorithm.adv_estimator", "--algo", algo)
-    bypass = f"{RC}.bypass_mode"
+    bypass = f"{T.RC}.bypass_mode"
     if not c.get(bypass):
         c.same(bypass, "old log-probs from the actor")
     elif c.trainer == "dapo":
@@ -223,6 +223,14 @@ def overlong(c: Context) -> None:
             c.ignore(key, "replaced by reward_model.reward_kwargs: verl's migrate_legacy_reward_impl moves that whole "
                           "section over it")
         keys = [k for k in keys if k.startswith("reward_model.")]
+    else:  # a legacy key set goes over the same key in reward.reward_kwargs (the move's meaning, key by key)
+        legacy = {k.rsplit(".", 1)[1] for k in keys if k.startswith("reward_model.") and c.get(k) is not None}
+        for key in [k for k in keys if k.startswith("reward.") and k.rsplit(".", 1)[1] in legacy]:
+            c.ignore(key, "the launch's legacy reward_model.reward_kwargs key of the same name goes over it")
+        keys = [k for k in keys if not (k.startswith("reward.") and k.rsplit(".", 1)[1] in legacy)]
+        for key in [k for k in keys if k.startswith("reward_model.") and c.get(k) is None]:
+            c.ignore(key, "null: reward.reward_kwargs's key of the same name applies")
+        keys = [k for k in keys if c.get(k) is not None or not k.startswith("reward_model.")]
     cfg = {k.rsplit(".", 1)[1]: c.get(k) for k in keys}
     if not c.overlong_on:
         why = ("read only with overlong_buffer_cfg.enable" if c.reward_manager == "dapo"
@@ -256,7 +264,6 @@ def overlong(c: Context) -> None:
 
 
 PLACEMENT_KEYS = ("enable_resource_pool", "n_gpus_per_node", "nnodes")  # verl's legacy reward_model placement
-MIGRATING_TRAINERS = ("dapo", "fully_async")  # the trainers that move the legacy reward keys (verl.TRAINERS)
 
 
 def legacy_moved(c: Context, new: str) -> str:
@@ -269,14 +276,16 @@ def legacy_moved(c: Context, new: str) -> str:
 
 
 def reward(c: Context) -> None:
-    """verl's reward section, with the legacy keys moved in first (as migrate_legacy_reward_impl does)."""
+    """verl's reward section, with the legacy keys moved in first, as migrate_legacy_reward_impl moves them (which
+    verl 0.9.1 runs in its DAPO recipe and fully-async trainers only: under main_ppo the difference is stated)."""
     legacy = {"reward_model.reward_manager": "reward.reward_manager.name", "reward_model.num_workers": "reward.num_workers",
               "reward_model.enable": "reward.reward_model.enable", "reward_model.model.path": "reward.reward_model.model_path",
               "custom_reward_function.path": "reward.custom_reward_function.path",
               "custom_reward_function.name": "reward.custom_reward_function.name"}
     value = {new: c.get(new) for new in legacy.values()}
     # custom_reward_function moves as a whole section (verl assigns it), the other keys one by one
-    whole = any(c.get(f"custom_reward_function.{leaf}") is not None for leaf in ("path", "name"))
+    whole = c.trainer in MIGRATING_TRAINERS and any(c.get(f"custom_reward_function.{leaf}") is not None
+                                                    for leaf in ("path", "name"))
     for old, new in legacy.items():
         if c.get(old) is not None or whole and old.startswith("custom_reward_function."):
             value[new] = c.get(old)
@@ -295,9 +304,7 @@ def reward(c: Context) -> None:
     source, module = c.get("reward.reward_manager.source"), c.get("reward.reward_manager.module.path")
     rm = bool(value["reward.reward_model.enable"])
     if manager in REWARD_MANAGERS and source == "register":
-        c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule",
-              "verl 0.9.1's reward loop has no 'prime' manager (it stops: unknown reward manager); rlforge scores as "
-              "the naive manager, which prime ran in parallel" if manager == "prime" else "")
+        c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule")
     else:
         c.refuse("reward.reward_manager.name", f"verl's '{manager}' reward manager" if source == "register"
                  else f"a reward manager class by path ({module})")
@@ -311,8 +318,11 @@ def reward(c: Context) -> None:
     file, fn = value["reward.custom_reward_function.path"], value["reward.custom_reward_function.name"]
     if file:
         c.map("reward.custom_reward_function.path", "reward.file", file)
-        c.map("reward.custom_reward_function.name", "reward.fn_name", fn or "compute_score",
-              "" if fn else "the moved section has no name, on which verl stops; rlforge calls compute_score")
+        if fn or not whole:
+            c.map("reward.custom_reward_function.name", "reward.fn_name", fn or "compute_score")
+        else:
+            c.refuse("reward.custom_reward_function.name", "a moved custom_reward_function section without a name "
+                     "(verl stops on it too: give custom_reward_function.name)")
     else:
         c.same("reward.custom_reward_function.path", "the built-in function of each row's data_source")
         c.ignore("reward.custom_reward_function.name", "read only with custom_reward_function.path")
@@ -335,8 +345,8 @@ def chat_template(c: Context) -> None:
     """``data.apply_chat_template_kwargs`` (an empty mapping, or its entries as keys of their own) as one mapping."""
     top = "data.apply_chat_template_kwargs"
     if top in c.owned and c.get(top) is not None and not isinstance(c.get(top), dict) and len(c.owned) == 1:
-        c.refuse(top, f"data.apply_chat_template_kwargs={c.get(top)!r}: verl passes a mapping of the template's "
-                      f"variables")
+        c.refuse(top, f"a data.apply_chat_template_kwargs that is not a mapping of the template's variables "
+                      f"({c.get(top)!r})")
         return
     kwargs = nest({k[len(top) + 1:]: c.get(k) for k in c.owned if k != top})
     for key in c.owned:

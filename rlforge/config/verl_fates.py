@@ -12,6 +12,7 @@ from rlforge.config.verl_rules import nest
 
 DOC = "docs/migration-from-verl.md"
 MAPPED, REFUSED, IGNORED = "mapped", "refused", "ignored"
+MIGRATING_TRAINERS = ("dapo", "fully_async")  # the trainers that move verl's legacy reward keys (verl.TRAINERS)
 
 
 @dataclass
@@ -61,7 +62,8 @@ class Translation:
         return nest({"algorithm.name": self.algorithm, **dict(sorted(self.overrides.items()))})
 
     def report(self) -> list[str]:
-        head = (f"algorithm {self.algorithm}; {len(self.of(MAPPED))} mapped, {len(self.of(REFUSED))} refused, "
+        what = "rlforge sft" if self.command == "sft" else f"algorithm {self.algorithm}"
+        head = (f"{what}; {len(self.of(MAPPED))} mapped, {len(self.of(REFUSED))} refused, "
                 f"{len(self.of(IGNORED))} ignored (see {DOC})")
         return [head] + [f.line() for f in sorted(self.fates, key=lambda f: (f.kind != REFUSED, f.kind, f.key))]
 
@@ -78,19 +80,21 @@ def flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 class Context:
     """What a derived rule sees: the resolved keys, and ways to give each of its keys a fate."""
 
-    def __init__(self, flat: dict[str, Any], given: set[str], out: Translation) -> None:
+    def __init__(self, flat: dict[str, Any], given: set[str], out: Translation, trainer: str = "v1") -> None:
         self.flat, self.given, self.out = flat, given, out
         self.owned: list[str] = []
         self.algorithm, self.command, self.dp_size = "grpo", "fit", 1
-        self.trainer = "v1"  # the verl trainer that runs the launch (verl.TRAINERS)
+        self.trainer = trainer  # the verl trainer that runs the launch (verl.TRAINERS)
         self._done: set[str] = set()
         manager = self.get("reward_model.reward_manager") or self.get("reward.reward_manager.name")
         self.reward_manager = manager
-        # a legacy reward_model.reward_kwargs section replaces reward.reward_kwargs whole (migrate_legacy_reward_impl)
-        self.legacy_reward_kwargs = any(k.startswith("reward_model.reward_kwargs.") and v is not None
-                                        for k, v in flat.items())
-        enable = self.get(f"{'reward_model' if self.legacy_reward_kwargs else 'reward'}.reward_kwargs."
-                          f"overlong_buffer_cfg.enable")
+        # a legacy reward_model.reward_kwargs section replaces reward.reward_kwargs whole where the trainer moves it
+        # (migrate_legacy_reward_impl); under main_ppo, which reads only reward.*, rlforge reads its keys one by one
+        self.legacy_reward_kwargs = trainer in MIGRATING_TRAINERS and any(
+            k.startswith("reward_model.reward_kwargs.") and v is not None for k, v in flat.items())
+        legacy_enable = self.get("reward_model.reward_kwargs.overlong_buffer_cfg.enable")
+        enable = (legacy_enable if self.legacy_reward_kwargs or legacy_enable is not None
+                  else self.get("reward.reward_kwargs.overlong_buffer_cfg.enable"))
         self.overlong_on = manager == "dapo" and bool(enable)
 
     def get(self, key: str, default: Any = None) -> Any:

@@ -125,9 +125,12 @@ def sft_thinking(c: Any) -> None:
             c.ignore(key, "read only by verl's multi-turn SFT dataset (data.multiturn.enable=false: its single-turn "
                           "SFTDataset renders every row without it)")
         return
-    for name in ("data.enable_thinking_key", "data.multiturn.enable_thinking_key"):  # 0.9.1's place; v0.7's
-        if c.has(name):
-            c.map(name, "sft.enable_thinking_key", c.get(name) or "")
+    if c.trainer == "fsdp_sft":  # v0.7's MultiTurnSFTDataset gets the data section: data.enable_thinking_key
+        c.ignore("data.multiturn.enable_thinking_key", "not read by verl's v0.7 multi-turn dataset (it reads "
+                 "data.enable_thinking_key, default enable_thinking)")
+        c.set("sft.enable_thinking_key", c.get("data.enable_thinking_key", "enable_thinking"))
+    if c.has("data.enable_thinking_key"):
+        c.map("data.enable_thinking_key", "sft.enable_thinking_key", c.get("data.enable_thinking_key") or "")
     if not c.has("data.enable_thinking_default"):
         return
     default = c.get("data.enable_thinking_default")
@@ -137,7 +140,7 @@ def sft_thinking(c: Any) -> None:
               f"enable_thinking=True (bool('{default}')), over data.apply_chat_template_kwargs; rlforge reads it as "
               f"unset: the kwargs decide")
     elif isinstance(default, str):
-        c.refuse("data.enable_thinking_default", f"enable_thinking_default={default!r}, a string (verl renders such "
+        c.refuse("data.enable_thinking_default", f"a string enable_thinking_default ({default!r}: verl renders such "
                  f"rows with bool({default!r}) = True; give true or false)")
     else:
         c.map("data.enable_thinking_default", "sft.enable_thinking_default", None if default is None else bool(default))

@@ -274,7 +274,7 @@ def rollout_correction(c: Context) -> None:
         elif off(value):
             c.same(key, "")
         else:
-            c.refuse(key, "rollout-correction options rlforge does not have")
+            c.refuse(key, f"the rollout-correction option {key[len(RC) + 1:]}")
 
 
 def weight_decay(c: Context) -> None:
@@ -305,8 +305,10 @@ def loss_scale(c: Context) -> None:
         value, mine = c.get(critic), c.get(actor) if c.get(f"{A}.loss_agg_mode") == SUM_NORM else None
         if c.get("critic.loss_agg_mode") != SUM_NORM:
             c.ignore(critic, f"read only with critic.loss_agg_mode={SUM_NORM}")
-        elif value == mine or value is None and c.get(f"{A}.loss_agg_mode") != SUM_NORM:
+        elif c.get(f"{A}.loss_agg_mode") != SUM_NORM:  # the actor's loss does not read algorithm.norm_length
+            c.map(critic, "algorithm.norm_length", non_negative(value), "" if value else wide)
+        elif value == mine:
             c.same(critic, f"algorithm.norm_length, the actor's" + ("" if value else f" ({wide})"))
         else:
-            c.refuse(critic, f"a value-loss length normalization ({value}) other than the actor's ({mine}): rlforge's "
-                             f"algorithm.norm_length is one for both")
+            c.refuse(critic, f"a value-loss length normalization ({value}) other than the actor's ({mine}; rlforge's "
+                             f"algorithm.norm_length is one for both)")

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from rlforge.data import template_kwargs
 from rlforge.errors import ConfigError, DataError
-from rlforge.sft.formats import FORMATS, MISSING, Example, Keys, dig, row_format, truncate
+from rlforge.sft.formats import FORMATS, MISSING, Example, Keys, columns, dig, row_format, truncate
 from rlforge.sft.order import ORDERS, BatchOrder
 
 
@@ -38,7 +38,7 @@ def builtin_rows(config: DictConfig, registry: Any) -> list[dict[str, Any]]:
         truth = dig(row, "reward_model.ground_truth")
         if truth is MISSING:
             raise DataError(f"{where}: missing 'reward_model.ground_truth', the SFT target when sft.train_file "
-                            f"is unset. Columns present: {sorted(k for k in row if k != '_origin')}.")
+                            f"is unset. Columns present: {columns(row)}.")
         rows.append({"prompt": row.get("prompt"), "response": str(truth), "_origin": where})
     return rows
 
@@ -200,8 +200,8 @@ def train_examples(config: DictConfig, registry: Any, tokenizer: Any) -> tuple[l
     s = config.sft
     if s.train_file:
         return build_examples(file_rows(config, registry, s.train_file), tokenizer, s, sft_keys(config), s.train_file)
-    return build_examples(builtin_rows(config, registry), tokenizer, s, Keys(template=template_kwargs(config)),
-                          config.data.name)
+    keys = Keys(template=template_kwargs(config), thinking_default=s.enable_thinking_default)
+    return build_examples(builtin_rows(config, registry), tokenizer, s, keys, config.data.name)
 
 
 def val_examples(config: DictConfig, registry: Any, tokenizer: Any) -> tuple[list[Example], int]:

@@ -31,6 +31,7 @@ from typing import Any
 from rlforge.errors import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
+TEMPLATE_CODE_ERRORS = (ArithmeticError, TypeError, ValueError, KeyError, IndexError, AttributeError)
 MISSING = object()
 
 
@@ -83,11 +84,15 @@ def dig(row: dict[str, Any], key: str) -> Any:
     return value
 
 
+def columns(row: dict[str, Any]) -> list[str]:
+    """The row's columns, for error messages (not the file-and-row tag rlforge adds)."""
+    return sorted(k for k in row if k != "_origin")
+
+
 def need(row: dict[str, Any], key: str, config_key: str, where: str) -> Any:
     value = dig(row, key)
     if value is MISSING:
-        raise DataError(f"{where}: missing '{key}' ({config_key}). Columns present: "
-                        f"{sorted(k for k in row if k != '_origin')}.")
+        raise DataError(f"{where}: missing '{key}' ({config_key}). Columns present: {columns(row)}.")
     return value
 
 
@@ -109,7 +114,7 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bo
     except TemplateError as exc:
         raise DataError(f"{where}: the chat template rejects this row: {exc} "
                         f"({rejection_cause(tokenizer, messages, generation_prompt, tools, template)})") from None
-    except (ArithmeticError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:  # the template's code
+    except TEMPLATE_CODE_ERRORS as exc:  # the template's own code failed
         raise DataError(f"{where}: the chat template fails on this row: {type(exc).__name__}: {exc}") from None
 
 
@@ -124,7 +129,7 @@ def rejection_cause(tokenizer: Any, messages: list[dict[str, Any]], generation_p
             apply(tokenizer, messages[1:], generation_prompt, tools, template)
             return ("the template has no system role: it renders the conversation without message 0 (system); "
                     "fold the system message into the first user message or drop it")
-        except TemplateError:
+        except (TemplateError, *TEMPLATE_CODE_ERRORS):
             pass
     return f"the roles it was given: {', '.join(roles)}"
 

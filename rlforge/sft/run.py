@@ -22,7 +22,7 @@ from rlforge.models import quiet_transformers, resolve_model_path
 from rlforge.sft.accuracy import GreedyAccuracy
 from rlforge.sft.data import BatchPlan, SFTData, train_examples, val_examples
 from rlforge.sft.formats import FORMATS, TRUNCATIONS, Example
-from rlforge.sft.module import FRESH_TINY, SFTModule, build_model, build_tokenizer
+from rlforge.sft.module import FRESH_TINY, INITS, SFTModule, build_model, build_tokenizer
 from rlforge.sft.order import ORDERS
 from rlforge.sft.outputs import CHECKPOINTS, LAST, LOGGERS, ExportHF, RunRecord, checkpointing
 
@@ -104,7 +104,7 @@ def preflight(config: DictConfig) -> None:
     for key in ("train_file", "val_file"):
         if s[key] and (problem := data_file_problem(s[key])):
             raise ConfigError(f"{problem} (sft.{key}).")
-    if s.init != FRESH_TINY:
+    if s.init not in INITS:
         resolve_model_path(s.init, "sft.init")
 
 

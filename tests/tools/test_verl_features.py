@@ -148,7 +148,6 @@ def test_fsdp_size_over_all_gpus_is_rlforges_layout() -> None:
         == verl.MAPPED
 
 
-
 def test_verl_sft_wandb_logger_and_run_name_are_rlforge_sfts() -> None:  # the logger itself: tests/test_sft.py
     from rlforge.config.verl_launch import SFT_ENTRY
 
@@ -238,9 +237,8 @@ def test_verl_keys_whose_meaning_needed_a_closer_look() -> None:
     assert "longest response of each micro-batch" in _fate(t, f"{A}.loss_scale_factor").text
     assert _fate(_t(f"{A}.loss_agg_mode=seq-mean-token-sum-norm", f"{A}.loss_scale_factor=512"),
                  f"{A}.loss_scale_factor").text == ""
-    assert "no 'prime' manager" in _fate(_t("reward.reward_manager.name=prime"), "reward.reward_manager.name").text
+    assert _fate(_t("reward.reward_manager.name=prime"), "reward.reward_manager.name").kind == verl.REFUSED  # as verl
     assert _fate(_t("trainer.use_v1=False"), "trainer.use_v1").kind == verl.REFUSED
-
 
 
 def test_chat_template_kwargs_stay_nested_and_sft_template_keys_follow_the_trainer() -> None:
@@ -274,7 +272,6 @@ def test_legacy_overlong_keys_replace_the_section_and_the_old_recipe_keys_are_un
     assert t.overrides["algorithm.max_gen_batches"] == 1000  # verl's 0: no limit, from both keys
 
 
-
 def test_the_legacy_custom_reward_function_moves_as_a_whole_section() -> None:
     dapo = ["--config-name=dapo_trainer", *GPUS, "algorithm.filter_groups.metric=acc"]
     t = prepare([*dapo, "custom_reward_function.name=other", "reward.custom_reward_function.path=/x.py"],
@@ -282,3 +279,16 @@ def test_the_legacy_custom_reward_function_moves_as_a_whole_section() -> None:
     assert "reward.file" not in t.overrides and "reward.fn_name" not in t.overrides
     t = prepare([*dapo, "custom_reward_function.path=/x.py"], refuse=False).translation
     assert t.overrides["reward.file"] == "/x.py" and "verl stops" in _fate(t, "reward.custom_reward_function.name").text
+
+
+
+def test_v0_7_sft_reads_data_enable_thinking_key_and_a_critic_may_normalize_alone() -> None:
+    from rlforge.config.verl_launch import SFT_ENTRY
+
+    v07 = ["--config-name=sft_trainer", "data.train_files=/d.parquet", "model.partial_pretrain=/m",
+           "data.multiturn.enable=true"]
+    t = prepare([*v07, "+data.enable_thinking_key=think"], entry=SFT_ENTRY, refuse=False).translation
+    assert t.overrides["sft.enable_thinking_key"] == "think"  # v0.7's dataset gets the data section
+    assert _fate(t, "data.multiturn.enable_thinking_key").kind == verl.IGNORED
+    t = _t("algorithm.adv_estimator=gae", "critic.loss_agg_mode=seq-mean-token-sum-norm", "critic.loss_scale_factor=64")
+    assert t.overrides["algorithm.norm_length"] == 64 and not t.refused  # the actor's loss does not read it
