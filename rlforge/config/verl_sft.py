@@ -21,8 +21,8 @@ RULES: dict[str, Rule] = {
     "data.prompt_key": Derived("sft_columns"), "data.prompt_dict_keys": Derived("sft_columns"),
     "data.response_key": Derived("sft_columns"), "data.response_dict_keys": Derived("sft_columns"),
     "data.multiturn.enable": Derived("sft_columns"),
-    "data.messages_key": Map("sft.messages_key"), "data.multiturn.messages_key": Map("sft.messages_key"),
-    "data.tools_key": Map("sft.tools_key"), "data.multiturn.tools_key": Map("sft.tools_key"),
+    "data.messages_key": Map("sft.messages_key"), "data.multiturn.messages_key": Derived("sft_multiturn_keys"),
+    "data.tools_key": Map("sft.tools_key"), "data.multiturn.tools_key": Derived("sft_multiturn_keys"),
     "data.enable_thinking_key": Derived("sft_thinking"), "data.enable_thinking_default": Derived("sft_thinking"),
     "data.multiturn.enable_thinking_key": Derived("sft_thinking"),
     "data.max_length": Map("sft.max_length"),
@@ -101,6 +101,19 @@ def sft_files(c: Any) -> None:
             c.refuse(key, f"several SFT files ({len(files)}; {target} takes one)")
         else:
             c.map(key, target, files[0] if files else None)
+
+
+def sft_multiturn_keys(c: Any) -> None:
+    """``data.multiturn.messages_key``/``tools_key``: v0.7's fsdp_sft_trainer gives its multi-turn dataset the data
+    section, which reads ``data.messages_key``/``tools_key`` (default messages, tools): the multiturn ones are
+    unread."""
+    for key in c.owned:
+        leaf = key.rsplit(".", 1)[1]
+        if c.trainer == "fsdp_sft":
+            c.ignore(key, f"not read by verl's v0.7 multi-turn dataset (it reads data.{leaf}, default "
+                          f"{leaf.removesuffix('_key')})")
+        else:
+            c.map(key, f"sft.{leaf}", c.get(key))
 
 
 def sft_chat_template(c: Any) -> None:
@@ -235,6 +248,7 @@ def sft_loggers(c: Any) -> None:
 
 DERIVED = {"sft_files": sft_files, "sft_columns": sft_columns, "sft_warmup": sft_warmup, "sft_schedule": sft_schedule,
            "sft_steps": sft_steps, "sft_resume": sft_resume, "sft_loggers": sft_loggers, "chat_template": chat_template,
-           "sft_thinking": sft_thinking, "sft_chat_template": sft_chat_template}
+           "sft_thinking": sft_thinking, "sft_chat_template": sft_chat_template,
+           "sft_multiturn_keys": sft_multiturn_keys}
 ORDER = ("sft_files", "sft_columns", "sft_steps", "sft_warmup", "sft_schedule", "sft_resume", "sft_loggers",
-         "chat_template", "sft_thinking", "sft_chat_template")
+         "chat_template", "sft_thinking", "sft_chat_template", "sft_multiturn_keys")

@@ -290,5 +290,8 @@ def test_v0_7_sft_reads_data_enable_thinking_key_and_a_critic_may_normalize_alon
     t = prepare([*v07, "+data.enable_thinking_key=think"], entry=SFT_ENTRY, refuse=False).translation
     assert t.overrides["sft.enable_thinking_key"] == "think"  # v0.7's dataset gets the data section
     assert _fate(t, "data.multiturn.enable_thinking_key").kind == verl.IGNORED
+    t = prepare([*v07, "data.multiturn.messages_key=conv", "+data.messages_key=chat"], entry=SFT_ENTRY,
+                refuse=False).translation
+    assert t.overrides["sft.messages_key"] == "chat" and _fate(t, "data.multiturn.messages_key").kind == verl.IGNORED
     t = _t("algorithm.adv_estimator=gae", "critic.loss_agg_mode=seq-mean-token-sum-norm", "critic.loss_scale_factor=64")
     assert t.overrides["algorithm.norm_length"] == 64 and not t.refused  # the actor's loss does not read it
