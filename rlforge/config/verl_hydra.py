@@ -173,6 +173,13 @@ def _engine_variant(name: str, engine: str, where: str) -> str:
     return variant
 
 
+def base_config(launch: Launch) -> str:
+    """The shipped config a launch builds on: its --config-name, or the one its own config file's defaults name (which
+    says which of verl's trainers runs it, ``verl.TRAINERS``)."""
+    found = _user_file(launch.config_path, launch.config_name) if launch.config_path else None
+    return found[0] if found is not None else launch.config_name
+
+
 def compose_tree(launch: Launch) -> dict[str, Any]:
     """The launch's complete, resolved verl config (a nested dict), as verl's entry point would see it."""
     overrides = parse_overrides(tuple(launch.overrides))

@@ -35,7 +35,8 @@ def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Pre
     launch = verl_hydra.parse_args(args, verl_hydra.ENTRY_CONFIGS[entry])
     tree = verl_hydra.compose_tree(launch)
     sft = launch.config_name.startswith("sft_")
-    translation = verl.translate(tree, given_keys(launch.overrides), sft=sft, config_name=launch.config_name)
+    translation = verl.translate(tree, given_keys(launch.overrides), sft=sft,
+                                 config_name=verl_hydra.base_config(launch))
     if refuse:
         check(translation)
     return Prepared(translation, as_layer(translation))

@@ -295,3 +295,12 @@ def test_v0_7_sft_reads_data_enable_thinking_key_and_a_critic_may_normalize_alon
     assert t.overrides["sft.messages_key"] == "chat" and _fate(t, "data.multiturn.messages_key").kind == verl.IGNORED
     t = _t("algorithm.adv_estimator=gae", "critic.loss_agg_mode=seq-mean-token-sum-norm", "critic.loss_scale_factor=64")
     assert t.overrides["algorithm.norm_length"] == 64 and not t.refused  # the actor's loss does not read it
+
+
+
+def test_a_config_file_of_ones_own_on_dapo_trainer_runs_as_the_dapo_recipe(tmp_path) -> None:
+    (tmp_path / "my_dapo.yaml").write_text("defaults:\n  - dapo_trainer\n  - _self_\n")
+    f = "algorithm.filter_groups"
+    args = [*GPUS, f"{f}.enable=True", f"{f}.metric=acc", f"{f}.max_num_gen_batches=10"]
+    t = prepare([f"--config-path={tmp_path}", "--config-name=my_dapo", *args], refuse=False).translation
+    assert t.overrides["algorithm.max_gen_batches"] == 10  # the recipe's rounds, not main_ppo's "no limit"

@@ -46,7 +46,7 @@ def run(launch: dict) -> Outcome:
     except ConfigError as exc:
         return Outcome(launch["source"], launch["entry"], [], error=str(exc))
     t = verl.translate(tree, given_keys(parsed.overrides), sft=parsed.config_name.startswith("sft_"),
-                       config_name=parsed.config_name)
+                       config_name=verl_hydra.base_config(parsed))
     out = Outcome(launch["source"], launch["entry"], parsed.overrides, translation=t)
     for o in parsed.overrides:
         key = o.split("=", 1)[0].lstrip("+~")
