@@ -18,8 +18,8 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from rlforge import checkpoint, lora, precision
 from rlforge.config import schema
 from rlforge.config.checks import (
-    check_chat_template, check_model_folder, check_no_duplicates, check_resume_value, check_template_kwargs,
-    check_values,
+    check_chat_template, check_model_folder, check_no_duplicates, check_resume_value, check_sequence_parallel_owner,
+    check_template_kwargs, check_values,
 )
 from rlforge.data import data_file_problem
 from rlforge.errors import ConfigError, did_you_mean
@@ -352,23 +352,6 @@ def validate(cfg: DictConfig, registry: Any) -> None:
         if check is not None:
             check(cfg, registry)
     check_sequence_parallel_owner(cfg)
-
-
-def check_sequence_parallel_owner(cfg: DictConfig) -> None:
-    """A ``strategy.<other>.sequence_parallel_size`` > 1 (or ``offload_params``) of a strategy this run does not use
-    is refused: nothing would read it, and the run would hold whole sequences (or its parameters) on each rank's
-    device without saying so."""
-    for name, section in cfg.strategy.items():
-        sp = section.get("sequence_parallel_size", 1) if isinstance(section, DictConfig) else 1
-        if name != cfg.strategy.name and int(sp or 1) > 1:
-            raise ConfigError(f"strategy.{name}.sequence_parallel_size={sp} is read by strategy.name={name}, but this "
-                              f"run's strategy is strategy.name={cfg.strategy.name}: set strategy.name={name} (and "
-                              f"strategy.num_processes) or strategy.{name}.sequence_parallel_size=1.")
-        offload = list(section.get("offload_params", []) or []) if isinstance(section, DictConfig) else []
-        if name != cfg.strategy.name and offload:  # likewise parameter offload: nothing else would offload
-            raise ConfigError(f"strategy.{name}.offload_params={offload} is read by strategy.name={name}, but this "
-                              f"run's strategy is strategy.name={cfg.strategy.name}: set strategy.name={name} or "
-                              f"strategy.{name}.offload_params=[].")
 
 
 def check_data_files(cfg: DictConfig, registry: Any) -> None:

@@ -183,7 +183,7 @@ def filter_groups(c: Context) -> None:
             notes.append(f"verl's {'DAPO recipe trainer' if recipe else 'main_ppo'} looks {metric!r} up in the reward "
                          f"function's extra info and stops where it is missing; rlforge filters on the sequence reward "
                          f"(what {'main_ppo' if recipe else 'the DAPO recipe trainer'} computes for it)")
-        c.map(f"{f}.metric", "algorithm.filter_metric", FILTER_METRICS[metric], "; ".join(filter(None, notes)))
+        c.map(f"{f}.metric", "algorithm.filter_metric", FILTER_METRICS[metric], joined(*notes))
     else:
         c.refuse(f"{f}.metric", "dynamic sampling on the KL-penalized reward (seq_final_reward with use_kl_in_reward)"
                  if kl else f"dynamic sampling on metric={metric} (rlforge's algorithm.filter_metric: reward, score, acc)")
@@ -202,14 +202,13 @@ def filter_groups(c: Context) -> None:
         note = "" if scale == 1 else (f"verl draws data.gen_batch_size={gen} prompts per round; rlforge draws "
                                       f"data.train_batch_size={train} per round ({scale} rounds for one of verl's) and "
                                       f"stops when enough groups are kept")
-        c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches",
-              NO_LIMIT_ROUNDS if rounds <= 0 else rounds * scale, "verl's 0 (no limit) is 1000 rounds" if rounds <= 0
-              else "verl's DAPO recipe stops with an error when the rounds run out; rlforge trains the step on the "
-                   "groups it kept")
+        limit = NO_LIMIT_ROUNDS if rounds <= 0 else rounds * scale
+        c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches", limit,
+              "verl's 0 (no limit) is 1000 rounds" if rounds <= 0 else "verl's DAPO recipe stops with an error when "
+              "the rounds run out; rlforge trains the step on the groups it kept")
         if "data.gen_batch_size" in c.owned:
             (c.same("data.gen_batch_size", "data.train_batch_size") if scale == 1
-             else c.map("data.gen_batch_size", "algorithm.max_gen_batches",
-                        NO_LIMIT_ROUNDS if rounds <= 0 else rounds * scale, note))
+             else c.map("data.gen_batch_size", "algorithm.max_gen_batches", limit, note))
     for key in keys:
         if key.endswith("max_inflight_gen_batches"):
             c.ignore(key, "generation prefetch (speed only)")
@@ -218,19 +217,18 @@ def filter_groups(c: Context) -> None:
 def overlong(c: Context) -> None:
     """DAPO's overlong shaping: only with the dapo reward manager, only when overlong_buffer_cfg.enable."""
     keys = list(c.owned)
-    if c.legacy_reward_kwargs:  # the legacy section replaces reward.reward_kwargs whole, as verl moves it
-        for key in [k for k in keys if k.startswith("reward.")]:
+    # a legacy reward_model.reward_kwargs key goes over reward.reward_kwargs: the whole section where verl's trainer
+    # moves it (Context.legacy_reward_kwargs), else key by key (the move's meaning)
+    whole = c.legacy_reward_kwargs
+    given = {k.rsplit(".", 1)[1] for k in keys if k.startswith("reward_model.") and c.get(k) is not None}
+    for key in keys:
+        if not key.startswith("reward_model.") and (whole or key.rsplit(".", 1)[1] in given):
             c.ignore(key, "replaced by reward_model.reward_kwargs: verl's migrate_legacy_reward_impl moves that whole "
-                          "section over it")
-        keys = [k for k in keys if k.startswith("reward_model.")]
-    else:  # a legacy key set goes over the same key in reward.reward_kwargs (the move's meaning, key by key)
-        legacy = {k.rsplit(".", 1)[1] for k in keys if k.startswith("reward_model.") and c.get(k) is not None}
-        for key in [k for k in keys if k.startswith("reward.") and k.rsplit(".", 1)[1] in legacy]:
-            c.ignore(key, "the launch's legacy reward_model.reward_kwargs key of the same name goes over it")
-        keys = [k for k in keys if not (k.startswith("reward.") and k.rsplit(".", 1)[1] in legacy)]
-        for key in [k for k in keys if k.startswith("reward_model.") and c.get(k) is None]:
+                          "section over it" if whole else
+                          "the launch's legacy reward_model.reward_kwargs key of the same name goes over it")
+        elif key.startswith("reward_model.") and c.get(key) is None and not whole:
             c.ignore(key, "null: reward.reward_kwargs's key of the same name applies")
-        keys = [k for k in keys if c.get(k) is not None or not k.startswith("reward_model.")]
+    keys = [k for k in keys if not c.done(k)]
     cfg = {k.rsplit(".", 1)[1]: c.get(k) for k in keys}
     if not c.overlong_on:
         why = ("read only with overlong_buffer_cfg.enable" if c.reward_manager == "dapo"
@@ -245,18 +243,18 @@ def overlong(c: Context) -> None:
         moved = (legacy_moved(c, "reward.reward_kwargs") + "; rlforge reads it as the move means"
                  if key.startswith("reward_model.") and c.trainer not in MIGRATING_TRAINERS else "")
         if leaf == "enable":
-            c.same(key, "; ".join(filter(None, ["DAPO's overlong shaping (algorithm.overlong_buffer > 0)", moved])))
+            c.same(key, joined("DAPO's overlong shaping (algorithm.overlong_buffer > 0)", moved))
         elif leaf == "len":
-            c.map(key, "algorithm.overlong_buffer", int(cfg["len"]), "; ".join(filter(None, [
+            c.map(key, "algorithm.overlong_buffer", int(cfg["len"]), joined(
                 "verl's dapo reward manager puts the penalty in the reward itself, so its validation rewards "
                 "(val-aux/<source>/reward) carry it too; rlforge shapes the training rewards only (validation "
-                "accuracy, val-core, is the same)", moved])))
+                "accuracy, val-core, is the same)", moved))
         elif leaf == "penalty_factor":
             c.map(key, "algorithm.overlong_penalty", float(cfg["penalty_factor"]), moved)
         elif leaf == "log":
             c.ignore(key, "rlforge always logs critic/overlong_penalty/mean")
         elif leaf == "max_resp_len":
-            (c.same(key, "; ".join(filter(None, ["rollout.max_new_tokens", moved])))
+            (c.same(key, joined("rollout.max_new_tokens", moved))
              if cfg[leaf] in (None, longest) else
              c.refuse(key, f"an overlong limit (max_resp_len={cfg[leaf]}) other than data.max_response_length"))
         else:
@@ -264,6 +262,11 @@ def overlong(c: Context) -> None:
 
 
 PLACEMENT_KEYS = ("enable_resource_pool", "n_gpus_per_node", "nnodes")  # verl's legacy reward_model placement
+
+
+def joined(*notes: str) -> str:
+    """The non-empty notes of one fate, in one text."""
+    return "; ".join(n for n in notes if n)
 
 
 def legacy_moved(c: Context, new: str) -> str:
