@@ -45,6 +45,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
+    from rlforge.config.compose import load_file
+
+    _check_sft_keys(args.overrides)
+    if args.config:
+        _check_sft_keys(load_file(args.config), args.config)
     pm, cfg = _compose(args)
     from rlforge.sft import run_sft
 
@@ -60,6 +65,17 @@ def cmd_algos(args: argparse.Namespace) -> int:
         preset = " ".join(f"{k}={v}" for k, v in _flatten(flat) if k != "algorithm.name") or "(defaults)"
         print(f"{entry.name:<22} {entry.description}  [plugin: {entry.plugin}]\n{'':<22} preset: {preset}")
     return 0
+
+
+def _check_sft_keys(layer: Any, source: str = "command-line overrides") -> None:
+    """rlforge fit's keys given to ``rlforge sft`` (overrides, or a config file's tree) are an error."""
+    from omegaconf import OmegaConf
+
+    from rlforge.config.checks import check_sft_keys
+    from rlforge.config.compose import parse_overrides
+
+    tree = OmegaConf.to_container(parse_overrides(list(layer)) if isinstance(layer, list) else layer)
+    check_sft_keys([k for k, _ in _flatten(tree)], source)
 
 
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -200,6 +216,8 @@ def cmd_verl(argv: list[str]) -> int:
     at = argv.index("--") if "--" in argv else len(argv)
     argv, ours = argv[:at], argv[at + 1:]
     opts = {a for a in argv if a in flags}
+    if "--sft" in opts:
+        _check_sft_keys(ours, "rlforge's keys after --")
     prepared = prepare([a for a in argv if a not in flags], SFT_ENTRY if "--sft" in opts else PPO_ENTRY,
                        refuse="--print" not in opts)
     t = prepared.translation

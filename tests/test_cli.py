@@ -199,3 +199,18 @@ def test_tool_usage_errors(capsys, argv) -> None:
         main(argv)
     assert info.value.code == 2
     assert "usage: rlforge" in capsys.readouterr().err
+
+
+def test_sft_refuses_keys_only_fit_reads_and_verl_s_sft_keys(capsys, tmp_path: Path) -> None:
+    """An RL key given to `rlforge sft` would go unread: an error with the sft key; verl's SFT keys get rlforge's."""
+    assert main(["sft", "actor.lr=1e-5", "trainer.total_epochs=2", "model.precision=32-true"]) == 2
+    err = capsys.readouterr().err
+    assert "rlforge sft does not read 'actor.lr' (SFT's is 'sft.lr'), 'trainer.total_epochs' (SFT's is 'sft.epochs')" \
+           " (in command-line overrides)" in err
+    (tmp_path / "c.yaml").write_text("algorithm:\n  name: grpo\n")
+    assert main(["sft", "--config", str(tmp_path / "c.yaml")]) == 2
+    assert f"'algorithm.name' (in {tmp_path / 'c.yaml'})" in capsys.readouterr().err
+    assert main(["sft", "optim.lr=1e-5"]) == 2
+    assert "'optim.lr' is verl's SFT key, rlforge's is 'sft.lr'" in capsys.readouterr().err
+    assert main(["verl", "--sft", "--print", "data.train_files=/x.parquet", "--", "strategy.name=fsdp"]) == 2
+    assert "'strategy.name' (SFT's is 'sft.strategy') (in rlforge's keys after --)" in capsys.readouterr().err

@@ -486,6 +486,8 @@ def test_chat_template_kwargs_may_not_set_apply_chat_templates_own_parameters(re
     with pytest.raises(ConfigError, match=r"'model.chat_template' is not a valid Jinja chat template: unexpected '}' "
                                           r"\(line 1\)"):
         compose(registry, overrides=["model.chat_template='{{ m.content }'"])
+    with pytest.raises(ConfigError, match=r"'model.chat_template' is empty: leave it unset \(null\)"):
+        compose(registry, overrides=["model.chat_template=''"])
     # transformers' own extensions and tags (loop controls, {% generation %}) are valid
     compose(registry, overrides=["model.chat_template='{% for m in messages %}{% generation %}{{ m.content }}"
                                  "{% endgeneration %}{% break %}{% endfor %}'"])

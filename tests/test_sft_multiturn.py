@@ -287,3 +287,20 @@ def test_sft_renders_with_model_chat_template_and_its_kwargs_and_saves_the_templ
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(tmp_path / "out").chat_template == template  # saved with the model
+
+
+def test_a_null_in_a_parquet_int_thinking_column_sets_nothing(tmp_path, pm):
+    """verl's pandas reads such a null as NaN and renders it as enable_thinking=True; rlforge reads a null as unset
+    (docs/sft.md states the difference)."""
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["1+1", "2+1", "3+1"], "response": ["2", "3", "4"],
+                             "enable_thinking": pa.array([1, None, 0], type=pa.int64())}), path)
+    template = THINKING.replace("'", '"')
+    cfg = load_config(overrides=[*FAST, f"sft.train_file={path}", f"model.chat_template='{template}'",
+                                 "data.apply_chat_template_kwargs={enable_thinking: false}"])
+    from rlforge.sft.data import train_examples
+    from rlforge.sft.module import build_tokenizer
+
+    tok = build_tokenizer(cfg)
+    examples, _ = train_examples(cfg, pm.registry, tok)
+    assert [tok.decode(e.ids[: e.mask.index(1)])[-1] for e in examples] == ["T", "F", "F"]

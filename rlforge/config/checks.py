@@ -4,6 +4,7 @@
   :class:`~rlforge.config.schema.Valid` rule, and every float is finite. The rules live on the fields
   (``option(default, gt=0)``), so a plugin's options are checked like the core's.
 - :func:`check_device`: where a frozen model runs (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
+- :func:`check_sft_keys`: keys given to ``rlforge sft`` that only ``rlforge fit`` reads.
 - :func:`check_model_folder`: a model folder's weights are safetensors (pickles are refused) and its context
   holds ``data.max_prompt_length + rollout.max_new_tokens``, read from ``config.json`` without loading anything.
 """
@@ -141,6 +142,8 @@ def check_chat_template(template: Any) -> None:
 
     if not isinstance(template, str):
         raise ConfigError(f"'model.chat_template' must be a Jinja template (a string), got {type(template).__name__}.")
+    if not template.strip():
+        raise ConfigError("'model.chat_template' is empty: leave it unset (null) for the model's own template.")
     try:
         _compile_jinja_template(template)
     except TemplateSyntaxError as exc:
@@ -181,3 +184,39 @@ def check_sequence_parallel_owner(cfg: DictConfig) -> None:
             raise ConfigError(f"strategy.{name}.offload_params={offload} is read by strategy.name={name}, but this "
                               f"run's strategy is strategy.name={cfg.strategy.name}: set strategy.name={name} or "
                               f"strategy.{name}.offload_params=[].")
+
+
+# rlforge fit's keys that `rlforge sft` does not read, and the sft key for each where there is one (docs/sft.md)
+SFT_SPELLING = {
+    **{f"actor.{k}": f"sft.{k}" for k in ("lr", "weight_decay", "betas", "warmup_steps", "warmup_ratio", "lr_scheduler",
+                                          "min_lr_ratio", "num_cycles", "grad_clip")},
+    "actor.ppo_micro_batch_size": "sft.micro_batch_size", "data.train_batch_size": "sft.batch_size",
+    "data.truncation": "sft.truncation", "data.shuffle": "sft.sampling", "model.path": "sft.init",
+    "trainer.total_steps": "sft.steps", "trainer.total_epochs": "sft.epochs", "trainer.seed": "sft.seed",
+    "trainer.save_every": "sft.save_every", "trainer.resume": "sft.resume", "trainer.val_every": "sft.val_every",
+    "trainer.run_dir": "sft.output_dir", "logger.backends": "sft.loggers", "strategy.name": "sft.strategy",
+    "strategy.num_processes": "sft.devices",
+}
+# what `rlforge sft` reads of the sections it shares with `rlforge fit` (a plugin's own sections are not checked)
+SFT_READS = ("sft.", "data.", "rollout.", "reward.", "plugins.", "model.lora.", "model.precision",
+             "model.trust_remote_code", "model.chat_template", "trainer.project")
+FIT_SECTIONS = ("model", "data", "algorithm", "actor", "critic", "strategy", "trainer", "logger", "ray")
+
+
+def check_sft_keys(keys: list[str], source: str) -> None:
+    """Keys given to ``rlforge sft`` that only ``rlforge fit`` reads are an error (they would go unread), naming the
+    sft key where there is one."""
+    from rlforge.config.verl_rules import Map
+    from rlforge.config.verl_sft import TABLE
+
+    verl_keys = {k: r.target for k in keys if isinstance(r := TABLE.exact.get(k), Map) and r.target not in ("", k)}
+    if verl_keys:  # verl's SFT keys typed where rlforge's go
+        said = "; ".join(f"'{k}' is verl's SFT key, rlforge's is '{t}'" for k, t in verl_keys.items())
+        raise ConfigError(f"{said} (in {source}; 'rlforge verl --sft ARGS' takes verl's keys, docs/sft.md).")
+    unread = [k for k in keys if k in SFT_SPELLING or k.split(".")[0] in FIT_SECTIONS and not k.startswith(SFT_READS)]
+    if unread:
+        lines = [f"'{k}'" + (f" (SFT's is '{SFT_SPELLING[k]}')" if k in SFT_SPELLING else "") for k in unread]
+        raise ConfigError(f"rlforge sft does not read {', '.join(lines)} (in {source}): rlforge fit's key(s). SFT "
+                          f"reads sft.*, data.* (the built-in dataset), model.precision, "
+                          f"model.lora.*, model.trust_remote_code, model.chat_template, trainer.project, and reward.* "
+                          f"and rollout.* for its greedy accuracy (docs/sft.md).")

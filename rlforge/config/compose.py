@@ -330,7 +330,7 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     check_resume_value(cfg.trainer.resume)
     check_no_duplicates(cfg, "logger.backends")
     check_template_kwargs(cfg.data.apply_chat_template_kwargs)
-    if cfg.model.chat_template:
+    if cfg.model.chat_template is not None:
         check_chat_template(cfg.model.chat_template)
     if cfg.rollout.val_n > 1 and cfg.rollout.val_temperature == 0:
         raise ConfigError(

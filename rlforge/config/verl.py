@@ -36,7 +36,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         from rlforge.config.verl_keys import TABLE  # type: ignore[assignment]
 
     flat = dict(flatten(tree))
-    out = Translation(command="sft" if sft else "fit")
+    out = Translation(command="sft" if sft else "fit", config=config_name)
     trainer = TRAINERS.get(config_name.split("_megatron")[0].removesuffix("_trainer"), "v1")
     c = Context(flat, set(given or ()), out, trainer)
     c.command = out.command

@@ -16,7 +16,7 @@ from rlforge.config import verl_distill
 from rlforge.config import verl_layout as L
 from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
-from rlforge.config.verl_fates import MIGRATING_TRAINERS
+from rlforge.config.verl_fates import MIGRATING_TRAINERS, SEPARATE_TRAINERS
 from rlforge.config.verl_rules import file_list, nest, non_negative, top_k
 
 if TYPE_CHECKING:
@@ -67,11 +67,18 @@ def algorithm(c: Context) -> None:
     elif c.trainer == "dapo":
         c.ignore(bypass, "not read by verl's DAPO recipe trainer: it recomputes the old log-probs and applies rollout "
                          "correction as configured")
+    elif c.trainer in SEPARATE_TRAINERS:  # verl's apply_bypass_mode sets policy_loss.loss_mode=bypass_mode
+        c.map(bypass, "actor.policy_loss", "bypass_mode", "verl's fully-async and one-step-off trainers: the old "
+              "log-probs are the engine's and the loss is the bypass loss (IS and rejection inside it), whatever "
+              "policy_loss.loss_mode says")
+        mode = "bypass_mode"
     else:  # main_ppo's v1 trainer; only verl's legacy trainer (trainer.use_v1=False) swaps the loss for its bypass loss
         c.map(bypass, "actor.reuse_rollout_log_probs", True, "verl 0.9.1's main_ppo: the old log-probs are the "
               "engine's, rollout correction (rollout_is, rollout_rs) is skipped and the loss is "
               "policy_loss.loss_mode's")
-    if mode in POLICY_LOSSES:
+    if mode == "bypass_mode" and c.get(bypass) and c.trainer in SEPARATE_TRAINERS:
+        c.ignore(f"{A}.policy_loss.loss_mode", "replaced by the bypass loss (rollout_correction.bypass_mode)")
+    elif mode in POLICY_LOSSES:
         c.map(f"{A}.policy_loss.loss_mode", "actor.policy_loss", mode)
     else:
         c.refuse(f"{A}.policy_loss.loss_mode", f"verl's policy_loss.loss_mode={mode}")
@@ -198,16 +205,18 @@ def filter_groups(c: Context) -> None:
                      "are kept: the same groups are trained")
     else:
         train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
-        scale = max(1, round(gen / train)) if gen and train and gen != train else 1
-        note = "" if scale == 1 else (f"verl draws data.gen_batch_size={gen} prompts per round; rlforge draws "
-                                      f"data.train_batch_size={train} per round ({scale} rounds for one of verl's) and "
-                                      f"stops when enough groups are kept")
-        limit = NO_LIMIT_ROUNDS if rounds <= 0 else rounds * scale
+        same = not (gen and train and gen != train)
+        # rlforge draws data.train_batch_size prompts per round: the same number of prompts at most as verl's rounds
+        limit = NO_LIMIT_ROUNDS if rounds <= 0 else rounds if same else -(-rounds * gen // train)
+        note = "" if same else (f"verl draws data.gen_batch_size={gen} prompts per round; rlforge draws "
+                                f"data.train_batch_size={train} per round and stops when enough groups are kept"
+                                + ("" if rounds <= 0 else f": at most {limit} rounds, the {rounds * gen} prompts of "
+                                   f"verl's {rounds}"))
         c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches", limit,
               "verl's 0 (no limit) is 1000 rounds" if rounds <= 0 else "verl's DAPO recipe stops with an error when "
               "the rounds run out; rlforge trains the step on the groups it kept")
         if "data.gen_batch_size" in c.owned:
-            (c.same("data.gen_batch_size", "data.train_batch_size") if scale == 1
+            (c.same("data.gen_batch_size", "data.train_batch_size") if same
              else c.map("data.gen_batch_size", "algorithm.max_gen_batches", limit, note))
     for key in keys:
         if key.endswith("max_inflight_gen_batches"):
@@ -484,18 +493,21 @@ def val_only(c: Context) -> None:
 
 
 DERIVED: dict[str, Callable[[Context], None]] = {
-    "algorithm": algorithm, "distillation": verl_distill.distillation, "parallel": L.parallel, "offload": L.offload, "grad_offload": L.grad_offload, "chat_template": chat_template,
-    "rollout_correction": T.rollout_correction, "weight_decay": T.weight_decay, "loss_scale": T.loss_scale,
-    "rollout_log_probs": rollout_log_probs, "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward,
-    "overlong": overlong, "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip,
-    "grad_clip": T.grad_clip, "betas": T.betas, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup,
-    "schedule": T.schedule, "precision": L.precision, "rollout_engine": RO.rollout_engine, "model_config": model_config, "lengths": lengths,
+    "algorithm": algorithm, "distillation": verl_distill.distillation, "parallel": L.parallel, "offload": L.offload,
+    "grad_offload": L.grad_offload, "chat_template": chat_template, "rollout_correction": T.rollout_correction,
+    "weight_decay": T.weight_decay, "loss_scale": T.loss_scale, "rollout_log_probs": rollout_log_probs,
+    "sequence_parallel": L.sequence_parallel, "data": data, "reward": reward, "overlong": overlong,
+    "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip, "grad_clip": T.grad_clip,
+    "betas": T.betas, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup, "schedule": T.schedule,
+    "precision": L.precision, "rollout_engine": RO.rollout_engine, "model_config": model_config, "lengths": lengths,
     "validation": validation, "multi_turn": AG.multi_turn, "filter_groups": filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
+    "main_ppo_trainer": T.main_ppo_trainer,
 }
-# the order they run in: the algorithm (distillation may turn it into opd) and the parallel layout first (others read them), steps before warm-up
+# the order they run in: the algorithm (distillation may turn it into opd) and the parallel layout first (others read
+# them), steps before warm-up
 ORDER = ("algorithm", "distillation", "parallel", "offload", "grad_offload", "chat_template", "rollout_correction",
-         "weight_decay", "loss_scale", "rollout_log_probs", "sequence_parallel", "data", "reward",
-         "overlong", "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip", "betas",
-         "recompute", "entropy", "precision", "rollout_engine", "model_config", "lengths", "validation", "multi_turn", "multimodal",
-         "loggers", "resume", "checkpoints", "val_only")
+         "weight_decay", "loss_scale", "rollout_log_probs", "sequence_parallel", "data", "reward", "overlong",
+         "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip", "betas",
+         "recompute", "entropy", "precision", "rollout_engine", "model_config", "lengths", "validation", "multi_turn",
+         "multimodal", "loggers", "resume", "checkpoints", "val_only", "main_ppo_trainer")

@@ -13,6 +13,8 @@ from rlforge.config.verl_rules import nest
 DOC = "docs/migration-from-verl.md"
 MAPPED, REFUSED, IGNORED = "mapped", "refused", "ignored"
 MIGRATING_TRAINERS = ("dapo", "fully_async")  # the trainers that move verl's legacy reward keys (verl.TRAINERS)
+# the trainers on verl's SeparateRayPPOTrainer (the legacy trainer's step): bypass mode swaps in the bypass loss
+SEPARATE_TRAINERS = ("fully_async", "one_step_off")
 
 
 @dataclass
@@ -43,6 +45,8 @@ class Translation:
 
     algorithm: str = "grpo"
     command: str = "fit"  # fit, or eval (trainer.val_only)
+    config: str = "ppo_trainer"  # the shipped verl config it was read as, which says which trainer runs it
+    config_from: str = ""  # how that config was found (a config file's defaults, its hydra.yaml, its sections)
     overrides: dict[str, Any] = field(default_factory=dict)
     fates: list[Fate] = field(default_factory=list)
 
@@ -63,7 +67,8 @@ class Translation:
 
     def report(self) -> list[str]:
         what = "rlforge sft" if self.command == "sft" else f"algorithm {self.algorithm}"
-        head = (f"{what}; {len(self.of(MAPPED))} mapped, {len(self.of(REFUSED))} refused, "
+        source = f" ({self.config_from})" if self.config_from else ""
+        head = (f"{what}; read as verl's {self.config}{source}; {len(self.of(MAPPED))} mapped, {len(self.of(REFUSED))} refused, "
                 f"{len(self.of(IGNORED))} ignored (see {DOC})")
         return [head] + [f.line() for f in sorted(self.fates, key=lambda f: (f.kind != REFUSED, f.kind, f.key))]
 

@@ -381,16 +381,48 @@ class _NotSimple(Exception):
 _ABSENT = object()
 
 
-def compose_file(path: str) -> dict[str, Any]:
+def compose_file(path: str) -> tuple[str, str, dict[str, Any]]:
     """A verl config file (sparse, or complete like a run's ``.hydra/config.yaml``) over verl's default tree (the one
-    of its ``model_engine``), resolved: what ``rlforge config from-verl FILE`` translates."""
+    of its ``model_engine``), resolved: what ``rlforge config from-verl FILE`` translates. Returns (the shipped config
+    it is read as, which says which of verl's trainers runs it; how that was found; the tree)."""
     file = Path(path)
     found = _user_file(str(file.parent), file.stem) if file.suffix in (".yaml", ".yml") else None
     if found is None:
         raise ConfigError(f"Config file not found: {path} (a verl config, .yaml).")
     name, own = found
+    name, how = _file_trainer(file, name, own)
     engine = own.get("model_engine")  # a complete config names its engine (verl writes model_engine: megatron)
     name = ENGINE_VARIANTS.get((name, engine), name) if isinstance(engine, str) else name
     tree = load_default(name)
     merge_into(tree, copy.deepcopy(own))
-    return resolve(tree, path)
+    return name, how, resolve(tree, path)
+
+
+def _file_trainer(file: Path, base: str, own: dict[str, Any]) -> tuple[str, str]:
+    """The shipped config a config file builds on: its defaults list's; else the ``hydra.job.config_name`` of the
+    ``hydra.yaml`` a verl run writes beside its ``.hydra/config.yaml``; else what its sections show (only the
+    fully-async and one-step-off trainers and the SFT trainers have sections of their own: a DAPO recipe's complete
+    config reads as main_ppo's without its hydra.yaml)."""
+    if base != PPO:
+        return base, "its defaults list"
+    hydra_yaml = file.parent / "hydra.yaml"
+    if hydra_yaml.is_file():
+        data = yaml.safe_load(hydra_yaml.read_text(encoding="utf-8"))
+        job = data.get("hydra", {}).get("job", {}) if isinstance(data, dict) else {}
+        name = str(job.get("config_name") or "").removesuffix(".yaml") if isinstance(job, dict) else ""
+        if name in shipped():
+            return name, f"hydra.job.config_name in {hydra_yaml}"
+        if name:
+            raise ConfigError(f"{hydra_yaml}: hydra.job.config_name is '{name}', not one of verl's configs rlforge "
+                              f"ships ({', '.join(shipped())}).")
+    rollout = own.get("rollout")
+    if "async_training" in own:
+        return "fully_async_ppo_trainer", "its async_training section (verl's fully-async trainer)"
+    if isinstance(rollout, dict) and "nnodes" in rollout:
+        return "one_step_off_ppo_trainer", "its top-level rollout section (verl's one-step-off trainer)"
+    if "actor_rollout_ref" not in own and ("model" in own or "engine" in own):
+        data = own.get("data") if isinstance(own.get("data"), dict) else {}
+        legacy = "use_remove_padding" in own or "multiturn" in data or "micro_batch_size" in data  # v0.7's keys
+        return (LEGACY_SFT if legacy else SFT), "its sections (an SFT trainer's top-level model/engine)"
+    return PPO, ("main_ppo's, as nothing in it or beside it says otherwise (a DAPO recipe run's config: keep its "
+                 "hydra.yaml beside it)")

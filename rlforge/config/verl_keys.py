@@ -468,10 +468,8 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.max_actor_ckpt_to_keep": Derived("checkpoints"),
     "trainer.max_critic_ckpt_to_keep": Derived("checkpoints"),
     "trainer.ray_wait_register_center_timeout": Ignore("Ray start-up timeout (ray.placement_timeout_s)"),
-    "trainer.use_v1": Keep(is_(True), "verl's v1 trainer (main_ppo's default)",
-                           "verl's deprecated legacy trainer (trainer.use_v1=False, main_ppo_v0)"),
-    "trainer.v1.trainer_mode": Keep(is_("sync"), "generate, then train", "verl's v1 asynchronous trainer modes "
-                                    "(rlforge: trainer.pipeline=one_step_off or async, docs/pipelines.md)"),
+    "trainer.use_v1": Derived("main_ppo_trainer"),
+    "trainer.v1.trainer_mode": Derived("main_ppo_trainer"),
     "trainer.v1.*": Ignore("read only by verl's v1 asynchronous modes"),
 }
 

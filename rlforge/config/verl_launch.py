@@ -44,8 +44,12 @@ def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Pre
 
 def prepare_file(path: str) -> Prepared:
     """A verl config file (sparse or complete, e.g. a run's ``.hydra/config.yaml``) over verl's defaults."""
-    tree = verl_hydra.compose_file(path)
-    translation = verl.translate(tree, {k for k, _ in verl.flatten(_own(path))})
+    name, how, tree = verl_hydra.compose_file(path)
+    default = dict(verl.flatten(verl_hydra.load_default(name)))
+    # the keys it sets itself: a complete config repeats every default, which is not asking for a feature
+    given = {k for k, v in verl.flatten(_own(path)) if k not in default or default[k] != v}
+    translation = verl.translate(tree, given, sft=name.startswith("sft_"), config_name=name)
+    translation.config_from = how
     return Prepared(translation, as_layer(translation))
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlforge.config import verl_veomni
-from rlforge.config.verl_rules import float_list, non_negative, off
+from rlforge.config.verl_fates import SEPARATE_TRAINERS
+from rlforge.config.verl_rules import float_list, is_, non_negative, off
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -248,12 +249,14 @@ def entropy(c: Context) -> None:
 
 
 def rollout_correction(c: Context) -> None:
-    """verl's rollout correction (IS weights, rejection): applied only with the engine's log-probs in the batch and,
-    in main_ppo, not in bypass mode (see ``algorithm``)."""
+    """verl's rollout correction (IS weights, rejection): applied only with the engine's log-probs in the batch; in
+    bypass mode (see ``verl_derived.algorithm``) main_ppo skips it and the fully-async and one-step-off trainers apply
+    it inside their bypass loss."""
     skip = ("verl applies rollout correction only with the engine's log-probs (rollout.calculate_log_probs=True; "
             "this launch has it off)" if not c.get(f"{R}.calculate_log_probs") else
             "verl 0.9.1's main_ppo skips rollout correction in bypass mode" if c.get(f"{RC}.bypass_mode")
-            and c.trainer != "dapo" else "")
+            and c.trainer == "v1" else "")
+    bypass_loss = bool(c.get(f"{RC}.bypass_mode")) and c.trainer in SEPARATE_TRAINERS
     targets = {"rollout_is": "algorithm.rollout_is", "rollout_is_threshold": "algorithm.rollout_is_threshold",
                "rollout_is_batch_normalize": "algorithm.rollout_is_batch_normalize",
                "rollout_rs": "algorithm.rollout_rs", "rollout_rs_threshold": "algorithm.rollout_rs_threshold"}
@@ -265,8 +268,11 @@ def rollout_correction(c: Context) -> None:
              if leaf == "rollout_is" and value is not None else c.ignore(key, "null: no IS weights"
                                                                         if leaf != "rollout_is_batch_normalize" else
                                                                         "read only with IS weights"))
+        elif leaf == "loss_type" and bypass_loss:
+            c.map(key, "actor.bypass_mode.loss_type", value)
         elif leaf == "loss_type":
-            c.ignore(key, "read only by the bypass loss of verl's legacy trainer (trainer.use_v1=False)")
+            c.ignore(key, "read only by the bypass loss, which verl runs in bypass mode on its fully-async and "
+                     "one-step-off trainers (and its deprecated legacy trainer)")
         elif leaf in targets and skip:
             c.ignore(key, skip)
         elif leaf in targets:  # thresholds: a number or a string of them ("0.5_2.0"); null: verl's default
@@ -275,6 +281,28 @@ def rollout_correction(c: Context) -> None:
             c.same(key, "")
         else:
             c.refuse(key, f"the rollout-correction option {key[len(RC) + 1:]}")
+
+
+TRAINER_NAMES = {"dapo": "the DAPO recipe's main_dapo", "fully_async": "verl's fully-async trainer",
+                 "one_step_off": "verl's one-step-off trainer"}
+# main_ppo's choice of trainer: (value test, what rlforge does, what rlforge lacks)
+MAIN_PPO_KEYS = {
+    "trainer.use_v1": (is_(True), "verl's v1 trainer (main_ppo's default)",
+                       "verl's deprecated legacy trainer (trainer.use_v1=False, main_ppo_v0)"),
+    "trainer.v1.trainer_mode": (is_("sync"), "generate, then train", "verl's v1 asynchronous trainer modes (rlforge: "
+                                "trainer.pipeline=one_step_off or async, docs/pipelines.md)"),
+}
+
+
+def main_ppo_trainer(c: Context) -> None:
+    """``trainer.use_v1`` and ``trainer.v1.trainer_mode``: read only by verl.trainer.main_ppo, which picks its trainer
+    with them; a launch of another trainer module leaves them unread."""
+    for key in c.owned:
+        ok, does, missing = MAIN_PPO_KEYS[key]
+        if c.trainer in TRAINER_NAMES:
+            c.ignore(key, f"read only by verl.trainer.main_ppo (this launch runs on {TRAINER_NAMES[c.trainer]})")
+        else:
+            (c.same(key, does) if ok(c.get(key)) else c.refuse(key, missing))
 
 
 def weight_decay(c: Context) -> None:

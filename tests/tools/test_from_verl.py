@@ -290,10 +290,10 @@ def test_a_complete_hydra_config_translates_without_a_traceback(tmp_path: Path) 
     path = tmp_path / "config.yaml"
     text = (verl_hydra.DEFAULTS / "ppo_megatron_trainer.yaml").read_text()
     path.write_text(text.replace("name: ???", "name: vllm"))
-    t = verl.translate(verl_hydra.compose_file(str(path)))
+    t = verl.translate(verl_hydra.compose_file(str(path))[2])
     assert t.overrides["strategy.name"] == "megatron" and t.algorithm == "ppo"
     shutil.copy(VERL_YAML, tmp_path / "sparse.yaml")
-    assert verl.translate(verl_hydra.compose_file(str(tmp_path / "sparse.yaml"))).overrides["rollout.n"] == 2
+    assert verl.translate(verl_hydra.compose_file(str(tmp_path / "sparse.yaml"))[2]).overrides["rollout.n"] == 2
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -390,3 +390,33 @@ def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, m
     assert main(["verl", *BASE, "trainer.device=cpu", "--", "actor.lr=-1"]) == 2
     err = capsys.readouterr().err
     assert "'actor.lr'" in err and "from verl's" not in err  # the bad value is the user's, not the launch's
+
+
+def test_a_complete_config_is_read_as_the_trainer_that_wrote_it(tmp_path: Path, capsys) -> None:
+    """A run's .hydra/config.yaml: the trainer comes from hydra.yaml beside it (hydra.job.config_name), else from the
+    sections only some trainers have (fully-async, one-step-off, SFT); a DAPO recipe's config without its hydra.yaml
+    reads as main_ppo's, and the report says so."""
+    def run_dir(name: str, config_name: str | None) -> Path:
+        d = tmp_path / name / ".hydra"
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text((verl_hydra.DEFAULTS / f"{name}.yaml").read_text().replace("name: ???",
+                                                                                              "name: vllm"))
+        if config_name:
+            (d / "hydra.yaml").write_text(f"hydra:\n  run:\n    dir: outputs\n  job:\n    name: main\n"
+                                          f"    config_name: {config_name}\n")
+        return d / "config.yaml"
+
+    name, how, _ = verl_hydra.compose_file(str(run_dir("dapo_trainer", "dapo_trainer")))
+    assert name == "dapo_trainer" and "hydra.job.config_name" in how
+    assert verl_hydra.compose_file(str(run_dir("ppo_trainer", None)))[:2][0] == "ppo_trainer"
+    assert verl_hydra.compose_file(str(run_dir("fully_async_ppo_trainer", None)))[0] == "fully_async_ppo_trainer"
+    assert verl_hydra.compose_file(str(run_dir("one_step_off_ppo_trainer", None)))[0] == "one_step_off_ppo_trainer"
+    assert verl_hydra.compose_file(str(run_dir("sft_trainer_engine", None)))[0] == "sft_trainer_engine"
+    assert verl_hydra.compose_file(str(run_dir("sft_trainer", None)))[0] == "sft_trainer"
+    assert main(["config", "from-verl", str(tmp_path / "dapo_trainer" / ".hydra" / "config.yaml")]) == 0
+    assert "read as verl's dapo_trainer (hydra.job.config_name in " in capsys.readouterr().err
+    assert main(["config", "from-verl", str(tmp_path / "sft_trainer_engine" / ".hydra" / "config.yaml")]) == 0
+    assert "rlforge sft; read as verl's sft_trainer_engine (its sections" in capsys.readouterr().err
+    (tmp_path / "dapo_trainer" / ".hydra" / "hydra.yaml").write_text("hydra:\n  job:\n    config_name: my_own\n")
+    with pytest.raises(ConfigError, match="hydra.job.config_name is 'my_own', not one of verl's configs"):
+        verl_hydra.compose_file(str(tmp_path / "dapo_trainer" / ".hydra" / "config.yaml"))

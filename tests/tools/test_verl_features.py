@@ -222,6 +222,28 @@ def test_what_verl_0_9_1s_main_ppo_reads_differs_from_its_dapo_recipe_trainer() 
     assert t.overrides["algorithm.rollout_is"] is None and not t.refused
 
 
+def test_the_fully_async_and_one_step_off_trainers_run_the_legacy_bypass_loss() -> None:
+    """verl's SeparateRayPPOTrainer (under both) calls apply_bypass_mode, which sets policy_loss.loss_mode=bypass_mode
+    and hands the correction settings to that loss (main_ppo's v1 trainer keeps the configured loss and skips them);
+    trainer.use_v1 is read by main_ppo alone."""
+    rc = "algorithm.rollout_correction"
+    bypass = [f"{rc}.bypass_mode=True", f"{rc}.rollout_is=token", f"{rc}.rollout_is_threshold=2.0",
+              f"{rc}.loss_type=reinforce", f"{A}.policy_loss.loss_mode=gspo"]
+    for name in ("fully_async_ppo_trainer", "one_step_off_ppo_trainer"):
+        t = prepare([f"--config-name={name}", *GPUS, *bypass], refuse=False).translation
+        assert t.overrides["actor.policy_loss"] == "bypass_mode", name
+        assert t.overrides["actor.bypass_mode.loss_type"] == "reinforce"
+        assert t.overrides["algorithm.rollout_is"] == "token" and t.overrides["algorithm.rollout_is_threshold"] == "2.0"
+        assert "replaced by the bypass loss" in _fate(t, f"{A}.policy_loss.loss_mode").text
+        assert "actor.reuse_rollout_log_probs" not in t.overrides
+        assert not [f for f in t.refused if not f.key.startswith("async_training.")]  # fully-async's staleness
+    main = _t(*bypass)
+    assert main.overrides["actor.policy_loss"] == "gspo" and main.overrides["actor.reuse_rollout_log_probs"] is True
+    dapo = prepare(["--config-name=dapo_trainer", *GPUS, "trainer.use_v1=False"], refuse=False).translation
+    assert _fate(dapo, "trainer.use_v1").kind == verl.IGNORED and not dapo.refused  # main_dapo never reads it
+    assert _fate(_t("trainer.use_v1=False"), "trainer.use_v1").kind == verl.REFUSED
+
+
 def test_verl_keys_whose_meaning_needed_a_closer_look() -> None:
     t = _t("algorithm.adv_estimator=gae", "trainer.critic_warmup=20")
     assert t.overrides["trainer.critic_warmup"] == 19  # verl updates the actor from its step 20 (counted from 1)
@@ -270,6 +292,15 @@ def test_legacy_overlong_keys_replace_the_section_and_the_old_recipe_keys_are_un
                  "algorithm.filter_groups.metric=acc", "algorithm.filter_groups.max_num_gen_batches=0",
                  "data.gen_batch_size=64", "data.train_batch_size=32"], refuse=False).translation
     assert t.overrides["algorithm.max_gen_batches"] == 1000  # verl's 0: no limit, from both keys
+    recipe = ["--config-name=dapo_trainer", *GPUS, "algorithm.filter_groups.enable=True",
+              "algorithm.filter_groups.max_num_gen_batches=3", "data.train_batch_size=32"]
+    t = prepare([*recipe, "data.gen_batch_size=16"], refuse=False).translation  # fewer prompts per round than a batch
+    assert t.overrides["algorithm.max_gen_batches"] == 2  # the 48 prompts of verl's 3 rounds: 2 rounds of 32
+    assert "verl draws data.gen_batch_size=16 prompts per round" in _fate(t, "data.gen_batch_size").text
+    t = prepare([*recipe, "data.gen_batch_size=96"], refuse=False).translation
+    assert t.overrides["algorithm.max_gen_batches"] == 9
+    assert _fate(prepare([*recipe, "data.gen_batch_size=32"], refuse=False).translation,
+                 "data.gen_batch_size").kind == verl.MAPPED
 
 
 def test_the_legacy_custom_reward_function_moves_as_a_whole_section() -> None:
