@@ -171,6 +171,12 @@ def filter_groups(c: Context) -> None:
     """DAPO's dynamic sampling: enable, metric, max_num_gen_batches, and the generation batch (data.gen_batch_size)."""
     f = "algorithm.filter_groups"
     keys = [k for k in c.owned if k.startswith(f"{f}.") or k == "data.gen_batch_size"]
+    if c.trainer in SEPARATE_TRAINERS and c.get(f"{f}.enable"):  # only main_ppo and the DAPO recipe filter groups
+        for key in keys:
+            (c.map(key, "algorithm.filter_groups", False, "verl's fully-async and one-step-off trainers do not read it: "
+                   "they train every group") if key == f"{f}.enable" else
+             c.ignore(key, "read only by main_ppo's and the DAPO recipe's dynamic sampling"))
+        return
     if not c.get(f"{f}.enable"):
         for key in keys:
             (c.map(key, "algorithm.filter_groups", False) if key == f"{f}.enable"

@@ -154,7 +154,8 @@ def make_trainer(s: DictConfig, callbacks: list[Callback], loggers: list[Logger]
     try:
         return L.Trainer(
             accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
-            precision=precision, max_steps=s.steps, gradient_clip_val=s.grad_clip or None,
+            # one Lightning epoch holds every step (StepBatches): the progress bar reads "Epoch 0/0", not "0/-2"
+            precision=precision, max_steps=s.steps, max_epochs=1, gradient_clip_val=s.grad_clip or None,
             default_root_dir=s.output_dir, logger=loggers or False, callbacks=callbacks,
             enable_checkpointing=bool(s.save_every), enable_progress_bar=s.progress,
             log_every_n_steps=min(s.log_every, s.steps),

@@ -237,6 +237,10 @@ def test_the_fully_async_and_one_step_off_trainers_run_the_legacy_bypass_loss() 
         assert "replaced by the bypass loss" in _fate(t, f"{A}.policy_loss.loss_mode").text
         assert "actor.reuse_rollout_log_probs" not in t.overrides
         assert not [f for f in t.refused if not f.key.startswith("async_training.")]  # fully-async's staleness
+    t = prepare(["--config-name=one_step_off_ppo_trainer", *GPUS, "algorithm.filter_groups.enable=True"],
+                refuse=False).translation  # dynamic sampling is main_ppo's and the DAPO recipe's only
+    assert t.overrides["algorithm.filter_groups"] is False and "train every group" in _fate(
+        t, "algorithm.filter_groups.enable").text
     main = _t(*bypass)
     assert main.overrides["actor.policy_loss"] == "gspo" and main.overrides["actor.reuse_rollout_log_probs"] is True
     dapo = prepare(["--config-name=dapo_trainer", *GPUS, "trainer.use_v1=False"], refuse=False).translation
