@@ -68,14 +68,19 @@ def cmd_algos(args: argparse.Namespace) -> int:
 
 
 def _check_sft_keys(layer: Any, source: str = "command-line overrides") -> None:
-    """rlforge fit's keys given to ``rlforge sft`` (overrides, or a config file's tree) are an error."""
+    """rlforge fit's keys and verl's SFT keys given to ``rlforge sft`` (overrides, or a config file's tree) are an
+    error."""
     from omegaconf import OmegaConf
 
+    from rlforge.config import compose_with_plugins
     from rlforge.config.checks import check_sft_keys
     from rlforge.config.compose import parse_overrides
 
     tree = OmegaConf.to_container(parse_overrides(list(layer)) if isinstance(layer, list) else layer)
-    check_sft_keys([k for k, _ in _flatten(tree)], source)
+    keys = [k for k, _ in _flatten(tree)]
+    if keys:
+        known = {k for k, _ in _flatten(OmegaConf.to_container(compose_with_plugins()[1]))}
+        check_sft_keys(keys, source, known)
 
 
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:

@@ -210,7 +210,20 @@ def test_sft_refuses_keys_only_fit_reads_and_verl_s_sft_keys(capsys, tmp_path: P
     (tmp_path / "c.yaml").write_text("algorithm:\n  name: grpo\n")
     assert main(["sft", "--config", str(tmp_path / "c.yaml")]) == 2
     assert f"'algorithm.name' (in {tmp_path / 'c.yaml'})" in capsys.readouterr().err
-    assert main(["sft", "optim.lr=1e-5"]) == 2
-    assert "'optim.lr' is verl's SFT key, rlforge's is 'sft.lr'" in capsys.readouterr().err
+    assert main(["sft", "optim.lr=1e-5", "trainer.total_training_steps=3", "model.strategy=fsdp"]) == 2
+    err = capsys.readouterr().err
+    assert "'optim.lr' is verl's SFT key, rlforge's is 'sft.lr'" in err
+    assert "'trainer.total_training_steps' is verl's SFT key; rlforge's is sft.steps / sft.epochs" in err
+    assert "'model.strategy' is verl's SFT key, with no rlforge counterpart needed" in err
+    assert main(["sft", "sft.steps=0", "model.lora.rank=4", "data.arith.train_size=8", "rollout.n=2"]) == 2
+    assert "sft.steps" in capsys.readouterr().err  # keys SFT reads pass this check (the value is the error)
     assert main(["verl", "--sft", "--print", "data.train_files=/x.parquet", "--", "strategy.name=fsdp"]) == 2
     assert "'strategy.name' (SFT's is 'sft.strategy') (in rlforge's keys after --)" in capsys.readouterr().err
+
+
+def test_every_verl_sft_rule_translated_together_names_rlforge_s_keys() -> None:
+    from rlforge.config.checks import SFT_DERIVED
+    from rlforge.config.verl_rules import Derived
+    from rlforge.config.verl_sft import TABLE
+
+    assert {r.owner for _, r in TABLE.items() if isinstance(r, Derived)} <= set(SFT_DERIVED)

@@ -200,23 +200,48 @@ SFT_SPELLING = {
 # what `rlforge sft` reads of the sections it shares with `rlforge fit` (a plugin's own sections are not checked)
 SFT_READS = ("sft.", "data.", "rollout.", "reward.", "plugins.", "model.lora.", "model.precision",
              "model.trust_remote_code", "model.chat_template", "trainer.project")
+# verl's SFT keys translated together (rlforge.config.verl_sft's Derived rules) -> rlforge's keys for them
+SFT_DERIVED = {
+    "chat_template": "data.apply_chat_template_kwargs", "sft_chat_template": "model.chat_template",
+    "sft_columns": "sft.format with sft.prompt_key / sft.response_key / sft.messages_key",
+    "sft_files": "sft.train_file / sft.val_file", "sft_loggers": "sft.loggers",
+    "sft_multiturn_keys": "sft.messages_key / sft.tools_key", "sft_resume": "sft.resume",
+    "sft_schedule": "sft.lr_scheduler", "sft_steps": "sft.steps / sft.epochs",
+    "sft_thinking": "sft.enable_thinking_key / sft.enable_thinking_default",
+    "sft_warmup": "sft.warmup_steps / sft.warmup_ratio",
+}
 FIT_SECTIONS = ("model", "data", "algorithm", "actor", "critic", "strategy", "trainer", "logger", "ray")
 
 
-def check_sft_keys(keys: list[str], source: str) -> None:
+def check_sft_keys(keys: list[str], source: str, known: set[str]) -> None:
     """Keys given to ``rlforge sft`` that only ``rlforge fit`` reads are an error (they would go unread), naming the
-    sft key where there is one."""
-    from rlforge.config.verl_rules import Map
-    from rlforge.config.verl_sft import TABLE
-
-    verl_keys = {k: r.target for k in keys if isinstance(r := TABLE.exact.get(k), Map) and r.target not in ("", k)}
-    if verl_keys:  # verl's SFT keys typed where rlforge's go
-        said = "; ".join(f"'{k}' is verl's SFT key, rlforge's is '{t}'" for k, t in verl_keys.items())
-        raise ConfigError(f"{said} (in {source}; 'rlforge verl --sft ARGS' takes verl's keys, docs/sft.md).")
-    unread = [k for k in keys if k in SFT_SPELLING or k.split(".")[0] in FIT_SECTIONS and not k.startswith(SFT_READS)]
+    sft key where there is one; so are verl's SFT keys that are not rlforge's (``known``: rlforge's keys)."""
+    unread = [k for k in keys if k in SFT_SPELLING or k in known and k.split(".")[0] in FIT_SECTIONS
+              and not k.startswith(SFT_READS)]
     if unread:
         lines = [f"'{k}'" + (f" (SFT's is '{SFT_SPELLING[k]}')" if k in SFT_SPELLING else "") for k in unread]
         raise ConfigError(f"rlforge sft does not read {', '.join(lines)} (in {source}): rlforge fit's key(s). SFT "
                           f"reads sft.*, data.* (the built-in dataset), model.precision, "
                           f"model.lora.*, model.trust_remote_code, model.chat_template, trainer.project, and reward.* "
                           f"and rollout.* for its greedy accuracy (docs/sft.md).")
+    said = [f"'{k}' {_verl_sft_key(k)}" for k in keys if k not in known and _verl_sft_key(k)]
+    if said:  # verl's SFT keys typed where rlforge's go
+        raise ConfigError(f"{'; '.join(said)} (in {source}; 'rlforge verl --sft ARGS' takes verl's keys, "
+                          f"docs/sft.md).")
+
+
+def _verl_sft_key(key: str) -> str:
+    """What verl's SFT key ``key`` is to rlforge sft (empty: not one of verl's SFT keys)."""
+    from rlforge.config.verl_rules import Derived, Ignore, Keep, Map
+    from rlforge.config.verl_sft import TABLE
+
+    rule = TABLE.rule(key)
+    if isinstance(rule, Map) and rule.target:
+        return f"is verl's SFT key, rlforge's is '{rule.target}'"
+    if isinstance(rule, Derived):
+        return f"is verl's SFT key; rlforge's is {SFT_DERIVED.get(rule.owner, 'decided with other keys')}"
+    if isinstance(rule, Keep):
+        return f"is verl's SFT key: rlforge sft always uses {rule.does or 'what verl does by default'}"
+    if isinstance(rule, Ignore):
+        return f"is verl's SFT key, with no rlforge counterpart needed: {rule.why}"
+    return ""

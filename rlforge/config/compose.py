@@ -364,7 +364,8 @@ def check_data_files(cfg: DictConfig, registry: Any) -> None:
         if files and not reads:
             raise ConfigError(f"'{key}' is set ({files[0]}{', ...' if len(files) > 1 else ''}) but data.name="
                               f"{cfg.data.name} does not read it: the run would train on data.name's rows. Set "
-                              f"data.name=files to train on the files.")
+                              f"data.name=files to train on the files (rlforge sft: sft.train_file / sft.val_file "
+                              f"for SFT rows).")
         problem = None if caps.checks_own_files else next((p for f in files if (p := data_file_problem(f))), None)
         if problem:
             raise ConfigError(f"{problem} ({key}).")

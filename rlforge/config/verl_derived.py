@@ -67,18 +67,12 @@ def algorithm(c: Context) -> None:
     elif c.trainer == "dapo":
         c.ignore(bypass, "not read by verl's DAPO recipe trainer: it recomputes the old log-probs and applies rollout "
                          "correction as configured")
-    elif c.trainer in SEPARATE_TRAINERS:  # verl's apply_bypass_mode sets policy_loss.loss_mode=bypass_mode
-        c.map(bypass, "actor.policy_loss", "bypass_mode", "verl's fully-async and one-step-off trainers: the old "
-              "log-probs are the engine's and the loss is the bypass loss (IS and rejection inside it), whatever "
-              "policy_loss.loss_mode says")
-        mode = "bypass_mode"
-    else:  # main_ppo's v1 trainer; only verl's legacy trainer (trainer.use_v1=False) swaps the loss for its bypass loss
-        c.map(bypass, "actor.reuse_rollout_log_probs", True, "verl 0.9.1's main_ppo: the old log-probs are the "
-              "engine's, rollout correction (rollout_is, rollout_rs) is skipped and the loss is "
-              "policy_loss.loss_mode's")
-    if mode == "bypass_mode" and c.get(bypass) and c.trainer in SEPARATE_TRAINERS:
-        c.ignore(f"{A}.policy_loss.loss_mode", "replaced by the bypass loss (rollout_correction.bypass_mode)")
-    elif mode in POLICY_LOSSES:
+    else:  # the fully-async and one-step-off trainers' apply_bypass_mode sets loss_mode=bypass_mode on the driver's
+        # config only, after the workers built their loss from theirs: the configured loss runs there too
+        trainer = T.TRAINER_NAMES.get(c.trainer, "verl 0.9.1's main_ppo")
+        c.map(bypass, "actor.reuse_rollout_log_probs", True, f"{trainer}: the old log-probs are the engine's, rollout "
+              "correction (rollout_is, rollout_rs) is skipped and the loss is policy_loss.loss_mode's")
+    if mode in POLICY_LOSSES:
         c.map(f"{A}.policy_loss.loss_mode", "actor.policy_loss", mode)
     else:
         c.refuse(f"{A}.policy_loss.loss_mode", f"verl's policy_loss.loss_mode={mode}")
@@ -218,6 +212,11 @@ def filter_groups(c: Context) -> None:
                                 f"data.train_batch_size={train} per round and stops when enough groups are kept"
                                 + ("" if rounds <= 0 else f": at most {limit} rounds, the {rounds * gen} prompts of "
                                    f"verl's {rounds}"))
+        if 0 < rounds * (gen or train) < train:  # fewer prompts in all the rounds than groups in a batch
+            c.refuse(f"{f}.max_num_gen_batches", f"filling a batch from fewer prompts than it holds "
+                     f"(max_num_gen_batches={rounds} rounds of data.gen_batch_size={gen} prompts for "
+                     f"data.train_batch_size={train} groups: verl's DAPO recipe stops with an error at its first step "
+                     f"too)")
         c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches", limit,
               "verl's 0 (no limit) is 1000 rounds" if rounds <= 0 else "verl's DAPO recipe stops with an error when "
               "the rounds run out; rlforge trains the step on the groups it kept")

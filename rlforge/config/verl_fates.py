@@ -13,7 +13,7 @@ from rlforge.config.verl_rules import nest
 DOC = "docs/migration-from-verl.md"
 MAPPED, REFUSED, IGNORED = "mapped", "refused", "ignored"
 MIGRATING_TRAINERS = ("dapo", "fully_async")  # the trainers that move verl's legacy reward keys (verl.TRAINERS)
-# the trainers on verl's SeparateRayPPOTrainer (the legacy trainer's step): bypass mode swaps in the bypass loss
+# the trainers on verl's SeparateRayPPOTrainer (the legacy trainer's step): no dynamic sampling
 SEPARATE_TRAINERS = ("fully_async", "one_step_off")
 
 

@@ -177,7 +177,15 @@ def base_config(launch: Launch) -> str:
     """The shipped config a launch builds on: its --config-name, or the one its own config file's defaults name (which
     says which of verl's trainers runs it, ``verl.TRAINERS``)."""
     found = _user_file(launch.config_path, launch.config_name) if launch.config_path else None
-    return found[0] if found is not None else launch.config_name
+    if found is None:
+        return launch.config_name
+    return found[0] if found[0] != PPO else _named_trainer(launch.config_name)
+
+
+def _named_trainer(name: str) -> str:
+    """A config file of one's own built on ppo_trainer, named as one of verl's trainer configs (verl-recipe's
+    recipe/dapo/config/dapo_trainer.yaml, which main_dapo composes): that trainer's; any other name: main_ppo's."""
+    return name if name in shipped() and not name.startswith("sft_") else PPO
 
 
 def compose_tree(launch: Launch) -> dict[str, Any]:
@@ -405,24 +413,33 @@ def _file_trainer(file: Path, base: str, own: dict[str, Any]) -> tuple[str, str]
     config reads as main_ppo's without its hydra.yaml)."""
     if base != PPO:
         return base, "its defaults list"
-    hydra_yaml = file.parent / "hydra.yaml"
+    if _named_trainer(file.stem) != PPO:
+        return file.stem, "its file name"
+    hydra_yaml, unknown = file.parent / "hydra.yaml", ""
     if hydra_yaml.is_file():
-        data = yaml.safe_load(hydra_yaml.read_text(encoding="utf-8"))
-        job = data.get("hydra", {}).get("job", {}) if isinstance(data, dict) else {}
-        name = str(job.get("config_name") or "").removesuffix(".yaml") if isinstance(job, dict) else ""
+        try:
+            data = yaml.safe_load(hydra_yaml.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{hydra_yaml} is not YAML ({str(exc).splitlines()[0]}): fix or remove it (rlforge "
+                              f"reads which verl config the run composed from its hydra.job.config_name).") from None
+        job = data.get("hydra") if isinstance(data, dict) else None
+        job = job.get("job") if isinstance(job, dict) else None
+        name = job.get("config_name") if isinstance(job, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{hydra_yaml} has no hydra.job.config_name (a verl run's hydra.yaml names the config "
+                              f"it composed there): fix or remove it.")
+        name = name.removesuffix(".yaml")
         if name in shipped():
             return name, f"hydra.job.config_name in {hydra_yaml}"
-        if name:
-            raise ConfigError(f"{hydra_yaml}: hydra.job.config_name is '{name}', not one of verl's configs rlforge "
-                              f"ships ({', '.join(shipped())}).")
+        unknown = f"; {hydra_yaml} names '{name}', a config of its own"
     rollout = own.get("rollout")
     if "async_training" in own:
-        return "fully_async_ppo_trainer", "its async_training section (verl's fully-async trainer)"
+        return "fully_async_ppo_trainer", f"its async_training section (verl's fully-async trainer){unknown}"
     if isinstance(rollout, dict) and "nnodes" in rollout:
-        return "one_step_off_ppo_trainer", "its top-level rollout section (verl's one-step-off trainer)"
+        return "one_step_off_ppo_trainer", f"its top-level rollout section (verl's one-step-off trainer){unknown}"
     if "actor_rollout_ref" not in own and ("model" in own or "engine" in own):
         data = own.get("data") if isinstance(own.get("data"), dict) else {}
         legacy = "use_remove_padding" in own or "multiturn" in data or "micro_batch_size" in data  # v0.7's keys
-        return (LEGACY_SFT if legacy else SFT), "its sections (an SFT trainer's top-level model/engine)"
-    return PPO, ("main_ppo's, as nothing in it or beside it says otherwise (a DAPO recipe run's config: keep its "
-                 "hydra.yaml beside it)")
+        return (LEGACY_SFT if legacy else SFT), f"its sections (an SFT trainer's top-level model/engine){unknown}"
+    return PPO, (f"main_ppo's: nothing in it says otherwise{unknown} (a DAPO recipe run's config: keep its "
+                 f"hydra.yaml beside it)")

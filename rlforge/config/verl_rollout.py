@@ -47,7 +47,9 @@ def rollout_engine(c: Context) -> None:
     elif name in ("vllm", "hf"):
         c.map(f"{R}.name", "rollout.name", name)
     else:
-        c.refuse(f"{R}.name", f"the {name} rollout engine (rlforge's engines: hf, vllm)")
+        c.refuse(f"{R}.name", "running without a rollout engine (verl's config leaves rollout.name '???', "
+                 "mandatory: verl stops when it reads it; set vllm or hf)" if name == "???" else
+                 f"the {name} rollout engine (rlforge's engines: hf, vllm)")
     winners = engine_kwargs(c, name)
     for key, (arg, target) in VLLM_KEYS.items():
         if name == "vllm" and arg in winners:

@@ -52,7 +52,8 @@ RULES: dict[str, Rule] = {
     "model.target_modules": Map("model.lora.target_modules", str_list),
     "model.exclude_modules": Map("model.lora.exclude_modules"),
     "model.lora_adapter_path": Keep(off, "a fresh adapter", "starting LoRA from a saved adapter"),
-    "model.lora.rank": Keep(is_(0), "full fine-tuning", "LoRA in rlforge's SFT"),
+    "model.lora.*": Ignore("verl's megatron engine's LoRA settings: its FSDP engine, the one rlforge's SFT translates, "
+                           "reads model.lora_rank (rlforge's model.lora.rank)"),
     "model.custom_chat_template": Map("model.chat_template"),
     "model.override_config": Keep(off, "the model's config.json", "overriding config.json fields"),
     "model.mtp.enable": Keep(off, "no multi-token prediction", "multi-token prediction (MTP) heads"),

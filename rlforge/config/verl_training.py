@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlforge.config import verl_veomni
-from rlforge.config.verl_fates import SEPARATE_TRAINERS
 from rlforge.config.verl_rules import float_list, is_, non_negative, off
 
 if TYPE_CHECKING:
@@ -249,14 +248,12 @@ def entropy(c: Context) -> None:
 
 
 def rollout_correction(c: Context) -> None:
-    """verl's rollout correction (IS weights, rejection): applied only with the engine's log-probs in the batch; in
-    bypass mode (see ``verl_derived.algorithm``) main_ppo skips it and the fully-async and one-step-off trainers apply
-    it inside their bypass loss."""
+    """verl's rollout correction (IS weights, rejection): applied only with the engine's log-probs in the batch, and
+    not in bypass mode (see ``verl_derived.algorithm``) except by the DAPO recipe's trainer, which does not read it."""
     skip = ("verl applies rollout correction only with the engine's log-probs (rollout.calculate_log_probs=True; "
             "this launch has it off)" if not c.get(f"{R}.calculate_log_probs") else
-            "verl 0.9.1's main_ppo skips rollout correction in bypass mode" if c.get(f"{RC}.bypass_mode")
-            and c.trainer == "v1" else "")
-    bypass_loss = bool(c.get(f"{RC}.bypass_mode")) and c.trainer in SEPARATE_TRAINERS
+            "verl 0.9.1 skips rollout correction in bypass mode" if c.get(f"{RC}.bypass_mode")
+            and c.trainer != "dapo" else "")
     targets = {"rollout_is": "algorithm.rollout_is", "rollout_is_threshold": "algorithm.rollout_is_threshold",
                "rollout_is_batch_normalize": "algorithm.rollout_is_batch_normalize",
                "rollout_rs": "algorithm.rollout_rs", "rollout_rs_threshold": "algorithm.rollout_rs_threshold"}
@@ -268,11 +265,9 @@ def rollout_correction(c: Context) -> None:
              if leaf == "rollout_is" and value is not None else c.ignore(key, "null: no IS weights"
                                                                         if leaf != "rollout_is_batch_normalize" else
                                                                         "read only with IS weights"))
-        elif leaf == "loss_type" and bypass_loss:
-            c.map(key, "actor.bypass_mode.loss_type", value)
         elif leaf == "loss_type":
-            c.ignore(key, "read only by the bypass loss, which verl runs in bypass mode on its fully-async and "
-                     "one-step-off trainers (and its deprecated legacy trainer)")
+            c.ignore(key, "read only by the bypass loss, which no verl 0.9.1 trainer runs: apply_bypass_mode sets "
+                     "loss_mode=bypass_mode on the driver's config after the workers built their loss")
         elif leaf in targets and skip:
             c.ignore(key, skip)
         elif leaf in targets:  # thresholds: a number or a string of them ("0.5_2.0"); null: verl's default
@@ -296,7 +291,10 @@ MAIN_PPO_KEYS = {
 
 def main_ppo_trainer(c: Context) -> None:
     """``trainer.use_v1`` and ``trainer.v1.trainer_mode``: read only by verl.trainer.main_ppo, which picks its trainer
-    with them; a launch of another trainer module leaves them unread."""
+    with them; a launch of another trainer module leaves them unread. The one-step-off trainer's launches get
+    rlforge's ``trainer.pipeline=one_step_off``."""
+    if c.trainer == "one_step_off":  # its own entry point: the batch of step k + 1 generated while step k trains
+        c.set("trainer.pipeline", "one_step_off")
     for key in c.owned:
         ok, does, missing = MAIN_PPO_KEYS[key]
         if c.trainer in TRAINER_NAMES:

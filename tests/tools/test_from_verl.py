@@ -417,6 +417,18 @@ def test_a_complete_config_is_read_as_the_trainer_that_wrote_it(tmp_path: Path, 
     assert "read as verl's dapo_trainer (hydra.job.config_name in " in capsys.readouterr().err
     assert main(["config", "from-verl", str(tmp_path / "sft_trainer_engine" / ".hydra" / "config.yaml")]) == 0
     assert "rlforge sft; read as verl's sft_trainer_engine (its sections" in capsys.readouterr().err
-    (tmp_path / "dapo_trainer" / ".hydra" / "hydra.yaml").write_text("hydra:\n  job:\n    config_name: my_own\n")
-    with pytest.raises(ConfigError, match="hydra.job.config_name is 'my_own', not one of verl's configs"):
-        verl_hydra.compose_file(str(tmp_path / "dapo_trainer" / ".hydra" / "config.yaml"))
+    dapo = tmp_path / "dapo_trainer" / ".hydra"
+    (dapo / "hydra.yaml").write_text("hydra:\n  job:\n    config_name: my_own\n")  # a config of one's own
+    name, how, _ = verl_hydra.compose_file(str(dapo / "config.yaml"))
+    assert name == "ppo_trainer" and "names 'my_own', a config of its own" in how
+    for broken in ("", "- a\n", "hydra:\n  job: {}\n", "hydra: [\n"):  # not what a verl run writes: said, not guessed
+        (dapo / "hydra.yaml").write_text(broken)
+        with pytest.raises(ConfigError, match=r"hydra.yaml (has no hydra.job.config_name|is not YAML)"):
+            verl_hydra.compose_file(str(dapo / "config.yaml"))
+    # verl-recipe's own recipe/dapo/config/dapo_trainer.yaml builds on ppo_trainer: its name says main_dapo runs it
+    recipe = tmp_path / "recipe"
+    recipe.mkdir()
+    (recipe / "dapo_trainer.yaml").write_text("defaults:\n  - ppo_trainer\n  - _self_\ndata:\n  gen_batch_size: 64\n")
+    launch = verl_hydra.parse_args([f"--config-path={recipe}", "--config-name=dapo_trainer"])
+    assert verl_hydra.base_config(launch) == "dapo_trainer"
+    assert verl_hydra.compose_file(str(recipe / "dapo_trainer.yaml"))[:2] == ("dapo_trainer", "its file name")

@@ -222,23 +222,23 @@ def test_what_verl_0_9_1s_main_ppo_reads_differs_from_its_dapo_recipe_trainer() 
     assert t.overrides["algorithm.rollout_is"] is None and not t.refused
 
 
-def test_the_fully_async_and_one_step_off_trainers_run_the_legacy_bypass_loss() -> None:
+def test_the_fully_async_and_one_step_off_trainers_keep_the_configured_loss_in_bypass_mode() -> None:
     """verl's SeparateRayPPOTrainer (under both) calls apply_bypass_mode, which sets policy_loss.loss_mode=bypass_mode
-    and hands the correction settings to that loss (main_ppo's v1 trainer keeps the configured loss and skips them);
+    on the driver's config only, after the Ray workers built their loss from theirs (engine_workers.py): the configured
+    loss runs on the engine's log-probs, without IS weights (skipped in bypass mode), as under main_ppo;
     trainer.use_v1 is read by main_ppo alone."""
     rc = "algorithm.rollout_correction"
     bypass = [f"{rc}.bypass_mode=True", f"{rc}.rollout_is=token", f"{rc}.rollout_is_threshold=2.0",
               f"{rc}.loss_type=reinforce", f"{A}.policy_loss.loss_mode=gspo"]
     for name in ("fully_async_ppo_trainer", "one_step_off_ppo_trainer"):
         t = prepare([f"--config-name={name}", *GPUS, *bypass], refuse=False).translation
-        assert t.overrides["actor.policy_loss"] == "bypass_mode", name
-        assert t.overrides["actor.bypass_mode.loss_type"] == "reinforce"
-        assert t.overrides["algorithm.rollout_is"] == "token" and t.overrides["algorithm.rollout_is_threshold"] == "2.0"
-        assert "replaced by the bypass loss" in _fate(t, f"{A}.policy_loss.loss_mode").text
-        assert "actor.reuse_rollout_log_probs" not in t.overrides
+        assert t.overrides["actor.policy_loss"] == "gspo" and t.overrides["actor.reuse_rollout_log_probs"] is True
+        assert "algorithm.rollout_is" not in t.overrides and _fate(t, f"{rc}.loss_type").kind == verl.IGNORED
+        assert "verl's " + name.split("_ppo")[0].replace("_", "-") in _fate(t, f"{rc}.bypass_mode").text
         assert not [f for f in t.refused if not f.key.startswith("async_training.")]  # fully-async's staleness
     t = prepare(["--config-name=one_step_off_ppo_trainer", *GPUS, "algorithm.filter_groups.enable=True"],
                 refuse=False).translation  # dynamic sampling is main_ppo's and the DAPO recipe's only
+    assert t.overrides["trainer.pipeline"] == "one_step_off"  # its own entry point: rlforge's pipeline option
     assert t.overrides["algorithm.filter_groups"] is False and "train every group" in _fate(
         t, "algorithm.filter_groups.enable").text
     main = _t(*bypass)
@@ -301,6 +301,9 @@ def test_legacy_overlong_keys_replace_the_section_and_the_old_recipe_keys_are_un
     t = prepare([*recipe, "data.gen_batch_size=16"], refuse=False).translation  # fewer prompts per round than a batch
     assert t.overrides["algorithm.max_gen_batches"] == 2  # the 48 prompts of verl's 3 rounds: 2 rounds of 32
     assert "verl draws data.gen_batch_size=16 prompts per round" in _fate(t, "data.gen_batch_size").text
+    t = prepare([*recipe, "data.gen_batch_size=8"], refuse=False).translation  # 3 x 8 prompts for 32 groups
+    assert "verl's DAPO recipe stops with an error at its first step too" in _fate(
+        t, "algorithm.filter_groups.max_num_gen_batches").text
     t = prepare([*recipe, "data.gen_batch_size=96"], refuse=False).translation
     assert t.overrides["algorithm.max_gen_batches"] == 9
     assert _fate(prepare([*recipe, "data.gen_batch_size=32"], refuse=False).translation,
