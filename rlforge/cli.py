@@ -170,7 +170,10 @@ def _from_verl(args: argparse.Namespace) -> int:
         out.write_text("\n".join(report) + "\n" + text, encoding="utf-8")
     else:
         print(text, end="")
-    print("\n".join(report), file=sys.stderr if out is None else sys.stdout)
+    if out is None:
+        print("\n".join(report), file=sys.stderr)
+    else:  # the file holds the whole report: the first line and what was refused here
+        print("\n".join([report[0], *(f"# {f.line()}" for f in t.refused)]))
     if out is not None:
         if not t.refused and t.command != "sft":
             compose_with_plugins(None, str(out), [], loaded=_warn)  # the translation composes as it is

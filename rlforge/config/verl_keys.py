@@ -372,6 +372,9 @@ ALGORITHM_RULES: dict[str, Rule] = {
     "algorithm.gdpo_reward_keys": Map("algorithm.reward_keys", str_list),
     "algorithm.gdpo_reward_weights": Map("algorithm.reward_weights"),
     "algorithm.rollout_correction.bypass_mode": Derived("algorithm"),
+    "algorithm.rollout_correction.loss_type": Ignore(
+        "read only by the bypass loss, which no verl 0.9.1 trainer runs: apply_bypass_mode sets loss_mode=bypass_mode "
+        "on the driver's config after the workers built their loss"),
     "algorithm.rollout_correction.*": Derived("rollout_correction"),
 }
 

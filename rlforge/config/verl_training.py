@@ -265,9 +265,6 @@ def rollout_correction(c: Context) -> None:
              if leaf == "rollout_is" and value is not None else c.ignore(key, "null: no IS weights"
                                                                         if leaf != "rollout_is_batch_normalize" else
                                                                         "read only with IS weights"))
-        elif leaf == "loss_type":
-            c.ignore(key, "read only by the bypass loss, which no verl 0.9.1 trainer runs: apply_bypass_mode sets "
-                     "loss_mode=bypass_mode on the driver's config after the workers built their loss")
         elif leaf in targets and skip:
             c.ignore(key, skip)
         elif leaf in targets:  # thresholds: a number or a string of them ("0.5_2.0"); null: verl's default

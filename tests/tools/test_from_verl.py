@@ -342,8 +342,10 @@ def test_from_verl_takes_verl_s_own_options_and_the_sft_trainer(capsys, tmp_path
     out = tmp_path / "sft.yaml"
     assert main(["config", "from-verl", "--sft", "data.train_files=chat.jsonl", "model.path=builtin:tiny-arith",
                  "--out", str(out)]) == 0
-    assert f"rlforge sft --config {out}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"rlforge sft --config {out}" in printed and "# mapped" not in printed  # the whole report is in the file
     assert "train_file: chat.jsonl" in out.read_text() and "val_accuracy: false" in out.read_text()
+    assert "# mapped      data.train_files" in out.read_text()
 
 
 def test_a_value_rlforge_refuses_at_rlforge_verl_names_the_verl_key_it_came_from(capsys) -> None:
