@@ -45,11 +45,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from rlforge.config.compose import load_file
+    from rlforge.config.compose import load_file, parse_overrides
 
-    _check_sft_keys(args.overrides)
-    if args.config:
-        _check_sft_keys(load_file(args.config), args.config)
+    _check_sft_keys([(parse_overrides(args.overrides), "command-line overrides"),
+                     *([(load_file(args.config), args.config)] if args.config else [])])
     pm, cfg = _compose(args)
     from rlforge.sft import run_sft
 
@@ -67,20 +66,19 @@ def cmd_algos(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_sft_keys(layer: Any, source: str = "command-line overrides") -> None:
-    """rlforge fit's keys and verl's SFT keys given to ``rlforge sft`` (overrides, or a config file's tree) are an
-    error."""
+def _check_sft_keys(layers: list[tuple[Any, str]]) -> None:
+    """rlforge fit's keys and verl's SFT keys given to ``rlforge sft`` are an error; ``layers``: (config, its source),
+    e.g. the parsed overrides and a config file."""
     from omegaconf import OmegaConf
 
     from rlforge.config import compose_with_plugins
     from rlforge.config.checks import check_sft_keys
-    from rlforge.config.compose import parse_overrides
 
-    tree = OmegaConf.to_container(parse_overrides(list(layer)) if isinstance(layer, list) else layer)
-    keys = [k for k, _ in _flatten(tree)]
-    if keys:
-        known = {k for k, _ in _flatten(OmegaConf.to_container(compose_with_plugins()[1]))}
-        check_sft_keys(keys, source, known)
+    given = [([k for k, _ in _flatten(OmegaConf.to_container(layer))], source) for layer, source in layers]
+    if any(keys for keys, _ in given):
+        known = {k for k, _ in _flatten(OmegaConf.to_container(compose_with_plugins()[1]))}  # rlforge's keys
+        for keys, source in given:
+            check_sft_keys(keys, source, known)
 
 
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -162,19 +160,17 @@ def _from_verl(args: argparse.Namespace) -> int:
         entry = SFT_ENTRY if getattr(args, "sft", False) else PPO_ENTRY
         prepared, source = prepare(list(args.overrides), entry, refuse=False), "the verl launch"
     t = prepared.translation
-    text = yaml.safe_dump(prepared.translation.nested() if t.command != "sft" else
+    text = yaml.safe_dump(t.nested() if t.command != "sft" else
                           {k: v for k, v in t.nested().items() if k != "algorithm"}, sort_keys=False)
-    report = [f"# translated from {source}: " + t.report()[0], *(f"# {line}" for line in t.report()[1:])]
+    head, *lines = t.report()
+    report = [f"# translated from {source}: {head}", *(f"# {line}" for line in lines)]
     out = Path(args.out) if args.out else None
-    if out is not None:
-        out.write_text("\n".join(report) + "\n" + text, encoding="utf-8")
-    else:
-        print(text, end="")
     if out is None:
+        print(text, end="")
         print("\n".join(report), file=sys.stderr)
-    else:  # the file holds the whole report: the first line and what was refused here
+    else:  # the file holds the whole report; printed here: its first line and what was refused
+        out.write_text("\n".join(report) + "\n" + text, encoding="utf-8")
         print("\n".join([report[0], *(f"# {f.line()}" for f in t.refused)]))
-    if out is not None:
         if not t.refused and t.command != "sft":
             compose_with_plugins(None, str(out), [], loaded=_warn)  # the translation composes as it is
         print(f"wrote {out}: rlforge {'sft' if t.command == 'sft' else 'fit'} --config {out}"
@@ -225,7 +221,9 @@ def cmd_verl(argv: list[str]) -> int:
     argv, ours = argv[:at], argv[at + 1:]
     opts = {a for a in argv if a in flags}
     if "--sft" in opts:
-        _check_sft_keys(ours, "rlforge's keys after --")
+        from rlforge.config.compose import parse_overrides
+
+        _check_sft_keys([(parse_overrides(ours), "rlforge's keys after --")])
     prepared = prepare([a for a in argv if a not in flags], SFT_ENTRY if "--sft" in opts else PPO_ENTRY,
                        refuse="--print" not in opts)
     t = prepared.translation

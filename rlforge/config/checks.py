@@ -174,13 +174,15 @@ def check_sequence_parallel_owner(cfg: DictConfig) -> None:
     is refused: nothing would read it, and the run would hold whole sequences (or its parameters) on each rank's
     device without saying so."""
     for name, section in cfg.strategy.items():
-        sp = section.get("sequence_parallel_size", 1) if isinstance(section, DictConfig) else 1
-        if name != cfg.strategy.name and int(sp or 1) > 1:
+        if name == cfg.strategy.name or not isinstance(section, DictConfig):  # the run's own, or a plain value
+            continue
+        sp = section.get("sequence_parallel_size", 1)
+        if int(sp or 1) > 1:
             raise ConfigError(f"strategy.{name}.sequence_parallel_size={sp} is read by strategy.name={name}, but this "
                               f"run's strategy is strategy.name={cfg.strategy.name}: set strategy.name={name} (and "
                               f"strategy.num_processes) or strategy.{name}.sequence_parallel_size=1.")
-        offload = list(section.get("offload_params", []) or []) if isinstance(section, DictConfig) else []
-        if name != cfg.strategy.name and offload:  # likewise parameter offload: nothing else would offload
+        offload = list(section.get("offload_params", []) or [])
+        if offload:  # likewise parameter offload: nothing else would offload
             raise ConfigError(f"strategy.{name}.offload_params={offload} is read by strategy.name={name}, but this "
                               f"run's strategy is strategy.name={cfg.strategy.name}: set strategy.name={name} or "
                               f"strategy.{name}.offload_params=[].")

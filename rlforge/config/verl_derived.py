@@ -3,7 +3,8 @@
 Each function reads the keys it owns from the translation context and gives every one of them a fate (mapped,
 refused or ignored); ``verl.translate`` calls them after the one-key rules, in ``ORDER``. They follow verl 0.9.1's code:
 which key wins, and which is read only when another is set. The device layout (strategy, parallel sizes, offload,
-precision) is ``verl_layout``'s, the micro-batches and the learning-rate schedule ``verl_training``'s.
+precision) is ``verl_layout``'s, the micro-batches, the learning-rate schedule and dynamic sampling
+``verl_training``'s.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from rlforge.config import verl_distill
 from rlforge.config import verl_layout as L
 from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
-from rlforge.config.verl_fates import MIGRATING_TRAINERS, SEPARATE_TRAINERS
-from rlforge.config.verl_rules import file_list, nest, non_negative, top_k
+from rlforge.config.verl_fates import MIGRATING_TRAINERS, TRAINER_NAMES
+from rlforge.config.verl_rules import file_list, joined, nest, non_negative, top_k
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -46,11 +47,6 @@ LOGGER_NOTES = {"file": "verl's file logger writes {step, data} lines to $VERL_F
                         "<project>/<experiment>.jsonl; rlforge's jsonl logger writes the metrics to <run>/metrics.jsonl"}
 TABLE_LOGGERS = ("swanlab", "trackio")  # where verl shows validation generations and rlforge's loggers do not
 REWARD_MANAGERS = {"naive": "rule", "dapo": "rule"}  # verl 0.9.1's reward loop has no 'prime' manager (it stops)
-# verl's filter_groups.metric -> rlforge's algorithm.filter_metric (seq_final_reward: before any KL in the reward)
-FILTER_METRICS = {"reward": "reward", "seq_reward": "reward", "seq_final_reward": "reward", "score": "score",
-                  "acc": "acc"}
-FILTER_METRICS_COMPUTED = ("reward", "seq_reward", "seq_final_reward")  # computed by a verl trainer, not looked up
-NO_LIMIT_ROUNDS = 1000  # verl's max_num_gen_batches=0 (no limit) as rlforge's algorithm.max_gen_batches
 
 
 def algorithm(c: Context) -> None:
@@ -69,7 +65,7 @@ def algorithm(c: Context) -> None:
                          "correction as configured")
     else:  # the fully-async and one-step-off trainers' apply_bypass_mode sets loss_mode=bypass_mode on the driver's
         # config only, after the workers built their loss from theirs: the configured loss runs there too
-        trainer = T.TRAINER_NAMES.get(c.trainer, "verl 0.9.1's main_ppo")
+        trainer = TRAINER_NAMES.get(c.trainer, "verl 0.9.1's main_ppo")
         c.map(bypass, "actor.reuse_rollout_log_probs", True, f"{trainer}: the old log-probs are the engine's, rollout "
               "correction (rollout_is, rollout_rs) is skipped and the loss is policy_loss.loss_mode's")
     if mode in POLICY_LOSSES:
@@ -161,73 +157,6 @@ def validation(c: Context) -> None:
           f"named mean@1, not mean@{n}; the values are the same, std 0)")
 
 
-def filter_groups(c: Context) -> None:
-    """DAPO's dynamic sampling: enable, metric, max_num_gen_batches, and the generation batch (data.gen_batch_size)."""
-    f = "algorithm.filter_groups"
-    keys = [k for k in c.owned if k.startswith(f"{f}.") or k == "data.gen_batch_size"]
-    if c.trainer in SEPARATE_TRAINERS and c.get(f"{f}.enable"):  # only main_ppo and the DAPO recipe filter groups
-        for key in keys:
-            (c.map(key, "algorithm.filter_groups", False, "verl's fully-async and one-step-off trainers do not read it: "
-                   "they train every group") if key == f"{f}.enable" else
-             c.ignore(key, "read only by main_ppo's and the DAPO recipe's dynamic sampling"))
-        return
-    if not c.get(f"{f}.enable"):
-        for key in keys:
-            (c.map(key, "algorithm.filter_groups", False) if key == f"{f}.enable"
-             else c.ignore(key, "read only with filter_groups.enable (dynamic sampling)"))
-        return
-    c.map(f"{f}.enable", "algorithm.filter_groups", True)
-    metric, recipe = c.get(f"{f}.metric"), c.trainer == "dapo"
-    # the DAPO recipe's trainer computes seq_reward / seq_final_reward itself and looks any other name up in the reward
-    # function's extra info; main_ppo's v1 replay buffer computes only "reward" (the pre-KL reward sum) and looks
-    # others up there too, stopping where a group lacks it
-    computed = ("seq_reward", "seq_final_reward") if recipe else ("reward",)
-    kl = recipe and metric == "seq_final_reward" and c.get("algorithm.use_kl_in_reward")
-    if metric in FILTER_METRICS and not kl:
-        notes = [("verl's dapo reward manager takes a reward function's plain-number result as its acc; rlforge's acc "
-                  "is then result >= 1") if metric == "acc" and c.reward_manager == "dapo" else ""]
-        if metric in FILTER_METRICS_COMPUTED and metric not in computed:
-            notes.append(f"verl's {'DAPO recipe trainer' if recipe else 'main_ppo'} looks {metric!r} up in the reward "
-                         f"function's extra info and stops where it is missing; rlforge filters on the sequence reward "
-                         f"(what {'main_ppo' if recipe else 'the DAPO recipe trainer'} computes for it)")
-        c.map(f"{f}.metric", "algorithm.filter_metric", FILTER_METRICS[metric], joined(*notes))
-    else:
-        c.refuse(f"{f}.metric", "dynamic sampling on the KL-penalized reward (seq_final_reward with use_kl_in_reward)"
-                 if kl else f"dynamic sampling on metric={metric} (rlforge's algorithm.filter_metric: reward, score, acc)")
-    rounds = int(c.get(f"{f}.max_num_gen_batches") or 0)
-    if not recipe:  # main_ppo's v1 replay buffer refills until the batch is full, one prompt at a time
-        c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches", NO_LIMIT_ROUNDS,
-              "verl 0.9.1's main_ppo ignores it and refills without a limit: 1000 rounds" if rounds > 0 else
-              "no limit: 1000 rounds")
-        if "data.gen_batch_size" in c.owned:
-            c.ignore("data.gen_batch_size", "verl 0.9.1's main_ppo draws prompts one at a time with dynamic sampling "
-                     "(it sets gen_batch_size to 1); rlforge draws data.train_batch_size per round until enough groups "
-                     "are kept: the same groups are trained")
-    else:
-        train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
-        same = not (gen and train and gen != train)
-        # rlforge draws data.train_batch_size prompts per round: the same number of prompts at most as verl's rounds
-        limit = NO_LIMIT_ROUNDS if rounds <= 0 else rounds if same else -(-rounds * gen // train)
-        note = "" if same else (f"verl draws data.gen_batch_size={gen} prompts per round; rlforge draws "
-                                f"data.train_batch_size={train} per round and stops when enough groups are kept"
-                                + ("" if rounds <= 0 else f": at most {limit} rounds, the {rounds * gen} prompts of "
-                                   f"verl's {rounds}"))
-        if 0 < rounds * (gen or train) < train:  # fewer prompts in all the rounds than groups in a batch
-            c.refuse(f"{f}.max_num_gen_batches", f"filling a batch from fewer prompts than it holds "
-                     f"(max_num_gen_batches={rounds} rounds of data.gen_batch_size={gen} prompts for "
-                     f"data.train_batch_size={train} groups: verl's DAPO recipe stops with an error at its first step "
-                     f"too)")
-        c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches", limit,
-              "verl's 0 (no limit) is 1000 rounds" if rounds <= 0 else "verl's DAPO recipe stops with an error when "
-              "the rounds run out; rlforge trains the step on the groups it kept")
-        if "data.gen_batch_size" in c.owned:
-            (c.same("data.gen_batch_size", "data.train_batch_size") if same
-             else c.map("data.gen_batch_size", "algorithm.max_gen_batches", limit, note))
-    for key in keys:
-        if key.endswith("max_inflight_gen_batches"):
-            c.ignore(key, "generation prefetch (speed only)")
-
-
 def overlong(c: Context) -> None:
     """DAPO's overlong shaping: only with the dapo reward manager, only when overlong_buffer_cfg.enable."""
     keys = list(c.owned)
@@ -276,11 +205,6 @@ def overlong(c: Context) -> None:
 
 
 PLACEMENT_KEYS = ("enable_resource_pool", "n_gpus_per_node", "nnodes")  # verl's legacy reward_model placement
-
-
-def joined(*notes: str) -> str:
-    """The non-empty notes of one fate, in one text."""
-    return "; ".join(n for n in notes if n)
 
 
 def legacy_moved(c: Context, new: str) -> str:
@@ -505,7 +429,7 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "micro_batches": T.micro_batches, "scoring": T.scoring, "clip": T.clip, "grad_clip": T.grad_clip,
     "betas": T.betas, "recompute": T.recompute, "entropy": T.entropy, "warmup": T.warmup, "schedule": T.schedule,
     "precision": L.precision, "rollout_engine": RO.rollout_engine, "model_config": model_config, "lengths": lengths,
-    "validation": validation, "multi_turn": AG.multi_turn, "filter_groups": filter_groups, "multimodal": multimodal,
+    "validation": validation, "multi_turn": AG.multi_turn, "filter_groups": T.filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
     "main_ppo_trainer": T.main_ppo_trainer,
 }

@@ -15,6 +15,9 @@ MAPPED, REFUSED, IGNORED = "mapped", "refused", "ignored"
 MIGRATING_TRAINERS = ("dapo", "fully_async")  # the trainers that move verl's legacy reward keys (verl.TRAINERS)
 # the trainers on verl's SeparateRayPPOTrainer (the legacy trainer's step): no dynamic sampling
 SEPARATE_TRAINERS = ("fully_async", "one_step_off")
+# the trainers other than main_ppo's, as the reports name them
+TRAINER_NAMES = {"dapo": "the DAPO recipe's main_dapo", "fully_async": "verl's fully-async trainer",
+                 "one_step_off": "verl's one-step-off trainer"}
 
 
 @dataclass
@@ -68,8 +71,8 @@ class Translation:
     def report(self) -> list[str]:
         what = "rlforge sft" if self.command == "sft" else f"algorithm {self.algorithm}"
         source = f" ({self.config_from})" if self.config_from else ""
-        head = (f"{what}; read as verl's {self.config}{source}; {len(self.of(MAPPED))} mapped, {len(self.of(REFUSED))} refused, "
-                f"{len(self.of(IGNORED))} ignored (see {DOC})")
+        head = (f"{what}; read as verl's {self.config}{source}; {len(self.of(MAPPED))} mapped, "
+                f"{len(self.of(REFUSED))} refused, {len(self.of(IGNORED))} ignored (see {DOC})")
         return [head] + [f.line() for f in sorted(self.fates, key=lambda f: (f.kind != REFUSED, f.kind, f.key))]
 
 

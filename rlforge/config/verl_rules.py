@@ -48,6 +48,11 @@ class Derived:
 Rule = Map | Keep | Ignore | Derived
 
 
+def joined(*notes: str) -> str:
+    """The non-empty notes of one fate, in one text."""
+    return "; ".join(n for n in notes if n)
+
+
 # --- value tests ----------------------------------------------------------------------------------------------------
 def is_(*values: Any) -> Callable[[Any], bool]:
     """The value equals one of ``values`` (``True`` is not ``1`` here)."""

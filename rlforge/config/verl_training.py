@@ -1,13 +1,15 @@
 """The training-side settings that several verl keys decide together (``Derived`` rules, beside ``verl_derived``):
 the micro-batches of the updates and of the forward-only passes, the clip ratios, the learning-rate warm-up and
-schedule, activation recomputation and the entropy's computation. They follow verl 0.9.1's workers and engines."""
+schedule, activation recomputation, the entropy's computation, DAPO's dynamic sampling, rollout correction and the
+trainer module's own keys. They follow verl 0.9.1's workers, engines and trainers."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from rlforge.config import verl_veomni
-from rlforge.config.verl_rules import float_list, is_, non_negative, off
+from rlforge.config.verl_fates import SEPARATE_TRAINERS, TRAINER_NAMES
+from rlforge.config.verl_rules import float_list, is_, joined, non_negative, off
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -21,6 +23,11 @@ SCORING = ((R, "log_prob_", f"{R}.log_prob_use_dynamic_bsz", "actor.log_prob"),
            (REF, "log_prob_", f"{REF}.log_prob_use_dynamic_bsz", "actor.ref_log_prob"),
            ("critic", "forward_", "critic.use_dynamic_bsz", "critic.values"))
 SCHEDULES = ("constant", "cosine")  # verl's FSDP engine schedules; rlforge's lr_scheduler has both (rlforge.lr_schedule)
+# verl's filter_groups.metric -> rlforge's algorithm.filter_metric (seq_final_reward: before any KL in the reward)
+FILTER_METRICS = {"reward": "reward", "seq_reward": "reward", "seq_final_reward": "reward", "score": "score",
+                  "acc": "acc"}
+FILTER_METRICS_COMPUTED = ("reward", "seq_reward", "seq_final_reward")  # computed by a verl trainer, not looked up
+NO_LIMIT_ROUNDS = 1000  # verl's max_num_gen_batches=0 (no limit) as rlforge's algorithm.max_gen_batches
 
 
 def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, str], unset: str) -> None:
@@ -247,6 +254,73 @@ def entropy(c: Context) -> None:
             c.ignore(key, f"rlforge's chunks hold 64 MiB of fp32 logits ({SPEED})")
 
 
+def filter_groups(c: Context) -> None:
+    """DAPO's dynamic sampling: enable, metric, max_num_gen_batches, and the generation batch (data.gen_batch_size)."""
+    f = "algorithm.filter_groups"
+    keys = [k for k in c.owned if k.startswith(f"{f}.") or k == "data.gen_batch_size"]
+    if c.trainer in SEPARATE_TRAINERS and c.get(f"{f}.enable"):  # only main_ppo and the DAPO recipe filter groups
+        for key in keys:
+            (c.map(key, "algorithm.filter_groups", False, "verl's fully-async and one-step-off trainers do not read "
+                   "it: they train every group") if key == f"{f}.enable" else
+             c.ignore(key, "read only by main_ppo's and the DAPO recipe's dynamic sampling"))
+        return
+    if not c.get(f"{f}.enable"):
+        for key in keys:
+            (c.map(key, "algorithm.filter_groups", False) if key == f"{f}.enable"
+             else c.ignore(key, "read only with filter_groups.enable (dynamic sampling)"))
+        return
+    c.map(f"{f}.enable", "algorithm.filter_groups", True)
+    metric, recipe = c.get(f"{f}.metric"), c.trainer == "dapo"
+    # the DAPO recipe's trainer computes seq_reward / seq_final_reward itself and looks any other name up in the reward
+    # function's extra info; main_ppo's v1 replay buffer computes only "reward" (the pre-KL reward sum) and looks
+    # others up there too, stopping where a group lacks it
+    computed = ("seq_reward", "seq_final_reward") if recipe else ("reward",)
+    kl = recipe and metric == "seq_final_reward" and c.get("algorithm.use_kl_in_reward")
+    if metric in FILTER_METRICS and not kl:
+        notes = [("verl's dapo reward manager takes a reward function's plain-number result as its acc; rlforge's acc "
+                  "is then result >= 1") if metric == "acc" and c.reward_manager == "dapo" else ""]
+        if metric in FILTER_METRICS_COMPUTED and metric not in computed:
+            notes.append(f"verl's {'DAPO recipe trainer' if recipe else 'main_ppo'} looks {metric!r} up in the reward "
+                         f"function's extra info and stops where it is missing; rlforge filters on the sequence reward "
+                         f"(what {'main_ppo' if recipe else 'the DAPO recipe trainer'} computes for it)")
+        c.map(f"{f}.metric", "algorithm.filter_metric", FILTER_METRICS[metric], joined(*notes))
+    else:
+        c.refuse(f"{f}.metric", "dynamic sampling on the KL-penalized reward (seq_final_reward with use_kl_in_reward)"
+                 if kl else f"dynamic sampling on metric={metric} (rlforge's algorithm.filter_metric: reward, score, acc)")
+    rounds = int(c.get(f"{f}.max_num_gen_batches") or 0)
+    if not recipe:  # main_ppo's v1 replay buffer refills until the batch is full, one prompt at a time
+        c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches", NO_LIMIT_ROUNDS,
+              "verl 0.9.1's main_ppo ignores it and refills without a limit: 1000 rounds" if rounds > 0 else
+              "no limit: 1000 rounds")
+        if "data.gen_batch_size" in c.owned:
+            c.ignore("data.gen_batch_size", "verl 0.9.1's main_ppo draws prompts one at a time with dynamic sampling "
+                     "(it sets gen_batch_size to 1); rlforge draws data.train_batch_size per round until enough groups "
+                     "are kept: the same groups are trained")
+    else:
+        train, gen = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
+        same = not (gen and train and gen != train)
+        # rlforge draws data.train_batch_size prompts per round: the same number of prompts at most as verl's rounds
+        limit = NO_LIMIT_ROUNDS if rounds <= 0 else rounds if same else -(-rounds * gen // train)
+        note = "" if same else (f"verl draws data.gen_batch_size={gen} prompts per round; rlforge draws "
+                                f"data.train_batch_size={train} per round and stops when enough groups are kept"
+                                + ("" if rounds <= 0 else f": at most {limit} rounds, the {rounds * gen} prompts of "
+                                   f"verl's {rounds}"))
+        if 0 < rounds * (gen or train) < train:  # fewer prompts in all the rounds than groups in a batch
+            c.refuse(f"{f}.max_num_gen_batches", f"filling a batch from fewer prompts than it holds "
+                     f"(max_num_gen_batches={rounds} rounds of data.gen_batch_size={gen} prompts for "
+                     f"data.train_batch_size={train} groups: verl's DAPO recipe stops with an error at its first step "
+                     f"too)")
+        c.map(f"{f}.max_num_gen_batches", "algorithm.max_gen_batches", limit,
+              "verl's 0 (no limit) is 1000 rounds" if rounds <= 0 else "verl's DAPO recipe stops with an error when "
+              "the rounds run out; rlforge trains the step on the groups it kept")
+        if "data.gen_batch_size" in c.owned:
+            (c.same("data.gen_batch_size", "data.train_batch_size") if same
+             else c.map("data.gen_batch_size", "algorithm.max_gen_batches", limit, note))
+    for key in keys:
+        if key.endswith("max_inflight_gen_batches"):
+            c.ignore(key, "generation prefetch (speed only)")
+
+
 def rollout_correction(c: Context) -> None:
     """verl's rollout correction (IS weights, rejection): applied only with the engine's log-probs in the batch, and
     not in bypass mode (see ``verl_derived.algorithm``) except by the DAPO recipe's trainer, which does not read it."""
@@ -275,8 +349,6 @@ def rollout_correction(c: Context) -> None:
             c.refuse(key, f"the rollout-correction option {key[len(RC) + 1:]}")
 
 
-TRAINER_NAMES = {"dapo": "the DAPO recipe's main_dapo", "fully_async": "verl's fully-async trainer",
-                 "one_step_off": "verl's one-step-off trainer"}
 # main_ppo's choice of trainer: (value test, what rlforge does, what rlforge lacks)
 MAIN_PPO_KEYS = {
     "trainer.use_v1": (is_(True), "verl's v1 trainer (main_ppo's default)",
