@@ -103,9 +103,13 @@ def _filled_layer() -> type:
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-            keys, values = super().update(key_states, value_states)
-            self.filled += key_states.shape[-2]
-            return keys[:, :, : self.filled], values[:, :, : self.filled]
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            start, self.filled = self.filled, self.filled + key_states.shape[-2]
+            # a slice copy: the static layer's index_copy_ costs ~8x as much per decoding step
+            self.keys[:, :, start: self.filled].copy_(key_states)
+            self.values[:, :, start: self.filled].copy_(value_states)
+            return self.keys[:, :, : self.filled], self.values[:, :, : self.filled]
 
         def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
             return self.filled + query_length, 0
