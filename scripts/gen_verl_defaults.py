@@ -98,7 +98,37 @@ def main(argv: list[str]) -> int:
             text = header(name, sources[origin], overrides) + OmegaConf.to_yaml(cfg)
             (args.out / f"{name}.yaml").write_text(text, encoding="utf-8")
             print(f"wrote {args.out / name}.yaml ({len(text.splitlines())} lines)")
+    sys.path.insert(0, str(args.verl))  # the wheel's classes, for their fields
+    write_fields(args.out, args.verl_source)
     return 0
+
+
+def write_fields(out: Path, source: str) -> None:
+    """``fields.json``: the fields of every config class the trees name (``_target_``), which a section may hold
+    although its YAML default does not list them (verl_stale reads it); verl must be importable."""
+    import dataclasses
+    import importlib
+    import json
+
+    targets: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("_target_"), str):
+                targets.add(node["_target_"])
+            for value in node.values():
+                walk(value)
+
+    for file in sorted(out.glob("*.yaml")):
+        walk(yaml.safe_load(file.read_text(encoding="utf-8")))
+    fields = {}
+    for target in sorted(targets):
+        module, _, name = target.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        fields[target] = sorted(f.name for f in dataclasses.fields(cls))
+    data = {"source": f"dataclasses.fields of each _target_ class of {source}", "fields": fields}
+    (out / "fields.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out / 'fields.json'} ({len(fields)} classes)")
 
 
 if __name__ == "__main__":

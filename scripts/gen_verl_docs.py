@@ -65,7 +65,7 @@ def corpus(f: dict[str, float]) -> list[str]:
             f"| mapped | {f['mapped']} | {f['mapped_pct']:.1f}% |",
             f"| ... of which the translation states a difference from verl | {f['mapped_with_a_stated_difference']} | "
             f"{100 * f['mapped_with_a_stated_difference'] / f['overrides']:.1f}% |",
-            f"| refused, naming the missing feature | {f['refused']} | {f['refused_pct']:.1f}% |",
+            f"| refused, naming the missing feature (or verl 0.9.1's own stop) | {f['refused']} | {f['refused_pct']:.1f}% |",
             f"| ignored, with the reason | {f['ignored']} | {f['ignored_pct']:.1f}% |", "",
             f"Launches: {f['compose']} compose as they are; {f['refused_named']} are refused, each for named missing "
             f"features (megatron pipeline and context parallelism, MoE expert parallelism, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlforge.config import verl_stale
 from rlforge.config.verl_fates import DOC, IGNORED, MAPPED, REFUSED, Context, Fate, Translation, flatten
 from rlforge.config.verl_rules import Derived, Ignore, Keep, Map
 
@@ -29,6 +30,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     """Translate verl's complete, resolved PPO-family config (``sft``: an SFT trainer's). ``given``: the keys the launch
     set itself (a few keys are refused only when set on purpose, e.g. multimodal columns). ``config_name``: the named
     config it composed, which says which of verl's trainers runs it (``Context.trainer``)."""
+    from rlforge.config import verl_hydra
+
     if sft:
         from rlforge.config.verl_sft import DERIVED, ORDER, TABLE
     else:
@@ -43,13 +46,24 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     derived: dict[str, list[str]] = {}
     critic = sft or flat.get("algorithm.adv_estimator") == "gae" or bool(flat.get("critic.enable"))
     own_reader = not sft and bool(flat.get("data.custom_cls.path"))  # a dataset class reads verl's data section
+    ref = bool(flat.get(f"{ARO}.actor.use_kl_loss") or flat.get("algorithm.use_kl_in_reward"))
+    built = verl_stale.BUILT_SFT if sft else (*verl_stale.BUILT, *((f"{ARO}.ref.",) if ref else ()), "critic.")
+    defaults = verl_hydra.default_tree(verl_hydra.ENGINE_VARIANTS.get((config_name, flat.get("model_engine")),
+                                                                      config_name))
     for key, value in flat.items():
-        rule = TABLE.rule(key)
+        rule, new = TABLE.rule(key), verl_stale.new_in(defaults, key)
         if own_reader and key.startswith("data.") and (rule is None or isinstance(rule, Keep) and not rule.ok(value)):
             c.same(key, "read by the dataset class (data.custom_cls), which gets verl's data section "
                         "(data.verl_class.config)")
         elif key.startswith("critic.") and key != "critic.enable" and not critic:
             c.ignore(key, f"verl builds no critic for adv_estimator={flat.get('algorithm.adv_estimator')}")
+        elif new and key.startswith(built):
+            c.stop(key, verl_stale.stops(key, new))
+        elif new is not None and "." not in key:
+            c.ignore(key, "a top-level key, which verl 0.9.1 never reads (a variable of the config: its value counts "
+                          "where other keys interpolate it)")
+        elif new is not None and rule is None:
+            c.stop(key, verl_stale.unread(key))
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)
         elif isinstance(rule, Map):
@@ -58,8 +72,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             (c.same(key, rule.does) if rule.ok(value) else c.refuse(key, rule.missing))
         elif isinstance(rule, Ignore):
             c.ignore(key, rule.why)
-        else:
-            c.refuse(key, f"verl's key {key} (unknown to rlforge's tables; not a key of verl 0.9.1's defaults)")
+        else:  # a key of verl's defaults that no table has: the tables' own test keeps this from happening
+            c.refuse(key, f"verl's key {key} (unknown to rlforge's tables)")
     for name in ORDER:
         c.owned = derived.get(name, [])
         DERIVED[name](c)

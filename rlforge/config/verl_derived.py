@@ -47,6 +47,7 @@ LOGGER_NOTES = {"file": "verl's file logger writes {step, data} lines to $VERL_F
                         "<project>/<experiment>.jsonl; rlforge's jsonl logger writes the metrics to <run>/metrics.jsonl"}
 TABLE_LOGGERS = ("swanlab", "trackio")  # where verl shows validation generations and rlforge's loggers do not
 REWARD_MANAGERS = {"naive": "rule", "dapo": "rule"}  # verl 0.9.1's reward loop has no 'prime' manager (it stops)
+VERL_MANAGERS = ("naive", "dapo", "remote", "gdpo", "rate_limited")  # the names verl 0.9.1's reward loop registers
 
 
 def algorithm(c: Context) -> None:
@@ -216,6 +217,14 @@ def legacy_moved(c: Context, new: str) -> str:
             f"{new}'s value)")
 
 
+def unknown_manager(c: Context, key: str) -> None:
+    """A reward manager rlforge does not have, named by ``key``: one of verl's, or a project's own."""
+    name, own = c.reward_manager, "rlforge's: reward.manager=rule or model, or a reward plugin (docs/plugins.md)"
+    (c.refuse(key, f"verl's '{name}' reward manager ({own})") if name in VERL_MANAGERS else
+     c.stop(key, f"a reward manager '{name}' that verl 0.9.1 does not register (verl stops where its reward loop looks "
+                 f"it up; a project that has one registers it in its own code); {own}"))
+
+
 def reward(c: Context) -> None:
     """verl's reward section, with the legacy keys moved in first, as migrate_legacy_reward_impl moves them (which
     verl 0.9.1 runs in its DAPO recipe and fully-async trainers only: under main_ppo the difference is stated)."""
@@ -224,6 +233,12 @@ def reward(c: Context) -> None:
               "custom_reward_function.path": "reward.custom_reward_function.path",
               "custom_reward_function.name": "reward.custom_reward_function.name"}
     value = {new: c.get(new) for new in legacy.values()}
+    source, module = c.get("reward.reward_manager.source"), c.get("reward.reward_manager.module.path")
+    known = c.reward_manager in REWARD_MANAGERS and source == "register"
+    if not known and source == "register" and c.get("reward_model.reward_manager") is not None:
+        # the launch's own key, which moves over reward.reward_manager.name
+        unknown_manager(c, "reward_model.reward_manager")
+        c.ignore("reward.reward_manager.name", "replaced by the legacy reward_model.reward_manager")
     # custom_reward_function moves as a whole section (verl assigns it), the other keys one by one
     whole = c.trainer in MIGRATING_TRAINERS and any(c.get(f"custom_reward_function.{leaf}") is not None
                                                     for leaf in ("path", "name"))
@@ -241,14 +256,13 @@ def reward(c: Context) -> None:
         if key.startswith(("reward_model.", "custom_reward_function.")) and key not in legacy and not c.done(key):
             (c.ignore(key, "null") if c.get(key) is None else
              c.refuse(key, f"verl's legacy reward_model.{key.split('.', 1)[1]}"))
-    manager = value["reward.reward_manager.name"]
-    source, module = c.get("reward.reward_manager.source"), c.get("reward.reward_manager.module.path")
     rm = bool(value["reward.reward_model.enable"])
-    if manager in REWARD_MANAGERS and source == "register":
+    if known:
         c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule")
+    elif source == "register":
+        unknown_manager(c, "reward.reward_manager.name")
     else:
-        c.refuse("reward.reward_manager.name", f"verl's '{manager}' reward manager" if source == "register"
-                 else f"a reward manager class by path ({module})")
+        c.refuse("reward.reward_manager.name", f"a reward manager class by path ({module})")
     c.same("reward.reward_manager.source", "registered reward managers")
     for key in ("reward.reward_manager.module.path", "reward.reward_manager.module.name"):
         c.ignore(key, "read only with reward_manager.source=importlib")

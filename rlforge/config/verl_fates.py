@@ -29,6 +29,7 @@ class Fate:
     kind: str
     target: str = ""  # mapped: the rlforge key ("" when the value states what rlforge always does)
     text: str = ""  # mapped: a stated difference or what rlforge does; refused: the missing feature; ignored: why
+    stops: bool = False  # refused because verl 0.9.1 itself stops on it (``text`` says why), not for a missing feature
 
     def line(self) -> str:
         if self.kind == MAPPED:
@@ -36,7 +37,8 @@ class Fate:
             note = f" ({self.text})" if self.target and self.text else ""
             return f"mapped      {self.key}{to}{note}"
         if self.kind == REFUSED:
-            return f"REFUSED     {self.key} = {self.value!r}: {self.text} is not in rlforge"
+            end = "" if self.stops else " is not in rlforge"
+            return f"REFUSED     {self.key} = {self.value!r}: {self.text}{end}"
         return f"ignored     {self.key}: {self.text}"
 
     mapped_value: Any = None
@@ -115,11 +117,12 @@ class Context:
     def done(self, key: str) -> bool:
         return key in self._done
 
-    def _fate(self, key: str, kind: str, target: str = "", text: str = "", value: Any = None) -> None:
+    def _fate(self, key: str, kind: str, target: str = "", text: str = "", value: Any = None, stops: bool = False
+              ) -> None:
         if key not in self.flat or key in self._done:
             return
         self._done.add(key)
-        self.out.fates.append(Fate(key, self.flat[key], kind, target, text, mapped_value=value))
+        self.out.fates.append(Fate(key, self.flat[key], kind, target, text, stops, mapped_value=value))
 
     def map(self, key: str, target: str, value: Any, note: str = "") -> None:
         if key in self.flat and key not in self._done and not target.startswith(("--", "rlforge ")):
@@ -134,6 +137,10 @@ class Context:
 
     def refuse(self, key: str, missing: str) -> None:
         self._fate(key, REFUSED, "", missing)
+
+    def stop(self, key: str, why: str) -> None:
+        """Refused as verl 0.9.1 refuses it (``why``: verl's own check and what to set instead)."""
+        self._fate(key, REFUSED, "", why, stops=True)
 
     def set(self, target: str, value: Any) -> None:
         """An rlforge key that follows from keys already mapped (strategy.name=fsdp -> trainer.controller=ray)."""

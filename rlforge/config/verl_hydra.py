@@ -19,6 +19,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlforge.config import verl_stale
 from rlforge.errors import ConfigError
 
 DEFAULTS = Path(__file__).parent / "verl_defaults"  # package data, written by scripts/gen_verl_defaults.py
@@ -56,6 +57,11 @@ def load_default(name: str) -> dict[str, Any]:
     return copy.deepcopy(_load_default(name.removesuffix(".yaml")))
 
 
+def default_tree(name: str) -> dict[str, Any]:
+    """The shipped default tree ``name``, shared: not to be changed (:func:`load_default` gives a copy)."""
+    return _load_default(name.removesuffix(".yaml"))
+
+
 @functools.lru_cache(maxsize=None)
 def _load_default(name: str) -> dict[str, Any]:
     path = DEFAULTS / f"{name}.yaml"
@@ -80,6 +86,7 @@ class Launch:
     config_name: str = PPO
     config_path: str | None = None
     overrides: list[str] = field(default_factory=list)
+    why: str = ""  # why config_name, where the launch did not name it: v0.7 SFT keys given to 0.9.1's SFT entry
 
 
 def parse_args(args: list[str], default_config: str = PPO) -> Launch:
@@ -101,7 +108,21 @@ def parse_args(args: list[str], default_config: str = PPO) -> Launch:
         else:
             launch.overrides.append(arg)
         i += 1
+    old = legacy_sft_keys(launch.overrides) if default_config == SFT and launch.config_name == SFT else []
+    if old and not any(a.split("=", 1)[0] in ("--config-name", "-cn") for a in args):
+        launch.config_name = LEGACY_SFT
+        launch.why = f"keys only verl's v0.7 fsdp_sft_trainer has: {', '.join(old[:3])}"
+    elif launch.config_path and not Path(launch.config_path).is_dir():  # said, as verl's Hydra would stop
+        launch.why = f"--config-path={launch.config_path} is not a folder here: the config of that name verl ships"
     return launch
+
+
+def legacy_sft_keys(overrides: list[str]) -> list[str]:
+    """The keys a launch sets plainly (``key=value``: the key must exist) that verl's v0.7 SFT config (fsdp_sft_trainer's)
+    has and 0.9.1's lacks: a launch written for fsdp_sft_trainer, which verl 0.9.1 no longer ships."""
+    old, new = default_tree(LEGACY_SFT), default_tree(SFT)
+    keys = [o.split("=", 1)[0] for o in overrides if not o.startswith(("+", "~"))]
+    return [k for k in keys if verl_stale.new_in(old, k) is None and verl_stale.new_in(new, k) is not None]
 
 
 def parse_overrides(overrides: tuple[str, ...]) -> list[Any]:
@@ -208,9 +229,16 @@ def compose_tree(launch: Launch) -> dict[str, Any]:
     tree = load_default(name)
     for layer in layers:
         merge_into(tree, copy.deepcopy(layer))
+    errors = []
     for o in overrides:
         if o not in chosen:
-            apply_override(tree, o)
+            try:
+                apply_override(tree, o)
+            except ConfigError as exc:  # every override verl refuses at once, not one per run
+                errors.append(str(exc))
+    if errors:
+        raise ConfigError(errors[0] if len(errors) == 1 else
+                          f"{len(errors)} overrides verl 0.9.1 refuses:\n  " + "\n  ".join(errors))
     return resolve(tree, "the verl launch")
 
 
@@ -247,8 +275,7 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
             node[part] = {}
         node = node[part]
     if not isinstance(node, dict):
-        raise ConfigError(f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
-                          + ("" if o.is_delete() else f" To add a key, prefix it with '+': +{line.lstrip('+')}."))
+        raise ConfigError(_unknown(tree, key, line, o.is_delete()))
     present = leaf in node
     if o.is_delete():
         if not present:
@@ -261,8 +288,7 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
         raise ConfigError(f"Override '{line}': '{key}' is already in verl's config; set it without '+': "
                           f"{line[1:]} (or force with '++').")
     elif not (o.is_add() or o.is_force_add()) and not present:
-        raise ConfigError(f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too). "
-                          f"To add a key, prefix it with '+': +{line}.")
+        raise ConfigError(_unknown(tree, key, line, False))
     elif isinstance(value, dict) and isinstance(node.get(leaf), dict):
         new = None if o.is_add() or o.is_force_add() else first_new_key(node[leaf], value)
         if new is not None:  # struct mode: a plain override merges into the keys that exist
@@ -271,6 +297,16 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
         merge_into(node[leaf], value)
     else:
         node[leaf] = value
+
+
+def _unknown(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
+    """The error for an override of a key verl's config lacks: Hydra's advice ('+'), unless the section is one of
+    verl's config classes, and verl 0.9.1's key for the setting where there is one (``verl_stale``)."""
+    section = verl_stale.new_in(tree, key) or ""
+    plus = not (delete or section or verl_stale.renamed(key))
+    add = f" To add a key, prefix it with '+': +{line.lstrip('+')}." if plus else ""
+    return (f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
+            + verl_stale.hint(key, section) + add)
 
 
 def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:

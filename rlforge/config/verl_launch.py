@@ -37,6 +37,7 @@ def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Pre
     sft = launch.config_name.startswith("sft_")
     translation = verl.translate(tree, given_keys(launch.overrides), sft=sft,
                                  config_name=verl_hydra.base_config(launch))
+    translation.config_from = launch.why
     if refuse:
         check(translation)
     return Prepared(translation, as_layer(translation))
@@ -64,7 +65,7 @@ def check(t: verl.Translation) -> None:
     refused = t.refused
     if refused:
         lines = "\n  ".join(f.line() for f in refused)
-        raise ConfigError(f"This verl launch asks for {len(refused)} thing(s) rlforge does not have:\n  {lines}\n"
+        raise ConfigError(f"This verl launch has {len(refused)} key(s) rlforge cannot run as asked:\n  {lines}\n"
                           f"(rlforge config from-verl ARGS shows the whole translation; see {verl.DOC})")
 
 

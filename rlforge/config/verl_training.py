@@ -27,12 +27,19 @@ SCHEDULES = ("constant", "cosine")  # verl's FSDP engine schedules; rlforge's lr
 FILTER_METRICS = {"reward": "reward", "seq_reward": "reward", "seq_final_reward": "reward", "score": "score",
                   "acc": "acc"}
 FILTER_METRICS_COMPUTED = ("reward", "seq_reward", "seq_final_reward")  # computed by a verl trainer, not looked up
+# verl 0.9.1 on a deprecated global micro-batch count (use_dynamic_bsz off): its config classes and validate_config
+# raise beside the per-GPU one ('You have set both'; the critic's per-GPU key copies the global one), and the workers
+# assert the per-GPU keys of the actor's update and log-prob passes (engine_workers.py)
+GLOBAL_BESIDE_STOPS = (f"{A}.ppo_micro_batch_size", "critic.ppo_micro_batch_size", f"{REF}.log_prob_micro_batch_size",
+                       f"{R}.log_prob_micro_batch_size")
+GLOBAL_ALONE_STOPS = (f"{A}.ppo_micro_batch_size", f"{R}.log_prob_micro_batch_size")
 NO_LIMIT_ROUNDS = 1000  # verl's max_num_gen_batches=0 (no limit) as rlforge's algorithm.max_gen_batches
 
 
 def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, str], unset: str) -> None:
     """One pass's micro-batches: ``flag`` on, a token budget (``keys[0]``); off, a per-GPU count (``keys[1]``) or a
-    global count (``keys[2]``) that verl divides by the data-parallel size. ``targets``: rlforge's (budget, count)."""
+    deprecated global count (``keys[2]``, where verl 0.9.1 does not stop on it: divided by the data-parallel size,
+    as verl before 0.9 did). ``targets``: rlforge's (budget, count)."""
     tokens, per_gpu, total = keys
     name = flag.rsplit(".", 1)[1]
     if c.get(flag):
@@ -41,13 +48,24 @@ def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, 
         c.ignore(total, f"not read with {name}=True")
         return
     c.ignore(tokens, f"read only with {name}=True")
+    count = None if c.get(total) is None else max(1, int(c.get(total)) // c.dp_size)
     if c.get(per_gpu) is not None:
         c.map(per_gpu, targets[1], c.get(per_gpu))
-        c.ignore(total, "verl reads the _per_gpu value when it is set")
-    elif c.get(total) is not None:
-        c.ignore(per_gpu, "null: verl derives it from the global count")
-        c.map(total, targets[1], max(1, int(c.get(total)) // c.dp_size), "the global count / the data-parallel size, "
-              "as verl divides it")
+        if count is not None and total in GLOBAL_BESIDE_STOPS:
+            c.stop(total, f"verl 0.9.1 stops on this deprecated global count beside {per_gpu.rsplit('.', 1)[1]}"
+                          + (" (which copies it: critic.yaml)" if total.startswith("critic.") else "") +
+                          f" ('You have set both'): set only {per_gpu}")
+        else:
+            c.ignore(total, "verl reads the _per_gpu value when it is set")
+    elif count is not None and total in GLOBAL_ALONE_STOPS:
+        c.ignore(per_gpu, "null")
+        c.stop(total, f"verl 0.9.1 no longer reads this deprecated global count: its workers need {per_gpu} and stop "
+                      f"without it; set {per_gpu}={count} ({c.get(total)} / {c.dp_size} data-parallel ranks, as verl "
+                      f"before 0.9 divided it)")
+    elif count is not None:
+        c.ignore(per_gpu, "null")
+        c.map(total, targets[1], count, "the global count / the data-parallel size, as verl before 0.9 divided it "
+              "(verl 0.9.1 hands its engine only the per-GPU value)")
     else:
         c.map(per_gpu, targets[1], None, f"verl requires a micro-batch size here; rlforge {unset}")
         c.ignore(total, "null")

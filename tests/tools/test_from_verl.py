@@ -139,8 +139,23 @@ def test_scoring_passes_get_their_own_micro_batches() -> None:
     ppo = tr("algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=2048",
              "critic.forward_max_token_len_per_gpu=8192").overrides
     assert ppo["critic.max_tokens_per_micro_batch"] == 2048 and ppo["critic.values.max_tokens_per_micro_batch"] == 8192
-    t = tr(f"{r}.log_prob_micro_batch_size=64", "trainer.n_gpus_per_node=8")
-    assert t.overrides["actor.log_prob.micro_batch_size"] == 8  # verl: a global count / the data-parallel size
+    t = tr(f"{ARO}.actor.use_kl_loss=True", f"{ref}.log_prob_micro_batch_size=64", "trainer.n_gpus_per_node=8")
+    assert t.overrides["actor.ref_log_prob.micro_batch_size"] == 8  # a global count / the data-parallel size
+
+
+def test_deprecated_global_micro_batch_counts_are_refused_where_verl_0_9_1_stops() -> None:
+    """verl 0.9.1 no longer divides the global micro-batch counts: its workers assert the actor's per-GPU keys, and its
+    config classes raise where both are set (the critic's per-GPU key copies the global one by interpolation)."""
+    a, r, ref = f"{ARO}.actor", f"{ARO}.rollout", f"{ARO}.ref"
+    alone = tr(f"{a}.ppo_micro_batch_size_per_gpu=null", f"{a}.ppo_micro_batch_size=64", "trainer.n_gpus_per_node=8")
+    line = fate(alone, f"{a}.ppo_micro_batch_size").line()
+    assert line.startswith("REFUSED") and f"set {a}.ppo_micro_batch_size_per_gpu=8 (64 / 8" in line
+    assert "is not in rlforge" not in line  # verl's own stop, not a missing feature
+    both = tr(f"{r}.log_prob_micro_batch_size=64", f"{r}.log_prob_micro_batch_size_per_gpu=4")
+    assert "You have set both" in fate(both, f"{r}.log_prob_micro_batch_size").text
+    critic = tr("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=64", "trainer.n_gpus_per_node=8")
+    assert "copies it" in fate(critic, "critic.ppo_micro_batch_size").text
+    assert fate(tr(f"{r}.log_prob_micro_batch_size=64"), f"{r}.log_prob_micro_batch_size").kind == verl.REFUSED
 
 
 def test_vllm_engine_knobs_pass_through() -> None:
@@ -190,7 +205,8 @@ def test_megatron_config_maps_tp_and_counts_data_parallel_ranks_as_verl() -> Non
     o = t.overrides
     assert o["strategy.name"] == "megatron" and o["strategy.megatron.tensor_parallel_size"] == 2
     assert o["strategy.num_processes"] == 8 and o["trainer.controller"] == "ray" and o["strategy.checkpoint"] == "sharded"
-    assert o["actor.ppo_micro_batch_size"] == 64 // (8 // 2)  # verl: a global count / the data-parallel size
+    # verl 0.9.1 stops on the deprecated global count; the per-GPU value it asks for instead: / (GPUs / TP)
+    assert "ppo_micro_batch_size_per_gpu=16 (64 / 4 data-parallel ranks" in t.refused[0].text
     pp = tr(f"{m}.pipeline_model_parallel_size=2", name="ppo_megatron_trainer")
     assert any("pipeline parallelism" in f.text for f in pp.refused)
     assert tr("model_engine=megatron").overrides["strategy.name"] == "megatron"  # the config-group choice
@@ -199,9 +215,9 @@ def test_megatron_config_maps_tp_and_counts_data_parallel_ranks_as_verl() -> Non
 def test_ulysses_maps_to_one_sequence_parallel_size_and_divides_the_data_parallel_size() -> None:
     a, sp = f"{ARO}.actor", "ulysses_sequence_parallel_size"
     gpus = ["trainer.n_gpus_per_node=8", f"{ARO}.model.use_remove_padding=True"]
-    t = tr(f"{a}.{sp}=4", f"{a}.ppo_micro_batch_size=64", f"~{a}.ppo_micro_batch_size_per_gpu", *gpus)
+    t = tr(f"{a}.{sp}=4", f"{a}.use_kl_loss=True", f"{ARO}.ref.log_prob_micro_batch_size=64", *gpus)
     assert t.overrides["strategy.fsdp.sequence_parallel_size"] == 4 and not t.refused
-    assert t.overrides["actor.ppo_micro_batch_size"] == 64 // (8 // 4)  # verl: a global count / (GPUs / SP)
+    assert t.overrides["actor.ref_log_prob.micro_batch_size"] == 64 // (8 // 4)  # a global count / (GPUs / SP)
     engine = tr(f"{a}.fsdp_config.{sp}=2", *gpus)  # verl's FSDP engine key, read where the actor's own is 1
     assert engine.overrides["strategy.fsdp.sequence_parallel_size"] == 2
     assert fate(engine, f"{a}.{sp}").kind == verl.IGNORED
@@ -331,7 +347,7 @@ def test_from_verl_prints_the_translation_and_rlforge_verl_refuses_with_every_mi
                  "algorithm.adv_estimator=gae", "critic.ulysses_sequence_parallel_size=4"]) == 2
     err = capsys.readouterr().err
     # the critic's size above the actor's, and the logger
-    assert "2 thing(s) rlforge does not have" in err and "critic (4) than for the actor (2" in err and "clearml" in err
+    assert "2 key(s) rlforge cannot run as asked" in err and "critic (4) than for the actor (2" in err and "clearml" in err
 
 
 def test_from_verl_takes_verl_s_own_options_and_the_sft_trainer(capsys, tmp_path) -> None:

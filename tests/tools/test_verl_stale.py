@@ -1,0 +1,109 @@
+"""Launches written for an older verl or a fork of it (issue 27, an adversarial pass on Search-R1, rllm, TinyZero,
+simpleRL, Skywork-OR1, verl-tool and RAGEN scripts): keys verl 0.9.1 lacks are refused as verl stops on them, with
+verl 0.9.1's key where there is one; none is swallowed by a section's catch-all rule."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from rlforge.config import verl
+from rlforge.config.verl_launch import SFT_ENTRY, prepare
+from rlforge.config.verl_stale import FIELDS
+from rlforge.errors import ConfigError
+
+ARO = "actor_rollout_ref"
+BASE = ["algorithm.adv_estimator=grpo", f"{ARO}.rollout.name=vllm", f"{ARO}.actor.ppo_micro_batch_size_per_gpu=4",
+        "data.train_files=/d/train.parquet", f"{ARO}.model.path=/m"]
+
+
+def tr(*overrides: str, **kw) -> verl.Translation:
+    return prepare([*BASE, *overrides], refuse=False, **kw).translation
+
+
+def fate(t: verl.Translation, key: str) -> verl.Fate:
+    return next(f for f in t.fates if f.key == key)
+
+
+def test_a_field_verls_config_class_lacks_is_refused_as_verl_stops_on_it() -> None:
+    t = tr(f"+{ARO}.rollout.n_agent=5", f"+{ARO}.rollout.val_temperature=0.6",
+           f"+{ARO}.actor.fsdp_config.grad_offload=true", f"+{ARO}.rollout.multi_turn.terminate_on_answer=True")
+    n_agent = fate(t, f"{ARO}.rollout.n_agent")
+    assert n_agent.kind == verl.REFUSED and "RolloutConfig" in n_agent.text and f"{ARO}.rollout.n " in n_agent.text
+    assert f"{ARO}.rollout.val_kwargs.temperature" in fate(t, f"{ARO}.rollout.val_temperature").text
+    assert "FSDPEngineConfig" in fate(t, f"{ARO}.actor.fsdp_config.grad_offload").text
+    assert "MultiTurnConfig" in fate(t, f"{ARO}.rollout.multi_turn.terminate_on_answer").text
+    assert "is not in rlforge" not in n_agent.line()  # verl's own stop, not a missing feature
+
+
+def test_fields_verl_has_beyond_its_yaml_defaults_are_not_refused() -> None:
+    # FSDPEngineConfig.mixed_precision and RolloutConfig.moe_tensor_parallel_size are fields absent from the YAML
+    t = tr(f"+{ARO}.actor.fsdp_config.mixed_precision.param_dtype=bf16", f"+{ARO}.rollout.moe_tensor_parallel_size=2")
+    assert not any(f.stops for f in t.fates)
+    # below a field that takes any mapping (engine_kwargs.vllm, override_config, reward_kwargs) anything goes
+    t = tr(f"+{ARO}.rollout.engine_kwargs.vllm.enforce_eager=true", "+reward.reward_kwargs.anything=1")
+    assert not any(f.stops for f in t.fates)
+
+
+def test_the_shipped_fields_are_verls() -> None:
+    pytest.importorskip("verl", reason="verl 0.9.1 is installed by scripts/setup.sh test")
+    shipped = json.loads(FIELDS.read_text(encoding="utf-8"))["fields"]
+    for target, names in shipped.items():
+        module, _, name = target.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        assert sorted(f.name for f in dataclasses.fields(cls)) == names, target
+
+
+def test_a_key_verl_never_reads_is_refused_with_its_verl_name() -> None:
+    t = tr("+trainer.remove_previous_ckpt=True", "+algorithm.no_think_rl=True", "+data.shuffle_train_dataloader=False")
+    assert "max_actor_ckpt_to_keep=1" in fate(t, "trainer.remove_previous_ckpt").text
+    assert "verl would run without it" in fate(t, "algorithm.no_think_rl").text  # AlgoConfig is never built
+    assert "data.shuffle" in fate(t, "data.shuffle_train_dataloader").text
+
+
+def test_every_unknown_override_is_named_at_once_with_verls_key() -> None:
+    with pytest.raises(ConfigError) as err:
+        tr(f"{ARO}.rollout.val_temperature=0.6", f"{ARO}.rollout.n_val=8", "trainer.remove_clip=True")
+    text = str(err.value)
+    assert text.startswith("3 overrides verl 0.9.1 refuses")
+    assert f"verl 0.9.1's key for it: {ARO}.rollout.val_kwargs.n" in text
+    assert "stops on it with '+' too" in text  # RolloutConfig: '+' does not help
+    assert "+trainer.remove_clip=True" in text  # a plain section: Hydra's own advice
+
+
+def test_an_own_files_top_level_variables_are_ignored_and_their_values_used(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text(
+        "defaults: [ppo_trainer, _self_]\nmodel_path: /tmp/my-model\nmbs: 4\nextra_section: {a: 1}\n"
+        "actor_rollout_ref:\n  model: {path: '${model_path}'}\n  actor: {ppo_micro_batch_size_per_gpu: '${mbs}'}\n"
+        "  rollout: {name: vllm}\nalgorithm: {adv_estimator: grpo}\n", encoding="utf-8")
+    t = prepare([f"--config-path={tmp_path}", "--config-name=mine"], refuse=False).translation
+    assert fate(t, "model_path").kind == verl.IGNORED and "never reads" in fate(t, "model_path").text
+    assert t.overrides["model.path"] == "/tmp/my-model" and t.overrides["actor.ppo_micro_batch_size"] == 4
+    assert fate(t, "extra_section.a").kind == verl.REFUSED  # a section of one's own: what it asks is not known
+
+
+def test_a_missing_config_path_falls_back_to_the_shipped_config_and_says_so() -> None:
+    t = prepare(["--config-path=/no/such/folder", "--config-name=ppo_trainer", *BASE], refuse=False).translation
+    assert "--config-path=/no/such/folder is not a folder here" in t.report()[0]
+
+
+def test_a_v0_7_sft_launch_given_to_rlforge_verl_sft_is_read_as_v0_7s_config() -> None:
+    args = ["data.train_files=/d/t.parquet", "data.prompt_key=extra_info", "data.response_key=extra_info",
+            "+data.prompt_dict_keys=[question]", "+data.response_dict_keys=[answer]", "data.micro_batch_size=8",
+            "model.partial_pretrain=/m", "trainer.total_epochs=2"]
+    t = prepare(args, entry=SFT_ENTRY, refuse=False).translation
+    assert t.config == "sft_trainer" and "fsdp_sft_trainer" in t.report()[0]
+    assert t.overrides["sft.lr"] == 1e-5 and t.overrides["sft.init"] == "/m"  # v0.7's default lr, not 0.9.1's 1e-3
+    t = prepare(["data.train_files=/d/t.parquet", "model.path=/m"], entry=SFT_ENTRY, refuse=False).translation
+    assert t.config == "sft_trainer_engine"  # 0.9.1's keys: its own config
+
+
+def test_a_projects_own_reward_manager_is_refused_on_the_key_that_names_it() -> None:
+    own = fate(tr("reward_model.reward_manager=yr"), "reward_model.reward_manager")
+    assert own.kind == verl.REFUSED and own.value == "yr" and "does not register" in own.text
+    verls = tr("reward.reward_manager.name=gdpo")
+    assert fate(verls, "reward.reward_manager.name").line().endswith("is not in rlforge")  # verl has it, rlforge not
