@@ -104,11 +104,13 @@ def main(argv: list[str]) -> int:
 
 
 def write_fields(out: Path, source: str) -> None:
-    """``fields.json``: the fields of every config class the trees name (``_target_``), which a section may hold
-    although its YAML default does not list them (verl_stale reads it); verl must be importable."""
+    """``fields.json``: the fields of every config class the trees name (``_target_``) and of the config classes of
+    their fields, which a section may hold although its YAML default does not list them: field -> the field's config
+    class (a dataclass, also inside Optional), else null (verl_stale reads it); verl must be importable."""
     import dataclasses
     import importlib
     import json
+    import typing
 
     targets: set[str] = set()
 
@@ -121,11 +123,22 @@ def write_fields(out: Path, source: str) -> None:
 
     for file in sorted(out.glob("*.yaml")):
         walk(yaml.safe_load(file.read_text(encoding="utf-8")))
-    fields = {}
-    for target in sorted(targets):
+    def nested(cls: type, field: dataclasses.Field) -> str | None:
+        hint = typing.get_type_hints(cls).get(field.name)
+        for t in (hint, *typing.get_args(hint)):
+            if isinstance(t, type) and dataclasses.is_dataclass(t):
+                return f"{t.__module__}.{t.__qualname__}"
+        return None
+
+    fields: dict[str, dict[str, str | None]] = {}
+    todo = sorted(targets)
+    while todo:
+        target = todo.pop()
         module, _, name = target.rpartition(".")
         cls = getattr(importlib.import_module(module), name)
-        fields[target] = sorted(f.name for f in dataclasses.fields(cls))
+        fields[target] = {f.name: nested(cls, f) for f in sorted(dataclasses.fields(cls), key=lambda f: f.name)}
+        todo += [t for t in fields[target].values() if t and t not in fields and t not in todo]
+    fields = dict(sorted(fields.items()))
     data = {"source": f"dataclasses.fields of each _target_ class of {source}", "fields": fields}
     (out / "fields.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out / 'fields.json'} ({len(fields)} classes)")

@@ -15,6 +15,7 @@ from typing import Any
 from rlforge.config import verl_stale
 from rlforge.config.verl_fates import DOC, IGNORED, MAPPED, REFUSED, Context, Fate, Translation, flatten
 from rlforge.config.verl_rules import Derived, Ignore, Keep, Map
+from rlforge.errors import ConfigError
 
 __all__ = ["DOC", "IGNORED", "MAPPED", "REFUSED", "Context", "Fate", "Translation", "flatten", "hint", "translate"]
 
@@ -26,10 +27,11 @@ TRAINERS = {"ppo": "v1", "dapo": "dapo", "fully_async_ppo": "fully_async", "one_
 
 
 def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = False,
-              config_name: str = "ppo_trainer") -> Translation:
+              config_name: str = "ppo_trainer", variables: frozenset[str] = frozenset()) -> Translation:
     """Translate verl's complete, resolved PPO-family config (``sft``: an SFT trainer's). ``given``: the keys the launch
     set itself (a few keys are refused only when set on purpose, e.g. multimodal columns). ``config_name``: the named
-    config it composed, which says which of verl's trainers runs it (``Context.trainer``)."""
+    config it composed, which says which of verl's trainers runs it (``Context.trainer``). ``variables``: top-level
+    keys of one's own config file that other keys interpolate (verl never reads them)."""
     from rlforge.config import verl_hydra
 
     if sft:
@@ -51,19 +53,14 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     defaults = verl_hydra.default_tree(verl_hydra.ENGINE_VARIANTS.get((config_name, flat.get("model_engine")),
                                                                       config_name))
     for key, value in flat.items():
-        rule, new = TABLE.rule(key), verl_stale.new_in(defaults, key)
+        rule, gap = TABLE.rule(key), verl_stale.new_in(defaults, key)
         if own_reader and key.startswith("data.") and (rule is None or isinstance(rule, Keep) and not rule.ok(value)):
             c.same(key, "read by the dataset class (data.custom_cls), which gets verl's data section "
                         "(data.verl_class.config)")
         elif key.startswith("critic.") and key != "critic.enable" and not critic:
             c.ignore(key, f"verl builds no critic for adv_estimator={flat.get('algorithm.adv_estimator')}")
-        elif new and key.startswith(built):
-            c.stop(key, verl_stale.stops(key, new))
-        elif new is not None and "." not in key:
-            c.ignore(key, "a top-level key, which verl 0.9.1 never reads (a variable of the config: its value counts "
-                          "where other keys interpolate it)")
-        elif new is not None and rule is None:
-            c.stop(key, verl_stale.unread(key))
+        elif gap and verl_stale.settle(c, key, gap, built, variables, rule is not None):
+            pass
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)
         elif isinstance(rule, Map):
@@ -76,9 +73,15 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             c.refuse(key, f"verl's key {key} (unknown to rlforge's tables)")
     for name in ORDER:
         c.owned = derived.get(name, [])
-        DERIVED[name](c)
-    missed = [k for keys in derived.values() for k in keys if not c.done(k)]
-    assert not missed, f"derived rules left keys without a fate: {missed}"
+        try:
+            DERIVED[name](c)
+        except (TypeError, ValueError) as exc:  # a value of the wrong type (n_gpus_per_node=abc): verl stops on it too
+            keys = ", ".join(f"{k}={flat[k]!r}" for k in c.owned if k in c.given) or ", ".join(c.owned)
+            raise ConfigError(f"A value of the verl launch has the wrong type for its key ({exc}); the keys read "
+                              f"together here: {keys}.") from None
+    for key in (k for keys in derived.values() for k in keys if not c.done(k)):  # an entry added to a section
+        assert verl_stale.new_in(defaults, key), f"derived rules left a key of verl's defaults without a fate: {key}"
+        c.stop(key, verl_stale.unread(key))
     out.algorithm, out.command = c.algorithm, c.command
     return out
 

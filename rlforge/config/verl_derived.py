@@ -220,9 +220,15 @@ def legacy_moved(c: Context, new: str) -> str:
 def unknown_manager(c: Context, key: str) -> None:
     """A reward manager rlforge does not have, named by ``key``: one of verl's, or a project's own."""
     name, own = c.reward_manager, "rlforge's: reward.manager=rule or model, or a reward plugin (docs/plugins.md)"
-    (c.refuse(key, f"verl's '{name}' reward manager ({own})") if name in VERL_MANAGERS else
-     c.stop(key, f"a reward manager '{name}' that verl 0.9.1 does not register (verl stops where its reward loop looks "
-                 f"it up; a project that has one registers it in its own code); {own}"))
+    if name in VERL_MANAGERS:
+        c.refuse(key, f"verl's '{name}' reward manager ({own})")
+    elif key.startswith("reward_model.") and c.trainer not in MIGRATING_TRAINERS:
+        c.stop(key, f"a reward manager '{name}' of the launch's own project, which rlforge does not have; verl 0.9.1's "
+                    f"main_ppo never reads this legacy key and would score with reward.reward_manager.name instead; "
+                    f"{own}")
+    else:
+        c.stop(key, f"a reward manager '{name}' that verl 0.9.1's reward loop does not register (verl stops where it "
+                    f"looks it up; a project that has one registers it in its own code); {own}")
 
 
 def reward(c: Context) -> None:
@@ -236,9 +242,9 @@ def reward(c: Context) -> None:
     source, module = c.get("reward.reward_manager.source"), c.get("reward.reward_manager.module.path")
     known = c.reward_manager in REWARD_MANAGERS and source == "register"
     if not known and source == "register" and c.get("reward_model.reward_manager") is not None:
-        # the launch's own key, which moves over reward.reward_manager.name
+        # the launch's own key, which moves over reward.reward_manager.name (under main_ppo: rlforge moves it)
         unknown_manager(c, "reward_model.reward_manager")
-        c.ignore("reward.reward_manager.name", "replaced by the legacy reward_model.reward_manager")
+        c.ignore("reward.reward_manager.name", "the legacy reward_model.reward_manager names the manager")
     # custom_reward_function moves as a whole section (verl assigns it), the other keys one by one
     whole = c.trainer in MIGRATING_TRAINERS and any(c.get(f"custom_reward_function.{leaf}") is not None
                                                     for leaf in ("path", "name"))
@@ -253,9 +259,11 @@ def reward(c: Context) -> None:
         c.ignore(f"reward_model.{leaf}", f"moved to reward.reward_model.{leaf}, as verl moves it: where verl places "
                                          f"its reward model; rlforge's runs beside the actor (reward.model.device)")
     for key in c.owned:
-        if key.startswith(("reward_model.", "custom_reward_function.")) and key not in legacy and not c.done(key):
-            (c.ignore(key, "null") if c.get(key) is None else
-             c.refuse(key, f"verl's legacy reward_model.{key.split('.', 1)[1]}"))
+        if ".reward_kwargs." in key and "custom_reward_function." in key:
+            c.refuse(key, "keyword arguments for the custom reward function (verl's custom_reward_function."
+                          "reward_kwargs; rlforge calls reward.file's function with the four arguments of its contract)")
+        elif key.startswith(("reward_model.", "custom_reward_function.")) and key not in legacy and not c.done(key):
+            (c.ignore(key, "null") if c.get(key) is None else c.refuse(key, f"verl's legacy {key}"))
     rm = bool(value["reward.reward_model.enable"])
     if known:
         c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule")

@@ -118,8 +118,8 @@ def parse_args(args: list[str], default_config: str = PPO) -> Launch:
 
 
 def legacy_sft_keys(overrides: list[str]) -> list[str]:
-    """The keys a launch sets plainly (``key=value``: the key must exist) that verl's v0.7 SFT config (fsdp_sft_trainer's)
-    has and 0.9.1's lacks: a launch written for fsdp_sft_trainer, which verl 0.9.1 no longer ships."""
+    """The keys a launch sets plainly (``key=value``: the key must exist) that verl's v0.7 SFT config (its
+    fsdp_sft_trainer's) has and 0.9.1's lacks: a launch written for fsdp_sft_trainer, which 0.9.1 no longer ships."""
     old, new = default_tree(LEGACY_SFT), default_tree(SFT)
     keys = [o.split("=", 1)[0] for o in overrides if not o.startswith(("+", "~"))]
     return [k for k in keys if verl_stale.new_in(old, k) is None and verl_stale.new_in(new, k) is not None]
@@ -181,6 +181,21 @@ def _user_file(path: str, name: str) -> tuple[str, dict[str, Any]] | None:
     if engine is not None:
         base = _engine_variant(base, engine, f"{file} (defaults)")
     return base, {str(k): v for k, v in data.items()}
+
+
+_VARIABLE = re.compile(r"\$\{\s*(?:oc\.select:\s*)?([A-Za-z_]\w*)")  # ${name...}, ${oc.select:name...}
+
+
+def variables(launch: Launch) -> frozenset[str]:
+    """Top-level keys of the launch (its own config file's, its overrides') that verl's config lacks and that keys
+    interpolate (``${mbs}``, ``${common.model}``): variables, which verl never reads."""
+    file = Path(launch.config_path or "") / f"{launch.config_name}.yaml"
+    text = file.read_text(encoding="utf-8") if launch.config_path and file.is_file() else ""
+    own = yaml.safe_load(text) if text else None
+    keys = {*(own if isinstance(own, dict) else {}), *(o.split("=", 1)[0].lstrip("+~").split(".")[0]
+                                                       for o in launch.overrides)}
+    used, base = set(_VARIABLE.findall(text + " ".join(launch.overrides))), default_tree(base_config(launch))
+    return frozenset(k for k in keys if k not in base and k in used)
 
 
 def _engine_variant(name: str, engine: str, where: str) -> str:
@@ -302,11 +317,11 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
 def _unknown(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
     """The error for an override of a key verl's config lacks: Hydra's advice ('+'), unless the section is one of
     verl's config classes, and verl 0.9.1's key for the setting where there is one (``verl_stale``)."""
-    section = verl_stale.new_in(tree, key) or ""
-    plus = not (delete or section or verl_stale.renamed(key))
+    gap = verl_stale.new_in(tree, key)
+    plus = not (delete or verl_stale.built(gap) or verl_stale.renamed(key))
     add = f" To add a key, prefix it with '+': +{line.lstrip('+')}." if plus else ""
     return (f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
-            + verl_stale.hint(key, section) + add)
+            + verl_stale.hint(key, gap) + add)
 
 
 def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:

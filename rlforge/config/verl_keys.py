@@ -444,8 +444,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.balance_batch": Map("trainer.balance_batch"),
     "trainer.total_epochs": Derived("steps"),
     "trainer.total_training_steps": Derived("steps"),
-    "trainer.project_name": Map("trainer.project"),
-    "trainer.experiment_name": Map("trainer.experiment"),
+    "trainer.project_name": Map("trainer.project"), "trainer.experiment_name": Map("trainer.experiment"),
     "trainer.logger": Derived("loggers"),
     "trainer.log_val_generations": Derived("loggers"),
     "trainer.rollout_data_dir": Ignore("samples.jsonl in the run folder (trainer.samples_to_save per step)"),
@@ -471,8 +470,9 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.max_actor_ckpt_to_keep": Derived("checkpoints"),
     "trainer.max_critic_ckpt_to_keep": Derived("checkpoints"),
     "trainer.ray_wait_register_center_timeout": Ignore("Ray start-up timeout (ray.placement_timeout_s)"),
-    "trainer.use_v1": Derived("main_ppo_trainer"),
-    "trainer.v1.trainer_mode": Derived("main_ppo_trainer"),
+    "trainer.use_v1": Derived("main_ppo_trainer"), "trainer.v1.trainer_mode": Derived("main_ppo_trainer"),
+    "trainer.use_legacy_worker_impl": Keep(is_("disable"), "verl 0.9.1's engine workers (its only ones; an earlier "
+                                           "verl's key, unread by 0.9.1)", "verl's legacy workers (not in 0.9.1)"),
     "trainer.v1.*": Ignore("read only by verl's v1 asynchronous modes"),
 }
 

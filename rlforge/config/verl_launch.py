@@ -36,7 +36,7 @@ def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Pre
     tree = verl_hydra.compose_tree(launch)
     sft = launch.config_name.startswith("sft_")
     translation = verl.translate(tree, given_keys(launch.overrides), sft=sft,
-                                 config_name=verl_hydra.base_config(launch))
+                                 config_name=verl_hydra.base_config(launch), variables=verl_hydra.variables(launch))
     translation.config_from = launch.why
     if refuse:
         check(translation)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ BUILT = (f"{ARO}.actor.", f"{ARO}.rollout.", f"{ARO}.model.")
 BUILT_SFT = ("model.", "engine.", "optim.", "checkpoint.", "profiler.")
 _IS = ("verl 0.9.1 moved rollout importance sampling to algorithm.rollout_correction (rollout_is: token or sequence, "
        "rollout_is_threshold; masking instead of weighting: rollout_rs, rollout_rs_threshold)")
-_CKPT = "trainer.max_actor_ckpt_to_keep=1 and trainer.max_critic_ckpt_to_keep=1"
+_CKPT = ("trainer.max_actor_ckpt_to_keep and trainer.max_critic_ckpt_to_keep (1: only the last checkpoint; null, "
+         "the default: every one)")
 # a key of an older verl or of a fork -> verl 0.9.1's key for the same setting
 RENAMED = {
     f"{ARO}.rollout.val_temperature": f"{ARO}.rollout.val_kwargs.temperature",
@@ -45,35 +47,70 @@ def renamed(key: str) -> str | None:
     if key in RENAMED:
         return RENAMED[key]
     old = next((p for p in MOVED if key.startswith(p)), None)
-    return MOVED[old] + key[len(old):] if old else None
+    if old is None:
+        return None
+    from rlforge.config.verl_hydra import PPO, default_tree
+
+    new = MOVED[old] + key[len(old):]
+    return new if new_in(default_tree(PPO), new) is None else None
 
 
 @functools.cache
-def _fields() -> dict[str, frozenset[str]]:
-    return {cls: frozenset(names) for cls, names in json.loads(FIELDS.read_text(encoding="utf-8"))["fields"].items()}
+def _fields() -> dict[str, dict[str, str | None]]:
+    return json.loads(FIELDS.read_text(encoding="utf-8"))["fields"]
 
 
-def new_in(defaults: dict[str, Any], key: str) -> str | None:
-    """Where ``key`` is new to verl's default tree ``defaults``: None when verl has it (a key of the tree or a field of
-    its section's config class, or a key below a field that takes any mapping), else the config class of the section
-    that lacks it (its ``_target_``), or '' for a plain section."""
+@dataclass(frozen=True)
+class Gap:
+    """Where a key leaves verl's config: ``section`` (dotted, '' for the top level) lacks ``part``; ``cls`` is the
+    section's config class ('' for a plain section)."""
+
+    section: str
+    part: str
+    cls: str
+
+
+def new_in(defaults: dict[str, Any], key: str) -> Gap | None:
+    """None when verl's default tree ``defaults`` has ``key`` (a key of the tree, a field of its section's config
+    class or of a field's own class, or a key below a field that takes any mapping: null or empty), else the
+    :class:`Gap`."""
     node: Any = defaults
+    cls, path = "", list[str]()
     for part in key.split("."):
         if not isinstance(node, dict) or not node:
             return None
+        cls = str(node.get("_target_", cls))
+        fields = _fields().get(cls, {})
         if part not in node:
-            cls = str(node.get("_target_", ""))
-            return None if part in _fields().get(cls, ()) else cls
-        node = node[part]
+            return None if part in fields else Gap(".".join(path), part, cls)
+        node, cls, path = node[part], fields.get(part) or "", [*path, part]
     return None
 
 
-def stops(key: str, owner: str) -> str:
-    """Why verl 0.9.1 stops on ``key``, a field its config class ``owner`` lacks, and what to set instead."""
-    leaf, cls = key.rsplit(".", 1)[-1], owner.rsplit(".", 1)[-1]
-    new = renamed(key)
-    return (f"not a field of verl 0.9.1's {cls}: verl stops when it builds that section (unexpected keyword "
-            f"'{leaf}'), with or without '+'" + (f"; verl 0.9.1's key for it: {new}" if new else ""))
+def stops(gap: Gap) -> str:
+    """Why verl 0.9.1 stops on a key of the ``gap`` in a section it builds, and what to set instead."""
+    new = renamed(f"{gap.section}.{gap.part}")
+    return (f"'{gap.part}' is not a field of verl 0.9.1's {gap.cls.rsplit('.', 1)[-1]} ({gap.section}): verl stops "
+            f"when it builds that section (unexpected keyword '{gap.part}'), with or without '+'"
+            + (f"; verl 0.9.1's key for it: {new}" if new else ""))
+
+
+def settle(c: Any, key: str, gap: Gap, built_sections: tuple[str, ...], variables: frozenset[str], ruled: bool
+           ) -> bool:
+    """Give ``key``, which verl's defaults lack (``gap``), its fate in the translation context ``c``: refused where verl
+    stops on it (a config class it builds) or where no rule covers it (verl never reads it), ignored where it is a
+    variable of one's own config file. False: the tables' rule decides (``ruled``: entries verl passes on, such as
+    megatron's TransformerConfig overrides, reward_kwargs or named teachers)."""
+    if built(gap, built_sections):
+        c.stop(key, stops(gap))
+    elif "." not in key or key.split(".", 1)[0] in variables:
+        c.ignore(key, "a top-level key of the config, which verl 0.9.1 never reads (a variable: its value counts where "
+                      "other keys interpolate it)")
+    elif ruled:
+        return False
+    else:
+        c.stop(key, unread(key))
+    return True
 
 
 def unread(key: str) -> str:
@@ -84,10 +121,15 @@ def unread(key: str) -> str:
             (f"; verl 0.9.1's key for it: {new}" if new else ""))
 
 
-def hint(key: str, section_class: str) -> str:
-    """The end of the error for an override of a key verl's config lacks (``section_class``: its section's config
-    class, '' for a plain section)."""
+def built(gap: Gap | None, prefixes: tuple[str, ...] = (*BUILT, f"{ARO}.ref.", "critic.")) -> bool:
+    """Whether verl 0.9.1 stops on the key of ``gap``: a field missing from a config class verl builds."""
+    return bool(gap and gap.cls and f"{gap.section}.".startswith(prefixes))
+
+
+def hint(key: str, gap: Gap | None) -> str:
+    """The end of the error for an override of a key verl's config lacks."""
     new = renamed(key)
-    where = (f" '{key.rsplit('.', 1)[0]}' is verl 0.9.1's {section_class.rsplit('.', 1)[-1]}, which has no such "
-             f"field: where verl builds it, it stops on it with '+' too." if section_class else "")
+    where = (f" '{gap.section}' is verl 0.9.1's {gap.cls.rsplit('.', 1)[-1]}, which has no field '{gap.part}': where "
+             f"verl builds it (the reference model's and the critic's only where they exist), it stops on it with '+' "
+             f"too." if gap and built(gap) else "")
     return (f" verl 0.9.1's key for it: {new}." if new else "") + where

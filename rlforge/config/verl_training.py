@@ -32,7 +32,7 @@ FILTER_METRICS_COMPUTED = ("reward", "seq_reward", "seq_final_reward")  # comput
 # assert the per-GPU keys of the actor's update and log-prob passes (engine_workers.py)
 GLOBAL_BESIDE_STOPS = (f"{A}.ppo_micro_batch_size", "critic.ppo_micro_batch_size", f"{REF}.log_prob_micro_batch_size",
                        f"{R}.log_prob_micro_batch_size")
-GLOBAL_ALONE_STOPS = (f"{A}.ppo_micro_batch_size", f"{R}.log_prob_micro_batch_size")
+GLOBAL_ALONE_STOPS = (f"{A}.ppo_micro_batch_size", f"{R}.log_prob_micro_batch_size", f"{REF}.log_prob_micro_batch_size")
 NO_LIMIT_ROUNDS = 1000  # verl's max_num_gen_batches=0 (no limit) as rlforge's algorithm.max_gen_batches
 
 
@@ -49,6 +49,7 @@ def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, 
         return
     c.ignore(tokens, f"read only with {name}=True")
     count = None if c.get(total) is None else max(1, int(c.get(total)) // c.dp_size)
+    ref = bool(c.get(f"{A}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))  # verl builds a reference model
     if c.get(per_gpu) is not None:
         c.map(per_gpu, targets[1], c.get(per_gpu))
         if count is not None and total in GLOBAL_BESIDE_STOPS:
@@ -57,7 +58,7 @@ def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, 
                           f" ('You have set both'): set only {per_gpu}")
         else:
             c.ignore(total, "verl reads the _per_gpu value when it is set")
-    elif count is not None and total in GLOBAL_ALONE_STOPS:
+    elif count is not None and total in GLOBAL_ALONE_STOPS and (ref or not total.startswith(REF)):
         c.ignore(per_gpu, "null")
         c.stop(total, f"verl 0.9.1 no longer reads this deprecated global count: its workers need {per_gpu} and stop "
                       f"without it; set {per_gpu}={count} ({c.get(total)} / {c.dp_size} data-parallel ranks, as verl "
@@ -67,7 +68,8 @@ def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, 
         c.map(total, targets[1], count, "the global count / the data-parallel size, as verl before 0.9 divided it "
               "(verl 0.9.1 hands its engine only the per-GPU value)")
     else:
-        c.map(per_gpu, targets[1], None, f"verl requires a micro-batch size here; rlforge {unset}")
+        c.map(per_gpu, targets[1], None, f"verl requires a micro-batch size here (0.9.1 stops without one: 'Please set "
+              f"at least one of ...'); rlforge {unset}")
         c.ignore(total, "null")
 
 
@@ -91,6 +93,9 @@ def scoring(c: Context) -> None:
                                                                "micro_batch_size"))
         if not c.has(keys[0]):
             continue
+        if section == R and bool(c.get(flag)) != bool(c.get(f"{A}.use_dynamic_bsz")):
+            c.stop(flag, f"verl 0.9.1 stops where it differs from {A}.use_dynamic_bsz (engine_workers.py asserts they "
+                         f"are equal)")
         if flag in c.owned:  # the rollout's and the reference's own switch (the critic's is its update's)
             (c.same(flag, "micro-batches cut by tokens") if c.get(flag) else
              c.map(flag, f"{target}.max_tokens_per_micro_batch", 0, "micro-batches by count"))

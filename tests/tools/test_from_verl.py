@@ -139,8 +139,8 @@ def test_scoring_passes_get_their_own_micro_batches() -> None:
     ppo = tr("algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=2048",
              "critic.forward_max_token_len_per_gpu=8192").overrides
     assert ppo["critic.max_tokens_per_micro_batch"] == 2048 and ppo["critic.values.max_tokens_per_micro_batch"] == 8192
-    t = tr(f"{ARO}.actor.use_kl_loss=True", f"{ref}.log_prob_micro_batch_size=64", "trainer.n_gpus_per_node=8")
-    assert t.overrides["actor.ref_log_prob.micro_batch_size"] == 8  # a global count / the data-parallel size
+    t = tr("algorithm.adv_estimator=gae", "critic.forward_micro_batch_size=64", "trainer.n_gpus_per_node=8")
+    assert t.overrides["critic.values.micro_batch_size"] == 8  # a global count / the data-parallel size
 
 
 def test_deprecated_global_micro_batch_counts_are_refused_where_verl_0_9_1_stops() -> None:
@@ -215,9 +215,10 @@ def test_megatron_config_maps_tp_and_counts_data_parallel_ranks_as_verl() -> Non
 def test_ulysses_maps_to_one_sequence_parallel_size_and_divides_the_data_parallel_size() -> None:
     a, sp = f"{ARO}.actor", "ulysses_sequence_parallel_size"
     gpus = ["trainer.n_gpus_per_node=8", f"{ARO}.model.use_remove_padding=True"]
-    t = tr(f"{a}.{sp}=4", f"{a}.use_kl_loss=True", f"{ARO}.ref.log_prob_micro_batch_size=64", *gpus)
+    t = tr(f"{a}.{sp}=4", *gpus)
     assert t.overrides["strategy.fsdp.sequence_parallel_size"] == 4 and not t.refused
-    assert t.overrides["actor.ref_log_prob.micro_batch_size"] == 64 // (8 // 4)  # a global count / (GPUs / SP)
+    per_gpu = tr(f"{a}.{sp}=4", f"{a}.ppo_micro_batch_size_per_gpu=null", f"{a}.ppo_micro_batch_size=64", *gpus)
+    assert "ppo_micro_batch_size_per_gpu=32 (64 / 2 data-parallel ranks" in per_gpu.refused[0].text  # GPUs / SP
     engine = tr(f"{a}.fsdp_config.{sp}=2", *gpus)  # verl's FSDP engine key, read where the actor's own is 1
     assert engine.overrides["strategy.fsdp.sequence_parallel_size"] == 2
     assert fate(engine, f"{a}.{sp}").kind == verl.IGNORED

@@ -18,7 +18,8 @@ from rlforge.errors import ConfigError
 
 ARO = "actor_rollout_ref"
 BASE = ["algorithm.adv_estimator=grpo", f"{ARO}.rollout.name=vllm", f"{ARO}.actor.ppo_micro_batch_size_per_gpu=4",
-        "data.train_files=/d/train.parquet", f"{ARO}.model.path=/m"]
+        f"{ARO}.rollout.log_prob_micro_batch_size_per_gpu=8", "data.train_files=/d/train.parquet",
+        f"{ARO}.model.path=/m"]
 
 
 def tr(*overrides: str, **kw) -> verl.Translation:
@@ -40,6 +41,22 @@ def test_a_field_verls_config_class_lacks_is_refused_as_verl_stops_on_it() -> No
     assert "is not in rlforge" not in n_agent.line()  # verl's own stop, not a missing feature
 
 
+def test_a_field_of_a_fields_own_config_class_is_checked_too() -> None:
+    t = tr(f"+{ARO}.rollout.disaggregation.zzfoo=1", f"+{ARO}.actor.adaptive_entropy.enabled=True")
+    assert "DisaggregationConfig" in fate(t, f"{ARO}.rollout.disaggregation.zzfoo").text
+    entropy = fate(t, f"{ARO}.actor.adaptive_entropy.enabled").text  # the first missing part is what verl names
+    assert "'adaptive_entropy' is not a field of verl 0.9.1's FSDPActorConfig" in entropy
+
+
+def test_keys_verl_passes_on_or_reads_from_new_entries_are_not_refused() -> None:
+    t = tr("+reward.custom_reward_function.reward_kwargs.format_score=0.1", "+algorithm.pf_ppo.zz=1")
+    kwargs = fate(t, "reward.custom_reward_function.reward_kwargs.format_score")  # verl passes them to the function
+    assert kwargs.kind == verl.REFUSED and not kwargs.stops and "keyword arguments" in kwargs.text
+    assert "verl would run without it" in fate(t, "algorithm.pf_ppo.zz").text
+    with pytest.raises(ConfigError, match="trainer.n_gpus_per_node='abc'"):
+        tr("trainer.n_gpus_per_node=abc")
+
+
 def test_fields_verl_has_beyond_its_yaml_defaults_are_not_refused() -> None:
     # FSDPEngineConfig.mixed_precision and RolloutConfig.moe_tensor_parallel_size are fields absent from the YAML
     t = tr(f"+{ARO}.actor.fsdp_config.mixed_precision.param_dtype=bf16", f"+{ARO}.rollout.moe_tensor_parallel_size=2")
@@ -52,15 +69,18 @@ def test_fields_verl_has_beyond_its_yaml_defaults_are_not_refused() -> None:
 def test_the_shipped_fields_are_verls() -> None:
     pytest.importorskip("verl", reason="verl 0.9.1 is installed by scripts/setup.sh test")
     shipped = json.loads(FIELDS.read_text(encoding="utf-8"))["fields"]
-    for target, names in shipped.items():
+    for target, fields in shipped.items():
         module, _, name = target.rpartition(".")
         cls = getattr(importlib.import_module(module), name)
-        assert sorted(f.name for f in dataclasses.fields(cls)) == names, target
+        assert sorted(f.name for f in dataclasses.fields(cls)) == sorted(fields), target
+    rollout = shipped["verl.workers.config.RolloutConfig"]  # a field's own config class: where verl stops too
+    assert rollout["disaggregation"].endswith("DisaggregationConfig") and rollout["n"] is None
 
 
 def test_a_key_verl_never_reads_is_refused_with_its_verl_name() -> None:
     t = tr("+trainer.remove_previous_ckpt=True", "+algorithm.no_think_rl=True", "+data.shuffle_train_dataloader=False")
-    assert "max_actor_ckpt_to_keep=1" in fate(t, "trainer.remove_previous_ckpt").text
+    assert "max_actor_ckpt_to_keep and trainer.max_critic_ckpt_to_keep (1: only the last" in \
+        fate(t, "trainer.remove_previous_ckpt").text
     assert "verl would run without it" in fate(t, "algorithm.no_think_rl").text  # AlgoConfig is never built
     assert "data.shuffle" in fate(t, "data.shuffle_train_dataloader").text
 
@@ -79,11 +99,14 @@ def test_an_own_files_top_level_variables_are_ignored_and_their_values_used(tmp_
     (tmp_path / "mine.yaml").write_text(
         "defaults: [ppo_trainer, _self_]\nmodel_path: /tmp/my-model\nmbs: 4\nextra_section: {a: 1}\n"
         "actor_rollout_ref:\n  model: {path: '${model_path}'}\n  actor: {ppo_micro_batch_size_per_gpu: '${mbs}'}\n"
-        "  rollout: {name: vllm}\nalgorithm: {adv_estimator: grpo}\n", encoding="utf-8")
-    t = prepare([f"--config-path={tmp_path}", "--config-name=mine"], refuse=False).translation
+        "  rollout: {name: vllm, log_prob_micro_batch_size_per_gpu: 8}\nalgorithm: {adv_estimator: grpo}\n",
+        encoding="utf-8")
+    t = prepare([f"--config-path={tmp_path}", "--config-name=mine", "+common.lr=1e-6",
+                 f"{ARO}.actor.optim.lr=${{common.lr}}"], refuse=False).translation
     assert fate(t, "model_path").kind == verl.IGNORED and "never reads" in fate(t, "model_path").text
     assert t.overrides["model.path"] == "/tmp/my-model" and t.overrides["actor.ppo_micro_batch_size"] == 4
-    assert fate(t, "extra_section.a").kind == verl.REFUSED  # a section of one's own: what it asks is not known
+    assert fate(t, "common.lr").kind == verl.IGNORED and t.overrides["actor.lr"] == 1e-6  # a section of variables
+    assert fate(t, "extra_section.a").kind == verl.REFUSED  # a section of one's own that no key uses
 
 
 def test_a_missing_config_path_falls_back_to_the_shipped_config_and_says_so() -> None:
@@ -104,6 +127,8 @@ def test_a_v0_7_sft_launch_given_to_rlforge_verl_sft_is_read_as_v0_7s_config() -
 
 def test_a_projects_own_reward_manager_is_refused_on_the_key_that_names_it() -> None:
     own = fate(tr("reward_model.reward_manager=yr"), "reward_model.reward_manager")
-    assert own.kind == verl.REFUSED and own.value == "yr" and "does not register" in own.text
+    assert own.kind == verl.REFUSED and own.value == "yr" and "main_ppo never reads this legacy key" in own.text
+    moved = prepare(["--config-name=dapo_trainer", *BASE, "reward_model.reward_manager=yr"], refuse=False).translation
+    assert "does not register" in fate(moved, "reward_model.reward_manager").text  # the DAPO recipe moves it: stops
     verls = tr("reward.reward_manager.name=gdpo")
     assert fate(verls, "reward.reward_manager.name").line().endswith("is not in rlforge")  # verl has it, rlforge not
