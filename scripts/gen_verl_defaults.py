@@ -8,7 +8,7 @@
 
 Each output file is the composed tree of one named config (``--config-name``) with its ``${...}`` interpolations kept
 (they are resolved after the launch's overrides, as verl resolves them), under a header that says where it came
-from and how it was made. ``rlforge.config.verl_hydra`` reads them.
+from and how it was made. ``rlforge.config.verl_tree`` reads them.
 """
 
 from __future__ import annotations

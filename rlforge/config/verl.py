@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlforge.config import verl_stale
+from rlforge.config import verl_stale, verl_tree
 from rlforge.config.verl_fates import DOC, IGNORED, MAPPED, REFUSED, Context, Fate, Translation, flatten
 from rlforge.config.verl_rules import Derived, Ignore, Keep, Map
 from rlforge.errors import ConfigError
@@ -32,8 +32,6 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     set itself (a few keys are refused only when set on purpose, e.g. multimodal columns). ``config_name``: the named
     config it composed, which says which of verl's trainers runs it (``Context.trainer``). ``variables``: top-level
     keys of one's own config file that other keys interpolate (verl never reads them)."""
-    from rlforge.config import verl_hydra
-
     if sft:
         from rlforge.config.verl_sft import DERIVED, ORDER, TABLE
     else:
@@ -50,8 +48,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     own_reader = not sft and bool(flat.get("data.custom_cls.path"))  # a dataset class reads verl's data section
     ref = bool(flat.get(f"{ARO}.actor.use_kl_loss") or flat.get("algorithm.use_kl_in_reward"))
     built = verl_stale.BUILT_SFT if sft else (*verl_stale.BUILT, *((f"{ARO}.ref.",) if ref else ()), "critic.")
-    defaults = verl_hydra.default_tree(verl_hydra.ENGINE_VARIANTS.get((config_name, flat.get("model_engine")),
-                                                                      config_name))
+    defaults = verl_tree.default_tree(verl_tree.ENGINE_VARIANTS.get((config_name, flat.get("model_engine")),
+                                                                    config_name))
     for key, value in flat.items():
         rule, gap = TABLE.rule(key), verl_stale.new_in(defaults, key)
         if own_reader and key.startswith("data.") and (rule is None or isinstance(rule, Keep) and not rule.ok(value)):

@@ -20,17 +20,17 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlforge.config import verl_stale
+from rlforge.config.verl_tree import (
+    ENGINE_VARIANTS,
+    LEGACY_SFT,
+    PPO,
+    SFT,
+    default_tree,
+    load_default,
+    shipped,
+)
 from rlforge.errors import ConfigError
 
-DEFAULTS = Path(__file__).parent / "verl_defaults"  # package data, written by scripts/gen_verl_defaults.py
-PPO, SFT, LEGACY_SFT = "ppo_trainer", "sft_trainer_engine", "sft_trainer"
-# model_engine=X on the command line (a Hydra config-group choice in verl): the tree composed with that engine
-ENGINE_VARIANTS = {
-    ("ppo_trainer", "megatron"): "ppo_megatron_trainer", ("ppo_trainer", "torchtitan"): "ppo_torchtitan_trainer",
-    ("ppo_trainer", "veomni"): "ppo_veomni_trainer", ("dapo_trainer", "megatron"): "dapo_megatron_trainer",
-    ("fully_async_ppo_trainer", "megatron"): "fully_async_ppo_megatron_trainer",
-    ("one_step_off_ppo_trainer", "megatron"): "one_step_off_ppo_megatron_trainer",
-}
 # verl's trainer modules and the config each composes by default
 ENTRY_CONFIGS = {
     "verl.trainer.main_ppo": PPO, "recipe.dapo.main_dapo": "dapo_trainer",
@@ -38,45 +38,9 @@ ENTRY_CONFIGS = {
     "verl.experimental.one_step_off_policy.main_ppo": "one_step_off_ppo_trainer",
     "verl.trainer.sft_trainer": SFT, "verl.trainer.fsdp_sft_trainer": LEGACY_SFT,
 }
-
-
-def shipped() -> list[str]:
-    return sorted(p.stem for p in DEFAULTS.glob("*.yaml"))
-
-
-# keys of verl 0.9.0 that 0.9.1 dropped (with 0.9.0's default): scripts written for 0.9.0 still set them
-REMOVED_IN_0_9_1 = {f"{role}.megatron.grad_offload": False
-                    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")}
 # config groups a launch may select (verl's defaults lists): name -> group -> default option
 GROUPS = {"model_engine": "dp"}
 SFT_GROUPS = {"engine": "fsdp", "optim": "fsdp", "model": "hf_model", "profiler": "profiler"}
-
-
-def load_default(name: str) -> dict[str, Any]:
-    """A deep copy of the shipped default tree ``name`` (parsed once per process)."""
-    return copy.deepcopy(_load_default(name.removesuffix(".yaml")))
-
-
-def default_tree(name: str) -> dict[str, Any]:
-    """The shipped default tree ``name``, shared: not to be changed (:func:`load_default` gives a copy)."""
-    return _load_default(name.removesuffix(".yaml"))
-
-
-@functools.lru_cache(maxsize=None)
-def _load_default(name: str) -> dict[str, Any]:
-    path = DEFAULTS / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"rlforge does not know verl's config '{name}' (--config-name). verl's configs it ships: "
-                          f"{', '.join(shipped())}.")
-    tree = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    for key, value in REMOVED_IN_0_9_1.items():
-        parent, _, leaf = key.rpartition(".")
-        node = tree
-        for part in parent.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.setdefault(leaf, value)
-    return tree
 
 
 @dataclass

@@ -49,7 +49,7 @@ def renamed(key: str) -> str | None:
     old = next((p for p in MOVED if key.startswith(p)), None)
     if old is None:
         return None
-    from rlforge.config.verl_hydra import PPO, default_tree
+    from rlforge.config.verl_tree import PPO, default_tree
 
     new = MOVED[old] + key[len(old):]
     return new if new_in(default_tree(PPO), new) is None else None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlforge.cli import main
-from rlforge.config import verl, verl_hydra
+from rlforge.config import verl, verl_hydra, verl_tree
 from rlforge.config.verl_launch import prepare
 from rlforge.errors import ConfigError
 
@@ -305,7 +305,7 @@ def test_a_complete_hydra_config_translates_without_a_traceback(tmp_path: Path) 
     import shutil
 
     path = tmp_path / "config.yaml"
-    text = (verl_hydra.DEFAULTS / "ppo_megatron_trainer.yaml").read_text()
+    text = (verl_tree.DEFAULTS / "ppo_megatron_trainer.yaml").read_text()
     path.write_text(text.replace("name: ???", "name: vllm"))
     t = verl.translate(verl_hydra.compose_file(str(path))[2])
     assert t.overrides["strategy.name"] == "megatron" and t.algorithm == "ppo"
@@ -418,7 +418,7 @@ def test_a_complete_config_is_read_as_the_trainer_that_wrote_it(tmp_path: Path, 
     def run_dir(name: str, config_name: str | None) -> Path:
         d = tmp_path / name / ".hydra"
         d.mkdir(parents=True)
-        (d / "config.yaml").write_text((verl_hydra.DEFAULTS / f"{name}.yaml").read_text().replace("name: ???",
+        (d / "config.yaml").write_text((verl_tree.DEFAULTS / f"{name}.yaml").read_text().replace("name: ???",
                                                                                               "name: vllm"))
         if config_name:
             (d / "hydra.yaml").write_text(f"hydra:\n  run:\n    dir: outputs\n  job:\n    name: main\n"

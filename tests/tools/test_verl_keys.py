@@ -8,7 +8,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from rlforge.config import compose, verl, verl_hydra
+from rlforge.config import compose, verl, verl_hydra, verl_tree
 from rlforge.config.verl_keys import TABLE
 from rlforge.config.verl_rules import Map
 from rlforge.config.verl_sft import TABLE as SFT_TABLE
@@ -17,12 +17,12 @@ TREES = verl_hydra.shipped()
 
 
 def _tree(name: str) -> dict:
-    return yaml.safe_load((verl_hydra.DEFAULTS / f"{name}.yaml").read_text())
+    return yaml.safe_load((verl_tree.DEFAULTS / f"{name}.yaml").read_text())
 
 
 def test_the_shipped_trees_carry_their_provenance() -> None:
     for name in TREES:
-        head = (verl_hydra.DEFAULTS / f"{name}.yaml").read_text().splitlines()[:3]
+        head = (verl_tree.DEFAULTS / f"{name}.yaml").read_text().splitlines()[:3]
         assert head[0].startswith(f"# verl's default config '{name}', composed by Hydra")
         assert head[1].startswith("# Source: ") and ("verl 0.9.1" in head[1] or "v0.7.0" in head[1])
 
