@@ -57,7 +57,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
                         "(data.verl_class.config)")
         elif key.startswith("critic.") and key != "critic.enable" and not critic:
             c.ignore(key, f"verl builds no critic for adv_estimator={flat.get('algorithm.adv_estimator')}")
-        elif gap and verl_stale.settle(c, key, gap, built, variables, rule is not None):
+        elif gap and verl_stale.settle(c, key, gap, built, variables, key in TABLE.exact, rule is not None):
             pass
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)

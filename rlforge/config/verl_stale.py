@@ -95,18 +95,27 @@ def stops(gap: Gap) -> str:
             + (f"; verl 0.9.1's key for it: {new}" if new else ""))
 
 
-def settle(c: Any, key: str, gap: Gap, built_sections: tuple[str, ...], variables: frozenset[str], ruled: bool
-           ) -> bool:
+# sections whose entries verl passes on as they are (to megatron-core, to the reward function or manager) or reads
+# by name (named teachers), and the legacy keys verl moves: a new key there is an entry, for the tables' rules
+PASSED_ON = tuple(f"{role}.megatron.override_{what}_config." for role in (f"{ARO}.actor", f"{ARO}.ref", "critic")
+                  for what in ("transformer", "ddp", "optimizer")) + (
+    f"{ARO}.actor.optim.override_optimizer_config.", "reward.reward_kwargs.", "reward_model.", "custom_reward_function.",
+    "reward.custom_reward_function.", "reward.reward_manager.", "distillation.", "data.apply_chat_template_kwargs.",
+    "algorithm.rollout_correction.")
+
+
+def settle(c: Any, key: str, gap: Gap, built_sections: tuple[str, ...], variables: frozenset[str], exact: bool,
+           ruled: bool) -> bool:
     """Give ``key``, which verl's defaults lack (``gap``), its fate in the translation context ``c``: refused where verl
     stops on it (a config class it builds) or where no rule covers it (verl never reads it), ignored where it is a
-    variable of one's own config file. False: the tables' rule decides (``ruled``: entries verl passes on, such as
-    megatron's TransformerConfig overrides, reward_kwargs or named teachers)."""
+    variable of one's own config file. False: the tables' rule decides (``exact``: a rule for this very key;
+    ``ruled``: a pattern's, which decides in the sections of :data:`PASSED_ON`)."""
     if built(gap, built_sections):
         c.stop(key, stops(gap))
     elif "." not in key or key.split(".", 1)[0] in variables:
         c.ignore(key, "a top-level key of the config, which verl 0.9.1 never reads (a variable: its value counts where "
                       "other keys interpolate it)")
-    elif ruled:
+    elif exact or ruled and key.startswith(PASSED_ON):
         return False
     else:
         c.stop(key, unread(key))

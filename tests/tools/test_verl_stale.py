@@ -132,3 +132,28 @@ def test_a_projects_own_reward_manager_is_refused_on_the_key_that_names_it() -> 
     assert "does not register" in fate(moved, "reward_model.reward_manager").text  # the DAPO recipe moves it: stops
     verls = tr("reward.reward_manager.name=gdpo")
     assert fate(verls, "reward.reward_manager.name").line().endswith("is not in rlforge")  # verl has it, rlforge not
+
+
+def test_no_section_of_verls_config_swallows_a_made_up_key_with_another_keys_reason() -> None:
+    """``+SECTION.zzfoo=1`` for every section of verl's ppo_trainer tree (the second adversarial pass's sweep): refused
+    (verl stops on it, or never reads it), or a section's entry verl passes on; never a crash."""
+    from rlforge.config.verl_tree import default_tree
+
+    sections: list[str] = []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            sections.append(path)
+            for k, v in node.items():
+                walk(v, f"{path}.{k}" if path else k)
+
+    walk(default_tree("ppo_trainer"), "")
+    base = [*BASE, "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=2", f"{ARO}.actor.use_kl_loss=True",
+            f"{ARO}.ref.log_prob_micro_batch_size_per_gpu=8"]
+    passed_on = ("engine_kwargs", "override_config", "apply_chat_template_kwargs", "distillation", "trainer.v1",
+                 "kw_args", "reward_model.rollout", "reward.reward_model.rollout")
+    for section in sections[1:]:
+        key = f"{section}.zzfoo"
+        f = fate(prepare([*base, f"+{key}=1"], refuse=False).translation, key)
+        assert f.kind == verl.REFUSED or any(p in section for p in passed_on), (key, f.kind, f.text)
+    assert len(sections) > 100
