@@ -99,7 +99,8 @@ def stops(gap: Gap) -> str:
 # by name (named teachers), and the legacy keys verl moves: a new key there is an entry, for the tables' rules
 PASSED_ON = tuple(f"{role}.megatron.override_{what}_config." for role in (f"{ARO}.actor", f"{ARO}.ref", "critic")
                   for what in ("transformer", "ddp", "optimizer")) + (
-    f"{ARO}.actor.optim.override_optimizer_config.", "reward.reward_kwargs.", "reward_model.", "custom_reward_function.",
+    f"{ARO}.actor.optim.override_optimizer_config.", "reward.reward_kwargs.", "reward_model.",
+    "custom_reward_function.",
     "reward.custom_reward_function.", "reward.reward_manager.", "distillation.", "data.apply_chat_template_kwargs.",
     "algorithm.rollout_correction.")
 

@@ -148,8 +148,8 @@ def test_no_section_of_verls_config_swallows_a_made_up_key_with_another_keys_rea
                 walk(v, f"{path}.{k}" if path else k)
 
     walk(default_tree("ppo_trainer"), "")
-    base = [*BASE, "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=2", f"{ARO}.actor.use_kl_loss=True",
-            f"{ARO}.ref.log_prob_micro_batch_size_per_gpu=8"]
+    base = [*BASE, "algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=2",
+            f"{ARO}.actor.use_kl_loss=True", f"{ARO}.ref.log_prob_micro_batch_size_per_gpu=8"]
     passed_on = ("engine_kwargs", "override_config", "apply_chat_template_kwargs", "distillation", "trainer.v1",
                  "kw_args", "reward_model.rollout", "reward.reward_model.rollout")
     for section in sections[1:]:
