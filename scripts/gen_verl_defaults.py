@@ -123,6 +123,7 @@ def write_fields(out: Path, source: str) -> None:
 
     for file in sorted(out.glob("*.yaml")):
         walk(yaml.safe_load(file.read_text(encoding="utf-8")))
+
     def nested(cls: type, field: dataclasses.Field) -> str | None:
         hint = typing.get_type_hints(cls).get(field.name)
         for t in (hint, *typing.get_args(hint)):

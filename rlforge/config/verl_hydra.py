@@ -150,16 +150,17 @@ def _user_file(path: str, name: str) -> tuple[str, dict[str, Any]] | None:
 _VARIABLE = re.compile(r"\$\{\s*(?:oc\.select:\s*)?([A-Za-z_]\w*)")  # ${name...}, ${oc.select:name...}
 
 
-def variables(launch: Launch) -> frozenset[str]:
-    """Top-level keys of the launch (its own config file's, its overrides') that verl's config lacks and that keys
-    interpolate (``${mbs}``, ``${common.model}``): variables, which verl never reads."""
+def variables(launch: Launch, base: str) -> frozenset[str]:
+    """Top-level keys of the launch (its own config file's, its overrides') that verl's config ``base`` (the shipped
+    config it builds on) lacks and that keys interpolate (``${mbs}``, ``${common.model}``): variables, which verl
+    never reads."""
     file = Path(launch.config_path or "") / f"{launch.config_name}.yaml"
     text = file.read_text(encoding="utf-8") if launch.config_path and file.is_file() else ""
     own = yaml.safe_load(text) if text else None
     keys = {*(own if isinstance(own, dict) else {}), *(o.split("=", 1)[0].lstrip("+~").split(".")[0]
                                                        for o in launch.overrides)}
-    used, base = set(_VARIABLE.findall(text + " ".join(launch.overrides))), default_tree(base_config(launch))
-    return frozenset(k for k in keys if k not in base and k in used)
+    used, tree = set(_VARIABLE.findall(text + " ".join(launch.overrides))), default_tree(base)
+    return frozenset(k for k in keys if k not in tree and k in used)
 
 
 def _engine_variant(name: str, engine: str, where: str) -> str:

@@ -35,8 +35,9 @@ def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Pre
     launch = verl_hydra.parse_args(args, verl_hydra.ENTRY_CONFIGS[entry])
     tree = verl_hydra.compose_tree(launch)
     sft = launch.config_name.startswith("sft_")
-    translation = verl.translate(tree, given_keys(launch.overrides), sft=sft,
-                                 config_name=verl_hydra.base_config(launch), variables=verl_hydra.variables(launch))
+    base = verl_hydra.base_config(launch)
+    translation = verl.translate(tree, given_keys(launch.overrides), sft=sft, config_name=base,
+                                 variables=verl_hydra.variables(launch, base))
     translation.config_from = launch.why
     if refuse:
         check(translation)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlforge.config.verl_tree import PPO, default_tree
+
 ARO = "actor_rollout_ref"
 FIELDS = Path(__file__).parent / "verl_defaults" / "fields.json"  # written by scripts/gen_verl_defaults.py
 # the sections whose config classes verl 0.9.1 always builds (its dataclasses refuse a field they lack): PPO's policy
@@ -49,8 +51,6 @@ def renamed(key: str) -> str | None:
     old = next((p for p in MOVED if key.startswith(p)), None)
     if old is None:
         return None
-    from rlforge.config.verl_tree import PPO, default_tree
-
     new = MOVED[old] + key[len(old):]
     return new if new_in(default_tree(PPO), new) is None else None
 

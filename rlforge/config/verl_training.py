@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rlforge.config import verl_veomni
 from rlforge.config.verl_fates import SEPARATE_TRAINERS, TRAINER_NAMES
+from rlforge.config.verl_layout import uses_ref
 from rlforge.config.verl_rules import float_list, is_, joined, non_negative, off
 
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, 
         return
     c.ignore(tokens, f"read only with {name}=True")
     count = None if c.get(total) is None else max(1, int(c.get(total)) // c.dp_size)
-    ref = bool(c.get(f"{A}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))  # verl builds a reference model
     if c.get(per_gpu) is not None:
         c.map(per_gpu, targets[1], c.get(per_gpu))
         if count is not None and total in GLOBAL_BESIDE_STOPS:
@@ -58,7 +58,7 @@ def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, 
                           f" ('You have set both'): set only {per_gpu}")
         else:
             c.ignore(total, "verl reads the _per_gpu value when it is set")
-    elif count is not None and total in GLOBAL_ALONE_STOPS and (ref or not total.startswith(REF)):
+    elif count is not None and total in GLOBAL_ALONE_STOPS and (not total.startswith(REF) or uses_ref(c)):
         c.ignore(per_gpu, "null")
         c.stop(total, f"verl 0.9.1 no longer reads this deprecated global count: its workers need {per_gpu} and stop "
                       f"without it; set {per_gpu}={count} ({c.get(total)} / {c.dp_size} data-parallel ranks, as verl "
