@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlforge.agent import SINGLE_TURN, Interaction, Sample
-from rlforge.config.schema import option
+from rlforge.config.schema import option, plain
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
@@ -31,7 +31,6 @@ from rlforge.plugins.env.loading import (
     import_target,
     is_file,
     load_reference,
-    plain,
     scored_by_the_loop,
     split_reference,
 )

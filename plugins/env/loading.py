@@ -1,5 +1,4 @@
-"""What the environment adapters share: ``module:attr`` / ``path/to/file.py:attr`` references and the rows' plain
-values."""
+"""What the environment adapters share: ``module:attr`` / ``path/to/file.py:attr`` references."""
 
 from __future__ import annotations
 
@@ -46,13 +45,6 @@ def load_reference(spec: str, key: str) -> Any:
     if not hasattr(module, parts[1]):
         raise ConfigError(f"{key}={spec!r}: '{parts[0]}' has no attribute '{parts[1]}'.")
     return getattr(module, parts[1])
-
-
-def plain(value: Any) -> Any:
-    """A config value (an OmegaConf node or not) as plain Python containers."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def scored_by_the_loop(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:

@@ -19,11 +19,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlforge.config.schema import option
+from rlforge.config.schema import option, plain
 from rlforge.errors import DataError, RLForgeError, did_you_mean
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
-from rlforge.plugins.env.loading import plain
 
 SOURCE = "reasoning_gym"
 VAL_SEED = 54321  # the held-out problems are the same whatever trainer.seed is

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlforge.agent import Sample
-from rlforge.config.schema import option
+from rlforge.config.schema import option, plain
 from rlforge.errors import ConfigError, DataError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
 from rlforge.plugins.agent.openai_server import Endpoint, OpenAIAgentLoop
-from rlforge.plugins.env.loading import load_reference, plain, scored_by_the_loop, split_reference
+from rlforge.plugins.env.loading import load_reference, scored_by_the_loop, split_reference
 
 SOURCE = "verifiers"
 INPUT_KEYS = ("answer", "info", "task", "example_id")  # a verifiers row's columns besides the prompt

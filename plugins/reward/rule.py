@@ -41,6 +41,7 @@ from rlforge.plugins.reward.user_file import load_user_function
 from rlforge.plugins.reward.workers import RewardWorkers
 
 from rlforge import batch as B
+from rlforge.config.schema import plain
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
@@ -118,7 +119,8 @@ class RuleRewardManager:
         fns = {name: bind_config(registry.reward_fn.get(name), rc, _fn_section(config, registry, name))
                for name in registry.reward_fn.available()}
         if rc.file:
-            fns[FIXED] = bind_config(load_user_function(rc.file, rc.fn_name, float(rc.timeout_s)), rc)
+            kwargs = plain(rc.get("fn_kwargs")) or {}  # reward.fn_kwargs win over a reward key of the same name
+            fns[FIXED] = bind_config(load_user_function(rc.file, rc.fn_name, float(rc.timeout_s), kwargs), rc, kwargs)
         elif rc.fn:
             registry.reward_fn.get(rc.fn)  # an unknown name: the registry's error, with the known ones
             fns[FIXED] = fns[rc.fn]

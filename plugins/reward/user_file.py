@@ -11,9 +11,12 @@ sample; it is refused with the wrapper to write.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rlforge.plugins.reward.results import CRASHED, OK, RAISED, TIMEOUT, ScoreFn, describe
 from rlforge.plugins.reward.workers import RewardWorkers
@@ -23,8 +26,10 @@ from rlforge.errors import ConfigError, RLForgeError
 CONTRACT = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 
-def load_user_function(path: str, name: str = "compute_score", timeout_s: float = 10.0) -> ScoreFn:
-    """Import ``name`` from the Python file at ``path``, with errors that name the file and function.
+def load_user_function(path: str, name: str = "compute_score", timeout_s: float = 10.0,
+                       kwargs: Mapping[str, Any] | None = None) -> ScoreFn:
+    """Import ``name`` from the Python file at ``path``, with errors that name the file and function; ``kwargs``
+    (``reward.fn_kwargs``) are bound to it as keyword arguments, as verl binds custom_reward_function.reward_kwargs.
 
     The file is imported in a throwaway child process first, limited like a reward call (``timeout_s`` of
     CPU time, a wall-clock backstop of ``WALL_BACKSTOP`` times that): a file that calls ``sys.exit``, kills
@@ -48,8 +53,9 @@ def load_user_function(path: str, name: str = "compute_score", timeout_s: float 
     if kind != OK:
         raise RLForgeError(_IMPORT_FAILURES[kind].format(path=path, reason=reason, timeout_s=timeout_s))
     fn = _import_function(path, name)  # now in this process: the workers are forked from it
-    check_contract(fn, path, name)
-    return fn
+    kwargs = dict(kwargs or {})
+    check_contract(fn, path, name, kwargs)
+    return functools.partial(fn, **kwargs) if kwargs else fn
 
 
 # what a failed import check means (a file that raises at import comes back as the RLForgeError of
@@ -84,9 +90,14 @@ def _import_function(path: str, name: str) -> ScoreFn:
     return fn
 
 
-def check_contract(fn: ScoreFn, path: str, name: str) -> None:
+def check_contract(fn: ScoreFn, path: str, name: str, kwargs: Mapping[str, Any] | None = None) -> None:
     """Refuse a function that cannot be called as ``fn(data_source, solution_str, ground_truth, extra_info)``, or
-    whose parameters name those arguments in other places (it would misread every call)."""
+    whose parameters name those arguments in other places (it would misread every call); then keyword arguments
+    (``reward.fn_kwargs``) that repeat the contract's or that the function does not take."""
+    taken = [k for k in kwargs or {} if k in CONTRACT]
+    if taken:
+        raise ConfigError(f"reward.fn_kwargs.{taken[0]}: '{taken[0]}' is an argument of the reward-function contract "
+                          f"(rlforge passes it for every sample); give the function's other keyword arguments only.")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a C callable without a signature: called as it is
@@ -100,6 +111,11 @@ def check_contract(fn: ScoreFn, path: str, name: str) -> None:
     except TypeError:
         fits = False
     if fits and not misplaced:
+        unknown = [k for k in kwargs or {} if not _takes(signature, k)]
+        if unknown:
+            raise ConfigError(f"reward.fn_kwargs.{unknown[0]}: Reward file {path}: {name}{signature} has no parameter "
+                              f"'{unknown[0]}' (nor **kwargs), so every call would fail; the keyword arguments it "
+                              f"takes: {', '.join(_keywords(signature)) or 'none'}.")
         return
     why = (f"its parameter '{misplaced[0][0]}' is argument {misplaced[0][1] + 1}, where rlforge passes "
            f"'{CONTRACT[misplaced[0][1]]}'" if misplaced else "it cannot take these four arguments")
@@ -110,3 +126,17 @@ def check_contract(fn: ScoreFn, path: str, name: str) -> None:
         f"Wrap it, e.g. def {name}(data_source, solution_str, ground_truth, extra_info): return "
         f"scorer(solution_str, ground_truth)."
     )
+
+
+def _takes(signature: inspect.Signature, keyword: str) -> bool:
+    """Whether a function of ``signature`` accepts ``keyword=...`` after the contract's four positional arguments."""
+    try:
+        signature.bind(*CONTRACT, **{keyword: None})
+        return True
+    except TypeError:
+        return False
+
+
+def _keywords(signature: inspect.Signature) -> list[str]:
+    return [p.name for p in signature.parameters.values() if p.name not in CONTRACT and
+            p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

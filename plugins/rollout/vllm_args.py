@@ -17,6 +17,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
+from rlforge.config.schema import plain
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.heads import Heads
 from rlforge.lazy import lazy_import
@@ -58,10 +59,7 @@ def engine_arg_names() -> frozenset[str]:
 
 
 def _plain(value: Any) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    plain: Any = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-    return dict(plain or {})
+    return dict(plain(value) or {})
 
 
 def engine_kwargs(config: Any) -> dict[str, Any]:

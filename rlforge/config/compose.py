@@ -323,6 +323,10 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     check_values(cfg)
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
+    if cfg.reward.fn_kwargs and not cfg.reward.file:
+        raise ConfigError(f"reward.fn_kwargs ({', '.join(cfg.reward.fn_kwargs)}) go to the function of reward.file, "
+                          f"which is not set: set reward.file, or give a registered function's options in its own "
+                          f"section (docs/rewards.md).")
     check_data_files(cfg, registry)
     for key in ("model.path", "model.ref_path", "critic.path"):
         if OmegaConf.select(cfg, key):

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass, replace
 from typing import Any, Optional, get_type_hints
 
-from omegaconf import ListConfig
+from omegaconf import ListConfig, OmegaConf
 
 from rlforge.agent.config import AgentConfig
 from rlforge.errors import ConfigError
@@ -23,6 +23,12 @@ from rlforge.lora import LoraConfig
 from rlforge.lr_schedule import LR_SCHEDULERS
 from rlforge.pipeline import PIPELINE_NAMES
 from rlforge.precision import PRECISIONS
+
+
+def plain(value: Any) -> Any:
+    """A config value (an OmegaConf node or not) as plain Python containers, interpolations resolved."""
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
 
 BUILTIN_MODEL = "builtin:tiny-arith"
 IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -148,6 +154,7 @@ class RewardConfig:
     fn: Optional[str] = None  # reward function name; None = chosen by each row's data_source
     file: Optional[str] = None  # python file with compute_score(data_source, solution_str, ground_truth, extra_info)
     fn_name: str = option("compute_score", pattern=IDENTIFIER, what="a Python identifier")  # function to load from `file`
+    fn_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments passed to `file`'s function on every call, after the four of the contract, e.g. {format_score: 0.1} (verl's custom_reward_function.reward_kwargs); each must be a parameter of the function (or it takes **kwargs)
     num_workers: int = option(1, ge=1)  # worker processes that evaluate reward functions (a hung one is killed and replaced)
     timeout_s: float = option(10.0, gt=0)  # per-sample CPU-time limit of a reward function call (wall-clock backstop: 10x)
     fallback_score: float = option(0.0, ge=-3.4028234663852886e38, le=3.4028234663852886e38, why="the float32 range of the reward tensor")  # score of a sample whose reward function raised, hung or returned a non-number

@@ -258,11 +258,10 @@ def reward(c: Context) -> None:
     for leaf in PLACEMENT_KEYS:  # moved to reward.reward_model.<leaf>, which is placement only (verl_keys)
         c.ignore(f"reward_model.{leaf}", f"moved to reward.reward_model.{leaf}, as verl moves it: where verl places "
                                          f"its reward model; rlforge's runs beside the actor (reward.model.device)")
+    file = value["reward.custom_reward_function.path"]
+    reward_fn_kwargs(c, file, whole)
     for key in c.owned:
-        if ".reward_kwargs." in key and "custom_reward_function." in key:
-            c.refuse(key, "keyword arguments for the custom reward function (verl's custom_reward_function."
-                          "reward_kwargs; rlforge calls reward.file's function with the four arguments of its contract)")
-        elif key.startswith(("reward_model.", "custom_reward_function.")) and key not in legacy and not c.done(key):
+        if key.startswith(("reward_model.", "custom_reward_function.")) and key not in legacy and not c.done(key):
             (c.ignore(key, "null") if c.get(key) is None else c.refuse(key, f"verl's legacy {key}"))
     rm = bool(value["reward.reward_model.enable"])
     if known:
@@ -278,18 +277,38 @@ def reward(c: Context) -> None:
     path = value["reward.reward_model.model_path"]
     (c.map("reward.reward_model.model_path", "reward.model.path", path) if rm
      else c.ignore("reward.reward_model.model_path", "read only with reward_model.enable"))
-    file, fn = value["reward.custom_reward_function.path"], value["reward.custom_reward_function.name"]
+    fn = value["reward.custom_reward_function.name"]
     if file:
         c.map("reward.custom_reward_function.path", "reward.file", file)
         if fn or not whole:
             c.map("reward.custom_reward_function.name", "reward.fn_name", fn or "compute_score")
         else:
-            c.refuse("reward.custom_reward_function.name", "a moved custom_reward_function section without a name "
-                     "(verl stops on it too: give custom_reward_function.name)")
+            c.stop("reward.custom_reward_function.name", "the custom_reward_function section verl moves here has no "
+                   "name, and verl stops on it (get_custom_reward_fn asserts one): give custom_reward_function.name")
     else:
         c.same("reward.custom_reward_function.path", "the built-in function of each row's data_source")
         c.ignore("reward.custom_reward_function.name", "read only with custom_reward_function.path")
     c.ignore("reward.num_workers", "reward worker processes (speed only); rlforge: reward.num_workers")
+
+
+def reward_fn_kwargs(c: Context, file: Any, whole: bool) -> None:
+    """``custom_reward_function.reward_kwargs``: keyword arguments verl binds to the custom reward function (its
+    legacy section's over the new one's: the whole section where verl moves it, else key by key)."""
+    new, old = "reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"
+    keys = {prefix: [k for k in c.owned if k == prefix or k.startswith(prefix + ".")] for prefix in (new, old)}
+    if whole:
+        for key in keys[new]:
+            c.ignore(key, "replaced by the legacy custom_reward_function section, which verl moves over it whole")
+        keys[new] = []
+    kwargs = {k[len(prefix) + 1:]: c.get(k) for prefix in (new, old) for k in keys[prefix] if k != prefix}
+    for prefix in (new, old):
+        for key in keys[prefix]:
+            if not file:
+                c.ignore(key, "read only with custom_reward_function.path")
+            elif key == prefix and not isinstance(c.get(key), dict):
+                c.refuse(key, f"a {prefix} that is not a mapping of keyword arguments ({c.get(key)!r})")
+            else:
+                c.map(key, "reward.fn_kwargs", nest(kwargs), "" if prefix == new else legacy_moved(c, new))
 
 
 def rollout_log_probs(c: Context) -> None:

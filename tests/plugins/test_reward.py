@@ -21,7 +21,7 @@ from rlforge.plugins.reward.user_file import load_user_function
 
 from rlforge import batch as B
 from rlforge.config.schema import RewardConfig
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 
 # --- arith ------------------------------------------------------------------------------------------------
 
@@ -152,6 +152,20 @@ def test_load_user_function_missing_function(tmp_path: Path) -> None:
     assert "reward.fn_name" in msg
     with pytest.raises(RLForgeError, match="no function 'missing'"):
         load_user_function(str(path), "missing")
+
+
+def test_fn_kwargs_are_bound_to_the_user_function_and_checked_against_its_signature(tmp_path: Path) -> None:
+    path = tmp_path / "kw.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, format_score=0.0):\n"
+                    "    return 1.0 if solution_str == ground_truth else format_score\n"
+                    "def any_kw(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+                    "    return float(kw['w'])\n")
+    assert load_user_function(str(path), kwargs={"format_score": 0.1})("d", "x", "y", None) == 0.1
+    assert load_user_function(str(path), "any_kw", kwargs={"w": 3})("d", "x", "y", None) == 3.0  # verl binds any
+    with pytest.raises(ConfigError, match=r"reward.fn_kwargs.fmt: .*has no parameter 'fmt'.*takes: format_score"):
+        load_user_function(str(path), kwargs={"fmt": 0.1})
+    with pytest.raises(ConfigError, match="reward.fn_kwargs.extra_info: .*argument of the reward-function contract"):
+        load_user_function(str(path), "any_kw", kwargs={"extra_info": {}})
 
 
 @pytest.mark.parametrize(
@@ -305,6 +319,16 @@ def test_rule_manager_user_file_with_dict_result(char_tokenizer, registry, manag
     assert out[B.TOKEN_LEVEL_SCORES][0, 2].item() == 1.0
     assert out[B.TOKEN_LEVEL_SCORES][1, 1].item() == 0.5
     assert out[B.TOKEN_LEVEL_SCORES].sum().item() == pytest.approx(1.5)
+
+
+def test_rule_manager_passes_fn_kwargs_over_a_reward_key_of_the_same_name(char_tokenizer, registry, manager_factory,
+                                                                          tmp_path: Path) -> None:
+    path = tmp_path / "kw.py"
+    path.write_text("def compute_score(ds, s, gt, extra_info, *, timeout_s=0.0, opts=None):\n"
+                    "    return timeout_s + opts['bonus']\n")
+    mgr = manager_factory(char_tokenizer, registry, file=str(path), fn_kwargs={"timeout_s": 0.5, "opts": {"bonus": 2}})
+    batch = _response_batch(char_tokenizer, ["1"], ["x"], ["1"])
+    torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([2.5]))  # plain values, in the worker
 
 
 def test_rule_manager_passes_extra_info(char_tokenizer, registry, manager_factory, tmp_path: Path) -> None:

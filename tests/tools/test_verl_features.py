@@ -342,3 +342,23 @@ def test_a_config_file_of_ones_own_on_dapo_trainer_runs_as_the_dapo_recipe(tmp_p
     args = [*GPUS, f"{f}.enable=True", f"{f}.metric=acc", f"{f}.max_num_gen_batches=10"]
     t = prepare([f"--config-path={tmp_path}", "--config-name=my_dapo", *args], refuse=False).translation
     assert t.overrides["algorithm.max_gen_batches"] == 10  # the recipe's rounds, not main_ppo's "no limit"
+
+
+def test_custom_reward_function_reward_kwargs_become_reward_fn_kwargs() -> None:
+    new, old = "reward.custom_reward_function", "custom_reward_function"
+    t = _t(f"{new}.path=/x.py", f"+{new}.reward_kwargs.format_score=0.1", f"+{new}.reward_kwargs.opts.n=2")
+    assert t.overrides["reward.fn_kwargs"] == {"format_score": 0.1, "opts": {"n": 2}}  # verl binds them to the function
+    assert _fate(t, f"{new}.reward_kwargs.opts.n").kind == verl.MAPPED
+    t = _t(f"+{new}.reward_kwargs.format_score=0.1")  # no custom function: verl never reads them
+    assert "reward.fn_kwargs" not in t.overrides
+    assert "read only with custom_reward_function.path" in _fate(t, f"{new}.reward_kwargs.format_score").text
+    # main_ppo: rlforge moves a legacy key over the new section's, key by key, and says verl leaves it unread
+    t = _t(f"{old}.path=/x.py", f"+{old}.reward_kwargs.a=1", f"+{new}.reward_kwargs.a=0", f"+{new}.reward_kwargs.b=2")
+    assert t.overrides["reward.fn_kwargs"] == {"a": 1, "b": 2}
+    assert "main_ppo leaves this legacy key unread" in _fate(t, f"{old}.reward_kwargs.a").text
+    # the DAPO recipe moves the legacy section whole: the new section's kwargs are gone
+    dapo = ["--config-name=dapo_trainer", *GPUS, "algorithm.filter_groups.metric=acc"]
+    t = prepare([*dapo, f"{old}.path=/x.py", f"{old}.name=f", f"+{old}.reward_kwargs.a=1", f"+{new}.reward_kwargs.b=2"],
+                refuse=False).translation
+    assert t.overrides["reward.fn_kwargs"] == {"a": 1}
+    assert _fate(t, f"{new}.reward_kwargs.b").kind == verl.IGNORED

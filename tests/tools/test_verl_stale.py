@@ -51,7 +51,7 @@ def test_a_field_of_a_fields_own_config_class_is_checked_too() -> None:
 def test_keys_verl_passes_on_or_reads_from_new_entries_are_not_refused() -> None:
     t = tr("+reward.custom_reward_function.reward_kwargs.format_score=0.1", "+algorithm.pf_ppo.zz=1")
     kwargs = fate(t, "reward.custom_reward_function.reward_kwargs.format_score")  # verl passes them to the function
-    assert kwargs.kind == verl.REFUSED and not kwargs.stops and "keyword arguments" in kwargs.text
+    assert kwargs.kind == verl.IGNORED and "read only with custom_reward_function.path" in kwargs.text
     assert "verl would run without it" in fate(t, "algorithm.pf_ppo.zz").text
     with pytest.raises(ConfigError, match="trainer.n_gpus_per_node='abc'"):
         tr("trainer.n_gpus_per_node=abc")
