@@ -154,9 +154,10 @@ class PluginManager:
         if autoload is None:
             autoload = os.environ.get(AUTOLOAD_ENV, "").lower() in ("", "0", "false", "no")
         self.autoload = autoload  # whether entry-point plugins were loaded
+        version = _version("rlforge")  # read from the installed metadata once, not per built-in plugin
         with _real_interrupts() as interrupted:
             for mod in BUILTIN_PLUGINS:
-                self._load(PluginInfo(mod, "builtin", "rlforge", _version("rlforge")),
+                self._load(PluginInfo(mod, "builtin", "rlforge", version),
                            lambda m=mod: importlib.import_module(m), interrupted)
             if autoload:
                 for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):

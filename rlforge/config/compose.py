@@ -6,6 +6,7 @@ inconsistent batch sizes fail with a message that names the key, the value and t
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -145,10 +146,12 @@ def _check_bools(base: DictConfig, layer: DictConfig, source: str) -> None:
 
 
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
+    """``layer`` (from ``source``, which errors name) merged into ``base``, in place; ``base`` returned."""
     layer = OmegaConf.create(layer)
     try:
         _check_bools(base, layer, source)
-        return OmegaConf.merge(base, _one_item_lists(base, layer))  # type: ignore[return-value]
+        base.merge_with(_one_item_lists(base, layer))  # in place: OmegaConf.merge would copy the whole config first
+        return base
     except ConfigKeyError as exc:
         key = exc.full_key or "?"
         parent, _, leaf = key.rpartition(".")
@@ -255,11 +258,24 @@ def _has_key(layer: DictConfig, key: str) -> bool:
     return True
 
 
+_DEFAULTS: dict[tuple[Any, ...], DictConfig] = {}  # schema -> its defaults as a config, never handed out itself
+
+
+def _defaults(registry: Any, algorithm_config: type) -> DictConfig:
+    """The defaults of the schema that ``registry``'s components and ``algorithm_config`` make (``schema.build``), as
+    a config of their own: built once per schema, then copied (building it is most of a compose's time)."""
+    key = (algorithm_config, *((path, cls, entry.plugin) for path, (cls, entry) in
+                               sorted(registry.config_sections().items())))
+    if key not in _DEFAULTS:
+        _DEFAULTS[key] = OmegaConf.structured(schema.build(registry, algorithm_config))
+    return copy.deepcopy(_DEFAULTS[key])
+
+
 def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str]]) -> DictConfig:
     """Defaults < the algorithm's preset < each of ``layers`` (config, where it comes from), in order."""
     name = _algorithm_name(algo, layers)
     algo_cls = registry.algorithm.get(name)
-    cfg = OmegaConf.structured(schema.build(registry, algo_cls.config_class))
+    cfg = _defaults(registry, algo_cls.config_class)
     cfg = _merge(cfg, OmegaConf.create(algo_cls.preset), f"the '{name}' preset")
     for layer, source in layers:
         cfg = _merge(cfg, layer, source)
