@@ -6,15 +6,18 @@ exits, crashes or hangs at import time is a clear error instead of a dead or stu
 signature is checked against the contract: a function that cannot take the four arguments, or names them in
 another order (verl's own ``verl/utils/reward_score/gsm8k.py::compute_score(solution_str, ground_truth, ...)``
 is a scorer that verl's ``default_compute_score`` calls, not a custom reward function), would fail on every
-sample; it is refused with the wrapper to write.
+sample; it is refused with the wrapper to write. Keyword arguments from ``reward.fn_kwargs`` are bound to it (verl's
+``custom_reward_function.reward_kwargs``), and an ``async def`` function runs to completion in the reward worker
+(verl awaits it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.util
 import inspect
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,19 @@ def load_user_function(path: str, name: str = "compute_score", timeout_s: float 
     fn = _import_function(path, name)  # now in this process: the workers are forked from it
     kwargs = dict(kwargs or {})
     check_contract(fn, path, name, kwargs)
+    if inspect.iscoroutinefunction(fn):  # verl awaits an async reward function; a reward worker runs it to its end
+        fn = _run_to_completion(fn)
     return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def _run_to_completion(fn: Callable[..., Awaitable[Any]]) -> ScoreFn:
+    """``async def compute_score(...)`` as a plain function, with its signature (the config binds by it)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return asyncio.run(fn(*args, **kwargs))
+
+    return call
 
 
 # what a failed import check means (a file that raises at import comes back as the RLForgeError of

@@ -331,6 +331,17 @@ def test_rule_manager_passes_fn_kwargs_over_a_reward_key_of_the_same_name(char_t
     torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([2.5]))  # plain values, in the worker
 
 
+def test_an_async_reward_function_is_run_to_its_result(char_tokenizer, registry, manager_factory, tmp_path: Path) -> None:
+    path = tmp_path / "async_reward.py"  # verl awaits a coroutine function
+    path.write_text("import asyncio\n"
+                    "async def compute_score(data_source, solution_str, ground_truth, extra_info, *, bonus=0.0):\n"
+                    "    await asyncio.sleep(0)\n"
+                    "    return {'score': float(solution_str == ground_truth) + bonus}\n")
+    mgr = manager_factory(char_tokenizer, registry, file=str(path), fn_kwargs={"bonus": 0.5})
+    batch = _response_batch(char_tokenizer, ["1", "2"], ["x", "x"], ["1", "3"])
+    torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([1.5, 0.5]))
+
+
 def test_rule_manager_passes_extra_info(char_tokenizer, registry, manager_factory, tmp_path: Path) -> None:
     path = tmp_path / "extra.py"
     path.write_text("def compute_score(ds, s, gt, extra_info):\n    return float(extra_info['w'])\n")
