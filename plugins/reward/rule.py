@@ -85,6 +85,16 @@ def bind_config(fn: ScoreFn, *sections: Any) -> ScoreFn:
     return functools.partial(fn, **kwargs) if kwargs else fn
 
 
+def fn_kwargs(rc: Any) -> dict[str, Any]:
+    """``reward.fn_kwargs`` as verl hands custom_reward_function.reward_kwargs over: a dict whose mappings and lists
+    are OmegaConf containers (``cfg.bonus`` works, as in verl), resolved and writable. They win over a ``reward`` key
+    of the same name (``bind_config``)."""
+    from omegaconf import OmegaConf
+
+    given = plain(rc.get("fn_kwargs")) or {}
+    return {k: OmegaConf.create(v) if isinstance(v, (dict, list)) else v for k, v in given.items()}
+
+
 def _fn_section(config: Any, registry: Any, name: str) -> Any:
     """The reward function ``name``'s own config section, if it declared one."""
     path = registry.reward_fn.entry(name).config_path(registry.SPECS["reward_fn"])
@@ -119,7 +129,7 @@ class RuleRewardManager:
         fns = {name: bind_config(registry.reward_fn.get(name), rc, _fn_section(config, registry, name))
                for name in registry.reward_fn.available()}
         if rc.file:
-            kwargs = plain(rc.get("fn_kwargs")) or {}  # reward.fn_kwargs win over a reward key of the same name
+            kwargs = fn_kwargs(rc)
             fns[FIXED] = bind_config(load_user_function(rc.file, rc.fn_name, float(rc.timeout_s), kwargs), rc, kwargs)
         elif rc.fn:
             registry.reward_fn.get(rc.fn)  # an unknown name: the registry's error, with the known ones

@@ -6,9 +6,10 @@ exits, crashes or hangs at import time is a clear error instead of a dead or stu
 signature is checked against the contract: a function that cannot take the four arguments, or names them in
 another order (verl's own ``verl/utils/reward_score/gsm8k.py::compute_score(solution_str, ground_truth, ...)``
 is a scorer that verl's ``default_compute_score`` calls, not a custom reward function), would fail on every
-sample; it is refused with the wrapper to write. Keyword arguments from ``reward.fn_kwargs`` are bound to it (verl's
-``custom_reward_function.reward_kwargs``), and an ``async def`` function runs to completion in the reward worker
-(verl awaits it).
+sample; it is refused with the wrapper to write. The four arguments go as keywords where the function takes them so
+(as verl calls it), else by position. Keyword arguments from ``reward.fn_kwargs`` are bound to it (verl's
+``custom_reward_function.reward_kwargs``), and an ``async def`` function runs to completion in the reward worker, on
+that process's one event loop (verl awaits it on its reward worker's loop).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import functools
 import importlib.util
 import inspect
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -57,18 +59,40 @@ def load_user_function(path: str, name: str = "compute_score", timeout_s: float 
         raise RLForgeError(_IMPORT_FAILURES[kind].format(path=path, reason=reason, timeout_s=timeout_s))
     fn = _import_function(path, name)  # now in this process: the workers are forked from it
     kwargs = dict(kwargs or {})
-    check_contract(fn, path, name, kwargs)
+    by_keyword = check_contract(fn, path, name, kwargs)
     if inspect.iscoroutinefunction(fn):  # verl awaits an async reward function; a reward worker runs it to its end
         fn = _run_to_completion(fn)
+    if by_keyword:
+        fn = _by_keyword(fn)
     return functools.partial(fn, **kwargs) if kwargs else fn
 
 
+def _by_keyword(fn: ScoreFn) -> ScoreFn:
+    """``fn`` called as verl calls a custom reward function: the contract's four arguments as keywords."""
+
+    @functools.wraps(fn)  # its signature: the config binds keyword-only parameters by it (rule.bind_config)
+    def call(data_source: Any, solution_str: Any, ground_truth: Any, extra_info: Any = None, **kwargs: Any) -> Any:
+        return fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                  extra_info=extra_info, **kwargs)
+
+    return call
+
+
+_LOOPS: dict[int, asyncio.AbstractEventLoop] = {}  # process id -> its event loop for async reward functions
+
+
 def _run_to_completion(fn: Callable[..., Awaitable[Any]]) -> ScoreFn:
-    """``async def compute_score(...)`` as a plain function, with its signature (the config binds by it)."""
+    """``async def compute_score(...)`` as a plain function, with its signature (the config binds by it). Every call
+    in a process runs on one event loop of that process, as verl awaits them on its reward worker's loop: a client
+    the function keeps between calls (an aiohttp session, ``openai.AsyncOpenAI``) stays bound to a live loop."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        return asyncio.run(fn(*args, **kwargs))
+        loop = _LOOPS.get(os.getpid())
+        if loop is None:  # a forked reward worker makes its own (the parent's is not its to run)
+            _LOOPS.clear()
+            loop = _LOOPS[os.getpid()] = asyncio.new_event_loop()
+        return loop.run_until_complete(fn(*args, **kwargs))
 
     return call
 
@@ -105,51 +129,63 @@ def _import_function(path: str, name: str) -> ScoreFn:
     return fn
 
 
-def check_contract(fn: ScoreFn, path: str, name: str, kwargs: Mapping[str, Any] | None = None) -> None:
-    """Refuse a function that cannot be called as ``fn(data_source, solution_str, ground_truth, extra_info)``, or
-    whose parameters name those arguments in other places (it would misread every call); then keyword arguments
-    (``reward.fn_kwargs``) that repeat the contract's or that the function does not take."""
-    taken = [k for k in kwargs or {} if k in CONTRACT]
+def check_contract(fn: ScoreFn, path: str, name: str, kwargs: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``fn`` is called with the contract's four arguments as keywords (as verl calls a custom reward function,
+    ``fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...)``: True) or, where its parameters have
+    other names, by position (False); with ``kwargs`` (``reward.fn_kwargs``) as keywords either way. Refused: a
+    function that takes neither call, or whose parameters name the four in other places (it would misread every call),
+    and keyword arguments that repeat the contract's, that it does not take, or that it requires and are not given."""
+    kwargs = dict(kwargs or {})
+    taken = [k for k in kwargs if k in CONTRACT]
     if taken:
         raise ConfigError(f"reward.fn_kwargs.{taken[0]}: '{taken[0]}' is an argument of the reward-function contract "
                           f"(rlforge passes it for every sample); give the function's other keyword arguments only.")
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a C callable without a signature: called as it is
-        return
+        return False
+    if _binds(signature, (), {**dict.fromkeys(CONTRACT), **kwargs}):
+        return True
     params = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     misplaced = [(p.name, i) for i, p in enumerate(params[:len(CONTRACT)]) if p.name in CONTRACT and
                  p.name != CONTRACT[i]]
-    try:
-        signature.bind(*CONTRACT)
-        fits = True
-    except TypeError:
-        fits = False
-    if fits and not misplaced:
-        unknown = [k for k in kwargs or {} if not _takes(signature, k)]
-        if unknown:
-            raise ConfigError(f"reward.fn_kwargs.{unknown[0]}: Reward file {path}: {name}{signature} has no parameter "
-                              f"'{unknown[0]}' (nor **kwargs), so every call would fail; the keyword arguments it "
-                              f"takes: {', '.join(_keywords(signature)) or 'none'}.")
-        return
+    if not misplaced and _binds(signature, CONTRACT, kwargs):
+        return False
+    unknown = [k for k in kwargs if not _takes(signature, k)]
+    if unknown:
+        raise ConfigError(f"reward.fn_kwargs.{unknown[0]}: Reward file {path}: {name}{signature} has no parameter "
+                          f"'{unknown[0]}' (nor **kwargs), so every call would fail; the keyword arguments it "
+                          f"takes: {', '.join(_keywords(signature)) or 'none'}.")
+    needed = [p.name for p in signature.parameters.values()
+              if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in CONTRACT and p.name not in kwargs]
+    if needed:
+        raise ConfigError(f"Reward file {path}: {name}{signature} requires the keyword argument '{needed[0]}', which "
+                          f"reward.fn_kwargs does not give (verl's custom_reward_function.reward_kwargs): set "
+                          f"reward.fn_kwargs.{needed[0]}, or give the parameter a default.")
     why = (f"its parameter '{misplaced[0][0]}' is argument {misplaced[0][1] + 1}, where rlforge passes "
            f"'{CONTRACT[misplaced[0][1]]}'" if misplaced else "it cannot take these four arguments")
     raise ConfigError(
         f"Reward file {path}: {name}{signature} does not follow the reward-function contract {name}(data_source, "
-        f"solution_str, ground_truth, extra_info): {why}, so every call would fail or misread its arguments. (verl's "
-        f"verl/utils/reward_score/*.py scorers have other signatures: verl calls them through default_compute_score.) "
-        f"Wrap it, e.g. def {name}(data_source, solution_str, ground_truth, extra_info): return "
+        f"solution_str, ground_truth, extra_info): {why}, so every call would fail or misread its arguments. (rlforge "
+        f"passes the four as keywords, as verl does, or by position to a function whose parameters have other names. "
+        f"verl's verl/utils/reward_score/*.py scorers have other signatures: verl calls them through "
+        f"default_compute_score.) Wrap it, e.g. def {name}(data_source, solution_str, ground_truth, extra_info): return "
         f"scorer(solution_str, ground_truth)."
     )
 
 
-def _takes(signature: inspect.Signature, keyword: str) -> bool:
-    """Whether a function of ``signature`` accepts ``keyword=...`` after the contract's four positional arguments."""
+def _binds(signature: inspect.Signature, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
     try:
-        signature.bind(*CONTRACT, **{keyword: None})
+        signature.bind(*args, **kwargs)
         return True
     except TypeError:
         return False
+
+
+def _takes(signature: inspect.Signature, keyword: str) -> bool:
+    """Whether a function of ``signature`` accepts ``keyword=...`` (a parameter of that name, or ``**kwargs``)."""
+    return any(p.kind is p.VAR_KEYWORD or p.name == keyword and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               for p in signature.parameters.values())
 
 
 def _keywords(signature: inspect.Signature) -> list[str]:

@@ -337,6 +337,9 @@ def validate(cfg: DictConfig, registry: Any) -> None:
     the batch arithmetic; then each selected component's own ``validate_config(cfg, registry)`` (if it has one)."""
     components = list(selected(cfg, registry))
     check_values(cfg)
+    if cfg.reward.fn and cfg.reward.file:
+        raise ConfigError(f"reward.fn={cfg.reward.fn!r} and reward.file={cfg.reward.file!r} both name the reward "
+                          f"function: set one of them.")
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
     if cfg.reward.fn_kwargs and not cfg.reward.file:

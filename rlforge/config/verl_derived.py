@@ -259,7 +259,7 @@ def reward(c: Context) -> None:
         c.ignore(f"reward_model.{leaf}", f"moved to reward.reward_model.{leaf}, as verl moves it: where verl places "
                                          f"its reward model; rlforge's runs beside the actor (reward.model.device)")
     file = value["reward.custom_reward_function.path"]
-    reward_fn_kwargs(c, file, whole)
+    reward_fn_kwargs(c, file, whole, c.get("custom_reward_function.path") is not None)
     for key in c.owned:
         if key.startswith(("reward_model.", "custom_reward_function.")) and key not in legacy and not c.done(key):
             (c.ignore(key, "null") if c.get(key) is None else c.refuse(key, f"verl's legacy {key}"))
@@ -291,14 +291,17 @@ def reward(c: Context) -> None:
     c.ignore("reward.num_workers", "reward worker processes (speed only); rlforge: reward.num_workers")
 
 
-def reward_fn_kwargs(c: Context, file: Any, whole: bool) -> None:
-    """``custom_reward_function.reward_kwargs``: keyword arguments verl binds to the custom reward function (its
-    legacy section's over the new one's: the whole section where verl moves it, else key by key)."""
+def reward_fn_kwargs(c: Context, file: Any, whole: bool, legacy_path: bool) -> None:
+    """``custom_reward_function.reward_kwargs``: keyword arguments verl binds to the custom reward function. The
+    legacy section's replace the new one's where verl moves the section whole, and where the legacy section gives
+    the function (they go with it); else they go over the new one's key by key."""
     new, old = "reward.custom_reward_function.reward_kwargs", "custom_reward_function.reward_kwargs"
     keys = {prefix: [k for k in c.owned if k == prefix or k.startswith(prefix + ".")] for prefix in (new, old)}
-    if whole:
+    if whole or legacy_path:
         for key in keys[new]:
-            c.ignore(key, "replaced by the legacy custom_reward_function section, which verl moves over it whole")
+            c.ignore(key, "replaced by the legacy custom_reward_function section, which verl moves over it whole"
+                     if whole else "the legacy custom_reward_function.path gives the function, and the legacy "
+                     "section's reward_kwargs go with it")
         keys[new] = []
     kwargs = {k[len(prefix) + 1:]: c.get(k) for prefix in (new, old) for k in keys[prefix] if k != prefix}
     for prefix in (new, old):

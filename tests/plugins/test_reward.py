@@ -342,6 +342,30 @@ def test_an_async_reward_function_is_run_to_its_result(char_tokenizer, registry,
     torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([1.5, 0.5]))
 
 
+def test_functions_verl_calls_by_keyword_run_and_async_ones_share_one_loop_per_worker(
+        char_tokenizer, registry, manager_factory, tmp_path: Path) -> None:
+    # verl-recipe's FAPO baseline: async, two named parameters, the rest through **kwargs (verl calls by keyword)
+    path = tmp_path / "by_keyword.py"
+    path.write_text("import asyncio\n"
+                    "LOOPS = set()\n"
+                    "async def compute_score(solution_str, ground_truth, **kwargs):\n"
+                    "    LOOPS.add(id(asyncio.get_running_loop()))  # a client kept between calls needs a live loop\n"
+                    "    return float(solution_str == ground_truth) + kwargs['cfg'].bonus + len(LOOPS) - 1\n"
+                    "def reordered(solution_str, ground_truth, data_source=None, extra_info=None):\n"
+                    "    return float(data_source == 'x' and solution_str == ground_truth)\n"
+                    "def keyword_only(*, data_source, solution_str, ground_truth, extra_info=None, scale):\n"
+                    "    return scale * float(solution_str == ground_truth)\n")
+    batch = _response_batch(char_tokenizer, ["1", "2", "3"], ["x", "x", "x"], ["1", "3", "3"])
+    mgr = manager_factory(char_tokenizer, registry, file=str(path), fn_kwargs={"cfg": {"bonus": 0.5}})
+    torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([1.5, 0.5, 1.5]))  # cfg.bonus: as verl's
+    mgr = manager_factory(char_tokenizer, registry, file=str(path), fn_name="reordered")
+    torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([1.0, 0.0, 1.0]))
+    mgr = manager_factory(char_tokenizer, registry, file=str(path), fn_name="keyword_only", fn_kwargs={"scale": 2})
+    torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([2.0, 0.0, 2.0]))
+    with pytest.raises(ConfigError, match="requires the keyword argument 'scale'.*set reward.fn_kwargs.scale"):
+        load_user_function(str(path), "keyword_only")
+
+
 def test_rule_manager_passes_extra_info(char_tokenizer, registry, manager_factory, tmp_path: Path) -> None:
     path = tmp_path / "extra.py"
     path.write_text("def compute_score(ds, s, gt, extra_info):\n    return float(extra_info['w'])\n")

@@ -352,10 +352,14 @@ def test_custom_reward_function_reward_kwargs_become_reward_fn_kwargs() -> None:
     t = _t(f"+{new}.reward_kwargs.format_score=0.1")  # no custom function: verl never reads them
     assert "reward.fn_kwargs" not in t.overrides
     assert "read only with custom_reward_function.path" in _fate(t, f"{new}.reward_kwargs.format_score").text
-    # main_ppo: rlforge moves a legacy key over the new section's, key by key, and says verl leaves it unread
+    # main_ppo: rlforge moves a legacy key over the new section's and says verl leaves it unread; the kwargs go with
+    # the function: the legacy section's replace the new one's where it gives the path, else key by key
     t = _t(f"{old}.path=/x.py", f"+{old}.reward_kwargs.a=1", f"+{new}.reward_kwargs.a=0", f"+{new}.reward_kwargs.b=2")
-    assert t.overrides["reward.fn_kwargs"] == {"a": 1, "b": 2}
+    assert t.overrides["reward.fn_kwargs"] == {"a": 1}
     assert "main_ppo leaves this legacy key unread" in _fate(t, f"{old}.reward_kwargs.a").text
+    assert "go with it" in _fate(t, f"{new}.reward_kwargs.b").text
+    t = _t(f"{new}.path=/x.py", f"+{old}.reward_kwargs.a=1", f"+{new}.reward_kwargs.a=0", f"+{new}.reward_kwargs.b=2")
+    assert t.overrides["reward.fn_kwargs"] == {"a": 1, "b": 2}
     # the DAPO recipe moves the legacy section whole: the new section's kwargs are gone
     dapo = ["--config-name=dapo_trainer", *GPUS, "algorithm.filter_groups.metric=acc"]
     t = prepare([*dapo, f"{old}.path=/x.py", f"{old}.name=f", f"+{old}.reward_kwargs.a=1", f"+{new}.reward_kwargs.b=2"],
