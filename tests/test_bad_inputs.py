@@ -65,6 +65,8 @@ CASES = {
     "missing data file": (["data.name=files", "data.train_files=[/no/such.jsonl]"],
                           "Data file not found: /no/such.jsonl (data.train_files)", ""),
     "missing reward file": (["reward.file=/no/reward.py"], "Reward file not found: /no/reward.py (reward.file)", ""),
+    "interpolation in a mapping": (["reward.fn_kwargs={x: ${reward.timeout_s}}"],
+                                   "quote each interpolation inside it as a YAML string", "{x: \"${a.b}\"}"),
     "two reward functions": (["reward.fn=gsm8k", "reward.file=/no/reward.py"], "reward.fn='gsm8k' and reward.file=",
                              "set one of them"),
     "reward kwargs without a file": (["reward.fn_kwargs={format_score: 0.1}"],

@@ -43,6 +43,10 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         try:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError as exc:
+            if value.lstrip().startswith(("{", "[")) and "${" in value:  # an interpolation inside a mapping or list
+                raise ConfigError(f"Override '{o}': the value is not valid YAML ({str(exc).splitlines()[0]}); quote "
+                                  f"each interpolation inside it as a YAML string, e.g. '{key}={{x: \"${{a.b}}\"}}'."
+                                  ) from None
             raise ConfigError(f"Override '{o}': the value is not valid YAML ({str(exc).splitlines()[0]}); quote it "
                               f"as a YAML string: {key}='\"...\"' (in a shell: '{key}=\"...\"').") from None
         if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
