@@ -191,16 +191,25 @@ def _compose_launch(prepared: Any, ours: list[str]) -> tuple[Any, Any]:
     try:
         return compose_with_plugins(None, None, ours, loaded=_warn, base=(prepared.config, ORIGIN))
     except ConfigError as exc:
-        import re
+        raise _named_by_verl(exc, prepared, ours) from None
 
-        mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
-        subject = re.search(r"'([\w.]+)'", str(exc))  # the key the error is about (not a "did you mean" one)
-        sources = [f"{f.key}={f.value}" for f in prepared.translation.fates
-                   if subject and f.target == subject.group(1)
-                   and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
-        if not sources:
-            raise
-        raise ConfigError(f"{exc} (from verl's {', '.join(sources)})") from None
+
+def _named_by_verl(exc: ConfigError, prepared: Any, ours: list[str]) -> ConfigError:
+    """``exc`` with the verl keys whose values the rlforge key it is about came from (``'key'`` quoted in it, or
+    ``key: ...`` at its start, e.g. ``reward.fn_kwargs.bogus`` from ``custom_reward_function.reward_kwargs.bogus``)."""
+    import re
+
+    mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
+    found = re.match(r"(\w+(?:\.[\w-]+)+): ", str(exc)) or re.search(r"'([\w.]+)'", str(exc))
+    subject = found.group(1) if found else ""  # the key the error is about (not a "did you mean" one)
+
+    def about(f: Any) -> bool:  # mapped to the subject, or to the mapping the subject is an entry of
+        rest = subject[len(f.target):] if subject.startswith(f.target + ".") else None
+        return bool(f.target) and (f.target == subject or rest is not None and f.key.endswith(rest))
+
+    sources = [f"{f.key}={f.value}" for f in prepared.translation.fates if subject and about(f)
+               and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
+    return ConfigError(f"{exc} (from verl's {', '.join(sources)})") if sources else exc
 
 
 def cmd_verl(argv: list[str]) -> int:
@@ -232,11 +241,13 @@ def cmd_verl(argv: list[str]) -> int:
         if t.refused:
             return 2
         try:  # the translation and the keys after -- compose as the run would compose them
-            _, cfg = _compose_launch(prepared, ours)
+            pm, cfg = _compose_launch(prepared, ours)
             if t.command == "sft":
                 from rlforge.sft.run import preflight
 
                 preflight(cfg)
+            else:
+                _check_reward_function(pm, cfg, prepared, ours)
         except RLForgeError as exc:
             print(f"rlforge: the run would stop here: {exc}", file=sys.stderr)
             return 2
@@ -254,8 +265,19 @@ def cmd_verl(argv: list[str]) -> int:
     else:
         from rlforge.trainer import Trainer
 
+        _check_reward_function(pm, cfg, prepared, ours)
         Trainer(cfg, plugins=pm).fit()
     return 0
+
+
+def _check_reward_function(pm: Any, cfg: Any, prepared: Any, ours: list[str]) -> None:
+    """The reward manager's ``check_function`` (where it has one), its error naming the verl keys it is about."""
+    check = pm.registry.reward_manager.entry(cfg.reward.manager).functions.get("check_function")
+    try:
+        if check is not None:
+            check(cfg)
+    except ConfigError as exc:
+        raise _named_by_verl(exc, prepared, ours) from None
 
 
 def cmd_new(args: argparse.Namespace) -> int:

@@ -81,7 +81,8 @@ class TokenGenerator(Protocol):
 class RewardManager(Protocol):
     """Scores a batch. Registered under ``reward_manager``; built as ``factory(config, tokenizer, registry)``.
     May define a static ``check_data_sources(config, registry, data_sources)`` that refuses data it cannot score
-    (called on every dataset before any model loads)."""
+    (called on every dataset before any model loads), and a static ``check_function(config)`` that refuses a reward
+    function the config names that it could not call (``rlforge verl --print`` runs it)."""
 
     def score(self, batch: Batch) -> Batch:
         """Set ``scores`` [B], ``token_level_scores`` [B, R] (and ``acc`` [B]); metrics it measured go to

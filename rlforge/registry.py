@@ -195,7 +195,8 @@ class Registries:
     SPECS: dict[str, Kind] = {
         "algorithm": Kind("algorithm.name", None, "RLModule"),
         "rollout": Kind("rollout.name", "rollout", "RolloutEngine", RolloutCapabilities),
-        "reward_manager": Kind("reward.manager", "reward", "RewardManager", functions=("check_data_sources",)),
+        "reward_manager": Kind("reward.manager", "reward", "RewardManager",
+                               functions=("check_data_sources", "check_function")),
         "reward_fn": Kind("reward.fn", "reward", "RewardFunction"),
         "strategy": Kind("strategy.name", "strategy", "Strategy", StrategyCapabilities, ("export_checkpoint",)),
         "logger": Kind("logger.backends", "logger", "Logger", LoggerCapabilities),

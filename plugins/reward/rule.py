@@ -142,6 +142,14 @@ class RuleRewardManager:
         """Called by the Builder on every dataset it loads, before any model loads (module function below)."""
         check_data_sources(config, registry, data_sources)
 
+    @staticmethod
+    def check_function(config: Any) -> None:
+        """``reward.file``'s function loads and takes its arguments and ``reward.fn_kwargs`` (what building the
+        manager checks first; ``rlforge verl --print`` calls it)."""
+        rc = config.reward
+        if rc.file:
+            load_user_function(rc.file, rc.fn_name, float(rc.timeout_s), fn_kwargs(rc))
+
     def key_for(self, data_source: str) -> str:
         if self.fixed:
             return FIXED

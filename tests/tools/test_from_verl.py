@@ -371,7 +371,7 @@ def test_a_value_rlforge_refuses_at_rlforge_verl_names_the_verl_key_it_came_from
     assert "'actor.lr'" in err and f"(from verl's {ARO}.actor.optim.lr=-1" in err, err[-2000:]
 
 
-def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, monkeypatch) -> None:
+def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, monkeypatch, tmp_path) -> None:
     import rlforge.sft
     import rlforge.trainer
 
@@ -409,6 +409,17 @@ def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, m
     assert main(["verl", *BASE, "trainer.device=cpu", "--", "actor.lr=-1"]) == 2
     err = capsys.readouterr().err
     assert "'actor.lr'" in err and "from verl's" not in err  # the bad value is the user's, not the launch's
+    reward = tmp_path / "reward.py"  # the custom reward function is checked before any data is read
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, format_score=0.0):\n"
+                      "    return 1.0\n")
+    custom = [f"custom_reward_function.path={reward}", "custom_reward_function.name=compute_score"]
+    assert main(["verl", "--print", *BASE, *files, "trainer.device=cpu", *custom,
+                 "+custom_reward_function.reward_kwargs.format_score=0.1", "--", "rollout.name=hf"]) == 0
+    assert main(["verl", "--print", *BASE, *files, "trainer.device=cpu", *custom,
+                 "+custom_reward_function.reward_kwargs.fmt=0.1", "--", "rollout.name=hf"]) == 2
+    err = capsys.readouterr().err
+    assert "would stop here: reward.fn_kwargs.fmt:" in err and "takes: format_score" in err
+    assert "(from verl's custom_reward_function.reward_kwargs.fmt=0.1)" in err
 
 
 def test_a_complete_config_is_read_as_the_trainer_that_wrote_it(tmp_path: Path, capsys) -> None:
