@@ -154,7 +154,7 @@ class RewardConfig:
     fn: Optional[str] = None  # reward function name; None = chosen by each row's data_source
     file: Optional[str] = None  # python file with compute_score(data_source, solution_str, ground_truth, extra_info)
     fn_name: str = option("compute_score", pattern=IDENTIFIER, what="a Python identifier")  # function to load from `file`
-    fn_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments passed to `file`'s function on every call, after the four of the contract, e.g. {format_score: 0.1} (verl's custom_reward_function.reward_kwargs); each must be a parameter of the function (or it takes **kwargs)
+    fn_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments passed to `file`'s function on every call besides the four of the contract, e.g. {format_score: 0.1} (verl's custom_reward_function.reward_kwargs; mappings and lists arrive as OmegaConf containers, as in verl); each must be a parameter of the function (or it takes **kwargs)
     num_workers: int = option(1, ge=1)  # worker processes that evaluate reward functions (a hung one is killed and replaced)
     timeout_s: float = option(10.0, gt=0)  # per-sample CPU-time limit of a reward function call (wall-clock backstop: 10x)
     fallback_score: float = option(0.0, ge=-3.4028234663852886e38, le=3.4028234663852886e38, why="the float32 range of the reward tensor")  # score of a sample whose reward function raised, hung or returned a non-number
