@@ -11,9 +11,11 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from rlforge.errors import ConfigError, RLForgeError
+
+E = TypeVar("E", bound=RLForgeError)
 
 
 def _warn(pm: Any) -> Any:
@@ -194,22 +196,34 @@ def _compose_launch(prepared: Any, ours: list[str]) -> tuple[Any, Any]:
         raise _named_by_verl(exc, prepared, ours) from None
 
 
-def _named_by_verl(exc: ConfigError, prepared: Any, ours: list[str]) -> ConfigError:
-    """``exc`` with the verl keys whose values the rlforge key it is about came from (``'key'`` quoted in it, or
-    ``key: ...`` at its start, e.g. ``reward.fn_kwargs.bogus`` from ``custom_reward_function.reward_kwargs.bogus``)."""
+def _named_by_verl(exc: E, prepared: Any, ours: list[str]) -> E:
+    """``exc`` with the verl keys whose values the rlforge key it is about came from: the first key it names that the
+    translation wrote (``key: ...`` at its start, ``'key'`` quoted, ``(key)``), or an entry of a mapping it wrote
+    (``reward.fn_kwargs.bogus`` from ``custom_reward_function.reward_kwargs.bogus``)."""
     import re
 
     mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
-    found = re.match(r"(\w+(?:\.[\w-]+)+): ", str(exc)) or re.search(r"'([\w.]+)'", str(exc))
-    subject = found.group(1) if found else ""  # the key the error is about (not a "did you mean" one)
+    text = str(exc)
+    named = [m.group(1) for pattern in (r"^(\w+(?:\.[\w-]+)+): ", r"'([\w.]+)'", r"\((\w+(?:\.\w+)+)\)")
+             if (m := re.search(pattern, text))]  # the first of each: a later quoted key is a "did you mean" one
 
-    def about(f: Any) -> bool:  # mapped to the subject, or to the mapping the subject is an entry of
+    fates = prepared.translation.fates
+
+    def about(f: Any, subject: str) -> bool:  # mapped to the subject, or to the mapping the subject is an entry of
         rest = subject[len(f.target):] if subject.startswith(f.target + ".") else None
         return bool(f.target) and (f.target == subject or rest is not None and f.key.endswith(rest))
 
-    sources = [f"{f.key}={f.value}" for f in prepared.translation.fates if subject and about(f)
-               and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
-    return ConfigError(f"{exc} (from verl's {', '.join(sources)})") if sources else exc
+    def source(f: Any) -> Any:  # the fate whose value it is: itself, or the legacy key moved over it
+        if f.target and f.value != f.mapped_value and not isinstance(f.mapped_value, dict):
+            return next((g for g in fates if g.text.startswith(f"moved to {f.key}")), None)
+        return f
+
+    for subject in named:
+        sources = [f"{g.key}={g.value}" for f in fates if about(f, subject) and (g := source(f)) is not None
+                   and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
+        if sources:
+            return type(exc)(f"{text} (from verl's {', '.join(sources)})")
+    return exc
 
 
 def cmd_verl(argv: list[str]) -> int:
@@ -276,7 +290,7 @@ def _check_reward_function(pm: Any, cfg: Any, prepared: Any, ours: list[str]) ->
     try:
         if check is not None:
             check(cfg)
-    except ConfigError as exc:
+    except RLForgeError as exc:  # a ConfigError, or the file's own failure (no such function, an import error)
         raise _named_by_verl(exc, prepared, ours) from None
 
 

@@ -87,8 +87,7 @@ def bind_config(fn: ScoreFn, *sections: Any) -> ScoreFn:
 
 def fn_kwargs(rc: Any) -> dict[str, Any]:
     """``reward.fn_kwargs`` as verl hands custom_reward_function.reward_kwargs over: a dict whose mappings and lists
-    are OmegaConf containers (``cfg.bonus`` works, as in verl), resolved and writable. They win over a ``reward`` key
-    of the same name (``bind_config``)."""
+    are OmegaConf containers (``cfg.bonus`` works, as in verl), resolved and writable."""
     from omegaconf import OmegaConf
 
     given = plain(rc.get("fn_kwargs")) or {}
@@ -129,8 +128,9 @@ class RuleRewardManager:
         fns = {name: bind_config(registry.reward_fn.get(name), rc, _fn_section(config, registry, name))
                for name in registry.reward_fn.available()}
         if rc.file:
-            kwargs = fn_kwargs(rc)
-            fns[FIXED] = bind_config(load_user_function(rc.file, rc.fn_name, float(rc.timeout_s), kwargs), rc, kwargs)
+            # reward.fn_kwargs only, as verl binds reward_kwargs only: a parameter of the user's function named like a
+            # reward key (timeout_s, model) keeps its own default
+            fns[FIXED] = load_user_function(rc.file, rc.fn_name, float(rc.timeout_s), fn_kwargs(rc))
         elif rc.fn:
             registry.reward_fn.get(rc.fn)  # an unknown name: the registry's error, with the known ones
             fns[FIXED] = fns[rc.fn]

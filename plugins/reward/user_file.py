@@ -70,7 +70,7 @@ def load_user_function(path: str, name: str = "compute_score", timeout_s: float 
 def _by_keyword(fn: ScoreFn) -> ScoreFn:
     """``fn`` called as verl calls a custom reward function: the contract's four arguments as keywords."""
 
-    @functools.wraps(fn)  # its signature: the config binds keyword-only parameters by it (rule.bind_config)
+    @functools.wraps(fn)  # its signature, for what inspects it
     def call(data_source: Any, solution_str: Any, ground_truth: Any, extra_info: Any = None, **kwargs: Any) -> Any:
         return fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
                   extra_info=extra_info, **kwargs)

@@ -364,6 +364,12 @@ def test_functions_verl_calls_by_keyword_run_and_async_ones_share_one_loop_per_w
     torch.testing.assert_close(mgr.score(batch)[B.SCORES], torch.tensor([2.0, 0.0, 2.0]))
     with pytest.raises(ConfigError, match="requires the keyword argument 'scale'.*set reward.fn_kwargs.scale"):
         load_user_function(str(path), "keyword_only")
+    # only reward.fn_kwargs reach the user's function, as verl passes only reward_kwargs: a parameter named like a
+    # reward key keeps its own default
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, *, timeout_s=5.0):\n"
+                    "    return timeout_s\n")
+    mgr = manager_factory(char_tokenizer, registry, file=str(path), timeout_s=10.0)
+    assert mgr.score(batch)[B.SCORES].tolist() == [5.0, 5.0, 5.0]
 
 
 def test_rule_manager_passes_extra_info(char_tokenizer, registry, manager_factory, tmp_path: Path) -> None:
