@@ -11,11 +11,9 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from rlforge.errors import ConfigError, RLForgeError
-
-E = TypeVar("E", bound=RLForgeError)
 
 
 def _warn(pm: Any) -> Any:
@@ -188,42 +186,12 @@ def _compose_launch(prepared: Any, ours: list[str]) -> tuple[Any, Any]:
     """The translated launch with rlforge's own keys (``ours``) on top, composed and checked; a value rlforge refuses
     is named by the verl key it came from."""
     from rlforge.config import compose_with_plugins
-    from rlforge.config.verl_launch import ORIGIN
+    from rlforge.config.verl_launch import ORIGIN, named_by_verl
 
     try:
         return compose_with_plugins(None, None, ours, loaded=_warn, base=(prepared.config, ORIGIN))
     except ConfigError as exc:
-        raise _named_by_verl(exc, prepared, ours) from None
-
-
-def _named_by_verl(exc: E, prepared: Any, ours: list[str]) -> E:
-    """``exc`` with the verl keys whose values the rlforge key it is about came from: the first key it names that the
-    translation wrote (``key: ...`` at its start, ``'key'`` quoted, ``(key)``), or an entry of a mapping it wrote
-    (``reward.fn_kwargs.bogus`` from ``custom_reward_function.reward_kwargs.bogus``)."""
-    import re
-
-    mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
-    text = str(exc)
-    named = [m.group(1) for pattern in (r"^(\w+(?:\.[\w-]+)+): ", r"'([\w.]+)'", r"\((\w+(?:\.\w+)+)\)")
-             if (m := re.search(pattern, text))]  # the first of each: a later quoted key is a "did you mean" one
-
-    fates = prepared.translation.fates
-
-    def about(f: Any, subject: str) -> bool:  # mapped to the subject, or to the mapping the subject is an entry of
-        rest = subject[len(f.target):] if subject.startswith(f.target + ".") else None
-        return bool(f.target) and (f.target == subject or rest is not None and f.key.endswith(rest))
-
-    def source(f: Any) -> Any:  # the fate whose value it is: itself, or the legacy key moved over it
-        if f.target and f.value != f.mapped_value and not isinstance(f.mapped_value, dict):
-            return next((g for g in fates if g.text.startswith(f"moved to {f.key}")), None)
-        return f
-
-    for subject in named:
-        sources = [f"{g.key}={g.value}" for f in fates if about(f, subject) and (g := source(f)) is not None
-                   and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
-        if sources:
-            return type(exc)(f"{text} (from verl's {', '.join(sources)})")
-    return exc
+        raise named_by_verl(exc, prepared, ours) from None
 
 
 def cmd_verl(argv: list[str]) -> int:
@@ -286,12 +254,14 @@ def cmd_verl(argv: list[str]) -> int:
 
 def _check_reward_function(pm: Any, cfg: Any, prepared: Any, ours: list[str]) -> None:
     """The reward manager's ``check_function`` (where it has one), its error naming the verl keys it is about."""
+    from rlforge.config.verl_launch import named_by_verl
+
     check = pm.registry.reward_manager.entry(cfg.reward.manager).functions.get("check_function")
     try:
         if check is not None:
             check(cfg)
     except RLForgeError as exc:  # a ConfigError, or the file's own failure (no such function, an import error)
-        raise _named_by_verl(exc, prepared, ours) from None
+        raise named_by_verl(exc, prepared, ours) from None
 
 
 def cmd_new(args: argparse.Namespace) -> int:

@@ -28,7 +28,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # worker: test_sandbox.py checks, machine-wide, that no sandboxed process outlives a test, and these files start
 # sandboxes (code rewards, the python tool).
 SHARED_WORKER = {path: "sandbox" for path in (
-    "tests/plugins/test_sandbox.py", "tests/plugins/test_reward.py", "tests/plugins/test_reward_faults.py",
+    "tests/plugins/test_sandbox.py", "tests/plugins/test_reward.py", "tests/plugins/test_reward_file.py",
+    "tests/plugins/test_reward_faults.py",
     "tests/plugins/test_code_reward.py", "tests/agent/test_tools.py",
 )}
 

@@ -4,13 +4,16 @@ config. ``rlforge verl ARGS`` and ``rlforge config from-verl`` call :func:`prepa
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
 from rlforge.config import verl, verl_hydra
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeError
+
+E = TypeVar("E", bound=RLForgeError)
 
 PPO_ENTRY, SFT_ENTRY = "verl.trainer.main_ppo", "verl.trainer.sft_trainer"
 ORIGIN = "the verl launch"
@@ -76,3 +79,31 @@ def as_layer(t: verl.Translation) -> DictConfig:
     if t.command == "sft":
         tree.pop("algorithm", None)
     return OmegaConf.create(tree)
+
+
+def named_by_verl(exc: E, prepared: Prepared, ours: list[str]) -> E:
+    """``exc`` with the verl keys whose values the rlforge key it is about came from: the first key it names that the
+    translation wrote (``key: ...`` at its start, ``'key'`` quoted, ``(key)``), or an entry of a mapping it wrote
+    (``reward.fn_kwargs.bogus`` from ``custom_reward_function.reward_kwargs.bogus``)."""
+    mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
+    text = str(exc)
+    named = [m.group(1) for pattern in (r"^(\w+(?:\.[\w-]+)+): ", r"'([\w.]+)'", r"\((\w+(?:\.\w+)+)\)")
+             if (m := re.search(pattern, text))]  # the first of each: a later quoted key is a "did you mean" one
+
+    fates = prepared.translation.fates
+
+    def about(f: Any, subject: str) -> bool:  # mapped to the subject, or to the mapping the subject is an entry of
+        rest = subject[len(f.target):] if subject.startswith(f.target + ".") else None
+        return bool(f.target) and (f.target == subject or rest is not None and f.key.endswith(rest))
+
+    def source(f: Any) -> Any:  # the fate whose value it is: itself, or the legacy key moved over it
+        if f.target and f.value != f.mapped_value and not isinstance(f.mapped_value, dict):
+            return next((g for g in fates if g.text.startswith(f"moved to {f.key}")), None)
+        return f
+
+    for subject in named:
+        sources = [f"{g.key}={g.value}" for f in fates if about(f, subject) and (g := source(f)) is not None
+                   and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
+        if sources:
+            return type(exc)(f"{text} (from verl's {', '.join(sources)})")
+    return exc
