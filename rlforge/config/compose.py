@@ -43,12 +43,11 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         try:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            if value.lstrip().startswith(("{", "[")) and "${" in value:  # an interpolation inside a mapping or list
-                raise ConfigError(f"Override '{o}': the value is not valid YAML ({str(exc).splitlines()[0]}); quote "
-                                  f"each interpolation inside it as a YAML string, e.g. '{key}={{x: \"${{a.b}}\"}}'."
-                                  ) from None
-            raise ConfigError(f"Override '{o}': the value is not valid YAML ({str(exc).splitlines()[0]}); quote it "
-                              f"as a YAML string: {key}='\"...\"' (in a shell: '{key}=\"...\"').") from None
+            hint = (f"quote each interpolation inside it as a YAML string, e.g. '{key}={{x: \"${{a.b}}\"}}'."
+                    if value.lstrip().startswith(("{", "[")) and "${" in value  # inside a mapping or list
+                    else f"quote it as a YAML string: {key}='\"...\"' (in a shell: '{key}=\"...\"').")
+            raise ConfigError(f"Override '{o}': the value is not valid YAML ({str(exc).splitlines()[0]}); {hint}"
+                              ) from None
         if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
             raise ConfigError(f"Override '{o}': YAML reads the value as a mapping (it has ': '); quote it as a YAML "
                               f"string: '{key}=\"{value}\"'.")
