@@ -143,7 +143,8 @@ def _from_verl_args(argv: list[str]) -> argparse.Namespace:
 
 def _from_verl(args: argparse.Namespace) -> int:
     """``rlforge config from-verl VERL.yaml|ARGS... [--out FILE]``: translate, report every key, check the result.
-    Exit status 2 when a key is refused (the translation is written or shown all the same)."""
+    Exit status 2 when a key is refused (the translation is written or shown all the same), or when the written
+    translation's custom reward function would stop the run."""
     from pathlib import Path
 
     import yaml
@@ -171,10 +172,18 @@ def _from_verl(args: argparse.Namespace) -> int:
     else:  # the file holds the whole report; printed here: its first line and what was refused
         out.write_text("\n".join(report) + "\n" + text, encoding="utf-8")
         print("\n".join([report[0], *(f"# {f.line()}" for f in t.refused)]))
-        if not t.refused and t.command != "sft":
-            compose_with_plugins(None, str(out), [], loaded=_warn)  # the translation composes as it is
+        stop = None
+        if not t.refused and t.command != "sft":  # the translation composes as it is, and its reward function loads
+            pm, cfg = compose_with_plugins(None, str(out), [], loaded=_warn)
+            try:
+                _check_reward_function(pm, cfg, prepared, [])
+            except RLForgeError as exc:
+                stop = exc
         print(f"wrote {out}: rlforge {'sft' if t.command == 'sft' else 'fit'} --config {out}"
               + (f" ({len(t.refused)} refused key(s) above)" if t.refused else ""))
+        if stop is not None:
+            print(f"rlforge: a run of it would stop here: {stop}", file=sys.stderr)
+            return 2
     if t.refused:  # the YAML is the rest of the launch: run as it is, it would train without what was refused
         print(f"rlforge: {len(t.refused)} key(s) of this verl launch are REFUSED (above): the translation is not the "
               "launch, and a run of it would go without them (exit status 2).", file=sys.stderr)

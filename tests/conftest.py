@@ -48,6 +48,10 @@ else:
 
     @pytest.hookimpl(optionalhook=True)  # with ``-p no:xdist`` the hook is not declared
     def pytest_xdist_make_scheduler(config: pytest.Config, log):
+        # the files in collection order (pytest_collection_modifyitems below), not xdist's default of the files with
+        # the most tests first, which left the long one- and two-test files (a Ray cluster with vLLM engines, a
+        # learning run) for the end of the run
+        config.option.loadscopereorder = False
         return FileScheduling(config, log)
 
 

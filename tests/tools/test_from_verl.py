@@ -422,6 +422,12 @@ def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, m
     assert "(from verl's custom_reward_function.reward_kwargs.fmt=0.1)" in err
     assert main(["verl", "--print", *BASE, *files, f"custom_reward_function.path={tmp_path / 'none.py'}"]) == 2
     assert f"(from verl's custom_reward_function.path={tmp_path / 'none.py'})" in capsys.readouterr().err  # not the null
+    out = tmp_path / "rlforge.yaml"  # config from-verl --out checks it as well, once the file is written
+    assert main(["config", "from-verl", *BASE, *files, *custom, "+custom_reward_function.reward_kwargs.fmt=0.1",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "a run of it would stop here: reward.fn_kwargs.fmt:" in err and "takes: format_score" in err and out.is_file()
+    assert main(["config", "from-verl", *BASE, *files, *custom, "--out", str(out)]) == 0
 
 
 def test_a_complete_config_is_read_as_the_trainer_that_wrote_it(tmp_path: Path, capsys) -> None:
