@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from rlforge import batch as B
-from rlforge.config.compose import micro_batch_size
+from rlforge.config.batches import micro_batch_size
 from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import PAIR_COLUMNS, DataFlow, Stage, StepContext
 from rlforge.errors import ConfigError, RLForgeError

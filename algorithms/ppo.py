@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
-from rlforge.config.compose import check_batch_sizes
+from rlforge.config.batches import check_batch_sizes
 from rlforge.config.schema import option
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl

@@ -29,7 +29,7 @@ from rlforge.algorithms import implicit_prm as P
 from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
-from rlforge.config.compose import check_batch_sizes
+from rlforge.config.batches import check_batch_sizes
 from rlforge.config.schema import LR_SCHEDULERS, ScoringConfig, option
 from rlforge.controller.remote import Role
 from rlforge.dataflow import DataFlow, Stage, StepContext

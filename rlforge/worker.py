@@ -31,7 +31,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge import lora
-from rlforge.config.compose import config_section, micro_batch_size
+from rlforge.config.batches import config_section, micro_batch_size
 from rlforge.capabilities import remote
 from rlforge.errors import NonFiniteError
 from rlforge.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan

@@ -304,7 +304,7 @@ def test_sampled_validation_takes_its_own_top_p_and_top_k(registry) -> None:
 
 
 def test_epoch_limit_shortens_the_run_and_keeps_the_schedule(registry) -> None:
-    from rlforge.config.compose import apply_total_epochs
+    from rlforge.config.batches import apply_total_epochs
     from rlforge.module import schedule_steps
 
     cfg = compose(registry, None, None, ["trainer.total_steps=20", "trainer.epoch_limit=2", "data.train_batch_size=8"])
@@ -316,7 +316,7 @@ def test_epoch_limit_shortens_the_run_and_keeps_the_schedule(registry) -> None:
 
 
 def test_total_epochs_sets_the_steps_from_the_rows(registry) -> None:
-    from rlforge.config.compose import apply_total_epochs
+    from rlforge.config.batches import apply_total_epochs
 
     cfg = compose(registry, None, None, ["trainer.total_epochs=3", "data.train_batch_size=8"])
     apply_total_epochs(cfg, 50)

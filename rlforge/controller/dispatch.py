@@ -119,7 +119,7 @@ def _per_group(group: Any, shards: list[tuple], order: list[int] | None = None) 
 def balance_of(config: Any, section: str) -> bool:
     """Spread real tokens evenly over the ranks (``trainer.balance_batch``; unset: when micro-batches are cut by token
     budget, ``<section>.max_tokens_per_micro_batch``)."""
-    from rlforge.config.compose import config_section
+    from rlforge.config.batches import config_section
 
     balance = config.trainer.balance_batch
     return bool(config_section(config, section).max_tokens_per_micro_batch) if balance is None else bool(balance)
@@ -135,7 +135,7 @@ def dispatch_dp_score(group: Any, args: tuple) -> Shares:
 
 def dispatch_dp_update(group: Any, args: tuple) -> Shares:
     """An update over ``args[0]``: each data-parallel group gets its slice of every mini-batch (``shard_for_update``)."""
-    from rlforge.config.compose import config_section
+    from rlforge.config.batches import config_section
 
     config = group.config
     mini = config_section(config, group.section).ppo_mini_batch_size * config.rollout.n

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.checkpoint import SHARDED_DIR, load_weights, staged_actor, write_actor
-from rlforge.config.compose import micro_batch_size
+from rlforge.config.batches import micro_batch_size
 from rlforge.controller.dispatch import PerRank
 from rlforge.dataflow import Workers
 from rlforge.errors import ConfigError, RLForgeError

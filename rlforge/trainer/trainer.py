@@ -23,7 +23,7 @@ from rlforge import resume
 from rlforge.agent.stage import evaluator
 from rlforge.build import Builder
 from rlforge.config import compose
-from rlforge.config.compose import apply_total_epochs
+from rlforge.config.batches import apply_total_epochs
 from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
 from rlforge.errors import NonFiniteError
