@@ -195,10 +195,13 @@ def _compose_launch(prepared: Any, ours: list[str]) -> tuple[Any, Any]:
     """The translated launch with rlforge's own keys (``ours``) on top, composed and checked; a value rlforge refuses
     is named by the verl key it came from."""
     from rlforge.config import compose_with_plugins
-    from rlforge.config.verl_launch import ORIGIN, named_by_verl
+    from rlforge.config.verl_launch import ORIGIN, beneath, named_by_verl
 
+    layer, notes = beneath(prepared, ours)
+    for note in notes:
+        print(f"rlforge: {note}", file=sys.stderr)
     try:
-        return compose_with_plugins(None, None, ours, loaded=_warn, base=(prepared.config, ORIGIN))
+        return compose_with_plugins(None, None, ours, loaded=_warn, base=(layer, ORIGIN))
     except ConfigError as exc:
         raise named_by_verl(exc, prepared, ours) from None
 

@@ -209,17 +209,63 @@ def compose_tree(launch: Launch) -> dict[str, Any]:
     tree = load_default(name)
     for layer in layers:
         merge_into(tree, copy.deepcopy(layer))
-    errors = []
+    errors: list[str] = []
+    hydra: dict[str, Any] = {}
     for o in overrides:
         if o not in chosen:
             try:
-                apply_override(tree, o)
+                if _hydra_own(o):
+                    hydra = _apply_hydra(hydra, o)
+                else:
+                    apply_override(tree, o)
             except ConfigError as exc:  # every override verl refuses at once, not one per run
                 errors.append(str(exc))
     if errors:
         raise ConfigError(errors[0] if len(errors) == 1 else
                           f"{len(errors)} overrides verl 0.9.1 refuses:\n  " + "\n  ".join(errors))
-    return resolve(tree, "the verl launch")
+    out = resolve(tree, "the verl launch")
+    if hydra:  # reported (ignored: Hydra's own settings), never translated
+        out["hydra"] = hydra
+    return out
+
+
+def _hydra_own(o: Any) -> bool:
+    """An override of Hydra's own settings (``hydra.run.dir=...``, ``hydra/job_logging=disabled``): they configure
+    Hydra (its output folder, its logging), not the job's config."""
+    return o.key_or_group == "hydra" or o.key_or_group.startswith(("hydra.", "hydra/"))
+
+
+def _apply_hydra(given: dict[str, Any], o: Any) -> dict[str, Any]:
+    """``given`` with the Hydra override ``o``, checked with Hydra's rules against Hydra's own config
+    (``hydra.conf.HydraConf``; a group choice ``hydra/GROUP=OPTION`` is taken as it is)."""
+    if "/" in o.key_or_group:
+        merge_into(given, {o.key_or_group.split("/", 1)[1].replace("/", "."): o.value()})
+        return given
+    from hydra.conf import HydraConf
+
+    own: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(HydraConf))  # type: ignore[assignment]
+    probe = {"hydra": own}
+    merge_into(own, copy.deepcopy(given))
+    try:
+        apply_override(probe, o)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("is not a key of verl's config (verl 0.9.1 refuses it too)",
+                                           "is not one of Hydra's settings (verl 0.9.1's Hydra refuses it too)")) from None
+    key = o.key_or_group.removeprefix("hydra").lstrip(".")
+    node: Any = probe["hydra"]
+    for part in key.split(".") if key else []:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not o.is_delete():
+        merge_into(given, _nested(key, node) if key else dict(node or {}))
+    return given
+
+
+def _nested(key: str, value: Any) -> dict[str, Any]:
+    *parents, leaf = key.split(".")
+    out: dict[str, Any] = {leaf: value}
+    for part in reversed(parents):
+        out = {part: out}
+    return out
 
 
 def merge_into(base: dict[str, Any], layer: dict[str, Any]) -> None:

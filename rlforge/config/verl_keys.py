@@ -478,7 +478,8 @@ TRAINER_RULES: dict[str, Rule] = {
 
 OTHER_RULES: dict[str, Rule] = {
     "model_engine": Derived("parallel"),
-    "hydra.*": Ignore("Hydra's own settings"),
+    "hydra.*": Ignore("Hydra's own settings: its output folder, logging and working directory (rlforge writes the "
+                      "run's config and logs to its run folder)"),
     "ray_kwargs.*": Ignore("Ray's start-up options (rlforge starts Ray from ray.*: address, num_cpus)"),
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),

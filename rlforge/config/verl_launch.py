@@ -26,8 +26,9 @@ class Prepared:
 
 
 def given_keys(overrides: list[str]) -> set[str]:
-    """The keys a launch sets itself (``+a.b=1`` -> ``a.b``)."""
-    return {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    """The keys a launch sets itself (``+a.b=1`` -> ``a.b``; a config group choice ``hydra/job_logging=x`` ->
+    ``hydra.job_logging``)."""
+    return {o.split("=", 1)[0].lstrip("+~").replace("/", ".") for o in overrides}
 
 
 def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Prepared:
@@ -79,6 +80,32 @@ def as_layer(t: verl.Translation) -> DictConfig:
     if t.command == "sft":
         tree.pop("algorithm", None)
     return OmegaConf.create(tree)
+
+
+# an rlforge key given after `--` that a translated key would overrule, with the translated key and where that one goes
+# instead (None: dropped): the key after -- wins, as verl's total_training_steps beside total_epochs does
+OUTRANKED = {"trainer.total_steps": ("trainer.total_epochs", "trainer.epoch_limit"), "sft.steps": ("sft.epochs", None)}
+
+
+def beneath(prepared: Prepared, ours: list[str]) -> tuple[DictConfig, list[str]]:
+    """The translation as the layer beneath rlforge's own keys ``ours`` (given after ``--``), and a line for each
+    translated key that yields to one of them (:data:`OUTRANKED`): ``-- trainer.total_steps=2`` trains 2 steps where
+    the launch counts total_epochs, which then only limits the run."""
+    mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}
+    layer, notes = prepared.config, []
+    for key, (winner, instead) in OUTRANKED.items():
+        value = OmegaConf.select(layer, winner)
+        if key not in mine or winner in mine or value is None:
+            continue
+        layer = layer.copy()
+        OmegaConf.update(layer, winner, None)
+        moved = instead is not None and instead not in mine and OmegaConf.select(layer, instead) is None
+        if moved:
+            OmegaConf.update(layer, instead, value)
+        notes.append(f"{key} given after --: the launch's {winner}={value} "
+                     + (f"becomes {instead}={value} (the run stops there if that comes first)" if moved else
+                        "is dropped") + ", as verl's total_training_steps beside total_epochs")
+    return layer, notes
 
 
 def named_by_verl(exc: E, prepared: Prepared, ours: list[str]) -> E:

@@ -96,13 +96,14 @@ def stops(gap: Gap) -> str:
 
 
 # sections whose entries verl passes on as they are (to megatron-core, to the reward function or manager) or reads
-# by name (named teachers), and the legacy keys verl moves: a new key there is an entry, for the tables' rules
+# by name (named teachers), the legacy keys verl moves, and Hydra's own settings (checked against Hydra's config by
+# verl_hydra): a new key there is an entry, for the tables' rules
 PASSED_ON = tuple(f"{role}.megatron.override_{what}_config." for role in (f"{ARO}.actor", f"{ARO}.ref", "critic")
                   for what in ("transformer", "ddp", "optimizer")) + (
     f"{ARO}.actor.optim.override_optimizer_config.", "reward.reward_kwargs.", "reward_model.",
     "custom_reward_function.",
     "reward.custom_reward_function.", "reward.reward_manager.", "distillation.", "data.apply_chat_template_kwargs.",
-    "algorithm.rollout_correction.")
+    "algorithm.rollout_correction.", "hydra.")
 
 
 def settle(c: Any, key: str, gap: Gap, built_sections: tuple[str, ...], variables: frozenset[str], exact: bool,

@@ -10,7 +10,7 @@ import pytest
 
 from rlforge.cli import main
 from rlforge.config import verl, verl_hydra, verl_tree
-from rlforge.config.verl_launch import prepare
+from rlforge.config.verl_launch import PPO_ENTRY, SFT_ENTRY, beneath, prepare
 from rlforge.errors import ConfigError
 
 VERL_YAML = Path(__file__).parent / "data" / "verl_grpo_gsm8k.yaml"
@@ -470,3 +470,22 @@ def test_a_complete_config_is_read_as_the_trainer_that_wrote_it(tmp_path: Path, 
     launch = verl_hydra.parse_args([f"--config-path={recipe}", "--config-name=dapo_trainer"])
     assert verl_hydra.base_config(launch) == "dapo_trainer"
     assert verl_hydra.compose_file(str(recipe / "dapo_trainer.yaml"))[:2] == ("dapo_trainer", "its file name")
+
+
+def test_a_step_count_after_the_double_dash_wins_over_the_launch_s_epochs(capsys) -> None:
+    """-- trainer.total_steps=2 on a launch that counts total_epochs trains 2 steps: the epochs become a limit (verl's
+    total_training_steps beside total_epochs), and rlforge says so; the SFT trainer's epochs likewise yield."""
+    prepared = prepare([*BASE[:-1], "trainer.total_epochs=15"], PPO_ENTRY, refuse=False)  # no total_training_steps
+    assert prepared.config.trainer.total_epochs == 15
+    layer, notes = beneath(prepared, ["trainer.total_steps=2"])
+    assert layer.trainer.total_epochs is None and layer.trainer.epoch_limit == 15
+    assert notes == ["trainer.total_steps given after --: the launch's trainer.total_epochs=15 becomes "
+                     "trainer.epoch_limit=15 (the run stops there if that comes first), as verl's total_training_steps "
+                     "beside total_epochs"]
+    assert prepared.config.trainer.total_epochs == 15  # the translation itself is left as it is
+    assert beneath(prepared, ["trainer.total_steps=2", "trainer.total_epochs=3"])[1] == []  # both given: as given
+    assert beneath(prepared, ["actor.lr=1e-5"])[1] == []
+    sft = prepare(["data.train_files=chat.jsonl", "model.path=builtin:tiny-arith", "trainer.total_epochs=4"], SFT_ENTRY,
+                  refuse=False)
+    layer, notes = beneath(sft, ["sft.steps=2"])
+    assert layer.sft.epochs is None and notes[0].startswith("sft.steps given after --: the launch's sft.epochs=4 is dropped")

@@ -6,8 +6,11 @@ models."""
 
 from __future__ import annotations
 
+import pytest
+
 from rlforge.config import verl
 from rlforge.config.verl_launch import prepare
+from rlforge.errors import ConfigError
 
 A, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
 GPUS = ["trainer.n_gpus_per_node=4", "trainer.total_training_steps=5", "actor_rollout_ref.rollout.name=vllm"]
@@ -366,3 +369,14 @@ def test_custom_reward_function_reward_kwargs_become_reward_fn_kwargs() -> None:
                 refuse=False).translation
     assert t.overrides["reward.fn_kwargs"] == {"a": 1}
     assert _fate(t, f"{new}.reward_kwargs.b").kind == verl.IGNORED
+
+
+def test_hydra_s_own_settings_are_checked_against_hydra_s_config_and_ignored() -> None:
+    """hydra.run.dir, hydra.job.chdir, hydra/job_logging=disabled (a group choice): verl's Hydra takes them, and they
+    configure Hydra, not the job; a key Hydra lacks is refused as Hydra refuses it."""
+    t = _t("hydra.run.dir=/tmp/out", "hydra.job.chdir=False", "hydra/job_logging=disabled", "hydra.output_subdir=null")
+    for key in ("hydra.run.dir", "hydra.job.chdir", "hydra.job_logging", "hydra.output_subdir"):
+        assert _fate(t, key).kind == verl.IGNORED and "Hydra's own settings" in _fate(t, key).text, key
+    assert not t.refused
+    with pytest.raises(ConfigError, match=r"'hydra.no_such' is not one of Hydra's settings \(verl 0.9.1's Hydra"):
+        _t("hydra.no_such=1")
