@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlforge.capabilities import LoggerCapabilities
+from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
 
@@ -25,10 +26,18 @@ class WandbLogger:
         self.run_dir = Path(run_dir)
         id_file = self.run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.is_file() else None
-        self.run = wandb.init(
-            project=config.trainer.project, name=f"{config.trainer.experiment}/{self.run_dir.name}",
-            dir=str(self.run_dir), id=run_id, resume="allow",
-        )
+        try:
+            self.run = wandb.init(
+                project=config.trainer.project, name=f"{config.trainer.experiment}/{self.run_dir.name}",
+                dir=str(self.run_dir), id=run_id, resume="allow",
+            )
+        except wandb.errors.Error as exc:  # no API key, no network, a bad entity: said before the first step
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise RLForgeError(
+                f"logger.backends includes 'wandb' (verl: trainer.logger), but wandb could not start a run: {first} "
+                f"Log in (`wandb login`, or WANDB_API_KEY), set WANDB_MODE=offline to log without an account "
+                f"(`wandb sync` uploads later), or leave wandb out of logger.backends."
+            ) from exc
         id_file.write_text(self.run.id)
         self.generations: Any = None  # the table of validation generations, one row per validation
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.plugins.reward.results import BAD_VALUE, ERROR_KINDS, OK, RAISED, TIMEOUT, Outcome, describe
-from rlforge.plugins.reward.rule import ERROR_SHARE, RewardFailure
+from rlforge.plugins.reward.rule import ERROR_SHARE, WHY_STOP, RewardFailure
 
 from rlforge import batch as B
 from rlforge.agent.workers import ToolLoop
@@ -376,14 +376,14 @@ class GenerativeRewardManager:
     def _check_error_share(self, outcomes: list[Outcome]) -> None:
         """Stop when the share of failed requests reaches ``reward.max_error_share``, as the rule manager does."""
         failed = [i for i, (kind, _) in enumerate(outcomes) if kind != OK]
-        if not outcomes or len(failed) / len(outcomes) < self.max_error_share:
+        if not failed or len(failed) / len(outcomes) < self.max_error_share:
             return
         kinds = Counter(outcomes[i][0] for i in failed)
         first = failed[0]
         raise RewardFailure(
             f"{len(failed)} of {len(outcomes)} judge requests failed on this batch "
             f"({', '.join(f'{c} {k}' for k, c in kinds.most_common())}), which reaches reward.max_error_share="
-            f"{self.max_error_share:g}: it would train on reward.fallback_score alone. The first: sample {first}: "
+            f"{self.max_error_share:g}: {WHY_STOP[self.max_error_share == 0]}. The first: sample {first}: "
             f"{outcomes[first][1]} ({self.judge.where}). Check the judge and {KEY}.score_pattern, or raise "
             f"reward.max_error_share (1 stops only when every request fails)."
         )

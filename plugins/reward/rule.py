@@ -55,6 +55,9 @@ log = logging.getLogger("rlforge.reward")
 
 FIXED = "<reward.fn or reward.file>"  # the function table's key for a function set by config
 ERROR_SHARE = "reward/error_share"  # share of a step's reward calls that failed (errors and timeouts)
+# why a batch with failed calls stops the run, by whether reward.max_error_share is 0
+WHY_STOP = {False: "it would train on reward.fallback_score alone",
+            True: "the first failed call stops the run, as in verl's reward managers"}
 
 # verl's data_source names (default_compute_score, verl/utils/reward_score/__init__.py) -> built-in reward function.
 # A reward function registered under the data_source itself comes first.
@@ -201,14 +204,14 @@ class RuleRewardManager:
         """Stop when the share of failed calls reaches ``reward.max_error_share``: the batch has (almost) no
         reward signal, only the fallback score, which no amount of training turns into learning."""
         failed = sorted(i for i, (kind, _) in outcomes.items() if kind != OK)
-        if not outcomes or len(failed) / len(outcomes) < self.max_error_share:
+        if not failed or len(failed) / len(outcomes) < self.max_error_share:
             return
         kinds = Counter(outcomes[i][0] for i in failed)
         first = failed[0]
         raise RewardFailure(
             f"{len(failed)} of {len(outcomes)} reward calls failed on this batch "
             f"({', '.join(f'{c} {k}' for k, c in kinds.most_common())}), which reaches reward.max_error_share="
-            f"{self.max_error_share:g}: it would train on reward.fallback_score alone. The first: data_source "
+            f"{self.max_error_share:g}: {WHY_STOP[self.max_error_share == 0]}. The first: data_source "
             f"'{sources[first]}', sample {first}: {outcomes[first][1]}. Fix the reward function (the contract is "
             f"compute_score(data_source, solution_str, ground_truth, extra_info)) or, to tolerate more failures, "
             f"raise reward.max_error_share (1 stops only when every call fails)."

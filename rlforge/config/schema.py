@@ -158,7 +158,7 @@ class RewardConfig:
     num_workers: int = option(1, ge=1)  # worker processes that evaluate reward functions (a hung one is killed and replaced)
     timeout_s: float = option(10.0, gt=0)  # per-sample CPU-time limit of a reward function call (wall-clock backstop: 10x)
     fallback_score: float = option(0.0, ge=-3.4028234663852886e38, le=3.4028234663852886e38, why="the float32 range of the reward tensor")  # score of a sample whose reward function raised, hung or returned a non-number
-    max_error_share: float = option(1.0, gt=0, le=1)  # the run stops on a batch whose share of failed reward calls (errors and timeouts) reaches this; 1 = only when every call failed
+    max_error_share: float = option(1.0, ge=0, le=1)  # the run stops on a batch whose share of failed reward calls (errors and timeouts) reaches this; 1 = only when every call failed, 0 = at the first failed call (as verl's reward managers; rlforge verl sets it)
 
 
 @dataclass

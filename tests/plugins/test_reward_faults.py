@@ -270,6 +270,12 @@ def test_max_error_share_is_the_tolerance(char_tokenizer, registry, manager_fact
     with pytest.raises(RewardFailure, match=r"^2 of 4 reward calls failed on this batch \(2 raised\), which reaches "
                                             r"reward.max_error_share=0.5"):
         mgr.score(_batch(char_tokenizer, ["ok", "a", "ok", "b"]))
+    first = manager_factory(char_tokenizer, registry, file=str(path), max_error_share=0.0)  # as verl (rlforge verl)
+    assert first.score(_batch(char_tokenizer, ["ok", "ok"]))[B.SCORES].tolist() == [1.0, 1.0]
+    with pytest.raises(RewardFailure, match=r"^1 of 3 reward calls failed on this batch \(1 raised\), which reaches "
+                                            r"reward.max_error_share=0: the first failed call stops the run, as in "
+                                            r"verl's reward managers. The first: data_source 'mine', sample 2"):
+        first.score(_batch(char_tokenizer, ["ok", "ok", "c"]))
 
 
 # the signature of verl's verl/utils/reward_score/gsm8k.py::compute_score (a scorer for verl's dispatcher, not a

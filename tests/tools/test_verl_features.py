@@ -380,3 +380,23 @@ def test_hydra_s_own_settings_are_checked_against_hydra_s_config_and_ignored() -
     assert not t.refused
     with pytest.raises(ConfigError, match=r"'hydra.no_such' is not one of Hydra's settings \(verl 0.9.1's Hydra"):
         _t("hydra.no_such=1")
+
+
+def test_verl_s_older_reward_managers_are_named_as_verl_s() -> None:
+    """prime and batch are verl's own (still in 0.9.1's verl/workers/reward_manager), not a project's: refused, with
+    what they do and what rlforge has for prime's parallel scoring."""
+    for key in ("reward_model.reward_manager", "reward.reward_manager.name"):
+        t = _t(f"{key}=prime")
+        assert _fate(t, key).kind == verl.REFUSED
+        text = _fate(t, key).text
+        assert text.startswith("verl's older 'prime' reward manager (verl/workers/reward_manager/prime.py") and \
+            "reward.num_workers" in text and "own project" not in text
+    assert "own project" in _fate(_t("reward_model.reward_manager=re_call"), "reward_model.reward_manager").text
+
+
+def test_a_reward_call_that_raises_stops_a_verl_launch_as_in_verl() -> None:
+    """verl's reward managers let a reward function's exception end the run; rlforge's default would score the sample
+    reward.fallback_score, so the translation sets reward.max_error_share=0 and says so."""
+    t = _t()
+    assert t.overrides["reward.max_error_share"] == 0.0
+    assert "a reward call that raises stops the run, as in verl" in _fate(t, "reward.reward_manager.name").text
