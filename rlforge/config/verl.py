@@ -40,7 +40,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         from rlforge.config.verl_layout import uses_ref
 
     flat = dict(flatten(tree))
-    out = Translation(command="sft" if sft else "fit", config=config_name)
+    out = Translation(command="sft" if sft else "fit", config=config_name, given=set(given or ()))
     trainer = TRAINERS.get(config_name.split("_megatron")[0].removesuffix("_trainer"), "v1")
     c = Context(flat, set(given or ()), out, trainer)
     c.command = out.command

@@ -54,6 +54,7 @@ class Translation:
     config_from: str = ""  # how that config was found (a config file's defaults, its hydra.yaml, its sections)
     overrides: dict[str, Any] = field(default_factory=dict)
     fates: list[Fate] = field(default_factory=list)
+    given: set[str] = field(default_factory=set)  # the keys the launch (or the config file) sets itself
 
     def of(self, kind: str) -> list[Fate]:
         return [f for f in self.fates if f.kind == kind]
@@ -75,7 +76,18 @@ class Translation:
         source = f" ({self.config_from})" if self.config_from else ""
         head = (f"{what}; read as verl's {self.config}{source}; {len(self.of(MAPPED))} mapped, "
                 f"{len(self.of(REFUSED))} refused, {len(self.of(IGNORED))} ignored (see {DOC})")
-        return [head] + [f.line() for f in sorted(self.fates, key=lambda f: (f.kind != REFUSED, f.kind, f.key))]
+        order = sorted(self.fates, key=lambda f: (f.kind != REFUSED, f.kind, f.key))
+        own = [f for f in order if self._given(f.key)]
+        rest = [f for f in order if not self._given(f.key)]
+        if not own or not rest:
+            return [head] + [f.line() for f in order]
+        return [head, f"-- the launch's own keys ({len(own)}):", *(f.line() for f in own),
+                f"-- verl's defaults, the keys the launch leaves as they are ({len(rest)}):", *(f.line() for f in rest)]
+
+    def _given(self, key: str) -> bool:
+        """Whether the launch set ``key`` itself, or a section above it."""
+        parts = key.split(".")
+        return any(".".join(parts[:i]) in self.given for i in range(1, len(parts) + 1))
 
 
 def flatten(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

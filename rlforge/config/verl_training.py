@@ -113,7 +113,11 @@ def clip(c: Context) -> None:
     if used:
         c.same(f"{A}.clip_ratio", "the default of clip_ratio_low/high (mapped there)")
     else:
-        c.ignore(f"{A}.clip_ratio", "not read: clip_ratio_low and clip_ratio_high are set")
+        low, high = c.get(f"{A}.clip_ratio_low"), c.get(f"{A}.clip_ratio_high")
+        mine = [f"clip_ratio_{s}" for s in ("low", "high") if f"{A}.clip_ratio_{s}" in c.given]
+        c.ignore(f"{A}.clip_ratio", f"not read: verl 0.9.1 clips at clip_ratio_low={low} and clip_ratio_high={high} ("
+                                    + (f"the launch sets {' and '.join(mine)}" if mine else "its config's defaults; "
+                                       "to clip at clip_ratio, set those to null or to its value") + ")")
 
 
 def grad_clip(c: Context) -> None:

@@ -489,3 +489,17 @@ def test_a_step_count_after_the_double_dash_wins_over_the_launch_s_epochs(capsys
                   refuse=False)
     layer, notes = beneath(sft, ["sft.steps=2"])
     assert layer.sft.epochs is None and notes[0].startswith("sft.steps given after --: the launch's sft.epochs=4 is dropped")
+
+
+def test_the_report_lists_the_launch_s_own_keys_before_verl_s_defaults() -> None:
+    """A launch sets 30-80 keys of verl's ~900: its own come first, so a refusal or an unread key of the launch is not
+    buried among the defaults; a key the launch sets that verl does not read says what verl reads instead."""
+    t = prepare([*BASE, f"{ARO}.actor.clip_ratio=0.3"], PPO_ENTRY, refuse=False).translation
+    lines = t.report()
+    at = lines.index(f"-- the launch's own keys ({len(BASE) + 1}):")
+    rest = next(i for i, line in enumerate(lines) if line.startswith("-- verl's defaults, the keys the launch leaves"))
+    assert at == 1 and rest == at + len(BASE) + 2
+    own = lines[at + 1:rest]
+    assert any(line.startswith(f"ignored     {ARO}.actor.clip_ratio: not read: verl 0.9.1 clips at clip_ratio_low=0.2 "
+                               f"and clip_ratio_high=0.2 (its config's defaults") for line in own), own
+    assert not any(f"{ARO}.actor.clip_ratio_low" in line for line in own)  # a default, listed with the defaults
