@@ -30,6 +30,7 @@ ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "grpo_vectorized": "grpo", "rloo": "
               "reinforce_plus_plus": "reinforce_pp", "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
               "remax": "remax", "opo": "opo", "gpg": "gpg", "gdpo": "gdpo", "optimal_token_baseline": "otb",
               "tir_optimal_token_baseline": "tir_otb"}
+VERL_ONLY_ESTIMATORS = ("grpo_passk",)  # the rest of verl 0.9.1's estimator registry (ADV_ESTIMATOR_REGISTRY)
 # verl's policy_loss.loss_mode names, all registered in rlforge's policy_loss registry (actor.policy_loss)
 POLICY_LOSSES = ("vanilla", "gspo", "gpg", "cispo", "sapo", "clip_cov", "kl_cov", "geo_mean", "dppo_tv", "dppo_kl",
                  "dro", "bypass_mode")
@@ -56,9 +57,12 @@ LEGACY_MANAGERS = {"prime": "naive scoring in a process pool: rlforge's reward.m
 def algorithm(c: Context) -> None:
     est, mode = c.get("algorithm.adv_estimator"), c.get(f"{A}.policy_loss.loss_mode")
     algo = ESTIMATORS.get(est)
-    if algo is None:
-        c.refuse("algorithm.adv_estimator", f"verl's adv_estimator={est} (rlforge's: "
-                 f"{', '.join(sorted(ESTIMATORS))})")
+    if algo is None and est in VERL_ONLY_ESTIMATORS:
+        c.refuse("algorithm.adv_estimator", f"verl's adv_estimator={est} (rlforge's: {', '.join(sorted(ESTIMATORS))})")
+    elif algo is None:
+        c.stop("algorithm.adv_estimator", f"not an advantage estimator of verl 0.9.1, which stops on it ('Unknown "
+               f"advantage estimator'; a project that has one registers it in its own code); verl's and rlforge's: "
+               f"{', '.join(sorted(ESTIMATORS))}")
     else:
         c.map("algorithm.adv_estimator", "--algo", algo)
     bypass = f"{T.RC}.bypass_mode"

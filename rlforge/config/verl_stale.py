@@ -37,6 +37,9 @@ RENAMED = {
     f"{ARO}.actor.policy_loss.tau_pos": f"{ARO}.actor.tau_pos",
     f"{ARO}.actor.policy_loss.tau_neg": f"{ARO}.actor.tau_neg",
     "trainer.remove_previous_ckpt": _CKPT, "trainer.remove_previous_ckpt_in_save": _CKPT,
+    **{f"{role}.fsdp_config.grad_offload": "none: verl 0.9.1 dropped gradient offload (remove the key; "
+                                           "fsdp_config.param_offload and optimizer_offload remain)"
+       for role in (f"{ARO}.actor", f"{ARO}.ref", "critic.model")},
     **{f"algorithm.{leaf}": _IS for leaf in ("rollout_is", "rollout_is_threshold", "rollout_is_threshold_lower",
                                              "rollout_is_level", "rollout_is_mode", "rollout_is_veto_threshold")},
 }
@@ -140,7 +143,7 @@ def built(gap: Gap | None, prefixes: tuple[str, ...] = (*BUILT, f"{ARO}.ref.", "
 def hint(key: str, gap: Gap | None) -> str:
     """The end of the error for an override of a key verl's config lacks."""
     new = renamed(key)
-    where = (f" '{gap.section}' is verl 0.9.1's {gap.cls.rsplit('.', 1)[-1]}, which has no field '{gap.part}': where "
-             f"verl builds it (the reference model's and the critic's only where they exist), it stops on it with '+' "
-             f"too." if gap and built(gap) else "")
+    where = (f" '{gap.section}' is verl 0.9.1's {gap.cls.rsplit('.', 1)[-1]}, which has no field '{gap.part}': verl "
+             f"stops on it, with '+' too, when it builds that section (a reference model's or a critic's only where the "
+             f"run has one)." if gap and built(gap) else "")
     return (f" verl 0.9.1's key for it: {new}." if new else "") + where

@@ -400,3 +400,14 @@ def test_a_reward_call_that_raises_stops_a_verl_launch_as_in_verl() -> None:
     t = _t()
     assert t.overrides["reward.max_error_share"] == 0.0
     assert "a reward call that raises stops the run, as in verl" in _fate(t, "reward.reward_manager.name").text
+
+
+def test_an_estimator_verl_does_not_have_is_not_called_verl_s() -> None:
+    """verl 0.9.1 stops on an adv_estimator its registry lacks (ZeroSearch's 'reinforce'); grpo_passk is verl's and not
+    rlforge's; an older verl's fsdp_config.grad_offload is named as dropped."""
+    fate = _fate(_t("algorithm.adv_estimator=reinforce"), "algorithm.adv_estimator")
+    assert fate.kind == verl.REFUSED and fate.stops and fate.text.startswith("not an advantage estimator of verl 0.9.1")
+    fate = _fate(_t("algorithm.adv_estimator=grpo_passk"), "algorithm.adv_estimator")
+    assert fate.kind == verl.REFUSED and not fate.stops and fate.text.startswith("verl's adv_estimator=grpo_passk")
+    with pytest.raises(ConfigError, match=r"verl 0.9.1's key for it: none: verl 0.9.1 dropped gradient offload"):
+        _t(f"{A}.fsdp_config.grad_offload=False")

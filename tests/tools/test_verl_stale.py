@@ -91,7 +91,7 @@ def test_every_unknown_override_is_named_at_once_with_verls_key() -> None:
     text = str(err.value)
     assert text.startswith("3 overrides verl 0.9.1 refuses")
     assert f"verl 0.9.1's key for it: {ARO}.rollout.val_kwargs.n" in text
-    assert "stops on it with '+' too" in text  # RolloutConfig: '+' does not help
+    assert "stops on it, with '+' too," in text  # RolloutConfig: '+' does not help
     assert "+trainer.remove_clip=True" in text  # a plain section: Hydra's own advice
 
 
