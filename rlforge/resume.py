@@ -45,7 +45,8 @@ RESUMES_FILE = "resumes.jsonl"
 # order of the training data (logging, length of the run, cadence, locations, worker counts)
 MAY_CHANGE = (
     "trainer.total_steps", "trainer.epoch_limit", "trainer.save_every", "trainer.keep_last_n", "trainer.val_every",
-    "trainer.val_before_train", "trainer.progress", "trainer.samples_to_save", "trainer.max_nonfinite_steps",
+    "trainer.val_before_train", "trainer.val_at_end", "trainer.progress", "trainer.samples_to_save",
+    "trainer.max_nonfinite_steps",
     "trainer.resume", "trainer.resume_force", "trainer.run_dir", "trainer.runs_root", "trainer.experiment",
     "logger.*", "reward.num_workers", "reward.max_error_share", "ray.address", "ray.num_cpus",
     "ray.placement_timeout_s",

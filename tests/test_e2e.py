@@ -149,3 +149,19 @@ def test_log_val_generations_hands_verls_pick_to_every_logger(tmp_path, monkeypa
     rows = json.loads(path.read_text())
     assert len(rows) == 3 and all(set(r) == {"input", "output", "score"} for r in rows)
     assert str(path) in handed
+
+
+def test_no_validation_after_the_last_step_with_val_at_end_off(tmp_path) -> None:
+    """trainer.val_at_end=false (verl's test_freq <= 0, which `rlforge verl` maps to it): the run validates neither
+    during nor after training; the summary has no accuracy after."""
+    seen = []
+
+    class Validations:
+        @hookimpl
+        def rlforge_validation_end(self, trainer, step, metrics):
+            seen.append(step)
+
+    cfg = _config(tmp_path, "data.arith.train_size=16", "trainer.total_steps=1", "trainer.val_before_train=false",
+                  "trainer.save_every=0", "logger.backends=[console]", "trainer.val_at_end=false")
+    summary = Trainer(cfg, callbacks=[Validations()]).fit()
+    assert seen == [] and summary["accuracy_after"] is None and summary["steps"] == 1

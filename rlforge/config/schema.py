@@ -261,6 +261,7 @@ class TrainerConfig:
     keep_last_n: int = option(2, ge=0)  # checkpoints kept (0 = keep all)
     val_every: int = option(50, ge=0)  # steps; 0 = only at the end (and before training if val_before_train)
     val_before_train: bool = True  # validate once before the first step
+    val_at_end: bool = True  # validate once after the last step (the summary's accuracy after); false: not (verl's test_freq <= 0)
     max_nonfinite_steps: int = option(5, ge=1)  # stop after this many optimizer steps in a row with a NaN/Inf gradient
     resume_force: bool = False  # resume even if the config or the training data changed since the checkpoint (warns)
     samples_to_save: int = option(8, ge=0)  # generated samples written per step to samples.jsonl

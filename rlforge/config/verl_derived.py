@@ -491,7 +491,7 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "precision": L.precision, "rollout_engine": RO.rollout_engine, "model_config": model_config, "lengths": lengths,
     "validation": validation, "multi_turn": AG.multi_turn, "filter_groups": T.filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
-    "main_ppo_trainer": T.main_ppo_trainer,
+    "main_ppo_trainer": T.main_ppo_trainer, "val_freq": T.val_freq,
 }
 # the order they run in: the algorithm (distillation may turn it into opd) and the parallel layout first (others read
 # them), steps before warm-up
@@ -499,4 +499,4 @@ ORDER = ("algorithm", "distillation", "parallel", "offload", "grad_offload", "ch
          "weight_decay", "loss_scale", "rollout_log_probs", "sequence_parallel", "data", "reward", "overlong",
          "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip", "betas",
          "recompute", "entropy", "precision", "rollout_engine", "model_config", "lengths", "validation", "multi_turn",
-         "multimodal", "loggers", "resume", "checkpoints", "val_only", "main_ppo_trainer")
+         "multimodal", "loggers", "resume", "checkpoints", "val_only", "main_ppo_trainer", "val_freq")

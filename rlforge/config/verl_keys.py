@@ -461,7 +461,7 @@ TRAINER_RULES: dict[str, Rule] = {
                                                                   "(rlforge_save_checkpoint hook in a plugin)"),
     "trainer.val_before_train": Map("trainer.val_before_train"),
     "trainer.val_only": Derived("val_only"),
-    "trainer.test_freq": Map("trainer.val_every", non_negative, "rlforge also validates once after the last step"),
+    "trainer.test_freq": Derived("val_freq"),
     # verl updates the actor once critic_warmup <= its step (counted from 1): critic_warmup - 1 critic-only steps
     "trainer.critic_warmup": Map("trainer.critic_warmup", lambda v: max(int(v or 0) - 1, 0),
                                  "the same steps: verl's critic_warmup=N updates the actor from its step N on"),

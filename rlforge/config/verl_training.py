@@ -434,3 +434,13 @@ def loss_scale(c: Context) -> None:
         else:
             c.refuse(critic, f"a value-loss length normalization ({value}) other than the actor's ({mine}; rlforge's "
                              f"algorithm.norm_length is one for both)")
+
+
+def val_freq(c: Context) -> None:
+    """verl validates every test_freq steps and after the last one where test_freq > 0; never during or after
+    training where it is <= 0 (val_before_train is its own key)."""
+    freq = c.get("trainer.test_freq")
+    every = bool(freq) and freq > 0
+    c.map("trainer.test_freq", "trainer.val_every", freq if every else 0,
+          "" if every else "no validation during training, none after the last step (trainer.val_at_end=false)")
+    c.set("trainer.val_at_end", every)

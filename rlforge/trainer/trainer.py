@@ -164,7 +164,7 @@ class Trainer:
         last_ckpt = ckpt.list_checkpoints(self.run_dir)
         if not last_ckpt or last_ckpt[-1].name != f"step_{self.step:06d}" or not ckpt.has_actor(last_ckpt[-1]):
             self.save()  # the last checkpoint, with actor/ (a plain Hugging Face folder) in every mode
-        val_after = self.validate()
+        val_after = self.validate() if t.val_at_end else {}
         elapsed = time.perf_counter() - start
         summary = {
             "accuracy_before": val_before.get("val/accuracy") if val_before else None,

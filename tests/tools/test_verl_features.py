@@ -411,3 +411,11 @@ def test_an_estimator_verl_does_not_have_is_not_called_verl_s() -> None:
     assert fate.kind == verl.REFUSED and not fate.stops and fate.text.startswith("verl's adv_estimator=grpo_passk")
     with pytest.raises(ConfigError, match=r"verl 0.9.1's key for it: none: verl 0.9.1 dropped gradient offload"):
         _t(f"{A}.fsdp_config.grad_offload=False")
+
+
+def test_test_freq_off_means_no_validation_after_training_either() -> None:
+    """verl validates every test_freq steps and after the last where test_freq > 0, never where it is <= 0."""
+    off = _t("trainer.test_freq=-1")
+    assert off.overrides["trainer.val_every"] == 0 and off.overrides["trainer.val_at_end"] is False
+    on = _t("trainer.test_freq=5")
+    assert on.overrides["trainer.val_every"] == 5 and on.overrides["trainer.val_at_end"] is True
