@@ -3,7 +3,8 @@
 A call's outcome is ``(OK, (score, acc, extras))`` or ``(kind, reason)`` with kind ``RAISED``, ``BAD_VALUE``,
 ``CRASHED`` (its worker died) or ``TIMEOUT``; ``FATAL`` is a function that raised ``RLForgeError`` (a
 configuration mistake), which stops the run. A score is a real number (``numbers.Real``: float, int, bool and
-the numpy number types, and numpy's bool, which verl reads as 0/1) that is finite and within the float32 range.
+the numpy number types, and numpy's bool, which verl reads as 0/1; or a 0-d torch tensor or numpy array of one)
+that is finite and within the float32 range.
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ def split_result(result: Any) -> tuple[float, float]:
 
 
 def _is_real(value: Any) -> bool:
-    """A real number: ``numbers.Real``, or numpy's bool (not registered there; verl treats bools as 0/1)."""
+    """A real number: ``numbers.Real``, numpy's bool (not registered there; verl treats bools as 0/1), or a torch
+    tensor or numpy array of one real number and no dimensions (verl's reward managers write such a score into the
+    reward tensor as it is)."""
     kind = type(value)
+    if getattr(value, "ndim", None) == 0 and kind.__module__.split(".")[0] in ("torch", "numpy"):
+        return _is_real(value.item())
     return isinstance(value, numbers.Real) or (kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool"))
 
 

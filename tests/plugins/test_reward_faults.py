@@ -11,6 +11,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,6 +96,12 @@ def test_split_result_refuses_values_the_reward_tensor_cannot_hold(result, messa
 def test_split_result_keeps_float64_within_the_float32_range() -> None:
     assert split_result(FLOAT32_MAX) == (FLOAT32_MAX, 1.0)
     assert split_result({"score": 0.1, "acc": True}) == (0.1, 1.0)  # the float64 value, rounded only in the tensor
+    # a 0-d tensor or array, as verl's managers take it; one with dimensions or a complex one is not a score
+    assert split_result(torch.tensor(1.0)) == (1.0, 1.0) and split_result({"score": np.float32(0.5)}) == (0.5, 0.0)
+    assert split_result(np.array(0.25)) == (0.25, 0.0) and split_result(torch.tensor(True)) == (1.0, 1.0)
+    for bad in (torch.tensor([1.0]), np.array([0.5, 0.5]), torch.tensor(1 + 1j)):
+        with pytest.raises(ValueError, match="not a number"):
+            split_result(bad)
 
 
 def test_bad_values_are_one_counted_error_each_and_one_log_line(
