@@ -330,7 +330,10 @@ def _unknown(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
     verl's config classes, and verl 0.9.1's key for the setting where there is one (``verl_stale``)."""
     gap = verl_stale.new_in(tree, key)
     plus = not (delete or verl_stale.built(gap) or verl_stale.renamed(key))
-    add = f" To add a key, prefix it with '+': +{line.lstrip('+')}." if plus else ""
+    entry = key.startswith(verl_stale.PASSED_ON)  # passed on as it is (kwargs, megatron overrides): '+' adds an entry
+    add = (f" To add a key, prefix it with '+': +{line.lstrip('+')}" + ("." if entry else
+           ", though verl 0.9.1 would not read it and rlforge refuses it then; drop it if the launch was written for "
+           "an older verl or a fork.")) if plus else ""
     return (f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
             + verl_stale.hint(key, gap) + add)
 
