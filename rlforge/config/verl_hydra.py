@@ -183,6 +183,19 @@ def base_config(launch: Launch) -> str:
     return found[0] if found[0] != PPO else _named_trainer(launch.config_name)
 
 
+def file_keys(launch: Launch) -> set[str]:
+    """The keys the launch's own config file (``--config-path/--config-name``) sets to other values than the shipped
+    config it builds on: the launch's own keys, as its overrides are (the report lists them first)."""
+    found = _user_file(launch.config_path, launch.config_name) if launch.config_path else None
+    if found is None:
+        return set()
+    from rlforge.config.verl_fates import flatten
+
+    base, own = found
+    default = dict(flatten(load_default(base)))
+    return {k for k, v in flatten(own) if k not in default or default[k] != v}
+
+
 def _named_trainer(name: str) -> str:
     """A config file of one's own built on ppo_trainer, named as one of verl's trainer configs (verl-recipe's
     recipe/dapo/config/dapo_trainer.yaml, which main_dapo composes): that trainer's; any other name: main_ppo's."""
@@ -330,10 +343,7 @@ def _unknown(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
     verl's config classes, and verl 0.9.1's key for the setting where there is one (``verl_stale``)."""
     gap = verl_stale.new_in(tree, key)
     plus = not (delete or verl_stale.built(gap) or verl_stale.renamed(key))
-    entry = key.startswith(verl_stale.PASSED_ON)  # passed on as it is (kwargs, megatron overrides): '+' adds an entry
-    add = (f" To add a key, prefix it with '+': +{line.lstrip('+')}" + ("." if entry else
-           ", though verl 0.9.1 would not read it and rlforge refuses it then; drop it if the launch was written for "
-           "an older verl or a fork.")) if plus else ""
+    add = f" To add a key, prefix it with '+': +{line.lstrip('+')}." if plus else ""
     return (f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
             + verl_stale.hint(key, gap) + add)
 

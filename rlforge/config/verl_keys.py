@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import (
-    Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, is_, never, non_negative, off, str_list, top_k,
+    HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, is_, never, non_negative, off, str_list,
+    top_k,
 )
 
 ARO = "actor_rollout_ref"
@@ -478,8 +479,7 @@ TRAINER_RULES: dict[str, Rule] = {
 
 OTHER_RULES: dict[str, Rule] = {
     "model_engine": Derived("parallel"),
-    "hydra.*": Ignore("Hydra's own settings: its output folder, logging and working directory (rlforge writes the "
-                      "run's config and logs to its run folder)"),
+    "hydra.*": HYDRA_OWN,
     "ray_kwargs.*": Ignore("Ray's start-up options (rlforge starts Ray from ray.*: address, num_cpus)"),
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),

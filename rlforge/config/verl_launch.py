@@ -43,6 +43,7 @@ def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Pre
     translation = verl.translate(tree, given_keys(launch.overrides), sft=sft, config_name=base,
                                  variables=verl_hydra.variables(launch, base))
     translation.config_from = launch.why
+    translation.given |= verl_hydra.file_keys(launch)  # for the report only: translate's "given" is the overrides'
     if refuse:
         check(translation)
     return Prepared(translation, as_layer(translation))

@@ -40,6 +40,12 @@ class Ignore:
     why: str
 
 
+# Hydra's own settings (hydra.run.dir, hydra/job_logging=...), which verl_hydra checks against Hydra's config: the
+# same rule in the PPO and SFT tables
+HYDRA_OWN = Ignore("Hydra's own settings: its output folder, logging and working directory (rlforge writes the run's "
+                   "config and logs to its run folder)")
+
+
 @dataclass(frozen=True)
 class Derived:
     owner: str  # the name of the rule in verl_derived that reads this key

@@ -419,3 +419,16 @@ def test_test_freq_off_means_no_validation_after_training_either() -> None:
     assert off.overrides["trainer.val_every"] == 0 and off.overrides["trainer.val_at_end"] is False
     on = _t("trainer.test_freq=5")
     assert on.overrides["trainer.val_every"] == 5 and on.overrides["trainer.val_at_end"] is True
+
+
+def test_hydra_s_own_settings_are_ignored_by_the_sft_entry_too_and_a_config_file_s_keys_are_the_launch_s(
+        tmp_path) -> None:
+    t = prepare(["data.train_files=chat.jsonl", "model.path=builtin:tiny-arith", "hydra.run.dir=/tmp/out"],
+                "verl.trainer.sft_trainer", refuse=False).translation
+    assert _fate(t, "hydra.run.dir").kind == verl.IGNORED and not t.refused
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - ppo_trainer\n  - _self_\nactor_rollout_ref:\n  actor:\n"
+                                        "    clip_ratio_high: 0.28\n")
+    lines = _t(f"--config-path={tmp_path}", "--config-name=mine").report()
+    own = lines[lines.index(next(x for x in lines if x.startswith("-- the launch's own keys"))):
+                lines.index(next(x for x in lines if x.startswith("-- verl's defaults")))]
+    assert any(x.startswith(f"mapped      {A}.clip_ratio_high -> actor.clip_ratio_high = 0.28") for x in own), own
