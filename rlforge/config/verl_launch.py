@@ -104,8 +104,9 @@ def beneath(prepared: Prepared, ours: list[str]) -> tuple[DictConfig, list[str]]
         if moved:
             OmegaConf.update(layer, instead, value)
         notes.append(f"{key} given after --: the launch's {winner}={value} "
-                     + (f"becomes {instead}={value} (the run stops there if that comes first)" if moved else
-                        "is dropped") + ", as verl's total_training_steps beside total_epochs")
+                     + (f"becomes {instead}={value} (the run stops there if that comes first), as verl's "
+                        f"total_training_steps beside total_epochs" if moved else
+                        f"is dropped (verl's SFT loop would also end after total_epochs; rlforge's trains {key})"))
     return layer, notes
 
 
