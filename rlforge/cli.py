@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rlforge.config.checks import check_fit_keys, check_sft_layers
 from rlforge.errors import ConfigError, RLForgeError
 
 
@@ -38,6 +39,7 @@ def _compose(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     pm, cfg = _compose(args)  # config mistakes answer before torch is imported
+    check_fit_keys(cfg)
     from rlforge.trainer import Trainer
 
     Trainer(cfg, plugins=pm).fit()
@@ -47,7 +49,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     from rlforge.config.compose import load_file, parse_overrides
 
-    _check_sft_keys([(parse_overrides(args.overrides), "command-line overrides"),
+    check_sft_layers([(parse_overrides(args.overrides), "command-line overrides"),
                      *([(load_file(args.config), args.config)] if args.config else [])])
     pm, cfg = _compose(args)
     from rlforge.sft import run_sft
@@ -64,21 +66,6 @@ def cmd_algos(args: argparse.Namespace) -> int:
         preset = " ".join(f"{k}={v}" for k, v in _flatten(flat) if k != "algorithm.name") or "(defaults)"
         print(f"{entry.name:<22} {entry.description}  [plugin: {entry.plugin}]\n{'':<22} preset: {preset}")
     return 0
-
-
-def _check_sft_keys(layers: list[tuple[Any, str]]) -> None:
-    """rlforge fit's keys and verl's SFT keys given to ``rlforge sft`` are an error; ``layers``: (config, its source),
-    e.g. the parsed overrides and a config file."""
-    from omegaconf import OmegaConf
-
-    from rlforge.config import compose_with_plugins
-    from rlforge.config.checks import check_sft_keys
-
-    given = [([k for k, _ in _flatten(OmegaConf.to_container(layer))], source) for layer, source in layers]
-    if any(keys for keys, _ in given):
-        known = {k for k, _ in _flatten(OmegaConf.to_container(compose_with_plugins()[1]))}  # rlforge's keys
-        for keys, source in given:
-            check_sft_keys(keys, source, known)
 
 
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -226,7 +213,7 @@ def cmd_verl(argv: list[str]) -> int:
     if "--sft" in opts:
         from rlforge.config.compose import parse_overrides
 
-        _check_sft_keys([(parse_overrides(ours), "rlforge's keys after --")])
+        check_sft_layers([(parse_overrides(ours), "rlforge's keys after --")])
     prepared = prepare([a for a in argv if a not in flags], SFT_ENTRY if "--sft" in opts else PPO_ENTRY,
                        refuse="--print" not in opts)
     t = prepared.translation
@@ -241,6 +228,7 @@ def cmd_verl(argv: list[str]) -> int:
 
                 preflight(cfg)
             else:
+                check_fit_keys(cfg)
                 _check_reward_function(pm, cfg, prepared, ours)
         except RLForgeError as exc:
             print(f"rlforge: the run would stop here: {exc}", file=sys.stderr)
@@ -259,6 +247,7 @@ def cmd_verl(argv: list[str]) -> int:
     else:
         from rlforge.trainer import Trainer
 
+        check_fit_keys(cfg)
         _check_reward_function(pm, cfg, prepared, ours)
         Trainer(cfg, plugins=pm).fit()
     return 0

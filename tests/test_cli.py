@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from rlforge.cli import main
+from rlforge.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("no_autoload")
 
@@ -219,6 +220,21 @@ def test_sft_refuses_keys_only_fit_reads_and_verl_s_sft_keys(capsys, tmp_path: P
     assert "sft.steps" in capsys.readouterr().err  # keys SFT reads pass this check (the value is the error)
     assert main(["verl", "--sft", "--print", "data.train_files=/x.parquet", "--", "strategy.name=fsdp"]) == 2
     assert "'strategy.name' (SFT's is 'sft.strategy') (in rlforge's keys after --)" in capsys.readouterr().err
+
+
+def test_fit_refuses_the_sft_keys_it_never_reads_but_not_a_saved_config(tmp_path: Path) -> None:
+    """sft.steps given to `rlforge fit` (or after -- of an RL verl launch) would go unread: an error; a run's saved
+    config repeats the sft section's defaults, which is not asking for anything."""
+    from omegaconf import OmegaConf
+
+    from rlforge.config import compose_with_plugins
+    from rlforge.config.checks import check_fit_keys
+
+    with pytest.raises(ConfigError, match=r"rlforge fit does not read sft.steps, sft.lr: rlforge sft's key\(s\)"):
+        check_fit_keys(compose_with_plugins("grpo", None, ["sft.steps=2", "sft.lr=1e-5"])[1])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(OmegaConf.to_yaml(compose_with_plugins("grpo", None, [])[1]))
+    check_fit_keys(compose_with_plugins(None, str(saved), [])[1])  # the whole section at its defaults: no error
 
 
 def test_every_verl_sft_rule_translated_together_names_rlforge_s_keys() -> None:

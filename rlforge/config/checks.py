@@ -4,7 +4,8 @@
   :class:`~rlforge.config.schema.Valid` rule, and every float is finite. The rules live on the fields
   (``option(default, gt=0)``), so a plugin's options are checked like the core's.
 - :func:`check_device`: where a frozen model runs (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
-- :func:`check_sft_keys`: keys given to ``rlforge sft`` that only ``rlforge fit`` reads.
+- :func:`check_sft_keys` (:func:`check_sft_layers`): keys given to ``rlforge sft`` that only ``rlforge fit`` reads;
+  :func:`check_fit_keys`: ``sft.*`` set for ``rlforge fit``, which only ``rlforge sft`` reads.
 - :func:`check_model_folder`: a model folder's weights are safetensors (pickles are refused) and its context
   holds ``data.max_prompt_length + rollout.max_new_tokens``, read from ``config.json`` without loading anything.
 """
@@ -247,3 +248,30 @@ def _verl_sft_key(key: str) -> str:
     if isinstance(rule, Ignore):
         return f"is verl's SFT key, with no rlforge counterpart needed: {rule.why}"
     return ""
+
+
+def check_sft_layers(layers: list[tuple[Any, str]]) -> None:
+    """rlforge fit's keys and verl's SFT keys given to ``rlforge sft`` are an error (:func:`check_sft_keys`);
+    ``layers``: (config, its source), e.g. the parsed overrides and a config file."""
+    from rlforge.config import compose_with_plugins
+    from rlforge.config.verl_fates import flatten
+
+    given = [([k for k, _ in flatten(OmegaConf.to_container(layer))], source) for layer, source in layers]
+    if any(keys for keys, _ in given):
+        known = {k for k, _ in flatten(OmegaConf.to_container(compose_with_plugins()[1]))}  # rlforge's keys
+        for keys, source in given:
+            check_sft_keys(keys, source, known)
+
+
+def check_fit_keys(cfg: DictConfig) -> None:
+    """``sft.*`` set for ``rlforge fit``, which never reads it, is an error (as fit's keys are for ``rlforge sft``); a
+    saved run config repeats the section's defaults, which is not setting it."""
+    from rlforge.config import compose_with_plugins
+    from rlforge.config.verl_fates import flatten
+
+    default = dict(flatten(OmegaConf.to_container(compose_with_plugins()[1].sft)))
+    changed = [f"sft.{k}" for k, v in flatten(OmegaConf.to_container(cfg.sft)) if default.get(k, v) != v]
+    if changed:
+        raise ConfigError(f"rlforge fit does not read {', '.join(changed)}: rlforge sft's key(s). A fit's length is "
+                          f"trainer.total_steps (or trainer.total_epochs); `rlforge sft` fine-tunes (docs/sft.md).")
+

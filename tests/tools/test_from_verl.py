@@ -420,6 +420,8 @@ def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, m
     err = capsys.readouterr().err
     assert "would stop here: reward.fn_kwargs.fmt:" in err and "takes: format_score" in err
     assert "(from verl's custom_reward_function.reward_kwargs.fmt=0.1)" in err
+    assert main(["verl", "--print", *BASE, *files, "--", "sft.steps=2"]) == 2  # an RL launch never reads sft.*
+    assert "rlforge fit does not read sft.steps: rlforge sft's key(s)" in capsys.readouterr().err
     assert main(["verl", "--print", *BASE, *files, f"custom_reward_function.path={tmp_path / 'none.py'}"]) == 2
     assert f"(from verl's custom_reward_function.path={tmp_path / 'none.py'})" in capsys.readouterr().err  # not the null
     out = tmp_path / "rlforge.yaml"  # config from-verl --out checks it as well, once the file is written
