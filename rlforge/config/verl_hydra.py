@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlforge.config import verl_stale
+from rlforge.config.verl_rules import nest
 from rlforge.config.verl_tree import (
     ENGINE_VARIANTS,
     LEGACY_SFT,
@@ -252,11 +253,9 @@ def _apply_hydra(given: dict[str, Any], o: Any) -> dict[str, Any]:
     """``given`` with the Hydra override ``o``, checked with Hydra's rules against Hydra's own config
     (``hydra.conf.HydraConf``; a group choice ``hydra/GROUP=OPTION`` is taken as it is)."""
     if "/" in o.key_or_group:
-        merge_into(given, {o.key_or_group.split("/", 1)[1].replace("/", "."): o.value()})
+        merge_into(given, nest({o.key_or_group.split("/", 1)[1].replace("/", "."): o.value()}))
         return given
-    from hydra.conf import HydraConf
-
-    own: dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(HydraConf))  # type: ignore[assignment]
+    own = copy.deepcopy(_hydra_defaults())
     probe = {"hydra": own}
     merge_into(own, copy.deepcopy(given))
     try:
@@ -269,16 +268,16 @@ def _apply_hydra(given: dict[str, Any], o: Any) -> dict[str, Any]:
     for part in key.split(".") if key else []:
         node = node.get(part) if isinstance(node, dict) else None
     if not o.is_delete():
-        merge_into(given, _nested(key, node) if key else dict(node or {}))
+        merge_into(given, nest({key: node}) if key else dict(node or {}))
     return given
 
 
-def _nested(key: str, value: Any) -> dict[str, Any]:
-    *parents, leaf = key.split(".")
-    out: dict[str, Any] = {leaf: value}
-    for part in reversed(parents):
-        out = {part: out}
-    return out
+@functools.lru_cache(maxsize=1)
+def _hydra_defaults() -> dict[str, Any]:
+    """Hydra's own config (``HydraConf``) as a plain tree, built once (copy before changing it)."""
+    from hydra.conf import HydraConf
+
+    return OmegaConf.to_container(OmegaConf.structured(HydraConf))  # type: ignore[return-value]
 
 
 def merge_into(base: dict[str, Any], layer: dict[str, Any]) -> None:
