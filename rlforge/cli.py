@@ -243,7 +243,9 @@ def cmd_verl(argv: list[str]) -> int:
     elif t.command == "eval":
         from rlforge.tools.evaluate import evaluate, write_report
 
-        print(f"report: {write_report(evaluate(cfg, pm, split='val', ks=None, log=_progress), 'eval_report.json')}")
+        folder = cfg.trainer.run_dir or os.path.join(cfg.trainer.runs_root, cfg.trainer.experiment)  # verl's run folder
+        report = evaluate(cfg, pm, split="val", ks=None, log=_progress)
+        print(f"report: {write_report(report, os.path.join(folder, 'eval_report.json'))}")
     else:
         from rlforge.trainer import Trainer
 

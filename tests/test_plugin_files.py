@@ -72,7 +72,9 @@ def test_a_plugin_file_from_the_command_line_trains_and_its_run_evaluates_elsewh
     assert done.returncode == 0, done.stderr[-3000:]
     (run,) = (tmp_path / "runs" / "default").iterdir()
     assert (run / "file_plugin_steps.txt").read_text() == "1\n"  # the file's hook ran
-    assert json.loads((run / "summary.json").read_text())["accuracy_after"] == 1.0  # its reward scored validation
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["accuracy_after"] == 1.0  # its reward scored validation
+    assert summary["mlflow_uri"] is None and not (run / "mlflow.db").exists()  # console only: no store named
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["plugins"]["modules"] == [str(plugin_file)] and saved["algorithm"]["name"] == "file_grpo"
     # a process started elsewhere rebuilds the run from its config: the plugin loads again from there

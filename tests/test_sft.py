@@ -209,8 +209,11 @@ def test_schedule_and_betas_reach_the_optimizer():
 def test_epochs_set_the_steps_from_the_examples():
     s = OmegaConf.structured(SFTConfig(epochs=3, batch_size=8))
     OmegaConf.set_readonly(s, True)
-    apply_epochs(s, 50)
-    assert s.steps == 3 * (50 // 8)
+    assert apply_epochs(s, 50) == 3 * (50 // 8) and s.steps == 3 * (50 // 8)
+    # epoch_limit ends the run after that many passes where it comes first; the schedule keeps sft.steps
+    limited = OmegaConf.structured(SFTConfig(steps=12, epoch_limit=1, batch_size=4))
+    assert apply_epochs(limited, 40) == 10 and limited.steps == 12
+    assert apply_epochs(OmegaConf.structured(SFTConfig(steps=8, epoch_limit=1, batch_size=4)), 40) == 8
     with pytest.raises(ConfigError, match=r"sft.betas must be two numbers in \[0, 1\)"):
         check_config(OmegaConf.structured(SFTConfig(betas=[0.9, 1.5])))
 
@@ -290,6 +293,26 @@ def test_trl_dataset_files_train_as_they_are(tmp_path, pm, sft_config, fmt):
     path = write_jsonl(tmp_path / f"{fmt}.jsonl", [TRL_ROWS[fmt](i) for i in range(8)])
     m = run_sft(sft_config(tmp_path, f"sft.train_file={path}", "sft.steps=1"), pm)  # sft.format=auto
     assert math.isfinite(m["train/loss"])
+
+
+class Rates(Callback):
+    """The learning rate of each optimizer step."""
+
+    def __init__(self):
+        self.values = []
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.values.append(optimizer.param_groups[0]["lr"])
+
+
+def test_an_epoch_limit_ends_the_run_and_the_schedule_keeps_sft_steps(tmp_path, pm, sft_config):
+    """verl's SFT loop ends after total_epochs passes where total_training_steps would run longer: 8 rows in batches
+    of 4 are 2 steps per epoch, so one epoch ends a 6-step run after 2 steps, its linear decay still over 6."""
+    path = write_jsonl(tmp_path / "rows.jsonl", [TRL_ROWS["prompt_completion"](i) for i in range(8)])
+    rates = Rates()
+    run_sft(sft_config(tmp_path, f"sft.train_file={path}", "sft.batch_size=4", "sft.steps=6", "sft.epoch_limit=1",
+                       "sft.lr=0.6", "sft.lr_scheduler=linear", "sft.warmup_steps=0"), pm, callbacks=[rates])
+    assert rates.values == pytest.approx([0.6, 0.5])
 
 
 # --- files: jsonl, verl parquet (single- and multi-turn), bad rows ----------------------------------------------

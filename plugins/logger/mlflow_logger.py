@@ -252,7 +252,7 @@ def rlforge_fit_end(trainer: Any, module: Any, summary: dict[str, Any]) -> None:
     for lg in getattr(trainer, "loggers", ()):
         if isinstance(lg, MlflowLogger):
             lg.flush()
-            if summary.get("mlflow_uri", lg.uri) != lg.uri:  # the trainer names the run-local store
+            if summary.get("mlflow_uri") != lg.uri:  # the trainer names no store: a run without mlflow writes none
                 summary["mlflow_uri"] = lg.uri
                 diskio.write_atomic(Path(trainer.run_dir) / "summary.json", json.dumps(summary, indent=2))
 

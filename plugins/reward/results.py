@@ -3,8 +3,8 @@
 A call's outcome is ``(OK, (score, acc, extras))`` or ``(kind, reason)`` with kind ``RAISED``, ``BAD_VALUE``,
 ``CRASHED`` (its worker died) or ``TIMEOUT``; ``FATAL`` is a function that raised ``RLForgeError`` (a
 configuration mistake), which stops the run. A score is a real number (``numbers.Real``: float, int, bool and
-the numpy number types, and numpy's bool, which verl reads as 0/1; or a 0-d torch tensor or numpy array of one)
-that is finite and within the float32 range.
+the numpy number types, and numpy's bool, which verl reads as 0/1; or a torch tensor or numpy array of one such
+number, of any shape) that is finite and within the float32 range.
 """
 
 from __future__ import annotations
@@ -49,15 +49,25 @@ def split_result(result: Any) -> tuple[float, float]:
 
 def _is_real(value: Any) -> bool:
     """A real number: ``numbers.Real``, numpy's bool (not registered there; verl treats bools as 0/1), or a torch
-    tensor or numpy array of one real number and no dimensions (verl's reward managers write such a score into the
-    reward tensor as it is)."""
+    tensor or numpy array holding one real number, of any shape (verl's reward managers write such a score into the
+    reward tensor as it is, and its agent loop's float field converts it)."""
+    value = _one(value)
     kind = type(value)
-    if getattr(value, "ndim", None) == 0 and kind.__module__.split(".")[0] in ("torch", "numpy"):
-        return _is_real(value.item())
     return isinstance(value, numbers.Real) or (kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool"))
 
 
+def _one(value: Any) -> Any:
+    """The number a one-element torch tensor or numpy array holds (``.item()``: no autograd warning); anything else
+    as it is."""
+    if getattr(value, "ndim", None) is not None and type(value).__module__.split(".")[0] in ("torch", "numpy"):
+        size = value.numel() if callable(getattr(value, "numel", None)) else getattr(value, "size", 0)
+        if size == 1:
+            return value.item()
+    return value
+
+
 def _real(value: Any, what: str) -> float:
+    value = _one(value)
     if not _is_real(value):
         raise ValueError(f"returned {what} {type(value).__name__} ({_short(value)}), not a number")
     try:
@@ -94,8 +104,9 @@ def extra_values(result: Any) -> dict[str, float | str]:
     (verl's ``reward_extra_info``); other values are dropped."""
     if not isinstance(result, dict):
         return {}
-    return {str(k): v if isinstance(v, str) else float(v) for k, v in result.items()
-            if k not in ("score", "acc") and (isinstance(v, str) or _is_real(v) and math.isfinite(v))}
+    plain = {k: _one(v) for k, v in result.items() if k not in ("score", "acc")}
+    return {str(k): v if isinstance(v, str) else float(v) for k, v in plain.items()
+            if isinstance(v, str) or _is_real(v) and math.isfinite(v)}
 
 
 def extra_metrics(extras: list[dict[str, Any]]) -> dict[str, float]:

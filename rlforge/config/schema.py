@@ -299,6 +299,7 @@ class SFTConfig:
     truncation: str = "error"  # longer examples: error (names the row) | left | right (cut that end) | drop
     steps: int = 400  # optimizer steps
     epochs: Optional[int] = option(None, ge=1)  # set: steps = epochs x (training examples // batch_size), counted after sft.truncation drops rows, in place of sft.steps (verl's total_epochs)
+    epoch_limit: Optional[int] = option(None, ge=1)  # set: the run also stops once it has trained epoch_limit x (training examples // batch_size) steps, if that comes before sft.steps; the learning-rate schedule still spans sft.steps (verl's total_epochs beside total_training_steps)
     batch_size: int = 64  # examples per optimizer step, over all devices
     micro_batch_size: Optional[int] = None  # examples per forward/backward on one device (one data-parallel group with sequence_parallel_size > 1); None = batch_size / data-parallel groups
     sequence_parallel_size: int = option(1, ge=1)  # Ulysses sequence parallelism: devices that share each micro-batch, each holding a slice of its packed tokens (verl's ulysses_sequence_parallel_size); must divide the devices, which form devices / sequence_parallel_size data-parallel groups

@@ -304,7 +304,13 @@ def reward(c: Context) -> None:
     else:
         c.same("reward.custom_reward_function.path", "the built-in function of each row's data_source")
         c.ignore("reward.custom_reward_function.name", "read only with custom_reward_function.path")
-    c.ignore("reward.num_workers", "reward worker processes (speed only); rlforge: reward.num_workers")
+    workers = value["reward.num_workers"]
+    if c.given & {"reward.num_workers", "reward_model.num_workers"} and workers:  # the launch's own count
+        c.map("reward.num_workers", "reward.num_workers", max(1, int(workers)), "processes that run the reward "
+              "function (verl's reward loop workers)")
+    else:
+        c.ignore("reward.num_workers", "verl's default of 8 reward loop workers (speed only): rlforge's "
+                 "reward.num_workers stays 1 unless the launch sets a count")
 
 
 def reward_fn_kwargs(c: Context, file: Any, whole: bool, legacy_path: bool) -> None:

@@ -73,6 +73,8 @@ class Translation:
 
     def report(self) -> list[str]:
         what = "rlforge sft" if self.command == "sft" else f"algorithm {self.algorithm}"
+        if any(f.key == "algorithm.adv_estimator" for f in self.refused):
+            what = "no algorithm (algorithm.adv_estimator is refused)"
         source = f" ({self.config_from})" if self.config_from else ""
         head = (f"{what}; read as verl's {self.config}{source}; {len(self.of(MAPPED))} mapped, "
                 f"{len(self.of(REFUSED))} refused, {len(self.of(IGNORED))} ignored (see {DOC})")

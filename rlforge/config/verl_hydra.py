@@ -220,20 +220,27 @@ def compose_tree(launch: Launch) -> dict[str, Any]:
             raise ConfigError(f"Override '{o.input_line}' chooses verl's '{o.value()}' {o.key_or_group} for SFT: rlforge's "
                               f"SFT runs on Lightning (sft.strategy: ddp, fsdp, deepspeed_*), with verl's default "
                               f"{o.key_or_group}={groups[o.key_or_group]} settings only (docs/sft.md).")
-    tree = load_default(name)
+    try:
+        tree = load_default(name)
+    except ConfigError as exc:  # neither verl's nor the launch's own: say why its folder was not searched
+        if not launch.config_path or Path(launch.config_path).is_dir():
+            raise
+        raise ConfigError(f"{exc} --config-path={launch.config_path} is not a folder here, so no "
+                          f"{name}.yaml of the launch's own was found there.") from None
     for layer in layers:
         merge_into(tree, copy.deepcopy(layer))
     errors: list[str] = []
-    hydra: dict[str, Any] = {}
+    of_hydra = [o for o in overrides if _hydra_own(o)]
     for o in overrides:
-        if o not in chosen:
+        if o not in chosen and o not in of_hydra:
             try:
-                if _hydra_own(o):
-                    hydra = _apply_hydra(hydra, o)
-                else:
-                    apply_override(tree, o)
+                apply_override(tree, o)
             except ConfigError as exc:  # every override verl refuses at once, not one per run
                 errors.append(str(exc))
+    try:
+        hydra = _hydra_settings(of_hydra)
+    except ConfigError as exc:
+        errors.append(str(exc))
     if errors:
         raise ConfigError(errors[0] if len(errors) == 1 else
                           f"{len(errors)} overrides verl 0.9.1 refuses:\n  " + "\n  ".join(errors))
@@ -249,35 +256,31 @@ def _hydra_own(o: Any) -> bool:
     return o.key_or_group == "hydra" or o.key_or_group.startswith(("hydra.", "hydra/"))
 
 
-def _apply_hydra(given: dict[str, Any], o: Any) -> dict[str, Any]:
-    """``given`` with the Hydra override ``o``, checked with Hydra's rules against Hydra's own config
-    (``hydra.conf.HydraConf``; a group choice ``hydra/GROUP=OPTION`` is taken as it is)."""
-    if "/" in o.key_or_group:
-        merge_into(given, nest({o.key_or_group.split("/", 1)[1].replace("/", "."): o.value()}))
-        return given
-    own = copy.deepcopy(_hydra_defaults())
-    probe = {"hydra": own}
-    merge_into(own, copy.deepcopy(given))
-    try:
-        apply_override(probe, o)
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("is not a key of verl's config (verl 0.9.1 refuses it too)",
-                                           "is not one of Hydra's settings (verl 0.9.1's Hydra refuses it too)")) from None
-    key = o.key_or_group.removeprefix("hydra").lstrip(".")
-    node: Any = probe["hydra"]
-    for part in key.split(".") if key else []:
-        node = node.get(part) if isinstance(node, dict) else None
-    if not o.is_delete():
-        merge_into(given, nest({key: node}) if key else dict(node or {}))
+def _hydra_settings(overrides: list[Any]) -> dict[str, Any]:
+    """Hydra's own overrides as Hydra composes them (its ``HydraConf`` and its ``hydra/`` config groups, on an empty
+    job config), so that what verl's Hydra refuses (``+hydra.run.dir``, ``~hydra.run.dir``, an unknown
+    ``hydra/job_logging`` option, a mistyped value) is refused with Hydra's reason; the keys they set, for the report
+    (a group choice ``hydra/GROUP=OPTION`` as ``GROUP: OPTION``)."""
+    if not overrides:
+        return {}
+    import tempfile
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    with tempfile.TemporaryDirectory() as empty:
+        try:
+            with initialize_config_dir(config_dir=empty, version_base=None):
+                compose(overrides=[o.input_line for o in overrides], return_hydra_config=True)
+        except HydraException as exc:
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"{first} (Hydra's own settings: verl 0.9.1's Hydra refuses it too)") from None
+    given: dict[str, Any] = {}
+    for o in overrides:
+        key = o.key_or_group.removeprefix("hydra").lstrip("./").replace("/", ".")
+        if not o.is_delete() and key:
+            merge_into(given, nest({key: o.value()}))
     return given
-
-
-@functools.lru_cache(maxsize=1)
-def _hydra_defaults() -> dict[str, Any]:
-    """Hydra's own config (``HydraConf``) as a plain tree, built once (copy before changing it)."""
-    from hydra.conf import HydraConf
-
-    return OmegaConf.to_container(OmegaConf.structured(HydraConf))  # type: ignore[return-value]
 
 
 def merge_into(base: dict[str, Any], layer: dict[str, Any]) -> None:

@@ -84,8 +84,9 @@ def as_layer(t: verl.Translation) -> DictConfig:
 
 
 # an rlforge key given after `--` that a translated key would overrule, with the translated key and where that one goes
-# instead (None: dropped): the key after -- wins, as verl's total_training_steps beside total_epochs does
-OUTRANKED = {"trainer.total_steps": ("trainer.total_epochs", "trainer.epoch_limit"), "sft.steps": ("sft.epochs", None)}
+# instead: the key after -- wins, as verl's total_training_steps beside total_epochs does
+OUTRANKED = {"trainer.total_steps": ("trainer.total_epochs", "trainer.epoch_limit"),
+             "sft.steps": ("sft.epochs", "sft.epoch_limit")}
 
 
 def beneath(prepared: Prepared, ours: list[str]) -> tuple[DictConfig, list[str]]:
@@ -100,13 +101,13 @@ def beneath(prepared: Prepared, ours: list[str]) -> tuple[DictConfig, list[str]]
             continue
         layer = layer.copy()
         OmegaConf.update(layer, winner, None)
-        moved = instead is not None and instead not in mine and OmegaConf.select(layer, instead) is None
+        moved = instead not in mine and OmegaConf.select(layer, instead) is None
         if moved:
             OmegaConf.update(layer, instead, value)
-        notes.append(f"{key} given after --: the launch's {winner}={value} "
+        notes.append(f"{key} given after --: the translated {winner}={value} "
                      + (f"becomes {instead}={value} (the run stops there if that comes first), as verl's "
                         f"total_training_steps beside total_epochs" if moved else
-                        f"is dropped (verl's SFT loop would also end after total_epochs; rlforge's trains {key})"))
+                        f"is dropped: {instead} is given after -- too"))
     return layer, notes
 
 

@@ -217,7 +217,8 @@ def sft_steps(c: Any) -> None:
     total = c.get("trainer.total_training_steps")
     if total is not None:
         c.map("trainer.total_training_steps", "sft.steps", total)
-        c.ignore("trainer.total_epochs", "not read: trainer.total_training_steps is set")
+        c.map("trainer.total_epochs", "sft.epoch_limit", int(c.get("trainer.total_epochs")), "verl's SFT loop also "
+              "ends after total_epochs passes over the data, its schedule still spanning total_training_steps")
         return
     c.ignore("trainer.total_training_steps", "null: verl counts total_epochs")
     c.map("trainer.total_epochs", "sft.epochs", int(c.get("trainer.total_epochs")))

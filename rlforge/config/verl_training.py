@@ -55,7 +55,8 @@ def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, 
         if count is not None and total in GLOBAL_BESIDE_STOPS:
             c.stop(total, f"verl 0.9.1 stops on this deprecated global count beside {per_gpu.rsplit('.', 1)[1]}"
                           + (" (which copies it: critic.yaml)" if total.startswith("critic.") else "") +
-                          f" ('You have set both'): set only {per_gpu}")
+                          f" ('You have set both'): set only {per_gpu} (now {c.get(per_gpu)}; the global "
+                          f"{c.get(total)} / {c.dp_size} data-parallel ranks is {count})")
         else:
             c.ignore(total, "verl reads the _per_gpu value when it is set")
     elif count is not None and total in GLOBAL_ALONE_STOPS and (not total.startswith(REF) or uses_ref(c)):
@@ -440,6 +441,10 @@ def val_freq(c: Context) -> None:
     """verl validates every test_freq steps and after the last one where test_freq > 0; never during or after
     training where it is <= 0 (val_before_train is its own key)."""
     freq = c.get("trainer.test_freq")
+    if freq is None and c.has("trainer.test_freq"):
+        c.stop("trainer.test_freq", "null: verl 0.9.1 compares it with 0 after the first step and stops there "
+               "(TypeError); trainer.test_freq=-1 means no validation")
+        return
     every = bool(freq) and freq > 0
     c.map("trainer.test_freq", "trainer.val_every", freq if every else 0,
           "" if every else "no validation during training, none after the last step (trainer.val_at_end=false)")

@@ -108,12 +108,16 @@ def preflight(config: DictConfig) -> None:
         resolve_model_path(s.init, "sft.init")
 
 
-def apply_epochs(s: DictConfig, examples: int) -> None:
+def apply_epochs(s: DictConfig, examples: int) -> int:
     """With ``sft.epochs`` set, ``sft.steps`` becomes epochs x (examples // sft.batch_size): whole batches per epoch
-    (``sft.sampling=epoch`` leaves the tail out), verl's count. Called once the training examples are known."""
+    (``sft.sampling=epoch`` leaves the tail out), verl's count. Called once the training examples are known. Returns
+    the steps the run trains: ``sft.steps``, or fewer where ``sft.epoch_limit`` passes over the data end it first
+    (the schedule still spans ``sft.steps``, as verl's SFT loop ends after total_epochs beside total_training_steps)."""
+    per_epoch = examples // s.batch_size
     if s.epochs is not None:
         with read_write(s):
-            s.steps = max(1, int(s.epochs) * (examples // s.batch_size))
+            s.steps = max(1, int(s.epochs) * per_epoch)
+    return s.steps if s.epoch_limit is None else max(1, min(s.steps, int(s.epoch_limit) * per_epoch))
 
 
 def _latest(s: DictConfig) -> str | None:
@@ -149,16 +153,18 @@ def lightning_precision(config: DictConfig) -> str:
 
 
 def make_trainer(s: DictConfig, callbacks: list[Callback], loggers: list[Logger], validate: bool,
-                 precision: str = "32-true") -> L.Trainer:
+                 precision: str = "32-true", stop: int | None = None) -> L.Trainer:
+    """Lightning's Trainer for ``stop`` steps (default ``sft.steps``; :func:`apply_epochs`)."""
+    stop = stop or s.steps
     strategy = STRATEGIES[s.strategy]() if s.strategy in STRATEGIES else s.strategy
     try:
         return L.Trainer(
             accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
             # one Lightning epoch holds every step (StepBatches): the progress bar reads "Epoch 0/0", not "0/-2"
-            precision=precision, max_steps=s.steps, max_epochs=1, gradient_clip_val=s.grad_clip or None,
+            precision=precision, max_steps=stop, max_epochs=1, gradient_clip_val=s.grad_clip or None,
             default_root_dir=s.output_dir, logger=loggers or False, callbacks=callbacks,
             enable_checkpointing=bool(s.save_every), enable_progress_bar=s.progress,
-            log_every_n_steps=min(s.log_every, s.steps),
+            log_every_n_steps=min(s.log_every, stop),
             num_sanity_val_steps=0, use_distributed_sampler=False, limit_val_batches=1.0 if validate else 0,
         )
     except (MisconfigurationException, ValueError, TypeError, RuntimeError) as exc:
@@ -197,10 +203,10 @@ def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
     Path(s.output_dir).mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config)
     train, val = load_data(config, plugins, tokenizer, say)
-    apply_epochs(s, len(train))
+    stop = apply_epochs(s, len(train))
     accuracy = GreedyAccuracy(config, plugins, tokenizer) if s.val_accuracy else None
     try:
-        metrics, step = fit(config, tokenizer, train, val, accuracy, ckpt, [*callbacks], say)
+        metrics, step = fit(config, tokenizer, train, val, accuracy, ckpt, [*callbacks], say, stop)
     finally:
         if accuracy is not None:
             accuracy.close()
@@ -211,15 +217,16 @@ def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
 
 
 def fit(config: DictConfig, tokenizer: Any, train: list[Example], val: list[Example],
-        accuracy: GreedyAccuracy | None, ckpt: str | None, callbacks: list[Callback], say: Callable[[str], Any]
-        ) -> tuple[dict[str, float], int]:
-    """Build the Trainer, check the batch arithmetic, create the model and fit: (last metrics, last step)."""
+        accuracy: GreedyAccuracy | None, ckpt: str | None, callbacks: list[Callback], say: Callable[[str], Any],
+        stop: int) -> tuple[dict[str, float], int]:
+    """Build the Trainer, check the batch arithmetic, create the model and fit ``stop`` steps: (last metrics, last
+    step)."""
     s, out, resuming = config.sft, Path(config.sft.output_dir), ckpt is not None
     source = None if s.init == FRESH_TINY else resolve_model_path(s.init, "sft.init")
     export = ExportHF(out, tokenizer, accuracy, config.model, source)
     loggers = [LOGGERS[name](config, out, resuming) for name in s.loggers]
     trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, resuming), export, *callbacks], loggers,
-                           bool(val), lightning_precision(config))
+                           bool(val), lightning_precision(config), stop)
     plan = BatchPlan.from_config(s, trainer.world_size)
     _schedule(trainer, plan, s)
     data = SFTData(train, val, plan, s, tokenizer.pad_token_id)

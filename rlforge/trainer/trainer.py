@@ -174,7 +174,7 @@ class Trainer:
             "tokens_per_s": tokens / elapsed if elapsed else 0.0,
             "seconds": elapsed,
             "run_dir": str(self.run_dir),
-            "mlflow_uri": f"sqlite:///{(self.run_dir / 'mlflow.db').resolve()}",
+            "mlflow_uri": None,  # the store the mlflow logger logged into: it fills this in (no mlflow logger: none)
         }
         with diskio.disk_errors(f"write {self.run_dir / 'summary.json'}", "The last checkpoint is complete.",
                                 where=self.run_dir):

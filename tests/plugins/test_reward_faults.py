@@ -9,6 +9,7 @@ import logging
 import math
 import re
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
 from rlforge.plugins.reward import sandbox
-from rlforge.plugins.reward.results import split_result
+from rlforge.plugins.reward.results import extra_values, split_result
 from rlforge.plugins.reward.rule import RuleRewardManager
 from rlforge.plugins.reward.user_file import load_user_function
 from rlforge.plugins.reward.workers import RewardWorkers
@@ -96,10 +97,16 @@ def test_split_result_refuses_values_the_reward_tensor_cannot_hold(result, messa
 def test_split_result_keeps_float64_within_the_float32_range() -> None:
     assert split_result(FLOAT32_MAX) == (FLOAT32_MAX, 1.0)
     assert split_result({"score": 0.1, "acc": True}) == (0.1, 1.0)  # the float64 value, rounded only in the tensor
-    # a 0-d tensor or array, as verl's managers take it; one with dimensions or a complex one is not a score
+    # a tensor or array of one number, of any shape, as verl takes it; one of more numbers or a complex one is not
     assert split_result(torch.tensor(1.0)) == (1.0, 1.0) and split_result({"score": np.float32(0.5)}) == (0.5, 0.0)
     assert split_result(np.array(0.25)) == (0.25, 0.0) and split_result(torch.tensor(True)) == (1.0, 1.0)
-    for bad in (torch.tensor([1.0]), np.array([0.5, 0.5]), torch.tensor(1 + 1j)):
+    assert split_result(torch.tensor([1.0])) == (1.0, 1.0) and split_result(np.array([[0.5]])) == (0.5, 0.0)
+    # a score that still carries autograd is its number, without torch's warning about converting it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert split_result({"score": torch.tensor([0.5], requires_grad=True), "n": np.array([2])}) == (0.5, 0.0)
+    assert extra_values({"score": 1.0, "n": torch.tensor([[3]]), "v": np.array([1, 2])}) == {"n": 3.0}
+    for bad in (torch.tensor([]), np.array([0.5, 0.5]), torch.tensor(1 + 1j)):
         with pytest.raises(ValueError, match="not a number"):
             split_result(bad)
 

@@ -154,7 +154,8 @@ def test_deprecated_global_micro_batch_counts_are_refused_where_verl_0_9_1_stops
     both = tr(f"{r}.log_prob_micro_batch_size=64", f"{r}.log_prob_micro_batch_size_per_gpu=4")
     assert "You have set both" in fate(both, f"{r}.log_prob_micro_batch_size").text
     critic = tr("algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=64", "trainer.n_gpus_per_node=8")
-    assert "copies it" in fate(critic, "critic.ppo_micro_batch_size").text
+    text = fate(critic, "critic.ppo_micro_batch_size").text
+    assert "copies it" in text and "set only critic.ppo_micro_batch_size_per_gpu (now 64; the global 64 / 8" in text
     assert fate(tr(f"{r}.log_prob_micro_batch_size=64"), f"{r}.log_prob_micro_batch_size").kind == verl.REFUSED
 
 
@@ -481,7 +482,7 @@ def test_a_step_count_after_the_double_dash_wins_over_the_launch_s_epochs(capsys
     assert prepared.config.trainer.total_epochs == 15
     layer, notes = beneath(prepared, ["trainer.total_steps=2"])
     assert layer.trainer.total_epochs is None and layer.trainer.epoch_limit == 15
-    assert notes == ["trainer.total_steps given after --: the launch's trainer.total_epochs=15 becomes "
+    assert notes == ["trainer.total_steps given after --: the translated trainer.total_epochs=15 becomes "
                      "trainer.epoch_limit=15 (the run stops there if that comes first), as verl's total_training_steps "
                      "beside total_epochs"]
     assert prepared.config.trainer.total_epochs == 15  # the translation itself is left as it is
@@ -490,7 +491,14 @@ def test_a_step_count_after_the_double_dash_wins_over_the_launch_s_epochs(capsys
     sft = prepare(["data.train_files=chat.jsonl", "model.path=builtin:tiny-arith", "trainer.total_epochs=4"], SFT_ENTRY,
                   refuse=False)
     layer, notes = beneath(sft, ["sft.steps=2"])
-    assert layer.sft.epochs is None and notes[0].startswith("sft.steps given after --: the launch's sft.epochs=4 is dropped")
+    assert layer.sft.epochs is None and layer.sft.epoch_limit == 4
+    assert notes[0].startswith("sft.steps given after --: the translated sft.epochs=4 becomes sft.epoch_limit=4")
+    assert beneath(sft, ["sft.steps=2", "sft.epoch_limit=1"])[1] == [
+        "sft.steps given after --: the translated sft.epochs=4 is dropped: sft.epoch_limit is given after -- too"]
+    # verl's SFT loop also ends after total_epochs where total_training_steps is set: a limit, not "not read"
+    both = prepare(["data.train_files=chat.jsonl", "model.path=builtin:tiny-arith", "trainer.total_epochs=2",
+                    "trainer.total_training_steps=12"], SFT_ENTRY, refuse=False)
+    assert both.config.sft.steps == 12 and both.config.sft.epoch_limit == 2 and "epochs" not in both.config.sft
 
 
 def test_the_report_lists_the_launch_s_own_keys_before_verl_s_defaults() -> None:

@@ -6,6 +6,8 @@ models."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from rlforge.config import verl
@@ -378,8 +380,14 @@ def test_hydra_s_own_settings_are_checked_against_hydra_s_config_and_ignored() -
     for key in ("hydra.run.dir", "hydra.job.chdir", "hydra.job_logging", "hydra.output_subdir"):
         assert _fate(t, key).kind == verl.IGNORED and "Hydra's own settings" in _fate(t, key).text, key
     assert not t.refused
-    with pytest.raises(ConfigError, match=r"'hydra.no_such' is not one of Hydra's settings \(verl 0.9.1's Hydra"):
-        _t("hydra.no_such=1")
+    # Hydra composes them, so what verl's Hydra refuses is refused with its reason
+    for given, reason in [("hydra.no_such=1", "Could not override 'hydra.no_such'"),
+                          ("+hydra.run.dir=/tmp/x", "An item is already at 'hydra.run.dir'"),
+                          ("~hydra.run.dir", "Error merging override ~hydra.run.dir"),
+                          ("hydra/job_logging=nonexistent", "Could not find 'hydra/job_logging/nonexistent'"),
+                          ("hydra.job.chdir=maybe", "Error merging override hydra.job.chdir=maybe")]:
+        with pytest.raises(ConfigError, match=re.escape(reason) + r".*verl 0.9.1's Hydra refuses it too"):
+            _t(given)
 
 
 def test_verl_s_older_reward_managers_are_named_as_verl_s() -> None:
@@ -405,8 +413,10 @@ def test_a_reward_call_that_raises_stops_a_verl_launch_as_in_verl() -> None:
 def test_an_estimator_verl_does_not_have_is_not_called_verl_s() -> None:
     """verl 0.9.1 stops on an adv_estimator its registry lacks (ZeroSearch's 'reinforce'); grpo_passk is verl's and not
     rlforge's; an older verl's fsdp_config.grad_offload is named as dropped."""
-    fate = _fate(_t("algorithm.adv_estimator=reinforce"), "algorithm.adv_estimator")
+    t = _t("algorithm.adv_estimator=reinforce")
+    fate = _fate(t, "algorithm.adv_estimator")
     assert fate.kind == verl.REFUSED and fate.stops and fate.text.startswith("not an advantage estimator of verl 0.9.1")
+    assert t.report()[0].startswith("no algorithm (algorithm.adv_estimator is refused); ")  # not the default's grpo
     fate = _fate(_t("algorithm.adv_estimator=grpo_passk"), "algorithm.adv_estimator")
     assert fate.kind == verl.REFUSED and not fate.stops and fate.text.startswith("verl's adv_estimator=grpo_passk")
     with pytest.raises(ConfigError, match=r"verl 0.9.1's key for it: none: verl 0.9.1 dropped gradient offload"):
@@ -419,6 +429,8 @@ def test_test_freq_off_means_no_validation_after_training_either() -> None:
     assert off.overrides["trainer.val_every"] == 0 and off.overrides["trainer.val_at_end"] is False
     on = _t("trainer.test_freq=5")
     assert on.overrides["trainer.val_every"] == 5 and on.overrides["trainer.val_at_end"] is True
+    null = _fate(_t("trainer.test_freq=null"), "trainer.test_freq")  # verl: TypeError after the first step
+    assert null.kind == verl.REFUSED and null.stops and "trainer.test_freq=-1 means no validation" in null.text
 
 
 def test_hydra_s_own_settings_are_ignored_by_the_sft_entry_too_and_a_config_file_s_keys_are_the_launch_s(
@@ -432,3 +444,19 @@ def test_hydra_s_own_settings_are_ignored_by_the_sft_entry_too_and_a_config_file
     own = lines[lines.index(next(x for x in lines if x.startswith("-- the launch's own keys"))):
                 lines.index(next(x for x in lines if x.startswith("-- verl's defaults")))]
     assert any(x.startswith(f"mapped      {A}.clip_ratio_high -> actor.clip_ratio_high = 0.28") for x in own), own
+
+
+def test_a_reward_worker_count_the_launch_sets_is_rlforge_s_and_verl_s_default_is_not() -> None:
+    """verl's reward.num_workers (and the legacy reward_model.num_workers) count the processes that score; its
+    default of 8 is verl's sizing, which rlforge does not copy."""
+    assert _t("reward.num_workers=4").overrides["reward.num_workers"] == 4
+    assert _t("reward_model.num_workers=2").overrides["reward.num_workers"] == 2
+    default = _t()
+    assert "reward.num_workers" not in default.overrides
+    assert _fate(default, "reward.num_workers").kind == verl.IGNORED
+
+
+def test_an_unknown_config_name_beside_a_config_path_that_is_no_folder_says_so(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"does not know verl's config 'my_trainer'.* --config-path=\S+ is not a "
+                                          r"folder here, so no my_trainer.yaml of the launch's own was found there"):
+        prepare([f"--config-path={tmp_path / 'absent'}", "--config-name=my_trainer", *GPUS], refuse=False)

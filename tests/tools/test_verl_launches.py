@@ -137,3 +137,18 @@ def test_a_verl_example_launch_trains_or_names_what_is_missing(source, tmp_path,
         assert list((tmp_path / "run").rglob("model.safetensors" if sft else "summary.json"))
     else:
         assert code == 2 and missing in err and "is not in rlforge" in err, err[-3000:]
+
+
+def test_val_only_validates_and_writes_its_report_into_the_run_folder(tmp_path, tiny_chat_model, local_data, capsys,
+                                                                       monkeypatch):
+    """verl's val_only (with val_before_train) validates and stops; the report lands in the launch's run folder
+    (trainer.default_local_dir), never in the current folder."""
+    launch = _launch("examples/grpo_trainer/run_qwen3_8b_fsdp.sh")
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    code = main(["verl", *launch["args"], *_local(launch, tmp_path, tiny_chat_model, local_data),
+                 "trainer.val_before_train=True", "trainer.val_only=True"])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    report = json.loads((tmp_path / "run" / "eval_report.json").read_text())
+    assert report and not list((tmp_path / "cwd").iterdir())
+    assert not list((tmp_path / "run").rglob("summary.json"))  # nothing trained
