@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlforge.config import verl_derived  # noqa: E402
 from rlforge.config.verl_keys import TABLE  # noqa: E402
-from rlforge.config.verl_rules import Derived, Ignore, Keep, Map  # noqa: E402
+from rlforge.config.verl_rules import Derived, Ignore, Keep, Map, Unread  # noqa: E402
 from rlforge.config.verl_sft import TABLE as SFT_TABLE  # noqa: E402
 from tests.tools.verl_corpus import figures, launches, run  # noqa: E402
 
@@ -42,7 +42,7 @@ def tables() -> list[str]:
             elif isinstance(rule, Keep):
                 refused.append(f"| {k} | {_cell(rule.does)} | {_cell(rule.missing)} |")
             elif isinstance(rule, Ignore):
-                ignored.append(f"| {k} | {_cell(rule.why)} |")
+                ignored.append(f"| {k} | {_cell(rule.why)}{' (verl does not read it here either)' if isinstance(rule, Unread) else ''} |")
             elif isinstance(rule, Derived):
                 derived.setdefault(rule.owner, []).append(k)
     rows = ["| setting | verl keys | how verl decides it |", "|---|---|---|"]
@@ -66,7 +66,14 @@ def corpus(f: dict[str, float]) -> list[str]:
             f"| ... of which the translation states a difference from verl | {f['mapped_with_a_stated_difference']} | "
             f"{100 * f['mapped_with_a_stated_difference'] / f['overrides']:.1f}% |",
             f"| refused, naming the missing feature (or verl 0.9.1's own stop) | {f['refused']} | {f['refused_pct']:.1f}% |",
-            f"| ignored, with the reason | {f['ignored']} | {f['ignored_pct']:.1f}% |", "",
+            f"| ignored, with the reason | {f['ignored']} | {f['ignored_pct']:.1f}% |",
+            f"| ... of which verl 0.9.1 does not read the key in that launch either (it means nothing there, as here) | "
+            f"{f['unread']} | {f['unread_pct']:.1f}% |", "",
+            f"**With the same meaning in rlforge as in verl: {f['same_meaning_pct']:.1f}%** of the overrides (the mapped "
+            f"{f['mapped_pct']:.1f}% and the {f['unread_pct']:.1f}% verl itself does not read there: a key of a feature "
+            "the launch leaves off, of a role it has no model for, of the other engine, or one no code of verl 0.9.1 "
+            "reads). Each such fate names when verl would read the key; the translation's report counts them in its "
+            "first line.", "",
             f"Launches: {f['compose']} compose as they are; {f['refused_named']} are refused, each for named missing "
             f"features (megatron pipeline and context parallelism, MoE expert parallelism, "
             f"NPUs, SGLang, ...); {f['verl_refuses']} are refused by verl 0.9.1's own composition (keys of older verl releases, "

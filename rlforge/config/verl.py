@@ -14,7 +14,7 @@ from typing import Any
 
 from rlforge.config import verl_stale, verl_tree
 from rlforge.config.verl_fates import DOC, IGNORED, MAPPED, REFUSED, Context, Fate, Translation, flatten
-from rlforge.config.verl_rules import Derived, Ignore, Keep, Map
+from rlforge.config.verl_rules import Derived, Ignore, Keep, Map, Unread
 from rlforge.errors import ConfigError
 
 __all__ = ["DOC", "IGNORED", "MAPPED", "REFUSED", "Context", "Fate", "Translation", "flatten", "hint", "translate"]
@@ -56,7 +56,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             c.same(key, "read by the dataset class (data.custom_cls), which gets verl's data section "
                         "(data.verl_class.config)")
         elif key.startswith("critic.") and key != "critic.enable" and not critic:
-            c.ignore(key, f"verl builds no critic for adv_estimator={flat.get('algorithm.adv_estimator')}")
+            c.unread(key, f"verl builds no critic for adv_estimator={flat.get('algorithm.adv_estimator')}")
         elif gap and verl_stale.settle(c, key, gap, built, variables, key in TABLE.exact, rule is not None):
             pass
         elif isinstance(rule, Derived):
@@ -66,7 +66,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         elif isinstance(rule, Keep):
             (c.same(key, rule.does) if rule.ok(value) else c.refuse(key, rule.missing))
         elif isinstance(rule, Ignore):
-            c.ignore(key, rule.why)
+            (c.unread if isinstance(rule, Unread) else c.ignore)(key, rule.why)
         else:  # a key of verl's defaults that no table has: the tables' own test keeps this from happening
             c.refuse(key, f"verl's key {key} (unknown to rlforge's tables)")
     for name in ORDER:

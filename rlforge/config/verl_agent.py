@@ -31,7 +31,7 @@ def multi_turn(c: Context) -> None:
 
     m, loop = f"{R}.multi_turn", c.get(f"{R}.agent.default_agent_loop") or "single_turn_agent"
     keys = [k for k in c.owned if k.startswith(f"{m}.") and k != f"{m}.enable"]
-    c.ignore(f"{m}.enable", "verl 0.9.1 does not choose the agent loop by it (it is recorded in the batch's meta_info "
+    c.unread(f"{m}.enable", "verl 0.9.1 does not choose the agent loop by it (it is recorded in the batch's meta_info "
                             "only): the loop is agent.default_agent_loop, or a row's agent_name")
     if c.get(f"{R}.agent.agent_loop_config_path"):
         verl_loops(c, loop, keys)
@@ -51,7 +51,7 @@ def multi_turn(c: Context) -> None:
             _tool_file(c, f"{m}.{key}", f"rollout.agent.{key}", c.get(f"{m}.{key}"))
     if VERL_LOOPS.get(loop) != "tool_agent":
         for key in keys:
-            c.ignore(key, f"read only by verl's tool_agent loop (agent.default_agent_loop={loop} here)")
+            c.unread(key, f"read only by verl's tool_agent loop (agent.default_agent_loop={loop} here)")
         return
     # verl's tool loop stops after max_assistant_turns model turns, or once max_user_turns tool replies were given
     # (checked after each model turn): at most max_user_turns + 1 model turns

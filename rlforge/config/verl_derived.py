@@ -69,7 +69,7 @@ def algorithm(c: Context) -> None:
     if not c.get(bypass):
         c.same(bypass, "old log-probs from the actor")
     elif c.trainer == "dapo":
-        c.ignore(bypass, "not read by verl's DAPO recipe trainer: it recomputes the old log-probs and applies rollout "
+        c.unread(bypass, "not read by verl's DAPO recipe trainer: it recomputes the old log-probs and applies rollout "
                          "correction as configured")
     else:  # the fully-async and one-step-off trainers' apply_bypass_mode sets loss_mode=bypass_mode on the driver's
         # config only, after the workers built their loss from theirs: the configured loss runs there too
@@ -89,11 +89,11 @@ def algorithm(c: Context) -> None:
         c.same("algorithm.use_pf_ppo", "every sample weighted equally" if not c.get("algorithm.use_pf_ppo") else
                f"every sample weighted equally (verl reads use_pf_ppo only with gae, not {est})")
         for key in ("algorithm.pf_ppo.reweight_method", "algorithm.pf_ppo.weight_pow"):
-            c.ignore(key, "read only with algorithm.use_pf_ppo and adv_estimator=gae")
+            c.unread(key, "read only with algorithm.use_pf_ppo and adv_estimator=gae")
     c.algorithm = algo or c.algorithm
     for key, (verl_reads, ours) in READS.items():
         if est not in verl_reads:
-            c.ignore(key, f"not read by verl's {est} estimator" + (
+            c.unread(key, f"not read by verl's {est} estimator" + (
                 " (it always divides by the std, as rlforge's gdpo does)" if est == "gdpo" else ""))
         elif c.algorithm in ours:
             c.map(key, TARGET[key], c.get(key))
@@ -121,7 +121,7 @@ def model_config(c: Context) -> None:
         if key.startswith(prefix):
             c.map(key, "model.config_overrides", overrides, note)
         else:
-            c.ignore(key, f"not read: verl applies {top}model_config alone where it is given")
+            c.unread(key, f"not read: verl applies {top}model_config alone where it is given")
 
 
 def lengths(c: Context) -> None:
@@ -155,7 +155,7 @@ def validation(c: Context) -> None:
         c.refuse(f"{v}.do_sample", "val_kwargs.do_sample=True with rollout.temperature <= 0 (verl 0.9.1's "
                                    "validate_config refuses it too: 'validation gen temperature should be greater than 0 "
                                    "when enabling do_sample')")
-    c.ignore(f"{v}.do_sample", "verl 0.9.1's agent loop samples at val_kwargs.temperature/top_p/top_k whatever it says "
+    c.unread(f"{v}.do_sample", "verl 0.9.1's agent loop samples at val_kwargs.temperature/top_p/top_k whatever it says "
                                "(it goes into the batch's meta_info only)")
     c.map(f"{v}.temperature", "rollout.val_temperature", temperature, "" if temperature else "greedy")
     c.map(f"{v}.top_p", "rollout.val_top_p", float(c.get(f"{v}.top_p", 1.0)))
@@ -174,11 +174,11 @@ def overlong(c: Context) -> None:
     given = {k.rsplit(".", 1)[1] for k in keys if k.startswith("reward_model.") and c.get(k) is not None}
     for key in keys:
         if not key.startswith("reward_model.") and (whole or key.rsplit(".", 1)[1] in given):
-            c.ignore(key, "replaced by reward_model.reward_kwargs: verl's migrate_legacy_reward_impl moves that whole "
-                          "section over it" if whole else
-                          "the launch's legacy reward_model.reward_kwargs key of the same name goes over it")
+            (c.unread(key, "replaced by reward_model.reward_kwargs: verl's migrate_legacy_reward_impl moves that "
+                           "whole section over it") if whole else
+             c.ignore(key, "the launch's legacy reward_model.reward_kwargs key of the same name goes over it"))
         elif key.startswith("reward_model.") and c.get(key) is None and not whole:
-            c.ignore(key, "null: reward.reward_kwargs's key of the same name applies")
+            c.unread(key, "null: reward.reward_kwargs's key of the same name applies")
     keys = [k for k in keys if not c.done(k)]
     cfg = {k.rsplit(".", 1)[1]: c.get(k) for k in keys}
     if not c.overlong_on:
@@ -186,7 +186,7 @@ def overlong(c: Context) -> None:
                else f"read only by the dapo reward manager (this one: {c.reward_manager})")
         for key in keys:
             (c.map(key, "algorithm.overlong_buffer", 0) if key.endswith("enable") and c.reward_manager == "dapo"
-             else c.ignore(key, why))
+             else c.unread(key, why))
         return
     longest = c.get("data.max_response_length")
     for key in keys:
@@ -267,7 +267,7 @@ def reward(c: Context) -> None:
             c.same(old, legacy_moved(c, new) if c.get(old) is not None else
                    f"null, moved with its section over {new}, as verl moves it")
         elif c.has(old):
-            c.ignore(old, f"null: {new} applies")
+            c.unread(old, f"null: {new} applies")
     for leaf in PLACEMENT_KEYS:  # moved to reward.reward_model.<leaf>, which is placement only (verl_keys)
         c.ignore(f"reward_model.{leaf}", f"moved to reward.reward_model.{leaf}, as verl moves it: where verl places "
                                          f"its reward model; rlforge's runs beside the actor (reward.model.device)")
@@ -275,7 +275,7 @@ def reward(c: Context) -> None:
     reward_fn_kwargs(c, file, whole, c.get("custom_reward_function.path") is not None)
     for key in c.owned:
         if key.startswith(("reward_model.", "custom_reward_function.")) and key not in legacy and not c.done(key):
-            (c.ignore(key, "null") if c.get(key) is None else c.refuse(key, f"verl's legacy {key}"))
+            (c.unread(key, "null") if c.get(key) is None else c.refuse(key, f"verl's legacy {key}"))
     rm = bool(value["reward.reward_model.enable"])
     if known:
         c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule",
@@ -288,11 +288,11 @@ def reward(c: Context) -> None:
         c.refuse("reward.reward_manager.name", f"a reward manager class by path ({module})")
     c.same("reward.reward_manager.source", "registered reward managers")
     for key in ("reward.reward_manager.module.path", "reward.reward_manager.module.name"):
-        c.ignore(key, "read only with reward_manager.source=importlib")
+        c.unread(key, "read only with reward_manager.source=importlib")
     c.same("reward.reward_model.enable", "a reward model" if rm else "rule rewards")
     path = value["reward.reward_model.model_path"]
     (c.map("reward.reward_model.model_path", "reward.model.path", path) if rm
-     else c.ignore("reward.reward_model.model_path", "read only with reward_model.enable"))
+     else c.unread("reward.reward_model.model_path", "read only with reward_model.enable"))
     fn = value["reward.custom_reward_function.name"]
     if file:
         c.map("reward.custom_reward_function.path", "reward.file", file)
@@ -303,7 +303,7 @@ def reward(c: Context) -> None:
                    "name, and verl stops on it (get_custom_reward_fn asserts one): give custom_reward_function.name")
     else:
         c.same("reward.custom_reward_function.path", "the built-in function of each row's data_source")
-        c.ignore("reward.custom_reward_function.name", "read only with custom_reward_function.path")
+        c.unread("reward.custom_reward_function.name", "read only with custom_reward_function.path")
     workers = value["reward.num_workers"]
     if c.given & {"reward.num_workers", "reward_model.num_workers"} and workers:  # the launch's own count
         c.map("reward.num_workers", "reward.num_workers", max(1, int(workers)), "processes that run the reward "
@@ -321,15 +321,15 @@ def reward_fn_kwargs(c: Context, file: Any, whole: bool, legacy_path: bool) -> N
     keys = {prefix: [k for k in c.owned if k == prefix or k.startswith(prefix + ".")] for prefix in (new, old)}
     if whole or legacy_path:
         for key in keys[new]:
-            c.ignore(key, "replaced by the legacy custom_reward_function section, which verl moves over it whole"
-                     if whole else "the legacy custom_reward_function.path gives the function, and the legacy "
-                     "section's reward_kwargs go with it")
+            (c.unread(key, "replaced by the legacy custom_reward_function section, which verl moves over it whole")
+             if whole else c.ignore(key, "the legacy custom_reward_function.path gives the function, and the legacy "
+                                    "section's reward_kwargs go with it"))
         keys[new] = []
     kwargs = {k[len(prefix) + 1:]: c.get(k) for prefix in (new, old) for k in keys[prefix] if k != prefix}
     for prefix in (new, old):
         for key in keys[prefix]:
             if not file:
-                c.ignore(key, "read only with custom_reward_function.path")
+                c.unread(key, "read only with custom_reward_function.path")
             elif key == prefix and not isinstance(c.get(key), dict):
                 c.refuse(key, f"a {prefix} that is not a mapping of keyword arguments ({c.get(key)!r})")
             else:
@@ -390,7 +390,7 @@ def data(c: Context) -> None:
         c.map(key, key, file_list(c.get(key)))
     raw = "data.return_raw_chat"
     (c.same(raw, "each row's chat messages go to the rollout, rendered with the model's chat template") if c.get(raw)
-     else c.ignore(raw, "not read by verl 0.9.1: its dataset hands every row's chat messages to the agent loop, which "
+     else c.unread(raw, "not read by verl 0.9.1: its dataset hands every row's chat messages to the agent loop, which "
                    "applies the chat template (as with return_raw_chat=True)"))
 
 
@@ -427,7 +427,7 @@ def steps(c: Context) -> None:
         c.map("trainer.total_training_steps", "trainer.total_steps", total)
         c.map("trainer.total_epochs", "trainer.epoch_limit", int(epochs), note)
         return
-    c.ignore("trainer.total_training_steps", "null: verl counts total_epochs")
+    c.unread("trainer.total_training_steps", "null: verl counts total_epochs")
     c.map("trainer.total_epochs", "trainer.total_epochs", int(epochs), note)
 
 
@@ -464,7 +464,7 @@ def resume(c: Context) -> None:
     else:
         c.refuse("trainer.resume_mode", f"resume_mode={mode}" + (" without resume_from_path (verl refuses it too)"
                                                                   if mode == "resume_path" else ""))
-    c.ignore("trainer.resume_from_path", "read only with resume_mode=resume_path")
+    c.unread("trainer.resume_from_path", "read only with resume_mode=resume_path")
 
 
 def checkpoints(c: Context) -> None:
@@ -478,7 +478,7 @@ def checkpoints(c: Context) -> None:
 
 def val_only(c: Context) -> None:
     if c.get("trainer.val_only") and not c.get("trainer.val_before_train"):  # verl checks it in that block only
-        c.ignore("trainer.val_only", "read only with trainer.val_before_train=True: without it verl trains")
+        c.unread("trainer.val_only", "read only with trainer.val_before_train=True: without it verl trains")
     elif c.get("trainer.val_only"):
         c.command = "eval"
         c.map("trainer.val_only", "rlforge eval", True, "validation only: `rlforge verl` runs `rlforge eval` on "

@@ -44,14 +44,14 @@ def distillation(c: Context) -> None:
     if not c.get(f"{D}.enabled"):
         c.same(f"{D}.enabled", "no teacher")
         for key in c.owned:
-            c.ignore(key, "read only with distillation.enabled")
+            c.unread(key, "read only with distillation.enabled")
         return
     found = teachers(c)
     if c.algorithm != "grpo":
         c.refuse(f"{D}.enabled", f"on-policy distillation on adv_estimator={c.get('algorithm.adv_estimator')} "
                                  f"(rlforge's --algo opd is GRPO with a teacher)")
         for key in c.owned:
-            c.ignore(key, "read only by on-policy distillation (refused: distillation.enabled)")
+            c.unread(key, "read only by on-policy distillation (refused: distillation.enabled)")
         return
     if not found:
         raise ConfigError(f"distillation.enabled=True, but {D}.teacher_models has no entry: name a teacher "
@@ -86,7 +86,7 @@ def distillation(c: Context) -> None:
         if mode in TOPK:
             c.map(key, ours, c.get(key))
         else:
-            c.ignore(key, "read only by the top-k loss (loss_mode=forward_kl_topk)")
+            c.unread(key, "read only by the top-k loss (loss_mode=forward_kl_topk)")
     for key in (f"{L}.use_chunked_topk", f"{L}.chunked_topk_chunk_size"):
         c.ignore(key, "how verl computes the top-k loss's log-softmax (memory only); rlforge always computes it in "
                       "chunks, recomputed in the backward pass")
@@ -98,13 +98,13 @@ def distillation(c: Context) -> None:
         c.map(f"{L}.distillation_loss_coef", "algorithm.distill.distillation_loss_coef",
               c.get(f"{L}.distillation_loss_coef"))
     else:
-        c.ignore(f"{L}.distillation_loss_coef", "read only with use_task_rewards (the distillation loss alone has "
+        c.unread(f"{L}.distillation_loss_coef", "read only with use_task_rewards (the distillation loss alone has "
                                                 "weight 1)")
     policy_gradient(c, pg)
     prefix = f"{D}.teacher_models."
     for key in c.owned:  # the rest of the teacher entries, and the teacher pool
         if key.startswith(f"{prefix}{DEFAULT}.") and DEFAULT not in found:
-            c.ignore(key, f"verl drops its default entry {DEFAULT} when a launch names other teachers (its "
+            c.unread(key, f"verl drops its default entry {DEFAULT} when a launch names other teachers (its "
                           f"distillation.yaml says so)")
         elif key.startswith(prefix) or key in (f"{D}.n_gpus_per_node", f"{D}.nnodes"):
             c.ignore(key, PLACEMENT)
@@ -125,8 +125,8 @@ def routed(c: Context, found: dict[str, str]) -> None:
     if len(found) == 1:
         name, path = next(iter(found.items()))
         c.map(f"{prefix}{name}.model_path", "algorithm.teacher.path", path)
-        c.ignore(f"{prefix}{name}.key", "one teacher: every sample goes to it (verl routes by key only with several)")
-        c.ignore(f"{D}.teacher_key", "one teacher: every sample goes to it")
+        c.unread(f"{prefix}{name}.key", "one teacher: every sample goes to it (verl routes by key only with several)")
+        c.unread(f"{D}.teacher_key", "one teacher: every sample goes to it")
         return
     by_text: dict[str, str] = {}
     for name, key in keys.items():
@@ -162,7 +162,7 @@ def policy_gradient(c: Context, pg: bool) -> None:
         keys.remove(f"{L}.policy_loss_mode")
     if not pg:
         for key in keys:
-            c.ignore(key, "read only with use_policy_gradient")
+            c.unread(key, "read only with use_policy_gradient")
         return
     if mode == "vanilla":
         c.same(f"{L}.policy_loss_mode", "PPO clip with dual clip 3.0 (verl's vanilla)")
@@ -171,7 +171,7 @@ def policy_gradient(c: Context, pg: bool) -> None:
         value = c.get(f"{L}.clip_ratio_{side}")
         c.map(f"{L}.clip_ratio_{side}", f"algorithm.distill.clip_ratio_{side}", ratio if value is None else value)
     if c.get(f"{L}.clip_ratio_low") is not None and c.get(f"{L}.clip_ratio_high") is not None:
-        c.ignore(f"{L}.clip_ratio", "clip_ratio_low and clip_ratio_high are both set (verl reads clip_ratio only for a "
+        c.unread(f"{L}.clip_ratio", "clip_ratio_low and clip_ratio_high are both set (verl reads clip_ratio only for a "
                                     "null one)")
     else:
         c.same(f"{L}.clip_ratio", "the clip ratio of the null side")

@@ -42,6 +42,7 @@ class Fate:
         return f"ignored     {self.key}: {self.text}"
 
     mapped_value: Any = None
+    unread: bool = False  # ignored because verl 0.9.1 does not read the key here either (its value changes nothing there)
 
 
 @dataclass
@@ -76,8 +77,10 @@ class Translation:
         if any(f.key == "algorithm.adv_estimator" for f in self.refused):
             what = "no algorithm (algorithm.adv_estimator is refused)"
         source = f" ({self.config_from})" if self.config_from else ""
+        unread = sum(f.unread for f in self.fates)
         head = (f"{what}; read as verl's {self.config}{source}; {len(self.of(MAPPED))} mapped, "
-                f"{len(self.of(REFUSED))} refused, {len(self.of(IGNORED))} ignored (see {DOC})")
+                f"{len(self.of(REFUSED))} refused, {len(self.of(IGNORED))} ignored ({unread} of them not read by verl "
+                f"0.9.1 either; see {DOC})")
         order = sorted(self.fates, key=lambda f: (f.kind != REFUSED, f.kind, f.key))
         own = [f for f in order if self._given(f.key)]
         rest = [f for f in order if not self._given(f.key)]
@@ -131,12 +134,12 @@ class Context:
     def done(self, key: str) -> bool:
         return key in self._done
 
-    def _fate(self, key: str, kind: str, target: str = "", text: str = "", value: Any = None, stops: bool = False
-              ) -> None:
+    def _fate(self, key: str, kind: str, target: str = "", text: str = "", value: Any = None, stops: bool = False,
+              unread: bool = False) -> None:
         if key not in self.flat or key in self._done:
             return
         self._done.add(key)
-        self.out.fates.append(Fate(key, self.flat[key], kind, target, text, stops, mapped_value=value))
+        self.out.fates.append(Fate(key, self.flat[key], kind, target, text, stops, mapped_value=value, unread=unread))
 
     def map(self, key: str, target: str, value: Any, note: str = "") -> None:
         if key in self.flat and key not in self._done and not target.startswith(("--", "rlforge ")):
@@ -148,6 +151,10 @@ class Context:
 
     def ignore(self, key: str, why: str) -> None:
         self._fate(key, IGNORED, "", why)
+
+    def unread(self, key: str, why: str) -> None:
+        """Ignored because verl 0.9.1 does not read ``key`` in this config either (``why``: when it would)."""
+        self._fate(key, IGNORED, "", why, unread=True)
 
     def refuse(self, key: str, missing: str) -> None:
         self._fate(key, REFUSED, "", missing)

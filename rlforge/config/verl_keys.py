@@ -11,7 +11,7 @@ from __future__ import annotations
 from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import (
     HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, is_, never, non_negative, off, str_list,
-    top_k,
+    top_k, Unread,
 )
 
 ARO = "actor_rollout_ref"
@@ -56,15 +56,15 @@ def _optim(section: str, target: str) -> dict[str, Rule]:
         f"{o}.lr_start": Derived("schedule"),
         f"{o}.lr_decay_ratio": Derived("schedule"),
         f"{o}.lr_decay_style": Keep(is_("constant"), "a constant rate after the warm-up", SCHEDULERS),
-        f"{o}.decay_type": Ignore("read by torchtitan's scheduler only (model_engine=torchtitan: refused)"),
+        f"{o}.decay_type": Unread("read by torchtitan's scheduler only (model_engine=torchtitan: refused)"),
         f"{o}.weight_decay_incr_style": Keep(is_("constant"), "a constant weight decay", "weight-decay schedules"),
-        f"{o}.min_lr*": Ignore("read only by a decaying schedule (lr_decay_style)"),
-        f"{o}.lr_*": Ignore("read only by a decaying or warm-started schedule (lr_decay_style, lr_warmup_init)"),
+        f"{o}.min_lr*": Unread("read only by a decaying schedule (lr_decay_style)"),
+        f"{o}.lr_*": Unread("read only by a decaying or warm-started schedule (lr_decay_style, lr_warmup_init)"),
         f"{o}.use_checkpoint_opt_param_scheduler": Ignore("megatron's scheduler state in checkpoints"),
         f"{o}.use_precision_aware_optimizer": Ignore(SPEED),
         f"{o}.*_dtype": Keep(lambda v: v in ("fp32", "float32"), "fp32 optimizer state", "low-precision optimizer state"),
         f"{o}.use_layer_wise_distributed_optimizer": Ignore(SPEED),
-        f"{o}.muon_*": Ignore("read only by the Muon optimizer (optimizer=Muon: refused)"),
+        f"{o}.muon_*": Unread("read only by the Muon optimizer (optimizer=Muon: refused)"),
         f"{o}.override_optimizer_config": Keep(off, "no optimizer overrides", "overriding optimizer fields"),
         f"{o}.override_optimizer_config.*offload*": Ignore(f"optimizer offload ({SPEED})"),
         f"{o}.override_optimizer_config.overlap_*": Ignore(SPEED),
@@ -99,20 +99,20 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
         f"{m}.enable_activation_offload": Ignore(f"activation offload is not in rlforge ({SPEED})"),
         f"{m}.use_remove_padding": Map("model.remove_padding") if actor else Ignore(f"model.remove_padding{one}"),
         f"{m}.lora_rank": Map("model.lora.rank") if actor else Keep(is_(0), "a full critic", "LoRA on the critic"),
-        f"{m}.lora_alpha": Map("model.lora.alpha") if actor else Ignore("read only with LoRA on the critic"),
-        f"{m}.target_modules": Map("model.lora.target_modules", str_list) if actor else Ignore(
+        f"{m}.lora_alpha": Map("model.lora.alpha") if actor else Unread("read only with LoRA on the critic"),
+        f"{m}.target_modules": Map("model.lora.target_modules", str_list) if actor else Unread(
             "read only with LoRA on the critic"),
-        f"{m}.exclude_modules": Map("model.lora.exclude_modules") if actor else Ignore(
+        f"{m}.exclude_modules": Map("model.lora.exclude_modules") if actor else Unread(
             "read only with LoRA on the critic"),
         f"{m}.lora_adapter_path": Keep(off, "a fresh adapter", "starting LoRA from a saved adapter"),
         f"{m}.lora.rank": Keep(is_(0), "no megatron LoRA", "LoRA with the megatron strategy"),
-        f"{m}.lora.*": Ignore("read only by verl's megatron LoRA (model.lora.rank > 0)"),
+        f"{m}.lora.*": Unread("read only by verl's megatron LoRA (model.lora.rank > 0)"),
         f"{m}.use_liger": Ignore(f"Liger kernels are not in rlforge ({SPEED})"),
         f"{m}.use_fused_kernels": Ignore(f"rlforge chunks its log-prob kernels itself ({SPEED})"),
         f"{m}.fused_kernel_options.*": Ignore(SPEED),
         f"{m}.tiled_mlp.*": Ignore(f"tiled MLP is not in rlforge ({SPEED})"),
         f"{m}.mtp.enable": Keep(off, "no multi-token prediction", "multi-token prediction (MTP) heads"),
-        f"{m}.mtp.*": Ignore("read only with model.mtp.enable (refused where true: MTP heads)"),
+        f"{m}.mtp.*": Unread("read only with model.mtp.enable (refused where true: MTP heads)"),
         f"{m}.fsdp_config.*": Ignore(FSDP_LAYOUT),
     }
 
@@ -121,29 +121,29 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
     """FSDP / megatron / veomni / torchtitan engine settings of the actor, the reference or the critic."""
     f, mg = f"{section}.fsdp_config", f"{section}.megatron"
     sp = Derived("sequence_parallel")
-    entropy: Rule = Derived("entropy") if role == "actor" else Ignore(
+    entropy: Rule = Derived("entropy") if role == "actor" else Unread(
         "the reference model computes no entropy (verl asks it for log-probs only)" if role == "ref"
         else "the critic computes no entropy")
     recompute: Rule = (Derived("recompute") if role == "actor" else Ignore(NO_BACKWARD) if role == "ref" else
                        Ignore(f"activation recomputation ({SPEED}); model.gradient_checkpointing (one setting for the "
                               "policy and the critic in rlforge)"))
     rules: dict[str, Rule] = {
-        f"{f}.param_offload": Derived("offload") if role != "critic" else Ignore("not read: verl's critic reads critic.fsdp"),
-        f"{f}.offload_policy": Derived("offload") if role != "critic" else Ignore("not read: verl's critic reads critic.fsdp"),
-        f"{f}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(
-            "the reference model has no optimizer" if role == "ref" else OPTIMIZER_OFFLOAD),
+        f"{f}.param_offload": Derived("offload") if role != "critic" else Unread("not read: verl's critic reads critic.fsdp"),
+        f"{f}.offload_policy": Derived("offload") if role != "critic" else Unread("not read: verl's critic reads critic.fsdp"),
+        f"{f}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else (
+            Unread("the reference model has no optimizer") if role == "ref" else Ignore(OPTIMIZER_OFFLOAD)),
         f"{f}.model_dtype": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
         f"{f}.dtype": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
         f"{f}.mixed_precision.*": Derived("precision") if role == "actor" else Ignore("follows the actor's precision"),
         f"{f}.ulysses_sequence_parallel_size": sp,
         f"{f}.seed": Ignore(SEEDS),
         f"{f}.qat.enable": Keep(off, "no quantization-aware training", "quantization-aware training (QAT)"),
-        f"{f}.qat.*": Ignore("read only with qat.enable"),
+        f"{f}.qat.*": Unread("read only with qat.enable"),
         f"{f}.strategy": Derived("parallel") if role == "actor" else Ignore("the strategy is one for all roles"),
         f"{f}.forward_only": Ignore("internal: set for forward-only roles"),
         f"{f}.entropy_*": entropy,
-        f"{f}.fsdp_size": Derived("offload") if role != "critic" else Ignore("not read: verl's critic reads critic.fsdp"),
-        f"{f}.reshard_after_forward": Derived("offload") if role != "critic" else Ignore(
+        f"{f}.fsdp_size": Derived("offload") if role != "critic" else Unread("not read: verl's critic reads critic.fsdp"),
+        f"{f}.reshard_after_forward": Derived("offload") if role != "critic" else Unread(
             "not read: verl's critic reads critic.fsdp"),
         f"{f}.*": Ignore(FSDP_LAYOUT),
         f"{section}.fsdp.ulysses_sequence_parallel_size": sp,
@@ -170,14 +170,14 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.override_transformer_config.use_fused_*": Ignore(f"fused kernels ({SPEED})"),
         f"{mg}.override_transformer_config.attention_backend": Ignore(f"attention kernels ({SPEED})"),
         f"{mg}.override_transformer_config.use_flash_attn": Ignore(f"attention kernels ({SPEED})"),
-        f"{mg}.override_transformer_config.num_layers_in_*_pipeline_stage": Ignore(
+        f"{mg}.override_transformer_config.num_layers_in_*_pipeline_stage": Unread(
             "read only with pipeline parallelism (refused where > 1)"),
-        f"{mg}.override_transformer_config.account_for_*_in_pipeline_split": Ignore(
+        f"{mg}.override_transformer_config.account_for_*_in_pipeline_split": Unread(
             "read only with pipeline parallelism (refused where > 1)"),
         f"{mg}.override_transformer_config.sequence_parallel": Ignore(
             f"megatron's sequence parallelism inside a tensor-parallel group ({SPEED})"),
         f"{mg}.override_transformer_config.persist_layer_norm": Ignore(f"layer-norm kernels ({SPEED})"),
-        f"{mg}.override_transformer_config.deallocate_pipeline_outputs": Ignore(
+        f"{mg}.override_transformer_config.deallocate_pipeline_outputs": Unread(
             "read only with pipeline parallelism (refused where > 1)"),
         f"{mg}.override_transformer_config.swiglu": Keep(is_(True), "SwiGLU, as rlforge's megatron models (Llama, "
                                                          "Qwen2) have", "an MLP other than SwiGLU (megatron)"),
@@ -186,15 +186,15 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.override_transformer_config.*_dropout": Keep(is_(0, 0.0), "no dropout (rlforge's megatron models have "
                                                             "none: the RL losses assume none)", "dropout (megatron)"),
         f"{mg}.override_transformer_config.fp8": Keep(off, "no fp8", "fp8 training (megatron)"),
-        f"{mg}.override_transformer_config.fp8_*": Ignore("read only with fp8 (refused where set)"),
+        f"{mg}.override_transformer_config.fp8_*": Unread("read only with fp8 (refused where set)"),
         f"{mg}.override_transformer_config.context_parallel_size": Keep(at_most_one, "no context parallelism",
                                                                         "context parallelism (megatron)"),
-        f"{mg}.override_transformer_config.context_parallel_algo": Ignore(
+        f"{mg}.override_transformer_config.context_parallel_algo": Unread(
             "read only with context parallelism (refused where > 1)"),
         f"{mg}.override_transformer_config.moe_*": Keep(never, "", "MoE models in rlforge's megatron strategy"),
         f"{mg}.override_transformer_config.*": Keep(never, "", "overriding megatron TransformerConfig fields"),
-        f"{mg}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else Ignore(
-            "the reference model has no optimizer" if role == "ref" else OPTIMIZER_OFFLOAD),
+        f"{mg}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else (
+            Unread("the reference model has no optimizer") if role == "ref" else Ignore(OPTIMIZER_OFFLOAD)),
         f"{mg}.param_offload": Ignore(f"rlforge's megatron strategy keeps parameters on the device ({SPEED})"),
         f"{mg}.grad_offload": Derived("grad_offload"),
         f"{mg}.seed": Ignore(SEEDS),
@@ -203,19 +203,19 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.*": Ignore(f"megatron engine options ({SPEED}): offload, distributed optimizer, checkpoint format, "
                           "padding, weight conversion (rlforge converts Hugging Face weights itself)"),
         **verl_veomni.engine_rules(section, role, sp, entropy, Map("strategy.offload_optimizer") if role == "actor"
-                                   else Ignore("the reference model has no optimizer" if role == "ref"
-                                               else OPTIMIZER_OFFLOAD)),
-        f"{section}.torchtitan.*": Ignore("read only by verl's torchtitan engine (model_engine=torchtitan: refused)"),
+                                   else Unread("the reference model has no optimizer") if role == "ref"
+                                   else Ignore(OPTIMIZER_OFFLOAD)),
+        f"{section}.torchtitan.*": Unread("read only by verl's torchtitan engine (model_engine=torchtitan: refused)"),
         f"{section}.profiler.*": Ignore(PROFILING),
         f"{section}.checkpoint.*": Ignore("checkpoints always hold model, optimizer and trainer state"),
         f"{section}.ulysses_sequence_parallel_size": sp,
         f"{section}.strategy": Derived("parallel") if role != "critic" else Ignore("the strategy is one for all roles"),
-        f"{section}.use_torch_compile": Ignore(NOT_COMPILED),
+        f"{section}.use_torch_compile": Unread(NOT_COMPILED),
         f"{section}.entropy_*": entropy,
         f"{section}.pad_to_length*": Ignore(SPEED),
         f"{section}.rollout_n": Ignore(COPY),
         f"{section}.qat.enable": Keep(off, "no quantization-aware training", "quantization-aware training (QAT)"),
-        f"{section}.qat.*": Ignore("read only with qat.enable"),
+        f"{section}.qat.*": Unread("read only with qat.enable"),
         f"{section}.nccl_timeout": Ignore("NCCL set-up"),
     }
     if role == "critic":  # the critic's engine section (verl 0.9.1 reads critic.fsdp, not critic.model.fsdp_config)
@@ -249,7 +249,7 @@ ACTOR_RULES: dict[str, Rule] = {
     f"{ACTOR}.policy_loss.ppo_kl_coef": Map("actor.kl_cov.coef"),
     f"{ACTOR}.policy_loss.dro_beta": Map("actor.dro.beta"),
     f"{ACTOR}.sppo_eta": Map("actor.sppo.eta"),
-    f"{ACTOR}.policy_loss.*": Ignore("not read by verl 0.9.1's losses (they read the actor's own keys, e.g. "
+    f"{ACTOR}.policy_loss.*": Unread("not read by verl 0.9.1's losses (they read the actor's own keys, e.g. "
                                      "actor.tau_pos)"),
     f"{ACTOR}.loss_agg_mode": Map("actor.loss_agg_mode"),
     f"{ACTOR}.loss_scale_factor": Derived("loss_scale"),
@@ -266,7 +266,7 @@ ACTOR_RULES: dict[str, Rule] = {
     f"{ACTOR}.use_fused_kernels": Ignore(COPY),
     f"{ACTOR}.use_remove_padding": Ignore(COPY),
     f"{ACTOR}.grad_clip": Derived("grad_clip"),
-    f"{ACTOR}.use_rollout_log_probs": Ignore("not read by verl 0.9.1 (a field of its actor config no code reads); "
+    f"{ACTOR}.use_rollout_log_probs": Unread("not read by verl 0.9.1 (a field of its actor config no code reads); "
                                              "the engine's log-probs as the old ones: algorithm.rollout_correction."
                                              "bypass_mode"),
 }
@@ -275,7 +275,7 @@ REF = f"{ARO}.ref"
 REF_RULES: dict[str, Rule] = {
     **_engine(REF, "ref"),
     f"{REF}.log_prob_*": Derived("scoring"),
-    f"{REF}.optim.*": Ignore("the reference model is never trained"),
+    f"{REF}.optim.*": Unread("the reference model is never trained"),
 }
 
 ROLLOUT = f"{ARO}.rollout"
@@ -289,7 +289,7 @@ ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.temperature": Map("rollout.temperature"),
     f"{ROLLOUT}.top_k": Map("rollout.top_k", top_k),
     f"{ROLLOUT}.top_p": Map("rollout.top_p"),
-    f"{ROLLOUT}.do_sample": Ignore("not read by verl 0.9.1: its agent loop samples training rollouts at rollout."
+    f"{ROLLOUT}.do_sample": Unread("not read by verl 0.9.1: its agent loop samples training rollouts at rollout."
                                    "temperature/top_p/top_k (only the legacy HFRollout, not in its rollout registry, "
                                    "reads it)"),
     f"{ROLLOUT}.full_determinism": Ignore("deterministic engine kernels (reproducibility, not results)"),
@@ -319,7 +319,7 @@ ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.quantization_config_file": Keep(off, "unquantized rollouts", "quantized (fp8) rollouts"),
     f"{ROLLOUT}.enable_rollout_routing_replay": Keep(off, "no routing replay", "MoE routing replay"),
     f"{ROLLOUT}.disaggregation.enabled": Keep(off, "one engine per replica", "prefill/decode disaggregation"),
-    f"{ROLLOUT}.disaggregation.*": Ignore("read only with disaggregation.enabled"),
+    f"{ROLLOUT}.disaggregation.*": Unread("read only with disaggregation.enabled"),
     f"{ROLLOUT}.val_kwargs.*": Derived("validation"),
     f"{ROLLOUT}.multi_turn.*": Derived("multi_turn"),
     f"{ROLLOUT}.agent.default_agent_loop": Derived("multi_turn"),
@@ -397,7 +397,7 @@ DATA_RULES: dict[str, Rule] = {
     "data.tool_config_path": Ignore(COPY),
     "data.function_tool_path": Ignore(COPY),
     "data.return_raw_chat": Derived("data"),
-    "data.return_*": Ignore("not read by verl 0.9.1: its dataset hands every row's chat messages to the agent loop, "
+    "data.return_*": Unread("not read by verl 0.9.1: its dataset hands every row's chat messages to the agent loop, "
                             "which applies the chat template"),
     "data.shuffle": Map("data.shuffle"),
     "data.seed": Ignore(SEEDS),
@@ -428,17 +428,17 @@ REWARD_RULES: dict[str, Rule] = {
     "reward.reward_model.rollout.*": Ignore("read only with a generative reward model served by an engine"),
     "reward.reward_model.*": Ignore("the reward model runs beside the actor (reward.model.device)"),
     "reward.sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
-    "reward.sandbox_fusion.*": Ignore("read only with reward.sandbox_fusion.url (refused where set)"),
+    "reward.sandbox_fusion.*": Unread("read only with reward.sandbox_fusion.url (refused where set)"),
     # verl's legacy reward section, moved into reward.* as verl's migrate_legacy_reward_impl moves it
     "reward_model.reward_kwargs.*": Derived("overlong"),
-    "reward_model.overlong_buffer.*": Ignore("not read by verl 0.9.1: the DAPO recipe's earlier keys (verl moves "
+    "reward_model.overlong_buffer.*": Unread("not read by verl 0.9.1: the DAPO recipe's earlier keys (verl moves "
                                              "reward_model.reward_kwargs only); its overlong shaping is "
                                              "reward.reward_kwargs.overlong_buffer_cfg"),
     "reward_model.rollout.*": Ignore("read only with a generative reward model served by an engine"),
     "reward_model.*": Derived("reward"),
     "custom_reward_function.*": Derived("reward"),
     "sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
-    "sandbox_fusion.*": Ignore("read only with sandbox_fusion.url (refused where set)"),
+    "sandbox_fusion.*": Unread("read only with sandbox_fusion.url (refused where set)"),
 }
 
 TRAINER_RULES: dict[str, Rule] = {
@@ -474,7 +474,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.use_v1": Derived("main_ppo_trainer"), "trainer.v1.trainer_mode": Derived("main_ppo_trainer"),
     "trainer.use_legacy_worker_impl": Keep(is_("disable"), "verl 0.9.1's engine workers (its only ones; an earlier "
                                            "verl's key, unread by 0.9.1)", "verl's legacy workers (not in 0.9.1)"),
-    "trainer.v1.*": Ignore("read only by verl's v1 asynchronous modes"),
+    "trainer.v1.*": Unread("read only by verl's v1 asynchronous modes"),
 }
 
 OTHER_RULES: dict[str, Rule] = {
@@ -484,7 +484,7 @@ OTHER_RULES: dict[str, Rule] = {
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
     "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
-    "skip.*": Ignore("read only with skip.*.enable (refused where true)"),
+    "skip.*": Unread("read only with skip.*.enable (refused where true)"),
     "distillation.*": Derived("distillation"),
     "async_training.*": Keep(never, "", "verl's fully-async trainer (its staleness is a share of samples; rlforge's "
                                         "trainer.pipeline=async bounds it in whole updates, docs/pipelines.md)"),

@@ -34,11 +34,11 @@ def precision(c: Context) -> None:
     decider = f"{A}.megatron.dtype" if megatron else f"{A}.fsdp_config.model_dtype"
     for key in [k for k in keys if k.startswith(f"{A}.fsdp_config.") == megatron]:
         keys.remove(key)
-        c.ignore(key, "read only by verl's FSDP engine (model_engine=megatron here)" if megatron
+        c.unread(key, "read only by verl's FSDP engine (model_engine=megatron here)" if megatron
                  else "read only by verl's megatron engine (model_engine=megatron)")
     if f"{A}.fsdp_config.dtype" in keys:
         keys.remove(f"{A}.fsdp_config.dtype")
-        c.ignore(f"{A}.fsdp_config.dtype", "not read by verl 0.9.1's FSDP engine, which computes in "
+        c.unread(f"{A}.fsdp_config.dtype", "not read by verl 0.9.1's FSDP engine, which computes in "
                                            "fsdp_config.mixed_precision.param_dtype (bf16 unless set)")
     half = {"bfloat16": "bf16", "bf16": "bf16", "float16": "16", "fp16": "16"}
     if params in ("fp32", "float32"):
@@ -74,7 +74,7 @@ def parallel(c: Context) -> None:
     ref_layout(c, engine, {"tensor": tp, "pipeline": pp, "context": cp})
     ref, actor = c.get(f"{REF}.strategy"), c.get(f"{A}.strategy")
     if not uses_ref(c):
-        c.ignore(f"{REF}.strategy", NO_REF)
+        c.unread(f"{REF}.strategy", NO_REF)
     elif ref == actor:
         c.same(f"{REF}.strategy", f"the actor's strategy ({actor}): rlforge runs every model with the same one")
     else:
@@ -120,14 +120,14 @@ def offload(c: Context) -> None:
             continue
         if strategy != "fsdp":
             for key in keys:
-                c.ignore(key, "read only by verl's FSDP engines (model_engine=megatron here)" if strategy == "megatron"
+                c.unread(key, "read only by verl's FSDP engines (model_engine=megatron here)" if strategy == "megatron"
                          else "one GPU: nothing to shard" if key.endswith((".fsdp_size", ".reshard_after_forward"))
                          else f"rlforge's single strategy (one GPU) keeps parameters on the device; {OFFLOAD} needs "
                               f"strategy.name=fsdp (memory only: what is computed does not change)")
             continue
         if role == "ref" and not uses_ref(c):
             for key in keys:
-                c.ignore(key, NO_REF)
+                c.unread(key, NO_REF)
             continue
         size_key, world = f"{engine}.fsdp_size", int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
         if size_key in keys:  # verl's create_device_mesh: < 0 or >= the GPUs: one mesh over all of them, else HSDP
@@ -155,7 +155,7 @@ def offload(c: Context) -> None:
                                          "always keeps its parameters in CPU memory (FSDP CPU offload), and so does "
                                          "rlforge's")
             elif key == policy and not fsdp2:
-                c.ignore(key, "read only with strategy=fsdp2 (FSDP2's CPUOffloadPolicy)")
+                c.unread(key, "read only with strategy=fsdp2 (FSDP2's CPUOffloadPolicy)")
                 continue
             elif key == param and not value and on:
                 note = f"{policy.rsplit('.', 1)[1]}=True offloads the parameters (FSDP2's CPUOffloadPolicy)"
@@ -172,7 +172,7 @@ def grad_offload(c: Context) -> None:
     one starts from zero in both), so True asks for what rlforge always does; False changes memory only."""
     for key in c.owned:
         if key.startswith(f"{REF}."):
-            c.ignore(key, "the reference model computes no gradients")
+            c.unread(key, "the reference model computes no gradients")
         elif c.get(key):
             c.same(key, "no gradients held on the device between updates: rlforge frees them after each update")
         else:
@@ -195,9 +195,9 @@ def ref_layout(c: Context, engine: str, actor: dict[str, int]) -> None:
     for key in [k for k in c.owned if k.startswith(f"{REF}.megatron.")]:
         dim, size = key.rsplit(".", 1)[1].split("_", 1)[0], int(c.get(key) or 1)
         if engine != "megatron":
-            c.ignore(key, "read only by verl's megatron engine (model_engine=megatron)")
+            c.unread(key, "read only by verl's megatron engine (model_engine=megatron)")
         elif not uses_ref(c):
-            c.ignore(key, NO_REF)
+            c.unread(key, NO_REF)
         elif dim != "tensor" and size > 1:
             c.refuse(key, f"{dim} parallelism for the reference model (megatron)")
         elif size > actor[dim]:
@@ -227,14 +227,14 @@ def sequence_parallel(c: Context) -> None:
             continue
         if section == REF and not use_ref:
             for key in keys:
-                c.ignore(key, "read only with a reference model (use_kl_loss or use_kl_in_reward)")
+                c.unread(key, "read only with a reference model (use_kl_loss or use_kl_in_reward)")
             continue
         top, inner = f"{section}.{SP}", next((k for k in keys if k != f"{section}.{SP}"), None)
         decider = top if int(c.get(top) or 1) > 1 or inner is None else inner
         sizes[section] = (int(c.get(decider) or 1), decider)
         for key in keys:
             if key != decider:
-                c.ignore(key, f"not read: {top} > 1 wins (verl copies it here)" if key == inner else
+                c.unread(key, f"not read: {top} > 1 wins (verl copies it here)" if key == inner else
                          f"1: verl reads {decider}")
     sp, decider = sizes.get(A, (1, ""))
     for section, (size, key) in sizes.items():

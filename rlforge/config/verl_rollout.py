@@ -54,7 +54,7 @@ def rollout_engine(c: Context) -> None:
     winners = engine_kwargs(c, name)
     for key, (arg, target) in VLLM_KEYS.items():
         if name == "vllm" and arg in winners:
-            c.ignore(key, f"verl passes {EK}.vllm.{arg} after it, which wins (mapped to {target})")
+            c.unread(key, f"verl passes {EK}.vllm.{arg} after it, which wins (mapped to {target})")
         elif name == "vllm":
             c.map(key, target, c.get(key), NOTES.get(key, "") if c.get(key) else "")
         elif name == "hf":
@@ -93,7 +93,7 @@ def engine_kwargs(c: Context, name: str) -> set[str]:
         if not arg:  # an empty mapping
             c.ignore(key, f"no engine arguments for {engine}")
         elif engine != name:
-            c.ignore(key, f"read only by verl's {engine} server (rollout.name={name})")
+            c.unread(key, f"read only by verl's {engine} server (rollout.name={name})")
         elif name != "vllm":
             c.refuse(key, f"the {name} rollout engine (rlforge's engines: hf, vllm)")
         elif arg in own and value is not None:

@@ -5,7 +5,9 @@ lookup from a dotted verl key to its rule.
 - :class:`Keep`: rlforge has no setting because it always behaves one way; a value that asks for that behaviour is
   mapped (it means what rlforge does), any other is refused, naming the missing feature.
 - :class:`Ignore`: the key does not change what is computed (infrastructure rlforge does itself, memory and speed
-  knobs, copies of other keys, settings read only by a feature this config does not use); the reason says which.
+  knobs, copies of other keys); the reason says which.
+- :class:`Unread`: ignored because verl 0.9.1 itself does not read the key in such a config (a field no code reads,
+  or one read only by a feature that is off, or refused where on): it means there what it means here, nothing.
 - :class:`Derived`: the key is one input of a setting computed from several keys (``verl_derived``).
 """
 
@@ -40,6 +42,11 @@ class Ignore:
     why: str
 
 
+@dataclass(frozen=True)
+class Unread(Ignore):
+    """An :class:`Ignore` whose key verl 0.9.1 does not read either (``why`` says when it would)."""
+
+
 # Hydra's own settings (hydra.run.dir, hydra/job_logging=...), which verl_hydra checks against Hydra's config: the
 # same rule in the PPO and SFT tables
 HYDRA_OWN = Ignore("Hydra's own settings: its output folder, logging and working directory (rlforge writes the run's "
@@ -51,7 +58,7 @@ class Derived:
     owner: str  # the name of the rule in verl_derived that reads this key
 
 
-Rule = Map | Keep | Ignore | Derived
+Rule = Map | Keep | Ignore | Unread | Derived
 
 
 def joined(*notes: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 from rlforge.config import verl_training as T
 from rlforge.config.verl_derived import chat_template
 from rlforge.config.verl_rules import (
-    HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off, str_list,
+    HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off, str_list, Unread,
 )
 from rlforge.lr_schedule import LR_SCHEDULERS
 
@@ -30,7 +30,7 @@ RULES: dict[str, Rule] = {
     "data.truncation": Keep(is_("error", "left", "right"), "sft.truncation", "middle truncation"),
     "data.train_batch_size": Map("sft.batch_size"),
     "data.micro_batch_size_per_gpu": Map("sft.micro_batch_size"),
-    "data.micro_batch_size": Ignore("deprecated in verl: micro_batch_size_per_gpu is read"),
+    "data.micro_batch_size": Unread("deprecated in verl: micro_batch_size_per_gpu is read"),
     "data.use_dynamic_bsz": Ignore("token-budget micro-batches; rlforge's SFT splits by sft.micro_batch_size "
                                    "(gradient accumulation)"),
     "data.max_token_len_per_gpu": Ignore("read only with token-budget micro-batches (see data.use_dynamic_bsz)"),
@@ -80,7 +80,7 @@ RULES: dict[str, Rule] = {
     "trainer.logger": Derived("sft_loggers"),
     # verl 0.9.1's SFT entry (sft_trainer.py) takes its ranks from torchrun's --nproc_per_node/--nnodes, which the
     # launch's overrides do not carry; only its Ray entry (sft_trainer_ray.py) reads these
-    "trainer.n_gpus_per_node": Ignore(TORCHRUN), "trainer.nnodes": Ignore(TORCHRUN),
+    "trainer.n_gpus_per_node": Unread(TORCHRUN), "trainer.nnodes": Unread(TORCHRUN),
     "trainer.device": Keep(is_("cuda", "cpu"), "sft.accelerator", "devices other than cuda and cpu"),
     "trainer.default_hdfs_dir": Keep(off, "local checkpoints", "copying checkpoints to HDFS"),
     "trainer.*": Ignore("names, checkpoint counts and profiling of verl's SFT trainer"),
@@ -112,7 +112,7 @@ def sft_multiturn_keys(c: Any) -> None:
     for key in c.owned:
         leaf = key.rsplit(".", 1)[1]
         if c.trainer == "fsdp_sft":
-            c.ignore(key, f"not read by verl's v0.7 multi-turn dataset (it reads data.{leaf}, default "
+            c.unread(key, f"not read by verl's v0.7 multi-turn dataset (it reads data.{leaf}, default "
                           f"{leaf.removesuffix('_key')})")
         else:
             c.map(key, f"sft.{leaf}", c.get(key))
@@ -128,7 +128,7 @@ def sft_chat_template(c: Any) -> None:
         c.refuse(key, f"data.chat_template (verl's fsdp_sft_trainer stops on it too: 'Apply Chat template from "
                       f"config is not supported yet'; {pointer})")
     else:
-        c.ignore(key, f"not read by verl 0.9.1's SFT trainer; {pointer}")
+        c.unread(key, f"not read by verl 0.9.1's SFT trainer; {pointer}")
 
 
 def sft_thinking(c: Any) -> None:
@@ -137,11 +137,11 @@ def sft_thinking(c: Any) -> None:
     if c.has("data.multiturn.enable") and not c.get("data.multiturn.enable"):
         c.set("sft.enable_thinking_key", "")
         for key in c.owned:
-            c.ignore(key, "read only by verl's multi-turn SFT dataset (data.multiturn.enable=false: its single-turn "
+            c.unread(key, "read only by verl's multi-turn SFT dataset (data.multiturn.enable=false: its single-turn "
                           "SFTDataset renders every row without it)")
         return
     if c.trainer == "fsdp_sft":  # v0.7's MultiTurnSFTDataset gets the data section: data.enable_thinking_key
-        c.ignore("data.multiturn.enable_thinking_key", "not read by verl's v0.7 multi-turn dataset (it reads "
+        c.unread("data.multiturn.enable_thinking_key", "not read by verl's v0.7 multi-turn dataset (it reads "
                  "data.enable_thinking_key, default enable_thinking)")
         c.set("sft.enable_thinking_key", c.get("data.enable_thinking_key", "enable_thinking"))
     if c.has("data.enable_thinking_key"):
@@ -183,11 +183,11 @@ def sft_warmup(c: Any) -> None:
     """lr_warmup_steps when > 0, else lr_warmup_steps_ratio x the run's steps (v0.7's trainer reads only the ratio)."""
     steps, ratio = c.get("optim.lr_warmup_steps"), float(c.get("optim.lr_warmup_steps_ratio") or 0.0)
     if c.has("optim.lr_scheduler"):
-        c.ignore("optim.lr_warmup_steps", "not read by verl v0.7's SFT trainer (it reads lr_warmup_steps_ratio)")
+        c.unread("optim.lr_warmup_steps", "not read by verl v0.7's SFT trainer (it reads lr_warmup_steps_ratio)")
         c.set("sft.warmup_steps", 0)
     elif steps is not None and steps > 0:
         c.map("optim.lr_warmup_steps", "sft.warmup_steps", steps)
-        c.ignore("optim.lr_warmup_steps_ratio", "not read: lr_warmup_steps is set")
+        c.unread("optim.lr_warmup_steps_ratio", "not read: lr_warmup_steps is set")
         return
     else:
         c.map("optim.lr_warmup_steps", "sft.warmup_steps", 0, "<= 0: the ratio applies")
@@ -210,7 +210,7 @@ def sft_schedule(c: Any) -> None:
                  f"{', '.join(LR_SCHEDULERS)})")
     for key in ("optim.lr_scheduler_type", "optim.warmup_style", "optim.min_lr_ratio", "optim.num_cycles",
                 "optim.zero_indexed_step"):
-        c.ignore(key, "not read by verl v0.7's SFT trainer (optim.lr_scheduler picks its schedule)")
+        c.unread(key, "not read by verl v0.7's SFT trainer (optim.lr_scheduler picks its schedule)")
 
 
 def sft_steps(c: Any) -> None:
@@ -220,7 +220,7 @@ def sft_steps(c: Any) -> None:
         c.map("trainer.total_epochs", "sft.epoch_limit", int(c.get("trainer.total_epochs")), "verl's SFT loop also "
               "ends after total_epochs passes over the data, its schedule still spanning total_training_steps")
         return
-    c.ignore("trainer.total_training_steps", "null: verl counts total_epochs")
+    c.unread("trainer.total_training_steps", "null: verl counts total_epochs")
     c.map("trainer.total_epochs", "sft.epochs", int(c.get("trainer.total_epochs")))
 
 
@@ -234,7 +234,7 @@ def sft_resume(c: Any) -> None:
         c.map("trainer.resume_mode", "sft.resume", "auto" if mode == "auto" else "never")
     else:
         c.refuse("trainer.resume_mode", f"resume_mode={mode}")
-    c.ignore("trainer.resume_from_path", "read only with resume_mode=resume_path")
+    c.unread("trainer.resume_from_path", "read only with resume_mode=resume_path")
 
 
 def sft_loggers(c: Any) -> None:

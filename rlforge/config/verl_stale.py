@@ -118,7 +118,7 @@ def settle(c: Any, key: str, gap: Gap, built_sections: tuple[str, ...], variable
     if built(gap, built_sections):
         c.stop(key, stops(gap))
     elif "." not in key or key.split(".", 1)[0] in variables:
-        c.ignore(key, "a top-level key of the config, which verl 0.9.1 never reads (a variable: its value counts where "
+        c.unread(key, "a top-level key of the config, which verl 0.9.1 never reads (a variable: its value counts where "
                       "other keys interpolate it)")
     elif exact or ruled and key.startswith(PASSED_ON):
         return False

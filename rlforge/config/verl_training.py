@@ -45,10 +45,10 @@ def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, 
     name = flag.rsplit(".", 1)[1]
     if c.get(flag):
         c.map(tokens, targets[0], c.get(tokens))
-        c.ignore(per_gpu, f"not read with {name}=True")
-        c.ignore(total, f"not read with {name}=True")
+        c.unread(per_gpu, f"not read with {name}=True")
+        c.unread(total, f"not read with {name}=True")
         return
-    c.ignore(tokens, f"read only with {name}=True")
+    c.unread(tokens, f"read only with {name}=True")
     count = None if c.get(total) is None else max(1, int(c.get(total)) // c.dp_size)
     if c.get(per_gpu) is not None:
         c.map(per_gpu, targets[1], c.get(per_gpu))
@@ -58,20 +58,20 @@ def _cut(c: Context, flag: str, keys: tuple[str, str, str], targets: tuple[str, 
                           f" ('You have set both'): set only {per_gpu} (now {c.get(per_gpu)}; the global "
                           f"{c.get(total)} / {c.dp_size} data-parallel ranks is {count})")
         else:
-            c.ignore(total, "verl reads the _per_gpu value when it is set")
+            c.unread(total, "verl reads the _per_gpu value when it is set")
     elif count is not None and total in GLOBAL_ALONE_STOPS and (not total.startswith(REF) or uses_ref(c)):
-        c.ignore(per_gpu, "null")
+        c.unread(per_gpu, "null")
         c.stop(total, f"verl 0.9.1 no longer reads this deprecated global count: its workers need {per_gpu} and stop "
                       f"without it; set {per_gpu}={count} ({c.get(total)} / {c.dp_size} data-parallel ranks, as verl "
                       f"before 0.9 divided it)")
     elif count is not None:
-        c.ignore(per_gpu, "null")
+        c.unread(per_gpu, "null")
         c.map(total, targets[1], count, "the global count / the data-parallel size, as verl before 0.9 divided it "
               "(verl 0.9.1 hands its engine only the per-GPU value)")
     else:
         c.map(per_gpu, targets[1], None, f"verl requires a micro-batch size here (0.9.1 stops without one: 'Please set "
               f"at least one of ...'); rlforge {unset}")
-        c.ignore(total, "null")
+        c.unread(total, "null")
 
 
 def micro_batches(c: Context) -> None:
@@ -116,7 +116,7 @@ def clip(c: Context) -> None:
     else:
         low, high = c.get(f"{A}.clip_ratio_low"), c.get(f"{A}.clip_ratio_high")
         mine = [f"clip_ratio_{s}" for s in ("low", "high") if f"{A}.clip_ratio_{s}" in c.given]
-        c.ignore(f"{A}.clip_ratio", f"not read: verl 0.9.1 clips at clip_ratio_low={low} and clip_ratio_high={high} ("
+        c.unread(f"{A}.clip_ratio", f"not read: verl 0.9.1 clips at clip_ratio_low={low} and clip_ratio_high={high} ("
                                     + (f"the launch sets {' and '.join(mine)}" if mine else "its config's defaults; "
                                        "to clip at clip_ratio, set those to null or to its value") + ")")
 
@@ -132,7 +132,7 @@ def grad_clip(c: Context) -> None:
             c.same(key, f"gradient clipping at {used}: verl 0.9.1 clips at {section}.optim.clip_grad, the same value "
                    f"(mapped to {target}.grad_clip)")
         else:
-            c.ignore(key, f"not read by verl 0.9.1's engines: they clip at optim.clip_grad ({used}, mapped to "
+            c.unread(key, f"not read by verl 0.9.1's engines: they clip at optim.clip_grad ({used}, mapped to "
                      f"{target}.grad_clip)")
 
 
@@ -147,7 +147,7 @@ def betas(c: Context) -> None:
         elif value == [0.9, 0.999]:
             c.same(key, "megatron's Adam betas (0.9, 0.999), rlforge's default")
         else:
-            c.ignore(key, "not read by verl's megatron engine: its Adam keeps megatron's betas (0.9, 0.999), "
+            c.unread(key, "not read by verl's megatron engine: its Adam keeps megatron's betas (0.9, 0.999), "
                      f"rlforge's default {role}.betas")
 
 
@@ -163,7 +163,7 @@ def warmup(c: Context) -> None:
             continue
         if c.get(steps) is not None and c.get(steps) > 0:
             c.map(steps, f"{target}.warmup_steps", c.get(steps))
-            c.ignore(ratio, "not read: lr_warmup_steps is set")
+            c.unread(ratio, "not read: lr_warmup_steps is set")
         else:
             c.map(steps, f"{target}.warmup_steps", 0, "<= 0: the ratio applies")
             c.map(ratio, f"{target}.warmup_ratio", float(c.get(ratio) or 0.0))
@@ -184,7 +184,7 @@ def schedule(c: Context) -> None:
             c.refuse(key, f"verl's veomni optimizer option {key.rsplit('.', 1)[1]} (VeOmniOptimizerConfig has no such "
                           "field: verl 0.9.1 refuses the launch too)")
         else:
-            c.ignore(key, "read only by verl's FSDP schedule (lr_scheduler_type); other engines' schedules: "
+            c.unread(key, "read only by verl's FSDP schedule (lr_scheduler_type); other engines' schedules: "
                           "lr_decay_style")
 
 
@@ -193,7 +193,7 @@ def fsdp_schedule(c: Context, o: str, target: str) -> None:
     key, other, why = ((f"{o}.warmup_style", f"{o}.lr_scheduler_type", "not read: the deprecated warmup_style is "
                         "set and wins") if c.get(f"{o}.warmup_style") is not None else
                        (f"{o}.lr_scheduler_type", f"{o}.warmup_style", "null: lr_scheduler_type applies"))
-    c.ignore(other, why)
+    c.unread(other, why)
     kind = c.get(key)
     if kind in SCHEDULES:
         c.map(key, f"{target}.lr_scheduler", kind)
@@ -208,7 +208,7 @@ def cosine_keys(c: Context, o: str, target: str, cosine: bool) -> None:
     keys = (f"{o}.min_lr_ratio", f"{o}.num_cycles", f"{o}.zero_indexed_step")
     if not cosine:
         for key in keys:
-            c.ignore(key, "read only by the cosine schedule")
+            c.unread(key, "read only by the cosine schedule")
         return
     c.map(keys[0], f"{target}.min_lr_ratio", float(c.get(keys[0]) or 0.0))
     c.map(keys[1], f"{target}.num_cycles", float(c.get(keys[1], 0.5)))
@@ -229,9 +229,9 @@ def recompute(c: Context) -> None:
     if c.get("model_engine") != "megatron":
         c.map(gc, "model.gradient_checkpointing", bool(c.get(gc)))
         for key in keys:
-            c.ignore(key, "read only by verl's megatron engine (model_engine=megatron)")
+            c.unread(key, "read only by verl's megatron engine (model_engine=megatron)")
         return
-    c.ignore(gc, f"not read by verl's megatron engine: {RECOMPUTE}.recompute_granularity decides")
+    c.unread(gc, f"not read by verl's megatron engine: {RECOMPUTE}.recompute_granularity decides")
     granularity, method, layers = (c.get(f"{RECOMPUTE}.recompute_{k}") for k in ("granularity", "method", "num_layers"))
     full, every = granularity == "full", method == "uniform" and layers == 1
     if granularity == "selective":
@@ -244,9 +244,9 @@ def recompute(c: Context) -> None:
     for key in keys:
         leaf = key.rsplit(".", 1)[1]
         if leaf == "recompute_modules":
-            c.ignore(key, "read only with recompute_granularity=selective")
+            c.unread(key, "read only with recompute_granularity=selective")
         elif not full:
-            c.ignore(key, "read only with recompute_granularity=full")
+            c.unread(key, "read only with recompute_granularity=full")
         elif every:
             c.same(key, "every layer recomputed on its own (model.gradient_checkpointing)")
         elif not c.done(key):
@@ -265,14 +265,14 @@ def entropy(c: Context) -> None:
     for key in c.owned:
         leaf, read = key.rsplit(".", 1)[1], f"{engine}.{key.rsplit('.', 1)[1]}"
         if not c.has(read) or (key != read and (key.rsplit(".", 1)[0] != A or c.get(key) != c.get(read))):
-            c.ignore(key, f"not read: verl's {'megatron' if megatron else 'FSDP'} engine reads {read}"
+            c.unread(key, f"not read: verl's {'megatron' if megatron else 'FSDP'} engine reads {read}"
                      if c.has(read) else f"not read by verl's {'megatron' if megatron else 'FSDP'} engine")
         elif leaf == "entropy_from_logits_with_chunking":
             (c.same(key, "the entropy computed from the logits in chunks, as rlforge always computes it (of 64 MiB "
                     "of fp32 logits; verl's: entropy_from_logits_chunk_size tokens)") if c.get(key)
              else c.ignore(key, f"rlforge computes the entropy in chunks anyway ({SPEED})"))
         elif leaf == "entropy_checkpointing" and not graded:
-            c.ignore(key, "not reached: the update has no entropy term (entropy_coeff=0, calculate_entropy=False) "
+            c.unread(key, "not reached: the update has no entropy term (entropy_coeff=0, calculate_entropy=False) "
                      "and the old log-probs need no backward pass")
         elif leaf == "entropy_checkpointing":
             (c.same(key, "the entropy recomputed in the backward pass: rlforge recomputes its log-prob and entropy "
@@ -290,12 +290,12 @@ def filter_groups(c: Context) -> None:
         for key in keys:
             (c.map(key, "algorithm.filter_groups", False, "verl's fully-async and one-step-off trainers do not read "
                    "it: they train every group") if key == f"{f}.enable" else
-             c.ignore(key, "read only by main_ppo's and the DAPO recipe's dynamic sampling"))
+             c.unread(key, "read only by main_ppo's and the DAPO recipe's dynamic sampling"))
         return
     if not c.get(f"{f}.enable"):
         for key in keys:
             (c.map(key, "algorithm.filter_groups", False) if key == f"{f}.enable"
-             else c.ignore(key, "read only with filter_groups.enable (dynamic sampling)"))
+             else c.unread(key, "read only with filter_groups.enable (dynamic sampling)"))
         return
     c.map(f"{f}.enable", "algorithm.filter_groups", True)
     metric, recipe = c.get(f"{f}.metric"), c.trainer == "dapo"
@@ -364,11 +364,11 @@ def rollout_correction(c: Context) -> None:
         leaf, value = key[len(RC) + 1:], c.get(key)
         if leaf in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize") and no_is and not skip:
             (c.map(key, "algorithm.rollout_is", None, "rollout_is_threshold=null: verl computes no IS weights")
-             if leaf == "rollout_is" and value is not None else c.ignore(key, "null: no IS weights"
+             if leaf == "rollout_is" and value is not None else c.unread(key, "null: no IS weights"
                                                                         if leaf != "rollout_is_batch_normalize" else
                                                                         "read only with IS weights"))
         elif leaf in targets and skip:
-            c.ignore(key, skip)
+            c.unread(key, skip)
         elif leaf in targets:  # thresholds: a number or a string of them ("0.5_2.0"); null: verl's default
             c.map(key, targets[leaf], str(value) if leaf.endswith("threshold") and value is not None else value)
         elif off(value):
@@ -395,7 +395,7 @@ def main_ppo_trainer(c: Context) -> None:
     for key in c.owned:
         ok, does, missing = MAIN_PPO_KEYS[key]
         if c.trainer in TRAINER_NAMES:
-            c.ignore(key, f"read only by verl.trainer.main_ppo (this launch runs on {TRAINER_NAMES[c.trainer]})")
+            c.unread(key, f"read only by verl.trainer.main_ppo (this launch runs on {TRAINER_NAMES[c.trainer]})")
         else:
             (c.same(key, does) if ok(c.get(key)) else c.refuse(key, missing))
 
@@ -421,13 +421,13 @@ def loss_scale(c: Context) -> None:
     if actor in c.owned:
         value = c.get(actor)
         if c.get(f"{A}.loss_agg_mode") != SUM_NORM:
-            c.ignore(actor, f"read only with loss_agg_mode={SUM_NORM}")
+            c.unread(actor, f"read only with loss_agg_mode={SUM_NORM}")
         else:
             c.map(actor, "algorithm.norm_length", non_negative(value), "" if value else wide)
     if critic in c.owned:
         value, mine = c.get(critic), c.get(actor) if c.get(f"{A}.loss_agg_mode") == SUM_NORM else None
         if c.get("critic.loss_agg_mode") != SUM_NORM:
-            c.ignore(critic, f"read only with critic.loss_agg_mode={SUM_NORM}")
+            c.unread(critic, f"read only with critic.loss_agg_mode={SUM_NORM}")
         elif c.get(f"{A}.loss_agg_mode") != SUM_NORM:  # the actor's loss does not read algorithm.norm_length
             c.map(critic, "algorithm.norm_length", non_negative(value), "" if value else wide)
         elif value == mine:

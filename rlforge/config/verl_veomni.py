@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlforge.config.verl_rules import Derived, Ignore, Keep, Rule, at_most_one, is_
+from rlforge.config.verl_rules import Derived, Ignore, Keep, Rule, Unread, at_most_one, is_
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -46,7 +46,7 @@ def engine_rules(section: str, role: str, sp: Rule, entropy: Rule, optimizer_off
         f"{v}.forward_only": Ignore("internal: set for forward-only roles"),
         f"{v}.entropy_*": entropy,
         f"{v}.router_replay.mode": Keep(is_("disabled"), "no router replay", "MoE router replay"),
-        f"{v}.router_replay.*": Ignore("read only with router_replay.mode (refused where set)"),
+        f"{v}.router_replay.*": Unread("read only with router_replay.mode (refused where set)"),
         f"{v}.qat_implementation": Keep(is_("none", None), "no quantization-aware training",
                                         "quantization-aware training (QAT)"),
         f"{v}.load_checkpoint_path": Keep(is_(None), "weights from model.path (Hugging Face)",
@@ -71,7 +71,7 @@ def precision(c: Context) -> None:
         elif owned == critic:
             c.same(critic, "the actor's precision: one for every model")
         else:
-            c.ignore(owned, "read only by verl's FSDP engine (model_engine=veomni here)")
+            c.unread(owned, "read only by verl's FSDP engine (model_engine=veomni here)")
 
 
 def schedule(c: Context, o: str, target: str) -> None:
@@ -82,7 +82,7 @@ def schedule(c: Context, o: str, target: str) -> None:
     if kind == "constant":
         c.map(key, f"{target}.lr_scheduler", "constant")
         for leaf in ("lr_min", "lr_decay_ratio"):
-            c.ignore(f"{o}.{leaf}", "read only by VeOmni's decaying schedules (cosine, linear)")
+            c.unread(f"{o}.{leaf}", "read only by VeOmni's decaying schedules (cosine, linear)")
     elif kind == "cosine":
         c.map(key, f"{target}.lr_scheduler", "cosine")
         decay = float(c.get(f"{o}.lr_decay_ratio", 1.0))
@@ -96,13 +96,13 @@ def schedule(c: Context, o: str, target: str) -> None:
     else:  # VeOmni's linear schedule keeps a floor of 1e-7 (its default min_lr; verl passes none): not rlforge's
         c.refuse(key, f"VeOmni's '{kind}' schedule (rlforge's veomni mapping has constant and cosine)")
         for leaf in ("lr_min", "lr_decay_ratio"):
-            c.ignore(f"{o}.{leaf}", f"read by the '{kind}' schedule (refused)")
+            c.unread(f"{o}.{leaf}", f"read by the '{kind}' schedule (refused)")
     (c.same(f"{o}.lr_start", "the warm-up starts from 0") if start == 0 or not warm else
      c.refuse(f"{o}.lr_start", f"a warm-up that starts at lr_start={start:g} (rlforge's starts at 0)"))
 
 
 def warmup(c: Context, steps: str, ratio: str, target: str) -> None:
     """VeOmni's warm-up: int(lr_warmup_steps_ratio x the run's steps); lr_warmup_steps is never read."""
-    c.ignore(steps, "not read by verl's veomni engine: its schedule reads lr_warmup_steps_ratio only")
+    c.unread(steps, "not read by verl's veomni engine: its schedule reads lr_warmup_steps_ratio only")
     c.map(ratio, f"{target}.warmup_ratio", float(c.get(ratio) or 0.0))
     c.set(f"{target}.warmup_steps", 0)

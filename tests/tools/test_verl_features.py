@@ -460,3 +460,18 @@ def test_an_unknown_config_name_beside_a_config_path_that_is_no_folder_says_so(t
     with pytest.raises(ConfigError, match=r"does not know verl's config 'my_trainer'.* --config-path=\S+ is not a "
                                           r"folder here, so no my_trainer.yaml of the launch's own was found there"):
         prepare([f"--config-path={tmp_path / 'absent'}", "--config-name=my_trainer", *GPUS], refuse=False)
+
+
+def test_keys_verl_does_not_read_in_the_launch_are_marked_apart_from_infrastructure() -> None:
+    """An ignored key is 'unread' where verl 0.9.1 does not read it in that launch either (a feature left off, a role
+    without a model, a field no code reads); a key verl reads that changes only speed or memory is not."""
+    t = _t(f"{A}.use_dynamic_bsz=True", f"{A}.ppo_max_token_len_per_gpu=4096", f"{A}.ppo_micro_batch_size_per_gpu=2",
+           f"{REF}.fsdp_config.param_offload=True", f"{A}.use_torch_compile=False",
+           f"{A}.fsdp_config.forward_prefetch=True", "global_profiler.tool=nsys")
+    unread = {f.key for f in t.fates if f.unread}
+    assert {f"{A}.ppo_micro_batch_size_per_gpu", f"{REF}.fsdp_config.param_offload",  # no KL: no reference model
+            f"{A}.use_torch_compile"} <= unread
+    for key in (f"{A}.fsdp_config.forward_prefetch", "global_profiler.tool"):  # read by verl: speed, profiling
+        assert _fate(t, key).kind == verl.IGNORED and key not in unread
+    assert all(f.kind == verl.IGNORED for f in t.fates if f.unread)
+    assert f"({len(unread)} of them not read by verl 0.9.1 either;" in t.report()[0]
