@@ -1,7 +1,7 @@
 """vLLM engines inside the Ray workers (the hybrid engine without a replica), on a local CPU cluster: 2 actor
 ranks on the ``fsdp`` strategy, each owning one vLLM engine (TP 1) and no full HF copy of the policy.
 
-One two-step GRPO run on the default task serves the checks of the default suite (engine starts are the slow part):
+One one-step GRPO run on the default task serves the checks of the default suite (engine starts are the slow part):
 after the first update's weight sync, what each engine computes with (read back through the weight-sync extension)
 equals the gathered FSDP weights bit for bit; the ranks keep no replica; no engine process outlives the run. The
 learning matrix (``scripts/test.sh --learning-matrix``) trains 30 steps and checks that the sampled reward rises.
@@ -81,7 +81,7 @@ def _fit(runs_root, steps):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    return _fit(tmp_path_factory.mktemp("runs"), steps=2)
+    return _fit(tmp_path_factory.mktemp("runs"), steps=1)
 
 
 def test_each_engine_holds_the_gathered_weights_and_no_replica_is_kept(run):
