@@ -42,7 +42,9 @@ def tables() -> list[str]:
             elif isinstance(rule, Keep):
                 refused.append(f"| {k} | {_cell(rule.does)} | {_cell(rule.missing)} |")
             elif isinstance(rule, Ignore):
-                ignored.append(f"| {k} | {_cell(rule.why)}{' (verl does not read it here either)' if isinstance(rule, Unread) else ''} |")
+                unread = "" if not isinstance(rule, Unread) else (" (verl does not read it either)" if rule.reads is None
+                                                                  else " (verl does not read it either where that is off)")
+                ignored.append(f"| {k} | {_cell(rule.why)}{unread} |")
             elif isinstance(rule, Derived):
                 derived.setdefault(rule.owner, []).append(k)
     rows = ["| setting | verl keys | how verl decides it |", "|---|---|---|"]

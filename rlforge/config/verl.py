@@ -66,7 +66,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         elif isinstance(rule, Keep):
             (c.same(key, rule.does) if rule.ok(value) else c.refuse(key, rule.missing))
         elif isinstance(rule, Ignore):
-            (c.unread if isinstance(rule, Unread) else c.ignore)(key, rule.why)
+            unread = isinstance(rule, Unread) and not (rule.reads is not None and rule.reads(c.get, key))
+            (c.unread if unread else c.ignore)(key, rule.why)
         else:  # a key of verl's defaults that no table has: the tables' own test keeps this from happening
             c.refuse(key, f"verl's key {key} (unknown to rlforge's tables)")
     for name in ORDER:

@@ -50,8 +50,12 @@ def multi_turn(c: Context) -> None:
             keys.remove(f"{m}.{key}")
             _tool_file(c, f"{m}.{key}", f"rollout.agent.{key}", c.get(f"{m}.{key}"))
     if VERL_LOOPS.get(loop) != "tool_agent":
+        tagged = c.get("data.custom_cls.path")  # a dataset class may name each row's loop (agent_name=tool_agent)
         for key in keys:
-            c.unread(key, f"read only by verl's tool_agent loop (agent.default_agent_loop={loop} here)")
+            (c.ignore(key, f"read by verl's tool_agent loop for rows whose agent_name names it, which the dataset "
+                           f"class can set; rlforge runs agent.default_agent_loop's loop ({loop}) and refuses such "
+                           f"rows when the data loads") if tagged else
+             c.unread(key, f"read only by verl's tool_agent loop (agent.default_agent_loop={loop} here)"))
         return
     # verl's tool loop stops after max_assistant_turns model turns, or once max_user_turns tool replies were given
     # (checked after each model turn): at most max_user_turns + 1 model turns

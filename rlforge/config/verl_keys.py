@@ -11,7 +11,7 @@ from __future__ import annotations
 from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import (
     HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, is_, never, non_negative, off, str_list,
-    top_k, Unread,
+    Unread, above_one, gate, top_k,
 )
 
 ARO = "actor_rollout_ref"
@@ -33,6 +33,7 @@ NOT_COMPILED = ("not read by verl 0.9.1's engines: its FSDP engine compiles the 
 def _optim(section: str, target: str) -> dict[str, Rule]:
     """``<section>.optim.*`` of the actor or the critic (FSDP, megatron, veomni and torchtitan variants)."""
     o = f"{section}.optim"
+    decaying = gate(f"{o}.lr_decay_style", lambda v: v not in (None, "constant"))
     return {
         f"{o}.optimizer": Keep(is_("AdamW", "adamw", "adam"), "AdamW (megatron's adam decays weights decoupled, as "
                                "AdamW)", "optimizers other than AdamW"),
@@ -56,15 +57,18 @@ def _optim(section: str, target: str) -> dict[str, Rule]:
         f"{o}.lr_start": Derived("schedule"),
         f"{o}.lr_decay_ratio": Derived("schedule"),
         f"{o}.lr_decay_style": Keep(is_("constant"), "a constant rate after the warm-up", SCHEDULERS),
-        f"{o}.decay_type": Unread("read by torchtitan's scheduler only (model_engine=torchtitan: refused)"),
+        f"{o}.decay_type": Unread("read by torchtitan's scheduler only (model_engine=torchtitan: refused)",
+                                   gate("model_engine", is_("torchtitan"))),
         f"{o}.weight_decay_incr_style": Keep(is_("constant"), "a constant weight decay", "weight-decay schedules"),
-        f"{o}.min_lr*": Unread("read only by a decaying schedule (lr_decay_style)"),
-        f"{o}.lr_*": Unread("read only by a decaying or warm-started schedule (lr_decay_style, lr_warmup_init)"),
+        f"{o}.min_lr*": Unread("read only by a decaying schedule (lr_decay_style)", decaying),
+        f"{o}.lr_*": Unread("read only by a decaying or warm-started schedule (lr_decay_style, lr_warmup_init)",
+                            lambda get, key: decaying(get, key) or bool(get(f"{o}.lr_warmup_init"))),
         f"{o}.use_checkpoint_opt_param_scheduler": Ignore("megatron's scheduler state in checkpoints"),
         f"{o}.use_precision_aware_optimizer": Ignore(SPEED),
         f"{o}.*_dtype": Keep(lambda v: v in ("fp32", "float32"), "fp32 optimizer state", "low-precision optimizer state"),
         f"{o}.use_layer_wise_distributed_optimizer": Ignore(SPEED),
-        f"{o}.muon_*": Unread("read only by the Muon optimizer (optimizer=Muon: refused)"),
+        f"{o}.muon_*": Unread("read only by the Muon optimizer (optimizer=Muon: refused)",
+                              gate(f"{o}.optimizer", lambda v: str(v).lower() == "muon")),
         f"{o}.override_optimizer_config": Keep(off, "no optimizer overrides", "overriding optimizer fields"),
         f"{o}.override_optimizer_config.*offload*": Ignore(f"optimizer offload ({SPEED})"),
         f"{o}.override_optimizer_config.overlap_*": Ignore(SPEED),
@@ -77,6 +81,7 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
     """``<section>.model.*`` of the policy or the critic."""
     m = f"{section}.model"
     one = "" if actor else " (one setting for the policy and the critic in rlforge)"
+    lora = gate(f"{m}.lora_rank")
     return {
         f"{m}.path": Map("model.path" if actor else "critic.path"),
         f"{m}.hf_config_path": Keep(off, "the config of model.path", "a model config from another folder"),
@@ -99,20 +104,20 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
         f"{m}.enable_activation_offload": Ignore(f"activation offload is not in rlforge ({SPEED})"),
         f"{m}.use_remove_padding": Map("model.remove_padding") if actor else Ignore(f"model.remove_padding{one}"),
         f"{m}.lora_rank": Map("model.lora.rank") if actor else Keep(is_(0), "a full critic", "LoRA on the critic"),
-        f"{m}.lora_alpha": Map("model.lora.alpha") if actor else Unread("read only with LoRA on the critic"),
+        f"{m}.lora_alpha": Map("model.lora.alpha") if actor else Unread("read only with LoRA on the critic", lora),
         f"{m}.target_modules": Map("model.lora.target_modules", str_list) if actor else Unread(
-            "read only with LoRA on the critic"),
+            "read only with LoRA on the critic", lora),
         f"{m}.exclude_modules": Map("model.lora.exclude_modules") if actor else Unread(
-            "read only with LoRA on the critic"),
+            "read only with LoRA on the critic", lora),
         f"{m}.lora_adapter_path": Keep(off, "a fresh adapter", "starting LoRA from a saved adapter"),
         f"{m}.lora.rank": Keep(is_(0), "no megatron LoRA", "LoRA with the megatron strategy"),
-        f"{m}.lora.*": Unread("read only by verl's megatron LoRA (model.lora.rank > 0)"),
+        f"{m}.lora.*": Unread("read only by verl's megatron LoRA (model.lora.rank > 0)", gate(f"{m}.lora.rank")),
         f"{m}.use_liger": Ignore(f"Liger kernels are not in rlforge ({SPEED})"),
         f"{m}.use_fused_kernels": Ignore(f"rlforge chunks its log-prob kernels itself ({SPEED})"),
         f"{m}.fused_kernel_options.*": Ignore(SPEED),
         f"{m}.tiled_mlp.*": Ignore(f"tiled MLP is not in rlforge ({SPEED})"),
         f"{m}.mtp.enable": Keep(off, "no multi-token prediction", "multi-token prediction (MTP) heads"),
-        f"{m}.mtp.*": Unread("read only with model.mtp.enable (refused where true: MTP heads)"),
+        f"{m}.mtp.*": Unread("read only with model.mtp.enable (refused where true: MTP heads)", gate(f"{m}.mtp.enable")),
         f"{m}.fsdp_config.*": Ignore(FSDP_LAYOUT),
     }
 
@@ -121,6 +126,7 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
     """FSDP / megatron / veomni / torchtitan engine settings of the actor, the reference or the critic."""
     f, mg = f"{section}.fsdp_config", f"{section}.megatron"
     sp = Derived("sequence_parallel")
+    pipeline = gate(f"{mg}.pipeline_model_parallel_size", above_one)
     entropy: Rule = Derived("entropy") if role == "actor" else Unread(
         "the reference model computes no entropy (verl asks it for log-probs only)" if role == "ref"
         else "the critic computes no entropy")
@@ -138,7 +144,7 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{f}.ulysses_sequence_parallel_size": sp,
         f"{f}.seed": Ignore(SEEDS),
         f"{f}.qat.enable": Keep(off, "no quantization-aware training", "quantization-aware training (QAT)"),
-        f"{f}.qat.*": Unread("read only with qat.enable"),
+        f"{f}.qat.*": Unread("read only with qat.enable", gate(f"{f}.qat.enable")),
         f"{f}.strategy": Derived("parallel") if role == "actor" else Ignore("the strategy is one for all roles"),
         f"{f}.forward_only": Ignore("internal: set for forward-only roles"),
         f"{f}.entropy_*": entropy,
@@ -170,15 +176,16 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.override_transformer_config.use_fused_*": Ignore(f"fused kernels ({SPEED})"),
         f"{mg}.override_transformer_config.attention_backend": Ignore(f"attention kernels ({SPEED})"),
         f"{mg}.override_transformer_config.use_flash_attn": Ignore(f"attention kernels ({SPEED})"),
-        f"{mg}.override_transformer_config.num_layers_in_*_pipeline_stage": Unread(
-            "read only with pipeline parallelism (refused where > 1)"),
+        # megatron builds uneven first/last stages from these at any pipeline size (one alone is its error)
+        f"{mg}.override_transformer_config.num_layers_in_*_pipeline_stage": Keep(
+            is_(None), "even pipeline stages", "uneven pipeline stages (num_layers_in_first/last_pipeline_stage)"),
         f"{mg}.override_transformer_config.account_for_*_in_pipeline_split": Unread(
-            "read only with pipeline parallelism (refused where > 1)"),
+            "read only with pipeline parallelism (refused where > 1)", pipeline),
         f"{mg}.override_transformer_config.sequence_parallel": Ignore(
             f"megatron's sequence parallelism inside a tensor-parallel group ({SPEED})"),
         f"{mg}.override_transformer_config.persist_layer_norm": Ignore(f"layer-norm kernels ({SPEED})"),
         f"{mg}.override_transformer_config.deallocate_pipeline_outputs": Unread(
-            "read only with pipeline parallelism (refused where > 1)"),
+            "read only with pipeline parallelism (refused where > 1)", pipeline),
         f"{mg}.override_transformer_config.swiglu": Keep(is_(True), "SwiGLU, as rlforge's megatron models (Llama, "
                                                          "Qwen2) have", "an MLP other than SwiGLU (megatron)"),
         f"{mg}.override_transformer_config.normalization": Keep(is_("RMSNorm"), "RMSNorm, as rlforge's megatron models "
@@ -186,11 +193,14 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         f"{mg}.override_transformer_config.*_dropout": Keep(is_(0, 0.0), "no dropout (rlforge's megatron models have "
                                                             "none: the RL losses assume none)", "dropout (megatron)"),
         f"{mg}.override_transformer_config.fp8": Keep(off, "no fp8", "fp8 training (megatron)"),
-        f"{mg}.override_transformer_config.fp8_*": Unread("read only with fp8 (refused where set)"),
+        f"{mg}.override_transformer_config.fp8_*": Unread("read only with fp8 (refused where set)",
+                                                          gate(f"{mg}.override_transformer_config.fp8")),
         f"{mg}.override_transformer_config.context_parallel_size": Keep(at_most_one, "no context parallelism",
                                                                         "context parallelism (megatron)"),
         f"{mg}.override_transformer_config.context_parallel_algo": Unread(
-            "read only with context parallelism (refused where > 1)"),
+            "read only with context parallelism (refused where > 1)",
+            lambda get, key: above_one(get(f"{mg}.context_parallel_size"))
+            or above_one(get(f"{mg}.override_transformer_config.context_parallel_size"))),
         f"{mg}.override_transformer_config.moe_*": Keep(never, "", "MoE models in rlforge's megatron strategy"),
         f"{mg}.override_transformer_config.*": Keep(never, "", "overriding megatron TransformerConfig fields"),
         f"{mg}.optimizer_offload": Map("strategy.offload_optimizer") if role == "actor" else (
@@ -205,17 +215,18 @@ def _engine(section: str, role: str) -> dict[str, Rule]:
         **verl_veomni.engine_rules(section, role, sp, entropy, Map("strategy.offload_optimizer") if role == "actor"
                                    else Unread("the reference model has no optimizer") if role == "ref"
                                    else Ignore(OPTIMIZER_OFFLOAD)),
-        f"{section}.torchtitan.*": Unread("read only by verl's torchtitan engine (model_engine=torchtitan: refused)"),
+        f"{section}.torchtitan.*": Unread("read only by verl's torchtitan engine (model_engine=torchtitan: refused)",
+                                          gate("model_engine", is_("torchtitan"))),
         f"{section}.profiler.*": Ignore(PROFILING),
         f"{section}.checkpoint.*": Ignore("checkpoints always hold model, optimizer and trainer state"),
         f"{section}.ulysses_sequence_parallel_size": sp,
         f"{section}.strategy": Derived("parallel") if role != "critic" else Ignore("the strategy is one for all roles"),
-        f"{section}.use_torch_compile": Unread(NOT_COMPILED),
+        f"{section}.use_torch_compile": Unread(NOT_COMPILED, gate("model_engine", is_("torchtitan", "automodel"))),
         f"{section}.entropy_*": entropy,
         f"{section}.pad_to_length*": Ignore(SPEED),
         f"{section}.rollout_n": Ignore(COPY),
         f"{section}.qat.enable": Keep(off, "no quantization-aware training", "quantization-aware training (QAT)"),
-        f"{section}.qat.*": Unread("read only with qat.enable"),
+        f"{section}.qat.*": Unread("read only with qat.enable", gate(f"{section}.qat.enable")),
         f"{section}.nccl_timeout": Ignore("NCCL set-up"),
     }
     if role == "critic":  # the critic's engine section (verl 0.9.1 reads critic.fsdp, not critic.model.fsdp_config)
@@ -319,7 +330,8 @@ ROLLOUT_RULES: dict[str, Rule] = {
     f"{ROLLOUT}.quantization_config_file": Keep(off, "unquantized rollouts", "quantized (fp8) rollouts"),
     f"{ROLLOUT}.enable_rollout_routing_replay": Keep(off, "no routing replay", "MoE routing replay"),
     f"{ROLLOUT}.disaggregation.enabled": Keep(off, "one engine per replica", "prefill/decode disaggregation"),
-    f"{ROLLOUT}.disaggregation.*": Unread("read only with disaggregation.enabled"),
+    f"{ROLLOUT}.disaggregation.*": Unread("read only with disaggregation.enabled",
+                                          gate(f"{ROLLOUT}.disaggregation.enabled")),
     f"{ROLLOUT}.val_kwargs.*": Derived("validation"),
     f"{ROLLOUT}.multi_turn.*": Derived("multi_turn"),
     f"{ROLLOUT}.agent.default_agent_loop": Derived("multi_turn"),
@@ -428,7 +440,8 @@ REWARD_RULES: dict[str, Rule] = {
     "reward.reward_model.rollout.*": Ignore("read only with a generative reward model served by an engine"),
     "reward.reward_model.*": Ignore("the reward model runs beside the actor (reward.model.device)"),
     "reward.sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
-    "reward.sandbox_fusion.*": Unread("read only with reward.sandbox_fusion.url (refused where set)"),
+    "reward.sandbox_fusion.*": Unread("read only with reward.sandbox_fusion.url (refused where set)",
+                                      gate("reward.sandbox_fusion.url")),
     # verl's legacy reward section, moved into reward.* as verl's migrate_legacy_reward_impl moves it
     "reward_model.reward_kwargs.*": Derived("overlong"),
     "reward_model.overlong_buffer.*": Unread("not read by verl 0.9.1: the DAPO recipe's earlier keys (verl moves "
@@ -438,7 +451,7 @@ REWARD_RULES: dict[str, Rule] = {
     "reward_model.*": Derived("reward"),
     "custom_reward_function.*": Derived("reward"),
     "sandbox_fusion.url": Keep(off, "rlforge's own sandbox (reward.code.*)", "SandboxFusion servers"),
-    "sandbox_fusion.*": Unread("read only with sandbox_fusion.url (refused where set)"),
+    "sandbox_fusion.*": Unread("read only with sandbox_fusion.url (refused where set)", gate("sandbox_fusion.url")),
 }
 
 TRAINER_RULES: dict[str, Rule] = {
@@ -474,7 +487,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.use_v1": Derived("main_ppo_trainer"), "trainer.v1.trainer_mode": Derived("main_ppo_trainer"),
     "trainer.use_legacy_worker_impl": Keep(is_("disable"), "verl 0.9.1's engine workers (its only ones; an earlier "
                                            "verl's key, unread by 0.9.1)", "verl's legacy workers (not in 0.9.1)"),
-    "trainer.v1.*": Unread("read only by verl's v1 asynchronous modes"),
+    "trainer.v1.*": Unread("read only by verl's v1 asynchronous modes", gate("trainer.use_v1")),
 }
 
 OTHER_RULES: dict[str, Rule] = {
@@ -484,7 +497,8 @@ OTHER_RULES: dict[str, Rule] = {
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
     "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
-    "skip.*": Unread("read only with skip.*.enable (refused where true)"),
+    "skip.*": Unread("read only with skip.*.enable (refused where true)",
+                     lambda get, key: bool(get(key.rsplit(".", 1)[0] + ".enable"))),
     "distillation.*": Derived("distillation"),
     "async_training.*": Keep(never, "", "verl's fully-async trainer (its staleness is a share of samples; rlforge's "
                                         "trainer.pipeline=async bounds it in whole updates, docs/pipelines.md)"),

@@ -42,9 +42,26 @@ class Ignore:
     why: str
 
 
+# (get, key) -> whether verl reads ``key`` in this config after all: its feature's gate is on (get: a key's value)
+Reads = Callable[[Callable[[str], Any], str], bool]
+
+
 @dataclass(frozen=True)
 class Unread(Ignore):
-    """An :class:`Ignore` whose key verl 0.9.1 does not read either (``why`` says when it would)."""
+    """An :class:`Ignore` whose key verl 0.9.1 does not read either (``why`` says when it would). ``reads``: where
+    that depends on a feature's gate (rlforge refuses the feature), whether this config turns it on: then verl reads
+    the key, and it is a plain :class:`Ignore` in a launch refused for that feature."""
+
+    reads: Reads | None = None
+
+
+def gate(key: str, on: Callable[[Any], bool] = bool) -> Reads:
+    """``reads`` for a feature switched on by ``key``'s value (``on``: by default any true value)."""
+    return lambda get, _: on(get(key))
+
+
+def above_one(value: Any) -> bool:
+    return (value or 1) > 1
 
 
 # Hydra's own settings (hydra.run.dir, hydra/job_logging=...), which verl_hydra checks against Hydra's config: the

@@ -244,7 +244,8 @@ def recompute(c: Context) -> None:
     for key in keys:
         leaf = key.rsplit(".", 1)[1]
         if leaf == "recompute_modules":
-            c.unread(key, "read only with recompute_granularity=selective")
+            (c.ignore(key, f"the modules megatron's selective recomputation recomputes ({SPEED})") if granularity ==
+             "selective" else c.unread(key, "read only with recompute_granularity=selective"))
         elif not full:
             c.unread(key, "read only with recompute_granularity=full")
         elif every:
@@ -293,9 +294,23 @@ def filter_groups(c: Context) -> None:
              c.unread(key, "read only by main_ppo's and the DAPO recipe's dynamic sampling"))
         return
     if not c.get(f"{f}.enable"):
+        gen, train = c.get("data.gen_batch_size"), c.get("data.train_batch_size")
         for key in keys:
-            (c.map(key, "algorithm.filter_groups", False) if key == f"{f}.enable"
-             else c.unread(key, "read only with filter_groups.enable (dynamic sampling)"))
+            if key == f"{f}.enable":
+                c.map(key, "algorithm.filter_groups", False)
+            elif key == "data.gen_batch_size" and c.trainer == "fully_async":  # its rollouter streams prompts
+                (c.ignore(key, "verl's fully-async rollouter draws one prompt at a time (it asserts gen_batch_size "
+                               "== 1); rlforge's pipeline draws data.train_batch_size per step") if gen == 1 else
+                 c.stop(key, "verl's fully-async rollouter asserts gen_batch_size == 1"))
+            elif key != "data.gen_batch_size" or gen is None:
+                c.unread(key, "read only with filter_groups.enable (dynamic sampling)" if key != "data.gen_batch_size"
+                         else "null: verl's data loader draws data.train_batch_size prompts")
+            elif gen == train:
+                c.same(key, "data.train_batch_size prompts per step, as verl's data loader draws them")
+            else:  # verl's data loader draws gen_batch_size prompts per step when no groups are filtered
+                c.refuse(key, f"data.gen_batch_size={gen} prompts per step beside data.train_batch_size={train} without "
+                              "dynamic sampling (verl's data loader draws gen_batch_size prompts a step then; set "
+                              "data.train_batch_size to it)")
         return
     c.map(f"{f}.enable", "algorithm.filter_groups", True)
     metric, recipe = c.get(f"{f}.metric"), c.trainer == "dapo"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlforge.config.verl_rules import Derived, Ignore, Keep, Rule, Unread, at_most_one, is_
+from rlforge.config.verl_rules import Derived, Ignore, Keep, Rule, Unread, at_most_one, gate, is_
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -46,7 +46,8 @@ def engine_rules(section: str, role: str, sp: Rule, entropy: Rule, optimizer_off
         f"{v}.forward_only": Ignore("internal: set for forward-only roles"),
         f"{v}.entropy_*": entropy,
         f"{v}.router_replay.mode": Keep(is_("disabled"), "no router replay", "MoE router replay"),
-        f"{v}.router_replay.*": Unread("read only with router_replay.mode (refused where set)"),
+        f"{v}.router_replay.*": Unread("read only with router_replay.mode (refused where set)",
+                                       gate(f"{v}.router_replay.mode", lambda m: m not in (None, "disabled"))),
         f"{v}.qat_implementation": Keep(is_("none", None), "no quantization-aware training",
                                         "quantization-aware training (QAT)"),
         f"{v}.load_checkpoint_path": Keep(is_(None), "weights from model.path (Hugging Face)",

@@ -475,3 +475,28 @@ def test_keys_verl_does_not_read_in_the_launch_are_marked_apart_from_infrastruct
         assert _fate(t, key).kind == verl.IGNORED and key not in unread
     assert all(f.kind == verl.IGNORED for f in t.fates if f.unread)
     assert f"({len(unread)} of them not read by verl 0.9.1 either;" in t.report()[0]
+
+
+def test_a_key_gated_by_a_refused_feature_is_read_where_the_launch_turns_it_on() -> None:
+    """verl reads mtp.* with mtp.enable, the pipeline-split keys with PP > 1, recompute_modules with selective
+    recomputation: there they are not 'unread' (the launch is refused for the feature, or they change speed only);
+    uneven pipeline stages change the model at any pipeline size, so they are refused."""
+    m = "actor_rollout_ref.model"
+    off = _t(f"{m}.mtp.detach_encoder=True")
+    on = _t(f"{m}.mtp.enable=True", f"{m}.mtp.detach_encoder=True")
+    assert _fate(off, f"{m}.mtp.detach_encoder").unread and not _fate(on, f"{m}.mtp.detach_encoder").unread
+    mg = f"{A}.megatron.override_transformer_config"
+    stages = _fate(_t("model_engine=megatron", f"+{mg}.num_layers_in_first_pipeline_stage=5"),
+                   f"{mg}.num_layers_in_first_pipeline_stage")
+    assert stages.kind == verl.REFUSED and "uneven pipeline stages" in stages.text
+    r = f"{A}.megatron.override_transformer_config"
+    sel = _t("model_engine=megatron", f"+{r}.recompute_granularity=selective", f"+{r}.recompute_modules=[core_attn]")
+    assert not _fate(sel, f"{r}.recompute_modules").unread
+
+
+def test_gen_batch_size_without_dynamic_sampling_is_verl_s_prompts_per_step() -> None:
+    """verl's data loader draws data.gen_batch_size prompts a step where no groups are filtered."""
+    same = _fate(_t("data.train_batch_size=32", "+data.gen_batch_size=32"), "data.gen_batch_size")
+    assert same.kind == verl.MAPPED
+    other = _fate(_t("data.train_batch_size=32", "+data.gen_batch_size=96"), "data.gen_batch_size")
+    assert other.kind == verl.REFUSED and "set data.train_batch_size to it" in other.text

@@ -5,6 +5,7 @@ Launches that ask for a feature rlforge lacks must be refused naming it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,9 @@ REPRESENTATIVE = {
     # DAPO (dynamic sampling on acc, overlong shaping, sampled validation with top_p); run on the CPU, the prompts drawn
     # two at a time for at most two rounds (EXTRA)
     "dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": None,
-    "examples/ppo_trainer/run_qwen3_8b_megatron.sh": "pipeline parallelism",  # megatron
+    "examples/ppo_trainer/run_qwen3_8b_megatron.sh": "pipeline parallelism",  # megatron with PP 2
+    # megatron with TP 2 (verl's ppo_megatron_trainer config): two CPU processes on Ray, fp32 for its fp16 (EXTRA)
+    "dapo/test_dapo_8b_megatron_fp16.sh": None,
     # multi-turn tool GRPO; its tool config swapped for a local one of the same schema (_tools)
     "partial_rollout/run/run_qwen3-0.6b_gsm8k_grpo_tool_baseline.sh": None,
     "examples/sft/gsm8k/run_qwen2_5_0_5b_fsdp.sh": None,  # SFT (its schedule: verl's, through transformers)
@@ -37,6 +40,8 @@ REPRESENTATIVE = {
     "examples/on_policy_distillation_trainer/run_qwen3_0.6b_opd_veomni.sh": None,
 }
 EXTRA = {"partial_rollout/run/run_qwen3-0.6b_gsm8k_grpo_tool_baseline.sh": ["data.max_prompt_length=512"],  # + schema
+         # its tensor-parallel size 2 as two CPU processes (as the others' GPUs become one); fp16 is a GPU dtype
+         "dapo/test_dapo_8b_megatron_fp16.sh": [f"{ARO}.actor.megatron.dtype=float32", "trainer.n_gpus_per_node=2"],
          "dapo/run_dapo_qwen3_30b_fsdp_6k_npu.sh": [  # main_dapo's config; its overlong window within 8 tokens
     "--config-name=dapo_trainer", "data.gen_batch_size=2", "algorithm.filter_groups.max_num_gen_batches=2",
     "reward.reward_kwargs.max_resp_len=8", "reward.reward_kwargs.overlong_buffer_cfg.len=4"]}
@@ -96,6 +101,26 @@ def _tools(launch: dict, tmp_path, monkeypatch) -> list[str]:
     return [f"{key}={tmp_path / 'tools.yaml'}"]
 
 
+CPU_MEGATRON = """
+import sys
+
+sys.path.insert(0, {root!r})
+from tests.plugins.megatron_cpu import allow_megatron_forward_on_cpu  # noqa: E402
+
+allow_megatron_forward_on_cpu()  # in every process that imports this plugin: the driver and the Ray ranks
+"""
+
+
+def _megatron(launch: dict, tmp_path) -> list[str]:
+    """megatron-core's forward calls torch.cuda: on the CPU a launch on verl's megatron config runs through the
+    test-only shim (tests/plugins/megatron_cpu.py), loaded as a plugin file by the driver and each Ray rank."""
+    if not any("megatron" in a for a in launch["args"] if a.startswith(("--config-name", "model_engine"))):
+        return []
+    shim = tmp_path / "cpu_megatron.py"
+    shim.write_text(CPU_MEGATRON.format(root=str(Path(__file__).resolve().parents[2])))
+    return ["--", f"plugins.modules=[{shim}]"]
+
+
 def _teachers(launch: dict, model) -> list[str]:
     """Every teacher entry's model_path (the default entry where the launch names none) set to the tiny model."""
     if "distillation.enabled=True" not in launch["args"]:
@@ -127,7 +152,7 @@ def test_a_verl_example_launch_trains_or_names_what_is_missing(source, tmp_path,
     launch = _launch(source)
     args = [*(["--sft"] if launch["entry"].endswith("sft_trainer") else []), *launch["args"],
             *_local(launch, tmp_path, tiny_chat_model, local_data), *_tools(launch, tmp_path, monkeypatch),
-            *EXTRA.get(source, [])]
+            *EXTRA.get(source, []), *_megatron(launch, tmp_path)]
     code = main(["verl", *args])
     err = capsys.readouterr().err
     missing = REPRESENTATIVE[source]
