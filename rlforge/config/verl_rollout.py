@@ -54,7 +54,7 @@ def rollout_engine(c: Context) -> None:
     winners = engine_kwargs(c, name)
     for key, (arg, target) in VLLM_KEYS.items():
         if name == "vllm" and arg in winners:
-            c.unread(key, f"verl passes {EK}.vllm.{arg} after it, which wins (mapped to {target})")
+            c.ignore(key, f"verl passes {EK}.vllm.{arg} after it, which wins (mapped to {target})")
         elif name == "vllm":
             c.map(key, target, c.get(key), NOTES.get(key, "") if c.get(key) else "")
         elif name == "hf":
