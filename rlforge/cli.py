@@ -241,11 +241,9 @@ def cmd_verl(argv: list[str]) -> int:
 
         run_sft(cfg, pm)
     elif t.command == "eval":
-        from rlforge.tools.evaluate import evaluate, write_report
+        from rlforge.tools.evaluate import evaluate_launch
 
-        folder = cfg.trainer.run_dir or os.path.join(cfg.trainer.runs_root, cfg.trainer.experiment)  # verl's run folder
-        report = evaluate(cfg, pm, split="val", ks=None, log=_progress)
-        print(f"report: {write_report(report, os.path.join(folder, 'eval_report.json'))}")
+        print(f"report: {evaluate_launch(cfg, pm, log=_progress)}")
     else:
         from rlforge.trainer import Trainer
 

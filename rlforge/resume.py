@@ -130,6 +130,20 @@ def _new_run(config: DictConfig, run_dir: Path | None) -> Binding:
     return Binding(run_dir, lock, new=True)
 
 
+def resumed_checkpoint(config: DictConfig) -> Path | None:
+    """The checkpoint ``trainer.resume`` would continue from, found without taking the run (None: a run would start
+    anew). verl's ``trainer.val_only`` validates it: verl loads the checkpoint before its validation."""
+    t = config.trainer
+    if t.resume == "never":
+        return None
+    if t.resume == "auto":
+        run_dir = Path(t.run_dir) if t.run_dir else _newest_run(Path(t.runs_root) / t.experiment)
+        found = ckpt.list_checkpoints(run_dir) if run_dir is not None else []
+        return found[-1] if found else None
+    run_dir, explicit = _resume_target(Path(t.resume).expanduser())
+    return explicit or next(reversed(ckpt.list_checkpoints(run_dir)), None)
+
+
 def _newest_run(experiment_dir: Path) -> Path | None:
     """The newest run folder of the experiment that was started (it has a config or a checkpoint)."""
     runs = [r for r in ckpt.runs_of(experiment_dir) if ckpt.holds_run(r)]

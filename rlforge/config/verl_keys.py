@@ -487,7 +487,17 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.use_v1": Derived("main_ppo_trainer"), "trainer.v1.trainer_mode": Derived("main_ppo_trainer"),
     "trainer.use_legacy_worker_impl": Keep(is_("disable"), "verl 0.9.1's engine workers (its only ones; an earlier "
                                            "verl's key, unread by 0.9.1)", "verl's legacy workers (not in 0.9.1)"),
-    "trainer.v1.*": Unread("read only by verl's v1 asynchronous modes", gate("trainer.use_v1")),
+    # the sampler (replay buffer) of verl's v1 trainer, which main_ppo runs in sync mode too
+    "trainer.v1.sampler.custom_sampler.*": Keep(is_(None), "verl's own replay buffer",
+                                                "a custom sampler class (trainer.v1.sampler.custom_sampler)"),
+    "trainer.v1.sampler.sampler_kwargs": Unread("arguments for a custom sampler (custom_sampler: refused where set)",
+                                                gate("trainer.v1.sampler.custom_sampler.path")),
+    "trainer.v1.sampler.sync_refill_failed_groups": Keep(off, "a group that fails to generate is not refilled",
+                                                         "refilling failed groups within the step"),
+    "trainer.v1.sampler.max_off_policy_*": Ignore("the staleness bound of verl's asynchronous modes (in sync mode "
+                                                  "verl only checks the value: a positive int or null, drop or wait)"),
+    "trainer.v1.*": Unread("read only by verl's v1 asynchronous modes (trainer.v1.trainer_mode: sync here)",
+                           gate("trainer.v1.trainer_mode", lambda m: m not in (None, "sync"))),
 }
 
 OTHER_RULES: dict[str, Rule] = {

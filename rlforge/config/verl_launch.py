@@ -87,6 +87,8 @@ def as_layer(t: verl.Translation) -> DictConfig:
 # instead: the key after -- wins, as verl's total_training_steps beside total_epochs does
 OUTRANKED = {"trainer.total_steps": ("trainer.total_epochs", "trainer.epoch_limit"),
              "sft.steps": ("sft.epochs", "sft.epoch_limit")}
+# an epoch count given after `--` sets the run's length: a translated epoch limit would cut it short
+LIMITS = {"trainer.total_epochs": "trainer.epoch_limit", "sft.epochs": "sft.epoch_limit"}
 
 
 def beneath(prepared: Prepared, ours: list[str]) -> tuple[DictConfig, list[str]]:
@@ -108,6 +110,12 @@ def beneath(prepared: Prepared, ours: list[str]) -> tuple[DictConfig, list[str]]
                      + (f"becomes {instead}={value} (the run stops there if that comes first), as verl's "
                         f"total_training_steps beside total_epochs" if moved else
                         f"is dropped: {instead} is given after -- too"))
+    for key, limit in LIMITS.items():
+        value = OmegaConf.select(layer, limit)
+        if key in mine and limit not in mine and value is not None:
+            layer = layer.copy()
+            OmegaConf.update(layer, limit, None)
+            notes.append(f"{key} given after --: the translated {limit}={value} is dropped (your epochs set the run)")
     return layer, notes
 
 

@@ -307,10 +307,15 @@ def filter_groups(c: Context) -> None:
                          else "null: verl's data loader draws data.train_batch_size prompts")
             elif gen == train:
                 c.same(key, "data.train_batch_size prompts per step, as verl's data loader draws them")
-            else:  # verl's data loader draws gen_batch_size prompts per step when no groups are filtered
+            elif c.trainer not in TRAINER_NAMES:  # main_ppo's v1 trainer fetches a step's prompts in such chunks
+                (c.same(key, f"verl fetches each step's data.train_batch_size={train} prompts {gen} at a time (the "
+                             "same prompts)") if isinstance(gen, int) and gen > 0 and train % gen == 0 else
+                 c.stop(key, f"verl 0.9.1 stops on a gen_batch_size that does not divide data.train_batch_size={train} "
+                             "('must be a positive multiple of gen_batch_size')"))
+            else:  # the legacy loader of the DAPO recipe and the one-step-off trainer: gen_batch_size prompts a step
                 c.refuse(key, f"data.gen_batch_size={gen} prompts per step beside data.train_batch_size={train} without "
-                              "dynamic sampling (verl's data loader draws gen_batch_size prompts a step then; set "
-                              "data.train_batch_size to it)")
+                              f"dynamic sampling ({TRAINER_NAMES[c.trainer]} draws gen_batch_size prompts a step then; "
+                              "set data.train_batch_size to it)")
         return
     c.map(f"{f}.enable", "algorithm.filter_groups", True)
     metric, recipe = c.get(f"{f}.metric"), c.trainer == "dapo"

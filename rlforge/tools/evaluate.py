@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, read_write
 
 from rlforge import batch as B
 from rlforge.build import Builder
@@ -121,3 +121,20 @@ def write_report(report: dict[str, Any], path: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print) -> Path:
+    """verl's ``trainer.val_only``: validate what a training launch of the same keys continues from (the checkpoint
+    ``trainer.resume`` finds, which verl loads before validating; else ``model.path``) and write ``eval_report.json``
+    into the run folder (verl's ``default_local_dir``)."""
+    from rlforge.resume import resumed_checkpoint
+    from rlforge.tools.export import model_folder
+
+    found = resumed_checkpoint(cfg)
+    if found is not None:  # its actor/ (written from the shards where it has none; a LoRA one merged)
+        cfg = cfg.copy()
+        with read_write(cfg):
+            cfg.model.path = model_folder(str(found))
+        log(f"validating {found}: the checkpoint a training launch of these keys resumes from (as verl does)")
+    folder = Path(cfg.trainer.run_dir or Path(cfg.trainer.runs_root) / cfg.trainer.experiment)
+    return write_report(evaluate(cfg, pm, split="val", ks=None, log=log), folder / "eval_report.json")

@@ -499,6 +499,9 @@ def test_a_step_count_after_the_double_dash_wins_over_the_launch_s_epochs(capsys
     both = prepare(["data.train_files=chat.jsonl", "model.path=builtin:tiny-arith", "trainer.total_epochs=2",
                     "trainer.total_training_steps=12"], SFT_ENTRY, refuse=False)
     assert both.config.sft.steps == 12 and both.config.sft.epoch_limit == 2 and "epochs" not in both.config.sft
+    layer, notes = beneath(both, ["sft.epochs=3"])  # your epochs set the run: the translated limit goes
+    assert layer.sft.epoch_limit is None and notes == [
+        "sft.epochs given after --: the translated sft.epoch_limit=2 is dropped (your epochs set the run)"]
 
 
 def test_the_report_lists_the_launch_s_own_keys_before_verl_s_defaults() -> None:

@@ -498,5 +498,23 @@ def test_gen_batch_size_without_dynamic_sampling_is_verl_s_prompts_per_step() ->
     """verl's data loader draws data.gen_batch_size prompts a step where no groups are filtered."""
     same = _fate(_t("data.train_batch_size=32", "+data.gen_batch_size=32"), "data.gen_batch_size")
     assert same.kind == verl.MAPPED
-    other = _fate(_t("data.train_batch_size=32", "+data.gen_batch_size=96"), "data.gen_batch_size")
+    chunks = _fate(_t("data.train_batch_size=32", "+data.gen_batch_size=8"), "data.gen_batch_size")  # main_ppo
+    assert chunks.kind == verl.MAPPED and "8 at a time" in chunks.text
+    odd = _fate(_t("data.train_batch_size=32", "+data.gen_batch_size=96"), "data.gen_batch_size")
+    assert odd.kind == verl.REFUSED and odd.stops and "positive multiple of gen_batch_size" in odd.text
+    dapo = prepare(["--config-name=dapo_trainer", *GPUS, "data.train_batch_size=32", "data.gen_batch_size=96"],
+                   refuse=False).translation  # the recipe's loader draws gen_batch_size prompts a step
+    other = _fate(dapo, "data.gen_batch_size")
     assert other.kind == verl.REFUSED and "set data.train_batch_size to it" in other.text
+
+
+def test_the_v1_trainers_sampler_keys_are_read_in_sync_mode() -> None:
+    """main_ppo's v1 trainer builds its replay buffer in sync mode too: a custom sampler class or refilling failed
+    groups is a feature rlforge lacks, not a key of the asynchronous modes."""
+    s = "trainer.v1.sampler"
+    t = _t(f"{s}.custom_sampler.path=/x/sampler.py", f"{s}.custom_sampler.name=Mine", f"{s}.sync_refill_failed_groups=True")
+    for key in (f"{s}.custom_sampler.path", f"{s}.sync_refill_failed_groups"):
+        assert _fate(t, key).kind == verl.REFUSED, key
+    default = _t()
+    assert _fate(default, f"{s}.custom_sampler.path").kind == verl.MAPPED
+    assert _fate(default, "trainer.v1.separate_async.parameter_sync_step").unread  # trainer_mode=sync

@@ -175,5 +175,14 @@ def test_val_only_validates_and_writes_its_report_into_the_run_folder(tmp_path, 
                  "trainer.val_before_train=True", "trainer.val_only=True"])
     assert code == 0, capsys.readouterr().err[-3000:]
     report = json.loads((tmp_path / "run" / "eval_report.json").read_text())
-    assert report and not list((tmp_path / "cwd").iterdir())
+    assert report["model"] == str(tiny_chat_model) and not list((tmp_path / "cwd").iterdir())
     assert not list((tmp_path / "run").rglob("summary.json"))  # nothing trained
+    # with a checkpoint in the run folder, verl loads it before validating (resume_mode=auto): so does rlforge
+    train = [a for a in _local(launch, tmp_path, tiny_chat_model, local_data) if not a.startswith("trainer.resume_mode")]
+    assert main(["verl", *launch["args"], *train, "trainer.resume_mode=auto"]) == 0
+    code = main(["verl", *launch["args"], *train, "trainer.resume_mode=auto", "trainer.val_before_train=True",
+                 "trainer.val_only=True"])
+    err = capsys.readouterr().err
+    assert code == 0 and "validating " in err and "step_000001" in err, err[-2000:]
+    report = json.loads((tmp_path / "run" / "eval_report.json").read_text())
+    assert report["model"].endswith("step_000001/actor")
