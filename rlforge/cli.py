@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlforge.config.checks import check_fit_keys, check_sft_layers
+from rlforge.config.checks import check_cuda_present, check_fit_keys, check_sft_layers
 from rlforge.errors import ConfigError, RLForgeError
 
 
@@ -229,6 +229,7 @@ def cmd_verl(argv: list[str]) -> int:
                 preflight(cfg)
             else:
                 check_fit_keys(cfg)
+                check_cuda_present(cfg)
                 _check_reward_function(pm, cfg, prepared, ours)
         except RLForgeError as exc:
             print(f"rlforge: the run would stop here: {exc}", file=sys.stderr)
@@ -248,6 +249,7 @@ def cmd_verl(argv: list[str]) -> int:
         from rlforge.trainer import Trainer
 
         check_fit_keys(cfg)
+        check_cuda_present(cfg)
         _check_reward_function(pm, cfg, prepared, ours)
         Trainer(cfg, plugins=pm).fit()
     return 0

@@ -275,3 +275,16 @@ def check_fit_keys(cfg: DictConfig) -> None:
         raise ConfigError(f"rlforge fit does not read {', '.join(changed)}: rlforge sft's key(s). A fit's length is "
                           f"trainer.total_steps (or trainer.total_epochs); `rlforge sft` fine-tunes (docs/sft.md).")
 
+
+def check_cuda_present(cfg: DictConfig) -> None:
+    """A CUDA ``strategy.device`` (verl's default ``trainer.device=cuda``) on a machine without one stops before the
+    run folder is taken or a worker starts, as the strategy would stop placing the model; not for a Ray cluster one
+    connects to (``ray.address``), whose workers may hold the GPUs."""
+    device = str(cfg.strategy.device)
+    if not device.startswith("cuda") or (cfg.trainer.controller == "ray" and cfg.get("ray", {}).get("address")):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"strategy.device='{device}' (verl: trainer.device) but this machine has no CUDA device. "
+                          f"Use auto or cpu.")

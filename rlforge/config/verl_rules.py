@@ -101,6 +101,11 @@ def never(_: Any) -> bool:
     return False
 
 
+# Hydra's hydra.job.env_set: the job's environment, which the run does not set (the same rule in both tables)
+HYDRA_ENV = Keep(never, "", "environment variables set through Hydra's hydra.job.env_set (export them "
+                 "before the command: the run and its workers inherit them)")
+
+
 # --- value conversions ----------------------------------------------------------------------------------------------
 def non_negative(value: Any) -> Any:
     """verl's -1 / None for "off" or "every" -> rlforge's 0."""

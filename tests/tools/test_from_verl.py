@@ -516,3 +516,18 @@ def test_the_report_lists_the_launch_s_own_keys_before_verl_s_defaults() -> None
     assert any(line.startswith(f"ignored     {ARO}.actor.clip_ratio: not read: verl 0.9.1 clips at clip_ratio_low=0.2 "
                                f"and clip_ratio_high=0.2 (its config's defaults") for line in own), own
     assert not any(f"{ARO}.actor.clip_ratio_low" in line for line in own)  # a default, listed with the defaults
+
+
+def test_a_cuda_device_on_a_machine_without_one_stops_before_the_run(monkeypatch) -> None:
+    """verl's default trainer.device=cuda: `rlforge verl --print` says the run would stop, as the strategy would; a
+    Ray cluster one joins (ray.address) may hold the GPUs its driver lacks."""
+    import torch
+
+    from rlforge import load_config
+    from rlforge.config.checks import check_cuda_present
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"strategy.device='cuda' \(verl: trainer.device\) but this machine has no"):
+        check_cuda_present(load_config("grpo", ["strategy.device=cuda"]))
+    check_cuda_present(load_config("grpo", ["strategy.device=cpu"]))
+    check_cuda_present(load_config("grpo", ["strategy.device=cuda", "trainer.controller=ray", "ray.address=auto"]))

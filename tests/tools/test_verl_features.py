@@ -518,3 +518,9 @@ def test_the_v1_trainers_sampler_keys_are_read_in_sync_mode() -> None:
     default = _t()
     assert _fate(default, f"{s}.custom_sampler.path").kind == verl.MAPPED
     assert _fate(default, "trainer.v1.separate_async.parameter_sync_step").unread  # trainer_mode=sync
+
+
+def test_hydra_s_env_set_is_refused_not_dropped() -> None:
+    """verl's Hydra sets hydra.job.env_set for the job; rlforge does not, so it says so instead of ignoring it."""
+    fate = _fate(_t("+hydra.job.env_set.FOO=bar"), "hydra.job.env_set.FOO")
+    assert fate.kind == verl.REFUSED and "export them before the command" in fate.text
