@@ -71,7 +71,7 @@ def corpus(f: dict[str, float]) -> list[str]:
             f"| ignored, with the reason | {f['ignored']} | {f['ignored_pct']:.1f}% |",
             f"| ... of which verl 0.9.1 does not read the key in that launch either (it means nothing there, as here) | "
             f"{f['unread']} | {f['unread_pct']:.1f}% |", "",
-            f"**With the same meaning in rlforge as in verl: {f['same_meaning_pct']:.1f}%** of the overrides (the mapped "
+            f"**With the same meaning in rlforge as in verl: {f['same_meaning_pct']:.2f}%** of the overrides (the mapped "
             f"{f['mapped_pct']:.1f}% and the {f['unread_pct']:.1f}% verl itself does not read there: a key of a feature "
             "the launch leaves off, of a role it has no model for, of the other engine, or one no code of verl 0.9.1 "
             "reads). Each such fate names when verl would read the key; the translation's report counts them in its "

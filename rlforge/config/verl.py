@@ -47,6 +47,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     derived: dict[str, list[str]] = {}
     critic = sft or flat.get("algorithm.adv_estimator") == "gae" or bool(flat.get("critic.enable"))
     own_reader = not sft and bool(flat.get("data.custom_cls.path"))  # a dataset class reads verl's data section
+    # no KL term: verl builds no reference model (nor computes reference log-probs), and reads none of its keys
+    no_ref = not sft and not (flat.get(f"{ARO}.actor.use_kl_loss") or flat.get("algorithm.use_kl_in_reward"))
     built = verl_stale.BUILT_SFT if sft else (*verl_stale.BUILT, *((f"{ARO}.ref.",) if uses_ref(c) else ()), "critic.")
     defaults = verl_tree.default_tree(verl_tree.ENGINE_VARIANTS.get((config_name, flat.get("model_engine")),
                                                                     config_name))
@@ -59,6 +61,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             c.unread(key, f"verl builds no critic for adv_estimator={flat.get('algorithm.adv_estimator')}")
         elif gap and verl_stale.settle(c, key, gap, built, variables, key in TABLE.exact, rule is not None):
             pass
+        elif no_ref and key.startswith(f"{ARO}.ref.") and not isinstance(rule, Derived):
+            c.unread(key, "read only with a reference model (use_kl_loss or use_kl_in_reward)")
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)
         elif isinstance(rule, Map):

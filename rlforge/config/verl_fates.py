@@ -39,7 +39,7 @@ class Fate:
         if self.kind == REFUSED:
             end = "" if self.stops else " is not in rlforge"
             return f"REFUSED     {self.key} = {self.value!r}: {self.text}{end}"
-        return f"ignored     {self.key}: {self.text}"
+        return f"{'unread' if self.unread else 'ignored':<12}{self.key}: {self.text}"
 
     mapped_value: Any = None
     unread: bool = False  # ignored because verl 0.9.1 does not read the key here either (its value changes nothing there)
@@ -79,8 +79,8 @@ class Translation:
         source = f" ({self.config_from})" if self.config_from else ""
         unread = sum(f.unread for f in self.fates)
         head = (f"{what}; read as verl's {self.config}{source}; {len(self.of(MAPPED))} mapped, "
-                f"{len(self.of(REFUSED))} refused, {len(self.of(IGNORED))} ignored ({unread} of them not read by verl "
-                f"0.9.1 either; see {DOC})")
+                f"{len(self.of(REFUSED))} refused, {len(self.of(IGNORED))} ignored ({unread} of them 'unread': not read "
+                f"by verl 0.9.1 either; see {DOC})")
         order = sorted(self.fates, key=lambda f: (f.kind != REFUSED, f.kind, f.key))
         own = [f for f in order if self._given(f.key)]
         rest = [f for f in order if not self._given(f.key)]

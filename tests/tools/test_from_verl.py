@@ -513,7 +513,7 @@ def test_the_report_lists_the_launch_s_own_keys_before_verl_s_defaults() -> None
     rest = next(i for i, line in enumerate(lines) if line.startswith("-- verl's defaults, the keys the launch leaves"))
     assert at == 1 and rest == at + len(BASE) + 2
     own = lines[at + 1:rest]
-    assert any(line.startswith(f"ignored     {ARO}.actor.clip_ratio: not read: verl 0.9.1 clips at clip_ratio_low=0.2 "
+    assert any(line.startswith(f"unread      {ARO}.actor.clip_ratio: not read: verl 0.9.1 clips at clip_ratio_low=0.2 "
                                f"and clip_ratio_high=0.2 (its config's defaults") for line in own), own
     assert not any(f"{ARO}.actor.clip_ratio_low" in line for line in own)  # a default, listed with the defaults
 

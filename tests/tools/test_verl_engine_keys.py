@@ -83,8 +83,10 @@ def test_entropy_chunking_and_checkpointing_as_the_engine_reads_them() -> None:
     assert "not reached" in _fate(t, f"{A}.entropy_checkpointing").text
     t = _t(f"{A}.entropy_checkpointing=True", f"{A}.entropy_coeff=0.001")
     assert _fate(t, f"{A}.entropy_checkpointing").kind == verl.MAPPED
-    assert "computes no entropy" in _fate(_t(f"{REF}.entropy_from_logits_with_chunking=True"),
+    kl = f"{A}.use_kl_loss=True"  # a reference model of its own; without a KL term verl builds none
+    assert "computes no entropy" in _fate(_t(kl, f"{REF}.entropy_from_logits_with_chunking=True"),
                                           f"{REF}.entropy_from_logits_with_chunking").text
+    assert _fate(_t(f"{REF}.entropy_from_logits_with_chunking=True"), f"{REF}.entropy_from_logits_with_chunking").unread
 
 
 def test_use_torch_compile_is_read_by_no_engine_and_the_reference_strategy_is_the_actors() -> None:

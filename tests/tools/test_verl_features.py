@@ -474,7 +474,8 @@ def test_keys_verl_does_not_read_in_the_launch_are_marked_apart_from_infrastruct
     for key in (f"{A}.fsdp_config.forward_prefetch", "global_profiler.tool"):  # read by verl: speed, profiling
         assert _fate(t, key).kind == verl.IGNORED and key not in unread
     assert all(f.kind == verl.IGNORED for f in t.fates if f.unread)
-    assert f"({len(unread)} of them not read by verl 0.9.1 either;" in t.report()[0]
+    assert f"({len(unread)} of them 'unread': not read by verl 0.9.1 either;" in t.report()[0]
+    assert any(line.startswith(f"unread      {A}.use_torch_compile: ") for line in t.report())
 
 
 def test_a_key_gated_by_a_refused_feature_is_read_where_the_launch_turns_it_on() -> None:
