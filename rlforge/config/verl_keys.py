@@ -507,8 +507,8 @@ OTHER_RULES: dict[str, Rule] = {
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
     "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
-    "skip.*": Unread("read only with skip.*.enable (refused where true)",
-                     lambda get, key: bool(get(key.rsplit(".", 1)[0] + ".enable"))),
+    "skip.*": Ignore("used only with skip.*.enable (refused where true); verl checks their values even when off "
+                     "(action: cache or repeat, steps: a list of ints)"),
     "distillation.*": Derived("distillation"),
     "async_training.*": Keep(never, "", "verl's fully-async trainer (its staleness is a share of samples; rlforge's "
                                         "trainer.pipeline=async bounds it in whole updates, docs/pipelines.md)"),
