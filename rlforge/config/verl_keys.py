@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import (
-    HYDRA_ENV, HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, is_, never, non_negative, off, str_list,
+    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, is_, never, non_negative, off, str_list,
     Unread, above_one, gate, top_k,
 )
 
@@ -502,7 +502,7 @@ TRAINER_RULES: dict[str, Rule] = {
 
 OTHER_RULES: dict[str, Rule] = {
     "model_engine": Derived("parallel"),
-    "hydra.job.env_set.*": HYDRA_ENV, "hydra.*": HYDRA_OWN,
+    "hydra.job.env_set.*": HYDRA_ENV, "hydra.job.chdir": HYDRA_CHDIR, "hydra.*": HYDRA_OWN,
     "ray_kwargs.*": Ignore("Ray's start-up options (rlforge starts Ray from ray.*: address, num_cpus)"),
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),

@@ -101,6 +101,9 @@ def never(_: Any) -> bool:
     return False
 
 
+# hydra.job.chdir=True runs the job in Hydra's output folder, where its relative paths then point (both tables)
+HYDRA_CHDIR = Keep(lambda v: not v, "the launch's folder stays the working directory", "running the job in Hydra's "
+                   "output folder (hydra.job.chdir=True: relative paths would point there)")
 # Hydra's hydra.job.env_set: the job's environment, which the run does not set (the same rule in both tables)
 HYDRA_ENV = Keep(never, "", "environment variables set through Hydra's hydra.job.env_set (export them "
                  "before the command: the run and its workers inherit them)")

@@ -8,7 +8,7 @@ from typing import Any
 from rlforge.config import verl_training as T
 from rlforge.config.verl_derived import chat_template
 from rlforge.config.verl_rules import (
-    HYDRA_ENV, HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off, str_list, Unread,
+    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off, str_list, Unread,
 )
 from rlforge.lr_schedule import LR_SCHEDULERS
 
@@ -17,7 +17,7 @@ TORCHRUN = ("not read by verl 0.9.1's SFT entry, which takes its devices from to
             "in the launch's overrides): set sft.devices and sft.num_nodes")
 RULES: dict[str, Rule] = {
     "*._target_": Ignore("verl's structured-config class path"),
-    "hydra.job.env_set.*": HYDRA_ENV, "hydra.*": HYDRA_OWN,
+    "hydra.job.env_set.*": HYDRA_ENV, "hydra.job.chdir": HYDRA_CHDIR, "hydra.*": HYDRA_OWN,
     "data.train_files": Derived("sft_files"), "data.val_files": Derived("sft_files"),
     "data.prompt_key": Derived("sft_columns"), "data.prompt_dict_keys": Derived("sft_columns"),
     "data.response_key": Derived("sft_columns"), "data.response_dict_keys": Derived("sft_columns"),

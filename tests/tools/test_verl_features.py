@@ -377,9 +377,11 @@ def test_hydra_s_own_settings_are_checked_against_hydra_s_config_and_ignored() -
     """hydra.run.dir, hydra.job.chdir, hydra/job_logging=disabled (a group choice): verl's Hydra takes them, and they
     configure Hydra, not the job; a key Hydra lacks is refused as Hydra refuses it."""
     t = _t("hydra.run.dir=/tmp/out", "hydra.job.chdir=False", "hydra/job_logging=disabled", "hydra.output_subdir=null")
-    for key in ("hydra.run.dir", "hydra.job.chdir", "hydra.job_logging", "hydra.output_subdir"):
+    for key in ("hydra.run.dir", "hydra.job_logging", "hydra.output_subdir"):
         assert _fate(t, key).kind == verl.IGNORED and "Hydra's own settings" in _fate(t, key).text, key
-    assert not t.refused
+    assert not t.refused and _fate(t, "hydra.job.chdir").kind == verl.MAPPED  # the launch's folder, as verl's
+    chdir = _fate(_t("hydra.job.chdir=True"), "hydra.job.chdir")  # verl's job would run in Hydra's output folder
+    assert chdir.kind == verl.REFUSED and "relative paths would point there" in chdir.text
     # Hydra composes them, so what verl's Hydra refuses is refused with its reason
     for given, reason in [("hydra.no_such=1", "Could not override 'hydra.no_such'"),
                           ("+hydra.run.dir=/tmp/x", "An item is already at 'hydra.run.dir'"),
