@@ -57,7 +57,8 @@ FIXED = "<reward.fn or reward.file>"  # the function table's key for a function 
 ERROR_SHARE = "reward/error_share"  # share of a step's reward calls that failed (errors and timeouts)
 # why a batch with failed calls stops the run, by whether reward.max_error_share is 0
 WHY_STOP = {False: "it would train on reward.fallback_score alone",
-            True: "the first failed call stops the run, as in verl's reward managers"}
+            True: "the first failed call stops the run (verl's reward managers stop on a call that raises; rlforge "
+                  "also on a value it cannot train on, such as NaN, where verl would train on it)"}
 
 # verl's data_source names (default_compute_score, verl/utils/reward_score/__init__.py) -> built-in reward function.
 # A reward function registered under the data_source itself comes first.
