@@ -287,8 +287,9 @@ def test_max_error_share_is_the_tolerance(char_tokenizer, registry, manager_fact
     first = manager_factory(char_tokenizer, registry, file=str(path), max_error_share=0.0)  # as verl (rlforge verl)
     assert first.score(_batch(char_tokenizer, ["ok", "ok"]))[B.SCORES].tolist() == [1.0, 1.0]
     with pytest.raises(RewardFailure, match=r"^1 of 3 reward calls failed on this batch \(1 raised\), which reaches "
-                                            r"reward.max_error_share=0: the first failed call stops the run, as in "
-                                            r"verl's reward managers. The first: data_source 'mine', sample 2"):
+                                            r"reward.max_error_share=0: the first failed call stops the run \(verl's "
+                                            r"reward managers stop on a call that raises.*\)\. The first: "
+                                            r"data_source 'mine', sample 2"):
         first.score(_batch(char_tokenizer, ["ok", "ok", "c"]))
 
 
