@@ -20,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlforge.config import verl_stale
-from rlforge.config.verl_rules import nest
+from rlforge.config import verl_hydra_own
+from rlforge.config.verl_rules import merge_into, nest
 from rlforge.config.verl_tree import (
     ENGINE_VARIANTS,
     LEGACY_SFT,
@@ -230,14 +231,14 @@ def compose_tree(launch: Launch) -> dict[str, Any]:
     for layer in layers:
         merge_into(tree, copy.deepcopy(layer))
     errors: list[str] = []
-    of_hydra = [o for o in overrides if _hydra_own(o)]
+    of_hydra = [o for o in overrides if verl_hydra_own.is_hydra_own(o)]
     for o in overrides:
         if o not in chosen and o not in of_hydra:
             try:
                 apply_override(tree, o)
             except ConfigError as exc:  # every override verl refuses at once, not one per run
                 errors.append(str(exc))
-    hydra, refused = _hydra_settings(of_hydra)
+    hydra, refused = verl_hydra_own.hydra_settings(of_hydra)
     errors += refused
     if errors:
         raise ConfigError(errors[0] if len(errors) == 1 else
@@ -246,56 +247,6 @@ def compose_tree(launch: Launch) -> dict[str, Any]:
     if hydra:  # reported (ignored: Hydra's own settings), never translated
         out["hydra"] = hydra
     return out
-
-
-def _hydra_own(o: Any) -> bool:
-    """An override of Hydra's own settings (``hydra.run.dir=...``, ``hydra/job_logging=disabled``): they configure
-    Hydra (its output folder, its logging), not the job's config."""
-    return o.key_or_group == "hydra" or o.key_or_group.startswith(("hydra.", "hydra/"))
-
-
-def _hydra_settings(overrides: list[Any]) -> tuple[dict[str, Any], list[str]]:
-    """Hydra's own overrides as Hydra composes them (its ``HydraConf`` and its ``hydra/`` config groups, on an empty
-    job config), so that what verl's Hydra refuses (``+hydra.run.dir``, ``~hydra.run.dir``, an unknown
-    ``hydra/job_logging`` option, a mistyped value) is refused with Hydra's reason. Returns the keys they set, for
-    the report (a group choice ``hydra/GROUP=OPTION`` as ``GROUP: OPTION``), and Hydra's refusals: of each override
-    alone, then of all together."""
-    if not overrides:
-        return {}, []
-    import tempfile
-
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
-    def refusal(lines: list[str]) -> str:
-        try:
-            with initialize_config_dir(config_dir=empty, version_base=None):
-                compose(overrides=lines, return_hydra_config=True)
-        except HydraException as exc:  # its reason: the first lines, and the first line of what caused it
-            text = [line.strip() for line in str(exc).split("Config search path:")[0].splitlines() if line.strip()]
-            cause = str(exc.__cause__).splitlines()[0] if exc.__cause__ is not None else ""
-            why = " ".join(text) + (f": {cause}" if cause else "")
-            return f"{why} (Hydra's own settings: verl 0.9.1's Hydra refuses it too)"
-        return ""
-
-    with tempfile.TemporaryDirectory() as empty:  # each alone (all of them listed), then together
-        errors = [e for o in overrides if (e := refusal([o.input_line]))] or [
-            e for e in [refusal([o.input_line for o in overrides])] if e]
-    given: dict[str, Any] = {}
-    for o in overrides:
-        key = o.key_or_group.removeprefix("hydra").lstrip("./").replace("/", ".")
-        if not o.is_delete() and key:
-            merge_into(given, nest({key: o.value()}))
-    return given, errors
-
-
-def merge_into(base: dict[str, Any], layer: dict[str, Any]) -> None:
-    """OmegaConf's merge on plain trees: mappings merge key by key, anything else replaces."""
-    for key, value in layer.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            merge_into(base[key], value)
-        else:
-            base[key] = value
 
 
 def first_new_key(base: dict[str, Any], value: dict[str, Any]) -> str | None:

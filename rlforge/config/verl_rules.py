@@ -149,6 +149,15 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def merge_into(base: dict[str, Any], layer: dict[str, Any]) -> None:
+    """OmegaConf's merge on plain trees: mappings merge key by key, anything else replaces."""
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = value
+
+
 class Table:
     """Exact keys first, then patterns (fnmatch, ``*`` spans dots) in the order given: the first match wins."""
 
