@@ -61,7 +61,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             c.unread(key, f"verl builds no critic for adv_estimator={flat.get('algorithm.adv_estimator')}")
         elif gap and verl_stale.settle(c, key, gap, built, variables, key in TABLE.exact, rule is not None):
             pass
-        elif no_ref and key.startswith(f"{ARO}.ref.") and not isinstance(rule, Derived):
+        elif no_ref and key.startswith(f"{ARO}.ref.") and not isinstance(rule, Derived):  # Derived: theirs
             c.unread(key, "read only with a reference model (use_kl_loss or use_kl_in_reward)")
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)

@@ -302,9 +302,9 @@ def filter_groups(c: Context) -> None:
                 (c.ignore(key, "verl's fully-async rollouter draws one prompt at a time (it asserts gen_batch_size "
                                "== 1); rlforge's pipeline draws data.train_batch_size per step") if gen == 1 else
                  c.stop(key, "verl's fully-async rollouter asserts gen_batch_size == 1"))
-            elif key != "data.gen_batch_size" or gen is None:
+            elif key != "data.gen_batch_size" or not gen:  # verl reads 0 as null too ('or train_batch_size')
                 c.unread(key, "read only with filter_groups.enable (dynamic sampling)" if key != "data.gen_batch_size"
-                         else "null: verl's data loader draws data.train_batch_size prompts")
+                         else f"{gen}: verl's data loader draws data.train_batch_size prompts")
             elif gen == train:
                 c.same(key, "data.train_batch_size prompts per step, as verl's data loader draws them")
             elif c.trainer not in TRAINER_NAMES:  # main_ppo's v1 trainer fetches a step's prompts in such chunks

@@ -501,6 +501,7 @@ def test_gen_batch_size_without_dynamic_sampling_is_verl_s_prompts_per_step() ->
     """verl's data loader draws data.gen_batch_size prompts a step where no groups are filtered."""
     same = _fate(_t("data.train_batch_size=32", "+data.gen_batch_size=32"), "data.gen_batch_size")
     assert same.kind == verl.MAPPED
+    assert _fate(_t("+data.gen_batch_size=0"), "data.gen_batch_size").unread  # verl reads 0 as null
     chunks = _fate(_t("data.train_batch_size=32", "+data.gen_batch_size=8"), "data.gen_batch_size")  # main_ppo
     assert chunks.kind == verl.MAPPED and "8 at a time" in chunks.text
     odd = _fate(_t("data.train_batch_size=32", "+data.gen_batch_size=96"), "data.gen_batch_size")
