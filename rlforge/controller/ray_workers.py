@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import os
 import random
-import socket
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from rlforge.agent.engine import call_backend, token_generator
 from rlforge.sampling import Generation, SamplingParams
 from rlforge.weight_sync import SyncStats, adapter_weights, timed
 from rlforge.capabilities import declared_methods, remote
+from rlforge.controller.remote import rendezvous_port
 from rlforge.worker import ActorWorker, CriticWorker, TrainWorker
 
 if TYPE_CHECKING:
@@ -48,10 +48,7 @@ class WorkerProcess:
         """(node IP, a free port there, pid): rank 0's IP and port become the process group's rendezvous."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port, os.getpid()
+        return ray.util.get_node_ip_address(), rendezvous_port(), os.getpid()
 
     @remote()
     def setup(self, config: Any, module_cls: type, master: tuple[str, int] | None = None, engine: bool = True) -> None:

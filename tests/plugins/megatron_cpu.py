@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterator
 from unittest import mock
 
 import torch
+
+from rlforge.controller.remote import rendezvous_port
 
 
 def allow_megatron_forward_on_cpu() -> None:
@@ -27,9 +28,7 @@ def allow_megatron_forward_on_cpu() -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return rendezvous_port("127.0.0.1")  # below the ephemeral range: no outgoing connection takes it meanwhile
 
 
 def launch_env(rank: int, world: int, port: int) -> None:

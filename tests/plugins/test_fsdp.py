@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 import weakref
 
 import pytest
@@ -33,6 +32,7 @@ from rlforge.plugin_manager import PluginManager
 from rlforge.sampling import SamplingParams
 from rlforge.worker import ActorWorker
 from tests.controller.test_worker import SGDGRPO, _rollout_batch
+from tests.plugins.megatron_cpu import free_port
 
 WORLD = 2
 RTOL, ATOL = 1e-5, 1e-7  # float32; the two runs differ only in the order of the summations
@@ -155,14 +155,8 @@ def _rank_main(rank: int, port: int, inputs: dict, out_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(inputs: dict, out_dir) -> list[dict]:
-    mp.spawn(_rank_main, args=(_free_port(), inputs, str(out_dir)), nprocs=WORLD, join=True)
+    mp.spawn(_rank_main, args=(free_port(), inputs, str(out_dir)), nprocs=WORLD, join=True)
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

@@ -22,7 +22,8 @@ from rlforge.controller.dispatch import shard_for_update, split_even
 from rlforge.errors import ConfigError
 from rlforge.plugin_manager import PluginManager
 from tests.controller.test_worker import SGDGRPO, _rollout_batch
-from tests.plugins.test_fsdp import COMMON, _free_port, _record_grads, _worker
+from tests.plugins.megatron_cpu import free_port
+from tests.plugins.test_fsdp import COMMON, _record_grads, _worker
 
 RTOL, ATOL = 1e-5, 1e-7
 
@@ -68,7 +69,7 @@ def _single(pm):
 def _run(tmp_path, world, tp):
     pm = PluginManager(autoload=False)
     batch, single = _single(pm)
-    mp.spawn(_rank_main, args=(world, tp, _free_port(), batch, str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(_rank_main, args=(world, tp, free_port(), batch, str(tmp_path)), nprocs=world, join=True)
     return single, [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

@@ -22,7 +22,7 @@ from rlforge import load_config
 from rlforge.errors import ConfigError
 from rlforge.plugin_manager import PluginManager
 from rlforge.plugins.strategy.tp import FALLBACK_PLAN, TPStrategy, module_plan
-from tests.plugins.test_fsdp import _free_port
+from tests.plugins.megatron_cpu import free_port
 
 SIZES = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
@@ -117,7 +117,7 @@ def _forward_backward(model: torch.nn.Module, strategy: TPStrategy | None = None
 
 
 def test_two_ranks_give_the_logits_and_gradients_of_one_process_for_qwen3_gemma3_and_phi3(tmp_path):
-    mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for name in NOT_IN_THE_OLD_PLAN:
         single = _forward_backward(_tiny(name))
