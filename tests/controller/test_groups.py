@@ -244,3 +244,18 @@ def test_the_testing_kit_names_a_role_it_was_not_given_like_the_controllers():
     assert controller.workers.actor.compute_log_probs(1, "ref") == 1 and "actor" in controller.workers
     with pytest.raises(RLForgeError, match=r"No 'teacher' worker group in this run \(placed: actor\)"):
         controller.workers.teacher
+
+
+def test_rendezvous_ports_are_free_and_below_the_ephemeral_range() -> None:
+    """A port bind(0) found and released can go to any outgoing connection before the group's store binds it; one
+    drawn below the kernel's ephemeral range only to another listener."""
+    import socket
+    from pathlib import Path
+
+    from rlforge.controller.remote import rendezvous_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {rendezvous_port() for _ in range(20)}
+    assert all(10000 <= p < low for p in ports) and len(ports) > 1  # drawn, not one fixed port
+    with socket.socket() as s:
+        s.bind(("", ports.pop()))  # free
