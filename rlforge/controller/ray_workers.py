@@ -27,7 +27,7 @@ from rlforge.agent.engine import call_backend, token_generator
 from rlforge.sampling import Generation, SamplingParams
 from rlforge.weight_sync import SyncStats, adapter_weights, timed
 from rlforge.capabilities import declared_methods, remote
-from rlforge.controller.remote import rendezvous_port
+from rlforge.controller.rendezvous import rendezvous_port
 from rlforge.worker import ActorWorker, CriticWorker, TrainWorker
 
 if TYPE_CHECKING:

@@ -252,7 +252,7 @@ def test_rendezvous_ports_are_free_and_below_the_ephemeral_range() -> None:
     import socket
     from pathlib import Path
 
-    from rlforge.controller.remote import rendezvous_port
+    from rlforge.controller.rendezvous import rendezvous_port
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports = {rendezvous_port() for _ in range(20)}

@@ -16,7 +16,7 @@ from unittest import mock
 
 import torch
 
-from rlforge.controller.remote import rendezvous_port
+from rlforge.controller.rendezvous import rendezvous_port
 
 
 def allow_megatron_forward_on_cpu() -> None:
