@@ -136,5 +136,8 @@ def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print)
         with read_write(cfg):
             cfg.model.path = model_folder(str(found))
         log(f"validating {found}: the checkpoint a training launch of these keys resumes from (as verl does)")
+    else:
+        log(f"validating model.path={cfg.model.path}: no checkpoint for trainer.resume={cfg.trainer.resume} to "
+            "continue from")
     folder = Path(cfg.trainer.run_dir or Path(cfg.trainer.runs_root) / cfg.trainer.experiment)
     return write_report(evaluate(cfg, pm, split="val", ks=None, log=log), folder / "eval_report.json")

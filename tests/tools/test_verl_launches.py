@@ -173,7 +173,8 @@ def test_val_only_validates_and_writes_its_report_into_the_run_folder(tmp_path, 
     monkeypatch.chdir(tmp_path / "cwd")
     code = main(["verl", *launch["args"], *_local(launch, tmp_path, tiny_chat_model, local_data),
                  "trainer.val_before_train=True", "trainer.val_only=True"])
-    assert code == 0, capsys.readouterr().err[-3000:]
+    err = capsys.readouterr().err
+    assert code == 0 and f"validating model.path={tiny_chat_model}: no checkpoint" in err, err[-3000:]
     report = json.loads((tmp_path / "run" / "eval_report.json").read_text())
     assert report["model"] == str(tiny_chat_model) and not list((tmp_path / "cwd").iterdir())
     assert not list((tmp_path / "run").rglob("summary.json"))  # nothing trained
