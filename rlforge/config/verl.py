@@ -37,7 +37,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     else:
         from rlforge.config.verl_derived import DERIVED, ORDER  # type: ignore[assignment]
         from rlforge.config.verl_keys import TABLE  # type: ignore[assignment]
-        from rlforge.config.verl_layout import uses_ref
+        from rlforge.config.verl_layout import kl_term, uses_ref
 
     flat = dict(flatten(tree))
     out = Translation(command="sft" if sft else "fit", config=config_name, given=set(given or ()))
@@ -48,7 +48,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     critic = sft or flat.get("algorithm.adv_estimator") == "gae" or bool(flat.get("critic.enable"))
     own_reader = not sft and bool(flat.get("data.custom_cls.path"))  # a dataset class reads verl's data section
     # no KL term: verl builds no reference model (nor computes reference log-probs), and reads none of its keys
-    no_ref = not sft and not (flat.get(f"{ARO}.actor.use_kl_loss") or flat.get("algorithm.use_kl_in_reward"))
+    no_ref = not sft and not kl_term(c)
     built = verl_stale.BUILT_SFT if sft else (*verl_stale.BUILT, *((f"{ARO}.ref.",) if uses_ref(c) else ()), "critic.")
     defaults = verl_tree.default_tree(verl_tree.ENGINE_VARIANTS.get((config_name, flat.get("model_engine")),
                                                                     config_name))

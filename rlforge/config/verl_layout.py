@@ -180,10 +180,15 @@ def grad_offload(c: Context) -> None:
                      f"({SPEED_ONLY})")
 
 
+def kl_term(c: Context) -> bool:
+    """A KL term to a reference (in the loss or in the reward): without one verl computes no reference log-probs."""
+    return bool(c.get(f"{A}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))
+
+
 def uses_ref(c: Context) -> bool:
     """verl builds a reference model of its own: a KL term, and no LoRA (then the reference is the actor without its
     adapter)."""
-    kl = bool(c.get(f"{A}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))
+    kl = kl_term(c)
     lora = int(c.get(f"{ARO}.model.lora.rank") or 0) > 0 or int(c.get(f"{ARO}.model.lora_rank") or 0) > 0
     return kl and not lora and c.get(f"{ARO}.model.lora_adapter_path") is None  # verl's ref_in_actor
 
