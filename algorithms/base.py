@@ -53,6 +53,7 @@ class PolicyGradientConfig(AlgorithmConfig):
     filter_metric: str = option("reward", choices=("reward", "score", "acc"))  # dynamic sampling keeps the groups whose values of it differ: reward (the sequence reward, overlong shaping included) | score (the reward function's score) | acc (its acc)
     overlong_buffer: int = option(0, ge=0)  # DAPO overlong shaping: penalty ramps over the last N tokens (0 = off)
     overlong_penalty: float = option(1.0, ge=0)  # DAPO overlong shaping: penalty at the maximum length
+    overlong_log: bool = True  # DAPO overlong shaping: log critic/overlong_penalty/mean and critic/overlong/ratio (the share of responses penalised) each step
     # rollout correction, engine vs trainer log-probs (verl: algorithm.rollout_correction.*)
     rollout_is: Optional[str] = None  # weights pi_old / pi_rollout in the policy loss, per token | sequence; None = off
     rollout_is_threshold: str = "2.0"  # a number: weights truncated above it (TIS); "lower_upper" (e.g. "0.5_5.0", quoted in YAML): 0 outside (IcePop)

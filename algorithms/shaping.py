@@ -39,7 +39,11 @@ def rlforge_shape_rewards(trainer: Any, batch: B.Batch) -> B.Batch | None:
     rewards = batch[B.TOKEN_LEVEL_REWARDS].clone()
     rewards[torch.arange(len(batch)), (lengths - 1).clamp(min=0)] += penalty.to(rewards.dtype)
     batch[B.TOKEN_LEVEL_REWARDS] = rewards
-    batch.meta.setdefault("metrics", {})["critic/overlong_penalty/mean"] = float(penalty.float().mean())
+    if alg.get("overlong_log", True):
+        batch.meta.setdefault("metrics", {}).update({
+            "critic/overlong_penalty/mean": float(penalty.float().mean()),
+            "critic/overlong/ratio": float((penalty < 0).float().mean()),
+        })
     return batch
 
 

@@ -203,7 +203,10 @@ def overlong(c: Context) -> None:
         elif leaf == "penalty_factor":
             c.map(key, "algorithm.overlong_penalty", float(cfg["penalty_factor"]), moved)
         elif leaf == "log":
-            c.ignore(key, "rlforge always logs critic/overlong_penalty/mean")
+            c.map(key, "algorithm.overlong_log", bool(cfg["log"]), joined(
+                "verl keeps each response's overlong_reward and overlong flag (the rollout dump, and val-aux metrics "
+                "where its validation rewards carry the penalty); rlforge logs their means per training step, "
+                "critic/overlong_penalty/mean and critic/overlong/ratio", moved))
         elif leaf == "max_resp_len":
             (c.same(key, joined("rollout.max_new_tokens", moved))
              if cfg[leaf] in (None, longest) else

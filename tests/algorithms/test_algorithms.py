@@ -161,6 +161,14 @@ def test_overlong_shaping_penalizes_the_last_token(pm):
     # expected length 4 - 2 = 2: lengths 2, 3, 4 exceed it by 0, 1, 2 -> penalties 0, -0.5, -1
     assert out[B.TOKEN_LEVEL_REWARDS].sum(-1).tolist() == [1.0, 0.5, 0.0]
     assert out[B.TOKEN_LEVEL_REWARDS][1, 2] == 0.5
+    assert out.meta["metrics"] == {"critic/overlong_penalty/mean": -0.5, "critic/overlong/ratio": pytest.approx(2 / 3)}
+
+
+def test_overlong_log_off_shapes_without_metrics(pm):
+    cfg = load_config("dapo", ["rollout.max_new_tokens=4", "algorithm.overlong_log=false"], plugins=pm)
+    out = shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg), batch=_scored(["a", "a"], [1, 1], [2, 4]))
+    assert out[B.TOKEN_LEVEL_REWARDS].sum(-1).tolist() == [1.0, 0.0]
+    assert "critic/overlong_penalty/mean" not in out.meta.get("metrics", {})
 
 
 def test_remax_baseline_is_the_greedy_score(pm):
