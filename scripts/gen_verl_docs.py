@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlforge.config import verl_derived  # noqa: E402
 from rlforge.config.verl_keys import TABLE  # noqa: E402
-from rlforge.config.verl_rules import Derived, Ignore, Keep, Map, Unread  # noqa: E402
+from rlforge.config.verl_rules import Checked, Derived, Ignore, Keep, Map, Unread  # noqa: E402
 from rlforge.config.verl_sft import TABLE as SFT_TABLE  # noqa: E402
 from tests.tools.verl_corpus import figures, launches, run  # noqa: E402
 
@@ -44,7 +44,8 @@ def tables() -> list[str]:
             elif isinstance(rule, Ignore):
                 unread = "" if not isinstance(rule, Unread) else (" (verl does not read it either)" if rule.reads is None
                                                                   else " (verl does not read it either where that is off)")
-                ignored.append(f"| {k} | {_cell(rule.why)}{unread} |")
+                checked = f" (verl checks the value: {rule.takes}; another is refused)" if isinstance(rule, Checked) else ""
+                ignored.append(f"| {k} | {_cell(rule.why)}{unread}{checked} |")
             elif isinstance(rule, Derived):
                 derived.setdefault(rule.owner, []).append(k)
     rows = ["| setting | verl keys | how verl decides it |", "|---|---|---|"]

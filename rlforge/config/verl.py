@@ -14,7 +14,7 @@ from typing import Any
 
 from rlforge.config import verl_stale, verl_tree
 from rlforge.config.verl_fates import DOC, IGNORED, MAPPED, REFUSED, Context, Fate, Translation, flatten
-from rlforge.config.verl_rules import Derived, Ignore, Keep, Map, Unread
+from rlforge.config.verl_rules import Checked, Derived, Ignore, Keep, Map, Unread
 from rlforge.errors import ConfigError
 
 __all__ = ["DOC", "IGNORED", "MAPPED", "REFUSED", "Context", "Fate", "Translation", "flatten", "hint", "translate"]
@@ -69,6 +69,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             c.map(key, rule.target, rule.convert(value), rule.note)
         elif isinstance(rule, Keep):
             (c.same(key, rule.does) if rule.ok(value) else c.refuse(key, rule.missing))
+        elif isinstance(rule, Checked):
+            c.checked(key, rule)
         elif isinstance(rule, Ignore):
             unread = isinstance(rule, Unread) and not (rule.reads is not None and rule.reads(c.get, key))
             (c.unread if unread else c.ignore)(key, rule.why)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlforge.config.verl_rules import nest
+from rlforge.config.verl_rules import Checked, nest
 
 DOC = "docs/migration-from-verl.md"
 MAPPED, REFUSED, IGNORED = "mapped", "refused", "ignored"
@@ -162,6 +162,12 @@ class Context:
     def stop(self, key: str, why: str) -> None:
         """Refused as verl 0.9.1 refuses it (``why``: verl's own check and what to set instead)."""
         self._fate(key, REFUSED, "", why, stops=True)
+
+    def checked(self, key: str, rule: Checked) -> None:
+        """Ignored for ``rule.why``, but refused as verl refuses it where verl's own check of the value fails."""
+        (self.ignore(key, rule.why) if rule.valid(self.get(key)) else
+         self.stop(key, f"verl 0.9.1 checks this key even where it does not use it: it takes {rule.takes} and stops "
+                        f"on another value"))
 
     def set(self, target: str, value: Any) -> None:
         """An rlforge key that follows from keys already mapped (strategy.name=fsdp -> trainer.controller=ray)."""

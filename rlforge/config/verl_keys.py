@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import (
-    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, is_, never, non_negative, off, str_list,
-    Unread, above_one, gate, top_k,
+    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, int_list, is_,
+    never, non_negative, off, str_list, Unread, above_one, custom_sampler, gate, top_k,
 )
 
 ARO = "actor_rollout_ref"
@@ -488,18 +488,17 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.use_legacy_worker_impl": Keep(is_("disable"), "verl 0.9.1's engine workers (its only ones; an earlier "
                                            "verl's key, unread by 0.9.1)", "verl's legacy workers (not in 0.9.1)"),
     # the sampler (replay buffer) of verl's v1 trainer, which main_ppo runs in sync mode too
-    "trainer.v1.sampler.custom_sampler.*": Keep(is_(None), "verl's own replay buffer",
-                                                "a custom sampler class (trainer.v1.sampler.custom_sampler)"),
+    "trainer.v1.sampler.custom_sampler.*": Derived("main_ppo_trainer"),
     "trainer.v1.sampler.sampler_kwargs": Unread("arguments for a custom sampler (custom_sampler: refused where set)",
-                                                gate("trainer.v1.sampler.custom_sampler.path")),
+                                                lambda get, _: custom_sampler(get)),
     "trainer.v1.sampler.sync_refill_failed_groups": Keep(off, "a group that fails to generate is not refilled",
                                                          "refilling failed groups within the step"),
-    "trainer.v1.sampler.max_off_policy_*": Ignore("the staleness bound of verl's asynchronous modes (in sync mode "
-                                                  "verl only checks the value: a positive int or null, drop or wait)"),
+    "trainer.v1.sampler.max_off_policy_*": Derived("main_ppo_trainer"),
     "trainer.v1.*": Unread("read only by verl's v1 asynchronous modes (trainer.v1.trainer_mode: sync here)",
                            gate("trainer.v1.trainer_mode", lambda m: m not in (None, "sync"))),
 }
 
+SKIP = "used only with skip.*.enable (refused where true)"
 OTHER_RULES: dict[str, Rule] = {
     "model_engine": Derived("parallel"),
     "hydra.job.env_set.*": HYDRA_ENV, "hydra.job.chdir": HYDRA_CHDIR, "hydra.*": HYDRA_OWN,
@@ -507,8 +506,10 @@ OTHER_RULES: dict[str, Rule] = {
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
     "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
-    "skip.*": Ignore("used only with skip.*.enable (refused where true); verl checks their values even when off "
-                     "(action: cache or repeat, steps: a list of ints)"),
+    "skip.*.action": Checked(SKIP, is_("cache", "repeat"), "'cache' or 'repeat'"),
+    "skip.*.steps": Checked(SKIP, int_list, "a list of integers"),
+    "skip.*.dump_dir": Checked(SKIP, lambda v: isinstance(v, str), "a string"),
+    "skip.*": Ignore(SKIP),
     "distillation.*": Derived("distillation"),
     "async_training.*": Keep(never, "", "verl's fully-async trainer (its staleness is a share of samples; rlforge's "
                                         "trainer.pipeline=async bounds it in whole updates, docs/pipelines.md)"),

@@ -55,13 +55,35 @@ class Unread(Ignore):
     reads: Reads | None = None
 
 
+@dataclass(frozen=True)
+class Checked(Ignore):
+    """An :class:`Ignore` whose value verl 0.9.1 checks all the same: a value outside ``valid`` stops verl
+    (``takes``: the values it accepts), and is refused so."""
+
+    valid: Callable[[Any], bool] = lambda _: True
+    takes: str = ""
+
+
 def gate(key: str, on: Callable[[Any], bool] = bool) -> Reads:
     """``reads`` for a feature switched on by ``key``'s value (``on``: by default any true value)."""
     return lambda get, _: on(get(key))
 
 
+def custom_sampler(get: Callable[[str], Any]) -> bool:
+    """main_ppo's v1 trainer plugs in a sampler class of the launch's only with both its path and its name."""
+    return bool(get("trainer.v1.sampler.custom_sampler.path") and get("trainer.v1.sampler.custom_sampler.name"))
+
+
 def above_one(value: Any) -> bool:
     return (value or 1) > 1
+
+
+def positive_int(value: Any) -> bool:
+    return type(value) is int and value > 0
+
+
+def int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is int for v in value)
 
 
 # Hydra's own settings (hydra.run.dir, hydra/job_logging=...), which verl_hydra checks against Hydra's config: the
@@ -75,7 +97,7 @@ class Derived:
     owner: str  # the name of the rule in verl_derived that reads this key
 
 
-Rule = Map | Keep | Ignore | Unread | Derived
+Rule = Map | Keep | Ignore | Unread | Checked | Derived
 
 
 def joined(*notes: str) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rlforge.config import verl_veomni
 from rlforge.config.verl_fates import SEPARATE_TRAINERS, TRAINER_NAMES
 from rlforge.config.verl_layout import uses_ref
-from rlforge.config.verl_rules import float_list, is_, joined, non_negative, off
+from rlforge.config.verl_rules import Checked, custom_sampler, float_list, is_, joined, non_negative, off, positive_int
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -406,17 +406,33 @@ MAIN_PPO_KEYS = {
 }
 
 
+# the sampler of main_ppo's v1 trainer checks its staleness bound even in sync mode, where nothing is stale
+STALENESS = "the staleness bound of verl's v1 asynchronous modes (in sync mode verl only checks its value)"
+STALENESS_KEYS = {
+    "trainer.v1.sampler.max_off_policy_threshold": Checked(STALENESS, lambda v: v is None or positive_int(v),
+                                                           "a positive integer or null"),
+    "trainer.v1.sampler.max_off_policy_strategy": Checked(STALENESS, is_("drop", "wait"), "'drop' or 'wait'"),
+}
+
+
 def main_ppo_trainer(c: Context) -> None:
-    """``trainer.use_v1`` and ``trainer.v1.trainer_mode``: read only by verl.trainer.main_ppo, which picks its trainer
-    with them; a launch of another trainer module leaves them unread. The one-step-off trainer's launches get
-    rlforge's ``trainer.pipeline=one_step_off``."""
+    """``trainer.use_v1``, ``trainer.v1.trainer_mode``, the sampler's class and its staleness bound: read only by
+    verl.trainer.main_ppo, which picks its trainer with them (and checks the bound's values even in sync mode); a
+    launch of another trainer module leaves them unread. The one-step-off trainer's launches get rlforge's
+    ``trainer.pipeline=one_step_off``."""
     if c.trainer == "one_step_off":  # its own entry point: the batch of step k + 1 generated while step k trains
         c.set("trainer.pipeline", "one_step_off")
     for key in c.owned:
-        ok, does, missing = MAIN_PPO_KEYS[key]
         if c.trainer in TRAINER_NAMES:
             c.unread(key, f"read only by verl.trainer.main_ppo (this launch runs on {TRAINER_NAMES[c.trainer]})")
+        elif key in STALENESS_KEYS:
+            c.checked(key, STALENESS_KEYS[key])
+        elif ".custom_sampler." in key:
+            (c.refuse(key, "a custom sampler class (trainer.v1.sampler.custom_sampler)") if custom_sampler(c.get) else
+             c.unread(key, "verl plugs in a custom sampler only with both custom_sampler.path and .name") if c.get(key)
+             else c.same(key, "verl's own replay buffer"))
         else:
+            ok, does, missing = MAIN_PPO_KEYS[key]
             (c.same(key, does) if ok(c.get(key)) else c.refuse(key, missing))
 
 

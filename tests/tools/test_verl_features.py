@@ -521,6 +521,8 @@ def test_the_v1_trainers_sampler_keys_are_read_in_sync_mode() -> None:
         assert _fate(t, key).kind == verl.REFUSED, key
     default = _t()
     assert _fate(default, f"{s}.custom_sampler.path").kind == verl.MAPPED
+    half = _fate(_t(f"{s}.custom_sampler.path=/x/sampler.py"), f"{s}.custom_sampler.path")  # verl needs both
+    assert half.kind == verl.IGNORED and half.unread and "both" in half.text
     assert _fate(default, "trainer.v1.separate_async.parameter_sync_step").unread  # trainer_mode=sync
 
 

@@ -157,3 +157,23 @@ def test_no_section_of_verls_config_swallows_a_made_up_key_with_another_keys_rea
         f = fate(prepare([*base, f"+{key}=1"], refuse=False).translation, key)
         assert f.kind == verl.REFUSED or any(p in section for p in passed_on), (key, f.kind, f.text)
     assert len(sections) > 100
+
+
+@pytest.mark.parametrize(("override", "takes"), [
+    ("trainer.v1.sampler.max_off_policy_strategy=bogus", "'drop' or 'wait'"),
+    ("trainer.v1.sampler.max_off_policy_threshold=-3", "a positive integer or null"),
+    ("trainer.v1.sampler.max_off_policy_threshold=1.5", "a positive integer or null"),
+    ("skip.rollout.action=random", "'cache' or 'repeat'"),
+    ("skip.async_rollout.steps=[1,a]", "a list of integers"),
+])
+def test_a_value_verl_checks_though_it_does_not_use_it_stops_as_verl_stops(override: str, takes: str) -> None:
+    """main_ppo's v1 replay buffer checks its staleness bound in sync mode, and SkipManagerConfig its fields with
+    skipping off: a value they reject stops verl, so it is refused (helper-39's re-test)."""
+    key = override.split("=", 1)[0]
+    refused = fate(tr(override), key)
+    assert refused.kind == verl.REFUSED and refused.stops and takes in refused.text
+    good = {"max_off_policy_strategy": "wait", "max_off_policy_threshold": "2", "action": "repeat", "steps": "[1,2]"}
+    kept = fate(tr(f"{key}={good[key.rsplit('.', 1)[1]]}"), key)
+    assert kept.kind == verl.IGNORED and not kept.unread
+    dapo = fate(tr("--config-name=dapo_trainer", override), key)  # the DAPO recipe's trainer has no v1 sampler
+    assert dapo.kind == (verl.IGNORED if "sampler" in key else verl.REFUSED)
