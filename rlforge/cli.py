@@ -197,6 +197,7 @@ def cmd_verl(argv: list[str]) -> int:
     """``rlforge verl [--sft] [--print] ARGS... [-- RLFORGE_OVERRIDES...]``: a verl launch's arguments, run by rlforge;
     rlforge's own keys after ``--`` go on top of the translation."""
     from rlforge.config.verl_launch import PPO_ENTRY, SFT_ENTRY, prepare
+    from rlforge.tools.verl_resume import check_verl_checkpoints
 
     flags = {"--sft", "--print"}
     if argv[:1] in (["-h"], ["--help"]):
@@ -223,6 +224,7 @@ def cmd_verl(argv: list[str]) -> int:
             return 2
         try:  # the translation and the keys after -- compose as the run would compose them
             pm, cfg = _compose_launch(prepared, ours)
+            check_verl_checkpoints(cfg, sft=t.command == "sft")
             if t.command == "sft":
                 from rlforge.sft.run import preflight
 
@@ -237,6 +239,7 @@ def cmd_verl(argv: list[str]) -> int:
         return 0
     print(f"rlforge: verl launch: {t.report()[0]}", file=sys.stderr)
     pm, cfg = _compose_launch(prepared, ours)
+    check_verl_checkpoints(cfg, sft=t.command == "sft")
     if t.command == "sft":
         from rlforge.sft import run_sft
 
