@@ -87,7 +87,7 @@ def test_opd_brings_a_flattened_student_toward_its_teacher(tmp_path):
                  ["algorithm.distill.loss_mode=forward_kl_topk", "algorithm.distill.topk=16"]):
         history = run(tmp_path / form[0].rsplit("=", 1)[1], "opd", [
             f"model.path={student}", "algorithm.teacher.path=builtin:tiny-arith", "algorithm.distill.use_task_rewards=false",
-            "actor.lr=1e-3", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=4",
+            "actor.lr=3e-4", "data.train_batch_size=8", "actor.ppo_mini_batch_size=8", "rollout.n=4",
             "trainer.total_steps=100", *form])
         kl = [h["distillation/reverse_kl_k1"] for h in history]
         first, last = sum(kl[:WINDOW]) / WINDOW, sum(kl[-WINDOW:]) / WINDOW
