@@ -138,10 +138,12 @@ def resumed_checkpoint(config: DictConfig) -> Path | None:
         return None
     if t.resume == "auto":
         run_dir = Path(t.run_dir) if t.run_dir else _newest_run(Path(t.runs_root) / t.experiment)
-        found = ckpt.list_checkpoints(run_dir) if run_dir is not None else []
-        return found[-1] if found else None
-    run_dir, explicit = _resume_target(Path(t.resume).expanduser())
-    return explicit or next(reversed(ckpt.list_checkpoints(run_dir)), None)
+        if run_dir is None:
+            return None
+        explicit = None
+    else:
+        run_dir, explicit = _resume_target(Path(t.resume).expanduser())
+    return _pick_checkpoint(run_dir, explicit)[0]  # the newest readable one, as a training run picks it
 
 
 def _newest_run(experiment_dir: Path) -> Path | None:

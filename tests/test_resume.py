@@ -301,22 +301,24 @@ def test_a_start_that_fails_frees_its_run_folder(capsys, tmp_path):
     assert main(["fit", *overrides]) == 0 and (tmp_path / "run" / "config.yaml").exists()
 
 
-def test_the_checkpoint_a_resume_would_continue_from_is_found_without_taking_the_run(tmp_path) -> None:
+def test_the_checkpoint_a_resume_would_continue_from_is_found_without_taking_the_run(run, tmp_path, caplog) -> None:
     """verl's val_only validates it (rlforge.tools.evaluate.evaluate_launch): resume=auto the run folder's newest
-    checkpoint, a checkpoint path itself, a run folder's newest; never, or a folder without checkpoints: none."""
+    readable checkpoint (a corrupt newer one is passed over, as a training resume passes it), a checkpoint path
+    itself, a run folder's newest; never, or a folder without checkpoints: none."""
     from rlforge.resume import resumed_checkpoint
 
-    run = tmp_path / "run"
-    for step in (1, 3):
-        (run / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
-    (run / "config.yaml").write_text("{}")
+    run_dir, _ = run
+    step, before = run_dir / "checkpoints", sorted(run_dir.rglob("*"))
 
     def found(*overrides):
         return resumed_checkpoint(load_config("grpo", [f"trainer.runs_root={tmp_path}", *overrides]))
 
-    assert found(f"trainer.run_dir={run}", "trainer.resume=auto") == run / "checkpoints" / "step_000003"
-    assert found(f"trainer.resume={run / 'checkpoints' / 'step_000001'}") == run / "checkpoints" / "step_000001"
-    assert found(f"trainer.resume={run}") == run / "checkpoints" / "step_000003"
-    assert found(f"trainer.run_dir={run}", "trainer.resume=never") is None
+    assert found(f"trainer.run_dir={run_dir}", "trainer.resume=auto") == step / "step_000002"
+    assert found(f"trainer.resume={step / 'step_000001'}") == step / "step_000001"
+    assert found(f"trainer.resume={run_dir}") == step / "step_000002"
+    assert found(f"trainer.run_dir={run_dir}", "trainer.resume=never") is None
     assert found(f"trainer.run_dir={tmp_path / 'fresh'}", "trainer.resume=auto") is None
-    assert not list(run.glob(".rlforge.lock*"))  # the run is not taken
+    _state(run_dir, 2).write_bytes(b"")
+    assert found(f"trainer.run_dir={run_dir}", "trainer.resume=auto") == step / "step_000001"
+    assert "is empty (0 bytes)" in caplog.text
+    assert sorted(run_dir.rglob("*")) == before  # nothing written, set aside or moved
