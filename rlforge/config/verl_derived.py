@@ -389,8 +389,14 @@ def data(c: Context) -> None:
         c.map("data.filter_overlong_prompts", "data.filter_overlong_prompts", bool(c.get("data.filter_overlong_prompts")))
         for key in ("data.custom_cls.path", "data.custom_cls.name"):
             c.same(key, "verl's RLHFDataset: verl-format rows (data.name=files)")
-    for key in ("data.train_files", "data.val_files"):
-        c.map(key, key, file_list(c.get(key)))
+    for key, split in (("data.train_files", "training"), ("data.val_files", "validation")):
+        files = file_list(c.get(key))
+        if files or cls_path:  # a dataset class may read no files
+            c.map(key, key, files)
+        else:  # RLHFDataset: None -> a TypeError, [] -> "Unable to concatenate an empty list of datasets"
+            c.stop(key, f"no files: verl 0.9.1 builds its {split} dataset in every launch and stops without one" +
+                   ("; to skip validation keep files there and set trainer.test_freq=-1, trainer.val_before_train="
+                    "False" if split == "validation" else ""))
     raw = "data.return_raw_chat"
     (c.same(raw, "each row's chat messages go to the rollout, rendered with the model's chat template") if c.get(raw)
      else c.unread(raw, "not read by verl 0.9.1: its dataset hands every row's chat messages to the agent loop, which "

@@ -13,7 +13,7 @@ from rlforge.cli import main
 DATA = Path(__file__).parent / "data"
 PPO = ["algorithm.adv_estimator=grpo", f"data.train_files={DATA / 'gsm8k_train.jsonl'}", "data.max_prompt_length=32",
        "data.max_response_length=8", "actor_rollout_ref.model.path=builtin:tiny-arith", "trainer.device=cpu",
-       "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1", "data.val_files=null"]
+       "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1", f"data.val_files={DATA / 'verl_gsm8k_test.jsonl'}"]
 SFT = ["--sft", "data.train_files=chat.jsonl", "model.path=builtin:tiny-arith", "trainer.device=cpu",
        "data.train_batch_size=2", "data.micro_batch_size_per_gpu=2", "trainer.logger=[console]"]
 

@@ -177,3 +177,15 @@ def test_a_value_verl_checks_though_it_does_not_use_it_stops_as_verl_stops(overr
     assert kept.kind == verl.IGNORED and not kept.unread
     dapo = fate(tr("--config-name=dapo_trainer", override), key)  # the DAPO recipe's trainer has no v1 sampler
     assert dapo.kind == (verl.IGNORED if "sampler" in key else verl.REFUSED)
+
+
+def test_a_launch_without_training_or_validation_files_stops_as_verl_stops() -> None:
+    """verl 0.9.1 builds both datasets in every launch (RLHFDataset: null is a TypeError, [] an empty concatenation);
+    a dataset class of the launch's own may read no files."""
+    for override, split in (("data.val_files=null", "validation"), ("data.val_files=[]", "validation"),
+                            ("data.train_files=null", "training")):
+        refused = fate(tr(override), override.split("=")[0])
+        assert refused.kind == verl.REFUSED and refused.stops and f"builds its {split} dataset" in refused.text
+    assert "test_freq=-1" in fate(tr("data.val_files=null"), "data.val_files").text
+    own = fate(tr("data.val_files=null", "data.custom_cls.path=/x/ds.py", "data.custom_cls.name=DS"), "data.val_files")
+    assert own.kind == verl.MAPPED
