@@ -197,6 +197,7 @@ def cmd_verl(argv: list[str]) -> int:
     """``rlforge verl [--sft] [--print] ARGS... [-- RLFORGE_OVERRIDES...]``: a verl launch's arguments, run by rlforge;
     rlforge's own keys after ``--`` go on top of the translation."""
     from rlforge.config.verl_launch import PPO_ENTRY, SFT_ENTRY, prepare
+    from rlforge.agent.verl_tools import load_verl_tools
     from rlforge.tools.verl_resume import check_verl_checkpoints
 
     flags = {"--sft", "--print"}
@@ -233,6 +234,7 @@ def cmd_verl(argv: list[str]) -> int:
                 check_fit_keys(cfg)
                 check_cuda_present(cfg)
                 _check_reward_function(pm, cfg, prepared, ours)
+                load_verl_tools(cfg)  # verl's tool files load (classes import, names unique) as the run loads them
         except RLForgeError as exc:
             print(f"rlforge: the run would stop here: {exc}", file=sys.stderr)
             return 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -236,6 +237,23 @@ def test_config_errors_name_the_key_and_file(pm, tool_files, tmp_path):
     twice.write_text(json.dumps({"tools": [entry, entry]}))
     with pytest.raises(RLForgeError, match="name 'grade' twice"):
         _box(pm, f"rollout.agent.tool_config_path={twice}")
+
+
+def test_rlforge_verl_print_loads_the_tool_files_as_the_run_would(tool_files, tmp_path, capsys):
+    from rlforge.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({"tools": [{"class_name": "no_such_module_x.Tool", "config": {"type": "native"}}]}))
+    data = Path(__file__).parents[1] / "tools" / "data"
+    launch = ["algorithm.adv_estimator=grpo", f"data.train_files={data / 'gsm8k_train.jsonl'}",
+              f"data.val_files={data / 'verl_gsm8k_test.jsonl'}", "data.max_prompt_length=32",
+              "data.max_response_length=8", "actor_rollout_ref.model.path=builtin:tiny-arith", "trainer.device=cpu",
+              "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1",
+              "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"]
+    config, _, _ = tool_files
+    assert main(["verl", "--print", *launch, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={config('Grader')}"]) == 0
+    assert main(["verl", "--print", *launch, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={bad}"]) == 2
+    assert "the run would stop here: verl could not load the tools" in capsys.readouterr().err
 
 
 def test_a_verl_tool_named_as_a_registered_tool_is_refused(pm, tok, tool_files):
