@@ -95,7 +95,7 @@ def bind(config: DictConfig, prints: dict[str, Any], defaults: Callable[[], Dict
         if run_dir is None or not ckpt.holds_run(run_dir):
             return _new_run(config, run_dir)
     else:
-        run_dir, explicit = _resume_target(Path(t.resume).expanduser())
+        run_dir, explicit = resume_target(Path(t.resume).expanduser())
         if t.run_dir and Path(t.run_dir).resolve() != run_dir.resolve():
             raise RLForgeError(f"trainer.resume={t.resume} belongs to the run {run_dir}, not to trainer.run_dir="
                                f"{t.run_dir}. Set one of them (a new run from a checkpoint's weights: "
@@ -142,7 +142,7 @@ def resumed_checkpoint(config: DictConfig) -> Path | None:
             return None
         explicit = None
     else:
-        run_dir, explicit = _resume_target(Path(t.resume).expanduser())
+        run_dir, explicit = resume_target(Path(t.resume).expanduser())
     return _pick_checkpoint(run_dir, explicit)[0]  # the newest readable one, as a training run picks it
 
 
@@ -152,7 +152,7 @@ def _newest_run(experiment_dir: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
-def _resume_target(path: Path) -> tuple[Path, Path | None]:
+def resume_target(path: Path) -> tuple[Path, Path | None]:
     """``trainer.resume=PATH``: (run folder, the checkpoint) for a checkpoint; (run folder, None) for a run."""
     if ckpt.STEP_DIR.match(path.name) and path.parent.name == "checkpoints":
         return path.parent.parent, path

@@ -27,11 +27,14 @@ TRAINERS = {"ppo": "v1", "dapo": "dapo", "fully_async_ppo": "fully_async", "one_
 
 
 def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = False,
-              config_name: str = "ppo_trainer", variables: frozenset[str] = frozenset()) -> Translation:
+              config_name: str = "ppo_trainer", variables: frozenset[str] = frozenset(),
+              deleted: frozenset[str] = frozenset()) -> Translation:
     """Translate verl's complete, resolved PPO-family config (``sft``: an SFT trainer's). ``given``: the keys the launch
     set itself (a few keys are refused only when set on purpose, e.g. multimodal columns). ``config_name``: the named
     config it composed, which says which of verl's trainers runs it (``Context.trainer``). ``variables``: top-level
-    keys of one's own config file that other keys interpolate (verl never reads them)."""
+    keys of one's own config file that other keys interpolate (verl never reads them). ``deleted``: the keys the
+    launch deletes (``~key``), which are refused: verl then falls back to its config class's default for the key, or
+    stops where its code reads it, and rlforge follows neither."""
     if sft:
         from rlforge.config.verl_sft import DERIVED, ORDER, TABLE
     else:
@@ -87,6 +90,10 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     for key in (k for keys in derived.values() for k in keys if not c.done(k)):  # an entry added to a section
         assert verl_stale.new_in(defaults, key), f"derived rules left a key of verl's defaults without a fate: {key}"
         c.stop(key, verl_stale.unread(key))
+    for key in sorted(deleted):
+        out.fates.append(Fate(key, None, REFUSED, "", f"a deleted key (~{key}: verl 0.9.1 then takes its config class's "
+                                                      f"default for it or stops where it reads it; give the value "
+                                                      f"instead)"))
     out.algorithm, out.command = c.algorithm, c.command
     return out
 

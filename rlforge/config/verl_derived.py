@@ -9,6 +9,7 @@ precision) is ``verl_layout``'s, the micro-batches, the learning-rate schedule a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,8 @@ from rlforge.config import verl_reward as RW
 from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
 from rlforge.config.verl_fates import TRAINER_NAMES
-from rlforge.config.verl_rules import file_list, nest, non_negative, top_k
+from rlforge.config.schema import RUN_NAME_WHAT
+from rlforge.config.verl_rules import RESUME_PATH, file_list, nest, non_negative, top_k
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -288,11 +290,11 @@ def resume(c: Context) -> None:
         c.map("trainer.resume_mode", "trainer.resume", "never")
     elif mode == "resume_path" and path:
         c.same("trainer.resume_mode", "resume from trainer.resume_from_path")
-        c.map("trainer.resume_from_path", "trainer.resume", file_list(path)[0])
+        c.map("trainer.resume_from_path", "trainer.resume", file_list(path)[0], RESUME_PATH)
         return
     else:
-        c.refuse("trainer.resume_mode", f"resume_mode={mode}" + (" without resume_from_path (verl refuses it too)"
-                                                                  if mode == "resume_path" else ""))
+        c.stop("trainer.resume_mode", f"resume_mode={mode}" + (" without resume_from_path" if mode == "resume_path"
+                                                                 else "") + ": verl 0.9.1 stops on it too")
     c.unread("trainer.resume_from_path", "read only with resume_mode=resume_path")
 
 
@@ -303,6 +305,18 @@ def checkpoints(c: Context) -> None:
         c.same("trainer.max_critic_ckpt_to_keep", "one count for every checkpoint (trainer.keep_last_n)")
     else:
         c.refuse("trainer.max_critic_ckpt_to_keep", "separate checkpoint counts for the actor and the critic")
+
+
+def experiment(c: Context) -> None:
+    """``trainer.experiment_name``: in verl a label (the loggers' run name, a piece of default_local_dir's default),
+    rlforge's ``trainer.experiment``, a folder name: other characters become ``_`` (null: rlforge's default)."""
+    key = "trainer.experiment_name"
+    value = c.get(key)
+    name = re.sub(r"[^A-Za-z0-9_.+=@,-]", "_", str(value)).lstrip(".-")[:128] if value is not None else ""
+    name = name or "default"
+    c.map(key, "trainer.experiment", name, "" if name == value else
+          f"rlforge's experiment name is {RUN_NAME_WHAT}: {value!r} becomes {name!r}, the loggers' "
+          f"run name too")
 
 
 def val_only(c: Context) -> None:
@@ -326,7 +340,7 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "precision": L.precision, "rollout_engine": RO.rollout_engine, "model_config": model_config, "lengths": lengths,
     "validation": validation, "multi_turn": AG.multi_turn, "filter_groups": T.filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
-    "main_ppo_trainer": T.main_ppo_trainer, "val_freq": T.val_freq,
+    "experiment": experiment, "main_ppo_trainer": T.main_ppo_trainer, "val_freq": T.val_freq,
 }
 # the order they run in: the algorithm (distillation may turn it into opd) and the parallel layout first (others read
 # them), steps before warm-up
@@ -334,4 +348,4 @@ ORDER = ("algorithm", "distillation", "parallel", "offload", "grad_offload", "ch
          "weight_decay", "loss_scale", "rollout_log_probs", "sequence_parallel", "data", "reward", "overlong",
          "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip", "betas",
          "recompute", "entropy", "precision", "rollout_engine", "model_config", "lengths", "validation", "multi_turn",
-         "multimodal", "loggers", "resume", "checkpoints", "val_only", "main_ppo_trainer", "val_freq")
+         "multimodal", "loggers", "resume", "checkpoints", "val_only", "experiment", "main_ppo_trainer", "val_freq")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import (
-    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, file_list, int_list, is_,
+    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, converts, file_list, is_,
     never, non_negative, off, str_list, Unread, above_one, custom_sampler, gate, top_k,
 )
 
@@ -458,7 +458,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.balance_batch": Map("trainer.balance_batch"),
     "trainer.total_epochs": Derived("steps"),
     "trainer.total_training_steps": Derived("steps"),
-    "trainer.project_name": Map("trainer.project"), "trainer.experiment_name": Map("trainer.experiment"),
+    "trainer.project_name": Map("trainer.project"), "trainer.experiment_name": Derived("experiment"),
     "trainer.logger": Derived("loggers"),
     "trainer.log_val_generations": Derived("loggers"),
     "trainer.rollout_data_dir": Ignore("samples.jsonl in the run folder (trainer.samples_to_save per step)"),
@@ -494,7 +494,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.v1.sampler.sync_refill_failed_groups": Keep(off, "a group that fails to generate is not refilled",
                                                          "refilling failed groups within the step"),
     "trainer.v1.sampler.max_off_policy_*": Derived("main_ppo_trainer"),
-    "trainer.v1.*": Unread("read only by verl's v1 asynchronous modes (trainer.v1.trainer_mode: sync here)",
+    "trainer.v1.*": Unread("read only by verl's v1 asynchronous modes (trainer.v1.trainer_mode other than sync)",
                            gate("trainer.v1.trainer_mode", lambda m: m not in (None, "sync"))),
 }
 
@@ -506,9 +506,9 @@ OTHER_RULES: dict[str, Rule] = {
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
     "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
-    "skip.*.action": Checked(SKIP, is_("cache", "repeat"), "'cache' or 'repeat'"),
-    "skip.*.steps": Checked(SKIP, int_list, "a list of integers"),
-    "skip.*.dump_dir": Checked(SKIP, lambda v: isinstance(v, str), "a string"),
+    "skip.*.action": Checked(SKIP, converts(str, is_("cache", "repeat")), "'cache' or 'repeat'"),
+    "skip.*.steps": Checked(SKIP, converts(list[int]), "a list of integers"),
+    "skip.*.dump_dir": Checked(SKIP, converts(str), "a string (not null)"),
     "skip.*": Ignore(SKIP),
     "distillation.*": Derived("distillation"),
     "async_training.*": Keep(never, "", "verl's fully-async trainer (its staleness is a share of samples; rlforge's "

@@ -40,8 +40,9 @@ def prepare(args: list[str], entry: str = PPO_ENTRY, refuse: bool = True) -> Pre
     tree = verl_hydra.compose_tree(launch)
     sft = launch.config_name.startswith("sft_")
     base = verl_hydra.base_config(launch)
+    deleted = frozenset(o[1:].split("=", 1)[0] for o in launch.overrides if o.startswith("~"))
     translation = verl.translate(tree, given_keys(launch.overrides), sft=sft, config_name=base,
-                                 variables=verl_hydra.variables(launch, base))
+                                 variables=verl_hydra.variables(launch, base), deleted=deleted)
     translation.config_from = launch.why
     translation.given |= verl_hydra.file_keys(launch)  # for the report only: translate's "given" is the overrides'
     if refuse:

@@ -118,16 +118,16 @@ def offload(c: Context) -> None:
         keys = [k for k in c.owned if k.startswith(f"{engine}.")]
         if not keys:
             continue
-        if strategy != "fsdp":
-            for key in keys:
-                c.unread(key, "read only by verl's FSDP engines (model_engine=megatron here)" if strategy == "megatron"
-                         else "one GPU: nothing to shard" if key.endswith((".fsdp_size", ".reshard_after_forward"))
-                         else f"rlforge's single strategy (one GPU) keeps parameters on the device; {OFFLOAD} needs "
-                              f"strategy.name=fsdp (memory only: what is computed does not change)")
-            continue
         if role == "ref" and not uses_ref(c):
             for key in keys:
                 c.unread(key, NO_REF)
+            continue
+        if strategy != "fsdp":
+            for key in keys:  # one GPU: verl's FSDP engine reads them, to no effect on what is computed
+                (c.unread(key, "read only by verl's FSDP engines (model_engine=megatron here)") if strategy == "megatron"
+                 else c.ignore(key, "one GPU: nothing to shard") if key.endswith((".fsdp_size", ".reshard_after_forward"))
+                 else c.ignore(key, f"rlforge's single strategy (one GPU) keeps parameters on the device; {OFFLOAD} "
+                                    f"needs strategy.name=fsdp (memory only: what is computed does not change)"))
             continue
         size_key, world = f"{engine}.fsdp_size", int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
         if size_key in keys:  # verl's create_device_mesh: < 0 or >= the GPUs: one mesh over all of them, else HSDP

@@ -57,21 +57,42 @@ def overlong(c: Context) -> None:
              else c.unread(key, why))
         return
     longest = c.get("data.max_response_length")
+    absent = [leaf for leaf in (*OVERLONG, "max_resp_len") if leaf not in cfg]
     for key in keys:
         leaf = key.rsplit(".", 1)[1]
         moved = (legacy_moved(c, "reward.reward_kwargs") + "; rlforge reads it as the move means"
                  if key.startswith("reward_model.") and c.trainer not in MIGRATING_TRAINERS else "")
-        if leaf == "enable":
+        problem = overlong_stop(leaf, cfg)
+        if problem:
+            c.stop(key, problem)
+        elif leaf == "enable" and absent:  # verl asserts max_resp_len and len when it builds its manager, and reads
+            # penalty_factor and log by attribute when it scores (a key the section lacks is an error there)
+            c.stop(key, f"overlong shaping without {', '.join(absent)} (reward_kwargs.max_resp_len, overlong_buffer_cfg"
+                        f".len/penalty_factor/log): verl's dapo reward manager stops without them")
+        elif leaf == "enable":
             c.same(key, joined("DAPO's overlong shaping (algorithm.overlong_buffer > 0)", moved))
         elif leaf in OVERLONG:
             target, convert, note = OVERLONG[leaf]
             c.map(key, target, convert(cfg[leaf]), joined(note, moved))
         elif leaf == "max_resp_len":
-            (c.same(key, joined("rollout.max_new_tokens", moved))
-             if cfg[leaf] in (None, longest) else
+            (c.same(key, joined("rollout.max_new_tokens", moved)) if cfg[leaf] == longest else
              c.refuse(key, f"an overlong limit (max_resp_len={cfg[leaf]}) other than data.max_response_length"))
         else:
             c.refuse(key, f"DAPO reward option {leaf}")
+
+
+def overlong_stop(leaf: str, cfg: dict[str, Any]) -> str:
+    """Where verl's dapo reward manager stops on the value of ``leaf`` with overlong shaping on: its constructor
+    asserts max_resp_len is set, len > 0 and max_resp_len >= len ('' where it does not stop)."""
+    length, limit = cfg.get("len"), cfg.get("max_resp_len")
+    if leaf == "max_resp_len" and limit is None:
+        return "null with overlong shaping on: verl's dapo reward manager asserts it is set (data.max_response_length)"
+    if leaf == "len" and not (isinstance(length, int) and length > 0):
+        return (f"overlong_buffer_cfg.len={length!r} with overlong shaping on: verl's dapo reward manager asserts it is "
+                f"positive (enable=False turns shaping off)")
+    if leaf == "len" and isinstance(limit, int) and limit < length:
+        return f"longer than max_resp_len ({limit}): verl's dapo reward manager asserts max_resp_len >= len"
+    return ""
 
 
 PLACEMENT_KEYS = ("enable_resource_pool", "n_gpus_per_node", "nnodes")  # verl's legacy reward_model placement

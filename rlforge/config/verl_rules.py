@@ -78,12 +78,22 @@ def above_one(value: Any) -> bool:
     return (value or 1) > 1
 
 
-def positive_int(value: Any) -> bool:
-    return type(value) is int and value > 0
+def converts(kind: Any, check: Callable[[Any], bool] = lambda _: True) -> Callable[[Any], bool]:
+    """Whether a field of type ``kind`` in one of verl's structured configs takes the value: OmegaConf converts it
+    first (5 -> '5' for a str, '1' -> 1 for an int), as verl's omega_conf_to_dataclass does, then ``check`` (the
+    class's ``__post_init__``) sees the converted value."""
+    def valid(value: Any) -> bool:
+        from dataclasses import make_dataclass
 
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
 
-def int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(type(v) is int for v in value)
+        try:
+            field = OmegaConf.merge(OmegaConf.structured(make_dataclass("Field", [("v", kind)])), {"v": value}).v
+        except OmegaConfBaseException:
+            return False
+        return check(OmegaConf.to_object(field) if OmegaConf.is_config(field) else field)
+    return valid
 
 
 # Hydra's own settings (hydra.run.dir, hydra/job_logging=...), which verl_hydra checks against Hydra's config: the
@@ -103,6 +113,12 @@ Rule = Map | Keep | Ignore | Unread | Checked | Derived
 def joined(*notes: str) -> str:
     """The non-empty notes of one fate, in one text."""
     return "; ".join(n for n in notes if n)
+
+
+# verl asserts that the path names one of its checkpoints (global_step_N), which rlforge cannot read (a launch naming
+# one stops, rlforge.tools.verl_resume): rlforge resumes its own checkpoint or run folder from it
+RESUME_PATH = ("verl takes only its own checkpoints here (a global_step_N path: rlforge cannot read those and stops); "
+               "rlforge takes a checkpoint or run folder of its own")
 
 
 # --- value tests ----------------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from typing import Any
 from rlforge.config import verl_training as T
 from rlforge.config.verl_derived import chat_template
 from rlforge.config.verl_rules import (
-    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off, str_list, Unread,
+    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, RESUME_PATH, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off,
+    str_list, Unread,
 )
 from rlforge.lr_schedule import LR_SCHEDULERS
 
@@ -226,15 +227,17 @@ def sft_steps(c: Any) -> None:
 
 def sft_resume(c: Any) -> None:
     mode, path = c.get("trainer.resume_mode"), c.get("trainer.resume_from_path")
-    if mode == "resume_path" and path:
-        c.same("trainer.resume_mode", "resume from trainer.resume_from_path")
-        c.map("trainer.resume_from_path", "sft.resume", path)
+    if mode in ("resume_path", "auto") and path:  # verl's SFT checkpoint handler reads the path under auto too
+        c.same("trainer.resume_mode", "resume from trainer.resume_from_path" + (
+            " (verl's SFT trainer reads it under resume_mode=auto too)" if mode == "auto" else ""))
+        c.map("trainer.resume_from_path", "sft.resume", path, RESUME_PATH)
         return
     if mode in ("auto", "disable"):
         c.map("trainer.resume_mode", "sft.resume", "auto" if mode == "auto" else "never")
     else:
-        c.refuse("trainer.resume_mode", f"resume_mode={mode}")
-    c.unread("trainer.resume_from_path", "read only with resume_mode=resume_path")
+        c.stop("trainer.resume_mode", f"resume_mode={mode}" + (" without resume_from_path" if mode == "resume_path"
+                                                                 else "") + ": verl 0.9.1 stops on it too")
+    c.unread("trainer.resume_from_path", "read only with resume_mode=resume_path or auto")
 
 
 def sft_loggers(c: Any) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rlforge.config import verl_veomni
 from rlforge.config.verl_fates import SEPARATE_TRAINERS, TRAINER_NAMES
 from rlforge.config.verl_layout import uses_ref
-from rlforge.config.verl_rules import Checked, custom_sampler, float_list, is_, joined, non_negative, off, positive_int
+from rlforge.config.verl_rules import Checked, custom_sampler, float_list, is_, joined, non_negative, off
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -409,8 +409,8 @@ MAIN_PPO_KEYS = {
 # the sampler of main_ppo's v1 trainer checks its staleness bound even in sync mode, where nothing is stale
 STALENESS = "the staleness bound of verl's v1 asynchronous modes (in sync mode verl only checks its value)"
 STALENESS_KEYS = {
-    "trainer.v1.sampler.max_off_policy_threshold": Checked(STALENESS, lambda v: v is None or positive_int(v),
-                                                           "a positive integer or null"),
+    "trainer.v1.sampler.max_off_policy_threshold": Checked(  # isinstance: True passes, as in verl's check
+        STALENESS, lambda v: v is None or (isinstance(v, int) and v > 0), "a positive integer or null"),
     "trainer.v1.sampler.max_off_policy_strategy": Checked(STALENESS, is_("drop", "wait"), "'drop' or 'wait'"),
 }
 
@@ -425,6 +425,8 @@ def main_ppo_trainer(c: Context) -> None:
     for key in c.owned:
         if c.trainer in TRAINER_NAMES:
             c.unread(key, f"read only by verl.trainer.main_ppo (this launch runs on {TRAINER_NAMES[c.trainer]})")
+        elif key in STALENESS_KEYS and c.get("trainer.use_v1") is False:  # main_ppo_v0: no replay buffer
+            c.unread(key, "read only by verl's v1 trainer (trainer.use_v1=False: refused)")
         elif key in STALENESS_KEYS:
             c.checked(key, STALENESS_KEYS[key])
         elif ".custom_sampler." in key:

@@ -103,8 +103,11 @@ def test_resume_mode_and_resume_from_path() -> None:
     assert tr("trainer.resume_mode=auto").overrides["trainer.resume"] == "auto"
     assert tr("trainer.resume_mode=resume_path", "trainer.resume_from_path=/ck/global_step_5").overrides[
         "trainer.resume"] == "/ck/global_step_5"
-    t = tr("trainer.resume_mode=resume_path")
-    assert fate(t, "trainer.resume_mode").kind == verl.REFUSED and "verl refuses it too" in fate(t, "trainer.resume_mode").text
+    for mode in ("resume_path", "foo"):  # verl stops on both: rlforge refuses them so, not as a missing feature
+        refused = fate(tr(f"trainer.resume_mode={mode}"), "trainer.resume_mode")
+        assert refused.kind == verl.REFUSED and refused.stops and "verl 0.9.1 stops on it too" in refused.text
+    deleted = fate(tr(f"~{ARO}.actor.optim.lr"), f"{ARO}.actor.optim.lr")  # verl: the class's default (1e-3)
+    assert deleted.kind == verl.REFUSED and "a deleted key" in deleted.text
 
 
 def test_total_epochs_and_the_warmup_ratio_are_rlforge_keys() -> None:

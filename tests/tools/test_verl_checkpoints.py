@@ -29,12 +29,26 @@ def test_auto_resume_into_verl_s_checkpoints_stops(launch, tmp_path, capsys, mon
     (folder / "latest_checkpointed_iteration.txt").write_text("100")
     assert main(["verl", "--print", *launch, f"trainer.default_local_dir={folder}"]) == 2
     err = capsys.readouterr().err
-    assert "holds verl's own checkpoints (the newest: global_step_100)" in err and "verl.model_merger" in err
+    assert "resume_mode=auto would continue from global_step_100 in verl" in err and "verl.model_merger" in err
     assert main(["verl", "--print", *launch, f"trainer.default_local_dir={folder}", "trainer.resume_mode=disable"]) == 0
     assert "verl's own checkpoints" not in capsys.readouterr().err
     assert main(["verl", "--print", *launch, "trainer.resume_mode=resume_path",
                  f"trainer.resume_from_path={folder / 'global_step_20'}"]) == 2
     assert "global_step_20 is a checkpoint of verl's" in capsys.readouterr().err
+
+
+def test_where_verl_would_start_anew_so_does_the_launch(tmp_path, capsys) -> None:
+    """verl 0.9.1 continues from the global_step_N its tracker file names, where both exist (find_latest_ckpt_path);
+    without the file, or naming a missing folder, it trains from scratch: then the launch is not stopped. A tracker
+    that is not a step stops verl (int() of it), and the launch."""
+    folder = tmp_path / "ckpts"
+    (folder / "global_step_3").mkdir(parents=True)
+    assert main(["verl", "--print", *PPO, f"trainer.default_local_dir={folder}"]) == 0  # no tracker file
+    (folder / "latest_checkpointed_iteration.txt").write_text("7")
+    assert main(["verl", "--print", *PPO, f"trainer.default_local_dir={folder}"]) == 0  # names a missing folder
+    (folder / "latest_checkpointed_iteration.txt").write_text("seven")
+    assert main(["verl", "--print", *PPO, f"trainer.default_local_dir={folder}"]) == 2
+    assert "holds 'seven', not a step" in capsys.readouterr().err
 
 
 def test_a_folder_rlforge_already_runs_in_is_resumed_as_rlforge_s(tmp_path, capsys) -> None:

@@ -1,6 +1,7 @@
 """Launches written for an older verl or a fork of it (issue 27, an adversarial pass on Search-R1, rllm, TinyZero,
 simpleRL, Skywork-OR1, verl-tool and RAGEN scripts): keys verl 0.9.1 lacks are refused as verl stops on them, with
-verl 0.9.1's key where there is one; none is swallowed by a section's catch-all rule."""
+verl 0.9.1's key where there is one; none is swallowed by a section's catch-all rule. Also the values verl 0.9.1's own
+checks stop on (and those it converts or accepts), and the adversarial passes' findings on what verl reads."""
 
 from __future__ import annotations
 
@@ -165,6 +166,8 @@ def test_no_section_of_verls_config_swallows_a_made_up_key_with_another_keys_rea
     ("trainer.v1.sampler.max_off_policy_threshold=1.5", "a positive integer or null"),
     ("skip.rollout.action=random", "'cache' or 'repeat'"),
     ("skip.async_rollout.steps=[1,a]", "a list of integers"),
+    ("skip.rollout.steps=[true]", "a list of integers"),
+    ("skip.rollout.dump_dir=null", "a string"),
 ])
 def test_a_value_verl_checks_though_it_does_not_use_it_stops_as_verl_stops(override: str, takes: str) -> None:
     """main_ppo's v1 replay buffer checks its staleness bound in sync mode, and SkipManagerConfig its fields with
@@ -172,7 +175,8 @@ def test_a_value_verl_checks_though_it_does_not_use_it_stops_as_verl_stops(overr
     key = override.split("=", 1)[0]
     refused = fate(tr(override), key)
     assert refused.kind == verl.REFUSED and refused.stops and takes in refused.text
-    good = {"max_off_policy_strategy": "wait", "max_off_policy_threshold": "2", "action": "repeat", "steps": "[1,2]"}
+    good = {"max_off_policy_strategy": "wait", "max_off_policy_threshold": "2", "action": "repeat", "steps": "[1,2]",
+            "dump_dir": "/tmp/d"}
     kept = fate(tr(f"{key}={good[key.rsplit('.', 1)[1]]}"), key)
     assert kept.kind == verl.IGNORED and not kept.unread
     dapo = fate(tr("--config-name=dapo_trainer", override), key)  # the DAPO recipe's trainer has no v1 sampler
@@ -189,3 +193,58 @@ def test_a_launch_without_training_or_validation_files_stops_as_verl_stops() -> 
     assert "test_freq=-1" in fate(tr("data.val_files=null"), "data.val_files").text
     own = fate(tr("data.val_files=null", "data.custom_cls.path=/x/ds.py", "data.custom_cls.name=DS"), "data.val_files")
     assert own.kind == verl.MAPPED
+
+
+@pytest.mark.parametrize("override", ["skip.rollout.dump_dir=5", "skip.rollout.steps=['1']",
+                                      "trainer.v1.sampler.max_off_policy_threshold=true"])
+def test_a_value_verl_converts_or_accepts_is_not_refused(override: str) -> None:
+    """OmegaConf converts a value for a structured config's field before verl's check (5 -> '5', '1' -> 1), and True
+    passes verl's isinstance(int) check of the staleness bound: verl runs these (helper-40)."""
+    kept = fate(tr(override), override.split("=", 1)[0])
+    assert kept.kind == verl.IGNORED, kept
+
+
+def test_the_v1_keys_say_when_verl_reads_them() -> None:
+    """An asynchronous trainer_mode (refused) reads the v1 keys; main_ppo_v0 (use_v1=False, refused) builds no replay
+    buffer and checks no staleness bound."""
+    mode = tr("trainer.v1.trainer_mode=colocate_async")
+    assert "sync here" not in fate(mode, "trainer.v1.colocate_async.num_warmup_batches").text
+    v0 = fate(tr("trainer.use_v1=False", "trainer.v1.sampler.max_off_policy_threshold=0"),
+              "trainer.v1.sampler.max_off_policy_threshold")
+    assert v0.kind == verl.IGNORED and v0.unread
+
+
+def test_dapo_overlong_shaping_stops_where_verl_s_manager_stops() -> None:
+    """verl's dapo reward manager asserts max_resp_len set, len > 0 and max_resp_len >= len, and reads penalty_factor
+    and log when it scores (helper-40's F1)."""
+    kw = "+reward.reward_kwargs"
+    on = ["reward.reward_manager.name=dapo", f"{kw}.overlong_buffer_cfg.enable=True", f"{kw}.overlong_buffer_cfg.len=8",
+          f"{kw}.overlong_buffer_cfg.penalty_factor=1.0", f"{kw}.overlong_buffer_cfg.log=False",
+          f"{kw}.max_resp_len=32", "data.max_response_length=32"]
+    assert not tr(*on).refused
+    lacking = tr(*[o for o in on if "penalty_factor" not in o and "max_resp_len" not in o])
+    enable = fate(lacking, "reward.reward_kwargs.overlong_buffer_cfg.enable")
+    assert enable.stops and "without penalty_factor, max_resp_len" in enable.text
+    zero = fate(tr(*on, f"{kw[1:]}.overlong_buffer_cfg.len=0"), "reward.reward_kwargs.overlong_buffer_cfg.len")
+    assert zero.stops and "asserts it is positive" in zero.text
+    longer = fate(tr(*on[:-2], f"{kw}.max_resp_len=4", "data.max_response_length=4"),
+                  "reward.reward_kwargs.overlong_buffer_cfg.len")
+    assert longer.stops and "max_resp_len >= len" in longer.text
+    recipe = tr("--config-name=dapo_trainer", "reward.reward_manager.name=dapo",
+                "reward.reward_kwargs.overlong_buffer_cfg.enable=True")  # its defaults: len 0, max_resp_len null
+    assert fate(recipe, "reward.reward_kwargs.max_resp_len").stops
+
+
+def test_an_experiment_name_verl_takes_becomes_a_folder_name() -> None:
+    spaced = fate(tr("trainer.experiment_name='a b'"), "trainer.experiment_name")
+    assert spaced.kind == verl.MAPPED and spaced.mapped_value == "a_b" and "becomes 'a_b'" in spaced.text
+    assert fate(tr("trainer.experiment_name=null"), "trainer.experiment_name").mapped_value == "default"
+    assert fate(tr("trainer.experiment_name=run-1"), "trainer.experiment_name").text == ""
+
+
+def test_offload_on_one_gpu_is_read_by_verl_and_ignored_here() -> None:
+    """verl's FSDP engine reads fsdp_config.param_offload at any GPU count (helper-40's F5): on one GPU rlforge keeps
+    the parameters on the device, ignored (memory only), not 'unread'."""
+    t = tr("trainer.n_gpus_per_node=1", f"{ARO}.actor.fsdp_config.param_offload=True")
+    offload = fate(t, f"{ARO}.actor.fsdp_config.param_offload")
+    assert offload.kind == verl.IGNORED and not offload.unread and "memory only" in offload.text
