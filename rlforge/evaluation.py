@@ -56,6 +56,12 @@ class EngineBackend:
                         multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:
         return call_backend(self.tokens, prompts, params, multi_modal)
 
+    def hold_engine(self, held: bool) -> None:
+        """The engine awake across an agent rollout's calls (its ``hold``, where it has one), as a run's workers."""
+        hold = getattr(self.engine, "hold", None)
+        if hold is not None:
+            hold(held)
+
 
 class Evaluator:
     """Generates ``params.n`` samples per prompt through ``backend``, or through ``agent`` (the agent loop's rollout
@@ -75,7 +81,14 @@ class Evaluator:
     def generate(self, prompts: B.Batch, params: SamplingParams) -> B.Batch:
         if self.agent is None:
             return self.backend.generate(prompts, params)
-        out, metrics = self.agent(prompts, params)
+        hold = getattr(self.backend, "hold_engine", None)  # awake for the whole agent rollout, not per wave or turn
+        if hold is not None:
+            hold(True)
+        try:
+            out, metrics = self.agent(prompts, params)
+        finally:
+            if hold is not None:
+                hold(False)
         for key in AGENT_METRICS:
             if key in metrics:
                 self._parts[key].append((metrics[key], len(out)))

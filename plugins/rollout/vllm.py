@@ -402,18 +402,35 @@ class VLLMRollout:
 
     def _run(self, prompts: list[Any], sampling: list[Any]) -> list[Any]:
         """The engine's outputs for these requests. Calls may overlap (agent threads): the engine is woken before
-        the first and, where it sleeps, put to sleep after the last that is running."""
-        with self._lock:
-            llm = self._engine()
-            self._calls += 1
+        the first and, where it sleeps, put to sleep after the last that is running (or after :meth:`hold` ends)."""
+        llm = self._enter()
         try:
             return llm.generate(prompts, sampling, self.adapter)
         finally:
-            with self._lock:
-                self._calls -= 1
-                if self.supports_sleep and not self._calls:
-                    llm.sleep(level=1)
-                    self._asleep = True
+            self._leave()
+
+    def hold(self, held: bool) -> None:
+        """``True``: keep the engine awake until ``hold(False)``, across many calls (an agent rollout: its waves, or
+        each trajectory's turns, reach the engine one after another, with every trajectory in its tools between
+        them, where a sleeping engine would offload its weights and drop its KV and prefix cache each time);
+        ``False``: let it sleep once no call runs."""
+        if held:
+            self._enter()
+        else:
+            self._leave()
+
+    def _enter(self) -> Any:
+        with self._lock:
+            llm = self._engine()
+            self._calls += 1
+        return llm
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._calls -= 1
+            if self.supports_sleep and not self._calls:
+                self._llm.sleep(level=1)
+                self._asleep = True
 
     @no_grad
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams],

@@ -62,7 +62,14 @@ class AgentRolloutStage(RolloutStage):
             if run.builder is None:
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
             self.runner = run.builder.agent(run.module.tokenizer, run.module.processor)
-        return self.runner.rollout(batch, params, engines.generate_tokens, controller.continuous_batching)
+        hold = getattr(engines, "hold_engine", None)  # the engines stay awake for the whole rollout, not per call
+        if hold is not None:
+            hold(True)
+        try:
+            return self.runner.rollout(batch, params, engines.generate_tokens, controller.continuous_batching)
+        finally:
+            if hold is not None:
+                hold(False)
 
     def close(self) -> None:
         if self.runner is not None:

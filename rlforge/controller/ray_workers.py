@@ -94,6 +94,14 @@ class WorkerProcess:
                         multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:
         return call_backend(self.tokens, prompts, params, multi_modal)
 
+    @remote()
+    def hold_engine(self, held: bool) -> None:
+        """Keep this process's rollout engine awake across the calls of an agent rollout (``held``), or let it sleep
+        again: the engine's ``hold`` where it has one (vllm with sleep mode), nothing otherwise."""
+        hold = getattr(self.rollout, "hold", None)
+        if hold is not None:
+            hold(held)
+
     @remote(collect="sync_stats")
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> SyncStats:
         """Give this process's engine these weights (the actor's stream, a snapshot, ``ActorRank.full_weights``)

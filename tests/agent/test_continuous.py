@@ -139,3 +139,51 @@ def test_vllm_seeded_sampling_under_continuous_batching_is_reproducible(setup, v
     other, _ = _rollout(runner, vllm_engine, batch, SamplingParams(n=2, temperature=1.0, max_new_tokens=48, seed=12))
     assert torch.equal(first[B.RESPONSES], again[B.RESPONSES])
     assert not torch.equal(first[B.RESPONSES], other[B.RESPONSES])
+
+
+@pytest.mark.slow
+def test_a_held_vllm_engine_sleeps_once_per_agent_rollout_not_between_waves(setup, vllm_engine, monkeypatch):
+    """With sleep mode (a GPU's: here its two calls are recorded instead), an engine put to sleep whenever no request
+    runs would offload its weights and drop its caches between an agent rollout's waves; the rollout stage holds it
+    awake (``hold``), and it sleeps once, after."""
+    _, _, _, batch, runner, _ = setup
+    llm = vllm_engine._engine()
+    naps: list[int] = []
+    monkeypatch.setattr(vllm_engine, "supports_sleep", True)
+    monkeypatch.setattr(vllm_engine, "_asleep", False)  # restored as it was: awake, for the module's other tests
+    monkeypatch.setattr(llm, "sleep", lambda level: naps.append(level))
+    monkeypatch.setattr(llm, "wake_up", lambda tags=None: None)
+    _, metrics = runner.rollout(batch, GREEDY, _waves(vllm_engine))
+    assert len(naps) == metrics["agent/engine_calls"] >= 2  # a sleep after every wave
+    naps.clear()
+    vllm_engine.hold(True)
+    runner.rollout(batch, GREEDY, _waves(vllm_engine))
+    assert naps == []
+    vllm_engine.hold(False)
+    assert naps == [1]
+
+
+def test_the_agent_rollout_stage_holds_the_engines_for_the_whole_rollout():
+    from rlforge.agent.stage import AgentRolloutStage
+
+    calls = []
+
+    class Engines:
+        def hold_engine(self, held):
+            calls.append(("hold", held))
+
+        def generate_tokens(self, prompts, params, multi_modal=None):
+            return []
+
+    class Runner:
+        def rollout(self, batch, params, backend, continuous):
+            calls.append(("rollout", continuous))
+            return batch, {}
+
+    class Run:
+        controller = type("C", (), {"workers": type("W", (), {"rollout": Engines()})(), "continuous_batching": True})()
+
+    stage = AgentRolloutStage()
+    stage.runner = Runner()
+    stage.rollout(Run(), "batch", GREEDY)
+    assert calls == [("hold", True), ("rollout", True), ("hold", False)]
