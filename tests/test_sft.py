@@ -347,6 +347,12 @@ def test_config_errors_name_key_and_choices(tmp_path, pm, sft_config):
         run_sft(sft_config(tmp_path, "model.precision=bf17"), pm)
     with pytest.raises(ConfigError, match="sft.resume=nowhere.ckpt: no such checkpoint"):
         run_sft(sft_config(tmp_path, "sft.resume=nowhere.ckpt"), pm)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match="plain: a folder without checkpoints/last.ckpt or last.ckpt"):
+        run_sft(sft_config(tmp_path, f"sft.resume={tmp_path / 'plain'}"), pm)  # was Lightning's IsADirectoryError
+    with pytest.raises(ConfigError, match="notes.txt: not a .ckpt file"):
+        run_sft(sft_config(tmp_path, f"sft.resume={tmp_path / 'notes.txt'}"), pm)
 
 
 # --- training -----------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import (
     HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, converts, file_list, is_,
-    never, non_negative, off, str_list, Unread, above_one, custom_sampler, gate, top_k,
+    never, non_negative, off, project, str_list, Unread, above_one, custom_sampler, gate, top_k,
 )
 
 ARO = "actor_rollout_ref"
@@ -458,7 +458,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.balance_batch": Map("trainer.balance_batch"),
     "trainer.total_epochs": Derived("steps"),
     "trainer.total_training_steps": Derived("steps"),
-    "trainer.project_name": Map("trainer.project"), "trainer.experiment_name": Derived("experiment"),
+    "trainer.project_name": Map("trainer.project", project), "trainer.experiment_name": Derived("experiment"),
     "trainer.logger": Derived("loggers"),
     "trainer.log_val_generations": Derived("loggers"),
     "trainer.rollout_data_dir": Ignore("samples.jsonl in the run folder (trainer.samples_to_save per step)"),
@@ -485,6 +485,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.max_critic_ckpt_to_keep": Derived("checkpoints"),
     "trainer.ray_wait_register_center_timeout": Ignore("Ray start-up timeout (ray.placement_timeout_s)"),
     "trainer.use_v1": Derived("main_ppo_trainer"), "trainer.v1.trainer_mode": Derived("main_ppo_trainer"),
+    "trainer.v1.sync.parameter_sync_step": Derived("main_ppo_trainer"),
     "trainer.use_legacy_worker_impl": Keep(is_("disable"), "verl 0.9.1's engine workers (its only ones; an earlier "
                                            "verl's key, unread by 0.9.1)", "verl's legacy workers (not in 0.9.1)"),
     # the sampler (replay buffer) of verl's v1 trainer, which main_ppo runs in sync mode too
@@ -505,7 +506,8 @@ OTHER_RULES: dict[str, Rule] = {
     "ray_kwargs.*": Ignore("Ray's start-up options (rlforge starts Ray from ray.*: address, num_cpus)"),
     "global_profiler.*": Ignore(PROFILING),
     "transfer_queue.*": Ignore("verl's TransferQueue data plane (rlforge passes batches in memory or by Ray)"),
-    "skip.*.enable": Keep(off, "rollouts generated every step", "dumping and replaying rollouts (skip.*)"),
+    "skip.*.enable": Keep(converts(bool, lambda v: not v), "rollouts generated every step",
+                          "dumping and replaying rollouts (skip.*)"),
     "skip.*.action": Checked(SKIP, converts(str, is_("cache", "repeat")), "'cache' or 'repeat'"),
     "skip.*.steps": Checked(SKIP, converts(list[int]), "a list of integers"),
     "skip.*.dump_dir": Checked(SKIP, converts(str), "a string (not null)"),

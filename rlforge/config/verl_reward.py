@@ -71,6 +71,9 @@ def overlong(c: Context) -> None:
                         f".len/penalty_factor/log): verl's dapo reward manager stops without them")
         elif leaf == "enable":
             c.same(key, joined("DAPO's overlong shaping (algorithm.overlong_buffer > 0)", moved))
+        elif leaf == "len" and not float(cfg[leaf]).is_integer():  # verl computes with it: a ramp of 8.5 tokens
+            c.refuse(key, f"a ramp of a fractional length (overlong_buffer_cfg.len={cfg[leaf]}; rlforge's "
+                          f"algorithm.overlong_buffer counts whole tokens)")
         elif leaf in OVERLONG:
             target, convert, note = OVERLONG[leaf]
             c.map(key, target, convert(cfg[leaf]), joined(note, moved))
@@ -87,7 +90,8 @@ def overlong_stop(leaf: str, cfg: dict[str, Any]) -> str:
     length, limit = cfg.get("len"), cfg.get("max_resp_len")
     if leaf == "max_resp_len" and limit is None:
         return "null with overlong shaping on: verl's dapo reward manager asserts it is set (data.max_response_length)"
-    if leaf == "len" and not (isinstance(length, int) and length > 0):
+    number = isinstance(length, (int, float)) and not isinstance(length, bool)
+    if leaf == "len" and not (number and length > 0):
         return (f"overlong_buffer_cfg.len={length!r} with overlong shaping on: verl's dapo reward manager asserts it is "
                 f"positive (enable=False turns shaping off)")
     if leaf == "len" and isinstance(limit, int) and limit < length:

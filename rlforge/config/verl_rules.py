@@ -153,6 +153,11 @@ def non_negative(value: Any) -> Any:
     return 0 if value is None or value < 0 else value
 
 
+def project(value: Any) -> Any:
+    """verl's trainer.project_name: null or empty leaves the loggers' default project, rlforge's default name."""
+    return value if value not in (None, "") else "rlforge"
+
+
 def top_k(value: Any) -> Any:
     return 0 if value is None or value <= 0 else value
 

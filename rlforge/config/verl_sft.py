@@ -9,7 +9,7 @@ from rlforge.config import verl_training as T
 from rlforge.config.verl_derived import chat_template
 from rlforge.config.verl_rules import (
     HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, RESUME_PATH, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off,
-    str_list, Unread,
+    project, str_list, Unread,
 )
 from rlforge.lr_schedule import LR_SCHEDULERS
 
@@ -74,7 +74,7 @@ RULES: dict[str, Rule] = {
     "optim.*": Ignore("read only by other optimizers or schedules"),
     "trainer.total_training_steps": Derived("sft_steps"), "trainer.total_epochs": Derived("sft_steps"),
     "trainer.save_freq": Map("sft.save_every", non_negative), "trainer.test_freq": Map("sft.val_every", non_negative),
-    "trainer.project_name": Map("trainer.project", note="the mlflow experiment of rlforge's SFT"),
+    "trainer.project_name": Map("trainer.project", project, "the mlflow experiment of rlforge's SFT"),
     "trainer.experiment_name": Map("sft.run_name"),  # verl: the run's name in wandb and mlflow (utils/tracking.py)
     "trainer.resume_mode": Derived("sft_resume"), "trainer.resume_from_path": Derived("sft_resume"),
     "trainer.default_local_dir": Map("sft.output_dir"), "trainer.seed": Map("sft.seed"),

@@ -403,6 +403,11 @@ MAIN_PPO_KEYS = {
                        "verl's deprecated legacy trainer (trainer.use_v1=False, main_ppo_v0)"),
     "trainer.v1.trainer_mode": (is_("sync"), "generate, then train", "verl's v1 asynchronous trainer modes (rlforge: "
                                 "trainer.pipeline=one_step_off or async, docs/pipelines.md)"),
+    # read in sync mode (trainer.v1.<mode>.parameter_sync_step): k rounds of generate-and-update per step, each on
+    # train_batch_size / k prompts, the schedule over k x the steps
+    "trainer.v1.sync.parameter_sync_step": (is_(1, None), "one round of generate-and-update per step",
+                                            "several rounds of generate-and-update per step (trainer.v1.sync."
+                                            "parameter_sync_step: train_batch_size / k prompts each)"),
 }
 
 

@@ -126,10 +126,17 @@ def _latest(s: DictConfig) -> str | None:
 
 
 def _given(s: DictConfig) -> str:
-    if not Path(s.resume).exists():
-        raise ConfigError(f"sft.resume={s.resume}: no such checkpoint. Use never, auto (<sft.output_dir>/"
-                          f"{CHECKPOINTS}/{LAST} if there is one) or the path of a .ckpt.")
-    return s.resume
+    """A checkpoint file of rlforge's SFT (Lightning's ``.ckpt``); a folder gives its ``checkpoints/last.ckpt`` (an
+    SFT output folder) or its ``last.ckpt``."""
+    given = Path(s.resume)
+    found = next((c for c in (given / CHECKPOINTS / LAST, given / LAST) if c.is_file()), None) if given.is_dir() else (
+        given if given.is_file() and given.suffix == ".ckpt" else None)
+    if found is None:
+        what = ("a folder without checkpoints/last.ckpt or last.ckpt" if given.is_dir() else
+                "not a .ckpt file" if given.exists() else "no such checkpoint")
+        raise ConfigError(f"sft.resume={s.resume}: {what}. Use never, auto (<sft.output_dir>/{CHECKPOINTS}/{LAST} if "
+                          f"there is one), the path of a .ckpt, or an SFT output folder.")
+    return str(found)
 
 
 RESUME: dict[str, Callable[[DictConfig], str | None]] = {"never": lambda s: None, "auto": _latest}

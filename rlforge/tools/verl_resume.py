@@ -49,11 +49,13 @@ def verl_latest(folder: Path) -> Path | None:
     tracker = folder / "latest_checkpointed_iteration.txt"
     if not tracker.is_file():
         return None
-    text = tracker.read_text(errors="replace").strip()
-    if not text.lstrip("-").isdigit():
-        raise ConfigError(f"{tracker} holds {text[:40]!r}, not a step: verl 0.9.1 stops reading it with resume_mode="
-                          f"auto (set trainer.resume_mode=disable, or remove the file)")
-    step = folder / f"global_step_{int(text)}"
+    try:  # as verl reads it: int() of the decoded bytes ('+5', ' 5\n' and '0_5' are 5)
+        number = int(tracker.read_bytes().decode())
+    except (ValueError, UnicodeDecodeError):
+        text = tracker.read_bytes()[:40]
+        raise ConfigError(f"{tracker} holds {text!r}, not a step: verl 0.9.1 stops reading it with resume_mode=auto "
+                          f"(set trainer.resume_mode=disable, or remove the file)") from None
+    step = folder / f"global_step_{number}"
     return step if step.exists() else None
 
 def _holds_own(cfg: DictConfig, sft: bool) -> bool:

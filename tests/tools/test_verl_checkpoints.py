@@ -48,7 +48,10 @@ def test_where_verl_would_start_anew_so_does_the_launch(tmp_path, capsys) -> Non
     assert main(["verl", "--print", *PPO, f"trainer.default_local_dir={folder}"]) == 0  # names a missing folder
     (folder / "latest_checkpointed_iteration.txt").write_text("seven")
     assert main(["verl", "--print", *PPO, f"trainer.default_local_dir={folder}"]) == 2
-    assert "holds 'seven', not a step" in capsys.readouterr().err
+    assert "holds b'seven', not a step" in capsys.readouterr().err
+    (folder / "latest_checkpointed_iteration.txt").write_text("+3\n")  # int() reads it as verl does: 3
+    assert main(["verl", "--print", *PPO, f"trainer.default_local_dir={folder}"]) == 2
+    assert "would continue from global_step_3 in verl" in capsys.readouterr().err
 
 
 def test_a_folder_rlforge_already_runs_in_is_resumed_as_rlforge_s(tmp_path, capsys) -> None:

@@ -248,3 +248,21 @@ def test_offload_on_one_gpu_is_read_by_verl_and_ignored_here() -> None:
     t = tr("trainer.n_gpus_per_node=1", f"{ARO}.actor.fsdp_config.param_offload=True")
     offload = fate(t, f"{ARO}.actor.fsdp_config.param_offload")
     assert offload.kind == verl.IGNORED and not offload.unread and "memory only" in offload.text
+
+
+def test_helper_41s_findings() -> None:
+    """trainer.v1.sync.parameter_sync_step is read in sync mode (k rounds of generate-and-update per step); skip's
+    enable converts as OmegaConf converts a bool ('no' is False); a fractional overlong ramp is positive for verl (it
+    computes with it) and a missing feature here; a null project name is the loggers' default."""
+    k = fate(tr("+trainer.v1.sync.parameter_sync_step=4"), "trainer.v1.sync.parameter_sync_step")
+    assert k.kind == verl.REFUSED and not k.stops and "several rounds of generate-and-update" in k.text
+    assert fate(tr("+trainer.v1.sync.parameter_sync_step=1"), "trainer.v1.sync.parameter_sync_step").kind == verl.MAPPED
+    assert fate(tr("skip.rollout.enable=no"), "skip.rollout.enable").kind == verl.MAPPED
+    assert fate(tr("skip.rollout.enable=yes"), "skip.rollout.enable").kind == verl.REFUSED
+    kw = "+reward.reward_kwargs"
+    ramp = fate(tr("reward.reward_manager.name=dapo", f"{kw}.overlong_buffer_cfg.enable=True",
+                   f"{kw}.overlong_buffer_cfg.len=8.5", f"{kw}.overlong_buffer_cfg.penalty_factor=1.0",
+                   f"{kw}.overlong_buffer_cfg.log=False", f"{kw}.max_resp_len=32", "data.max_response_length=32"),
+                "reward.reward_kwargs.overlong_buffer_cfg.len")
+    assert ramp.kind == verl.REFUSED and not ramp.stops and "fractional" in ramp.text
+    assert tr("trainer.project_name=null").overrides["trainer.project"] == "rlforge"
