@@ -313,6 +313,13 @@ def test_epoch_limit_shortens_the_run_and_keeps_the_schedule(registry) -> None:
     later = compose(registry, None, None, ["trainer.total_steps=5", "trainer.epoch_limit=2", "data.train_batch_size=8"])
     apply_total_epochs(later, 50)  # total_steps comes first: nothing changes
     assert later.trainer.total_steps == 5 and later.trainer.schedule_steps is None and schedule_steps(later) == 5
+    # verl's loop ends at the epoch limit without its last step's validation, unless test_freq names that step
+    for every, after in ((5, False), (4, True), (0, False)):
+        cut = compose(registry, None, None, ["trainer.total_steps=20", "trainer.epoch_limit=2", "data.train_batch_size=8",
+                                             f"trainer.val_every={every}"])
+        apply_total_epochs(cut, 50)
+        assert cut.trainer.val_at_end is after, every
+    assert later.trainer.val_at_end is True  # not cut: the last step validates
 
 
 def test_total_epochs_sets_the_steps_from_the_rows(registry) -> None:

@@ -101,8 +101,9 @@ def _longest_words(cfg: DictConfig) -> str:
 
 def apply_total_epochs(cfg: DictConfig, examples: int) -> None:
     """With ``trainer.total_epochs`` set, ``trainer.total_steps`` becomes epochs x (examples // data.train_batch_size):
-    whole batches per epoch, verl's count; with ``trainer.epoch_limit`` a smaller such count becomes ``total_steps`` and
-    the schedules keep the old length (``trainer.schedule_steps``). The trainer calls it once the training examples
+    whole batches per epoch, verl's count; with ``trainer.epoch_limit`` a smaller such count becomes ``total_steps``, the
+    schedules keep the old length (``trainer.schedule_steps``) and the run validates after its last step only where
+    ``trainer.val_every`` names that step (verl's loop ends at the epoch limit without its last-step validation). The trainer calls it once the training examples
     are loaded and filtered."""
     epochs, limit, per_epoch = cfg.trainer.total_epochs, cfg.trainer.epoch_limit, examples // cfg.data.train_batch_size
     with read_write(cfg):
@@ -111,6 +112,9 @@ def apply_total_epochs(cfg: DictConfig, examples: int) -> None:
         if limit is not None and max(1, int(limit) * per_epoch) < cfg.trainer.total_steps:  # trainer.epoch_limit
             cfg.trainer.schedule_steps = cfg.trainer.schedule_steps or cfg.trainer.total_steps
             cfg.trainer.total_steps = max(1, int(limit) * per_epoch)
+            # verl's loop ends there without its last step's validation: a step that test_freq names still validates
+            every = cfg.trainer.val_every
+            cfg.trainer.val_at_end = bool(cfg.trainer.val_at_end and every and cfg.trainer.total_steps % every == 0)
 
 
 def explain_batch_sizes(cfg: DictConfig, words: tuple[str, str, str]) -> str:

@@ -243,7 +243,7 @@ class StrategyConfig:
 class TrainerConfig:
     total_steps: int = option(200, ge=1)  # training steps (one rollout batch each)
     total_epochs: Optional[int] = option(None, ge=1)  # set: the run's steps are total_epochs x (training examples left after data.filter_overlong_prompts // data.train_batch_size), counted when the data is loaded, in place of total_steps (verl's count)
-    epoch_limit: Optional[int] = option(None, ge=1)  # set: the run also stops once it has trained epoch_limit x (training examples // data.train_batch_size) steps, if that comes before total_steps: total_steps becomes that count, schedule_steps keeps the old one (verl's total_epochs next to total_training_steps)
+    epoch_limit: Optional[int] = option(None, ge=1)  # set: the run also stops once it has trained epoch_limit x (training examples // data.train_batch_size) steps, if that comes before total_steps: total_steps becomes that count, schedule_steps keeps the old one, and the run validates after that step only where val_every names it (verl's total_epochs next to total_training_steps)
     schedule_steps: Optional[int] = option(None, ge=1)  # the learning-rate schedules (and warmup_ratio) span this many steps; None = total_steps
     seed: int = option(1, ge=0, le=2**32 - 1)  # seeds torch, python and the data order
     controller: str = "local"  # controller registry name: local (in-process) | ray (Ray actors)
