@@ -351,8 +351,10 @@ def test_config_errors_name_key_and_choices(tmp_path, pm, sft_config):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ConfigError, match="plain: a folder without checkpoints/last.ckpt or last.ckpt"):
         run_sft(sft_config(tmp_path, f"sft.resume={tmp_path / 'plain'}"), pm)  # was Lightning's IsADirectoryError
-    with pytest.raises(ConfigError, match="notes.txt: not a .ckpt file"):
-        run_sft(sft_config(tmp_path, f"sft.resume={tmp_path / 'notes.txt'}"), pm)
+    (tmp_path / "fake.ckpt").write_text("not a checkpoint")
+    for name in ("notes.txt", "fake.ckpt"):  # the second was a traceback from Lightning's loader
+        with pytest.raises(ConfigError, match=f"{name}: not a checkpoint"):
+            run_sft(sft_config(tmp_path, f"sft.resume={tmp_path / name}"), pm)
 
 
 # --- training -----------------------------------------------------------------------------------------------

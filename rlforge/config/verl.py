@@ -69,7 +69,12 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)
         elif isinstance(rule, Map):
-            c.map(key, rule.target, rule.convert(value), rule.note)
+            try:
+                converted = rule.convert(value)
+            except (TypeError, ValueError) as exc:  # a value of the wrong type for its key: verl stops on it too
+                raise ConfigError(f"A value of the verl launch has the wrong type for its key ({exc}): "
+                                  f"{key}={value!r}.") from None
+            c.map(key, rule.target, converted, rule.note)
         elif isinstance(rule, Keep):
             (c.same(key, rule.does) if rule.ok(value) else c.refuse(key, rule.missing))
         elif isinstance(rule, Checked):

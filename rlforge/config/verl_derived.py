@@ -254,12 +254,17 @@ def steps(c: Context) -> None:
             "however many steps that is; rlforge counts total_epochs x rows // data.train_batch_size steps, drawing "
             "more prompts as needed"
             if c.get("algorithm.filter_groups.enable") and c.trainer == "dapo" else "")  # main_ppo counts steps
+    whole = isinstance(epochs, int) or float(epochs).is_integer()
     if total is not None:
         c.map("trainer.total_training_steps", "trainer.total_steps", total)
-        c.map("trainer.total_epochs", "trainer.epoch_limit", int(epochs), note)
-        return
-    c.unread("trainer.total_training_steps", "null: verl counts total_epochs")
-    c.map("trainer.total_epochs", "trainer.total_epochs", int(epochs), note)
+    else:
+        c.unread("trainer.total_training_steps", "null: verl counts total_epochs")
+    if not whole:  # verl runs floor(epochs x batches) steps, or with total_training_steps ceil(epochs) whole passes
+        c.refuse("trainer.total_epochs", f"a fractional number of epochs (total_epochs={epochs}; rlforge's "
+                                         f"trainer.total_epochs and epoch_limit count whole passes)")
+    else:
+        c.map("trainer.total_epochs", "trainer.epoch_limit" if total is not None else "trainer.total_epochs",
+              int(epochs), note)
 
 
 def loggers(c: Context) -> None:
@@ -340,7 +345,7 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "precision": L.precision, "rollout_engine": RO.rollout_engine, "model_config": model_config, "lengths": lengths,
     "validation": validation, "multi_turn": AG.multi_turn, "filter_groups": T.filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
-    "experiment": experiment, "main_ppo_trainer": T.main_ppo_trainer, "val_freq": T.val_freq,
+    "experiment": experiment, "main_ppo_trainer": T.main_ppo_trainer, "val_freq": T.val_freq, "save_freq": T.save_freq,
 }
 # the order they run in: the algorithm (distillation may turn it into opd) and the parallel layout first (others read
 # them), steps before warm-up
@@ -348,4 +353,5 @@ ORDER = ("algorithm", "distillation", "parallel", "offload", "grad_offload", "ch
          "weight_decay", "loss_scale", "rollout_log_probs", "sequence_parallel", "data", "reward", "overlong",
          "filter_groups", "steps", "warmup", "schedule", "micro_batches", "scoring", "clip", "grad_clip", "betas",
          "recompute", "entropy", "precision", "rollout_engine", "model_config", "lengths", "validation", "multi_turn",
-         "multimodal", "loggers", "resume", "checkpoints", "val_only", "experiment", "main_ppo_trainer", "val_freq")
+         "multimodal", "loggers", "resume", "checkpoints", "val_only", "experiment", "main_ppo_trainer", "val_freq",
+         "save_freq")

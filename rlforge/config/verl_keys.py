@@ -11,7 +11,7 @@ from __future__ import annotations
 from rlforge.config import verl_veomni
 from rlforge.config.verl_rules import (
     HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, at_most_one, converts, file_list, is_,
-    never, non_negative, off, project, str_list, Unread, above_one, custom_sampler, gate, top_k,
+    never, off, project, str_list, Unread, above_one, custom_sampler, gate, top_k,
 )
 
 ARO = "actor_rollout_ref"
@@ -466,7 +466,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.nnodes": Derived("parallel"),
     "trainer.n_gpus_per_node": Derived("parallel"),
     "trainer.device": Derived("parallel"),
-    "trainer.save_freq": Map("trainer.save_every", non_negative, "rlforge also writes a final checkpoint"),
+    "trainer.save_freq": Derived("save_freq"),
     "trainer.esi_redundant_time": Ignore("no ESI (elastic instance) expiry handling"),
     "trainer.resume_mode": Derived("resume"),
     "trainer.resume_from_path": Derived("resume"),

@@ -8,7 +8,7 @@ from typing import Any
 from rlforge.config import verl_training as T
 from rlforge.config.verl_derived import chat_template
 from rlforge.config.verl_rules import (
-    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, RESUME_PATH, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, non_negative, off,
+    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, RESUME_PATH, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, off,
     project, str_list, Unread,
 )
 from rlforge.lr_schedule import LR_SCHEDULERS
@@ -71,9 +71,10 @@ RULES: dict[str, Rule] = {
     **{f"optim.{k}": Derived("sft_schedule") for k in (
         "lr_scheduler", "lr_scheduler_type", "warmup_style", "min_lr_ratio", "num_cycles", "zero_indexed_step")},
     "optim.lr_warmup_steps_ratio": Derived("sft_warmup"), "optim.lr_warmup_steps": Derived("sft_warmup"),
+    "optim.total_training_steps": Unread("verl's SFT trainer overwrites it with the run's step count"),
     "optim.*": Ignore("read only by other optimizers or schedules"),
     "trainer.total_training_steps": Derived("sft_steps"), "trainer.total_epochs": Derived("sft_steps"),
-    "trainer.save_freq": Map("sft.save_every", non_negative), "trainer.test_freq": Map("sft.val_every", non_negative),
+    "trainer.save_freq": Derived("sft_freq"), "trainer.test_freq": Derived("sft_freq"),
     "trainer.project_name": Map("trainer.project", project, "the mlflow experiment of rlforge's SFT"),
     "trainer.experiment_name": Map("sft.run_name"),  # verl: the run's name in wandb and mlflow (utils/tracking.py)
     "trainer.resume_mode": Derived("sft_resume"), "trainer.resume_from_path": Derived("sft_resume"),
@@ -215,14 +216,34 @@ def sft_schedule(c: Any) -> None:
 
 
 def sft_steps(c: Any) -> None:
-    total = c.get("trainer.total_training_steps")
+    total, epochs = c.get("trainer.total_training_steps"), c.get("trainer.total_epochs")
+    if not isinstance(epochs, int) or isinstance(epochs, bool):  # its epoch loop: range(start_epoch, total_epochs)
+        c.stop("trainer.total_epochs", "verl's SFT trainer loops over range(total_epochs) and stops on a value that is "
+                                       "not a whole number")
     if total is not None:
         c.map("trainer.total_training_steps", "sft.steps", total)
-        c.map("trainer.total_epochs", "sft.epoch_limit", int(c.get("trainer.total_epochs")), "verl's SFT loop also "
-              "ends after total_epochs passes over the data, its schedule still spanning total_training_steps")
+        c.map("trainer.total_epochs", "sft.epoch_limit", epochs, "verl's SFT loop also ends after total_epochs passes "
+              "over the data, its schedule still spanning total_training_steps")
         return
     c.unread("trainer.total_training_steps", "null: verl counts total_epochs")
-    c.map("trainer.total_epochs", "sft.epochs", int(c.get("trainer.total_epochs")))
+    c.map("trainer.total_epochs", "sft.epochs", epochs)
+
+
+def sft_freq(c: Any) -> None:
+    """``save_freq`` / ``test_freq``: steps, or ``after_each_epoch``; verl's SFT loop takes the step modulo each one, so
+    0 and null stop it; a negative one saves and validates at the last step only."""
+    for key, target in (("trainer.save_freq", "sft.save_every"), ("trainer.test_freq", "sft.val_every")):
+        value = c.get(key)
+        if value == "after_each_epoch":
+            c.refuse(key, f"saving or validating after each epoch ({key}=after_each_epoch; rlforge's {target} counts "
+                          f"steps: give the steps per epoch)")
+        elif value is None or isinstance(value, (str, bool)) or value == 0:
+            c.stop(key, f"verl's SFT trainer takes the step modulo it (global_step % {key.split('.')[1]}) and stops "
+                        f"on 0 or a value that is not a number")
+        elif not float(value).is_integer():
+            c.refuse(key, f"a fractional step interval ({key}={value})")
+        else:
+            c.map(key, target, max(0, int(value)))
 
 
 def sft_resume(c: Any) -> None:
@@ -255,6 +276,6 @@ def sft_loggers(c: Any) -> None:
 DERIVED = {"sft_files": sft_files, "sft_columns": sft_columns, "sft_warmup": sft_warmup, "sft_schedule": sft_schedule,
            "sft_steps": sft_steps, "sft_resume": sft_resume, "sft_loggers": sft_loggers, "chat_template": chat_template,
            "sft_thinking": sft_thinking, "sft_chat_template": sft_chat_template,
-           "sft_multiturn_keys": sft_multiturn_keys}
+           "sft_multiturn_keys": sft_multiturn_keys, "sft_freq": sft_freq}
 ORDER = ("sft_files", "sft_columns", "sft_steps", "sft_warmup", "sft_schedule", "sft_resume", "sft_loggers",
-         "chat_template", "sft_thinking", "sft_chat_template", "sft_multiturn_keys")
+         "chat_template", "sft_thinking", "sft_chat_template", "sft_multiturn_keys", "sft_freq")

@@ -405,7 +405,7 @@ MAIN_PPO_KEYS = {
                                 "trainer.pipeline=one_step_off or async, docs/pipelines.md)"),
     # read in sync mode (trainer.v1.<mode>.parameter_sync_step): k rounds of generate-and-update per step, each on
     # train_batch_size / k prompts, the schedule over k x the steps
-    "trainer.v1.sync.parameter_sync_step": (is_(1, None), "one round of generate-and-update per step",
+    "trainer.v1.sync.parameter_sync_step": (lambda v: v == 1, "one round of generate-and-update per step",
                                             "several rounds of generate-and-update per step (trainer.v1.sync."
                                             "parameter_sync_step: train_batch_size / k prompts each)"),
 }
@@ -438,6 +438,9 @@ def main_ppo_trainer(c: Context) -> None:
             (c.refuse(key, "a custom sampler class (trainer.v1.sampler.custom_sampler)") if custom_sampler(c.get) else
              c.unread(key, "verl plugs in a custom sampler only with both custom_sampler.path and .name") if c.get(key)
              else c.same(key, "verl's own replay buffer"))
+        elif key.endswith("parameter_sync_step") and not isinstance(c.get(key), int):  # True is 1 there
+            c.stop(key, "verl's v1 trainer runs range(parameter_sync_step) rounds and divides the batch by it, and "
+                        "stops on a value that is not a whole number")
         else:
             ok, does, missing = MAIN_PPO_KEYS[key]
             (c.same(key, does) if ok(c.get(key)) else c.refuse(key, missing))
@@ -478,6 +481,20 @@ def loss_scale(c: Context) -> None:
         else:
             c.refuse(critic, f"a value-loss length normalization ({value}) other than the actor's ({mine}; rlforge's "
                              f"algorithm.norm_length is one for both)")
+
+
+def save_freq(c: Context) -> None:
+    """verl saves every save_freq steps and after the last one where save_freq > 0, never where it is <= 0; it
+    compares the value with 0 at the first step, so one that is not a number stops it. rlforge also writes a final
+    checkpoint either way."""
+    key, value = "trainer.save_freq", c.get("trainer.save_freq")
+    if value is None or isinstance(value, str):
+        c.stop(key, "verl 0.9.1 compares it with 0 after the first step and stops on a value that is not a number "
+                    "(trainer.save_freq=-1 means no checkpoints)")
+    elif value > 0 and not float(value).is_integer():
+        c.refuse(key, f"a fractional step interval (save_freq={value})")
+    else:
+        c.map(key, "trainer.save_every", max(0, int(value)), "rlforge also writes a final checkpoint")
 
 
 def val_freq(c: Context) -> None:

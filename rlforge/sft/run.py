@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -130,10 +131,10 @@ def _given(s: DictConfig) -> str:
     SFT output folder) or its ``last.ckpt``."""
     given = Path(s.resume)
     found = next((c for c in (given / CHECKPOINTS / LAST, given / LAST) if c.is_file()), None) if given.is_dir() else (
-        given if given.is_file() and given.suffix == ".ckpt" else None)
+        given if given.is_file() and given.suffix == ".ckpt" and zipfile.is_zipfile(given) else None)
     if found is None:
         what = ("a folder without checkpoints/last.ckpt or last.ckpt" if given.is_dir() else
-                "not a .ckpt file" if given.exists() else "no such checkpoint")
+                "not a checkpoint (a .ckpt file that torch.save wrote)" if given.exists() else "no such checkpoint")
         raise ConfigError(f"sft.resume={s.resume}: {what}. Use never, auto (<sft.output_dir>/{CHECKPOINTS}/{LAST} if "
                           f"there is one), the path of a .ckpt, or an SFT output folder.")
     return str(found)

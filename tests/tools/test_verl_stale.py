@@ -266,3 +266,29 @@ def test_helper_41s_findings() -> None:
                 "reward.reward_kwargs.overlong_buffer_cfg.len")
     assert ramp.kind == verl.REFUSED and not ramp.stops and "fractional" in ramp.text
     assert tr("trainer.project_name=null").overrides["trainer.project"] == "rlforge"
+
+
+def test_helper_43s_findings() -> None:
+    """Frequencies and epochs of a type or value verl stops on are refused so (save_freq=after_each_epoch was a
+    TypeError traceback in the translation); fractional epochs or intervals, which verl runs, are a missing feature
+    (total_epochs=1.5 became 1 epoch without a word); parameter_sync_step=True is 1 for verl."""
+    for override in ("trainer.save_freq=after_each_epoch", "trainer.save_freq=null",
+                     "+trainer.v1.sync.parameter_sync_step=1.0"):
+        key = override.lstrip("+").split("=")[0]
+        stop = fate(tr(override), key)
+        assert stop.kind == verl.REFUSED and stop.stops, override
+    for override in ("trainer.total_epochs=1.5", "trainer.save_freq=2.5"):
+        missing = fate(tr(override), override.split("=")[0])
+        assert missing.kind == verl.REFUSED and not missing.stops, override
+    assert fate(tr("+trainer.v1.sync.parameter_sync_step=true"), "trainer.v1.sync.parameter_sync_step").kind == verl.MAPPED
+    assert tr("trainer.total_epochs=2.0").overrides["trainer.total_epochs"] == 2
+
+    def sft(override: str) -> verl.Translation:
+        return prepare(["data.train_files=chat.parquet", "model.path=builtin:tiny-arith", override], SFT_ENTRY,
+                       refuse=False).translation
+
+    for override, stops in (("trainer.test_freq=0", True), ("trainer.save_freq=null", True),
+                            ("trainer.total_epochs=1.5", True), ("trainer.test_freq=after_each_epoch", False)):
+        refused = fate(sft(override), override.split("=")[0])
+        assert refused.kind == verl.REFUSED and refused.stops is stops, override
+    assert sft("trainer.test_freq=-1").overrides["sft.val_every"] == 0
