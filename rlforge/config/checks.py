@@ -210,6 +210,7 @@ SFT_DERIVED = {
     "sft_files": "sft.train_file / sft.val_file", "sft_loggers": "sft.loggers",
     "sft_multiturn_keys": "sft.messages_key / sft.tools_key", "sft_resume": "sft.resume",
     "sft_schedule": "sft.lr_scheduler", "sft_steps": "sft.steps / sft.epochs",
+    "sft_freq": "sft.save_every / sft.val_every",
     "sft_thinking": "sft.enable_thinking_key / sft.enable_thinking_default",
     "sft_warmup": "sft.warmup_steps / sft.warmup_ratio",
 }
