@@ -136,6 +136,8 @@ DERIVED_HINTS = {
     f"{ARO}.actor.megatron.tensor_model_parallel_size": "strategy.megatron.tensor_parallel_size",
     f"{ARO}.model.enable_gradient_checkpointing": "model.gradient_checkpointing",
     f"{ARO}.actor.megatron.dtype": "model.precision", f"{ARO}.actor.fsdp_config.model_dtype": "model.precision",
+    "trainer.save_freq": "trainer.save_every", "trainer.test_freq": "trainer.val_every (and trainer.val_at_end)",
+    "trainer.experiment_name": "trainer.experiment",
 }
 
 
