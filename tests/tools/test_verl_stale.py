@@ -292,3 +292,11 @@ def test_helper_43s_findings() -> None:
         refused = fate(sft(override), override.split("=")[0])
         assert refused.kind == verl.REFUSED and refused.stops is stops, override
     assert sft("trainer.test_freq=-1").overrides["sft.val_every"] == 0
+
+
+def test_a_string_where_verl_s_optimizer_takes_a_number_stops_as_verl_stops() -> None:
+    """verl's optimizer config is built with Hydra's instantiate (``_target_``), which keeps a string ('3e-6', or an
+    ${oc.env:...} interpolation's result), and AdamW stops on it; rlforge would convert it (helper-43's A3)."""
+    quoted = fate(tr("actor_rollout_ref.actor.optim.lr='3e-6'"), "actor_rollout_ref.actor.optim.lr")
+    assert quoted.kind == verl.REFUSED and quoted.stops and "write the number unquoted" in quoted.text
+    assert tr("actor_rollout_ref.actor.optim.lr=3e-6").overrides["actor.lr"] == 3e-6
