@@ -10,7 +10,6 @@ error naming the component and its plugin.
 from __future__ import annotations
 
 from collections.abc import Collection
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from rlforge.errors import RLForgeError
@@ -159,6 +158,7 @@ class Builder:
         ``rollout.agent.loop`` unless it is ``single_turn`` (``processor``: a vision-language model's), and
         ``reward`` scores. Its ``close`` stops the loop."""
         from rlforge.agent.config import SINGLE_TURN
+        from rlforge.agent.engine import engines_held
         from rlforge.evaluation import EngineBackend, Evaluator
 
         declared = self.registry.rollout.entry(rollout or self.config.rollout.name).capabilities
@@ -166,7 +166,11 @@ class Builder:
         if self.config.rollout.agent.loop == SINGLE_TURN:
             return Evaluator(backend, reward.score)
         runner = self.agent(tokenizer, processor)
-        agent = partial(runner.rollout, backend=backend.generate_tokens, continuous=backend.continuous_batching)
+
+        def agent(prompts: Any, params: Any) -> Any:
+            with engines_held(backend):  # the engine awake for the whole rollout, as a run's agent stage holds it
+                return runner.rollout(prompts, params, backend.generate_tokens, backend.continuous_batching)
+
         return Evaluator(backend, reward.score, agent, runner.close)
 
     def follow(self, module: RLModule) -> dict[str, Any] | None:

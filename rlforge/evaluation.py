@@ -81,14 +81,7 @@ class Evaluator:
     def generate(self, prompts: B.Batch, params: SamplingParams) -> B.Batch:
         if self.agent is None:
             return self.backend.generate(prompts, params)
-        hold = getattr(self.backend, "hold_engine", None)  # awake for the whole agent rollout, not per wave or turn
-        if hold is not None:
-            hold(True)
-        try:
-            out, metrics = self.agent(prompts, params)
-        finally:
-            if hold is not None:
-                hold(False)
+        out, metrics = self.agent(prompts, params)
         for key in AGENT_METRICS:
             if key in metrics:
                 self._parts[key].append((metrics[key], len(out)))

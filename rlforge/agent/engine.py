@@ -28,9 +28,10 @@ off-policy. ``max_new_tokens`` and ``seed`` may differ.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -269,6 +270,22 @@ class TrajectoryEngine:
                                              None if images is None else images.inputs)
         finally:
             self.seconds += time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def engines_held(engines: Any) -> Iterator[None]:
+    """Keep the rollout engines awake across the calls of one agent rollout: ``engines.hold_engine`` (a run's workers
+    or an engine outside a run), where there is one. A sleeping engine would offload its weights and drop its KV and
+    prefix cache between the rollout's waves or turns."""
+    hold = getattr(engines, "hold_engine", None)
+    if hold is None:
+        yield
+        return
+    hold(True)
+    try:
+        yield
+    finally:
+        hold(False)
 
 
 def token_generator(engine: Any, tokenizer: Any, token_io: bool) -> Backend:

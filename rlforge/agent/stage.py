@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rlforge import batch as B
 from rlforge.agent.batching import AGENT_REWARDS, add_agent_rewards
 from rlforge.agent.config import SINGLE_TURN
+from rlforge.agent.engine import engines_held
 from rlforge.agent.record import RECORD_FILE, sample_records, write_records
 from rlforge.dataflow import DataFlow, RolloutStage, Stage, StepContext
 from rlforge.errors import ConfigError, RLForgeError
@@ -62,14 +63,8 @@ class AgentRolloutStage(RolloutStage):
             if run.builder is None:
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
             self.runner = run.builder.agent(run.module.tokenizer, run.module.processor)
-        hold = getattr(engines, "hold_engine", None)  # the engines stay awake for the whole rollout, not per call
-        if hold is not None:
-            hold(True)
-        try:
+        with engines_held(engines):  # awake for the whole rollout, not per call
             return self.runner.rollout(batch, params, engines.generate_tokens, controller.continuous_batching)
-        finally:
-            if hold is not None:
-                hold(False)
 
     def close(self) -> None:
         if self.runner is not None:

@@ -33,7 +33,8 @@ def plain(value: Any) -> Any:
 BUILTIN_MODEL = "builtin:tiny-arith"
 IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 # a run or experiment folder name: one path component, never "." or ".." (it cannot leave trainer.runs_root)
-RUN_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,127}"
+RUN_NAME_CHARS = "A-Za-z0-9_.+=@,-"  # the characters of one (a regex character class's contents)
+RUN_NAME = rf"[A-Za-z0-9_][{RUN_NAME_CHARS}]{{0,127}}"
 RUN_NAME_WHAT = "a folder name of letters, digits and _ . + = @ , - (not starting with . or -), at most 128 characters"
 
 

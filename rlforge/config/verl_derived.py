@@ -4,7 +4,8 @@ Each function reads the keys it owns from the translation context and gives ever
 refused or ignored); ``verl.translate`` calls them after the one-key rules, in ``ORDER``. They follow verl 0.9.1's code:
 which key wins, and which is read only when another is set. The device layout (strategy, parallel sizes, offload,
 precision) is ``verl_layout``'s, the micro-batches, the learning-rate schedule and dynamic sampling
-``verl_training``'s, the reward manager, function and overlong shaping ``verl_reward``'s.
+``verl_training``'s, the reward manager, function and overlong shaping ``verl_reward``'s, the trainer module and
+its loop's frequencies ``verl_loop``'s.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING
 from rlforge.config import verl_agent as AG
 from rlforge.config import verl_distill
 from rlforge.config import verl_layout as L
+from rlforge.config import verl_loop as LP
 from rlforge.config import verl_reward as RW
 from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
 from rlforge.config.verl_fates import TRAINER_NAMES
-from rlforge.config.schema import RUN_NAME_WHAT
+from rlforge.config.schema import RUN_NAME_CHARS, RUN_NAME_WHAT
 from rlforge.config.verl_rules import RESUME_PATH, file_list, nest, non_negative, top_k
 
 if TYPE_CHECKING:
@@ -317,7 +319,7 @@ def experiment(c: Context) -> None:
     rlforge's ``trainer.experiment``, a folder name: other characters become ``_`` (null: rlforge's default)."""
     key = "trainer.experiment_name"
     value = c.get(key)
-    name = re.sub(r"[^A-Za-z0-9_.+=@,-]", "_", str(value)).lstrip(".-")[:128] if value is not None else ""
+    name = re.sub(f"[^{RUN_NAME_CHARS}]", "_", str(value)).lstrip(".-")[:128] if value is not None else ""
     name = name or "default"
     c.map(key, "trainer.experiment", name, "" if name == value else
           f"rlforge's experiment name is {RUN_NAME_WHAT}: {value!r} becomes {name!r}, the loggers' "
@@ -345,7 +347,7 @@ DERIVED: dict[str, Callable[[Context], None]] = {
     "precision": L.precision, "rollout_engine": RO.rollout_engine, "model_config": model_config, "lengths": lengths,
     "validation": validation, "multi_turn": AG.multi_turn, "filter_groups": T.filter_groups, "multimodal": multimodal,
     "steps": steps, "loggers": loggers, "resume": resume, "checkpoints": checkpoints, "val_only": val_only,
-    "experiment": experiment, "main_ppo_trainer": T.main_ppo_trainer, "val_freq": T.val_freq, "save_freq": T.save_freq,
+    "experiment": experiment, "main_ppo_trainer": LP.main_ppo_trainer, "val_freq": LP.val_freq, "save_freq": LP.save_freq,
 }
 # the order they run in: the algorithm (distillation may turn it into opd) and the parallel layout first (others read
 # them), steps before warm-up

@@ -1,6 +1,7 @@
 """The fate of each verl key (mapped, refused or ignored) and the context the translation's rules give them in:
 ``verl.translate`` fills a :class:`Translation` through a :class:`Context`; the rule modules (``verl_derived``,
-``verl_layout``, ``verl_training``, ``verl_rollout``, ``verl_sft``) see only this module, not the translation's."""
+``verl_layout``, ``verl_training``, ``verl_loop``, ``verl_reward``, ``verl_rollout``, ``verl_sft``) see only this
+module, not the translation's."""
 
 from __future__ import annotations
 
