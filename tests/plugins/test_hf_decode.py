@@ -112,3 +112,55 @@ def test_prompts_of_very_different_lengths_prefill_in_groups_with_the_same_token
         first = Decoder(model, [2], 0).decode(prompts, mask, sampled)
         again = Decoder(model, [2], 0).decode(prompts, mask, sampled)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_cpu_fp32_linears_multiply_an_input_major_copy_while_decoding(monkeypatch) -> None:
+    """On CPU in fp32 a decoding call's linear layers multiply by an ``[in, out]`` copy of their weights
+    (``TransposedLinears``): the same greedy tokens and seeded samples as the plain product, log-probs to float
+    rounding; the layers are plain again after the call (also after an error); a forward pass with gradients while
+    switched (another thread's) computes with the parameters, so its gradients are theirs."""
+    import rlforge.plugins.rollout.hf_decode as hf_decode
+
+    torch.manual_seed(0)
+    model = MODELS["llama_gqa"][0]().eval()
+    prompts = torch.randint(3, 50, (hf_decode.TRANSPOSE_MIN_ROWS + 1, 6))  # the copy's product from the first step
+    mask = torch.ones_like(prompts)
+    mask[0, :2] = 0
+    seen: list[bool] = []
+    model.register_forward_pre_hook(lambda m, a: seen.append("forward" in model.lm_head.__dict__))
+    decoder = Decoder(model, [2], 0)
+
+    def run(params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return decoder.decode(prompts, mask, params)
+
+    for params in (SamplingParams(n=1, temperature=0.0, max_new_tokens=5),
+                   SamplingParams(n=1, temperature=1.0, max_new_tokens=5, seed=3)):
+        seen.clear()
+        tokens, log_probs = run(params)
+        assert seen and all(seen)
+        monkeypatch.setattr(hf_decode, "TRANSPOSE_MAX_BYTES", 0)
+        seen.clear()
+        plain_tokens, plain_log_probs = run(params)
+        assert seen and not any(seen)
+        monkeypatch.undo()
+        assert torch.equal(tokens, plain_tokens)
+        torch.testing.assert_close(log_probs, plain_log_probs, atol=1e-5, rtol=0)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    monkeypatch.setattr(decoder, "_decode", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError), torch.no_grad():
+        decoder.decode(prompts, mask, SamplingParams(n=1, temperature=0.0, max_new_tokens=2))
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+    with torch.no_grad():
+        switched = hf_decode.TransposedLinears.for_model(model, torch.device("cpu"))
+    assert switched is not None
+    model(input_ids=prompts).logits.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    switched.restore()
+    model.zero_grad()
+    model(input_ids=prompts).logits.sum().backward()
+    assert grads.keys() == {n for n, p in model.named_parameters() if p.grad is not None}
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[n], p.grad)
