@@ -106,18 +106,24 @@ class TransposedLinears:
     (docs/performance.md, "Long tails")."""
 
     def __init__(self, layers: list[torch.nn.Linear]) -> None:
-        self.layers = layers
-        for layer in layers:
-            layer.forward = functools.partial(_input_major_product, layer, layer.weight.t().contiguous())  # type: ignore[method-assign]
+        self.layers: list[torch.nn.Linear] = []
+        try:
+            for layer in layers:
+                layer.forward = functools.partial(_input_major_product, layer, layer.weight.t().contiguous())  # type: ignore[method-assign]
+                self.layers.append(layer)
+        except BaseException:  # e.g. out of memory at a copy: no layer stays switched
+            self.restore()
+            raise
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, device: Any) -> TransposedLinears | None:
         """The model's plain fp32 CPU linear layers, switched; None where this does not apply (not CPU, gradients on,
-        no such layers, or more than ``TRANSPOSE_MAX_BYTES`` of them)."""
+        no such layers, or more than ``TRANSPOSE_MAX_BYTES`` of them). A layer whose forward is already replaced on
+        the instance (a hook library's or the user's) is left as it is."""
         if device.type != "cpu" or torch.is_grad_enabled():
             return None
         layers = [m for m in model.modules() if type(m) is torch.nn.Linear and type(m.weight) is torch.nn.Parameter
-                  and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+                  and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu" and "forward" not in vars(m)]
         if not layers or sum(m.weight.numel() * 4 for m in layers) > TRANSPOSE_MAX_BYTES:
             return None
         return cls(layers)

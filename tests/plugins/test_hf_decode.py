@@ -4,6 +4,8 @@ plain attention decode on the filled-length cache, others (sliding-window layers
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -127,7 +129,8 @@ def test_cpu_fp32_linears_multiply_an_input_major_copy_while_decoding(monkeypatc
     mask = torch.ones_like(prompts)
     mask[0, :2] = 0
     seen: list[bool] = []
-    model.register_forward_pre_hook(lambda m, a: seen.append("forward" in model.lm_head.__dict__))
+    probe = model.model.layers[0].mlp.up_proj
+    model.register_forward_pre_hook(lambda m, a: seen.append("forward" in probe.__dict__))
     decoder = Decoder(model, [2], 0)
 
     def run(params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,6 +153,18 @@ def test_cpu_fp32_linears_multiply_an_input_major_copy_while_decoding(monkeypatc
     monkeypatch.setattr(decoder, "_decode", lambda *a: 1 / 0)
     with pytest.raises(ZeroDivisionError), torch.no_grad():
         decoder.decode(prompts, mask, SamplingParams(n=1, temperature=0.0, max_new_tokens=2))
+    monkeypatch.undo()
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+    own = model.lm_head.forward = lambda x: torch.nn.functional.linear(x, model.lm_head.weight)  # e.g. a hook library's
+    seen.clear()
+    run(SamplingParams(n=1, temperature=0.0, max_new_tokens=2))
+    assert seen and all(seen) and model.lm_head.forward is own  # the others switched; it is left as it was
+    del model.lm_head.forward
+
+    failing = types.SimpleNamespace(weight=None)  # its copy fails (as out of memory would): no layer stays switched
+    with pytest.raises(AttributeError):
+        hf_decode.TransposedLinears([model.lm_head, failing])  # type: ignore[list-item]
     assert not any("forward" in m.__dict__ for m in model.modules())
 
     with torch.no_grad():
