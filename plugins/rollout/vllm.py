@@ -42,7 +42,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge import batch as B
@@ -53,6 +53,7 @@ from rlforge.lazy import lazy_import, no_grad
 from rlforge.models import resolve_model_path, rollout_stop_ids
 from rlforge.heads import Heads
 from rlforge.plugins.rollout.hf import response_mask
+from rlforge.plugins.rollout.vllm_tokens import TokenRequests
 from rlforge.plugins.rollout.vllm_args import (
     cpu_groups,
     engine_kwargs,
@@ -61,7 +62,7 @@ from rlforge.plugins.rollout.vllm_args import (
     rank_gpus,
     validate,
 )
-from rlforge.sampling import Generation, SamplingParams
+from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -135,7 +136,7 @@ class VLLMConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # more of vLLM's engine arguments (AsyncEngineArgs fields, e.g. {async_scheduling: true, compilation_config: {cudagraph_mode: PIECEWISE}}), passed as they are (verl's rollout.engine_kwargs.vllm); one rlforge sets itself, or vLLM lacks, is refused
 
 
-class VLLMRollout:
+class VLLMRollout(TokenRequests):
     """Generates with a vLLM engine of its own, kept equal to ``model`` (the actor): the engine starts from
     ``model.path``, receives ``model``'s weights once started, and every ``update_weights`` after that."""
 
@@ -431,30 +432,6 @@ class VLLMRollout:
             if self.supports_sleep and not self._calls:
                 self._llm.sleep(level=1)
                 self._asleep = True
-
-    @no_grad
-    def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams],
-                        multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:
-        """Token-in/token-out requests of agent loops (a wave, or under continuous batching one request per call, from
-        several threads at once), each with its own sampling parameters (seeded as in ``generate``: request ``i``
-        with ``SamplingParams.seed + i`` when set, else from a base drawn from the torch RNG); ``finish`` is vLLM's
-        finish reason. ``multi_modal``: each prompt's vision inputs (None for a text prompt), sent as ``generate``
-        sends a row's (``multimodal.engine_prompt``)."""
-        from rlforge import multimodal
-
-        top = 2**31 - len(prompts)
-        unseeded = any(p.temperature > 0 and p.seed is None for p in params)
-        seed = int(torch.randint(0, top, ())) if unseeded else 0
-        sampling = [self._sampling_params(replace(p, n=1), None if p.temperature == 0 else
-                                          (p.seed % top if p.seed is not None else seed) + i)
-                    for i, p in enumerate(params)]
-        image_token = (self._placeholders or [None])[0]
-        vision = multi_modal or [None] * len(prompts)
-        results = self._run([self.vllm.TokensPrompt(**multimodal.engine_prompt(ids, inputs, image_token))
-                             for ids, inputs in zip(prompts, vision)], sampling)
-        return [Generation(list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)],
-                           "length" if c.finish_reason == "length" else "stop")
-                for c in (r.outputs[0] for r in results)]
 
     # --- weight sync ---------------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

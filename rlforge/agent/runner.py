@@ -15,7 +15,7 @@ from rlforge import batch as B
 from rlforge.agent.batching import agent_metrics, to_batch
 from rlforge.agent.config import VERL_AGENT, VERL_LOOPS
 from rlforge.agent.context import AgentContext
-from rlforge.agent.engine import Backend, EngineHandle, TrajectoryEngine
+from rlforge.agent.engine import Backend, EngineHandle, Submit, TrajectoryEngine
 from rlforge.agent.loop import AgentLoop
 from rlforge.agent.record import AGENT_RECORD, agent_record
 from rlforge.agent.types import AgentLoopError, Sample, Trajectory
@@ -31,16 +31,17 @@ class AgentRunner:
     def __init__(self, loop: AgentLoop, name: str, context: AgentContext) -> None:
         self.loop, self.name, self.context = loop, name, context
 
-    def rollout(self, batch: B.Batch, sampling: SamplingParams, backend: Backend, continuous: bool = False
-                ) -> tuple[B.Batch, dict[str, float]]:
+    def rollout(self, batch: B.Batch, sampling: SamplingParams, backend: Backend, continuous: bool = False,
+                submit: Submit | None = None) -> tuple[B.Batch, dict[str, float]]:
         """``sampling.n`` trajectories per prompt row of ``batch`` (repeated in place, as engines do); returns the
         training batch and the agent metrics. ``continuous``: each request goes to ``backend`` at once (it takes
-        overlapping calls: the ``continuous_batching`` capability), else in waves."""
+        overlapping calls: the ``continuous_batching`` capability), else in waves; ``submit``: there, the engine's
+        non-blocking request instead (``EngineHandle``; the engine held by the caller)."""
         rows = batch.repeat_interleave(sampling.n)
         cfg = self.context.config
         handle = EngineHandle(backend, replace(sampling, min_new_tokens=0),
                               cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, cfg.rollout.agent.wave_wait_s,
-                              continuous)
+                              continuous, submit)
         try:
             done = run_async(self._run_all(samples(rows), handle))
         finally:

@@ -64,7 +64,8 @@ class AgentRolloutStage(RolloutStage):
                 raise RLForgeError("The agentic rollout stage needs the run's Builder (StepContext.builder).")
             self.runner = run.builder.agent(run.module.tokenizer, run.module.processor)
         with engines_held(engines):  # awake for the whole rollout, not per call
-            return self.runner.rollout(batch, params, engines.generate_tokens, controller.continuous_batching)
+            return self.runner.rollout(batch, params, engines.generate_tokens, controller.continuous_batching,
+                                       getattr(controller, "submit_tokens", None))
 
     def close(self) -> None:
         if self.runner is not None:

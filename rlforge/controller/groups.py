@@ -113,6 +113,7 @@ class GroupController:
     groups: dict[str, Any]
     rollout: Any = None
     continuous_batching = False  # agent requests go in waves (the local controller on vllm: each at once)
+    submit_tokens: Any = None  # the engine's non-blocking agent request (agent.engine.Submit), where it is in this process
 
     @property
     def workers(self) -> Workers:

@@ -6,6 +6,7 @@ waves and seeded sampling is reproducible. The module-scoped engine and config o
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 
 from rlforge import batch as B
 from rlforge.agent.engine import EngineHandle, TrajectoryEngine
+from rlforge.errors import RLForgeError
 from rlforge.sampling import Generation, SamplingParams
 from tests.agent.test_engines import GREEDY, _has_holes, _rollout, setup, vllm_engine  # noqa: F401 (fixtures)
 
@@ -56,8 +58,9 @@ def test_a_next_turn_reaches_the_engine_while_another_trajectory_still_generates
     assert handle.waves == [1, 1, 1]
 
 
-def _seeds(params: SamplingParams, delays: list[float]) -> dict[tuple[int, int], int | None]:
-    """The seed of each (trajectory, turn) when three trajectories of two turns run with these tool delays."""
+def _seeds(params: SamplingParams, delays: list[float], submitted: bool = False) -> dict[tuple[int, int], int | None]:
+    """The seed of each (trajectory, turn) when three trajectories of two turns run with these tool delays
+    (``submitted``: through the engine's non-blocking request instead of the blocking backend)."""
     seen: dict[tuple[int, int], int | None] = {}
 
     def backend(prompts, params_):
@@ -65,7 +68,13 @@ def _seeds(params: SamplingParams, delays: list[float]) -> dict[tuple[int, int],
         seen[order, turn] = params_[0].seed
         return [Generation([1], [-0.1], "stop")]
 
-    handle = EngineHandle(backend, params, max_len=64, continuous=True)
+    def submit(prompt, params_, multi_modal):
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(backend([prompt], [params_])[0])
+        return done
+
+    handle = EngineHandle(backend if not submitted else None, params, max_len=64, continuous=True,  # type: ignore[arg-type]
+                          submit=submit if submitted else None)
 
     async def trajectory(order):
         for turn in range(2):
@@ -82,15 +91,52 @@ def _seeds(params: SamplingParams, delays: list[float]) -> dict[tuple[int, int],
     return seen
 
 
-def test_seeds_follow_the_trajectory_and_its_turn_not_the_timing():
+@pytest.mark.parametrize("submitted", [False, True], ids=["thread_per_request", "non_blocking_submit"])
+def test_seeds_follow_the_trajectory_and_its_turn_not_the_timing(submitted):
     seeded = SamplingParams(temperature=1.0, max_new_tokens=4, seed=5)
-    fast_first, slow_first = _seeds(seeded, [0.0, 0.02, 0.01]), _seeds(seeded, [0.02, 0.0, 0.01])
-    assert fast_first == slow_first and len(set(fast_first.values())) == 6
+    fast_first = _seeds(seeded, [0.0, 0.02, 0.01], submitted)
+    assert fast_first == _seeds(seeded, [0.02, 0.0, 0.01], submitted) == _seeds(seeded, [0.0, 0.02, 0.01])
+    assert len(set(fast_first.values())) == 6
     torch.manual_seed(0)
-    unseeded = _seeds(SAMPLED, [0.0, 0.02, 0.01])
+    unseeded = _seeds(SAMPLED, [0.0, 0.02, 0.01], submitted)
     torch.manual_seed(0)
-    assert _seeds(SAMPLED, [0.02, 0.0, 0.01]) == unseeded and None not in unseeded.values()
-    assert set(_seeds(SamplingParams(temperature=0.0), [0.0, 0.0, 0.0]).values()) == {None}  # greedy: no seed
+    assert _seeds(SAMPLED, [0.02, 0.0, 0.01], submitted) == unseeded and None not in unseeded.values()
+    assert set(_seeds(SamplingParams(temperature=0.0), [0.0, 0.0, 0.0], submitted).values()) == {None}  # greedy
+
+
+def test_a_non_blocking_request_is_awaited_on_the_loop_and_cancelled_with_its_trajectory():
+    """With the engine's ``submit``, a request is awaited on the rollout's loop (no thread, the blocking backend never
+    called), its result or error comes back from the engine's thread, and a trajectory cancelled meanwhile (another
+    one failed) cancels its request's future, which aborts it in the engine."""
+    futures: list[concurrent.futures.Future] = []
+
+    def submit(prompt, params, multi_modal):
+        futures.append(concurrent.futures.Future())
+        if prompt == [1]:  # answered later from another thread, as vLLM's loop does
+            threading.Timer(0.05, futures[-1].set_result, [Generation([7], [-0.1], "stop")]).start()
+        elif prompt == [2]:
+            threading.Timer(0.1, futures[-1].set_exception, [RuntimeError("the engine died")]).start()
+        return futures[-1]
+
+    def backend(prompts, params):
+        raise AssertionError("the blocking call is not used")
+
+    handle = EngineHandle(backend, SAMPLED, max_len=64, continuous=True, submit=submit)
+
+    async def main():
+        ok = await handle.request(0, [1], None, {})
+        tasks = [asyncio.ensure_future(handle.request(i, [i + 1], None, {})) for i in (1, 2)]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        tasks[1].cancel()  # as AgentRunner cancels the other trajectories after a failure
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return ok, tasks[0].exception()
+
+    try:
+        ok, died = asyncio.run(main())
+    finally:
+        handle.close()
+    assert ok.ids == [7] and str(died) == "the engine died"
+    assert futures[2].cancelled() and handle.waves == [1, 1, 1]
 
 
 def test_a_failing_request_gets_the_engines_error():
@@ -125,9 +171,22 @@ def test_vllm_greedy_tokens_are_the_same_in_waves_and_continuous(setup, vllm_eng
     assert type(vllm_engine).capabilities.continuous_batching
     ours, metrics = _rollout(runner, vllm_engine, batch, GREEDY)
     theirs, _ = runner.rollout(batch, GREEDY, _waves(vllm_engine))
+    submitted, submitted_metrics = _submitted(runner, vllm_engine, batch, GREEDY)
     assert _has_holes(ours[B.RESPONSE_MASK]) and metrics["agent/wave_size/max"] == 1
+    assert submitted_metrics["agent/engine_calls"] == metrics["agent/engine_calls"]
     for col in (B.RESPONSES, B.RESPONSE_MASK, B.ROLLOUT_LOG_PROBS):
-        assert torch.equal(ours[col], theirs[col]), col
+        assert torch.equal(ours[col], theirs[col]) and torch.equal(ours[col], submitted[col]), col
+    with pytest.raises(RLForgeError, match="held"):  # a request neither wakes nor puts the engine to sleep
+        vllm_engine.submit_tokens([1, 2, 3], GREEDY)
+
+
+def _submitted(runner, engine, batch, params):
+    """As the local controller runs a continuous agent rollout: the engine held, each request awaited as a future."""
+    engine.hold(True)
+    try:
+        return runner.rollout(batch, params, engine.generate_tokens, True, engine.submit_tokens)
+    finally:
+        engine.hold(False)
 
 
 @pytest.mark.slow
@@ -135,7 +194,7 @@ def test_vllm_seeded_sampling_under_continuous_batching_is_reproducible(setup, v
     _, _, _, batch, runner, _ = setup
     seeded = SamplingParams(n=2, temperature=1.0, max_new_tokens=48, seed=11)
     first, _ = _rollout(runner, vllm_engine, batch, seeded)
-    again, _ = _rollout(runner, vllm_engine, batch, seeded)
+    again, _ = _submitted(runner, vllm_engine, batch, seeded)  # the same seeds as a thread per request
     other, _ = _rollout(runner, vllm_engine, batch, SamplingParams(n=2, temperature=1.0, max_new_tokens=48, seed=12))
     assert torch.equal(first[B.RESPONSES], again[B.RESPONSES])
     assert not torch.equal(first[B.RESPONSES], other[B.RESPONSES])
@@ -176,7 +235,7 @@ def test_the_agent_rollout_stage_holds_the_engines_for_the_whole_rollout():
             return []
 
     class Runner:
-        def rollout(self, batch, params, backend, continuous):
+        def rollout(self, batch, params, backend, continuous, submit=None):
             calls.append(("rollout", continuous))
             return batch, {}
 
