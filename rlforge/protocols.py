@@ -67,7 +67,10 @@ class WeightSync(Protocol):
 
 @runtime_checkable
 class TokenGenerator(Protocol):
-    """The token-in/token-out request API of a rollout engine (and of a controller, for its engines)."""
+    """The token-in/token-out request API of a rollout engine (and of a controller, for its engines). An engine with
+    ``continuous_batching`` may also offer ``submit_tokens(prompt_ids, params, multi_modal) ->
+    concurrent.futures.Future[Generation]`` (one request, not waited for: ``rlforge.agent.engine.Submit``), which an
+    agent rollout in the engine's process awaits on its event loop instead of a thread per blocking call."""
 
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams],
                         multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:

@@ -54,6 +54,9 @@ class TokenRequests:
         on one event loop (the agent engine under continuous batching) instead of a thread per blocking call. The
         engine must be held (:meth:`hold`) while requests run: a request neither wakes nor puts it to sleep."""
         with self._lock:
+            if self._llm is None:
+                raise RLForgeError("The vllm engine is not running (shut down by VLLMRollout.shutdown, or not started): "
+                                   "submit_tokens needs it started and held (hold(True)).")
             if not self._calls:
                 raise RLForgeError("VLLMRollout.submit_tokens needs the engine held (hold(True)) while its requests run: "
                                    "an agent rollout holds it (rlforge.agent.engine.engines_held).")
@@ -63,8 +66,9 @@ class TokenRequests:
 
         def finish(done: concurrent.futures.Future) -> None:  # on the engine's loop: no blocking call here
             try:
-                if done.cancelled():
-                    out.cancel()
+                if done.cancelled():  # not by the caller (then ``out`` is cancelled already): the engine stopped
+                    out.set_exception(RLForgeError("The vllm engine ended the request before it finished (it was shut "
+                                                   "down: VLLMRollout.shutdown)."))
                 elif done.exception() is not None:
                     out.set_exception(done.exception())  # type: ignore[arg-type]
                 else:

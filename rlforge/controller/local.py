@@ -54,7 +54,7 @@ class LocalController(GroupController):
         # an engine that takes overlapping calls (vllm's async engine): agent loops send each turn at once
         self.continuous_batching = engine.continuous_batching
         if self.continuous_batching:  # awaited on the agent rollout's event loop, no thread per request
-            self.submit_tokens = getattr(getattr(self.ranks["actor"], "rollout", None), "submit_tokens", None)
+            self.submit_tokens = getattr(getattr(self.ranks.get("actor"), "rollout", None), "submit_tokens", None)
         self.reward = builder.reward(module.tokenizer, self.workers)
 
     def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:

@@ -180,6 +180,25 @@ def test_vllm_greedy_tokens_are_the_same_in_waves_and_continuous(setup, vllm_eng
         vllm_engine.submit_tokens([1, 2, 3], GREEDY)
 
 
+@pytest.mark.slow
+def test_a_vllm_request_future_names_a_stopped_engine(vllm_engine, monkeypatch):
+    """A request the engine cancels (it was shut down while the request ran) fails with a clear error, not as a
+    cancellation of the trajectory awaiting it; a request to an engine that is not running is refused."""
+    class Stopped:
+        def submit(self, *args):
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.cancel()
+            return done
+
+    monkeypatch.setattr(vllm_engine, "_calls", 1)
+    monkeypatch.setattr(vllm_engine, "_llm", Stopped())
+    with pytest.raises(RLForgeError, match="ended the request before it finished"):
+        vllm_engine.submit_tokens([1, 2, 3], GREEDY).result()
+    monkeypatch.setattr(vllm_engine, "_llm", None)
+    with pytest.raises(RLForgeError, match="not running"):
+        vllm_engine.submit_tokens([1, 2, 3], GREEDY)
+
+
 def _submitted(runner, engine, batch, params):
     """As the local controller runs a continuous agent rollout: the engine held, each request awaited as a future."""
     engine.hold(True)
