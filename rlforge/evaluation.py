@@ -49,7 +49,7 @@ class EngineBackend:
         self.tokens = token_generator(engine, tokenizer, capabilities.token_io)
         self.continuous_batching = capabilities.continuous_batching
         # the engine's non-blocking agent request (agent.engine.Submit), used under continuous batching
-        self.submit_tokens = getattr(engine, "submit_tokens", None) if self.continuous_batching else None
+        self.submit_tokens = getattr(engine, "submit_tokens", None)
 
     def generate(self, batch: B.Batch, params: SamplingParams) -> B.Batch:
         return self.engine.generate(batch, params)

@@ -121,7 +121,7 @@ class EngineHandle:
                  wave_wait_s: float = WAVE_WAIT_S, continuous: bool = False, submit: Submit | None = None) -> None:
         self.backend = backend
         self.continuous = continuous
-        self.submit = submit if continuous else None
+        self.submit = submit  # used by continuous requests only (_submit)
         self.wave_wait_s = wave_wait_s
         self.defaults = replace(defaults, n=1)
         self.max_len = max_len

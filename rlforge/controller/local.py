@@ -53,8 +53,8 @@ class LocalController(GroupController):
         self.logprobs_match_actor = engine.logprobs_match_actor
         # an engine that takes overlapping calls (vllm's async engine): agent loops send each turn at once
         self.continuous_batching = engine.continuous_batching
-        if self.continuous_batching:  # awaited on the agent rollout's event loop, no thread per request
-            self.submit_tokens = getattr(getattr(self.ranks.get("actor"), "rollout", None), "submit_tokens", None)
+        # its non-blocking request, awaited on the agent rollout's event loop under continuous batching
+        self.submit_tokens = getattr(getattr(self.ranks.get("actor"), "rollout", None), "submit_tokens", None)
         self.reward = builder.reward(module.tokenizer, self.workers)
 
     def snapshot_weights(self) -> list[tuple[str, torch.Tensor]]:
