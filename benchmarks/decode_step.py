@@ -14,7 +14,12 @@ the prompt's forward pass is timed alone and subtracted), against:
 - ``flop_bound``: 2 x linear parameters x B at this thread count's 1024 x 1024 fp32 matmul speed
   (``scripts/machine_speed.matmul_gflops``);
 - ``kv_read_ms``: the KV cache a step's attention reads (keys and values of every layer and row at the mean filled
-  length) at the bandwidth of ``read_bound``.
+  length) at the bandwidth of ``read_bound`` (the weights, read again and again, stay in the processor's cache: an
+  optimistic rate for a cache of hundreds of MB);
+- ``attention_ms``: that attention measured as the loop runs it: ``scaled_dot_product_attention`` for one query per
+  row and head over each layer's own keys and values (slices of distinct per-layer buffers, as the decoder's cache
+  hands them, so no layer finds the previous one's in the processor's cache), with the loop's boolean mask; mean
+  of 5 steps after a warm-up, and ``attention_gb_s``, the rate it reads them at.
 
 ``--baseline FILE`` also times another version of ``hf_decode.py`` (e.g. ``git show main:plugins/rollout/hf_decode.py
 > /tmp/old.py``), alternating with the installed one call by call, and reports new / old per batch size: on a loaded
@@ -105,9 +110,34 @@ def bounds(model: torch.nn.Module, rows: int, gflops: float, args: argparse.Name
     head_dim = config.hidden_size // config.num_attention_heads
     kv_bytes = (2 * config.num_hidden_layers * rows * config.num_key_value_heads * head_dim * 4
                 * (args.prompt + args.new / 2))
-    return {"linears_ms": linears * 1e3, "read_bound_ms": read * 1e3,
+    attention = attention_s(model, rows, args)
+    return {"linears_ms": linears * 1e3, "read_bound_ms": read * 1e3, "attention_ms": attention * 1e3,
+            "attention_gb_s": kv_bytes / attention / 1e9,
             "flop_bound_ms": 2 * sum(w.numel() for w in weights) * rows / (gflops * 1e9) * 1e3,
             "kv_read_ms": kv_bytes / (weight_bytes / read) * 1e3, "weight_read_gb_s": weight_bytes / read / 1e9}
+
+
+def attention_s(model: torch.nn.Module, rows: int, args: argparse.Namespace) -> float:
+    """Seconds of one decoding step's attention over every layer at the mean filled length (see ``attention_ms``)."""
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    filled, capacity = args.prompt + args.new // 2, args.prompt + args.new
+    caches = [tuple(torch.randn(rows, kv_heads, capacity, head_dim)[:, :, :filled] for _ in range(2))
+              for _ in range(config.num_hidden_layers)]
+    query = torch.randn(rows, heads, 1, head_dim)
+    mask = torch.ones(rows, 1, 1, filled, dtype=torch.bool)
+    mask[0, :, :, : args.prompt // 4] = False
+
+    def step() -> None:
+        for keys, values in caches:
+            F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=heads != kv_heads)
+
+    step()
+    start = time.perf_counter()
+    for _ in range(5):
+        step()
+    return (time.perf_counter() - start) / 5
 
 
 def profile(hf_decode: ModuleType, model: torch.nn.Module, rows: int, args: argparse.Namespace) -> None:
