@@ -60,7 +60,7 @@ class PRMConfig:
     lam: float = option(0.0, ge=0, le=1)  # > 0: token rewards accumulated as sum_k lam^(k-t) beta q_k (verl: reward_model.lambda)
     use_gt: bool = False  # lam > 0: the last token's term is acc - the others' sum (verl: reward_model.prime_use_gt)
     heldout_metrics: bool = True  # update=before: also score the batch before training on it, for prm/heldout_* (one more forward pass)
-    lr: float = option(1e-6, gt=0)  # AdamW learning rate (verl: reward_model.model.optim.lr)
+    lr: float = option(1e-6, ge=0)  # AdamW learning rate (verl: reward_model.model.optim.lr)
     weight_decay: float = option(0.01, ge=0)  # AdamW weight decay (verl's default 1e-2)
     warmup_steps: int = option(0, ge=0)  # linear warm-up from 0, in training steps
     warmup_ratio: float = option(0.0, ge=0, le=1)  # where warmup_steps is 0: a warm-up of this share of the run (verl: optim.lr_warmup_steps_ratio)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from rlforge.config import verl_derived  # noqa: E402
 from rlforge.config.verl_keys import TABLE  # noqa: E402
-from rlforge.config.verl_rules import Checked, Derived, Ignore, Keep, Map, Unread  # noqa: E402
+from rlforge.config.verl_rules import Checked, Derived, Ignore, Keep, Map, Unread, joined  # noqa: E402
 from rlforge.config.verl_sft import TABLE as SFT_TABLE  # noqa: E402
 from tests.tools.verl_corpus import figures, launches, run  # noqa: E402
 
@@ -38,7 +38,8 @@ def tables() -> list[str]:
         for key, rule in table.items():
             k = f"`{key}`{label}"
             if isinstance(rule, Map):
-                mapped.append(f"| {k} | `{rule.target}` | {_cell(rule.note)} |")
+                gated = f"{rule.unread}: unread where off" if rule.read_if is not None else ""
+                mapped.append(f"| {k} | `{rule.target}` | {_cell(joined(rule.note, gated))} |")
             elif isinstance(rule, Keep):
                 refused.append(f"| {k} | {_cell(rule.does)} | {_cell(rule.missing)} |")
             elif isinstance(rule, Ignore):

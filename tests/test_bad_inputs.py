@@ -72,11 +72,10 @@ CASES = {
     "reward kwargs without a file": (["reward.fn_kwargs={format_score: 0.1}"],
                                      "reward.fn_kwargs (format_score) go to the function of reward.file", "not set"),
     # every value has a declared range (rlforge.config.schema.Valid), core, algorithm and component sections alike
-    "negative learning rate": (["actor.lr=-1"], "'actor.lr' must be > 0, got -1.0.", ""),
+    "negative learning rate": (["actor.lr=-1"], "'actor.lr' must be >= 0, got -1.0.", ""),
     "NaN coefficient": (["actor.kl_loss_coef=.nan"], "'actor.kl_loss_coef' must be a finite number, got nan.", ""),
     "infinite value": (["reward.fallback_score=-.inf"], "'reward.fallback_score' must be a finite number", ""),
     "negative weight decay": (["critic.weight_decay=-0.1"], "'critic.weight_decay' must be >= 0", ""),
-    "negative entropy coefficient": (["actor.entropy_coeff=-0.01"], "'actor.entropy_coeff' must be >= 0", ""),
     "greedy training": (["rollout.temperature=0"], "'rollout.temperature' must be > 0", "rollout.val_temperature=0"),
     "clip ratio": (["actor.clip_ratio_low=1.5"], "'actor.clip_ratio_low' must be in [0, 1), got 1.5.", ""),
     "dual clip": (["actor.clip_ratio_c=0.5"], "'actor.clip_ratio_c' must be > 1, got 0.5.", ""),

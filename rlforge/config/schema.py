@@ -92,7 +92,7 @@ def _num(x: float) -> str:
 
 
 def option(default: Any, **valid: Any) -> Any:
-    """A config field with its valid values: ``lr: float = option(5e-5, gt=0)  # the description`` (a list default
+    """A config field with its valid values: ``lr: float = option(5e-5, ge=0)  # the description`` (a list default
     is copied for each config)."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"valid": Valid(**valid)})
@@ -180,7 +180,7 @@ class ScoringConfig:
 
 @dataclass
 class ActorConfig:
-    lr: float = option(5e-5, gt=0)  # AdamW learning rate of the actor
+    lr: float = option(5e-5, ge=0)  # AdamW learning rate of the actor (0: the weights do not change, e.g. to check a setup, as verl and torch allow)
     weight_decay: float = option(0.0, ge=0)  # AdamW weight decay
     betas: list[float] = option([0.9, 0.999], ge=0, lt=1, length=2)  # AdamW's (beta1, beta2) (verl's optim.betas)
     warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up from 0, in training steps
@@ -201,7 +201,7 @@ class ActorConfig:
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
     policy_loss: str = "vanilla"  # policy loss registry name (verl's policy_loss.loss_mode): vanilla (PPO clip) | cispo | sapo | gspo | ... (docs/algorithms/policy_losses.md); options at actor.<name>.*
     reuse_rollout_log_probs: Optional[bool] = None  # old log-probs = the engine's: None = if they are the actor's (hf), True = always, False = recompute
-    entropy_coeff: float = option(0.0, ge=0)  # entropy bonus weight (the loss subtracts coeff x entropy)
+    entropy_coeff: float = option(0.0)  # entropy bonus weight (the loss subtracts coeff x entropy; negative: entropy minimization, as verl allows)
     use_kl_loss: bool = False  # add a KL(actor || reference) term to the loss (loads a reference model)
     kl_loss_coef: float = option(0.001, ge=0)  # weight of the KL loss
     kl_loss_type: str = "low_var_kl"  # k1 | k2 | k3 (= low_var_kl) | abs | mse | kl, or any of them with "+"
@@ -212,7 +212,7 @@ class CriticConfig:
     """The value model, used by algorithms with a critic (PPO)."""
 
     path: Optional[str] = None  # value model init; None = model.path's body with a fresh scalar head
-    lr: float = option(1e-4, gt=0)  # AdamW learning rate of the critic
+    lr: float = option(1e-4, ge=0)  # AdamW learning rate of the critic
     weight_decay: float = option(0.0, ge=0)  # AdamW weight decay
     betas: list[float] = option([0.9, 0.999], ge=0, lt=1, length=2)  # AdamW's (beta1, beta2)
     warmup_steps: int = option(0, ge=0)  # linear learning-rate warm-up from 0, in training steps
@@ -304,7 +304,7 @@ class SFTConfig:
     batch_size: int = 64  # examples per optimizer step, over all devices
     micro_batch_size: Optional[int] = None  # examples per forward/backward on one device (one data-parallel group with sequence_parallel_size > 1); None = batch_size / data-parallel groups
     sequence_parallel_size: int = option(1, ge=1)  # Ulysses sequence parallelism: devices that share each micro-batch, each holding a slice of its packed tokens (verl's ulysses_sequence_parallel_size); must divide the devices, which form devices / sequence_parallel_size data-parallel groups
-    lr: float = 1e-3  # peak learning rate (after the warm-up; see lr_scheduler)
+    lr: float = option(1e-3, ge=0)  # peak learning rate (after the warm-up; see lr_scheduler)
     warmup_steps: int = 20  # linear warm-up from 0, in optimizer steps
     warmup_ratio: float = option(0.0, ge=0, le=1)  # where warmup_steps is 0: a warm-up of int(warmup_ratio x sft.steps) steps
     lr_scheduler: str = option("cosine", choices=tuple(LR_SCHEDULERS))  # after the warm-up: cosine (down to min_lr_ratio x lr) | constant | linear (down to 0); transformers' get_scheduler

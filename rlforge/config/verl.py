@@ -77,6 +77,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             c.unread(key, "read only with a reference model (use_kl_loss or use_kl_in_reward)")
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)
+        elif isinstance(rule, Map) and rule.read_if is not None and not rule.read_if(c.get, key):
+            c.unread(key, rule.unread)
         elif isinstance(rule, Map):
             try:
                 converted = rule.convert(value)

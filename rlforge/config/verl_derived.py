@@ -23,7 +23,7 @@ from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
 from rlforge.config.verl_fates import TRAINER_NAMES
 from rlforge.config.schema import RUN_NAME_CHARS, RUN_NAME_WHAT
-from rlforge.config.verl_rules import RESUME_PATH, file_list, nest, non_negative, top_k
+from rlforge.config.verl_rules import RESUME_PATH, file_list, integral, nest, non_negative, project_name, top_k
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -258,7 +258,7 @@ def steps(c: Context) -> None:
             if c.get("algorithm.filter_groups.enable") and c.trainer == "dapo" else "")  # main_ppo counts steps
     whole = isinstance(epochs, int) or float(epochs).is_integer()
     if total is not None:
-        c.map("trainer.total_training_steps", "trainer.total_steps", total)
+        c.map("trainer.total_training_steps", "trainer.total_steps", integral(total))
     else:
         c.unread("trainer.total_training_steps", "null: verl counts total_epochs")
     if not whole:  # verl runs floor(epochs x batches) steps, or with total_training_steps ceil(epochs) whole passes
@@ -316,7 +316,9 @@ def checkpoints(c: Context) -> None:
 
 def experiment(c: Context) -> None:
     """``trainer.experiment_name``: in verl a label (the loggers' run name, a piece of default_local_dir's default),
-    rlforge's ``trainer.experiment``, a folder name: other characters become ``_`` (null: rlforge's default)."""
+    rlforge's ``trainer.experiment``, a folder name: other characters become ``_`` (null: rlforge's default).
+    ``trainer.project_name`` is rlforge's ``trainer.project`` (null or empty: rlforge's default name, said so)."""
+    project_name(c)
     key = "trainer.experiment_name"
     value = c.get(key)
     name = re.sub(f"[^{RUN_NAME_CHARS}]", "_", str(value)).lstrip(".-")[:128] if value is not None else ""

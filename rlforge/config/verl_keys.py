@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rlforge.config.verl_engine import COPY, FSDP_LAYOUT, PROFILING, SEEDS, SPEED, engine_rules
 from rlforge.config.verl_rules import (
-    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, converts, is_, never, off, project,
+    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, converts, is_, never, off,
     str_list, Unread, custom_sampler, gate, top_k,
 )
 
@@ -111,6 +111,19 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
 
 
 ACTOR = f"{ARO}.actor"
+
+
+def kl_loss(target: str) -> Map:
+    """A key verl reads only with the KL loss on (its losses.py, under use_kl_loss): off, unread and unchecked."""
+    return Map(target, read_if=gate(f"{ACTOR}.use_kl_loss"), unread="read only with use_kl_loss=True")
+
+
+def kl_reward(target: str) -> Map:
+    """A key verl reads only with the KL penalty in the reward on (its KL controller and apply_kl_penalty)."""
+    return Map(target, read_if=gate("algorithm.use_kl_in_reward"),
+               unread="read only with algorithm.use_kl_in_reward=True")
+
+
 ACTOR_RULES: dict[str, Rule] = {
     **_optim(ACTOR, "actor"), **_model(f"{ARO}", actor=True), **engine_rules(ACTOR, "actor"),
     f"{ACTOR}.ppo_mini_batch_size": Map("actor.ppo_mini_batch_size"),
@@ -143,8 +156,8 @@ ACTOR_RULES: dict[str, Rule] = {
     f"{ACTOR}.calculate_sum_pi_squared": Ignore("the optimal_token_baseline estimators' input; rlforge's otb "
                                                 "computes it itself"),
     f"{ACTOR}.use_kl_loss": Map("actor.use_kl_loss"),
-    f"{ACTOR}.kl_loss_coef": Map("actor.kl_loss_coef"),
-    f"{ACTOR}.kl_loss_type": Map("actor.kl_loss_type"),
+    f"{ACTOR}.kl_loss_coef": kl_loss("actor.kl_loss_coef"),
+    f"{ACTOR}.kl_loss_type": kl_loss("actor.kl_loss_type"),
     f"{ACTOR}.use_prefix_grouper": Ignore(f"{SPEED}; rlforge's model.shared_prefix does the same"),
     f"{ACTOR}.shuffle": Keep(off, "mini-batches in order", "shuffled mini-batches"),
     f"{ACTOR}.data_loader_seed": Ignore(SEEDS),
@@ -248,11 +261,11 @@ ALGORITHM_RULES: dict[str, Rule] = {
     "algorithm.lam": Derived("algorithm"),
     "algorithm.norm_adv_by_std_in_grpo": Derived("algorithm"),
     "algorithm.use_kl_in_reward": Map("algorithm.use_kl_in_reward"),
-    "algorithm.kl_penalty": Map("algorithm.kl_penalty"),
-    "algorithm.kl_ctrl.type": Map("algorithm.kl_ctrl"),
-    "algorithm.kl_ctrl.kl_coef": Map("algorithm.kl_coef"),
-    "algorithm.kl_ctrl.horizon": Map("algorithm.kl_horizon"),
-    "algorithm.kl_ctrl.target_kl": Map("algorithm.kl_target"),
+    "algorithm.kl_penalty": kl_reward("algorithm.kl_penalty"),
+    "algorithm.kl_ctrl.type": kl_reward("algorithm.kl_ctrl"),
+    "algorithm.kl_ctrl.kl_coef": kl_reward("algorithm.kl_coef"),
+    "algorithm.kl_ctrl.horizon": kl_reward("algorithm.kl_horizon"),
+    "algorithm.kl_ctrl.target_kl": kl_reward("algorithm.kl_target"),
     "algorithm.filter_groups.*": Derived("filter_groups"),
     "algorithm.use_pf_ppo": Derived("algorithm"),
     "algorithm.pf_ppo.*": Derived("algorithm"),
@@ -332,7 +345,7 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.balance_batch": Map("trainer.balance_batch"),
     "trainer.total_epochs": Derived("steps"),
     "trainer.total_training_steps": Derived("steps"),
-    "trainer.project_name": Map("trainer.project", project), "trainer.experiment_name": Derived("experiment"),
+    "trainer.project_name": Derived("experiment"), "trainer.experiment_name": Derived("experiment"),
     "trainer.logger": Derived("loggers"),
     "trainer.log_val_generations": Derived("loggers"),
     "trainer.rollout_data_dir": Ignore("samples.jsonl in the run folder (trainer.samples_to_save per step)"),

@@ -28,6 +28,10 @@ class Map:
     target: str
     convert: Callable[[Any], Any] = same
     note: str = ""  # a difference from verl the report states (empty: none)
+    # where verl reads the key only with a feature on (``gate``): whether this config turns it on; off, the key is
+    # unread (``unread``: why), its value neither carried over nor checked, as verl neither reads nor checks it
+    read_if: Reads | None = None
+    unread: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,13 @@ def gate(key: str, on: Callable[[Any], bool] = bool) -> Reads:
 def custom_sampler(get: Callable[[str], Any]) -> bool:
     """main_ppo's v1 trainer plugs in a sampler class of the launch's only with both its path and its name."""
     return bool(get("trainer.v1.sampler.custom_sampler.path") and get("trainer.v1.sampler.custom_sampler.name"))
+
+
+def integral(value: Any) -> Any:
+    """A count written as a float with nothing after the point (2.0, as YAML reads ``2.0`` or ``2e3``) as the int it
+    is, where verl's code compares or counts with it unconverted; any other value as it is (rlforge's schema refuses
+    a fractional count, naming the key)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def above_one(value: Any) -> bool:
@@ -153,9 +164,19 @@ def non_negative(value: Any) -> Any:
     return 0 if value is None or value < 0 else value
 
 
-def project(value: Any) -> Any:
-    """verl's trainer.project_name: null or empty leaves the loggers' default project, rlforge's default name."""
-    return value if value not in (None, "") else "rlforge"
+def project_name(c: Any, note: str = "") -> None:
+    """verl's ``trainer.project_name`` -> rlforge's ``trainer.project`` (``note``: what it names there); null or empty
+    (verl hands its loggers no project name, and each files the run under its own default) becomes rlforge's default
+    name, said on the line."""
+    key = "trainer.project_name"
+    value = c.get(key)
+    if value in (None, ""):
+        shown = "null" if value is None else "empty"
+        c.map(key, "trainer.project", "rlforge", joined(note, f"{shown}: rlforge's default project name (verl hands "
+                                                             "the loggers no name, and e.g. wandb then files the run "
+                                                             "under its own default project)"))
+    else:
+        c.map(key, "trainer.project", value, note)
 
 
 def top_k(value: Any) -> Any:

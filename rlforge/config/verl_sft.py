@@ -9,7 +9,7 @@ from rlforge.config import verl_training as T
 from rlforge.config.verl_derived import chat_template
 from rlforge.config.verl_rules import (
     HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, RESUME_PATH, Derived, Ignore, Keep, Map, Rule, Table, float_list, is_, off,
-    project, str_list, Unread,
+    integral, project_name, str_list, Unread,
 )
 from rlforge.lr_schedule import LR_SCHEDULERS
 
@@ -75,7 +75,7 @@ RULES: dict[str, Rule] = {
     "optim.*": Ignore("read only by other optimizers or schedules"),
     "trainer.total_training_steps": Derived("sft_steps"), "trainer.total_epochs": Derived("sft_steps"),
     "trainer.save_freq": Derived("sft_freq"), "trainer.test_freq": Derived("sft_freq"),
-    "trainer.project_name": Map("trainer.project", project, "the mlflow experiment of rlforge's SFT"),
+    "trainer.project_name": Derived("sft_loggers"),
     "trainer.experiment_name": Map("sft.run_name"),  # verl: the run's name in wandb and mlflow (utils/tracking.py)
     "trainer.resume_mode": Derived("sft_resume"), "trainer.resume_from_path": Derived("sft_resume"),
     "trainer.default_local_dir": Map("sft.output_dir"), "trainer.seed": Map("sft.seed"),
@@ -221,7 +221,7 @@ def sft_steps(c: Any) -> None:
         c.stop("trainer.total_epochs", "verl's SFT trainer loops over range(total_epochs) and stops on a value that is "
                                        "not a whole number")
     if total is not None:
-        c.map("trainer.total_training_steps", "sft.steps", total)
+        c.map("trainer.total_training_steps", "sft.steps", integral(total))
         c.map("trainer.total_epochs", "sft.epoch_limit", epochs, "verl's SFT loop also ends after total_epochs passes "
               "over the data, its schedule still spanning total_training_steps")
         return
@@ -262,6 +262,9 @@ def sft_resume(c: Any) -> None:
 
 
 def sft_loggers(c: Any) -> None:
+    """``trainer.logger``: rlforge SFT's loggers (``sft.loggers``); ``trainer.project_name``: ``trainer.project``, the
+    mlflow experiment (null or empty: rlforge's default name, said so)."""
+    project_name(c, "the mlflow experiment of rlforge's SFT")
     value = c.get("trainer.logger")
     names = [value] if isinstance(value, str) else list(value or [])
     unknown = [n for n in names if n not in SFT_LOGGERS and n != "console"]

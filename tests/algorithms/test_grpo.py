@@ -83,6 +83,18 @@ def test_policy_loss_micro_batches_sum_to_full_batch(registry, mode: str) -> Non
         assert key in metrics
 
 
+@pytest.mark.parametrize("coeff", [0.1, -0.1])
+def test_entropy_coefficient_rewards_or_penalizes_entropy(registry, coeff: float) -> None:
+    """loss = policy loss - coeff x token-mean entropy: a bonus for entropy, or with a negative coefficient
+    (entropy minimization, as verl allows) a penalty."""
+    module = GRPO(compose(registry, None, None, [f"actor.entropy_coeff={coeff}"]))
+    batch = module.advantages(_batch())
+    mask = batch[B.RESPONSE_MASK]
+    ctx = LossContext(global_tokens=float(mask.sum()), global_seqs=4.0)
+    low, high = (module.policy_loss(batch, batch[B.OLD_LOG_PROBS], torch.full((4, 3), e), ctx)[0] for e in (0.1, 0.9))
+    assert (high - low).item() == pytest.approx(-coeff * 0.8, rel=1e-5)
+
+
 def test_policy_loss_equals_functional_composition(default_config) -> None:
     module = GRPO(default_config)
     batch = module.advantages(_batch())

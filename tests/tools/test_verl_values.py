@@ -1,0 +1,127 @@
+"""verl's values in rlforge's terms: keys read where the feature that reads them is on (gamma/lam, overlong_buffer,
+use_dynamic_bsz, the KL coefficients), loggers, resume, epochs and step counts, schedules, the project name, and the
+values verl runs that rlforge's ranges take (a learning rate of 0, a negative entropy coefficient)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlforge.config import compose, verl
+from rlforge.config.verl_launch import SFT_ENTRY, prepare
+from tests.tools.test_from_verl import ARO, BASE, fate, tr
+
+
+def test_gamma_and_lam_go_where_the_estimator_reads_them() -> None:
+    ppo = tr("algorithm.adv_estimator=gae", "algorithm.gamma=0.99", "algorithm.lam=0.95")
+    assert ppo.algorithm == "ppo" and ppo.overrides["algorithm.gamma"] == 0.99 and ppo.overrides["algorithm.lam"] == 0.95
+    grpo = tr("algorithm.gamma=0.99")
+    assert "algorithm.gamma" not in grpo.overrides and fate(grpo, "algorithm.gamma").kind == verl.IGNORED
+    assert "not read by verl's grpo estimator" in fate(grpo, "algorithm.gamma").text
+
+
+def test_overlong_buffer_len_is_read_only_when_enabled() -> None:
+    dapo = "dapo_trainer"
+    off = tr("reward.reward_kwargs.overlong_buffer_cfg.len=512", name=dapo)
+    assert off.overrides["algorithm.overlong_buffer"] == 0
+    on = tr("reward.reward_kwargs.overlong_buffer_cfg.len=512", "reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0", name=dapo)
+    assert on.overrides["algorithm.overlong_buffer"] == 512 and on.overrides["algorithm.overlong_penalty"] == 1.0
+    naive = tr("+reward.reward_kwargs.overlong_buffer_cfg.enable=True", "+reward.reward_kwargs.overlong_buffer_cfg.len=9")
+    assert "algorithm.overlong_buffer" not in naive.overrides  # verl's naive manager never reads them
+    assert "dapo reward manager" in fate(naive, "reward.reward_kwargs.overlong_buffer_cfg.len").text
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_use_dynamic_bsz_picks_the_count_or_the_token_key(dynamic: bool) -> None:
+    t = tr(f"{ARO}.actor.use_dynamic_bsz={dynamic}", f"{ARO}.actor.ppo_max_token_len_per_gpu=4096",
+           "algorithm.adv_estimator=gae", "critic.ppo_max_token_len_per_gpu=8192", "critic.ppo_micro_batch_size_per_gpu=2")
+    o = t.overrides
+    if dynamic:
+        assert o["actor.max_tokens_per_micro_batch"] == 4096 and "actor.ppo_micro_batch_size" not in o
+        assert o["critic.max_tokens_per_micro_batch"] == 8192 and "critic.ppo_micro_batch_size" not in o
+    else:
+        assert o["actor.ppo_micro_batch_size"] == 4 and "actor.max_tokens_per_micro_batch" not in o
+        assert o["critic.ppo_micro_batch_size"] == 2 and "critic.max_tokens_per_micro_batch" not in o
+        assert "read only with use_dynamic_bsz=True" in fate(t, f"{ARO}.actor.ppo_max_token_len_per_gpu").text
+
+
+def test_loggers_map_to_rlforge_backends() -> None:
+    assert tr("trainer.logger=[console,swanlab,trackio]").overrides["logger.backends"] == ["console", "swanlab", "trackio"]
+    assert tr("trainer.logger=[console,tensorboard]").overrides["logger.backends"] == ["console", "tensorboard"]
+    files = tr("trainer.logger=[console,file]")
+    assert files.overrides["logger.backends"] == ["console", "jsonl"] and "metrics.jsonl" in fate(files, "trainer.logger").text
+    t = tr("trainer.logger=[console,clearml]")
+    assert "logger.backends" not in t.overrides and fate(t, "trainer.logger").kind == verl.REFUSED
+
+
+def test_resume_mode_and_resume_from_path() -> None:
+    assert tr("trainer.resume_mode=disable", "trainer.resume_from_path=''").overrides["trainer.resume"] == "never"
+    assert tr("trainer.resume_mode=auto").overrides["trainer.resume"] == "auto"
+    assert tr("trainer.resume_mode=resume_path", "trainer.resume_from_path=/ck/global_step_5").overrides[
+        "trainer.resume"] == "/ck/global_step_5"
+    for mode in ("resume_path", "foo"):  # verl stops on both: rlforge refuses them so, not as a missing feature
+        refused = fate(tr(f"trainer.resume_mode={mode}"), "trainer.resume_mode")
+        assert refused.kind == verl.REFUSED and refused.stops and "verl 0.9.1 stops on it too" in refused.text
+    deleted = fate(tr(f"~{ARO}.actor.optim.lr"), f"{ARO}.actor.optim.lr")  # verl: the class's default (1e-3)
+    assert deleted.kind == verl.REFUSED and "a deleted key" in deleted.text
+
+
+def test_total_epochs_and_the_warmup_ratio_are_rlforge_keys() -> None:
+    t = prepare([*BASE[:-1], "data.train_files=/missing.parquet", "trainer.total_epochs=3",
+                 f"{ARO}.actor.optim.lr_warmup_steps_ratio=0.5"]).translation  # no rows needed: the trainer counts them
+    o = t.overrides
+    assert o["trainer.total_epochs"] == 3 and "trainer.total_steps" not in o
+    assert o["actor.warmup_steps"] == 0 and o["actor.warmup_ratio"] == 0.5
+    dapo = prepare(["--config-name=dapo_trainer", *BASE[:-1], "trainer.total_epochs=2",
+                    "algorithm.filter_groups.enable=True"], refuse=False).translation
+    assert "dynamic sampling verl's DAPO recipe stops" in fate(dapo, "trainer.total_epochs").text  # stated
+
+
+def test_schedules_map_to_transformers_schedules() -> None:
+    o = f"{ARO}.actor.optim"
+    cos = tr(f"{o}.lr_scheduler_type=cosine", f"{o}.min_lr_ratio=0.1", f"{o}.num_cycles=0.5").overrides
+    assert cos["actor.lr_scheduler"] == "cosine" and cos["actor.min_lr_ratio"] == 0.1 and cos["actor.num_cycles"] == 0.5
+    style = tr(f"{o}.warmup_style=cosine", f"{o}.lr_scheduler_type=constant")  # the deprecated key wins, as in verl
+    assert style.overrides["actor.lr_scheduler"] == "cosine" and style.overrides["actor.min_lr_ratio"] == 0.0
+    assert fate(style, f"{o}.lr_scheduler_type").kind == verl.IGNORED
+    assert fate(tr(f"{o}.lr_scheduler_type=cosine", f"{o}.zero_indexed_step=False"), f"{o}.zero_indexed_step").kind \
+        == verl.REFUSED
+    assert fate(tr(f"{o}.min_lr_ratio=0.2"), f"{o}.min_lr_ratio").kind == verl.IGNORED  # constant: not read
+
+
+@pytest.mark.parametrize("coef,switch", [(f"{ARO}.actor.kl_loss_coef", f"{ARO}.actor.use_kl_loss"),
+                                         ("algorithm.kl_ctrl.kl_coef", "algorithm.use_kl_in_reward")])
+def test_kl_coefficients_are_read_only_with_their_term_on(coef: str, switch: str) -> None:
+    off = tr(f"{coef}=-0.1")  # verl reads (and checks) nothing of it without the term: neither does rlforge
+    unread = fate(off, coef)
+    assert unread.kind == verl.IGNORED and unread.unread
+    assert f"read only with {switch.removeprefix(f'{ARO}.actor.')}=True" in unread.text
+    assert not any(f.target and f.key == coef for f in off.fates)
+    on = tr(f"{coef}=0.05", f"{switch}=True")
+    assert fate(on, coef).kind == verl.MAPPED and 0.05 in on.overrides.values()
+
+
+def test_a_whole_step_count_written_as_a_float_is_that_count() -> None:
+    steps = tr("trainer.total_training_steps=2.0").overrides["trainer.total_steps"]
+    assert steps == 2 and type(steps) is int  # verl compares with 2.0 and stops after step 2
+    assert tr("trainer.total_training_steps=2.5").overrides["trainer.total_steps"] == 2.5  # rlforge's schema refuses it
+
+
+@pytest.mark.parametrize("value,shown", [("null", "null"), ("''", "empty")])
+def test_a_null_project_name_becomes_rlforge_s_default_and_says_so(value: str, shown: str) -> None:
+    t = tr(f"trainer.project_name={value}")
+    assert t.overrides["trainer.project"] == "rlforge"
+    assert f"{shown}: rlforge's default project name" in fate(t, "trainer.project_name").text
+    named = tr("trainer.project_name=demo")
+    assert named.overrides["trainer.project"] == "demo" and not fate(named, "trainer.project_name").text
+    sft = prepare(["data.train_files=/x.parquet", "model.path=/m", f"trainer.project_name={value}"], SFT_ENTRY,
+                  refuse=False).translation
+    assert sft.overrides["trainer.project"] == "rlforge" and "rlforge's default project name" in fate(
+        sft, "trainer.project_name").text
+
+
+def test_values_verl_runs_that_rlforge_s_ranges_take(registry) -> None:
+    t = tr(f"{ARO}.actor.optim.lr=0", f"{ARO}.actor.entropy_coeff=-0.01")  # no update; entropy minimization
+    assert t.overrides["actor.lr"] == 0 and t.overrides["actor.entropy_coeff"] == -0.01
+    cfg = compose(registry, "ppo", None, ["actor.lr=0", "critic.lr=0", "actor.entropy_coeff=-0.01"])
+    assert cfg.actor.lr == 0 and cfg.critic.lr == 0 and cfg.actor.entropy_coeff == -0.01
