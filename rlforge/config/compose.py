@@ -224,8 +224,16 @@ def _algorithm_name(algo: str | None, layers: list[tuple[DictConfig, str]]) -> s
     return named[-1][0] if named else "grpo"
 
 
-def unresolvable(cfg: DictConfig, prefix: str = "") -> tuple[str, str, str] | None:
-    """(key, its ``${...}`` text, why) of the first interpolation in ``cfg`` that cannot be resolved, else None."""
+def unresolvable(cfg: DictConfig) -> tuple[str, str, str] | None:
+    """(key, its ``${...}`` text, why) of an interpolation in ``cfg`` that cannot be resolved, else None: the first
+    whose text names no other failing key (the cause, e.g. ``a: x_${now:%H}`` rather than ``b: ${oc.select:a,null}``,
+    which fails because ``a`` does), else the first."""
+    failing = list(_failures(cfg, ""))
+    keys = [key for key, _, _ in failing]
+    return next((f for f in failing if not any(k != f[0] and k in f[1] for k in keys)), failing[0] if failing else None)
+
+
+def _failures(cfg: DictConfig, prefix: str) -> Iterator[tuple[str, str, str]]:
     for key in list(cfg.keys()):
         full = f"{prefix}{key!s}"
         if OmegaConf.is_interpolation(cfg, str(key)):
@@ -233,14 +241,11 @@ def unresolvable(cfg: DictConfig, prefix: str = "") -> tuple[str, str, str] | No
                 cfg[key]
             except OmegaConfBaseException as exc:
                 text = OmegaConf.to_container(cfg, resolve=False)[key]  # type: ignore[index]
-                return full, str(text), str(getattr(exc, "msg", exc)).splitlines()[0].rstrip(".")
+                yield full, str(text), str(getattr(exc, "msg", exc)).splitlines()[0].rstrip(".")
             continue
         node = cfg._get_node(key)  # type: ignore[union-attr]
         if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
-            found = unresolvable(node, full + ".")
-            if found:
-                return found
-    return None
+            yield from _failures(node, full + ".")
 
 
 def _resolve(cfg: DictConfig, layers: list[tuple[DictConfig, str]]) -> None:

@@ -308,12 +308,17 @@ def _unknown(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
 
 
 def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:
-    """Every ``${...}`` resolved, as ``OmegaConf.resolve`` does; a failure names the key and the interpolation."""
+    """Every ``${...}`` resolved, as ``OmegaConf.resolve`` does, with Hydra's ``${now:FORMAT}`` (the time of the
+    launch, as a Hydra app resolves it); a failure names the key and the interpolation."""
     fast = _Simple(tree).resolved()
     if fast is not None:
         return fast
+    from datetime import datetime
+
     from rlforge.config.compose import unresolvable
 
+    if not OmegaConf.has_resolver("now"):  # Hydra registers it as its app starts (hydra.core.utils)
+        OmegaConf.register_new_resolver("now", lambda pattern: datetime.now().strftime(pattern), use_cache=True)
     cfg = OmegaConf.create(tree)
 
     try:
@@ -321,6 +326,9 @@ def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:
     except OmegaConfBaseException:
         bad = unresolvable(cfg)
         key, text, why = bad if bad is not None else ("?", "?", "an interpolation failed")
+        if "interpolation type hydra" in why:
+            why += (" (${hydra:...} reads the runtime config of a running Hydra app, which `rlforge verl` composes "
+                    "the launch without: write the value, e.g. the launch folder for ${hydra:runtime.cwd})")
         raise ConfigError(f"Cannot resolve '{key}: {text}' in {where}: {why}.") from None
     assert isinstance(out, dict)
     return {str(k): v for k, v in out.items()}

@@ -8,6 +8,7 @@ import pytest
 
 from rlforge.config import compose, verl
 from rlforge.config.verl_launch import SFT_ENTRY, prepare
+from rlforge.errors import ConfigError
 from tests.tools.test_from_verl import ARO, BASE, fate, tr
 
 
@@ -125,3 +126,13 @@ def test_values_verl_runs_that_rlforge_s_ranges_take(registry) -> None:
     assert t.overrides["actor.lr"] == 0 and t.overrides["actor.entropy_coeff"] == -0.01
     cfg = compose(registry, "ppo", None, ["actor.lr=0", "critic.lr=0", "actor.entropy_coeff=-0.01"])
     assert cfg.actor.lr == 0 and cfg.critic.lr == 0 and cfg.actor.entropy_coeff == -0.01
+
+
+def test_hydra_s_now_resolves_and_hydra_s_runtime_values_are_a_clear_error() -> None:
+    from datetime import datetime
+
+    t = tr("trainer.experiment_name=run_${now:%Y}")  # verl's own keys interpolate it (rollout.trace.experiment_name)
+    assert t.overrides["trainer.experiment"] == f"run_{datetime.now():%Y}"
+    with pytest.raises(ConfigError, match=r"Cannot resolve 'trainer.default_local_dir: \$\{hydra:runtime.cwd\}/ck'"
+                                          r".*runtime config of a running Hydra app.*write the value"):
+        tr("trainer.default_local_dir=${hydra:runtime.cwd}/ck")
