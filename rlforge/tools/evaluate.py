@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, read_write
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from rlforge import batch as B
 from rlforge.build import Builder
@@ -78,6 +78,7 @@ def evaluate(
     evaluate = builder.evaluator(engine, tokenizer, reward, processor=processor)
     groups: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     source: dict[Any, str] = {}
+    samples: list[tuple[Any, str, float, float]] = []
     start = time.perf_counter()
     try:
         for i, prompts in enumerate(batches, 1):
@@ -88,6 +89,7 @@ def evaluate(
                                             scored[B.ACC].tolist()):
                 groups[uid].append((score, acc))
                 source[uid] = src
+                samples.append((uid, src, score, acc))
             log(f"eval: {i}/{len(batches)} batches, {len(groups)} prompts")
     finally:
         evaluate.close()
@@ -111,6 +113,7 @@ def evaluate(
         "reward_manager": cfg.reward.manager,
         "metrics": summarize(groups, k_list),
         "by_data_source": by_source,
+        "validation_metrics": _validation_metrics(samples),
         **({"agent": evaluate.metrics()} if evaluate.agent is not None else {}),
         "seconds": round(time.perf_counter() - start, 3),
     }
@@ -125,8 +128,10 @@ def write_report(report: dict[str, Any], path: str | Path) -> Path:
 
 def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print) -> Path:
     """verl's ``trainer.val_only``: validate what a training launch of the same keys continues from (the checkpoint
-    ``trainer.resume`` finds, which verl loads before validating; else ``model.path``) and write ``eval_report.json``
-    into the run folder (verl's ``default_local_dir``)."""
+    ``trainer.resume`` finds, which verl loads before validating; else ``model.path``), write ``eval_report.json``
+    into the run folder (verl's ``default_local_dir``) and log the metrics to the launch's loggers
+    (``logger.backends``) at that checkpoint's step (0 for the model), as verl logs its validation there."""
+    from rlforge.checkpoint import step_of
     from rlforge.resume import resumed_checkpoint
     from rlforge.tools.export import model_folder
 
@@ -140,4 +145,26 @@ def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print)
         log(f"validating model.path={cfg.model.path}: no checkpoint for trainer.resume={cfg.trainer.resume} to "
             "continue from")
     folder = Path(cfg.trainer.run_dir or Path(cfg.trainer.runs_root) / cfg.trainer.experiment)
-    return write_report(evaluate(cfg, pm, split="val", ks=None, log=log), folder / "eval_report.json")
+    report = evaluate(cfg, pm, split="val", ks=None, log=log)
+    path = write_report(report, folder / "eval_report.json")
+    loggers = Builder(cfg, pm).loggers(str(folder))
+    try:
+        for logger in loggers:
+            logger.log_params(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]  # a dict
+            logger.log_metrics(report["validation_metrics"], step_of(found) if found is not None else 0)
+    finally:
+        for logger in loggers:
+            logger.close()
+    return path
+
+
+def _validation_metrics(samples: list[tuple[Any, str, float, float]]) -> dict[str, float]:
+    """The samples' metrics under the names a training run's validation logs (``val/reward``, ``val/accuracy``, and
+    verl's ``val-core/<data_source>/acc/mean@N``, ...: ``module.generation_metrics``)."""
+    import torch
+
+    from rlforge.module import generation_metrics
+
+    uids, sources, scores, accs = zip(*samples) if samples else ((), (), (), ())
+    return generation_metrics(B.Batch({B.SCORES: torch.tensor(scores), B.ACC: torch.tensor(accs)},
+                                      {B.DATA_SOURCE: list(sources), B.UID: list(uids)}))

@@ -60,6 +60,9 @@ def test_eval_builtin_model_writes_report(tmp_path, capsys):
     assert m["pass@1"] <= m["pass@2"] <= m["pass@4"]
     assert m["pass@4"] > 0  # the shipped model solves some of these
     assert report["by_data_source"]["arith"]["prompts"] == 12
+    v = report["validation_metrics"]  # a training run's validation names, verl's mean@N among them
+    assert v["val/reward"] == pytest.approx(m["reward/mean"]) and v["val/accuracy"] == pytest.approx(m["accuracy"])
+    assert v["val-core/arith/acc/mean@4"] == pytest.approx(m["accuracy"])  # 4 samples of every prompt
     assert f"report: {out}" in capsys.readouterr().out
 
 

@@ -167,23 +167,30 @@ def test_a_verl_example_launch_trains_or_names_what_is_missing(source, tmp_path,
 def test_val_only_validates_and_writes_its_report_into_the_run_folder(tmp_path, tiny_chat_model, local_data, capsys,
                                                                        monkeypatch):
     """verl's val_only (with val_before_train) validates and stops; the report lands in the launch's run folder
-    (trainer.default_local_dir), never in the current folder."""
+    (trainer.default_local_dir), never in the current folder, and the metrics go to the launch's loggers at the
+    validated checkpoint's step (0: the model), under the names a training run's validation logs."""
     launch = _launch("examples/grpo_trainer/run_qwen3_8b_fsdp.sh")
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
-    code = main(["verl", *launch["args"], *_local(launch, tmp_path, tiny_chat_model, local_data),
-                 "trainer.val_before_train=True", "trainer.val_only=True"])
+    local = [a for a in _local(launch, tmp_path, tiny_chat_model, local_data) if not a.startswith("trainer.logger=")]
+    code = main(["verl", *launch["args"], *local, "trainer.logger=[console,file]", "trainer.val_before_train=True",
+                 "trainer.val_only=True"])
     err = capsys.readouterr().err
     assert code == 0 and f"validating model.path={tiny_chat_model}: no checkpoint" in err, err[-3000:]
     report = json.loads((tmp_path / "run" / "eval_report.json").read_text())
     assert report["model"] == str(tiny_chat_model) and not list((tmp_path / "cwd").iterdir())
     assert not list((tmp_path / "run").rglob("summary.json"))  # nothing trained
+    (logged,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert logged["step"] == 0 and logged["val/reward"] == report["metrics"]["reward/mean"]
+    assert logged["val/accuracy"] == report["metrics"]["accuracy"]
+    assert any(k.startswith("val-core/") and k.endswith("/mean@1") for k in logged)  # verl's own names
     # with a checkpoint in the run folder, verl loads it before validating (resume_mode=auto): so does rlforge
-    train = [a for a in _local(launch, tmp_path, tiny_chat_model, local_data) if not a.startswith("trainer.resume_mode")]
-    assert main(["verl", *launch["args"], *train, "trainer.resume_mode=auto"]) == 0
-    code = main(["verl", *launch["args"], *train, "trainer.resume_mode=auto", "trainer.val_before_train=True",
-                 "trainer.val_only=True"])
+    train = [a for a in local if not a.startswith("trainer.resume_mode")]
+    assert main(["verl", *launch["args"], *train, "trainer.logger=[console]", "trainer.resume_mode=auto"]) == 0
+    code = main(["verl", *launch["args"], *train, "trainer.logger=[console,file]", "trainer.resume_mode=auto",
+                 "trainer.val_before_train=True", "trainer.val_only=True"])
     err = capsys.readouterr().err
     assert code == 0 and "validating " in err and "step_000001" in err, err[-2000:]
     report = json.loads((tmp_path / "run" / "eval_report.json").read_text())
     assert report["model"].endswith("step_000001/actor")
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 1
