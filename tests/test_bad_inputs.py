@@ -65,6 +65,9 @@ CASES = {
     "missing data file": (["data.name=files", "data.train_files=[/no/such.jsonl]"],
                           "Data file not found: /no/such.jsonl (data.train_files)", ""),
     "missing reward file": (["reward.file=/no/reward.py"], "Reward file not found: /no/reward.py (reward.file)", ""),
+    # the interpolation that fails, not one that fails because it refers to it
+    "unresolvable interpolation": (["trainer.project=${trainer.experiment}", "trainer.experiment=x_${oc.env:RLFORGE_NOPE}"],
+                                   "Cannot resolve 'trainer.experiment: x_${oc.env:RLFORGE_NOPE}'", "RLFORGE_NOPE"),
     "interpolation in a mapping": (["reward.fn_kwargs={x: ${reward.timeout_s}}"],
                                    "quote each interpolation inside it as a YAML string", "{x: \"${a.b}\"}"),
     "two reward functions": (["reward.fn=gsm8k", "reward.file=/no/reward.py"], "reward.fn='gsm8k' and reward.file=",

@@ -431,13 +431,6 @@ def test_an_unresolvable_interpolation_names_the_key_and_the_file(registry, tmp_
         compose(registry, None, None, ["trainer.project=${trainer.nothing}"])
 
 
-def test_the_unresolvable_interpolation_named_is_the_cause_not_one_that_refers_to_it(registry) -> None:
-    # trainer.project fails only because the experiment does, whose ${oc.env:...} is the cause
-    with pytest.raises(ConfigError, match=r"Cannot resolve 'trainer.experiment: x_\$\{oc.env:RLFORGE_TEST_UNSET\}'"):
-        compose(registry, None, None, ["trainer.project=${trainer.experiment}",
-                                       "trainer.experiment=x_${oc.env:RLFORGE_TEST_UNSET}"])
-
-
 def test_a_resolvable_interpolation_is_resolved_at_compose_time(registry, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("RLFORGE_TEST_SET", "from_env")
     cfg = compose(registry, None, _yaml(tmp_path, "trainer:\n  experiment: ${oc.env:RLFORGE_TEST_SET}\n"
