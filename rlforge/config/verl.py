@@ -45,7 +45,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     else:
         from rlforge.config.verl_derived import DERIVED, ORDER  # type: ignore[assignment]
         from rlforge.config.verl_keys import TABLE  # type: ignore[assignment]
-        from rlforge.config.verl_layout import kl_term, uses_ref
+        from rlforge.config.verl_layout import NO_KL, kl_term, uses_ref
 
     flat = dict(flatten(tree))
     out = Translation(command="sft" if sft else "fit", config=config_name, given=set(given or ()))
@@ -60,9 +60,16 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     built = verl_stale.BUILT_SFT if sft else (*verl_stale.BUILT, *((f"{ARO}.ref.",) if uses_ref(c) else ()), "critic.")
     defaults = verl_tree.default_tree(verl_tree.ENGINE_VARIANTS.get((config_name, flat.get("model_engine")),
                                                                     config_name))
+    switches = {k for k, v in flatten(defaults) if isinstance(v, bool)}  # a string there is refused (below)
     for key, value in flat.items():
         rule, gap = TABLE.rule(key), verl_stale.new_in(defaults, key)
-        if isinstance(value, str) and not sft and OPTIM_NUMBER.fullmatch(key):
+        if isinstance(value, str) and key in switches and isinstance(rule, (Map, Derived)):  # Keep, Checked: as
+            # verl converts the value where it does (verl_rules.converts); Ignore: no value matters
+            c.stop(key, f"a string where verl's config has a true/false switch: Hydra reads only true and false (in "
+                        f"any case) as booleans, so {value!r} stays a string, which verl's code takes as true where "
+                        f"it tests the value (any non-empty string) and a config class of verl's may convert (write "
+                        f"true or false)")
+        elif isinstance(value, str) and not sft and OPTIM_NUMBER.fullmatch(key):
             c.stop(key, "a string where verl's optimizer config takes a number: verl builds that config with Hydra's "
                         "instantiate, which keeps the string, and torch's optimizer stops on it (write the number "
                         "unquoted)")
@@ -74,7 +81,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         elif gap and verl_stale.settle(c, key, gap, built, variables, key in TABLE.exact, rule is not None):
             pass
         elif no_ref and key.startswith(f"{ARO}.ref.") and not isinstance(rule, Derived):  # Derived: theirs
-            c.unread(key, "read only with a reference model (use_kl_loss or use_kl_in_reward)")
+            c.unread(key, NO_KL)
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)
         elif isinstance(rule, Map) and rule.read_if is not None and not rule.read_if(c.get, key):

@@ -298,13 +298,19 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
 
 
 def _unknown(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
-    """The error for an override of a key verl's config lacks: Hydra's advice ('+'), unless the section is one of
-    verl's config classes, and verl 0.9.1's key for the setting where there is one (``verl_stale``)."""
+    """The error for an override of a key verl's config lacks: the key it nearly spells (a typo), else Hydra's advice
+    ('+') unless the section is one of verl's config classes; and verl 0.9.1's key for the setting where there is one
+    (``verl_stale``)."""
+    import difflib
+
+    from rlforge.config.verl_fates import flatten
+
     gap = verl_stale.new_in(tree, key)
-    plus = not (delete or verl_stale.built(gap) or verl_stale.renamed(key))
+    close = difflib.get_close_matches(key, [k for k, _ in flatten(tree)], n=1, cutoff=0.9)
+    plus = not (delete or close or verl_stale.built(gap) or verl_stale.renamed(key))
     add = f" To add a key, prefix it with '+': +{line.lstrip('+')}." if plus else ""
     return (f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
-            + verl_stale.hint(key, gap) + add)
+            + (f" Did you mean '{close[0]}'?" if close else "") + verl_stale.hint(key, gap) + add)
 
 
 def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:
@@ -326,7 +332,7 @@ def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:
     except OmegaConfBaseException:
         bad = unresolvable(cfg)
         key, text, why = bad if bad is not None else ("?", "?", "an interpolation failed")
-        if "interpolation type hydra" in why:
+        if "${hydra:" in text:  # unregistered, or Hydra's own resolver (imported) without a running app
             why += (" (${hydra:...} reads the runtime config of a running Hydra app, which `rlforge verl` composes "
                     "the launch without: write the value, e.g. the launch folder for ${hydra:runtime.cwd})")
         raise ConfigError(f"Cannot resolve '{key}: {text}' in {where}: {why}.") from None

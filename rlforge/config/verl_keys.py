@@ -121,7 +121,8 @@ def kl_loss(target: str) -> Map:
 def kl_reward(target: str) -> Map:
     """A key verl reads only with the KL penalty in the reward on (its KL controller and apply_kl_penalty)."""
     return Map(target, read_if=gate("algorithm.use_kl_in_reward"),
-               unread="read only with algorithm.use_kl_in_reward=True")
+               unread="read only with algorithm.use_kl_in_reward=True (verl before that key, e.g. in TinyZero's "
+                      "scripts, applied the KL penalty to the reward whenever use_kl_loss was off; 0.9.1 does not)")
 
 
 ACTOR_RULES: dict[str, Rule] = {

@@ -17,6 +17,8 @@ A, REF = f"{ARO}.actor", f"{ARO}.ref"
 OFFLOAD = "strategy.fsdp.offload_params"
 SPEED_ONLY = "speed or memory only: what is computed does not change"
 NO_REF = "read only with a reference model of its own (use_kl_loss or use_kl_in_reward, no LoRA)"
+# without a KL term verl builds no reference model, and reads none of its keys
+NO_KL = "read only with a reference model (use_kl_loss or use_kl_in_reward)"
 
 def precision(c: Context) -> None:
     """FSDP's parameter dtype and compute dtype (or megatron's compute dtype, its parameters kept in fp32 by its
@@ -232,7 +234,7 @@ def sequence_parallel(c: Context) -> None:
             continue
         if section == REF and not use_ref:
             for key in keys:
-                c.unread(key, "read only with a reference model (use_kl_loss or use_kl_in_reward)")
+                c.unread(key, NO_KL)
             continue
         top, inner = f"{section}.{SP}", next((k for k in keys if k != f"{section}.{SP}"), None)
         decider = top if int(c.get(top) or 1) > 1 or inner is None else inner

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rlforge.config import verl_veomni
 from rlforge.config.verl_fates import SEPARATE_TRAINERS, TRAINER_NAMES
-from rlforge.config.verl_layout import uses_ref
+from rlforge.config.verl_layout import NO_KL, kl_term, uses_ref
 from rlforge.config.verl_rules import float_list, joined, non_negative, off
 
 if TYPE_CHECKING:
@@ -93,6 +93,10 @@ def scoring(c: Context) -> None:
         keys = tuple(f"{section}.{prefix}{leaf}" for leaf in ("max_token_len_per_gpu", "micro_batch_size_per_gpu",
                                                                "micro_batch_size"))
         if not c.has(keys[0]):
+            continue
+        if section == REF and not kl_term(c):  # as every other key of the reference model (verl.translate)
+            for key in (k for k in (*keys, flag) if k in c.owned):
+                c.unread(key, NO_KL)
             continue
         if section == R and bool(c.get(flag)) != bool(c.get(f"{A}.use_dynamic_bsz")):
             c.stop(flag, f"verl 0.9.1 stops where it differs from {A}.use_dynamic_bsz (engine_workers.py asserts they "

@@ -58,7 +58,7 @@ def test_hydra_override_grammar() -> None:
 def test_scoring_passes_get_their_own_micro_batches() -> None:
     r, ref = f"{ARO}.rollout", f"{ARO}.ref"
     o = tr(f"{r}.log_prob_micro_batch_size_per_gpu=8", f"{ref}.log_prob_use_dynamic_bsz=True",
-           f"{ref}.log_prob_max_token_len_per_gpu=4096").overrides
+           f"{ref}.log_prob_max_token_len_per_gpu=4096", f"{ARO}.actor.use_kl_loss=True").overrides  # a reference
     assert o["actor.log_prob.micro_batch_size"] == 8 and o["actor.log_prob.max_tokens_per_micro_batch"] == 0
     assert o["actor.ref_log_prob.max_tokens_per_micro_batch"] == 4096
     ppo = tr("algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=2048",

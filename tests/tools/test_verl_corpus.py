@@ -49,9 +49,9 @@ def test_the_figures_the_docs_report(outcomes) -> None:
     print("\ncorpus figures:", f)
     assert f["launches"] == 163 and f["overrides"] > 7000
     assert f["compose"] + f["refused_named"] + f["verl_refuses"] + f["config_not_in_rlforge"] == f["launches"]
-    # docs/migration-from-verl.md: 83.3% mapped, 2.5% refused, 14.2% ignored (6.9% of them unread by verl there too,
+    # docs/migration-from-verl.md: 82.0% mapped, 2.5% refused, 15.5% ignored (8.2% of them unread by verl there too,
     # e.g. a KL coefficient with its term off: 90.2% with the same meaning, issue #27's bar is 90%), 73 compose
-    assert f["mapped_pct"] >= 83.0 and f["refused_pct"] <= 3.2 and f["compose"] >= 60
+    assert f["mapped_pct"] >= 81.5 and f["refused_pct"] <= 3.2 and f["compose"] >= 60
     assert f["unread"] <= f["ignored"] and f["same_meaning_pct"] >= 90
 
 

@@ -136,3 +136,28 @@ def test_hydra_s_now_resolves_and_hydra_s_runtime_values_are_a_clear_error() -> 
     with pytest.raises(ConfigError, match=r"Cannot resolve 'trainer.default_local_dir: \$\{hydra:runtime.cwd\}/ck'"
                                           r".*runtime config of a running Hydra app.*write the value"):
         tr("trainer.default_local_dir=${hydra:runtime.cwd}/ck")
+
+
+@pytest.mark.parametrize("override", [f"{ARO}.actor.use_kl_loss=no", "algorithm.use_kl_in_reward=off",
+                                      "algorithm.norm_adv_by_std_in_grpo='False'", "data.shuffle=no"])
+def test_a_word_for_a_true_false_switch_is_refused_not_read_two_ways(override: str) -> None:
+    # Hydra reads only true/false as booleans: verl's code takes 'no' as true, rlforge's schema would take it as false
+    key = override.split("=")[0]
+    refused = fate(tr(override), key)
+    assert refused.kind == verl.REFUSED and refused.stops and "write true or false" in refused.text
+    assert fate(tr("skip.rollout.enable=no"), "skip.rollout.enable").kind == verl.MAPPED  # verl converts that one
+
+
+def test_the_reference_model_s_micro_batch_keys_are_unread_without_a_kl_term() -> None:
+    keys = (f"{ARO}.ref.log_prob_micro_batch_size_per_gpu", f"{ARO}.ref.log_prob_use_dynamic_bsz")
+    off = tr(f"{keys[0]}=2")
+    assert all(fate(off, k).unread for k in keys) and "actor.ref_log_prob.micro_batch_size" not in off.overrides
+    on = tr(f"{keys[0]}=2", f"{ARO}.actor.use_kl_loss=True")
+    assert on.overrides["actor.ref_log_prob.micro_batch_size"] == 2
+
+
+def test_a_misspelled_key_gets_the_key_it_nearly_spells() -> None:
+    with pytest.raises(ConfigError, match=r"'trainer.projct_name' is not a key.*Did you mean 'trainer.project_name'\?$"):
+        tr("trainer.projct_name=x")
+    with pytest.raises(ConfigError, match=r"To add a key, prefix it with '\+': \+trainer.brand_new=3"):
+        tr("trainer.brand_new=3")
