@@ -77,7 +77,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             pass
         elif no_ref and key.startswith(f"{ARO}.ref.") and not isinstance(rule, Derived):  # Derived: theirs
             c.unread(key, NO_KL)
-        elif isinstance(value, str) and isinstance(rule, (Map, Derived)) and (why := _typed(defaults_flat.get(key), value)):
+        elif isinstance(rule, (Map, Derived)) and (why := _word_for_switch(defaults_flat.get(key), value)):
             c.stop(key, why)  # Keep, Checked: read as verl converts the value where it does (verl_rules.converts)
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)
@@ -118,16 +118,15 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     return out
 
 
-def _typed(default: Any, value: str) -> str:
+def _word_for_switch(default: Any, value: Any) -> str:
     """Why a string cannot stand where verl's default is a true/false switch ('' where it can): verl's code tests the
     value as Hydra parsed it (its config classes are built with Hydra's instantiate, which keeps a string), where
-    rlforge's schema would convert it ('no' -> false), so the two would read it differently. (A string where verl has a
-    number: verl's code stops on it, and so does rlforge's schema, naming the key, unless it takes strings there.)"""
-    if isinstance(default, bool):
-        return (f"a string where verl's config has a true/false switch: Hydra reads only true and false (in any case) "
-                f"as booleans, so {value!r} stays a string, which verl's code takes as true where it tests the value "
-                f"(any non-empty string) (write true or false)")
-    return ""
+    rlforge's schema would convert it ('no' -> false): the two would read it differently."""
+    if not (isinstance(value, str) and isinstance(default, bool)):
+        return ""
+    return (f"a string where verl's config has a true/false switch: Hydra reads only true and false (in any case) as "
+            f"booleans, so {value!r} stays a string, which verl's code takes as true where it tests the value (any "
+            f"non-empty string) (write true or false)")
 
 
 DERIVED_HINTS = {
