@@ -111,9 +111,13 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         assert verl_stale.new_in(defaults, key), f"derived rules left a key of verl's defaults without a fate: {key}"
         c.stop(key, verl_stale.unread(key))
     for key in sorted(deleted):
-        out.fates.append(Fate(key, None, REFUSED, "", f"a deleted key (~{key}: verl 0.9.1 then takes its config class's "
-                                                      f"default for it or stops where it reads it; give the value "
-                                                      f"instead)"))
+        rule = TABLE.rule(key)
+        why = (NO_KL if no_ref and key.startswith(f"{ARO}.ref.") else  # a key verl does not read here: no default
+               rule.unread if isinstance(rule, Map) and rule.read_if and not rule.read_if(c.get, key) else "")
+        out.fates.append(Fate(key, None, IGNORED, "", f"a deleted key, {why}", unread=True) if why else
+                         Fate(key, None, REFUSED, "", f"a deleted key (~{key}: verl 0.9.1 then takes its config "
+                                                      f"class's default for it or stops where it reads it; give the "
+                                                      f"value instead)"))
     out.algorithm, out.command = c.algorithm, c.command
     return out
 

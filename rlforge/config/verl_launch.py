@@ -136,7 +136,8 @@ def named_by_verl(exc: E, prepared: Prepared, ours: list[str]) -> E:
         return bool(f.target) and (f.target == subject or rest is not None and f.key.endswith(rest))
 
     def source(f: Any) -> Any:  # the fate whose value it is: itself, or the legacy key moved over it
-        if f.target and f.value != f.mapped_value and not isinstance(f.mapped_value, dict):
+        moved = not (f.value is f.mapped_value or f.value == f.mapped_value)  # "is": a NaN is not equal to itself
+        if f.target and moved and not isinstance(f.mapped_value, dict):
             return next((g for g in fates if g.text.startswith(f"moved to {f.key}")), None)
         return f
 

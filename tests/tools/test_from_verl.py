@@ -291,10 +291,11 @@ def test_from_verl_takes_verl_s_own_options_and_the_sft_trainer(capsys, tmp_path
     assert "# mapped      data.train_files" in out.read_text()
 
 
-def test_a_value_rlforge_refuses_at_rlforge_verl_names_the_verl_key_it_came_from(capsys) -> None:
-    assert main(["verl", *BASE, f"{ARO}.actor.optim.lr=-1", "trainer.device=cpu"]) == 2
+@pytest.mark.parametrize("value", ["-1", "nan"])  # nan: not equal to itself, still the verl key's own value
+def test_a_value_rlforge_refuses_at_rlforge_verl_names_the_verl_key_it_came_from(capsys, value: str) -> None:
+    assert main(["verl", *BASE, f"{ARO}.actor.optim.lr={value}", "trainer.device=cpu"]) == 2
     err = capsys.readouterr().err
-    assert "'actor.lr'" in err and f"(from verl's {ARO}.actor.optim.lr=-1" in err, err[-2000:]
+    assert "'actor.lr'" in err and f"(from verl's {ARO}.actor.optim.lr={value}" in err, err[-2000:]
 
 
 def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, monkeypatch, tmp_path) -> None:

@@ -161,3 +161,13 @@ def test_a_misspelled_key_gets_the_key_it_nearly_spells() -> None:
         tr("trainer.projct_name=x")
     with pytest.raises(ConfigError, match=r"To add a key, prefix it with '\+': \+trainer.brand_new=3"):
         tr("trainer.brand_new=3")
+
+
+def test_a_deleted_key_verl_does_not_read_there_is_unread_not_refused() -> None:
+    coef = f"{ARO}.actor.kl_loss_coef"
+    off = fate(tr(f"~{coef}"), coef)  # no KL term: verl never looks for it, so no class default stands in
+    assert off.kind == verl.IGNORED and off.unread and "a deleted key" in off.text
+    ref = f"{ARO}.ref.log_prob_micro_batch_size_per_gpu"
+    assert fate(tr(f"~{ref}"), ref).unread
+    on = fate(tr(f"~{coef}", f"{ARO}.actor.use_kl_loss=True"), coef)
+    assert on.kind == verl.REFUSED and "a deleted key" in on.text
