@@ -60,14 +60,13 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     built = verl_stale.BUILT_SFT if sft else (*verl_stale.BUILT, *((f"{ARO}.ref.",) if uses_ref(c) else ()), "critic.")
     defaults = verl_tree.default_tree(verl_tree.ENGINE_VARIANTS.get((config_name, flat.get("model_engine")),
                                                                     config_name))
-    defaults_flat = dict(flatten(defaults))
     for key, value in flat.items():
         rule, gap = TABLE.rule(key), verl_stale.new_in(defaults, key)
         if isinstance(value, str) and not sft and OPTIM_NUMBER.fullmatch(key):
             c.stop(key, "a string where verl's optimizer config takes a number (quoted, or from an interpolation such "
-                        "as ${oc.env:...}, which gives a string: ${oc.decode:${oc.env:...}} gives the number): verl "
-                        "builds that config with Hydra's instantiate, which keeps the string, and torch's optimizer "
-                        "stops on it (write the number)")
+                        "as ${oc.env:...}, which gives a string: '${oc.decode:${oc.env:VAR}}', quoted for the shell, "
+                        "gives the number): verl builds that config with Hydra's instantiate, which keeps the string, "
+                        "and torch's optimizer stops on it (write the number)")
         elif own_reader and key.startswith("data.") and (rule is None or isinstance(rule, Keep) and not rule.ok(value)):
             c.same(key, "read by the dataset class (data.custom_cls), which gets verl's data section "
                         "(data.verl_class.config)")
@@ -77,8 +76,6 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             pass
         elif no_ref and key.startswith(f"{ARO}.ref.") and not isinstance(rule, Derived):  # Derived: theirs
             c.unread(key, NO_KL)
-        elif isinstance(rule, (Map, Derived)) and (why := _word_for_switch(defaults_flat.get(key), value)):
-            c.stop(key, why)  # Keep, Checked: read as verl converts the value where it does (verl_rules.converts)
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)
         elif isinstance(rule, Map) and rule.read_if is not None and not rule.read_if(c.get, key):
@@ -120,17 +117,6 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
                                                       f"value instead)"))
     out.algorithm, out.command = c.algorithm, c.command
     return out
-
-
-def _word_for_switch(default: Any, value: Any) -> str:
-    """Why a string cannot stand where verl's default is a true/false switch ('' where it can): verl's code tests the
-    value as Hydra parsed it (its config classes are built with Hydra's instantiate, which keeps a string), where
-    rlforge's schema would convert it ('no' -> false): the two would read it differently."""
-    if not (isinstance(value, str) and isinstance(default, bool)):
-        return ""
-    return (f"a string where verl's config has a true/false switch: Hydra reads only true and false (in any case) as "
-            f"booleans, so {value!r} stays a string, which verl's code takes as true where it tests the value (any "
-            f"non-empty string) (write true or false)")
 
 
 DERIVED_HINTS = {

@@ -244,9 +244,41 @@ def compose_tree(launch: Launch) -> dict[str, Any]:
         raise ConfigError(errors[0] if len(errors) == 1 else
                           f"{len(errors)} overrides verl 0.9.1 refuses:\n  " + "\n  ".join(errors))
     out = resolve(tree, "the verl launch")
+    _no_words_for_switches(out, name)
     if hydra:  # reported (ignored: Hydra's own settings), never translated
         out["hydra"] = hydra
     return out
+
+
+# switches whose default is null (verl tests them as given: any non-empty string is true), and the ones verl converts
+# with OmegaConf's bool rules first ('no' is false there: their rules read them so, verl_rules.converts)
+NULL_SWITCHES = ("critic.enable", "reward_model.enable")
+CONVERTED_SWITCHES = ("skip.*.enable",)
+
+
+@functools.lru_cache(maxsize=None)
+def _switches(name: str) -> frozenset[str]:
+    """The true/false switches of verl's default tree ``name``: its keys whose value, resolved, is a bool."""
+    from rlforge.config.verl_fates import flatten
+
+    return frozenset(k for k, v in flatten(resolve(load_default(name), f"verl's {name}")) if isinstance(v, bool))
+
+
+def _no_words_for_switches(tree: dict[str, Any], name: str) -> None:
+    """A word or a quoted value for a true/false switch (``use_kl_loss=no``, ``'False'``; also through an
+    interpolation) is an error naming every such key: Hydra reads only true and false as booleans, verl's code takes
+    any other non-empty string as true where it tests the switch, and rlforge's schema would read 'no' as false."""
+    import fnmatch
+
+    from rlforge.config.verl_fates import flatten
+
+    switches = _switches(name)
+    words = [f"{k}={v!r}" for k, v in flatten(tree) if isinstance(v, str) and (k in switches or k in NULL_SWITCHES)
+             and not any(fnmatch.fnmatchcase(k, p) for p in CONVERTED_SWITCHES)]
+    if words:
+        raise ConfigError(f"A string for a true/false switch of verl's config: {', '.join(words)}. Hydra reads only "
+                          f"true and false (in any case) as booleans, so such a value stays a string, which verl's code "
+                          f"takes as true where it tests the switch (any non-empty string): write true or false.")
 
 
 def first_new_key(base: dict[str, Any], value: dict[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # main_ppo's choice of trainer: (value test, what rlforge does, what rlforge lacks)
 MAIN_PPO_KEYS = {
-    "trainer.use_v1": (is_(True), "verl's v1 trainer (main_ppo's default)",
+    "trainer.use_v1": (bool, "verl's v1 trainer (main_ppo's default)",  # main_ppo: `if config.trainer.use_v1:`
                        "verl's deprecated legacy trainer (trainer.use_v1=False, main_ppo_v0)"),
     "trainer.v1.trainer_mode": (is_("sync"), "generate, then train", "verl's v1 asynchronous trainer modes (rlforge: "
                                 "trainer.pipeline=one_step_off or async, docs/pipelines.md)"),
