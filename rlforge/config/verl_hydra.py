@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlforge.config import verl_stale
-from rlforge.config import verl_hydra_own
+from rlforge.config import verl_hydra_own, verl_switches
 from rlforge.config.verl_rules import merge_into, nest
 from rlforge.config.verl_tree import (
     ENGINE_VARIANTS,
@@ -244,41 +244,16 @@ def compose_tree(launch: Launch) -> dict[str, Any]:
         raise ConfigError(errors[0] if len(errors) == 1 else
                           f"{len(errors)} overrides verl 0.9.1 refuses:\n  " + "\n  ".join(errors))
     out = resolve(tree, "the verl launch")
-    _no_words_for_switches(out, name)
+    verl_switches.check(out, _switches(name))
     if hydra:  # reported (ignored: Hydra's own settings), never translated
         out["hydra"] = hydra
     return out
 
 
-# switches whose default is null (verl tests them as given: any non-empty string is true), and the ones verl converts
-# with OmegaConf's bool rules first ('no' is false there: their rules read them so, verl_rules.converts)
-NULL_SWITCHES = ("critic.enable", "reward_model.enable")
-CONVERTED_SWITCHES = ("skip.*.enable",)
-
-
 @functools.lru_cache(maxsize=None)
 def _switches(name: str) -> frozenset[str]:
-    """The true/false switches of verl's default tree ``name``: its keys whose value, resolved, is a bool."""
-    from rlforge.config.verl_fates import flatten
-
-    return frozenset(k for k, v in flatten(resolve(load_default(name), f"verl's {name}")) if isinstance(v, bool))
-
-
-def _no_words_for_switches(tree: dict[str, Any], name: str) -> None:
-    """A word or a quoted value for a true/false switch (``use_kl_loss=no``, ``'False'``; also through an
-    interpolation) is an error naming every such key: Hydra reads only true and false as booleans, verl's code takes
-    any other non-empty string as true where it tests the switch, and rlforge's schema would read 'no' as false."""
-    import fnmatch
-
-    from rlforge.config.verl_fates import flatten
-
-    switches = _switches(name)
-    words = [f"{k}={v!r}" for k, v in flatten(tree) if isinstance(v, str) and (k in switches or k in NULL_SWITCHES)
-             and not any(fnmatch.fnmatchcase(k, p) for p in CONVERTED_SWITCHES)]
-    if words:
-        raise ConfigError(f"A string for a true/false switch of verl's config: {', '.join(words)}. Hydra reads only "
-                          f"true and false (in any case) as booleans, so such a value stays a string, which verl's code "
-                          f"takes as true where it tests the switch (any non-empty string): write true or false.")
+    """The true/false switches of verl's default tree ``name`` (``verl_switches.switches``)."""
+    return verl_switches.switches(resolve(load_default(name), f"verl's {name}"))
 
 
 def first_new_key(base: dict[str, Any], value: dict[str, Any]) -> str | None:
@@ -305,7 +280,7 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
             node[part] = {}
         node = node[part]
     if not isinstance(node, dict):
-        raise ConfigError(_unknown(tree, key, line, o.is_delete()))
+        raise ConfigError(verl_stale.unknown_key(tree, key, line, o.is_delete()))
     present = leaf in node
     if o.is_delete():
         if not present:
@@ -318,7 +293,7 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
         raise ConfigError(f"Override '{line}': '{key}' is already in verl's config; set it without '+': "
                           f"{line[1:]} (or force with '++').")
     elif not (o.is_add() or o.is_force_add()) and not present:
-        raise ConfigError(_unknown(tree, key, line, False))
+        raise ConfigError(verl_stale.unknown_key(tree, key, line, False))
     elif isinstance(value, dict) and isinstance(node.get(leaf), dict):
         new = None if o.is_add() or o.is_force_add() else first_new_key(node[leaf], value)
         if new is not None:  # struct mode: a plain override merges into the keys that exist
@@ -327,22 +302,6 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
         merge_into(node[leaf], value)
     else:
         node[leaf] = value
-
-
-def _unknown(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
-    """The error for an override of a key verl's config lacks: the key it nearly spells (a typo), else Hydra's advice
-    ('+') unless the section is one of verl's config classes; and verl 0.9.1's key for the setting where there is one
-    (``verl_stale``)."""
-    import difflib
-
-    from rlforge.config.verl_fates import flatten
-
-    gap = verl_stale.new_in(tree, key)
-    close = difflib.get_close_matches(key, [k for k, _ in flatten(tree)], n=1, cutoff=0.9)
-    plus = not (delete or close or verl_stale.built(gap) or verl_stale.renamed(key))
-    add = f" To add a key, prefix it with '+': +{line.lstrip('+')}." if plus else ""
-    return (f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
-            + (f" Did you mean '{close[0]}'?" if close else "") + verl_stale.hint(key, gap) + add)
 
 
 def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:
@@ -483,7 +442,9 @@ def compose_file(path: str) -> tuple[str, str, dict[str, Any]]:
     name = ENGINE_VARIANTS.get((name, engine), name) if isinstance(engine, str) else name
     tree = load_default(name)
     merge_into(tree, copy.deepcopy(own))
-    return name, how, resolve(tree, path)
+    out = resolve(tree, path)
+    verl_switches.check(out, _switches(name))
+    return name, how, out
 
 
 def _file_trainer(file: Path, base: str, own: dict[str, Any]) -> tuple[str, str]:

@@ -147,3 +147,19 @@ def hint(key: str, gap: Gap | None) -> str:
              f"stops on it, with '+' too, when it builds that section (a reference model's or a critic's only where the "
              f"run has one)." if gap and built(gap) else "")
     return (f" verl 0.9.1's key for it: {new}." if new else "") + where
+
+
+def unknown_key(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
+    """The error for an override of a key verl's config lacks: the key it nearly spells (a typo), else Hydra's advice
+    ('+') unless the section is one of verl's config classes; and verl 0.9.1's key for the setting where there is one
+    (:func:`hint`)."""
+    import difflib
+
+    from rlforge.config.verl_fates import flatten
+
+    gap = new_in(tree, key)
+    close = difflib.get_close_matches(key, [k for k, _ in flatten(tree)], n=1, cutoff=0.9)
+    plus = not (delete or close or built(gap) or renamed(key))
+    add = f" To add a key, prefix it with '+': +{line.lstrip('+')}." if plus else ""
+    return (f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
+            + (f" Did you mean '{close[0]}'?" if close else "") + hint(key, gap) + add)
