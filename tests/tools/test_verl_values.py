@@ -178,3 +178,12 @@ def test_a_deleted_key_verl_does_not_read_there_is_unread_not_refused() -> None:
     assert fate(tr(f"~{ref}"), ref).unread
     on = fate(tr(f"~{coef}", f"{ARO}.actor.use_kl_loss=True"), coef)
     assert on.kind == verl.REFUSED and "a deleted key" in on.text
+
+
+def test_a_config_file_s_word_for_a_switch_is_the_same_error(tmp_path) -> None:
+    from rlforge.config.verl_launch import prepare_file
+
+    own = tmp_path / "ppo.yaml"
+    own.write_text('actor_rollout_ref:\n  actor:\n    use_kl_loss: "off"\n')
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.actor.use_kl_loss='off'.*write true or false"):
+        prepare_file(str(own))
