@@ -116,15 +116,27 @@ def settle(c: Any, key: str, gap: Gap, built_sections: tuple[str, ...], variable
     variable of one's own config file. False: the tables' rule decides (``exact``: a rule for this very key;
     ``ruled``: a pattern's, which decides in the sections of :data:`PASSED_ON`)."""
     if built(gap, built_sections):
-        c.stop(key, stops(gap))
+        c.stop(key, stops(gap) + _did_you_mean(key, c.flat))
     elif "." not in key or key.split(".", 1)[0] in variables:
         c.unread(key, "a top-level key of the config, which verl 0.9.1 never reads (a variable: its value counts where "
                       "other keys interpolate it)")
     elif exact or ruled and key.startswith(PASSED_ON):
         return False
     else:
-        c.stop(key, unread(key))
+        c.stop(key, unread(key) + _did_you_mean(key, c.flat))
     return True
+
+
+def near(key: str, keys: Any) -> str | None:
+    """The one of ``keys`` that ``key`` nearly spells (a typo), else None."""
+    import difflib
+
+    close = difflib.get_close_matches(key, [k for k in keys if k != key], n=1, cutoff=0.9)
+    return close[0] if close else None
+
+
+def _did_you_mean(key: str, keys: Any) -> str:
+    return f"; did you mean '{k}'?" if (k := near(key, keys)) else ""
 
 
 def unread(key: str) -> str:
@@ -153,13 +165,11 @@ def unknown_key(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
     """The error for an override of a key verl's config lacks: the key it nearly spells (a typo), else Hydra's advice
     ('+') unless the section is one of verl's config classes; and verl 0.9.1's key for the setting where there is one
     (:func:`hint`)."""
-    import difflib
-
     from rlforge.config.verl_fates import flatten
 
     gap = new_in(tree, key)
-    close = difflib.get_close_matches(key, [k for k, _ in flatten(tree)], n=1, cutoff=0.9)
+    close = near(key, [k for k, _ in flatten(tree)])
     plus = not (delete or close or built(gap) or renamed(key))
     add = f" To add a key, prefix it with '+': +{line.lstrip('+')}." if plus else ""
     return (f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
-            + (f" Did you mean '{close[0]}'?" if close else "") + hint(key, gap) + add)
+            + (f" Did you mean '{close}'?" if close else "") + hint(key, gap) + add)

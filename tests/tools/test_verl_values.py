@@ -168,6 +168,12 @@ def test_a_misspelled_key_gets_the_key_it_nearly_spells() -> None:
         tr("trainer.projct_name=x")
     with pytest.raises(ConfigError, match=r"To add a key, prefix it with '\+': \+trainer.brand_new=3"):
         tr("trainer.brand_new=3")
+    with pytest.raises(ConfigError, match=r"cannot delete 'trainer.projct_name'.*Did you mean 'trainer.project_name'"):
+        tr("~trainer.projct_name")
+    added = fate(tr("+trainer.projct_name=x"), "trainer.projct_name")  # added with '+': refused, and the key named
+    assert added.kind == verl.REFUSED and "did you mean 'trainer.project_name'?" in added.text
+    field = fate(tr(f"++{ARO}.actor.kl_los_coef=0.1"), f"{ARO}.actor.kl_los_coef")  # a config class's missing field
+    assert f"did you mean '{ARO}.actor.kl_loss_coef'?" in field.text
 
 
 def test_a_deleted_key_verl_does_not_read_there_is_unread_not_refused() -> None:
