@@ -78,8 +78,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             c.unread(key, NO_KL)
         elif isinstance(rule, Derived):
             derived.setdefault(rule.owner, []).append(key)
-        elif isinstance(rule, Map) and rule.read_if is not None and not rule.read_if(c.get, key):
-            c.unread(key, rule.unread)
+        elif why := _unread_when_off(rule, c, key):
+            c.unread(key, why)
         elif isinstance(rule, Map):
             try:
                 converted = rule.convert(value)
@@ -110,13 +110,20 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
     for key in sorted(deleted):
         rule = TABLE.rule(key)
         why = (NO_KL if no_ref and key.startswith(f"{ARO}.ref.") else  # a key verl does not read here: no default
-               rule.unread if isinstance(rule, Map) and rule.read_if and not rule.read_if(c.get, key) else "")
+               _unread_when_off(rule, c, key))
         out.fates.append(Fate(key, None, IGNORED, "", f"a deleted key, {why}", unread=True) if why else
                          Fate(key, None, REFUSED, "", f"a deleted key (~{key}: verl 0.9.1 then takes its config "
                                                       f"class's default for it or stops where it reads it; give the "
                                                       f"value instead)"))
     out.algorithm, out.command = c.algorithm, c.command
     return out
+
+
+def _unread_when_off(rule: Any, c: Context, key: str) -> str:
+    """Why ``key`` is unread: a :class:`Map` of a key verl reads only with a feature on (``read_if``), in a config
+    that leaves it off ('' otherwise)."""
+    off = isinstance(rule, Map) and rule.read_if is not None and not rule.read_if(c.get, key)
+    return rule.unread if off else ""
 
 
 DERIVED_HINTS = {

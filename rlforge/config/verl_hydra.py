@@ -286,9 +286,8 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
         if not present:
             from rlforge.config.verl_fates import flatten
 
-            close = verl_stale.near(key, [k for k, _ in flatten(tree)])
             raise ConfigError(f"Override '{line}': cannot delete '{key}', which the config does not have."
-                              + (f" Did you mean '{close}'?" if close else ""))
+                              + verl_stale.did_you_mean(key, [k for k, _ in flatten(tree)]))
         if value is not None and node[leaf] != value:
             raise ConfigError(f"Override '{line}': '{key}' is {node[leaf]!r}, not {value!r}, so it is not deleted.")
         del node[leaf]

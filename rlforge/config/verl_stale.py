@@ -116,14 +116,14 @@ def settle(c: Any, key: str, gap: Gap, built_sections: tuple[str, ...], variable
     variable of one's own config file. False: the tables' rule decides (``exact``: a rule for this very key;
     ``ruled``: a pattern's, which decides in the sections of :data:`PASSED_ON`)."""
     if built(gap, built_sections):
-        c.stop(key, stops(gap) + _did_you_mean(key, c.flat))
+        c.stop(key, stops(gap) + did_you_mean(key, c.flat, clause=True))
     elif "." not in key or key.split(".", 1)[0] in variables:
         c.unread(key, "a top-level key of the config, which verl 0.9.1 never reads (a variable: its value counts where "
                       "other keys interpolate it)")
     elif exact or ruled and key.startswith(PASSED_ON):
         return False
     else:
-        c.stop(key, unread(key) + _did_you_mean(key, c.flat))
+        c.stop(key, unread(key) + did_you_mean(key, c.flat, clause=True))
     return True
 
 
@@ -135,8 +135,10 @@ def near(key: str, keys: Any) -> str | None:
     return close[0] if close else None
 
 
-def _did_you_mean(key: str, keys: Any) -> str:
-    return f"; did you mean '{k}'?" if (k := near(key, keys)) else ""
+def did_you_mean(key: str, keys: Any, clause: bool = False) -> str:
+    """" Did you mean 'k'?" for the key ``key`` nearly spells (``clause``: "; did you mean 'k'?"), else ''."""
+    k = near(key, keys)
+    return "" if k is None else f"; did you mean '{k}'?" if clause else f" Did you mean '{k}'?"
 
 
 def unread(key: str) -> str:
@@ -168,8 +170,8 @@ def unknown_key(tree: dict[str, Any], key: str, line: str, delete: bool) -> str:
     from rlforge.config.verl_fates import flatten
 
     gap = new_in(tree, key)
-    close = near(key, [k for k, _ in flatten(tree)])
-    plus = not (delete or close or built(gap) or renamed(key))
+    mean = did_you_mean(key, [k for k, _ in flatten(tree)])
+    plus = not (delete or mean or built(gap) or renamed(key))
     add = f" To add a key, prefix it with '+': +{line.lstrip('+')}." if plus else ""
     return (f"Override '{line}': '{key}' is not a key of verl's config (verl 0.9.1 refuses it too)."
-            + (f" Did you mean '{close}'?" if close else "") + hint(key, gap) + add)
+            + mean + hint(key, gap) + add)

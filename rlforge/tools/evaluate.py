@@ -78,7 +78,6 @@ def evaluate(
     evaluate = builder.evaluator(engine, tokenizer, reward, processor=processor)
     groups: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     source: dict[Any, str] = {}
-    samples: list[tuple[Any, str, float, float]] = []
     start = time.perf_counter()
     try:
         for i, prompts in enumerate(batches, 1):
@@ -89,7 +88,6 @@ def evaluate(
                                             scored[B.ACC].tolist()):
                 groups[uid].append((score, acc))
                 source[uid] = src
-                samples.append((uid, src, score, acc))
             log(f"eval: {i}/{len(batches)} batches, {len(groups)} prompts")
     finally:
         evaluate.close()
@@ -113,7 +111,7 @@ def evaluate(
         "reward_manager": cfg.reward.manager,
         "metrics": summarize(groups, k_list),
         "by_data_source": by_source,
-        "validation_metrics": _validation_metrics(samples),
+        "validation_metrics": _validation_metrics(groups, source),
         **({"agent": evaluate.metrics()} if evaluate.agent is not None else {}),
         "seconds": round(time.perf_counter() - start, 3),
     }
@@ -158,13 +156,15 @@ def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print)
     return path
 
 
-def _validation_metrics(samples: list[tuple[Any, str, float, float]]) -> dict[str, float]:
-    """The samples' metrics under the names a training run's validation logs (``val/reward``, ``val/accuracy``, and
-    verl's ``val-core/<data_source>/acc/mean@N``, ...: ``module.generation_metrics``)."""
+def _validation_metrics(groups: dict[Any, list[tuple[float, float]]], source: dict[Any, str]) -> dict[str, float]:
+    """The samples' metrics (``groups``: a prompt's (score, accuracy) per sample; ``source``: its data source) under the
+    names a training run's validation logs (``val/reward``, ``val/accuracy``, and verl's
+    ``val-core/<data_source>/acc/mean@N``, ...: ``module.generation_metrics``)."""
     import torch
 
     from rlforge.module import generation_metrics
 
+    samples = [(uid, source[uid], score, acc) for uid, group in groups.items() for score, acc in group]
     uids, sources, scores, accs = zip(*samples) if samples else ((), (), (), ())
     return generation_metrics(B.Batch({B.SCORES: torch.tensor(scores), B.ACC: torch.tensor(accs)},
                                       {B.DATA_SOURCE: list(sources), B.UID: list(uids)}))
