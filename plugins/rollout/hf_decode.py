@@ -7,7 +7,9 @@ written in place (no re-allocation per token) with the attention reading only th
 once for the whole call, and one set
 of batched tensor operations per token for the sampling, the log-probs and the finished rows, whatever the batch
 size. On CPU in fp32 the linear layers multiply by an input-major copy of their weights made for the call
-(``TransposedLinears``: 2-13% less time per step at 16-128 rows). Optionally the one-token step runs through ``torch.compile`` (``rollout.hf.compile``, on transformers'
+(``TransposedLinears``: 2-13% less time per step at 16-128 rows). Repeated prompts (the samples of a GRPO group) are
+prefilled once each, and where ``hf_cascade`` applies the cache holds them once and the attention reads them once per
+step (cascade attention). Optionally the one-token step runs through ``torch.compile`` (``rollout.hf.compile``, on transformers'
 ``StaticCache``, whose shapes do not change from step to step). Under autocast (a mixed
 ``model.precision``) the cache grows by concatenation instead, as transformers' default cache does.
 
@@ -24,12 +26,14 @@ Semantics (those of the ``generate`` call it replaces):
   after ``max_new_tokens`` tokens. Finished rows are dropped from the batch that is computed (not with a compiled
   step, whose shapes must repeat), so later tokens of the remaining rows are drawn from a smaller batch: a seeded
   call stays reproducible, with other draws than a loop that keeps every row;
-- the input-major products (CPU, fp32) give the plain products' results up to float rounding (~1e-6 in the
-  log-probs): a token can differ from the plain loop's only where two logits tie to that precision.
+- the input-major products (CPU, fp32), the one prefill per distinct prompt and the cascade attention give the
+  plain loop's results up to float rounding (~1e-6 in the log-probs): a token can differ from the plain loop's only
+  where two logits tie to that precision.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -38,6 +42,7 @@ from rlforge import multimodal
 from rlforge.errors import RLForgeError
 from rlforge.lazy import lazy_import
 from rlforge.lengths import length_groups
+from rlforge.plugins.rollout import hf_cascade
 from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -190,15 +195,14 @@ class Decoder:
         for a vision-language model: the prompt's forward gets the pixel values and M-RoPE positions, and each new
         token the position after its row's last (a text token's three M-RoPE positions are equal)."""
         plain = self.compiled or torch.is_autocast_enabled(prompts.device.type)
-        switched = None if plain else TransposedLinears.for_model(self.model, prompts.device)
-        try:
-            return self._decode(prompts, prompt_mask, params, multi_modal)
-        finally:
-            if switched is not None:
-                switched.restore()
+        with contextlib.ExitStack() as switches:  # what a call switches in the model, switched back after it
+            transposed = None if plain else TransposedLinears.for_model(self.model, prompts.device)
+            if transposed is not None:
+                switches.callback(transposed.restore)
+            return self._decode(prompts, prompt_mask, params, multi_modal, switches)
 
     def _decode(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams,
-                multi_modal: list | None) -> tuple[torch.Tensor, torch.Tensor]:
+                multi_modal: list | None, switches: contextlib.ExitStack) -> tuple[torch.Tensor, torch.Tensor]:
         from transformers import Cache, DynamicCache, StaticCache
         from transformers.cache_utils import StaticLayer
 
@@ -219,28 +223,39 @@ class Decoder:
                                "under autocast (a mixed model.precision): set rollout.hf.compile=false, or "
                                "model.precision=32-true or bf16-true.")
         config = self.model.config.get_text_config(decoder=True)
-        filled = False
+        vision = multimodal.forward_inputs(self.model, prompts, prompt_mask, multi_modal) if multi_modal else None
+        # each distinct prompt (tokens and padding) and, per row, which one it is
+        distinct, inverse = torch.unique(torch.cat([prompts, prompt_mask.to(prompts.dtype)], 1), dim=0,
+                                         return_inverse=True)
+        # plain attention in every layer (no sliding-window or linear-attention layers): the prompts may be prefilled
+        # in parts, the attention reads the filled part of the cache, and with repeated prompts each prompt's keys and
+        # values once (hf_cascade) where that applies
+        layers = StaticCache(config=config, max_cache_len=length).layers  # the layer types of this model's cache
+        plain = all(type(layer) is StaticLayer for layer in layers)
+        cascade = (static and plain and not self.compiled and not vision
+                   and hf_cascade.worth_it(rows, len(distinct), width, config) and hf_cascade.supported(self.model, config))
         if not static:
             cache = DynamicCache(config=config)
-        else:  # storage is allocated at the first forward
+        elif self.compiled or not plain:  # storage is allocated at the first forward
             cache = StaticCache(config=config, max_cache_len=length)
-            if not self.compiled and all(type(layer) is StaticLayer for layer in cache.layers):
-                # plain attention in every layer (no sliding-window or linear-attention layers): read the filled part
-                cache, filled = Cache(layers=[_filled_layer()(length) for _ in cache.layers]), True
+        elif cascade:
+            cache = hf_cascade.shared_prompt_cache(len(layers), new)
+        else:
+            cache = Cache(layers=[_filled_layer()(length) for _ in layers])
+        if cascade:
+            switches.enter_context(hf_cascade.switched(config))
         mask = prompt_mask.new_ones(rows, length)  # later columns: causality hides the ones not written yet
         mask[:, :width] = prompt_mask
         position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        vision = multimodal.forward_inputs(self.model, prompts, prompt_mask, multi_modal) if multi_modal else None
-        groups = length_groups(prompt_mask.sum(-1).tolist()) if filled and vision is None else [[]]
-        vision = vision or {"position_ids": position}
-        if len(groups) > 1:
-            out = self._prefill_by_length(prompts, prompt_mask, position, cache, groups, config)
-        else:
+        if vision:
             out = self.model(input_ids=prompts, attention_mask=mask if self.compiled else prompt_mask,
                              past_key_values=cache, cache_position=torch.arange(width, device=prompts.device),
                              use_cache=True, logits_to_keep=1, **vision)
-        if vision["position_ids"].dim() == 3:  # M-RoPE (3, B, P): go on from the temporal row
-            position = vision["position_ids"][0]
+            if vision["position_ids"].dim() == 3:  # M-RoPE (3, B, P): go on from the temporal row
+                position = vision["position_ids"][0]
+        else:
+            out = self._prefill(prompts, prompt_mask, position, mask, cache, config, distinct, inverse, cascade, plain)
+        shared = {hf_cascade.KEYWORD: cache} if cascade else {}
         sample = Sampler(params, self.stop_ids, prompts.device, self.banned)
         tokens = prompts.new_full((rows, new), self.pad_id)
         log_probs = torch.zeros(rows, new, device=prompts.device)
@@ -263,40 +278,57 @@ class Decoder:
                 cache.reorder_cache(keep)
                 token, position, mask, running, done = token[keep], position[keep], mask[keep], running[keep], done[keep]
             position = position + 1
-            out = self.step(input_ids=token[:, None], attention_mask=mask if self.compiled else mask[:, : width + t + 1],
-                            position_ids=position, past_key_values=cache,
-                            cache_position=torch.tensor([width + t], device=prompts.device), use_cache=True)
+            step_mask = None if cascade else mask if self.compiled else mask[:, : width + t + 1]
+            out = self.step(input_ids=token[:, None], attention_mask=step_mask, position_ids=position,
+                            past_key_values=cache, cache_position=torch.tensor([width + t], device=prompts.device),
+                            use_cache=True, **shared)
         return tokens[:, :steps], log_probs[:, :steps]
 
-    def _prefill_by_length(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, position: torch.Tensor,
-                           cache: Any, groups: list[list[int]], config: Any) -> Any:
-        """The prompts' forward pass as one pass per group of rows of similar length (``lengths.length_groups``: where
-        the left padding of the short prompts would be most of a single pass's work, e.g. the long and short prompts
-        of partial rollouts), each trimmed to its longest prompt; their keys and values are then written into
-        ``cache`` (a filled-part cache of the text ``config``, empty) in the left-padded layout of one pass. Returns
-        an object whose ``logits[:, -1]`` are each row's next-token logits, as the single pass's."""
+    def _prefill(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, position: torch.Tensor, mask: torch.Tensor,
+                 cache: Any, config: Any, distinct: torch.Tensor, inverse: torch.Tensor, cascade: bool,
+                 plain: bool) -> Any:
+        """The prompts' forward pass, writing their keys and values into ``cache`` (empty) in the left-padded layout of
+        one pass over ``prompts``. Returns an object whose ``logits[:, -1]`` are each row's next-token logits.
+
+        Each distinct prompt runs once (the ``n`` samples of a GRPO group repeat their prompt: 1/n of the work), in
+        one pass per group of similar length (``lengths.length_groups``: where the left padding of the short prompts
+        would be most of a single pass's work, e.g. the long and short prompts of partial rollouts), each trimmed to
+        its longest prompt; the rows then get their prompt's keys, values and logits."""
         from types import SimpleNamespace
 
         from transformers import DynamicCache
 
         rows, width = prompts.shape
-        lengths = prompt_mask.sum(-1)
+        lengths = distinct[:, width:].sum(-1)
+        groups = length_groups(lengths.tolist())
+        if not plain or len(distinct) == rows and len(groups) == 1:  # one pass over the rows as given
+            return self.model(input_ids=prompts, attention_mask=mask if self.compiled else prompt_mask,
+                              position_ids=position, past_key_values=cache,
+                              cache_position=torch.arange(width, device=prompts.device), use_cache=True,
+                              logits_to_keep=1)
+        ids, ids_mask = distinct[:, :width], distinct[:, width:]
+        ids_position = (ids_mask.cumsum(-1) - 1).clamp(min=0)
         keys: list[tuple[torch.Tensor, torch.Tensor]] = []
         logits: torch.Tensor | None = None
         for group in groups:
             idx = torch.tensor(group, device=prompts.device)
             start = width - int(lengths[idx].max())
             part = DynamicCache(config=config)
-            out = self.model(input_ids=prompts[idx, start:], attention_mask=prompt_mask[idx, start:],
-                             position_ids=position[idx, start:], past_key_values=part, use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=ids[idx, start:], attention_mask=ids_mask[idx, start:],
+                             position_ids=ids_position[idx, start:], past_key_values=part, use_cache=True,
+                             logits_to_keep=1)
             if logits is None:
-                logits = out.logits.new_zeros(rows, 1, out.logits.shape[-1])
+                logits = out.logits.new_zeros(len(distinct), 1, out.logits.shape[-1])
             logits[idx] = out.logits[:, -1:]
             for i, layer in enumerate(part.layers):
                 if len(keys) <= i:
-                    keys.append((layer.keys.new_zeros(rows, layer.keys.shape[1], width, layer.keys.shape[-1]),
-                                 layer.values.new_zeros(rows, layer.values.shape[1], width, layer.values.shape[-1])))
+                    keys.append((layer.keys.new_zeros(len(distinct), *layer.keys.shape[1:2], width, layer.keys.shape[-1]),
+                                 layer.values.new_zeros(len(distinct), *layer.values.shape[1:2], width,
+                                                        layer.values.shape[-1])))
                 keys[i][0][idx, :, start:], keys[i][1][idx, :, start:] = layer.keys, layer.values
-        for layer, (k, v) in zip(cache.layers, keys):
-            layer.update(k, v)  # positions 0 .. width - 1, as the single pass writes them
-        return SimpleNamespace(logits=logits)
+        if cascade:
+            cache.share(keys, ids_mask, inverse)
+        for i, (k, v) in enumerate(keys if not cascade else []):
+            cache.update(k[inverse], v[inverse], i)  # positions 0 .. width - 1, as the single pass writes them
+        assert logits is not None
+        return SimpleNamespace(logits=logits[inverse])

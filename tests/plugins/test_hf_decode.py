@@ -116,6 +116,31 @@ def test_prompts_of_very_different_lengths_prefill_in_groups_with_the_same_token
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16_autocast"])
+def test_repeated_prompts_prefill_once_each_with_the_same_tokens(precision: str) -> None:
+    """The samples of a group repeat their prompt: each distinct prompt (its tokens and padding) runs through the
+    prefill once and its rows get its keys and values: greedy tokens and log-probs are those of decoding the distinct
+    prompts alone, on the filled-length cache (fp32) and on the growing cache of a mixed precision (autocast)."""
+    torch.manual_seed(0)
+    model = MODELS["llama_gqa"][0]().eval()
+    rows: list[int] = []
+    model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    distinct = torch.randint(3, 50, (3, 6))
+    distinct_mask = torch.ones_like(distinct)
+    distinct_mask[1, :2] = 0
+    distinct[distinct_mask == 0] = 0
+    order = torch.tensor([0, 0, 1, 2, 1, 0, 2, 2, 1])  # repeated, interleaved
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=5)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16_autocast")
+    with torch.no_grad(), autocast:
+        alone, alone_log_probs = Decoder(model, [2], 0).decode(distinct, distinct_mask, greedy)
+        rows.clear()
+        tokens, log_probs = Decoder(model, [2], 0).decode(distinct[order], distinct_mask[order], greedy)
+    assert rows[0] == 3 and rows[1] == 9, rows  # one prefill row per distinct prompt, then every row decodes
+    assert torch.equal(tokens, alone[order])
+    torch.testing.assert_close(log_probs, alone_log_probs[order], rtol=1e-4, atol=1e-4)
+
+
 def test_cpu_fp32_linears_multiply_an_input_major_copy_while_decoding(monkeypatch) -> None:
     """On CPU in fp32 a decoding call's linear layers multiply by an ``[in, out]`` copy of their weights
     (``TransposedLinears``): the same greedy tokens and seeded samples as the plain product, log-probs to float
