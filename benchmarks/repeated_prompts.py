@@ -54,7 +54,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = build(args.size)
-    variants = {"per_row": (hf_decode, 2**62), "cascade": (hf_decode, hf_cascade.MIN_SAVED_BYTES)}
+    threshold = hf_cascade.MIN_SAVED_BYTES
+    variants = {"per_row": (hf_decode, 2**62), "cascade": (hf_decode, threshold)}
     if args.baseline:
         variants["baseline"] = (load_decoder(args.baseline), 2**62)
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new, seed=1)
@@ -65,6 +66,7 @@ def main() -> None:
         prompts = torch.randint(5, 60, (args.prompts, width)).repeat_interleave(args.samples, 0)
         mask = torch.ones_like(prompts)
         config = model.config.get_text_config(decoder=True)
+        hf_cascade.MIN_SAVED_BYTES = threshold
         used = hf_cascade.worth_it(len(prompts), args.prompts, width, config) and hf_cascade.supported(model, config)
         times: dict[str, list[float]] = {name: [] for name in variants}
         reference = None
