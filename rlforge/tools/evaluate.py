@@ -126,8 +126,9 @@ def write_report(report: dict[str, Any], path: str | Path) -> Path:
 
 def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print) -> Path:
     """verl's ``trainer.val_only``: validate what a training launch of the same keys continues from (the checkpoint
-    ``trainer.resume`` finds, which verl loads before validating; else ``model.path``), write ``eval_report.json``
-    into the run folder (verl's ``default_local_dir``) and log the metrics to the launch's loggers
+    ``trainer.resume`` finds, which verl loads before validating; else ``model.path``), write
+    ``eval_report_step_<step>.json`` into the run folder (verl's ``default_local_dir``; ``_2``, ``_3``, ... when that step
+    was validated before) and log the metrics to the launch's loggers
     (``logger.backends``) at that checkpoint's step (0 for the model), as verl logs its validation there."""
     from rlforge.checkpoint import step_of
     from rlforge.resume import resumed_checkpoint
@@ -144,12 +145,18 @@ def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print)
             "continue from")
     folder = Path(cfg.trainer.run_dir or Path(cfg.trainer.runs_root) / cfg.trainer.experiment)
     report = evaluate(cfg, pm, split="val", ks=None, log=log)
-    path = write_report(report, folder / "eval_report.json")
+    step = step_of(found) if found is not None else 0
+    path = folder / f"eval_report_step_{step:06d}.json"
+    repeat = 1
+    while path.exists():  # the same step validated again: a report of its own, none overwritten
+        repeat += 1
+        path = folder / f"eval_report_step_{step:06d}_{repeat}.json"
+    write_report(report, path)
     loggers = Builder(cfg, pm).loggers(str(folder))
     try:
         for logger in loggers:
             logger.log_params(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]  # a dict
-            logger.log_metrics(report["validation_metrics"], step_of(found) if found is not None else 0)
+            logger.log_metrics(report["validation_metrics"], step)
     finally:
         for logger in loggers:
             logger.close()

@@ -177,7 +177,7 @@ def test_val_only_validates_and_writes_its_report_into_the_run_folder(tmp_path, 
                  "trainer.val_only=True"])
     err = capsys.readouterr().err
     assert code == 0 and f"validating model.path={tiny_chat_model}: no checkpoint" in err, err[-3000:]
-    report = json.loads((tmp_path / "run" / "eval_report.json").read_text())
+    report = json.loads((tmp_path / "run" / "eval_report_step_000000.json").read_text())
     assert report["model"] == str(tiny_chat_model) and not list((tmp_path / "cwd").iterdir())
     assert not list((tmp_path / "run").rglob("summary.json"))  # nothing trained
     (logged,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -191,6 +191,10 @@ def test_val_only_validates_and_writes_its_report_into_the_run_folder(tmp_path, 
                  "trainer.val_before_train=True", "trainer.val_only=True"])
     err = capsys.readouterr().err
     assert code == 0 and "validating " in err and "step_000001" in err, err[-2000:]
-    report = json.loads((tmp_path / "run" / "eval_report.json").read_text())
+    report = json.loads((tmp_path / "run" / "eval_report_step_000001.json").read_text())
     assert report["model"].endswith("step_000001/actor")
+    assert main(["verl", *launch["args"], *train, "trainer.logger=[console]", "trainer.resume_mode=auto",
+                 "trainer.val_before_train=True", "trainer.val_only=True"]) == 0  # again: a report of its own
+    assert sorted(p.name for p in (tmp_path / "run").glob("eval_report*")) == [
+        "eval_report_step_000000.json", "eval_report_step_000001.json", "eval_report_step_000001_2.json"]
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 1
