@@ -349,8 +349,15 @@ def verl_validation_metrics(batch: B.Batch) -> dict[str, float]:
     """verl's validation names: per data source and variable (``reward``, and ``acc`` when set), the mean over prompts
     of each prompt's mean (``mean@N``) and population std (``std@N``) over its N samples. The core variable (``acc``
     if set, else ``reward``) logs ``mean@N`` as ``val-core/<source>/<var>/mean@N``; the rest goes to ``val-aux/``.
-    verl's bootstrap ``best@N``/``worst@N``/``maj@N`` are not computed (``rlforge eval`` reports pass@k)."""
+    verl's bootstrap ``best@N``/``worst@N``/``maj@N`` are not computed (``rlforge eval`` reports pass@k). A numeric
+    key the reward function returns beside ``score`` and ``acc`` (``B.REWARD_EXTRA_INFO``) for every sample is a
+    variable too, as in verl (``val-aux/<source>/<key>/mean@N``)."""
     variables = {"reward": batch[B.SCORES].float(), **({"acc": batch[B.ACC].float()} if B.ACC in batch else {})}
+    extras = batch.lists.get(B.REWARD_EXTRA_INFO) or []
+    for key in sorted(set(extras[0]) - set(variables) if extras else ()):
+        values = [row.get(key) for row in extras]
+        if all(isinstance(v, float) for v in values):
+            variables[key] = torch.tensor(values)
     core = "acc" if "acc" in variables else "reward"
     groups: dict[tuple[str, Any], list[int]] = {}
     for i, (src, uid) in enumerate(zip(batch[B.DATA_SOURCE], batch[B.UID])):

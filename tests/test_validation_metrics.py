@@ -36,6 +36,22 @@ def test_without_acc_the_reward_is_core_and_one_sample_has_no_std():
     assert m == {"val/reward": pytest.approx(0.5), "val-core/arith/reward/mean@1": pytest.approx(0.5)}
 
 
+def test_numeric_keys_the_reward_function_returns_are_variables_as_in_verl():
+    """A key beside score and acc that every sample returns as a number: val-aux/<source>/<key>/mean@N and std@N;
+    strings, keys some samples lack and a key named like a variable already there are left out."""
+    batch = _batch(["gsm8k"] * 4, [0, 0, 1, 1], [1.0, 0.0, 1.0, 1.0], None)
+    batch[B.REWARD_EXTRA_INFO] = [{"format": 1.0, "pred": "4", "reward": 9.0, "some": 1.0},
+                                  {"format": 0.0, "pred": "5", "reward": 9.0},
+                                  {"format": 1.0, "pred": "4", "reward": 9.0},
+                                  {"format": 1.0, "pred": "4", "reward": 9.0}]
+    m = generation_metrics(batch)
+    # per-prompt means of format (0.5, 1.0) -> 0.75; population stds (0.5, 0.0) -> 0.25
+    assert m["val-aux/gsm8k/format/mean@2"] == pytest.approx(0.75)
+    assert m["val-aux/gsm8k/format/std@2"] == pytest.approx(0.25)
+    assert m["val-core/gsm8k/reward/mean@2"] == pytest.approx(0.75)  # the score, not the extra 'reward'
+    assert not any("/pred/" in k or "/some/" in k for k in m)
+
+
 def test_val_generations_pick_as_verl_picks() -> None:
     """Sorted by the decoded prompt, shuffled by numpy's RandomState(42), the first n (verl's
     _maybe_log_val_generations)."""

@@ -77,6 +77,7 @@ def evaluate(
     engine = load_engine(cfg, pm, tokenizer)
     evaluate = builder.evaluator(engine, tokenizer, reward, processor=processor)
     groups: dict[Any, list[tuple[float, float]]] = defaultdict(list)
+    extras: dict[Any, list[dict[str, Any]]] = defaultdict(list)  # the reward function's other keys, per sample
     source: dict[Any, str] = {}
     start = time.perf_counter()
     try:
@@ -84,9 +85,11 @@ def evaluate(
             scored = evaluate(prompts, replace(params, seed=derived_seed(cfg.trainer.seed, i)))
             if B.ACC not in scored:
                 raise RLForgeError(f"Reward manager '{cfg.reward.manager}' (reward.manager) sets no 'acc' column.")
-            for uid, src, score, acc in zip(scored[B.UID], scored[B.DATA_SOURCE], scored[B.SCORES].tolist(),
-                                            scored[B.ACC].tolist()):
+            extra_rows = scored.lists.get(B.REWARD_EXTRA_INFO) or [{}] * len(scored)
+            for uid, src, score, acc, extra in zip(scored[B.UID], scored[B.DATA_SOURCE], scored[B.SCORES].tolist(),
+                                                   scored[B.ACC].tolist(), extra_rows):
                 groups[uid].append((score, acc))
+                extras[uid].append(extra)
                 source[uid] = src
             log(f"eval: {i}/{len(batches)} batches, {len(groups)} prompts")
     finally:
@@ -111,7 +114,7 @@ def evaluate(
         "reward_manager": cfg.reward.manager,
         "metrics": summarize(groups, k_list),
         "by_data_source": by_source,
-        "validation_metrics": _validation_metrics(groups, source),
+        "validation_metrics": _validation_metrics(groups, source, extras),
         **({"agent": evaluate.metrics()} if evaluate.agent is not None else {}),
         "seconds": round(time.perf_counter() - start, 3),
     }
@@ -163,15 +166,19 @@ def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print)
     return path
 
 
-def _validation_metrics(groups: dict[Any, list[tuple[float, float]]], source: dict[Any, str]) -> dict[str, float]:
-    """The samples' metrics (``groups``: a prompt's (score, accuracy) per sample; ``source``: its data source) under the
-    names a training run's validation logs (``val/reward``, ``val/accuracy``, and verl's
-    ``val-core/<data_source>/acc/mean@N``, ...: ``module.generation_metrics``)."""
+def _validation_metrics(groups: dict[Any, list[tuple[float, float]]], source: dict[Any, str],
+                        extras: dict[Any, list[dict[str, Any]]]) -> dict[str, float]:
+    """The samples' metrics (``groups``: a prompt's (score, accuracy) per sample; ``source``: its data source;
+    ``extras``: the reward function's other keys per sample) under the names a training run's validation logs
+    (``val/reward``, ``val/accuracy``, and verl's ``val-core/<data_source>/acc/mean@N``, ...:
+    ``module.generation_metrics``)."""
     import torch
 
     from rlforge.module import generation_metrics
 
-    samples = [(uid, source[uid], score, acc) for uid, group in groups.items() for score, acc in group]
-    uids, sources, scores, accs = zip(*samples) if samples else ((), (), (), ())
+    samples = [(uid, source[uid], score, acc, extra) for uid, group in groups.items()
+               for (score, acc), extra in zip(group, extras[uid])]
+    uids, sources, scores, accs, rows = zip(*samples) if samples else ((), (), (), (), ())
     return generation_metrics(B.Batch({B.SCORES: torch.tensor(scores), B.ACC: torch.tensor(accs)},
-                                      {B.DATA_SOURCE: list(sources), B.UID: list(uids)}))
+                                      {B.DATA_SOURCE: list(sources), B.UID: list(uids),
+                                       B.REWARD_EXTRA_INFO: list(rows)}))

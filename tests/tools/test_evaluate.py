@@ -66,6 +66,19 @@ def test_eval_builtin_model_writes_report(tmp_path, capsys):
     assert f"report: {out}" in capsys.readouterr().out
 
 
+def test_eval_logs_the_numeric_keys_a_reward_function_returns(tmp_path):
+    """A dict result's other numeric keys are validation variables, as verl logs its reward_extra_info."""
+    scorer = tmp_path / "score.py"
+    scorer.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return {'score': 0.5, 'length': float(len(solution_str)), 'pred': solution_str}\n")
+    out = tmp_path / "report.json"
+    assert main(["eval", "builtin:tiny-arith", "--n", "2", "--temperature", "1.0", "--limit", "3", "--out", str(out),
+                 f"reward.file={scorer}"]) == 0
+    v = json.loads(out.read_text())["validation_metrics"]
+    assert v["val/reward"] == pytest.approx(0.5) and v["val-aux/arith/length/mean@2"] >= 1
+    assert "val-aux/arith/length/std@2" in v and not any("/pred/" in k for k in v)
+
+
 def test_eval_checkpoint_and_run_folder(fitted_run, tmp_path):
     trainer, _ = fitted_run
     step1 = trainer.run_dir / "checkpoints" / "step_000001"
