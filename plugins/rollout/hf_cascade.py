@@ -9,9 +9,10 @@ response keys; ``a @ [Vp; Vr]`` is ``a_p @ Vp + a_r @ Vr``. The result is the pe
 rounding; the cache also takes ``1/n`` of the prompts' memory.
 
 It runs where it can be checked: fp32, every layer plain attention through transformers' ``sdpa`` interface, and a
-one-token probe of the model in which every layer's attention call arrives with the cache and no keyword this code
-does not honour (a sliding window, a soft cap, attention sinks); elsewhere the decoder keeps its per-row cache. While a
-decoding call runs, the model's attention implementation is ``cascade`` (reference-counted across threads); a call
+one-token probe of the model in which every layer's attention call arrives with the cache, with the keys and values
+the cache returned (not keys expanded from a cached latent) and no keyword this code does not honour (a sliding window,
+a soft cap, attention sinks); elsewhere the decoder keeps its per-row cache. While a decoding call runs, the model's
+attention implementation is ``rlforge_cascade`` (reference-counted across threads); a call
 without the cache (another thread's forward pass) gets ``sdpa`` with ``sdpa``'s mask, as before.
 """
 
@@ -40,15 +41,6 @@ _lock = threading.Lock()
 _users: dict[int, int] = {}  # id(text config) -> decoding calls running with the cascade implementation
 
 
-class Probe:
-    """Passed as the cache of a one-token forward: records which layers' attention calls received it, and the
-    keywords with a value that the cascade would not honour."""
-
-    def __init__(self) -> None:
-        self.layers: set[int] = set()
-        self.unhonoured: set[str] = set()
-
-
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
               **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -56,14 +48,17 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     [B, kv_heads, t, d] (``SharedPromptCache``'s layer) -> [B, 1, heads, d]. Without the cache: ``sdpa``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    cache: Any = kwargs.pop(KEYWORD, None)
+    cache = kwargs.pop(KEYWORD, None)
+    # mypy knows the caches below only as the objects an isinstance of a runtime-made class narrows them to
+    shared: Any = cache
     if not isinstance(cache, _types()[1]):
-        if isinstance(cache, Probe):
-            cache.layers.add(module.layer_idx)
-            cache.unhonoured |= {k for k, v in kwargs.items() if v is not None and k not in HONOURED}
+        if isinstance(cache, _types()[2]):  # the probe: did the keys and values the cache returned arrive as they are?
+            returned = shared.returned.get(module.layer_idx)
+            if returned is not None and key is returned[0] and value is returned[1]:
+                shared.direct.add(module.layer_idx)
+            shared.unhonoured |= {k for k, v in kwargs.items() if v is not None and v is not False and k not in HONOURED}
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
-    shared: Any = cache  # a SharedPromptCache (mypy knows it only as the object the isinstance narrowed it to)
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     layer = shared.layers[module.layer_idx]
@@ -75,7 +70,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     width = prompt.shape[-1]
     out = torch.matmul(weights[..., width:], value)
     out += shared.by_row(torch.matmul(shared.grouped(weights[..., :width]), layer.prompt_values))
-    return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
+    return out.reshape(rows, heads, 1, value.shape[-1]).transpose(1, 2), None  # value heads may be narrower (MLA)
 
 
 def _register() -> None:
@@ -110,17 +105,20 @@ class switched:
 
 def supported(model: torch.nn.Module, config: Any) -> bool:
     """Whether ``model`` (its text ``config``) can decode with the cascade: fp32 weights, ``sdpa`` attention, and a
-    one-token probe in which every layer's attention receives the cache with only keywords the cascade honours."""
+    one-token probe in which every layer's attention call receives the cache, with the very keys and values the cache
+    returned (not e.g. keys expanded from a cached latent, as multi-head latent attention computes them) and only
+    keywords the cascade honours (None or False: off)."""
     if config._attn_implementation != "sdpa" or next(model.parameters()).dtype != torch.float32:
         return False
-    probe = Probe()
+    probe = _types()[2](config=config)
     device = next(model.parameters()).device
     with switched(config), torch.no_grad():
         try:
-            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False, **{KEYWORD: probe})
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=probe, use_cache=True,
+                  **{KEYWORD: probe})
         except TypeError:  # a forward that takes no such keyword
             return False
-    return probe.layers == set(range(config.num_hidden_layers)) and not probe.unhonoured
+    return probe.direct == probe.seen == set(range(config.num_hidden_layers)) and not probe.unhonoured
 
 
 def worth_it(rows: int, distinct: int, width: int, config: Any) -> bool:
@@ -132,13 +130,13 @@ def worth_it(rows: int, distinct: int, width: int, config: Any) -> bool:
 
 def shared_prompt_cache(layers: int, new: int) -> Any:
     """An empty ``SharedPromptCache`` of ``layers`` layers with room for ``new`` response positions per row."""
-    layer_type, cache_type = _types()
+    layer_type, cache_type, _ = _types()
     return cache_type(layers=[layer_type(new) for _ in range(layers)])
 
 
 @functools.cache
-def _types() -> tuple[type, type]:
-    from transformers import Cache
+def _types() -> tuple[type, type, type]:
+    from transformers import Cache, DynamicCache
 
     from rlforge.plugins.rollout.hf_decode import _filled_layer
 
@@ -203,4 +201,22 @@ def _types() -> tuple[type, type]:
         def get_seq_length(self, layer_idx: int = 0) -> int:
             return self.width + self.layers[layer_idx].get_seq_length()
 
-    return SharedPromptLayer, SharedPromptCache
+    class Probe(DynamicCache):
+        """The cache of ``supported``'s one-token forward: the keys and values each layer's ``update`` returned, the
+        layers whose attention call received exactly those, and the keywords with a value the cascade would not
+        honour."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.returned: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            self.seen: set[int] = set()  # the layers whose update ran
+            self.direct: set[int] = set()  # the layers whose attention call received what their update returned
+            self.unhonoured: set[str] = set()
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            self.seen.add(layer_idx)
+            self.returned[layer_idx] = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            return self.returned[layer_idx]
+
+    return SharedPromptLayer, SharedPromptCache, Probe

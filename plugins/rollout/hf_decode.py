@@ -27,8 +27,8 @@ Semantics (those of the ``generate`` call it replaces):
   step, whose shapes must repeat), so later tokens of the remaining rows are drawn from a smaller batch: a seeded
   call stays reproducible, with other draws than a loop that keeps every row;
 - the input-major products (CPU, fp32), the one prefill per distinct prompt and the cascade attention give the
-  plain loop's results up to float rounding (~1e-6 in the log-probs): a token can differ from the plain loop's only
-  where two logits tie to that precision.
+  plain loop's results up to float rounding (~1e-6 to 1e-5 in the log-probs): a token can differ from the plain
+  loop's only where two logits tie to that precision.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ class Decoder:
         # values once (hf_cascade) where that applies
         layers = StaticCache(config=config, max_cache_len=length).layers  # the layer types of this model's cache
         plain = all(type(layer) is StaticLayer for layer in layers)
-        cascade = (static and plain and not self.compiled and not vision
+        cascade = (static and plain and not self.compiled and not vision and len(distinct) < rows
                    and hf_cascade.worth_it(rows, len(distinct), width, config) and hf_cascade.supported(self.model, config))
         if not static:
             cache = DynamicCache(config=config)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 import rlforge.plugins.rollout.hf_cascade as hf_cascade
 import rlforge.plugins.rollout.hf_decode as hf_decode
@@ -74,19 +75,36 @@ def test_cascade_decodes_the_tokens_of_the_per_row_cache(monkeypatch, name: str)
 
 
 def test_cascade_applies_only_where_it_can_be_checked(monkeypatch) -> None:
-    """Not for sliding-window layers (the probe sees the window), eager attention, bf16 weights, or distinct prompts
-    below the bytes it saves; a forward pass without the cache while the cascade is switched on (another thread's)
+    """Not for sliding-window layers (the probe sees the window), keys expanded from a cached latent (DeepSeek's
+    multi-head latent attention: the attention does not receive what the cache returned), eager attention, bf16
+    weights, distinct prompts or fewer bytes saved than its threshold; for a mixture of experts (its attention gets
+    output_router_logits=False); a forward pass without the cache while the cascade is switched on (another thread's)
     gets sdpa and its mask; an error in a decoding call leaves the attention as it was."""
     sliding = Qwen2ForCausalLM(Qwen2Config(**SMALL, num_hidden_layers=2, num_key_value_heads=2,
                                            use_sliding_window=True, sliding_window=4, max_window_layers=0)).eval()
+    latent = DeepseekV3ForCausalLM(DeepseekV3Config(
+        **SMALL, num_hidden_layers=2, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, head_dim=8)).eval()
+    experts = MixtralForCausalLM(MixtralConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2,
+                                               num_local_experts=4)).eval()
     model = llama()
-    cases = {"sliding window": sliding, "eager": llama(attn_implementation="eager"),
-             "bf16": llama().to(torch.bfloat16), "llama": model}
+    cases = {"sliding window": sliding, "latent attention": latent, "eager": llama(attn_implementation="eager"),
+             "bf16": llama().to(torch.bfloat16), "llama": model, "experts": experts}
     for what, m in cases.items():
         config = m.config.get_text_config(decoder=True)
-        assert hf_cascade.supported(m, config) == (what == "llama"), what
+        assert hf_cascade.supported(m, config) == (what in ("llama", "experts")), what
     prompts, mask = repeated_prompts()
     assert not hf_cascade.worth_it(len(prompts), 3, prompts.shape[1], model.config)  # 8 rows x 7 positions x 64 bytes
+    monkeypatch.setattr(hf_cascade, "MIN_SAVED_BYTES", 0)
+    used: list = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: used.append(hf_cascade.KEYWORD in kw), with_kwargs=True)
+    with torch.no_grad():  # no prompt repeats: nothing to share, whatever the threshold
+        for rows in ([0, 1, 3], [0]):
+            Decoder(model, [], 0).decode(prompts[rows], mask[rows], SamplingParams(n=1, temperature=0.0, max_new_tokens=3))
+    hook.remove()
+    assert used and not any(used)
+    monkeypatch.undo()
     with torch.no_grad():
         plain = model(input_ids=prompts, attention_mask=mask).logits
         with hf_cascade.switched(model.config):
