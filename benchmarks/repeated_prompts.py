@@ -71,8 +71,8 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in variants}
         reference = None
         for round_ in range(args.rounds + 1):
-            for name, (module, threshold) in variants.items():
-                hf_cascade.MIN_SAVED_BYTES = threshold
+            for name, (module, least) in variants.items():
+                hf_cascade.MIN_SAVED_BYTES = least
                 decoder = module.Decoder(model, [], 0)
                 start = time.perf_counter()
                 with torch.no_grad():
