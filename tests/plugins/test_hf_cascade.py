@@ -28,6 +28,11 @@ MODELS = {
 }
 
 
+def shares(forward_kwargs: dict) -> bool:
+    """Whether a forward call decodes with the cascade's shared-prompt cache (not the probe's)."""
+    return isinstance(forward_kwargs.get(hf_cascade.KEYWORD), hf_cascade._types()[1])
+
+
 def repeated_prompts() -> tuple[torch.Tensor, torch.Tensor]:
     """Three prompts of different padding, 11 rows: repeated and interleaved as no GRPO batch is."""
     torch.manual_seed(1)
@@ -58,8 +63,10 @@ def test_cascade_decodes_the_tokens_of_the_per_row_cache(monkeypatch, name: str)
         caches.clear()
         with torch.no_grad():
             decode[cascade] = Decoder(model, [stop], 0).decode(prompts, mask, greedy)
-        used = [c for c in caches if c is not None]
-        assert bool(used) == cascade and (not used or len(used) == len(caches) - 1)  # every step but the prefill
+        used = [c for c in caches if isinstance(c, hf_cascade._types()[1])]
+        probed = [c for c in caches if isinstance(c, hf_cascade._types()[2])]
+        assert bool(used) == bool(probed) == cascade  # the probe's forward, the prefill's, then every step's
+        assert not used or len(used) == len(caches) - 2
         if cascade:
             assert len(used[-1].inverse) < len(prompts) and used[-1].bias.shape[0] < 3, "no compaction happened"
         assert model.config._attn_implementation == "sdpa"
@@ -98,7 +105,7 @@ def test_cascade_applies_only_where_it_can_be_checked(monkeypatch) -> None:
     assert not hf_cascade.worth_it(len(prompts), 3, prompts.shape[1], model.config)  # 8 rows x 7 positions x 64 bytes
     monkeypatch.setattr(hf_cascade, "MIN_SAVED_BYTES", 0)
     used: list = []
-    hook = model.register_forward_pre_hook(lambda m, a, kw: used.append(hf_cascade.KEYWORD in kw), with_kwargs=True)
+    hook = model.register_forward_pre_hook(lambda m, a, kw: used.append(shares(kw)), with_kwargs=True)
     with torch.no_grad():  # no prompt repeats: nothing to share, whatever the threshold
         for rows in ([0, 1, 3], [0]):
             Decoder(model, [], 0).decode(prompts[rows], mask[rows], SamplingParams(n=1, temperature=0.0, max_new_tokens=3))
@@ -117,3 +124,29 @@ def test_cascade_applies_only_where_it_can_be_checked(monkeypatch) -> None:
     with pytest.raises(ZeroDivisionError), torch.no_grad():
         Decoder(model, [2], 0).decode(prompts, mask, SamplingParams(n=1, temperature=0.0, max_new_tokens=3))
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_the_engines_samples_of_a_prompt_report_the_actors_log_probs(monkeypatch, pm) -> None:
+    """The hf engine with n samples per prompt and the cascade on: the rollout's log-probs are the actor's forward
+    (what the sync pipeline reuses as the old log-probs)."""
+    from rlforge import batch as B
+    from rlforge import load_config
+    from rlforge.data import collate, tokenize_rows
+    from rlforge.models import load_model, load_tokenizer
+    from rlforge.ops import response_logprobs
+
+    monkeypatch.setattr(hf_cascade, "MIN_SAVED_BYTES", 0)
+    cfg = load_config("grpo", ["rollout.max_new_tokens=6", "data.max_prompt_length=24"], plugins=pm)
+    tok, actor = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
+    rows = pm.registry.dataset.get("arith")(cfg, "val")[:4]
+    batch = collate(tokenize_rows(rows, tok, cfg.data.max_prompt_length, True, "val"), tok.pad_token_id,
+                    list(range(len(rows))))
+    used: list = []
+    actor.register_forward_pre_hook(lambda m, a, kw: used.append(shares(kw)), with_kwargs=True)
+    torch.manual_seed(0)
+    out = pm.registry.rollout.get("hf")(cfg, actor, tok).generate(batch, SamplingParams(n=4, temperature=1.0,
+                                                                                         max_new_tokens=6))
+    assert any(used)
+    recomputed, _ = response_logprobs(actor, out[B.INPUT_IDS], out[B.ATTENTION_MASK], out[B.RESPONSES].shape[1])
+    gap = ((recomputed - out[B.ROLLOUT_LOG_PROBS]).abs() * out[B.RESPONSE_MASK]).max().item()
+    assert gap < 1e-4, gap
