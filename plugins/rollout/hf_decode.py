@@ -316,7 +316,7 @@ class Decoder:
             part = DynamicCache(config=config)
             out = self.model(input_ids=ids[idx, start:], attention_mask=ids_mask[idx, start:],
                              position_ids=ids_position[idx, start:], past_key_values=part, use_cache=True,
-                             logits_to_keep=1)
+                             cache_position=torch.arange(width - start, device=prompts.device), logits_to_keep=1)
             if logits is None:
                 logits = out.logits.new_zeros(len(distinct), 1, out.logits.shape[-1])
             logits[idx] = out.logits[:, -1:]
