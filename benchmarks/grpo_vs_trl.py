@@ -112,7 +112,16 @@ def prefixed_data(spec: dict) -> Iterator[tuple[list[dict] | None, tuple[str, ..
         data = Path(tmp) / "train.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         yield rows, ("data.name=files", f"data.train_files=[{data}]", "data.shuffle=false",
-                     f"data.max_prompt_length={spec['prefix'] + 256}")
+                     f"data.max_prompt_length={max(prompt_tokens(spec['folder'], rows))}")
+
+
+def prompt_tokens(folder: str, rows: list[dict]) -> list[int]:
+    """Each row's prompt tokens after the chat template of the model folder's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    return [len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"])
+            for r in rows]
 
 
 def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf") -> list[float]:

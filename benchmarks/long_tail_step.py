@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_vs_trl import (ENGINES, FILLER, SIZES, build_model, rlforge_history, round_output, step_timer,  # noqa: E402
-                         trl_trainer)
+from grpo_vs_trl import (ENGINES, FILLER, SIZES, build_model, prompt_tokens, rlforge_history, round_output,  # noqa: E402
+                         step_timer, trl_trainer)
 from decode_step import load_decoder  # noqa: E402
 from long_tail import force_lengths  # noqa: E402
 from step_breakdown import RLFORGE_TIMINGS  # noqa: E402
@@ -83,14 +83,6 @@ def tail_rows(p: int, steps: int, long_prompts: int, extra: int) -> list[dict]:
         if i % p >= p - long_prompts:
             row["prompt"][0]["content"] = filler + row["prompt"][0]["content"]
     return rows
-
-
-def prompt_tokens(folder: str, rows: list[dict]) -> list[int]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(folder)
-    return [len(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)["input_ids"])
-            for r in rows]
 
 
 def force_on_load(stop_id: int, ends: set[int]) -> None:
