@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.algorithms.grpo import GRPO, GRPOConfig
-from rlforge.plugins.reward.rule import REWARD_EXTRA_INFO
 
 from rlforge import batch as B
 from rlforge.errors import ConfigError, DataError
@@ -49,7 +48,7 @@ class GDPO(GRPO):
         keys = list(self.config.algorithm.reward_keys)
         if not keys:
             return None
-        extras: list[dict[str, Any]] = batch[REWARD_EXTRA_INFO] if REWARD_EXTRA_INFO in batch else []
+        extras: list[dict[str, Any]] = batch[B.REWARD_EXTRA_INFO] if B.REWARD_EXTRA_INFO in batch else []
         out = []
         for key in keys:
             if key in batch.tensors:

@@ -88,15 +88,19 @@ def rlforge_history(folder: Path, p: int, g: int, t: int, steps: int, engine: st
 FILLER = "Show all your work, step by step. "
 
 
+def filler(chars: int) -> str:
+    """``chars`` characters of instruction (:data:`FILLER`, repeated) to put before a prompt."""
+    return (FILLER * (chars // len(FILLER) + 1))[:chars]
+
+
 def prefixed_rows(p: int, steps: int, prefix: int) -> list[dict]:
     """The arith prompts of ``steps + 1`` steps of ``p`` prompts (TRL's default rows), each with ``prefix`` characters
     of instruction in front."""
     from rlforge.plugins.data.builtin import arith_rows
 
     rows = arith_rows(p * (steps + 1), 99, seed=1)
-    filler = (FILLER * (prefix // len(FILLER) + 1))[:prefix]
     for row in rows:
-        row["prompt"][0]["content"] = filler + row["prompt"][0]["content"]
+        row["prompt"][0]["content"] = filler(prefix) + row["prompt"][0]["content"]
     return rows
 
 

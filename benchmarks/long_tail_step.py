@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_vs_trl import (ENGINES, FILLER, SIZES, build_model, prompt_tokens, rlforge_history, round_output,  # noqa: E402
+from grpo_vs_trl import (ENGINES, SIZES, build_model, filler, prompt_tokens, rlforge_history, round_output,  # noqa: E402
                          step_timer, trl_trainer)
 from decode_step import load_decoder  # noqa: E402
 from long_tail import force_lengths  # noqa: E402
@@ -78,10 +78,9 @@ def tail_rows(p: int, steps: int, long_prompts: int, extra: int) -> list[dict]:
     from rlforge.plugins.data.builtin import arith_rows
 
     rows = arith_rows(p * (steps + 1), 9, seed=1)
-    filler = (FILLER * (extra // len(FILLER) + 1))[:extra]
     for i, row in enumerate(rows):
         if i % p >= p - long_prompts:
-            row["prompt"][0]["content"] = filler + row["prompt"][0]["content"]
+            row["prompt"][0]["content"] = filler(extra) + row["prompt"][0]["content"]
     return rows
 
 

@@ -14,7 +14,6 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from rlforge import batch as B
 from rlforge.errors import RLForgeError
 
 ScoreFn = Callable[..., Any]
@@ -25,7 +24,6 @@ FATAL = "fatal"  # the function raised RLForgeError: the run stops
 ERROR_KINDS = (RAISED, BAD_VALUE, CRASHED)  # counted in reward/errors; TIMEOUT in reward/timeouts
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max (scores go into float32 tensors); no torch import at registration
 
-REWARD_EXTRA_INFO = B.REWARD_EXTRA_INFO  # list column: each sample's extra keys (verl's reward_extra_info)
 EXTRA_METRIC = "reward/extra/{key}/mean"  # batch mean of a numeric extra key
 
 

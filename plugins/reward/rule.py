@@ -31,7 +31,6 @@ from rlforge.plugins.reward.math import geo3k_score, math_boxed_score, math_dapo
 from rlforge.plugins.reward.results import (
     ERROR_KINDS,
     OK,
-    REWARD_EXTRA_INFO,
     TIMEOUT,
     Outcome,
     ScoreFn,
@@ -193,7 +192,7 @@ class RuleRewardManager:
         batch[B.TOKEN_LEVEL_SCORES] = token_scores
         batch[B.ACC] = accs
         batch[B.RESPONSE_TEXT] = texts
-        batch[REWARD_EXTRA_INFO] = extras
+        batch[B.REWARD_EXTRA_INFO] = extras
         batch.meta["metrics"] = {**batch.meta.get("metrics", {}),
                                  "reward/errors": float(sum(faults[k] for k in ERROR_KINDS)),
                                  "reward/timeouts": float(faults[TIMEOUT]),

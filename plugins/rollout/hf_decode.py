@@ -187,6 +187,14 @@ class Decoder:
         self.step = torch.compile(model, dynamic=False) if compile else model
         self.compiled = compile
         self.banned = multimodal.placeholder_token_ids(model)
+        self._cascade: dict[tuple[str, Any], bool] = {}  # hf_cascade.supported, per attention implementation and dtype
+
+    def _cascade_supported(self, config: Any) -> bool:
+        """``hf_cascade.supported`` for the model, probed once per attention implementation and weight dtype."""
+        key = (config._attn_implementation, next(self.model.parameters()).dtype)
+        if key not in self._cascade:
+            self._cascade[key] = hf_cascade.supported(self.model, config)
+        return self._cascade[key]
 
     def decode(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams,
                multi_modal: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,18 +238,17 @@ class Decoder:
         # plain attention in every layer (no sliding-window or linear-attention layers): the prompts may be prefilled
         # in parts, the attention reads the filled part of the cache, and with repeated prompts each prompt's keys and
         # values once (hf_cascade) where that applies
-        layers = StaticCache(config=config, max_cache_len=length).layers  # the layer types of this model's cache
-        plain = all(type(layer) is StaticLayer for layer in layers)
+        cache = StaticCache(config=config, max_cache_len=length)  # storage is allocated at the first forward
+        layers = len(cache.layers)
+        plain = all(type(layer) is StaticLayer for layer in cache.layers)
         cascade = (static and plain and not self.compiled and not vision and len(distinct) < rows
-                   and hf_cascade.worth_it(rows, len(distinct), width, config) and hf_cascade.supported(self.model, config))
+                   and hf_cascade.worth_it(rows, len(distinct), width, config) and self._cascade_supported(config))
         if not static:
             cache = DynamicCache(config=config)
-        elif self.compiled or not plain:  # storage is allocated at the first forward
-            cache = StaticCache(config=config, max_cache_len=length)
         elif cascade:
-            cache = hf_cascade.shared_prompt_cache(len(layers), new)
-        else:
-            cache = Cache(layers=[_filled_layer()(length) for _ in layers])
+            cache = hf_cascade.shared_prompt_cache(layers, new)
+        elif plain and not self.compiled:
+            cache = Cache(layers=[_filled_layer()(length) for _ in range(layers)])
         if cascade:
             switches.enter_context(hf_cascade.switched(config))
         mask = prompt_mask.new_ones(rows, length)  # later columns: causality hides the ones not written yet
@@ -328,7 +335,8 @@ class Decoder:
                 keys[i][0][idx, :, start:], keys[i][1][idx, :, start:] = layer.keys, layer.values
         if cascade:
             cache.share(keys, ids_mask, inverse)
-        for i, (k, v) in enumerate(keys if not cascade else []):
-            cache.update(k[inverse], v[inverse], i)  # positions 0 .. width - 1, as the single pass writes them
+        else:
+            for i, (k, v) in enumerate(keys):
+                cache.update(k[inverse], v[inverse], i)  # positions 0 .. width - 1, as the single pass writes them
         assert logits is not None
         return SimpleNamespace(logits=logits[inverse])

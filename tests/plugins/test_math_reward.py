@@ -15,7 +15,7 @@ from rlforge.config.schema import RewardConfig
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.plugins.reward.functions import normalize_answer, qa_em_score
 from rlforge.plugins.reward.math import equivalent, geo3k_score, last_boxed, math_boxed_score, math_dapo_score
-from rlforge.plugins.reward.results import REWARD_EXTRA_INFO, extra_metrics, extra_values
+from rlforge.plugins.reward.results import extra_metrics, extra_values
 from rlforge.plugins.reward.rule import DATA_SOURCES, RuleRewardManager, check_data_sources, function_for
 
 # every data_source that verl's default_compute_score (verl/utils/reward_score/__init__.py) knows
@@ -161,7 +161,7 @@ def test_rule_manager_reports_extra_keys(char_tokenizer, registry):
         manager.close()
     assert out[B.SCORES].tolist() == [1.0, -1.0, 1.0]
     assert out[B.ACC].tolist() == [1.0, 0.0, 1.0]
-    assert out[REWARD_EXTRA_INFO] == [{"pred": "34"}, {"pred": "3"}, {}]
+    assert out[B.REWARD_EXTRA_INFO] == [{"pred": "34"}, {"pred": "3"}, {}]
     assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0,  # pred is not a number
                                    "reward/error_share": 0.0}
 
