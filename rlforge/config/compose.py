@@ -281,8 +281,9 @@ def _defaults(registry: Any, algorithm_config: type) -> DictConfig:
     return copy.deepcopy(_DEFAULTS[key])
 
 
-def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str]]) -> DictConfig:
-    """Defaults < the algorithm's preset < each of ``layers`` (config, where it comes from), in order."""
+def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str]], files: bool = True) -> DictConfig:
+    """Defaults < the algorithm's preset < each of ``layers`` (config, where it comes from), in order; ``files``:
+    see :func:`validate`."""
     name = _algorithm_name(algo, layers)
     algo_cls = registry.algorithm.get(name)
     cfg = _defaults(registry, algo_cls.config_class)
@@ -291,7 +292,7 @@ def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str
         cfg = _merge(cfg, layer, source)
     cfg.algorithm.name = name
     _resolve(cfg, layers)
-    validate(cfg, registry)
+    validate(cfg, registry, files)
     algo_cls.validate_config(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
@@ -300,13 +301,13 @@ def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str
 def compose_with_plugins(
     algo: str | None = None, config_file: str | None = None, overrides: list[str] | tuple[str, ...] = (),
     loaded: Callable[[Any], Any] | None = None, base: tuple[DictConfig, str] | None = None,
-    modules: list[str] | tuple[str, ...] = (),
+    modules: list[str] | tuple[str, ...] = (), files: bool = True,
 ) -> tuple[Any, DictConfig]:
     """Load the plugins minus ``plugins.disable`` and plus ``plugins.modules`` and ``modules`` (``-p``), each read
     from the overrides, the file or ``base`` first, then compose: returns (plugin manager, config); the config's
     ``plugins.modules`` lists every module loaded, as other processes load them. ``loaded(plugin_manager)`` runs in
     between (the CLI prints warnings). ``base``: (config, its origin) merged under the file, e.g. the config of the
-    run being evaluated."""
+    run being evaluated. ``files=False``: the files and folders it names are not checked (:func:`validate`)."""
     from rlforge.plugin_manager import PluginManager
 
     over = parse_overrides(list(overrides))
@@ -318,7 +319,7 @@ def compose_with_plugins(
         OmegaConf.update(over, "plugins.modules", pm.modules, merge=False)
     if loaded is not None:
         loaded(pm)
-    return pm, _compose(pm.registry, algo, layers)
+    return pm, _compose(pm.registry, algo, layers, files)
 
 
 def _plugin_list(layers: list[tuple[DictConfig, str]], key: str) -> list[str]:
@@ -342,23 +343,26 @@ def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:
                 yield spec.key, getattr(registry, kind).entry(name)
 
 
-def validate(cfg: DictConfig, registry: Any) -> None:
+def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
     """Every value against its field's rule (``schema.Valid``), the files the config names, the model's context,
-    the batch arithmetic; then each selected component's own ``validate_config(cfg, registry)`` (if it has one)."""
+    the batch arithmetic; then each selected component's own ``validate_config(cfg, registry)`` (if it has one).
+    ``files=False`` leaves out the files and folders it names (reward file, data files, model folders): a config
+    checked on another machine than the one that runs it (``rlforge config from-verl`` without ``--out``)."""
     components = list(selected(cfg, registry))
     check_values(cfg)
     if cfg.reward.fn and cfg.reward.file:
         raise ConfigError(f"reward.fn={cfg.reward.fn!r} and reward.file={cfg.reward.file!r} both name the reward "
                           f"function: set one of them.")
-    if cfg.reward.file and not Path(cfg.reward.file).is_file():
+    if files and cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
     if cfg.reward.fn_kwargs and not cfg.reward.file:
         raise ConfigError(f"reward.fn_kwargs ({', '.join(cfg.reward.fn_kwargs)}) go to the function of reward.file, "
                           f"which is not set: set reward.file, or give a registered function's options in its own "
                           f"section (docs/rewards.md).")
-    check_data_files(cfg, registry)
+    if files:
+        check_data_files(cfg, registry)
     for key in ("model.path", "model.ref_path", "critic.path"):
-        if OmegaConf.select(cfg, key):
+        if files and OmegaConf.select(cfg, key):
             check_model_folder(resolve_model_path(OmegaConf.select(cfg, key), key), key, cfg)
     check_resume_value(cfg.trainer.resume)
     check_no_duplicates(cfg, "logger.backends")

@@ -87,6 +87,8 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
                 raise ConfigError(f"A value of the verl launch has the wrong type for its key ({exc}): "
                                   f"{key}={value!r}.") from None
             c.map(key, rule.target, converted, rule.note)
+        elif isinstance(rule, Keep) and not rule.valid(value):
+            c.stop(key, f"verl 0.9.1 stops on this value: it takes {rule.takes}")
         elif isinstance(rule, Keep):
             (c.same(key, rule.does) if rule.ok(value) else c.refuse(key, rule.missing))
         elif isinstance(rule, Checked):

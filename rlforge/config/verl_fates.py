@@ -13,6 +13,7 @@ from rlforge.config.verl_rules import Checked, nest
 
 DOC = "docs/migration-from-verl.md"
 MAPPED, REFUSED, IGNORED = "mapped", "refused", "ignored"
+STOPS_ON_VALUE = "a run would stop on this value"  # the text of a mapped key refused for its value (Translation.stopped)
 MIGRATING_TRAINERS = ("dapo", "fully_async")  # the trainers that move verl's legacy reward keys (verl.TRAINERS)
 # the trainers on verl's SeparateRayPPOTrainer (the legacy trainer's step): no dynamic sampling
 SEPARATE_TRAINERS = ("fully_async", "one_step_off")
@@ -64,6 +65,12 @@ class Translation:
     @property
     def refused(self) -> list[Fate]:
         return self.of(REFUSED)
+
+    def stopped(self, fates: list[Fate], why: str) -> None:
+        """Refuse ``fates`` (mapped ones) for the value rlforge's composition stops on (``why``: its message), so the
+        report counts and shows them as the run would meet them."""
+        for f in fates:
+            f.kind, f.stops, f.text = REFUSED, True, f"{STOPS_ON_VALUE}: {why}"
 
     def fates_for(self, key: str) -> list[Fate]:
         """The fates of ``key`` and of every key below it (an override may set a whole section)."""

@@ -310,7 +310,12 @@ def apply_override(tree: dict[str, Any], o: Any) -> None:
 def resolve(tree: dict[str, Any], where: str) -> dict[str, Any]:
     """Every ``${...}`` resolved, as ``OmegaConf.resolve`` does, with Hydra's ``${now:FORMAT}`` (the time of the
     launch, as a Hydra app resolves it); a failure names the key and the interpolation."""
-    fast = _Simple(tree).resolved()
+    try:
+        fast = _Simple(tree).resolved()
+    except _Cycle as cycle:
+        steps = " -> ".join(f"{key}: {_raw(tree, key)}" for key in cycle.keys[:-1])
+        raise ConfigError(f"Cannot resolve {where}: its interpolations form a cycle, {steps} -> back to "
+                          f"{cycle.keys[0]}. Write a value for one of these keys.") from None
     if fast is not None:
         return fast
     from datetime import datetime
@@ -366,11 +371,11 @@ class _Simple:
 
     def resolved(self) -> dict[str, Any] | None:
         try:
-            return self._node(self.tree, [], set())
+            return self._node(self.tree, [], ())
         except _NotSimple:
             return None
 
-    def _node(self, node: Any, path: list[str], busy: set[str]) -> Any:
+    def _node(self, node: Any, path: list[str], busy: tuple[str, ...]) -> Any:
         if isinstance(node, dict):
             return {k: self._node(v, [*path, str(k)], busy) for k, v in node.items()}
         if isinstance(node, list):
@@ -379,7 +384,7 @@ class _Simple:
             return self._string(node, path, busy)
         return node
 
-    def _string(self, text: str, path: list[str], busy: set[str]) -> Any:
+    def _string(self, text: str, path: list[str], busy: tuple[str, ...]) -> Any:
         select = _select_args(text)
         if select is not None:
             key, default = select
@@ -399,13 +404,15 @@ class _Simple:
             raise _NotSimple
         return _REF.sub(lambda m: str(self._get_or_fail(m.group(1), path, busy)), text)
 
-    def _get_or_fail(self, key: str, path: list[str], busy: set[str]) -> Any:
+    def _get_or_fail(self, key: str, path: list[str], busy: tuple[str, ...]) -> Any:
         found = self._lookup(key, path, busy)
         if found is _ABSENT:
             raise _NotSimple
         return found
 
-    def _lookup(self, key: str, path: list[str], busy: set[str]) -> Any:
+    def _lookup(self, key: str, path: list[str], busy: tuple[str, ...]) -> Any:
+        """The resolved value of ``key`` (``busy``: the keys being resolved, outermost first; a key among them again
+        is a cycle)."""
         if key.startswith("."):
             dots = len(key) - len(key.lstrip("."))
             parts = path[:len(path) - dots] + key.lstrip(".").split(".")
@@ -413,7 +420,7 @@ class _Simple:
             parts = key.split(".")
         full = ".".join(parts)
         if full in busy:
-            raise _NotSimple  # a cycle: OmegaConf reports it
+            raise _Cycle((*busy[busy.index(full):], full))
         node: Any = self.tree
         for part in parts:
             if not isinstance(node, dict) or part not in node:
@@ -421,11 +428,27 @@ class _Simple:
             node = node[part]
         if node == "???":
             return _ABSENT
-        return self._node(node, parts, busy | {full})
+        return self._node(node, parts, (*busy, full))
 
 
 class _NotSimple(Exception):
     pass
+
+
+class _Cycle(Exception):
+    """Interpolations that refer to each other in a circle: ``keys`` in order, the first one again at the end."""
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        super().__init__(" -> ".join(keys))
+        self.keys = keys
+
+
+def _raw(tree: dict[str, Any], key: str) -> Any:
+    """The value at the dotted ``key`` of ``tree`` as written (its interpolation unresolved)."""
+    node: Any = tree
+    for part in key.split("."):
+        node = node[part]
+    return node
 
 
 _ABSENT = object()

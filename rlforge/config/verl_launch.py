@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 
 from rlforge.config import verl, verl_hydra
+from rlforge.config.verl_fates import Fate
 from rlforge.errors import ConfigError, RLForgeError
 
 E = TypeVar("E", bound=RLForgeError)
@@ -121,10 +122,17 @@ def beneath(prepared: Prepared, ours: list[str]) -> tuple[DictConfig, list[str]]
 
 
 def named_by_verl(exc: E, prepared: Prepared, ours: list[str]) -> E:
-    """``exc`` with the verl keys whose values the rlforge key it is about came from: the first key it names that the
-    translation wrote (``key: ...`` at its start, ``'key'`` quoted, ``(key)``), or an entry of a mapping it wrote
-    (``reward.fn_kwargs.bogus`` from ``custom_reward_function.reward_kwargs.bogus``)."""
-    mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}  # keys given after --: their values are not verl's
+    """``exc`` with the verl keys whose values the rlforge key it is about came from (:func:`verl_sources`)."""
+    found = verl_sources(exc, prepared, ours)
+    return type(exc)(f"{exc} (from verl's {', '.join(f'{f.key}={f.value}' for f in found)})") if found else exc
+
+
+def verl_sources(exc: Exception, prepared: Prepared, ours: list[str]) -> list[Fate]:
+    """The fates of the verl keys whose values the rlforge key ``exc`` is about came from: the first key it names that
+    the translation wrote (``key: ...`` at its start, ``'key'`` quoted, ``(key)``), or an entry of a mapping it wrote
+    (``reward.fn_kwargs.bogus`` from ``custom_reward_function.reward_kwargs.bogus``); none for a key given after
+    ``--`` (``ours``: its value is not verl's)."""
+    mine = {o.split("=", 1)[0].lstrip("+~") for o in ours}
     text = str(exc)
     named = [m.group(1) for pattern in (r"^(\w+(?:\.[\w-]+)+): ", r"'([\w.]+)'", r"\((\w+(?:\.\w+)+)\)")
              if (m := re.search(pattern, text))]  # the first of each: a later quoted key is a "did you mean" one
@@ -142,8 +150,8 @@ def named_by_verl(exc: E, prepared: Prepared, ours: list[str]) -> E:
         return f
 
     for subject in named:
-        sources = [f"{g.key}={g.value}" for f in fates if about(f, subject) and (g := source(f)) is not None
-                   and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
-        if sources:
-            return type(exc)(f"{text} (from verl's {', '.join(sources)})")
-    return exc
+        found = [g for f in fates if about(f, subject) and (g := source(f)) is not None
+                 and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
+        if found:
+            return found
+    return []

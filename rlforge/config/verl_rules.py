@@ -39,6 +39,8 @@ class Keep:
     ok: Callable[[Any], bool]  # the values that ask for what rlforge always does
     does: str  # what rlforge always does (the mapped case)
     missing: str  # the feature a value outside ``ok`` asks for (the refused case)
+    valid: Callable[[Any], bool] = lambda _: True  # the values verl 0.9.1 accepts (another stops it: refused so)
+    takes: str = ""  # those values, in words
 
 
 @dataclass(frozen=True)

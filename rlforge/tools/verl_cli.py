@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlforge.config.checks import check_cuda_present, check_fit_keys, check_sft_layers
+from rlforge.config.verl_fates import STOPS_ON_VALUE
 from rlforge.errors import ConfigError, RLForgeError
 
 Loaded = Callable[[Any], Any]  # called with the plugin manager once plugins are loaded (the CLI prints their warnings)
@@ -54,6 +55,8 @@ def from_verl(args: argparse.Namespace, loaded: Loaded) -> int:
         entry = SFT_ENTRY if getattr(args, "sft", False) else PPO_ENTRY
         prepared, source = prepare(list(args.overrides), entry, refuse=False), "the verl launch"
     t = prepared.translation
+    if not t.refused and t.command != "sft":  # a value the run would stop on: refused in the report
+        refuse_stopping_values(prepared, [], loaded, files=False)
     text = yaml.safe_dump(t.nested() if t.command != "sft" else
                           {k: v for k, v in t.nested().items() if k != "algorithm"}, sort_keys=False)
     head, *lines = t.report()
@@ -78,8 +81,12 @@ def from_verl(args: argparse.Namespace, loaded: Loaded) -> int:
             print(f"rlforge: a run of it would stop here: {stop}", file=sys.stderr)
             return 2
     if t.refused:  # the YAML is the rest of the launch: run as it is, it would train without what was refused
+        stopping = sum(f.text.startswith(STOPS_ON_VALUE) for f in t.refused)
         print(f"rlforge: {len(t.refused)} key(s) of this verl launch are REFUSED (above): the translation is not the "
-              "launch, and a run of it would go without them (exit status 2).", file=sys.stderr)
+              "launch, and a run of it would " + ("stop on their values" if stopping == len(t.refused) else
+                                                 "go without them" if not stopping else
+                                                 "go without them or stop on their values (each line says which)")
+              + " (exit status 2).", file=sys.stderr)
         return 2
     return 0
 
@@ -87,16 +94,39 @@ def from_verl(args: argparse.Namespace, loaded: Loaded) -> int:
 def compose_launch(prepared: Any, ours: list[str], loaded: Loaded) -> tuple[Any, Any]:
     """The translated launch with rlforge's own keys (``ours``) on top, composed and checked; a value rlforge refuses
     is named by the verl key it came from."""
+    from rlforge.config.verl_launch import named_by_verl
+
+    try:
+        return _compose(prepared, ours, loaded)
+    except ConfigError as exc:
+        raise named_by_verl(exc, prepared, ours) from None
+
+
+def refuse_stopping_values(prepared: Any, ours: list[str], loaded: Loaded, files: bool = True) -> tuple[Any, Any] | None:
+    """The launch composed as :func:`compose_launch` composes it, before its report is shown: where a value of a verl
+    key stops the composition (``rollout.n=abc``), that key is refused in the report (counted in its first line, the
+    reason on its line) and None is returned; an error about no verl key's value is raised as it is. ``files=False``:
+    the files and folders it names are not checked (a translation made on another machine than the run's)."""
+    from rlforge.config.verl_launch import verl_sources
+
+    try:
+        return _compose(prepared, ours, loaded, files)
+    except ConfigError as exc:
+        found = verl_sources(exc, prepared, ours)
+        if not found:
+            raise
+        prepared.translation.stopped(found, str(exc))
+        return None
+
+
+def _compose(prepared: Any, ours: list[str], loaded: Loaded, files: bool = True) -> tuple[Any, Any]:
     from rlforge.config import compose_with_plugins
-    from rlforge.config.verl_launch import ORIGIN, beneath, named_by_verl
+    from rlforge.config.verl_launch import ORIGIN, beneath
 
     layer, notes = beneath(prepared, ours)
     for note in notes:
         print(f"rlforge: {note}", file=sys.stderr)
-    try:
-        return compose_with_plugins(None, None, ours, loaded=loaded, base=(layer, ORIGIN))
-    except ConfigError as exc:
-        raise named_by_verl(exc, prepared, ours) from None
+    return compose_with_plugins(None, None, ours, loaded=loaded, base=(layer, ORIGIN), files=files)
 
 
 def run_verl(argv: list[str], loaded: Loaded, progress: Callable[[str], None]) -> int:
@@ -126,11 +156,20 @@ def run_verl(argv: list[str], loaded: Loaded, progress: Callable[[str], None]) -
                        refuse="--print" not in opts)
     t = prepared.translation
     if "--print" in opts:  # exit status 2 where keys are refused, as `rlforge config from-verl`
+        composed, stop = None, None
+        if not t.refused:
+            try:  # the translation and the keys after -- compose as the run would compose them
+                composed = refuse_stopping_values(prepared, ours, loaded)
+            except RLForgeError as exc:
+                stop = exc
         print("\n".join([*t.report(), *([f"then rlforge's keys: {' '.join(ours)}"] if ours else [])]))
         if t.refused:
             return 2
-        try:  # the translation and the keys after -- compose as the run would compose them
-            pm, cfg = compose_launch(prepared, ours, loaded)
+        try:
+            if stop is not None:
+                raise stop
+            assert composed is not None  # not refused: refuse_stopping_values composed it or raised
+            pm, cfg = composed
             check_verl_checkpoints(cfg, sft=t.command == "sft")
             if t.command == "sft":
                 from rlforge.sft.run import preflight

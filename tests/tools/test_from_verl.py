@@ -350,7 +350,8 @@ def test_rlforge_keys_after_a_double_dash_go_on_top_of_the_translation(capsys, m
     assert main(["verl", "--print", *BASE, *files, "--", "sft.steps=2"]) == 2  # an RL launch never reads sft.*
     assert "rlforge fit does not read sft.steps: rlforge sft's key(s)" in capsys.readouterr().err
     assert main(["verl", "--print", *BASE, *files, f"custom_reward_function.path={tmp_path / 'none.py'}"]) == 2
-    assert f"(from verl's custom_reward_function.path={tmp_path / 'none.py'})" in capsys.readouterr().err  # not the null
+    assert (f"REFUSED     custom_reward_function.path = '{tmp_path / 'none.py'}': a run would stop on this value: "
+            f"Reward file not found") in capsys.readouterr().out  # the launch's key, not the legacy null one
     out = tmp_path / "rlforge.yaml"  # config from-verl --out checks it as well, once the file is written
     assert main(["config", "from-verl", *BASE, *files, *custom, "+custom_reward_function.reward_kwargs.fmt=0.1",
                  "--out", str(out)]) == 2

@@ -168,6 +168,8 @@ def test_no_section_of_verls_config_swallows_a_made_up_key_with_another_keys_rea
     ("skip.async_rollout.steps=[1,a]", "a list of integers"),
     ("skip.rollout.steps=[true]", "a list of integers"),
     ("skip.rollout.dump_dir=null", "a string"),
+    ("skip.rollout.enable=null", "true or false"),  # SkipManagerConfig asserts a bool: not the feature's refusal
+    ("skip.rollout_tq.enable=maybe", "true or false"),
 ])
 def test_a_value_verl_checks_though_it_does_not_use_it_stops_as_verl_stops(override: str, takes: str) -> None:
     """main_ppo's v1 replay buffer checks its staleness bound in sync mode, and SkipManagerConfig its fields with
@@ -176,9 +178,9 @@ def test_a_value_verl_checks_though_it_does_not_use_it_stops_as_verl_stops(overr
     refused = fate(tr(override), key)
     assert refused.kind == verl.REFUSED and refused.stops and takes in refused.text
     good = {"max_off_policy_strategy": "wait", "max_off_policy_threshold": "2", "action": "repeat", "steps": "[1,2]",
-            "dump_dir": "/tmp/d"}
+            "dump_dir": "/tmp/d", "enable": "false"}
     kept = fate(tr(f"{key}={good[key.rsplit('.', 1)[1]]}"), key)
-    assert kept.kind == verl.IGNORED and not kept.unread
+    assert kept.kind == (verl.MAPPED if key.endswith("enable") else verl.IGNORED) and not kept.unread
     dapo = fate(tr("--config-name=dapo_trainer", override), key)  # the DAPO recipe's trainer has no v1 sampler
     assert dapo.kind == (verl.IGNORED if "sampler" in key else verl.REFUSED)
 

@@ -140,6 +140,38 @@ def test_hydra_s_now_resolves_and_hydra_s_runtime_values_are_a_clear_error() -> 
         tr("trainer.default_local_dir=${hydra:runtime.cwd}/ck")
 
 
+@pytest.mark.parametrize(("overrides", "cycle"), [
+    ([f"{ARO}.rollout.n=${{{ARO}.actor.rollout_n}}"],  # verl's actor.rollout_n refers back to rollout.n
+     f"{ARO}.rollout.n: ${{{ARO}.actor.rollout_n}} -> {ARO}.actor.rollout_n: ${{oc.select:{ARO}.rollout.n,1}} -> "
+     f"back to {ARO}.rollout.n"),
+    (["trainer.total_epochs=${trainer.total_epochs}"], "trainer.total_epochs: ${trainer.total_epochs} -> back to"),
+])
+def test_an_interpolation_cycle_names_every_key_in_it(overrides: list[str], cycle: str) -> None:
+    """The launch's own key is in the message, not only the key of verl's defaults that refers back to it."""
+    with pytest.raises(ConfigError, match=re.escape(f"its interpolations form a cycle, {cycle}")):
+        tr(*overrides)
+
+
+def test_a_value_the_run_would_stop_on_is_refused_in_the_report(capsys, tmp_path) -> None:
+    """rollout.n=abc maps to rollout.n, which rlforge's schema (and verl's int field) refuses: the report's first line
+    counts it and its line says why, at from-verl (where the data files need not exist) and at rlforge verl --print."""
+    from rlforge.cli import main
+
+    launch = ["algorithm.adv_estimator=grpo", f"{ARO}.rollout.name=hf", "data.train_files=/nowhere/train.parquet"]
+    assert main(["config", "from-verl", *launch]) == 0  # the files are the run machine's: not checked here
+    capsys.readouterr()
+    assert main(["config", "from-verl", *launch, f"{ARO}.rollout.n=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "0 mapped" not in err and ", 1 refused," in err.splitlines()[0]
+    assert f"REFUSED     {ARO}.rollout.n = 'abc': a run would stop on this value: Invalid value for 'rollout.n'" in err
+    assert "a run of it would stop on their values" in err
+    out = tmp_path / "o.yaml"
+    assert main(["config", "from-verl", *launch, f"{ARO}.rollout.n=0", "--out", str(out)]) == 2
+    assert ", 1 refused," in capsys.readouterr().out and "must be a positive integer, got 0" in out.read_text()
+    assert main(["verl", "--print", *launch[:2], f"{ARO}.rollout.n=0"]) == 2
+    assert ", 1 refused," in capsys.readouterr().out.splitlines()[0]
+
+
 @pytest.mark.parametrize("override", [f"{ARO}.actor.use_kl_loss=no", "algorithm.use_kl_in_reward=off",
                                       "algorithm.norm_adv_by_std_in_grpo='False'", "data.shuffle=no",
                                       "critic.enable='False'", f"{ARO}.actor.shuffle=no", "distillation.enabled=no"])
