@@ -10,8 +10,8 @@ rounding; the cache also takes ``1/n`` of the prompts' memory.
 
 It runs where it can be checked: fp32, every layer plain attention through transformers' ``sdpa`` interface, and a
 one-token probe of the model in which every layer's attention call arrives with the cache, with the keys and values
-the cache returned (not keys expanded from a cached latent) and no keyword this code does not honour (a sliding window,
-a soft cap, attention sinks); elsewhere the decoder keeps its per-row cache. While a decoding call runs, the model's
+the cache returned (not keys expanded from a cached latent), no keyword this code does not honour (a sliding window,
+a soft cap, attention sinks) and no attention mask of the model's own making (a learned bias); elsewhere the decoder keeps its per-row cache. While a decoding call runs, the model's
 attention implementation is ``rlforge_cascade`` (reference-counted across threads); a call
 without the cache (another thread's forward pass) gets ``sdpa`` with ``sdpa``'s mask, as before.
 """
@@ -39,6 +39,7 @@ HONOURED = frozenset({"dropout", "scaling", "position_ids", "cache_position", "u
                       "is_causal", KEYWORD})
 _lock = threading.Lock()
 _users: dict[int, int] = {}  # id(text config) -> decoding calls running with the cascade implementation
+_probing = threading.local()  # .masks: the masks the mask function returned during this thread's probe (else None)
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -57,6 +58,8 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
             if returned is not None and key is returned[0] and value is returned[1]:
                 shared.direct.add(module.layer_idx)
             shared.unhonoured |= {k for k, v in kwargs.items() if v is not None and v is not False and k not in HONOURED}
+            if attention_mask is not None and not any(attention_mask is m for m in getattr(_probing, "masks", ())):
+                shared.unhonoured.add("attention_mask")  # a mask of the model's own making (Doge adds a learned bias)
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     rows, heads, _, dim = query.shape
@@ -75,10 +78,21 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)  # other callers' forward passes get sdpa's masks
+    AttentionMaskInterface.register(NAME, _mask)  # other callers' forward passes get sdpa's masks
+
+
+def _mask(*args: Any, **kwargs: Any) -> Any:
+    """``sdpa``'s mask; during a probe in this thread, also kept, so the probe can tell it from a mask the model made."""
+    from transformers.masking_utils import sdpa_mask
+
+    mask = sdpa_mask(*args, **kwargs)
+    masks = getattr(_probing, "masks", None)
+    if masks is not None:
+        masks.append(mask)
+    return mask
 
 
 class switched:
@@ -106,18 +120,22 @@ class switched:
 def supported(model: torch.nn.Module, config: Any) -> bool:
     """Whether ``model`` (its text ``config``) can decode with the cascade: fp32 weights, ``sdpa`` attention, and a
     one-token probe in which every layer's attention call receives the cache, with the very keys and values the cache
-    returned (not e.g. keys expanded from a cached latent, as multi-head latent attention computes them) and only
-    keywords the cascade honours (None or False: off)."""
+    returned (not e.g. keys expanded from a cached latent, as multi-head latent attention computes them), only keywords
+    the cascade honours (None or False: off), and no attention mask but the one transformers' mask function made (the
+    cascade computes its own; Doge adds a learned bias to the mask, which it would drop)."""
     if config._attn_implementation != "sdpa" or next(model.parameters()).dtype != torch.float32:
         return False
     probe = _types()[2](config=config)
     device = next(model.parameters()).device
+    _probing.masks = []
     with switched(config), torch.no_grad():
         try:
             model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=probe, use_cache=True,
                   **{KEYWORD: probe})
         except TypeError:  # a forward that takes no such keyword
             return False
+        finally:
+            _probing.masks = None
     return probe.direct == probe.seen == set(range(config.num_hidden_layers)) and not probe.unhonoured
 
 

@@ -24,7 +24,7 @@ Semantics (those of the ``generate`` call it replaces):
   the forward pass would look for their pixels); their log-probs stay those of the raw logits;
 - a row that emitted a stop token gets the pad token from then on; the loop ends when every row has stopped or
   after ``max_new_tokens`` tokens. Finished rows are dropped from the batch that is computed (not with a compiled
-  step, whose shapes must repeat), so later tokens of the remaining rows are drawn from a smaller batch: a seeded
+  step, whose shapes must repeat, nor on a cache whose layers do not all reorder fully: ``_reorders_fully``), so later tokens of the remaining rows are drawn from a smaller batch: a seeded
   call stays reproducible, with other draws than a loop that keeps every row;
 - the input-major products (CPU, fp32), the one prefill per distinct prompt and the cascade attention give the
   plain loop's results up to float rounding (~1e-6 to 1e-5 in the log-probs): a token can differ from the plain
@@ -145,6 +145,28 @@ def _input_major_product(layer: torch.nn.Linear, weight_t: torch.Tensor, x: torc
     return out if layer.bias is None else out + layer.bias
 
 
+# transformers' cache layers whose reorder_cache reorders all they hold (finished rows may leave the batch); not e.g.
+# the indexed-attention layers, whose indexer state stays at the old batch (Qwen4-Exp crashed: helper-49)
+REORDERED_LAYERS = ("StaticLayer", "StaticSlidingWindowLayer", "DynamicLayer", "DynamicSlidingWindowLayer",
+                    "LinearAttentionLayer", "LinearAttentionAndFullAttentionLayer",
+                    "LinearAttentionAndSlidingWindowAttentionLayer", "LinearAttentionAndStaticFullAttentionLayer",
+                    "LinearAttentionAndStaticSlidingWindowAttentionLayer")
+
+
+def _reorders_fully(cache: Any) -> bool:
+    """Whether finished rows can leave ``cache``: each of its layers is one of :data:`REORDERED_LAYERS` or this
+    engine's own (the filled-length and shared-prompt layers); elsewhere every row stays in the batch, masked."""
+    from transformers import cache_utils
+
+    known = {getattr(cache_utils, name, None) for name in REORDERED_LAYERS}
+    return all(type(layer) in known or isinstance(layer, _filled_layer()) for layer in getattr(cache, "layers", [None]))
+
+
+def _written(cache: Any) -> bool:
+    """Whether a forward pass wrote to ``cache`` (a model that ignores ``past_key_values`` leaves it empty)."""
+    return any(getattr(layer, "is_initialized", True) for layer in getattr(cache, "layers", [None]))
+
+
 @functools.cache
 def _filled_layer() -> type:
     from transformers.cache_utils import StaticLayer
@@ -216,8 +238,7 @@ class Decoder:
 
         supports_cache = getattr(self.model, "_supports_default_dynamic_cache", None)
         if supports_cache is None or not supports_cache():
-            raise RLForgeError(f"The hf engine decodes with a KV cache, which {type(self.model).__name__} does not "
-                               "support (no transformers generation cache). Use rollout.name=vllm for this model.")
+            raise self._no_cache("no transformers generation cache")
         rows, width = prompts.shape
         new = int(params.max_new_tokens)
         length = width + new
@@ -238,7 +259,14 @@ class Decoder:
         # plain attention in every layer (no sliding-window or linear-attention layers): the prompts may be prefilled
         # in parts, the attention reads the filled part of the cache, and with repeated prompts each prompt's keys and
         # values once (hf_cascade) where that applies
-        cache = StaticCache(config=config, max_cache_len=length)  # storage is allocated at the first forward
+        try:
+            cache = StaticCache(config=config, max_cache_len=length)  # storage is allocated at the first forward
+        except KeyError as exc:  # a layer type with no static layer (DeepSeek-V4's compressed attention): its own cache
+            if self.compiled:
+                raise RLForgeError(f"rollout.hf.compile=true decodes on transformers' static KV cache, which has no "
+                                   f"layer of {type(self.model).__name__}'s type {exc}: set rollout.hf.compile=false."
+                                   ) from None
+            cache, static = DynamicCache(config=config), False
         layers = len(cache.layers)
         plain = all(type(layer) is StaticLayer for layer in cache.layers)
         cascade = (static and plain and not self.compiled and not vision and len(distinct) < rows
@@ -251,6 +279,7 @@ class Decoder:
             cache = Cache(layers=[_filled_layer()(length) for _ in range(layers)])
         if cascade:
             switches.enter_context(hf_cascade.switched(config))
+        compacts = not self.compiled and _reorders_fully(cache)
         mask = prompt_mask.new_ones(rows, length)  # later columns: causality hides the ones not written yet
         mask[:, :width] = prompt_mask
         position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -262,6 +291,8 @@ class Decoder:
                 position = vision["position_ids"][0]
         else:
             out = self._prefill(prompts, prompt_mask, position, mask, cache, config, distinct, inverse, cascade, plain)
+        if not cascade and not _written(cache):
+            raise self._no_cache("its forward pass left the cache empty")
         shared = {hf_cascade.KEYWORD: cache} if cascade else {}
         sample = Sampler(params, self.stop_ids, prompts.device, self.banned)
         tokens = prompts.new_full((rows, new), self.pad_id)
@@ -280,7 +311,7 @@ class Decoder:
             if t + 1 == new or left == 0:
                 steps = t + 1
                 break
-            if not self.compiled and left <= COMPACT_BELOW * len(done):
+            if compacts and left <= COMPACT_BELOW * len(done):
                 keep = (~done).nonzero().squeeze(-1)
                 cache.reorder_cache(keep)
                 token, position, mask, running, done = token[keep], position[keep], mask[keep], running[keep], done[keep]
@@ -290,6 +321,10 @@ class Decoder:
                             past_key_values=cache, cache_position=torch.tensor([width + t], device=prompts.device),
                             use_cache=True, **shared)
         return tokens[:, :steps], log_probs[:, :steps]
+
+    def _no_cache(self, why: str) -> RLForgeError:
+        return RLForgeError(f"The hf engine decodes with a KV cache, which {type(self.model).__name__} does not "
+                            f"support ({why}). Use rollout.name=vllm for this model.")
 
     def _prefill(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, position: torch.Tensor, mask: torch.Tensor,
                  cache: Any, config: Any, distinct: torch.Tensor, inverse: torch.Tensor, cascade: bool,
@@ -324,6 +359,8 @@ class Decoder:
             out = self.model(input_ids=ids[idx, start:], attention_mask=ids_mask[idx, start:],
                              position_ids=ids_position[idx, start:], past_key_values=part, use_cache=True,
                              cache_position=torch.arange(width - start, device=prompts.device), logits_to_keep=1)
+            if not _written(part):
+                raise self._no_cache("its forward pass left the cache empty")
             if logits is None:
                 logits = out.logits.new_zeros(len(distinct), 1, out.logits.shape[-1])
             logits[idx] = out.logits[:, -1:]

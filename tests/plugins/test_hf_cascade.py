@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, DogeConfig, DogeForCausalLM, GPT2Config,
+                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 
 import rlforge.plugins.rollout.hf_cascade as hf_cascade
 import rlforge.plugins.rollout.hf_decode as hf_decode
@@ -83,7 +84,8 @@ def test_cascade_decodes_the_tokens_of_the_per_row_cache(monkeypatch, name: str)
 
 def test_cascade_applies_only_where_it_can_be_checked(monkeypatch) -> None:
     """Not for sliding-window layers (the probe sees the window), keys expanded from a cached latent (DeepSeek's
-    multi-head latent attention: the attention does not receive what the cache returned), eager attention, bf16
+    multi-head latent attention: the attention does not receive what the cache returned), a mask of the model's own
+    making (Doge adds a learned bias to it, which the cascade would drop: helper-49's finding), eager attention, bf16
     weights, distinct prompts or fewer bytes saved than its threshold; for a mixture of experts (its attention gets
     output_router_logits=False); a forward pass without the cache while the cascade is switched on (another thread's)
     gets sdpa and its mask; an error in a decoding call leaves the attention as it was."""
@@ -95,8 +97,10 @@ def test_cascade_applies_only_where_it_can_be_checked(monkeypatch) -> None:
         n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, head_dim=8)).eval()
     experts = MixtralForCausalLM(MixtralConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2,
                                                num_local_experts=4)).eval()
+    own_mask = DogeForCausalLM(DogeConfig(**SMALL, num_hidden_layers=2, num_key_value_heads=2)).eval()
     model = llama()
-    cases = {"sliding window": sliding, "latent attention": latent, "eager": llama(attn_implementation="eager"),
+    cases = {"sliding window": sliding, "latent attention": latent, "own mask": own_mask,
+             "eager": llama(attn_implementation="eager"),
              "bf16": llama().to(torch.bfloat16), "llama": model, "experts": experts}
     for what, m in cases.items():
         config = m.config.get_text_config(decoder=True)

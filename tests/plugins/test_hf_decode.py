@@ -83,6 +83,43 @@ def test_finished_rows_leave_the_batch_with_the_same_tokens(monkeypatch) -> None
     assert all(torch.equal(a, b) for a, b in zip(first, again))  # seeded: reproducible with compaction too
 
 
+def test_caches_the_loop_cannot_shrink_or_build_and_models_that_ignore_the_cache() -> None:
+    """helper-49's findings: an indexed-attention cache (Qwen4-Exp), whose reorder leaves its indexer state at the old
+    batch, keeps every row (the tokens of generate, no crash); a layer type with no static layer (DeepSeek-V4's
+    compressed attention) decodes on the model's own cache; a model that ignores past_key_values (GPT-1) is refused
+    with the engine's message, with distinct or repeated prompts."""
+    from transformers import AutoConfig, AutoModelForCausalLM, OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+    from rlforge.errors import RLForgeError
+
+    small = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+             "num_hidden_layers": 2, "pad_token_id": 0}
+    configs = {  # model type: (attention implementation, config)
+        "qwen4_exp_text": ("sdpa", {**small, "num_key_value_heads": 2, "head_dim": 8, "indexer_n_heads": 2,
+                           "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4, "indexer_compress_ratio": 2,
+                           "layer_types": ["indexed_attention", "indexed_attention"]}),
+        "deepseek_v4": ("eager", {**small, "num_key_value_heads": 4, "head_dim": 8}),  # no sdpa in transformers 5.19
+    }
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+    prompts = torch.randint(3, 64, (4, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(prompts)
+    for kind, (attention, kwargs) in configs.items():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **kwargs), attn_implementation=attention)
+        model.eval()
+        with torch.no_grad():
+            free, _ = Decoder(model, [], 0).decode(prompts, mask, greedy)
+            stop = int(free[0, 1])  # row 0 stops at its second token: the others would leave it behind
+            tokens, _ = Decoder(model, [stop], 0).decode(prompts, mask, greedy)
+            expected = model.generate(prompts, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                      eos_token_id=stop, pad_token_id=0)[:, 7:]
+        assert torch.equal(tokens, expected[:, :tokens.shape[1]]), kind
+    gpt1 = OpenAIGPTLMHeadModel(OpenAIGPTConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64)).eval()
+    for rows in ([0, 1, 2], [0, 0, 1]):
+        with pytest.raises(RLForgeError, match="OpenAIGPTLMHeadModel does not support .*left the cache empty.*vllm"):
+            Decoder(gpt1, [], 0).decode(prompts[rows], mask[rows], greedy)
+
+
 @pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
 def test_prompts_of_very_different_lengths_prefill_in_groups_with_the_same_tokens(monkeypatch, name) -> None:
     """Short prompts beside long ones (mostly left padding in one pass) are prefilled in passes of their own length
