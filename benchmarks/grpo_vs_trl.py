@@ -56,11 +56,17 @@ def build_model(folder: Path, size: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+RAY_ROLLOUT_WORKER = ["trainer.controller=ray", "ray.rollout_workers=1", "ray.num_cpus=2", "ray.cpus_per_worker=1",
+                      "ray.rollout_cpus_per_worker=1"]
 ENGINES = {  # --engines names: rlforge overrides
     "hf": [],
     "hf_compiled": ["rollout.hf.compile=true"],  # the first steps of a round compile (skipped as warm-up)
     "hf_compile_train": ["model.compile=true"],  # torch.compile'd training forward (compiles in the first step)
     "vllm": ["rollout.name=vllm", "actor.reuse_rollout_log_probs=true"],
+    # the rollout on a Ray worker of its own (one core), generating the next batch while the actor (the other core)
+    # trains: verl's one-step-off layout (docs/pipelines.md); _sync: the same layout without the overlap
+    "hf_ray_one_step_off": ["trainer.pipeline=one_step_off", *RAY_ROLLOUT_WORKER],
+    "hf_ray_sync": RAY_ROLLOUT_WORKER,
     # the vllm engine as before issue #20: its worker spins 1 s after every message (vLLM's default)
     "vllm_spin": ["rollout.name=vllm", "actor.reuse_rollout_log_probs=true", "rollout.vllm.idle_spin_s=null"],
 }

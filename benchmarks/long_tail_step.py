@@ -27,6 +27,11 @@ rlforge's speed-up over TRL on each batch. ``--baseline-decoder FILE`` adds the 
 the hf engine decoding with another version of ``hf_decode.py`` (e.g. ``git show main:plugins/rollout/hf_decode.py``),
 to measure a change of the decoding loop in the same alternating run.
 
+``--engines hf_ray_one_step_off`` (and ``hf_ray_sync``, the same layout without the overlap): the rollout on a Ray
+worker of its own core, generating the next batch while the actor trains on the other (``grpo_vs_trl.ENGINES``); the
+worker process forces the lengths through ``forced_lengths_plugin.py`` (an rlforge plugin module every process of the
+run loads). One-step-off recomputes the old log-probs (they are one update old), as verl's recipe does.
+
 ``--partial-tokens T`` adds the contender ``rlforge-hf-partial`` on the heavy batch only: ``trainer.pipeline=partial
 trainer.partial_tokens=T`` (a long response continues over ``ceil(long / T)`` steps). Its first steps train only
 the short groups (the long ones have not ended yet), so it skips ``ceil(long / T) - 1`` more warm-up steps than the
@@ -85,15 +90,19 @@ def tail_rows(p: int, steps: int, long_prompts: int, extra: int) -> list[dict]:
 
 
 def force_on_load(stop_id: int, ends: set[int]) -> None:
-    """Every ``LlamaForCausalLM`` built in this process from now on gets ``force_lengths(model, stop_id, ends)``."""
+    """Every ``LlamaForCausalLM`` built in this process from now on gets ``force_lengths(model, stop_id, ends)``
+    (once per process: ``forced_lengths_plugin`` calls it too)."""
     from transformers import LlamaForCausalLM
 
     init = LlamaForCausalLM.__init__
+    if getattr(init, "forced", False):
+        return
 
     def forced_init(self, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         force_lengths(self, stop_id, ends)
 
+    forced_init.forced = True  # type: ignore[attr-defined]
     LlamaForCausalLM.__init__ = forced_init
 
 
@@ -131,6 +140,9 @@ def run_round(spec: dict) -> list[dict]:
         os.environ.update(LONG_TAIL_ENDS=",".join(map(str, sorted(ends))), LONG_TAIL_STOP=str(stop_id),
                           PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
         extra = ("rollout.vllm.engine_kwargs={logits_processors: ['vllm_lengths:ForcedLengths']}",)
+    if engine.startswith("hf_ray"):  # the rollout worker is another process: the plugin forces the lengths there
+        os.environ.update(LONG_TAIL_ENDS=",".join(map(str, sorted(ends))), LONG_TAIL_STOP=str(stop_id))
+        extra = (f"plugins.modules=[{Path(__file__).resolve().parent / 'forced_lengths_plugin.py'}]",)
     if engine.endswith("-partial"):
         in_flight = p * g * math.ceil(spec["long"] / spec["partial_tokens"])  # the most rows a segment decodes
         extra = ("trainer.pipeline=partial", f"trainer.partial_tokens={spec['partial_tokens']}",

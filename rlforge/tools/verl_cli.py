@@ -37,8 +37,9 @@ def from_verl_args(argv: list[str]) -> argparse.Namespace:
 
 def from_verl(args: argparse.Namespace, loaded: Loaded) -> int:
     """``rlforge config from-verl VERL.yaml|ARGS... [--out FILE]``: translate, report every key, check the result.
-    Exit status 2 when a key is refused (the translation is written or shown all the same), or when the written
-    translation's custom reward function would stop the run."""
+    Exit status 2 when a key is refused (a value the run would stop on included), when the composed translation
+    would stop the run otherwise, or when the written translation's custom reward function would (the translation is
+    written or shown all the same)."""
     from pathlib import Path
 
     import yaml
@@ -55,8 +56,12 @@ def from_verl(args: argparse.Namespace, loaded: Loaded) -> int:
         entry = SFT_ENTRY if getattr(args, "sft", False) else PPO_ENTRY
         prepared, source = prepare(list(args.overrides), entry, refuse=False), "the verl launch"
     t = prepared.translation
+    stop: RLForgeError | None = None
     if not t.refused and t.command != "sft":  # a value the run would stop on: refused in the report
-        refuse_stopping_values(prepared, [], loaded, files=False)
+        try:
+            refuse_stopping_values(prepared, [], loaded, files=False)
+        except RLForgeError as exc:  # about no single verl key's value: said after the translation
+            stop = exc
     text = yaml.safe_dump(t.nested() if t.command != "sft" else
                           {k: v for k, v in t.nested().items() if k != "algorithm"}, sort_keys=False)
     head, *lines = t.report()
@@ -68,8 +73,7 @@ def from_verl(args: argparse.Namespace, loaded: Loaded) -> int:
     else:  # the file holds the whole report; printed here: its first line and what was refused
         out.write_text("\n".join(report) + "\n" + text, encoding="utf-8")
         print("\n".join([report[0], *(f"# {f.line()}" for f in t.refused)]))
-        stop = None
-        if not t.refused and t.command != "sft":  # the translation composes as it is, and its reward function loads
+        if stop is None and not t.refused and t.command != "sft":  # it composes as it is, its reward function loads
             pm, cfg = compose_with_plugins(None, str(out), [], loaded=loaded)
             try:
                 check_reward_function(pm, cfg, prepared, [])
@@ -77,9 +81,9 @@ def from_verl(args: argparse.Namespace, loaded: Loaded) -> int:
                 stop = exc
         print(f"wrote {out}: rlforge {'sft' if t.command == 'sft' else 'fit'} --config {out}"
               + (f" ({len(t.refused)} refused key(s) above)" if t.refused else ""))
-        if stop is not None:
-            print(f"rlforge: a run of it would stop here: {stop}", file=sys.stderr)
-            return 2
+    if stop is not None:
+        print(f"rlforge: a run of it would stop here: {stop}", file=sys.stderr)
+        return 2
     if t.refused:  # the YAML is the rest of the launch: run as it is, it would train without what was refused
         stopping = sum(f.text.startswith(STOPS_ON_VALUE) for f in t.refused)
         print(f"rlforge: {len(t.refused)} key(s) of this verl launch are REFUSED (above): the translation is not the "

@@ -172,6 +172,20 @@ def test_a_value_the_run_would_stop_on_is_refused_in_the_report(capsys, tmp_path
     assert ", 1 refused," in capsys.readouterr().out.splitlines()[0]
 
 
+def test_a_stop_no_verl_key_s_value_explains_still_shows_the_translation(capsys, monkeypatch) -> None:
+    import rlforge.tools.verl_cli as verl_cli
+    from rlforge.cli import main
+
+    def stops(*args: object, **kwargs: object) -> None:
+        raise ConfigError("'trainer.pipeline' cannot run with this layout.")  # about a key no verl key was mapped to
+
+    monkeypatch.setattr(verl_cli, "_compose", stops)
+    assert main(["config", "from-verl", "algorithm.adv_estimator=grpo", f"{ARO}.rollout.name=hf"]) == 2
+    captured = capsys.readouterr()
+    assert "algorithm:" in captured.out and ", 0 refused," in captured.err  # the translation and its report
+    assert "a run of it would stop here: 'trainer.pipeline' cannot run with this layout." in captured.err
+
+
 @pytest.mark.parametrize("override", [f"{ARO}.actor.use_kl_loss=no", "algorithm.use_kl_in_reward=off",
                                       "algorithm.norm_adv_by_std_in_grpo='False'", "data.shuffle=no",
                                       "critic.enable='False'", f"{ARO}.actor.shuffle=no", "distillation.enabled=no"])
