@@ -346,29 +346,18 @@ def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:
 def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
     """Every value against its field's rule (``schema.Valid``), the files the config names, the model's context,
     the batch arithmetic; then each selected component's own ``validate_config(cfg, registry)`` (if it has one).
-    ``files=False`` leaves out the files and folders it names (reward file, data files, model folders): a config
-    checked on another machine than the one that runs it (``rlforge config from-verl`` without ``--out``)."""
+    ``files=False``: the values alone (field rules, the checks between values, batch arithmetic), none of the files and
+    folders the config names nor the components' own checks (which may read them): a config checked on another
+    machine than the one that runs it (``rlforge config from-verl`` without ``--out``)."""
     components = list(selected(cfg, registry))
     check_values(cfg)
     if cfg.reward.fn and cfg.reward.file:
         raise ConfigError(f"reward.fn={cfg.reward.fn!r} and reward.file={cfg.reward.file!r} both name the reward "
                           f"function: set one of them.")
-    if files and cfg.reward.file and not Path(cfg.reward.file).is_file():
-        raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
     if cfg.reward.fn_kwargs and not cfg.reward.file:
         raise ConfigError(f"reward.fn_kwargs ({', '.join(cfg.reward.fn_kwargs)}) go to the function of reward.file, "
                           f"which is not set: set reward.file, or give a registered function's options in its own "
                           f"section (docs/rewards.md).")
-    if files:
-        check_data_files(cfg, registry)
-    for key in ("model.path", "model.ref_path", "critic.path"):
-        if files and OmegaConf.select(cfg, key):
-            check_model_folder(resolve_model_path(OmegaConf.select(cfg, key), key), key, cfg)
-    check_resume_value(cfg.trainer.resume)
-    check_no_duplicates(cfg, "logger.backends")
-    check_template_kwargs(cfg.data.apply_chat_template_kwargs)
-    if cfg.model.chat_template is not None:
-        check_chat_template(cfg.model.chat_template)
     if cfg.rollout.val_n > 1 and cfg.rollout.val_temperature == 0:
         raise ConfigError(
             f"{cfg.rollout.val_n} samples per prompt (rollout.val_n) at temperature 0 are {cfg.rollout.val_n} "
@@ -379,9 +368,22 @@ def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
             f"'rollout.min_new_tokens' ({cfg.rollout.min_new_tokens}) must be between 0 and 'rollout.max_new_tokens' "
             f"({cfg.rollout.max_new_tokens})."
         )
+    check_no_duplicates(cfg, "logger.backends")
     precision.check(cfg.model.precision)
-    lora.validate(cfg)
     check_batch_sizes(cfg)
+    if not files:
+        return
+    if cfg.reward.file and not Path(cfg.reward.file).is_file():
+        raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
+    check_data_files(cfg, registry)
+    for key in ("model.path", "model.ref_path", "critic.path"):
+        if OmegaConf.select(cfg, key):
+            check_model_folder(resolve_model_path(OmegaConf.select(cfg, key), key), key, cfg)
+    check_resume_value(cfg.trainer.resume)
+    check_template_kwargs(cfg.data.apply_chat_template_kwargs)
+    if cfg.model.chat_template is not None:
+        check_chat_template(cfg.model.chat_template)
+    lora.validate(cfg)
     checkpoint.check_mode(cfg, registry)
     PIPELINES[cfg.trainer.pipeline].validate_config(cfg)
     for _, entry in components:

@@ -158,6 +158,10 @@ def validation(c: Context) -> None:
     c.map(f"{v}.temperature", "rollout.val_temperature", temperature, "" if temperature else "greedy")
     c.map(f"{v}.top_p", "rollout.val_top_p", float(c.get(f"{v}.top_p", 1.0)))
     c.map(f"{v}.top_k", "rollout.val_top_k", top_k(c.get(f"{v}.top_k")))
+    if not temperature and not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+        # greedy validation generates one answer; verl still repeats the batch n times, which n must allow
+        c.stop(f"{v}.n", "verl 0.9.1 repeats each validation prompt val_kwargs.n times: it takes a positive integer")
+        return
     c.map(f"{v}.n", "rollout.val_n", n if temperature else 1, "" if temperature or n <= 1 else
           f"verl's {n} greedy answers per prompt are one answer {n} times: rlforge generates it once (its metrics are "
           f"named mean@1, not mean@{n}; the values are the same, std 0)")

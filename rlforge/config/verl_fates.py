@@ -90,14 +90,14 @@ class Translation:
                 f"{len(self.of(REFUSED))} refused, {len(self.of(IGNORED))} ignored ({unread} of them 'unread': not read "
                 f"by verl 0.9.1 either; see {DOC})")
         order = sorted(self.fates, key=lambda f: (f.kind != REFUSED, f.kind, f.key))
-        own = [f for f in order if self._given(f.key)]
-        rest = [f for f in order if not self._given(f.key)]
+        own = [f for f in order if self.set_by_launch(f.key)]
+        rest = [f for f in order if not self.set_by_launch(f.key)]
         if not own or not rest:
             return [head] + [f.line() for f in order]
         return [head, f"-- the launch's own keys ({len(own)}):", *(f.line() for f in own),
                 f"-- verl's defaults, the keys the launch leaves as they are ({len(rest)}):", *(f.line() for f in rest)]
 
-    def _given(self, key: str) -> bool:
+    def set_by_launch(self, key: str) -> bool:
         """Whether the launch set ``key`` itself, or a section above it."""
         parts = key.split(".")
         return any(".".join(parts[:i]) in self.given for i in range(1, len(parts) + 1))

@@ -149,9 +149,15 @@ def verl_sources(exc: Exception, prepared: Prepared, ours: list[str]) -> list[Fa
             return next((g for g in fates if g.text.startswith(f"moved to {f.key}")), None)
         return f
 
-    for subject in named:
-        found = [g for f in fates if about(f, subject) and (g := source(f)) is not None
-                 and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
-        if found:
-            return found
-    return []
+    def sources(subject: str) -> list[Fate]:
+        return [g for f in fates if about(f, subject) and (g := source(f)) is not None
+                and not any(k == f.target or k.startswith(f.target + ".") for k in mine)]
+
+    found = next((found for subject in named if (found := sources(subject))), [])
+    if found and not any(prepared.translation.set_by_launch(f.key) for f in found):
+        # a check between two values ('actor.ppo_mini_batch_size' must divide 'data.train_batch_size'): the key the
+        # launch set rather than the default it left
+        own = [f for subject in re.findall(r"'([\w.]+)'", text) for f in sources(subject)
+               if prepared.translation.set_by_launch(f.key)]
+        return own[:1] or found
+    return found

@@ -5,9 +5,12 @@ docs/migration-from-verl.md is the user's guide."""
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from rlforge.config.checks import check_cuda_present, check_fit_keys, check_sft_layers
 from rlforge.config.verl_fates import STOPS_ON_VALUE
@@ -57,11 +60,10 @@ def from_verl(args: argparse.Namespace, loaded: Loaded) -> int:
         prepared, source = prepare(list(args.overrides), entry, refuse=False), "the verl launch"
     t = prepared.translation
     stop: RLForgeError | None = None
-    if not t.refused and t.command != "sft":  # a value the run would stop on: refused in the report
-        try:
-            refuse_stopping_values(prepared, [], loaded, files=False)
-        except RLForgeError as exc:  # about no single verl key's value: said after the translation
-            stop = exc
+    try:  # every value the run would stop on: refused in the report
+        refuse_stopping_values(prepared, [], loaded, files=False)
+    except RLForgeError as exc:  # about no single verl key's value: said after the translation
+        stop = exc
     text = yaml.safe_dump(t.nested() if t.command != "sft" else
                           {k: v for k, v in t.nested().items() if k != "algorithm"}, sort_keys=False)
     head, *lines = t.report()
@@ -109,27 +111,42 @@ def compose_launch(prepared: Any, ours: list[str], loaded: Loaded) -> tuple[Any,
 def refuse_stopping_values(prepared: Any, ours: list[str], loaded: Loaded, files: bool = True) -> tuple[Any, Any] | None:
     """The launch composed as :func:`compose_launch` composes it, before its report is shown: where a value of a verl
     key stops the composition (``rollout.n=abc``), that key is refused in the report (counted in its first line, the
-    reason on its line) and None is returned; an error about no verl key's value is raised as it is. ``files=False``:
-    the files and folders it names are not checked (a translation made on another machine than the run's)."""
+    reason on its line), and the composition tried again without it, until it passes or stops on something no verl key
+    explains, which is raised (every such value is refused, not only the first). Returns (plugin manager, config), or
+    None where a value was refused. ``files=False``: the files and folders it names are not checked (a translation made
+    on another machine than the run's)."""
     from rlforge.config.verl_launch import verl_sources
 
-    try:
-        return _compose(prepared, ours, loaded, files)
-    except ConfigError as exc:
-        found = verl_sources(exc, prepared, ours)
-        if not found:
-            raise
-        prepared.translation.stopped(found, str(exc))
-        return None
+    without: set[str] = set()
+    while True:
+        try:
+            composed = _compose(prepared, ours, loaded, files, without)
+        except ConfigError as exc:
+            found = [f for f in verl_sources(exc, prepared, ours) if f.target not in without]
+            if not found:
+                raise
+            prepared.translation.stopped(found, str(exc))
+            without |= {f.target for f in found}
+            continue
+        return None if without else composed
 
 
-def _compose(prepared: Any, ours: list[str], loaded: Loaded, files: bool = True) -> tuple[Any, Any]:
+def _compose(prepared: Any, ours: list[str], loaded: Loaded, files: bool = True,
+             without: Collection[str] = ()) -> tuple[Any, Any]:
+    """The translation (less the rlforge keys ``without``) under ``ours``, composed."""
     from rlforge.config import compose_with_plugins
     from rlforge.config.verl_launch import ORIGIN, beneath
 
     layer, notes = beneath(prepared, ours)
-    for note in notes:
+    for note in notes if not without else ():
         print(f"rlforge: {note}", file=sys.stderr)
+    if without:
+        layer = copy.deepcopy(layer)  # prepared's own stays whole
+        for key in without:
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(layer, parent) if parent else layer
+            if node is not None and leaf in node:
+                del node[leaf]
     return compose_with_plugins(None, None, ours, loaded=loaded, base=(layer, ORIGIN), files=files)
 
 
@@ -161,11 +178,10 @@ def run_verl(argv: list[str], loaded: Loaded, progress: Callable[[str], None]) -
     t = prepared.translation
     if "--print" in opts:  # exit status 2 where keys are refused, as `rlforge config from-verl`
         composed, stop = None, None
-        if not t.refused:
-            try:  # the translation and the keys after -- compose as the run would compose them
-                composed = refuse_stopping_values(prepared, ours, loaded)
-            except RLForgeError as exc:
-                stop = exc
+        try:  # the translation and the keys after -- compose as the run would compose them
+            composed = refuse_stopping_values(prepared, ours, loaded)
+        except RLForgeError as exc:
+            stop = exc
         print("\n".join([*t.report(), *([f"then rlforge's keys: {' '.join(ours)}"] if ours else [])]))
         if t.refused:
             return 2

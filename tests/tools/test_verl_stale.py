@@ -54,8 +54,8 @@ def test_keys_verl_passes_on_or_reads_from_new_entries_are_not_refused() -> None
     kwargs = fate(t, "reward.custom_reward_function.reward_kwargs.format_score")  # verl passes them to the function
     assert kwargs.kind == verl.IGNORED and "read only with custom_reward_function.path" in kwargs.text
     assert "verl would run without it" in fate(t, "algorithm.pf_ppo.zz").text
-    with pytest.raises(ConfigError, match="trainer.n_gpus_per_node='abc'"):
-        tr("trainer.n_gpus_per_node=abc")
+    wrong = fate(tr("trainer.n_gpus_per_node=abc"), "trainer.n_gpus_per_node")  # a refusal in the report, not a raise
+    assert wrong.kind == verl.REFUSED and wrong.stops and "the wrong type for this key" in wrong.text
 
 
 def test_fields_verl_has_beyond_its_yaml_defaults_are_not_refused() -> None:

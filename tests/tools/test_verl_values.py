@@ -172,6 +172,36 @@ def test_a_value_the_run_would_stop_on_is_refused_in_the_report(capsys, tmp_path
     assert ", 1 refused," in capsys.readouterr().out.splitlines()[0]
 
 
+def test_every_stopping_value_is_refused_and_the_run_machine_s_files_are_not_checked(capsys) -> None:
+    """helper-50's findings: all bad values at once (not only the first), beside a refused feature, in the SFT
+    trainer's launches too, wrong types found while keys are read together; and without --out none of the paths a
+    run reads (reward model, tool config, checkpoint to resume) is looked for on this machine."""
+    from rlforge.cli import main
+
+    base = ["algorithm.adv_estimator=grpo", f"{ARO}.rollout.name=vllm", "data.train_files=/x/train.parquet"]
+    for paths in (["reward_model.enable=True", "reward_model.model.path=/run/machine/rm"],
+                  [f"{ARO}.rollout.multi_turn.enable=true", f"{ARO}.rollout.multi_turn.tool_config_path=/run/m/t.yaml"],
+                  ["trainer.resume_mode=resume_path", "trainer.resume_from_path=/run/m/ckpt/global_step_10"]):
+        assert main(["config", "from-verl", *base, *paths]) == 0, paths
+    capsys.readouterr()
+    assert main(["config", "from-verl", *base, f"{ARO}.rollout.n=0", f"{ARO}.actor.optim.lr=-1",
+                 "trainer.total_epochs=0", "trainer.logger=[console,clearml]", "trainer.test_freq=abc"]) == 2
+    err = capsys.readouterr().err
+    assert ", 5 refused," in err.splitlines()[0]
+    for key in (f"{ARO}.rollout.n = 0", f"{ARO}.actor.optim.lr = -1", "trainer.total_epochs = 0",
+                "trainer.logger = ", "trainer.test_freq = 'abc': the wrong type for this key"):
+        assert f"REFUSED     {key}" in err, key
+    assert main(["config", "from-verl", *base, "data.train_batch_size=100"]) == 2  # the divisibility of two values:
+    assert "REFUSED     data.train_batch_size = 100: a run would stop" in capsys.readouterr().err  # the launch's key
+    for n in ("0", "2.5"):  # greedy validation generates once, but verl repeats the batch val_kwargs.n times
+        assert fate(tr(f"{ARO}.rollout.val_kwargs.n={n}"), f"{ARO}.rollout.val_kwargs.n").kind == verl.REFUSED
+    assert main(["config", "from-verl", "--sft", "data.train_files=/x/t.parquet", "model.path=builtin:tiny-arith",
+                 "optim.lr=-1", "data.max_length=abc"]) == 2
+    err = capsys.readouterr().err
+    assert "REFUSED     optim.lr = -1: a run would stop on this value: 'sft.lr' must be >= 0" in err
+    assert "REFUSED     data.max_length = 'abc'" in err
+
+
 def test_a_stop_no_verl_key_s_value_explains_still_shows_the_translation(capsys, monkeypatch) -> None:
     import rlforge.tools.verl_cli as verl_cli
     from rlforge.cli import main
