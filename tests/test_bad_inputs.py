@@ -80,7 +80,7 @@ CASES = {
     "infinite value": (["reward.fallback_score=-.inf"], "'reward.fallback_score' must be a finite number", ""),
     "negative weight decay": (["critic.weight_decay=-0.1"], "'critic.weight_decay' must be >= 0", ""),
     "greedy training": (["rollout.temperature=0"], "'rollout.temperature' must be > 0", "rollout.val_temperature=0"),
-    "clip ratio": (["actor.clip_ratio_low=1.5"], "'actor.clip_ratio_low' must be in [0, 1), got 1.5.", ""),
+    "clip ratio": (["actor.clip_ratio_low=-0.5"], "'actor.clip_ratio_low' must be >= 0, got -0.5.", ""),
     "dual clip": (["actor.clip_ratio_c=0.5"], "'actor.clip_ratio_c' must be > 1, got 0.5.", ""),
     "top_k": (["rollout.top_k=-1"], "'rollout.top_k' must be an integer >= 0, got -1.", ""),
     "top_p": (["rollout.top_p=0"], "'rollout.top_p' must be in (0, 1], got 0.0.", ""),

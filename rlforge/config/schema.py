@@ -195,7 +195,7 @@ class ActorConfig:
     max_tokens_per_micro_batch: int = option(0, ge=0)  # > 0: micro-batches by token budget (per rank) instead of ppo_micro_batch_size
     log_prob: ScoringConfig = field(default_factory=ScoringConfig)  # micro-batches of the old log-prob pass (memory and speed only)
     ref_log_prob: ScoringConfig = field(default_factory=ScoringConfig)  # micro-batches of the reference model's log-prob pass (memory and speed only)
-    clip_ratio_low: float = option(0.2, ge=0, lt=1)  # ratio clipped below at 1 - clip_ratio_low
+    clip_ratio_low: float = option(0.2, ge=0)  # ratio clipped below at 1 - clip_ratio_low (1 or more: never)
     clip_ratio_high: float = option(0.2, ge=0)  # ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: raise it)
     clip_ratio_c: float = option(3.0, gt=1)  # dual-clip bound, applied where the advantage is negative
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm

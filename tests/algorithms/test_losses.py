@@ -342,3 +342,23 @@ def test_kl_in_reward_feeds_the_controller() -> None:
 def test_public_names_are_exported() -> None:
     for name in F.__all__:
         assert hasattr(F, name), name
+
+
+@pytest.mark.parametrize("loss", ["clipped_policy_loss", "cispo_policy_loss"])
+def test_a_lower_clip_ratio_of_one_or_more_never_clips_below(loss: str) -> None:
+    """clip_ratio_low >= 1 puts the lower bound 1 - low at or below 0, which no ratio reaches: as verl's CISPO example
+    launch sets it (clip_ratio_low=10: no lower clip). Ratio 0.5 (second token: ratio 1): PPO with A = -1 takes
+    max(-A r, -A clip(r)) = max(0.5, 0.8) = 0.8 at low 0.2, 0.5 at low 10; CISPO with A = +1 weighs -log_prob by
+    clip(r) = 0.8 at low 0.2, 0.5 at low 10."""
+    log_prob, old = torch.log(torch.tensor([[0.5, 1.0]])), torch.zeros(1, 2)
+    sign = -1.0 if loss == "clipped_policy_loss" else 1.0
+    advantages, mask = torch.full((1, 2), sign), torch.ones(1, 2)
+    fn = getattr(F, loss)
+    low, _ = fn(log_prob, old, advantages, mask, clip_ratio_low=10.0, clip_ratio_high=0.2)
+    clipped, _ = fn(log_prob, old, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    if loss == "clipped_policy_loss":
+        torch.testing.assert_close(low, torch.tensor([[0.5, 1.0]]))
+        torch.testing.assert_close(clipped, torch.tensor([[0.8, 1.0]]))
+    else:
+        torch.testing.assert_close(low, -torch.tensor([[0.5, 1.0]]) * log_prob)
+        torch.testing.assert_close(clipped, -torch.tensor([[0.8, 1.0]]) * log_prob)
