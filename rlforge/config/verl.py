@@ -84,7 +84,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             try:
                 c.map(key, rule.target, rule.convert(value), rule.note)
             except (TypeError, ValueError) as exc:  # a value of the wrong type for its key: verl stops on it too
-                c.stop(key, f"the wrong type for this key ({exc}): verl 0.9.1 stops on it too")
+                c.stop(key, f"verl 0.9.1 stops on this value too ({exc})")
         elif isinstance(rule, Keep) and not rule.valid(value):
             c.stop(key, f"verl 0.9.1 stops on this value: it takes {rule.takes}")
         elif isinstance(rule, Keep):
@@ -103,7 +103,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         except (TypeError, ValueError) as exc:  # a value of the wrong type (n_gpus_per_node=abc): verl stops on it too
             blamed = [k for k in c.owned if k in c.given] or list(c.owned)
             for key in (k for k in c.owned if not c.done(k)):
-                (c.stop(key, f"the wrong type for this key ({exc}): verl 0.9.1 stops on it too") if key in blamed else
+                (c.stop(key, f"verl 0.9.1 stops on this value too ({exc})") if key in blamed else
                  c.ignore(key, f"read together with {', '.join(blamed)} (refused)"))
     for key in (k for keys in derived.values() for k in keys if not c.done(k)):  # an entry added to a section
         assert verl_stale.new_in(defaults, key), f"derived rules left a key of verl's defaults without a fate: {key}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from rlforge.config.verl_engine import COPY, FSDP_LAYOUT, PROFILING, SEEDS, SPEED, engine_rules
 from rlforge.config.verl_rules import (
     HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, converts, is_, never, off,
-    str_list, Unread, custom_sampler, gate, top_k,
+    str_list, Unread, critic_path, custom_sampler, gate, top_k,
 )
 
 ARO = "actor_rollout_ref"
@@ -71,7 +71,7 @@ def _model(section: str, actor: bool) -> dict[str, Rule]:
     one = "" if actor else " (one setting for the policy and the critic in rlforge)"
     lora = gate(f"{m}.lora_rank")
     return {
-        f"{m}.path": Map("model.path" if actor else "critic.path"),
+        f"{m}.path": Map("model.path") if actor else Map("critic.path", critic_path),
         f"{m}.hf_config_path": Keep(off, "the config of model.path", "a model config from another folder"),
         f"{m}.tokenizer_path": Keep(off, "the tokenizer of model.path", "a tokenizer from another folder"),
         f"{m}.use_shm": Ignore("models load from disk or the Hugging Face cache"),

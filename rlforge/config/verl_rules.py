@@ -182,7 +182,18 @@ def project_name(c: Any, note: str = "") -> None:
 
 
 def top_k(value: Any) -> Any:
+    """verl's top_k (-1 or 0: off) as rlforge's (0: off); below -1 vLLM refuses it."""
+    if value is not None and value < -1:
+        raise ValueError(f"top_k {value}: vLLM takes -1 or 0 (off) or a positive integer")
     return 0 if value is None or value <= 0 else value
+
+
+def critic_path(value: Any) -> Any:
+    """The critic's model folder: verl's critic loads it, so it is not null (rlforge would start the critic from the
+    policy's body instead)."""
+    if value is None:
+        raise ValueError("null: verl's critic loads its model from this path")
+    return value
 
 
 def file_list(value: Any) -> list[str]:

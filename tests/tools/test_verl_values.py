@@ -189,10 +189,14 @@ def test_every_stopping_value_is_refused_and_the_run_machine_s_files_are_not_che
     err = capsys.readouterr().err
     assert ", 5 refused," in err.splitlines()[0]
     for key in (f"{ARO}.rollout.n = 0", f"{ARO}.actor.optim.lr = -1", "trainer.total_epochs = 0",
-                "trainer.logger = ", "trainer.test_freq = 'abc': the wrong type for this key"):
+                "trainer.logger = ", "trainer.test_freq = 'abc': verl 0.9.1 stops on this value too"):
         assert f"REFUSED     {key}" in err, key
     assert main(["config", "from-verl", *base, "data.train_batch_size=100"]) == 2  # the divisibility of two values:
     assert "REFUSED     data.train_batch_size = 100: a run would stop" in capsys.readouterr().err  # the launch's key
+    critic = fate(tr("algorithm.adv_estimator=gae", "critic.model.path=null"), "critic.model.path")
+    assert critic.kind == verl.REFUSED and "verl's critic loads its model from this path" in critic.text
+    assert fate(tr(f"{ARO}.rollout.top_k=-2"), f"{ARO}.rollout.top_k").kind == verl.REFUSED  # vLLM refuses it
+    assert tr(f"{ARO}.rollout.top_k=-1").overrides["rollout.top_k"] == 0  # off, as 0
     for n in ("0", "2.5"):  # greedy validation generates once, but verl repeats the batch val_kwargs.n times
         assert fate(tr(f"{ARO}.rollout.val_kwargs.n={n}"), f"{ARO}.rollout.val_kwargs.n").kind == verl.REFUSED
     assert main(["config", "from-verl", "--sft", "data.train_files=/x/t.parquet", "model.path=builtin:tiny-arith",
