@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge import batch as B
 from rlforge.capabilities import RolloutCapabilities
+from rlforge.config.schema import option
 from rlforge.errors import RLForgeError, first_line
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import, no_grad
@@ -121,15 +122,15 @@ class VLLMConfig:
     """The ``vllm`` engine (``rollout.name=vllm``)."""
 
     dtype: str = "auto"  # the engine's dtype: auto = model.precision's compute dtype (bf16 for bf16-mixed) | float32 | bfloat16 | float16
-    gpu_memory_utilization: float = 0.5  # GPU: share of the device memory vLLM may take (weights + KV cache)
+    gpu_memory_utilization: float = option(0.5, gt=0, le=1)  # GPU: share of the device memory vLLM may take (weights + KV cache)
     enforce_eager: Optional[bool] = None  # no torch.compile / CUDA graphs; None = on CPU only (no gain there)
-    weight_bucket_mb: int = 64  # upper bound of one weight-sync message (a larger single tensor travels alone)
+    weight_bucket_mb: int = option(64, ge=1)  # upper bound of one weight-sync message (a larger single tensor travels alone)
     weight_sync_dir: Optional[str] = "/dev/shm"  # buckets travel as files in this shared-memory folder, mapped by the engine (2-3x faster than RPC messages); null, or a folder not writable or full = inside vLLM's RPC
-    tensor_parallel_size: int = 1  # engine workers per engine (vLLM's TP; CPU: one core group each, see docs)
-    idle_spin_s: Optional[float] = 0.0  # seconds an engine worker spins after each message before it blocks; null = vLLM's 1 s (a core taken from the update: docs/performance.md)
-    max_num_seqs: Optional[int] = None  # sequences the engine runs at once; None = rollout.micro_batch_size
-    max_num_batched_tokens: Optional[int] = None  # tokens per engine step; None = max(the context, rollout.micro_batch_size, 8192); without chunked prefill at least the context
-    max_model_len: Optional[int] = None  # the engine's context length; None = data.max_prompt_length + rollout.max_new_tokens
+    tensor_parallel_size: int = option(1, ge=1)  # engine workers per engine (vLLM's TP; CPU: one core group each, see docs)
+    idle_spin_s: Optional[float] = option(0.0, ge=0, why="seconds, or null for vLLM's own 1 s")  # seconds an engine worker spins after each message before it blocks; null = vLLM's 1 s (a core taken from the update: docs/performance.md)
+    max_num_seqs: Optional[int] = option(None, ge=1)  # sequences the engine runs at once; None = rollout.micro_batch_size
+    max_num_batched_tokens: Optional[int] = option(None, ge=1)  # tokens per engine step; None = max(the context, rollout.micro_batch_size, 8192); without chunked prefill at least the context
+    max_model_len: Optional[int] = option(None, ge=1)  # the engine's context length; None = data.max_prompt_length + rollout.max_new_tokens
     enable_chunked_prefill: bool = False  # prefill long prompts in chunks over engine steps (GPU only: on CPU it stays off, the CPU build cannot continue a seeded sample after a chunk)
     enable_prefix_caching: bool = True  # reuse the KV cache of prompt prefixes already computed (reset after every weight sync)
     sleep: bool = True  # where the platform supports sleep mode (GPU): free the KV cache and offload the weights between generations (verl's free_cache_engine)

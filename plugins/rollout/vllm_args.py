@@ -99,20 +99,7 @@ def validate(config: Any) -> None:
     v = config.rollout.vllm
     if v.dtype not in ENGINE_DTYPES:
         raise ConfigError(f"rollout.vllm.dtype='{v.dtype}'. Allowed: {', '.join(ENGINE_DTYPES)}.")
-    if not 0.0 < v.gpu_memory_utilization <= 1.0:
-        raise ConfigError(
-            f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {v.gpu_memory_utilization}.")
-    if v.weight_bucket_mb <= 0:
-        raise ConfigError(f"rollout.vllm.weight_bucket_mb must be > 0, got {v.weight_bucket_mb}.")
-    if v.tensor_parallel_size < 1:
-        raise ConfigError(f"rollout.vllm.tensor_parallel_size must be >= 1, got {v.tensor_parallel_size}.")
-    if v.idle_spin_s is not None and v.idle_spin_s < 0:
-        raise ConfigError(f"rollout.vllm.idle_spin_s must be >= 0 seconds or null (vLLM's own 1 s), "
-                          f"got {v.idle_spin_s}.")
     longest = config.data.max_prompt_length + config.rollout.max_new_tokens
-    for key in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
-        if v[key] is not None and v[key] < 1:
-            raise ConfigError(f"rollout.vllm.{key} must be >= 1 or null, got {v[key]}.")
     if v.max_model_len is not None and v.max_model_len < longest:
         raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len} must hold the longest sequence: "
                           f"data.max_prompt_length + rollout.max_new_tokens = {longest} tokens (or null).")

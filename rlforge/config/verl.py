@@ -70,6 +70,9 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         elif own_reader and key.startswith("data.") and (rule is None or isinstance(rule, Keep) and not rule.ok(value)):
             c.same(key, "read by the dataset class (data.custom_cls), which gets verl's data section "
                         "(data.verl_class.config)")
+        elif above := verl_stale.scalar_above(defaults, key):
+            c.stop(key, f"a mapping given for {above[0]}, which verl's config holds as one value ({above[1]!r} by "
+                        f"default): verl 0.9.1 stops where it reads it (give the value)")
         elif key.startswith("critic.") and key != "critic.enable" and not critic:
             c.unread(key, f"verl builds no critic for adv_estimator={flat.get('algorithm.adv_estimator')}")
         elif gap and verl_stale.settle(c, key, gap, built, variables, key in TABLE.exact, rule is not None):
@@ -97,12 +100,14 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
         else:  # a key of verl's defaults that no table has: the tables' own test keeps this from happening
             c.refuse(key, f"verl's key {key} (unknown to rlforge's tables)")
     for name in ORDER:
-        c.owned = derived.get(name, [])
+        c.owned, c.reads = derived.get(name, []), []
         try:
             DERIVED[name](c)
         except (TypeError, ValueError) as exc:  # a value of the wrong type (n_gpus_per_node=abc): verl stops on it too
-            blamed = [k for k in c.owned if k in c.given] or list(c.owned)
-            for key in (k for k in c.owned if not c.done(k)):
+            # the key whose value it is (which may be another rule's, read here too), else the rule's keys the launch set
+            culprit = c.culprit(exc)
+            blamed = [culprit] if culprit else [k for k in c.owned if k in c.given] or list(c.owned)
+            for key in [*(k for k in blamed if k not in c.owned), *c.owned]:
                 (c.stop(key, f"verl 0.9.1 stops on this value too ({exc})") if key in blamed else
                  c.ignore(key, f"read together with {', '.join(blamed)} (refused)"))
     for key in (k for keys in derived.values() for k in keys if not c.done(k)):  # an entry added to a section

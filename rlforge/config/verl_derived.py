@@ -23,7 +23,7 @@ from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
 from rlforge.config.verl_fates import TRAINER_NAMES
 from rlforge.config.schema import RUN_NAME_CHARS, RUN_NAME_WHAT
-from rlforge.config.verl_rules import RESUME_PATH, file_list, integral, nest, non_negative, project_name, top_k
+from rlforge.config.verl_rules import RESUME_PATH, file_list, integral, nest, non_negative, project_name, same_value, top_k
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -127,7 +127,7 @@ def lengths(c: Context) -> None:
     0.9.1 never reads: its agent loop keeps the last tokens of a longer text prompt, as rlforge's data.truncation=left."""
     for rollout_key, data_key in ((f"{R}.prompt_length", "data.max_prompt_length"),
                                   (f"{R}.response_length", "data.max_response_length")):
-        if c.get(rollout_key) == c.get(data_key):
+        if same_value(c.get(rollout_key), c.get(data_key)):  # its default is data's: NaN there too
             c.same(rollout_key, f"{data_key} (mapped there)")
         else:
             c.refuse(rollout_key, f"a rollout length ({c.get(rollout_key)}) other than {data_key} ({c.get(data_key)})")
@@ -293,6 +293,9 @@ def loggers(c: Context) -> None:
 def resume(c: Context) -> None:
     mode, path = c.get("trainer.resume_mode"), c.get("trainer.resume_from_path")
     folder = c.get("trainer.default_local_dir")
+    if folder is None and (mode != "disable" or (c.get("trainer.save_freq") or 0) > 0):
+        c.stop("trainer.default_local_dir", "verl 0.9.1 stops on null here: it looks for checkpoints in this folder at "
+                                            "start (resume_mode other than disable) and saves them there (save_freq > 0)")
     c.map("trainer.default_local_dir", "trainer.run_dir", file_list(folder)[0] if folder else None,
           "rlforge's run folder layout (checkpoints/step_N) is its own: verl's checkpoints are not resumed")
     if mode == "auto":

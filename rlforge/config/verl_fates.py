@@ -118,6 +118,7 @@ class Context:
     def __init__(self, flat: dict[str, Any], given: set[str], out: Translation, trainer: str = "v1") -> None:
         self.flat, self.given, self.out = flat, given, out
         self.owned: list[str] = []
+        self.reads: list[str] = []  # the keys read (get) since the current derived rule began, in order
         self.algorithm, self.command, self.dp_size = "grpo", "fit", 1
         self.trainer = trainer  # the verl trainer that runs the launch (verl.TRAINERS)
         self._done: set[str] = set()
@@ -133,8 +134,21 @@ class Context:
         self.overlong_on = manager == "dapo" and bool(enable)
 
     def get(self, key: str, default: Any = None) -> Any:
+        if key in self.flat:
+            self.reads.append(key)
         value = self.flat.get(key, default)
         return default if value is None and default is not None else value
+
+    def culprit(self, exc: Exception) -> str | None:
+        """The key whose value a derived rule stopped on with ``exc`` (a value of the wrong type: ``int('abc')``):
+        the latest read key whose value (or its type's name) the message quotes, else the latest read key."""
+        read = list(dict.fromkeys(reversed(self.reads)))
+        text = str(exc)
+
+        def quoted(value: Any) -> bool:
+            return (isinstance(value, str) and repr(value) in text) or f"'{type(value).__name__}'" in text
+
+        return next((k for k in read if quoted(self.flat[k])), read[0] if read else None)
 
     def has(self, key: str) -> bool:
         return key in self.flat

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rlforge.config.verl_engine import COPY, FSDP_LAYOUT, PROFILING, SEEDS, SPEED, engine_rules
 from rlforge.config.verl_rules import (
-    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, converts, is_, never, off,
+    HYDRA_CHDIR, HYDRA_ENV, HYDRA_OWN, Checked, Derived, Ignore, Keep, Map, Rule, Table, converts, count, is_, never, off,
     str_list, Unread, critic_path, custom_sampler, gate, top_k,
 )
 
@@ -293,7 +293,8 @@ DATA_RULES: dict[str, Rule] = {
     "data.max_response_length": Map("rollout.max_new_tokens"),
     "data.train_batch_size": Map("data.train_batch_size"),
     "data.gen_batch_size": Derived("filter_groups"),
-    "data.val_batch_size": Ignore(f"validation runs in batches of rollout.micro_batch_size ({SPEED})"),
+    "data.val_batch_size": Checked(f"validation runs in batches of rollout.micro_batch_size ({SPEED})",
+                                   count(1, none=True), "a positive integer or null (torch's DataLoader)"),
     "data.tool_config_path": Ignore(COPY),
     "data.function_tool_path": Ignore(COPY),
     "data.return_raw_chat": Derived("data"),
@@ -301,7 +302,8 @@ DATA_RULES: dict[str, Rule] = {
                             "which applies the chat template"),
     "data.shuffle": Map("data.shuffle"),
     "data.seed": Ignore(SEEDS),
-    "data.dataloader_num_workers": Ignore("prompts are tokenized once at start-up"),
+    "data.dataloader_num_workers": Checked("prompts are tokenized once at start-up", count(0),
+                                           "an integer of 0 or more (torch's DataLoader)"),
     "data.validation_shuffle": Ignore("the order of validation prompts does not change its metrics"),
     "data.filter_overlong_prompts": Derived("data"),
     "data.filter_overlong_prompts_workers": Ignore("filtering runs once at start-up"),

@@ -61,6 +61,13 @@ def precision(c: Context) -> None:
 def parallel(c: Context) -> None:
     """model_engine -> strategy; GPUs = nnodes x n_gpus_per_node; data-parallel size = GPUs / (TP x PP x CP)."""
     engine, world = c.get("model_engine", "dp"), int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
+    counts = ("trainer.nnodes", "trainer.n_gpus_per_node")
+    if bad := [k for k in counts if int(c.get(k, 1)) < 1]:  # verl's batch checks divide by the GPU count
+        for key in counts:
+            (c.stop(key, f"verl 0.9.1 stops on this value: it takes a positive integer (its GPUs are nnodes x "
+                         f"n_gpus_per_node = {world})") if key in bad else
+             c.ignore(key, f"read together with {', '.join(bad)} (refused)"))
+        world = 1
     tp = int(c.get(f"{A}.megatron.tensor_model_parallel_size", 1) or 1) if engine == "megatron" else 1
     pp = int(c.get(f"{A}.megatron.pipeline_model_parallel_size", 1) or 1) if engine == "megatron" else 1
     cp = int(c.get(f"{A}.megatron.context_parallel_size", 1) or 1) if engine == "megatron" else 1

@@ -23,6 +23,11 @@ def same(value: Any) -> Any:
     return value
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """``a == b``, NaN equal to NaN (a key whose default interpolates another holds the same NaN)."""
+    return bool(a == b) or (a != a and b != b)
+
+
 @dataclass(frozen=True)
 class Map:
     target: str
@@ -142,6 +147,11 @@ def is_(*values: Any) -> Callable[[Any], bool]:
 
 def off(value: Any) -> bool:
     return value in (None, False, 0, "", "none", "disabled") or value == [] or value == {}
+
+
+def count(low: int, none: bool = False) -> Callable[[Any], bool]:
+    """An integer of at least ``low`` (``none``: or null), as torch's DataLoader checks its batch size and workers."""
+    return lambda v: (none and v is None) or (isinstance(v, int) and not isinstance(v, bool) and v >= low)
 
 
 def at_most_one(value: Any) -> bool:

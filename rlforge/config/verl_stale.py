@@ -73,6 +73,20 @@ class Gap:
     cls: str
 
 
+def scalar_above(defaults: dict[str, Any], key: str) -> tuple[str, Any] | None:
+    """The key above ``key`` that verl's default tree ``defaults`` holds as one value (a number, a string, a bool:
+    the launch gave it a mapping, ``data.max_prompt_length='{a: 1}'``), with its default; else None."""
+    node: Any = defaults
+    path: list[str] = []
+    for part in key.split(".")[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node, path = node[part], [*path, part]
+        if node is not None and not isinstance(node, (dict, list)) and not (isinstance(node, str) and "${" in node):
+            return ".".join(path), node  # (an interpolation may give a mapping)
+    return None
+
+
 def new_in(defaults: dict[str, Any], key: str) -> Gap | None:
     """None when verl's default tree ``defaults`` has ``key`` (a key of the tree, a field of its section's config
     class or of a field's own class, or a key below a field that takes any mapping: null or empty), else the

@@ -26,7 +26,7 @@ def test_engine_lengths_hold_the_longest_sequence(pm) -> None:
                                           r"without rollout.vllm.enable_chunked_prefill"):
         load_config("grpo", [*VLLM, "rollout.vllm.max_model_len=200", "rollout.vllm.max_num_batched_tokens=100"],
                     plugins=pm)
-    with pytest.raises(ConfigError, match="rollout.vllm.max_num_seqs must be >= 1 or null, got 0"):
+    with pytest.raises(ConfigError, match="'rollout.vllm.max_num_seqs' must be a positive integer, got 0"):
         load_config("grpo", [*VLLM, "rollout.vllm.max_num_seqs=0"], plugins=pm)
     cfg = load_config("grpo", [*VLLM, "rollout.vllm.enable_chunked_prefill=true", "rollout.vllm.max_num_batched_tokens=16",
                                "rollout.vllm.sleep=false", "rollout.vllm.enable_prefix_caching=false"], plugins=pm)

@@ -206,6 +206,35 @@ def test_every_stopping_value_is_refused_and_the_run_machine_s_files_are_not_che
     assert "REFUSED     data.max_length = 'abc'" in err
 
 
+def test_helper_50_s_leftovers_are_refused_on_the_launch_s_own_key(capsys) -> None:
+    """Values that went through keys read together, or keys rlforge ignores but verl checks, are refused on the key
+    the launch set, with no other key blamed."""
+    from rlforge.cli import main
+
+    wrong = tr("trainer.nnodes=abc")  # read by several rules: only the key itself is refused
+    assert [f.key for f in wrong.refused] == ["trainer.nnodes"] and "invalid literal" in wrong.refused[0].text
+    for override in ("trainer.nnodes=0", "trainer.nnodes=-1", "trainer.n_gpus_per_node=0"):
+        t = tr(override)
+        assert [f.key for f in t.refused] == [override.split("=")[0]], override
+        assert "it takes a positive integer" in t.refused[0].text and "strategy.num_processes" not in t.overrides
+    mapping = tr("data.max_prompt_length={a:1}")
+    assert [f.key for f in mapping.refused] == ["data.max_prompt_length.a"]
+    assert "a mapping given for data.max_prompt_length, which verl's config holds as one value" in mapping.refused[0].text
+    nan = tr("data.max_response_length=nan")  # rollout.response_length's default follows it: not a second length
+    assert fate(nan, f"{ARO}.rollout.response_length").kind == verl.MAPPED
+    for override in ("data.val_batch_size=0", "data.dataloader_num_workers=-1", "trainer.default_local_dir=null"):
+        assert fate(tr(override), override.split("=")[0]).kind == verl.REFUSED, override
+    for override in ("data.val_batch_size=null", "data.dataloader_num_workers=0"):
+        assert fate(tr(override), override.split("=")[0]).kind == verl.IGNORED, override
+    assert fate(tr("trainer.default_local_dir=null", "trainer.resume_mode=disable"),
+                "trainer.default_local_dir").kind == verl.MAPPED  # neither looked in nor saved to
+    base = ["algorithm.adv_estimator=grpo", f"{ARO}.rollout.name=vllm"]
+    for key, value in ((f"{ARO}.rollout.gpu_memory_utilization", "2"),
+                       (f"{ARO}.rollout.tensor_model_parallel_size", "0")):
+        assert main(["config", "from-verl", *base, f"{key}={value}"]) == 2  # the vllm engine's own ranges
+        assert f"REFUSED     {key} = {value}: a run would stop on this value" in capsys.readouterr().err
+
+
 def test_a_stop_no_verl_key_s_value_explains_still_shows_the_translation(capsys, monkeypatch) -> None:
     import rlforge.tools.verl_cli as verl_cli
     from rlforge.cli import main
