@@ -70,7 +70,9 @@ class Simple:
             if found is _ABSENT:
                 raise _NotSimple
             return found
-        if "${" in _REF.sub("", text):
+        if "${" in _REF.sub("", text):  # another form beside (${now:...}): OmegaConf resolves it, once the keys it
+            for m in _REF.finditer(text):  # refers to are known to hold no cycle (OmegaConf's error names none)
+                self._lookup(m.group(1), path, busy)
             raise _NotSimple
         return _REF.sub(lambda m: str(self._get_or_fail(m.group(1), path, busy)), text)
 

@@ -145,6 +145,9 @@ def test_hydra_s_now_resolves_and_hydra_s_runtime_values_are_a_clear_error() -> 
      f"{ARO}.rollout.n: ${{{ARO}.actor.rollout_n}} -> {ARO}.actor.rollout_n: ${{oc.select:{ARO}.rollout.n,1}} -> "
      f"back to {ARO}.rollout.n"),
     (["trainer.total_epochs=${trainer.total_epochs}"], "trainer.total_epochs: ${trainer.total_epochs} -> back to"),
+    (["trainer.experiment_name=${now:%H}_${trainer.project_name}", "trainer.project_name=${trainer.experiment_name}"],
+     "trainer.project_name: ${trainer.experiment_name} -> trainer.experiment_name: ${now:%H}_${trainer.project_name} "
+     "-> back to trainer.project_name"),  # beside a form only OmegaConf resolves
 ])
 def test_an_interpolation_cycle_names_every_key_in_it(overrides: list[str], cycle: str) -> None:
     """The launch's own key is in the message, not only the key of verl's defaults that refers back to it."""
