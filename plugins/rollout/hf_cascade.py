@@ -123,7 +123,8 @@ def supported(model: torch.nn.Module, config: Any) -> bool:
     returned (not e.g. keys expanded from a cached latent, as multi-head latent attention computes them), only keywords
     the cascade honours (None or False: off), and no attention mask but the one transformers' mask function made (the
     cascade computes its own; Doge adds a learned bias to the mask, which it would drop)."""
-    if config._attn_implementation != "sdpa" or next(model.parameters()).dtype != torch.float32:
+    # NAME: another thread's decoding call runs with the cascade now (switched from sdpa, its only origin)
+    if config._attn_implementation not in ("sdpa", NAME) or next(model.parameters()).dtype != torch.float32:
         return False
     probe = _types()[2](config=config)
     device = next(model.parameters()).device

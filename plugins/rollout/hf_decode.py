@@ -11,7 +11,8 @@ size. On CPU in fp32 the linear layers multiply by an input-major copy of their 
 prefilled once each, and where ``hf_cascade`` applies the cache holds them once and the attention reads them once per
 step (cascade attention). Optionally the one-token step runs through ``torch.compile`` (``rollout.hf.compile``, on transformers'
 ``StaticCache``, whose shapes do not change from step to step). Under autocast (a mixed
-``model.precision``) the cache grows by concatenation instead, as transformers' default cache does.
+``model.precision``), and for layer types that have no static layer, the cache grows by concatenation instead, as
+transformers' default cache does.
 
 Semantics (those of the ``generate`` call it replaces):
 
@@ -213,7 +214,8 @@ class Decoder:
 
     def _cascade_supported(self, config: Any) -> bool:
         """``hf_cascade.supported`` for the model, probed once per attention implementation and weight dtype."""
-        key = (config._attn_implementation, next(self.model.parameters()).dtype)
+        implementation = config._attn_implementation  # sdpa while another thread decodes with the cascade
+        key = ("sdpa" if implementation == hf_cascade.NAME else implementation, next(self.model.parameters()).dtype)
         if key not in self._cascade:
             self._cascade[key] = hf_cascade.supported(self.model, config)
         return self._cascade[key]
@@ -271,7 +273,7 @@ class Decoder:
         plain = all(type(layer) is StaticLayer for layer in cache.layers)
         cascade = (static and plain and not self.compiled and not vision and len(distinct) < rows
                    and hf_cascade.worth_it(rows, len(distinct), width, config) and self._cascade_supported(config))
-        if not static:
+        if not static and not isinstance(cache, DynamicCache):  # (autocast; not a model's own cache made above)
             cache = DynamicCache(config=config)
         elif cascade:
             cache = hf_cascade.shared_prompt_cache(layers, new)

@@ -346,8 +346,9 @@ def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:
 def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
     """Every value against its field's rule (``schema.Valid``), the files the config names, the model's context,
     the batch arithmetic; then each selected component's own ``validate_config(cfg, registry)`` (if it has one).
-    ``files=False``: the values alone (field rules, the checks between values, batch arithmetic), none of the files and
-    folders the config names nor the components' own checks (which may read them): a config checked on another
+    ``files=False``: the values alone (field rules, the checks between values, batch arithmetic, LoRA, the chat
+    template, the pipeline's options), none of the files and folders the config names nor the components' own checks
+    (which may read them): a config checked on another
     machine than the one that runs it (``rlforge config from-verl`` without ``--out``)."""
     components = list(selected(cfg, registry))
     check_values(cfg)
@@ -371,6 +372,13 @@ def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
     check_no_duplicates(cfg, "logger.backends")
     precision.check(cfg.model.precision)
     check_batch_sizes(cfg)
+    check_template_kwargs(cfg.data.apply_chat_template_kwargs)
+    if cfg.model.chat_template is not None:
+        check_chat_template(cfg.model.chat_template)
+    lora.validate(cfg)
+    checkpoint.check_mode(cfg, registry)
+    PIPELINES[cfg.trainer.pipeline].validate_config(cfg)
+    check_sequence_parallel_owner(cfg)
     if not files:
         return
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
@@ -380,17 +388,10 @@ def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
         if OmegaConf.select(cfg, key):
             check_model_folder(resolve_model_path(OmegaConf.select(cfg, key), key), key, cfg)
     check_resume_value(cfg.trainer.resume)
-    check_template_kwargs(cfg.data.apply_chat_template_kwargs)
-    if cfg.model.chat_template is not None:
-        check_chat_template(cfg.model.chat_template)
-    lora.validate(cfg)
-    checkpoint.check_mode(cfg, registry)
-    PIPELINES[cfg.trainer.pipeline].validate_config(cfg)
     for _, entry in components:
         check = entry.functions.get("validate_config")
         if check is not None:
             check(cfg, registry)
-    check_sequence_parallel_owner(cfg)
 
 
 def check_data_files(cfg: DictConfig, registry: Any) -> None:

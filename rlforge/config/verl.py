@@ -108,7 +108,7 @@ def translate(tree: dict[str, Any], given: set[str] | None = None, sft: bool = F
             culprit = c.culprit(exc)
             blamed = [culprit] if culprit else [k for k in c.owned if k in c.given] or list(c.owned)
             for key in [*(k for k in blamed if k not in c.owned), *c.owned]:
-                (c.stop(key, f"verl 0.9.1 stops on this value too ({exc})") if key in blamed else
+                (c.stop_value(key, f"verl 0.9.1 stops on this value too ({exc})") if key in blamed else
                  c.ignore(key, f"read together with {', '.join(blamed)} (refused)"))
     for key in (k for keys in derived.values() for k in keys if not c.done(k)):  # an entry added to a section
         assert verl_stale.new_in(defaults, key), f"derived rules left a key of verl's defaults without a fate: {key}"

@@ -23,7 +23,7 @@ from rlforge.config import verl_rollout as RO
 from rlforge.config import verl_training as T
 from rlforge.config.verl_fates import TRAINER_NAMES
 from rlforge.config.schema import RUN_NAME_CHARS, RUN_NAME_WHAT
-from rlforge.config.verl_rules import RESUME_PATH, file_list, integral, nest, non_negative, project_name, same_value, top_k
+from rlforge.config.verl_rules import RESUME_PATH, count, file_list, integral, nest, non_negative, project_name, same_value, top_k
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -158,7 +158,7 @@ def validation(c: Context) -> None:
     c.map(f"{v}.temperature", "rollout.val_temperature", temperature, "" if temperature else "greedy")
     c.map(f"{v}.top_p", "rollout.val_top_p", float(c.get(f"{v}.top_p", 1.0)))
     c.map(f"{v}.top_k", "rollout.val_top_k", top_k(c.get(f"{v}.top_k")))
-    if not temperature and not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
+    if not temperature and not count(1)(n):
         # greedy validation generates one answer; verl still repeats the batch n times, which n must allow
         c.stop(f"{v}.n", "verl 0.9.1 repeats each validation prompt val_kwargs.n times: it takes a positive integer")
         return

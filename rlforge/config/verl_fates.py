@@ -120,6 +120,7 @@ class Context:
         self.owned: list[str] = []
         self.reads: list[str] = []  # the keys read (get) since the current derived rule began, in order
         self.algorithm, self.command, self.dp_size = "grpo", "fit", 1
+        self.gpus = 1  # nnodes x n_gpus_per_node (set by the parallel rule, which refuses what is not a count)
         self.trainer = trainer  # the verl trainer that runs the launch (verl.TRAINERS)
         self._done: set[str] = set()
         manager = self.get("reward_model.reward_manager") or self.get("reward.reward_manager.name")
@@ -140,15 +141,26 @@ class Context:
         return default if value is None and default is not None else value
 
     def culprit(self, exc: Exception) -> str | None:
-        """The key whose value a derived rule stopped on with ``exc`` (a value of the wrong type: ``int('abc')``):
-        the latest read key whose value (or its type's name) the message quotes, else the latest read key."""
+        """The key whose value a derived rule stopped on with ``exc`` (a value of the wrong type: ``int('abc')``), of
+        the keys it read, the latest first: one whose string value the message quotes, else one whose type the
+        message names that is not a number's (``'str'``, ``'NoneType'``), else the latest read."""
         read = list(dict.fromkeys(reversed(self.reads)))
         text = str(exc)
+        quoted = [k for k in read if isinstance(self.flat[k], str) and repr(self.flat[k]) in text]
+        typed = [k for k in read if type(self.flat[k]) not in (int, float, bool)
+                 and f"'{type(self.flat[k]).__name__}'" in text]
+        return next(iter(quoted or typed or read), None)
 
-        def quoted(value: Any) -> bool:
-            return (isinstance(value, str) and repr(value) in text) or f"'{type(value).__name__}'" in text
-
-        return next((k for k in read if quoted(self.flat[k])), read[0] if read else None)
+    def stop_value(self, key: str, why: str) -> None:
+        """:meth:`stop`, also where an earlier rule gave ``key`` its fate (a value found wrong where a later rule
+        reads it): that fate becomes the refusal, its rlforge key unset."""
+        fate = next((f for f in self.out.fates if f.key == key), None) if key in self._done else None
+        if fate is None:
+            self.stop(key, why)
+        elif fate.kind != REFUSED:
+            if fate.target:
+                self.out.overrides.pop(fate.target, None)
+            fate.kind, fate.stops, fate.text, fate.target = REFUSED, True, why, ""
 
     def has(self, key: str) -> bool:
         return key in self.flat

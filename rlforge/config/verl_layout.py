@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlforge.config import verl_veomni
+from rlforge.config.verl_rules import count, integral
 
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
@@ -60,14 +61,14 @@ def precision(c: Context) -> None:
 
 def parallel(c: Context) -> None:
     """model_engine -> strategy; GPUs = nnodes x n_gpus_per_node; data-parallel size = GPUs / (TP x PP x CP)."""
-    engine, world = c.get("model_engine", "dp"), int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
-    counts = ("trainer.nnodes", "trainer.n_gpus_per_node")
-    if bad := [k for k in counts if int(c.get(k, 1)) < 1]:  # verl's batch checks divide by the GPU count
+    engine, counts = c.get("model_engine", "dp"), ("trainer.nnodes", "trainer.n_gpus_per_node")
+    # verl builds its resource pool as [n_gpus_per_node] * nnodes and divides the batch by their product
+    if bad := [k for k in counts if not count(1)(integral(c.get(k, 1)))]:
         for key in counts:
-            (c.stop(key, f"verl 0.9.1 stops on this value: it takes a positive integer (its GPUs are nnodes x "
-                         f"n_gpus_per_node = {world})") if key in bad else
+            (c.stop(key, "verl 0.9.1 stops on this value: it takes a positive integer (its resource pool is "
+                         "[n_gpus_per_node] x nnodes GPUs)") if key in bad else
              c.ignore(key, f"read together with {', '.join(bad)} (refused)"))
-        world = 1
+    world = c.gpus = 1 if bad else integral(c.get("trainer.nnodes", 1)) * integral(c.get("trainer.n_gpus_per_node", 1))
     tp = int(c.get(f"{A}.megatron.tensor_model_parallel_size", 1) or 1) if engine == "megatron" else 1
     pp = int(c.get(f"{A}.megatron.pipeline_model_parallel_size", 1) or 1) if engine == "megatron" else 1
     cp = int(c.get(f"{A}.megatron.context_parallel_size", 1) or 1) if engine == "megatron" else 1
@@ -138,7 +139,7 @@ def offload(c: Context) -> None:
                  else c.ignore(key, f"rlforge's single strategy (one GPU) keeps parameters on the device; {OFFLOAD} "
                                     f"needs strategy.name=fsdp (memory only: what is computed does not change)"))
             continue
-        size_key, world = f"{engine}.fsdp_size", int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
+        size_key, world = f"{engine}.fsdp_size", c.gpus
         if size_key in keys:  # verl's create_device_mesh: < 0 or >= the GPUs: one mesh over all of them, else HSDP
             keys.remove(size_key)
             size = int(c.get(size_key) or -1)
@@ -232,7 +233,7 @@ def sequence_parallel(c: Context) -> None:
     critic's ``fsdp``), as verl's FSDP configs read them. rlforge has one size for every model, the actor's: a reference
     (with a KL term) or critic with a smaller one is computed the same with less memory per GPU, a larger one is
     refused. Data-parallel size = GPUs / SP."""
-    engine, world = c.get("model_engine", "dp"), int(c.get("trainer.nnodes", 1)) * int(c.get("trainer.n_gpus_per_node", 1))
+    engine, world = c.get("model_engine", "dp"), c.gpus
     use_ref = bool(c.get(f"{A}.use_kl_loss") or c.get("algorithm.use_kl_in_reward"))
     sizes: dict[str, tuple[int, str]] = {}  # role section -> (its size, the key that decides it)
     for section in (A, REF, "critic"):

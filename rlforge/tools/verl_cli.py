@@ -112,17 +112,20 @@ def refuse_stopping_values(prepared: Any, ours: list[str], loaded: Loaded, files
     """The launch composed as :func:`compose_launch` composes it, before its report is shown: where a value of a verl
     key stops the composition (``rollout.n=abc``), that key is refused in the report (counted in its first line, the
     reason on its line), and the composition tried again without it, until it passes or stops on something no verl key
-    explains, which is raised (every such value is refused, not only the first). Returns (plugin manager, config), or
+    explains, which is raised (every such value is refused, not only the first; once one is, such a stop may come
+    from rlforge's default standing in its place, and ends the search). Returns (plugin manager, config), or
     None where a value was refused. ``files=False``: the files and folders it names are not checked (a translation made
     on another machine than the run's)."""
     from rlforge.config.verl_launch import verl_sources
 
     without: set[str] = set()
     while True:
-        try:
-            composed = _compose(prepared, ours, loaded, files, without)
+        try:  # the plugins' warnings are shown once, by the first composition
+            composed = _compose(prepared, ours, None if without else loaded, files, without)
         except ConfigError as exc:
             found = [f for f in verl_sources(exc, prepared, ours) if f.target not in without]
+            if not found and without:  # rlforge's defaults stand where refused values were: no longer the launch
+                return None
             if not found:
                 raise
             prepared.translation.stopped(found, str(exc))
@@ -184,6 +187,8 @@ def run_verl(argv: list[str], loaded: Loaded, progress: Callable[[str], None]) -
             stop = exc
         print("\n".join([*t.report(), *([f"then rlforge's keys: {' '.join(ours)}"] if ours else [])]))
         if t.refused:
+            if stop is not None:
+                print(f"rlforge: the run would stop here: {stop}", file=sys.stderr)
             return 2
         try:
             if stop is not None:

@@ -215,11 +215,18 @@ def test_helper_50_s_leftovers_are_refused_on_the_launch_s_own_key(capsys) -> No
     from rlforge.cli import main
 
     wrong = tr("trainer.nnodes=abc")  # read by several rules: only the key itself is refused
-    assert [f.key for f in wrong.refused] == ["trainer.nnodes"] and "invalid literal" in wrong.refused[0].text
+    assert [f.key for f in wrong.refused] == ["trainer.nnodes"] and "positive integer" in wrong.refused[0].text
     for override in ("trainer.nnodes=0", "trainer.nnodes=-1", "trainer.n_gpus_per_node=0"):
         t = tr(override)
         assert [f.key for f in t.refused] == [override.split("=")[0]], override
         assert "it takes a positive integer" in t.refused[0].text and "strategy.num_processes" not in t.overrides
+    f = "algorithm.filter_groups"  # the bad string, not the good count read after it
+    dapo = tr(f"{f}.enable=True", f"{f}.metric=acc", f"{f}.max_num_gen_batches=2", "data.gen_batch_size=4",
+              "data.train_batch_size=abc", name="dapo_trainer")
+    assert [f.key for f in dapo.refused] == ["data.train_batch_size"] and "data.train_batch_size" not in dapo.overrides
+    assert "verl 0.9.1 stops on this value too (unsupported operand" in dapo.refused[0].text
+    for override in ("trainer.nnodes=1.5", "trainer.n_gpus_per_node=2.5"):  # not truncated to a count
+        assert [f.key for f in tr(override).refused] == [override.split("=")[0]], override
     mapping = tr("data.max_prompt_length={a:1}")
     assert [f.key for f in mapping.refused] == ["data.max_prompt_length.a"]
     assert "a mapping given for data.max_prompt_length, which verl's config holds as one value" in mapping.refused[0].text
@@ -236,6 +243,15 @@ def test_helper_50_s_leftovers_are_refused_on_the_launch_s_own_key(capsys) -> No
                        (f"{ARO}.rollout.tensor_model_parallel_size", "0")):
         assert main(["config", "from-verl", *base, f"{key}={value}"]) == 2  # the vllm engine's own ranges
         assert f"REFUSED     {key} = {value}: a run would stop on this value" in capsys.readouterr().err
+    # refused, its place taken by rlforge's default, which disagrees with a verl default: no stop of the launch's
+    assert main(["config", "from-verl", *base, "data.train_batch_size=abc"]) == 2
+    assert "would stop here" not in capsys.readouterr().err
+    lora = [*base, f"{ARO}.model.lora_rank=8", "trainer.n_gpus_per_node=2"]  # checks that read no file run too
+    assert main(["config", "from-verl", *lora]) == 2
+    assert "would stop here: LoRA (model.lora.rank=8) runs on one device so far" in capsys.readouterr().err
+    assert main(["verl", "--print", *base, "trainer.device=npu", "--", "trainer.total_steps=abc"]) == 2
+    err = capsys.readouterr().err  # a key refused, and a stop on rlforge's own key after --: both said
+    assert "the run would stop here" in err and "trainer.total_steps" in err
 
 
 def test_a_stop_no_verl_key_s_value_explains_still_shows_the_translation(capsys, monkeypatch) -> None:
