@@ -23,7 +23,7 @@ from rlforge.algorithms.shaping import DynamicSampling
 from rlforge import batch as B
 from rlforge.config.schema import AlgorithmConfig, option
 from rlforge.dataflow import DataFlow, Stage
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.lazy import lazy_import
 from rlforge.module import LossContext, RLModule
 from rlforge.protocols import PolicyLoss, PolicyLossInputs, PolicyLossOutput
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rlforge.algorithms import functional as F
 else:
     F = lazy_import("rlforge.algorithms.functional")
+    torch = lazy_import("torch")
 
 KL_TYPES = KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS)
 ROLLOUT_IS_WEIGHTS = RC.ROLLOUT_IS_WEIGHTS
@@ -155,8 +156,9 @@ class PolicyGradientModule(RLModule):
     def policy_gradient_loss(self, batch: B.Batch, log_probs: torch.Tensor, mask: torch.Tensor) -> PolicyLossOutput:
         """The policy-gradient term of one micro-batch: the per-token loss of ``actor.policy_loss`` and its stats."""
         rollout = batch[B.ROLLOUT_LOG_PROBS] if B.ROLLOUT_LOG_PROBS in batch else None
-        return self.policy_loss_fn(PolicyLossInputs(log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask,
-                                                    self.config, self.is_weights(batch), rollout))
+        out = self.policy_loss_fn(PolicyLossInputs(log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask,
+                                                   self.config, self.is_weights(batch), rollout))
+        return checked_output(out, mask, f"actor.policy_loss={self.config.actor.policy_loss}")
 
     @staticmethod
     def is_weights(batch: B.Batch) -> torch.Tensor | None:
@@ -202,3 +204,31 @@ class PolicyGradientModule(RLModule):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.kl_ctrl is not None and "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+
+
+def checked_output(out: Any, mask: torch.Tensor, name: str) -> PolicyLossOutput:
+    """A policy loss's result as rlforge aggregates it (``name``: the loss, for the message): a
+    :class:`PolicyLossOutput` whose loss is per token (the mask's shape; a loss already reduced would be aggregated
+    again) and whose stats are tensors that broadcast to it."""
+    shape = tuple(mask.shape)
+    if not isinstance(out, PolicyLossOutput):
+        raise RLForgeError(f"{name} returned {type(out).__name__}: return a PolicyLossOutput(loss, stats) with the "
+                           f"per-token loss (docs/algorithms/policy_losses.md).")
+    if not isinstance(out.loss, torch.Tensor) or tuple(out.loss.shape) != shape:
+        what = f"shape {tuple(out.loss.shape)}" if isinstance(out.loss, torch.Tensor) else type(out.loss).__name__
+        raise RLForgeError(f"{name} returned a loss of {what}: it takes the per-token loss, of the response mask's "
+                           f"shape {shape} (rlforge aggregates it by actor.loss_agg_mode).")
+    for key, stat in out.stats.items():
+        if not isinstance(stat, torch.Tensor) or not _broadcasts(stat.shape, mask.shape):
+            what = f"shape {tuple(stat.shape)}" if isinstance(stat, torch.Tensor) else type(stat).__name__
+            raise RLForgeError(f"{name} returned the stat {key!r} as {what}: stats are per-token tensors of the "
+                               f"response mask's shape {shape} (logged as their mean over the response tokens).")
+    return out
+
+
+def _broadcasts(shape: Any, to: Any) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, to) == to
+    except RuntimeError:
+        return False
+

@@ -20,8 +20,10 @@ the checkpoint still appears whole or not at all. Those checkpoints hold no ``ac
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -293,10 +295,37 @@ def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             raise CorruptCheckpoint(f"{problem}.")
     try:
         state = torch.load(state_file, weights_only=True)
+    except pickle.UnpicklingError as exc:  # whole, but holding an object the safe loader refuses (saved before the check)
+        raise CorruptCheckpoint(f"{state_file} holds a value torch.load(weights_only=True) refuses "
+                                f"({unsafe_detail(exc)}): rlforge loads checkpoints only that way.") from None
     except Exception as exc:
         detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise CorruptCheckpoint(f"{state_file} cannot be read: it is truncated or corrupted ({detail}).") from None
     return state, meta
+
+
+def unsafe_detail(exc: Exception) -> str:
+    """What torch's safe loader said it refused: its line naming the global (``Unsupported global: GLOBAL
+    numpy...``), else its first line, without terminal colour codes."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return next((line for line in lines if "Unsupported global" in line), lines[0] if lines else type(exc).__name__)[:200]
+
+
+def check_loadable(state: dict[str, Any], what: str) -> None:
+    """Each entry of ``state`` loads with ``torch.load(weights_only=True)``, as a resume loads it; else a
+    :class:`RLForgeError` naming the entry (``what``: where it comes from) before a checkpoint that could not be
+    resumed is written."""
+    for key, value in state.items():
+        buffer = io.BytesIO()
+        try:
+            torch.save(value, buffer)
+            buffer.seek(0)
+            torch.load(buffer, weights_only=True)
+        except Exception as exc:
+            raise RLForgeError(f"checkpoint entry {key!r} ({what}) does not load with torch.load(weights_only=True) "
+                               f"({unsafe_detail(exc)}), which resuming uses: store tensors, numbers, strings, "
+                               f"and lists or dicts of them (e.g. torch.as_tensor(array) or array.tolist()).") from None
 
 
 def _read_meta(checkpoint: Path) -> dict[str, Any]:

@@ -301,8 +301,9 @@ def _checked_messages(row: dict[str, Any], where: str, need_reward: bool) -> lis
             raise DataError(f"{where}: missing column '{col}'. Columns present: {columns(row)}.")
     messages = _messages(row["prompt"], where, "prompt")
     reward = row.get("reward_model") or {}
-    if need_reward and (not isinstance(reward, dict) or "ground_truth" not in reward):
-        raise DataError(f"{where}: missing 'reward_model.ground_truth'.")
+    if need_reward and (not isinstance(reward, dict) or reward.get("ground_truth") is None):  # a null is absent
+        raise DataError(f"{where}: missing 'reward_model.ground_truth'"
+                        f"{' (null)' if isinstance(reward, dict) and 'ground_truth' in reward else ''}.")
     return messages
 
 

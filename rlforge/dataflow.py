@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
+from rlforge.plugin_manager import implementers
 from rlforge.weight_sync import add_sync_metrics
 
 if TYPE_CHECKING:
@@ -93,6 +94,22 @@ class StepContext:
     def call_hook(self, name: str, **kwargs: Any) -> Any:
         """Fire hook ``rlforge_<name>`` with these keyword arguments (plus ``trainer``)."""
         return getattr(self._hook, f"rlforge_{name}")(trainer=self._hook_trainer, **kwargs)
+
+    def hook_batch(self, name: str, batch: B.Batch) -> B.Batch | None:
+        """Fire hook ``rlforge_<name>`` with ``batch``; its result, None (keep ``batch``) or a batch of at least one
+        row, else an error naming the hook's plugins."""
+        out = self.call_hook(name, batch=batch)
+        if out is None:
+            return None
+        who = f"rlforge_{name} (implemented by {implementers(self._hook, name)})"
+        if not isinstance(out, B.Batch):
+            raise RLForgeError(f"{who} returned {type(out).__name__}: return the batch it was given (changed, or "
+                               f"fewer rows: batch.select(rows)), or None to keep it.")
+        if not len(out):
+            raise RLForgeError(f"{who} returned a batch of 0 rows: nothing would be trained on. Keep at least one "
+                               f"group, or return None to keep the batch (algorithm.filter_groups draws more prompts "
+                               f"until enough groups remain).")
+        return out
 
     def log(self, metrics: dict[str, float]) -> None:
         self.metrics.update(metrics)
@@ -327,7 +344,7 @@ class RewardStage(Stage):
         batch = ctx.controller.score(batch)
         ctx.log(batch.meta.pop("metrics", {}))  # what the reward manager measured
         batch[B.TOKEN_LEVEL_REWARDS] = batch[B.TOKEN_LEVEL_SCORES]
-        shaped = ctx.call_hook("shape_rewards", batch=batch)
+        shaped = ctx.hook_batch("shape_rewards", batch)
         batch = shaped if shaped is not None else batch
         ctx.log(batch.meta.pop("metrics", {}))
         ctx.call_hook("reward_end", batch=batch)
@@ -339,7 +356,7 @@ class FilterStage(Stage):
     """``rlforge_filter_groups`` may return a smaller batch (e.g. drop groups)."""
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        filtered = ctx.call_hook("filter_groups", batch=batch)
+        filtered = ctx.hook_batch("filter_groups", batch)
         return filtered if filtered is not None else batch
 
 

@@ -98,7 +98,8 @@ def rlforge_step_end(trainer: Any, step: int, metrics: dict[str, float]) -> None
     """A training step ended; ``metrics`` holds everything that will be logged for it.
 
     :param step: the 1-based index of the finished step.
-    :param metrics: flat metric dict (verl namespace); implementations may add keys.
+    :param metrics: flat metric dict (verl namespace); implementations may add keys, whose values must be numbers
+        (a one-element tensor becomes one; anything else is an error naming the key, before a logger meets it).
     """
 
 
@@ -135,7 +136,7 @@ def rlforge_rollout_end(trainer: Any, batch: Any) -> None:
 def rlforge_shape_rewards(trainer: Any, batch: Any) -> Any:
     """Return a batch with reshaped rewards (e.g. an overlong penalty), or None to leave it.
 
-    Stops at the first non-None result. Fires right after scoring, before ``rlforge_reward_end``.
+    Stops at the first non-None result, which must be a batch of at least one row (else an error naming the plugin). Fires right after scoring, before ``rlforge_reward_end``.
     """
 
 
@@ -148,7 +149,8 @@ def rlforge_reward_end(trainer: Any, batch: Any) -> None:
 def rlforge_filter_groups(trainer: Any, batch: Any) -> Any:
     """Return a filtered batch (e.g. DAPO dynamic sampling drops uniform groups), or None to keep it.
 
-    Stops at the first non-None result. Fires after rewards, before log-probs and advantages.
+    Stops at the first non-None result, which must be a batch of at least one row (else an error naming the plugin:
+    to draw more prompts until enough groups remain, use ``algorithm.filter_groups``). Fires after rewards, before log-probs and advantages.
     """
 
 
@@ -207,7 +209,9 @@ def rlforge_validation_end(trainer: Any, step: int, metrics: dict[str, float]) -
 def rlforge_save_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> None:
     """A checkpoint is being written; add entries to ``checkpoint`` to save extra state.
 
-    Values must load with ``torch.load(weights_only=True)``: tensors, numbers, strings, lists, dicts.
+    Values must load with ``torch.load(weights_only=True)``: tensors, numbers, strings, lists, dicts. Each entry is
+    checked when saved: one that would not load (a numpy array, an object) stops the run there, named, rather than
+    leave checkpoints a resume cannot read.
     """
 
 

@@ -11,6 +11,7 @@ and score to validate); an offline algorithm (DPO, a reward model) brings prefer
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -19,7 +20,7 @@ from rlforge import batch as B
 from rlforge import lora, lr_schedule
 from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import DataFlow, Stage
-from rlforge.errors import DataError, RLForgeError
+from rlforge.errors import DataError, NonFiniteError, RLForgeError
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:
@@ -319,16 +320,65 @@ class RLModule:
     # --- public wrappers (not overridden) ---------------------------------------------------------
     def advantages(self, batch: B.Batch) -> B.Batch:
         """``compute_rewards`` then ``compute_advantages``, checking the columns they must set."""
-        out = self.compute_advantages(self.compute_rewards(batch))
+        name = type(self).__name__
+        rewarded = self.compute_rewards(batch)
+        if not isinstance(rewarded, B.Batch):
+            raise RLForgeError(f"{name}.compute_rewards returned {type(rewarded).__name__}: return the batch it was "
+                               f"given (its token_level_rewards changed).")
+        out = self.compute_advantages(rewarded)
+        if not isinstance(out, B.Batch):
+            raise RLForgeError(f"{name}.compute_advantages returned {type(out).__name__}: return the batch it was "
+                               f"given, with 'advantages' and 'returns' set (self.set_advantages(batch, (adv, ret))).")
+        mask = batch[B.RESPONSE_MASK].bool()
         for col in (B.ADVANTAGES, B.RETURNS):
             if col not in out:
-                raise RuntimeError(f"{type(self).__name__}.compute_advantages did not set '{col}'")
-        if out[B.ADVANTAGES].shape != batch[B.RESPONSE_MASK].shape:
-            raise RuntimeError(
-                f"advantages shape {tuple(out[B.ADVANTAGES].shape)} != response_mask "
-                f"{tuple(batch[B.RESPONSE_MASK].shape)}"
-            )
+                raise RLForgeError(f"{name}.compute_advantages did not set '{col}'.")
+            value = out[col]
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.shape != mask.shape:
+                what = (f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else
+                        f"a {type(value).__name__}")
+                raise RLForgeError(f"{name}.compute_advantages set '{col}' to {what}: it takes a float tensor of the "
+                                   f"response mask's shape {tuple(mask.shape)} (one value per response token).")
+            bad = int((~torch.isfinite(value) & mask).sum())
+            if bad:
+                raise NonFiniteError(f"{name}.compute_advantages set '{col}' to NaN or inf on {bad} response "
+                                     f"token(s): from the rewards it read (token_level_rewards, after "
+                                     f"rlforge_shape_rewards) or its own arithmetic (a division by a zero std?).")
         return out
+
+
+def checked_loss(result: Any, name: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """A training step's ``(loss, metrics)`` as the update takes it (``name``: whose, for the message): a one-element
+    float tensor that depends on the model's parameters, and metrics that are numbers."""
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise RLForgeError(f"{name} (training_step / policy_loss, or the role's step) returned "
+                           f"{type(result).__name__}{f' of {len(result)}' if isinstance(result, tuple) else ''}: "
+                           f"return (loss, metrics), the loss a 0-d tensor and metrics a dict of numbers.")
+    loss, metrics = result
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        what = f"a {loss.dtype} tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else \
+            type(loss).__name__
+        raise RLForgeError(f"{name} is {what}: it takes one float (a 0-d tensor: the aggregate over the "
+                           f"micro-batch), to run backward on.")
+    if not loss.requires_grad:
+        raise RLForgeError(f"{name} does not depend on the model's parameters (no gradient: computed from detached "
+                           f"tensors, or under torch.no_grad).")
+    if not isinstance(metrics, dict):
+        raise RLForgeError(f"{name}: its metrics are {type(metrics).__name__}: return a dict of name -> number.")
+    check_numbers(metrics, name)
+    return loss, metrics
+
+
+def check_numbers(metrics: dict[str, Any], name: str) -> None:
+    """Every metric a number (a one-element tensor becomes one), else an error naming the key (``name``: who set
+    it), before a logger stops on it."""
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            metrics[key] = float(value)
+        elif not isinstance(value, numbers.Real):
+            what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
+                type(value).__name__
+            raise RLForgeError(f"metric {key!r} ({name}) is {what}, not a number: metrics are logged as numbers.")
 
 
 def generation_metrics(batch: B.Batch) -> dict[str, float]:

@@ -285,6 +285,16 @@ class PluginManager:
         return lines
 
 
+def implementers(hook: Any, name: str) -> str:
+    """The plugins implementing hook ``rlforge_<name>`` of ``hook`` (a plugin manager's hook relay), for a message:
+    module names, and the class name of a callback object."""
+    def named(impl: Any) -> str:  # a callback object is registered as Class-<id> (PluginManager.register)
+        cls = type(impl.plugin).__name__
+        return cls if impl.plugin_name == f"{cls}-{id(impl.plugin)}" else impl.plugin_name
+
+    return ", ".join(sorted({named(i) for i in getattr(hook, f"rlforge_{name}").get_hookimpls()})) or "no plugin"
+
+
 def module_source(spec: str) -> tuple[str, Path | None]:
     """(plugin name, file) of a ``plugins.modules`` entry: a path (``.py`` or with a ``/``) is that file, named after
     it; a module name is imported as it is (file None), unless no installed module has that name and the current

@@ -35,7 +35,7 @@ from rlforge.config.batches import config_section, micro_batch_size
 from rlforge.capabilities import remote
 from rlforge.errors import NonFiniteError
 from rlforge.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
-from rlforge.module import LossContext, RLModule
+from rlforge.module import LossContext, RLModule, checked_loss
 from rlforge.ops import SHARE_ALWAYS, SHARE_REPEATED, compile_forward, response_values, share_prompts
 from rlforge.pipeline import PIPELINES
 
@@ -196,7 +196,8 @@ class TrainWorker:
         for rows in self.micro_plan(mini):
             micro = mini.select(rows)
             with self.strategy.autocast():
-                loss, metrics = self.loss(micro.to(self.strategy.device), ctx)
+                loss, metrics = checked_loss(self.loss(micro.to(self.strategy.device), ctx),
+                                             f"{type(self.module).__name__}'s {self.role} loss")
             self.strategy.backward(loss)
             for k, v in metrics.items():
                 sums[k] += v

@@ -129,6 +129,8 @@ def test_unknown_algorithm(capsys):
     (b"", "has no rows"),
     (b'{"data_source": "arith"\n', "line 1: not valid JSON"),
     (b'{"data_source": "arith", "prompt": "hi"}\n', "row 1: missing 'reward_model.ground_truth'"),
+    (b'{"data_source": "arith", "prompt": "hi", "reward_model": {"ground_truth": null}}\n',
+     "row 1: missing 'reward_model.ground_truth' (null)"),  # as data.name=hf reads it (a null is an absent key)
     (b'{"prompt": "hi", "reward_model": {"ground_truth": "1"}}\n',
      "row 1: missing column 'data_source'. Columns present: ['prompt', 'reward_model']."),  # not the loader's _origin
     (b'{"data_source": "arith", "prompt": [{"role": "user", "content": "  "}], "reward_model": {"ground_truth": "1"}}\n',

@@ -27,8 +27,8 @@ from rlforge.config.batches import apply_total_epochs
 from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
 from rlforge.errors import NonFiniteError
-from rlforge.module import RLModule
-from rlforge.plugin_manager import PluginManager
+from rlforge.module import RLModule, check_numbers
+from rlforge.plugin_manager import PluginManager, implementers
 from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
@@ -206,6 +206,8 @@ class Trainer:
                         "training/epoch": float(self.sampler.epoch)})
         self.hook.rlforge_step_end(trainer=self, step=self.step, metrics=metrics)
         self.module.on_train_step_end(metrics)
+        check_numbers(metrics, f"set in rlforge_step_end ({implementers(self.hook, 'step_end')}) or "
+                               f"{type(self.module).__name__}.on_train_step_end")
         self.history.append({"step": self.step, **metrics})
         self._log(metrics)
         return n_tokens
@@ -286,6 +288,9 @@ class Trainer:
             "extra": {},
         }
         self.hook.rlforge_save_checkpoint(trainer=self, checkpoint=state["extra"])
+        ckpt.check_loadable(state["extra"], f"added by rlforge_save_checkpoint, implemented by "
+                                            f"{implementers(self.hook, 'save_checkpoint')}")
+        ckpt.check_loadable(state["module"], f"{type(self.module).__name__}.state_dict()")
         meta = {"config": OmegaConf.to_container(self.config, resolve=True), **self.fingerprint}
         if background:
             state = copy.deepcopy(state)  # as it is now: training goes on

@@ -11,7 +11,7 @@ from rlforge import batch as B
 from rlforge.algorithms import functional as F
 from rlforge.algorithms.grpo import GRPO, GRPOConfig
 from rlforge.config import compose
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, NonFiniteError, RLForgeError
 from rlforge.module import LossContext
 
 
@@ -57,8 +57,32 @@ def test_advantages_wrapper_checks_columns(default_config) -> None:
         def compute_advantages(self, batch):
             return batch
 
-    with pytest.raises(RuntimeError, match="did not set 'advantages'"):
+    with pytest.raises(RLForgeError, match="Lazy.compute_advantages did not set 'advantages'"):
         Lazy(default_config).advantages(_batch())
+
+    def returning(value):  # what a new algorithm's compute_advantages gets wrong: named, with what it takes
+        class Wrong(GRPO):
+            def compute_advantages(self, batch):
+                return value(super().compute_advantages(batch))
+        return Wrong(default_config)
+
+    def put(col, change):
+        def value(b):
+            b[col] = change(b[col], b[B.RESPONSE_MASK])
+            return b
+        return value
+
+    for value, message in ((lambda b: None, "Wrong.compute_advantages returned NoneType: return the batch"),
+                           (lambda b: [b], "returned list"),
+                           (put(B.ADVANTAGES, lambda a, m: a > 0),
+                            r"set 'advantages' to a torch.bool tensor of shape \(4, 3\): it takes a float tensor"),
+                           (put(B.ADVANTAGES, lambda a, m: a[:, 0]), r"of shape \(4,\)")):
+        with pytest.raises(RLForgeError, match=message):
+            returning(value).advantages(_batch())
+    with pytest.raises(NonFiniteError, match="set 'returns' to NaN or inf on 4 response token"):
+        returning(put(B.RETURNS, lambda r, m: r.index_fill(1, torch.tensor([0]), math.nan))).advantages(_batch())
+    masked = returning(put(B.RETURNS, lambda r, m: r.masked_fill(m == 0, math.nan)))
+    assert masked.advantages(_batch())[B.RETURNS].shape == (4, 3)  # NaN on padding is not a token of a response
 
 
 @pytest.mark.parametrize("mode", F.LOSS_AGG_MODES)
