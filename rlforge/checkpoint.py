@@ -305,11 +305,13 @@ def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def unsafe_detail(exc: Exception) -> str:
-    """What torch's safe loader said it refused: its line naming the global (``Unsupported global: GLOBAL
-    numpy...``), else its first line, without terminal colour codes."""
+    """What torch's safe loader said it refused (after ``WeightsUnpickler error:``, e.g. ``Unsupported global: GLOBAL
+    numpy...``; torch words the rest of the message differently by case), else its first line, without terminal
+    colour codes."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    found = re.search(r"WeightsUnpickler error: *(.+)", text)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return next((line for line in lines if "Unsupported global" in line), lines[0] if lines else type(exc).__name__)[:200]
+    return (found.group(1).split(" Please use")[0].strip() if found else lines[0] if lines else type(exc).__name__)[:200]
 
 
 def check_loadable(state: dict[str, Any], what: str) -> None:

@@ -79,12 +79,31 @@ def _message_problem(message: Any) -> str:
     return ""
 
 
+_JSON_WARNED: set[str] = set()  # the columns warned about holding JSON chat messages as text (_messages)
+
+
+def _is_chat(text: str) -> bool:
+    """Whether ``text`` is JSON for a list of chat messages (``[{"role": ..., "content": ...}]``)."""
+    import json
+
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(found, list) and bool(found) and all(isinstance(m, dict) and "role" in m for m in found)
+
+
 def _messages(value: Any, where: str, column: str) -> list[dict[str, Any]]:
     """A string or a list of chat messages, as a list of messages (a string is one ``role`` message). A prompt must
     have some text; a completion may be empty (the model answered nothing but the end of its turn)."""
     from rlforge import multimodal as mm
 
     role = "user" if column == "prompt" else "assistant"
+    if isinstance(value, str) and value.lstrip().startswith("[{") and column not in _JSON_WARNED and _is_chat(value):
+        _JSON_WARNED.add(column)
+        log.warning("%s: '%s' is a string holding JSON chat messages, which rlforge (as a string) trains on as the "
+                    "text of one %s message. If they are meant as messages, store a list (json.loads the column: a "
+                    "CSV or a pandas pipeline may have turned it into text). Warned once.", where, column, role)
     messages = [{"role": role, "content": value}] if isinstance(value, str) else value
     if isinstance(messages, list):  # typed parts (TRL's vision rows) become verl's '<image>' placeholders
         messages = [{**m, "content": mm.flatten_parts(m["content"], f"{where}: {column} message {j}")}

@@ -65,16 +65,21 @@ class EngineBackend:
             hold(held)
 
 
+FAULT_METRICS = ("reward/errors", "reward/timeouts")  # the reward manager's failed calls (reliability.md)
+
+
 class Evaluator:
     """Generates ``params.n`` samples per prompt through ``backend``, or through ``agent`` (the agent loop's rollout
     on that backend) when given, and scores them with ``score`` (the controller's or the reward manager's);
-    :meth:`metrics` averages the agent loop's metrics (:data:`AGENT_METRICS`) over every trajectory generated so far.
-    ``close``: what :meth:`close` stops (the agent loop's tools and servers, for an evaluator that built its own)."""
+    :meth:`metrics` averages the agent loop's metrics (:data:`AGENT_METRICS`) over every trajectory generated so far,
+    and sums the reward calls that failed (``reward/errors``, ``reward/timeouts``, where any did: their samples count
+    as ``reward.fallback_score`` in the scores). ``close``: what :meth:`close` stops (the agent loop's tools and servers, for an evaluator that built its own)."""
 
     def __init__(self, backend: GenerationBackend, score: Callable[[B.Batch], B.Batch],
                  agent: AgentRollout | None = None, close: Callable[[], None] | None = None) -> None:
         self.backend, self.scorer, self.agent, self._close = backend, score, agent, close
         self._parts: dict[str, list[tuple[float, int]]] = defaultdict(list)  # (value, trajectories) per call
+        self._faults: dict[str, float] = defaultdict(float)  # the reward manager's failed calls, summed
 
     def __call__(self, prompts: B.Batch, params: SamplingParams) -> B.Batch:
         """The scored samples of ``prompts``."""
@@ -92,7 +97,9 @@ class Evaluator:
     def score(self, batch: B.Batch) -> B.Batch:
         """The reward function's scores, plus the trajectories' rewards when an agent loop generated ``batch``."""
         batch = self.scorer(batch)
-        batch.meta.pop("metrics", None)  # the reward manager's counters are for training steps
+        counted = batch.meta.pop("metrics", {})  # the reward manager's counters: only its failures are kept
+        for key in FAULT_METRICS:
+            self._faults[key] += counted.get(key, 0.0)
         if AGENT_REWARDS in batch:
             add_agent_rewards(batch)
         return batch
@@ -100,8 +107,9 @@ class Evaluator:
     def metrics(self) -> dict[str, float]:
         """The agent metrics, each averaged over the trajectories (one call's as the loop gave them; empty without an
         agent loop)."""
-        return {key: parts[0][0] if len(parts) == 1 else sum(v * n for v, n in parts) / sum(n for _, n in parts)
-                for key, parts in self._parts.items()}
+        faults = {key: n for key, n in self._faults.items() if n}
+        return {**{key: parts[0][0] if len(parts) == 1 else sum(v * n for v, n in parts) / sum(n for _, n in parts)
+                   for key, parts in self._parts.items()}, **faults}
 
     def close(self) -> None:
         if self._close is not None:

@@ -47,8 +47,11 @@ def _open_image(value: Any, where: str, key: str, n: int) -> Any:
     source: Any = value
     if isinstance(value, dict):
         source = value.get("bytes") or value.get("path")
-        if source is None:
-            raise DataError(f"{where}: {key}[{n}] is a dict without 'bytes' or 'path' (keys: {sorted(value)}).")
+        if not source:
+            held = ", ".join(f"{k}={value[k]!r:.40}" for k in ("bytes", "path") if k in value)
+            raise DataError(f"{where}: {key}[{n}] holds no image: " + (f"{held} (empty or null)" if held else
+                                                                        f"a dict without 'bytes' or 'path' (keys: "
+                                                                        f"{sorted(value)})") + ".")
     if isinstance(source, (bytes, bytearray)):
         source = io.BytesIO(source)
     elif isinstance(source, str):

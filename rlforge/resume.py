@@ -9,7 +9,8 @@
 - ``trainer.resume=PATH``: that checkpoint (no fallback), or that run folder as with ``auto``.
 
 A continuation must match the checkpoint: the same config in every key but :data:`MAY_CHANGE`, the same
-training data (:func:`data_fingerprint`) and the same contents of the files in :data:`CONTENT_KEYS`.
+training data (:func:`data_fingerprint`), the same contents of the files in :data:`CONTENT_KEYS` and the same
+``RLModule`` class (a run of ``Trainer(cfg).fit(MyGRPO(cfg))`` does not continue as the built-in GRPO).
 ``trainer.resume_force=true`` continues anyway, with a warning. The run's ``config.yaml`` is written once, when
 the run starts; each continuation appends a line to ``resumes.jsonl`` (from where, which keys changed, whether
 forced).
@@ -181,10 +182,14 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
         listed = "; ".join(blocking[:MAX_LISTED]) + (f"; and {len(blocking) - MAX_LISTED} more" if len(blocking) >
                                                      MAX_LISTED else "")
         if not force:
+            modules = (reference or {}).get("plugins", {}).get("modules") or []
+            missing = [m for m in modules if m not in (config.plugins.modules or [])]
+            hint = (f" It loaded plugin modules this command does not: give them again (-p "
+                    f"{' -p '.join(missing)})." if missing else "")
             raise RLForgeError(
-                f"Cannot resume {where}: it was trained with a different config or data ({listed}). Continuing would "
-                f"mix two setups in one run. Start a new run (trainer.resume=never, or another trainer.experiment), "
-                f"or continue anyway with trainer.resume_force=true."
+                f"Cannot resume {where}: it was trained with a different config or data ({listed}).{hint} Continuing "
+                f"would mix two setups in one run. Start a new run (trainer.resume=never, or another "
+                f"trainer.experiment), or continue anyway with trainer.resume_force=true."
             )
         log.warning("Resuming %s although it changed (trainer.resume_force=true): %s", where, listed)
     _set_aside(*aside)  # only now: a refused resume leaves the run folder as it was
@@ -351,6 +356,8 @@ def fingerprint(prompts: list[Any], config: DictConfig) -> dict[str, Any]:
 def compare_fingerprints(meta: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """The differences in words between a checkpoint's fingerprints (its meta.json) and the current ones."""
     out = []
+    if meta.get("module") and now.get("module") and meta["module"] != now["module"]:  # Trainer(cfg).fit(MyGRPO(cfg))
+        out.append(f"the algorithm's class: {meta['module']} then, {now['module']} now")
     if meta.get("data") and meta["data"] != now["data"]:
         out.append(f"the training data: {_describe(meta['data'])} then, {_describe(now['data'])} now")
     then = meta.get("files") or {}

@@ -41,9 +41,20 @@ def test_tokenize_applies_chat_template(char_tokenizer) -> None:
     assert p.messages == [{"role": "user", "content": "What is 1+2?"}]
 
 
-def test_tokenize_accepts_a_plain_string_prompt(char_tokenizer) -> None:
+def test_tokenize_accepts_a_plain_string_prompt(char_tokenizer, caplog, monkeypatch) -> None:
     prompts = tokenize_rows([_row(prompt="hi")], char_tokenizer, 64, True, "train")
     assert prompts[0].messages == [{"role": "user", "content": "hi"}]
+    import json
+
+    from rlforge import data
+
+    monkeypatch.setattr(data, "_JSON_WARNED", set())
+    text = json.dumps([{"role": "user", "content": "hi"}])  # a list a CSV or pandas pipeline stored as text
+    with caplog.at_level("WARNING", logger="rlforge.data"):
+        prompts = tokenize_rows([_row(prompt=text), _row(prompt=text)], char_tokenizer, 64, True, "train")
+    assert prompts[0].messages == [{"role": "user", "content": text}]  # as verl's string: one message's text
+    warned = [r.getMessage() for r in caplog.records if "string holding JSON chat messages" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("train, row 1: 'prompt'")
 
 
 @pytest.mark.parametrize("column", ["prompt", "data_source"])

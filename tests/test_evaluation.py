@@ -31,6 +31,16 @@ def test_single_turn_generates_with_the_backends_generate_and_scores() -> None:
     assert calls == [PARAMS] and out[B.SCORES].tolist() == [1.0, 1.0]
     assert "metrics" not in out.meta and evaluate.metrics() == {}  # the manager's counters are for training steps
 
+    def failing(batch: B.Batch) -> B.Batch:  # 2 of its calls failed, one by its timeout: fallback scores
+        batch = scored(batch)
+        batch.meta["metrics"] = {"reward/errors": 1.0, "reward/timeouts": 1.0, "reward/error_share": 2 / 3}
+        return batch
+
+    evaluate = Evaluator(backend, failing)  # type: ignore[arg-type]
+    for rows in (3, 2):  # helper-52: a validation whose reward failed looked like a model that scores 0
+        evaluate(B.Batch({B.PROMPTS: torch.zeros(rows, 3, dtype=torch.long)}), PARAMS)
+    assert evaluate.metrics() == {"reward/errors": 2.0, "reward/timeouts": 2.0}  # summed: val/reward/errors, ...
+
 
 class Loop:
     """An agent loop's rollout whose trajectories carry a reward of 0.5 on their first token."""

@@ -322,3 +322,15 @@ def test_the_checkpoint_a_resume_would_continue_from_is_found_without_taking_the
     assert found(f"trainer.run_dir={run_dir}", "trainer.resume=auto") == step / "step_000001"
     assert "is empty (0 bytes)" in caplog.text
     assert sorted(run_dir.rglob("*")) == before  # nothing written, set aside or moved
+
+
+def test_a_run_of_another_module_class_is_not_continued() -> None:
+    """Trainer(cfg).fit(MyGRPO(cfg)) records its class: rlforge fit (the built-in GRPO, the same algorithm.name)
+    does not continue it as its own (helper-51); a checkpoint from before the record passes."""
+    from rlforge.resume import compare_fingerprints
+
+    now = {"data": {"n": 1}, "files": {}, "module": "rlforge.algorithms.grpo.GRPO"}
+    then = {**now, "module": "my_algos.MyGRPO"}
+    assert compare_fingerprints(then, now) == [
+        "the algorithm's class: my_algos.MyGRPO then, rlforge.algorithms.grpo.GRPO now"]
+    assert compare_fingerprints(now, now) == [] and compare_fingerprints({"data": {"n": 1}, "files": {}}, now) == []

@@ -59,10 +59,11 @@ class Recorder:
         edited = False
         if self.conv is not None and len(messages) > len(self.seen) and _continues(messages, self.seen):
             conv, restart = self.conv, False
-            if conv.stop_reason is None:
-                conv.add_messages(messages[len(self.seen):])  # raises before it inserts anything
+            if conv.stop_reason is None:  # raises before it inserts anything
+                conv.add_messages([self._cut(m) for m in messages[len(self.seen):]])
         else:
-            conv = Conversation(self.context, self.sample, tools=request.tools or False, opening=messages)
+            conv = Conversation(self.context, self.sample, tools=request.tools or False,
+                                opening=[self._cut(m) for m in messages])
             restart = self.conv is not None
             edited = restart and _edited(messages, self.seen)
         text = await conv.generate(self.engine, max_new_tokens=request.max_tokens)
@@ -74,6 +75,16 @@ class Recorder:
         self.seen = [*messages, _as_sent_back(message)]
         pieces = token_texts(self.context.chat, gen.ids) if request.stream and gen is not None else []
         return Reply(self._completion(message, finish, gen, request.logprobs), pieces)
+
+    def _cut(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A tool message's text cut to ``rollout.agent.max_tool_output_tokens``, as ``tool_agent`` cuts a tool's
+        reply (the agent's own copy of the conversation keeps it whole)."""
+        if message.get("role") != "tool" or not isinstance(message.get("content"), str):
+            return message
+        limits = self.context.config.rollout.agent
+        text, _ = self.context.chat.truncate(message["content"], limits.max_tool_output_tokens,
+                                             limits.tool_output_truncate_side)
+        return {**message, "content": text}
 
     def _reply(self, text: str, gen: Any, with_tools: bool) -> tuple[dict[str, Any], str]:
         """The assistant message of a model turn: its tool calls (when the request offered tools and every call of

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import importlib.util
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -27,11 +27,13 @@ from rlforge.agent.base import maybe_await
 from rlforge.agent.workers import DaemonThreads
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.plugin_manager import import_file
 from rlforge.plugins.agent import openai_responses as responses
 from rlforge.plugins.agent.openai_http import HttpRequest, HttpResponse, HttpServer, error_payload
 from rlforge.plugins.agent.openai_recorder import MODEL, REJECTED, Recorder, Reply, stream_chunks
 from rlforge.plugins.agent.openai_request import ChatRequest
 
+_LOADING = threading.Lock()  # the entry function's first load (OpenAIAgent.agent)
 AGENT_THREADS = 256  # daemon threads that run synchronous agent functions (each waits on its HTTP calls)
 
 
@@ -74,7 +76,9 @@ class OpenAIAgentLoop(AgentLoop):
     def agent(self, sample: Sample, endpoint: Endpoint) -> Any:
         """The agent: by default the function named by ``rollout.agent.openai_agent.entry``."""
         if self._fn is None:
-            self._fn = load_entry(self.config.rollout.agent.openai_agent.entry)
+            with _LOADING:  # the first trajectories start together: the entry is loaded by one of them
+                if self._fn is None:
+                    self._fn = load_entry(self.config.rollout.agent.openai_agent.entry)
         return self._fn(sample, endpoint)
 
     @contextlib.asynccontextmanager
@@ -227,12 +231,10 @@ def load_entry(entry: str) -> Any:
     if not target or not name:
         raise ConfigError(f"rollout.agent.openai_agent.entry={entry!r}: write module:function or file.py:function.")
     try:
-        if target.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(f"rlforge_openai_agent_{Path(target).stem}", target)
-            if spec is None or spec.loader is None or not Path(target).is_file():
+        if target.endswith(".py"):  # one module per process, as an import gives (its globals shared by every call)
+            if not Path(target).is_file():
                 raise FileNotFoundError(target)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
+            module = import_file(f"rlforge_openai_agent_{Path(target).stem}", Path(target).resolve())
         else:
             module = importlib.import_module(target)
     except Exception as exc:

@@ -44,6 +44,8 @@ def gsm8k_score(
         answer = _to_number(numbers[-1]) if numbers else None
     if answer is None:
         return 0.0
+    if isinstance(ground_truth, float) and ground_truth.is_integer():  # 62.0: pandas' int column with a missing value
+        ground_truth = int(ground_truth)
     return score if answer == _to_number(str(ground_truth)) else format_score
 
 

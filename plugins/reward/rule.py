@@ -213,8 +213,9 @@ class RuleRewardManager:
             f"({', '.join(f'{c} {k}' for k, c in kinds.most_common())}), which reaches reward.max_error_share="
             f"{self.max_error_share:g}: {WHY_STOP[self.max_error_share == 0]}. The first: data_source "
             f"'{sources[first]}', sample {first}: {outcomes[first][1]}. Fix the reward function (the contract is "
-            f"compute_score(data_source, solution_str, ground_truth, extra_info)) or, to tolerate more failures, "
-            f"raise reward.max_error_share (1 stops only when every call fails)."
+            f"compute_score(data_source, solution_str, ground_truth, extra_info))"
+            + (". " if self.max_error_share >= 1 else
+               " or, to tolerate more failures, raise reward.max_error_share (1 stops only when every call fails).")
         )
 
     def _log_first(self, kind: str, data_source: str, index: int, reason: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from rlforge.agent.base import Tool
+from rlforge.agent.chat import valid_text
 from rlforge.agent.types import ParsedTurn, Sample, ToolCall, ToolError, ToolResult, ToolStats
 from rlforge.agent.workers import DaemonThreads, ToolLoop
 from rlforge.errors import RLForgeError, first_line
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from rlforge.agent.chat import ChatFormat
 
 log = logging.getLogger("rlforge.agent")
+_FAILED: set[str] = set()  # the tools whose first failure was logged (Calls._error)
 TOOL_THREADS = 16  # daemon threads that run sync tools (a hung sync tool holds one until it returns)
 MAX_BLOCKED_LOOPS = 8  # tool event loops replaced after an async tool blocked them; then async calls share the last
 STALL_PROBE_S = 1.0  # after an async call timed out: a tool loop that runs no callback within this is blocked
@@ -145,11 +147,12 @@ class ToolSession:
             text, reward, images = await asyncio.wait_for(self._execute(call), self.box.limits.tool_timeout_s)
         except asyncio.TimeoutError:
             text, reward = self._error(f"the tool '{call.name}' did not answer within "
-                                       f"{self.box.limits.tool_timeout_s:g} s (rollout.agent.tool_timeout_s)"), 0.0
+                                       f"{self.box.limits.tool_timeout_s:g} s (rollout.agent.tool_timeout_s)",
+                                       call.name), 0.0
         except ToolError as exc:
-            text, reward = self._error(str(exc)), 0.0
+            text, reward = self._error(str(exc), call.name), 0.0
         except Exception as exc:
-            text, reward = self._error(f"the tool '{call.name}' failed: {type(exc).__name__}: {exc}"), 0.0
+            text, reward = self._error(f"the tool '{call.name}' failed: {type(exc).__name__}: {exc}", call.name), 0.0
         self.stats.seconds.append(time.perf_counter() - start)
         limits = self.box.limits
         text, _ = self.chat.truncate(text, limits.max_tool_output_tokens, limits.tool_output_truncate_side)
@@ -192,8 +195,14 @@ class ToolSession:
                                 f"{first_line(exc)})") from None
         return images
 
-    def _error(self, message: str) -> str:
+    def _error(self, message: str, tool: str = "") -> str:
+        """The error reply the model gets (counted in ``agent/tool_errors``); a tool's first failure in this process
+        is also logged, whole (the reply may be cut), so that its author sees it."""
         self.stats.errors += 1
+        if tool and tool not in _FAILED:
+            _FAILED.add(tool)
+            log.warning("Tool %r failed (sample %s): %s. The model gets an error reply; later failures of this tool are "
+                        "only counted in agent/tool_errors.", valid_text(tool), self.sample.index, valid_text(message))
         return "Error: " + re.sub(r" at 0x[0-9a-fA-F]+", "", message)  # no memory address: the reply is trained on
 
 

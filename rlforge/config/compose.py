@@ -378,8 +378,8 @@ def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
     lora.validate(cfg)
     checkpoint.check_mode(cfg, registry)
     PIPELINES[cfg.trainer.pipeline].validate_config(cfg)
-    check_sequence_parallel_owner(cfg)
     if not files:
+        check_sequence_parallel_owner(cfg)
         return
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
@@ -392,6 +392,7 @@ def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
         check = entry.functions.get("validate_config")
         if check is not None:
             check(cfg, registry)
+    check_sequence_parallel_owner(cfg)  # after the strategy's own check, which says more
 
 
 def check_data_files(cfg: DictConfig, registry: Any) -> None:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf, read_write
 from rlforge import batch as B
 from rlforge.build import Builder
 from rlforge.errors import RLForgeError
+from rlforge.evaluation import FAULT_METRICS
 from rlforge.sampling import SamplingParams, derived_seed
 from rlforge.models import load_tokenizer_and_processor
 from rlforge.tools.inference import load_engine, prompt_batches
@@ -101,6 +102,8 @@ def evaluate(
         for src in sorted(set(source.values()))
         if (sub := {u: g for u, g in groups.items() if source[u] == src})
     }
+    found = evaluate.metrics()
+    faults = {key: found.pop(key) for key in FAULT_METRICS if key in found}  # samples scored reward.fallback_score
     return {
         "model": cfg.model.path,
         "dataset": cfg.data.name,
@@ -115,7 +118,8 @@ def evaluate(
         "metrics": summarize(groups, k_list),
         "by_data_source": by_source,
         "validation_metrics": _validation_metrics(groups, source, extras),
-        **({"agent": evaluate.metrics()} if evaluate.agent is not None else {}),
+        **({"agent": found} if evaluate.agent is not None else {}),
+        **({"reward_failures": faults} if faults else {}),
         "seconds": round(time.perf_counter() - start, 3),
     }
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 SUFFIX = ".tmpl"
 KINDS = ("plugin", "experiment")
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_NAME = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?$")  # a letter first, a letter or digit last (PEP 508)
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
@@ -29,7 +29,8 @@ def template_variables(kind: str, name: str) -> dict[str, str]:
     """The values that fill the placeholders, derived from NAME (``my-algo`` -> ``my_algo``, ``MyAlgo``, ...)."""
     if not _NAME.match(name):
         raise RLForgeError(
-            f"Invalid {kind} name '{name}': use letters, digits, '_' or '-', starting with a letter (e.g. my_algo)."
+            f"Invalid {kind} name '{name}': use letters, digits, '_' or '-', starting with a letter and ending with a "
+            f"letter or digit (e.g. my_algo)."
         )
     ident = name.lower().replace("-", "_")
     try:
@@ -44,6 +45,19 @@ def template_variables(kind: str, name: str) -> dict[str, str]:
         "rlforge_version": version,
         "hook_spec_version": str(HOOK_SPEC_VERSION),
     }
+
+
+def check_free(name: str) -> None:
+    """The template registers an algorithm and a reward function named ``name``: neither may be taken already (by
+    rlforge or an installed plugin), or the generated plugin would fail to load."""
+    from rlforge.plugin_manager import PluginManager
+
+    registry = PluginManager().registry
+    taken = [kind for kind in ("algorithm", "reward_fn") if name in getattr(registry, kind)]
+    if taken:
+        raise RLForgeError(f"Plugin name '{name}' is taken: the template registers an algorithm and a reward function "
+                           f"of that name, and {' and '.join(f'{kind} {name!r}' for kind in taken)} exists already "
+                           f"(`rlforge algos`, `rlforge plugins list`): choose another name.")
 
 
 def render_text(text: str, variables: dict[str, str], where: str) -> str:
@@ -72,6 +86,8 @@ def render(kind: str, name: str, parent: str | Path = ".") -> Path:
     if kind not in KINDS:
         raise RLForgeError(f"Unknown template '{kind}'. Available: {', '.join(KINDS)}.")
     variables = template_variables(kind, name)
+    if kind == "plugin":
+        check_free(variables["name"])
     target = Path(parent) / (variables["dist"] if kind == "plugin" else variables["name"])
     if target.exists():
         raise RLForgeError(f"{target} already exists: choose another name or another folder (--dir).")

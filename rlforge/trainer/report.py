@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,17 @@ def print_summary(summary: dict[str, Any], with_mlflow: bool) -> None:
     table.add_row("tokens/s", f"{summary['tokens_per_s']:.0f}")
     table.add_row("wall time", f"{summary['seconds']:.1f} s")
     table.add_row("run folder", summary["run_dir"])
-    console = Console(highlight=False, soft_wrap=True)
+    console = _console()
     console.print(table)
     if with_mlflow:
         ui = "" if importlib.util.find_spec("flask") else " (the web UI needs the full mlflow: pip install 'rlforge[mlflow]')"
         console.print(f"Open the metrics: mlflow ui --backend-store-uri {summary['mlflow_uri']}{ui}", markup=False)
+
+
+def _console() -> Console:
+    """rich's console; written to a file or a pipe (a log), 200 columns wide, where rich would assume 80 and cut the
+    run folder's path and the table."""
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
 def select_trajectory(records: list[dict[str, Any]], which: str) -> dict[str, Any]:
@@ -90,7 +97,7 @@ def _span_text(span: dict[str, Any]) -> Text:
 
 def print_trajectory(record: dict[str, Any], console: Console | None = None) -> None:
     """One trajectory record: what generated it, its reward, and each span of its response with its loss mask."""
-    console = console or Console(highlight=False, soft_wrap=True)
+    console = console or _console()
     mask = record.get("loss_mask", [])
     console.print(Text(f"step {record.get('step')}, sample {record.get('index')} (uid {record.get('uid')}, "
                        f"data_source {record.get('data_source')}), policy version {record.get('policy_version')}: "
@@ -110,7 +117,7 @@ def print_trajectory(record: dict[str, Any], console: Console | None = None) -> 
 
 def print_trajectories(records: list[dict[str, Any]], console: Console | None = None) -> None:
     """One line per record: its step, row, reward, turns and tool calls."""
-    console = console or Console(highlight=False, soft_wrap=True)
+    console = console or _console()
     table = Table(title=f"{len(records)} trajectories")
     for column in ("line", "step", "index", "policy version", "reward", "model turns", "tool calls", "stop"):
         table.add_column(column)

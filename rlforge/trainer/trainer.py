@@ -89,7 +89,8 @@ class Trainer:
         apply_total_epochs(self.config, len(self.train_examples))  # total_epochs / epoch_limit: steps from the rows
         self.val_examples = module.prepare_data(self.builder.dataset("val"), "val")
         self.sampler = PromptSampler(len(self.train_examples), d.train_batch_size, d.shuffle, self.config.trainer.seed)
-        self.fingerprint = resume.fingerprint(self.train_examples, self.config)
+        self.fingerprint = {**resume.fingerprint(self.train_examples, self.config),
+                            "module": f"{type(module).__module__}.{type(module).__qualname__}"}
 
     def _seed(self) -> None:
         seed = self.config.trainer.seed

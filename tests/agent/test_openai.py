@@ -51,6 +51,17 @@ class SyncAgent(OpenAIAgentLoop):
         return calculator_agent(sample, endpoint)
 
 
+class LongTool(OpenAIAgentLoop):
+    """Answers the model's tool call with 5,000 characters, as a search tool may."""
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        messages = list(sample.messages)
+        call = api.chat.completions.create(model=endpoint.model, messages=messages, tools=TOOLS).choices[0].message
+        messages += [call, {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "1" * 5000}]
+        return api.chat.completions.create(model=endpoint.model, messages=messages, tools=TOOLS).choices[0].message.content
+
+
 class AsyncAgent(OpenAIAgentLoop):
     async def agent(self, sample, endpoint):
         api = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
@@ -164,6 +175,7 @@ class Plugin:
         registry.agent_loop.register("rejected", Rejected)
         registry.agent_loop.register("crowd", Crowd)
         registry.agent_loop.register("models", Models)
+        registry.agent_loop.register("long_tool", LongTool)
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +202,18 @@ def test_openai_client_agent_matches_the_tool_agent_loop(agent_pm, tok):
     for key in ("tool_call_counts/mean", "agent/tool_calls", "agent/parse_errors", "agent/tool_call_format_ok"):
         assert metrics[key] == reference_metrics[key], key  # the tool calls the endpoint parsed
     assert metrics["agent/tool_calls"] == 2 and metrics["agent/tool_call_format_ok"] == 1
+
+
+def test_a_long_tool_message_is_cut_as_tool_agent_cuts_a_tool_s_reply(agent_pm, tok):
+    """rollout.agent.max_tool_output_tokens holds for the tool messages an agent sends (helper-52: 300 characters
+    took the whole response budget, the model never saw the tool's reply)."""
+    runner = runner_for(agent_pm, tok, "rollout.agent.loop=long_tool", "rollout.agent.max_tool_output_tokens=24")
+    try:
+        out, _ = runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, calculator_then_answer))
+    finally:
+        runner.close()
+    answer = out[B.SOLUTION_TEXT][0]  # the model (scripted) repeats the tool's reply as it saw it
+    assert answer.startswith("1" * 5) and answer.endswith("...(truncated)") and len(tok.encode(answer)) <= 24
 
 
 def test_unreadable_tool_calls_count_as_parse_errors(agent_pm, tok):
@@ -222,6 +246,28 @@ def test_entry_function_from_a_file(pm, tok, tmp_path):
     finally:
         runner.close()
     assert tok.decode(out[B.RESPONSES][0]) == "4" and out[B.SOLUTION_TEXT] == ["4"]
+
+
+def test_an_entry_file_is_one_module_per_process(tmp_path):
+    """Trajectories that start together load the file once: its module-level state (a client, a cache) is shared,
+    as an import shares it (helper-52: four copies, one per agent thread)."""
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from rlforge.plugins.agent.openai_server import OpenAIAgentLoop
+
+    (tmp_path / "counted.py").write_text("import time\ntime.sleep(0.2)\nLOADS = []\ndef agent(s, e):\n"
+                                         "    LOADS.append(1)\n    return len(LOADS)\n")
+    loop = OpenAIAgentLoop.__new__(OpenAIAgentLoop)
+    loop._fn, loop.config = None, OmegaConf.create({"rollout": {"agent": {"openai_agent": {
+        "entry": f"{tmp_path / 'counted.py'}:agent"}}}})
+    calls = [threading.Thread(target=loop.agent, args=(None, None)) for _ in range(4)]
+    for t in calls:
+        t.start()
+    for t in calls:
+        t.join()
+    assert sys.modules["rlforge_openai_agent_counted"].LOADS == [1, 1, 1, 1]
 
 
 def test_unsupported_requests_are_400s_and_a_new_conversation_restarts(agent_pm, tok):

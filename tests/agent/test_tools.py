@@ -199,11 +199,18 @@ def run_calls(tok, tools, calls, errors=(), limits=Limits):
     (Opaque, "Error: the tool 'opaque' returned object (<object object>), not text"),
     (BadReward, "Error: the tool 'bad_reward' returned the reward nan, not a finite number"),
 ])
-def test_a_failing_tool_gives_an_error_reply(tok, tool, reply):
-    messages, reward, stats = run_calls(tok, [tool], [tool.name])
+def test_a_failing_tool_gives_an_error_reply(tok, tool, reply, caplog, monkeypatch):
+    from rlforge.agent import toolbox
+
+    monkeypatch.setattr(toolbox, "_FAILED", set())
+    with caplog.at_level("WARNING", logger="rlforge.agent"):
+        messages, reward, stats = run_calls(tok, [tool], [tool.name])
+        run_calls(tok, [tool], [tool.name])
     assert messages[0]["role"] == "tool" and messages[0]["tool_call_id"] == "id0"
     assert messages[0]["content"].startswith(reply), messages[0]["content"]
     assert (stats.calls, stats.errors, reward) == (1, 1, 0.0)
+    logged = [r.getMessage() for r in caplog.records if r.name == "rlforge.agent" and "failed (sample" in r.getMessage()]
+    assert len(logged) == 1 and reply.removeprefix("Error: ")[:24] in logged[0]  # its author sees it, once
 
 
 def test_unknown_tool_and_too_many_calls_and_parse_errors(tok):

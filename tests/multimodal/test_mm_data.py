@@ -62,6 +62,8 @@ def test_images_come_from_bytes_paths_pil_and_lists_under_data_image_key(vlm, tm
         tokenize_rows([{**_row(), "pics": "/nope.png"}], tok, 64, False, "t", processor=proc, image_key="pics")
     with pytest.raises(DataError, match=r"t, row 1: images\[0\] is not a readable image"):
         tokenize_rows([_row(images=[{"bytes": b"not a png"}])], tok, 64, False, "t", processor=proc)
+    with pytest.raises(DataError, match=r"t, row 1: images\[0\] holds no image: bytes=b'', path=None \(empty or null\)"):
+        tokenize_rows([_row(images=[{"bytes": b"", "path": None}])], tok, 64, False, "t", processor=proc)
 
 
 def test_image_tokens_are_the_processors_expansion_bounded_by_min_and_max_pixels(vlm):

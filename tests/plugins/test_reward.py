@@ -70,6 +70,9 @@ def test_gsm8k_strict_format_score_and_custom_score() -> None:
     assert gsm8k_score("gsm8k", "#### 71", "72", format_score=0.1) == 0.1
     assert gsm8k_score("gsm8k", "no answer", "72", format_score=0.1) == 0.0  # nothing extracted
     assert gsm8k_score("gsm8k", "#### 72", "72", score=2.0) == 2.0
+    # an integer answer read as a float (pandas' int column with a missing value) is the same answer
+    assert gsm8k_score("gsm8k", "#### 62", 62.0) == 1.0 and gsm8k_score("gsm8k", "#### 62", 62) == 1.0
+    assert gsm8k_score("gsm8k", "#### 62.5", 62.5) == 1.0 and gsm8k_score("gsm8k", "#### 62", 62.5) == 0.0
 
 
 @pytest.mark.parametrize(

@@ -34,8 +34,18 @@ def test_template_variables():
                                                                      "MyAlgo")
     with pytest.raises(RLForgeError, match="Invalid plugin name '2fast'"):
         template_variables("plugin", "2fast")
+    for name in ("my_algo_", "my-algo-"):  # pip refuses the distribution name rlforge-my-algo-
+        with pytest.raises(RLForgeError, match=f"Invalid plugin name '{name}'.*ending with a letter or digit"):
+            template_variables("plugin", name)
     with pytest.raises(RLForgeError, match="unknown placeholder '{{nope}}'"):
         render_text("a {{ nope }} b", v, "x.tmpl")
+
+
+@pytest.mark.parametrize(("name", "taken"), [("grpo", "algorithm 'grpo'"), ("gsm8k", "reward_fn 'gsm8k'")])
+def test_a_plugin_named_as_a_built_in_is_refused(tmp_path, capsys, name, taken):
+    assert main(["new", "plugin", name, "--dir", str(tmp_path)]) == 2  # its tests would fail, it would never load
+    err = capsys.readouterr().err
+    assert f"Plugin name '{name}' is taken" in err and taken in err and not list(tmp_path.iterdir())
 
 
 def test_new_plugin_renders_every_file(tmp_path, capsys):
