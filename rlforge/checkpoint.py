@@ -309,7 +309,7 @@ def unsafe_detail(exc: Exception) -> str:
     numpy...``; torch words the rest of the message differently by case), else its first line, without terminal
     colour codes."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
-    found = re.search(r"WeightsUnpickler error: *(.+)", text)
+    found = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)  # on its line, or after blank lines
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return (found.group(1).split(" Please use")[0].strip() if found else lines[0] if lines else type(exc).__name__)[:200]
 
