@@ -378,9 +378,18 @@ def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
     lora.validate(cfg)
     checkpoint.check_mode(cfg, registry)
     PIPELINES[cfg.trainer.pipeline].validate_config(cfg)
-    if not files:
-        check_sequence_parallel_owner(cfg)
-        return
+    if files:
+        check_named_files(cfg, registry)
+        for _, entry in components:
+            check = entry.functions.get("validate_config")
+            if check is not None:
+                check(cfg, registry)
+    check_sequence_parallel_owner(cfg)  # after the strategy's own check, which says more
+
+
+def check_named_files(cfg: DictConfig, registry: Any) -> None:
+    """The files and folders the config names: the reward file, the data files, the model folders, the checkpoint
+    to resume."""
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
     check_data_files(cfg, registry)
@@ -388,11 +397,6 @@ def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
         if OmegaConf.select(cfg, key):
             check_model_folder(resolve_model_path(OmegaConf.select(cfg, key), key), key, cfg)
     check_resume_value(cfg.trainer.resume)
-    for _, entry in components:
-        check = entry.functions.get("validate_config")
-        if check is not None:
-            check(cfg, registry)
-    check_sequence_parallel_owner(cfg)  # after the strategy's own check, which says more
 
 
 def check_data_files(cfg: DictConfig, registry: Any) -> None:
