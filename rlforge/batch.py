@@ -51,6 +51,21 @@ LEFT_PADDED = frozenset({PROMPTS, PROMPT_MASK})
 OPTIONAL_LISTS = frozenset({MULTI_MODAL_INPUTS, AGENT_NAME, LOOP_SCORES})  # row columns a batch may lack (None for each of its rows in concat)
 
 
+def reported_scores(batch: Batch) -> list[float]:
+    """The batch's scores (``SCORES``, a float32 tensor) as the JSON a run or ``rlforge eval`` writes shows them: each
+    the shortest decimal that maps back to the same float32, so a reward function's 0.3 reads 0.3, not float32's
+    0.30000001192092896 (:func:`as_returned`)."""
+    return [as_returned(score) for score in batch[SCORES].tolist()]
+
+
+def as_returned(value: float) -> float:
+    """``value``, a float32 number (a score read from its tensor), as the shortest decimal that maps back to the same
+    float32: what the reward function returned where it returned that decimal (0.3 for 0.30000001192092896)."""
+    import numpy as np
+
+    return float(str(np.float32(value)))  # numpy writes a float32 with the fewest digits that round-trip
+
+
 def last_model_token(mask: torch.Tensor) -> torch.Tensor:
     """[B]: each row's last position where the response mask ``mask`` [B, R] is 1 (its last model token; 0 for a row
     without one), where a score goes."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
+from rlforge.data import first_rows
 from rlforge.errors import RLForgeError
 
 if TYPE_CHECKING:
@@ -122,12 +123,12 @@ class Builder:
 
     def dataset(self, split: str) -> list[dict[str, Any]]:
         """The rows of ``split`` (``train`` or ``val``) of ``data.name``. A reward manager that defines
-        ``check_data_sources(config, registry, data_sources)`` checks their ``data_source`` values here, so a
-        row no reward function can score fails before any model loads."""
+        ``check_data_sources(config, registry, data_sources)`` checks their ``data_source`` values here (each with
+        where its first row is), so a row no reward function can score fails before any model loads, naming it."""
         rows = self.registry.dataset.get(self.config.data.name)(self.config, split)
         check = self.registry.reward_manager.entry(self.config.reward.manager).functions.get("check_data_sources")
         if check is not None and rows:
-            check(self.config, self.registry, {r["data_source"] for r in rows if isinstance(r, dict) and "data_source" in r})
+            check(self.config, self.registry, first_rows(rows, "data_source", f"{self.config.data.name} ({split})"))
         return rows
 
     def agent(self, tokenizer: Any, processor: Any = None) -> AgentRunner:

@@ -4,7 +4,7 @@ Preference rows (pairs, labelled completions): ``rlforge.preferences``."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -64,6 +64,18 @@ def columns(row: dict[str, Any]) -> list[str]:
 def row_origin(row: dict[str, Any], index: int, name: str) -> str:
     """Where a row comes from, for error messages: its ``_origin`` (file and line) or ``<name>, row <n>``."""
     return str(row.get("_origin") or f"{name}, row {index + 1}")
+
+
+def first_rows(rows: Iterable[Any], column: str, name: str) -> dict[Any, str]:
+    """Each value of ``column`` in ``rows`` -> where its first row is (:func:`row_origin`: ``train.jsonl, row 3``), in
+    the order the values first appear; rows that are not dicts or lack the column are left out. What a check of one
+    column names rows by, e.g. the reward manager's ``check_data_sources`` (``name``: the dataset, as in
+    ``tokenize_rows``)."""
+    found: dict[Any, str] = {}
+    for i, row in enumerate(rows):
+        if isinstance(row, dict) and column in row and row[column] not in found:
+            found[row[column]] = row_origin(row, i, name)
+    return found
 
 
 def _message_problem(message: Any) -> str:

@@ -66,6 +66,16 @@ class EngineBackend:
 
 
 FAULT_METRICS = ("reward/errors", "reward/timeouts")  # the reward manager's failed calls (reliability.md)
+# what a batch is scored for, in batch.meta[SCORED_FOR] while the evaluator's reward manager scores it (absent: a
+# training step); a reward manager words its errors by it (scored_for)
+SCORED_FOR = "scored_for"
+TRAINING, VALIDATION = "training", "validation"  # validation: a run's, rlforge eval's and the SFT check's
+
+
+def scored_for(batch: B.Batch) -> str:
+    """What ``batch`` is being scored for: :data:`VALIDATION` while an :class:`Evaluator` scores it, else
+    :data:`TRAINING` (a training step's reward stage)."""
+    return str(batch.meta.get(SCORED_FOR, TRAINING))
 
 
 class Evaluator:
@@ -96,7 +106,13 @@ class Evaluator:
 
     def score(self, batch: B.Batch) -> B.Batch:
         """The reward function's scores, plus the trajectories' rewards when an agent loop generated ``batch``."""
-        batch = self.scorer(batch)
+        batch.meta[SCORED_FOR] = VALIDATION  # the reward manager's errors say validation, not a training step
+        try:
+            scored = self.scorer(batch)
+        finally:
+            batch.meta.pop(SCORED_FOR, None)
+        scored.meta.pop(SCORED_FOR, None)  # a scorer that returned another batch, with a copy of the meta
+        batch = scored
         counted = batch.meta.pop("metrics", {})  # the reward manager's counters: only its failures are kept
         for key in FAULT_METRICS:
             self._faults[key] += counted.get(key, 0.0)

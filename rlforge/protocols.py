@@ -84,7 +84,8 @@ class TokenGenerator(Protocol):
 class RewardManager(Protocol):
     """Scores a batch. Registered under ``reward_manager``; built as ``factory(config, tokenizer, registry)``.
     May define a static ``check_data_sources(config, registry, data_sources)`` that refuses data it cannot score
-    (called on every dataset before any model loads), and a static ``check_function(config)`` that refuses a reward
+    (called on every dataset before any model loads; ``data_sources`` maps each ``data_source`` value to where its
+    first row is, ``train.jsonl, row 3``, for its errors), and a static ``check_function(config)`` that refuses a reward
     function the config names that it could not call (``rlforge verl --print`` runs it)."""
 
     def score(self, batch: Batch) -> Batch:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.plugins.reward.results import BAD_VALUE, ERROR_KINDS, OK, RAISED, TIMEOUT, Outcome, describe
-from rlforge.plugins.reward.rule import ERROR_SHARE, WHY_STOP, RewardFailure
+from rlforge.plugins.reward.rule import ERROR_SHARE, RewardFailure, more_tolerance, why_stop
 
 from rlforge import batch as B
 from rlforge.agent.workers import ToolLoop
@@ -327,7 +327,7 @@ class GenerativeRewardManager:
         responses = batch.lists.get(B.SOLUTION_TEXT, texts)  # an agent loop's answer, when it gives one
         n = len(batch)
         outcomes = [self._score(reply) for reply in self.judge.replies(self.conversations(batch, responses))]
-        self._check_error_share(outcomes)
+        self._check_error_share(outcomes, batch)
         scores = torch.full((n,), self.fallback_score)
         faults: Counter[str] = Counter()
         for i, (kind, value) in enumerate(outcomes):
@@ -373,19 +373,20 @@ class GenerativeRewardManager:
         except ValueError as exc:
             return BAD_VALUE, str(exc)
 
-    def _check_error_share(self, outcomes: list[Outcome]) -> None:
+    def _check_error_share(self, outcomes: list[Outcome], batch: B.Batch) -> None:
         """Stop when the share of failed requests reaches ``reward.max_error_share``, as the rule manager does."""
         failed = [i for i, (kind, _) in enumerate(outcomes) if kind != OK]
         if not failed or len(failed) / len(outcomes) < self.max_error_share:
             return
         kinds = Counter(outcomes[i][0] for i in failed)
         first = failed[0]
+        advice = more_tolerance(self.max_error_share, "request")
         raise RewardFailure(
             f"{len(failed)} of {len(outcomes)} judge requests failed on this batch "
             f"({', '.join(f'{c} {k}' for k, c in kinds.most_common())}), which reaches reward.max_error_share="
-            f"{self.max_error_share:g}: {WHY_STOP[self.max_error_share == 0]}. The first: sample {first}: "
-            f"{outcomes[first][1]} ({self.judge.where}). Check the judge and {KEY}.score_pattern, or raise "
-            f"reward.max_error_share (1 stops only when every request fails)."
+            f"{self.max_error_share:g}: {why_stop(self.max_error_share, batch)}. The first: sample {first}: "
+            f"{outcomes[first][1]} ({self.judge.where}). Check the judge and {KEY}.score_pattern"
+            + (f", or {advice}." if advice else ".")
         )
 
     def _log_first(self, kind: str, index: int, reason: str) -> None:

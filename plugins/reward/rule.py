@@ -3,7 +3,9 @@
 A user function loads from a file (``reward.file``, ``reward.fn_name``; ``user_file``) with verl's contract
 ``compute_score(data_source, solution_str, ground_truth, extra_info)``, so verl reward code ports unchanged.
 Without one, each row's ``data_source`` picks the function: one registered under that name, else the built-in
-that verl's default scorer uses for it (``DATA_SOURCES``). Keys of a dict result besides ``score`` and ``acc``
+that verl's default scorer uses for it (``DATA_SOURCES``). Before any model loads, ``check_data_sources`` refuses rows
+whose data_source has no function (naming the first such row) and a registered function the rows (or ``reward.fn``)
+use whose signature cannot take the contract's arguments (``check_registered``). Keys of a dict result besides ``score`` and ``acc``
 are kept per sample (column ``reward_extra_info``) and their batch means reported as ``reward/extra/<key>/mean``.
 
 Reward functions run in persistent worker processes (``workers.RewardWorkers``), forked from this process on
@@ -22,7 +24,7 @@ import functools
 import inspect
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlforge.plugins.reward.code import CodeRewardConfig, code_exec_score
@@ -34,14 +36,16 @@ from rlforge.plugins.reward.results import (
     TIMEOUT,
     Outcome,
     ScoreFn,
+    _short,
     extra_metrics,
 )
-from rlforge.plugins.reward.user_file import load_user_function
+from rlforge.plugins.reward.user_file import check_contract, contract_call, load_user_function
 from rlforge.plugins.reward.workers import RewardWorkers
 
 from rlforge import batch as B
 from rlforge.config.schema import plain
 from rlforge.errors import ConfigError, RLForgeError
+from rlforge.evaluation import TRAINING, VALIDATION, scored_for
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
@@ -54,10 +58,15 @@ log = logging.getLogger("rlforge.reward")
 
 FIXED = "<reward.fn or reward.file>"  # the function table's key for a function set by config
 ERROR_SHARE = "reward/error_share"  # share of a step's reward calls that failed (errors and timeouts)
-# why a batch with failed calls stops the run, by whether reward.max_error_share is 0
-WHY_STOP = {False: "it would train on reward.fallback_score alone",
-            True: "the first failed call stops the run (verl's reward managers stop on a call that raises; rlforge "
-                  "also on a value it cannot train on, such as NaN, where verl would train on it)"}
+# why a batch with failed calls stops the run where reward.max_error_share is above 0: its scores would be the
+# fallback alone, for what the batch is scored for (rlforge.evaluation.scored_for)
+FALLBACK_ONLY = {TRAINING: "the training step would train on reward.fallback_score alone",
+                 VALIDATION: "the validation would measure reward.fallback_score alone, not the model's answers"}
+FIRST_FAILURE_STOPS = ("the first failed call stops the run (verl's reward managers stop on a call that raises; "
+                       "rlforge also on a value it cannot train on, such as NaN, where verl would train on it)")
+# where reward.max_error_share is 0, the value rlforge verl sets: how to change it on that launcher's command line
+VERL_DOOR = ("; a run started with `rlforge verl`, which sets it to 0 as verl stops, takes it after `--`: "
+             "rlforge verl VERL_ARGS... -- reward.max_error_share=1")
 
 # verl's data_source names (default_compute_score, verl/utils/reward_score/__init__.py) -> built-in reward function.
 # A reward function registered under the data_source itself comes first.
@@ -106,8 +115,50 @@ def _fn_section(config: Any, registry: Any, name: str) -> Any:
     return section
 
 
+def _bound(config: Any, registry: Any, name: str) -> ScoreFn:
+    """The registered reward function ``name`` with its config values bound (``bind_config``), as the workers call
+    it (``contract_call``: the four arguments as keywords where its signature takes them so)."""
+    return contract_call(bind_config(registry.reward_fn.get(name), config.reward, _fn_section(config, registry, name)))
+
+
+def registered_as(entry: Any) -> str:
+    """How an error names a registered reward function: its name, plugin and the file and line defining it."""
+    obj = getattr(entry.obj, "func", entry.obj)  # a functools.partial: the function it calls
+    try:
+        at = f", {inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+    except (TypeError, OSError):  # a builtin, or a function whose source is gone
+        at = ""
+    return f"Reward function '{entry.name}' (registry.reward_fn, plugin '{entry.plugin}'{at})"
+
+
+def check_registered(config: Any, registry: Any, names: Iterable[str]) -> None:
+    """Each registered reward function of ``names`` takes the contract's four arguments as rlforge calls it, its config
+    values bound (``user_file.check_contract``, as for ``reward.file``): a ConfigError naming the function, its plugin
+    and file, the contract and its signature otherwise, before any model loads (not at the first batch's scores)."""
+    for name in dict.fromkeys(names):
+        entry = registry.reward_fn.entry(name)
+        check_contract(_bound(config, registry, name), "", getattr(entry.obj, "__name__", name),
+                       subject=registered_as(entry), section=f"reward.{name}")
+
+
 class RewardFailure(RLForgeError):
     """Too many reward calls of one batch failed (``reward.max_error_share``): the run stops."""
+
+
+def why_stop(max_error_share: float, batch: B.Batch) -> str:
+    """Why a batch whose share of failed calls reaches ``reward.max_error_share`` stops the run: at 0 every failure
+    does (as in verl); above, its scores would be ``reward.fallback_score`` alone, for the training step or the
+    validation that scores it (``FALLBACK_ONLY``)."""
+    return FIRST_FAILURE_STOPS if max_error_share == 0 else FALLBACK_ONLY[scored_for(batch)]
+
+
+def more_tolerance(max_error_share: float, calls: str) -> str:
+    """The advice to tolerate more failed ``calls`` (e.g. "call", "request"): raise ``reward.max_error_share`` (after
+    ``--`` under ``rlforge verl``, which sets 0); "" at 1, its most."""
+    if max_error_share >= 1:
+        return ""
+    return (f"raise reward.max_error_share (1 stops only when every {calls} fails"
+            f"{VERL_DOOR if max_error_share == 0 else ''})")
 
 
 class RuleRewardManager:
@@ -128,14 +179,13 @@ class RuleRewardManager:
         self.fallback_score = float(rc.fallback_score)
         self.max_error_share = float(rc.get("max_error_share", 1.0))
         self.fixed = rc.file or rc.fn
-        fns = {name: bind_config(registry.reward_fn.get(name), rc, _fn_section(config, registry, name))
-               for name in registry.reward_fn.available()}
+        fns = {name: _bound(config, registry, name) for name in registry.reward_fn.available()}
         if rc.file:
             # reward.fn_kwargs only, as verl binds reward_kwargs only: a parameter of the user's function named like a
             # reward key (timeout_s, model) keeps its own default
             fns[FIXED] = load_user_function(rc.file, rc.fn_name, float(rc.timeout_s), fn_kwargs(rc))
         elif rc.fn:
-            registry.reward_fn.get(rc.fn)  # an unknown name: the registry's error, with the known ones
+            check_registered(config, registry, [rc.fn])  # an unknown name: the registry's error, with the known ones
             fns[FIXED] = fns[rc.fn]
         self.workers = RewardWorkers(fns, int(rc.get("num_workers", 1)), float(rc.timeout_s))
         self._logged: set[str] = set()
@@ -168,11 +218,12 @@ class RuleRewardManager:
         sources, truths = batch[B.DATA_SOURCE], batch[B.GROUND_TRUTH]
         extra = verl_extra_info(batch)
         loop = batch.lists.get(B.LOOP_SCORES) or [None] * n  # rows an agent loop scored: the function is not called
+        self._check_sources(batch, [s if scored is None else None for s, scored in zip(sources, loop)])
         tasks = [(i, self.key_for(sources[i]), (sources[i], solutions[i], truths[i], extra[i])) for i in range(n)
                  if loop[i] is None]
         outcomes: dict[int, Outcome] = self.workers.run(tasks) if tasks else {}
         outcomes.update({i: (OK, (score, float(score >= 1), {})) for i, score in enumerate(loop) if score is not None})
-        self._check_error_share(outcomes, sources)
+        self._check_error_share(outcomes, sources, batch)
         scores = torch.full((n,), self.fallback_score)
         accs = torch.zeros(n)
         extras: list[dict[str, Any]] = [{} for _ in range(n)]
@@ -200,7 +251,19 @@ class RuleRewardManager:
                                  **extra_metrics(extras)}
         return batch
 
-    def _check_error_share(self, outcomes: dict[int, Outcome], sources: list[str]) -> None:
+    def _check_sources(self, batch: B.Batch, sources: list[str | None]) -> None:
+        """Refuse a batch with rows whose data_source (``sources``; None for a row an agent loop scored) has no
+        function: rows that reached scoring without the dataset's check (``check_data_sources``), named by their place
+        in the batch and their prompt (a batch does not know its rows' files)."""
+        if self.fixed:
+            return
+        missing = {s: i for i, s in reversed(list(enumerate(sources)))  # each source's first sample
+                   if s is not None and function_for(s, self.registry) is None}
+        if missing:
+            where = {s: _sample_where(batch, i) for s, i in missing.items()}
+            raise RLForgeError(no_function_message(sorted(missing), self.registry, where))
+
+    def _check_error_share(self, outcomes: dict[int, Outcome], sources: list[str], batch: B.Batch) -> None:
         """Stop when the share of failed calls reaches ``reward.max_error_share``: the batch has (almost) no
         reward signal, only the fallback score, which no amount of training turns into learning."""
         failed = sorted(i for i, (kind, _) in outcomes.items() if kind != OK)
@@ -208,14 +271,14 @@ class RuleRewardManager:
             return
         kinds = Counter(outcomes[i][0] for i in failed)
         first = failed[0]
+        advice = more_tolerance(self.max_error_share, "call")
         raise RewardFailure(
             f"{len(failed)} of {len(outcomes)} reward calls failed on this batch "
             f"({', '.join(f'{c} {k}' for k, c in kinds.most_common())}), which reaches reward.max_error_share="
-            f"{self.max_error_share:g}: {WHY_STOP[self.max_error_share == 0]}. The first: data_source "
+            f"{self.max_error_share:g}: {why_stop(self.max_error_share, batch)}. The first: data_source "
             f"'{sources[first]}', sample {first}: {outcomes[first][1]}. Fix the reward function (the contract is "
             f"compute_score(data_source, solution_str, ground_truth, extra_info))"
-            + (". " if self.max_error_share >= 1 else
-               " or, to tolerate more failures, raise reward.max_error_share (1 stops only when every call fails).")
+            + (f" or, to tolerate more failures, {advice}." if advice else ".")
         )
 
     def _log_first(self, kind: str, data_source: str, index: int, reason: str) -> None:
@@ -242,12 +305,26 @@ def function_for(data_source: str, registry: Any) -> str | None:
     return name if name is not None and name in registry.reward_fn else None
 
 
-def no_function_message(data_sources: list[str], registry: Any) -> str:
-    names = ", ".join(f"'{s}'" for s in data_sources)
+def no_function_message(data_sources: list[str], registry: Any, where: Mapping[str, str] | None = None) -> str:
+    """The error for rows whose ``data_sources`` have no reward function: each named with ``where`` its rows are
+    (e.g. ``first row: train.jsonl, row 3``) where known, the functions there are and the two ways out."""
+    names = ", ".join(f"'{s}'" + (f" ({where[s]})" if where and s in where else "") for s in data_sources)
     return (f"No reward function for data_source {names}. Reward functions: {', '.join(registry.reward_fn.available())}"
             f", and verl's data_source names for them (openai/gsm8k, lighteval/MATH, math_dapo, aime*, ...: "
-            f"docs/migration-from-verl.md). Set reward.fn=NAME or reward.file=path.py (a compute_score function), "
-            f"or register a function under the data_source's name in a plugin.")
+            f"docs/migration-from-verl.md). Register one under the data_source's name in a plugin "
+            f"(registry.reward_fn.register('{data_sources[0]}', compute_score) in its rlforge_register hook: "
+            f"docs/plugins.md), or set reward.fn=NAME or reward.file=path.py (a compute_score function) to score "
+            f"every row with one function.")
+
+
+def _sample_where(batch: B.Batch, index: int) -> str:
+    """How an error names the batch's sample ``index`` (counted from 0, as the reward manager's other messages):
+    its place and the start of its prompt's last message, where the batch has prompts."""
+    try:
+        prompt = f", prompt {_short(batch.lists[B.RAW_PROMPT][index][-1]['content'], 80)}"
+    except (KeyError, IndexError, TypeError):  # a batch without prompts (or not as chat messages)
+        prompt = ""
+    return f"sample {index} of this batch{prompt}"
 
 
 def verl_extra_info(batch: B.Batch) -> list[Any]:
@@ -266,18 +343,29 @@ def verl_extra_info(batch: B.Batch) -> list[Any]:
 
 
 def check_data_sources(config: Any, registry: Any, data_sources: Iterable[str]) -> None:
-    """Fail before any model loads when rows of a dataset would have no reward function (rule manager).
+    """Fail before any model loads when rows of a dataset would have no reward function, or one that cannot take the
+    contract's arguments (rule manager).
 
-    :param config: the composed config; nothing to check when ``reward.fn`` or ``reward.file`` is set
+    :param config: the composed config; with ``reward.file`` nothing to check here (building the manager loads and
+        checks it), with ``reward.fn`` its function's signature only
     :param registry: the registries (``registry.reward_fn``)
-    :param data_sources: the ``data_source`` values of the dataset's rows
-    :raises ConfigError: naming every data source without a function, the known names and the keys to set
+    :param data_sources: the ``data_source`` values of the dataset's rows; a mapping of them to where each first
+        appears (``rlforge.data.first_rows``: ``train.jsonl, row 3``) names those rows in the error
+    :raises ConfigError: naming every data source without a function (and its first row, where given), the known
+        names and the keys to set; or a function the rows use whose signature does not fit (``check_registered``)
     """
-    if config.reward.file or config.reward.fn:
+    rc = config.reward
+    if rc.file:
         return
-    missing = sorted({str(s) for s in data_sources if function_for(str(s), registry) is None})
+    if rc.fn:
+        check_registered(config, registry, [rc.fn])
+        return
+    where = {str(s): f"first row: {w}" for s, w in data_sources.items()} if isinstance(data_sources, Mapping) else {}
+    names = {str(s): function_for(str(s), registry) for s in data_sources}
+    missing = sorted(s for s, fn in names.items() if fn is None)
     if missing:
-        raise ConfigError(no_function_message(missing, registry))
+        raise ConfigError(no_function_message(missing, registry, where))
+    check_registered(config, registry, [fn for fn in names.values() if fn is not None])
 
 
 @hookimpl

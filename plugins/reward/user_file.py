@@ -67,6 +67,17 @@ def load_user_function(path: str, name: str = "compute_score", timeout_s: float 
     return functools.partial(fn, **kwargs) if kwargs else fn
 
 
+def contract_call(fn: ScoreFn) -> ScoreFn:
+    """``fn`` (a registered reward function, its config values bound) called as a ``reward.file`` function is: with the
+    contract's four arguments as keywords where its signature takes them so (as verl calls it), else by position. Never
+    raises: :func:`check_contract` says what is wrong with a function that takes neither."""
+    try:
+        by_keyword = _binds(inspect.signature(fn), (), dict.fromkeys(CONTRACT))
+    except (TypeError, ValueError):  # a C callable without a signature: called as it is
+        return fn
+    return _by_keyword(fn) if by_keyword else fn
+
+
 def _by_keyword(fn: ScoreFn) -> ScoreFn:
     """``fn`` called as verl calls a custom reward function: the contract's four arguments as keywords."""
 
@@ -129,12 +140,18 @@ def _import_function(path: str, name: str) -> ScoreFn:
     return fn
 
 
-def check_contract(fn: ScoreFn, path: str, name: str, kwargs: Mapping[str, Any] | None = None) -> bool:
+def check_contract(fn: ScoreFn, path: str, name: str, kwargs: Mapping[str, Any] | None = None, *,
+                   subject: str = "", section: str = "") -> bool:
     """Whether ``fn`` is called with the contract's four arguments as keywords (as verl calls a custom reward function,
     ``fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...)``: True) or, where its parameters have
     other names, by position (False); with ``kwargs`` (``reward.fn_kwargs``) as keywords either way. Refused: a
     function that takes neither call, or whose parameters name the four in other places (it would misread every call),
-    and keyword arguments that repeat the contract's, that it does not take, or that it requires and are not given."""
+    and keyword arguments that repeat the contract's, that it does not take, or that it requires and are not given.
+
+    Errors name ``subject`` (default: ``Reward file <path>``) and the function ``name`` with its signature. A
+    registered function (``rule.check_registered``) gives its ``section``, ``reward.<name>``: the config section whose
+    values its keyword-only parameters get, in place of ``reward.fn_kwargs``."""
+    subject = subject or f"Reward file {path}"
     kwargs = dict(kwargs or {})
     taken = [k for k in kwargs if k in CONTRACT]
     if taken:
@@ -153,19 +170,22 @@ def check_contract(fn: ScoreFn, path: str, name: str, kwargs: Mapping[str, Any] 
         return False
     unknown = [k for k in kwargs if not _takes(signature, k)]
     if unknown:
-        raise ConfigError(f"reward.fn_kwargs.{unknown[0]}: Reward file {path}: {name}{signature} has no parameter "
+        raise ConfigError(f"reward.fn_kwargs.{unknown[0]}: {subject}: {name}{signature} has no parameter "
                           f"'{unknown[0]}' (nor **kwargs), so every call would fail; the keyword arguments it "
                           f"takes: {', '.join(_keywords(signature)) or 'none'}.")
     needed = [p.name for p in signature.parameters.values()
               if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in CONTRACT and p.name not in kwargs]
     if needed:
-        raise ConfigError(f"Reward file {path}: {name}{signature} requires the keyword argument '{needed[0]}', which "
-                          f"reward.fn_kwargs does not give (verl's custom_reward_function.reward_kwargs): set "
-                          f"reward.fn_kwargs.{needed[0]}, or give the parameter a default.")
+        given = (f"its config section does not give: register it with config= a dataclass with the field "
+                 f"'{needed[0]}' ({section}.{needed[0]})" if section else
+                 f"reward.fn_kwargs does not give (verl's custom_reward_function.reward_kwargs): set "
+                 f"reward.fn_kwargs.{needed[0]}")
+        raise ConfigError(f"{subject}: {name}{signature} requires the keyword argument '{needed[0]}', which {given}, "
+                          f"or give the parameter a default.")
     why = (f"its parameter '{misplaced[0][0]}' is argument {misplaced[0][1] + 1}, where rlforge passes "
            f"'{CONTRACT[misplaced[0][1]]}'" if misplaced else "it cannot take these four arguments")
     raise ConfigError(
-        f"Reward file {path}: {name}{signature} does not follow the reward-function contract {name}(data_source, "
+        f"{subject}: {name}{signature} does not follow the reward-function contract {name}(data_source, "
         f"solution_str, ground_truth, extra_info): {why}, so every call would fail or misread its arguments. (rlforge "
         f"passes the four as keywords, as verl does, or by position to a function whose parameters have other names. "
         f"verl's verl/utils/reward_score/*.py scorers have other signatures: verl calls them through "

@@ -62,7 +62,7 @@ def sample_records(batch: B.Batch, tokenizer: Any, step: int) -> list[dict[str, 
     lists = {k: batch.lists.get(k, [None] * n) for k in (B.UID, B.DATA_SOURCE, B.GROUND_TRUTH, B.SOLUTION_TEXT,
                                                          AGENT_RECORD)}
     versions = batch[B.POLICY_VERSION].tolist() if B.POLICY_VERSION in batch else [step - 1] * n
-    scores = batch[B.SCORES].tolist() if B.SCORES in batch else [None] * n
+    scores = B.reported_scores(batch) if B.SCORES in batch else [None] * n
     out = []
     for i in range(n):
         length = int(real[i].sum())

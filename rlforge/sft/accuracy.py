@@ -11,6 +11,7 @@ from rlforge import batch as B
 from rlforge.build import Builder
 from rlforge.data import Prompt, collate, tokenize_rows
 from rlforge.errors import RLForgeError
+from rlforge.evaluation import SCORED_FOR, VALIDATION
 from rlforge.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class GreedyAccuracy:
             mask[i, : len(a) + 1] = 1
         batch = self._batch(firsts)
         batch[B.RESPONSES], batch[B.RESPONSE_MASK] = responses, mask
+        batch.meta[SCORED_FOR] = VALIDATION  # the reward manager's errors say validation, not a training step
         try:
             self.manager.score(batch)  # type: ignore[union-attr]
         except RLForgeError as exc:

@@ -87,7 +87,7 @@ def evaluate(
             if B.ACC not in scored:
                 raise RLForgeError(f"Reward manager '{cfg.reward.manager}' (reward.manager) sets no 'acc' column.")
             extra_rows = scored.lists.get(B.REWARD_EXTRA_INFO) or [{}] * len(scored)
-            for uid, src, score, acc, extra in zip(scored[B.UID], scored[B.DATA_SOURCE], scored[B.SCORES].tolist(),
+            for uid, src, score, acc, extra in zip(scored[B.UID], scored[B.DATA_SOURCE], B.reported_scores(scored),
                                                    scored[B.ACC].tolist(), extra_rows):
                 groups[uid].append((score, acc))
                 extras[uid].append(extra)

@@ -57,19 +57,20 @@ def val_generations(batch: B.Batch, tokenizer: Any, n: int) -> list[dict[str, An
         return []
     prompts = [ids[mask.bool()].tolist() for ids, mask in zip(batch[B.PROMPTS], batch[B.PROMPT_MASK])]
     inputs = tokenizer.batch_decode(prompts, skip_special_tokens=True)
-    samples = sorted(zip(inputs, batch[B.RESPONSE_TEXT], [float(s) for s in batch[B.SCORES]]), key=lambda s: s[0])
+    samples = sorted(zip(inputs, batch[B.RESPONSE_TEXT], B.reported_scores(batch)), key=lambda s: s[0])
     np.random.RandomState(42).shuffle(samples)
     return [{"input": i, "output": o, "score": s} for i, o, s in samples[:n]]
 
 
 def sample_records(batch: B.Batch, limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` samples of a scored batch as JSON-ready records (prompt, response, ground truth, score);
-    none when the batch has no generated text."""
+    """The first ``limit`` samples of a scored batch as JSON-ready records (prompt, response, ground truth, and the score
+    as the reward function returned it: ``reported_scores``); none when the batch has no generated text."""
     if limit <= 0 or B.RESPONSE_TEXT not in batch or B.SCORES not in batch:
         return []
+    scores = B.reported_scores(batch)
     return [{
         "prompt": batch[B.RAW_PROMPT][i][-1]["content"],
         "response": batch[B.RESPONSE_TEXT][i],
         "ground_truth": batch[B.GROUND_TRUTH][i],
-        "score": float(batch[B.SCORES][i]),
+        "score": scores[i],
     } for i in range(min(limit, len(batch)))]

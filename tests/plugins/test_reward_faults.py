@@ -268,8 +268,9 @@ def test_a_batch_on_which_every_call_failed_stops_the_run_with_the_first_error(
     with pytest.raises(RewardFailure) as err:
         mgr.score(_batch(char_tokenizer, ["a", "b", "c"]))
     assert str(err.value).startswith(
-        "3 of 3 reward calls failed on this batch (3 raised), which reaches reward.max_error_share=1: it would train "
-        "on reward.fallback_score alone. The first: data_source 'mine', sample 0: raised KeyError: 'answer'.")
+        "3 of 3 reward calls failed on this batch (3 raised), which reaches reward.max_error_share=1: the training "
+        "step would train on reward.fallback_score alone. The first: data_source 'mine', sample 0: raised KeyError: "
+        "'answer'.")
     assert "raise reward.max_error_share" not in str(err.value)  # 1 is its most: nothing to raise it to
     out = mgr.score(_batch(char_tokenizer, ["a", "ok", "c"]))  # some signal left: scored, the share reported
     assert out.meta["metrics"]["reward/error_share"] == 2 / 3
