@@ -112,10 +112,12 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from rlforge.tools.scaffold import render
+    from rlforge.tools.scaffold import naming_note, render
 
     target = render(args.kind, args.name, args.dir)
     print(f"created {target}")
+    if note := naming_note(args.kind, args.name):
+        print(note)
     if args.kind == "plugin":
         print(f"next: pip install -e {target} && rlforge plugins list && pytest {target}")
     else:

@@ -157,10 +157,30 @@ def encode_text(processor: Any, text: str, images: list[Any], where: str, what: 
     try:
         encoded = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
     except Exception as exc:  # a processor that refuses the images or the text
-        raise DataError(f"{where}: the processor cannot encode {what} ({type(exc).__name__}: {first_line(exc)}).") \
-            from None
+        refused = _refused_image(processor, images, where)
+        raise DataError(refused or f"{where}: the processor cannot encode {what} ({type(exc).__name__}: "
+                                   f"{first_line(exc)}).") from None
     return encoded["input_ids"][0].tolist(), {PIXEL_VALUES: encoded[PIXEL_VALUES],
                                                IMAGE_GRID_THW: encoded[IMAGE_GRID_THW], IMAGES: list(images)}
+
+
+def _refused_image(processor: Any, images: list[Any], where: str) -> str:
+    """What is wrong with the first of ``images`` that the processor's image processor refuses on its own (e.g.
+    Qwen2-VL's ``smart_resize``: an aspect ratio of 200 or more): its number, its size and what to do; ``""`` when
+    each image passes alone (the processor refused something else)."""
+    image_processor = getattr(processor, "image_processor", None)
+    for n, image in enumerate(images if image_processor is not None else [], 1):
+        try:
+            image_processor(images=[image], return_tensors="pt")
+        except Exception as exc:
+            width, height = image.size
+            return (f"{where}: image {n} of {len(images)} is {width} x {height} pixels (aspect ratio "
+                    f"{max(width, height) / max(min(width, height), 1):.0f}:1), which the model's image processor "
+                    f"refuses ({type(exc).__name__}: {first_line(exc)}). Resize or pad the image in the data (or "
+                    f"in the tool that returns it; Qwen2-VL-style processors refuse an aspect ratio of 200:1 or "
+                    f"more); the processor then scales it to between its min_pixels and max_pixels (the model "
+                    f"folder's preprocessor_config.json; rlforge has no key for them).")
+    return ""
 
 
 def append_inputs(first: dict[str, Any] | None, more: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,11 @@ as ``rlforge_step_ends``) is refused at load time, naming the plugin and the clo
 registration fails half-way leaves nothing behind (registration is all-or-nothing); every plugin that failed
 to load or was disabled is named in ``warnings()`` (each CLI command prints them) and in the error for an
 unknown component name.
+
+A plugin may replace a built-in component (``override=True``); a name that two plugins that are not built in both
+register is contested (``rlforge.registry``): ``warnings()`` names it, and a run that uses it stops naming both plugins
+and the ``plugins.disable`` that keeps one. ``provenance(config)`` says which plugin provided each component a run
+uses, for its record.
 """
 
 from __future__ import annotations
@@ -191,7 +196,7 @@ class PluginManager:
         info = self.infos.setdefault(name, PluginInfo(name, source))
         self._check_hooks(plugin, info)
         before = self.registry.snapshot()
-        self.registry.set_current_plugin(name)
+        self.registry.set_current_plugin(name, "" if info.source == "builtin" else info.label())
         # rlforge_register is historic: pluggy calls the new plugin's implementation during register()
         try:
             self.pm.register(plugin, name=name)
@@ -270,15 +275,43 @@ class PluginManager:
         self.registry.set_hint(f" Plugins not loaded: {'; '.join(notes)}." if notes else "")
 
     def plugins(self) -> list[PluginInfo]:
+        """Every plugin found; a component a later plugin contests shows it in the earlier one's ``components``."""
+        for info in self.infos.values():
+            if info.source != "builtin" and not info.error:
+                info.components = self.registry.components_of(info.name)
         return list(self.infos.values())
+
+    def provenance(self, config: Any) -> dict[str, str]:
+        """``kind:name -> plugin (distribution version)`` of each component the config's keys name (``Kind.key``:
+        ``algorithm.name``, ``logger.backends``, ...), and which plugin's component it replaced (``override=True``):
+        what a run records of where its components came from."""
+        from omegaconf import OmegaConf
+
+        out: dict[str, str] = {}
+        for kind, reg in self.registry.all().items():
+            chosen = OmegaConf.select(config, reg.key) if reg.key else None
+            names = list(chosen) if OmegaConf.is_list(chosen) or isinstance(chosen, list) else [chosen]
+            for name in names:
+                if isinstance(name, str) and name in reg:
+                    out[f"{reg.kind}:{name}"] = self._source(reg.entry(name))
+        return out
+
+    def _source(self, entry: Any) -> str:
+        """How :meth:`provenance` names the plugin of a registry entry."""
+        info = self.infos.get(entry.plugin)
+        dist = f"{info.distribution} {info.version}".strip() if info is not None else ""
+        replaced = f", replacing the one of {entry.replaced}" if entry.replaced else ""
+        return f"{entry.plugin}{f' ({dist})' if dist else ''}{replaced}"
 
     def errors(self) -> list[PluginInfo]:
         return [i for i in self.infos.values() if i.error]
 
     def warnings(self) -> list[str]:
-        """One line per plugin that failed to load or was disabled (the CLI prints them on every command)."""
+        """One line per plugin that failed to load or was disabled, and per name two plugins register (the CLI prints
+        them on every command)."""
         lines = [f"plugin {i.label()} failed to load: {i.error.splitlines()[0]}" for i in self.errors()]
         lines += [f"plugin '{n}' is disabled (plugins.disable)" for n in self.skipped]
+        lines += self.registry.conflicts()
         known = [*self.infos, *self.skipped]
         lines += [f"plugins.disable names '{n}', which is no plugin here.{did_you_mean(n, known)} 'rlforge plugins "
                   f"list' shows their names." for n in sorted(self.disabled - set(known))]

@@ -5,12 +5,17 @@ config tree, and the Protocol its components implement (``rlforge.protocols``). 
 config dataclass: ``registry.rollout.register("vllm", VLLMRollout, config=VLLMConfig)`` puts its fields at
 ``rollout.vllm.*``. A plugin without components owns ``plugins.<plugin name>.*`` through
 ``registry.plugin_config.register("<plugin name>", MyOptions)``.
+
+A plugin may replace a built-in component with ``override=True``. A name that two plugins (neither built in) both
+register, with ``override=True`` or not, is *contested*: which one a run would get would depend on the order they
+were installed in, so neither is used. Loading goes on (their other components work) and a run that names it stops
+with a :class:`ComponentConflictError` naming both plugins and the ``plugins.disable`` that chooses one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import dataclass, field, is_dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from rlforge.capabilities import (
@@ -30,6 +35,10 @@ T = TypeVar("T")
 
 class UnknownComponentError(RLForgeError):
     """A config named a component that no plugin registered."""
+
+
+class ComponentConflictError(RLForgeError):
+    """A config named a component that two plugins register (a contested name)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class Entry(Generic[T]):
     config: type | None = None  # dataclass of the component's own config section
     capabilities: Any = None  # what it declares (rlforge.capabilities), for kinds that have them
     functions: dict[str, Any] = field(default_factory=dict)  # the optional functions it defines (Kind.functions)
+    replaced: str = ""  # the plugin whose component of this name it replaced (override=True), "" when none
+    rivals: tuple[str, ...] = ()  # other plugins that register this name too: contested, using it is an error
 
     def config_path(self, kind: Kind) -> str | None:
         """Where this component's options live in the config (None: it has none)."""
@@ -81,6 +92,9 @@ class Registry(Generic[T]):
         self.spec = spec or Kind(key, None)
         self._entries: dict[str, Entry[T]] = {}
         self.current_plugin = "<unknown>"
+        # plugins that are not built in -> how messages name them (with their distribution); no other plugin may
+        # replace their components (Registries shares one dict between its registries; the plugin manager fills it)
+        self.labels: dict[str, str] = {}
         self.hint = ""  # appended to unknown-name errors (e.g. plugins that failed to load or were disabled)
 
     def register(
@@ -98,34 +112,71 @@ class Registry(Generic[T]):
             raise RLForgeError(f"{self.kind} '{name}': components of this kind declare no capabilities=.")
 
         def add(o: T) -> T:
-            if name in self._entries and not override:
-                prev = self._entries[name].plugin
-                raise RLForgeError(
-                    f"{self.kind} '{name}' is already registered (by plugin '{prev}'); "
-                    f"pass override=True to replace it."
-                )
-            problem = self.spec.check(name, o) if self.spec.check is not None else ""
-            if problem:
-                raise RLForgeError(f"{self.kind} '{name}' (plugin '{self.current_plugin}'): {problem}")
-            desc = description or _first_doc_line(o)
-            stray = getattr(o, "capabilities", None) if self.spec.capabilities is None else None
-            if stray is not None:
-                raise RLForgeError(f"{self.kind} '{name}' sets capabilities = {stray!r}, but components of this "
-                                   f"kind declare no capabilities: remove it.")
-            caps = (None if self.spec.capabilities is None else
-                    declared(self.kind, name, o, self.spec.capabilities, capabilities))
-            fns = functions(self.kind, name, o, ("validate_config", *self.spec.functions))
-            self._entries[name] = Entry(name, o, desc, self.current_plugin, config, caps, fns)
+            new = self._entry(name, o, description, config, capabilities)
+            prev = self._entries.get(name)
+            self._entries[name] = new if prev is None else self._resolved(prev, new, override)
             return o
 
         if obj is None:
             return add
         return add(obj)
 
+    def _entry(self, name: str, o: T, description: str, config: type | None, capabilities: Any) -> Entry[T]:
+        """The entry of ``o`` registered by the current plugin, after the checks of its kind."""
+        problem = self.spec.check(name, o) if self.spec.check is not None else ""
+        if problem:
+            raise RLForgeError(f"{self.kind} '{name}' (plugin '{self.current_plugin}'): {problem}")
+        stray = getattr(o, "capabilities", None) if self.spec.capabilities is None else None
+        if stray is not None:
+            raise RLForgeError(f"{self.kind} '{name}' sets capabilities = {stray!r}, but components of this "
+                               f"kind declare no capabilities: remove it.")
+        caps = (None if self.spec.capabilities is None else
+                declared(self.kind, name, o, self.spec.capabilities, capabilities))
+        fns = functions(self.kind, name, o, ("validate_config", *self.spec.functions))
+        return Entry(name, o, description or _first_doc_line(o), self.current_plugin, config, caps, fns)
+
+    def _resolved(self, prev: Entry[T], new: Entry[T], override: bool) -> Entry[T]:
+        """What ``name`` holds once ``new`` is registered over ``prev``: the earlier entry marked contested when two
+        plugins that are not built in claim it; else ``new`` (``override=True``), recording whose entry it replaced.
+        A built-in's name needs ``override=True`` whichever plugin holds it now, so the outcome never depends on the
+        order the plugins load in."""
+        rival = new.plugin != prev.plugin and new.plugin in self.labels and prev.plugin in self.labels
+        if not override and not (rival and not prev.replaced):
+            raise RLForgeError(
+                f"{self.kind} '{new.name}' is already registered (by plugin '{prev.replaced or prev.plugin}'); "
+                f"pass override=True to replace it."
+            )
+        if rival:
+            return replace(prev, rivals=(*prev.rivals, new.plugin))
+        return replace(new, replaced=prev.replaced if prev.plugin == new.plugin else prev.plugin)
+
     def get(self, name: str) -> T:
         return self.entry(name).obj
 
     def entry(self, name: str) -> Entry[T]:
+        """The entry of ``name``: an :class:`UnknownComponentError` when none is registered, a
+        :class:`ComponentConflictError` when two plugins register it."""
+        found = self._lookup(name)
+        if found.rivals:
+            raise ComponentConflictError(self.conflict(found))
+        return found
+
+    def conflict(self, entry: Entry[T]) -> str:
+        """What is wrong with a contested entry, and how to choose one of its plugins."""
+        plugins = [entry.plugin, *entry.rivals]
+        named = " and ".join(self.labels.get(p, f"'{p}'") for p in plugins)
+        what = (f"{self.kind} '{entry.name}' (built in, from plugin '{entry.replaced}') is replaced by"
+                if entry.replaced else f"{self.kind} '{entry.name}' is registered by")
+        return (f"{what} {len(plugins)} plugins: {named}. Which one a run got would depend on the order they load "
+                f"in (for installed packages, the order they were installed in), so none is used: choose one by "
+                f"disabling the others for the run, e.g. "
+                f"'plugins.disable=[{','.join(plugins[1:])}]' keeps '{plugins[0]}' (or uninstall one).")
+
+    def conflicts(self) -> list[str]:
+        """:meth:`conflict` of every contested name, sorted by name."""
+        return [self.conflict(e) for e in self.entries() if e.rivals]
+
+    def _lookup(self, name: str) -> Entry[T]:
         try:
             return self._entries[name]
         except KeyError:
@@ -159,10 +210,15 @@ class Registry(Generic[T]):
         return len(self._entries)
 
 
-def _declarations(entry: Entry[Any], kind: Kind) -> str:
-    """What ``rlforge plugins list`` shows after a component: ``  (capabilities: ...; defines: ...)`` (the optional
-    functions of its kind, ``Kind.functions``; not ``validate_config``, which any component may have), or ``""``."""
-    parts = [f"capabilities: {shown(entry.capabilities)}"] if shown(entry.capabilities) else []
+def _declarations(entry: Entry[Any], kind: Kind, plugin: str) -> str:
+    """What ``rlforge plugins list`` shows after ``plugin``'s component: ``  (capabilities: ...; defines: ...)`` (the
+    optional functions of its kind, ``Kind.functions``; not ``validate_config``, which any component may have), what
+    it replaces and whether another plugin registers it too, or ``""``."""
+    if entry.rivals:
+        others = [p for p in (entry.plugin, *entry.rivals) if p != plugin]
+        return f"  (CONTESTED: also registered by {', '.join(others)}; not usable until one is disabled)"
+    parts = [f"replaces the one of {entry.replaced}"] if entry.replaced else []
+    parts += [f"capabilities: {shown(entry.capabilities)}"] if shown(entry.capabilities) else []
     defines = sorted(f for f in entry.functions if f in kind.functions)
     if defines:
         parts.append(f"defines: {', '.join(defines)}")
@@ -216,8 +272,11 @@ class Registries:
     KINDS: dict[str, str] = {kind: spec.key for kind, spec in SPECS.items()}
 
     def __init__(self) -> None:
+        self.labels: dict[str, str] = {}  # Registry.labels, shared by every kind
         for kind, spec in self.SPECS.items():
-            setattr(self, kind, Registry(kind.replace("_", " "), spec.key, spec))
+            reg: Registry[Any] = Registry(kind.replace("_", " "), spec.key, spec)
+            reg.labels = self.labels
+            setattr(self, kind, reg)
 
     def all(self) -> dict[str, Registry[Any]]:
         return {kind: getattr(self, kind) for kind in self.SPECS}
@@ -229,9 +288,17 @@ class Registries:
         self.plugin_config.register(name or self.plugin_config.current_plugin, config, config=config)
         return config
 
-    def set_current_plugin(self, name: str) -> None:
+    def set_current_plugin(self, name: str, label: str = "") -> None:
+        """Components registered from now on are ``name``'s; ``label`` (how messages name it) marks a plugin that is
+        not built in: a name it shares with another such plugin is contested (see the module doc)."""
+        if label:
+            self.labels[name] = label
         for reg in self.all().values():
             reg.current_plugin = name
+
+    def conflicts(self) -> list[str]:
+        """The message of every contested name (:meth:`Registry.conflict`)."""
+        return [line for reg in self.all().values() for line in reg.conflicts()]
 
     def set_hint(self, hint: str) -> None:
         for reg in self.all().values():
@@ -240,8 +307,8 @@ class Registries:
     def components_of(self, plugin: str) -> list[str]:
         """``kind:name`` of each component ``plugin`` registered, with the capabilities it declares that are on and
         the optional functions it defines (``Kind.functions``)."""
-        return [f"{reg.kind}:{e.name}{_declarations(e, reg.spec)}"
-                for reg in self.all().values() for e in reg.entries() if e.plugin == plugin]
+        return [f"{reg.kind}:{e.name}{_declarations(e, reg.spec, plugin)}"
+                for reg in self.all().values() for e in reg.entries() if plugin in (e.plugin, *e.rivals)]
 
     def snapshot(self) -> dict[str, dict[str, Entry[Any]]]:
         return {kind: reg.snapshot() for kind, reg in self.all().items()}

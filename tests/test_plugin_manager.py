@@ -387,3 +387,78 @@ def test_disable_blocks_an_entry_point(installed_plugin: str, monkeypatch: pytes
     assert "my_algo" not in pm.registry.algorithm
     assert EP_NAME not in {i.name for i in pm.plugins()}
     assert "grpo" in pm.registry.algorithm
+
+
+# --- two installed plugins that register one name ---------------------------------------------------------------
+
+TWIN_SOURCE = '''
+"""Installed test plugin {tag}: replaces the built-in grpo and registers twin_algo."""
+from rlforge.algorithms.grpo import GRPO
+from rlforge.hookspecs import hookimpl
+
+
+class Twin{tag}(GRPO):
+    """twin_algo of plugin {tag}."""
+
+    preset = {{"algorithm": {{"name": "twin_algo"}}}}
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.algorithm.register("grpo", Twin{tag}, override=True)
+    registry.algorithm.register("twin_algo", Twin{tag})
+    registry.algorithm.register("only_{tag}", Twin{tag})
+'''
+
+
+@pytest.fixture(scope="module")
+def twin_plugins(tmp_path_factory: pytest.TempPathFactory):
+    """Distributions rlforge-twin-a (entry point twin_a) and rlforge-twin-b (twin_b): both replace the built-in grpo
+    (override=True) and both register twin_algo."""
+    with installed_package(tmp_path_factory.mktemp("twin_a"), "rlforge-twin-a", "twin_a_pkg",
+                           {"twin_a": ("plugin", TWIN_SOURCE.format(tag="A"))}), \
+         installed_package(tmp_path_factory.mktemp("twin_b"), "rlforge-twin-b", "twin_b_pkg",
+                           {"twin_b": ("plugin", TWIN_SOURCE.format(tag="B"))}):
+        yield
+
+
+def test_two_installed_plugins_claiming_a_name_stop_a_run_that_uses_it(twin_plugins, monkeypatch) -> None:
+    """The winner used to depend on the install order (silently with override=True; 'failed to load' for the other
+    one without it): now both load, and a run that names the contested algorithm stops, naming both plugins, their
+    distributions and how to choose one."""
+    from rlforge.config import compose
+    from rlforge.registry import ComponentConflictError
+
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    pm = PluginManager()
+    assert {"twin_a", "twin_b"} <= {i.name for i in pm.plugins()} and pm.errors() == []
+    assert {"only_A", "only_B"} <= set(pm.registry.algorithm.available())  # their other components work
+    for algo in ("twin_algo", "grpo"):
+        with pytest.raises(ComponentConflictError) as info:
+            compose(pm.registry, algo)
+        message = str(info.value)
+        first, second = sorted(("twin_a", "twin_b"), key=[i.name for i in pm.plugins()].index)
+        assert f"'{first}' (from rlforge-twin-" in message and f"'{second}' (from rlforge-twin-" in message
+        assert f"e.g. 'plugins.disable=[{second}]' keeps '{first}'" in message
+        assert message in pm.warnings()
+    assert "built in, from plugin 'rlforge.algorithms.grpo'" in " ".join(pm.warnings())
+    infos = {i.name: i for i in pm.plugins()}
+    assert any(c.startswith("algorithm:twin_algo  (CONTESTED: also registered by twin_") for c in
+               infos["twin_a"].components)
+
+
+def test_disabling_one_of_two_installed_plugins_chooses_the_other(twin_plugins, monkeypatch) -> None:
+    """The way out the error names: plugins.disable keeps one; its replacement of the built-in works as documented
+    and the run's provenance names it."""
+    from rlforge.config import compose
+
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    pm = PluginManager(disable=["twin_b"])
+    assert pm.registry.algorithm.get("twin_algo").__name__ == "TwinA"
+    assert pm.registry.algorithm.entry("grpo").replaced == "rlforge.algorithms.grpo"
+    cfg = compose(pm.registry, "grpo")
+    assert pm.provenance(cfg)["algorithm:grpo"] == ("twin_a (rlforge-twin-a 0.1.0), replacing the one of "
+                                                    "rlforge.algorithms.grpo")
+    assert pm.provenance(cfg)["logger:console"].startswith("rlforge.plugins.logger.")
+    assert not [w for w in pm.warnings() if "registered by" in w or "replaced by" in w]
+    assert PluginManager(disable=["twin_a"]).registry.algorithm.get("twin_algo").__name__ == "TwinB"

@@ -334,3 +334,13 @@ def test_a_run_of_another_module_class_is_not_continued() -> None:
     assert compare_fingerprints(then, now) == [
         "the algorithm's class: my_algos.MyGRPO then, rlforge.algorithms.grpo.GRPO now"]
     assert compare_fingerprints(now, now) == [] and compare_fingerprints({"data": {"n": 1}, "files": {}}, now) == []
+
+
+def test_a_checkpoint_records_which_plugin_gave_each_component(trained) -> None:
+    """meta.json's ``plugins``: each component the config names, with the plugin that registered it (a record of
+    where the algorithm, reward manager, engine... came from; helper-55: two plugins could claim one name)."""
+    import json
+
+    meta = json.loads((trained["run"] / "checkpoints" / "step_000002" / "meta.json").read_text())
+    assert meta["plugins"]["algorithm:grpo"].startswith("rlforge.algorithms.grpo")
+    assert meta["plugins"]["dataset:files"] and meta["plugins"]["reward manager:rule"]

@@ -7,6 +7,10 @@ starts the trajectory over from its own messages (``restarts``). An assistant me
 the reply it got (the same text, the same tool calls by name and arguments): one that differs was edited, so it is
 not what the model generated, and the request starts the trajectory over with the edited message in the prompt
 (``edited_turns``). The model is thus trained only on tokens it generated, after the context the agent sent.
+
+A request of ``OFF_LOOP_BYTES`` or more is decoded, checked and tokenized on a worker thread (:func:`off_loop`): on the
+rollout's event loop, a 2 MB body stalled every other agent's requests meanwhile. Smaller ones stay on the loop, where
+they take less time than the hop to a thread.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rlforge.agent import Conversation, Sample, TrajectoryEngine
 from rlforge.errors import RLForgeError
@@ -25,6 +29,14 @@ from rlforge.plugins.agent.openai_request import ChatRequest, RequestError, pars
 
 MODEL = "rlforge-policy"
 REJECTED = (RequestError, RLForgeError, ValueError)  # answered with HTTP 400, e.g. a prompt over max_prompt_length
+OFF_LOOP_BYTES = 64 << 10  # a request body this large is parsed and tokenized off the event loop (off_loop)
+R = TypeVar("R")
+
+
+async def off_loop(offload: bool, fn: Callable[..., R], *args: Any) -> R:
+    """``fn(*args)``: on a worker thread when ``offload`` (a large request, whose parsing and tokenizing would stall
+    the other trajectories' requests on the event loop), else here."""
+    return await asyncio.to_thread(fn, *args) if offload else fn(*args)
 
 
 class Recorder:
@@ -40,32 +52,26 @@ class Recorder:
         self.first_rejection = ""
         self.lock = asyncio.Lock()  # one request of a trajectory at a time
 
-    async def complete(self, body: Any, translate: Callable[[Any], Any] | None = None
+    async def complete(self, body: Any, translate: Callable[[Any], Any] | None = None, offload: bool = False
                        ) -> tuple[ChatRequest, Reply]:
         """The checked request and its reply; a ``REJECTED`` error (HTTP 400) changes nothing. ``translate``: turns
-        the body of another API (Responses) into a chat-completions body first."""
+        the body of another API (Responses) into a chat-completions body first; ``offload``: check and tokenize it
+        on a worker thread (a large request, :func:`off_loop`)."""
         try:
-            request = parse_request(translate(body) if translate is not None else body, self.engine.defaults)
+            request = await off_loop(offload, self._parse, body, translate)
             async with self.lock:
-                return request, await self._complete(request)
+                return request, await self._complete(request, offload)
         except REJECTED as exc:
             self.rejected += 1
             self.first_rejection = self.first_rejection or str(exc)
             raise
 
-    async def _complete(self, request: ChatRequest) -> Reply:
-        # Everything that can reject the request (HTTP 400) runs before the recorded conversation changes.
+    def _parse(self, body: Any, translate: Callable[[Any], Any] | None) -> ChatRequest:
+        return parse_request(translate(body) if translate is not None else body, self.engine.defaults)
+
+    async def _complete(self, request: ChatRequest, offload: bool) -> Reply:
         messages = request.messages
-        edited = False
-        if self.conv is not None and len(messages) > len(self.seen) and _continues(messages, self.seen):
-            conv, restart = self.conv, False
-            if conv.stop_reason is None:  # raises before it inserts anything
-                conv.add_messages([self._cut(m) for m in messages[len(self.seen):]])
-        else:
-            conv = Conversation(self.context, self.sample, tools=request.tools or False,
-                                opening=[self._cut(m) for m in messages])
-            restart = self.conv is not None
-            edited = restart and _edited(messages, self.seen)
+        conv, restart, edited = await off_loop(offload, self._conversation, request)
         text = await conv.generate(self.engine, max_new_tokens=request.max_tokens)
         self.conv = conv
         self.restarts += int(restart)
@@ -75,6 +81,20 @@ class Recorder:
         self.seen = [*messages, _as_sent_back(message)]
         pieces = token_texts(self.context.chat, gen.ids) if request.stream and gen is not None else []
         return Reply(self._completion(message, finish, gen, request.logprobs), pieces)
+
+    def _conversation(self, request: ChatRequest) -> tuple[Conversation, bool, bool]:
+        """(the conversation the request's turn goes on, whether it starts the trajectory over, whether because an
+        assistant message was edited), its new messages tokenized. Everything that can reject the request (HTTP 400)
+        runs before the recorded conversation changes."""
+        messages = request.messages
+        if self.conv is not None and len(messages) > len(self.seen) and _continues(messages, self.seen):
+            if self.conv.stop_reason is None:  # raises before it inserts anything
+                self.conv.add_messages([self._cut(m) for m in messages[len(self.seen):]])
+            return self.conv, False, False
+        conv = Conversation(self.context, self.sample, tools=request.tools or False,
+                            opening=[self._cut(m) for m in messages])
+        restart = self.conv is not None
+        return conv, restart, restart and _edited(messages, self.seen)
 
     def _cut(self, message: dict[str, Any]) -> dict[str, Any]:
         """A tool message's text cut to ``rollout.agent.max_tool_output_tokens``, as ``tool_agent`` cuts a tool's

@@ -30,7 +30,8 @@ from rlforge.hookspecs import hookimpl
 from rlforge.plugin_manager import import_file
 from rlforge.plugins.agent import openai_responses as responses
 from rlforge.plugins.agent.openai_http import HttpRequest, HttpResponse, HttpServer, error_payload
-from rlforge.plugins.agent.openai_recorder import MODEL, REJECTED, Recorder, Reply, stream_chunks
+from rlforge.plugins.agent.openai_recorder import (MODEL, OFF_LOOP_BYTES, REJECTED, Recorder, Reply, off_loop,
+                                                   stream_chunks)
 from rlforge.plugins.agent.openai_request import ChatRequest
 
 _LOADING = threading.Lock()  # the entry function's first load (OpenAIAgent.agent)
@@ -166,12 +167,13 @@ class ChatServer:
         recorder = self.recorders.get(parts[1])
         if recorder is None:
             return HttpResponse(404, error_payload("unknown or finished trajectory", "not_found"))
+        offload = len(request.body) >= OFF_LOOP_BYTES  # parsed and tokenized on a worker thread
         try:
-            body = json.loads(request.body)
+            body = await off_loop(offload, json.loads, request.body)
         except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested past the decoder's limit
             return HttpResponse(400, error_payload(f"the body is not a JSON object: {type(exc).__name__}: {exc}"))
         try:
-            chat, reply = await recorder.complete(body, api.translate)
+            chat, reply = await recorder.complete(body, api.translate, offload)
         except REJECTED as exc:
             return HttpResponse(400, error_payload(str(exc), param=getattr(exc, "param", None),
                                                    code=getattr(exc, "code", None)))

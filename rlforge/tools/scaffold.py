@@ -23,6 +23,12 @@ SUFFIX = ".tmpl"
 KINDS = ("plugin", "experiment")
 _NAME = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?$")  # a letter first, a letter or digit last (PEP 508)
 _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+# what each template names after NAME, for the note that says NAME was changed (naming_note)
+DERIVED = {
+    "plugin": "its entry point, algorithm and reward function are '{name}', its package {package}, its distribution "
+              "{dist}",
+    "experiment": "its folder is {name}/ and its trainer.experiment {name}",
+}
 
 
 def template_variables(kind: str, name: str) -> dict[str, str]:
@@ -45,6 +51,16 @@ def template_variables(kind: str, name: str) -> dict[str, str]:
         "rlforge_version": version,
         "hook_spec_version": str(HOOK_SPEC_VERSION),
     }
+
+
+def naming_note(kind: str, name: str) -> str:
+    """What ``rlforge new`` says when it used NAME changed (lower case, ``_`` for ``-``) because the names a template
+    derives from it must be valid Python identifiers; ``""`` when NAME is used as given."""
+    variables = template_variables(kind, name)
+    if variables["name"] == name:
+        return ""
+    return (f"note: the {kind} '{name}' is named '{variables['name']}' (lower case, '_' for '-'), because the names "
+            f"rlforge new derives from it must be valid Python identifiers: {DERIVED[kind].format(**variables)}.")
 
 
 def check_free(name: str) -> None:

@@ -90,7 +90,9 @@ class Trainer:
         self.val_examples = module.prepare_data(self.builder.dataset("val"), "val")
         self.sampler = PromptSampler(len(self.train_examples), d.train_batch_size, d.shuffle, self.config.trainer.seed)
         self.fingerprint = {**resume.fingerprint(self.train_examples, self.config),
-                            "module": f"{type(module).__module__}.{type(module).__qualname__}"}
+                            "module": f"{type(module).__module__}.{type(module).__qualname__}",
+                            # which plugin (and distribution) gave each component the config names: a record only
+                            "plugins": self.plugins.provenance(self.config)}
 
     def _seed(self) -> None:
         seed = self.config.trainer.seed

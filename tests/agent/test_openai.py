@@ -156,6 +156,39 @@ class Models(OpenAIAgentLoop):
         return api.chat.completions.create(model=endpoint.model, messages=sample.messages).choices[0].message.content
 
 
+class BigAndSmall(OpenAIAgentLoop):
+    """The agent of "big?" sends a 300 kB request (over data.max_prompt_length: a 400 once tokenized); the other one
+    sends its small request while the big one is being read (``big_started``), and says when it got its answer."""
+
+    big_started = threading.Event()
+    small_done = threading.Event()
+    seen: list = []
+
+    def agent(self, sample, endpoint):
+        api = client(endpoint)
+        if sample.messages[0]["content"] != "big?":
+            BigAndSmall.big_started.wait(30)
+            answer = api.chat.completions.create(model="m", messages=sample.messages).choices[0].message.content
+            BigAndSmall.small_done.set()
+            return answer
+        try:
+            api.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 300_000}])
+        except openai.BadRequestError as exc:
+            BigAndSmall.seen.append(exc.body["message"])
+        return api.chat.completions.create(model="m", messages=sample.messages).choices[0].message.content
+
+    @staticmethod
+    def stalled(fn, big):
+        """``fn``, which on the big request (``big(*args)``) waits until the small request got its answer (at most
+        10 s: on the event loop it never would) and records whether it did."""
+        def wrapper(*args, **kwargs):
+            if big(*args):
+                BigAndSmall.big_started.set()
+                BigAndSmall.seen.append(("small answered meanwhile", BigAndSmall.small_done.wait(10)))
+            return fn(*args, **kwargs)
+        return wrapper
+
+
 class Strict(Scripted):
     """Fails the whole wave on an out-of-range sampling value, as an inference engine does."""
 
@@ -176,6 +209,7 @@ class Plugin:
         registry.agent_loop.register("crowd", Crowd)
         registry.agent_loop.register("models", Models)
         registry.agent_loop.register("long_tool", LongTool)
+        registry.agent_loop.register("big_and_small", BigAndSmall)
 
 
 @pytest.fixture(scope="module")
@@ -361,3 +395,32 @@ def test_an_agent_whose_requests_were_all_rejected_fails_the_run_saying_why(pm, 
             runner.rollout(prompt_batch(tok, [("2+3?", "5")]), sampling(), Scripted(tok, lambda _: "5"))
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("stage", ["parse", "tokenize"])
+def test_a_big_request_does_not_hold_up_the_others(agent_pm, tok, monkeypatch, stage):
+    """A 300 kB body was JSON-decoded, checked and tokenized on the endpoint's event loop: every other agent's request
+    waited meanwhile (adversarial review). Now a large one is read on a worker thread and a small one is answered
+    while it is."""
+    from rlforge.agent.chat import ChatFormat
+    from rlforge.plugins.agent import openai_recorder
+
+    def big_body(body, *_):
+        return len(json.dumps(body)) > 100_000
+
+    def big_prompt(chat, messages, *_):
+        return sum(len(m.get("content") or "") for m in messages) > 100_000
+
+    if stage == "parse":
+        monkeypatch.setattr(openai_recorder, "parse_request", BigAndSmall.stalled(openai_recorder.parse_request,
+                                                                                   big_body))
+    else:
+        monkeypatch.setattr(ChatFormat, "prompt_ids", BigAndSmall.stalled(ChatFormat.prompt_ids, big_prompt))
+    BigAndSmall.seen.clear()
+    BigAndSmall.big_started.clear()
+    BigAndSmall.small_done.clear()
+    out, _ = run_loop(agent_pm, tok, "big_and_small", Scripted(tok, lambda _: "5"), [("big?", "5"), ("2+3?", "5")])
+    assert BigAndSmall.seen[0] == ("small answered meanwhile", True)
+    assert BigAndSmall.seen[1].startswith("the prompt is 300") and "over data.max_prompt_length=64" in \
+        BigAndSmall.seen[1]  # the big request itself is served as before: here, refused once tokenized
+    assert out[B.SOLUTION_TEXT] == ["5", "5"]

@@ -85,3 +85,29 @@ def test_geometry3k_rows_need_an_answer_and_an_image_column():
                     "row 3")
     with pytest.raises(DataError, match=r"row 1: no image column 'images'. Columns present: \['answer', 'problem'\]"):
         convert_row(geo, {"problem": "<image>Find x.", "answer": "3"}, "train", 0, "row 1")
+
+
+def test_an_image_the_processor_refuses_is_named_with_its_size_and_a_hint(vlm):
+    """A 2000 x 3 image: Qwen2-VL's smart_resize raises 'absolute aspect ratio must be smaller than 200', which was
+    passed on without saying which image or what to do (adversarial review)."""
+    _, tok, proc = vlm
+    row = _row("<image> and <image>: how many?", images=[{"bytes": _png()}, {"bytes": _png((2000, 3))}])
+    with pytest.raises(DataError) as info:
+        tokenize_rows([_row(), row], tok, 64, False, "t", processor=proc)
+    assert str(info.value) == (
+        "t, row 2: image 2 of 2 is 2000 x 3 pixels (aspect ratio 667:1), which the model's image processor refuses "
+        "(ValueError: absolute aspect ratio must be smaller than 200, got 666.6666666666666). Resize or pad the image "
+        "in the data (or in the tool that returns it; Qwen2-VL-style processors refuse an aspect ratio of 200:1 or "
+        "more); the processor then scales it to between its min_pixels and max_pixels (the model folder's "
+        "preprocessor_config.json; rlforge has no key for them).")
+
+
+def test_an_agent_turn_s_refused_image_is_named_too(vlm):
+    from rlforge import multimodal as mm
+    from PIL import Image
+
+    _, _, proc = vlm
+    with pytest.raises(DataError, match=r"^the inserted messages: image 1 of 1 is 3 x 900 pixels \(aspect ratio "
+                                        r"300:1\), which the model's image processor refuses"):
+        mm.encode_text(proc, "<|vision_start|><|image_pad|><|vision_end|>", [Image.new("RGB", (3, 900))],
+                       "the inserted messages", "them")

@@ -104,3 +104,20 @@ def test_new_experiment_composes_and_loads_its_reward(tmp_path, monkeypatch, cap
     score = load_user_function("reward.py")
     assert score("arith", " 7 ", "7") == {"score": 1.0, "acc": 1.0}
     assert score("arith", "8", "7") == {"score": 0.1, "acc": 0.0}
+
+
+def test_a_name_that_is_changed_is_said_with_why(tmp_path, capsys):
+    """`rlforge new experiment ok-name` wrote ok_name/ without a word (adversarial review): both templates now say the
+    name they used and why; a name used as given gets no note."""
+    assert main(["new", "experiment", "ok-name", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "ok_name").is_dir()
+    assert ("note: the experiment 'ok-name' is named 'ok_name' (lower case, '_' for '-'), because the names rlforge "
+            "new derives from it must be valid Python identifiers: its folder is ok_name/ and its trainer.experiment "
+            "ok_name.\n") in out
+    assert main(["new", "plugin", "Ok-Plug", "--dir", str(tmp_path)]) == 0
+    assert ("note: the plugin 'Ok-Plug' is named 'ok_plug' (lower case, '_' for '-'), because the names rlforge new "
+            "derives from it must be valid Python identifiers: its entry point, algorithm and reward function are "
+            "'ok_plug', its package rlforge_ok_plug, its distribution rlforge-ok-plug.\n") in capsys.readouterr().out
+    assert main(["new", "experiment", "as_given", "--dir", str(tmp_path)]) == 0
+    assert "note:" not in capsys.readouterr().out
