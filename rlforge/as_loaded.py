@@ -3,64 +3,112 @@
 Training changes both in memory: a bf16 model trains in fp32 on the CPU (``model.precision``), and a tokenizer
 without a pad token pads with EOS, on the left (``rlforge.models.load_tokenizer``). ``rlforge export`` and
 ``rlforge sft``'s output folder call :func:`as_loaded` on what they wrote, so a bf16 model comes out in bf16 (half
-the size of fp32) and the tokenizer keeps its own pad token.
+the size of fp32) and the tokenizer keeps its own pad token. ``rlforge export --dtype`` writes another dtype instead,
+and the export warns where casting down rounded most of the training's changes back to the source's values
+(:class:`Rounding`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlforge.weight_files import safetensors_files
 
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 
 
-def as_loaded(out: Path, source: Path, weights: bool = True) -> None:
+@dataclass
+class Rounding:
+    """What casting trained weights into a narrower dtype rounded away: of ``changed`` weights (elements that differ
+    from the source model's), ``lost`` are back at the source's value after the cast."""
+
+    changed: int = 0
+    lost: int = 0
+
+    def __add__(self, other: Rounding) -> Rounding:
+        return Rounding(self.changed + other.changed, self.lost + other.lost)
+
+    def warning(self, dtype: str) -> str:
+        """A warning where the cast rounded away most of the training's changes (more than half), else ""."""
+        if not self.changed or self.lost * 2 <= self.changed:
+            return ""
+        return (f"Of the {self.changed:,} weights training changed, {self.lost:,} ({self.lost / self.changed:.0%}) "
+                f"round back to the source model's values in {dtype}, the dtype it was loaded in: the export keeps "
+                f"little of the training (a small learning rate or few steps move weights less than {dtype} can "
+                f"show). Export with --dtype float32 to keep every change (twice the size of bf16).")
+
+
+def as_loaded(out: Path, source: Path, weights: bool = True, dtype: str = "") -> Rounding:
     """Give the saved folder ``out`` what the model folder ``source`` has: with ``weights``, each floating weight in
-    the source's dtype for that name and the config's ``dtype``; the tokenizer's pad token and padding side."""
+    the source's dtype for that name (``dtype``: in that torch dtype instead, e.g. ``float32``) and the config's
+    ``dtype``; the tokenizer's pad token and padding side. Returns what casting to a narrower dtype rounded away."""
+    rounding = Rounding()
     if weights:
-        dtypes = _weight_dtypes(source)
-        grown = sum(_cast_shard(shard, dtypes) for shard in safetensors_files(out))
-        index = out / "model.safetensors.index.json"
-        if grown and index.is_file():  # the total size it records changes with the weights' dtypes
-            data = json.loads(index.read_text())
+        index = _weight_index(source)
+        dtypes = {name: dtype for name in _weight_index(out)} if dtype else {n: kept for n, (_, kept) in index.items()}
+        grown = 0
+        for shard in safetensors_files(out):
+            more, lost = _cast_shard(shard, dtypes, index)
+            grown, rounding = grown + more, rounding + lost
+        index_file = out / "model.safetensors.index.json"
+        if grown and index_file.is_file():  # the total size it records changes with the weights' dtypes
+            data = json.loads(index_file.read_text())
             meta = data.setdefault("metadata", {})
             if "total_size" in meta:
                 meta["total_size"] += grown
-                index.write_text(json.dumps(data, indent=2) + "\n")
-        _copy_config_dtype(source / "config.json", out / "config.json")
+                index_file.write_text(json.dumps(data, indent=2) + "\n")
+        _copy_config_dtype(source / "config.json", out / "config.json", dtype)
     _restore_tokenizer(source, out)
+    return rounding
 
 
-def _weight_dtypes(folder: Path) -> dict[str, str]:
-    """Weight name -> torch dtype name, read from the safetensors headers (no tensor is loaded)."""
+def _weight_index(folder: Path) -> dict[str, tuple[Path, str]]:
+    """Weight name -> (its shard, its torch dtype name), read from the safetensors headers (no tensor is loaded)."""
     from safetensors import safe_open
 
     found = {}
     for shard in safetensors_files(folder):
         with safe_open(str(shard), framework="pt") as f:
             for name in f.keys():
-                found[name] = SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype(), "")
+                found[name] = (shard, SAFETENSORS_DTYPES.get(f.get_slice(name).get_dtype(), ""))
     return found
 
 
-def _cast_shard(shard: Path, dtypes: dict[str, str]) -> int:
-    """Rewrite ``shard`` with its floating weights in ``dtypes``; returns how many bytes the weights grew by."""
+def _cast_shard(shard: Path, dtypes: dict[str, str], source: dict[str, tuple[Path, str]]) -> tuple[int, Rounding]:
+    """Rewrite ``shard`` with its floating weights in ``dtypes``; returns how many bytes the weights grew by and,
+    for weights cast to a narrower dtype, what the cast rounded away against the ``source`` model's values."""
     import torch
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(shard))
     changed = {name: t.to(getattr(torch, dtypes[name])) for name, t in tensors.items()
                if t.is_floating_point() and dtypes.get(name) and str(t.dtype) != f"torch.{dtypes[name]}"}
-    if changed:
+    rounding = sum((_rounded(tensors[name], cast, source[name][0], name) for name, cast in changed.items()
+                    if name in source and cast.element_size() < tensors[name].element_size()), Rounding())
+    if changed:  # after reading the source: it may be this very folder (an export without its model, rlforge.tools.export)
         save_file({**tensors, **changed}, str(shard), metadata={"format": "pt"})
-    return sum(t.numel() * (t.element_size() - tensors[name].element_size()) for name, t in changed.items())
+    return sum(t.numel() * (t.element_size() - tensors[name].element_size()) for name, t in changed.items()), rounding
 
 
-def _copy_config_dtype(source: Path, out: Path) -> None:
+def _rounded(trained: Any, cast: Any, shard: Path, name: str) -> Rounding:
+    """Elements of ``trained`` that differ from the source's weight ``name`` (in ``shard``), and how many of them
+    ``cast`` (``trained`` in a narrower dtype) puts back at the source's value."""
+    from safetensors import safe_open
+
+    with safe_open(str(shard), framework="pt") as f:
+        base = f.get_tensor(name).to(trained.dtype)
+    if base.shape != trained.shape:
+        return Rounding()
+    moved = trained != base
+    return Rounding(int(moved.sum()), int((moved & (cast.to(trained.dtype) == base)).sum()))
+
+
+def _copy_config_dtype(source: Path, out: Path, dtype: str = "") -> None:
     src, dst = json.loads(source.read_text()), json.loads(out.read_text())
-    dtype = src.get("dtype") or src.get("torch_dtype")
+    dtype = dtype or src.get("dtype") or src.get("torch_dtype")
     if dtype and dtype != (dst.get("dtype") or dst.get("torch_dtype")):
         dst.pop("torch_dtype", None)
         dst["dtype"] = dtype

@@ -177,7 +177,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     token = hub_token(args.push_to_hub) if args.push_to_hub else None  # before the export: it may take a while
     out = export_checkpoint(args.checkpoint, args.out, _plugins(args).registry, adapter_only=args.adapter,
                             warn=lambda line: print(f"rlforge: warning: {line}", file=sys.stderr),
-                            repo_id=args.push_to_hub)
+                            repo_id=args.push_to_hub, dtype=args.dtype or "")
     how = ("PeftModel.from_pretrained(base_model, OUT)" if args.adapter
            else EXPORT_USES[auto_class(out)].format(out=out))
     print(f"exported to {out} (load it with {how})")
@@ -258,6 +258,9 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
                        help="then upload the folder (model card included) to the Hub model repo ORG/NAME, created "
                             "if missing (HF_TOKEN or `hf auth login`; HF_ENDPOINT)")
         p.add_argument("--private", action="store_true", help="with --push-to-hub: a new repo is private")
+        p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                       help="write every floating weight in this dtype (default: each weight's dtype in the model the "
+                            "run loaded, e.g. bf16 for a bf16 model trained in fp32)")
     elif name == "data":
         p.add_argument("dataset", choices=["gsm8k", "math", "geometry3k"])  # rlforge.tools.data_prep.SOURCES
         p.add_argument("--input", action="append", required=True, metavar="SOURCE",

@@ -169,12 +169,16 @@ def source_model(checkpoint: Path) -> str | None:
 
 
 def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_only: bool = False,
-                      warn: Callable[[str], Any] = print, repo_id: str | None = None) -> Path:
+                      warn: Callable[[str], Any] = print, repo_id: str | None = None, dtype: str = "") -> Path:
     """Write the checkpoint at ``path`` (or a run's newest one) to ``out`` as a plain Hugging Face folder. A LoRA
     run's checkpoint (an adapter) is merged into its base model, or with ``adapter_only`` copied as the adapter
     folder that peft loads (``PeftModel.from_pretrained(base, out)``). The weights' dtypes and the tokenizer's pad
-    token are then those of the model the run loaded (``as_loaded``); ``warn`` says so when it cannot be found. The
-    folder's ``README.md`` is its model card (``repo_id``: the Hub repo it names, where it is pushed)."""
+    token are then those of the model the run loaded (``as_loaded``); ``warn`` says so when it cannot be found, and
+    when casting to its dtype rounded most of the training's changes away. ``dtype`` (a torch dtype name, e.g.
+    ``float32``): every floating weight in that dtype instead. The folder's ``README.md`` is its model card
+    (``repo_id``: the Hub repo it names, where it is pushed)."""
+    if adapter_only and dtype:
+        raise RLForgeError(f"--dtype {dtype} applies to a merged export; --adapter writes the adapter as it trained.")
     checkpoint = find_checkpoint(path)
     target = Path(out).expanduser()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -199,8 +203,11 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     except RLForgeError as exc:
         warn(f"{exc} The export keeps the checkpoint's dtypes and tokenizer (pad token, padding side).")
         folder = None
-    if folder is not None:
-        as_loaded(target, folder, weights=not adapter_only)
+    if folder is not None or dtype:  # without the run's model, --dtype still applies (the folder is its own source)
+        rounding = as_loaded(target, folder or target, weights=not adapter_only, dtype=dtype)
+        if rounding.lost:
+            if note := rounding.warning(json.loads((target / "config.json").read_text()).get("dtype", "its dtype")):
+                warn(note)
     write_model_card(target, checkpoint, adapter=adapter_only, base_model=source, repo_id=repo_id)
     return target
 

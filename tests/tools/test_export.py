@@ -172,3 +172,23 @@ def test_an_export_whose_base_model_moved_keeps_the_checkpoint_as_it_is_and_says
     err = capsys.readouterr().err
     assert f"rlforge: warning: Model path '{tmp_path / 'gone'}' does not exist (the run's model.path)." in err
     assert "The export keeps the checkpoint's dtypes and tokenizer" in err
+
+
+def test_an_export_that_rounds_away_the_training_says_so_and_dtype_keeps_it(bf16_model, tmp_path, capsys):
+    """A bf16 model trained in fp32 with a tiny learning rate: casting back to bf16 puts most changed weights back at
+    their bf16 values (helper-56: 98% of a DPO run's update, silently); the export warns with the counts, and
+    --dtype float32 writes the trained weights as they are."""
+    from safetensors.torch import load_file
+
+    run = _fit_one_step(tmp_path, bf16_model, "actor.lr=1e-7", "actor.entropy_coeff=0.01")  # a gradient whatever the rewards
+    capsys.readouterr()
+    assert main(["export", str(run), str(tmp_path / "bf16")]) == 0
+    err = capsys.readouterr().err
+    assert "round back to the source model's values in bfloat16" in err and "--dtype float32" in err
+    assert main(["export", str(run), str(tmp_path / "fp32"), "--dtype", "float32"]) == 0
+    assert "round back" not in capsys.readouterr().err
+    trained = load_file(str(run / "checkpoints" / "step_000001" / "actor" / "model.safetensors"))
+    weights = load_file(str(tmp_path / "fp32" / "model.safetensors"))
+    assert all(torch.equal(weights[n], t) for n, t in trained.items())
+    assert json.loads((tmp_path / "fp32" / "config.json").read_text())["dtype"] == "float32"
+    assert main(["export", str(run), str(tmp_path / "adapter"), "--adapter", "--dtype", "float32"]) == 2
