@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlforge import checkpoint as ckpt
 from rlforge import diskio
+from rlforge import lr_schedule
 from rlforge.errors import RLForgeError
 from rlforge.runlock import RunLock
 
@@ -43,7 +44,8 @@ CONFIG_FILE = "config.yaml"
 END_MARK = "# end of rlforge config"  # written last: a config.yaml without it was cut short
 RESUMES_FILE = "resumes.jsonl"
 # keys that may differ between a checkpoint and its continuation: they change neither the weights nor the
-# order of the training data (logging, length of the run, cadence, locations, worker counts)
+# order of the training data (logging, length of the run, cadence, locations, worker counts); a longer or shorter run
+# where the learning-rate schedule depends on its length continues on the new length's schedule (_schedule_note)
 MAY_CHANGE = (
     "trainer.total_steps", "trainer.epoch_limit", "trainer.save_every", "trainer.keep_last_n", "trainer.val_every",
     "trainer.val_before_train", "trainer.val_at_end", "trainer.progress", "trainer.samples_to_save",
@@ -192,12 +194,28 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
                 f"trainer.experiment), or continue anyway with trainer.resume_force=true."
             )
         log.warning("Resuming %s although it changed (trainer.resume_force=true): %s", where, listed)
+    if note := _schedule_note(config, changed):
+        log.warning(note)
     _set_aside(*aside)  # only now: a refused resume leaves the run folder as it was
     if damage:
         log.warning("%s Rewriting it from the current config (trainer.resume_force=true).", damage)
         write_run_config(run_dir, config)
     _record(run_dir, checkpoint, int(state.get("step", 0)), changed, blocking if force else [])
     return Binding(run_dir, lock, False, checkpoint, state, changed)
+
+
+def _schedule_note(config: DictConfig, changed: dict[str, list[Any]]) -> str:
+    """The warning for a resume whose ``trainer.total_steps`` changed where the actor's learning-rate schedule depends
+    on the run's length (``lr_schedule.depends_on_length``): the rest of the run follows the new length's schedule at
+    its steps (``lr_schedule.continue_at_step``), or "" where nothing changes."""
+    if ("trainer.total_steps" not in changed or config.trainer.get("schedule_steps")
+            or not lr_schedule.depends_on_length(config.actor)):
+        return ""
+    old, new = changed["trainer.total_steps"]
+    return (f"trainer.total_steps {old} -> {new} changes the learning-rate schedule (actor.lr_scheduler="
+            f"{config.actor.lr_scheduler}, a warm-up of actor.warmup_steps={config.actor.warmup_steps} or "
+            f"actor.warmup_ratio={config.actor.warmup_ratio}): the steps from here on run at the rates of a {new}-step "
+            f"run's schedule, as after verl's resume, not at the {old}-step one's.")
 
 
 Aside = tuple[list[Path], str]  # checkpoints to set aside once the resume is accepted, and why

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from rlforge import batch as B
-from rlforge import lora
+from rlforge import lora, lr_schedule
 from rlforge.config.batches import config_section, micro_batch_size
 from rlforge.capabilities import remote
 from rlforge.errors import NonFiniteError
@@ -286,6 +286,7 @@ class TrainWorker:
     def _load_small_state(self, state: dict[str, Any]) -> None:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+            lr_schedule.continue_at_step(self.scheduler)
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.strategy.load_precision_state(state.get("precision", {}))
 

@@ -344,3 +344,24 @@ def test_a_checkpoint_records_which_plugin_gave_each_component(trained) -> None:
     meta = json.loads((trained["run"] / "checkpoints" / "step_000002" / "meta.json").read_text())
     assert meta["plugins"]["algorithm:grpo"].startswith("rlforge.algorithms.grpo")
     assert meta["plugins"]["dataset:files"] and meta["plugins"]["reward manager:rule"]
+
+
+def test_a_longer_run_continues_on_the_longer_runs_schedule(tmp_path, caplog) -> None:
+    """A cosine run of 2 steps resumed to 4 (trainer.total_steps may change): step 3 runs at the 4-step schedule's
+    rate for step 3, as after verl's resume, and a warning says so (helper-56: it ran at the 2-step schedule's last
+    rate, 0, then jumped up); the first two steps are those of the 2-step run."""
+    import math
+
+    base = [*QUICK, "trainer.save_every=1", "trainer.keep_last_n=0", "actor.lr_scheduler=cosine", "actor.lr=1e-3",
+            "actor.min_lr_ratio=0", f"trainer.runs_root={tmp_path}", "trainer.resume=auto"]
+
+    def fit(steps: int) -> list[float]:
+        trainer = Trainer(load_config("grpo", [*base, f"trainer.total_steps={steps}"]))
+        trainer.fit()
+        return [h["actor/lr"] for h in trainer.history]
+
+    assert fit(2) == pytest.approx([1e-3, 0.5e-3])  # cosine over 2 steps: 1, (1 + cos(pi / 2)) / 2
+    with caplog.at_level(logging.WARNING, logger="rlforge.run"):
+        resumed = fit(4)
+    assert resumed == pytest.approx([1e-3 * (1 + math.cos(math.pi * k / 4)) / 2 for k in (2, 3)])
+    assert "trainer.total_steps 2 -> 4 changes the learning-rate schedule (actor.lr_scheduler=cosine" in caplog.text
