@@ -4,6 +4,7 @@ Preference rows (pairs, labelled completions): ``rlforge.preferences``."""
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -226,7 +227,8 @@ def tokenize_rows(
     With ``need_reward=False`` (SFT) only ``prompt`` is required. A row with images in its ``image_key`` column goes
     through ``processor`` (a vision-language model's, ``rlforge.multimodal``): its prompt ids have the images'
     tokens and its ``Prompt.multi_modal`` the vision inputs. A prompt over ``max_len`` tokens is dropped
-    (``filter_overlong``), else cut by ``truncation`` (``data.truncation``; ``error``: a DataError naming the row).
+    (``filter_overlong``; a warning counts the dropped rows and names the first: :func:`report_overlong`), else cut by
+    ``truncation`` (``data.truncation``; ``error``: a DataError naming the row).
     ``template``: keyword arguments of the chat template (``data.apply_chat_template_kwargs``).
 
     Rows that tokenize themselves (a :class:`PromptSource`, such as the ``hf`` dataset's) are handed
@@ -240,11 +242,38 @@ def tokenize_rows(
         rows = list(rows)
         prompts = encode(rows, list(range(len(rows))), [row_origin(row, i, name) for i, row in enumerate(rows)],
                          processor=processor)
-    if len(rows) and not len(prompts):
-        raise DataError(
-            f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_len} tokens."
-        )
+    report_overlong(name, len(rows), len(prompts), partial(_first_dropped, rows, prompts, encode, name, processor),
+                    max_len)
     return prompts
+
+
+def _first_dropped(rows: Any, prompts: Sequence[Prompt], encode: Callable[..., list[Prompt]], name: str,
+                   processor: Any) -> tuple[str, int]:
+    """Where the first row left out of ``prompts`` is, and its prompt's length in tokens. The prompts keep their rows'
+    order (``Prompt.index``), so the first whose index is not its position follows the gap: found in log(n) reads of
+    ``prompts`` (the ``hf`` dataset's are read from Arrow), then that one row is encoded again without a limit."""
+    lo, hi = 0, len(prompts)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if prompts[mid].index == mid else (lo, mid)
+    where = row_origin(rows[lo], lo, name)
+    (prompt,) = encode([rows[lo]], [lo], [where], max_len=sys.maxsize, filter_overlong=False, processor=processor)
+    return where, len(prompt.ids)
+
+
+def report_overlong(name: str, total: int, kept: int, first: Callable[[], tuple[str, int]], max_len: int) -> None:
+    """Warn that ``total - kept`` of a dataset's ``total`` rows were dropped for a prompt longer than ``max_len``
+    tokens (``data.filter_overlong_prompts``), naming the first of them; ``first()`` gives where it is and its length
+    (computed only when rows were dropped). A dataset with no row left is a DataError."""
+    if kept >= total:
+        return
+    where, length = first()
+    longer = (f"longer than data.max_prompt_length={max_len} tokens (after the chat template), first {where} "
+              f"({length} tokens)")
+    if not kept:
+        raise DataError(f"{name}: all {total} prompts are {longer}: raise data.max_prompt_length.")
+    log.warning("%s: dropped %d of %d rows whose prompt is %s: raise data.max_prompt_length to keep them.", name,
+                total - kept, total, longer)
 
 
 def prompt_batch(

@@ -5,20 +5,25 @@ Preference rows follow TRL's formats. Paired: ``prompt``, ``chosen``, ``rejected
 number). Unpaired (KTO): ``prompt``, ``completion``, ``label`` (true = desirable). The prompt is a string or
 a list of chat messages; each completion is a string (one assistant message) or a list of messages. A paired
 row without ``prompt`` whose ``chosen`` and ``rejected`` are conversations takes their common leading messages
-as the prompt (TRL's implicit prompt). The completion's tokens are what the chat template adds after the
-prompt rendered with the generation prompt: the tokens the model would generate, end-of-turn included.
+as the prompt (TRL's implicit prompt); so does one whose ``prompt`` is a string beside conversations that open with
+the prompt's turn (UltraFeedback binarized; TRL's ``maybe_extract_prompt`` ignores such a prompt). The completion's
+tokens are what the chat template adds after the prompt rendered with the generation prompt: the tokens the model
+would generate, end-of-turn included (where only the text continues the prompt's, the completion's text is
+tokenized on its own: ``_completion_ids``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.data import (
-    Prompt, _messages, _prompt, _tokenize_prompt, _vision_rows, apply_template, collate, columns, row_origin,
+    Prompt, _ids, _messages, _prompt, _tokenize_prompt, _vision_rows, apply_template, collate, columns, report_overlong,
+    row_origin,
 )
 from rlforge.errors import DataError
 from rlforge.lazy import lazy_import
@@ -46,33 +51,88 @@ def is_preference_row(row: dict[str, Any]) -> bool:
     return "chosen" in row or "rejected" in row or "completion" in row
 
 
+def _prompt_in_conversations(row: dict[str, Any]) -> bool:
+    """Whether ``chosen`` and ``rejected`` carry the prompt (TRL's ``maybe_extract_prompt``): a row without ``prompt``,
+    or one whose ``prompt`` is a string beside conversations that open with a prompt turn (a message that is not the
+    assistant's), as UltraFeedback binarized's rows are: the string column is then ignored."""
+    if "prompt" not in row:
+        return True
+    chosen, rejected = row.get("chosen"), row.get("rejected")
+    return (isinstance(row["prompt"], str) and isinstance(chosen, list) and isinstance(rejected, list)
+            and bool(chosen) and isinstance(chosen[0], dict) and chosen[0].get("role") != "assistant")
+
+
 def _split_implicit_prompt(row: dict[str, Any], where: str) -> dict[str, Any]:
-    """TRL's implicit prompt: the leading messages ``chosen`` and ``rejected`` share become the prompt."""
+    """TRL's implicit prompt: the leading messages ``chosen`` and ``rejected`` share become the prompt, leaving each
+    at least its last message as its completion."""
     chosen, rejected = row.get("chosen"), row.get("rejected")
     if not (isinstance(chosen, list) and isinstance(rejected, list)):
         raise DataError(f"{where}: missing column 'prompt' (only conversations in 'chosen' and 'rejected' may "
                         f"carry the prompt as their common first messages). Columns present: {columns(row)}.")
-    shared = 0
-    while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
-        shared += 1
-    if not shared:
-        raise DataError(f"{where}: no 'prompt' column, and 'chosen' and 'rejected' share no first message to "
-                        f"take as the prompt.")
-    return {**row, "prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
+    common = 0
+    while common < min(len(chosen), len(rejected)) and chosen[common] == rejected[common]:
+        common += 1
+    shared = min(common, len(chosen) - 1, len(rejected) - 1)
+    if shared > 0:
+        return {**row, "prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
+    why = ("no 'prompt' column" if "prompt" not in row else
+           "'prompt' is a string beside conversations in 'chosen' and 'rejected', which carry the prompt")
+    if not common:
+        raise DataError(f"{where}: {why}, and 'chosen' and 'rejected' share no first message to take as the prompt.")
+    if len(chosen) == len(rejected):  # both are that one message
+        raise DataError(f"{where}: {why}, and 'chosen' and 'rejected' are the same single message: no completion "
+                        f"follows it in either.")
+    short, other = ("chosen", "rejected") if len(chosen) == 1 else ("rejected", "chosen")
+    raise DataError(f"{where}: {why}, and '{short}' has no completion after the prompt it shares with '{other}': its "
+                    f"only message (role {row[short][0].get('role')!r}) is the first message of '{other}' too, which "
+                    f"leaves '{short}' empty once that message is the prompt. End '{short}' with its own assistant "
+                    f"message, or give the row a 'prompt' column.")
+
+
+def _take_prompt(row: dict[str, Any], where: str, ignored: list[str]) -> dict[str, Any]:
+    """The row with its prompt in ``prompt``: taken from the conversations where they carry it
+    (:func:`_prompt_in_conversations`). A string ``prompt`` so ignored that is not the last user message of the
+    conversations' prompt adds the row to ``ignored``."""
+    if not _prompt_in_conversations(row):
+        return row
+    split = _split_implicit_prompt(row, where)
+    if "prompt" in row:
+        users = [m.get("content") for m in split["prompt"] if isinstance(m, dict) and m.get("role") == "user"]
+        if not users or not isinstance(users[-1], str) or users[-1].strip() != row["prompt"].strip():
+            ignored.append(where)
+    return split
 
 
 def _completion_ids(tokenizer: Any, prompt: Prompt, value: Any, where: str, column: str, max_len: int) -> list[int]:
-    """The tokens the chat template adds after the prompt (rendered with the generation prompt), cut to ``max_len``."""
+    """The tokens the chat template adds after the prompt (rendered with the generation prompt), cut to ``max_len``.
+    Where the text of prompt + completion continues the prompt's text but its tokens do not continue the prompt's
+    (a generation prompt ending in a space, which byte-level BPE merges into the answer's first token: Anthropic
+    HH's ``Assistant: ``), the completion's text is tokenized on its own (no special tokens) and follows the prompt's
+    ids as generation sees them, as TRL does."""
     turns = _messages(value, where, column)
     full = apply_template(tokenizer, prompt.messages + turns, where)
-    if full[: len(prompt.ids)] != prompt.ids:
-        raise DataError(f"{where}: the chat template does not render '{column}' as a continuation of the prompt "
-                        f"(the prompt with the generation prompt is not a prefix of prompt + {column}).")
-    ids = full[len(prompt.ids):][:max_len]
+    if full[: len(prompt.ids)] == prompt.ids:
+        ids = full[len(prompt.ids):]
+    else:
+        ids = _ids(tokenizer(_completion_text(tokenizer, prompt, turns, where, column), add_special_tokens=False))
     if not ids:
         raise DataError(f"{where}: '{column}' renders as no tokens after the prompt (an empty completion needs a chat "
                         f"template that closes the turn).")
-    return ids
+    return ids[:max_len]
+
+
+def _completion_text(tokenizer: Any, prompt: Prompt, turns: list[dict[str, Any]], where: str, column: str) -> str:
+    """The text the chat template adds after the prompt rendered with the generation prompt; a template whose text of
+    prompt + completion does not start with that prompt is a DataError showing where the two part."""
+    head = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(prompt.messages + turns, tokenize=False)
+    if text.startswith(head):
+        return text[len(head):]
+    at = next((i for i, (a, b) in enumerate(zip(head, text)) if a != b), min(len(head), len(text)))
+    raise DataError(f"{where}: the chat template does not render '{column}' as a continuation of the prompt: the "
+                    f"prompt with the generation prompt is not a prefix of prompt + {column}, as text (they part at "
+                    f"character {at + 1}: the prompt has {head[at:at + 40]!r}, prompt + {column} has "
+                    f"{text[at:at + 40]!r}).")
 
 
 def _pair_columns(row: dict[str, Any], where: str, paired: bool) -> list[tuple[str, Any, float]]:
@@ -112,13 +172,15 @@ def tokenize_preferences(
     ``processor`` (as in ``tokenize_rows``; the completions are text)."""
     examples: list[PreferenceExample] = []
     identical: list[str] = []
+    overlong: list[tuple[int, dict[str, Any], str]] = []  # (position, row, where) of the rows dropped for length
+    ignored: list[str] = []  # rows whose string 'prompt' is not the user message their conversations open with
     for i, row in enumerate(rows):
         where = row_origin(row, i, name)
-        if "prompt" not in row:
-            row = _split_implicit_prompt(row, where)
+        row = _take_prompt(row, where, ignored)
         text = _tokenize_prompt(row, i, tokenizer, max_prompt_len, filter_overlong, where, need_reward=False)
         prompt = _vision_prompt(row, i, text, processor, image_key, max_prompt_len, filter_overlong, where)
         if prompt is None:
+            overlong.append((i, row, where))
             continue
         parts = _pair_columns(row, where, paired)
         if processor is not None:  # a vision model's completions are text: an image there would train as '<image>'
@@ -132,11 +194,26 @@ def tokenize_preferences(
             examples.append(PreferenceExample(prompt, ids, labels, _margin(row, where)))
         else:
             examples += [PreferenceExample(prompt, [c], [label]) for c, label in zip(ids, labels)]
+    if ignored:
+        log.warning("%s: %d of %d rows have a string 'prompt' besides 'chosen' and 'rejected' conversations that "
+                    "carry the prompt, and it is not the last user message of that prompt, first %s: the "
+                    "conversations' prompt is the one trained on, 'prompt' is ignored (TRL's maybe_extract_prompt).",
+                    name, len(ignored), len(rows), ignored[0])
+    report_overlong(name, len(rows), len(rows) - len(overlong),
+                    lambda: _prompt_length(overlong[0], tokenizer, processor, image_key), max_prompt_len)
     _report_identical(identical, len(examples) + len(identical), name, max_completion_len)
-    if rows and not examples:
-        raise DataError(f"{name}: all {len(rows)} prompts are longer than data.max_prompt_length={max_prompt_len} "
-                        f"tokens.")
     return examples
+
+
+def _prompt_length(dropped: tuple[int, dict[str, Any], str], tokenizer: Any, processor: Any,
+                   image_key: str) -> tuple[str, int]:
+    """Where a row dropped for its prompt's length is, and that length in tokens (its prompt encoded again, without
+    a limit)."""
+    index, row, where = dropped
+    text = _tokenize_prompt(row, index, tokenizer, sys.maxsize, False, where, need_reward=False)
+    prompt = _vision_prompt(row, index, text, processor, image_key, sys.maxsize, False, where)
+    assert prompt is not None  # no limit: nothing is dropped
+    return where, len(prompt.ids)
 
 
 def _refuse_completion_images(parts: list[tuple[str, Any, float]], where: str) -> None:

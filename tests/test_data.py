@@ -109,12 +109,46 @@ def test_non_mapping_reward_model(char_tokenizer, reward_model) -> None:
         tokenize_rows([_row(reward_model=reward_model)], char_tokenizer, 64, True, "train")
 
 
-def test_overlong_prompt_filtered(char_tokenizer) -> None:
+def test_overlong_prompt_filtered(char_tokenizer, caplog) -> None:
     short, long_ = "What is 1+2?", "x" * 40
     rows = [_row(short), _row(long_), _row(short, truth="4")]
     max_len = _len(char_tokenizer, short)
-    prompts = tokenize_rows(rows, char_tokenizer, max_len, True, "train")
+    with caplog.at_level("WARNING", logger="rlforge.data"):
+        prompts = tokenize_rows(rows, char_tokenizer, max_len, True, "train")
     assert [p.ground_truth for p in prompts] == ["3", "4"]
+    # the drop is counted and the first dropped row named with its length, as the identical pairs' warning does
+    assert caplog.messages == [f"train: dropped 1 of 3 rows whose prompt is longer than data.max_prompt_length="
+                               f"{max_len} tokens (after the chat template), first train, row 2 "
+                               f"({_len(char_tokenizer, long_)} tokens): raise data.max_prompt_length to keep them."]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlforge.data"):
+        assert len(tokenize_rows(rows[::2], char_tokenizer, max_len, True, "train")) == 2
+    assert not caplog.messages  # nothing dropped, nothing said
+
+
+class _SelfTokenizing(list):
+    """Rows that tokenize themselves in chunks of 2 (a PromptSource, as the hf dataset's rows: they name themselves
+    by ``_origin``)."""
+
+    def tokenize_prompts(self, encode):
+        return [p for start in range(0, len(self), 2)
+                for p in encode(self[start:start + 2], list(range(start, min(start + 2, len(self)))),
+                                [row["_origin"] for row in self[start:start + 2]])]
+
+
+@pytest.mark.parametrize("long_at", [[0], [3], [5, 6], [6], [1, 2, 3, 4, 5, 6]])
+def test_overlong_prompts_of_rows_that_tokenize_themselves_name_the_first(char_tokenizer, caplog, long_at) -> None:
+    """A PromptSource returns only the prompts it kept: the first dropped row is found from their indices."""
+    rows = _SelfTokenizing(_row("x" * (40 + i) if i in long_at else "ab", _origin=f"t.parquet, row {i + 1}")
+                           for i in range(7))
+    with caplog.at_level("WARNING", logger="rlforge.data"):
+        prompts = tokenize_rows(rows, char_tokenizer, 20, True, "hf (train)")
+    assert [p.index for p in prompts] == [i for i in range(7) if i not in long_at]
+    first = long_at[0]
+    assert caplog.messages == [f"hf (train): dropped {len(long_at)} of 7 rows whose prompt is longer than "
+                               f"data.max_prompt_length=20 tokens (after the chat template), first t.parquet, row "
+                               f"{first + 1} ({_len(char_tokenizer, 'x' * (40 + first))} tokens): raise "
+                               f"data.max_prompt_length to keep them."]
 
 
 def test_prompt_at_exact_limit_is_kept(char_tokenizer) -> None:
@@ -190,10 +224,9 @@ def test_all_prompts_overlong_is_an_error(char_tokenizer) -> None:
     rows = [_row("x" * 40), _row("y" * 50)]
     with pytest.raises(DataError) as info:
         tokenize_rows(rows, char_tokenizer, 10, True, "mytrain")
-    msg = str(info.value)
-    assert "mytrain" in msg
-    assert "all 2 prompts" in msg
-    assert "data.max_prompt_length=10" in msg
+    assert str(info.value) == (f"mytrain: all 2 prompts are longer than data.max_prompt_length=10 tokens (after the "
+                               f"chat template), first mytrain, row 1 ({_len(char_tokenizer, 'x' * 40)} tokens): "
+                               f"raise data.max_prompt_length.")
 
 
 def test_no_rows_gives_no_prompts(char_tokenizer) -> None:

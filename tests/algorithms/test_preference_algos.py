@@ -103,8 +103,102 @@ def test_a_chat_template_that_does_not_continue_the_prompt_is_an_error(char_toke
     tok = copy.deepcopy(char_tokenizer)
     tok.chat_template = ("{% for m in messages|reverse %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
                          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    with pytest.raises(DataError, match="does not render 'chosen' as a continuation of the prompt"):
+    with pytest.raises(DataError) as info:
         _tok(tok, [_pair()])
+    assert str(info.value) == ("prefs, row 1: the chat template does not render 'chosen' as a continuation of the "
+                               "prompt: the prompt with the generation prompt is not a prefix of prompt + chosen, as "
+                               "text (they part at character 3: the prompt has 'user|>What is 1+2?<|end|><|assistant"
+                               "|>', prompt + chosen has 'assistant|>3<|end|><|user|>What is 1+2?<').")
+
+
+HH_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ '\n\nHuman: ' + m['content'] }}{% else %}"
+               "{{ '\n\nAssistant: ' + m['content'] }}{% endif %}{% endfor %}"
+               "{% if add_generation_prompt %}{{ '\n\nAssistant: ' }}{% endif %}")
+
+
+def test_a_generation_prompt_ending_in_a_space_keeps_the_prompt_tokens_generation_sees() -> None:
+    """Anthropic HH's template: byte-level BPE merges the generation prompt's trailing space into the answer's first
+    token ('Ġ' + 'Paris' -> 'ĠParis'), so prompt + answer is not prompt ids + more ids; the answer's text is tokenized
+    on its own after the prompt's ids, as TRL does."""
+    from rlforge.data import apply_template
+    from rlforge.tools.tiny_chat import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.chat_template = HH_TEMPLATE
+    question = [{"role": "user", "content": "What is 2+2?"}]
+    generation = apply_template(tok, question, "q", add_generation_prompt=True)
+    merged = apply_template(tok, question + [{"role": "assistant", "content": "The answer is 4"}], "q")
+    assert merged[: len(generation)] != generation  # the token boundary moved
+    (ex,) = _tok(tok, [{"prompt": question, "chosen": "The answer is 4", "rejected": "Paris."}])
+    assert ex.prompt.ids == generation
+    assert [tok.decode(c) for c in ex.completions] == ["The answer is 4", "Paris."]
+    assert ex.completions[0] == tok("The answer is 4", add_special_tokens=False)["input_ids"]
+
+
+def _uf_row(prompt: str = "What is 1+2?") -> dict:
+    """An UltraFeedback-binarized row: a string prompt, conversations that repeat it, and its other columns."""
+    user = [{"role": "user", "content": "What is 1+2?"}]
+    return {"prompt": prompt, "prompt_id": "0a1b", "chosen": user + [{"role": "assistant", "content": "3"}],
+            "rejected": user + [{"role": "assistant", "content": "4"}], "messages": user, "score_chosen": 8.0,
+            "score_rejected": 3.5}
+
+
+def test_ultrafeedback_rows_take_the_prompt_of_their_conversations(char_tokenizer, caplog) -> None:
+    """A string prompt beside conversations that carry it is ignored (TRL's maybe_extract_prompt)."""
+    (plain,) = _tok(char_tokenizer, [_pair()])
+    with caplog.at_level("WARNING", logger="rlforge.data"):
+        (uf,) = _tok(char_tokenizer, [_uf_row()])
+    assert uf.prompt.ids == plain.prompt.ids and uf.completions == plain.completions
+    assert not caplog.messages
+    with caplog.at_level("WARNING", logger="rlforge.data"):
+        examples = _tok(char_tokenizer, [_uf_row(), _uf_row("What is 1 + 2?"), _uf_row("something else")])
+    assert [ex.prompt.ids for ex in examples] == [plain.prompt.ids] * 3  # the conversations' prompt, every time
+    assert caplog.messages == ["prefs: 2 of 3 rows have a string 'prompt' besides 'chosen' and 'rejected' "
+                               "conversations that carry the prompt, and it is not the last user message of that "
+                               "prompt, first prefs, row 2: the conversations' prompt is the one trained on, 'prompt' "
+                               "is ignored (TRL's maybe_extract_prompt)."]
+    # a string prompt beside assistant-only conversations is still the prompt
+    answers = {"chosen": [{"role": "assistant", "content": "3"}], "rejected": [{"role": "assistant", "content": "4"}]}
+    (assistant_only,) = _tok(char_tokenizer, [{"prompt": "What is 1+2?", **answers}])
+    assert assistant_only.prompt.ids == plain.prompt.ids and assistant_only.completions == plain.completions
+
+
+@pytest.mark.parametrize("chosen, rejected, message", [
+    (["u", "a"], ["u"], "no 'prompt' column, and 'rejected' has no completion after the prompt it shares with "
+                        "'chosen': its only message (role 'user') is the first message of 'chosen' too, which leaves "
+                        "'rejected' empty once that message is the prompt. End 'rejected' with its own assistant "
+                        "message, or give the row a 'prompt' column."),
+    (["u"], ["u", "b"], "'chosen' has no completion after the prompt it shares with 'rejected'"),
+    (["u"], ["u"], "'chosen' and 'rejected' are the same single message: no completion follows it in either."),
+    (["u", "a"], ["v", "b"], "no 'prompt' column, and 'chosen' and 'rejected' share no first message to take as the "
+                             "prompt."),
+])
+def test_implicit_prompt_mistakes_say_what_is_missing(char_tokenizer, chosen, rejected, message) -> None:
+    turns = {"u": ("user", "What is 1+2?"), "v": ("user", "What is 2+2?"), "a": ("assistant", "3"),
+             "b": ("assistant", "4")}
+
+    def conversation(keys):
+        return [{"role": turns[k][0], "content": turns[k][1]} for k in keys]
+
+    with pytest.raises(DataError) as info:
+        _tok(char_tokenizer, [{"chosen": conversation(chosen), "rejected": conversation(rejected)}])
+    assert str(info.value).startswith("prefs, row 1: ") and message in str(info.value)
+
+
+def test_overlong_prompts_are_dropped_with_a_count(char_tokenizer, caplog) -> None:
+    """As identical pairs are: counted, the first named (file and row), with its length and the key to raise."""
+    long_prompt = "What is 1+2? Explain your reasoning in detail, and be precise about each step."
+    rows = [_pair(prompt=long_prompt), _pair(), _pair(prompt=long_prompt + "!"), _pair(chosen="30")]
+    with caplog.at_level("WARNING", logger="rlforge.data"):
+        examples = tokenize_preferences(rows, char_tokenizer, 40, 64, True, "files (train)")
+    assert [char_tokenizer.decode(ex.completions[0]) for ex in examples] == ["3<|end|>", "30<|end|>"]
+    assert caplog.messages == ["files (train): dropped 2 of 4 rows whose prompt is longer than "
+                               "data.max_prompt_length=40 tokens (after the chat template), first files (train), row 1 "
+                               f"({len(long_prompt) + 3} tokens): raise data.max_prompt_length to keep them."]
+    with pytest.raises(DataError, match=r"^files \(val\): all 2 prompts are longer than data.max_prompt_length=40 "
+                                        r"tokens \(after the chat template\), first files \(val\), row 1 \(81 "
+                                        r"tokens\): raise data.max_prompt_length.$"):
+        tokenize_preferences(rows[::2], char_tokenizer, 40, 64, True, "files (val)")
 
 
 def test_collate_lays_pairs_out_as_groups_of_two(char_tokenizer) -> None:
