@@ -330,14 +330,16 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def may_change(key: str) -> bool:
-    return any(fnmatch.fnmatchcase(key, pattern) for pattern in MAY_CHANGE)
+def may_change(key: str, patterns: tuple[str, ...] = MAY_CHANGE) -> bool:
+    """Whether ``key`` matches one of ``patterns`` (``fnmatch``; by default the keys a resume may change)."""
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in patterns)
 
 
-def compare_configs(saved: dict[str, Any] | None, current: dict[str, Any], defaults: Callable[[], dict[str, Any]]
-                    ) -> tuple[list[str], dict[str, list[Any]]]:
-    """(blocking differences in words, allowed differences ``key -> [old, new]``) between a checkpoint's config
-    and the current one. A key the checkpoint lacks (added since) passes when it holds its default."""
+def compare_configs(saved: dict[str, Any] | None, current: dict[str, Any], defaults: Callable[[], dict[str, Any]],
+                    allowed: tuple[str, ...] = MAY_CHANGE) -> tuple[list[str], dict[str, list[Any]]]:
+    """(blocking differences in words, allowed differences ``key -> [old, new]``: keys matching a pattern of
+    ``allowed``, by default :data:`MAY_CHANGE`) between a checkpoint's config and the current one. A key the
+    checkpoint lacks (added since) passes when it holds its default."""
     if saved is None:
         return [], {}
     old, new = flatten(saved), flatten(current)
@@ -352,7 +354,7 @@ def compare_configs(saved: dict[str, Any] | None, current: dict[str, Any], defau
             base = base if base is not None else flatten(defaults())
             if base.get(key, _MISSING) == b:
                 continue
-        if may_change(key):
+        if may_change(key, allowed):
             changed[key] = [None if a is _MISSING else a, None if b is _MISSING else b]
         else:
             blocking.append(f"{key}: {_show(a)} -> {_show(b)}")
@@ -419,7 +421,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _describe(fp: dict[str, Any]) -> str:
-    return f"{fp.get('prompts')} prompts (sha256 {str(fp.get('sha256'))[:12]})"
+    return f"{fp.get('prompts')} examples (sha256 {str(fp.get('sha256'))[:12]})"  # prompts, pairs or SFT examples
 
 
 def _record(run_dir: Path, checkpoint: Path | None, step: int, changed: dict[str, list[Any]],

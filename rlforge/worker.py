@@ -234,8 +234,9 @@ class TrainWorker:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load what :meth:`state_dict` returned (every rank gets the complete state)."""
+        configured = _settings(self.optimizer)
         self.strategy.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
-        self._load_small_state(state)
+        self._load_small_state(state, configured)
 
     @remote(collect="first")
     def model_state_dict(self) -> dict[str, torch.Tensor]:
@@ -273,8 +274,9 @@ class TrainWorker:
 
     def load_sharded(self, path: Path, state: dict[str, Any]) -> None:
         """Load what :meth:`save_sharded` wrote, into any number of ranks."""
+        configured = _settings(self.optimizer)
         self.strategy.load_sharded(path, self.model, self.optimizer)
-        self._load_small_state(state)
+        self._load_small_state(state, configured)
 
     def _small_state(self) -> dict[str, Any]:
         return {
@@ -283,12 +285,27 @@ class TrainWorker:
             "precision": self.strategy.precision_state(),  # the loss scale of 16-mixed
         }
 
-    def _load_small_state(self, state: dict[str, Any]) -> None:
+    def _load_small_state(self, state: dict[str, Any], configured: list[dict[str, Any]]) -> None:
+        """The scheduler and counters of ``state``, after the optimizer's state: its settings (rate, weight decay,
+        betas) are put back to ``configured``, this run's (the same as the checkpoint's unless
+        ``trainer.resume_force`` continued with others: the loaded ones would have run silently), and the rates to
+        its schedule's at the checkpoint's step (``lr_schedule.continue_at_step``: also after a longer
+        ``trainer.total_steps``)."""
+        for group, settings in zip(self.optimizer.param_groups, configured):
+            group.update(settings)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+            if all("initial_lr" in group for group in self.optimizer.param_groups):
+                self.scheduler.base_lrs = [group["initial_lr"] for group in self.optimizer.param_groups]
             lr_schedule.continue_at_step(self.scheduler)
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.strategy.load_precision_state(state.get("precision", {}))
+
+
+def _settings(optimizer: Any) -> list[dict[str, Any]]:
+    """Each parameter group's settings as the optimizer was built for this run: everything but its parameters and its
+    current rate (the schedule's, set at load: ``initial_lr`` is the configured one)."""
+    return [{k: v for k, v in group.items() if k not in ("params", "lr")} for group in optimizer.param_groups]
 
 
 class ActorWorker(TrainWorker):

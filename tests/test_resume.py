@@ -102,9 +102,9 @@ def test_changed_config_or_training_data_is_refused(capsys, run, tmp_path):
     # the same file with other rows, or another file: the training data changed
     changed = _jsonl(tmp_path / "changed.jsonl", ROWS[::-1])
     err = _error(capsys, ["fit", *overrides, f"data.train_files=[{changed}]"])
-    assert "the training data: 16 prompts (sha256" in err
+    assert "the training data: 16 examples (sha256" in err
     shorter = _jsonl(tmp_path / "shorter.jsonl", ROWS[:8])
-    assert "16 prompts (sha256" in _error(capsys, ["fit", *overrides, f"data.train_files=[{shorter}]"])
+    assert "16 examples (sha256" in _error(capsys, ["fit", *overrides, f"data.train_files=[{shorter}]"])
     assert "data.shuffle: True -> False" in _error(capsys, ["fit", *overrides, "data.shuffle=false"])
 
 
@@ -365,3 +365,21 @@ def test_a_longer_run_continues_on_the_longer_runs_schedule(tmp_path, caplog) ->
         resumed = fit(4)
     assert resumed == pytest.approx([1e-3 * (1 + math.cos(math.pi * k / 4)) / 2 for k in (2, 3)])
     assert "trainer.total_steps 2 -> 4 changes the learning-rate schedule (actor.lr_scheduler=cosine" in caplog.text
+
+
+def test_a_forced_resume_trains_at_the_rate_it_was_given(tmp_path) -> None:
+    """trainer.resume_force=true with another actor.lr (and weight decay): the resumed steps run at this run's rate
+    and decay, not at those the checkpoint's optimizer and schedule held (helper-58: they were kept, silently)."""
+    base = [*QUICK, "trainer.save_every=1", "trainer.keep_last_n=0", f"trainer.runs_root={tmp_path}",
+            "trainer.resume=auto"]
+
+    def fit(steps: int, *extra: str) -> Trainer:
+        trainer = Trainer(load_config("grpo", [*base, f"trainer.total_steps={steps}", *extra]))
+        trainer.fit()
+        return trainer
+
+    fit(1, "actor.lr=1e-3")
+    trainer = fit(2, "actor.lr=2e-4", "actor.weight_decay=0.5", "trainer.resume_force=true")
+    assert [h["actor/lr"] for h in trainer.history] == pytest.approx([2e-4])
+    group = trainer.controller.ranks["actor"].worker.optimizer.param_groups[0]
+    assert group["weight_decay"] == 0.5 and group["initial_lr"] == pytest.approx(2e-4)

@@ -196,7 +196,8 @@ SFT_SPELLING = {
     "actor.ppo_micro_batch_size": "sft.micro_batch_size", "data.train_batch_size": "sft.batch_size",
     "data.truncation": "sft.truncation", "data.shuffle": "sft.sampling", "model.path": "sft.init",
     "trainer.total_steps": "sft.steps", "trainer.total_epochs": "sft.epochs", "trainer.seed": "sft.seed",
-    "trainer.save_every": "sft.save_every", "trainer.resume": "sft.resume", "trainer.val_every": "sft.val_every",
+    "trainer.save_every": "sft.save_every", "trainer.resume": "sft.resume", "trainer.resume_force": "sft.resume_force",
+    "trainer.val_every": "sft.val_every",
     "trainer.run_dir": "sft.output_dir", "logger.backends": "sft.loggers", "strategy.name": "sft.strategy",
     "strategy.num_processes": "sft.devices",
 }

@@ -327,6 +327,7 @@ class SFTConfig:
     progress: bool = True  # Lightning's progress bar
     save_every: int = 100  # steps between checkpoints in output_dir/checkpoints (the newest kept; 0 = none)
     resume: str = "never"  # never | auto (output_dir/checkpoints/last.ckpt if present) | path of a .ckpt
+    resume_force: bool = False  # resume even if the config (other than the length of the run, logging, checkpoint and validation cadence, locations) or the training data changed since the checkpoint; warns, and the run goes on with the current values (docs/sft.md)
     val_every: int = 0  # steps between validation losses on sft.val_file; 0 = once, at the end
     val_accuracy: bool = True  # greedy accuracy on data.name's validation split at the end (needs its reward function)
 

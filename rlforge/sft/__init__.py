@@ -6,6 +6,8 @@
 - ``module``: the LightningModule (token-mean loss, AdamW, warm-up + cosine decay) and model creation
 - ``accuracy``: greedy accuracy on the validation split of ``data.name``
 - ``outputs``: loggers, checkpoints and the final Hugging Face folder
+- ``record``: what a checkpoint records of its run (config, data fingerprint), and the check that a resume continues
+  the same training
 - ``run``: ``run_sft(config, plugins)``, which builds the Lightning Trainer from ``sft.*`` and fits
 """
 

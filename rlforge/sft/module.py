@@ -114,6 +114,21 @@ class SFTModule(L.LightningModule):
             grid = ulysses.sequence_parallel_mesh(self.trainer.strategy.root_device.type, self.trainer.world_size, size)
             self.sp = ulysses.use_ulysses(self.model, ulysses.from_mesh(grid), "sft.sequence_parallel_size")
 
+    def on_train_start(self) -> None:
+        """After a checkpoint has loaded: the optimizer follows this run's config, not the values the checkpoint's
+        optimizer and schedule hold (``sft.lr``, ``weight_decay`` and ``betas`` where ``sft.resume_force`` continued
+        with other ones), and the rate of the next step is that of this run's schedule: a run continued with a larger
+        ``sft.steps`` goes on along the schedule over the new length from the step it reached (without this the first
+        step after the resume ran at the old schedule's rate). On a fresh run nothing changes."""
+        s = self.s
+        for config in self.trainer.lr_scheduler_configs:
+            sched: Any = config.scheduler  # a LambdaLR (rlforge.lr_schedule)
+            sched.base_lrs = [float(s.lr)] * len(sched.base_lrs)
+            for group in sched.optimizer.param_groups:
+                group.update(initial_lr=float(s.lr), weight_decay=s.weight_decay,
+                             betas=(float(s.betas[0]), float(s.betas[1])))
+            lr_schedule.continue_at_step(sched)
+
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return token_loss(self.model, batch) if self.sp is None else packed_token_loss(self.model, batch, self.sp)
 

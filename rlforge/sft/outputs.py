@@ -78,11 +78,15 @@ LOGGERS: dict[str, Callable[[DictConfig, Path, bool], Logger]] = {
 
 
 def checkpointing(s: DictConfig) -> list[Callback]:
-    """Every ``sft.save_every`` steps: ``checkpoints/step_N.ckpt`` (the newest kept) and ``last.ckpt`` linking to it."""
+    """Every ``sft.save_every`` steps: ``checkpoints/step_N.ckpt`` (the newest kept) and ``last.ckpt`` linking to it.
+    Files are replaced, never versioned: a run resumed with another ``sft.save_every`` gets a new ``ModelCheckpoint``
+    (Lightning keys its state by the interval) that would otherwise write ``last-v1.ckpt`` beside the old link, and
+    ``sft.resume=auto`` would go back to the old checkpoint the next time."""
     if not s.save_every:
         return []
     return [ModelCheckpoint(dirpath=Path(s.output_dir) / CHECKPOINTS, filename="step_{step}", save_last="link",
-                            auto_insert_metric_name=False, every_n_train_steps=s.save_every, save_top_k=1)]
+                            auto_insert_metric_name=False, every_n_train_steps=s.save_every, save_top_k=1,
+                            enable_version_counter=False)]
 
 
 class RunRecord(Callback):

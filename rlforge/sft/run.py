@@ -20,6 +20,7 @@ from omegaconf import DictConfig, read_write
 
 from rlforge.errors import ConfigError
 from rlforge.models import quiet_transformers, resolve_model_path
+from rlforge.sft import record
 from rlforge.sft.accuracy import GreedyAccuracy
 from rlforge.sft.data import BatchPlan, SFTData, train_examples, val_examples
 from rlforge.sft.formats import FORMATS, TRUNCATIONS, Example
@@ -31,6 +32,7 @@ QUIET = (  # Lightning warnings that do not apply here
     "Checkpoint directory .* exists and is not empty",  # a resumed run writes into its own folder again
     "You're resuming from a checkpoint that ended before the epoch ended",  # our batches resume by step
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # inside Lightning (torch 2.13)
+    "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint",  # another sft.save_every
 )
 
 
@@ -86,10 +88,10 @@ def check_config(s: DictConfig) -> None:
     for name in s.loggers:
         if name not in LOGGERS:
             raise ConfigError(f"Unknown logger '{name}' in sft.loggers. Available: {', '.join(LOGGERS)}.")
-    for key in ("steps", "batch_size", "max_length", "lr", "log_every"):
+    for key in ("steps", "batch_size", "max_length", "log_every"):
         if not s[key] > 0:
             raise ConfigError(f"sft.{key} must be > 0, got {s[key]}.")
-    for key in ("warmup_steps", "save_every", "val_every", "grad_clip", "weight_decay"):
+    for key in ("lr", "warmup_steps", "save_every", "val_every", "grad_clip", "weight_decay"):  # lr 0: no change
         if s[key] < 0:
             raise ConfigError(f"sft.{key} must be >= 0, got {s[key]}.")
     if len(s.betas) != 2 or not all(0 <= b < 1 for b in s.betas):
@@ -161,15 +163,20 @@ def lightning_precision(config: DictConfig) -> str:
 
 
 def make_trainer(s: DictConfig, callbacks: list[Callback], loggers: list[Logger], validate: bool,
-                 precision: str = "32-true", stop: int | None = None) -> L.Trainer:
-    """Lightning's Trainer for ``stop`` steps (default ``sft.steps``; :func:`apply_epochs`)."""
+                 precision: str = "32-true", stop: int | None = None, resumed: bool = False) -> L.Trainer:
+    """Lightning's Trainer for ``stop`` steps (default ``sft.steps``; :func:`apply_epochs`). ``resumed``: it continues a
+    checkpoint; a checkpoint of a run that reached its steps (saved at the last batch) ended Lightning's one epoch, and
+    with ``max_epochs=1`` a larger ``sft.steps`` trained nothing."""
     stop = stop or s.steps
     strategy = STRATEGIES[s.strategy]() if s.strategy in STRATEGIES else s.strategy
     try:
         return L.Trainer(
             accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
-            # one Lightning epoch holds every step (StepBatches): the progress bar reads "Epoch 0/0", not "0/-2"
-            precision=precision, max_steps=stop, max_epochs=1, gradient_clip_val=s.grad_clip or None,
+            # one Lightning epoch holds every step (StepBatches): the progress bar reads "Epoch 0/0", not "0/-2"; a
+            # resumed run is ended by max_steps alone (its checkpoint's epoch may have ended: FromIndex starts the next
+            # one at the batch of the next step)
+            precision=precision, max_steps=stop, max_epochs=-1 if resumed else 1,
+            gradient_clip_val=s.grad_clip or None,
             default_root_dir=s.output_dir, logger=loggers or False, callbacks=callbacks,
             enable_checkpointing=bool(s.save_every), enable_progress_bar=s.progress,
             log_every_n_steps=min(s.log_every, stop),
@@ -206,15 +213,18 @@ def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
     s, say = config.sft, rank_zero_only(log)
     preflight(config)
     ckpt = resume_from(s)
+    saved = record.read(ckpt) if ckpt else None
     quiet_transformers()
     hide_lightning_tips()
     Path(s.output_dir).mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(config)
     train, val = load_data(config, plugins, tokenizer, say)
     stop = apply_epochs(s, len(train))
+    mine = resume_check(config, train, saved, say)
     accuracy = GreedyAccuracy(config, plugins, tokenizer) if s.val_accuracy else None
     try:
-        metrics, step = fit(config, tokenizer, train, val, accuracy, ckpt, [*callbacks], say, stop)
+        metrics, step = fit(config, tokenizer, train, val, accuracy, saved, [*callbacks, record.KeepRecord(mine)],
+                            say, stop)
     finally:
         if accuracy is not None:
             accuracy.close()
@@ -224,26 +234,37 @@ def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
     return metrics
 
 
+def resume_check(config: DictConfig, train: list[Example], saved: record.Saved | None,
+                 say: Callable[[str], Any]) -> dict[str, Any]:
+    """This run's record (:mod:`rlforge.sft.record`), once a resume of ``saved`` is found to continue the same
+    training (else ``ConfigError``, unless ``sft.resume_force``); the allowed changes are printed."""
+    mine = record.of(config, train)
+    if saved is None:
+        return mine
+    entry = record.check(saved, mine, config.sft)
+    say(f"resuming from {record.where(saved)}"
+        + "".join(f"; {key}: {old} -> {new}" for key, (old, new) in entry["changed"].items()))
+    return {**mine, "resumes": [*record.history(saved), entry]}
+
+
 def fit(config: DictConfig, tokenizer: Any, train: list[Example], val: list[Example],
-        accuracy: GreedyAccuracy | None, ckpt: str | None, callbacks: list[Callback], say: Callable[[str], Any],
-        stop: int) -> tuple[dict[str, float], int]:
-    """Build the Trainer, check the batch arithmetic, create the model and fit ``stop`` steps: (last metrics, last
-    step)."""
-    s, out, resuming = config.sft, Path(config.sft.output_dir), ckpt is not None
+        accuracy: GreedyAccuracy | None, saved: record.Saved | None, callbacks: list[Callback],
+        say: Callable[[str], Any], stop: int) -> tuple[dict[str, float], int]:
+    """Build the Trainer, check the batch arithmetic, create the model and fit ``stop`` steps (from ``saved``, the
+    checkpoint resumed): (last metrics, last step)."""
+    s, out, resuming = config.sft, Path(config.sft.output_dir), saved is not None
     source = None if s.init == FRESH_TINY else resolve_model_path(s.init, "sft.init")
     export = ExportHF(out, tokenizer, accuracy, config.model, source)
     loggers = [LOGGERS[name](config, out, resuming) for name in s.loggers]
     trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, resuming), export, *callbacks], loggers,
-                           bool(val), lightning_precision(config), stop)
+                           bool(val), lightning_precision(config), stop, resuming)
     plan = BatchPlan.from_config(s, trainer.world_size)
     _schedule(trainer, plan, s)
     data = SFTData(train, val, plan, s, tokenizer.pad_token_id)
     L.seed_everything(s.seed, verbose=False)
     module = SFTModule(build_model(config, tokenizer), s, trainer.world_size)
-    if ckpt:
-        say(f"resuming from {ckpt}")
     with warnings.catch_warnings():
         for message in QUIET:
             warnings.filterwarnings("ignore", message=message)
-        trainer.fit(module, data, ckpt_path=ckpt)
+        trainer.fit(module, data, ckpt_path=saved.path if saved else None)
     return {k: float(v) for k, v in trainer.callback_metrics.items()} | export.metrics, trainer.global_step
