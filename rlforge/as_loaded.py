@@ -31,14 +31,16 @@ class Rounding:
     def __add__(self, other: Rounding) -> Rounding:
         return Rounding(self.changed + other.changed, self.lost + other.lost)
 
-    def warning(self, dtype: str) -> str:
-        """A warning where the cast rounded away most of the training's changes (more than half), else ""."""
+    def warning(self, dtype: str, chosen: bool = False) -> str:
+        """A warning where the cast to ``dtype`` (``chosen``: given with --dtype, else the source model's) rounded
+        away most of the training's changes (more than half), else ""."""
         if not self.changed or self.lost * 2 <= self.changed:
             return ""
+        why = "" if chosen else ", the dtype it was loaded in"
         return (f"Of the {self.changed:,} weights training changed, {self.lost:,} ({self.lost / self.changed:.0%}) "
-                f"round back to the source model's values in {dtype}, the dtype it was loaded in: the export keeps "
-                f"little of the training (a small learning rate or few steps move weights less than {dtype} can "
-                f"show). Export with --dtype float32 to keep every change (twice the size of bf16).")
+                f"round back to the source model's values in {dtype}{why}: the export keeps little of the training "
+                f"(a small learning rate or few steps move weights less than {dtype} can show). Export with --dtype "
+                f"float32 to keep every change (twice the size of a 16-bit export).")
 
 
 def as_loaded(out: Path, source: Path, weights: bool = True, dtype: str = "") -> Rounding:
@@ -95,15 +97,15 @@ def _cast_shard(shard: Path, dtypes: dict[str, str], source: dict[str, tuple[Pat
 
 def _rounded(trained: Any, cast: Any, shard: Path, name: str) -> Rounding:
     """Elements of ``trained`` that differ from the source's weight ``name`` (in ``shard``), and how many of them
-    ``cast`` (``trained`` in a narrower dtype) puts back at the source's value."""
+    ``cast`` (``trained`` in a narrower dtype) puts at the source's value in that dtype."""
     from safetensors import safe_open
 
     with safe_open(str(shard), framework="pt") as f:
-        base = f.get_tensor(name).to(trained.dtype)
-    if base.shape != trained.shape:
+        source = f.get_tensor(name)
+    if source.shape != trained.shape:
         return Rounding()
-    moved = trained != base
-    return Rounding(int(moved.sum()), int((moved & (cast.to(trained.dtype) == base)).sum()))
+    moved = trained != source.to(trained.dtype)
+    return Rounding(int(moved.sum()), int((moved & (cast == source.to(cast.dtype))).sum()))
 
 
 def _copy_config_dtype(source: Path, out: Path, dtype: str = "") -> None:

@@ -327,21 +327,26 @@ def _vision_rows(rows: list[dict[str, Any]], messages: list[list[dict[str, Any]]
 
 def _tokenize_prompt(row: dict[str, Any], index: int, tokenizer: Any, max_len: int, filter_overlong: bool,
                      where: str, need_reward: bool) -> Prompt | None:
-    """One row's prompt with the chat template applied; None when it is overlong and filtered out."""
+    """One row's prompt with the chat template applied (a preference row's: never cut); None when it is overlong
+    and filtered out."""
     messages = _checked_messages(row, where, need_reward)
     ids = apply_template(tokenizer, messages, where, add_generation_prompt=True)
-    return _prompt(row, index, messages, ids, max_len, filter_overlong, where)
+    return _prompt(row, index, messages, ids, max_len, filter_overlong, where, truncation=None)
 
 
 def _prompt(row: dict[str, Any], index: int, messages: list[dict[str, Any]], ids: list[int], max_len: int,
             filter_overlong: bool, where: str, multi_modal: dict[str, Any] | None = None,
-            truncation: str = "error") -> Prompt | None:
+            truncation: str | None = "error") -> Prompt | None:
+    """The row's :class:`Prompt`, its ids cut by ``truncation`` where over ``max_len`` (None: a prompt that is never
+    cut, a preference row's); None when overlong and ``filter_overlong``."""
     if len(ids) > max_len:
         if filter_overlong:
             return None
-        if truncation == "error" or multi_modal is not None:
+        if truncation in ("error", None) or multi_modal is not None:
             why = ("; a prompt with images is never cut: data.truncation would separate image tokens from their "
-                   "images" if multi_modal is not None else ", or data.truncation=left|right|middle to cut them")
+                   "images" if multi_modal is not None else
+                   "; a preference row's prompt is never cut (docs/data.md)" if truncation is None else
+                   ", or data.truncation=left|right|middle to cut them")
             raise DataError(
                 f"{where}: prompt is {len(ids)} tokens, over data.max_prompt_length={max_len} "
                 f"(set data.filter_overlong_prompts=true to drop such rows{why})."

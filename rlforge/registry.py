@@ -225,6 +225,22 @@ def _declarations(entry: Entry[Any], kind: Kind, plugin: str) -> str:
     return f"  ({'; '.join(parts)})" if parts else ""
 
 
+def reward_fn_problem(name: str, obj: Any) -> str:
+    """What is wrong with ``obj`` registered as reward function ``name`` ("" when nothing): checked at registration
+    (its signature is checked where a run uses it: ``rlforge.plugins.reward.rule.check_registered``)."""
+    import inspect
+
+    if not callable(obj):
+        return (f"{obj!r} is not callable: register a function compute_score(data_source, solution_str, "
+                f"ground_truth, extra_info) returning a number or a dict with 'score'.")
+    if inspect.iscoroutinefunction(getattr(obj, "func", obj)) or inspect.iscoroutinefunction(
+            getattr(obj, "__call__", None)):
+        return ("is an async function: reward functions are called synchronously in worker processes, so every call "
+                "would return an un-awaited coroutine. Register a plain function (run a coroutine inside it with "
+                "asyncio.run), or a reward manager for batched asynchronous scoring (docs/rewards.md).")
+    return ""
+
+
 def _first_doc_line(obj: object) -> str:
     doc = getattr(obj, "__doc__", None) or ""
     return doc.strip().splitlines()[0] if doc.strip() else ""
@@ -253,7 +269,7 @@ class Registries:
         "rollout": Kind("rollout.name", "rollout", "RolloutEngine", RolloutCapabilities),
         "reward_manager": Kind("reward.manager", "reward", "RewardManager",
                                functions=("check_data_sources", "check_function")),
-        "reward_fn": Kind("reward.fn", "reward", "RewardFunction"),
+        "reward_fn": Kind("reward.fn", "reward", "RewardFunction", check=reward_fn_problem),
         "strategy": Kind("strategy.name", "strategy", "Strategy", StrategyCapabilities, ("export_checkpoint",)),
         "logger": Kind("logger.backends", "logger", "Logger", LoggerCapabilities),
         "dataset": Kind("data.name", "data", "Dataset", DatasetCapabilities),

@@ -194,7 +194,7 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
                 f"trainer.experiment), or continue anyway with trainer.resume_force=true."
             )
         log.warning("Resuming %s although it changed (trainer.resume_force=true): %s", where, listed)
-    if note := _schedule_note(config, changed):
+    if note := _schedule_note(config, changed, int(state.get("step", 0))):
         log.warning(note)
     _set_aside(*aside)  # only now: a refused resume leaves the run folder as it was
     if damage:
@@ -204,18 +204,28 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
     return Binding(run_dir, lock, False, checkpoint, state, changed)
 
 
-def _schedule_note(config: DictConfig, changed: dict[str, list[Any]]) -> str:
-    """The warning for a resume whose ``trainer.total_steps`` changed where the actor's learning-rate schedule depends
-    on the run's length (``lr_schedule.depends_on_length``): the rest of the run follows the new length's schedule at
-    its steps (``lr_schedule.continue_at_step``), or "" where nothing changes."""
-    if ("trainer.total_steps" not in changed or config.trainer.get("schedule_steps")
-            or not lr_schedule.depends_on_length(config.actor)):
+def _schedule_note(config: DictConfig, changed: dict[str, list[Any]], step: int) -> str:
+    """The warning for a resume from ``step`` whose ``trainer.total_steps`` changed where a learning-rate schedule
+    (the actor's, the critic's) depends on the run's length (``lr_schedule.depends_on_length``): the steps still to
+    run follow the new length's schedule (``lr_schedule.continue_at_step``); "" where nothing changes or none is left."""
+    if "trainer.total_steps" not in changed or config.trainer.get("schedule_steps"):
         return ""
     old, new = changed["trainer.total_steps"]
-    return (f"trainer.total_steps {old} -> {new} changes the learning-rate schedule (actor.lr_scheduler="
-            f"{config.actor.lr_scheduler}, a warm-up of actor.warmup_steps={config.actor.warmup_steps} or "
-            f"actor.warmup_ratio={config.actor.warmup_ratio}): the steps from here on run at the rates of a {new}-step "
-            f"run's schedule, as after verl's resume, not at the {old}-step one's.")
+    schedules = [_schedule_words(role, config[role]) for role in ("actor", "critic")
+                 if role in config and lr_schedule.depends_on_length(config[role])]
+    if not schedules or int(new) <= step:
+        return ""
+    return (f"trainer.total_steps {old} -> {new} changes the learning-rate schedule ({'; '.join(schedules)}): steps "
+            f"{step + 1}-{new} run at the rates a run of {new} steps has at them, as after verl's resume, not at those "
+            f"of the {old}-step schedule.")
+
+
+def _schedule_words(role: str, section: Any) -> str:
+    """How :func:`_schedule_note` names what makes ``role``'s schedule depend on the run's length."""
+    parts = [f"{role}.lr_scheduler={section.lr_scheduler}"] if section.lr_scheduler != "constant" else []
+    if int(section.warmup_steps) <= 0 and float(section.warmup_ratio) > 0:
+        parts.append(f"{role}.warmup_ratio={section.warmup_ratio}")
+    return ", ".join(parts)
 
 
 Aside = tuple[list[Path], str]  # checkpoints to set aside once the resume is accepted, and why

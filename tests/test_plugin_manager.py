@@ -9,8 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from rlforge import plugin_manager as pmod
+from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
 from tests.plugin_dist import installed_package
@@ -462,3 +464,18 @@ def test_disabling_one_of_two_installed_plugins_chooses_the_other(twin_plugins, 
     assert pm.provenance(cfg)["logger:console"].startswith("rlforge.plugins.logger.")
     assert not [w for w in pm.warnings() if "registered by" in w or "replaced by" in w]
     assert PluginManager(disable=["twin_a"]).registry.algorithm.get("twin_algo").__name__ == "TwinB"
+
+
+def test_the_commands_checks_do_not_stumble_on_a_contest_the_run_avoids(twin_plugins, monkeypatch) -> None:
+    """rlforge fit's and rlforge sft's key checks composed a default config with every installed plugin (grpo):
+    with two plugins replacing grpo, plugins.disable=[twin_b] did not help and even --algo dpo stopped (helper-59)."""
+    from rlforge.config import compose_with_plugins
+    from rlforge.config.checks import check_fit_keys, check_sft_layers
+
+    monkeypatch.delenv(AUTOLOAD_ENV, raising=False)
+    for algo, overrides in (("grpo", ["plugins.disable=[twin_b]"]), ("dpo", [])):
+        pm, cfg = compose_with_plugins(algo, None, overrides)
+        check_fit_keys(cfg)
+    check_sft_layers([(OmegaConf.create({"sft": {"steps": 2}, "plugins": {"disable": ["twin_b"]}}), "overrides")])
+    with pytest.raises(ConfigError, match="rlforge sft does not read 'actor.lr'"):
+        check_sft_layers([(OmegaConf.create({"actor": {"lr": 1e-3}, "plugins": {"disable": ["twin_a"]}}), "file")])

@@ -149,7 +149,7 @@ def test_registries_components_of_plugin() -> None:
     regs = Registries()
     regs.set_current_plugin("p1")
     regs.algorithm.register("a1", object())
-    regs.reward_fn.register("r1", object())
+    regs.reward_fn.register("r1", len)
     regs.set_current_plugin("p2")
     regs.algorithm.register("a2", object())
     assert sorted(regs.components_of("p1")) == ["algorithm:a1", "reward fn:r1"]
@@ -477,3 +477,30 @@ def test_code_outside_plugins_may_still_replace_a_plugin_s_component() -> None:
     mine = object()
     regs.algorithm.register("twin", mine, override=True)
     assert regs.algorithm.get("twin") is mine and regs.algorithm.entry("twin").replaced == "plug_a"
+
+
+def test_a_reward_function_that_cannot_be_called_is_refused_at_registration() -> None:
+    """A number or an async function registered as reward function failed only at the first batch's scores, after
+    the model loaded and generated (helper-59); a callable object and a partial pass (their signatures are checked
+    where a run uses them)."""
+    import functools
+
+    from rlforge.registry import Registries
+
+    async def scored(data_source, solution_str, ground_truth, extra_info):
+        return 1.0
+
+    class Scorer:
+        def __call__(self, data_source, solution_str, ground_truth, extra_info):
+            return 1.0
+
+    registries = Registries()
+    with pytest.raises(RLForgeError, match=r"reward fn 'x' \(plugin '<unknown>'\): 42 is not callable"):
+        registries.reward_fn.register("x", 42)
+    for fn in (scored, functools.partial(scored)):
+        with pytest.raises(RLForgeError, match="is an async function: reward functions are called synchronously"):
+            registries.reward_fn.register("y", fn)
+    registries.reward_fn.register("z", Scorer())
+    registries.reward_fn.register("w", functools.partial(lambda data_source, solution_str, ground_truth, extra_info,
+                                                         k=1: k))
+    assert set(registries.reward_fn.available()) == {"z", "w"}

@@ -364,7 +364,8 @@ def test_a_longer_run_continues_on_the_longer_runs_schedule(tmp_path, caplog) ->
     with caplog.at_level(logging.WARNING, logger="rlforge.run"):
         resumed = fit(4)
     assert resumed == pytest.approx([1e-3 * (1 + math.cos(math.pi * k / 4)) / 2 for k in (2, 3)])
-    assert "trainer.total_steps 2 -> 4 changes the learning-rate schedule (actor.lr_scheduler=cosine" in caplog.text
+    assert ("trainer.total_steps 2 -> 4 changes the learning-rate schedule (actor.lr_scheduler=cosine): steps 3-4 run "
+            "at the rates a run of 4 steps has at them") in caplog.text
 
 
 def test_a_forced_resume_trains_at_the_rate_it_was_given(tmp_path) -> None:

@@ -260,7 +260,10 @@ def check_sft_layers(layers: list[tuple[Any, str]]) -> None:
 
     given = [([k for k, _ in flatten(OmegaConf.to_container(layer))], source) for layer, source in layers]
     if any(keys for keys, _ in given):
-        known = {k for k, _ in flatten(OmegaConf.to_container(compose_with_plugins()[1]))}  # rlforge's keys
+        # rlforge's keys, with the plugins the layers disable left out as the run leaves them out
+        disable = [str(n) for layer, _ in layers for n in OmegaConf.select(layer, "plugins.disable", default=[]) or []]
+        over = [f"plugins.disable=[{','.join(disable)}]"] if disable else []
+        known = {k for k, _ in flatten(OmegaConf.to_container(compose_with_plugins(overrides=over)[1]))}
         for keys, source in given:
             check_sft_keys(keys, source, known)
 
@@ -268,10 +271,10 @@ def check_sft_layers(layers: list[tuple[Any, str]]) -> None:
 def check_fit_keys(cfg: DictConfig) -> None:
     """``sft.*`` set for ``rlforge fit``, which never reads it, is an error (as fit's keys are for ``rlforge sft``); a
     saved run config repeats the section's defaults, which is not setting it."""
-    from rlforge.config import compose_with_plugins
+    from rlforge.config.schema import SFTConfig
     from rlforge.config.verl_fates import flatten
 
-    default = dict(flatten(OmegaConf.to_container(compose_with_plugins()[1].sft)))
+    default = dict(flatten(OmegaConf.to_container(OmegaConf.structured(SFTConfig))))
     changed = [f"sft.{k}" for k, v in flatten(OmegaConf.to_container(cfg.sft)) if default.get(k, v) != v]
     if changed:
         raise ConfigError(f"rlforge fit does not read {', '.join(changed)}: rlforge sft's key(s). A fit's length is "

@@ -206,7 +206,8 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     if folder is not None or dtype:  # without the run's model, --dtype still applies (the folder is its own source)
         rounding = as_loaded(target, folder or target, weights=not adapter_only, dtype=dtype)
         if rounding.lost:
-            if note := rounding.warning(json.loads((target / "config.json").read_text()).get("dtype", "its dtype")):
+            loaded = dtype or json.loads((target / "config.json").read_text()).get("dtype", "its dtype")
+            if note := rounding.warning(loaded, chosen=bool(dtype)):
                 warn(note)
     write_model_card(target, checkpoint, adapter=adapter_only, base_model=source, repo_id=repo_id)
     return target

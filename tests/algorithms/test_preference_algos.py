@@ -199,6 +199,11 @@ def test_overlong_prompts_are_dropped_with_a_count(char_tokenizer, caplog) -> No
                                         r"tokens \(after the chat template\), first files \(val\), row 1 \(81 "
                                         r"tokens\): raise data.max_prompt_length.$"):
         tokenize_preferences(rows[::2], char_tokenizer, 40, 64, True, "files (val)")
+    # not filtered: the error gives the one way out that applies (data.truncation never cuts a preference prompt:
+    # helper-59's loop of advice)
+    with pytest.raises(DataError, match=r"set data.filter_overlong_prompts=true to drop such rows; a preference "
+                                        r"row's prompt is never cut \(docs/data.md\)\)\.$"):
+        tokenize_preferences(rows, char_tokenizer, 40, 64, False, "files (train)")
 
 
 def test_collate_lays_pairs_out_as_groups_of_two(char_tokenizer) -> None:

@@ -192,3 +192,23 @@ def test_an_export_that_rounds_away_the_training_says_so_and_dtype_keeps_it(bf16
     assert all(torch.equal(weights[n], t) for n, t in trained.items())
     assert json.loads((tmp_path / "fp32" / "config.json").read_text())["dtype"] == "float32"
     assert main(["export", str(run), str(tmp_path / "adapter"), "--adapter", "--dtype", "float32"]) == 2
+    capsys.readouterr()
+    assert main(["export", str(run), str(tmp_path / "fp16"), "--dtype", "float16"]) == 0
+    err = capsys.readouterr().err
+    assert "values in float16: the export keeps little" in err and "loaded in" not in err  # the dtype asked for
+
+
+def test_rounding_counts_changes_lost_against_the_source_in_the_dtype_written(tmp_path) -> None:
+    """An fp32 source exported in bf16 (--dtype bfloat16): a change is lost where the trained weight and the source's
+    weight are the same bf16 number (helper-59: compared in fp32, no change ever counted as lost, no warning)."""
+    from safetensors.torch import save_file
+
+    from rlforge.as_loaded import _rounded
+
+    source = torch.linspace(0.1, 1.0, 100)
+    save_file({"w": source}, str(tmp_path / "model.safetensors"))
+    trained = source.clone()
+    trained[:90] += 1e-6  # far below bf16's step at these sizes
+    trained[90:] += 0.5
+    found = _rounded(trained, trained.to(torch.bfloat16), tmp_path / "model.safetensors", "w")
+    assert (found.changed, found.lost) == (100, 90) and "90 (90%) round back" in found.warning("bfloat16", True)
