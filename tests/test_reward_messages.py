@@ -61,6 +61,13 @@ def test_an_unknown_data_source_names_its_file_and_first_row(registry, tmp_path)
     check_data_sources(_config(), registry, {"arith": f"{path}, row 1"})  # a known one passes
 
 
+def test_a_null_data_source_is_said_to_be_null(registry) -> None:
+    """Not 'No reward function for data_source 'None'' (helper-59): the data lacks one."""
+    with pytest.raises(ConfigError, match=r"^A row's data_source is null \(first row: t.jsonl, row 2\): each row's "):
+        check_data_sources(_config(), registry, {"arith": "t.jsonl, row 1", None: "t.jsonl, row 2"})
+    check_data_sources(_config(fn="arith"), registry, {None: "t.jsonl, row 2"})  # one function for every row
+
+
 def test_rows_without_a_file_are_named_by_dataset_and_row_from_1(registry) -> None:
     rows = [{"data_source": "arith"}, {"prompt": "no data_source"}, "not a row", {"data_source": "my_task"}]
     assert first_rows(rows, "data_source", "arith (val)") == {"arith": "arith (val), row 1",

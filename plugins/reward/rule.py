@@ -361,6 +361,11 @@ def check_data_sources(config: Any, registry: Any, data_sources: Iterable[str]) 
         check_registered(config, registry, [rc.fn])
         return
     where = {str(s): f"first row: {w}" for s, w in data_sources.items()} if isinstance(data_sources, Mapping) else {}
+    if None in data_sources:  # a null in the data, not the name of a function that is missing
+        at = f" ({where['None']})" if "None" in where else ""
+        raise ConfigError(f"A row's data_source is null{at}: each row's data_source names the reward function that "
+                          f"scores it. Give every row one, or set reward.fn=NAME or reward.file=path.py to score "
+                          f"every row with one function.")
     names = {str(s): function_for(str(s), registry) for s in data_sources}
     missing = sorted(s for s, fn in names.items() if fn is None)
     if missing:
