@@ -149,3 +149,19 @@ def test_an_unreadable_last_checkpoint_is_named(tmp_path, sft):
     last.write_bytes(b"cut short")
     with pytest.raises(ConfigError, match=f"sft.resume: the checkpoint {last} cannot be read"):
         sft("sft.resume=auto")
+
+
+def test_a_warm_up_as_long_as_the_run_is_warned_about() -> None:
+    """sft.warmup_steps defaults to 20: a 10-step run never reached sft.lr, silently (helper-59)."""
+    from omegaconf import OmegaConf
+
+    from rlforge.config.schema import SFTConfig
+    from rlforge.sft.run import warmup_note
+
+    def note(**kw):
+        return warmup_note(OmegaConf.merge(OmegaConf.structured(SFTConfig), kw))
+
+    assert note(steps=10).startswith("The warm-up (20 steps: sft.warmup_steps=20, sft.warmup_ratio=0.0) is not shorter "
+                                     "than the run (sft.steps=10)")
+    assert note(steps=21) == "" and note(steps=10, warmup_steps=5) == "" and note(steps=10, lr=0) == ""
+    assert note(steps=10, warmup_steps=0, warmup_ratio=1.0).startswith("The warm-up (10 steps")

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, read_write
 
+from rlforge import lr_schedule
 from rlforge.errors import ConfigError
 from rlforge.models import quiet_transformers, resolve_model_path
 from rlforge.sft import record
@@ -123,6 +124,17 @@ def apply_epochs(s: DictConfig, examples: int) -> int:
     return s.steps if s.epoch_limit is None else max(1, min(s.steps, int(s.epoch_limit) * per_epoch))
 
 
+def warmup_note(s: DictConfig) -> str:
+    """A warning where the warm-up spans the whole run (``sft.warmup_steps``, default 20, or ``sft.warmup_ratio``, at
+    least ``sft.steps``): the rate never reaches ``sft.lr``; "" otherwise."""
+    warm = lr_schedule.warmup_steps(s.warmup_steps, s.warmup_ratio, s.steps)
+    if warm < s.steps or not s.lr:
+        return ""
+    return (f"The warm-up ({warm} steps: sft.warmup_steps={s.warmup_steps}, sft.warmup_ratio={s.warmup_ratio}) is not "
+            f"shorter than the run (sft.steps={s.steps}): the learning rate rises for the whole run and never reaches "
+            f"sft.lr={s.lr:g}. Lower sft.warmup_steps (20 by default) or set sft.warmup_ratio.")
+
+
 def _latest(s: DictConfig) -> str | None:
     last = Path(s.output_dir) / CHECKPOINTS / LAST
     return str(last) if last.exists() else None
@@ -220,6 +232,8 @@ def run_sft(config: DictConfig, plugins: Any, log: Callable[[str], Any] = print,
     tokenizer = build_tokenizer(config)
     train, val = load_data(config, plugins, tokenizer, say)
     stop = apply_epochs(s, len(train))
+    if note := warmup_note(s):
+        logging.getLogger("rlforge.sft").warning(note)
     mine = resume_check(config, train, saved, say)
     accuracy = GreedyAccuracy(config, plugins, tokenizer) if s.val_accuracy else None
     try:
