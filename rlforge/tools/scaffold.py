@@ -106,7 +106,8 @@ def render(kind: str, name: str, parent: str | Path = ".") -> Path:
         check_free(variables["name"])
     target = Path(parent) / (variables["dist"] if kind == "plugin" else variables["name"])
     if target.exists():
-        raise RLForgeError(f"{target} already exists: choose another name or another folder (--dir).")
+        made = f" (the folder of {kind} '{name}')" if target.name != name else ""
+        raise RLForgeError(f"{target} already exists{made}: choose another name or another folder (--dir).")
     for rel, source in _walk(files("rlforge.templates") / kind):
         dest = target / render_text(rel, variables, f"path {kind}/{rel}")
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ def test_new_plugin_renders_every_file(tmp_path, capsys):
     assert "{{" not in text and ".tmpl" not in text
     assert '[project.entry-points.rlforge]\nmy_algo = "rlforge_my_algo.plugin"' in (root / "pyproject.toml").read_text()
     assert main(["new", "plugin", "my-algo", "--dir", str(tmp_path)]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert f"{root} already exists (the folder of plugin 'my-algo'):" in capsys.readouterr().err  # named after it
 
 
 def test_plugin_installs_trains_lists_and_passes_its_tests(tmp_path):
