@@ -181,8 +181,7 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
         blocking += compare_fingerprints(meta, prints)
     where = f"{run_dir} from {checkpoint.name}" if checkpoint else f"{run_dir} (it has no checkpoint: from step 0)"
     if blocking:
-        listed = "; ".join(blocking[:MAX_LISTED]) + (f"; and {len(blocking) - MAX_LISTED} more" if len(blocking) >
-                                                     MAX_LISTED else "")
+        listed = listing(blocking)
         if not force:
             modules = (reference or {}).get("plugins", {}).get("modules") or []
             missing = [m for m in modules if m not in (config.plugins.modules or [])]
@@ -202,6 +201,12 @@ def _continue(config: DictConfig, run_dir: Path, lock: RunLock, explicit: Path |
         write_run_config(run_dir, config)
     _record(run_dir, checkpoint, int(state.get("step", 0)), changed, blocking if force else [])
     return Binding(run_dir, lock, False, checkpoint, state, changed)
+
+
+def listing(differences: list[str]) -> str:
+    """A refused resume's differences as its message lists them: the first :data:`MAX_LISTED`, then how many more."""
+    more = len(differences) - MAX_LISTED
+    return "; ".join(differences[:MAX_LISTED]) + (f"; and {more} more" if more > 0 else "")
 
 
 def _schedule_note(config: DictConfig, changed: dict[str, list[Any]], step: int) -> str:

@@ -203,12 +203,16 @@ class RuleRewardManager:
         if rc.file:
             load_user_function(rc.file, rc.fn_name, float(rc.timeout_s), fn_kwargs(rc))
 
-    def key_for(self, data_source: str) -> str:
+    def key_for(self, data_source: str, batch: B.Batch | None = None, index: int = 0) -> str:
+        """The function table's key for a row of ``data_source``; a data_source without a function (a row that
+        reached scoring without the dataset's ``check_data_sources``) is an error naming it, and where ``batch`` is
+        given, the row ``index`` by its place in the batch and its prompt (a batch does not know its rows' files)."""
         if self.fixed:
             return FIXED
         name = function_for(data_source, self.registry)
         if name is None:
-            raise RLForgeError(no_function_message([data_source], self.registry))
+            where = {data_source: _sample_where(batch, index)} if batch is not None else None
+            raise RLForgeError(no_function_message([data_source], self.registry, where))
         return name
 
     def score(self, batch: B.Batch) -> B.Batch:
@@ -218,9 +222,8 @@ class RuleRewardManager:
         sources, truths = batch[B.DATA_SOURCE], batch[B.GROUND_TRUTH]
         extra = verl_extra_info(batch)
         loop = batch.lists.get(B.LOOP_SCORES) or [None] * n  # rows an agent loop scored: the function is not called
-        self._check_sources(batch, [s if scored is None else None for s, scored in zip(sources, loop)])
-        tasks = [(i, self.key_for(sources[i]), (sources[i], solutions[i], truths[i], extra[i])) for i in range(n)
-                 if loop[i] is None]
+        tasks = [(i, self.key_for(sources[i], batch, i), (sources[i], solutions[i], truths[i], extra[i]))
+                 for i in range(n) if loop[i] is None]
         outcomes: dict[int, Outcome] = self.workers.run(tasks) if tasks else {}
         outcomes.update({i: (OK, (score, float(score >= 1), {})) for i, score in enumerate(loop) if score is not None})
         self._check_error_share(outcomes, sources, batch)
@@ -250,18 +253,6 @@ class RuleRewardManager:
                                  ERROR_SHARE: sum(faults.values()) / n if n else 0.0,
                                  **extra_metrics(extras)}
         return batch
-
-    def _check_sources(self, batch: B.Batch, sources: list[str | None]) -> None:
-        """Refuse a batch with rows whose data_source (``sources``; None for a row an agent loop scored) has no
-        function: rows that reached scoring without the dataset's check (``check_data_sources``), named by their place
-        in the batch and their prompt (a batch does not know its rows' files)."""
-        if self.fixed:
-            return
-        missing = {s: i for i, s in reversed(list(enumerate(sources)))  # each source's first sample
-                   if s is not None and function_for(s, self.registry) is None}
-        if missing:
-            where = {s: _sample_where(batch, i) for s, i in missing.items()}
-            raise RLForgeError(no_function_message(sorted(missing), self.registry, where))
 
     def _check_error_share(self, outcomes: dict[int, Outcome], sources: list[str], batch: B.Batch) -> None:
         """Stop when the share of failed calls reaches ``reward.max_error_share``: the batch has (almost) no

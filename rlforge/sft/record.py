@@ -112,8 +112,7 @@ def check(saved: Saved, now: dict[str, Any], s: DictConfig) -> dict[str, Any]:
         return entry
     blocking, entry["changed"] = compare(saved.record, now)
     if blocking:
-        shown = "; ".join(blocking[:resume.MAX_LISTED]) + (
-            f"; and {len(blocking) - resume.MAX_LISTED} more" if len(blocking) > resume.MAX_LISTED else "")
+        shown = resume.listing(blocking)
         if not s.resume_force:
             raise ConfigError(
                 f"Cannot resume from {at}: it was trained with a different config or data ({shown}). Continuing "
