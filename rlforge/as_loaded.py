@@ -31,16 +31,16 @@ class Rounding:
     def __add__(self, other: Rounding) -> Rounding:
         return Rounding(self.changed + other.changed, self.lost + other.lost)
 
-    def warning(self, dtype: str, chosen: bool = False) -> str:
-        """A warning where the cast to ``dtype`` (``chosen``: given with --dtype, else the source model's) rounded
-        away most of the training's changes (more than half), else ""."""
+    def warning(self, dtype: str, chosen: bool = False, remedy: str = "Export with --dtype float32") -> str:
+        """A warning where the cast to ``dtype`` (``chosen``: asked for, else the source model's) rounded away most of
+        the training's changes (more than half), else "". ``remedy``: how to write float32 instead."""
         if not self.changed or self.lost * 2 <= self.changed:
             return ""
         why = "" if chosen else ", the dtype it was loaded in"
         return (f"Of the {self.changed:,} weights training changed, {self.lost:,} ({self.lost / self.changed:.0%}) "
-                f"round back to the source model's values in {dtype}{why}: the export keeps little of the training "
-                f"(a small learning rate or few steps move weights less than {dtype} can show). Export with --dtype "
-                f"float32 to keep every change (twice the size of a 16-bit export).")
+                f"round back to the source model's values in {dtype}{why}: the saved model keeps little of the "
+                f"training (a small learning rate or few steps move weights less than {dtype} can show). {remedy} to "
+                f"keep every change (twice the size of a 16-bit model).")
 
 
 def as_loaded(out: Path, source: Path, weights: bool = True, dtype: str = "") -> Rounding:

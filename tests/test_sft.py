@@ -336,6 +336,24 @@ def test_the_output_has_the_dtypes_and_the_tokenizer_of_sft_init(tmp_path, pm, b
     check_as_loaded(tmp_path / "out")  # bf16 weights and config, no pad token: as sft.init has them
 
 
+def test_an_output_that_rounds_the_training_away_warns_and_sft_output_dtype_keeps_it(tmp_path, pm, bf16_model, caplog):
+    from safetensors.torch import load_file
+
+    def run(name, *extra):
+        caplog.clear()
+        run_sft(load_config(overrides=[*FAST, f"sft.init={bf16_model}", f"sft.output_dir={tmp_path / name}",
+                                       "sft.steps=2", "sft.lr=1e-6", *extra]), pm)
+        return load_file(str(tmp_path / name / "model.safetensors")), caplog.text
+
+    weights, said = run("bf16")  # steps of ~1e-6 on weights of ~1e-2: below bf16's resolution
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    assert "round back to the source model's values in bfloat16, the dtype it was loaded in" in said, said
+    assert "Set sft.output_dtype=float32 to keep every change" in said
+    weights, said = run("fp32", "sft.output_dtype=float32")
+    assert {t.dtype for t in weights.values()} == {torch.float32} and "round back" not in said
+    assert json.loads((tmp_path / "fp32" / "config.json").read_text())["dtype"] == "float32"
+
+
 def test_bad_row_names_file_and_row(tmp_path, pm, sft_config):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "q", "response": "a"}, {"prompt": "q"}])
     with pytest.raises(DataError, match=r"d.jsonl, row 2: missing 'response' \(sft.response_key\)"):

@@ -321,6 +321,7 @@ class SFTConfig:
     num_nodes: int = 1  # machines (with strategy ddp or fsdp)
     strategy: str = "auto"  # auto | ddp | fsdp (GPU) | deepspeed | ... (Lightning strategy names)
     output_dir: str = "sft_out"  # the fine-tuned model and tokenizer; checkpoints/ and logs inside
+    output_dtype: str = option("auto", choices=("auto", "float32", "bfloat16", "float16"))  # the saved model's floating weights: auto = each weight's dtype in sft.init (float32 for the fresh tiny model), as rlforge export writes; warns where that rounds most of the training away
     loggers: list[str] = field(default_factory=lambda: ["mlflow"])  # mlflow (sqlite store in output_dir) | tensorboard | wandb (pip install wandb)
     run_name: Optional[str] = None  # the run's name in mlflow and wandb (verl's trainer.experiment_name); None = sft/<output_dir's folder name>
     log_every: int = 10  # steps between logged metrics

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -114,8 +116,9 @@ class ExportHF(Callback):
     any: ``rlforge.as_loaded``), then measure the greedy validation accuracy of the saved model on rank 0."""
 
     def __init__(self, out: Path, tokenizer: Any, accuracy: GreedyAccuracy | None, model: DictConfig,
-                 source: Path | None = None) -> None:
+                 source: Path | None = None, dtype: str = "") -> None:
         self.out, self.tokenizer, self.accuracy, self.model, self.source = out, tokenizer, accuracy, model, source
+        self.dtype = dtype  # every floating weight in this dtype ("": each in the source's)
         self.metrics: dict[str, float] = {}
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
@@ -129,8 +132,11 @@ class ExportHF(Callback):
         else:
             module.model.save_pretrained(self.out, state_dict=weights)  # type: ignore[union-attr]
         self.tokenizer.save_pretrained(self.out)
-        if self.source is not None:
-            as_loaded(self.out, self.source)
+        if self.source is not None or self.dtype:
+            rounding = as_loaded(self.out, self.source or self.out, dtype=self.dtype)
+            loaded = self.dtype or json.loads((self.out / "config.json").read_text()).get("dtype", "its dtype")
+            if note := rounding.warning(loaded, chosen=bool(self.dtype), remedy="Set sft.output_dtype=float32"):
+                logging.getLogger("rlforge.sft").warning(note)
         if self.accuracy is None:
             return
         saved = load_model(str(self.out), "float32", self.model.trust_remote_code).to(trainer.strategy.root_device).eval()

@@ -36,7 +36,7 @@ COMPARED = ("sft.*", "model.lora.*", "model.precision")
 MAY_CHANGE = (
     "sft.steps", "sft.epochs", "sft.epoch_limit",
     "sft.log_every", "sft.progress", "sft.loggers", "sft.run_name",
-    "sft.save_every", "sft.output_dir", "sft.resume", "sft.resume_force",
+    "sft.save_every", "sft.output_dir", "sft.output_dtype", "sft.resume", "sft.resume_force",
     "sft.val_file", "sft.val_every", "sft.val_accuracy",
     "sft.train_file",  # its location: the examples themselves are compared by their fingerprint
 )

@@ -268,7 +268,7 @@ def fit(config: DictConfig, tokenizer: Any, train: list[Example], val: list[Exam
     checkpoint resumed): (last metrics, last step)."""
     s, out, resuming = config.sft, Path(config.sft.output_dir), saved is not None
     source = None if s.init == FRESH_TINY else resolve_model_path(s.init, "sft.init")
-    export = ExportHF(out, tokenizer, accuracy, config.model, source)
+    export = ExportHF(out, tokenizer, accuracy, config.model, source, "" if s.output_dtype == "auto" else s.output_dtype)
     loggers = [LOGGERS[name](config, out, resuming) for name in s.loggers]
     trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, resuming), export, *callbacks], loggers,
                            bool(val), lightning_precision(config), stop, resuming)

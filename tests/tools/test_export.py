@@ -195,7 +195,7 @@ def test_an_export_that_rounds_away_the_training_says_so_and_dtype_keeps_it(bf16
     capsys.readouterr()
     assert main(["export", str(run), str(tmp_path / "fp16"), "--dtype", "float16"]) == 0
     err = capsys.readouterr().err
-    assert "values in float16: the export keeps little" in err and "loaded in" not in err  # the dtype asked for
+    assert "values in float16: the saved model keeps little" in err and "loaded in" not in err  # the dtype asked for
 
 
 def test_rounding_counts_changes_lost_against_the_source_in_the_dtype_written(tmp_path) -> None:
