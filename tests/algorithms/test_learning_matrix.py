@@ -19,7 +19,7 @@ import torch
 from rlforge import Stage, Trainer, hookimpl, load_config
 from rlforge.plugin_manager import PluginManager
 from rlforge.testing import fast_config
-from tests.algorithms.test_learning_new_algorithms import CASES
+from tests.algorithms.test_learning_new_algorithms import CASES, OWN_TESTS
 from tests.algorithms.test_new_algorithms import SMOKE
 
 _PM = PluginManager(autoload=False)
@@ -29,8 +29,9 @@ STEPS, WINDOW = 40, 10
 # the algorithms of issue 30 have their own one-step runs of their variants (test_new_algorithms.py::SMOKE)
 SMOKED = {algo for algo, _ in SMOKE.values()}
 # ... and learning runs of their own, with the settings their scale needs (VAPO's lam_alpha for 8-token answers) and
-# the score they must raise (PF-PPO's before its resampling): test_learning_new_algorithms.py
-OWN_LEARNING_TEST = {algo for algo, _ in CASES.values()}
+# the score they must raise (PF-PPO's before its resampling), or a test of their own (PRIME, OPD):
+# test_learning_new_algorithms.py
+OWN_LEARNING_TEST = {algo for algo, _ in CASES.values()} | OWN_TESTS
 
 
 class WeightDelta:
