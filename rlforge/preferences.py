@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,8 @@ def _split_implicit_prompt(row: dict[str, Any], where: str) -> dict[str, Any]:
     chosen, rejected = row.get("chosen"), row.get("rejected")
     if not (isinstance(chosen, list) and isinstance(rejected, list)):
         raise DataError(f"{where}: missing column 'prompt' (only conversations in 'chosen' and 'rejected' may "
-                        f"carry the prompt as their common first messages). Columns present: {columns(row)}.")
+                        f"carry the prompt as their common first messages, or Anthropic HH transcripts in both: "
+                        f"'\\n\\nHuman: ...\\n\\nAssistant: ...'). Columns present: {columns(row)}.")
     common = 0
     while common < min(len(chosen), len(rejected)) and chosen[common] == rejected[common]:
         common += 1
@@ -89,10 +91,36 @@ def _split_implicit_prompt(row: dict[str, Any], where: str) -> dict[str, Any]:
                     f"message, or give the row a 'prompt' column.")
 
 
+# a turn of an Anthropic HH transcript ("\n\nHuman: ...\n\nAssistant: ..."): its speaker and the text up to the next
+HH_TURN = re.compile(r"\n\n(Human|Assistant): ?")
+HH_ROLES = {"Human": "user", "Assistant": "assistant"}
+
+
+def hh_messages(text: Any) -> list[dict[str, str]] | None:
+    """An Anthropic HH transcript as chat messages (``Human`` -> user, ``Assistant`` -> assistant), or None where
+    ``text`` is not one: a string that opens with a ``\n\nHuman:`` turn and holds an ``Assistant`` turn."""
+    if not isinstance(text, str):
+        return None
+    parts = HH_TURN.split(text)
+    if parts[0] or len(parts) < 5 or parts[1] != "Human" or "Assistant" not in parts[1::2]:
+        return None
+    return [{"role": HH_ROLES[who], "content": said} for who, said in zip(parts[1::2], parts[2::2])]
+
+
+def _hh_conversations(row: dict[str, Any]) -> dict[str, Any]:
+    """A row without ``prompt`` whose ``chosen`` and ``rejected`` are both Anthropic HH transcripts (the
+    ``Anthropic/hh-rlhf`` dataset as published) with them as conversations; other rows as they are."""
+    if "prompt" in row:
+        return row
+    chosen, rejected = hh_messages(row.get("chosen")), hh_messages(row.get("rejected"))
+    return row if chosen is None or rejected is None else {**row, "chosen": chosen, "rejected": rejected}
+
+
 def _take_prompt(row: dict[str, Any], where: str, ignored: list[str]) -> dict[str, Any]:
     """The row with its prompt in ``prompt``: taken from the conversations where they carry it
-    (:func:`_prompt_in_conversations`). A string ``prompt`` so ignored that is not the last user message of the
-    conversations' prompt adds the row to ``ignored``."""
+    (:func:`_prompt_in_conversations`; Anthropic HH transcripts read as conversations first). A string ``prompt`` so
+    ignored that is not the last user message of the conversations' prompt adds the row to ``ignored``."""
+    row = _hh_conversations(row)
     if not _prompt_in_conversations(row):
         return row
     split = _split_implicit_prompt(row, where)

@@ -135,6 +135,20 @@ def test_a_generation_prompt_ending_in_a_space_keeps_the_prompt_tokens_generatio
     assert ex.completions[0] == tok("The answer is 4", add_special_tokens=False)["input_ids"]
 
 
+def test_anthropic_hh_transcripts_are_read_as_conversations(char_tokenizer) -> None:
+    """Anthropic/hh-rlhf as published: 'chosen' and 'rejected' are whole transcripts; their common turns are the
+    prompt (rendered by the model's own chat template), each last assistant turn the completion."""
+    talk = "\n\nHuman: What is 1+2?\n\nAssistant: 3?\n\nHuman: Sure?"
+    (hh,) = _tok(char_tokenizer, [{"chosen": talk + "\n\nAssistant: Yes, 3.", "rejected": talk + "\n\nAssistant: 4"}])
+    turns = [{"role": "user", "content": "What is 1+2?"}, {"role": "assistant", "content": "3?"},
+             {"role": "user", "content": "Sure?"}]
+    (chat,) = _tok(char_tokenizer, [{"prompt": turns, "chosen": "Yes, 3.", "rejected": "4"}])
+    assert hh.prompt.ids == chat.prompt.ids and hh.completions == chat.completions
+    # a transcript beside a plain string is not a conversation pair: the missing prompt is named
+    with pytest.raises(DataError, match="Anthropic HH transcripts in both"):
+        _tok(char_tokenizer, [{"chosen": talk + "\n\nAssistant: Yes, 3.", "rejected": "4"}])
+
+
 def _uf_row(prompt: str = "What is 1+2?") -> dict:
     """An UltraFeedback-binarized row: a string prompt, conversations that repeat it, and its other columns."""
     user = [{"role": "user", "content": "What is 1+2?"}]
