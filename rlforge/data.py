@@ -92,6 +92,14 @@ def _message_problem(message: Any) -> str:
     return ""
 
 
+def _tool_call_text(message: Any) -> Any:
+    """An assistant message that only calls tools has ``content: null`` in OpenAI's format: its content is "" (what
+    chat templates render for no text)."""
+    if isinstance(message, dict) and message.get("content", "") is None and message.get("tool_calls"):
+        return {**message, "content": ""}
+    return message
+
+
 _JSON_WARNED: set[str] = set()  # the columns warned about holding JSON chat messages as text (_messages)
 
 
@@ -120,7 +128,7 @@ def _messages(value: Any, where: str, column: str) -> list[dict[str, Any]]:
     messages = [{"role": role, "content": value}] if isinstance(value, str) else value
     if isinstance(messages, list):  # typed parts (TRL's vision rows) become verl's '<image>' placeholders
         messages = [{**m, "content": mm.flatten_parts(m["content"], f"{where}: {column} message {j}")}
-                    if isinstance(m, dict) and isinstance(m.get("content"), list) else m
+                    if isinstance(m, dict) and isinstance(m.get("content"), list) else _tool_call_text(m)
                     for j, m in enumerate(messages, 1)]
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: '{column}' must be a string or a list of chat messages {{role, content}}, got "

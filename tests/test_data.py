@@ -89,6 +89,22 @@ def test_malformed_messages(char_tokenizer) -> None:
         tokenize_rows([_row(prompt=42)], char_tokenizer, 64, True, "train")
 
 
+def test_a_tool_calling_message_may_have_null_content() -> None:
+    """OpenAI's format: an assistant message that only calls tools has ``content: null``; it renders as no text."""
+    from rlforge.tools.tiny_chat import build_tokenizer
+
+    chatml_tokenizer = build_tokenizer()
+    call = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": {}}}]}
+    turns = [{"role": "user", "content": "What is 1+2?"}, {**call, "content": None}, {"role": "tool", "content": "3"}]
+    (null,) = tokenize_rows([_row(prompt=turns)], chatml_tokenizer, 256, True, "train")
+    (empty,) = tokenize_rows([_row(prompt=[turns[0], {**call, "content": ""}, turns[2]])], chatml_tokenizer, 256,
+                             True, "train")
+    assert null.ids == empty.ids and "<tool_call>" in chatml_tokenizer.decode(null.ids)
+    with pytest.raises(DataError, match="prompt message 2 has content of type NoneType"):  # no tool call: no text
+        tokenize_rows([_row(prompt=[turns[0], {"role": "assistant", "content": None}])], chatml_tokenizer, 256, True,
+                      "train")
+
+
 @pytest.mark.parametrize("reward_model", [None, {}, {"style": "rule"}])
 def test_missing_ground_truth(char_tokenizer, reward_model) -> None:
     bad = _row(reward_model=reward_model)
