@@ -50,7 +50,9 @@ def as_loaded(out: Path, source: Path, weights: bool = True, dtype: str = "") ->
     rounding = Rounding()
     if weights:
         index = _weight_index(source)
-        dtypes = {name: dtype for name in _weight_index(out)} if dtype else {n: kept for n, (_, kept) in index.items()}
+        # a weight the source lacks (a reward model's new score head) takes the dtype the source's config names
+        added = _config_dtype(json.loads((source / "config.json").read_text()))
+        dtypes = {name: dtype or (index[name][1] if name in index else added) for name in _weight_index(out)}
         grown = 0
         for shard in safetensors_files(out):
             more, lost = _cast_shard(shard, dtypes, index)
@@ -108,10 +110,16 @@ def _rounded(trained: Any, cast: Any, shard: Path, name: str) -> Rounding:
     return Rounding(int(moved.sum()), int((moved & (cast == source.to(cast.dtype))).sum()))
 
 
+def _config_dtype(config: dict[str, Any]) -> str:
+    """The torch dtype a model config names (``dtype``, or ``torch_dtype`` in older configs), or ""."""
+    named = config.get("dtype") or config.get("torch_dtype")
+    return named if named in SAFETENSORS_DTYPES.values() else ""
+
+
 def _copy_config_dtype(source: Path, out: Path, dtype: str = "") -> None:
     src, dst = json.loads(source.read_text()), json.loads(out.read_text())
-    dtype = dtype or src.get("dtype") or src.get("torch_dtype")
-    if dtype and dtype != (dst.get("dtype") or dst.get("torch_dtype")):
+    dtype = dtype or _config_dtype(src)
+    if dtype and dtype != _config_dtype(dst):
         dst.pop("torch_dtype", None)
         dst["dtype"] = dtype
         out.write_text(json.dumps(dst, indent=2, sort_keys=True) + "\n")

@@ -100,6 +100,22 @@ def bf16_model(tmp_path_factory):
     return folder
 
 
+def test_a_weight_the_source_lacks_takes_the_dtype_its_config_names(bf16_model, tmp_path):
+    """A reward model's score head is new: written as trained (fp32), it is cast to the source config's bf16 as the
+    source's own weights are, so the export holds one dtype."""
+    from safetensors.torch import load_file, save_file
+
+    from rlforge.as_loaded import as_loaded
+
+    out = tmp_path / "rm"
+    shutil.copytree(bf16_model, out)
+    trained = {n: t.float() for n, t in load_file(str(out / "model.safetensors")).items()}
+    save_file({**trained, "score.weight": torch.randn(1, 64)}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    as_loaded(out, bf16_model)
+    assert {n: t.dtype for n, t in load_file(str(out / "model.safetensors")).items()} == {
+        n: torch.bfloat16 for n in [*trained, "score.weight"]}
+
+
 def _fit_one_step(tmp_path, model, *extra):
     from rlforge import Trainer
     from rlforge.testing import fast_config
