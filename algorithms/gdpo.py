@@ -41,27 +41,40 @@ class GDPO(GRPO):
             raise ConfigError(f"'algorithm.reward_weights' has {len(alg.reward_weights)} entries for "
                               f"{len(alg.reward_keys)} 'algorithm.reward_keys' ({list(alg.reward_keys)}): give one "
                               f"weight per key, or null for 1 each.")
+        twice = sorted({k for k in alg.reward_keys if list(alg.reward_keys).count(k) > 1})
+        if twice:
+            raise ConfigError(f"'algorithm.reward_keys' names {twice[0]!r} more than once ({list(alg.reward_keys)}): "
+                              f"give each component once, and its weight in algorithm.reward_weights.")
+        if alg.reward_weights is not None and alg.reward_keys and not any(alg.reward_weights):
+            raise ConfigError(f"'algorithm.reward_weights' are all 0 ({list(alg.reward_weights)}): every advantage "
+                              f"would be 0 and the policy would not learn; give a component a weight.")
 
     def reward_components(self, batch: B.Batch) -> list[torch.Tensor] | None:
         """One score vector ``[B]`` per ``algorithm.reward_keys``: a batch column (summed over tokens when it is
-        ``[B, R]``) or the key of each sample's ``reward_extra_info``. None when no key is set."""
+        ``[B, R]``) or the key of each sample's ``reward_extra_info``. None when no key is set. A sample whose reward
+        call failed (``reward_failed``: it got ``reward.fallback_score``) has ``reward.fallback_score`` for every
+        component."""
         keys = list(self.config.algorithm.reward_keys)
         if not keys:
             return None
         extras: list[dict[str, Any]] = batch[B.REWARD_EXTRA_INFO] if B.REWARD_EXTRA_INFO in batch else []
+        failed = batch[B.REWARD_FAILED].bool().tolist() if B.REWARD_FAILED in batch else [False] * len(extras)
+        fallback = float(self.config.reward.fallback_score)
         out = []
         for key in keys:
             if key in batch.tensors:
                 column = batch[key].double()
-                out.append(column.sum(-1) if column.dim() > 1 else column)
+                column = column.sum(-1) if column.dim() > 1 else column
+                out.append(torch.where(torch.tensor(failed), fallback, column) if any(failed) else column)
                 continue
-            missing = [i for i, e in enumerate(extras) if key not in e] if extras else [0]
+            missing = [i for i, e in enumerate(extras) if key not in e and not failed[i]] if extras else [0]
             if missing:
                 seen = sorted({k for e in extras for k in e})
                 raise DataError(f"GDPO reward key '{key}' (algorithm.reward_keys) is not in the reward of sample "
                                 f"{missing[0]}: compute_score must return a dict with it (its extra keys: "
                                 f"{seen or 'none'}), or name a [B] batch column (e.g. acc).")
-            out.append(torch.tensor([float(e[key]) for e in extras], dtype=torch.float64))
+            out.append(torch.tensor([fallback if failed[i] else float(e[key]) for i, e in enumerate(extras)],
+                                    dtype=torch.float64))
         return out
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:

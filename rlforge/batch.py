@@ -45,6 +45,7 @@ RESPONSE_TEXT = "response_text"
 SOLUTION_TEXT = "solution_text"  # what the reward function scores when set (an agent loop's answer); else the decoded response
 NUM_TURNS = "num_turns"  # per row of an agent rollout: its turns as verl counts them (prompt + model + inserted turns)
 REWARD_EXTRA_INFO = "reward_extra_info"  # per row: the reward function's keys beside score and acc (verl's reward_extra_info)
+REWARD_FAILED = "reward_failed"  # [B] 1.0 where the reward call failed (an error, a timeout, a value out of range) and the row got reward.fallback_score
 REWARD_BASELINES = "reward_baselines"  # [B] per-sample baseline score (ReMax: the greedy response's score)
 
 LEFT_PADDED = frozenset({PROMPTS, PROMPT_MASK})

@@ -328,13 +328,14 @@ class GenerativeRewardManager:
         n = len(batch)
         outcomes = [self._score(reply) for reply in self.judge.replies(self.conversations(batch, responses))]
         self._check_error_share(outcomes, batch)
-        scores = torch.full((n,), self.fallback_score)
+        scores, failed = torch.full((n,), self.fallback_score), torch.zeros(n)
         faults: Counter[str] = Counter()
         for i, (kind, value) in enumerate(outcomes):
             if kind == OK:
                 scores[i] = value
             else:
                 faults[kind] += 1
+                failed[i] = 1.0
                 self._log_first(kind, i, value)
         if faults[TIMEOUT]:
             log.warning("%d of %d judge requests timed out (%s.timeout_s=%g s, %d retries); they get "
@@ -345,6 +346,7 @@ class GenerativeRewardManager:
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)
         token_scores[torch.arange(n), last] = scores
         batch[B.SCORES], batch[B.TOKEN_LEVEL_SCORES], batch[B.RESPONSE_TEXT] = scores, token_scores, texts
+        batch[B.REWARD_FAILED] = failed
         ok = [value for kind, value in outcomes if kind == OK]
         batch.meta["metrics"] = {**batch.meta.get("metrics", {}),
                                  "reward/errors": float(sum(faults[k] for k in ERROR_KINDS)),

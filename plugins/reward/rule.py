@@ -228,7 +228,7 @@ class RuleRewardManager:
         outcomes.update({i: (OK, (score, float(score >= 1), {})) for i, score in enumerate(loop) if score is not None})
         self._check_error_share(outcomes, sources, batch)
         scores = torch.full((n,), self.fallback_score)
-        accs = torch.zeros(n)
+        accs, failed = torch.zeros(n), torch.zeros(n)
         extras: list[dict[str, Any]] = [{} for _ in range(n)]
         faults: Counter[str] = Counter()
         for i in range(n):
@@ -237,6 +237,7 @@ class RuleRewardManager:
                 scores[i], accs[i], extras[i] = value
             else:
                 faults[kind] += 1
+                failed[i] = 1.0
                 self._log_first(kind, sources[i], i, value)
         mask = batch[B.RESPONSE_MASK]
         last = B.last_model_token(mask)
@@ -247,6 +248,7 @@ class RuleRewardManager:
         batch[B.ACC] = accs
         batch[B.RESPONSE_TEXT] = texts
         batch[B.REWARD_EXTRA_INFO] = extras
+        batch[B.REWARD_FAILED] = failed
         batch.meta["metrics"] = {**batch.meta.get("metrics", {}),
                                  "reward/errors": float(sum(faults[k] for k in ERROR_KINDS)),
                                  "reward/timeouts": float(faults[TIMEOUT]),

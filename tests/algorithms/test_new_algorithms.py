@@ -157,6 +157,11 @@ def test_gdpo_reads_its_components_from_the_reward_extras_or_batch_columns(pm):
     batch["reward_extra_info"] = [{"numeric": 1.0}, {}, {}, {}]
     with pytest.raises(DataError, match="'numeric' .* sample 1"):
         gdpo.reward_components(batch)
+    # samples whose reward call failed (they got reward.fallback_score) have the fallback for every component
+    batch["reward_failed"] = torch.tensor([0.0, 1.0, 1.0, 1.0])
+    assert [c.tolist() for c in gdpo.reward_components(batch)] == [[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+    gdpo = _module(pm, "gdpo", "algorithm.reward_keys=[numeric,acc]", "reward.fallback_score=-1")
+    assert [c.tolist() for c in gdpo.reward_components(batch)] == [[1.0, -1.0, -1.0, -1.0], [1.0, -1.0, -1.0, -1.0]]
     with pytest.raises(ConfigError, match="reward_weights"):
         load_config("gdpo", ["algorithm.reward_keys=[a,b]", "algorithm.reward_weights=[1.0]"], plugins=pm)
 

@@ -176,6 +176,7 @@ def test_failures_get_the_fallback_and_are_counted(judge, make_manager, char_tok
     with caplog.at_level(logging.WARNING, logger="rlforge.reward"):
         out = manager.score(_batch(char_tokenizer, ["1", "2", "3", "4"]))
     assert out[B.SCORES].tolist() == [-1.0, -1.0, -1.0, pytest.approx(0.4)]
+    assert out[B.REWARD_FAILED].tolist() == [1.0, 1.0, 1.0, 0.0]
     metrics = out.meta["metrics"]
     assert (metrics["reward/timeouts"], metrics["reward/errors"], metrics["reward/error_share"]) == (1, 2, 0.75)
     text = caplog.text

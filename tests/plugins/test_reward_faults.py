@@ -274,6 +274,7 @@ def test_a_batch_on_which_every_call_failed_stops_the_run_with_the_first_error(
     assert "raise reward.max_error_share" not in str(err.value)  # 1 is its most: nothing to raise it to
     out = mgr.score(_batch(char_tokenizer, ["a", "ok", "c"]))  # some signal left: scored, the share reported
     assert out.meta["metrics"]["reward/error_share"] == 2 / 3
+    assert out[B.REWARD_FAILED].tolist() == [1.0, 0.0, 1.0]  # which rows got the fallback (GDPO's components)
 
 
 def test_max_error_share_is_the_tolerance(char_tokenizer, registry, manager_factory, tmp_path) -> None:  # noqa: F811
