@@ -93,6 +93,11 @@ class PolicyGradientModule(RLModule):
                 f"'algorithm.overlong_buffer' ({alg.overlong_buffer}) must be smaller than "
                 f"'rollout.max_new_tokens' ({config.rollout.max_new_tokens})."
             )
+        t = config.trainer
+        if t.critic_warmup and t.total_epochs is None and t.critic_warmup >= t.total_steps:
+            raise ConfigError(f"'trainer.critic_warmup' ({t.critic_warmup}) is not below 'trainer.total_steps' "
+                              f"({t.total_steps}): the actor waits for the critic's first {t.critic_warmup} steps, so "
+                              f"it would never train. Raise total_steps or lower critic_warmup.")
         cls._validate_rollout_correction(config)
 
     @staticmethod

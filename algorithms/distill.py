@@ -137,6 +137,12 @@ class OPD(GRPO):
         check_device(config.algorithm.teacher.device, "algorithm.teacher.device")
         validate_routes(config.algorithm.teacher)
         mode, strategy = config.algorithm.distill.loss_mode, config.strategy.name
+        d = config.algorithm.distill
+        if not d.use_task_rewards and d.distillation_loss_coef != DistillLossConfig.distillation_loss_coef:
+            raise ConfigError(f"'algorithm.distill.distillation_loss_coef' ({d.distillation_loss_coef}) weighs the "
+                              f"distillation loss beside the task loss, which algorithm.distill.use_task_rewards=false "
+                              f"leaves out (the distillation loss alone is the loss, as in verl): drop the coefficient "
+                              f"(lower actor.lr to scale the loss), or set use_task_rewards=true.")
         if mode in ("k1", "kl") and not config.algorithm.distill.use_policy_gradient:
             raise ConfigError(f"algorithm.distill.loss_mode={mode} as a direct loss (use_policy_gradient=false) does "
                               f"not learn from the teacher: the gradient of log pi - log pi_T is that of log pi alone. "

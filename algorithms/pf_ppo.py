@@ -14,11 +14,13 @@ from rlforge.algorithms.ppo import PPO, PPOConfig
 from rlforge import batch as B
 from rlforge.config.schema import option
 from rlforge.dataflow import DataFlow, Stage, StepContext
+from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:
     import torch
+    from omegaconf import DictConfig
     from rlforge.algorithms import functional as F
 else:
     torch = lazy_import("torch")
@@ -62,6 +64,17 @@ class PFPPO(PPO):
 
     config_class = PFPPOConfig
     preset = {"algorithm": {"name": "pf_ppo"}, "rollout": {"n": 8}}
+
+    @classmethod
+    def validate_config(cls, config: DictConfig) -> None:
+        super().validate_config(config)
+        alg, defaults = config.algorithm, PFPPOConfig()
+        unread = {"reweight": ("filter_method",), "filter": ("reweight_method", "weight_pow")}[alg.pf_mode]
+        for key in unread:
+            if alg[key] != getattr(defaults, key):
+                raise ConfigError(f"'algorithm.{key}' ({alg[key]}) is read only with algorithm.pf_mode="
+                                  f"{'filter' if alg.pf_mode == 'reweight' else 'reweight'}, and the run has "
+                                  f"pf_mode={alg.pf_mode}: set pf_mode to use it, or drop it.")
 
     def flow(self) -> DataFlow:
         return super().flow().insert_after(Stage.ADVANTAGE, PolicyFiltration())

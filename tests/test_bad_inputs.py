@@ -104,6 +104,18 @@ CASES = {
                                              "data.max_prompt_length (200) + rollout.max_new_tokens (60) = 260", ""),
     "missing resume folder": (["trainer.resume=/no/such/step_000001"], "trainer.resume='/no/such/step_000001': no "
                               "such folder", ""),
+    # keys that would change nothing in the run they are set in
+    "critic warm-up as long as the run": (["--algo", "vapo", "trainer.total_steps=3"], "'trainer.critic_warmup' (5) is "
+                                          "not below 'trainer.total_steps' (3)", "would never train"),
+    "pf_ppo filter key in reweight mode": (["--algo", "pf_ppo", "algorithm.filter_method=best_of_n"],
+                                           "'algorithm.filter_method' (best_of_n) is read only with "
+                                           "algorithm.pf_mode=filter", ""),
+    "pf_ppo reweight key in filter mode": (["--algo", "pf_ppo", "algorithm.pf_mode=filter", "algorithm.weight_pow=3"],
+                                           "'algorithm.weight_pow' (3.0) is read only with algorithm.pf_mode=reweight",
+                                           ""),
+    "gdpo key twice": (["--algo", "gdpo", "algorithm.reward_keys=[acc,acc]"], "names 'acc' more than once", ""),
+    "gdpo weights all 0": (["--algo", "gdpo", "algorithm.reward_keys=[acc]", "algorithm.reward_weights=[0.0]"],
+                           "'algorithm.reward_weights' are all 0", ""),
     # paths stay under trainer.runs_root
     "experiment leaves the runs root": (["trainer.experiment=../../x"], "'trainer.experiment' must be a folder name",
                                         "got '../../x'"),

@@ -14,7 +14,7 @@ from rlforge.algorithms import functional as F
 from rlforge.algorithms.distill import OPD, TEACHER_LOG_PROBS
 from rlforge.algorithms.grpo import GRPO
 from rlforge.module import LossContext
-from rlforge.errors import RLForgeError
+from rlforge.errors import ConfigError, RLForgeError
 
 S = torch.tensor([[-1.0, -2.0, -0.5]])  # the student's log-probs of three sampled tokens
 T = torch.tensor([[-1.5, -0.5, -0.5]])  # the teacher's
@@ -83,9 +83,13 @@ def _teacher_batch(module):
 
 @pytest.mark.parametrize("task", [True, False])
 def test_the_actor_loss_is_the_task_loss_plus_the_weighted_distillation_loss(tmp_path, task):
-    cfg = _config(tmp_path, "algorithm.teacher.path=builtin:tiny-arith", f"algorithm.distill.use_task_rewards={task}",
-                  "algorithm.distill.distillation_loss_coef=0.5", "algorithm.distill.loss_mode=k3")
-    module = OPD(cfg)
+    keys = ["algorithm.teacher.path=builtin:tiny-arith", f"algorithm.distill.use_task_rewards={task}",
+            "algorithm.distill.loss_mode=k3"]
+    if not task:  # verl: the coefficient weighs it only beside the task loss; alone, a coefficient is refused
+        with pytest.raises(ConfigError, match=r"'algorithm.distill.distillation_loss_coef' \(0.5\) weighs the "
+                                              r"distillation loss beside the task loss"):
+            _config(tmp_path, *keys, "algorithm.distill.distillation_loss_coef=0.5")
+    module = OPD(_config(tmp_path, *keys, *(["algorithm.distill.distillation_loss_coef=0.5"] if task else [])))
     batch = _teacher_batch(module)
     log_probs = batch[B.OLD_LOG_PROBS] + 0.1
     mask = batch[B.RESPONSE_MASK].float()
