@@ -96,9 +96,9 @@ def prime_advantages(process_rewards: torch.Tensor | None, acc: torch.Tensor | N
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """verl-recipe PRIME's ``compute_rloo_advantage_return``: RLOO of the process rewards (over the response mask)
     times ``dpo_coef`` plus RLOO of the outcome ``acc`` (on each response's last token) times ``gt_coef``; returns
-    are the reverse cumulative sums (gamma 1), advantages the returns whitened over the response tokens (as verl's
-    function, not 0 at padding: the loss masks it). A source that is None or has a zero coefficient is left out.
-    Returns ``(advantages, returns)``."""
+    are the reverse cumulative sums (gamma 1), advantages the returns whitened over the response tokens, 0 at padding
+    (verl's function leaves whitened values there, which its loss masks). A source that is None or has a zero
+    coefficient is left out. Returns ``(advantages, returns)``."""
     mask_f = mask.to(torch.float32)
     total = torch.zeros(mask.shape, dtype=torch.float32)
     if process_rewards is not None and dpo_coef:
@@ -112,7 +112,7 @@ def prime_advantages(process_rewards: torch.Tensor | None, acc: torch.Tensor | N
         outcome[last] = acc.float()[has]
         total = total + gt_coef * masked_rloo(outcome, last, group_ids)
     returns = (total * mask_f).flip(-1).cumsum(-1).flip(-1)
-    return E.masked_whiten(returns, mask_f), returns
+    return E.masked_whiten(returns, mask_f) * mask_f, returns
 
 
 def pairwise_accuracy(sequence_scores: torch.Tensor, acc: torch.Tensor, group_ids: Sequence[Hashable]) -> float:

@@ -247,7 +247,7 @@ class PRIME(PolicyGradientModule):
         alg, mask = self.config.algorithm, batch[B.RESPONSE_MASK]
         advantages, returns = P.prime_advantages(batch[PRM_SCORES], batch[B.ACC], mask, batch[B.UID],
                                                  alg.reward_dpo_coef, alg.reward_gt_coef)
-        return self.set_advantages(batch, (advantages * mask, returns))  # 0 at padding, as verl's batch holds them
+        return self.set_advantages(batch, (advantages, returns))
 
 
 @hookimpl
