@@ -77,7 +77,9 @@ def algorithm(c: Context) -> None:
     if mode in POLICY_LOSSES:
         c.map(f"{A}.policy_loss.loss_mode", "actor.policy_loss", mode)
     else:
-        c.refuse(f"{A}.policy_loss.loss_mode", f"verl's policy_loss.loss_mode={mode}")
+        c.stop(f"{A}.policy_loss.loss_mode", f"not a policy loss of verl 0.9.1, which stops on it ('Unsupported loss "
+               f"mode'; a project that has one registers it in its own code, and in rlforge as a plugin's "
+               f"policy_loss: docs/plugins.md); verl's and rlforge's: {', '.join(POLICY_LOSSES)}")
     if c.get("algorithm.use_pf_ppo") and est == "gae":
         algo = "pf_ppo"
         c.map("algorithm.use_pf_ppo", "--algo", algo)

@@ -27,6 +27,10 @@ REMOVED_IN_0_9_1 = {f"{role}.megatron.grad_offload": False
                     for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")}
 
 
+# verl-recipe configs that rlforge does not ship, whose trainers are rlforge algorithms
+RECIPE_ALGORITHMS = {"sppo_trainer": "sppo", "prime_trainer": "prime"}
+
+
 def shipped() -> list[str]:
     return sorted(p.stem for p in DEFAULTS.glob("*.yaml"))
 
@@ -45,8 +49,11 @@ def default_tree(name: str) -> dict[str, Any]:
 def _load_default(name: str) -> dict[str, Any]:
     path = DEFAULTS / f"{name}.yaml"
     if not path.is_file():
+        algo = RECIPE_ALGORITHMS.get(name)
+        hint = (f" verl-recipe's {algo.upper()} trainer has its counterpart in `rlforge fit --algo {algo}` "
+                f"(docs/algorithms/{algo}.md), which takes rlforge's keys." if algo else "")
         raise ConfigError(f"rlforge does not know verl's config '{name}' (--config-name). verl's configs it ships: "
-                          f"{', '.join(shipped())}.")
+                          f"{', '.join(shipped())}.{hint}")
     tree = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     for key, value in REMOVED_IN_0_9_1.items():
         parent, _, leaf = key.rpartition(".")

@@ -372,6 +372,18 @@ def test_an_unknown_config_name_beside_a_config_path_that_is_no_folder_says_so(t
         prepare([f"--config-path={tmp_path / 'absent'}", "--config-name=my_trainer", *GPUS], refuse=False)
 
 
+def test_a_recipe_config_rlforge_has_as_an_algorithm_names_it(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"does not know verl's config 'prime_trainer'.* verl-recipe's PRIME trainer "
+                                          r"has its counterpart in `rlforge fit --algo prime` \(docs/algorithms/prime"):
+        prepare([f"--config-path={tmp_path / 'absent'}", "--config-name=prime_trainer", *GPUS], refuse=False)
+
+
+def test_an_unknown_policy_loss_stops_as_in_verl_and_lists_the_losses() -> None:
+    fate = _fate(_t(f"{A}.policy_loss.loss_mode=bogus"), f"{A}.policy_loss.loss_mode")
+    assert fate.kind == verl.REFUSED and fate.stops
+    assert "not a policy loss of verl 0.9.1, which stops on it" in fate.text and "vanilla, gspo, gpg" in fate.text
+
+
 def test_keys_verl_does_not_read_in_the_launch_are_marked_apart_from_infrastructure() -> None:
     """An ignored key is 'unread' where verl 0.9.1 does not read it in that launch either (a feature left off, a role
     without a model, a field no code reads); a key verl reads that changes only speed or memory is not."""
