@@ -174,6 +174,8 @@ class BaseStrategy:
             set_optimizer_state_dict,
         )
 
+        if _restores_only_settings(optimizer, state):
+            return
         options = StateDictOptions(full_state_dict=True)
         set_optimizer_state_dict(_sharded_params(model), optimizer, state, options=options)
 
@@ -206,6 +208,30 @@ class BaseStrategy:
         dcp.load(state, checkpoint_id=str(path))
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def _restores_only_settings(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> bool:
+    """Check that the saved optimizer ``state`` (``get_optimizer_state_dict``'s layout) is one of ``optimizer``'s
+    kind; where it holds no per-parameter tensors (a stateless optimizer: SGD without momentum), restore its groups'
+    settings here and return True (torch's loader cannot place such a state on a device)."""
+    import torch
+
+    from rlforge.errors import RLForgeError
+
+    saved, groups = state.get("param_groups", []), optimizer.param_groups
+    missing = sorted({k for g in groups for k in g} - {k for g in saved for k in g}) if len(saved) == len(groups) \
+        else [f"{len(groups)} parameter groups (it has {len(saved)})"]
+    if missing:
+        raise RLForgeError(f"The checkpoint's optimizer state lacks what this run's optimizer "
+                           f"({type(optimizer).__name__}) holds: {', '.join(missing)}. It was written by another "
+                           f"optimizer (configure_optimizers changed since): resume with the optimizer that wrote it, "
+                           f"or start a new run.")
+    if any(isinstance(t, torch.Tensor) and t.dim() > 0 for entry in state.get("state", {}).values()
+           for t in entry.values()):
+        return False
+    for group, settings in zip(groups, saved):
+        group.update({k: v for k, v in settings.items() if k != "params"})
+    return True
 
 
 def load_sharded_model(path: Path, model: torch.nn.Module) -> None:

@@ -11,6 +11,7 @@ from rlforge import batch as B
 from rlforge import load_config
 from rlforge.algorithms.grpo import GRPO
 from rlforge.capabilities import StrategyCapabilities
+from rlforge.errors import RLForgeError
 from rlforge.microbatch import token_budget_plan
 from rlforge.ops import shares_prompts
 from rlforge.plugin_manager import PluginManager
@@ -204,6 +205,32 @@ def test_update_frees_gradients_and_offloaded_optimizer_state_round_trips(pm):
     for worker in (plain, offloaded):
         assert all(p.grad is None for p in worker.model.parameters())
     assert _moments(offloaded) and all(m.device.type == "cpu" for m in _moments(offloaded))
+
+
+def test_a_stateless_optimizers_state_loads_and_another_optimizers_is_refused(pm):
+    """SGD without momentum keeps no per-parameter state: its checkpoint restores the groups' settings (torch's loader
+    cannot place an empty state on a device). A state written by another optimizer is refused by name."""
+    cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4"], plugins=pm)
+    strategy = pm.registry.strategy.get("single")(cfg)
+
+    def worker(module_class):
+        module = module_class(cfg)
+        module.configure_model()
+        return ActorWorker(cfg, module, strategy)
+
+    sgd = worker(SGDGRPO)
+    batch = _rollout_batch(sgd.module)
+    batch[B.OLD_LOG_PROBS] = sgd.compute_log_probs(batch)
+    sgd.update(batch)
+    state = sgd.state_dict()
+    assert state["optimizer"]["state"] == {}
+    again = worker(SGDGRPO)
+    again.optimizer.param_groups[0]["lr"] = 0.5
+    again.load_state_dict(state)
+    assert again.optimizer.param_groups[0]["lr"] == sgd.optimizer.param_groups[0]["lr"]
+    with pytest.raises(RLForgeError, match=r"The checkpoint's optimizer state lacks what this run's optimizer "
+                                           r"\(AdamW\) holds: amsgrad, betas, .* It was written by another optimizer"):
+        worker(GRPO).load_state_dict(state)
 
 
 @pytest.mark.gpu
