@@ -1,6 +1,7 @@
 """DAPO's batch shaping, usable by any algorithm whose config turns it on.
 
-- ``algorithm.overlong_buffer > 0``: soft overlong punishment added to the last token's reward (a hook).
+- ``algorithm.overlong_buffer > 0``: soft overlong punishment added to the last token's reward (a wrapper of the
+  ``rlforge_shape_rewards`` hook: plugins that shape rewards shape the penalized rewards).
 - ``algorithm.filter_groups``: dynamic sampling, the stage :class:`DynamicSampling` (the policy-gradient
   algorithms insert it after the reward stage). Groups whose rewards all agree carry no gradient signal;
   they are dropped and more prompts go through the stages before it (rollout, reward, ...) until
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
@@ -27,11 +29,24 @@ else:
     F = lazy_import("rlforge.algorithms.functional")
 
 
-@hookimpl
-def rlforge_shape_rewards(trainer: Any, batch: B.Batch) -> B.Batch | None:
+@hookimpl(wrapper=True)
+def rlforge_shape_rewards(trainer: Any, batch: B.Batch) -> Generator[None, B.Batch | None, B.Batch | None]:
+    """The overlong penalty as part of the reward, whatever other ``rlforge_shape_rewards`` implementations do: a
+    wrapper around them (not one of their first-result chain, where a plugin's result would replace it), it adds the
+    penalty to the batch they are given and keeps it in the result."""
+    if not trainer.config.algorithm.get("overlong_buffer", 0):
+        return (yield)
+    _add_overlong_penalty(trainer, batch)
+    shaped = yield
+    if shaped is None:
+        return batch
+    if shaped is not batch:  # a new batch: keep the penalty's metrics with it
+        shaped.meta.setdefault("metrics", {}).update(batch.meta.get("metrics", {}))
+    return shaped
+
+
+def _add_overlong_penalty(trainer: Any, batch: B.Batch) -> None:
     alg = trainer.config.algorithm
-    if not alg.get("overlong_buffer", 0):
-        return None
     mask = batch[B.RESPONSE_MASK]
     lengths = mask.sum(-1)
     penalty = F.overlong_penalty(lengths, trainer.config.rollout.max_new_tokens, alg.overlong_buffer,
@@ -44,7 +59,6 @@ def rlforge_shape_rewards(trainer: Any, batch: B.Batch) -> B.Batch | None:
             "critic/overlong_penalty/mean": float(penalty.float().mean()),
             "critic/overlong/ratio": float((penalty < 0).float().mean()),
         })
-    return batch
 
 
 # algorithm.filter_metric -> the per-sample value whose spread within a group keeps the group (verl's

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlforge import batch as B
-from rlforge import load_config
+from rlforge import hookimpl, load_config
 from rlforge.algorithms import shaping
 from rlforge.cli import main
 from rlforge.errors import RLForgeError
@@ -148,25 +148,58 @@ def test_dynamic_sampling_filters_on_the_metric_named(pm):
         shaping.DynamicSampling().run(ctx, _scored(["a", "a"], [1, 0], [2, 2]))  # no acc column
 
 
+def _shape(cfg, batch, *plugins):
+    """``rlforge_shape_rewards`` as a run fires it: the built-in implementations and ``plugins``."""
+    manager = PluginManager(autoload=False)
+    for plugin in plugins:
+        manager.register(plugin)
+    return manager.hook.rlforge_shape_rewards(trainer=FakeTrainer(cfg), batch=batch)
+
+
 def test_overlong_hook_is_off_unless_enabled(pm):
     cfg = load_config("grpo", plugins=pm)
-    assert shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg), batch=_scored(["a"], [1], [2])) is None
+    assert _shape(cfg, _scored(["a"], [1], [2])) is None
 
 
 def test_overlong_shaping_penalizes_the_last_token(pm):
     cfg = load_config("dapo", ["rollout.max_new_tokens=4", "algorithm.overlong_buffer=2",
                                "algorithm.overlong_penalty=1.0"], plugins=pm)
     batch = _scored(["a", "a", "a"], [1, 1, 1], [2, 3, 4])
-    out = shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg), batch=batch)
+    out = _shape(cfg, batch)
     # expected length 4 - 2 = 2: lengths 2, 3, 4 exceed it by 0, 1, 2 -> penalties 0, -0.5, -1
     assert out[B.TOKEN_LEVEL_REWARDS].sum(-1).tolist() == [1.0, 0.5, 0.0]
     assert out[B.TOKEN_LEVEL_REWARDS][1, 2] == 0.5
     assert out.meta["metrics"] == {"critic/overlong_penalty/mean": -0.5, "critic/overlong/ratio": pytest.approx(2 / 3)}
 
 
+class KeepsTheBatch:
+    @hookimpl
+    def rlforge_shape_rewards(self, batch):
+        return batch
+
+
+class DoublesTheRewards:
+    @hookimpl
+    def rlforge_shape_rewards(self, batch):
+        out = batch.select(list(range(len(batch))))  # a new batch, without the given one's metrics
+        out[B.TOKEN_LEVEL_REWARDS] = batch[B.TOKEN_LEVEL_REWARDS] * 2
+        return out
+
+
+@pytest.mark.parametrize("plugin, rewards", [(KeepsTheBatch(), [1.0, 0.5, 0.0]), (DoublesTheRewards(), [2.0, 1.0, 0.0])])
+def test_a_plugins_reward_shaping_shapes_the_penalized_rewards(pm, plugin, rewards):
+    """The overlong penalty is part of the reward: a plugin's rlforge_shape_rewards (first result wins) neither
+    replaces nor drops it, and sees the penalized rewards."""
+    cfg = load_config("dapo", ["rollout.max_new_tokens=4", "algorithm.overlong_buffer=2",
+                               "algorithm.overlong_penalty=1.0"], plugins=pm)
+    out = _shape(cfg, _scored(["a", "a", "a"], [1, 1, 1], [2, 3, 4]), plugin)
+    assert out[B.TOKEN_LEVEL_REWARDS].sum(-1).tolist() == rewards
+    assert out.meta["metrics"]["critic/overlong_penalty/mean"] == -0.5
+
+
 def test_overlong_log_off_shapes_without_metrics(pm):
     cfg = load_config("dapo", ["rollout.max_new_tokens=4", "algorithm.overlong_log=false"], plugins=pm)
-    out = shaping.rlforge_shape_rewards(trainer=FakeTrainer(cfg), batch=_scored(["a", "a"], [1, 1], [2, 4]))
+    out = _shape(cfg, _scored(["a", "a"], [1, 1], [2, 4]))
     assert out[B.TOKEN_LEVEL_REWARDS].sum(-1).tolist() == [1.0, 0.0]
     assert "critic/overlong_penalty/mean" not in out.meta.get("metrics", {})
 
