@@ -35,8 +35,7 @@ class PRMWorker(TrainWorker):
         module.prm = self._prepare(module.prm)
         module.prm.train()
         module.prm_ref = self._setup(module.prm_ref, "ref")
-        self.optimizer, self.scheduler = module.configure_prm_optimizers()
-        module.prm, self.optimizer = self._setup_optimizer(module.prm, self.optimizer)
+        module.prm = self.optimize(module.prm, module.configure_prm_optimizers(), "configure_prm_optimizers")
 
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.prm_step(micro, ctx)

@@ -33,7 +33,7 @@ from rlforge import batch as B
 from rlforge import lora, lr_schedule
 from rlforge.config.batches import config_section, micro_batch_size
 from rlforge.capabilities import remote
-from rlforge.errors import NonFiniteError
+from rlforge.errors import NonFiniteError, RLForgeError
 from rlforge.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
 from rlforge.module import LossContext, RLModule, checked_loss
 from rlforge.ops import SHARE_ALWAYS, SHARE_REPEATED, compile_forward, response_values, share_prompts
@@ -86,9 +86,25 @@ class TrainWorker:
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         raise NotImplementedError  # abstract: each worker's loss
 
-    def _setup_optimizer(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
-        """The strategy's ``setup_optimizer`` (DeepSpeed through ``fabric`` wraps both; the others keep both)."""
-        return self.strategy.setup_optimizer(model, optimizer)
+    def optimize(self, model: torch.nn.Module, configured: Any, method: str) -> torch.nn.Module:
+        """Take what the module's ``method`` (``configure_optimizers``, ``configure_critic_optimizers``, ...) returned
+        for ``model``: ``(optimizer, scheduler or None)``, or a bare optimizer as Lightning takes it. Sets
+        ``self.optimizer`` and ``self.scheduler`` and puts both on the strategy (DeepSpeed through ``fabric`` wraps
+        model and optimizer; the others keep both); returns the model to use."""
+        optimizer, scheduler = (configured, None) if isinstance(configured, torch.optim.Optimizer) else (
+            tuple(configured) if isinstance(configured, (tuple, list)) and len(configured) == 2 else (None, None))
+        where = f"{type(self.module).__qualname__}.{method}()"
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise RLForgeError(f"{where} returned {_shown(configured)}: return (optimizer, scheduler or None), e.g. "
+                               f"(torch.optim.AdamW(self.{self.role}.parameters(), lr=...), None), or the optimizer "
+                               f"alone.")
+        if scheduler is not None and not (callable(getattr(scheduler, "step", None))
+                                          and callable(getattr(scheduler, "state_dict", None))):
+            raise RLForgeError(f"{where} returned a scheduler of type {type(scheduler).__name__}, which has no step() "
+                               f"and state_dict(): return a torch.optim.lr_scheduler object (LambdaLR, ...), or None.")
+        self.scheduler = scheduler
+        model, self.optimizer = self.strategy.setup_optimizer(model, optimizer)
+        return model
 
     def _prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         """Put a model of this role on the strategy, with the ``model.*`` training options."""
@@ -141,6 +157,10 @@ class TrainWorker:
         ``LossContext.step`` during the update (None: the module's own). What the module ``log``s during the update
         is returned with the metrics. Gradients are freed when it returns; with ``strategy.offload_optimizer`` the
         optimizer state waits in CPU memory between updates."""
+        if getattr(self, "optimizer", None) is None:
+            raise RLForgeError(f"{type(self).__qualname__} (role '{self.role}') has no optimizer: its __init__ sets one "
+                               f"with self.optimize(model, <the module's configure method>(), '<its name>') "
+                               f"(docs/plugins.md, 'A trainable role').")
         mini_size = self.section.ppo_mini_batch_size * self.config.rollout.n // self.strategy.world_size
         totals: dict[str, float] = defaultdict(float)
         steps = 0
@@ -302,6 +322,13 @@ class TrainWorker:
         self.strategy.load_precision_state(state.get("precision", {}))
 
 
+def _shown(value: Any) -> str:
+    """``value`` in an error: its type, and the types inside a tuple or list."""
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
+    return type(value).__name__ if value is not None else "None"
+
+
 def _settings(optimizer: Any) -> list[dict[str, Any]]:
     """Each parameter group's settings as the optimizer was built for this run: everything but its parameters and its
     current rate (the schedule's, set at load: ``initial_lr`` is the configured one)."""
@@ -329,8 +356,7 @@ class ActorWorker(TrainWorker):
         module.actor.train()
         if module.ref is not None:
             module.ref = self._setup(module.ref, "ref")
-        self.optimizer, self.scheduler = module.configure_optimizers()
-        module.actor, self.optimizer = self._setup_optimizer(module.actor, self.optimizer)
+        module.actor = self.optimize(module.actor, module.configure_optimizers(), "configure_optimizers")
 
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.training_step(micro, ctx)
@@ -366,8 +392,7 @@ class CriticWorker(TrainWorker):
         super().__init__(config, module, strategy, hook)
         module.critic = self._prepare(module.critic)
         module.critic.train()
-        self.optimizer, self.scheduler = module.configure_critic_optimizers()
-        module.critic, self.optimizer = self._setup_optimizer(module.critic, self.optimizer)
+        module.critic = self.optimize(module.critic, module.configure_critic_optimizers(), "configure_critic_optimizers")
 
     def loss(self, micro: B.Batch, ctx: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         return self.module.critic_step(micro, ctx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -231,6 +232,48 @@ def test_a_stateless_optimizers_state_loads_and_another_optimizers_is_refused(pm
     with pytest.raises(RLForgeError, match=r"The checkpoint's optimizer state lacks what this run's optimizer "
                                            r"\(AdamW\) holds: amsgrad, betas, .* It was written by another optimizer"):
         worker(GRPO).load_state_dict(state)
+
+
+class Returns(GRPO):
+    """configure_optimizers returns ``self.given`` (a callable of the module)."""
+
+    given = staticmethod(lambda module: None)
+
+    def configure_optimizers(self):
+        return self.given(self)
+
+
+def test_what_configure_optimizers_returns_is_checked_and_a_bare_optimizer_is_taken(pm):
+    cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4"], plugins=pm)
+
+    def worker(given):
+        module = type("Mine", (Returns,), {"given": staticmethod(given)})(cfg)
+        module.configure_model()
+        return ActorWorker(cfg, module, pm.registry.strategy.get("single")(cfg))
+
+    bare = worker(lambda m: torch.optim.SGD(m.actor.parameters(), lr=0.1))  # Lightning's form
+    assert isinstance(bare.optimizer, torch.optim.SGD) and bare.scheduler is None
+    for given, said in [(lambda m: (None, None), "returned a tuple of 2 (NoneType, NoneType)"),
+                        (lambda m: None, "returned None"),
+                        (lambda m: (torch.optim.SGD(m.actor.parameters(), lr=0.1), "cosine"),
+                         "returned a scheduler of type str, which has no step() and state_dict()")]:
+        with pytest.raises(RLForgeError, match=r"^Mine.configure_optimizers\(\) " + re.escape(said)):
+            worker(given)
+
+
+def test_a_trained_role_without_an_optimizer_is_named(pm):
+    from rlforge.worker import TrainWorker
+
+    class AuxWorker(TrainWorker):
+        role = "actor"
+
+    cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4"], plugins=pm)
+    module = GRPO(cfg)
+    module.configure_model()
+    aux = AuxWorker(cfg, module, pm.registry.strategy.get("single")(cfg))
+    with pytest.raises(RLForgeError, match=r"AuxWorker \(role 'actor'\) has no optimizer: its __init__ sets one with "
+                                           r"self.optimize\("):
+        aux.update(_rollout_batch(module))
 
 
 @pytest.mark.gpu
