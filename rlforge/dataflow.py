@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
+from rlforge.metric_values import as_number
 from rlforge.plugin_manager import implementers
 from rlforge.weight_sync import add_sync_metrics
 
@@ -84,6 +85,7 @@ class StepContext:
         self._draw = draw
         self._hook_trainer = hook_trainer  # passed as the hooks' ``trainer`` argument (kept for compatibility)
         self._nested: list[float] = []  # seconds of the stages run inside the running ones (ctx.run within run)
+        self._running: list[Stage] = []  # the stages running, innermost last (who called ctx.log)
 
     @property
     def workers(self) -> Any:
@@ -112,7 +114,13 @@ class StepContext:
         return out
 
     def log(self, metrics: dict[str, float]) -> None:
-        self.metrics.update(metrics)
+        """Add ``metrics`` (name -> number or one-element tensor) to the step's; a value that is not a number is an
+        error naming its key and the stage that logged it."""
+        who = f"ctx.log in {stage_label(self._running[-1])}" if self._running else "ctx.log outside a stage"
+        if not isinstance(metrics, Mapping):
+            raise RLForgeError(f"{who}: ctx.log takes a dict of name -> number, got {type(metrics).__name__}.")
+        for key, value in metrics.items():
+            self.metrics[key] = as_number(key, value, who)
 
     def draw(self) -> B.Batch:
         """The next ``data.train_batch_size`` training prompts (the data cursor advances)."""
@@ -133,10 +141,12 @@ class StepContext:
         self.call_hook("stage_start", stage=stage.name, batch=batch)
         t0 = time.perf_counter()
         self._nested.append(0.0)
+        self._running.append(stage)
         try:
-            batch = stage.run(self, batch)
+            batch = self.flow.checked(stage, stage.run(self, batch))
         finally:
             inner = self._nested.pop()
+            self._running.pop()
         seconds = time.perf_counter() - t0
         if self._nested:
             self._nested[-1] += seconds
@@ -203,6 +213,12 @@ class FunctionStage(Stage):
 StageLike = Union[Stage, Callable[[B.Batch], B.Batch]]
 
 
+def stage_label(stage: Stage) -> str:
+    """How a message names ``stage``: its name and its code (its class, or a callable stage's function)."""
+    code = stage.fn if isinstance(stage, FunctionStage) else type(stage)
+    return f"stage '{stage.name}' ({getattr(code, '__qualname__', type(code).__name__)})"
+
+
 def as_stage(item: StageLike) -> Stage:
     if isinstance(item, Stage):
         return item
@@ -222,6 +238,8 @@ class DataFlow:
         self.name = name
         self.stages: list[Stage] = [as_stage(s) for s in stages]
         self.inputs = frozenset(inputs)
+        # by stage (id): the columns it produces that a later stage requires -> the first such stage (compile)
+        self._promised: dict[int, dict[str, str]] = {}
 
     def _index(self, anchor: StageLike | str) -> int:
         for i, stage in enumerate(self.stages):
@@ -271,7 +289,26 @@ class DataFlow:
                     f"stage produces. Order: {' -> '.join(names)}"
                 )
             have |= stage.produces
+        self._promised = {}
+        for i, stage in enumerate(self.stages):
+            needed = {col: later.name for later in reversed(self.stages[i + 1:]) for col in later.requires}
+            self._promised[id(stage)] = {col: needed[col] for col in stage.produces if col in needed}
         return self
+
+    def checked(self, stage: Stage, out: Any) -> B.Batch:
+        """``out``, what ``stage`` returned, once it is a batch that holds the columns of its ``produces`` that a later
+        stage requires (the promise :meth:`compile` ordered the flow on); else an error naming the stage and its
+        code."""
+        if not isinstance(out, B.Batch):
+            raise RLForgeError(f"Dataflow '{self.name}': {stage_label(stage)} returned "
+                               f"{'None' if out is None else type(out).__name__}: a stage's run returns the batch "
+                               f"(changed in place, or a new one).")
+        missing = sorted((col, later) for col, later in self._promised.get(id(stage), {}).items() if col not in out)
+        if missing:
+            named = ", ".join(f"'{col}' (stage '{later}' requires it)" for col, later in missing)
+            raise RLForgeError(f"Dataflow '{self.name}': {stage_label(stage)} did not set {named}, which its produces "
+                               f"declares: set it in its run, or take it out of produces.")
+        return out
 
     def __repr__(self) -> str:
         return f"DataFlow({self.name!r}, {' -> '.join(self.names())})"

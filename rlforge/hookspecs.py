@@ -53,7 +53,8 @@ def rlforge_before_flow_compile(flow: Any, module: Any, config: Any) -> None:
     :param config: the composed config.
 
     Fires in ``Trainer.fit`` before any model loads; ``flow.compile()`` checks the result right after (every
-    stage's ``requires`` must be produced by an earlier stage).
+    stage's ``requires`` must be produced by an earlier stage). Return None: a returned flow would not be used, and is
+    an error (``flow.stages[:] = other.stages`` replaces every stage in place).
     """
 
 

@@ -11,7 +11,7 @@ and score to validate); an offline algorithm (DPO, a reward model) brings prefer
 
 from __future__ import annotations
 
-import numbers
+import sys
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -22,6 +22,8 @@ from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import DataFlow, Stage
 from rlforge.errors import DataError, NonFiniteError, RLForgeError
 from rlforge.lazy import lazy_import
+from rlforge.metric_values import as_number, check_numbers
+from rlforge.module_checks import config_errors
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +62,12 @@ class RLModule:
     preset: ClassVar[dict[str, Any]] = {}
     _init_args: tuple[tuple[Any, ...], dict[str, Any]]  # set by __new__
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("validate_config")
+        if isinstance(own, (classmethod, staticmethod)):  # its ValueError/AssertionError become a ConfigError
+            setattr(cls, "validate_config", type(own)(config_errors(own.__func__)))
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         module = super().__new__(cls)
         # the constructor's arguments, which ranks that rebuild it as cls(config) would not get (rank_module_class)
@@ -78,6 +86,7 @@ class RLModule:
         self.roles: Collection[str] | None = None
         self._metrics: dict[str, float] | None = None  # the running step's metrics sink (set by the Trainer)
         self._on_worker = False  # built by a worker process (a Ray or torchrun rank), not the driver
+        self._fitting = False  # a Trainer is fitting it: log() outside a step raises rather than drop the value
         self._registry: Any = None  # the run's registries (set by the Builder)
         # what validate generates and scores through (set by the Trainer before each validation: the run's agent
         # loop, if any; None: the given controller's generate and score, single-turn)
@@ -98,18 +107,28 @@ class RLModule:
         self._registry = registry
 
     def log(self, name: str, value: float) -> None:
-        """Log a metric for the running step (like ``LightningModule.log``); ignored outside a step in the driver.
-        Inside an update (``training_step``, ``policy_loss``, ``critic_step``, ``value_loss``) it is collected by the
-        worker and returned with the update's metrics (rank 0's value under several ranks), under every controller.
-        Elsewhere in a worker process it raises: nothing would deliver the value."""
+        """Log a metric, a number or a one-element tensor, for the running step (like ``LightningModule.log``): from
+        what a step runs in the driver (``compute_rewards``, ``compute_advantages``, ``on_rollout_end``,
+        ``on_train_step_end``, a stage) and from an update (``training_step``, ``policy_loss``, ``critic_step``,
+        ``value_loss``), which the worker collects and returns with the update's metrics (rank 0's value under
+        several ranks), under every controller. Where no step runs it raises while a Trainer fits the module (as
+        Lightning's does in ``configure_optimizers``) and in a worker process: nothing would deliver the value. A
+        module used without a Trainer ignores it."""
+        caller = sys._getframe(1).f_code.co_qualname
         if self._metrics is not None:
-            self._metrics[name] = float(value)
+            self._metrics[name] = float(as_number(name, value, f"self.log in {caller}"))
         elif self._on_worker:
             raise RLForgeError(
-                f"{type(self).__name__}.log({name!r}) was called in a worker process outside an update, where no "
-                f"metric reaches the loggers. Log from the driver-side methods (compute_rewards, compute_advantages, "
-                f"flow stages) or inside training_step/policy_loss (collected and returned), or return the value "
-                f"in the metrics dict.")
+                f"{type(self).__name__}.log({name!r}) was called in a worker process outside an update (in {caller}), "
+                f"where no metric reaches the loggers. Log from the driver-side methods (compute_rewards, "
+                f"compute_advantages, on_train_step_end, flow stages) or inside training_step/policy_loss (collected "
+                f"and returned), or return the value in the metrics dict.")
+        elif self._fitting:
+            raise RLForgeError(
+                f"{type(self).__name__}.log({name!r}) was called in {caller}, where no training step runs: no logger "
+                f"would get the value (Lightning refuses self.log in configure_optimizers too). Log from what a step "
+                f"runs (compute_rewards, compute_advantages, on_rollout_end, on_train_step_end, a stage's ctx.log) or "
+                f"an update (training_step, policy_loss), or return the value (validate returns its metrics).")
 
     # --- data -------------------------------------------------------------------------------------
     def prepare_data(self, rows: list[dict[str, Any]], split: str) -> list[Any]:
@@ -367,18 +386,6 @@ def checked_loss(result: Any, name: str) -> tuple[torch.Tensor, dict[str, float]
         raise RLForgeError(f"{name}: its metrics are {type(metrics).__name__}: return a dict of name -> number.")
     check_numbers(metrics, name)
     return loss, metrics
-
-
-def check_numbers(metrics: dict[str, Any], name: str) -> None:
-    """Every metric a number (a one-element tensor becomes one), else an error naming the key (``name``: who set
-    it), before a logger stops on it."""
-    for key, value in metrics.items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            metrics[key] = float(value)
-        elif not isinstance(value, numbers.Real):
-            what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
-                type(value).__name__
-            raise RLForgeError(f"metric {key!r} ({name}) is {what}, not a number: metrics are logged as numbers.")
 
 
 def generation_metrics(batch: B.Batch) -> dict[str, float]:

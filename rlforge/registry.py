@@ -241,6 +241,23 @@ def reward_fn_problem(name: str, obj: Any) -> str:
     return ""
 
 
+def algorithm_problem(name: str, obj: Any) -> str:
+    """What is wrong with ``obj`` registered as algorithm ``name`` ("" when nothing): an algorithm is an ``RLModule``
+    subclass whose ``validate_config`` takes the config alone. (``rlforge.module`` imports this module, through the
+    dataflow and the plugin manager, so the base class is found by its qualified name among the class's bases.)"""
+    import inspect
+
+    if not (isinstance(obj, type) and any(f"{c.__module__}.{c.__qualname__}" == "rlforge.module.RLModule"
+                                          for c in obj.__mro__)):
+        what = f"{'class' if isinstance(obj, type) else type(obj).__name__} {getattr(obj, '__qualname__', repr(obj))}"
+        return (f"{what} is not an RLModule subclass: register a class that extends rlforge.RLModule, or an algorithm "
+                f"such as rlforge.algorithms.grpo.GRPO (docs/concepts.md, \"RLModule\").")
+    if not isinstance(inspect.getattr_static(obj, "validate_config"), (classmethod, staticmethod)):
+        return (f"{obj.__qualname__}.validate_config is a plain method, but it runs on the class when the config is "
+                f"composed, before any module exists: make it a @classmethod validate_config(cls, config).")
+    return ""
+
+
 def _first_doc_line(obj: object) -> str:
     doc = getattr(obj, "__doc__", None) or ""
     return doc.strip().splitlines()[0] if doc.strip() else ""
@@ -265,7 +282,7 @@ class Registries:
     weight_sync: Registry[Any]
 
     SPECS: dict[str, Kind] = {
-        "algorithm": Kind("algorithm.name", None, "RLModule"),
+        "algorithm": Kind("algorithm.name", None, "RLModule", check=algorithm_problem),
         "rollout": Kind("rollout.name", "rollout", "RolloutEngine", RolloutCapabilities),
         "reward_manager": Kind("reward.manager", "reward", "RewardManager",
                                functions=("check_data_sources", "check_function")),

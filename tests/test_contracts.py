@@ -16,7 +16,8 @@ from rlforge.algorithms.base import checked_output
 from rlforge.dataflow import DataFlow, StepContext
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
-from rlforge.module import check_numbers, checked_loss
+from rlforge.metric_values import check_numbers
+from rlforge.module import checked_loss
 from rlforge.plugin_manager import PluginManager
 from rlforge.protocols import PolicyLossOutput
 from rlforge.sampling import SamplingParams

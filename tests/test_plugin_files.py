@@ -131,7 +131,8 @@ def test_a_plugin_module_can_be_disabled(plugin_file: Path) -> None:
     ("x = 1\nimport no_such_dependency_mod\n", "broken_plug.py",
      "Cannot import plugin module '{path}' (plugins.modules / -p): ModuleNotFoundError: No module named "
      "'no_such_dependency_mod' (at {path}:2)."),
-    ("def rlforge_register(registry):\n    registry.algorithm.register('grpo', object)\n", "dup_plug.py",
+    ("from rlforge.algorithms.grpo import GRPO\n"
+     "def rlforge_register(registry):\n    registry.algorithm.register('grpo', GRPO)\n", "dup_plug.py",
      "Plugin module 'dup_plug' (from {path}) failed to register: "),
     ("def rlforge_step_ends(step):\n    pass\n", "typo_plug.py", "implements 'rlforge_step_ends', which is not"),
     (None, "not-a-module", "'not-a-module' (plugins.modules / -p) is neither a module name nor a .py file."),

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from rlforge import plugin_manager as pmod
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
+from rlforge.module import RLModule
 from rlforge.plugin_manager import AUTOLOAD_ENV, PluginManager
 from tests.plugin_dist import installed_package
 
@@ -96,7 +97,7 @@ def test_disable_blocks_an_object_plugin() -> None:
 def test_separate_managers_have_separate_registries() -> None:
     a = PluginManager(autoload=False)
     b = PluginManager(autoload=False)
-    a.registry.algorithm.register("only_in_a", object())
+    a.registry.algorithm.register("only_in_a", RLModule)
     assert "only_in_a" not in b.registry.algorithm
 
 
@@ -155,7 +156,7 @@ def test_object_plugin_overriding_builtin_needs_override() -> None:
     class Clash:
         @hookimpl
         def rlforge_register(self, registry):
-            registry.algorithm.register("grpo", object())
+            registry.algorithm.register("grpo", RLModule)
 
     pm = PluginManager(autoload=False)
     with pytest.raises(RLForgeError, match="already registered"):

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from rlforge.errors import RLForgeError
+from rlforge.module import RLModule
 from rlforge.registry import Registries, Registry, UnknownComponentError
+
+
+def _algo() -> type:
+    """A new algorithm class (``Registries.algorithm`` takes RLModule subclasses only)."""
+    return type("Algo", (RLModule,), {})
 
 
 @pytest.fixture
@@ -134,7 +140,7 @@ def test_registries_has_one_registry_per_kind() -> None:
         assert isinstance(getattr(regs, kind), Registry)
         assert getattr(regs, kind).key == Registries.KINDS[kind]
     # registries are independent
-    regs.algorithm.register("x", object())
+    regs.algorithm.register("x", _algo())
     assert "x" not in regs.rollout
 
 
@@ -148,10 +154,10 @@ def test_registries_error_message_uses_config_key() -> None:
 def test_registries_components_of_plugin() -> None:
     regs = Registries()
     regs.set_current_plugin("p1")
-    regs.algorithm.register("a1", object())
+    regs.algorithm.register("a1", _algo())
     regs.reward_fn.register("r1", len)
     regs.set_current_plugin("p2")
-    regs.algorithm.register("a2", object())
+    regs.algorithm.register("a2", _algo())
     assert sorted(regs.components_of("p1")) == ["algorithm:a1", "reward fn:r1"]
     assert regs.components_of("p2") == ["algorithm:a2"]
     assert regs.components_of("nobody") == []
@@ -395,9 +401,9 @@ def test_a_capability_that_names_a_method_needs_it() -> None:
 
 def _two_plugins(regs: Registries, first_override: bool, second_override: bool) -> tuple[object, object]:
     """A built-in ``grpo``, then plugins ``plug_a`` and ``plug_b`` (not built in) that both register ``grpo``."""
-    first, second = object(), object()
+    first, second = _algo(), _algo()
     regs.set_current_plugin("rlforge.algorithms.grpo")
-    regs.algorithm.register("grpo", object())
+    regs.algorithm.register("grpo", _algo())
     regs.set_current_plugin("plug_a", "'plug_a' (from rlforge-plug-a 0.1.0)")
     regs.algorithm.register("grpo", first, override=first_override)
     regs.set_current_plugin("plug_b", "'plug_b' (from rlforge-plug-b 0.2.0)")
@@ -440,11 +446,11 @@ def test_two_plugins_registering_a_new_name_contest_it() -> None:
 
     regs = Registries()
     regs.set_current_plugin("plug_a", "'plug_a' (from rlforge-plug-a 0.1.0)")
-    regs.algorithm.register("twin", object())
-    regs.algorithm.register("own_a", object())
+    regs.algorithm.register("twin", _algo())
+    regs.algorithm.register("own_a", _algo())
     regs.set_current_plugin("plug_b", "'plug_b' (from rlforge-plug-b 0.2.0)")
-    regs.algorithm.register("twin", object(), override=True)
-    regs.algorithm.register("own_b", object())  # the rest of both plugins still loads
+    regs.algorithm.register("twin", _algo(), override=True)
+    regs.algorithm.register("own_b", _algo())  # the rest of both plugins still loads
     with pytest.raises(ComponentConflictError, match=r"^algorithm 'twin' is registered by 2 plugins: 'plug_a' "
                                                      r"\(from rlforge-plug-a 0.1.0\) and 'plug_b'"):
         regs.algorithm.entry("twin")
@@ -454,9 +460,9 @@ def test_two_plugins_registering_a_new_name_contest_it() -> None:
 def test_one_plugin_replacing_a_built_in_is_recorded() -> None:
     regs = Registries()
     regs.set_current_plugin("rlforge.algorithms.grpo")
-    regs.algorithm.register("grpo", object())
+    regs.algorithm.register("grpo", _algo())
     regs.set_current_plugin("plug_a", "'plug_a' (from rlforge-plug-a 0.1.0)")
-    mine = object()
+    mine = _algo()
     regs.algorithm.register("grpo", mine, override=True)
     regs.algorithm.register("grpo", mine, override=True)  # again, by the same plugin: still its own
     entry = regs.algorithm.entry("grpo")
@@ -470,11 +476,11 @@ def test_code_outside_plugins_may_still_replace_a_plugin_s_component() -> None:
     without it the name is taken."""
     regs = Registries()
     regs.set_current_plugin("plug_a", "'plug_a' (from rlforge-plug-a 0.1.0)")
-    regs.algorithm.register("twin", object())
+    regs.algorithm.register("twin", _algo())
     regs.set_current_plugin("<direct>")
     with pytest.raises(RLForgeError, match=r"already registered \(by plugin 'plug_a'\); pass override=True"):
-        regs.algorithm.register("twin", object())
-    mine = object()
+        regs.algorithm.register("twin", _algo())
+    mine = _algo()
     regs.algorithm.register("twin", mine, override=True)
     assert regs.algorithm.get("twin") is mine and regs.algorithm.entry("twin").replaced == "plug_a"
 
@@ -504,3 +510,28 @@ def test_a_reward_function_that_cannot_be_called_is_refused_at_registration() ->
     registries.reward_fn.register("w", functools.partial(lambda data_source, solution_str, ground_truth, extra_info,
                                                          k=1: k))
     assert set(registries.reward_fn.available()) == {"z", "w"}
+
+
+def test_an_algorithm_is_an_rlmodule_subclass_with_a_class_level_validate_config() -> None:
+    """Refused at registration, naming the class and the plugin: not later as an AttributeError on config_class, or a
+    TypeError when the config is composed."""
+
+    class NotModule:
+        """Not an RLModule."""
+
+    class PlainValidate(RLModule):
+        def validate_config(self, config):
+            pass
+
+    regs = Registries()
+    regs.set_current_plugin("my_plugin")
+    with pytest.raises(RLForgeError, match=r"^algorithm 'nm' \(plugin 'my_plugin'\): class .*NotModule is not an "
+                                           r"RLModule subclass: register a class that extends rlforge.RLModule"):
+        regs.algorithm.register("nm", NotModule)
+    with pytest.raises(RLForgeError, match=r"^algorithm 'fn' \(plugin 'my_plugin'\): function .* is not an RLModule "
+                                           r"subclass"):
+        regs.algorithm.register("fn", lambda config: None)
+    with pytest.raises(RLForgeError, match=r"PlainValidate.validate_config is a plain method, .* make it a "
+                                           r"@classmethod validate_config\(cls, config\)"):
+        regs.algorithm.register("plain", PlainValidate)
+    assert "nm" not in regs.algorithm and "plain" not in regs.algorithm

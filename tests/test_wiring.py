@@ -16,6 +16,7 @@ import pytest
 from rlforge.config import compose
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
+from rlforge.module import RLModule
 from rlforge.plugin_manager import AUTOLOAD_ENV, PluginError, PluginManager
 from tests.plugin_dist import installed_package
 
@@ -149,7 +150,7 @@ def test_registration_is_all_or_nothing() -> None:
     class HalfWay:
         @hookimpl
         def rlforge_register(self, registry):
-            registry.algorithm.register("half_algo", object)
+            registry.algorithm.register("half_algo", RLModule)
             registry.reward_fn.register("half_reward", lambda *a: 0.0)
             raise RuntimeError("boom after two registrations")
 
@@ -165,11 +166,12 @@ def broken_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from rlforge import plugin_manager as pmod
 
     (tmp_path / "rlf_half_plugin.py").write_text(textwrap.dedent("""
+        from rlforge import RLModule
         from rlforge.hookspecs import hookimpl
 
         @hookimpl
         def rlforge_register(registry):
-            registry.algorithm.register("half_way_algo", object)
+            registry.algorithm.register("half_way_algo", RLModule)
             raise ImportError("needs the frobnicate package")
         """))
     monkeypatch.syspath_prepend(str(tmp_path))

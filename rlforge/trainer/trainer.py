@@ -26,8 +26,10 @@ from rlforge.config import compose
 from rlforge.config.batches import apply_total_epochs
 from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
-from rlforge.errors import NonFiniteError
-from rlforge.module import RLModule, check_numbers
+from rlforge.errors import NonFiniteError, RLForgeError
+from rlforge.metric_values import check_numbers
+from rlforge.module import RLModule
+from rlforge.module_checks import unknown_hooks
 from rlforge.plugin_manager import PluginManager, implementers
 from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
@@ -103,6 +105,16 @@ class Trainer:
     def fit(self, module: RLModule | None = None) -> dict[str, Any]:
         """Train ``module`` (default: the algorithm ``algorithm.name``) and return the run's summary."""
         module = self.module = self.builder.module(module)
+        for warning in unknown_hooks(type(module), RLModule):
+            log.warning(warning)
+        module._fitting = True  # from here its log() outside a step raises (RLModule.log)
+        try:
+            return self._start(module)
+        finally:
+            module._fitting = False
+
+    def _start(self, module: RLModule) -> dict[str, Any]:
+        """Build the flow, prepare the data, take the run folder and the controller, then train (:meth:`_fit`)."""
         self.flow = self.build_flow(module)
         self._load_data(module)  # data mistakes surface before any model loads or folder is made
         served = self.builder.follow(module)  # a torchrun rank > 0 serves rank 0, which runs the loop below
@@ -135,7 +147,14 @@ class Trainer:
         """The module's dataflow, edited by the plugins (``rlforge_before_flow_compile``) and the pipeline
         (``trainer.pipeline``), then compiled."""
         flow = module.flow()
-        self.hook.rlforge_before_flow_compile(flow=flow, module=module, config=self.config)
+        returned = self.hook.rlforge_before_flow_compile(flow=flow, module=module, config=self.config)
+        stray = [r for r in returned if r is not flow]  # pluggy returns the results that are not None
+        if stray:
+            raise RLForgeError(
+                f"rlforge_before_flow_compile (implemented by {implementers(self.hook, 'before_flow_compile')}) "
+                f"returned {type(stray[0]).__name__}: the hook edits the flow it is given in place (flow.insert_after, "
+                f"replace, remove; flow.stages[:] = ... to replace every stage) and returns None; a returned flow "
+                f"would be ignored.")
         return self.pipeline.prepare(flow).compile()
 
     def _fit(self, module: RLModule, flow: DataFlow, binding: resume.Binding) -> dict[str, Any]:
@@ -199,6 +218,7 @@ class Trainer:
                 batch = ctx.run(stage, batch)
         finally:
             self.module._metrics = None
+        check_numbers(ctx.metrics, f"set in ctx.metrics by a stage of dataflow '{flow.name}'")  # ctx.log checks its own
         n_tokens = token_count(batch)
         metrics = {**data_metrics(batch, self.config.rollout.max_new_tokens), **ctx.metrics}
         self._write_samples("samples.jsonl", batch, self.config.trainer.samples_to_save)
@@ -208,7 +228,11 @@ class Trainer:
                         "perf/throughput": n_tokens / elapsed, "perf/total_num_tokens": float(n_tokens),
                         "training/epoch": float(self.sampler.epoch)})
         self.hook.rlforge_step_end(trainer=self, step=self.step, metrics=metrics)
-        self.module.on_train_step_end(metrics)
+        self.module._metrics = metrics  # its self.log in on_train_step_end adds to this step's metrics
+        try:
+            self.module.on_train_step_end(metrics)
+        finally:
+            self.module._metrics = None
         check_numbers(metrics, f"set in rlforge_step_end ({implementers(self.hook, 'step_end')}) or "
                                f"{type(self.module).__name__}.on_train_step_end")
         self.history.append({"step": self.step, **metrics})

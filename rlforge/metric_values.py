@@ -1,0 +1,34 @@
+"""Metric values: every metric a run logs is a number under its name. One that is not stops the run where it was
+logged (``RLModule.log``, ``StepContext.log``, a training step's metrics, ``rlforge_step_end``), naming the key and who
+logged it, before a logger meets it."""
+
+from __future__ import annotations
+
+import numbers
+from typing import TYPE_CHECKING, Any
+
+from rlforge.errors import RLForgeError
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
+
+
+def as_number(key: str, value: Any, who: str) -> Any:
+    """``value`` as a metric: a number as it is, a one-element tensor as a float; anything else is an error naming
+    ``key`` and ``who`` logged it."""
+    if isinstance(value, numbers.Real):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value)
+    what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    raise RLForgeError(f"metric {key!r} ({who}) is {what}, not a number: metrics are logged as numbers.")
+
+
+def check_numbers(metrics: dict[str, Any], who: str) -> None:
+    """Every metric of ``metrics`` a number (:func:`as_number`, in place), else an error naming the key and ``who``
+    set it."""
+    for key, value in metrics.items():
+        metrics[key] = as_number(key, value, who)

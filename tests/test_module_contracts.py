@@ -1,0 +1,248 @@
+"""What an algorithm (``RLModule`` subclass), a stage or a plugin hands the loop is checked where it arrives, and a
+mistake is one line naming the method, stage or key and what to do (helper-60's adversarial pass): ``self.log`` in and
+out of a step, metrics that are not numbers, methods named like hooks that are none, stage results, ``validate_config``
+errors, and a flow returned by ``rlforge_before_flow_compile``."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlforge import Trainer
+from rlforge import batch as B
+from rlforge.algorithms.grpo import GRPO
+from rlforge.dataflow import DataFlow, Stage
+from rlforge.errors import ConfigError, RLForgeError
+from rlforge.hookspecs import hookimpl
+from rlforge.module import RLModule
+from rlforge.module_checks import unknown_hooks
+from rlforge.testing import fast_config, step_context
+
+TINY = ("trainer.total_steps=1", "data.train_batch_size=2", "rollout.n=2", "actor.ppo_mini_batch_size=2",
+        "actor.ppo_micro_batch_size=4", "trainer.val_at_end=false")
+
+
+def _fit(module_class: type, tmp_path, pm) -> Trainer:
+    cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
+    trainer = Trainer(cfg, plugins=pm)
+    trainer.fit(module_class(cfg))
+    return trainer
+
+
+class StepEndLogger(GRPO):
+    """Logs from on_train_step_end, and has methods named like hooks that none are."""
+
+    def on_train_step_end(self, metrics):
+        self.log("custom/from_step_end", 7.0)
+
+    def on_fit_start(self):
+        pass
+
+    def on_train_step_ends(self, metrics):
+        pass
+
+
+class OptimizerLogger(GRPO):
+    def configure_optimizers(self):
+        self.log("custom/in_configure_optimizers", 1.0)
+        return super().configure_optimizers()
+
+
+def test_self_log_in_on_train_step_end_lands_in_the_step_and_unknown_hooks_are_reported(tmp_path, pm, caplog):
+    with caplog.at_level(logging.WARNING, logger="rlforge"):
+        trainer = _fit(StepEndLogger, tmp_path, pm)
+    assert trainer.history[-1]["custom/from_step_end"] == 7.0
+    assert trainer.module._fitting is False and trainer.module._metrics is None  # nothing left after the fit
+    warned = [r.getMessage() for r in caplog.records if "is never called" in r.getMessage()]
+    assert len(warned) == 2
+    assert warned[0].startswith("StepEndLogger.on_fit_start is never called: it is not an RLModule hook (those are "
+                                "on_rollout_end, on_train_step_end). For other events implement a plugin hook (here "
+                                "rlforge_fit_start)")
+    assert "StepEndLogger.on_train_step_ends is never called" in warned[1]
+    assert "Did you mean 'on_train_step_end'?" in warned[1]
+
+
+def test_self_log_where_no_step_runs_is_an_error_naming_the_method_while_fitting(tmp_path, pm):
+    with pytest.raises(RLForgeError, match=r"OptimizerLogger.log\('custom/in_configure_optimizers'\) was called in "
+                                           r"OptimizerLogger.configure_optimizers, where no training step runs"):
+        _fit(OptimizerLogger, tmp_path, pm)
+
+
+def test_unknown_hooks_suggest_the_module_hook_and_the_plugin_hook(registry) -> None:
+    class Mine(RLModule):
+        on_policy = True  # an attribute, not a method: not a hook candidate
+
+        def on_rollout_end(self, batch):
+            pass
+
+        def on_validation_end(self):
+            pass
+
+        def on_rollout_start(self, batch):
+            pass
+
+    rollout_start, validation_end = unknown_hooks(Mine, RLModule)
+    assert "Mine.on_rollout_start is never called" in rollout_start
+    assert "Did you mean 'on_rollout_end'?" in rollout_start and "(here rlforge_rollout_start)" in rollout_start
+    assert "Did you mean" not in validation_end and "(here rlforge_validation_end)" in validation_end
+    assert [name for name in registry.algorithm.available()  # the built-in algorithms define none
+            if unknown_hooks(registry.algorithm.get(name), RLModule)] == []
+
+
+class Logs(RLModule):
+    def compute_advantages(self, batch):
+        self.log("custom/value", batch)
+        return batch
+
+
+def test_self_log_takes_numbers_and_names_the_key_and_the_method(default_config) -> None:
+    module = Logs(default_config)
+    module._metrics = {}
+    module.compute_advantages(torch.tensor([2.0]))  # a one-element tensor is a number
+    assert module._metrics == {"custom/value": 2.0}
+    for value, what in (("hello", "str"), (torch.ones(3), r"a tensor of shape \(3,\)"), (None, "NoneType")):
+        with pytest.raises(RLForgeError, match=rf"metric 'custom/value' \(self.log in Logs.compute_advantages\) is "
+                                               rf"{what}, not a number"):
+            module.compute_advantages(value)
+    module._metrics = None
+    module.compute_advantages("hello")  # no Trainer fits it: ignored
+    module._fitting = True
+    with pytest.raises(RLForgeError, match=r"Logs.log\('custom/value'\) was called in Logs.compute_advantages, where "
+                                           r"no training step runs"):
+        module.compute_advantages(1.0)
+
+
+class Liar(Stage):
+    name = "liar"
+    produces = frozenset({"my_col"})
+
+    def __init__(self, result=lambda batch: batch):
+        self.result = result
+
+    def run(self, ctx, batch):
+        return self.result(batch)
+
+
+class Needs(Stage):
+    name = "needs"
+    requires = frozenset({"my_col"})
+
+    def run(self, ctx, batch):
+        return batch
+
+
+def _batch() -> B.Batch:
+    return B.Batch({B.PROMPTS: torch.zeros(2, 3)})
+
+
+def test_a_stage_returns_a_batch() -> None:
+    def returns_dict(batch):
+        return {"x": 1}
+
+    for stage, named in ((Liar(lambda batch: None), r"stage 'liar' \(Liar\) returned None"),
+                         (DataFlow("f", [returns_dict]).stages[0],
+                          r"stage 'returns_dict' \(.*returns_dict\) returned dict")):
+        flow = DataFlow("f", [stage], inputs={B.PROMPTS}).compile()
+        with pytest.raises(RLForgeError, match=rf"^Dataflow 'f': {named}: a stage's run returns the batch"):
+            step_context(flow=flow).run(stage, _batch())
+
+
+def test_a_stage_sets_the_columns_it_promises_to_a_later_stage() -> None:
+    liar = Liar()
+    flow = DataFlow("f", [liar, Needs()], inputs={B.PROMPTS}).compile()
+    with pytest.raises(RLForgeError, match=r"^Dataflow 'f': stage 'liar' \(Liar\) did not set 'my_col' \(stage "
+                                           r"'needs' requires it\), which its produces declares: set it in its run"):
+        step_context(flow=flow).run(liar, _batch())
+    alone = Liar()  # what no later stage requires may be left out (an optional output)
+    flow = DataFlow("f", [alone], inputs={B.PROMPTS}).compile()
+    assert step_context(flow=flow).run(alone, _batch()).columns() == [B.PROMPTS]
+
+
+def test_ctx_log_takes_numbers_and_names_the_key_and_the_stage() -> None:
+    class Logging(Stage):
+        name = "logging"
+
+        def __init__(self, metrics):
+            self.metrics = metrics
+
+        def run(self, ctx, batch):
+            ctx.log(self.metrics)
+            return batch
+
+    ctx = step_context()
+    ctx.run(Logging({"custom/t": torch.tensor(3.0), "custom/n": 2}), _batch())
+    assert ctx.metrics["custom/t"] == 3.0 and ctx.metrics["custom/n"] == 2
+    with pytest.raises(RLForgeError, match=r"metric 'custom/s' \(ctx.log in stage 'logging' \(.*Logging\)\) is str"):
+        ctx.run(Logging({"custom/s": "abc"}), _batch())
+    with pytest.raises(RLForgeError, match=r"ctx.log outside a stage: ctx.log takes a dict of name -> number, got "
+                                           r"list"):
+        ctx.log([1.0])
+
+
+ASSERTING_ALGO = """
+from rlforge.module import RLModule
+
+
+class Even(RLModule):
+    @classmethod
+    def validate_config(cls, config):
+        if config.rollout.n % 2:
+            raise ValueError("rollout.n must be even\\nsecond line")
+
+
+class Asserts(Even):
+    @classmethod
+    def validate_config(cls, config):
+        super().validate_config(config)
+        assert config.rollout.n > 100
+
+
+class Says(RLModule):
+    @staticmethod
+    def validate_config(config):
+        raise ConfigError("'rollout.n' is wrong.")
+"""
+
+
+def test_validate_config_value_and_assertion_errors_are_config_errors(tmp_path) -> None:
+    import importlib.util
+
+    path = tmp_path / "asserting_algo.py"  # not a test file: its assert is not rewritten by pytest, as in a plugin
+    path.write_text("from rlforge.errors import ConfigError\n" + ASSERTING_ALGO)
+    spec = importlib.util.spec_from_file_location("asserting_algo", path)
+    algo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(algo)
+
+    def config(n):
+        return SimpleNamespace(algorithm=SimpleNamespace(name="mine"), rollout=SimpleNamespace(n=n))
+
+    for cls, n, reason in (
+            (algo.Even, 3, r"Even.validate_config refused the config: rollout.n must be even\. Change the value"),
+            (algo.Asserts, 3, r"Even.validate_config refused the config: rollout.n must be even\. Change"),  # once
+            (algo.Asserts, 4, r"Asserts.validate_config refused the config: assertion failed at "
+                              r"asserting_algo.py:17: assert config.rollout.n > 100\. Change")):
+        with pytest.raises(ConfigError, match=rf"^--algo mine: {reason}"):
+            cls.validate_config(config(n))
+    assert algo.Asserts.validate_config(config(102)) is None
+    with pytest.raises(ConfigError, match=r"^'rollout.n' is wrong.$"):  # a ConfigError goes through as it is
+        algo.Says.validate_config(config(2))
+
+
+class _ReturnsFlow:
+    def __init__(self, same: bool):
+        self.same = same
+
+    @hookimpl
+    def rlforge_before_flow_compile(self, flow):
+        return flow if self.same else DataFlow("new", flow.stages)
+
+
+def test_a_flow_returned_by_rlforge_before_flow_compile_is_refused(tmp_path) -> None:
+    cfg = fast_config("grpo", tmp_path)
+    assert Trainer(cfg, callbacks=[_ReturnsFlow(same=True)]).build_flow(GRPO(cfg)).name == "grpo"
+    with pytest.raises(RLForgeError, match=r"^rlforge_before_flow_compile \(implemented by .*_ReturnsFlow.*\) returned "
+                                           r"DataFlow: the hook edits the flow it is given in place"):
+        Trainer(cfg, callbacks=[_ReturnsFlow(same=False)]).build_flow(GRPO(cfg))
