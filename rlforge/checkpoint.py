@@ -318,6 +318,9 @@ def check_loadable(state: dict[str, Any], what: str) -> None:
     """Each entry of ``state`` loads with ``torch.load(weights_only=True)``, as a resume loads it; else a
     :class:`RLForgeError` naming the entry (``what``: where it comes from) before a checkpoint that could not be
     resumed is written."""
+    if not isinstance(state, dict):
+        raise RLForgeError(f"{what} returned {type(state).__name__}: return a dict of what to keep across a resume "
+                           f"(an empty dict for nothing), as its counterpart load_state_dict gets it back.")
     for key, value in state.items():
         buffer = io.BytesIO()
         try:

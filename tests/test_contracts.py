@@ -94,6 +94,8 @@ def test_a_checkpoint_entry_that_would_not_resume_is_refused_when_saved(tmp_path
         with pytest.raises(RLForgeError, match=rf"checkpoint entry 'bad' \(added by a plugin\) does not load with "
                                                rf"torch.load\(weights_only=True\) \(.*{shown}.*\), which resuming uses"):
             ckpt.check_loadable({"ok": 1, "bad": value}, "added by a plugin")
+    with pytest.raises(RLForgeError, match=r"^Mine.state_dict\(\) returned NoneType: return a dict"):
+        ckpt.check_loadable(None, "Mine.state_dict()")  # type: ignore[arg-type]  # what a mistaken override returns
     # a state file saved before the check: said to hold such a value, not to be corrupted, without colour codes
     import pickle
 
