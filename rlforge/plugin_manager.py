@@ -170,6 +170,7 @@ class PluginManager:
                     self._load(PluginInfo(ep.name, "entry point", dist, ep.dist.version if ep.dist else ""), ep.load,
                                interrupted)
         self.modules: list[str] = []  # plugins.modules as every process loads them: files as absolute paths
+        self.hookless: list[str] = []  # a warning per plugins.modules entry that implements no hook
         for spec in modules:
             self._load_module(str(spec))
         self._update_hint()
@@ -210,13 +211,22 @@ class PluginManager:
         info.components = self.registry.components_of(name)
 
     def _check_hooks(self, plugin: object, info: PluginInfo) -> None:
+        """Every ``rlforge_*`` implementation names a hook and only arguments the hook has (pluggy's own error names a
+        callback object by its id)."""
         known = {n for n in dir(hookspecs) if n.startswith(HOOK_PREFIX)}
+        who = _who(plugin, info)
         for attr in dir(plugin):
-            if attr.startswith(HOOK_PREFIX) and attr not in known and self.pm.parse_hookimpl_opts(plugin, attr) is not None:
-                raise PluginError(
-                    f"Plugin {info.label()} implements '{attr}', which is not an rlforge hook."
-                    f"{did_you_mean(attr, known)} The hooks are listed in docs/hooks.md."
-                )
+            if not attr.startswith(HOOK_PREFIX) or self.pm.parse_hookimpl_opts(plugin, attr) is None:
+                continue
+            if attr not in known:
+                raise PluginError(f"{who} implements '{attr}', which is not an rlforge hook."
+                                  f"{did_you_mean(attr, known)} The hooks are listed in docs/hooks.md.")
+            takes, given = _arguments(getattr(hookspecs, attr)), _arguments(getattr(plugin, attr))
+            stray = [a for a in given if a not in takes]
+            if stray:
+                raise PluginError(f"{who} implements {attr}({', '.join(given)}), but the hook has no argument "
+                                  f"{', '.join(repr(a) for a in stray)}.{did_you_mean(stray[0], takes)} It passes "
+                                  f"{', '.join(takes)}: take any of them, by these names (docs/hooks.md).")
 
     def _load(self, info: PluginInfo, load: Any, interrupted: threading.Event) -> None:
         """Import and register one plugin. Whatever its code raises, ``sys.exit`` and a ``KeyboardInterrupt``
@@ -262,6 +272,11 @@ class PluginManager:
             raise PluginError(f"Plugin module {info.label()} failed to register: {_describe(exc)}"
                               f"{_where(exc, path)}.") from exc
         self.modules.append(resolved)
+        if not self.pm.get_hookcallers(module):  # e.g. -p json: the standard library's module, not the user's file
+            here = f" (-p ./{spec}.py for the file in this folder)" if path is None else ""
+            self.hookless.append(f"plugin module '{spec}' ({info.distribution}) implements no rlforge hook (no "
+                                 f"rlforge_register, no other rlforge_* function): it registers nothing. Give the "
+                                 f"module or .py file that holds your hooks{here}.")
 
     def file_modules(self) -> list[Any]:
         """The modules loaded from ``.py`` files (``plugins.modules``): no other process can import them by name, so
@@ -270,9 +285,20 @@ class PluginManager:
                 if i.source == "module" and i.distribution in self.modules and i.name in sys.modules]
 
     def _update_hint(self) -> None:
+        """What an unknown-name error adds: the plugins that did not load, whether entry points were skipped, and the
+        names two plugins register (listed, but unusable)."""
         notes = [f"{i.name} (failed to load: {i.error.splitlines()[0]})" for i in self.errors()]
         notes += [f"{n} (disabled by plugins.disable)" for n in self.skipped]
-        self.registry.set_hint(f" Plugins not loaded: {'; '.join(notes)}." if notes else "")
+        hint = f" Plugins not loaded: {'; '.join(notes)}." if notes else ""
+        if not self.autoload:
+            hint += (f" Entry-point plugins are off ({AUTOLOAD_ENV}): no installed plugin package was loaded; unset "
+                     f"it, or load the plugin's module with -p.")
+        self.registry.set_hint(hint)
+        for reg in self.registry.all().values():
+            contested = [f"'{e.name}'" for e in reg.entries() if e.rivals]
+            if contested:
+                reg.hint += (f" Contested, so not usable: {', '.join(contested)} (two plugins register it; disable "
+                             f"one of them with plugins.disable, 'rlforge plugins list' names them).")
 
     def plugins(self) -> list[PluginInfo]:
         """Every plugin found; a component a later plugin contests shows it in the earlier one's ``components``."""
@@ -311,7 +337,7 @@ class PluginManager:
         them on every command)."""
         lines = [f"plugin {i.label()} failed to load: {i.error.splitlines()[0]}" for i in self.errors()]
         lines += [f"plugin '{n}' is disabled (plugins.disable)" for n in self.skipped]
-        lines += self.registry.conflicts()
+        lines += self.registry.conflicts() + self.hookless
         known = [*self.infos, *self.skipped]
         lines += [f"plugins.disable names '{n}', which is no plugin here.{did_you_mean(n, known)} 'rlforge plugins "
                   f"list' shows their names." for n in sorted(self.disabled - set(known))]
@@ -328,12 +354,33 @@ def implementers(hook: Any, name: str) -> str:
     return ", ".join(sorted({named(i) for i in getattr(hook, f"rlforge_{name}").get_hookimpls()})) or "no plugin"
 
 
+def _who(plugin: object, info: PluginInfo) -> str:
+    """How a message names a plugin: a callback object (registered as ``Class-<id>``) by its class."""
+    cls = type(plugin)
+    if info.name == f"{cls.__name__}-{id(plugin)}":
+        return f"The callback {cls.__module__}.{cls.__qualname__}"
+    return f"Plugin {info.label()}"
+
+
+def _arguments(fn: Any) -> list[str]:
+    """The arguments pluggy passes a hook function (as pluggy reads them: positional, without a default, ``self`` of a
+    bound method left out)."""
+    import inspect
+
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def module_source(spec: str) -> tuple[str, Path | None]:
     """(plugin name, file) of a ``plugins.modules`` entry: a path (``.py`` or with a ``/``) is that file, named after
     it; a module name is imported as it is (file None), unless no installed module has that name and the current
     folder holds ``NAME.py`` (the way ``python -m`` would find it)."""
     if spec.endswith(".py") or "/" in spec or os.sep in spec:
         path = Path(spec).expanduser()
+        if path.is_dir():
+            raise PluginError(f"Plugin path {spec} (plugins.modules / -p) is a folder: give a .py file in it "
+                              f"(-p {path / 'plugin.py'}), or a package as its module name (-p my_package.plugin) "
+                              f"with the folder above the package on PYTHONPATH.")
         if not path.is_file():
             raise PluginError(f"Plugin file not found: {spec} (plugins.modules / -p).")
         if not path.stem.isidentifier():

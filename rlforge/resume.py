@@ -92,17 +92,13 @@ def bind(config: DictConfig, prints: dict[str, Any], defaults: Callable[[], Dict
     t = config.trainer
     if t.resume == "never":
         return _new_run(config, Path(t.run_dir) if t.run_dir else None)
-    explicit: Path | None = None
-    if t.resume == "auto":
-        run_dir = Path(t.run_dir) if t.run_dir else _newest_run(Path(t.runs_root) / t.experiment)
-        if run_dir is None or not ckpt.holds_run(run_dir):
-            return _new_run(config, run_dir)
-    else:
-        run_dir, explicit = resume_target(Path(t.resume).expanduser())
-        if t.run_dir and Path(t.run_dir).resolve() != run_dir.resolve():
-            raise RLForgeError(f"trainer.resume={t.resume} belongs to the run {run_dir}, not to trainer.run_dir="
-                               f"{t.run_dir}. Set one of them (a new run from a checkpoint's weights: "
-                               f"model.path=<checkpoint>/actor).")
+    run_dir, explicit = resumed_run(t)
+    if run_dir is None or (t.resume == "auto" and not ckpt.holds_run(run_dir)):
+        return _new_run(config, run_dir)
+    if t.resume != "auto" and t.run_dir and Path(t.run_dir).resolve() != run_dir.resolve():
+        raise RLForgeError(f"trainer.resume={t.resume} belongs to the run {run_dir}, not to trainer.run_dir="
+                           f"{t.run_dir}. Set one of them (a new run from a checkpoint's weights: "
+                           f"model.path=<checkpoint>/actor).")
     lock = RunLock(run_dir)
     try:
         ckpt.clean_temporaries(run_dir)
@@ -133,20 +129,24 @@ def _new_run(config: DictConfig, run_dir: Path | None) -> Binding:
     return Binding(run_dir, lock, new=True)
 
 
+def resumed_run(trainer: Any) -> tuple[Path | None, Path | None]:
+    """(run folder, checkpoint or None) that ``trainer.resume`` names (``trainer``: the config's section, or anything
+    with its ``resume``, ``run_dir``, ``runs_root`` and ``experiment``), found without taking the run; (None, None)
+    for a new run."""
+    if trainer.resume == "never":
+        return None, None
+    if trainer.resume == "auto":
+        if trainer.run_dir:
+            return Path(trainer.run_dir), None
+        return _newest_run(Path(trainer.runs_root) / trainer.experiment), None
+    return resume_target(Path(trainer.resume).expanduser())
+
+
 def resumed_checkpoint(config: DictConfig) -> Path | None:
     """The checkpoint ``trainer.resume`` would continue from, found without taking the run (None: a run would start
     anew). verl's ``trainer.val_only`` validates it: verl loads the checkpoint before its validation."""
-    t = config.trainer
-    if t.resume == "never":
-        return None
-    if t.resume == "auto":
-        run_dir = Path(t.run_dir) if t.run_dir else _newest_run(Path(t.runs_root) / t.experiment)
-        if run_dir is None:
-            return None
-        explicit = None
-    else:
-        run_dir, explicit = resume_target(Path(t.resume).expanduser())
-    return _pick_checkpoint(run_dir, explicit)[0]  # the newest readable one, as a training run picks it
+    run_dir, explicit = resumed_run(config.trainer)
+    return None if run_dir is None else _pick_checkpoint(run_dir, explicit)[0]  # the newest readable one, as a run
 
 
 def _newest_run(experiment_dir: Path) -> Path | None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlforge import diskio
-from rlforge.errors import RLForgeError
+from rlforge.errors import RLForgeError, first_line
 from rlforge.hookspecs import hookimpl
 from rlforge.tools.plots import MLFLOW_STORE_FILE, local_store, recorded_store
 from rlforge.tracking import environment_kept
@@ -105,7 +105,7 @@ class MlflowLogger:
         if id_file.is_file() and not same_store:
             log.warning("mlflow: this run logged into %s before; it now logs into %s, as a new mlflow run",
                         recorded_store(folder), self.uri)
-        with self._store_errors("open the mlflow store"), environment_kept():
+        with _unusable_store(config, self.uri, mlflow.MlflowException), self._store_errors("open the mlflow store"), environment_kept():
             mlflow.set_tracking_uri(self.uri)
             if mlflow.get_experiment_by_name(name) is None:
                 beside = {"artifact_location": (self.store.parent / "mlartifacts").as_uri()} if self.store else {}
@@ -167,6 +167,24 @@ class MlflowLogger:
             log.warning("%s", exc)
         finally:
             self.mlflow.end_run()
+
+
+@contextlib.contextmanager
+def _unusable_store(config: Any, uri: str, refused: type[Exception]) -> Iterator[None]:
+    """mlflow's refusal of the tracking store (``refused``, mlflow's error: not a URI it takes, a server it cannot
+    reach) as one error naming where the store was given and what to give instead."""
+    try:
+        yield
+    except refused as exc:
+        given = (config.get("logger", {}).get("mlflow", {}) or {}).get("tracking_uri")
+        source = (f"logger.mlflow.tracking_uri={given}" if given else f"MLFLOW_TRACKING_URI={uri}"
+                  if os.environ.get("MLFLOW_TRACKING_URI") else f"the run's own store {uri}")
+        raise RLForgeError(
+            f"logger.backends includes 'mlflow', but mlflow cannot use the tracking store ({source}): "
+            f"{first_line(exc).split('. ')[0].rstrip('.')}. Give a tracking server (http://host:5000) or a database "
+            f"(sqlite:///path/mlflow.db) in logger.mlflow.tracking_uri, unset it and MLFLOW_TRACKING_URI for a store "
+            f"in the run folder, or leave mlflow out of logger.backends."
+        ) from exc
 
 
 NEARLY_FULL = 1 << 20  # bytes: a store this close to the file-size limit, or a disk with less free, is full

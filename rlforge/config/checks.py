@@ -123,9 +123,11 @@ def check_resume_value(value: str) -> None:
     """``trainer.resume`` is never, auto, or an existing folder (a checkpoint or a run: checked when resuming)."""
     if value in ("never", "auto"):
         return
-    if not Path(value).expanduser().is_dir():
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        what = "a file, not a folder" if path.exists() else "no such folder"
         raise ConfigError(
-            f"trainer.resume='{value}': no such folder. Use never, auto (the newest run of trainer.experiment), a "
+            f"trainer.resume='{value}': {what}. Use never, auto (the newest run of trainer.experiment), a "
             f"checkpoint folder (<run>/checkpoints/step_N) or a run folder."
         )
 

@@ -11,6 +11,7 @@ import copy
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -25,9 +26,10 @@ from rlforge.config.checks import (
     check_template_kwargs, check_values,
 )
 from rlforge.data import data_file_problem
-from rlforge.errors import ConfigError, did_you_mean
+from rlforge.errors import ConfigError, RLForgeError, did_you_mean
 from rlforge.models import BUILTIN_PREFIX, resolve_model_path
 from rlforge.pipeline import PIPELINES
+from rlforge.resume import read_run_config, resumed_run
 
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
@@ -171,13 +173,9 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
             f"Unknown config key '{full}' (in {source}).{hint} Run 'rlforge config show' to list every key."
         ) from None
     except OmegaConfBaseException as exc:
-        section = _section_given_a_value(base, layer)
-        if section:
-            names = list(OmegaConf.select(base, section).keys())[:3]
-            keys = ", ".join(f"{section}.{k}" for k in names) + ", ..." if names else f"{section}.<name>=<value>"
-            raise ConfigError(f"'{section}' (in {source}) is a section of the config, not a value: set its keys "
-                              f"({keys}), or give a mapping ('{section}={{name: value}}'). Run 'rlforge config show' "
-                              f"to list every key.") from None
+        problem = _shape_problem(base, layer, source)
+        if problem:
+            raise ConfigError(problem) from None
         key = getattr(exc, "full_key", "") or "?"
         reason = str(getattr(exc, "msg", exc)).splitlines()[0]
         if reason.startswith("Incompatible value 'None'"):  # `key=` with nothing after it is null in Hydra syntax
@@ -187,14 +185,31 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
         raise ConfigError(f"Invalid value for '{key}' (in {source}): {reason}.") from None
 
 
-def _section_given_a_value(base: DictConfig, layer: DictConfig) -> str | None:
-    """The first key of ``layer`` that gives a plain value where ``base`` has a section (``trainer=5``)."""
+def _shape_problem(base: DictConfig, layer: DictConfig, source: str) -> str:
+    """What is wrong where ``layer`` gives a mapping for a list key (``logger.backends={a: 1}``) or a plain value for a
+    section (``trainer=5``): the key, what it takes and what was given (OmegaConf's error names neither); else ""."""
     from rlforge.config import verl
 
     for key, value in verl.flatten(OmegaConf.to_container(layer)):
-        if not isinstance(value, dict) and isinstance(OmegaConf.select(base, key, default=None), DictConfig):
-            return key
-    return None
+        parts = key.split(".")
+        for i in range(1, len(parts) + 1):
+            path = ".".join(parts[:i])
+            node = OmegaConf.select(base, path, default=None)
+            if OmegaConf.is_list(node) and (i < len(parts) or isinstance(value, dict)):
+                kind = node._metadata.element_type
+                items = f" of {kind.__name__}" if isinstance(kind, type) and kind is not Any else ""
+                example = ",".join(map(str, node)) or "a,b"
+                given = OmegaConf.to_container(OmegaConf.select(layer, path))
+                return (f"Invalid value for '{path}' (in {source}): it takes a list{items}, got the mapping {given!r}; "
+                        f"give a list, e.g. '{path}=[{example}]'.")
+            if not isinstance(node, DictConfig):
+                break
+            if i == len(parts) and not isinstance(value, dict):
+                names = [str(k) for k in node.keys()][:3]
+                keys = ", ".join(f"{path}.{k}" for k in names) + ", ..." if names else f"{path}.<name>=<value>"
+                return (f"'{path}' (in {source}) is a section of the config, not a value: set its keys ({keys}), or "
+                        f"give a mapping ('{path}={{name: value}}'). Run 'rlforge config show' to list every key.")
+    return ""
 
 
 def compose(
@@ -308,13 +323,21 @@ def compose_with_plugins(
     ``plugins.modules`` lists every module loaded, as other processes load them. ``loaded(plugin_manager)`` runs in
     between (the CLI prints warnings). ``base``: (config, its origin) merged under the file, e.g. the config of the
     run being evaluated. ``files=False``: the files and folders it names are not checked (:func:`validate`)."""
-    from rlforge.plugin_manager import PluginManager
+    from rlforge.plugin_manager import PluginError, PluginManager
 
     over = parse_overrides(list(overrides))
     file_cfg = load_file(config_file) if config_file else OmegaConf.create({})
     layers = [*([base] if base else []), (file_cfg, config_file or ""), (over, OVERRIDES)]
     disable, listed = (_plugin_list(layers, key) for key in ("disable", "modules"))
-    pm = PluginManager(disable=disable, modules=[*listed, *modules])
+    run, recorded = _resumed_modules(layers[-2:]) if not (listed or modules) else (None, [])
+    try:
+        pm = PluginManager(disable=disable, modules=[*recorded, *listed, *modules])
+    except PluginError as exc:
+        if not recorded:
+            raise
+        raise PluginError(f"{exc} It is one of the plugin modules of the run that trainer.resume continues ({run}, "
+                          f"plugins.modules in its config.yaml), which a continuation loads again: restore it, or give "
+                          f"the plugin modules yourself with -p.") from exc
     if pm.modules:
         OmegaConf.update(over, "plugins.modules", pm.modules, merge=False)
     if loaded is not None:
@@ -322,10 +345,33 @@ def compose_with_plugins(
     return pm, _compose(pm.registry, algo, layers, files)
 
 
+def _last(layers: list[tuple[DictConfig, str]], key: str) -> Any:
+    """``key`` of the last layer that sets it, else None: what the layers say before the config is composed."""
+    return next((v for layer, _ in reversed(layers)
+                 if (v := OmegaConf.select(layer, key, default=None, throw_on_resolution_failure=False)) is not None),
+                None)
+
+
+def _resumed_modules(layers: list[tuple[DictConfig, str]]) -> tuple[Path | None, list[str]]:
+    """(run, its ``plugins.modules``) of the run that the layers' ``trainer.resume`` continues (docs/plugins.md: a
+    continuation loads them again, as ``rlforge eval RUN_DIR`` does); (None, []) for a new run, and where
+    ``trainer.resume`` names no run (the checks after composing say so)."""
+    defaults = schema.TrainerConfig()
+    keys = ("resume", "run_dir", "runs_root", "experiment")
+    trainer = SimpleNamespace(**{key: value if (value := _last(layers, f"trainer.{key}")) is not None
+                                 else getattr(defaults, key) for key in keys})
+    try:
+        run, _ = resumed_run(trainer)
+    except RLForgeError:
+        return None, []
+    saved = read_run_config(run)[0] if run is not None else None
+    modules = OmegaConf.select(saved, "plugins.modules", default=None) if saved is not None else None
+    return run, [str(m) for m in modules or []]
+
+
 def _plugin_list(layers: list[tuple[DictConfig, str]], key: str) -> list[str]:
     """``plugins.<key>`` of the last layer that sets it (the plugins load before the config is composed)."""
-    value = next((v for layer, _ in reversed(layers)
-                  if (v := OmegaConf.select(layer, f"plugins.{key}", default=None)) is not None), None)
+    value = _last(layers, f"plugins.{key}")
     if value is not None and not OmegaConf.is_list(value):
         raise ConfigError(f"'plugins.{key}' must be a list of {'plugin' if key == 'disable' else 'module'} names, got "
                           f"{value!r}.")

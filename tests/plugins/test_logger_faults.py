@@ -34,6 +34,7 @@ class _Ops:
 def _fake_mlflow(fail_from_step: int, error: Exception) -> types.ModuleType:
     """An mlflow whose asynchronous metric writes fail from ``fail_from_step`` on (as its store would)."""
     m = types.ModuleType("mlflow")
+    m.MlflowException = type("MlflowException", (Exception,), {})
     run = types.SimpleNamespace(info=types.SimpleNamespace(run_id="r1"), data=types.SimpleNamespace(params={}))
     m.logged = []
     m.set_tracking_uri = m.set_experiment = m.end_run = lambda *a, **k: None

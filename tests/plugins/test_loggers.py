@@ -75,6 +75,41 @@ def test_a_missing_package_is_one_error_with_the_install_command(monkeypatch, pm
         pm.registry.logger.get(name)(_config(), str(tmp_path))
 
 
+def _failing_swanlab(monkeypatch, error: Exception) -> None:
+    """A swanlab whose ``init`` raises ``error`` (real swanlab: no login and no TTY raises a RuntimeError)."""
+    def init(**kwargs):
+        raise error
+
+    monkeypatch.setitem(sys.modules, "swanlab", types.SimpleNamespace(init=init))
+
+
+def test_swanlab_that_cannot_start_is_one_error_naming_the_mode_and_the_fix(monkeypatch, pm, tmp_path):
+    monkeypatch.delenv("SWANLAB_MODE", raising=False)
+    _failing_swanlab(monkeypatch, RuntimeError("Failed to initialize SwanLab in online mode: no TTY is available for "
+                                               "interactive login."))
+    with pytest.raises(RLForgeError) as err:
+        pm.registry.logger.get("swanlab")(_config(), str(tmp_path))
+    assert str(err.value) == (
+        "logger.backends includes 'swanlab' (logger.swanlab.mode unset: SwanLab's default, online), but SwanLab could "
+        "not start a run: Failed to initialize SwanLab in online mode: no TTY is available for interactive login. Log "
+        "in (`swanlab login`, or SWANLAB_API_KEY), set logger.swanlab.mode=offline to log without an account (`swanlab "
+        "sync` uploads later), or leave swanlab out of logger.backends.")
+
+
+def test_a_swanlab_mode_that_is_no_mode_is_refused(monkeypatch, pm, tmp_path):
+    from rlforge.config import compose
+    from rlforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'logger.swanlab.mode' must be one of online, offline, local, disabled, "
+                                          r"got 'foo'"):
+        compose(pm.registry, overrides=["logger.swanlab.mode=foo"])
+    monkeypatch.setenv("SWANLAB_MODE", "foo")
+    _failing_swanlab(monkeypatch, AssertionError("swanlab.init is not reached"))
+    with pytest.raises(RLForgeError, match=r"SWANLAB_MODE=foo is not a SwanLab mode: set it to one of online, offline, "
+                                           r"local, disabled, or set logger.swanlab.mode"):
+        pm.registry.logger.get("swanlab")(_config(), str(tmp_path))
+
+
 def _swanlab_scalars(run_folder: Path) -> list[tuple[str, int, float]]:
     """The (key, step, value) scalars of a SwanLab run file, read with SwanLab's own reader."""
     from swanlab.proto.swanlab.record.v1.record_pb2 import Record
@@ -167,6 +202,7 @@ def test_trackio_local_store_and_resume(tmp_path):
 def _recording_mlflow() -> types.ModuleType:
     """An mlflow that records the store, experiment and run id it is given (real mlflow: the slow test below)."""
     m = types.ModuleType("mlflow")
+    m.MlflowException = type("MlflowException", (Exception,), {})
     m.calls = {}
     m.set_tracking_uri = lambda uri: m.calls.update(uri=uri)
     m.get_experiment_by_name = lambda name: None
@@ -226,6 +262,25 @@ def test_mlflow_resume_continues_the_run_in_the_same_store_only(fake_mlflow, tmp
     MlflowLogger(_config(logger={"mlflow": {"tracking_uri": "http://b:5000"}}), str(tmp_path))
     assert m.calls["run_id"] is None  # that run is not in this store: a new one
     assert (tmp_path / "mlflow_tracking_uri").read_text() == "http://b:5000"
+
+
+def test_mlflow_refusing_the_store_is_one_error_naming_the_key(fake_mlflow, monkeypatch, tmp_path):
+    m, MlflowLogger = fake_mlflow
+
+    def refuse(uri):
+        raise m.MlflowException("The filesystem tracking backend (e.g., './mlruns') is in maintenance mode. More.")
+
+    monkeypatch.setattr(m, "set_tracking_uri", refuse)
+    with pytest.raises(RLForgeError) as err:
+        MlflowLogger(_config(logger={"mlflow": {"tracking_uri": "notauri"}}), str(tmp_path))
+    assert str(err.value) == (
+        "logger.backends includes 'mlflow', but mlflow cannot use the tracking store (logger.mlflow.tracking_uri="
+        "notauri): The filesystem tracking backend (e.g., './mlruns') is in maintenance mode. Give a tracking server "
+        "(http://host:5000) or a database (sqlite:///path/mlflow.db) in logger.mlflow.tracking_uri, unset it and "
+        "MLFLOW_TRACKING_URI for a store in the run folder, or leave mlflow out of logger.backends.")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    with pytest.raises(RLForgeError, match=r"cannot use the tracking store \(MLFLOW_TRACKING_URI=http://127.0.0.1:1\)"):
+        MlflowLogger(_config(), str(tmp_path))
 
 
 @pytest.mark.slow  # a real sqlite store: mlflow's migrations take ~5-10 s
