@@ -23,7 +23,6 @@ from rlforge.dataflow import DataFlow, Stage
 from rlforge.errors import DataError, NonFiniteError, RLForgeError
 from rlforge.lazy import lazy_import
 from rlforge.metric_values import as_number, check_numbers
-from rlforge.module_checks import config_errors
 
 if TYPE_CHECKING:
     import torch
@@ -61,12 +60,6 @@ class RLModule:
     config_class: ClassVar[type] = AlgorithmConfig
     preset: ClassVar[dict[str, Any]] = {}
     _init_args: tuple[tuple[Any, ...], dict[str, Any]]  # set by __new__
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("validate_config")
-        if isinstance(own, (classmethod, staticmethod)):  # its ValueError/AssertionError become a ConfigError
-            setattr(cls, "validate_config", type(own)(config_errors(own.__func__)))
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         module = super().__new__(cls)

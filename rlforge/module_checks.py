@@ -1,12 +1,11 @@
 """Checks of an algorithm's class (an ``RLModule`` subclass, ``rlforge.module``) for mistakes its own code would
 not make clear: a ``validate_config`` that raises ValueError or AssertionError stops the run as a ConfigError naming
-the algorithm, and a method named like a hook that is none (a Lightning name, a typo) is reported: nothing calls it."""
+the algorithm (:func:`validate_config`, which config composition calls), and a method named like a hook that is none
+(a Lightning name, a typo) is reported: nothing calls it."""
 
 from __future__ import annotations
 
 import difflib
-import functools
-from collections.abc import Callable
 from pathlib import Path
 from traceback import extract_tb
 from typing import Any
@@ -15,22 +14,15 @@ from rlforge import hookspecs
 from rlforge.errors import ConfigError, did_you_mean, first_line
 
 
-def config_errors(check: Callable[..., None]) -> Callable[..., None]:
-    """``check`` (an algorithm's ``validate_config``, the function of its class or static method) with a ValueError or
-    AssertionError turned into a :class:`ConfigError` that names the algorithm, the method and the reason: one line, as
-    the CLI prints an error, rather than a traceback."""
-
-    @functools.wraps(check)
-    def validate_config(*args: Any, **kwargs: Any) -> None:
-        try:
-            check(*args, **kwargs)
-        except (ValueError, AssertionError) as exc:
-            config = kwargs.get("config", args[-1] if args else None)
-            algo = getattr(getattr(config, "algorithm", None), "name", None)
-            raise ConfigError(f"--algo {algo}: {check.__qualname__} refused the config: {_reason(exc)}. Change the "
-                              f"value it names (key=value or --config).") from exc
-
-    return validate_config
+def validate_config(algo_cls: Any, config: Any) -> None:
+    """Run the algorithm class's ``validate_config(config)``; a ValueError or AssertionError it raises becomes a
+    :class:`ConfigError` that names the algorithm, the class and the reason: one line, as the CLI prints an error,
+    rather than a traceback."""
+    try:
+        algo_cls.validate_config(config)
+    except (ValueError, AssertionError) as exc:
+        raise ConfigError(f"--algo {config.algorithm.name}: {algo_cls.__qualname__}.validate_config refused the "
+                          f"config: {_reason(exc)}. Change the value it names (key=value or --config).") from exc
 
 
 def _reason(exc: ValueError | AssertionError) -> str:

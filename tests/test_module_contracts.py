@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlforge import Trainer
+from rlforge import Trainer, module_checks
 from rlforge import batch as B
 from rlforge.algorithms.grpo import GRPO
 from rlforge.dataflow import DataFlow, Stage
@@ -221,14 +221,14 @@ def test_validate_config_value_and_assertion_errors_are_config_errors(tmp_path) 
 
     for cls, n, reason in (
             (algo.Even, 3, r"Even.validate_config refused the config: rollout.n must be even\. Change the value"),
-            (algo.Asserts, 3, r"Even.validate_config refused the config: rollout.n must be even\. Change"),  # once
+            (algo.Asserts, 3, r"Asserts.validate_config refused the config: rollout.n must be even\. Change"),
             (algo.Asserts, 4, r"Asserts.validate_config refused the config: assertion failed at "
                               r"asserting_algo.py:17: assert config.rollout.n > 100\. Change")):
         with pytest.raises(ConfigError, match=rf"^--algo mine: {reason}"):
-            cls.validate_config(config(n))
-    assert algo.Asserts.validate_config(config(102)) is None
+            module_checks.validate_config(cls, config(n))
+    assert module_checks.validate_config(algo.Asserts, config(102)) is None
     with pytest.raises(ConfigError, match=r"^'rollout.n' is wrong.$"):  # a ConfigError goes through as it is
-        algo.Says.validate_config(config(2))
+        module_checks.validate_config(algo.Says, config(2))
 
 
 class _ReturnsFlow:

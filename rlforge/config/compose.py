@@ -18,7 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from rlforge import checkpoint, lora, precision
+from rlforge import checkpoint, lora, module_checks, precision
 from rlforge.config import schema
 from rlforge.config.batches import check_batch_sizes
 from rlforge.config.checks import (
@@ -308,7 +308,7 @@ def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str
     cfg.algorithm.name = name
     _resolve(cfg, layers)
     validate(cfg, registry, files)
-    algo_cls.validate_config(cfg)
+    module_checks.validate_config(algo_cls, cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
