@@ -13,7 +13,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from rlforge.data import first_rows
-from rlforge.errors import RLForgeError
+from rlforge.errors import RLForgeError, first_line
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -119,7 +119,19 @@ class Builder:
         return roles
 
     def loggers(self, run_dir: str) -> list[Logger]:
-        return [self._build("logger", name, self.config, run_dir) for name in self.config.logger.backends]
+        """The loggers of ``logger.backends``; a plugin's that fails to start is named with its plugin."""
+        out = []
+        for name in self.config.logger.backends:
+            try:
+                out.append(self._build("logger", name, self.config, run_dir))
+            except (RLForgeError, OSError):
+                raise
+            except Exception as exc:  # noqa: BLE001 (whatever a logger plugin raises, named)
+                raise RLForgeError(f"The logger '{name}' (logger.backends; plugin "
+                                   f"{self.registry.logger.entry(name).plugin}) failed to start: "
+                                   f"{type(exc).__name__}: {first_line(exc)}. Fix its settings or the plugin, or leave "
+                                   f"'{name}' out of logger.backends.") from exc
+        return out
 
     def dataset(self, split: str) -> list[dict[str, Any]]:
         """The rows of ``split`` (``train`` or ``val``) of ``data.name``. A reward manager that defines

@@ -246,3 +246,44 @@ def test_a_flow_returned_by_rlforge_before_flow_compile_is_refused(tmp_path) -> 
     with pytest.raises(RLForgeError, match=r"^rlforge_before_flow_compile \(implemented by .*_ReturnsFlow.*\) returned "
                                            r"DataFlow: the hook edits the flow it is given in place"):
         Trainer(cfg, callbacks=[_ReturnsFlow(same=False)]).build_flow(GRPO(cfg))
+
+
+class BrokenLogger:
+    """A logger plugin whose log_metrics raises."""
+
+    def __init__(self, config, run_dir):
+        pass
+
+    def log_params(self, params):
+        pass
+
+    def log_metrics(self, metrics, step):
+        raise KeyError("no such project")
+
+    def log_artifact(self, path):
+        pass
+
+    def close(self):
+        pass
+
+
+class RegistersBrokenLogger:
+    @hookimpl
+    def rlforge_register(self, registry):
+        registry.logger.register("broken", BrokenLogger)
+
+
+def test_a_logger_plugin_that_raises_is_named(tmp_path) -> None:
+    from rlforge.plugin_manager import PluginManager
+
+    pm = PluginManager(autoload=False)
+    pm.register(RegistersBrokenLogger(), name="broken_logger_plugin")
+    cfg = fast_config("grpo", tmp_path, *TINY, "logger.backends=[broken]", plugins=pm)
+    with pytest.raises(RLForgeError, match=r"^The logger 'broken' \(logger.backends; plugin broken_logger_plugin\) "
+                                           r"failed in log_metrics at step 1: KeyError: 'no such project'\. Fix the "
+                                           r"plugin, or leave 'broken' out of logger.backends"):
+        Trainer(cfg, plugins=pm).fit()
+    BrokenLogger.__init__ = lambda self, config, run_dir: int("not a number")  # type: ignore[method-assign]
+    with pytest.raises(RLForgeError, match=r"^The logger 'broken' \(logger.backends; plugin broken_logger_plugin\) "
+                                           r"failed to start: ValueError: invalid literal"):
+        Trainer(cfg, plugins=pm).fit()

@@ -3,12 +3,13 @@ around each."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,7 +27,7 @@ from rlforge.config import compose
 from rlforge.config.batches import apply_total_epochs
 from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
-from rlforge.errors import NonFiniteError, RLForgeError
+from rlforge.errors import NonFiniteError, RLForgeError, first_line
 from rlforge.metric_values import check_numbers
 from rlforge.module import RLModule
 from rlforge.module_checks import unknown_hooks
@@ -159,8 +160,10 @@ class Trainer:
 
     def _fit(self, module: RLModule, flow: DataFlow, binding: resume.Binding) -> dict[str, Any]:
         cfg, t = self.config, self.config.trainer
-        for lg in self.loggers:
-            lg.log_params(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]  # a dict at the root
+        params = OmegaConf.to_container(cfg, resolve=True)
+        for lg, name in zip(self.loggers, cfg.logger.backends):
+            with self._logger_failures(name, "log_params", 0):
+                lg.log_params(params)  # type: ignore[arg-type]  # a dict at the root
         if binding.checkpoint is not None:
             self._restore(binding.checkpoint, binding.state)
             changed = "".join(f"; {k}: {a!r} -> {b!r}" for k, (a, b) in binding.changed.items()
@@ -268,8 +271,23 @@ class Trainer:
         step = self.step if step is None else step
         with diskio.disk_errors(f"log the metrics of step {step} into {self.run_dir}", RESUME_HINT,
                                 where=self.run_dir):
-            for lg in self.loggers:
-                lg.log_metrics(metrics, step)
+            for lg, name in zip(self.loggers, self.config.logger.backends):
+                with self._logger_failures(name, "log_metrics", step):
+                    lg.log_metrics(metrics, step)
+
+    @contextlib.contextmanager
+    def _logger_failures(self, name: str, method: str, step: int) -> Iterator[None]:
+        """A logger plugin's exception (not rlforge's own errors, nor a full disk, which ``diskio`` words) as one line
+        naming the logger, its plugin, the method and the step."""
+        try:
+            yield
+        except (RLForgeError, OSError):
+            raise
+        except Exception as exc:  # noqa: BLE001 (whatever a logger plugin raises, named)
+            plugin = self.builder.registry.logger.entry(name).plugin
+            raise RLForgeError(f"The logger '{name}' (logger.backends; plugin {plugin}) failed in {method} at step "
+                               f"{step}: {type(exc).__name__}: {first_line(exc)}. Fix the plugin, or leave '{name}' "
+                               f"out of logger.backends; trainer.resume=auto continues the run.") from exc
 
     def _log_val_generations(self, batch: B.Batch) -> None:
         """``trainer.log_val_generations``: verl's pick of this validation's generations in verl's file,
