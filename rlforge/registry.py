@@ -183,7 +183,8 @@ class Registry(Generic[T]):
             where = f" ({self.key})" if self.key else ""
             known = ", ".join(self.available()) or "(none)"
             raise UnknownComponentError(
-                f"Unknown {self.kind} '{name}'{where}.{did_you_mean(name, self._entries)} "
+                f"Unknown {self.kind} '{name}'{where}."
+                f"{did_you_mean(name, [n for n, e in self._entries.items() if not e.rivals])} "
                 f"Available: {known}.{self.hint} Run 'rlforge plugins list' to see what each plugin registers."
             ) from None
 
