@@ -13,7 +13,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from rlforge.data import first_rows
-from rlforge.errors import RLForgeError, first_line
+from rlforge.errors import ConfigError, RLForgeError, first_line
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -192,11 +192,25 @@ class Builder:
         ranks > 0): serve the driving process until the run ends and return this rank's summary. None where this
         process drives (every other controller)."""
         follow = self.registry.controller.entry(self.config.trainer.controller).functions.get("follow")
+        if follow is None:
+            _not_launched(self.config.trainer.controller)
         return None if follow is None else follow(self, module)
 
     def controller(self, module: RLModule) -> Controller:
         """The controller (``trainer.controller``); it builds its workers through this builder."""
         return self._build("controller", self.config.trainer.controller, self, module)
+
+
+def _not_launched(controller: str) -> None:
+    """Refuse to drive a run from one of several processes a launcher started (torchrun sets ``WORLD_SIZE``): each
+    would run the whole run on its own, in a folder of its own."""
+    import os
+
+    world = os.environ.get("WORLD_SIZE", "1")
+    if world.isdigit() and int(world) > 1 and "TORCHELASTIC_RUN_ID" in os.environ:
+        raise ConfigError(f"This process is one of {world} that torchrun started, but trainer.controller={controller} "
+                          f"drives a run from one process: each of the {world} would run all of it. Set "
+                          f"trainer.controller=torchrun, or start it without torchrun (rlforge fit ...).")
 
 
 def _members(proto: type) -> list[str]:

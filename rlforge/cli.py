@@ -104,7 +104,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     pm, cfg = _compose(args)
     print(OmegaConf.to_yaml(cfg), end="")
     words = pm.registry.algorithm.get(cfg.algorithm.name).batch_words()
-    print("\n# batch sizes\n# " + explain_batch_sizes(cfg, words).replace("\n", "\n# "))
+    ranks = pm.registry.strategy.entry(cfg.strategy.name).capabilities.data_parallel_size(cfg)
+    print("\n# batch sizes\n# " + explain_batch_sizes(cfg, words, ranks).replace("\n", "\n# "))
     owners = [f"{path} ({entry.plugin})" for path, (_, entry) in sorted(pm.registry.config_sections().items())]
     if owners:
         print("\n# sections owned by plugins\n# " + "\n# ".join(owners))

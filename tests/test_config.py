@@ -409,6 +409,9 @@ def test_explain_batch_sizes_custom(registry) -> None:
     assert "16 prompts x 4 responses = 64 sequences" in text
     assert "2 epoch(s) of 4 mini-batch(es) of 4 prompts (16 sequences) = 8 optimizer step(s)" in text
     assert "2 micro-batch(es) of 8 sequences" in text
+    # actor.ppo_micro_batch_size is per data-parallel rank: 2 ranks get 8 of the mini-batch's 16 sequences each
+    text = explain_batch_sizes(cfg, RLModule.batch_words(), ranks=2)
+    assert "dealt to 2 ranks (8 sequences each), and each rank's share is split into 1 micro-batch(es) of 8" in text
 
 
 def test_one_value_for_a_list_key_is_a_one_item_list(registry, tmp_path: Path) -> None:

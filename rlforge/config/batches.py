@@ -117,9 +117,11 @@ def apply_total_epochs(cfg: DictConfig, examples: int) -> None:
             cfg.trainer.val_at_end = bool(cfg.trainer.val_at_end and every and cfg.trainer.total_steps % every == 0)
 
 
-def explain_batch_sizes(cfg: DictConfig, words: tuple[str, str, str]) -> str:
+def explain_batch_sizes(cfg: DictConfig, words: tuple[str, str, str], ranks: int = 1) -> str:
     """The batch-size arithmetic in words (printed by ``rlforge config show``); ``words``: the algorithm's
-    ``RLModule.batch_words()`` (an offline algorithm reads pairs of rows instead of sampling responses)."""
+    ``RLModule.batch_words()`` (an offline algorithm reads pairs of rows instead of sampling responses); ``ranks``: the
+    data-parallel groups the strategy forms (``StrategyCapabilities.data_parallel_size``), each of which gets its share
+    of a mini-batch split into micro-batches of ``actor.ppo_micro_batch_size``."""
     prompts, n = cfg.data.train_batch_size, cfg.rollout.n
     mini, micro = cfg.actor.ppo_mini_batch_size, micro_batch_size(cfg, "actor")
     verb, unit, rows = words
@@ -131,7 +133,16 @@ def explain_batch_sizes(cfg: DictConfig, words: tuple[str, str, str]) -> str:
             f"each mini-batch is split into micro-batches of at most {cfg.actor.max_tokens_per_micro_batch} tokens "
             f"(actor.max_tokens_per_micro_batch; their number varies with the sequence lengths)."
             if cfg.actor.max_tokens_per_micro_batch else
-            f"each mini-batch is split into {mini * n // micro} micro-batch(es) of {micro} "
-            f"sequences (gradient accumulation steps)."
+            _micro_words(mini * n, micro, ranks)
         )
     )
+
+
+def _micro_words(sequences: int, micro: int, ranks: int) -> str:
+    """How each mini-batch of ``sequences`` splits into micro-batches of ``micro`` sequences per rank."""
+    if ranks <= 1:
+        return f"each mini-batch is split into {sequences // micro} micro-batch(es) of {micro} sequences (gradient " \
+               f"accumulation steps)."
+    share = sequences // ranks
+    return (f"each mini-batch is dealt to {ranks} ranks ({share} sequences each), and each rank's share is split into "
+            f"{max(1, share // micro)} micro-batch(es) of {min(micro, share)} sequences (gradient accumulation steps).")

@@ -42,7 +42,7 @@ from rlforge.config.schema import option
 from rlforge.controller.dispatch import PerRank
 from rlforge.controller.groups import GroupController, check_layout, rank_module_class
 from rlforge.controller.remote import WorkerGroup, placed_roles
-from rlforge.errors import ConfigError, RLForgeError
+from rlforge.errors import ConfigError, RLForgeError, first_line
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
 from rlforge.pipeline import PIPELINES
@@ -260,7 +260,13 @@ class RayController(GroupController):
             return False
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if cfg.address:
-            self.ray.init(address=cfg.address)
+            _reachable(cfg.address)
+            try:
+                self.ray.init(address=cfg.address)
+            except ConnectionError as exc:  # 'auto' with no cluster running here
+                raise RLForgeError(f"ray.address={cfg.address}: {first_line(exc)}. Start the cluster first (ray start "
+                                   f"--head), give its address (host:port), or leave ray.address unset for a private "
+                                   f"Ray instance of this run.") from None
         else:
             self.ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
         return True
@@ -385,3 +391,22 @@ def rlforge_register(registry):
     registry.controller.register(
         "ray", RayController, config=RayConfig, description="worker groups as Ray actors on placement groups (pip install rlforge[ray])"
     )
+
+
+CONNECT_TIMEOUT_S = 10.0  # how long the address of a cluster may take to answer before the run stops
+
+
+def _reachable(address: str) -> None:
+    """Refuse a ``ray.address`` (``host:port`` or ``ray://host:port``) nothing answers at within
+    :data:`CONNECT_TIMEOUT_S`: Ray itself retries such an address for ever."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return  # 'auto' finds the cluster itself; what Ray makes of another form is its own
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RLForgeError(f"ray.address={address}: nothing answers at {host}:{port} ({exc.strerror or exc}, after at "
+                           f"most {CONNECT_TIMEOUT_S:g} s). Check the address of the cluster's head (ray status on "
+                           f"it), or leave ray.address unset for a private Ray instance of this run.") from None

@@ -368,7 +368,10 @@ class Trainer:
         """On the way out of a failed run: the checkpoint written in the background is completed if its write
         succeeds (it holds the state of its step, before the failure), else left unnamed. A write the failure
         interrupted before it was tracked (inside ``controller.state_dict``) is waited for and left unnamed: the next
-        resume removes its staged folder."""
+        resume removes its staged folder. Without background writes (``strategy.checkpoint`` other than ``async``)
+        no write can be in flight."""
+        if self._writing is None and self.config.strategy.checkpoint != "async":
+            return
         try:
             if self._writing is None:
                 self.controller.finish_checkpoint()

@@ -71,6 +71,16 @@ def test_config_mistakes_fail_before_any_worker_starts(tmp_path, overrides, need
 
 
 @needs_ray
+def test_a_cluster_address_nothing_answers_at_is_refused_by_name(tmp_path):
+    """Ray retries an unreachable GCS address for ever; rlforge names ray.address at once and frees the run folder."""
+    assert not ray.is_initialized()
+    with pytest.raises(RLForgeError, match=r"^ray.address=127.0.0.1:1: nothing answers at 127.0.0.1:1 \("):
+        Trainer(_config(tmp_path, "ray.address=127.0.0.1:1", "trainer.experiment=unreachable")).fit()
+    assert not ray.is_initialized()
+    assert not list((tmp_path / "unreachable").glob("*/config.yaml"))
+
+
+@needs_ray
 def test_placement_a_local_cluster_cannot_hold_fails_at_once_and_stops_it(tmp_path):
     assert not ray.is_initialized()
     cfg = _config(tmp_path, "ray.num_cpus=2", "ray.cpus_per_worker=4", "ray.placement_timeout_s=600")

@@ -81,6 +81,19 @@ def test_outside_torchrun_it_says_how_to_launch(tmp_path, monkeypatch):
         Trainer(cfg).fit()
 
 
+@pytest.mark.parametrize("controller", ["local", "ray"])
+def test_under_torchrun_another_controller_is_refused_before_the_run_folder(tmp_path, monkeypatch, controller):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    extra = ["strategy.name=fsdp", "strategy.num_processes=2", "ray.rollout_workers=0"] if controller == "ray" else []
+    cfg = load_config("grpo", [f"trainer.controller={controller}", f"trainer.runs_root={tmp_path}",
+                               "logger.backends=[]", *extra])
+    with pytest.raises(ConfigError, match=rf"^This process is one of 2 that torchrun started, but trainer.controller="
+                                          rf"{controller} drives a run from one process"):
+        Trainer(cfg).fit()
+    assert not list(tmp_path.rglob("config.yaml"))
+
+
 def _torchrun_fit(tmp_path, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "rlforge.cli", "fit", "--algo", "grpo", "trainer.controller=torchrun", "strategy.name=fsdp",
