@@ -18,6 +18,7 @@ run (docs/distributed.md). On a CPU, Lightning refuses DeepSpeed ("only supporte
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -70,6 +71,9 @@ class FabricStrategy(ProcessGroupCollectives, BaseStrategy):
         if f.strategy != "ddp" and config.strategy.device == "cpu":
             raise ConfigError(f"strategy.fabric.strategy={f.strategy} needs a GPU (Lightning: DeepSpeed and FSDP do "
                               f"not run on CPU); on CPU use ddp.")
+        if f.strategy.startswith("deepspeed") and importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError(f"strategy.fabric.strategy={f.strategy} needs DeepSpeed, which is not installed here: "
+                              f"pip install 'rlforge[deepspeed]' (on every machine of the run), or use ddp or fsdp.")
 
     def __init__(self, config: Any) -> None:
         try:

@@ -8,6 +8,7 @@ DeepSpeed and Fabric's FSDP need a GPU here: their configs are refused on CPU wi
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 
 import pytest
@@ -88,5 +89,13 @@ def test_ddp_updates_equal_the_fsdp_strategys(pm, tmp_path):
     (["strategy.fabric.precision=8"], "strategy.fabric.precision='8'"),
 ])
 def test_config_mistakes(pm, overrides, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config("grpo", ["strategy.name=fabric", "trainer.controller=ray", *overrides], plugins=pm)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="DeepSpeed is installed here")
+def test_deepspeed_without_deepspeed_installed_is_refused_when_composed(pm):
+    needle = r"strategy.fabric.strategy=deepspeed_stage_2 needs DeepSpeed, which is not installed here"
+    overrides = ["strategy.fabric.strategy=deepspeed_stage_2"]  # (device auto: a GPU machine's default)
     with pytest.raises(ConfigError, match=needle):
         load_config("grpo", ["strategy.name=fabric", "trainer.controller=ray", *overrides], plugins=pm)
