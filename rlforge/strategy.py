@@ -210,15 +210,23 @@ class BaseStrategy:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
+SCHEDULER_KEY = "initial_lr"  # what torch's learning-rate schedulers add to an optimizer's parameter groups
+
+
 def _restores_only_settings(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> bool:
     """Check that the saved optimizer ``state`` (``get_optimizer_state_dict``'s layout) is one of ``optimizer``'s
-    kind; where it holds no per-parameter tensors (a stateless optimizer: SGD without momentum), restore its groups'
+    kind (a scheduler's ``initial_lr`` in its groups follows this run's: a scheduler added or dropped on resume is not
+    another optimizer); where it holds no per-parameter tensors (a stateless optimizer: SGD without momentum), restore its groups'
     settings here and return True (torch's loader cannot place such a state on a device)."""
     import torch
 
     from rlforge.errors import RLForgeError
 
     saved, groups = state.get("param_groups", []), optimizer.param_groups
+    for old, now in zip(saved, groups):  # a learning-rate scheduler's mark: it follows this run's scheduler, if any
+        old.pop(SCHEDULER_KEY, None)
+        if SCHEDULER_KEY in now:
+            old[SCHEDULER_KEY] = now[SCHEDULER_KEY]
     missing = sorted({k for g in groups for k in g} - {k for g in saved for k in g}) if len(saved) == len(groups) \
         else [f"{len(groups)} parameter groups (it has {len(saved)})"]
     if missing:

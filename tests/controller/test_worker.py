@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 
@@ -232,6 +233,31 @@ def test_a_stateless_optimizers_state_loads_and_another_optimizers_is_refused(pm
     with pytest.raises(RLForgeError, match=r"The checkpoint's optimizer state lacks what this run's optimizer "
                                            r"\(AdamW\) holds: amsgrad, betas, .* It was written by another optimizer"):
         worker(GRPO).load_state_dict(state)
+
+
+def test_a_scheduler_added_or_dropped_on_resume_is_not_another_optimizer(pm):
+    """A scheduler marks its optimizer's groups (initial_lr): a resume that drops it (Lightning's bare optimizer) or
+    adds one loads the optimizer's state as it is, AdamW's moments included."""
+    cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4"], plugins=pm)
+    strategy = pm.registry.strategy.get("single")(cfg)
+
+    def worker(given):
+        module = type("Mine", (Returns,), {"given": staticmethod(given)})(cfg)
+        module.configure_model()
+        return ActorWorker(cfg, module, strategy)
+
+    scheduled = worker(lambda m: GRPO.configure_optimizers(m))  # AdamW and the configured schedule
+    batch = _rollout_batch(scheduled.module)
+    batch[B.OLD_LOG_PROBS] = scheduled.compute_log_probs(batch)
+    scheduled.update(batch)
+    state = scheduled.state_dict()
+    assert "initial_lr" in state["optimizer"]["param_groups"][0]
+    bare = worker(lambda m: torch.optim.AdamW(m.actor.parameters(), lr=1e-3))
+    bare.load_state_dict(copy.deepcopy(state))
+    moments = [v["exp_avg"] for v in bare.optimizer.state.values()]
+    assert moments and "initial_lr" not in bare.optimizer.param_groups[0]
+    again = worker(lambda m: GRPO.configure_optimizers(m))
+    again.load_state_dict(bare.state_dict())  # and back: a scheduler added
 
 
 class Returns(GRPO):
