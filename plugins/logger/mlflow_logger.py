@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from rlforge import diskio
+from rlforge import diskio, reach
 from rlforge.errors import RLForgeError, first_line
 from rlforge.hookspecs import hookimpl
 from rlforge.tools.plots import MLFLOW_STORE_FILE, local_store, recorded_store
@@ -173,17 +173,24 @@ class MlflowLogger:
 def _unusable_store(config: Any, uri: str, refused: type[Exception]) -> Iterator[None]:
     """mlflow's refusal of the tracking store (``refused``, mlflow's error: not a URI it takes, a server it cannot
     reach) as one error naming where the store was given and what to give instead."""
+    given = (config.get("logger", {}).get("mlflow", {}) or {}).get("tracking_uri")
+    source = (f"logger.mlflow.tracking_uri={given}" if given else f"MLFLOW_TRACKING_URI={uri}"
+              if os.environ.get("MLFLOW_TRACKING_URI") else f"the run's own store {uri}")
+    advice = ("Give a tracking server (http://host:5000) or a database (sqlite:///path/mlflow.db) in "
+              "logger.mlflow.tracking_uri, unset it and MLFLOW_TRACKING_URI for a store in the run folder, or leave "
+              "mlflow out of logger.backends.")
+    # a server that does not answer: mlflow's client retries it for minutes before it says so
+    why = reach.silent(uri, 443 if uri.startswith("https://") else 80) if uri.startswith(("http://", "https://")) \
+        else ""
+    if why:
+        raise RLForgeError(f"logger.backends includes 'mlflow', but its tracking server ({source}) does not answer: "
+                           f"{why}. {advice}")
     try:
         yield
     except refused as exc:
-        given = (config.get("logger", {}).get("mlflow", {}) or {}).get("tracking_uri")
-        source = (f"logger.mlflow.tracking_uri={given}" if given else f"MLFLOW_TRACKING_URI={uri}"
-                  if os.environ.get("MLFLOW_TRACKING_URI") else f"the run's own store {uri}")
         raise RLForgeError(
             f"logger.backends includes 'mlflow', but mlflow cannot use the tracking store ({source}): "
-            f"{first_line(exc).split('. ')[0].rstrip('.')}. Give a tracking server (http://host:5000) or a database "
-            f"(sqlite:///path/mlflow.db) in logger.mlflow.tracking_uri, unset it and MLFLOW_TRACKING_URI for a store "
-            f"in the run folder, or leave mlflow out of logger.backends."
+            f"{first_line(exc).split('. ')[0].rstrip('.')}. {advice}"
         ) from exc
 
 

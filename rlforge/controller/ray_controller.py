@@ -393,20 +393,13 @@ def rlforge_register(registry):
     )
 
 
-CONNECT_TIMEOUT_S = 10.0  # how long the address of a cluster may take to answer before the run stops
-
 
 def _reachable(address: str) -> None:
-    """Refuse a ``ray.address`` (``host:port`` or ``ray://host:port``) nothing answers at within
-    :data:`CONNECT_TIMEOUT_S`: Ray itself retries such an address for ever."""
-    import socket
+    """Refuse a ``ray.address`` (``host:port`` or ``ray://host:port``) nothing answers at (``rlforge.reach``): Ray
+    itself retries such an address for ever. ``auto`` finds the cluster itself."""
+    from rlforge import reach
 
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if address == "auto" or not sep or not port.isdigit():
-        return  # 'auto' finds the cluster itself; what Ray makes of another form is its own
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        raise RLForgeError(f"ray.address={address}: nothing answers at {host}:{port} ({exc.strerror or exc}, after at "
-                           f"most {CONNECT_TIMEOUT_S:g} s). Check the address of the cluster's head (ray status on "
-                           f"it), or leave ray.address unset for a private Ray instance of this run.") from None
+    why = "" if address == "auto" else reach.silent(address)
+    if why:
+        raise RLForgeError(f"ray.address={address}: {why}. Check the address of the cluster's head (ray status on "
+                           f"it), or leave ray.address unset for a private Ray instance of this run.")

@@ -222,6 +222,9 @@ def _recording_mlflow() -> types.ModuleType:
 def fake_mlflow(monkeypatch):
     m = _recording_mlflow()
     monkeypatch.setitem(sys.modules, "mlflow", m)
+    # the fake's servers (http://mlflow.example:5000) answer; 127.0.0.1:1 is one that does not
+    monkeypatch.setattr("rlforge.reach.silent", lambda url, port=None: "nothing answers at 127.0.0.1:1 (refused)"
+                        if "127.0.0.1:1" in url else "")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     from rlforge.plugins.logger.mlflow_logger import MlflowLogger
@@ -278,8 +281,9 @@ def test_mlflow_refusing_the_store_is_one_error_naming_the_key(fake_mlflow, monk
         "notauri): The filesystem tracking backend (e.g., './mlruns') is in maintenance mode. Give a tracking server "
         "(http://host:5000) or a database (sqlite:///path/mlflow.db) in logger.mlflow.tracking_uri, unset it and "
         "MLFLOW_TRACKING_URI for a store in the run folder, or leave mlflow out of logger.backends.")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
-    with pytest.raises(RLForgeError, match=r"cannot use the tracking store \(MLFLOW_TRACKING_URI=http://127.0.0.1:1\)"):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")  # a server that does not answer: said at once
+    with pytest.raises(RLForgeError, match=r"its tracking server \(MLFLOW_TRACKING_URI=http://127.0.0.1:1\) does not "
+                                           r"answer: nothing answers at 127.0.0.1:1 \("):
         MlflowLogger(_config(), str(tmp_path))
 
 
