@@ -113,9 +113,17 @@ class Builder:
         """The roles a controller places for ``module``: the algorithm's ``worker_roles()`` and the reward manager's,
         each once, each registered (``registry.role``)."""
         own = _role_names(module.worker_roles(), f"The algorithm {type(module).__qualname__}: its worker_roles()")
+        from omegaconf import OmegaConf
+
         roles = list(dict.fromkeys([*own, *self.manager_roles()]))
         for role in roles:
-            self.registry.role.entry(role)  # an unknown role fails here, naming the registered ones
+            entry = self.registry.role.entry(role)  # an unknown role fails here, naming the registered ones
+            section = getattr(entry.obj, "section", "")
+            if section and OmegaConf.select(self.config, section) is None:
+                raise ConfigError(f"The role '{role}' (plugin {entry.plugin}) reads its batch options from the config "
+                                  f"section '{section}' (its Role's section), which this config does not have: give "
+                                  f"the algorithm's config class that section, or name the section it has (docs/"
+                                  f"plugins.md, 'A trainable role').")
         return roles
 
     def loggers(self, run_dir: str) -> list[Logger]:

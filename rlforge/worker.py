@@ -33,7 +33,7 @@ from rlforge import batch as B
 from rlforge import lora, lr_schedule
 from rlforge.config.batches import config_section, micro_batch_size
 from rlforge.capabilities import remote
-from rlforge.errors import NonFiniteError, RLForgeError
+from rlforge.errors import ConfigError, NonFiniteError, RLForgeError
 from rlforge.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
 from rlforge.module import LossContext, RLModule, checked_loss
 from rlforge.ops import SHARE_ALWAYS, SHARE_REPEATED, compile_forward, response_values, share_prompts
@@ -56,6 +56,10 @@ def shared_prefix_applies(config: Any, strategy: Any, model: torch.nn.Module) ->
                 and not getattr(model, "is_gradient_checkpointing", False) and strategy.capabilities.shares_prompts)
 
 
+# what the update of every trained role reads from its config section (ActorConfig's fields of the same names)
+TRAIN_KEYS = ("ppo_epochs", "ppo_mini_batch_size", "ppo_micro_batch_size", "max_tokens_per_micro_batch", "grad_clip")
+
+
 class TrainWorker:
     """Shared update loop: ``ppo_epochs`` passes over mini-batches, one optimizer step per mini-batch,
     gradients accumulated over micro-batches whose losses are normalized by mini-batch-wide counts."""
@@ -70,6 +74,11 @@ class TrainWorker:
         self.config = config
         key = self.section_key or self.role
         self.section = config_section(config, key)
+        missing = [k for k in TRAIN_KEYS if k not in self.section]
+        if missing:
+            raise ConfigError(f"The '{self.role}' role's config section '{key}' lacks {', '.join(missing)}, which the "
+                              f"update of a trained role reads (the actor's are actor.{', actor.'.join(TRAIN_KEYS)}): "
+                              f"add them to its config class (docs/plugins.md, 'A trainable role').")
         self.module = module
         self.strategy = strategy
         self.hook = hook

@@ -287,6 +287,30 @@ def test_what_configure_optimizers_returns_is_checked_and_a_bare_optimizer_is_ta
             worker(given)
 
 
+def test_a_trained_roles_section_without_the_update_options_and_a_missing_role_section_are_named():
+    from rlforge.build import Builder
+    from rlforge.controller.remote import Role
+    from rlforge.errors import ConfigError
+    from rlforge.worker import TrainWorker
+
+    class AuxWorker(TrainWorker):
+        role = "actor"
+        section_key = "algorithm"  # GRPO's algorithm section has none of the update's options
+
+    manager = PluginManager(autoload=False)
+    cfg = load_config("grpo", ["data.train_batch_size=4", "rollout.n=4", "actor.ppo_mini_batch_size=4"],
+                      plugins=manager)
+    module = GRPO(cfg)
+    with pytest.raises(ConfigError, match=r"The 'actor' role's config section 'algorithm' lacks ppo_epochs, "
+                                          r"ppo_mini_batch_size, .*grad_clip, which the update of a trained role reads"):
+        AuxWorker(cfg, module, manager.registry.strategy.get("single")(cfg))
+    manager.registry.role.register("aux", Role(AuxWorker, section="algorithm.aux"))
+    module.worker_roles = lambda: ["actor", "aux"]  # type: ignore[method-assign]
+    with pytest.raises(ConfigError, match=r"The role 'aux' \(plugin .*\) reads its batch options from the config "
+                                          r"section 'algorithm.aux' \(its Role's section\), which this config does not"):
+        Builder(cfg, manager).roles(module)
+
+
 def test_a_trained_role_without_an_optimizer_is_named(pm):
     from rlforge.worker import TrainWorker
 
