@@ -283,6 +283,17 @@ def test_a_logger_plugin_that_raises_is_named(tmp_path) -> None:
                                            r"failed in log_metrics at step 1: KeyError: 'no such project'\. Fix the "
                                            r"plugin, or leave 'broken' out of logger.backends"):
         Trainer(cfg, plugins=pm).fit()
+    def disk_boom(self, metrics, step):
+        raise OSError("disk boom")  # no errno: not a failed write that diskio words, the plugin's own error
+
+    BrokenLogger.log_metrics = disk_boom  # type: ignore[method-assign]
+    with pytest.raises(RLForgeError, match=r"^The logger 'broken' .* failed in log_metrics at step 1: OSError: disk "):
+        Trainer(cfg, plugins=pm).fit()
+    BrokenLogger.log_metrics = lambda self, metrics, step: None  # type: ignore[method-assign]
+    BrokenLogger.close = lambda self: 1 / 0  # type: ignore[method-assign]
+    with pytest.raises(RLForgeError, match=r"^The logger 'broken' .* failed in close at step 1: ZeroDivisionError"):
+        Trainer(cfg, plugins=pm).fit()
+    BrokenLogger.close = lambda self: None  # type: ignore[method-assign]
     BrokenLogger.__init__ = lambda self, config, run_dir: int("not a number")  # type: ignore[method-assign]
     with pytest.raises(RLForgeError, match=r"^The logger 'broken' \(logger.backends; plugin broken_logger_plugin\) "
                                            r"failed to start: ValueError: invalid literal"):

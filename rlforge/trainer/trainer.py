@@ -127,19 +127,20 @@ class Trainer:
             with resume.starting(binding):  # a start that fails frees the folder: nothing was trained
                 self.controller = self.builder.controller(module)  # loads the models this process needs
             self.loggers = []
+            failed = False
             try:
                 with resume.starting(binding):
                     self.loggers = self.builder.loggers(str(self.run_dir))
                 return self._fit(module, self.flow, binding)
             except BaseException as exc:
+                failed = True
                 self.pipeline.close()  # the rollout thread stops before the plugins release what it may use
                 self._settle_checkpoint()
                 self.hook.rlforge_exception(trainer=self, exception=exc)
                 raise
             finally:
                 self.pipeline.close()
-                for lg in self.loggers:
-                    lg.close()
+                self._close_loggers(failed)
                 self.controller.shutdown()
         finally:
             binding.lock.release()
@@ -275,15 +276,29 @@ class Trainer:
                 with self._logger_failures(name, "log_metrics", step):
                     lg.log_metrics(metrics, step)
 
+    def _close_loggers(self, failed: bool) -> None:
+        """Close every logger; one that fails to is an error, or a warning where the run failed already (``failed``:
+        its own error is the one to show)."""
+        for lg, name in zip(self.loggers, self.config.logger.backends):
+            try:
+                with self._logger_failures(name, "close", self.step):
+                    lg.close()
+            except RLForgeError as exc:
+                if not failed:
+                    raise
+                log.warning("%s", exc)
+
     @contextlib.contextmanager
     def _logger_failures(self, name: str, method: str, step: int) -> Iterator[None]:
-        """A logger plugin's exception (not rlforge's own errors, nor a full disk, which ``diskio`` words) as one line
-        naming the logger, its plugin, the method and the step."""
+        """A logger plugin's exception (not rlforge's own errors, nor a failed write, which ``diskio`` words) as one
+        line naming the logger, its plugin, the method and the step."""
         try:
             yield
-        except (RLForgeError, OSError):
+        except RLForgeError:
             raise
         except Exception as exc:  # noqa: BLE001 (whatever a logger plugin raises, named)
+            if diskio.failed_write(exc) is not None:
+                raise
             plugin = self.builder.registry.logger.entry(name).plugin
             raise RLForgeError(f"The logger '{name}' (logger.backends; plugin {plugin}) failed in {method} at step "
                                f"{step}: {type(exc).__name__}: {first_line(exc)}. Fix the plugin, or leave '{name}' "
@@ -303,7 +318,8 @@ class Trainer:
             diskio.write_atomic(path, json.dumps(rows, indent=1))
         declared = self.builder.registry.logger
         for lg, name in zip(self.loggers, self.config.logger.backends):
-            lg.log_artifact(str(path))
+            with self._logger_failures(name, "log_artifact", self.step):
+                lg.log_artifact(str(path))
             if declared.entry(name).capabilities.shows_generations:
                 cast("GenerationsLogger", lg).log_generations(rows, self.step)
 
