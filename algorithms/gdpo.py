@@ -69,10 +69,10 @@ class GDPO(GRPO):
                 continue
             missing = [i for i, e in enumerate(extras) if key not in e and not failed[i]] if extras else [0]
             if missing:
-                seen = sorted({k for e in extras for k in e})
+                own = sorted(extras[missing[0]]) if extras else []
                 raise DataError(f"GDPO reward key '{key}' (algorithm.reward_keys) is not in the reward of sample "
-                                f"{missing[0]}: compute_score must return a dict with it (its extra keys: "
-                                f"{seen or 'none'}), or name a [B] batch column (e.g. acc).")
+                                f"{missing[0]}: compute_score must return a dict with it (that sample's extra keys: "
+                                f"{own or 'none'}), or name a [B] batch column (e.g. acc).")
             out.append(torch.tensor([fallback if failed[i] else float(e[key]) for i, e in enumerate(extras)],
                                     dtype=torch.float64))
         return out

@@ -137,7 +137,7 @@ def rlforge_rollout_end(trainer: Any, batch: Any) -> None:
 def rlforge_shape_rewards(trainer: Any, batch: Any) -> Any:
     """Return a batch with reshaped rewards (e.g. a length or format penalty), or None to leave it.
 
-    Stops at the first non-None result, which must be a batch of at least one row (else an error naming the plugin). Fires right after scoring, before ``rlforge_reward_end``. The built-in overlong penalty (``algorithm.overlong_buffer``) is part of the reward, not one of these results: it is added to the batch the implementations are given, and kept in their result.
+    Stops at the first non-None result, which must be a batch of at least one row (else an error naming the plugin). Fires right after scoring, before ``rlforge_reward_end``. The built-in overlong penalty (``algorithm.overlong_buffer``) is part of the reward, not one of these results: it is added to the ``token_level_rewards`` of the batch the implementations are given, and its metrics kept in their result; an implementation that rebuilds the rewards from ``token_level_scores`` (the reward function's, unshaped) starts over without it.
     """
 
 

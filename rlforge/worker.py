@@ -111,6 +111,10 @@ class TrainWorker:
                                           and callable(getattr(scheduler, "state_dict", None))):
             raise RLForgeError(f"{where} returned a scheduler of type {type(scheduler).__name__}, which has no step() "
                                f"and state_dict(): return a torch.optim.lr_scheduler object (LambdaLR, ...), or None.")
+        if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise RLForgeError(f"{where} returned ReduceLROnPlateau, whose step() needs a metric: rlforge steps the "
+                               f"scheduler once per training step without one. Return a schedule of the step (LambdaLR, "
+                               f"CosineAnnealingLR, ...), or lower the rate from a hook (rlforge_step_end) yourself.")
         self.scheduler = scheduler
         model, self.optimizer = self.strategy.setup_optimizer(model, optimizer)
         return model

@@ -282,7 +282,10 @@ def test_what_configure_optimizers_returns_is_checked_and_a_bare_optimizer_is_ta
     for given, said in [(lambda m: (None, None), "returned a tuple of 2 (NoneType, NoneType)"),
                         (lambda m: None, "returned None"),
                         (lambda m: (torch.optim.SGD(m.actor.parameters(), lr=0.1), "cosine"),
-                         "returned a scheduler of type str, which has no step() and state_dict()")]:
+                         "returned a scheduler of type str, which has no step() and state_dict()"),
+                        (lambda m: (o := torch.optim.SGD(m.actor.parameters(), lr=0.1),
+                                    torch.optim.lr_scheduler.ReduceLROnPlateau(o)),
+                         "returned ReduceLROnPlateau, whose step() needs a metric")]:
         with pytest.raises(RLForgeError, match=r"^Mine.configure_optimizers\(\) " + re.escape(said)):
             worker(given)
 
