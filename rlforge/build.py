@@ -9,7 +9,7 @@ error naming the component and its plugin.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlforge.data import first_rows
@@ -146,6 +146,13 @@ class Builder:
         ``check_data_sources(config, registry, data_sources)`` checks their ``data_source`` values here (each with
         where its first row is), so a row no reward function can score fails before any model loads, naming it."""
         rows = self.registry.dataset.get(self.config.data.name)(self.config, split)
+        sequence = isinstance(rows, Sequence) and not isinstance(rows, (str, bytes))
+        if not sequence or (len(rows) and not isinstance(rows[0], Mapping)):
+            entry = self.registry.dataset.entry(self.config.data.name)
+            got = f"a sequence of {type(rows[0]).__name__}" if sequence else type(rows).__name__
+            raise RLForgeError(f"The dataset '{self.config.data.name}' (data.name; plugin {entry.plugin}) returned {got} "
+                               f"for the {split} split: it returns a list (a sequence) of rows, each a dict (prompt, data_source, "
+                               f"reward_model, ...; docs/plugins.md).")
         check = self.registry.reward_manager.entry(self.config.reward.manager).functions.get("check_data_sources")
         if check is not None and rows:
             check(self.config, self.registry, first_rows(rows, "data_source", f"{self.config.data.name} ({split})"))

@@ -23,6 +23,8 @@ def as_number(key: str, value: Any, who: str) -> Any:
         return value
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return float(value)
+    if type(value).__module__ == "numpy" and getattr(value, "size", None) == 1 and value.dtype.kind in "biuf":
+        return float(value)  # a one-number numpy array or scalar, as reward functions may return them
     what = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
     raise RLForgeError(f"metric {key!r} ({who}) is {what}, not a number: metrics are logged as numbers.")
 

@@ -298,3 +298,30 @@ def test_a_logger_plugin_that_raises_is_named(tmp_path) -> None:
     with pytest.raises(RLForgeError, match=r"^The logger 'broken' \(logger.backends; plugin broken_logger_plugin\) "
                                            r"failed to start: ValueError: invalid literal"):
         Trainer(cfg, plugins=pm).fit()
+
+
+def test_a_one_number_numpy_metric_is_taken_as_reward_functions_return_them() -> None:
+    import numpy as np
+
+    from rlforge.metric_values import as_number
+
+    assert [as_number("k", v, "x") for v in (np.array(2.0), np.float32(1.5), np.array([3]))] == [2.0, 1.5, 3.0]
+    with pytest.raises(RLForgeError, match=r"metric 'k' \(ctx.log in stage 's'\) is ndarray, not a number"):
+        as_number("k", np.array([1.0, 2.0]), "ctx.log in stage 's'")
+
+
+class DictDataset:
+    @hookimpl
+    def rlforge_register(self, registry):
+        registry.dataset.register("as_dict", lambda config, split: {"rows": []})
+
+
+def test_a_plugin_dataset_that_returns_no_list_of_rows_is_named(tmp_path) -> None:
+    from rlforge.plugin_manager import PluginManager
+
+    pm = PluginManager(autoload=False)
+    pm.register(DictDataset(), name="dict_dataset_plugin")
+    cfg = fast_config("grpo", tmp_path, *TINY, "data.name=as_dict", plugins=pm)
+    with pytest.raises(RLForgeError, match=r"^The dataset 'as_dict' \(data.name; plugin dict_dataset_plugin\) returned "
+                                           r"dict for the train split: it returns a list \(a sequence\) of rows"):
+        Trainer(cfg, plugins=pm).fit()
