@@ -273,7 +273,8 @@ class PluginManager:
                               f"{_where(exc, path)}.") from exc
         self.modules.append(resolved)
         if not self.pm.get_hookcallers(module):  # e.g. -p json: the standard library's module, not the user's file
-            here = f" (-p ./{spec}.py for the file in this folder)" if path is None else ""
+            here = (f" (./{spec}.py in this folder has the name of that installed module, which -p {spec} imports: "
+                    f"rename the file and give -p its path)" if path is None and Path(f"{spec}.py").is_file() else "")
             self.hookless.append(f"plugin module '{spec}' ({info.distribution}) implements no rlforge hook (no "
                                  f"rlforge_register, no other rlforge_* function): it registers nothing. Give the "
                                  f"module or .py file that holds your hooks{here}.")

@@ -32,6 +32,12 @@ def test_a_mapping_for_a_list_key_names_the_key_the_type_and_the_value(capsys, v
                    f"of str, got the mapping {given}; give a list, e.g. 'logger.backends=[console,mlflow]'.")
 
 
+def test_the_example_of_an_empty_list_of_numbers_is_numbers(capsys):
+    err = _error(capsys, ["config", "show", "--algo", "gdpo", "algorithm.reward_weights={a: 1}"])
+    assert err.endswith("it takes a list of float, got the mapping {'a': 1}; give a list, e.g. "
+                        "'algorithm.reward_weights=[1.0,0.5]'.")
+
+
 def test_a_mapping_for_a_list_key_in_a_config_file(capsys, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("data:\n  train_files:\n    a: 1\n", encoding="utf-8")

@@ -48,11 +48,15 @@ def test_a_folder_given_to_p_is_named_as_a_folder(tmp_path):
         PluginManager(autoload=False, modules=[str(tmp_path)])
 
 
-def test_a_module_without_hooks_is_a_warning_that_it_registers_nothing():
+def test_a_module_without_hooks_is_a_warning_that_it_registers_nothing(tmp_path, monkeypatch):
     pm = PluginManager(autoload=False, modules=["json"])
     (line,) = [w for w in pm.warnings() if "json" in w]
     assert line.startswith("plugin module 'json' (") and "implements no rlforge hook" in line
-    assert "it registers nothing" in line
+    assert "it registers nothing" in line and "rename" not in line
+    monkeypatch.chdir(tmp_path)  # the user's json.py here: -p json imported the installed module instead
+    (tmp_path / "json.py").write_text("")
+    (line,) = [w for w in PluginManager(autoload=False, modules=["json"]).warnings() if "json" in w]
+    assert "./json.py in this folder has the name of that installed module, which -p json imports: rename" in line
 
 
 def test_an_unknown_name_says_entry_points_are_off(monkeypatch):

@@ -36,10 +36,16 @@ class Toolbox:
 
     def __init__(self, tools: dict[str, Tool], limits: Any) -> None:
         for name, tool in tools.items():
-            declared = tool.schema().get("function", {}).get("name")
+            function = tool.schema().get("function", {})
+            declared = function.get("name")
             if declared != name:
                 raise RLForgeError(f"Tool '{name}' (rollout.agent.tools) declares the function name {declared!r} in "
                                    f"its schema; it must be its registered name '{name}'.")
+            parameters = function.get("parameters", {})
+            if not isinstance(parameters, dict):
+                raise RLForgeError(f"Tool '{name}' (rollout.agent.tools) declares 'parameters' of type "
+                                   f"{type(parameters).__name__} in its schema: it must be a JSON-schema object, e.g. "
+                                   f"{{\"type\": \"object\", \"properties\": {{\"x\": {{\"type\": \"string\"}}}}}}.")
         self.tools = tools
         self.limits = limits
         self._threads: DaemonThreads | None = None

@@ -198,7 +198,7 @@ def _shape_problem(base: DictConfig, layer: DictConfig, source: str) -> str:
             if OmegaConf.is_list(node) and (i < len(parts) or isinstance(value, dict)):
                 kind = node._metadata.element_type
                 items = f" of {kind.__name__}" if isinstance(kind, type) and kind is not Any else ""
-                example = ",".join(map(str, node)) or "a,b"
+                example = ",".join(map(str, node)) or ("1.0,0.5" if kind in (float, int) else "a,b")
                 given = OmegaConf.to_container(OmegaConf.select(layer, path))
                 return (f"Invalid value for '{path}' (in {source}): it takes a list{items}, got the mapping {given!r}; "
                         f"give a list, e.g. '{path}=[{example}]'.")

@@ -242,6 +242,17 @@ def test_schema_name_must_be_the_registered_name():
         Toolbox({"calc": Calculator(None)}, Limits())
 
 
+def test_schema_parameters_must_be_a_json_schema_object():
+    class Listed(Calculator):
+        def schema(self):
+            schema = super().schema()
+            return {**schema, "function": {**schema["function"], "parameters": ["expression"]}}
+
+    with pytest.raises(RLForgeError, match=r"Tool 'calculator' \(rollout.agent.tools\) declares 'parameters' of type "
+                                           r"list in its schema: it must be a JSON-schema object"):
+        Toolbox({"calculator": Listed(None)}, Limits())
+
+
 class Duck:
     """A tool that only has what the Tool Protocol asks for (no base class, no create/release)."""
 
