@@ -31,5 +31,10 @@ def did_you_mean(name: str, choices: Iterable[str], prefix: str = "") -> str:
     return f" Did you mean '{prefix}{close[0]}'?" if close else ""
 
 
+class UndeclaredMethod(RLForgeError, AttributeError):
+    """A worker group has no such callable method (not declared with ``@remote``): an attribute error to Python
+    (``hasattr``), one line to the user."""
+
+
 class NonFiniteError(RLForgeError):
     """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""

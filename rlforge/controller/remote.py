@@ -184,12 +184,12 @@ class WorkerGroup:
         return call
 
     def __getattr__(self, name: str) -> Any:
-        from rlforge.errors import did_you_mean
+        from rlforge.errors import UndeclaredMethod, did_you_mean
 
         methods = self.__dict__.get("methods")
         if methods is None or name.startswith("_"):
             raise AttributeError(name)
-        raise AttributeError(f"Role '{self.role}' has no method {name!r} the driver can call: its declared (@remote) "
+        raise UndeclaredMethod(f"Role '{self.role}' has no method {name!r} the driver can call: its declared (@remote) "
                              f"methods are {', '.join(sorted(methods))}.{did_you_mean(name, methods)} A worker "
                              "method is callable through its group when it is declared with @remote.")
 

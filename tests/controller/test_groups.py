@@ -259,3 +259,12 @@ def test_rendezvous_ports_are_free_and_below_the_ephemeral_range() -> None:
     assert all(10000 <= p < low for p in ports) and len(ports) > 1  # drawn, not one fixed port
     with socket.socket() as s:
         s.bind(("", ports.pop()))  # free
+
+
+def test_an_undeclared_method_is_one_line_and_still_an_attribute_error(registry):
+    from rlforge.errors import RLForgeError
+
+    group, _ = _group(1, registry)
+    with pytest.raises(RLForgeError, match=r"Role 'actor' has no method 'unknown' the driver can call") as info:
+        group.unknown()
+    assert isinstance(info.value, AttributeError) and not hasattr(group, "unknown")
