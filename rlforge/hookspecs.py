@@ -2,7 +2,8 @@
 
 Hooks are called with keyword arguments only. A spec may gain arguments in later versions but never
 loses or renames one, so implementations that take fewer arguments keep working (pluggy passes only
-the arguments an implementation names).
+the arguments an implementation names; ``*args``, ``**kwargs`` and parameters with a default would get
+nothing, so an implementation that has them is refused when it is registered).
 
 Which process calls a hook: every hook fires in the driver (the process that runs ``Trainer.fit``), except
 ``rlforge_before_optimizer_step``, which fires where the update runs: the driver with the local controller,

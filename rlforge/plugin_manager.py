@@ -222,6 +222,11 @@ class PluginManager:
                 raise PluginError(f"{who} implements '{attr}', which is not an rlforge hook."
                                   f"{did_you_mean(attr, known)} The hooks are listed in docs/hooks.md.")
             takes, given = _arguments(getattr(hookspecs, attr)), _arguments(getattr(plugin, attr))
+            unfilled = _unfilled(getattr(plugin, attr))
+            if unfilled:
+                raise PluginError(f"{who} implements {attr} with {unfilled}, which pluggy never fills: it passes a "
+                                  f"hook's arguments by name ({', '.join(takes)}) to the parameters that name them, "
+                                  f"without a default. Name the ones you use (docs/hooks.md).")
             stray = [a for a in given if a not in takes]
             if stray:
                 raise PluginError(f"{who} implements {attr}({', '.join(given)}), but the hook has no argument "
@@ -370,6 +375,18 @@ def _arguments(fn: Any) -> list[str]:
 
     return [p.name for p in inspect.signature(fn).parameters.values()
             if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _unfilled(fn: Any) -> str:
+    """The parameters of a hook implementation that pluggy never fills (``*args``, ``**kwargs``, one with a default),
+    in words; "" where there are none."""
+    import inspect
+
+    shown: dict[Any, str] = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    unfilled = [f"{shown.get(p.kind, '')}{p.name}" + ("=..." if p.default is not p.empty else "")
+                for p in inspect.signature(fn).parameters.values()
+                if p.kind in shown or (p.default is not p.empty and p.kind != p.KEYWORD_ONLY)]
+    return ", ".join(unfilled)
 
 
 def module_source(spec: str) -> tuple[str, Path | None]:

@@ -32,6 +32,18 @@ def test_a_callback_with_an_argument_the_hook_lacks_is_named_by_its_class():
         "by these names (docs/hooks.md).")
 
 
+class TakesAnything:
+    @hookimpl
+    def rlforge_step_end(self, step, extra=1, **kw):
+        pass
+
+
+def test_a_callback_with_parameters_pluggy_never_fills_is_named():
+    with pytest.raises(PluginError, match=r"The callback tests.test_plugin_messages.TakesAnything implements "
+                                          r"rlforge_step_end with extra=\.\.\., \*\*kw, which pluggy never fills"):
+        PluginManager(autoload=False).register(TakesAnything())
+
+
 def test_a_module_with_an_argument_the_hook_lacks_is_one_line(capsys, tmp_path):
     plugin = tmp_path / "wrong_arg_mod.py"
     plugin.write_text("def rlforge_validation_end(stepp):\n    pass\n", encoding="utf-8")

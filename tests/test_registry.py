@@ -326,6 +326,7 @@ def test_a_logger_shows_generations_only_when_it_declares_it(tmp_path, monkeypat
                           config=OmegaConf.create({"trainer": {"log_val_generations": 1},
                                                    "logger": {"backends": ["shows", "quiet"]}}),
                           builder=SimpleNamespace(registry=regs))
+    run._logger_failures = lambda name, method, step: T.Trainer._logger_failures(run, name, method, step)
     T.Trainer._log_val_generations(run, None)  # type: ignore[arg-type]
     assert shows.shown == [(rows, 3)] and quiet.shown == []
     assert shows.artifacts == quiet.artifacts == [str(tmp_path / "val_generations" / "val_step3.json")]
