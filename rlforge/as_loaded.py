@@ -27,16 +27,18 @@ class Rounding:
 
     changed: int = 0
     lost: int = 0
+    dtype: str = ""  # the dtype written (as_loaded)
+    chosen: bool = False  # ``dtype`` was asked for (else the source model's)
 
     def __add__(self, other: Rounding) -> Rounding:
         return Rounding(self.changed + other.changed, self.lost + other.lost)
 
-    def warning(self, dtype: str, chosen: bool = False, remedy: str = "Export with --dtype float32") -> str:
-        """A warning where the cast to ``dtype`` (``chosen``: asked for, else the source model's) rounded away most of
-        the training's changes (more than half), else "". ``remedy``: how to write float32 instead."""
+    def warning(self, remedy: str = "Export with --dtype float32") -> str:
+        """A warning where the cast to :attr:`dtype` rounded away most of the training's changes (more than half),
+        else "". ``remedy``: how to write float32 instead."""
         if not self.changed or self.lost * 2 <= self.changed:
             return ""
-        why = "" if chosen else ", the dtype it was loaded in"
+        dtype, why = self.dtype, "" if self.chosen else ", the dtype it was loaded in"
         return (f"Of the {self.changed:,} weights training changed, {self.lost:,} ({self.lost / self.changed:.0%}) "
                 f"round back to the source model's values in {dtype}{why}: the saved model keeps little of the "
                 f"training (a small learning rate or few steps move weights less than {dtype} can show). {remedy} to "
@@ -46,7 +48,8 @@ class Rounding:
 def as_loaded(out: Path, source: Path, weights: bool = True, dtype: str = "") -> Rounding:
     """Give the saved folder ``out`` what the model folder ``source`` has: with ``weights``, each floating weight in
     the source's dtype for that name (``dtype``: in that torch dtype instead, e.g. ``float32``) and the config's
-    ``dtype``; the tokenizer's pad token and padding side. Returns what casting to a narrower dtype rounded away."""
+    ``dtype``; the tokenizer's pad token and padding side. Returns what casting to a narrower dtype rounded away, and
+    the dtype written."""
     rounding = Rounding()
     if weights:
         index = _weight_index(source)
@@ -65,6 +68,7 @@ def as_loaded(out: Path, source: Path, weights: bool = True, dtype: str = "") ->
                 meta["total_size"] += grown
                 index_file.write_text(json.dumps(data, indent=2) + "\n")
         _copy_config_dtype(source / "config.json", out / "config.json", dtype)
+        rounding.dtype, rounding.chosen = dtype or added or "its dtype", bool(dtype)
     _restore_tokenizer(source, out)
     return rounding
 

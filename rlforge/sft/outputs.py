@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -134,8 +133,7 @@ class ExportHF(Callback):
         self.tokenizer.save_pretrained(self.out)
         if self.source is not None or self.dtype:
             rounding = as_loaded(self.out, self.source or self.out, dtype=self.dtype)
-            loaded = self.dtype or json.loads((self.out / "config.json").read_text()).get("dtype", "its dtype")
-            if note := rounding.warning(loaded, chosen=bool(self.dtype), remedy="Set sft.output_dtype=float32"):
+            if note := rounding.warning(remedy="Set sft.output_dtype=float32"):
                 logging.getLogger("rlforge.sft").warning(note)
         if self.accuracy is None:
             return

@@ -204,11 +204,8 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
         warn(f"{exc} The export keeps the checkpoint's dtypes and tokenizer (pad token, padding side).")
         folder = None
     if folder is not None or dtype:  # without the run's model, --dtype still applies (the folder is its own source)
-        rounding = as_loaded(target, folder or target, weights=not adapter_only, dtype=dtype)
-        if rounding.lost:
-            loaded = dtype or json.loads((target / "config.json").read_text()).get("dtype", "its dtype")
-            if note := rounding.warning(loaded, chosen=bool(dtype)):
-                warn(note)
+        if note := as_loaded(target, folder or target, weights=not adapter_only, dtype=dtype).warning():
+            warn(note)
     write_model_card(target, checkpoint, adapter=adapter_only, base_model=source, repo_id=repo_id)
     return target
 
