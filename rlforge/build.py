@@ -9,9 +9,11 @@ error naming the component and its plugin.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+import contextlib
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rlforge import diskio
 from rlforge.data import first_rows
 from rlforge.errors import ConfigError, RLForgeError, first_line
 
@@ -130,16 +132,25 @@ class Builder:
         """The loggers of ``logger.backends``; a plugin's that fails to start is named with its plugin."""
         out = []
         for name in self.config.logger.backends:
-            try:
+            with self.logger_failures(name, "to start", "Fix its settings or the plugin"):
                 out.append(self._build("logger", name, self.config, run_dir))
-            except (RLForgeError, OSError):
-                raise
-            except Exception as exc:  # noqa: BLE001 (whatever a logger plugin raises, named)
-                raise RLForgeError(f"The logger '{name}' (logger.backends; plugin "
-                                   f"{self.registry.logger.entry(name).plugin}) failed to start: "
-                                   f"{type(exc).__name__}: {first_line(exc)}. Fix its settings or the plugin, or leave "
-                                   f"'{name}' out of logger.backends.") from exc
         return out
+
+    @contextlib.contextmanager
+    def logger_failures(self, name: str, when: str, fix: str = "Fix the plugin") -> Iterator[None]:
+        """A logger plugin's exception (not rlforge's own errors, nor a failed write, which ``diskio`` words) as one
+        line naming the logger, its plugin and ``when`` it failed ("in log_metrics at step 3")."""
+        try:
+            yield
+        except RLForgeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (whatever a logger plugin raises, named)
+            if diskio.failed_write(exc) is not None:
+                raise
+            raise RLForgeError(f"The logger '{name}' (logger.backends; plugin {self.registry.logger.entry(name).plugin})"
+                               f" failed {when}: {type(exc).__name__}: {first_line(exc)}. {fix}, or leave '{name}' out "
+                               f"of logger.backends{'' if when == 'to start' else '; trainer.resume=auto continues the run'}"
+                               f".") from exc
 
     def dataset(self, split: str) -> list[dict[str, Any]]:
         """The rows of ``split`` (``train`` or ``val``) of ``data.name``. A reward manager that defines

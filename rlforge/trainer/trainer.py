@@ -3,13 +3,12 @@ around each."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,7 +26,7 @@ from rlforge.config import compose
 from rlforge.config.batches import apply_total_epochs
 from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
-from rlforge.errors import NonFiniteError, RLForgeError, first_line
+from rlforge.errors import NonFiniteError, RLForgeError
 from rlforge.metric_values import check_numbers
 from rlforge.module import RLModule
 from rlforge.module_checks import unknown_hooks
@@ -163,7 +162,7 @@ class Trainer:
         cfg, t = self.config, self.config.trainer
         params = OmegaConf.to_container(cfg, resolve=True)
         for lg, name in zip(self.loggers, cfg.logger.backends):
-            with self._logger_failures(name, "log_params", 0):
+            with self.builder.logger_failures(name, "in log_params"):
                 lg.log_params(params)  # type: ignore[arg-type]  # a dict at the root
         if binding.checkpoint is not None:
             self._restore(binding.checkpoint, binding.state)
@@ -273,7 +272,7 @@ class Trainer:
         with diskio.disk_errors(f"log the metrics of step {step} into {self.run_dir}", RESUME_HINT,
                                 where=self.run_dir):
             for lg, name in zip(self.loggers, self.config.logger.backends):
-                with self._logger_failures(name, "log_metrics", step):
+                with self.builder.logger_failures(name, f"in log_metrics at step {step}"):
                     lg.log_metrics(metrics, step)
 
     def _close_loggers(self, failed: bool) -> None:
@@ -281,28 +280,12 @@ class Trainer:
         its own error is the one to show)."""
         for lg, name in zip(self.loggers, self.config.logger.backends):
             try:
-                with self._logger_failures(name, "close", self.step):
+                with self.builder.logger_failures(name, f"in close at step {self.step}"):
                     lg.close()
             except RLForgeError as exc:
                 if not failed:
                     raise
                 log.warning("%s", exc)
-
-    @contextlib.contextmanager
-    def _logger_failures(self, name: str, method: str, step: int) -> Iterator[None]:
-        """A logger plugin's exception (not rlforge's own errors, nor a failed write, which ``diskio`` words) as one
-        line naming the logger, its plugin, the method and the step."""
-        try:
-            yield
-        except RLForgeError:
-            raise
-        except Exception as exc:  # noqa: BLE001 (whatever a logger plugin raises, named)
-            if diskio.failed_write(exc) is not None:
-                raise
-            plugin = self.builder.registry.logger.entry(name).plugin
-            raise RLForgeError(f"The logger '{name}' (logger.backends; plugin {plugin}) failed in {method} at step "
-                               f"{step}: {type(exc).__name__}: {first_line(exc)}. Fix the plugin, or leave '{name}' "
-                               f"out of logger.backends; trainer.resume=auto continues the run.") from exc
 
     def _log_val_generations(self, batch: B.Batch) -> None:
         """``trainer.log_val_generations``: verl's pick of this validation's generations in verl's file,
@@ -318,7 +301,7 @@ class Trainer:
             diskio.write_atomic(path, json.dumps(rows, indent=1))
         declared = self.builder.registry.logger
         for lg, name in zip(self.loggers, self.config.logger.backends):
-            with self._logger_failures(name, "log_artifact", self.step):
+            with self.builder.logger_failures(name, f"in log_artifact at step {self.step}"):
                 lg.log_artifact(str(path))
             if declared.entry(name).capabilities.shows_generations:
                 cast("GenerationsLogger", lg).log_generations(rows, self.step)
