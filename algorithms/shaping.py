@@ -16,10 +16,11 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
-from rlforge.dataflow import Stage, StepContext, groups_splitting_evenly
+from rlforge.dataflow import Stage, StepContext
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
+from rlforge.microbatch import groups_splitting_evenly
 
 if TYPE_CHECKING:
     import torch

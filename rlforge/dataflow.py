@@ -11,8 +11,7 @@ is loaded, that every stage's inputs come from the loader or an earlier stage.
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from rlforge import batch as B
@@ -312,17 +311,6 @@ class DataFlow:
 
     def __repr__(self) -> str:
         return f"DataFlow({self.name!r}, {' -> '.join(self.names())})"
-
-
-def groups_splitting_evenly(uids: Sequence[Hashable], groups: Sequence[Hashable], unit: int) -> list[Hashable]:
-    """The longest prefix of ``groups`` (group ids in priority order) whose rows (the entries of ``uids``, the batch's
-    ``uid`` column) number a multiple of ``unit`` (:attr:`StepContext.data_parallel_size`)."""
-    size = Counter(uids)
-    kept = list(groups)
-    total = sum(size[g] for g in kept)
-    while kept and total % unit:
-        total -= size[kept.pop()]
-    return kept
 
 
 # --- the built-in stages -----------------------------------------------------------------------------

@@ -22,7 +22,8 @@ Inside one padded micro-batch, ``rlforge.ops`` runs rows of very different lengt
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,3 +109,14 @@ def balanced_split(lengths: list[int], parts: int) -> list[list[int]]:
         lap, k = divmod(pos, parts)
         groups[k if lap % 2 == 0 else parts - 1 - k].append(i)
     return [sorted(g) for g in groups]
+
+
+def groups_splitting_evenly(uids: Sequence[Hashable], groups: Sequence[Hashable], unit: int) -> list[Hashable]:
+    """The longest prefix of ``groups`` (group ids in priority order) whose rows (the entries of ``uids``, the batch's
+    ``uid`` column) number a multiple of ``unit`` (``StepContext.data_parallel_size``)."""
+    size = Counter(uids)
+    kept = list(groups)
+    total = sum(size[g] for g in kept)
+    while kept and total % unit:
+        total -= size[kept.pop()]
+    return kept

@@ -35,9 +35,10 @@ from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
 from rlforge.agent.config import SINGLE_TURN
-from rlforge.dataflow import DataFlow, RolloutStage, StepContext, groups_splitting_evenly
+from rlforge.dataflow import DataFlow, RolloutStage, StepContext
 from rlforge.errors import ConfigError
 from rlforge.lazy import lazy_import
+from rlforge.microbatch import groups_splitting_evenly
 from rlforge.pipeline.base import Pipeline
 from rlforge.pipeline.off_policy import batch_from_state, batch_state
 from rlforge.sampling import SEED_RANGE

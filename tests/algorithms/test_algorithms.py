@@ -116,7 +116,8 @@ def test_dynamic_sampling_keeps_a_number_of_rows_the_data_parallel_ranks_split_e
     """When the rounds run out with fewer informative groups than data.train_batch_size, as many are kept as make
     rows that split evenly over the data-parallel ranks (3 groups of 3 rows over 2 ranks: 2 groups); with one rank,
     all of them (an odd count crashed an FSDP update before)."""
-    from rlforge.dataflow import StepContext, groups_splitting_evenly
+    from rlforge.dataflow import StepContext
+    from rlforge.microbatch import groups_splitting_evenly
 
     assert groups_splitting_evenly([*"aaabbbccc"], ["a", "b", "c"], 2) == ["a", "b"]
     assert groups_splitting_evenly([*"aaabbbccc"], ["a", "b", "c"], 1) == ["a", "b", "c"]
