@@ -147,10 +147,11 @@ class Builder:
         except Exception as exc:  # noqa: BLE001 (whatever a logger plugin raises, named)
             if diskio.failed_write(exc) is not None:
                 raise
-            raise RLForgeError(f"The logger '{name}' (logger.backends; plugin {self.registry.logger.entry(name).plugin})"
-                               f" failed {when}: {type(exc).__name__}: {first_line(exc)}. {fix}, or leave '{name}' out "
-                               f"of logger.backends{'' if when == 'to start' else '; trainer.resume=auto continues the run'}"
-                               f".") from exc
+            plugin = self.registry.logger.entry(name).plugin
+            resume = "" if when == "to start" else "; trainer.resume=auto continues the run"
+            raise RLForgeError(f"The logger '{name}' (logger.backends; plugin {plugin}) failed {when}: "
+                               f"{type(exc).__name__}: {first_line(exc)}. {fix}, or leave '{name}' out of "
+                               f"logger.backends{resume}.") from exc
 
     def dataset(self, split: str) -> list[dict[str, Any]]:
         """The rows of ``split`` (``train`` or ``val``) of ``data.name``. A reward manager that defines
@@ -161,9 +162,9 @@ class Builder:
         if not sequence or (len(rows) and not isinstance(rows[0], Mapping)):
             entry = self.registry.dataset.entry(self.config.data.name)
             got = f"a sequence of {type(rows[0]).__name__}" if sequence else type(rows).__name__
-            raise RLForgeError(f"The dataset '{self.config.data.name}' (data.name; plugin {entry.plugin}) returned {got} "
-                               f"for the {split} split: it returns a list (a sequence) of rows, each a dict (prompt, data_source, "
-                               f"reward_model, ...; docs/plugins.md).")
+            raise RLForgeError(f"The dataset '{self.config.data.name}' (data.name; plugin {entry.plugin}) returned "
+                               f"{got} for the {split} split: it returns a list (a sequence) of rows, each a dict "
+                               f"(prompt, data_source, reward_model, ...; docs/plugins.md).")
         check = self.registry.reward_manager.entry(self.config.reward.manager).functions.get("check_data_sources")
         if check is not None and rows:
             check(self.config, self.registry, first_rows(rows, "data_source", f"{self.config.data.name} ({split})"))

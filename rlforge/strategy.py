@@ -216,8 +216,8 @@ SCHEDULER_KEY = "initial_lr"  # what torch's learning-rate schedulers add to an 
 def _restores_only_settings(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> bool:
     """Check that the saved optimizer ``state`` (``get_optimizer_state_dict``'s layout) is one of ``optimizer``'s
     kind (a scheduler's ``initial_lr`` in its groups follows this run's: a scheduler added or dropped on resume is not
-    another optimizer); where it holds no per-parameter tensors (a stateless optimizer: SGD without momentum), restore its groups'
-    settings here and return True (torch's loader cannot place such a state on a device)."""
+    another optimizer); where it holds no per-parameter tensors (a stateless optimizer: SGD without momentum), restore
+    its groups' settings here and return True (torch's loader cannot place such a state on a device)."""
     import torch
 
     from rlforge.errors import RLForgeError

@@ -389,31 +389,6 @@ def test_load_config_helper() -> None:
     assert cfg.trainer.total_steps == 3
 
 
-# --- explain_batch_sizes ------------------------------------------------------------------------------
-
-
-def test_explain_batch_sizes_defaults(registry) -> None:
-    text = explain_batch_sizes(compose(registry), RLModule.batch_words())
-    assert "Each step samples 32 prompts x 8 responses = 256 sequences." in text
-    assert "1 epoch(s) of 4 mini-batch(es) of 8 prompts (64 sequences) = 4 optimizer step(s)" in text
-    assert "1 micro-batch(es) of 64 sequences" in text
-
-
-def test_explain_batch_sizes_custom(registry) -> None:
-    cfg = compose(
-        registry, None, None,
-        ["data.train_batch_size=16", "rollout.n=4", "actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size=8",
-         "actor.ppo_epochs=2"],
-    )
-    text = explain_batch_sizes(cfg, RLModule.batch_words())
-    assert "16 prompts x 4 responses = 64 sequences" in text
-    assert "2 epoch(s) of 4 mini-batch(es) of 4 prompts (16 sequences) = 8 optimizer step(s)" in text
-    assert "2 micro-batch(es) of 8 sequences" in text
-    # actor.ppo_micro_batch_size is per data-parallel rank: 2 ranks get 8 of the mini-batch's 16 sequences each
-    text = explain_batch_sizes(cfg, RLModule.batch_words(), ranks=2)
-    assert "dealt to 2 ranks (8 sequences each), and each rank's share is split into 1 micro-batch(es) of 8" in text
-
-
 def test_one_value_for_a_list_key_is_a_one_item_list(registry, tmp_path: Path) -> None:
     # verl's habit: data.train_files=train.parquet (no brackets)
     (tmp_path / "train.jsonl").write_text("")

@@ -489,23 +489,3 @@ def test_unscorable_validation_rows_fail_before_training(tmp_path, pm, sft_confi
         run_sft(sft_config(tmp_path, "data.name=files", f"data.train_files=[{path}]", f"data.val_files=[{path}]",
                            "sft.val_accuracy=true"), pm)
     assert not (tmp_path / "out" / "model.safetensors").exists()
-
-
-def test_fsdp_wraps_each_decoder_layer(char_tokenizer):
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    from rlforge.sft.run import HFBlocks
-
-    model = build_tiny_llama(char_tokenizer, hidden=64, layers=2, heads=1, ffn=128)
-    policy = HFBlocks()
-    wrapped = []
-
-    def visit(module):  # the order in which FSDP asks: a parent with recurse=True, then its children
-        if policy(module, True, 0):
-            for child in module.children():
-                visit(child)
-        if policy(module, False, 0):
-            wrapped.append(module)
-
-    visit(model)
-    assert [type(m) for m in wrapped] == [LlamaDecoderLayer, LlamaDecoderLayer]

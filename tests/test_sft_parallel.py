@@ -1,5 +1,6 @@
 """``rlforge sft`` on several CPU processes (gloo): Lightning's ddp, and Ulysses sequence parallelism
-(``sft.sequence_parallel_size``), each against one device: the same weights after the same steps."""
+(``sft.sequence_parallel_size``), each against one device: the same weights after the same steps; and the FSDP
+wrapping policy (each decoder layer its own unit)."""
 
 from __future__ import annotations
 
@@ -92,3 +93,23 @@ def test_strategies_that_start_ranks_from_this_process_are_refused(strategy):
     with pytest.raises(ConfigError, match=f"sft.strategy={strategy} is not supported: .* Use sft.strategy=ddp"):
         check_config(OmegaConf.structured(SFTConfig(strategy=strategy)))
 
+
+def test_fsdp_wraps_each_decoder_layer(char_tokenizer):
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    from rlforge.models import build_tiny_llama
+    from rlforge.sft.run import HFBlocks
+
+    model = build_tiny_llama(char_tokenizer, hidden=64, layers=2, heads=1, ffn=128)
+    policy = HFBlocks()
+    wrapped = []
+
+    def visit(module):  # the order in which FSDP asks: a parent with recurse=True, then its children
+        if policy(module, True, 0):
+            for child in module.children():
+                visit(child)
+        if policy(module, False, 0):
+            wrapped.append(module)
+
+    visit(model)
+    assert [type(m) for m in wrapped] == [LlamaDecoderLayer, LlamaDecoderLayer]
