@@ -23,7 +23,6 @@ import torch
 from rlforge import batch as B
 from rlforge import checkpoint as ckpt
 from rlforge import lora
-from rlforge.agent.engine import call_backend, token_generator
 from rlforge.sampling import Generation, SamplingParams
 from rlforge.weight_sync import SyncStats, adapter_weights, timed
 from rlforge.capabilities import declared_methods, remote
@@ -81,6 +80,8 @@ class WorkerProcess:
         return builder, module
 
     def _start_engine(self, builder: Builder, model: Any, tokenizer: Any) -> None:
+        from rlforge.agent.engine import token_generator  # the agent machinery loads where an engine runs
+
         self.engine_model = model
         self.rollout = builder.rollout(model, tokenizer)
         self.tokens = token_generator(self.rollout, tokenizer, builder.capabilities("rollout").token_io)
@@ -92,6 +93,8 @@ class WorkerProcess:
     @remote("engine_requests", "flatten")
     def generate_tokens(self, prompts: list[list[int]], params: list[SamplingParams],
                         multi_modal: list[dict[str, Any] | None] | None = None) -> list[Generation]:
+        from rlforge.agent.engine import call_backend
+
         return call_backend(self.tokens, prompts, params, multi_modal)
 
     @remote()
