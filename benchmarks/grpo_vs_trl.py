@@ -1,7 +1,8 @@
 """Side-by-side GRPO step time: rlforge against TRL's GRPOTrainer on identical work.
 
 Same model folder (a random char-level Llama built here), same prompts, P prompts x G samples, exactly T
-new tokens per sample (min = max new tokens), one optimizer step per batch, fp32 on CPU, no KL term.
+new tokens per sample (min = max new tokens), one optimizer step per batch, fp32 on CPU (``--precision bf16-mixed``:
+autocast to bf16 in both), no KL term.
 The contenders alternate (A B C A B C ...), each round in a fresh process; the median seconds per step
 (first 2 steps of a round skipped: warm-up, vLLM's engine start) is reported.
 
@@ -134,8 +135,9 @@ def prompt_tokens(folder: str, rows: list[dict]) -> list[int]:
             for r in rows]
 
 
-def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf") -> list[float]:
-    return [h["timing_s/step"] for h in rlforge_history(folder, p, g, t, steps, engine)]
+def rlforge_steps(folder: Path, p: int, g: int, t: int, steps: int, engine: str = "hf",
+                  overrides: tuple[str, ...] = ()) -> list[float]:
+    return [h["timing_s/step"] for h in rlforge_history(folder, p, g, t, steps, engine, overrides=overrides)]
 
 
 def step_timer():
@@ -184,11 +186,18 @@ def trl_trainer(folder: Path, p: int, g: int, t: int, steps: int, out: str, time
     )
 
 
-def trl_steps(folder: Path, p: int, g: int, t: int, steps: int) -> list[float]:
+def trl_steps(folder: Path, p: int, g: int, t: int, steps: int, **config: Any) -> list[float]:
     timer = step_timer()
     with tempfile.TemporaryDirectory() as out:
-        trl_trainer(folder, p, g, t, steps, out, timer).train()
+        trl_trainer(folder, p, g, t, steps, out, timer, **config).train()
     return timer.times
+
+
+def precision(spec: dict) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The round's ``--precision`` as rlforge overrides and TRL ``GRPOConfig`` fields: ``bf16-mixed`` is autocast to
+    bf16 over fp32 weights in both (TRL's ``bf16=True``)."""
+    name = spec.get("precision", "32-true")
+    return (f"model.precision={name}",), {"bf16": name == "bf16-mixed"}
 
 
 def round_output(python: str, script: str, spec: dict):
@@ -220,6 +229,8 @@ def parse_work_args(doc: str | None, steps: int, out: str) -> argparse.Namespace
     parser.add_argument("--trl-python", default=sys.executable, help="interpreter of the environment with TRL")
     parser.add_argument("--prompt-prefix", type=int, default=0,
                         help="characters of instruction before every prompt, for both contenders (0: arith's prompts)")
+    parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true",
+                        help="both contenders: fp32, or autocast to bf16 over fp32 weights (TRL's bf16=True)")
     parser.add_argument("--round", help=argparse.SUPPRESS)  # internal: run one round, print its result as JSON
     parser.add_argument("--out", default=out)
     return parser.parse_args()
@@ -241,7 +252,7 @@ def contenders(args: argparse.Namespace) -> list[str]:
 def round_spec(who: str, folder: Path, args: argparse.Namespace) -> dict:
     """What a round of ``who`` runs, as JSON for its process; :func:`work` reads it back."""
     return {"who": who, "folder": str(folder), "p": args.prompts, "g": args.samples, "t": args.tokens,
-            "steps": args.steps, "prefix": args.prompt_prefix}
+            "steps": args.steps, "prefix": args.prompt_prefix, "precision": args.precision}
 
 
 def work(spec: dict) -> tuple[Path, int, int, int, int]:
@@ -251,8 +262,9 @@ def work(spec: dict) -> tuple[Path, int, int, int, int]:
 
 def main() -> None:
     args = parse_work_args(__doc__, steps=8, out="grpo_vs_trl.json")
-    if served_round(args, lambda spec: trl_steps(*work(spec)),
-                    lambda spec: rlforge_steps(*work(spec), engine=spec["who"].split("-", 1)[1])):
+    if served_round(args, lambda spec: trl_steps(*work(spec), **precision(spec)[1]),
+                    lambda spec: rlforge_steps(*work(spec), engine=spec["who"].split("-", 1)[1],
+                                               overrides=precision(spec)[0])):
         return
     times: dict[str, list[float]] = {who: [] for who in contenders(args)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,7 +275,7 @@ def main() -> None:
             print(f"{who}: {' '.join(f'{x:.3f}' for x in got[2:])} s/step", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     speedup = {who: med["trl"] / med[who] for who in times if who != "trl"}
-    result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
+    result = {"size": args.size, "precision": args.precision, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
               "median_s_per_step": med, "speedup_vs_trl": speedup, "times": times}
     print(f"{args.size} ({params / 1e6:.2f}M params), {args.prompts}x{args.samples}x{args.tokens}: "
           + ", ".join(f"{who} {s:.3f} s/step" for who, s in med.items()) + " -> "

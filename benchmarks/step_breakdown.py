@@ -41,6 +41,7 @@ from grpo_vs_trl import (
     build_model,
     contenders,
     parse_work_args,
+    precision,
     prefixed_data,
     rlforge_history,
     served_round,
@@ -148,7 +149,8 @@ class CpuMeter:
 def rlforge_round(spec: dict) -> list[dict]:
     meter = CpuMeter()
     with prefixed_data(spec) as (_, overrides):
-        history = rlforge_history(*work(spec), spec["who"].split("-", 1)[1], callbacks=(meter,), overrides=overrides)
+        history = rlforge_history(*work(spec), spec["who"].split("-", 1)[1], callbacks=(meter,),
+                                  overrides=(*overrides, *precision(spec)[0]))
     out = []
     for h, cpu in zip(history, meter.steps):
         row = {phase: sum(h.get(f"timing_s/{k}", 0.0) for k in keys) for phase, keys in RLFORGE_TIMINGS.items()}
@@ -194,7 +196,7 @@ def trl_round(spec: dict) -> list[dict]:
         setattr(trainer, method, timed_call)
 
     with tempfile.TemporaryDirectory() as out, prefixed_data(spec) as (rows, _):
-        trainer = trl_trainer(*work(spec), out, timer, rows=rows)
+        trainer = trl_trainer(*work(spec), out, timer, rows=rows, **precision(spec)[1])
         wrap(trainer, "_prepare_inputs", "prepare")
         wrap(trainer, "_generate", "gen")
         wrap(trainer, "_calculate_rewards", "reward")
@@ -260,7 +262,8 @@ def main() -> None:
             rows[who] += got[WARMUP:]
             print(f"{who}: " + " ".join(f"{r['step']:.3f}" for r in got[WARMUP:]) + " s/step", flush=True)
     gen_tokens = args.prompts * args.samples * args.tokens
-    result = {"size": args.size, "params": params, "P": args.prompts, "G": args.samples, "T": args.tokens,
+    result = {"size": args.size, "precision": args.precision, "params": params, "P": args.prompts, "G": args.samples,
+              "T": args.tokens,
               "threads": threads, "cpus": os.cpu_count(), "peak_gflops": peak, "peak_gflops_1t": peak_1t,
               "decode_bound_tokens_per_s": bound,
               "load_average_before": load_before, "load_average_after": os.getloadavg(),

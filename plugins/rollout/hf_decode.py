@@ -11,8 +11,10 @@ size. On CPU in fp32 the linear layers multiply by an input-major copy of their 
 prefilled once each, and where ``hf_cascade`` applies the cache holds them once and the attention reads them once per
 step (cascade attention). Optionally the one-token step runs through ``torch.compile`` (``rollout.hf.compile``, on transformers'
 ``StaticCache``, whose shapes do not change from step to step). Under autocast (a mixed
-``model.precision``), and for layer types that have no static layer, the cache grows by concatenation instead, as
-transformers' default cache does.
+``model.precision``) the filled-length cache holds keys and values in the compute dtype, the dtype the attention's
+autocast casts them to before reading them (the same results as a cache of the rotary embedding's fp32 keys); layer
+types that have no static layer, and the sliding-window and other layers under autocast, grow their cache by
+concatenation instead, as transformers' default cache does.
 
 Semantics (those of the ``generate`` call it replaces):
 
@@ -175,13 +177,20 @@ def _filled_layer() -> type:
     class FilledLayer(StaticLayer):
         """A static cache layer (storage allocated once, written in place) whose attention reads only the positions
         written so far, as a growing cache's does, instead of the whole allocation: the decoding step's attention
-        and key/value copies scale with the tokens so far, not with prompt + max_new_tokens."""
+        and key/value copies scale with the tokens so far, not with prompt + max_new_tokens. ``dtype``: the keys'
+        and values' storage dtype (default: the first keys'); under autocast the compute dtype, since the rotary
+        embedding hands the keys over in fp32 and the values in the compute dtype."""
 
         is_compileable = False  # its shapes change every step
 
-        def __init__(self, max_cache_len: int) -> None:
+        def __init__(self, max_cache_len: int, dtype: torch.dtype | None = None) -> None:
             super().__init__(max_cache_len)
             self.filled = 0
+            self.storage_dtype = dtype
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            dtype = self.storage_dtype or key_states.dtype  # (the static layer allocates both in the keys' dtype)
+            super().lazy_initialization(key_states.new_empty(key_states.shape, dtype=dtype), value_states)
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,10 +255,12 @@ class Decoder:
         length = width + new
         if self.compiled:
             length = -(-length // CACHE_LENGTH_STEP) * CACHE_LENGTH_STEP
-        # Under autocast the rotary embedding leaves the keys in fp32 and the values in the compute dtype, which a
-        # static cache (one dtype, written in place) cannot hold: a growing cache then, as transformers' own.
-        static = not torch.is_autocast_enabled(prompts.device.type)
-        if self.compiled and not static:
+        # Under autocast the rotary embedding leaves the keys in fp32 and the values in the compute dtype, which
+        # transformers' static layers (one dtype, the keys') cannot hold: the filled-length layer stores both in the
+        # compute dtype, other layer types grow by concatenation, as transformers' own cache does
+        autocast = torch.is_autocast_enabled(prompts.device.type)
+        compute = torch.get_autocast_dtype(prompts.device.type) if autocast else None
+        if self.compiled and autocast:
             raise RLForgeError("rollout.hf.compile=true decodes on a static KV cache, which transformers cannot keep "
                                "under autocast (a mixed model.precision): set rollout.hf.compile=false, or "
                                "model.precision=32-true or bf16-true.")
@@ -268,17 +279,17 @@ class Decoder:
                 raise RLForgeError(f"rollout.hf.compile=true decodes on transformers' static KV cache, which has no "
                                    f"layer of {type(self.model).__name__}'s type {exc}: set rollout.hf.compile=false."
                                    ) from None
-            cache, static = DynamicCache(config=config), False
+            cache = DynamicCache(config=config)
         layers = len(cache.layers)
         plain = all(type(layer) is StaticLayer for layer in cache.layers)
-        cascade = (static and plain and not self.compiled and not vision and len(distinct) < rows
+        cascade = (plain and not autocast and not self.compiled and not vision and len(distinct) < rows
                    and hf_cascade.worth_it(rows, len(distinct), width, config) and self._cascade_supported(config))
-        if not static and not isinstance(cache, DynamicCache):  # (autocast; not a model's own cache made above)
-            cache = DynamicCache(config=config)
-        elif cascade:
+        if cascade:
             cache = hf_cascade.shared_prompt_cache(layers, new)
         elif plain and not self.compiled:
-            cache = Cache(layers=[_filled_layer()(length) for _ in range(layers)])
+            cache = Cache(layers=[_filled_layer()(length, compute) for _ in range(layers)])
+        elif autocast and not isinstance(cache, DynamicCache):  # sliding-window layers & co.: a growing cache
+            cache = DynamicCache(config=config)
         if cascade:
             switches.enter_context(hf_cascade.switched(config))
         compacts = not self.compiled and _reorders_fully(cache)

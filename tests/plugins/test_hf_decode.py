@@ -24,12 +24,15 @@ MODELS = {  # name: (model factory, whether the filled-length cache applies)
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bf16_autocast"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_greedy_tokens_equal_generate(name: str, dtype: torch.dtype) -> None:
+def test_greedy_tokens_equal_generate(name: str, dtype: str) -> None:
+    """Also under autocast (fp32 weights, bf16 compute: a mixed model.precision), where the filled-length cache holds
+    the keys and values in bf16 and transformers' growing cache the rotary embedding's fp32 keys: the same tokens."""
     torch.manual_seed(0)
     factory, filled = MODELS[name]
-    model = factory().to(dtype).eval()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16_autocast")
+    model = factory().to(torch.bfloat16 if dtype == "bfloat16" else torch.float32).eval()
     caches = []
     model.register_forward_pre_hook(lambda m, a, kw: caches.append(kw.get("past_key_values")), with_kwargs=True)
     prompts = torch.randint(3, 50, (5, 7))
@@ -38,7 +41,7 @@ def test_greedy_tokens_equal_generate(name: str, dtype: torch.dtype) -> None:
     prompts[mask == 0] = 0
     decoder = Decoder(model, [2], 0)
     for new in (1, 6):
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             tokens, _ = decoder.decode(prompts, mask, SamplingParams(n=1, temperature=0.0, max_new_tokens=new))
             caches.clear()
             reference = model.generate(input_ids=prompts, attention_mask=mask, do_sample=False, max_new_tokens=new,
@@ -47,9 +50,12 @@ def test_greedy_tokens_equal_generate(name: str, dtype: torch.dtype) -> None:
         assert n >= 1 and torch.equal(reference[:, :n], tokens[:, :n])
         assert tokens.shape[1] == n or (tokens[:, n:] == 0).all()
     caches.clear()
-    with torch.no_grad():
+    with torch.no_grad(), autocast:
         decoder.decode(prompts, mask, SamplingParams(n=1, temperature=0.0, max_new_tokens=3))
     assert all(type(layer) is _filled_layer() for layer in caches[0].layers) == filled
+    if filled:  # the storage: the weights' dtype, or the compute dtype under autocast
+        assert {layer.keys.dtype for layer in caches[0].layers} == {layer.values.dtype for layer in caches[0].layers} \
+            == {torch.float32 if dtype == "float32" else torch.bfloat16}
 
 
 def test_finished_rows_leave_the_batch_with_the_same_tokens(monkeypatch) -> None:
@@ -157,7 +163,7 @@ def test_prompts_of_very_different_lengths_prefill_in_groups_with_the_same_token
 def test_repeated_prompts_prefill_once_each_with_the_same_tokens(precision: str) -> None:
     """The samples of a group repeat their prompt: each distinct prompt (its tokens and padding) runs through the
     prefill once and its rows get its keys and values: greedy tokens and log-probs are those of decoding the distinct
-    prompts alone, on the filled-length cache (fp32) and on the growing cache of a mixed precision (autocast)."""
+    prompts alone, on the filled-length cache, in fp32 and under autocast (a mixed precision)."""
     torch.manual_seed(0)
     model = MODELS["llama_gqa"][0]().eval()
     rows: list[int] = []
