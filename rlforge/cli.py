@@ -7,14 +7,17 @@ trainer). User mistakes are ``RLForgeError``s, printed as one line with exit sta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rlforge.config.checks import check_fit_keys, check_sft_layers
-from rlforge.errors import RLForgeError
+from rlforge.errors import RLForgeError, Terminated
 
 
 def _warn(pm: Any) -> Any:
@@ -334,18 +337,51 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(command: Callable[[], int]) -> int:
     try:
-        return command()
+        with _terminate_as_interrupt():
+            return command()
     except RLForgeError as exc:
         if os.environ.get("RLFORGE_TRACEBACK"):  # the whole chain: where a plugin's, loop's or tool's code failed
             traceback.print_exc()
         print(f"rlforge: error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("rlforge: terminated (SIGTERM); stopped as after Ctrl-C", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("rlforge: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `rlforge algos | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While a command runs in the main thread, a SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``), so a
+    preempted run stops as after Ctrl-C instead of dying where it stands (Python's default)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _child_default_sigterm() -> None:
+    """In a process forked while a command runs (a reward worker): a SIGTERM ends it (the default), as its parent's
+    ``terminate()`` expects, instead of raising :class:`Terminated` in code that does not expect it."""
+    if signal.getsignal(signal.SIGTERM) is _terminate:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_child_default_sigterm)
 
 
 if __name__ == "__main__":

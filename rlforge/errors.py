@@ -38,3 +38,9 @@ class UndeclaredMethod(RLForgeError, AttributeError):
 
 class NonFiniteError(RLForgeError):
     """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (a scheduler's preemption, ``kill``, ``docker stop``) while an ``rlforge`` command runs: it stops the
+    command as Ctrl-C does, through the same clean-up (checkpoint written in the background settled, hooks, loggers
+    closed, workers shut down), and the command exits with 143."""

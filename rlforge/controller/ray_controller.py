@@ -31,9 +31,13 @@ Ray is imported when this controller is built, never by the core.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -259,6 +263,11 @@ class RayController(GroupController):
         if self.ray.is_initialized():
             return False
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        with _sigterm_kept():
+            self._init(cfg)
+        return True
+
+    def _init(self, cfg: Any) -> None:
         if cfg.address:
             _reachable(cfg.address)
             try:
@@ -269,7 +278,6 @@ class RayController(GroupController):
                                    f"Ray instance of this run.") from None
         else:
             self.ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
-        return True
 
     def _pool(self, name: str, ranks: int, cpus: float, gpus: float, keys: str) -> ResourcePool:
         """A placement group of ``ranks`` bundles; ``keys``: the options that size it, named when it cannot be placed."""
@@ -378,7 +386,9 @@ class RayController(GroupController):
             self.reward.close()
         for transport in self.transports:
             transport.kill()
-        for pool in self.pools:
+        # the private instance's shutdown removes every placement group, and its GCS may be gone already (a SIGTERM
+        # to the process group ends it too), where removing one waits for the GCS forever
+        for pool in () if self.started_ray else self.pools:
             pool.remove()
         self.transports, self.pools = [], []
         if self.started_ray:
@@ -392,6 +402,22 @@ def rlforge_register(registry):
         "ray", RayController, config=RayConfig, description="worker groups as Ray actors on placement groups (pip install rlforge[ray])"
     )
 
+
+
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """``ray.init`` makes a SIGTERM exit the driver at once (``sys.exit``; its workers' shutdown then aborted the
+    process with a dump of Ray's stack): the handler the process had (the ``rlforge`` command's, which stops the run
+    as Ctrl-C does) is put back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None:  # (None: set outside Python, cannot be restored)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _reachable(address: str) -> None:

@@ -84,10 +84,18 @@ def test_a_cluster_address_nothing_answers_at_is_refused_by_name(tmp_path):
 def test_placement_a_local_cluster_cannot_hold_fails_at_once_and_stops_it(tmp_path):
     assert not ray.is_initialized()
     cfg = _config(tmp_path, "ray.num_cpus=2", "ray.cpus_per_worker=4", "ray.placement_timeout_s=600")
-    # a local cluster cannot grow: refused at once, not after the timeout
-    with pytest.raises(RLForgeError, match=r"cannot place the 'actor' pool \(2 x CPU 4\).* this run needs 8 CPU, and "
-                                           r"the local cluster has 2 \(ray.num_cpus=2"):
-        Trainer(cfg).fit()
+    def handler(signum, frame):  # the rlforge command's (which stops the run as Ctrl-C does)
+        raise AssertionError
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        # a local cluster cannot grow: refused at once, not after the timeout
+        with pytest.raises(RLForgeError, match=r"cannot place the 'actor' pool \(2 x CPU 4\).* this run needs 8 CPU, "
+                                               r"and the local cluster has 2 \(ray.num_cpus=2"):
+            Trainer(cfg).fit()
+        assert signal.getsignal(signal.SIGTERM) is handler  # ray.init's own (exit at once) was replaced again
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert not ray.is_initialized()  # the controller started this cluster, so it shut it down
 
 
