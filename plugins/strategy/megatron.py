@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlforge.capabilities import StrategyCapabilities
-from rlforge.errors import ConfigError, RLForgeError
+from rlforge.errors import ConfigError, RLForgeError, first_line
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 from rlforge.plugins.strategy.fsdp import LAUNCH_ENV, _device
@@ -101,6 +101,12 @@ class MegatronStrategy(ProcessGroupCollectives, BaseStrategy):
         self.config = config
         self.tp = int(config.strategy.megatron.tensor_parallel_size)
         self.device = _device(config.strategy.device)
+        try:  # what megatron-core's forward asks for the device of RoPE's frequencies and of its memory buffer
+            torch.cuda.current_device()
+        except (AssertionError, RuntimeError) as exc:  # a CPU build of torch; no GPU visible
+            raise RLForgeError(f"strategy.name=megatron needs a CUDA GPU: megatron-core's forward calls "
+                               f"torch.cuda.current_device() (RoPE, its memory buffer), which fails here "
+                               f"({first_line(exc)}). Use strategy.name=fsdp or tp on CPU.") from None
         if not torch.distributed.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             torch.distributed.init_process_group(backend, rank=int(os.environ["RANK"]),

@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from rlforge.errors import RLForgeError
 from rlforge.ops import position_ids_from_mask
 from rlforge.plugins.strategy.megatron_convert import Layout
 
@@ -26,13 +25,7 @@ class MegatronCausalLM(torch.nn.Module):
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask) if attention_mask is not None else (
                 torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids))
-        try:
-            logits = self.gpt(input_ids, position_ids, blocked(attention_mask, position_ids))
-        except AssertionError as exc:
-            if "CUDA" not in str(exc):
-                raise
-            raise RLForgeError("strategy.name=megatron needs a CUDA GPU: megatron-core's forward calls "
-                               "torch.cuda (RoPE, its memory buffer).") from exc
+        logits = self.gpt(input_ids, position_ids, blocked(attention_mask, position_ids))  # (CUDA: the strategy checks)
         logits = logits[..., :self.layout.vocab]
         if isinstance(logits_to_keep, torch.Tensor):
             logits = logits[:, logits_to_keep]

@@ -17,7 +17,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlforge import load_config
-from rlforge.errors import ConfigError
+from rlforge.errors import ConfigError, RLForgeError
 from rlforge.plugins.strategy.megatron_convert import (
     Layout,
     check_supported,
@@ -153,3 +153,17 @@ def test_converted_model_has_gptmodels_names_and_gives_the_hf_logits(strategy, b
         packed_ids, packed_pos = ids[mask.bool()][None], pos[mask.bool()][None]  # three sequences in one row
         packed = wrapped(input_ids=packed_ids, position_ids=packed_pos, attention_mask=None).logits[0]
         torch.testing.assert_close(packed, expected[mask.bool()], rtol=1e-4, atol=1e-5)
+
+
+def test_the_strategy_without_cuda_is_refused_when_it_starts(pm, monkeypatch) -> None:
+    """megatron-core's forward asks torch.cuda for its device: where that fails (a CPU build of torch, no GPU) the
+    strategy refuses to start, naming the reason, instead of failing at the first step of a started run."""
+    def no_cuda() -> int:
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    monkeypatch.setattr(torch.cuda, "current_device", no_cuda)
+    cfg = load_config("grpo", ["strategy.name=megatron", "strategy.device=cpu", "strategy.checkpoint=sharded",
+                               "trainer.controller=ray"], plugins=pm)
+    with launched(0, 1, free_port()), pytest.raises(RLForgeError, match=r"^strategy.name=megatron needs a CUDA GPU: "
+                                                                        r".*\(Torch not compiled with CUDA enabled\)"):
+        pm.registry.strategy.get("megatron")(cfg)
