@@ -81,6 +81,11 @@ class FSDPConfig:
     offload_params: list[str] = field(default_factory=list)  # models whose parameter and gradient shards wait in CPU memory, each layer gathered onto the device only while it computes; the optimizer then steps on the CPU: any of actor, ref, critic (FSDP2 CPUOffloadPolicy; verl's fsdp_config.param_offload)
 
 
+def _nccl_on_cpu(why: str) -> ConfigError:
+    return ConfigError(f"strategy.fsdp.backend=nccl reduces CUDA tensors only, and {why}: set "
+                       f"strategy.fsdp.backend=gloo or auto (gloo on CPU).")
+
+
 class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
     """FSDP2 data parallelism; parameters, gradients and optimizer state are sharded over the ranks."""
 
@@ -94,6 +99,8 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
         f = config.strategy.fsdp
         if f.backend not in BACKENDS:
             raise ConfigError(f"strategy.fsdp.backend='{f.backend}'. Allowed: {', '.join(BACKENDS)}.")
+        if f.backend == "nccl" and str(config.strategy.device).split(":")[0] == "cpu":
+            raise _nccl_on_cpu("strategy.device=cpu")
         if f.weight_sync_bucket_mb <= 0:
             raise ConfigError(f"strategy.fsdp.weight_sync_bucket_mb must be > 0, got {f.weight_sync_bucket_mb}.")
         check_sequence_parallel(config, registry)
@@ -113,6 +120,8 @@ class FSDPStrategy(ProcessGroupCollectives, BaseStrategy):
         self._sp_size = int(f.sequence_parallel_size)
         self.device = _device(s.device)
         backend = f.backend if f.backend != "auto" else ("nccl" if self.device.type == "cuda" else "gloo")
+        if backend == "nccl" and self.device.type != "cuda":  # (strategy.device=auto on a rank that sees no GPU)
+            raise _nccl_on_cpu(f"this rank's device is {self.device}")
         if not torch.distributed.is_initialized():
             torch.distributed.init_process_group(backend, rank=self.rank, world_size=self.world_size)
         from torch.distributed.fsdp import MixedPrecisionPolicy

@@ -275,3 +275,26 @@ def test_fsdp_under_the_local_controller_says_to_use_a_launcher(tmp_path):
 
     with pytest.raises(ConfigError, match="needs one process per rank.*Set trainer.controller=ray, or torchrun"):
         load_config("grpo", [*COMMON, "strategy.name=fsdp", f"trainer.runs_root={tmp_path}"])  # when composed
+
+
+def test_nccl_on_a_cpu_device_is_refused_when_composed_or_when_the_rank_starts(monkeypatch):
+    """nccl reduces CUDA tensors only: with strategy.device=cpu refused when the config is composed; with
+    strategy.device=auto, on a rank that sees no GPU, when its strategy starts (before the process group: no gloo
+    or nccl set-up to time out)."""
+    from rlforge.errors import ConfigError
+
+    pm = PluginManager(autoload=False)
+    dist = ["strategy.name=fsdp", "strategy.num_processes=2", "trainer.controller=ray", "strategy.fsdp.backend=nccl"]
+    with pytest.raises(ConfigError, match=r"^strategy.fsdp.backend=nccl reduces CUDA tensors only, and "
+                                          r"strategy.device=cpu: set strategy.fsdp.backend=gloo or auto"):
+        _config(pm, *dist, "strategy.device=cpu")
+    if torch.cuda.is_available():
+        return
+    cfg = _config(pm, *dist, "strategy.device=auto")
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError, match=r"^strategy.fsdp.backend=nccl reduces CUDA tensors only, and this rank's "
+                                          r"device is cpu"):
+        pm.registry.strategy.get("fsdp")(cfg)
+    assert not torch.distributed.is_initialized()
