@@ -144,14 +144,15 @@ class Builder:
             yield
         except RLForgeError:
             raise
-        except Exception as exc:  # noqa: BLE001 (whatever a logger plugin raises, named)
-            if diskio.failed_write(exc) is not None:
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 (whatever a logger plugin raises, named; a client
+            if diskio.failed_write(exc) is not None:  # library's sys.exit would end the run without a word)
                 raise
             plugin = self.registry.logger.entry(name).plugin
             resume = "" if when == "to start" else "; trainer.resume=auto continues the run"
-            raise RLForgeError(f"The logger '{name}' (logger.backends; plugin {plugin}) failed {when}: "
-                               f"{type(exc).__name__}: {first_line(exc)}. {fix}, or leave '{name}' out of "
-                               f"logger.backends{resume}.") from exc
+            what = (f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit)
+                    else f"{type(exc).__name__}: {first_line(exc)}")
+            raise RLForgeError(f"The logger '{name}' (logger.backends; plugin {plugin}) failed {when}: {what}. {fix}, "
+                               f"or leave '{name}' out of logger.backends{resume}.") from exc
 
     def dataset(self, split: str) -> list[dict[str, Any]]:
         """The rows of ``split`` (``train`` or ``val``) of ``data.name``. A reward manager that defines

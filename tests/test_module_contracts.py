@@ -299,6 +299,14 @@ def test_a_logger_plugin_that_raises_is_named(tmp_path) -> None:
                                            r"failed to start: ValueError: invalid literal"):
         Trainer(cfg, plugins=pm).fit()
 
+    def exits(self, config, run_dir):  # as a client library may on a failed login: named, not a silent exit
+        raise SystemExit(3)
+
+    BrokenLogger.__init__ = exits  # type: ignore[method-assign]
+    with pytest.raises(RLForgeError, match=r"^The logger 'broken' \(logger.backends; plugin broken_logger_plugin\) "
+                                           r"failed to start: called sys.exit\(3\)\. Fix its settings or the plugin"):
+        Trainer(cfg, plugins=pm).fit()
+
 
 def test_a_one_number_numpy_metric_is_taken_as_reward_functions_return_them() -> None:
     import numpy as np
