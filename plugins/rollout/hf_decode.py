@@ -1,8 +1,8 @@
-"""The ``hf`` engine's decoding loop: batched sampling on a preallocated KV cache, one model call per new token.
+"""The ``hf`` engine's decoding loop: batched sampling on a KV cache written in place, one model call per new token.
 
 It replaces transformers' ``generate`` (docs/performance.md: 10-15% less time per batch in the CPU benchmarks, the
-same tokens): no logits processors, stopping criteria or per-step output lists, the KV cache allocated once and
-written in place (no re-allocation per token) with the attention reading only the positions written so far
+same tokens): no logits processors, stopping criteria or per-step output lists, the KV cache written in place (no
+re-allocation per token: it doubles when full) with the attention reading only the positions written so far
 (``_filled_layer``; 9% less time per 20.6M batch than reading the whole allocation), the attention mask allocated
 once for the whole call, and one set
 of batched tensor operations per token for the sampling, the log-probs and the finished rows, whatever the batch
@@ -12,9 +12,9 @@ prefilled once each, and where ``hf_cascade`` applies the cache holds them once 
 step (cascade attention). Optionally the one-token step runs through ``torch.compile`` (``rollout.hf.compile``, on transformers'
 ``StaticCache``, whose shapes do not change from step to step). Under autocast (a mixed
 ``model.precision``) the filled-length cache holds keys and values in the compute dtype, the dtype the attention's
-autocast casts them to before reading them (the same results as a cache of the rotary embedding's fp32 keys); layer
-types that have no static layer, and the sliding-window and other layers under autocast, grow their cache by
-concatenation instead, as transformers' default cache does.
+autocast casts them to before reading them (the same results as transformers' growing cache, which holds both in
+fp32 there); layer types that have no static layer, and the sliding-window and other layers under autocast, grow
+their cache by concatenation instead, as transformers' default cache does.
 
 Semantics (those of the ``generate`` call it replaces):
 
@@ -54,6 +54,7 @@ else:
     torch = lazy_import("torch")
 
 CACHE_LENGTH_STEP = 64  # compiled steps: the cache length is rounded up to a multiple of this, so shapes repeat
+CACHE_GROWS_FROM = 256  # the filled-length cache's first allocation: the prompt + this many positions, then doubling
 # finished rows leave the decoding batch (their KV-cache rows dropped) once at most this share of its rows still runs:
 # a heavy-tailed batch then costs the tokens it generates, not its longest row times its size (docs/performance.md)
 COMPACT_BELOW = 0.75
@@ -175,11 +176,13 @@ def _filled_layer() -> type:
     from transformers.cache_utils import StaticLayer
 
     class FilledLayer(StaticLayer):
-        """A static cache layer (storage allocated once, written in place) whose attention reads only the positions
-        written so far, as a growing cache's does, instead of the whole allocation: the decoding step's attention
-        and key/value copies scale with the tokens so far, not with prompt + max_new_tokens. ``dtype``: the keys'
-        and values' storage dtype (default: the first keys'); under autocast the compute dtype, since the rotary
-        embedding hands the keys over in fp32 and the values in the compute dtype."""
+        """A static cache layer (written in place) whose attention reads only the positions written so far, as a
+        growing cache's does, instead of the whole allocation: the decoding step's attention and key/value copies
+        scale with the tokens so far, not with prompt + max_new_tokens. Its storage starts at the first keys'
+        length + ``CACHE_GROWS_FROM`` positions (at most ``max_cache_len``) and doubles when full: the memory follows
+        the longest response so far, not ``max_new_tokens``, with at most twice the positions copied. ``dtype``: the
+        keys' and values' storage dtype (default: the first keys'); under autocast the compute dtype (the rotary
+        embedding hands the keys over in fp32, the values in the compute dtype)."""
 
         is_compileable = False  # its shapes change every step
 
@@ -190,13 +193,23 @@ def _filled_layer() -> type:
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
             dtype = self.storage_dtype or key_states.dtype  # (the static layer allocates both in the keys' dtype)
-            super().lazy_initialization(key_states.new_empty(key_states.shape, dtype=dtype), value_states)
+            limit, self.max_cache_len = self.max_cache_len, min(self.max_cache_len,
+                                                                key_states.shape[-2] + CACHE_GROWS_FROM)
+            try:  # the static layer allocates max_cache_len positions
+                super().lazy_initialization(key_states.new_empty(key_states.shape, dtype=dtype), value_states)
+            finally:
+                self.max_cache_len = limit
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
                    ) -> tuple[torch.Tensor, torch.Tensor]:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             start, self.filled = self.filled, self.filled + key_states.shape[-2]
+            room = self.keys.shape[-2]
+            if self.filled > room:
+                grown = min(self.max_cache_len, max(self.filled, 2 * room))
+                self.keys, self.values = (torch.cat([t, t.new_zeros(*t.shape[:2], grown - room, t.shape[-1])], -2)
+                                          for t in (self.keys, self.values))
             # a slice copy: the static layer's index_copy_ costs ~8x as much per decoding step
             self.keys[:, :, start: self.filled].copy_(key_states)
             self.values[:, :, start: self.filled].copy_(value_states)

@@ -89,6 +89,37 @@ def test_finished_rows_leave_the_batch_with_the_same_tokens(monkeypatch) -> None
     assert all(torch.equal(a, b) for a, b in zip(first, again))  # seeded: reproducible with compaction too
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16_autocast"])
+def test_the_filled_length_cache_grows_as_responses_do_with_the_same_tokens(monkeypatch, precision: str) -> None:
+    """The cache starts at the prompt + CACHE_GROWS_FROM positions and doubles when full (also after finished rows
+    left the batch): the same greedy tokens and log-probs as one allocation of the call's whole length, and where
+    every response stops early the storage stays far below prompt + max_new_tokens (helper-67: under autocast the
+    whole length was allocated, 4.8x the memory of the growing cache it replaced)."""
+    import rlforge.plugins.rollout.hf_decode as hf_decode
+
+    torch.manual_seed(0)
+    model = MODELS["llama_gqa"][0]().eval()
+    caches: list = []
+    model.register_forward_pre_hook(lambda m, a, kw: caches.append(kw.get("past_key_values")), with_kwargs=True)
+    prompts = torch.randint(3, 50, (8, 5))
+    mask = torch.ones_like(prompts)
+    mask[0, :2] = 0
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=40)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16_autocast")
+    with torch.no_grad(), autocast:
+        free, _ = Decoder(model, [], 0).decode(prompts, mask, greedy)
+        stops = sorted({int(free[i, 3]) for i in range(4)})  # rows 0-3 stop by their fourth token
+        whole = Decoder(model, stops, 0).decode(prompts, mask, greedy)
+        monkeypatch.setattr(hf_decode, "CACHE_GROWS_FROM", 2)  # grows at 7, 14, 28, 45 positions
+        caches.clear()
+        grown = Decoder(model, stops, 0).decode(prompts, mask, greedy)
+    assert torch.equal(whole[0], grown[0]) and torch.equal(whole[1], grown[1])
+    assert {layer.keys.shape[-2] for layer in caches[-1].layers} == {45}  # doubled to the call's length, at most
+    with torch.no_grad(), autocast:
+        Decoder(model, list(range(50)), 0).decode(prompts, mask, greedy)  # every row stops at its first token
+    assert {layer.keys.shape[-2] for layer in caches[-1].layers} == {7}
+
+
 def test_caches_the_loop_cannot_shrink_or_build_and_models_that_ignore_the_cache() -> None:
     """helper-49's findings: an indexed-attention cache (Qwen4-Exp), whose reorder leaves its indexer state at the old
     batch, keeps every row (the tokens of generate, no crash); a layer type with no static layer (DeepSeek-V4's
