@@ -343,22 +343,35 @@ def _run(command: Callable[[], int]) -> int:
         if os.environ.get("RLFORGE_TRACEBACK"):  # the whole chain: where a plugin's, loop's or tool's code failed
             traceback.print_exc()
         print(f"rlforge: error: {exc}", file=sys.stderr)
-        return 2
-    except Terminated:
-        print("rlforge: terminated (SIGTERM); stopped as after Ctrl-C", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("rlforge: interrupted", file=sys.stderr)
-        return 130
+        return _stopped() if _TERMINATED.is_set() else 2  # (an error of the stop, e.g. a worker the signal ended)
+    except KeyboardInterrupt:  # Ctrl-C; a Terminated, or one a library raised anew from it (Ray's waits do)
+        return _stopped()
+    except SystemExit:
+        if not _TERMINATED.is_set():
+            raise
+        return _stopped()  # the exit a library made of the interrupt (Lightning's, under rlforge sft)
     except BrokenPipeError:  # e.g. `rlforge algos | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _stopped() -> int:
+    """The line and exit status of a command stopped by a SIGTERM (143), else by Ctrl-C (130)."""
+    if _TERMINATED.is_set():
+        print("rlforge: terminated (SIGTERM); stopped as after Ctrl-C", file=sys.stderr)
+        return 143
+    print("rlforge: interrupted", file=sys.stderr)
+    return 130
+
+
+_TERMINATED = threading.Event()  # a SIGTERM stopped the running command
 
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
     """While a command runs in the main thread, a SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``), so a
     preempted run stops as after Ctrl-C instead of dying where it stands (Python's default)."""
+    _TERMINATED.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -366,12 +379,31 @@ def _terminate_as_interrupt() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # once stopped by one, a later SIGTERM must not end the process on its way out (status -15, not 143)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if _TERMINATED.is_set() else previous)
 
 
 def _terminate(signum: int, frame: Any) -> None:
+    """The first SIGTERM raises :class:`Terminated`; a repeat (a scheduler's, or the one a process group gets) lets the
+    clean-up the first one started finish. One that lands inside an import is sent again 50 ms later: an exception
+    there can leave a module half-imported, which a library may catch and go on with."""
+    if _TERMINATED.is_set():
+        return
+    if _importing(frame):
+        again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
+        again.daemon = True
+        again.start()
+        return
+    _TERMINATED.set()
     raise Terminated()
+
+
+def _importing(frame: Any) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _child_default_sigterm() -> None:

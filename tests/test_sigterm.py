@@ -1,7 +1,9 @@
 """A SIGTERM (a scheduler's preemption, ``kill``, ``docker stop``) stops an ``rlforge`` command as Ctrl-C does: the
 checkpoint being written in the background is settled, the reward workers and loggers are closed, the command exits
 with 143 and one line, and the run resumes. Sent to the whole process group, as a scheduler or ``timeout`` sends it
-(the reward workers get it too: they end, their parent stops the run)."""
+(the reward workers get it too: they end, their parent stops the run), and again while the clean-up runs (ignored).
+Also under ``rlforge sft`` (Lightning's own handler passes it on and exits), and one that lands inside an import is
+sent again after it (an exception there could leave a module half-imported)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ def test_sigterm_to_the_process_group_stops_the_run_as_ctrl_c_and_it_resumes(tmp
     else:
         raise AssertionError(run.stderr.read() if run.stderr else "no step line")
     os.killpg(run.pid, signal.SIGTERM)
+    time.sleep(0.05)  # a repeat (a scheduler's, or a supervisor's) lets the clean-up the first one started finish
+    os.killpg(run.pid, signal.SIGTERM)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 143, err[-3000:]
     assert err.rstrip().endswith("rlforge: terminated (SIGTERM); stopped as after Ctrl-C"), err[-3000:]
@@ -56,3 +60,35 @@ def test_sigterm_to_the_process_group_stops_the_run_as_ctrl_c_and_it_resumes(tmp
     assert resumed.returncode == 0, err[-3000:]
     assert f"(step {last})" in err + out, (out[-2000:], err[-2000:])
     assert re.search(rf"step\s+{last + 1}/{last + 1}", out), out[-2000:]
+
+
+def test_sigterm_stops_rlforge_sft_with_the_same_line_and_status(tmp_path) -> None:
+    out = tmp_path / "sft"
+    run = subprocess.Popen([sys.executable, "-m", "rlforge.cli", "sft", "sft.steps=100000", "sft.save_every=20",
+                            f"sft.output_dir={out}", "sft.loggers=[]"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
+    while not (out / "checkpoints" / "last.ckpt").exists():  # training under way
+        assert run.poll() is None, run.stderr.read() if run.stderr else ""
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGTERM)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 143, err[-3000:]
+    assert err.rstrip().endswith("rlforge: terminated (SIGTERM); stopped as after Ctrl-C"), err[-3000:]
+
+
+KILLER = """import os, signal, time
+os.kill(os.getpid(), signal.SIGTERM)  # lands while this module is being imported
+time.sleep(0.3)
+whole = True
+"""
+
+
+def test_a_sigterm_inside_an_import_is_sent_again_after_it(tmp_path) -> None:
+    (tmp_path / "killer.py").write_text(KILLER)
+    code = ("import importlib, sys, time\nfrom rlforge.cli import _run\n"
+            "def command():\n    module = importlib.import_module('killer')\n    print('imported', module.whole, "
+            "flush=True)\n    time.sleep(60)\n    return 0\nsys.exit(_run(command))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert out.returncode == 143, out.stderr[-3000:]
+    assert out.stdout == "imported True\n" and "Traceback" not in out.stderr, (out.stdout, out.stderr[-3000:])

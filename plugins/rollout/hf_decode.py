@@ -185,6 +185,9 @@ def _filled_layer() -> type:
         embedding hands the keys over in fp32, the values in the compute dtype)."""
 
         is_compileable = False  # its shapes change every step
+        max_cache_len: int
+        keys: torch.Tensor
+        values: torch.Tensor
 
         def __init__(self, max_cache_len: int, dtype: torch.dtype | None = None) -> None:
             super().__init__(max_cache_len)

@@ -98,7 +98,10 @@ class Channel:
         import torch
 
         if self.rank == 0 and not self.busy:
-            torch.distributed.scatter_object_list([None], [("", STOP, None)] * self.world, src=0, group=self.group)
+            try:
+                torch.distributed.scatter_object_list([None], [("", STOP, None)] * self.world, src=0, group=self.group)
+            except RuntimeError:  # the other ranks have left already: a SIGTERM reaches every rank torchrun started
+                pass  # (gloo: "Connection closed by peer"), and nothing is left to stop
 
     def _execute(self, role: str, method: str, args: tuple | None) -> tuple[str, Any]:
         if args is None:
