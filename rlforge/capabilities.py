@@ -77,6 +77,9 @@ class LoggerCapabilities:
 
     # has log_generations(rows, step): shows trainer.log_val_generations' rows
     shows_generations: bool = field(default=False, metadata={"method": "log_generations"})
+    # has close_as(outcome), called instead of close(): marks how the run ended, "finished", "failed" (an exception)
+    # or "killed" (Ctrl-C, SIGTERM), as its tracker shows it
+    marks_outcome: bool = field(default=False, metadata={"method": "close_as"})
 
 
 def declared(kind: str, name: str, obj: Any, declaration: type, given: Any = None) -> Any:

@@ -229,7 +229,9 @@ class Logger(Protocol):
     """Receives metrics. Registered under ``logger``; built as ``factory(config, run_dir)``. A logger that declares
     ``capabilities = LoggerCapabilities(shows_generations=True)`` (rlforge.capabilities) defines
     ``log_generations(rows, step)``, which shows ``trainer.log_val_generations``' rows ({input, output, score}) its own
-    way (wandb: a table; tensorboard: text); every logger gets their file through ``log_artifact``."""
+    way (wandb: a table; tensorboard: text); every logger gets their file through ``log_artifact``. One that declares
+    ``LoggerCapabilities(marks_outcome=True)`` defines ``close_as(outcome)``, called instead of ``close()`` with how
+    the run ended: "finished", "failed" or "killed" (Ctrl-C, SIGTERM)."""
 
     def log_params(self, params: dict[str, Any]) -> None: ...
 

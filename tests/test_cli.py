@@ -146,8 +146,9 @@ def test_plugins_list_header_and_tool_plugins(capsys, monkeypatch) -> None:
     first = out.splitlines()[0]
     assert first.startswith("# hook spec version 2; entry-point plugins: off (RLFORGE_DISABLE_PLUGIN_AUTOLOAD)")
     assert "plugins.disable=[NAME,...]" in first
-    for comp in ("logger:tensorboard", "logger:wandb"):
-        assert f"    {comp}  (capabilities: shows_generations)\n" in out
+    assert "    logger:tensorboard  (capabilities: shows_generations)\n" in out
+    assert "    logger:wandb  (capabilities: shows_generations, marks_outcome)\n" in out
+    assert "    logger:mlflow  (capabilities: marks_outcome)\n" in out
     assert "rlforge.plugins.logger.plots  (builtin, rlforge " in out
     monkeypatch.delenv("RLFORGE_DISABLE_PLUGIN_AUTOLOAD")
     assert main(["plugins", "list"]) == 0

@@ -14,6 +14,7 @@ import torch
 from rlforge import Trainer, module_checks
 from rlforge import batch as B
 from rlforge.algorithms.grpo import GRPO
+from rlforge.capabilities import LoggerCapabilities
 from rlforge.dataflow import DataFlow, Stage
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
@@ -333,3 +334,71 @@ def test_a_plugin_dataset_that_returns_no_list_of_rows_is_named(tmp_path) -> Non
     with pytest.raises(RLForgeError, match=r"^The dataset 'as_dict' \(data.name; plugin dict_dataset_plugin\) returned "
                                            r"dict for the train split: it returns a list \(a sequence\) of rows"):
         Trainer(cfg, plugins=pm).fit()
+
+
+ENDINGS: list[tuple[str, str]] = []
+
+
+class MarksOutcome:
+    """A logger that declares marks_outcome: closed with how the run ended."""
+
+    capabilities = LoggerCapabilities(marks_outcome=True)
+
+    def __init__(self, config, run_dir):
+        pass
+
+    def log_params(self, params):
+        pass
+
+    def log_metrics(self, metrics, step):
+        pass
+
+    def log_artifact(self, path):
+        pass
+
+    def close(self):
+        ENDINGS.append(("marks", "close"))
+
+    def close_as(self, outcome):
+        ENDINGS.append(("marks", outcome))
+
+
+class Plain(MarksOutcome):
+    capabilities = LoggerCapabilities()
+
+    def close(self):
+        ENDINGS.append(("plain", "close"))
+
+
+class RegistersOutcomeLoggers:
+    @hookimpl
+    def rlforge_register(self, registry):
+        registry.logger.register("marks", MarksOutcome)
+        registry.logger.register("plain", Plain)
+
+
+class StopsAtStep:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    @hookimpl
+    def rlforge_step_start(self, step):
+        raise self.error
+
+
+def test_a_logger_that_marks_the_outcome_is_closed_with_how_the_run_ended(tmp_path) -> None:
+    """finished; killed by Ctrl-C or SIGTERM (a KeyboardInterrupt); failed by any other exception. A logger that does
+    not declare marks_outcome gets close() (mlflow ends its run FINISHED/FAILED/KILLED, wandb with exit code 0/1)."""
+    from rlforge.plugin_manager import PluginManager
+
+    pm = PluginManager(autoload=False)
+    pm.register(RegistersOutcomeLoggers(), name="outcome_loggers")
+    cfg = fast_config("grpo", tmp_path, *TINY, "logger.backends=[marks,plain]", plugins=pm)
+    ENDINGS.clear()
+    Trainer(cfg, plugins=pm).fit()
+    assert ENDINGS == [("marks", "finished"), ("plain", "close")]
+    for error, outcome in ((KeyboardInterrupt(), "killed"), (RuntimeError("boom"), "failed")):
+        ENDINGS.clear()
+        with pytest.raises(type(error)):
+            Trainer(cfg, plugins=pm, callbacks=[StopsAtStep(error)]).fit()
+        assert ENDINGS == [("marks", outcome), ("plain", "close")]

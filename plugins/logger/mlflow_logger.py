@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlforge import diskio, reach
+from rlforge.capabilities import LoggerCapabilities
 from rlforge.errors import RLForgeError, first_line
 from rlforge.hookspecs import hookimpl
 from rlforge.tools.plots import MLFLOW_STORE_FILE, local_store, recorded_store
@@ -81,6 +82,8 @@ class MlflowLogger:
     ``<run_dir>/mlflow_run_id``, its store in ``<run_dir>/mlflow_tracking_uri``): a resumed run pointed at another
     store starts a new mlflow run there.
     """
+
+    capabilities = LoggerCapabilities(marks_outcome=True)  # close_as
 
     def __init__(self, config: Any, run_dir: str) -> None:
         os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "true")
@@ -161,12 +164,16 @@ class MlflowLogger:
         self.mlflow.log_artifact(path)
 
     def close(self) -> None:
+        self.close_as("finished")
+
+    def close_as(self, outcome: str) -> None:
+        """Ends the mlflow run as FINISHED, FAILED or KILLED (Ctrl-C, SIGTERM), as Lightning's mlflow logger does."""
         try:
             self._settle()
         except diskio.WriteFailure as exc:  # the run already stopped, or the end of the run reported it
             log.warning("%s", exc)
         finally:
-            self.mlflow.end_run()
+            self.mlflow.end_run(status=outcome.upper())
 
 
 @contextlib.contextmanager

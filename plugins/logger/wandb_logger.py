@@ -19,7 +19,7 @@ from rlforge.lazy import optional_import
 class WandbLogger:
     """Logs params (the run config), metrics (same names as every other logger) and artifacts to wandb."""
 
-    capabilities = LoggerCapabilities(shows_generations=True)  # log_generations
+    capabilities = LoggerCapabilities(shows_generations=True, marks_outcome=True)  # log_generations, close_as
 
     def __init__(self, config: Any, run_dir: str) -> None:
         self.wandb = wandb = optional_import("wandb", "logger.backends includes 'wandb'", "pip install wandb")
@@ -63,7 +63,11 @@ class WandbLogger:
         self.generations = table
 
     def close(self) -> None:
-        self.run.finish()
+        self.close_as("finished")
+
+    def close_as(self, outcome: str) -> None:
+        """A run that did not finish ends with exit code 1: wandb shows it as failed."""
+        self.run.finish(exit_code=0 if outcome == "finished" else 1)
 
 
 @hookimpl

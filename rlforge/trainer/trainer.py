@@ -126,20 +126,20 @@ class Trainer:
             with resume.starting(binding):  # a start that fails frees the folder: nothing was trained
                 self.controller = self.builder.controller(module)  # loads the models this process needs
             self.loggers = []
-            failed = False
+            outcome = "finished"
             try:
                 with resume.starting(binding):
                     self.loggers = self.builder.loggers(str(self.run_dir))
                 return self._fit(module, self.flow, binding)
             except BaseException as exc:
-                failed = True
+                outcome = "killed" if isinstance(exc, KeyboardInterrupt) else "failed"
                 self.pipeline.close()  # the rollout thread stops before the plugins release what it may use
                 self._settle_checkpoint()
                 self.hook.rlforge_exception(trainer=self, exception=exc)
                 raise
             finally:
                 self.pipeline.close()
-                self._close_loggers(failed)
+                self._close_loggers(outcome)
                 self.controller.shutdown()
         finally:
             binding.lock.release()
@@ -275,15 +275,18 @@ class Trainer:
                 with self.builder.logger_failures(name, f"in log_metrics at step {step}"):
                     lg.log_metrics(metrics, step)
 
-    def _close_loggers(self, failed: bool) -> None:
-        """Close every logger; one that fails to is an error, or a warning where the run failed already (``failed``:
-        its own error is the one to show)."""
+    def _close_loggers(self, outcome: str) -> None:
+        """Close every logger (``close_as(outcome)`` where it declares ``marks_outcome``: "finished", "failed",
+        "killed"); one that fails to is an error, or a warning where the run failed already (its own error is the one
+        to show)."""
+        declared = self.builder.registry.logger
         for lg, name in zip(self.loggers, self.config.logger.backends):
+            marks = declared.entry(name).capabilities.marks_outcome
             try:
-                with self.builder.logger_failures(name, f"in close at step {self.step}"):
-                    lg.close()
+                with self.builder.logger_failures(name, f"in {'close_as' if marks else 'close'} at step {self.step}"):
+                    lg.close_as(outcome) if marks else lg.close()  # type: ignore[attr-defined]
             except RLForgeError as exc:
-                if not failed:
+                if outcome == "finished":
                     raise
                 log.warning("%s", exc)
 

@@ -315,7 +315,8 @@ def test_mlflow_runs_share_one_store_from_the_environment(monkeypatch, tmp_path)
     sources = ["math (hard)", "it's", "gsm8k/", "a//b", "../up", "x(1)", "x[1]", "s" * 300]
     lg.log_params({"routes": {source: i for i, source in enumerate(sources)}})
     lg.log_metrics({f"val/{source}/accuracy": 1.0 for source in sources}, step=1)
-    lg.close()
+    lg.close_as("killed")  # (marks_outcome: how the trainer closes it)
+    assert [client.get_run(i).info.status for i in ids[:2]] == ["FINISHED", "KILLED"]
     params = {k: v for k, v in client.get_run(ids[1]).data.params.items() if k.startswith("routes.")}
     assert sorted(params.values(), key=int) == [str(i) for i in range(len(sources))]  # none lost
     assert params["routes.math _hard_"] == "0" and params["routes.gsm8k/_"] == "2" and params["routes.a/_/b"] == "3"
