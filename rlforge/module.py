@@ -49,6 +49,13 @@ class LossContext:
     step: int = 0  # the training step this update belongs to (the driver's, sent with each update call)
 
 
+def builtin_metric(module: str, name: str, where: str) -> RLForgeError:
+    """The error of a ``log`` whose name is one of the metrics rlforge writes for the step (one would hide the other)."""
+    return RLForgeError(f"{module}.log({name!r}) in {where}: rlforge writes the metric {name!r} itself in this step, "
+                        f"and one value would replace the other. Log yours under a name of its own (e.g. "
+                        f"'custom/{name.rsplit('/', 1)[-1]}').")
+
+
 class RLModule:
     """Base class of every algorithm. Subclass, override the verbs, register with a name.
 
@@ -78,6 +85,7 @@ class RLModule:
         # the models this process loads (None: all the algorithm needs): a rank loads only its role's (``loads``)
         self.roles: Collection[str] | None = None
         self._metrics: dict[str, float] | None = None  # the running step's metrics sink (set by the Trainer)
+        self._logged: dict[str, float] = {}  # what log() put there this step (reset by the Trainer at each step)
         self._on_worker = False  # built by a worker process (a Ray or torchrun rank), not the driver
         self._fitting = False  # a Trainer is fitting it: log() outside a step raises rather than drop the value
         self._registry: Any = None  # the run's registries (set by the Builder)
@@ -106,10 +114,13 @@ class RLModule:
         ``value_loss``), which the worker collects and returns with the update's metrics (rank 0's value under
         several ranks), under every controller. Where no step runs it raises while a Trainer fits the module (as
         Lightning's does in ``configure_optimizers``) and in a worker process: nothing would deliver the value. A
-        module used without a Trainer ignores it."""
+        module used without a Trainer ignores it. A name rlforge writes for the step itself is an error
+        (:func:`builtin_metric`), whichever is written first; the module's own names may be logged again."""
         caller = sys._getframe(1).f_code.co_qualname
         if self._metrics is not None:
-            self._metrics[name] = float(as_number(name, value, f"self.log in {caller}"))
+            if name in self._metrics and name not in self._logged:
+                raise builtin_metric(type(self).__name__, name, caller)
+            self._metrics[name] = self._logged[name] = float(as_number(name, value, f"self.log in {caller}"))
         elif self._on_worker:
             raise RLForgeError(
                 f"{type(self).__name__}.log({name!r}) was called in a worker process outside an update (in {caller}), "
@@ -122,6 +133,14 @@ class RLModule:
                 f"would get the value (Lightning refuses self.log in configure_optimizers too). Log from what a step "
                 f"runs (compute_rewards, compute_advantages, on_rollout_end, on_train_step_end, a stage's ctx.log) or "
                 f"an update (training_step, policy_loss), or return the value (validate returns its metrics).")
+
+    def _check_logged(self, metrics: dict[str, float], builtin: Collection[str] = ()) -> None:
+        """What log() set this step is still in ``metrics`` (no metric rlforge wrote later in the step replaced it)
+        and is none of the ``builtin`` names (metrics rlforge adds to them: it would replace those)."""
+        for name, value in self._logged.items():
+            kept = metrics.get(name)
+            if name in builtin or (kept != value and not (kept != kept and value != value)):  # (NaN == NaN here)
+                raise builtin_metric(type(self).__name__, name, "this step")
 
     # --- data -------------------------------------------------------------------------------------
     def prepare_data(self, rows: list[dict[str, Any]], split: str) -> list[Any]:

@@ -35,7 +35,7 @@ from rlforge.config.batches import config_section, micro_batch_size
 from rlforge.capabilities import remote
 from rlforge.errors import ConfigError, NonFiniteError, RLForgeError
 from rlforge.microbatch import Cut, fixed_plan, scoring_cut, token_budget_plan
-from rlforge.module import LossContext, RLModule, checked_loss
+from rlforge.module import LossContext, RLModule, builtin_metric, checked_loss
 from rlforge.ops import SHARE_ALWAYS, SHARE_REPEATED, compile_forward, response_values, share_prompts
 from rlforge.pipeline import PIPELINES
 
@@ -196,11 +196,15 @@ class TrainWorker:
             self.optimizer.zero_grad(set_to_none=True)  # no gradient memory held through the rollout
             if offload:
                 self._move_optimizer_state(to_cpu=True)
-        out = {**logged, **{k: v / max(steps, 1) for k, v in totals.items()}}
+        out = {k: v / max(steps, 1) for k, v in totals.items()}
         out[f"{self.role}/lr"] = self.optimizer.param_groups[0]["lr"]  # the rate this update ran at (as verl logs)
+        out[f"{self.role}/skipped_steps"] = float(self.skipped_steps)
+        clash = sorted(logged.keys() & out.keys())
+        if clash:
+            raise builtin_metric(type(module).__name__, clash[0], "the update")
+        out.update(logged)
         if self.scheduler is not None and self.bad_in_a_row < steps:  # at least one optimizer step ran
             self.scheduler.step()
-        out[f"{self.role}/skipped_steps"] = float(self.skipped_steps)
         return out
 
     def _move_optimizer_state(self, to_cpu: bool) -> None:

@@ -402,3 +402,45 @@ def test_a_logger_that_marks_the_outcome_is_closed_with_how_the_run_ended(tmp_pa
         with pytest.raises(type(error)):
             Trainer(cfg, plugins=pm, callbacks=[StopsAtStep(error)]).fit()
         assert ENDINGS == [("marks", outcome), ("plain", "close")]
+
+
+class LogsUpdateMetric(GRPO):
+    def policy_loss(self, *args, **kwargs):
+        self.log("actor/pg_loss", 1.0)
+        return super().policy_loss(*args, **kwargs)
+
+
+class LogsDataMetric(GRPO):
+    def compute_advantages(self, batch):
+        self.log("response_length/mean", 1.0)
+        return super().compute_advantages(batch)
+
+
+class LogsTimingAtStepEnd(GRPO):
+    def on_train_step_end(self, metrics):
+        self.log("timing_s/step", 1.0)
+
+
+class LogsOwnTwice(GRPO):
+    def compute_advantages(self, batch):
+        self.log("custom/twice", 1.0)
+        return super().compute_advantages(batch)
+
+    def on_train_step_end(self, metrics):
+        self.log("custom/twice", 2.0)
+
+
+@pytest.mark.parametrize(("module_class", "name", "where"), [
+    (LogsUpdateMetric, "actor/pg_loss", "the update"),
+    (LogsDataMetric, "response_length/mean", "this step"),
+    (LogsTimingAtStepEnd, "timing_s/step", "LogsTimingAtStepEnd.on_train_step_end"),
+])
+def test_self_log_of_a_metric_rlforge_writes_is_an_error_naming_it(tmp_path, pm, module_class, name, where) -> None:
+    """One value would silently replace the other (the user's, or rlforge's): named, whichever is written first."""
+    with pytest.raises(RLForgeError, match=rf"^{module_class.__name__}.log\('{name}'\) in {where}: rlforge writes the "
+                                           rf"metric '{name}' itself in this step.*'custom/{name.split('/')[-1]}'"):
+        _fit(module_class, tmp_path, pm)
+
+
+def test_self_log_of_its_own_name_twice_in_a_step_keeps_the_last(tmp_path, pm) -> None:
+    assert _fit(LogsOwnTwice, tmp_path, pm).history[-1]["custom/twice"] == 2.0

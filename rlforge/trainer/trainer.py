@@ -214,7 +214,7 @@ class Trainer:
         ctx = StepContext(config=self.config, controller=self.controller, module=self.module, hook=self.hook,
                           step=self.step, sampling=SamplingParams.from_config(self.config.rollout), flow=flow,
                           draw=self.next_prompts, hook_trainer=self, builder=self.builder)
-        self.module.step, self.module._metrics = self.step, ctx.metrics
+        self.module.step, self.module._metrics, self.module._logged = self.step, ctx.metrics, {}
         try:
             batch = self.pipeline.prompts(self.next_prompts)
             for stage in flow.stages:
@@ -223,7 +223,9 @@ class Trainer:
             self.module._metrics = None
         check_numbers(ctx.metrics, f"set in ctx.metrics by a stage of dataflow '{flow.name}'")  # ctx.log checks its own
         n_tokens = token_count(batch)
-        metrics = {**data_metrics(batch, self.config.rollout.max_new_tokens), **ctx.metrics}
+        builtin = data_metrics(batch, self.config.rollout.max_new_tokens)
+        self.module._check_logged(ctx.metrics, builtin)
+        metrics = {**builtin, **ctx.metrics}
         self._write_samples("samples.jsonl", batch, self.config.trainer.samples_to_save)
         elapsed = time.perf_counter() - step_start
         staged = sum(v for k, v in ctx.metrics.items() if k.startswith("timing_s/"))
@@ -238,6 +240,7 @@ class Trainer:
             self.module._metrics = None
         check_numbers(metrics, f"set in rlforge_step_end ({implementers(self.hook, 'step_end')}) or "
                                f"{type(self.module).__name__}.on_train_step_end")
+        self.module._check_logged(metrics)
         self.history.append({"step": self.step, **metrics})
         self._log(metrics)
         return n_tokens
