@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rlforge.config.checks import check_fit_keys, check_sft_layers
-from rlforge.errors import RLForgeError, Terminated
+from rlforge.errors import STOP_UNDERWAY, RLForgeError, Terminated, first_line
 
 
 def _warn(pm: Any) -> Any:
@@ -353,6 +353,11 @@ def _run(command: Callable[[], int]) -> int:
     except BrokenPipeError:  # e.g. `rlforge algos | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as exc:  # what the interrupted code raised on its way out (torch.save cut mid-file)
+        if not _TERMINATED.is_set():
+            raise
+        print(f"rlforge: error while stopping: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
+        return _stopped()
 
 
 def _stopped() -> int:
@@ -365,6 +370,7 @@ def _stopped() -> int:
 
 
 _TERMINATED = threading.Event()  # a SIGTERM stopped the running command
+_PUT_OFF = threading.Event()  # a SIGTERM that landed in an import is to be sent again
 
 
 @contextlib.contextmanager
@@ -372,6 +378,8 @@ def _terminate_as_interrupt() -> Iterator[None]:
     """While a command runs in the main thread, a SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``), so a
     preempted run stops as after Ctrl-C instead of dying where it stands (Python's default)."""
     _TERMINATED.clear()
+    _PUT_OFF.clear()
+    STOP_UNDERWAY.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -379,17 +387,20 @@ def _terminate_as_interrupt() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         yield
-    finally:  # once stopped by one, a later SIGTERM must not end the process on its way out (status -15, not 143)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if _TERMINATED.is_set() else previous)
+    finally:  # once stopped by one (or with one put off), a later SIGTERM must not end the process on its way out
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if _TERMINATED.is_set() or _PUT_OFF.is_set() else previous)
 
 
 def _terminate(signum: int, frame: Any) -> None:
-    """The first SIGTERM raises :class:`Terminated`; a repeat (a scheduler's, or the one a process group gets) lets the
-    clean-up the first one started finish. One that lands inside an import is sent again 50 ms later: an exception
-    there can leave a module half-imported, which a library may catch and go on with."""
-    if _TERMINATED.is_set():
+    """A SIGTERM raises :class:`Terminated`; once the run's clean-up has it (``errors.STOP_UNDERWAY``) a repeat (a
+    scheduler's, or the one a process group gets) lets that clean-up finish. Until then every one raises: Python drops
+    an exception raised where it ignores them (a weakref callback the garbage collector runs). One that lands inside an
+    import is sent again 50 ms later: an exception there can leave a module half-imported, which a library may catch
+    and go on with."""
+    if _TERMINATED.is_set() and STOP_UNDERWAY.is_set():
         return
     if _importing(frame):
+        _PUT_OFF.set()
         again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
         again.daemon = True
         again.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import threading
 from collections.abc import Iterable
 
 
@@ -38,6 +39,9 @@ class UndeclaredMethod(RLForgeError, AttributeError):
 
 class NonFiniteError(RLForgeError):
     """Too many optimizer steps in a row had a NaN/Inf loss or gradient."""
+
+
+STOP_UNDERWAY = threading.Event()  # an interrupt reached a run's clean-up (the Trainer's): a repeated SIGTERM is ignored
 
 
 class Terminated(KeyboardInterrupt):

@@ -305,8 +305,13 @@ class TrainWorker:
         to end, however long ago it ended (0.0 when none was started)."""
         if self._writing is None:
             return 0.0
-        (future, start, done), self._writing = self._writing, None
-        future.result()
+        future, start, done = self._writing
+        try:
+            future.result()
+        except Exception:  # the write's error, raised once (an interrupt of the wait is none: it stays tracked, and
+            self._writing = None  # the run's clean-up waits again)
+            raise
+        self._writing = None
         return done[0] - start if done else time.perf_counter() - start
 
     def load_sharded(self, path: Path, state: dict[str, Any]) -> None:

@@ -92,3 +92,88 @@ def test_a_sigterm_inside_an_import_is_sent_again_after_it(tmp_path) -> None:
                          env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     assert out.returncode == 143, out.stderr[-3000:]
     assert out.stdout == "imported True\n" and "Traceback" not in out.stderr, (out.stdout, out.stderr[-3000:])
+
+
+def test_a_sigterm_python_dropped_is_not_taken_for_a_repeat() -> None:
+    """Python drops an exception raised where it ignores them (a weakref callback the garbage collector runs): until
+    the run's clean-up has the interrupt (errors.STOP_UNDERWAY) every SIGTERM raises; after, a repeat is ignored."""
+    from rlforge import cli
+    from rlforge.errors import STOP_UNDERWAY, Terminated
+
+    cli._TERMINATED.clear()
+    STOP_UNDERWAY.clear()
+    try:
+        for _ in range(2):  # the first one dropped, the second raises again
+            try:
+                cli._terminate(signal.SIGTERM, sys._getframe())
+            except Terminated:
+                pass
+            else:
+                raise AssertionError("no Terminated")
+        STOP_UNDERWAY.set()
+        assert cli._terminate(signal.SIGTERM, sys._getframe()) is None
+    finally:
+        cli._TERMINATED.clear()
+        STOP_UNDERWAY.clear()
+
+
+def test_an_interrupted_wait_for_a_background_checkpoint_leaves_it_to_the_clean_up(tmp_path) -> None:
+    """The trainer's and the worker's: an interrupt of the wait keeps the write tracked (the clean-up waits again and
+    makes the checkpoint); a failed write is raised once and forgotten."""
+    from types import SimpleNamespace
+
+    from rlforge.trainer.trainer import Trainer
+    from rlforge.worker import TrainWorker
+
+    def raising(error):
+        def wait(*args):
+            raise error
+        return wait
+
+    for error, kept in ((KeyboardInterrupt(), True), (RuntimeError("disk"), False)):
+        trainer = SimpleNamespace(_writing=(4, {}, {}), run_dir=tmp_path,
+                                  controller=SimpleNamespace(finish_checkpoint=raising(error)))
+        worker = SimpleNamespace(_writing=(SimpleNamespace(result=raising(error)), 0.0, None))
+        for call, owner in ((Trainer.finish_checkpoint, trainer), (TrainWorker.finish_sharded, worker)):
+            try:
+                call(owner)  # type: ignore[arg-type]
+            except type(error):
+                pass
+            assert (owner._writing is not None) == kept, (call, error)
+
+
+def test_sft_resume_auto_takes_the_newest_step_where_last_links_to_a_removed_one(tmp_path, caplog) -> None:
+    """Lightning removes the older step_N.ckpt before it links last.ckpt to the newer one: a run stopped in between
+    left a broken link, and sft.resume=auto started from scratch over the newer checkpoint (helper-68)."""
+    from omegaconf import OmegaConf
+
+    from rlforge.sft.run import resume_from
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step in (10, 9):
+        (folder / f"step_{step}.ckpt").write_bytes(b"")
+    (folder / "last.ckpt").symlink_to(folder / "step_5.ckpt")  # gone
+    with caplog.at_level("WARNING", logger="rlforge.sft"):
+        assert resume_from(OmegaConf.create({"resume": "auto", "output_dir": str(tmp_path)})) == str(
+            folder / "step_10.ckpt")
+    assert "links to a checkpoint that is gone" in caplog.text and "step_10.ckpt" in caplog.text
+
+
+STOPPING_FAILS = """import os, signal, sys, time
+from rlforge.cli import _run
+def command():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+    finally:
+        raise RuntimeError("unexpected pos 64 vs 0")  # as torch.save cut mid-file raises on its way out
+sys.exit(_run(command))
+"""
+
+
+def test_an_error_raised_while_a_sigterm_stops_the_command_is_printed_before_the_line() -> None:
+    out = subprocess.run([sys.executable, "-c", STOPPING_FAILS], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 143, out.stderr[-3000:]
+    assert out.stderr.splitlines()[-2:] == ["rlforge: error while stopping: RuntimeError: unexpected pos 64 vs 0",
+                                            "rlforge: terminated (SIGTERM); stopped as after Ctrl-C"], out.stderr

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlforge import lora
 from rlforge.as_loaded import as_loaded
+from rlforge.errors import STOP_UNDERWAY
 from rlforge.lazy import optional_import
 from rlforge.models import load_model
 from rlforge.sft.accuracy import GreedyAccuracy
@@ -88,6 +89,13 @@ def checkpointing(s: DictConfig) -> list[Callback]:
     return [ModelCheckpoint(dirpath=Path(s.output_dir) / CHECKPOINTS, filename="step_{step}", save_last="link",
                             auto_insert_metric_name=False, every_n_train_steps=s.save_every, save_top_k=1,
                             enable_version_counter=False)]
+
+
+class StopUnderway(Callback):
+    """An interrupt (Ctrl-C, SIGTERM) reached Lightning's clean-up: a repeated SIGTERM lets it finish (rlforge.cli)."""
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        STOP_UNDERWAY.set()
 
 
 class RunRecord(Callback):

@@ -27,7 +27,7 @@ from rlforge.sft.data import BatchPlan, SFTData, train_examples, val_examples
 from rlforge.sft.formats import FORMATS, TRUNCATIONS, Example
 from rlforge.sft.module import FRESH_TINY, INITS, SFTModule, build_model, build_tokenizer
 from rlforge.sft.order import ORDERS
-from rlforge.sft.outputs import CHECKPOINTS, LAST, LOGGERS, ExportHF, RunRecord, checkpointing
+from rlforge.sft.outputs import CHECKPOINTS, LAST, LOGGERS, ExportHF, RunRecord, StopUnderway, checkpointing
 
 QUIET = (  # Lightning warnings that do not apply here
     "Checkpoint directory .* exists and is not empty",  # a resumed run writes into its own folder again
@@ -136,8 +136,17 @@ def warmup_note(s: DictConfig) -> str:
 
 
 def _latest(s: DictConfig) -> str | None:
-    last = Path(s.output_dir) / CHECKPOINTS / LAST
-    return str(last) if last.exists() else None
+    """``checkpoints/last.ckpt``; where its link is broken (Lightning removes the older ``step_N.ckpt`` before it
+    links the newer one: a run stopped in between), the newest ``step_N.ckpt`` there, said in a warning."""
+    folder = Path(s.output_dir) / CHECKPOINTS
+    if (folder / LAST).exists():
+        return str(folder / LAST)
+    steps = sorted(folder.glob("step_*.ckpt"), key=lambda p: int(p.stem.split("_")[1]) if p.stem[5:].isdigit() else -1)
+    if not steps:
+        return None
+    logging.getLogger("rlforge.sft").warning("sft.resume=auto: %s links to a checkpoint that is gone (the run stopped while it saved); resuming "
+                "from %s, the newest there.", folder / LAST, steps[-1].name)
+    return str(steps[-1])
 
 
 def _given(s: DictConfig) -> str:
@@ -270,7 +279,7 @@ def fit(config: DictConfig, tokenizer: Any, train: list[Example], val: list[Exam
     source = None if s.init == FRESH_TINY else resolve_model_path(s.init, "sft.init")
     export = ExportHF(out, tokenizer, accuracy, config.model, source, "" if s.output_dtype == "auto" else s.output_dtype)
     loggers = [LOGGERS[name](config, out, resuming) for name in s.loggers]
-    trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, resuming), export, *callbacks], loggers,
+    trainer = make_trainer(s, [*checkpointing(s), RunRecord(config, out, resuming), export, StopUnderway(), *callbacks], loggers,
                            bool(val), lightning_precision(config), stop, resuming)
     plan = BatchPlan.from_config(s, trainer.world_size)
     _schedule(trainer, plan, s)

@@ -26,7 +26,7 @@ from rlforge.config import compose
 from rlforge.config.batches import apply_total_epochs
 from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
-from rlforge.errors import NonFiniteError, RLForgeError
+from rlforge.errors import STOP_UNDERWAY, NonFiniteError, RLForgeError
 from rlforge.metric_values import check_numbers
 from rlforge.module import RLModule
 from rlforge.module_checks import unknown_hooks
@@ -133,6 +133,7 @@ class Trainer:
                 return self._fit(module, self.flow, binding)
             except BaseException as exc:
                 outcome = "killed" if isinstance(exc, KeyboardInterrupt) else "failed"
+                STOP_UNDERWAY.set()  # a repeated SIGTERM lets this clean-up finish (rlforge.cli)
                 self.pipeline.close()  # the rollout thread stops before the plugins release what it may use
                 self._settle_checkpoint()
                 self.hook.rlforge_exception(trainer=self, exception=exc)
@@ -362,10 +363,15 @@ class Trainer:
         ranks took to write it, at its step."""
         if self._writing is None:
             return
-        (step, state, meta), self._writing = self._writing, None
+        step, state, meta = self._writing  # tracked until waited for: an interrupt in the wait leaves it to settle
         folder = ckpt.step_dir(self.run_dir, step).parent
-        with diskio.disk_errors(f"write checkpoint step {step} into {folder}", RESUME_HINT, where=folder):
-            seconds = self.controller.finish_checkpoint()
+        try:
+            with diskio.disk_errors(f"write checkpoint step {step} into {folder}", RESUME_HINT, where=folder):
+                seconds = self.controller.finish_checkpoint()
+        except Exception:  # a failed write: nothing left to settle (an interrupt is not one: it stays tracked)
+            self._writing = None
+            raise
+        self._writing = None
         ckpt.save(self.run_dir, step, None, self.module.tokenizer, state, self.config.trainer.keep_last_n, meta)
         self._log({"timing_s/checkpoint_write": seconds}, step)
 
