@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rlforge.config.checks import check_fit_keys, check_sft_layers
-from rlforge.errors import STOP_UNDERWAY, RLForgeError, Terminated, first_line
+from rlforge.errors import SHIELDED, STOP_UNDERWAY, RLForgeError, Terminated, first_line
 
 
 def _warn(pm: Any) -> Any:
@@ -396,10 +396,11 @@ def _terminate(signum: int, frame: Any) -> None:
     scheduler's, or the one a process group gets) lets that clean-up finish. Until then every one raises: Python drops
     an exception raised where it ignores them (a weakref callback the garbage collector runs). One that lands inside an
     import is sent again 50 ms later: an exception there can leave a module half-imported, which a library may catch
-    and go on with."""
+    and go on with; so is one that lands while ``errors.SHIELDED`` is set (a background checkpoint being made whole:
+    its small files written and its folder renamed into place)."""
     if _TERMINATED.is_set() and STOP_UNDERWAY.is_set():
         return
-    if _importing(frame):
+    if SHIELDED.is_set() or _importing(frame):
         _PUT_OFF.set()
         again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
         again.daemon = True

@@ -42,6 +42,7 @@ class NonFiniteError(RLForgeError):
 
 
 STOP_UNDERWAY = threading.Event()  # an interrupt reached a run's clean-up (the Trainer's): a repeated SIGTERM is ignored
+SHIELDED = threading.Event()  # a short step that must not be cut (a background checkpoint made): a SIGTERM waits
 
 
 class Terminated(KeyboardInterrupt):

@@ -177,3 +177,26 @@ def test_an_error_raised_while_a_sigterm_stops_the_command_is_printed_before_the
     assert out.returncode == 143, out.stderr[-3000:]
     assert out.stderr.splitlines()[-2:] == ["rlforge: error while stopping: RuntimeError: unexpected pos 64 vs 0",
                                             "rlforge: terminated (SIGTERM); stopped as after Ctrl-C"], out.stderr
+
+
+SHIELDED_BLOCK = """import os, signal, sys, time
+from rlforge.cli import _run
+from rlforge.errors import SHIELDED
+def command():
+    SHIELDED.set()  # as while the trainer makes a background checkpoint whole
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)
+        print("shielded block finished", flush=True)
+    finally:
+        SHIELDED.clear()
+    time.sleep(60)
+    return 0
+sys.exit(_run(command))
+"""
+
+
+def test_a_sigterm_in_a_shielded_block_waits_for_its_end() -> None:
+    out = subprocess.run([sys.executable, "-c", SHIELDED_BLOCK], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 143, out.stderr[-3000:]
+    assert out.stdout == "shielded block finished\n", out.stdout

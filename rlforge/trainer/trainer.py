@@ -26,7 +26,7 @@ from rlforge.config import compose
 from rlforge.config.batches import apply_total_epochs
 from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
-from rlforge.errors import STOP_UNDERWAY, NonFiniteError, RLForgeError
+from rlforge.errors import SHIELDED, STOP_UNDERWAY, NonFiniteError, RLForgeError
 from rlforge.metric_values import check_numbers
 from rlforge.module import RLModule
 from rlforge.module_checks import unknown_hooks
@@ -372,7 +372,11 @@ class Trainer:
             self._writing = None
             raise
         self._writing = None
-        ckpt.save(self.run_dir, step, None, self.module.tokenizer, state, self.config.trainer.keep_last_n, meta)
+        SHIELDED.set()  # a SIGTERM waits until the written shards are a checkpoint (a few small files and a rename)
+        try:
+            ckpt.save(self.run_dir, step, None, self.module.tokenizer, state, self.config.trainer.keep_last_n, meta)
+        finally:
+            SHIELDED.clear()
         self._log({"timing_s/checkpoint_write": seconds}, step)
 
     def _settle_checkpoint(self) -> None:
