@@ -57,7 +57,7 @@ def test_builtin_plugin_infos(pm: PluginManager) -> None:
         assert infos[mod].distribution == "rlforge"
         assert infos[mod].error == ""
     assert infos["rlforge.algorithms.grpo"].components == ["algorithm:dr_grpo", "algorithm:grpo"]
-    assert "logger:mlflow" in infos["rlforge.plugins.logger.mlflow_logger"].components
+    assert infos["rlforge.plugins.logger.mlflow_logger"].components == ["logger:mlflow  (capabilities: marks_outcome)"]
     assert infos["rlforge.plugins.reward.rule"].components[0] == "reward manager:rule  (defines: check_data_sources, check_function)"
 
 
