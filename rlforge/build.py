@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rlforge import diskio
 from rlforge.data import first_rows
 from rlforge.errors import ConfigError, RLForgeError, first_line
+from rlforge.module_checks import check_initialized
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -70,6 +71,7 @@ class Builder:
         the models ``configure_model`` will load (default: all the algorithm needs)."""
         if module is None:
             module = self.registry.algorithm.get(self.config.algorithm.name)(self.config)
+        check_initialized(module)
         module.registry = self.registry
         if roles is not None:
             module.roles = frozenset(roles)

@@ -97,7 +97,10 @@ def rlforge_step_start(trainer: Any, step: int) -> None:
 
 @hookspec
 def rlforge_step_end(trainer: Any, step: int, metrics: dict[str, float]) -> None:
-    """A training step ended; ``metrics`` holds everything that will be logged for it.
+    """A training step ended; ``metrics`` holds everything that will be logged for it. To end the run after this
+    step (early stopping), set ``trainer.should_stop = True`` (any hook may): the run validates
+    (``trainer.val_at_end``), saves its last checkpoint and ends as at ``trainer.total_steps``;
+    ``trainer.resume=auto`` would train on to ``total_steps``.
 
     :param step: the 1-based index of the finished step.
     :param metrics: flat metric dict (verl namespace); implementations may add keys, whose values must be numbers
@@ -210,6 +213,10 @@ def rlforge_validation_end(trainer: Any, step: int, metrics: dict[str, float]) -
 @hookspec
 def rlforge_save_checkpoint(trainer: Any, checkpoint: dict[str, Any]) -> None:
     """A checkpoint is being written; add entries to ``checkpoint`` to save extra state.
+
+    Each implementation gets a dict of its own; an entry that two of them add (two instances of one callback with a
+    fixed key) is an error naming both, since one's state would be lost on resume. ``rlforge_load_checkpoint`` gets
+    every entry.
 
     Values must load with ``torch.load(weights_only=True)``: tensors, numbers, strings, lists, dicts. Each entry is
     checked when saved: one that would not load (a numpy array, an object) stops the run there, named, rather than

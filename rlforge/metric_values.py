@@ -16,9 +16,12 @@ else:
     torch = lazy_import("torch")
 
 
-def as_number(key: str, value: Any, who: str) -> Any:
+def as_number(key: Any, value: Any, who: str) -> Any:
     """``value`` as a metric: a number as it is, a one-element tensor as a float; anything else is an error naming
-    ``key`` and ``who`` logged it."""
+    ``key`` and ``who`` logged it; so is a ``key`` that is not a name (a non-empty string)."""
+    if not isinstance(key, str) or not key.strip():
+        raise RLForgeError(f"metric name {key!r} ({who}) is not a name: metrics are logged under non-empty strings "
+                           f"(e.g. 'custom/score').")
     if isinstance(value, numbers.Real):
         return value
     if isinstance(value, torch.Tensor) and value.numel() == 1:

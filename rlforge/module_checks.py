@@ -11,7 +11,7 @@ from traceback import extract_tb
 from typing import Any
 
 from rlforge import hookspecs
-from rlforge.errors import ConfigError, did_you_mean, first_line
+from rlforge.errors import ConfigError, RLForgeError, did_you_mean, first_line
 
 
 def validate_config(algo_cls: Any, config: Any) -> None:
@@ -48,3 +48,78 @@ def unknown_hooks(cls: type, base: type) -> list[str]:
         out.append(f"{cls.__name__}.{name} is never called: it is not an RLModule hook (those are "
                    f"{', '.join(hooks)}).{did_you_mean(name, hooks)}{other}")
     return out
+
+
+def check_given_module(module: Any, config: Any, registered: Any) -> None:
+    """A module handed to ``Trainer.fit`` runs with the Trainer's config: refuse one built with another config (the run
+    would train with one and record the other), and one whose class sets a preset or config section that the config
+    never got (only a registered algorithm's are composed in); run its own ``validate_config``."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from rlforge.resume import flatten
+
+    check_initialized(module)
+    if module.config is not config:
+        own, given = (flatten(OmegaConf.to_container(c, resolve=True)) for c in (module.config, config))
+        differ = sorted(k for k in own.keys() | given.keys() if own.get(k, "<unset>") != given.get(k, "<unset>"))
+        if differ:
+            more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])}{', ...' if len(differ) > 4 else ''})"
+            raise ConfigError(
+                f"{type(module).__qualname__} was built with another config than the Trainer's: {differ[0]} is "
+                f"{own.get(differ[0], '<unset>')!r} in the module's, {given.get(differ[0], '<unset>')!r} in the "
+                f"Trainer's{more if len(differ) > 1 else ''}. The run would train with the module's and record the "
+                f"Trainer's: build both from one config (cfg = load_config(...); Trainer(cfg).fit(MyModule(cfg))).")
+    cls = type(module)
+    if cls is registered:
+        return
+    missing = [f.name for f in dataclasses.fields(cls.config_class) if f.name not in config.algorithm]
+    own = flatten(cls.preset) if cls.preset is not registered.preset else {}  # a preset of the class's own making
+    unapplied = sorted(k for k, v in own.items() if OmegaConf.select(config, k, default=None) != v)
+    if missing or unapplied:
+        what = (f"its config_class's algorithm.{missing[0]}" if missing else
+                f"{unapplied[0]}={own[unapplied[0]]!r} in its preset")
+        raise ConfigError(
+            f"{cls.__qualname__} sets {what}, which the config never got: it was composed for --algo "
+            f"{config.algorithm.name} ({registered.__qualname__}), and only a registered algorithm's preset and config "
+            f"section are composed in. Register the class and compose for it: pm = PluginManager(); "
+            f"pm.registry.algorithm.register('my_algo', {cls.__qualname__}); cfg = load_config('my_algo', plugins=pm); "
+            f"Trainer(cfg, plugins=pm).fit() (or a plugin: docs/plugins.md).")
+    validate_config(cls, config)
+
+
+def check_initialized(module: Any) -> None:
+    """``RLModule.__init__`` ran (a subclass's ``__init__`` that does not call it leaves the module without its
+    attributes: every later step would fail on one of them)."""
+    if "config" not in vars(module) or "tokenizer" not in vars(module):
+        raise RLForgeError(f"{type(module).__qualname__}.__init__ did not call super().__init__(config): RLModule's sets "
+                           f"the config, the models and the tokenizer the run needs. Call it first in __init__.")
+
+
+def check_configured(module: Any) -> None:
+    """``configure_model`` loaded the actor this process needs (an override that does not call
+    ``super().configure_model()`` and sets no ``self.actor`` leaves it None)."""
+    if module.loads("actor") and module.actor is None:
+        raise RLForgeError(f"{type(module).__qualname__}.configure_model() left self.actor None: call "
+                           f"super().configure_model() (it loads the actor, and the reference and critic the algorithm "
+                           f"needs), or set self.actor yourself.")
+
+
+def check_hook_signatures(cls: type, base: type) -> None:
+    """``cls``'s overrides of ``base``'s ``on_*`` hooks take the arguments the loop passes (positionally, as
+    ``base``'s signature has them): a wrong one is named before the run starts instead of a TypeError mid-step."""
+    import inspect
+
+    for name in sorted(n for n in dir(base) if n.startswith("on_")):
+        hook = getattr(cls, name)
+        if hook is getattr(base, name) or not callable(hook):
+            continue
+        expected = inspect.signature(getattr(base, name))
+        try:
+            inspect.signature(hook).bind(*(None for _ in expected.parameters))
+        except TypeError:
+            raise RLForgeError(f"{cls.__qualname__}.{name}{inspect.signature(hook)} does not take the arguments the "
+                               f"loop passes it: RLModule.{name}{expected}.") from None
+        except ValueError:  # no signature to read (a builtin): left to the call
+            continue

@@ -50,6 +50,8 @@ def model_copy(tmp_path):
 
 CASES = {
     "misspelled key": (["actor.lrr=1"], "Unknown config key 'actor.lrr'", "Did you mean 'actor.lr'?"),
+    "a Lightning Trainer argument": (["trainer.max_steps=3"], "Unknown config key 'trainer.max_steps'",
+                                     "is Lightning's Trainer argument; rlforge's is 'trainer.total_steps'"),
     "wrong type": (["actor.lr=fast"], "Invalid value for 'actor.lr'", "fast"),
     "a number for a true/false key": (["trainer.val_before_train=2"], "Invalid value for 'trainer.val_before_train'",
                                       "2; it is true or false"),

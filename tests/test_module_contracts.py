@@ -6,20 +6,24 @@ errors, and a flow returned by ``rlforge_before_flow_compile``."""
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from rlforge import Trainer, module_checks
 from rlforge import batch as B
-from rlforge.algorithms.grpo import GRPO
+from rlforge.algorithms.grpo import GRPO, GRPOConfig
 from rlforge.capabilities import LoggerCapabilities
 from rlforge.dataflow import DataFlow, Stage
 from rlforge.errors import ConfigError, RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
 from rlforge.module_checks import unknown_hooks
+from rlforge.plugin_manager import PluginManager
 from rlforge.testing import fast_config, step_context
 
 TINY = ("trainer.total_steps=1", "data.train_batch_size=2", "rollout.n=2", "actor.ppo_mini_batch_size=2",
@@ -444,3 +448,200 @@ def test_self_log_of_a_metric_rlforge_writes_is_an_error_naming_it(tmp_path, pm,
 
 def test_self_log_of_its_own_name_twice_in_a_step_keeps_the_last(tmp_path, pm) -> None:
     assert _fit(LogsOwnTwice, tmp_path, pm).history[-1]["custom/twice"] == 2.0
+
+
+# --- a module handed to fit, checkpoint entries, early stopping (helper-70) -----------------------------------------
+@dataclass
+class ClippedConfig(GRPOConfig):
+    adv_clip: float = 2.0
+
+
+class OwnSection(GRPO):
+    config_class = ClippedConfig
+
+
+class OwnPreset(GRPO):
+    preset = {"rollout": {"n": 4}}
+
+
+class OwnCheck(GRPO):
+    @classmethod
+    def validate_config(cls, config):
+        raise ValueError("no config suits OwnCheck")
+
+
+def test_a_module_built_with_another_config_is_refused(tmp_path, pm) -> None:
+    cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
+    other = fast_config("grpo", tmp_path, *TINY, "actor.lr=0.5", plugins=pm)
+    with pytest.raises(ConfigError, match=r"GRPO was built with another config than the Trainer's: actor.lr is 0.5 in "
+                                          r"the module's, 5e-05 in the Trainer's"):
+        Trainer(cfg, plugins=pm).fit(GRPO(other))
+    assert _fit(GRPO, tmp_path, pm).step == 1  # an equal config, composed twice, is the same config
+
+
+@pytest.mark.parametrize(("module_class", "named"), [
+    (OwnSection, "OwnSection sets its config_class's algorithm.adv_clip, which the config never got"),
+    (OwnPreset, "OwnPreset sets rollout.n=4 in its preset, which the config never got"),
+    (OwnCheck, "OwnCheck.validate_config refused the config: no config suits OwnCheck"),
+])
+def test_an_unregistered_module_s_own_config_is_not_ignored(tmp_path, pm, module_class, named) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        _fit(module_class, tmp_path, pm)
+
+
+def test_a_registered_module_gets_its_preset_and_section(tmp_path) -> None:
+    pm = PluginManager(autoload=False)  # not the session's shared one: this test registers
+    pm.registry.algorithm.register("clipped", OwnSection)
+    pm.registry.algorithm.register("preset_n", OwnPreset)
+    cfg = fast_config("clipped", tmp_path, *TINY, plugins=pm)
+    assert cfg.algorithm.adv_clip == 2.0
+    Trainer(cfg, plugins=pm).fit(OwnSection(cfg))
+    assert fast_config("preset_n", tmp_path, plugins=pm).rollout.n == 4
+
+
+class Counter:
+    def __init__(self, start: int, key: str = "count") -> None:
+        self.count, self.key = start, key
+
+    @hookimpl
+    def rlforge_step_end(self, trainer):
+        self.count += 1
+
+    @hookimpl
+    def rlforge_save_checkpoint(self, checkpoint):
+        checkpoint[self.key] = self.count
+
+    @hookimpl
+    def rlforge_load_checkpoint(self, checkpoint):
+        self.count = checkpoint[self.key]
+
+
+def test_two_callbacks_saving_one_checkpoint_entry_are_refused(tmp_path, pm) -> None:
+    cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
+    with pytest.raises(RLForgeError, match="Counter and Counter both save the checkpoint entry 'count'"):
+        Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[Counter(0), Counter(100)]).fit()
+    first, second = Counter(0, "first"), Counter(100, "second")
+    run = fast_config("grpo", tmp_path, *TINY, "trainer.total_steps=1", f"trainer.run_dir={tmp_path / 'run'}",
+                      plugins=pm)
+    Trainer(run, plugins=PluginManager(autoload=False), callbacks=[first, second]).fit()
+    first, second = Counter(0, "first"), Counter(0, "second")
+    resumed = fast_config("grpo", tmp_path, *TINY, "trainer.total_steps=2", f"trainer.run_dir={tmp_path / 'run'}",
+                          "trainer.resume=auto", plugins=pm)
+    Trainer(resumed, plugins=PluginManager(autoload=False), callbacks=[first, second]).fit()
+    assert (first.count, second.count) == (2, 102)  # each restored its own entry, then counted step 2
+
+
+class StateOfNumpy(GRPO):
+    def state_dict(self):
+        return {"seen": np.zeros(2)}
+
+    def on_rollout_end(self, batch):
+        raise AssertionError("the state is checked before the first step")
+
+
+def test_a_module_state_that_would_not_load_is_refused_before_training(tmp_path, pm) -> None:
+    with pytest.raises(RLForgeError, match=r"checkpoint entry 'seen' \(StateOfNumpy.state_dict\(\)\) does not load"):
+        _fit(StateOfNumpy, tmp_path, pm)
+
+
+class StopAt:
+    def __init__(self, step: int) -> None:
+        self.at, self.validated = step, []
+
+    @hookimpl
+    def rlforge_step_end(self, trainer, step):
+        trainer.should_stop = step == self.at
+
+    @hookimpl
+    def rlforge_validation_end(self, step):
+        self.validated.append(step)
+
+
+def test_a_hook_stops_the_run_early_and_it_ends_as_at_total_steps(tmp_path, pm, capsys) -> None:
+    stop = StopAt(2)
+    cfg = fast_config("grpo", tmp_path, *TINY, "trainer.total_steps=4", "trainer.val_every=2",
+                      "trainer.val_at_end=true", f"trainer.run_dir={tmp_path / 'run'}", plugins=pm)
+    trainer = Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[stop])
+    assert trainer.fit()["steps"] == 2
+    assert "stopped after step 2 of 4: a hook set trainer.should_stop" in capsys.readouterr().out
+    assert stop.validated == [2]  # the end's validation, once
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step_000002"]
+
+
+class FlowOfNone(GRPO):
+    def flow(self):
+        return None
+
+
+class NoActor(GRPO):
+    def configure_model(self):
+        pass
+
+
+class NoSuperInit(GRPO):
+    def __init__(self, config):
+        self.config = config
+
+
+class NarrowHook(GRPO):
+    def on_train_step_end(self):
+        pass
+
+
+class WiderHook(GRPO):
+    def on_train_step_end(self, metrics, scale=1.0):
+        self.log("custom/scaled", scale)
+
+
+@pytest.mark.parametrize(("module_class", "named"), [
+    (FlowOfNone, "FlowOfNone.flow() returned NoneType: return the step's DataFlow"),
+    (NoActor, "NoActor.configure_model() left self.actor None: call super().configure_model()"),
+    (NoSuperInit, "NoSuperInit.__init__ did not call super().__init__(config)"),
+    (NarrowHook, "NarrowHook.on_train_step_end(self) does not take the arguments the loop passes it: "
+                 "RLModule.on_train_step_end(self, metrics"),
+])
+def test_a_subclass_that_breaks_rlmodule_s_contract_is_named(tmp_path, pm, module_class, named) -> None:
+    with pytest.raises(RLForgeError, match=re.escape(named)):
+        _fit(module_class, tmp_path, pm)
+
+
+def test_an_override_with_more_optional_arguments_runs(tmp_path, pm) -> None:
+    assert _fit(WiderHook, tmp_path, pm).history[-1]["custom/scaled"] == 1.0
+
+
+class OddNames(GRPO):
+    name: object = 42
+
+    def on_train_step_end(self, metrics):
+        self.log(self.name, 1.0)
+
+
+@pytest.mark.parametrize("name", [42, "", ("tuple",)])
+def test_a_metric_name_that_is_not_a_string_is_named(tmp_path, pm, name) -> None:
+    module_class = type("OddName", (OddNames,), {"name": name})
+    with pytest.raises(RLForgeError, match=re.escape(f"metric name {name!r} (self.log in OddNames.on_train_step_end) "
+                                                     f"is not a name")):
+        _fit(module_class, tmp_path, pm)
+
+
+class Order:
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name, self.calls = name, calls
+
+    @hookimpl
+    def rlforge_step_end(self):
+        self.calls.append(self.name)
+
+
+def test_callbacks_run_in_the_list_s_order(tmp_path, pm) -> None:
+    calls: list[str] = []
+    cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
+    Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[Order(n, calls) for n in "ABC"]).fit()
+    assert calls == ["A", "B", "C"]
+
+
+def test_a_callback_class_instead_of_an_instance_is_named(tmp_path, pm) -> None:
+    cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
+    with pytest.raises(RLForgeError, match=re.escape("is a class whose rlforge_step_end is a method: register an "
+                                                     "instance (Trainer(callbacks=[Order()]))")):
+        Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[Order])

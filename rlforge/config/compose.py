@@ -152,6 +152,17 @@ def _check_bools(base: DictConfig, layer: DictConfig, source: str) -> None:
             raise ConfigError(f"Invalid value for '{key}' (in {source}): {value!r}; it is true or false.")
 
 
+# Lightning's Trainer arguments as keys of rlforge's trainer section: what an unknown one is called here
+LIGHTNING = {
+    "trainer.max_steps": "'trainer.total_steps'", "trainer.max_epochs": "'trainer.total_epochs'",
+    "trainer.gradient_clip_val": "'actor.grad_clip' (a global norm)",
+    "trainer.accumulate_grad_batches": "'actor.ppo_micro_batch_size' (samples per forward and backward of an "
+                                       "optimizer step of actor.ppo_mini_batch_size prompts)",
+    "trainer.val_check_interval": "'trainer.val_every' (in steps)", "trainer.precision": "'model.precision'",
+    "trainer.default_root_dir": "'trainer.runs_root'", "trainer.accelerator": "'strategy.device'",
+}
+
+
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     """``layer`` (from ``source``, which errors name) merged into ``base``, in place; ``base`` returned."""
     layer = OmegaConf.create(layer)
@@ -168,7 +179,9 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
 
         leaves = [k for k, _ in verl.flatten(OmegaConf.to_container(layer))]
         full = next((k for k in leaves if k.startswith(key + ".")), key)  # the whole key, not its first unknown part
-        hint = verl.hint(full) or did_you_mean(leaf, known, prefix=f"{parent}." if parent else "")
+        hint = (verl.hint(full) or (f" '{full}' is Lightning's Trainer argument; rlforge's is {LIGHTNING[full]}."
+                                    if full in LIGHTNING else did_you_mean(leaf, known, prefix=f"{parent}." if parent
+                                                                           else "")))
         raise ConfigError(
             f"Unknown config key '{full}' (in {source}).{hint} Run 'rlforge config show' to list every key."
         ) from None

@@ -11,6 +11,7 @@ from rlforge.controller.remote import InProcess, WorkerGroup, placed_roles
 from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.module import RLModule
+from rlforge.module_checks import check_configured
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +43,7 @@ class LocalController(GroupController):
     def __init__(self, builder: Builder, module: RLModule) -> None:
         self.config, self.module = builder.config, module
         module.configure_model()
+        check_configured(module)
         reg = builder.registry
         # this process's one rank of each role, over the driver's module: no copy, no mirror
         self.ranks = {name: role.worker_class()(name, 0, 1) for name, role in placed_roles(builder, module).items()}

@@ -27,6 +27,7 @@ from rlforge.sampling import Generation, SamplingParams
 from rlforge.weight_sync import SyncStats, adapter_weights, timed
 from rlforge.capabilities import declared_methods, remote
 from rlforge.controller.rendezvous import rendezvous_port
+from rlforge.module_checks import check_configured
 from rlforge.worker import ActorWorker, CriticWorker, TrainWorker
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class WorkerProcess:
         module = builder.module(module_cls(config), roles=builder.registry.role.get(self.role).models)
         module._on_worker = True  # its log() outside an update raises: no logger is here
         module.configure_model()
+        check_configured(module)
         return builder, module
 
     def _start_engine(self, builder: Builder, model: Any, tokenizer: Any) -> None:

@@ -29,8 +29,8 @@ from rlforge.dataflow import DataFlow, StepContext
 from rlforge.errors import SHIELDED, STOP_UNDERWAY, NonFiniteError, RLForgeError
 from rlforge.metric_values import check_numbers
 from rlforge.module import RLModule
-from rlforge.module_checks import unknown_hooks
-from rlforge.plugin_manager import PluginManager, implementers
+from rlforge.module_checks import check_given_module, check_hook_signatures, unknown_hooks
+from rlforge.plugin_manager import PluginManager, checkpoint_entries, implementers
 from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
@@ -65,13 +65,14 @@ class Trainer:
             plugins, config = compose_with_plugins(algo, None, list(overrides))
         self.plugins = plugins or (PluginManager.for_config(config) if config is not None else PluginManager())
         self.config = config if config is not None else compose(self.plugins.registry, algo, None, list(overrides))
-        for cb in callbacks:
+        for cb in reversed(list(callbacks)):  # pluggy calls the last registered first: the list's order
             self.plugins.register(cb)
         self.hook = self.plugins.hook
         self.builder = Builder(self.config, self.plugins)
         self.pipeline = pipelines.for_config(self.config)  # trainer.pipeline: when each step's batch is generated
         self.step = 0
         self.history: list[dict[str, float]] = []
+        self.should_stop = False  # set by a hook: the run ends after this step, as at trainer.total_steps
         self.run_dir: Path | None = None
         # a checkpoint being written in the background: its step, trainer state and meta
         self._writing: tuple[int, dict[str, Any], dict[str, Any]] | None = None
@@ -104,7 +105,10 @@ class Trainer:
     # --- the loop ---------------------------------------------------------------------------------
     def fit(self, module: RLModule | None = None) -> dict[str, Any]:
         """Train ``module`` (default: the algorithm ``algorithm.name``) and return the run's summary."""
+        if module is not None:
+            check_given_module(module, self.config, self.plugins.registry.algorithm.get(self.config.algorithm.name))
         module = self.module = self.builder.module(module)
+        check_hook_signatures(type(module), RLModule)
         for warning in unknown_hooks(type(module), RLModule):
             log.warning(warning)
         module._fitting = True  # from here its log() outside a step raises (RLModule.log)
@@ -149,6 +153,9 @@ class Trainer:
         """The module's dataflow, edited by the plugins (``rlforge_before_flow_compile``) and the pipeline
         (``trainer.pipeline``), then compiled."""
         flow = module.flow()
+        if not isinstance(flow, DataFlow):
+            raise RLForgeError(f"{type(module).__qualname__}.flow() returned {type(flow).__name__}: return the step's "
+                               f"DataFlow (super().flow(), edited, or a DataFlow of your own: docs/concepts.md).")
         returned = self.hook.rlforge_before_flow_compile(flow=flow, module=module, config=self.config)
         stray = [r for r in returned if r is not flow]  # pluggy returns the results that are not None
         if stray:
@@ -173,19 +180,25 @@ class Trainer:
         elif not binding.new:
             print(f"rlforge: restarting {self.run_dir} from step 0 (it was stopped before its first checkpoint)")
         self.hook.rlforge_fit_start(trainer=self, module=module)
+        # what every checkpoint saves of the module, checked before the first step rather than at the first save
+        ckpt.check_loadable(module.state_dict(), f"{type(module).__name__}.state_dict()")
         start = time.perf_counter()
         val_before = self.validate() if t.val_before_train and self.step == 0 else None
         tokens = 0
-        while self.step < t.total_steps:
+        self.should_stop = False
+        while self.step < t.total_steps and not self.should_stop:
             self.step += 1
             try:
                 tokens += self._train_step(flow)
             except NonFiniteError as exc:
                 raise NonFiniteError(f"{exc} The last good state is saved in {self.save()}.") from None
-            if t.val_every and self.step % t.val_every == 0 and self.step < t.total_steps:
+            last = self.step >= t.total_steps or self.should_stop  # the end's validation and checkpoint follow
+            if t.val_every and self.step % t.val_every == 0 and not last:
                 self.validate()
-            if t.save_every and self.step % t.save_every == 0 and self.step < t.total_steps:
+            if t.save_every and self.step % t.save_every == 0 and not last:
                 self.save(background=cfg.strategy.checkpoint == "async")
+        if self.should_stop and self.step < t.total_steps:
+            print(f"rlforge: stopped after step {self.step} of {t.total_steps}: a hook set trainer.should_stop")
         self.finish_checkpoint()
         last_ckpt = ckpt.list_checkpoints(self.run_dir)
         if not last_ckpt or last_ckpt[-1].name != f"step_{self.step:06d}" or not ckpt.has_actor(last_ckpt[-1]):
@@ -336,9 +349,8 @@ class Trainer:
             "module": self.module.state_dict(),
             "rng": ckpt.rng_state(),
             "pipeline": self.pipeline.state_dict(),
-            "extra": {},
+            "extra": checkpoint_entries(self.plugins, self),
         }
-        self.hook.rlforge_save_checkpoint(trainer=self, checkpoint=state["extra"])
         ckpt.check_loadable(state["extra"], f"added by rlforge_save_checkpoint, implemented by "
                                             f"{implementers(self.hook, 'save_checkpoint')}")
         ckpt.check_loadable(state["module"], f"{type(self.module).__name__}.state_dict()")
