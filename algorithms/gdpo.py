@@ -71,8 +71,9 @@ class GDPO(GRPO):
             if missing:
                 own = sorted(extras[missing[0]]) if extras else []
                 raise DataError(f"GDPO reward key '{key}' (algorithm.reward_keys) is not in the reward of sample "
-                                f"{missing[0]}: compute_score must return a dict with it (that sample's extra keys: "
-                                f"{own or 'none'}), or name a [B] batch column (e.g. acc).")
+                                f"{missing[0]}: compute_score must return a dict with it as a finite number (a None, "
+                                f"NaN or other value is not kept; that sample's extra keys: {own or 'none'}), or "
+                                f"name a [B] batch column (e.g. acc).")
             out.append(torch.tensor([fallback if failed[i] else float(e[key]) for i, e in enumerate(extras)],
                                     dtype=torch.float64))
         return out
