@@ -50,7 +50,7 @@ def unknown_hooks(cls: type, base: type) -> list[str]:
     return out
 
 
-def check_given_module(module: Any, config: Any, registered: Any) -> None:
+def check_given_module(module: Any, config: Any, algorithms: Any) -> None:
     """A module handed to ``Trainer.fit`` runs with the Trainer's config: refuse one built with another config (the run
     would train with one and record the other), and one whose class sets a preset or config section that the config
     never got (only a registered algorithm's are composed in); run its own ``validate_config``."""
@@ -72,6 +72,7 @@ def check_given_module(module: Any, config: Any, registered: Any) -> None:
                 f"Trainer's{more if len(differ) > 1 else ''}. The run would train with the module's and record the "
                 f"Trainer's: build both from one config (cfg = load_config(...); Trainer(cfg).fit(MyModule(cfg))).")
     cls = type(module)
+    registered = algorithms.get(config.algorithm.name)
     if cls is registered:
         return
     missing = [f.name for f in dataclasses.fields(cls.config_class) if f.name not in config.algorithm]
@@ -80,12 +81,15 @@ def check_given_module(module: Any, config: Any, registered: Any) -> None:
     if missing or unapplied:
         what = (f"its config_class's algorithm.{missing[0]}" if missing else
                 f"{unapplied[0]}={own[unapplied[0]]!r} in its preset")
+        name = next((n for n in algorithms.available() if algorithms.get(n) is cls), None)
+        fix = (f"Compose the config for it: load_config({name!r}, ...) (--algo {name})." if name else
+               f"Register the class and compose for it: pm = PluginManager(); pm.registry.algorithm.register("
+               f"'my_algo', {cls.__qualname__}); cfg = load_config('my_algo', plugins=pm); Trainer(cfg, plugins=pm)"
+               f".fit() (or a plugin: docs/plugins.md).")
         raise ConfigError(
             f"{cls.__qualname__} sets {what}, which the config never got: it was composed for --algo "
-            f"{config.algorithm.name} ({registered.__qualname__}), and only a registered algorithm's preset and config "
-            f"section are composed in. Register the class and compose for it: pm = PluginManager(); "
-            f"pm.registry.algorithm.register('my_algo', {cls.__qualname__}); cfg = load_config('my_algo', plugins=pm); "
-            f"Trainer(cfg, plugins=pm).fit() (or a plugin: docs/plugins.md).")
+            f"{config.algorithm.name} ({registered.__qualname__}), and only the preset and config section of the "
+            f"algorithm it is composed for are in it. {fix}")
     validate_config(cls, config)
 
 

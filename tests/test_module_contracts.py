@@ -17,6 +17,7 @@ import torch
 from rlforge import Trainer, module_checks
 from rlforge import batch as B
 from rlforge.algorithms.grpo import GRPO, GRPOConfig
+from rlforge.algorithms.ppo import PPO
 from rlforge.capabilities import LoggerCapabilities
 from rlforge.dataflow import DataFlow, Stage
 from rlforge.errors import ConfigError, RLForgeError
@@ -483,6 +484,9 @@ def test_a_module_built_with_another_config_is_refused(tmp_path, pm) -> None:
     (OwnSection, "OwnSection sets its config_class's algorithm.adv_clip, which the config never got"),
     (OwnPreset, "OwnPreset sets rollout.n=4 in its preset, which the config never got"),
     (OwnCheck, "OwnCheck.validate_config refused the config: no config suits OwnCheck"),
+    (PPO, "PPO sets its config_class's algorithm.gamma, which the config never got: it was composed for --algo "
+          "grpo (GRPO), and only the preset and config section of the algorithm it is composed for are in it. Compose "
+          "the config for it: load_config('ppo', ...) (--algo ppo)"),
 ])
 def test_an_unregistered_module_s_own_config_is_not_ignored(tmp_path, pm, module_class, named) -> None:
     with pytest.raises(ConfigError, match=re.escape(named)):

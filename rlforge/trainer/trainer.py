@@ -106,7 +106,7 @@ class Trainer:
     def fit(self, module: RLModule | None = None) -> dict[str, Any]:
         """Train ``module`` (default: the algorithm ``algorithm.name``) and return the run's summary."""
         if module is not None:
-            check_given_module(module, self.config, self.plugins.registry.algorithm.get(self.config.algorithm.name))
+            check_given_module(module, self.config, self.plugins.registry.algorithm)
         module = self.module = self.builder.module(module)
         check_hook_signatures(type(module), RLModule)
         for warning in unknown_hooks(type(module), RLModule):
