@@ -97,8 +97,8 @@ def check_initialized(module: Any) -> None:
     """``RLModule.__init__`` ran (a subclass's ``__init__`` that does not call it leaves the module without its
     attributes: every later step would fail on one of them)."""
     if "config" not in vars(module) or "tokenizer" not in vars(module):
-        raise RLForgeError(f"{type(module).__qualname__}.__init__ did not call super().__init__(config): RLModule's sets "
-                           f"the config, the models and the tokenizer the run needs. Call it first in __init__.")
+        raise RLForgeError(f"{type(module).__qualname__}.__init__ did not call super().__init__(config): RLModule's "
+                           f"sets the config, the models and the tokenizer the run needs. Call it first in __init__.")
 
 
 def check_configured(module: Any) -> None:
