@@ -58,12 +58,13 @@ def check_given_module(module: Any, config: Any, algorithms: Any) -> None:
 
     from omegaconf import OmegaConf
 
-    from rlforge.resume import flatten
+    from rlforge.resume import flatten, may_change
 
     check_initialized(module)
     if module.config is not config:
         own, given = (flatten(OmegaConf.to_container(c, resolve=True)) for c in (module.config, config))
-        differ = sorted(k for k in own.keys() | given.keys() if own.get(k, "<unset>") != given.get(k, "<unset>"))
+        differ = sorted(k for k in own.keys() | given.keys()  # keys a resume may change do not change the training
+                        if own.get(k, "<unset>") != given.get(k, "<unset>") and not may_change(k))
         if differ:
             more = f" (and {len(differ) - 1} more: {', '.join(differ[1:4])}{', ...' if len(differ) > 4 else ''})"
             raise ConfigError(
@@ -77,13 +78,15 @@ def check_given_module(module: Any, config: Any, algorithms: Any) -> None:
         return
     missing = [f.name for f in dataclasses.fields(cls.config_class) if f.name not in config.algorithm]
     own = flatten(cls.preset) if cls.preset is not registered.preset else {}  # a preset of the class's own making
-    unapplied = sorted(k for k, v in own.items() if OmegaConf.select(config, k, default=None) != v)
+    unapplied = sorted((k for k, v in own.items() if OmegaConf.select(config, k, default=None) != v),
+                       key=lambda k: (k == "algorithm.name", k))  # the name last: the values say more
     if missing or unapplied:
         what = (f"its config_class's algorithm.{missing[0]}" if missing else
                 f"{unapplied[0]}={own[unapplied[0]]!r} in its preset")
         name = next((n for n in algorithms.available() if algorithms.get(n) is cls), None)
         fix = (f"Compose the config for it: load_config({name!r}, ...) (--algo {name})." if name else
-               f"Register the class and compose for it: pm = PluginManager(); pm.registry.algorithm.register("
+               f"Register the class and compose for it (PluginManager: rlforge.plugin_manager): "
+               f"pm = PluginManager(); pm.registry.algorithm.register("
                f"'my_algo', {cls.__qualname__}); cfg = load_config('my_algo', plugins=pm); Trainer(cfg, plugins=pm)"
                f".fit() (or a plugin: docs/plugins.md).")
         raise ConfigError(
@@ -127,3 +130,15 @@ def check_hook_signatures(cls: type, base: type) -> None:
                                f"loop passes it: RLModule.{name}{expected}.") from None
         except ValueError:  # no signature to read (a builtin): left to the call
             continue
+
+
+def callback_without_hooks(callback: object) -> str:
+    """The warning for a ``Trainer`` callback that implements no ``rlforge_*`` hook (a Lightning callback's
+    ``on_*`` methods, say): nothing of it is ever called."""
+    lightning = sorted(n for n in dir(callback) if n.startswith("on_") and callable(getattr(callback, n)))
+    events = [n for n in dir(hookspecs) if n.startswith("rlforge_")]
+    close = ", ".join(m for n in lightning for m in difflib.get_close_matches(f"rlforge_{n[3:]}", events, 1, 0.6))
+    named = (f" Its {', '.join(lightning[:3])}{', ...' if len(lightning) > 3 else ''} are not rlforge hooks"
+             f"{f' (close: {close})' if close else ''}." if lightning else "")
+    return (f"The callback {type(callback).__qualname__} implements no rlforge_* hook, so nothing of it is called."
+            f"{named} Implement the hooks of docs/hooks.md as @hookimpl methods (e.g. rlforge_step_end).")

@@ -20,6 +20,7 @@ uses, for its record.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import os
@@ -389,6 +390,16 @@ def checkpoint_entries(plugins: PluginManager, trainer: Any) -> dict[str, Any]:
             writer[key] = _named(impl)
         entries.update(own)
     return entries
+
+
+def restore_checkpoint_entries(plugins: PluginManager, trainer: Any, entries: dict[str, Any]) -> None:
+    """``rlforge_load_checkpoint``, each implementation called with a copy of every entry: one that pops or changes
+    entries leaves the next its own."""
+    impls = list(reversed(plugins.hook.rlforge_load_checkpoint.get_hookimpls()))  # the order pluggy calls them in
+    for impl in impls:
+        others = [i.plugin for i in impls if i is not impl]
+        plugins.pm.subset_hook_caller("rlforge_load_checkpoint", others)(trainer=trainer,
+                                                                          checkpoint=copy.deepcopy(entries))
 
 
 def _who(plugin: object, info: PluginInfo) -> str:

@@ -649,3 +649,76 @@ def test_a_callback_class_instead_of_an_instance_is_named(tmp_path, pm) -> None:
     with pytest.raises(RLForgeError, match=re.escape("is a class whose rlforge_step_end is a method: register an "
                                                      "instance (Trainer(callbacks=[Order()]))")):
         Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[Order])
+
+
+class StopEarly:
+    @hookimpl
+    def rlforge_fit_start(self, trainer):
+        trainer.should_stop = True
+
+
+class StopAtValidation:
+    def __init__(self) -> None:
+        self.validated: list[int] = []
+
+    @hookimpl
+    def rlforge_validation_end(self, trainer, step):
+        self.validated.append(step)
+        trainer.should_stop = True
+
+
+def test_a_stop_set_before_step_1_or_by_a_validation_ends_the_run_after_that_step(tmp_path, pm) -> None:
+    cfg = fast_config("grpo", tmp_path, *TINY, "trainer.total_steps=3", plugins=pm)
+    assert Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=StopEarly()).fit()["steps"] == 1
+    stop = StopAtValidation()
+    cfg = fast_config("grpo", tmp_path, *TINY, "trainer.total_steps=3", "trainer.val_every=1", "trainer.save_every=1",
+                      "trainer.val_at_end=true", plugins=pm)
+    summary = Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[stop]).fit()
+    assert summary["steps"] == 1 and stop.validated == [1]  # step 1 validated once, the end reuses it
+    assert summary["accuracy_after"] is not None
+
+
+class Takes:
+    def __init__(self, key: str, pops: str | None = None) -> None:
+        self.key, self.pops, self.got = key, pops, None
+
+    @hookimpl
+    def rlforge_save_checkpoint(self, checkpoint):
+        checkpoint[self.key] = {"seen": [1, 2]}
+
+    @hookimpl
+    def rlforge_load_checkpoint(self, checkpoint):
+        self.got = checkpoint.get(self.key)
+        if self.pops:
+            checkpoint.pop(self.pops)
+        checkpoint.clear()
+
+
+def test_each_checkpoint_loader_gets_every_entry(tmp_path, pm) -> None:
+    run = tmp_path / "run"
+    cfg = fast_config("grpo", tmp_path, *TINY, f"trainer.run_dir={run}", plugins=pm)
+    Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[Takes("a"), Takes("b")]).fit()
+    first, second = Takes("a", pops="b"), Takes("b", pops="a")
+    resumed = fast_config("grpo", tmp_path, *TINY, "trainer.total_steps=2", f"trainer.run_dir={run}",
+                          "trainer.resume=auto", plugins=pm)
+    Trainer(resumed, plugins=PluginManager(autoload=False), callbacks=[first, second]).fit()
+    assert first.got == second.got == {"seen": [1, 2]}  # the first's pop and clear left the second its entry
+
+
+class LightningStyle:
+    def on_fit_start(self, trainer, module):
+        pass
+
+
+def test_a_callback_with_no_rlforge_hook_is_warned_about(tmp_path, pm, caplog) -> None:
+    cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
+    with caplog.at_level(logging.WARNING, logger="rlforge"):
+        Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[LightningStyle()])
+    assert ("The callback LightningStyle implements no rlforge_* hook, so nothing of it is called. Its on_fit_start "
+            "are not rlforge hooks (close: rlforge_fit_start)") in caplog.text
+
+
+def test_a_module_config_differing_only_in_keys_a_resume_may_change_is_taken(tmp_path, pm) -> None:
+    cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
+    quiet = fast_config("grpo", tmp_path, *TINY, "trainer.progress=true", "trainer.val_at_end=true", plugins=pm)
+    assert Trainer(cfg, plugins=pm).fit(GRPO(quiet))["steps"] == 1

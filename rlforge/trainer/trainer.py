@@ -29,8 +29,8 @@ from rlforge.dataflow import DataFlow, StepContext
 from rlforge.errors import SHIELDED, STOP_UNDERWAY, NonFiniteError, RLForgeError
 from rlforge.metric_values import check_numbers
 from rlforge.module import RLModule
-from rlforge.module_checks import check_given_module, check_hook_signatures, unknown_hooks
-from rlforge.plugin_manager import PluginManager, checkpoint_entries, implementers
+from rlforge.module_checks import callback_without_hooks, check_given_module, check_hook_signatures, unknown_hooks
+from rlforge.plugin_manager import PluginManager, checkpoint_entries, implementers, restore_checkpoint_entries
 from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
@@ -65,8 +65,12 @@ class Trainer:
             plugins, config = compose_with_plugins(algo, None, list(overrides))
         self.plugins = plugins or (PluginManager.for_config(config) if config is not None else PluginManager())
         self.config = config if config is not None else compose(self.plugins.registry, algo, None, list(overrides))
-        for cb in reversed(list(callbacks)):  # pluggy calls the last registered first: the list's order
+        one = not hasattr(callbacks, "__iter__") or any(n.startswith("rlforge_") for n in dir(callbacks))
+        for cb in reversed([callbacks] if one else list(callbacks)):  # one callback, as Lightning takes; pluggy calls
+            # the last registered first: the list's order
             self.plugins.register(cb)
+            if not any(name.startswith("rlforge_") for name in dir(cb)):
+                log.warning(callback_without_hooks(cb))
         self.hook = self.plugins.hook
         self.builder = Builder(self.config, self.plugins)
         self.pipeline = pipelines.for_config(self.config)  # trainer.pipeline: when each step's batch is generated
@@ -105,6 +109,7 @@ class Trainer:
     # --- the loop ---------------------------------------------------------------------------------
     def fit(self, module: RLModule | None = None) -> dict[str, Any]:
         """Train ``module`` (default: the algorithm ``algorithm.name``) and return the run's summary."""
+        self.should_stop = False  # a hook may set it from here on (rlforge_fit_start included)
         if module is not None:
             check_given_module(module, self.config, self.plugins.registry.algorithm)
         module = self.module = self.builder.module(module)
@@ -185,16 +190,17 @@ class Trainer:
         start = time.perf_counter()
         val_before = self.validate() if t.val_before_train and self.step == 0 else None
         tokens = 0
-        self.should_stop = False
-        while self.step < t.total_steps and not self.should_stop:
+        validated: dict[str, float] | None = None  # the validation of the last step, where the loop made one
+        while self.step < t.total_steps:
             self.step += 1
             try:
                 tokens += self._train_step(flow)
             except NonFiniteError as exc:
                 raise NonFiniteError(f"{exc} The last good state is saved in {self.save()}.") from None
             last = self.step >= t.total_steps or self.should_stop  # the end's validation and checkpoint follow
-            if t.val_every and self.step % t.val_every == 0 and not last:
-                self.validate()
+            validated = self.validate() if t.val_every and self.step % t.val_every == 0 and not last else None
+            if self.should_stop:  # set by a hook during the step or this validation: the end follows (once)
+                break
             if t.save_every and self.step % t.save_every == 0 and not last:
                 self.save(background=cfg.strategy.checkpoint == "async")
         if self.should_stop and self.step < t.total_steps:
@@ -203,7 +209,7 @@ class Trainer:
         last_ckpt = ckpt.list_checkpoints(self.run_dir)
         if not last_ckpt or last_ckpt[-1].name != f"step_{self.step:06d}" or not ckpt.has_actor(last_ckpt[-1]):
             self.save()  # the last checkpoint, with actor/ (a plain Hugging Face folder) in every mode
-        val_after = self.validate() if t.val_at_end else {}
+        val_after = (validated if validated is not None else self.validate()) if t.val_at_end else {}
         elapsed = time.perf_counter() - start
         summary = {
             "accuracy_before": val_before.get("val/accuracy") if val_before else None,
@@ -414,4 +420,4 @@ class Trainer:
         ckpt.set_rng_state(state["rng"])
         self.step = int(state["step"])
         self.pipeline.load_state_dict(state.get("pipeline", {}), self.step)
-        self.hook.rlforge_load_checkpoint(trainer=self, checkpoint=state.get("extra", {}))
+        restore_checkpoint_entries(self.plugins, self, state.get("extra", {}))
