@@ -114,25 +114,33 @@ def grpo_outcome_advantage(
     group_ids: Sequence[Hashable],
     norm_adv_by_std: bool = True,
     epsilon: float = 1e-6,
+    std_scope: str = "group",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: each sequence's total reward, normalized within its group.
 
     ``A_i = (r_i - mean_g) / (std_g + epsilon)`` (``std`` unbiased) or ``r_i - mean_g`` without std
-    normalization (Dr. GRPO). A group of one sample gets mean 0 and std 1. The advantage is broadcast
-    to every valid response token. Returns ``(advantages, returns)``, which are equal.
+    normalization (Dr. GRPO). A group of one sample gets mean 0 and std 1. ``std_scope="batch"`` divides by the
+    unbiased std of every sequence reward of the batch instead of the group's (one number; 1 for a batch of one
+    sequence): TRL's ``scale_rewards="batch"``. The advantage is broadcast to every valid response token. Returns
+    ``(advantages, returns)``, which are equal.
     """
-    adv = _group_normalized(token_level_rewards.sum(-1), group_ids, norm_adv_by_std, epsilon)
+    adv = _group_normalized(token_level_rewards.sum(-1), group_ids, norm_adv_by_std, epsilon, std_scope)
     return _outcome(adv, token_level_rewards, mask)
 
 
 def _group_normalized(scores: torch.Tensor, group_ids: Sequence[Hashable], norm_adv_by_std: bool,
-                      epsilon: float) -> torch.Tensor:
-    """GRPO's ``(r - mean_g) / (std_g + epsilon)`` per sequence ([B], float64 on the CPU; singleton: mean 0, std 1)."""
+                      epsilon: float, std_scope: str = "group") -> torch.Tensor:
+    """GRPO's ``(r - mean_g) / (std_g + epsilon)`` per sequence ([B], float64 on the CPU; singleton: mean 0, std 1);
+    ``std_scope="batch"``: the batch's std for every sequence."""
     g = _Groups(scores, group_ids)
     single = g.singleton()
     adv = g.scores - torch.where(single, 0.0, g.mean())
     if norm_adv_by_std:
-        adv = adv / (torch.where(single, 1.0, g.std()) + epsilon)
+        if std_scope not in ("group", "batch"):
+            raise ValueError(f"std_scope must be 'group' or 'batch', not {std_scope!r}.")
+        std = (torch.where(single, 1.0, g.std()) if std_scope == "group" else
+               g.scores.std() if len(g.scores) > 1 else torch.ones((), dtype=g.scores.dtype))
+        adv = adv / (std + epsilon)
     return adv
 
 

@@ -37,6 +37,9 @@ class GDPO(GRPO):
     def validate_config(cls, config: DictConfig) -> None:
         super().validate_config(config)
         alg = config.algorithm
+        if alg.std_scope != "group":
+            raise ConfigError(f"'algorithm.std_scope={alg.std_scope}' is GRPO's: GDPO normalizes each reward component "
+                              f"within its group and then whitens the sum over the batch already. Leave it at group.")
         if alg.reward_weights is not None and len(alg.reward_weights) != len(alg.reward_keys):
             raise ConfigError(f"'algorithm.reward_weights' has {len(alg.reward_weights)} entries for "
                               f"{len(alg.reward_keys)} 'algorithm.reward_keys' ({list(alg.reward_keys)}): give one "

@@ -23,6 +23,7 @@ else:
 class GRPOConfig(PolicyGradientConfig):
     norm_adv_by_std: bool = True  # divide by the group std (False: Dr. GRPO-style mean-centering only)
     epsilon: float = option(1e-6, gt=0)  # added to the group std
+    std_scope: str = option("group", choices=("group", "batch"))  # the std that divides r - mean_group: group (GRPO) | batch (one std of the step's sequence rewards: TRL's scale_rewards="batch", the group-mean / batch-std of "Tricks or Traps", arXiv:2508.08221)
 
 
 class GRPO(PolicyGradientModule):
@@ -34,7 +35,8 @@ class GRPO(PolicyGradientModule):
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
         cfg = self.config.algorithm
         return self.set_advantages(batch, F.grpo_outcome_advantage(
-            batch[B.TOKEN_LEVEL_REWARDS], batch[B.RESPONSE_MASK], batch[B.UID], cfg.norm_adv_by_std, cfg.epsilon
+            batch[B.TOKEN_LEVEL_REWARDS], batch[B.RESPONSE_MASK], batch[B.UID], cfg.norm_adv_by_std, cfg.epsilon,
+            cfg.std_scope,
         ))
 
 

@@ -53,6 +53,25 @@ def test_grpo_two_groups_are_independent() -> None:
     _close(adv[:, 1], expected)
 
 
+def test_grpo_batch_std_hand_computed() -> None:
+    # rewards 1, 0 | 3, 5, 4: group means .5 and 4; batch mean 2.6, unbiased batch variance
+    # (1.6^2 + 2.6^2 + .4^2 + 2.4^2 + 1.4^2) / 4 = 17.2 / 4 = 4.3
+    rewards, mask = _outcome_rewards([1.0, 0.0, 3.0, 5.0, 4.0], width=2)
+    adv, _ = F.grpo_outcome_advantage(rewards, mask, ["a", "a", "b", "b", "b"], std_scope="batch")
+    std = math.sqrt(4.3)
+    _close(adv[:, 0], [0.5 / (std + EPS), -0.5 / (std + EPS), -1 / (std + EPS), 1 / (std + EPS), 0.0])
+    # TRL 1.16's scale_rewards="batch": (r - group mean) / (nanstd(r) + 1e-4), nanstd with Bessel's correction
+    scores = torch.tensor([1.0, 0.0, 3.0, 5.0, 4.0])
+    trl = (scores - torch.tensor([0.5, 0.5, 4.0, 4.0, 4.0])) / (scores.std() + 1e-4)
+    adv, _ = F.grpo_outcome_advantage(rewards, mask, ["a", "a", "b", "b", "b"], epsilon=1e-4, std_scope="batch")
+    _close(adv[:, 1], trl)
+    # one sequence: std 1 (and mean 0, as a singleton group's in GRPO and verl)
+    one, _ = F.grpo_outcome_advantage(*_outcome_rewards([2.0], width=1), ["a"], std_scope="batch")
+    _close(one, [[2.0 / (1 + EPS)]])
+    with pytest.raises(ValueError, match="std_scope must be 'group' or 'batch'"):
+        F.grpo_outcome_advantage(rewards, mask, ["a"] * 5, std_scope="rows")
+
+
 def test_grpo_interleaved_group_ids() -> None:
     rewards, mask = _outcome_rewards([1.0, 3.0, 0.0, 5.0], width=1)
     adv, _ = F.grpo_outcome_advantage(rewards, mask, [0, 1, 0, 1])

@@ -164,6 +164,8 @@ def test_gdpo_reads_its_components_from_the_reward_extras_or_batch_columns(pm):
     assert [c.tolist() for c in gdpo.reward_components(batch)] == [[1.0, -1.0, -1.0, -1.0], [1.0, -1.0, -1.0, -1.0]]
     with pytest.raises(ConfigError, match="reward_weights"):
         load_config("gdpo", ["algorithm.reward_keys=[a,b]", "algorithm.reward_weights=[1.0]"], plugins=pm)
+    with pytest.raises(ConfigError, match="'algorithm.std_scope=batch' is GRPO's"):
+        load_config("gdpo", ["algorithm.std_scope=batch"], plugins=pm)
 
 
 # --- OTB ------------------------------------------------------------------------------------------------------
