@@ -20,7 +20,6 @@ uses, for its record.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import importlib.util
 import os
@@ -358,48 +357,16 @@ def implementers(hook: Any, name: str) -> str:
     """The plugins implementing hook ``rlforge_<name>`` of ``hook`` (a plugin manager's hook relay), for a message:
     module names, and the class name of a callback object; rlforge's own plugins only where no other implements it
     (a message points at the code the user brought)."""
-    names = {_named(i) for i in getattr(hook, f"rlforge_{name}").get_hookimpls()}
+    names = {implementer_name(i) for i in getattr(hook, f"rlforge_{name}").get_hookimpls()}
     brought = {n for n in names if not n.startswith("rlforge.")}
     return ", ".join(sorted(brought or names)) or "no plugin"
 
 
-def _named(impl: Any) -> str:
+def implementer_name(impl: Any) -> str:
     """A hook implementation's plugin as a message names it: a callback object (registered as Class-<id>,
     ``PluginManager.register``) by its class."""
     cls = type(impl.plugin).__name__
     return cls if impl.plugin_name == f"{cls}-{id(impl.plugin)}" else impl.plugin_name
-
-
-def checkpoint_entries(plugins: PluginManager, trainer: Any) -> dict[str, Any]:
-    """The entries ``rlforge_save_checkpoint`` adds, each implementation called in pluggy's order with a dict of its
-    own: an entry that two of them write is an error naming both (the later one's value would be the only one saved,
-    and the other would find it on resume)."""
-    impls = list(reversed(plugins.hook.rlforge_save_checkpoint.get_hookimpls()))  # the order pluggy calls them in
-    entries: dict[str, Any] = {}
-    writer: dict[str, str] = {}
-    for impl in impls:
-        own: dict[str, Any] = {}
-        others = [i.plugin for i in impls if i is not impl]
-        plugins.pm.subset_hook_caller("rlforge_save_checkpoint", others)(trainer=trainer, checkpoint=own)
-        for key in own:
-            if key in writer:
-                raise RLForgeError(
-                    f"rlforge_save_checkpoint: {writer[key]} and {_named(impl)} both save the checkpoint entry "
-                    f"{key!r}; one's state would be lost on resume. Give each its own key (a callback of several "
-                    f"instances: a key per instance).")
-            writer[key] = _named(impl)
-        entries.update(own)
-    return entries
-
-
-def restore_checkpoint_entries(plugins: PluginManager, trainer: Any, entries: dict[str, Any]) -> None:
-    """``rlforge_load_checkpoint``, each implementation called with a copy of every entry: one that pops or changes
-    entries leaves the next its own."""
-    impls = list(reversed(plugins.hook.rlforge_load_checkpoint.get_hookimpls()))  # the order pluggy calls them in
-    for impl in impls:
-        others = [i.plugin for i in impls if i is not impl]
-        plugins.pm.subset_hook_caller("rlforge_load_checkpoint", others)(trainer=trainer,
-                                                                          checkpoint=copy.deepcopy(entries))
 
 
 def _who(plugin: object, info: PluginInfo) -> str:

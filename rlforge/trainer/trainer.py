@@ -30,7 +30,8 @@ from rlforge.errors import SHIELDED, STOP_UNDERWAY, NonFiniteError, RLForgeError
 from rlforge.metric_values import check_numbers
 from rlforge.module import RLModule
 from rlforge.module_checks import callback_without_hooks, check_given_module, check_hook_signatures, unknown_hooks
-from rlforge.plugin_manager import PluginManager, checkpoint_entries, implementers, restore_checkpoint_entries
+from rlforge.plugin_manager import PluginManager, implementers
+from rlforge.trainer.checkpoint_hooks import checkpoint_entries, restore_checkpoint_entries
 from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
