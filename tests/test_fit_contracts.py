@@ -1,5 +1,5 @@
-"""What a Lightning user hands ``Trainer.fit`` is checked where it arrives (helper-70's and helper-71's passes): a module
-built with another config, an unregistered subclass's preset and config section, checkpoint entries two callbacks
+"""What a Lightning user hands ``Trainer.fit`` is checked where it arrives (helper-70's and helper-71's passes): a
+module built with another config, an unregistered subclass's preset and config section, checkpoint entries two callbacks
 share, a module state that would not load, early stopping (``trainer.should_stop``), callback order, and named errors
 for subclasses that break ``RLModule``'s contract."""
 
