@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from rlforge.algorithms import rollout_correction as RC
 from rlforge.algorithms.names import KL_ESTIMATORS, LOSS_AGG_MODES
-from rlforge.algorithms.shaping import DynamicSampling
+from rlforge.algorithms.shaping import DynamicSampling, MaskTruncated
 
 from rlforge import batch as B
 from rlforge.config.schema import AlgorithmConfig, option
@@ -54,6 +54,7 @@ class PolicyGradientConfig(AlgorithmConfig):
     filter_metric: str = option("reward", choices=("reward", "score", "acc"))  # dynamic sampling keeps the groups whose values of it differ: reward (the sequence reward, overlong shaping included) | score (the reward function's score) | acc (its acc)
     overlong_buffer: int = option(0, ge=0)  # DAPO overlong shaping: penalty ramps over the last N tokens (0 = off)
     overlong_penalty: float = option(1.0, ge=0)  # DAPO overlong shaping: penalty at the maximum length
+    mask_truncated: bool = False  # DAPO overlong filtering (TRL's mask_truncated_completions): responses cut off before a stop token (at rollout.max_new_tokens) train none of their tokens; their rewards still count in the advantages
     overlong_log: bool = True  # DAPO overlong shaping: log critic/overlong_penalty/mean and critic/overlong/ratio (the share of responses penalised) each step
     # rollout correction, engine vs trainer log-probs (verl: algorithm.rollout_correction.*)
     rollout_is: Optional[str] = None  # weights pi_old / pi_rollout in the policy loss, per token | sequence; None = off
@@ -93,6 +94,9 @@ class PolicyGradientModule(RLModule):
                 f"'algorithm.overlong_buffer' ({alg.overlong_buffer}) must be smaller than "
                 f"'rollout.max_new_tokens' ({config.rollout.max_new_tokens})."
             )
+        if alg.mask_truncated and config.rollout.ignore_eos:
+            raise ConfigError("'algorithm.mask_truncated' with 'rollout.ignore_eos': every response runs to "
+                              "rollout.max_new_tokens without a stop token, so every one would be masked.")
         t = config.trainer
         if t.critic_warmup and t.total_epochs is None and t.critic_warmup >= t.total_steps:
             raise ConfigError(f"'trainer.critic_warmup' ({t.critic_warmup}) is not below 'trainer.total_steps' "
@@ -126,6 +130,8 @@ class PolicyGradientModule(RLModule):
         alg = self.config.algorithm
         if alg.filter_groups:
             flow.insert_before(Stage.FILTER, DynamicSampling())
+        if alg.mask_truncated:
+            flow.replace(Stage.UPDATE_ACTOR, MaskTruncated())
         if getattr(self.policy_loss_fn, "uses_rollout_log_probs", False):  # bypass: corrected inside the loss
             flow.replace(Stage.OLD_LOGPROB, RC.RolloutLogProbsAsOld())
         elif alg.rollout_is is not None or alg.rollout_rs is not None:

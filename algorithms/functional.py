@@ -4,7 +4,7 @@ This module is the public import point (``from rlforge.algorithms import functio
 advantage estimators live in :mod:`rlforge.algorithms.estimators` and :mod:`rlforge.algorithms.token_baseline`,
 the losses in :mod:`rlforge.algorithms.losses` and :mod:`rlforge.algorithms.pg_losses`, the rollout correction
 in :mod:`rlforge.algorithms.rollout_correction`; all are re-exported here. Defined here: the KL-in-reward
-penalty and its coefficient controllers, and DAPO's reward shaping and group filter.
+penalty and its coefficient controllers, and DAPO's reward shaping, overlong filter and group filter.
 
 Semantics follow verl's definitions (docs/algorithms/formulas.md lists each formula, its verl
 counterpart and every deliberate difference). Shapes: ``[B, R]`` = sequences x response tokens;
@@ -162,7 +162,7 @@ class AdaptiveKLController:
         self.value = float(state["value"])
 
 
-# --- DAPO: overlong reward shaping and dynamic-sampling filter ----------------------------------------
+# --- DAPO: overlong reward shaping, overlong filtering and dynamic-sampling filter ------------------------
 
 
 def overlong_penalty(
@@ -182,6 +182,17 @@ def overlong_penalty(
     lengths = lengths.to(torch.get_default_dtype() if not lengths.is_floating_point() else lengths.dtype)
     exceed = lengths - (max_response_length - buffer_length)
     return (-exceed / buffer_length * penalty_factor).clamp(max=0.0)
+
+
+def truncated_rows(responses: torch.Tensor, mask: torch.Tensor, stop_ids: Sequence[int]) -> torch.Tensor:
+    """Which responses were cut off (bool ``[B]``): their last generated token (the last where ``mask`` is 1) is
+    none of ``stop_ids``. A row with no generated token is not truncated. DAPO's overlong filtering and TRL's
+    ``mask_truncated_completions`` train none of these rows' tokens."""
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    last = torch.where(mask.bool(), positions, -1).amax(-1)
+    tokens = responses.gather(-1, last.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    stops = torch.as_tensor(list(stop_ids), dtype=responses.dtype, device=responses.device)
+    return (last >= 0) & ~torch.isin(tokens, stops)
 
 
 def uniform_group_mask(scores: torch.Tensor | Sequence[float], group_ids: Sequence[Hashable]) -> torch.Tensor:

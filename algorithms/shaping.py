@@ -2,6 +2,8 @@
 
 - ``algorithm.overlong_buffer > 0``: soft overlong punishment added to the last token's reward (a wrapper of the
   ``rlforge_shape_rewards`` hook: plugins that shape rewards shape the penalized rewards).
+- ``algorithm.mask_truncated``: overlong filtering, the stage :class:`MaskTruncated` in place of the actor's update
+  (the policy-gradient algorithms put it there): responses cut off before a stop token train none of their tokens.
 - ``algorithm.filter_groups``: dynamic sampling, the stage :class:`DynamicSampling` (the policy-gradient
   algorithms insert it after the reward stage). Groups whose rewards all agree carry no gradient signal;
   they are dropped and more prompts go through the stages before it (rollout, reward, ...) until
@@ -16,11 +18,12 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
-from rlforge.dataflow import Stage, StepContext
+from rlforge.dataflow import Stage, StepContext, UpdateActorStage
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 from rlforge.microbatch import groups_splitting_evenly
+from rlforge.models import model_stop_ids
 
 if TYPE_CHECKING:
     import torch
@@ -100,3 +103,27 @@ class DynamicSampling(Stage):
             return batch
         keep = set(groups)
         return kept.select([i for i, u in enumerate(kept[B.UID]) if u in keep])
+
+
+class MaskTruncated(UpdateActorStage):
+    """DAPO's overlong filtering (TRL's ``mask_truncated_completions``): the actor's update with the response mask
+    zeroed on the rows that were cut off (:func:`~rlforge.algorithms.functional.truncated_rows`: the last generated
+    token is not a stop token), so they add nothing to the policy loss, its KL and entropy terms or the token count
+    of ``actor.loss_agg_mode``. Their rewards still count in their groups' advantages; the critic and the metrics see
+    the whole batch. Logs ``actor/truncated_masked_ratio``, the share of rows masked."""
+
+    requires = UpdateActorStage.requires | {B.RESPONSES}
+
+    def __init__(self) -> None:
+        self._stop_ids: list[int] | None = None
+
+    def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        if self._stop_ids is None:
+            self._stop_ids = sorted(model_stop_ids(ctx.config, ctx.module.tokenizer))
+        mask = batch[B.RESPONSE_MASK]
+        cut = F.truncated_rows(batch[B.RESPONSES], mask, self._stop_ids)
+        ctx.log({"actor/truncated_masked_ratio": float(cut.float().mean())})
+        trained = B.Batch(dict(batch.tensors), dict(batch.lists), batch.meta)
+        trained[B.RESPONSE_MASK] = mask * (~cut).unsqueeze(-1).to(mask.dtype)
+        super().run(ctx, trained)
+        return batch

@@ -260,6 +260,12 @@ def generation_stop_ids(tokenizer: Any, path: str, trust_remote_code: bool = Fal
     return stop_token_ids(tokenizer, generation_config=generation)
 
 
+def model_stop_ids(config: Any, tokenizer: Any) -> set[int]:
+    """:func:`generation_stop_ids` of ``config.model`` (its path and ``trust_remote_code``): the tokens that end
+    the run's responses, read without loading the weights."""
+    return set(generation_stop_ids(tokenizer, config.model.path, config.model.trust_remote_code))
+
+
 def quiet_transformers() -> None:
     """No per-file progress bars from transformers: rlforge prints its own progress."""
     from transformers.utils import logging as hf_logging

@@ -170,10 +170,9 @@ class PartialRollouts(Pipeline):
     def stop_ids(self, ctx: StepContext) -> set[int]:
         """The tokens that end a response (the engines' own: ``rlforge.models.stop_token_ids``)."""
         if self._stop_ids is None:
-            from rlforge.models import generation_stop_ids
+            from rlforge.models import model_stop_ids
 
-            model = ctx.config.model
-            self._stop_ids = set(generation_stop_ids(ctx.module.tokenizer, model.path, model.trust_remote_code))
+            self._stop_ids = model_stop_ids(ctx.config, ctx.module.tokenizer)
         return self._stop_ids
 
     # --- checkpoints --------------------------------------------------------------------------------
