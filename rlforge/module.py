@@ -20,7 +20,7 @@ from rlforge import batch as B
 from rlforge import lora, lr_schedule
 from rlforge.config.schema import AlgorithmConfig
 from rlforge.dataflow import DataFlow, Stage
-from rlforge.errors import DataError, NonFiniteError, RLForgeError
+from rlforge.errors import ConfigError, DataError, NonFiniteError, RLForgeError
 from rlforge.lazy import lazy_import
 from rlforge.metric_values import as_number, check_numbers
 
@@ -69,6 +69,11 @@ class RLModule:
     _init_args: tuple[tuple[Any, ...], dict[str, Any]]  # set by __new__
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        given = args[0] if args else kwargs.get("config")
+        if isinstance(given, dict):  # not a DictConfig: attribute access (config.algorithm) would fail deep inside
+            raise ConfigError(f"{cls.__name__}(config) takes a composed config, not a dict: rlforge.load_config(name, "
+                              f"['key=value', ...]) makes one from the algorithm's registered name (rlforge algos): "
+                              f"the defaults, its preset and your overrides, checked.")
         module = super().__new__(cls)
         # the constructor's arguments, which ranks that rebuild it as cls(config) would not get (rank_module_class)
         module._init_args = (args, kwargs)

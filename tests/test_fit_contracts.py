@@ -292,3 +292,10 @@ def test_a_module_config_differing_only_in_keys_a_resume_may_change_is_taken(tmp
     cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
     quiet = fast_config("grpo", tmp_path, *TINY, "trainer.progress=true", "trainer.val_at_end=true", plugins=pm)
     assert Trainer(cfg, plugins=pm).fit(GRPO(quiet))["steps"] == 1
+
+
+def test_a_module_made_from_a_plain_dict_is_refused_with_how_to_compose_a_config():
+    with pytest.raises(ConfigError, match=r"GRPO\(config\) takes a composed config, not a dict: rlforge.load_config"):
+        GRPO({"algorithm": {"name": "grpo"}})
+    with pytest.raises(ConfigError, match=r"PPO\(config\) takes a composed config"):
+        PPO(config={})
