@@ -476,3 +476,24 @@ def test_chat_template_kwargs_may_not_set_apply_chat_templates_own_parameters(re
     # transformers' own extensions and tags (loop controls, {% generation %}) are valid
     compose(registry, overrides=["model.chat_template='{% for m in messages %}{% generation %}{{ m.content }}"
                                  "{% endgeneration %}{% break %}{% endfor %}'"])
+
+
+def test_options_of_a_component_the_run_does_not_use_are_warned_about(registry, caplog) -> None:
+    """``ray.*`` under the local controller, ``rollout.vllm.*`` with the hf engine: nothing reads them. Options of the
+    components in use, of reward functions a row's data_source picks, and values at their defaults are not warned."""
+    with caplog.at_level("WARNING", logger="rlforge"):
+        compose(registry, "grpo", None, ["ray.num_cpus=2", "ray.rollout_workers=1", "rollout.vllm.enforce_eager=true",
+                                         "rollout.hf.compile=true", "ray.placement_strategy=PACK"])
+    lines = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert sorted(lines) == [
+        "ray.num_cpus, ray.rollout_workers: not read, an option of trainer.controller=ray; this run's "
+        "trainer.controller is local.",
+        "rollout.vllm.enforce_eager: not read, an option of rollout.name=vllm; this run's rollout.name is hf.",
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlforge"):
+        compose(registry, "grpo", None, ["trainer.controller=ray", "ray.num_cpus=2", "reward.code.sandbox_memory_mb=256"])
+        assert not [r for r in caplog.records if "not read" in r.getMessage()]
+        compose(registry, "grpo", None, ["reward.fn=arith", "reward.code.sandbox_memory_mb=256"])
+    (line,) = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert line.startswith("reward.code.sandbox_memory_mb: not read, an option of reward.fn=code; this run's reward.fn is arith")

@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +25,49 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlforge.errors import ConfigError
 
+log = logging.getLogger("rlforge")
+
 DEVICE = r"auto|cpu|cuda(:\d+)?"  # the devices a frozen model's option names (rlforge.models.frozen_model_device)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # config.json keys that give a model's context length, most common first
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:
+    """``(config key, registry entry)`` of every component the config selects (a list key selects several)."""
+    for kind, spec in registry.SPECS.items():
+        if not spec.key or kind == "algorithm":
+            continue
+        value = OmegaConf.select(cfg, spec.key)
+        for name in (value if OmegaConf.is_list(value) else [value]):
+            if name is not None:
+                yield spec.key, getattr(registry, kind).entry(name)
+
+
+# kinds whose components a run may use without its config selecting them: each row's data_source picks its reward
+# function where reward.fn is unset, its agent_name column its agent loop, its tool config its tools and interaction
+ROW_CHOSEN = ("agent_loop", "tool", "interaction")
+
+
+def warn_unread_sections(cfg: DictConfig, registry: Any, components: list[tuple[str, Any]]) -> None:
+    """A warning for each option set (away from its default) in the section of a component the run does not use
+    (``ray.num_cpus`` under ``trainer.controller=local``, ``rollout.vllm.*`` with ``rollout.name=hf``): nothing reads
+    it. ``components``: :func:`selected`'s."""
+    used = {id(entry) for _, entry in components}
+    for kind, spec in registry.SPECS.items():
+        if not spec.key or kind in ("algorithm", *ROW_CHOSEN) or (kind == "reward_fn" and cfg.reward.fn is None):
+            continue
+        for entry in getattr(registry, kind).entries():
+            path = entry.config_path(spec)
+            if path is None or id(entry) in used:
+                continue
+            default = OmegaConf.structured(entry.config)
+            node = OmegaConf.select(cfg, path)
+            changed = [key for key in node if OmegaConf.select(node, key) != OmegaConf.select(default, key)]
+            if changed:
+                shown = ", ".join(f"{path}.{key}" for key in changed)
+                log.warning("%s: not read, an option of %s=%s; this run's %s is %s.", shown, spec.key, entry.name,
+                            spec.key, OmegaConf.select(cfg, spec.key))
 
 
 def check_device(value: Any, key: str) -> None:

@@ -23,7 +23,7 @@ from rlforge.config import schema
 from rlforge.config.batches import check_batch_sizes
 from rlforge.config.checks import (
     check_chat_template, check_model_folder, check_no_duplicates, check_resume_value, check_sequence_parallel_owner,
-    check_template_kwargs, check_values,
+    check_template_kwargs, check_values, selected, warn_unread_sections,
 )
 from rlforge.data import data_file_problem
 from rlforge.errors import ConfigError, RLForgeError, did_you_mean
@@ -402,17 +402,6 @@ def _plugin_list(layers: list[tuple[DictConfig, str]], key: str) -> list[str]:
     return [str(v) for v in value or []]
 
 
-def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:
-    """``(config key, registry entry)`` of every component the config selects (a list key selects several)."""
-    for kind, spec in registry.SPECS.items():
-        if not spec.key or kind == "algorithm":
-            continue
-        value = OmegaConf.select(cfg, spec.key)
-        for name in (value if OmegaConf.is_list(value) else [value]):
-            if name is not None:
-                yield spec.key, getattr(registry, kind).entry(name)
-
-
 def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
     """Every value against its field's rule (``schema.Valid``), the files the config names, the model's context,
     the batch arithmetic; then each selected component's own ``validate_config(cfg, registry)`` (if it has one).
@@ -455,6 +444,7 @@ def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
             if check is not None:
                 check(cfg, registry)
     check_sequence_parallel_owner(cfg)  # after the strategy's own check, which says more
+    warn_unread_sections(cfg, registry, components)
 
 
 def check_named_files(cfg: DictConfig, registry: Any) -> None:

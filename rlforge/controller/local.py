@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +18,6 @@ if TYPE_CHECKING:
     from rlforge.build import Builder
     from rlforge.weight_sync import SyncStats
 
-log = logging.getLogger("rlforge")
-
 
 class LocalController(GroupController):
     """One rank of each role (the actor with its rollout engine, the critic, a plugin's roles) and the reward manager,
@@ -35,10 +32,6 @@ class LocalController(GroupController):
                 f"needs one process per rank, which the local controller (one process) does not start. "
                 f"Set trainer.controller=ray, or torchrun under torchrun (see docs/distributed.md)."
             )
-        ray = config.get("ray")
-        if ray is not None and ray.get("rollout_workers"):
-            log.warning("ray.rollout_workers=%s is ignored: trainer.controller=local generates in this process "
-                        "(rollout workers are the Ray controller's; set trainer.controller=ray).", ray.rollout_workers)
 
     def __init__(self, builder: Builder, module: RLModule) -> None:
         self.config, self.module = builder.config, module
