@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +16,9 @@ import torch
 from rlforge import Trainer, load_config
 from rlforge.algorithms import functional as F
 from rlforge.algorithms.rollout_correction import rollout_is_weights
+from tests.migration_pages import doc_command_keys, run_page
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "migration-from-openrlhf.md"
+PAGE = "migration-from-openrlhf.md"
 
 # an OpenRLHF-style reward function (reward_func(queries, prompts, labels) -> dict of tensors), as users write them
 OPENRLHF_REWARD = '''
@@ -37,29 +35,14 @@ def reward_func(queries, prompts, labels, **kwargs):
 '''
 
 
-def doc_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), re.S)
-
-
-def doc_command_keys() -> list[str]:
-    command = doc_blocks("bash")[-1].replace("\\\n", " ")
-    return [word.strip("'") for word in command.split() if "=" in word]
-
-
 @pytest.fixture
 def converted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The doc's conversion and wrapper, run in ``tmp_path`` on OpenRLHF prompt rows (string and chat prompts,
     labels of two types)."""
     rows = [{"input": f"What is {a}+{a}?" if a % 2 else [{"role": "user", "content": f"What is {a}+{a}?"}],
              "label": 2 * a if a % 3 else str(2 * a)} for a in range(8)]
-    (tmp_path / "openrlhf_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    project = tmp_path / "my_openrlhf_project"
-    project.mkdir()
-    (project / "__init__.py").write_text("")
-    (project / "reward_func.py").write_text(OPENRLHF_REWARD)
-    convert, wrapper = doc_blocks("python")
-    subprocess.run([sys.executable, "-c", convert], cwd=tmp_path, check=True)
-    (tmp_path / "openrlhf_reward.py").write_text(wrapper)
+    run_page(PAGE, tmp_path, "openrlhf_prompts.jsonl", rows, "my_openrlhf_project.reward_func", OPENRLHF_REWARD,
+             "openrlhf_reward.py")
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 
@@ -81,7 +64,7 @@ def test_wrapper_scores_with_the_openrlhf_function(converted: Path) -> None:
 
 
 def test_a_run_trains_on_the_converted_rows_with_the_doc_command(converted: Path) -> None:
-    keys = doc_command_keys()
+    keys = doc_command_keys(PAGE)
     assert {"algorithm.epsilon=1e-9", "actor.clip_ratio_c=1e9", "actor.kl_loss_type=k3"} <= set(keys)
     keys = [k for k in keys if not k.startswith(("data.train_batch_size=", "actor.ppo_mini_batch_size="))]
     cfg = load_config("grpo", [

@@ -4,17 +4,16 @@ compose; the string-prompt template writes the prompt as raw text."""
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rlforge import Trainer, load_config
+from tests.migration_pages import DOCS, doc_command_keys, run_page
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "migration-from-trl.md"
+PAGE = "migration-from-trl.md"
+DOC = DOCS / PAGE
 
 TRL_REWARDS = '''
 def accuracy_reward(completions, solution, **kwargs):
@@ -26,28 +25,12 @@ def format_reward(completions, level, **kwargs):
 '''
 
 
-def doc_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), re.S)
-
-
-def doc_command_keys() -> list[str]:
-    command = doc_blocks("bash")[-1].replace("\\\n", " ")
-    return [word for word in command.split() if "=" in word]
-
-
 @pytest.fixture
 def converted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The doc's conversion and wrapper, run in ``tmp_path`` on TRL rows with a string-typed solution column."""
     rows = [{"prompt": [{"role": "user", "content": f"What is {a}+{a}?"}], "solution": str(2 * a), "level": a % 3}
             for a in range(8)]
-    (tmp_path / "trl_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    project = tmp_path / "my_trl_project"
-    project.mkdir()
-    (project / "__init__.py").write_text("")
-    (project / "rewards.py").write_text(TRL_REWARDS)
-    convert, wrapper = doc_blocks("python")
-    subprocess.run([sys.executable, "-c", convert], cwd=tmp_path, check=True)
-    (tmp_path / "trl_rewards.py").write_text(wrapper)
+    run_page(PAGE, tmp_path, "trl_rows.jsonl", rows, "my_trl_project.rewards", TRL_REWARDS, "trl_rewards.py")
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 
@@ -72,7 +55,7 @@ def test_wrapper_weights_the_functions_and_declines_as_trl(converted: Path) -> N
 
 
 def test_a_run_trains_on_the_converted_rows_with_the_doc_command(converted: Path) -> None:
-    keys = doc_command_keys()
+    keys = doc_command_keys(PAGE)
     assert "actor.clip_ratio_c=1e9" in keys and "algorithm.epsilon=1e-4" in keys
     keys = [k for k in keys if not k.startswith("rollout.max_new_tokens=")]  # 512 tokens: a long test
     cfg = load_config("grpo", [
