@@ -123,7 +123,7 @@ class MaskTruncated(UpdateActorStage):
         mask = batch[B.RESPONSE_MASK]
         cut = F.truncated_rows(batch[B.RESPONSES], mask, self._stop_ids)
         ctx.log({"actor/truncated_masked_ratio": float(cut.float().mean())})
-        trained = B.Batch(dict(batch.tensors), dict(batch.lists), batch.meta)
+        trained = batch.copy()
         trained[B.RESPONSE_MASK] = mask * (~cut).unsqueeze(-1).to(mask.dtype)
         super().run(ctx, trained)
         return batch

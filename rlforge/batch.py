@@ -126,6 +126,11 @@ class Batch:
     def columns(self) -> list[str]:
         return [*self.tensors, *self.lists]
 
+    def copy(self) -> Batch:
+        """A batch of the same columns (the same tensors and lists, not copied) whose columns can be set or removed
+        without changing this one."""
+        return Batch(dict(self.tensors), dict(self.lists), self.meta)
+
     def select(self, index: Sequence[int] | torch.Tensor) -> Batch:
         """Rows at ``index`` (a list of ints, or a bool/long tensor), in that order."""
         idx = index if isinstance(index, torch.Tensor) else torch.as_tensor(index, dtype=torch.long)

@@ -173,3 +173,10 @@ def test_to_device_keeps_lists() -> None:
     b = _batch().to("cpu")
     assert b["uid"] == ["u0", "u1", "u2", "u3"]
     assert b["x"].device.type == "cpu"
+
+
+def test_a_copy_shares_the_columns_and_sets_its_own() -> None:
+    batch = B.Batch({"x": torch.ones(2)}, {"uid": ["a", "b"]})
+    other = batch.copy()
+    other["x"] = torch.zeros(2)
+    assert batch["x"].tolist() == [1.0, 1.0] and other["uid"] is batch["uid"]

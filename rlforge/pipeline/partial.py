@@ -216,7 +216,7 @@ def extend(rows: B.Batch, new: dict[int, tuple[torch.Tensor, torch.Tensor, bool]
     for i, (tokens, lp, end) in new.items():
         a, b = lengths[i], lengths[i] + len(tokens)
         responses[i, a:b], mask[i, a:b], log_probs[i, a:b], ended[i] = tokens, 1, lp, end
-    out = B.Batch(dict(rows.tensors), dict(rows.lists), rows.meta)
+    out = rows.copy()
     out[B.RESPONSES], out[B.RESPONSE_MASK], out[B.ROLLOUT_LOG_PROBS], out[ENDED] = responses, mask, log_probs, ended
     return out
 
