@@ -176,7 +176,7 @@ def test_to_device_keeps_lists() -> None:
 
 
 def test_a_copy_shares_the_columns_and_sets_its_own() -> None:
-    batch = B.Batch({"x": torch.ones(2)}, {"uid": ["a", "b"]})
+    batch = Batch({"x": torch.ones(2)}, {"uid": ["a", "b"]})
     other = batch.copy()
     other["x"] = torch.zeros(2)
     assert batch["x"].tolist() == [1.0, 1.0] and other["uid"] is batch["uid"]
