@@ -73,6 +73,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "rlforge.plugins.reward.rule",
     "rlforge.plugins.reward.model",
     "rlforge.plugins.reward.generative",
+    "rlforge.plugins.reward.trl",
     "rlforge.plugins.strategy.single",
     "rlforge.plugins.strategy.fsdp",
     "rlforge.plugins.strategy.tp",

@@ -16,9 +16,9 @@ def doc_blocks(page: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", (DOCS / page).read_text(), re.S)
 
 
-def doc_command_keys(page: str) -> list[str]:
-    """The ``key=value`` words of the page's last bash block (quotes removed)."""
-    command = doc_blocks(page, "bash")[-1].replace("\\\n", " ")
+def doc_command_keys(page: str, block: int = -1) -> list[str]:
+    """The ``key=value`` words of the page's bash block ``block`` (the last by default; quotes removed)."""
+    command = doc_blocks(page, "bash")[block].replace("\\\n", " ")
     return [word.strip("'") for word in command.split() if "=" in word]
 
 

@@ -54,6 +54,21 @@ def test_wrapper_weights_the_functions_and_declines_as_trl(converted: Path) -> N
     assert score("my_task", "x", "4", {"solution": "4", "level": 2}) == {"score": 0.0, "accuracy_reward": 0.0}
 
 
+def test_the_trl_reward_manager_scores_the_converted_rows_with_the_functions_as_they_are(converted: Path) -> None:
+    """The page's reward.manager=trl command: TRL's functions, batched, over the columns the conversion kept."""
+    keys = [k.replace("train.parquet", str(converted / "train.parquet")) for k in doc_command_keys(PAGE, 0)]
+    assert "reward.manager=trl" in keys
+    cfg = load_config("grpo", [
+        *keys, "data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2", "rollout.max_new_tokens=4",
+        "trainer.total_steps=1", f"trainer.runs_root={converted}/runs", "trainer.val_before_train=false",
+        "trainer.val_every=0", "trainer.progress=false", "logger.backends=[]",
+    ])
+    trainer = Trainer(cfg)
+    trainer.fit()
+    (step,) = trainer.history
+    assert step["reward/error_share"] == 0 and "reward/extra/accuracy_reward/mean" in step
+
+
 def test_a_run_trains_on_the_converted_rows_with_the_doc_command(converted: Path) -> None:
     keys = doc_command_keys(PAGE)
     assert "actor.clip_ratio_c=1e9" in keys and "algorithm.epsilon=1e-4" in keys

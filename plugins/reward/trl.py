@@ -1,0 +1,216 @@
+"""``trl`` reward manager: TRL's reward functions as they are, called once per batch with TRL's ``GRPOTrainer``
+contract (docs/migration-from-trl.md).
+
+Each function of ``reward.trl.functions`` (``module:function`` or ``path/to/file.py:function``) is called as
+``f(prompts=..., completions=..., completion_ids=..., **columns)`` and returns one value per sample: a number, or
+None where it does not apply. ``columns`` are the keys of the rows' ``extra_info`` (where the page's conversion puts
+TRL's dataset columns), each a list over the batch (None where a row lacks the key). With ``reward.trl.conversational``
+(default) prompts are the rows' chat messages and completions ``[{"role": "assistant", "content": text}]``, as TRL
+passes conversational rows; off, the prompt's text and the completion's text, as TRL passes standard rows. A sample's
+score is the ``reward.trl.weights``-weighted sum of the values that are not None (TRL's ``nansum``); each function's
+value is kept per sample and logged as ``reward/extra/<function name>/mean``. A sample whose every function returned
+None gets ``reward.fallback_score`` and counts as failed (``reward/error_share``, ``reward.max_error_share``): TRL
+leaves it out of its group's baseline instead. The functions run in the trainer's process, as in TRL, without the
+rule manager's time limit; one that raises or returns something else than one number or None per sample stops the run
+with an error naming it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from rlforge.plugins.reward.results import describe, extra_metrics
+from rlforge.plugins.reward.rule import ERROR_SHARE, RewardFailure, more_tolerance, why_stop
+
+from rlforge import batch as B
+from rlforge.errors import ConfigError, RLForgeError
+from rlforge.hookspecs import hookimpl
+from rlforge.lazy import lazy_import
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy_import("torch")
+
+KEY = "reward.trl"
+
+
+@dataclass
+class TrlRewardConfig:
+    """``reward.manager=trl``: TRL reward functions, called on whole batches."""
+
+    functions: list[str] = field(default_factory=list)  # TRL reward functions, each 'module:function' or 'path/to/file.py:function' (GRPOTrainer's reward_funcs)
+    weights: Optional[list[float]] = None  # one per function (TRL's reward_weights); None = 1.0 each
+    conversational: bool = True  # prompts and completions as chat messages (TRL's conversational rows); false: as text (its standard rows)
+
+
+def load_function(spec: str, key: str) -> Callable[..., Any]:
+    """The function ``spec`` names (``module:function`` or ``path/to/file.py:function``), imported in this process;
+    every failure a ConfigError naming ``key``."""
+    where, _, name = str(spec).rpartition(":")
+    if not where or not name.isidentifier():
+        raise ConfigError(f"{key}: '{spec}' must be 'module:function' or 'path/to/file.py:function'.")
+    try:
+        if where.endswith(".py"):
+            path = Path(where)
+            if not path.is_file():
+                raise ConfigError(f"{key}: file not found: {where}.")
+            module_spec = importlib.util.spec_from_file_location(f"rlforge_trl_reward_{path.stem}", path)
+            if module_spec is None or module_spec.loader is None:
+                raise ConfigError(f"{key}: {where} cannot be imported as a Python module.")
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except ConfigError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit included: importing must never end the trainer
+        raise ConfigError(f"{key}: importing {where} failed: {describe(exc)}") from None
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ConfigError(f"{key}: {where} has no function '{name}'.")
+    return fn
+
+
+class TrlRewardManager:
+    """Scores each batch with TRL-style reward functions (the module's docstring)."""
+
+    @staticmethod
+    def validate_config(config: Any, registry: Any) -> None:
+        t = config.reward.trl
+        if not t.functions:
+            raise ConfigError(f"reward.manager=trl needs '{KEY}.functions': TRL reward functions, e.g. "
+                              f"'{KEY}.functions=[my_rewards:accuracy_reward,my_rewards.py:format_reward]'.")
+        if t.weights is not None and len(t.weights) != len(t.functions):
+            raise ConfigError(f"'{KEY}.weights' has {len(t.weights)} values for {len(t.functions)} functions "
+                              f"('{KEY}.functions'): give one weight per function, or none (1.0 each).")
+        if config.reward.file or config.reward.fn:
+            key = "reward.file" if config.reward.file else "reward.fn"
+            raise ConfigError(f"{key} names a per-sample reward function, which reward.manager=trl does not call: "
+                              f"list TRL's functions in '{KEY}.functions' (or use reward.manager=rule).")
+
+    @staticmethod
+    def check_data_sources(config: Any, registry: Any, data_sources: Any) -> None:
+        """Every row is scored by the functions, whatever its data_source."""
+
+    @staticmethod
+    def check_function(config: Any) -> None:
+        """Every function of ``reward.trl.functions`` imports (what building the manager does first)."""
+        for i, spec in enumerate(config.reward.trl.functions):
+            load_function(spec, f"{KEY}.functions[{i}]")
+
+    def __init__(self, config: Any, tokenizer: Any, registry: Any) -> None:
+        t, rc = config.reward.trl, config.reward
+        self.tokenizer = tokenizer
+        self.functions = [load_function(spec, f"{KEY}.functions[{i}]") for i, spec in enumerate(t.functions)]
+        self.names = [getattr(fn, "__name__", f"function_{i}") for i, fn in enumerate(self.functions)]
+        self.weights = [1.0] * len(self.functions) if t.weights is None else [float(w) for w in t.weights]
+        self.conversational = bool(t.conversational)
+        self.fallback_score = float(rc.fallback_score)
+        self.max_error_share = float(rc.get("max_error_share", 1.0))
+
+    def score(self, batch: B.Batch) -> B.Batch:
+        texts = self.tokenizer.batch_decode(batch[B.RESPONSES], skip_special_tokens=True)
+        solutions = batch.lists.get(B.SOLUTION_TEXT, texts)  # an agent loop's answer, when it gives one
+        n = len(batch)
+        loop = batch.lists.get(B.LOOP_SCORES) or [None] * n  # rows an agent loop scored: no function is called
+        rows = [i for i in range(n) if loop[i] is None]
+        values = [self._call(j, fn, batch, rows, solutions) for j, fn in enumerate(self.functions)] if rows else []
+        scores = torch.full((n,), self.fallback_score)
+        failed = torch.zeros(n)
+        extras: list[dict[str, Any]] = [{} for _ in range(n)]
+        for k, i in enumerate(rows):
+            given = {name: v[k] for name, v in zip(self.names, values) if v[k] is not None}
+            if given:
+                scores[i] = sum(w * v[k] for w, v in zip(self.weights, values) if v[k] is not None)
+                extras[i] = given
+            else:
+                failed[i] = 1.0
+        for i, value in enumerate(loop):
+            if value is not None:
+                scores[i] = float(value)
+        self._check_error_share(int(failed.sum()), len(rows), batch)
+        mask = batch[B.RESPONSE_MASK]
+        token_scores = torch.zeros(mask.shape, dtype=torch.float32)
+        token_scores[torch.arange(n), B.last_model_token(mask)] = scores
+        batch[B.SCORES], batch[B.TOKEN_LEVEL_SCORES] = scores, token_scores
+        batch[B.ACC] = (scores >= 1).float()
+        batch[B.RESPONSE_TEXT], batch[B.REWARD_EXTRA_INFO], batch[B.REWARD_FAILED] = texts, extras, failed
+        batch.meta["metrics"] = {**batch.meta.get("metrics", {}), "reward/errors": float(failed.sum()),
+                                 "reward/timeouts": 0.0, ERROR_SHARE: float(failed.sum()) / n if n else 0.0,
+                                 **extra_metrics(extras)}
+        return batch
+
+    def _call(self, j: int, fn: Callable[..., Any], batch: B.Batch, rows: list[int],
+              solutions: list[str]) -> list[float | None]:
+        """Function ``j``'s values for ``rows`` (None where it does not apply), checked."""
+        raw = batch.lists.get(B.RAW_PROMPT) or [[] for _ in range(len(batch))]
+        if self.conversational:
+            prompts: list[Any] = [raw[i] for i in rows]
+            completions: list[Any] = [[{"role": "assistant", "content": solutions[i]}] for i in rows]
+        else:
+            prompts = ["".join(str(m.get("content", "")) for m in raw[i]) for i in rows]
+            completions = [solutions[i] for i in rows]
+        mask = batch[B.RESPONSE_MASK]
+        ids = [batch[B.RESPONSES][i][mask[i].bool()].tolist() for i in rows]
+        infos = [info if isinstance(info, dict) else {} for info in batch.lists.get(B.EXTRA_INFO) or [{}] * len(batch)]
+        keys = list(dict.fromkeys(k for i in rows for k in infos[i]))
+        columns = {k: [infos[i].get(k) for i in rows] for k in keys if k not in ("prompts", "completions",
+                                                                                  "completion_ids")}
+        where = f"TRL reward function {self.names[j]} ({KEY}.functions[{j}])"
+        try:
+            out = fn(prompts=prompts, completions=completions, completion_ids=ids, **columns)
+        except Exception as exc:
+            raise RLForgeError(f"{where} raised on a batch of {len(rows)} samples: {describe(exc)}. It is called as "
+                               f"f(prompts=..., completions=..., completion_ids=..., **columns), the columns being the "
+                               f"rows' extra_info keys: {', '.join(columns) or 'none'}.") from exc
+        if hasattr(out, "tolist"):  # a tensor or an array
+            out = out.tolist()
+        if not isinstance(out, (list, tuple)) or len(out) != len(rows):
+            what = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
+            raise RLForgeError(f"{where} returned {what} for {len(rows)} samples: return a list of one number (or "
+                               f"None) per completion.")
+        return [_value(v, where, k) for k, v in enumerate(out)]
+
+    def _check_error_share(self, failed: int, called: int, batch: B.Batch) -> None:
+        """Stop when the share of samples no function scored reaches ``reward.max_error_share``."""
+        if not failed or failed / called < self.max_error_share:
+            return
+        advice = more_tolerance(self.max_error_share, "sample")
+        raise RewardFailure(
+            f"{failed} of {called} samples got None from every TRL reward function ({', '.join(self.names)}), which "
+            f"reaches reward.max_error_share={self.max_error_share:g}: {why_stop(self.max_error_share, batch)}"
+            + (f". To tolerate more, {advice}." if advice else ".")
+        )
+
+    def close(self) -> None:
+        """Nothing to stop: the functions run in this process."""
+
+
+def _value(value: Any, where: str, index: int) -> float | None:
+    """A function's value for one sample: a finite number (a bool counts as 0 or 1, as TRL's float tensor makes it),
+    or None (NaN too, as TRL reads None)."""
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Real):
+        raise RLForgeError(f"{where} returned {value!r} ({type(value).__name__}) for sample {index}: each value must "
+                           f"be a number, or None where the function does not apply.")
+    value = float(value)
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        raise RLForgeError(f"{where} returned {value} for sample {index}: a reward must be finite.")
+    return value
+
+
+@hookimpl
+def rlforge_register(registry):
+    registry.reward_manager.register("trl", TrlRewardManager, config=TrlRewardConfig,
+                                     description="TRL's reward functions, once per batch (GRPOTrainer's contract)")
