@@ -13,6 +13,7 @@ Subclasses implement ``compute_advantages``; their presets pick the policy loss 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -38,6 +39,7 @@ else:
 
 KL_TYPES = KL_ESTIMATORS + tuple(e + "+" for e in KL_ESTIMATORS)
 ROLLOUT_IS_WEIGHTS = RC.ROLLOUT_IS_WEIGHTS
+log = logging.getLogger("rlforge")
 
 
 @dataclass
@@ -54,7 +56,7 @@ class PolicyGradientConfig(AlgorithmConfig):
     filter_metric: str = option("reward", choices=("reward", "score", "acc"))  # dynamic sampling keeps the groups whose values of it differ: reward (the sequence reward, overlong shaping included) | score (the reward function's score) | acc (its acc)
     overlong_buffer: int = option(0, ge=0)  # DAPO overlong shaping: penalty ramps over the last N tokens (0 = off)
     overlong_penalty: float = option(1.0, ge=0)  # DAPO overlong shaping: penalty at the maximum length
-    mask_truncated: bool = False  # DAPO overlong filtering (TRL's mask_truncated_completions): responses cut off before a stop token (at rollout.max_new_tokens) train none of their tokens; their rewards still count in the advantages
+    mask_truncated: bool = False  # DAPO overlong filtering (TRL's mask_truncated_completions): responses cut off before a stop token (by rollout.max_new_tokens or an agent's token budget) train none of their tokens; their rewards still count in the advantages
     overlong_log: bool = True  # DAPO overlong shaping: log critic/overlong_penalty/mean and critic/overlong/ratio (the share of responses penalised) each step
     # rollout correction, engine vs trainer log-probs (verl: algorithm.rollout_correction.*)
     rollout_is: Optional[str] = None  # weights pi_old / pi_rollout in the policy loss, per token | sequence; None = off
@@ -94,6 +96,10 @@ class PolicyGradientModule(RLModule):
                 f"'algorithm.overlong_buffer' ({alg.overlong_buffer}) must be smaller than "
                 f"'rollout.max_new_tokens' ({config.rollout.max_new_tokens})."
             )
+        if alg.kl_ctrl == "adaptive" and not alg.use_kl_in_reward:
+            log.warning("algorithm.kl_ctrl=adaptive adapts the coefficient of the KL in the reward, which "
+                        "algorithm.use_kl_in_reward=false leaves out: nothing adapts (actor.use_kl_loss's coefficient is "
+                        "actor.kl_loss_coef, fixed).")
         if alg.mask_truncated and config.rollout.ignore_eos:
             raise ConfigError("'algorithm.mask_truncated' with 'rollout.ignore_eos': every response runs to "
                               "rollout.max_new_tokens without a stop token, so every one would be masked.")

@@ -188,6 +188,8 @@ def truncated_rows(responses: torch.Tensor, mask: torch.Tensor, stop_ids: Sequen
     """Which responses were cut off (bool ``[B]``): their last generated token (the last where ``mask`` is 1) is
     none of ``stop_ids``. A row with no generated token is not truncated. DAPO's overlong filtering and TRL's
     ``mask_truncated_completions`` train none of these rows' tokens."""
+    if not list(stop_ids):
+        raise ValueError("truncated_rows: no stop_ids, so every response would count as truncated.")
     positions = torch.arange(mask.shape[-1], device=mask.device)
     last = torch.where(mask.bool(), positions, -1).amax(-1)
     tokens = responses.gather(-1, last.clamp(min=0).unsqueeze(-1)).squeeze(-1)

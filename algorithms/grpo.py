@@ -9,10 +9,12 @@ from rlforge.algorithms.base import PolicyGradientConfig, PolicyGradientModule
 
 from rlforge import batch as B
 from rlforge.config.schema import option
+from rlforge.errors import ConfigError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
     from rlforge.algorithms import functional as F
 else:
@@ -31,6 +33,17 @@ class GRPO(PolicyGradientModule):
 
     config_class = GRPOConfig
     preset = {"algorithm": {"name": "grpo"}, "rollout": {"n": 8}}
+
+    @classmethod
+    def validate_config(cls, config: DictConfig) -> None:
+        super().validate_config(config)
+        alg = config.algorithm
+        if alg.std_scope == "batch" and not alg.norm_adv_by_std:
+            raise ConfigError("'algorithm.std_scope=batch' chooses the std that divides the advantages, and "
+                              "'algorithm.norm_adv_by_std=false' divides by none"
+                              + (" (the dr_grpo preset sets it)" if alg.name == "dr_grpo" else "")
+                              + ": set one of them (TRL's scale_rewards='batch' is std_scope=batch, 'none' is "
+                              "norm_adv_by_std=false).")
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
         cfg = self.config.algorithm

@@ -97,7 +97,13 @@ def parse_is_threshold(spec: str | float) -> tuple[float | None, float]:
     """
     if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
         raise ValueError(f"'rollout_is_threshold' must be a number or 'lower_upper', got {spec!r}.")
-    return _bounds(str(spec), "rollout_is_threshold")
+    lower, upper = _bounds(str(spec), "rollout_is_threshold")
+    if lower is None and upper < 1:
+        raise ValueError(f"'rollout_is_threshold' is {spec}: a truncation bound below 1 would cut every weight "
+                         f"above it, importance ratios of 1 included. For IcePop's bounds write 'lower_upper' "
+                         f"quoted: YAML, and so the command line, reads 0.5_5 unquoted as the number 0.55 (write "
+                         f"0.5_5.0, or 'algorithm.rollout_is_threshold=\"0.5_5\"').")
+    return lower, upper
 
 
 def parse_rs_options(rollout_rs: str) -> list[str]:

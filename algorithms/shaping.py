@@ -18,6 +18,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from rlforge import batch as B
+from rlforge.agent.types import TOKEN_LIMIT
 from rlforge.dataflow import Stage, StepContext, UpdateActorStage
 from rlforge.errors import RLForgeError
 from rlforge.hookspecs import hookimpl
@@ -108,9 +109,11 @@ class DynamicSampling(Stage):
 class MaskTruncated(UpdateActorStage):
     """DAPO's overlong filtering (TRL's ``mask_truncated_completions``): the actor's update with the response mask
     zeroed on the rows that were cut off (:func:`~rlforge.algorithms.functional.truncated_rows`: the last generated
-    token is not a stop token), so they add nothing to the policy loss, its KL and entropy terms or the token count
-    of ``actor.loss_agg_mode``. Their rewards still count in their groups' advantages; the critic and the metrics see
-    the whole batch. Logs ``actor/truncated_masked_ratio``, the share of rows masked."""
+    token is not a stop token; or an agent trajectory the token budget ended, ``stop_reason`` max_tokens), so they add
+    nothing to the policy loss, its KL and entropy terms or the token count of ``actor.loss_agg_mode``. Their rewards
+    still count in their groups' advantages; the critic, the data metrics and the stages after the update see the
+    whole batch, the update's hooks and its own metrics the masked one. Logs ``actor/truncated_masked_ratio``, the
+    share of rows masked, on the steps the actor updates."""
 
     requires = UpdateActorStage.requires | {B.RESPONSES}
 
@@ -118,10 +121,14 @@ class MaskTruncated(UpdateActorStage):
         self._stop_ids: list[int] | None = None
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        if ctx.step <= ctx.config.trainer.critic_warmup:  # no update this step (the critic learns first)
+            return batch
         if self._stop_ids is None:
             self._stop_ids = sorted(model_stop_ids(ctx.config, ctx.module.tokenizer))
         mask = batch[B.RESPONSE_MASK]
         cut = F.truncated_rows(batch[B.RESPONSES], mask, self._stop_ids)
+        if B.STOP_REASON in batch:  # agent trajectories the token budget ended between turns
+            cut |= torch.tensor([reason == TOKEN_LIMIT for reason in batch[B.STOP_REASON]], dtype=torch.bool)
         ctx.log({"actor/truncated_masked_ratio": float(cut.float().mean())})
         trained = batch.copy()
         trained[B.RESPONSE_MASK] = mask * (~cut).unsqueeze(-1).to(mask.dtype)

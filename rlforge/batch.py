@@ -44,12 +44,13 @@ MULTI_MODAL_INPUTS = "multi_modal_inputs"  # per row: {pixel_values, image_grid_
 RESPONSE_TEXT = "response_text"
 SOLUTION_TEXT = "solution_text"  # what the reward function scores when set (an agent loop's answer); else the decoded response
 NUM_TURNS = "num_turns"  # per row of an agent rollout: its turns as verl counts them (prompt + model + inserted turns)
+STOP_REASON = "stop_reason"  # per row of an agent rollout: why its trajectory ended: done | max_turns | max_tokens (rlforge.agent.types)
 REWARD_EXTRA_INFO = "reward_extra_info"  # per row: the reward function's keys beside score and acc (verl's reward_extra_info)
 REWARD_FAILED = "reward_failed"  # [B] 1.0 where the reward call failed (an error, a timeout, a value out of range) and the row got reward.fallback_score
 REWARD_BASELINES = "reward_baselines"  # [B] per-sample baseline score (ReMax: the greedy response's score)
 
 LEFT_PADDED = frozenset({PROMPTS, PROMPT_MASK})
-OPTIONAL_LISTS = frozenset({MULTI_MODAL_INPUTS, AGENT_NAME, LOOP_SCORES})  # row columns a batch may lack (None for each of its rows in concat)
+OPTIONAL_LISTS = frozenset({MULTI_MODAL_INPUTS, AGENT_NAME, LOOP_SCORES, STOP_REASON})  # row columns a batch may lack (None for each of its rows in concat)
 
 
 def reported_scores(batch: Batch) -> list[float]:

@@ -497,3 +497,11 @@ def test_options_of_a_component_the_run_does_not_use_are_warned_about(registry, 
         compose(registry, "grpo", None, ["reward.fn=arith", "reward.code.sandbox_memory_mb=256"])
     (line,) = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
     assert line.startswith("reward.code.sandbox_memory_mb: not read, an option of reward.fn=code; this run's reward.fn is arith")
+
+
+def test_an_adaptive_kl_controller_without_a_kl_in_the_reward_is_warned_about(registry, caplog) -> None:
+    with caplog.at_level("WARNING", logger="rlforge"):
+        compose(registry, "grpo", None, ["algorithm.kl_ctrl=adaptive", "actor.use_kl_loss=true"])
+        compose(registry, "grpo", None, ["algorithm.kl_ctrl=adaptive", "algorithm.use_kl_in_reward=true"])
+    (line,) = [r.getMessage() for r in caplog.records if "kl_ctrl" in r.getMessage()]
+    assert "algorithm.use_kl_in_reward=false leaves out: nothing adapts" in line

@@ -62,6 +62,7 @@ def to_batch(rows: B.Batch, trajectories: list[Trajectory], answers: list[str], 
     out[AGENT_REWARDS] = rewards
     out[B.SOLUTION_TEXT] = answers
     out[B.NUM_TURNS] = [num_turns(t) for t in trajectories]
+    out[B.STOP_REASON] = [t.stop_reason for t in trajectories]
     if any(t.multi_modal is not None for t in trajectories):  # inserted turns showed images: the whole sequence's
         rows_mm = rows.lists.get(B.MULTI_MODAL_INPUTS) or [None] * len(trajectories)
         out[B.MULTI_MODAL_INPUTS] = [row if t.multi_modal is None else t.multi_modal

@@ -42,7 +42,7 @@ class AgentRolloutStage(RolloutStage):
 
     name = RolloutStage.name
     requires = RolloutStage.requires
-    produces = RolloutStage.produces | {AGENT_REWARDS, B.SOLUTION_TEXT, B.NUM_TURNS}
+    produces = RolloutStage.produces | {AGENT_REWARDS, B.SOLUTION_TEXT, B.NUM_TURNS, B.STOP_REASON}
 
     def __init__(self) -> None:
         self.runner: AgentRunner | None = None

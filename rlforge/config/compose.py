@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from rlforge import checkpoint, lora, module_checks, precision
-from rlforge.config import schema
+from rlforge.config import foreign_keys, schema
 from rlforge.config.batches import check_batch_sizes
 from rlforge.config.checks import (
     check_chat_template, check_model_folder, check_no_duplicates, check_resume_value, check_sequence_parallel_owner,
@@ -152,28 +152,6 @@ def _check_bools(base: DictConfig, layer: DictConfig, source: str) -> None:
             raise ConfigError(f"Invalid value for '{key}' (in {source}): {value!r}; it is true or false.")
 
 
-# Lightning's Trainer arguments as keys of rlforge's trainer section: what an unknown one is called here
-LIGHTNING = {
-    "trainer.max_steps": "rlforge's is 'trainer.total_steps'",
-    "trainer.max_epochs": "rlforge's is 'trainer.total_epochs'",
-    "trainer.gradient_clip_val": "rlforge's is 'actor.grad_clip' (a global norm)",
-    "trainer.accumulate_grad_batches": "rlforge's is 'actor.ppo_micro_batch_size' (samples per forward and backward "
-                                       "of an optimizer step of actor.ppo_mini_batch_size prompts)",
-    "trainer.val_check_interval": "rlforge's is 'trainer.val_every' (in steps)",
-    "trainer.check_val_every_n_epoch": "rlforge's is 'trainer.val_every' (in steps)",
-    "trainer.precision": "rlforge's is 'model.precision'",
-    "trainer.default_root_dir": "rlforge's is 'trainer.runs_root'",
-    "trainer.accelerator": "rlforge's is 'strategy.device'",
-    "trainer.devices": "rlforge's ranks are the strategy's and the controller's (docs/distributed.md)",
-    "trainer.strategy": "rlforge's is 'strategy.name'",
-    "trainer.resume_from_checkpoint": "rlforge's is 'trainer.resume' (auto, or a checkpoint or run folder)",
-    "trainer.ckpt_path": "rlforge's is 'trainer.resume' (auto, or a checkpoint or run folder)",
-    "trainer.min_steps": "rlforge trains trainer.total_steps unless a hook sets trainer.should_stop",
-    "trainer.log_every_n_steps": "rlforge logs every step", "trainer.fast_dev_run": "set trainer.total_steps=1",
-    "trainer.callbacks": "callbacks are objects: Trainer(cfg, callbacks=[...]) (docs/hooks.md)",
-}
-
-
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     """``layer`` (from ``source``, which errors name) merged into ``base``, in place; ``base`` returned."""
     layer = OmegaConf.create(layer)
@@ -190,9 +168,8 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
 
         leaves = [k for k, _ in verl.flatten(OmegaConf.to_container(layer))]
         full = next((k for k in leaves if k.startswith(key + ".")), key)  # the whole key, not its first unknown part
-        hint = (verl.hint(full) or (f" '{full}' is Lightning's Trainer argument; {LIGHTNING[full]}."
-                                    if full in LIGHTNING else did_you_mean(leaf, known, prefix=f"{parent}." if parent
-                                                                           else "")))
+        hint = (verl.hint(full) or foreign_keys.hint(full)
+                or did_you_mean(leaf, known, prefix=f"{parent}." if parent else ""))
         raise ConfigError(
             f"Unknown config key '{full}' (in {source}).{hint} Run 'rlforge config show' to list every key."
         ) from None

@@ -30,6 +30,8 @@ def test_truncated_rows_are_those_whose_last_generated_token_is_no_stop_token():
     got = F.truncated_rows(responses, mask, [EOS, EOT])
     assert got.tolist() == [False, True, False, False, False, True]
     assert F.truncated_rows(responses, mask, [EOS]).tolist() == [False, True, True, True, False, True]
+    with pytest.raises(ValueError, match="no stop_ids, so every response would count as truncated"):
+        F.truncated_rows(responses, mask, [])
 
 
 def _batch():
@@ -53,6 +55,25 @@ def test_the_update_gets_the_cut_rows_masked_and_the_flow_keeps_the_whole_batch(
     assert seen[B.RESPONSE_MASK].tolist() == [[1, 1, 0], [0, 0, 0], [1, 1, 1], [0, 0, 0]]
     assert seen[B.RESPONSE_MASK].dtype == batch[B.RESPONSE_MASK].dtype
     assert ctx.metrics["actor/truncated_masked_ratio"] == 0.5
+
+
+def test_agent_trajectories_the_token_budget_ended_between_turns_are_masked_and_warmup_steps_log_nothing(pm):
+    """A trajectory whose last turn ended with its stop token but whose tool reply did not fit the budget
+    (stop_reason max_tokens) is cut too; max_turns and done are not. While the critic warms up nothing is logged."""
+    cfg = load_config("grpo", ["algorithm.mask_truncated=true"], plugins=pm)
+    trained = []
+    controller = fake_controller(workers={"actor": {"update": lambda batch, step: trained.append(batch) or {}}})
+    ctx = step_context(cfg, controller=controller)
+    stage = shaping.MaskTruncated()
+    stage._stop_ids = [EOS]
+    batch = _batch()
+    batch[B.STOP_REASON] = ["max_tokens", "done", "max_turns", "done"]
+    stage.run(ctx, batch)
+    assert trained[0][B.RESPONSE_MASK].sum(-1).tolist() == [0, 0, 3, 0]
+    assert ctx.metrics["actor/truncated_masked_ratio"] == 0.75
+    warm = load_config("ppo", ["algorithm.mask_truncated=true", "trainer.critic_warmup=1"], plugins=pm)
+    ctx = step_context(warm, controller=controller, step=1)
+    assert stage.run(ctx, batch) is batch and ctx.metrics == {} and len(trained) == 1
 
 
 def test_the_policy_gradient_flow_takes_it_in_place_of_the_update_and_other_algorithms_refuse_the_key(pm):
