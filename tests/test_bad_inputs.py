@@ -62,6 +62,8 @@ CASES = {
     "an IcePop range read as a number": (["algorithm.rollout_is=token", "algorithm.rollout_is_threshold=0.5_5"],
                                          "'algorithm.rollout_is_threshold' is 0.55",
                                          "reads 0.5_5 unquoted as the number 0.55"),
+    "another algorithm's option": (["algorithm.gamma=1.0"], "'algorithm.gamma' (in command-line overrides) is not an "
+                                   "option of --algo grpo", "it is one of --algo pf_ppo, ppo, reinforce_pp, vapo"),
     "wrong type": (["actor.lr=fast"], "Invalid value for 'actor.lr'", "fast"),
     "a number for a true/false key": (["trainer.val_before_train=2"], "Invalid value for 'trainer.val_before_train'",
                                       "2; it is true or false"),

@@ -31,7 +31,8 @@ def reward_func(queries, prompts, labels, **kwargs):
         response = query[len(prompt):] if prompt and prompt in query else query
         rewards.append(1.0 if response.strip() == str(label) else 0.0)
     rewards = torch.tensor(rewards)
-    return {"rewards": rewards, "scores": rewards, "extra_logs": {"exact": rewards.mean()}}
+    out = {"rewards": rewards, "extra_logs": {"exact": rewards.mean()}}
+    return out if prompts[0].startswith("no scores") else {**out, "scores": rewards / 2}
 '''
 
 
@@ -41,6 +42,7 @@ def converted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     labels of two types)."""
     rows = [{"input": f"What is {a}+{a}?" if a % 2 else [{"role": "user", "content": f"What is {a}+{a}?"}],
              "label": 2 * a if a % 3 else str(2 * a)} for a in range(8)]
+    rows[6]["label"], rows[7] = None, {"input": "What is 7+7?"}  # a null label, a row without one
     run_page(PAGE, tmp_path, "openrlhf_prompts.jsonl", rows, "my_openrlhf_project.reward_func", OPENRLHF_REWARD,
              "openrlhf_reward.py")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -49,7 +51,8 @@ def converted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_converted_rows_keep_labels_as_written(converted: Path) -> None:
     rows = [json.loads(line) for line in (converted / "train.jsonl").read_text().splitlines()]
-    assert [r["reward_model"]["ground_truth"] for r in rows[:4]] == ["0", 2, 4, "6"]  # each label's own type
+    truths = [r["reward_model"]["ground_truth"] for r in rows]
+    assert truths == ["0", 2, 4, "6", 8, 10, "", ""]  # each label's own type; null or missing: ""
     assert rows[1]["prompt"] == "What is 1+1?" and rows[1]["extra_info"] == {"prompt": "What is 1+1?"}
     assert rows[0]["prompt"] == [{"role": "user", "content": "What is 0+0?"}] and rows[0]["extra_info"] == {"prompt": ""}
     assert rows[0]["data_source"] == "default"
@@ -59,17 +62,22 @@ def test_wrapper_scores_with_the_openrlhf_function(converted: Path) -> None:
     from rlforge.plugins.reward.user_file import load_user_function
 
     score = load_user_function(str(converted / "openrlhf_reward.py"))
-    assert score("default", " 4", 4, {"prompt": "What is 2+2?"}) == {"score": 1.0, "acc": 1.0, "exact": 1.0}
+    assert score("default", " 4", 4, {"prompt": "What is 2+2?"}) == {"score": 1.0, "acc": 0.5, "exact": 1.0}
     assert score("default", "5", "4", {"prompt": ""}) == {"score": 0.0, "acc": 0.0, "exact": 0.0}
+    # without scores, OpenRLHF's filter reads the rewards: so does the wrapper's acc
+    assert score("default", "4", "4", {"prompt": "no scores: "}) == {"score": 1.0, "acc": 1.0, "exact": 1.0}
 
 
 def test_a_run_trains_on_the_converted_rows_with_the_doc_command(converted: Path) -> None:
     keys = doc_command_keys(PAGE)
-    assert {"algorithm.epsilon=1e-9", "actor.clip_ratio_c=1e9", "actor.kl_loss_type=k3"} <= set(keys)
-    keys = [k for k in keys if not k.startswith(("data.train_batch_size=", "actor.ppo_mini_batch_size="))]
+    assert {"algorithm.epsilon=1e-9", "actor.clip_ratio_c=1e9", "actor.kl_loss_type=k3", "data.name=files",
+            "data.train_files=[train.jsonl]", "reward.file=openrlhf_reward.py", "trainer.total_epochs=1"} <= set(keys)
+    sizes = ("model.path=", "data.train_batch_size=", "actor.ppo_mini_batch_size=", "data.max_prompt_length=",
+             "rollout.max_new_tokens=", "trainer.total_epochs=", "data.train_files=", "reward.file=")
+    keys = [k for k in keys if not k.startswith((*sizes, "PYTHONPATH="))]  # tiny model and batches, converted files
     cfg = load_config("grpo", [
         *keys, "data.train_batch_size=2", "actor.ppo_mini_batch_size=1", "rollout.n=4", "rollout.max_new_tokens=4",
-        "data.name=files", f"data.train_files=[{converted / 'train.jsonl'}]", "trainer.total_steps=2",
+        f"data.train_files=[{converted / 'train.jsonl'}]", "trainer.total_steps=2",
         f"reward.file={converted / 'openrlhf_reward.py'}", f"trainer.runs_root={converted}/runs",
         "trainer.val_before_train=false", "trainer.val_every=0", "trainer.progress=false", "logger.backends=[]",
     ])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -302,6 +303,7 @@ def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str
     see :func:`validate`."""
     name = _algorithm_name(algo, layers)
     algo_cls = registry.algorithm.get(name)
+    _check_other_algorithms_keys(registry, name, layers)
     cfg = _defaults(registry, algo_cls.config_class)
     cfg = _merge(cfg, OmegaConf.create(algo_cls.preset), f"the '{name}' preset")
     for layer, source in layers:
@@ -312,6 +314,20 @@ def _compose(registry: Any, algo: str | None, layers: list[tuple[DictConfig, str
     module_checks.validate_config(algo_cls, cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _check_other_algorithms_keys(registry: Any, name: str, layers: list[tuple[DictConfig, str]]) -> None:
+    """An ``algorithm.<key>`` that algorithm ``name`` lacks but other registered algorithms have (``algorithm.gamma``
+    under ``--algo grpo``) is an error naming them, before the merge's unknown-key error would call it unknown."""
+    own = {f.name for f in fields(registry.algorithm.get(name).config_class)}
+    for layer, source in layers:
+        section = OmegaConf.select(layer, "algorithm", default=None)
+        for key in [str(k) for k in section.keys()] if isinstance(section, DictConfig) else []:
+            users = [] if key in own else [n for n in registry.algorithm.available() if key in
+                                           {f.name for f in fields(registry.algorithm.get(n).config_class)}]
+            if users:
+                raise ConfigError(f"'algorithm.{key}' (in {source or 'the config file'}) is not an option of --algo "
+                                  f"{name}; it is one of --algo {', '.join(sorted(users))}.")
 
 
 def compose_with_plugins(
