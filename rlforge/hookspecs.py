@@ -166,7 +166,8 @@ def rlforge_advantage_end(trainer: Any, batch: Any) -> None:
 
 @hookspec
 def rlforge_update_start(trainer: Any, batch: Any) -> None:
-    """The actor update is about to run on ``batch``."""
+    """The actor update is about to run on ``batch``: the batch it trains (with ``algorithm.mask_truncated``, the
+    response mask zeroed on the truncated rows; the stages after the update get the batch unmasked)."""
 
 
 @hookspec
