@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from rlforge.algorithms import rollout_correction as RC
 from rlforge.algorithms.names import KL_ESTIMATORS, LOSS_AGG_MODES
@@ -70,6 +70,7 @@ class PolicyGradientModule(RLModule):
     """Clipped surrogate + KL loss + entropy bonus, with the shared options above."""
 
     config_class = PolicyGradientConfig
+    group_baseline: ClassVar[bool] = False  # its advantage compares the samples of a prompt (rollout.n >= 2 expected)
 
     def __init__(self, config: DictConfig) -> None:
         super().__init__(config)
@@ -96,6 +97,10 @@ class PolicyGradientModule(RLModule):
                 f"'algorithm.overlong_buffer' ({alg.overlong_buffer}) must be smaller than "
                 f"'rollout.max_new_tokens' ({config.rollout.max_new_tokens})."
             )
+        if cls.group_baseline and config.rollout.n < 2:
+            log.warning("rollout.n=1 with --algo %s: each prompt's group holds one sample, so its advantage has no "
+                        "group baseline to compare with (the algorithm's page in docs/algorithms/ says what a group "
+                        "of one gets); set rollout.n to 2 or more.", alg.name)
         if alg.kl_ctrl == "adaptive" and not alg.use_kl_in_reward:
             log.warning("algorithm.kl_ctrl=adaptive adapts the coefficient of the KL in the reward, which "
                         "algorithm.use_kl_in_reward=false leaves out: nothing adapts (actor.use_kl_loss's coefficient is "

@@ -28,6 +28,7 @@ class GPG(PolicyGradientModule):
     """No ratio, no clipping: loss = -log pi(a) * A, A = alpha * (B / M) * (r - group mean) / f_norm."""
 
     config_class = GPGConfig
+    group_baseline = True
     preset = {"algorithm": {"name": "gpg"}, "rollout": {"n": 8}, "actor": {"policy_loss": "gpg"}}
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:

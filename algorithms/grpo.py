@@ -32,6 +32,7 @@ class GRPO(PolicyGradientModule):
     """Group Relative Policy Optimization: n samples per prompt, advantage = group-normalized reward."""
 
     config_class = GRPOConfig
+    group_baseline = True
     preset = {"algorithm": {"name": "grpo"}, "rollout": {"n": 8}}
 
     @classmethod

@@ -22,6 +22,7 @@ class OPO(PolicyGradientModule):
 
     # strictly on-policy as in the paper: the whole batch is one mini-batch
     preset = {"algorithm": {"name": "opo"}, "rollout": {"n": 8}, "actor": {"ppo_mini_batch_size": 32}}
+    group_baseline = True
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
         return self.set_advantages(batch, F.opo_advantage(

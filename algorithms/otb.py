@@ -51,6 +51,7 @@ class OTB(PolicyGradientModule):
     """Reward-to-go minus the optimal per-token baseline of the prompt's group (path-variance weighted)."""
 
     config_class = OTBConfig
+    group_baseline = True
     preset = {"algorithm": {"name": "otb"}, "rollout": {"n": 8}}
 
     def flow(self) -> DataFlow:

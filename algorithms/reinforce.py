@@ -40,6 +40,7 @@ class ReinforcePPBaseline(PolicyGradientModule):
     """REINFORCE++ with a baseline: subtract the group-mean reward, then whiten over the batch."""
 
     preset = {"algorithm": {"name": "reinforce_pp_baseline"}, "rollout": {"n": 8}}
+    group_baseline = True
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
         return self.set_advantages(batch, F.reinforce_pp_baseline_advantage(

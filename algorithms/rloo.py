@@ -21,6 +21,7 @@ class RLOO(PolicyGradientModule):
     """Advantage = own reward minus the mean reward of the other samples of the same prompt."""
 
     preset = {"algorithm": {"name": "rloo"}, "rollout": {"n": 8}}
+    group_baseline = True
 
     def compute_advantages(self, batch: B.Batch) -> B.Batch:
         return self.set_advantages(batch, F.rloo_outcome_advantage(

@@ -505,3 +505,14 @@ def test_an_adaptive_kl_controller_without_a_kl_in_the_reward_is_warned_about(re
         compose(registry, "grpo", None, ["algorithm.kl_ctrl=adaptive", "algorithm.use_kl_in_reward=true"])
     (line,) = [r.getMessage() for r in caplog.records if "kl_ctrl" in r.getMessage()]
     assert "algorithm.use_kl_in_reward=false leaves out: nothing adapts" in line
+
+
+def test_a_group_baseline_algorithm_with_one_sample_per_prompt_is_warned_about(registry, caplog) -> None:
+    with caplog.at_level("WARNING", logger="rlforge"):
+        for algo in ("grpo", "rloo", "reinforce_pp_baseline", "dapo"):
+            compose(registry, algo, None, ["rollout.n=1"])
+        compose(registry, "ppo", None, ["rollout.n=1"])
+        compose(registry, "grpo", None, ["rollout.n=2"])
+    lines = [r.getMessage() for r in caplog.records if "rollout.n=1 with --algo" in r.getMessage()]
+    assert [line.split(":")[0] for line in lines] == [f"rollout.n=1 with --algo {a}" for a in
+                                                     ("grpo", "rloo", "reinforce_pp_baseline", "dapo")]
