@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from rlforge.algorithms import functional as F
 else:
     F = lazy_import("rlforge.algorithms.functional")
+
+log = logging.getLogger("rlforge")
 
 
 @dataclass
@@ -39,6 +42,10 @@ class GRPO(PolicyGradientModule):
     def validate_config(cls, config: DictConfig) -> None:
         super().validate_config(config)
         alg = config.algorithm
+        if alg.epsilon >= 0.01 and alg.norm_adv_by_std:
+            log.warning("algorithm.epsilon=%g is added to the std of the rewards the advantages are divided by (1e-6 "
+                        "by default): a large one flattens them. TRL's epsilon, the clip range, is "
+                        "actor.clip_ratio_low.", alg.epsilon)
         if alg.std_scope == "batch" and not alg.norm_adv_by_std:
             raise ConfigError("'algorithm.std_scope=batch' chooses the std that divides the advantages, and "
                               "'algorithm.norm_adv_by_std=false' divides by none"

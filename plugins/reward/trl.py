@@ -2,23 +2,26 @@
 contract (docs/migration-from-trl.md).
 
 Each function of ``reward.trl.functions`` (``module:function`` or ``path/to/file.py:function``) is called as
-``f(prompts=..., completions=..., completion_ids=..., **columns)`` and returns one value per sample: a number, or
-None where it does not apply. ``columns`` are the keys of the rows' ``extra_info`` (where the page's conversion puts
-TRL's dataset columns), each a list over the batch (None where a row lacks the key). With ``reward.trl.conversational``
-(default) prompts are the rows' chat messages and completions ``[{"role": "assistant", "content": text}]``, as TRL
-passes conversational rows; off, the prompt's text and the completion's text, as TRL passes standard rows. A sample's
-score is the ``reward.trl.weights``-weighted sum of the values that are not None (TRL's ``nansum``); each function's
-value is kept per sample and logged as ``reward/extra/<function name>/mean``. A sample whose every function returned
-None gets ``reward.fallback_score`` and counts as failed (``reward/error_share``, ``reward.max_error_share``): TRL
-leaves it out of its group's baseline instead. The functions run in the trainer's process, as in TRL, without the
-rule manager's time limit; one that raises or returns something else than one number or None per sample stops the run
+``f(prompts=..., completions=..., completion_ids=..., **columns)`` (an ``async def`` one awaited) and returns one
+value per sample: a number, or None where it does not apply. ``columns`` are the keys of the rows' ``extra_info``
+(where the page's conversion puts TRL's dataset columns), each a list over the batch (None where a row lacks the
+key). With ``reward.trl.conversational`` (default) prompts are the rows' chat messages and completions
+``[{"role": "assistant", "content": text}]``, as TRL passes conversational rows; off, the prompt's text (its
+messages' contents, one per line) and the completion's text, as TRL passes standard rows. A sample's score is the
+``reward.trl.weights``-weighted sum of the values that are not None (TRL's ``nansum``); each function's value is
+kept per sample and logged as ``reward/extra/<function name>/mean``. A sample whose every function returned None
+gets ``reward.fallback_score`` and counts as failed (``reward/error_share``, ``reward.max_error_share``): TRL leaves
+it out of its group's baseline instead. The functions run in the trainer's process, as in TRL, without the rule
+manager's time limit; one that raises or returns something else than one number or None per sample stops the run
 with an error naming it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
+import inspect
 import math
 import numbers
 from collections.abc import Callable
@@ -40,6 +43,7 @@ else:
     torch = lazy_import("torch")
 
 KEY = "reward.trl"
+ARGUMENTS = ("prompts", "completions", "completion_ids")  # what the contract passes besides the rows' columns
 
 
 @dataclass
@@ -73,9 +77,11 @@ def load_function(spec: str, key: str) -> Callable[..., Any]:
         raise
     except BaseException as exc:  # noqa: BLE001 - SystemExit included: importing must never end the trainer
         raise ConfigError(f"{key}: importing {where} failed: {describe(exc)}") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
+    if not hasattr(module, name):
         raise ConfigError(f"{key}: {where} has no function '{name}'.")
+    fn = getattr(module, name)
+    if not callable(fn):
+        raise ConfigError(f"{key}: {where}'s '{name}' is not a function ({type(fn).__name__}).")
     return fn
 
 
@@ -91,6 +97,9 @@ class TrlRewardManager:
         if t.weights is not None and len(t.weights) != len(t.functions):
             raise ConfigError(f"'{KEY}.weights' has {len(t.weights)} values for {len(t.functions)} functions "
                               f"('{KEY}.functions'): give one weight per function, or none (1.0 each).")
+        bad = next((i for i, w in enumerate(t.weights or []) if not math.isfinite(float(w))), None)
+        if bad is not None:
+            raise ConfigError(f"'{KEY}.weights[{bad}]' is {t.weights[bad]}: a weight must be a finite number.")
         if config.reward.file or config.reward.fn:
             key = "reward.file" if config.reward.file else "reward.fn"
             raise ConfigError(f"{key} names a per-sample reward function, which reward.manager=trl does not call: "
@@ -115,6 +124,7 @@ class TrlRewardManager:
         self.conversational = bool(t.conversational)
         self.fallback_score = float(rc.fallback_score)
         self.max_error_share = float(rc.get("max_error_share", 1.0))
+        self.loop: asyncio.AbstractEventLoop | None = None  # runs async functions (as TRL runs them), made on first use
 
     def score(self, batch: B.Batch) -> B.Batch:
         texts = self.tokenizer.batch_decode(batch[B.RESPONSES], skip_special_tokens=True)
@@ -156,17 +166,23 @@ class TrlRewardManager:
             prompts: list[Any] = [raw[i] for i in rows]
             completions: list[Any] = [[{"role": "assistant", "content": solutions[i]}] for i in rows]
         else:
-            prompts = ["".join(str(m.get("content", "")) for m in raw[i]) for i in rows]
+            prompts = ["\n".join(str(m.get("content", "")) for m in raw[i]) for i in rows]
             completions = [solutions[i] for i in rows]
         mask = batch[B.RESPONSE_MASK]
         ids = [batch[B.RESPONSES][i][mask[i].bool()].tolist() for i in rows]
         infos = [info if isinstance(info, dict) else {} for info in batch.lists.get(B.EXTRA_INFO) or [{}] * len(batch)]
         keys = list(dict.fromkeys(k for i in rows for k in infos[i]))
-        columns = {k: [infos[i].get(k) for i in rows] for k in keys if k not in ("prompts", "completions",
-                                                                                  "completion_ids")}
         where = f"TRL reward function {self.names[j]} ({KEY}.functions[{j}])"
+        clash = next((k for k in keys if k in ARGUMENTS), None)
+        if clash is not None:
+            raise RLForgeError(f"The rows' extra_info has the key '{clash}', which is an argument TRL's contract "
+                               f"passes {where} itself (as TRL refuses a dataset column of that name): rename it.")
+        columns = {k: [infos[i].get(k) for i in rows] for k in keys}
         try:
             out = fn(prompts=prompts, completions=completions, completion_ids=ids, **columns)
+            if inspect.isawaitable(out):  # an async function, as TRL awaits them
+                self.loop = self.loop or asyncio.new_event_loop()
+                out = self.loop.run_until_complete(out)
         except Exception as exc:
             raise RLForgeError(f"{where} raised on a batch of {len(rows)} samples: {describe(exc)}. It is called as "
                                f"f(prompts=..., completions=..., completion_ids=..., **columns), the columns being the "
@@ -191,7 +207,9 @@ class TrlRewardManager:
         )
 
     def close(self) -> None:
-        """Nothing to stop: the functions run in this process."""
+        """Close the event loop of async functions, if one ran (the functions run in this process)."""
+        if self.loop is not None:
+            self.loop.close()
 
 
 def _value(value: Any, where: str, index: int) -> float | None:

@@ -327,7 +327,8 @@ def _check_other_algorithms_keys(registry: Any, name: str, layers: list[tuple[Di
                                            {f.name for f in fields(registry.algorithm.get(n).config_class)}]
             if users:
                 raise ConfigError(f"'algorithm.{key}' (in {source or 'the config file'}) is not an option of --algo "
-                                  f"{name}; it is one of --algo {', '.join(sorted(users))}.")
+                                  f"{name}; it is one of --algo {', '.join(sorted(users))}."
+                                  + foreign_keys.hint(f"algorithm.{key}"))
 
 
 def compose_with_plugins(

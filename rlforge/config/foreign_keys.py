@@ -25,8 +25,17 @@ LIGHTNING = {
     "trainer.callbacks": "callbacks are objects: Trainer(cfg, callbacks=[...]) (docs/hooks.md)",
 }
 
-# GRPOConfig fields whose names rlforge does not use (fields such as beta or epsilon are rlforge keys elsewhere)
+# GRPOConfig fields, for an unknown key whose last part is one (beta, epsilon or temperature are rlforge keys in other
+# sections: there they are not unknown, and an algorithm's own, such as algorithm.epsilon, is checked by that algorithm)
 TRL = {
+    "beta": "'actor.use_kl_loss=true actor.kl_loss_type=k3 actor.kl_loss_coef=<beta>' (beta=0: no KL term)",
+    "epsilon": "'actor.clip_ratio_low' (algorithm.epsilon is the advantage's std epsilon, TRL's fixed 1e-4)",
+    "delta": "'actor.clip_ratio_c' (the dual clip, on at 3.0 by default)",
+    "temperature": "'rollout.temperature'",
+    "steps_per_generation": "data.train_batch_size / actor.ppo_mini_batch_size optimizer steps per generation",
+    "top_entropy_quantile": "none", "min_p": "none",
+    "adam_beta1": "'actor.betas=[beta1,beta2]'", "adam_beta2": "'actor.betas=[beta1,beta2]'",
+    "entropy_coef": "'actor.entropy_coeff'",
     "scale_rewards": "group: 'algorithm.norm_adv_by_std=true' (the default), batch: 'algorithm.std_scope=batch', "
                      "none: 'algorithm.norm_adv_by_std=false'",
     "loss_type": "'actor.loss_agg_mode' (dapo: token-mean, grpo: seq-mean-token-mean, dr_grpo: "
@@ -76,6 +85,8 @@ OPENRLHF = {
     "dynamic_filtering": "'algorithm.filter_groups=true'",
     "max_epochs": "'actor.ppo_epochs'",
     "num_episodes": "'trainer.total_epochs'",
+    "generate_max_len": "'rollout.max_new_tokens'",
+    "normalize_reward": "none",
 }
 
 
@@ -84,6 +95,9 @@ def hint(full: str) -> str:
     if full in LIGHTNING:
         return f" '{full}' is Lightning's Trainer argument; {LIGHTNING[full]}."
     leaf = full.rpartition(".")[2]
+    if leaf in TRL and leaf in OPENRLHF:
+        return (f" '{leaf}' is TRL's GRPOConfig field and OpenRLHF's flag; rlforge's: {TRL[leaf]} "
+                f"(docs/migration-from-trl.md, docs/migration-from-openrlhf.md).")
     if leaf in TRL:
         return f" '{leaf}' is TRL's GRPOConfig field; rlforge's: {TRL[leaf]} (docs/migration-from-trl.md)."
     if leaf in OPENRLHF:

@@ -38,6 +38,12 @@ def rewards_module(monkeypatch):
     for fn in (accuracy_reward, format_reward, text_reward):
         setattr(module, fn.__name__, fn)
     module.broken = lambda completions, **kwargs: [1.0]  # one value for a whole batch
+    module.not_callable = 3
+
+    async def awaited(completions, **kwargs):
+        return [float(len(c[0]["content"])) for c in completions]
+
+    module.awaited = awaited
     module.raises = lambda completions, **kwargs: 1 / 0
     module.strings = lambda completions, **kwargs: ["high"] * len(completions)
     monkeypatch.setitem(sys.modules, "my_trl_rewards", module)
@@ -80,7 +86,7 @@ def test_text_rows_and_completion_ids(pm, char_tokenizer, rewards_module):
                    "reward.trl.conversational=false")
     out = mgr.score(_batch(char_tokenizer, ["12", "7"], [None, None]))
     (call,) = CALLS
-    assert call["prompts"] == ["briefq0", "briefq1"] and call["completions"] == ["12", "7"]
+    assert call["prompts"] == ["brief\nq0", "brief\nq1"] and call["completions"] == ["12", "7"]
     eos = char_tokenizer.eos_token_id
     assert call["completion_ids"] == [[*char_tokenizer.encode("12", add_special_tokens=False), eos],
                                       [*char_tokenizer.encode("7", add_special_tokens=False), eos]]
@@ -96,6 +102,19 @@ def test_a_sample_every_function_declines_gets_the_fallback_and_a_batch_of_them_
     assert out.meta["metrics"]["reward/error_share"] == 0.5
     with pytest.raises(RewardFailure, match=r"2 of 2 samples got None from every TRL reward function \(format_reward\)"):
         mgr.score(_batch(char_tokenizer, ["1", "2"], [{"level": 2}, {"level": 2}]))
+
+
+def test_an_async_function_is_awaited(pm, char_tokenizer, rewards_module):
+    mgr = _manager(pm, char_tokenizer, "reward.trl.functions=[my_trl_rewards:awaited]")
+    out = mgr.score(_batch(char_tokenizer, ["12", "7"], [None, None]))
+    torch.testing.assert_close(out[B.SCORES], torch.tensor([2.0, 1.0]))
+    mgr.close()
+
+
+def test_a_column_named_like_an_argument_is_refused(pm, char_tokenizer, rewards_module):
+    mgr = _manager(pm, char_tokenizer, "reward.trl.functions=[my_trl_rewards:text_reward]")
+    with pytest.raises(RLForgeError, match=r"extra_info has the key 'prompts', which is an argument TRL's contract"):
+        mgr.score(_batch(char_tokenizer, ["1", "2"], [{"prompts": "x"}, None]))
 
 
 @pytest.mark.parametrize(("name", "message"), [
@@ -116,6 +135,9 @@ def test_config_errors_name_the_key(pm, tmp_path, rewards_module):
         rlforge.load_config("grpo", ["reward.manager=trl", "reward.trl.functions=[a:b,c:d]", "reward.trl.weights=[1]"],
                             plugins=pm)
     (tmp_path / "r.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return 0\n")
+    with pytest.raises(ConfigError, match=r"'reward.trl.weights\[1\]' is nan: a weight must be a finite number"):
+        rlforge.load_config("grpo", ["reward.manager=trl", "reward.trl.functions=[a:b,c:d]",
+                                     "reward.trl.weights=[1,.nan]"], plugins=pm)
     with pytest.raises(ConfigError, match=r"reward.file names a per-sample reward function"):
         rlforge.load_config("grpo", ["reward.manager=trl", "reward.trl.functions=[a:b]",
                                      f"reward.file={tmp_path / 'r.py'}"], plugins=pm)
@@ -126,6 +148,7 @@ def test_config_errors_name_the_key(pm, tmp_path, rewards_module):
         (f"{tmp_path}/nope.py:f", r"file not found: .*nope.py"),
         (f"{tmp_path}/bad.py:f", r"importing .*bad.py failed: ModuleNotFoundError"),
         ("my_trl_rewards:nothing", r"my_trl_rewards has no function 'nothing'"),
+        ("my_trl_rewards:not_callable", r"my_trl_rewards's 'not_callable' is not a function \(int\)"),
     ]:
         with pytest.raises(ConfigError, match=message):
             load_function(spec, "reward.trl.functions[0]")
