@@ -54,6 +54,8 @@ CASES = {
                                      "is Lightning's Trainer argument; rlforge's is 'trainer.total_steps'"),
     "a TRL GRPOConfig field": (["algorithm.scale_rewards=batch"], "Unknown config key 'algorithm.scale_rewards'",
                                "is TRL's GRPOConfig field; rlforge's: group: 'algorithm.norm_adv_by_std=true'"),
+    "TRL's epsilon": (["actor.epsilon=0.2"], "Unknown config key 'actor.epsilon'",
+                      "'epsilon' is TRL's GRPOConfig field; rlforge's: 'actor.clip_ratio_low'"),
     "an OpenRLHF flag": (["actor.eps_clip=0.2"], "Unknown config key 'actor.eps_clip'",
                          "is OpenRLHF's flag; rlforge's: 'actor.clip_ratio_low' and 'actor.clip_ratio_high'"),
     "std_scope=batch with no std": (["algorithm.std_scope=batch", "algorithm.norm_adv_by_std=false"],

@@ -516,3 +516,12 @@ def test_a_group_baseline_algorithm_with_one_sample_per_prompt_is_warned_about(r
     lines = [r.getMessage() for r in caplog.records if "rollout.n=1 with --algo" in r.getMessage()]
     assert [line.split(":")[0] for line in lines] == [f"rollout.n=1 with --algo {a}" for a in
                                                      ("grpo", "rloo", "reinforce_pp_baseline", "dapo")]
+
+
+def test_a_large_advantage_epsilon_is_warned_about(registry, caplog) -> None:
+    """TRL's epsilon is the clip range; rlforge's algorithm.epsilon is added to the std (1e-6)."""
+    with caplog.at_level("WARNING", logger="rlforge"):
+        compose(registry, "grpo", None, ["algorithm.epsilon=0.2"])
+        compose(registry, "grpo", None, ["algorithm.epsilon=1e-4"])
+    (line,) = [r.getMessage() for r in caplog.records if "algorithm.epsilon" in r.getMessage()]
+    assert line.startswith("algorithm.epsilon=0.2 is added to the std") and "actor.clip_ratio_low" in line
