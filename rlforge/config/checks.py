@@ -47,6 +47,7 @@ def selected(cfg: DictConfig, registry: Any) -> Iterator[tuple[str, Any]]:
 # kinds whose components a run may use without its config selecting them: each row's data_source picks its reward
 # function where reward.fn is unset, its agent_name column its agent loop, its tool config its tools and interaction
 ROW_CHOSEN = ("agent_loop", "tool", "interaction")
+_SECTION_DEFAULTS: dict[type, Any] = {}  # a component's config class -> its default values
 
 
 def warn_unread_sections(cfg: DictConfig, registry: Any, components: list[tuple[str, Any]]) -> None:
@@ -61,9 +62,11 @@ def warn_unread_sections(cfg: DictConfig, registry: Any, components: list[tuple[
             path = entry.config_path(spec)
             if path is None or id(entry) in used:
                 continue
-            default = OmegaConf.structured(entry.config)
-            node = OmegaConf.select(cfg, path)
-            changed = [key for key in node if OmegaConf.select(node, key) != OmegaConf.select(default, key)]
+            if entry.config not in _SECTION_DEFAULTS:  # built once per class: a compose runs this for every section
+                _SECTION_DEFAULTS[entry.config] = OmegaConf.to_container(OmegaConf.structured(entry.config))
+            default = _SECTION_DEFAULTS[entry.config]
+            node = OmegaConf.to_container(OmegaConf.select(cfg, path), resolve=True)
+            changed = [key for key in node if node[key] != default.get(key)]
             if changed:
                 shown = ", ".join(f"{path}.{key}" for key in changed)
                 log.warning("%s: not read, an option of %s=%s; this run's %s is %s.", shown, spec.key, entry.name,
