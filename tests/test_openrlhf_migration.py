@@ -54,7 +54,8 @@ def test_converted_rows_keep_labels_as_written(converted: Path) -> None:
     truths = [r["reward_model"]["ground_truth"] for r in rows]
     assert truths == ["0", 2, 4, "6", 8, 10, "", ""]  # each label's own type; null or missing: ""
     assert rows[1]["prompt"] == "What is 1+1?" and rows[1]["extra_info"] == {"prompt": "What is 1+1?"}
-    assert rows[0]["prompt"] == [{"role": "user", "content": "What is 0+0?"}] and rows[0]["extra_info"] == {"prompt": ""}
+    assert rows[0]["prompt"] == [{"role": "user", "content": "What is 0+0?"}]
+    assert rows[0]["extra_info"] == {"prompt": ""}
     assert rows[0]["data_source"] == "default"
 
 

@@ -65,8 +65,9 @@ def warn_unread_sections(cfg: DictConfig, registry: Any, components: list[tuple[
             if entry.config not in _SECTION_DEFAULTS:  # built once per class: a compose runs this for every section
                 _SECTION_DEFAULTS[entry.config] = OmegaConf.to_container(OmegaConf.structured(entry.config))
             default = _SECTION_DEFAULTS[entry.config]
-            node = OmegaConf.to_container(OmegaConf.select(cfg, path), resolve=True)
-            changed = [key for key in node if node[key] != default.get(key)]
+            values = OmegaConf.to_container(OmegaConf.select(cfg, path), resolve=True)
+            node: dict[str, Any] = dict(values)  # type: ignore[arg-type]  # a section: a mapping
+            changed = [str(key) for key in node if node[key] != default.get(key)]
             if changed:
                 shown = ", ".join(f"{path}.{key}" for key in changed)
                 log.warning("%s: not read, an option of %s=%s; this run's %s is %s.", shown, spec.key, entry.name,

@@ -100,7 +100,8 @@ def test_a_sample_every_function_declines_gets_the_fallback_and_a_batch_of_them_
     out = mgr.score(_batch(char_tokenizer, ["1", "2"], [{"level": 2}, {"level": 0}]))
     assert out[B.SCORES].tolist() == [-1.0, 1.0] and out[B.REWARD_FAILED].tolist() == [1.0, 0.0]
     assert out.meta["metrics"]["reward/error_share"] == 0.5
-    with pytest.raises(RewardFailure, match=r"2 of 2 samples got None from every TRL reward function \(format_reward\)"):
+    with pytest.raises(RewardFailure, match=r"2 of 2 samples got None from every TRL reward function "
+                                            r"\(format_reward\)"):
         mgr.score(_batch(char_tokenizer, ["1", "2"], [{"level": 2}, {"level": 2}]))
 
 
@@ -134,7 +135,8 @@ def test_config_errors_name_the_key(pm, tmp_path, rewards_module):
     with pytest.raises(ConfigError, match=r"'reward.trl.weights' has 1 values for 2 functions"):
         rlforge.load_config("grpo", ["reward.manager=trl", "reward.trl.functions=[a:b,c:d]", "reward.trl.weights=[1]"],
                             plugins=pm)
-    (tmp_path / "r.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return 0\n")
+    (tmp_path / "r.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                                   "    return 0\n")
     with pytest.raises(ConfigError, match=r"'reward.trl.weights\[1\]' is nan: a weight must be a finite number"):
         rlforge.load_config("grpo", ["reward.manager=trl", "reward.trl.functions=[a:b,c:d]",
                                      "reward.trl.weights=[1,.nan]"], plugins=pm)
