@@ -190,6 +190,9 @@ def truncated_rows(responses: torch.Tensor, mask: torch.Tensor, stop_ids: Sequen
     ``mask_truncated_completions`` train none of these rows' tokens."""
     if not list(stop_ids):
         raise ValueError("truncated_rows: no stop_ids, so every response would count as truncated.")
+    if responses.dim() != 2 or responses.shape != mask.shape:
+        raise ValueError(f"truncated_rows: responses {tuple(responses.shape)} and mask {tuple(mask.shape)} must both "
+                         f"be [B, R].")
     positions = torch.arange(mask.shape[-1], device=mask.device)
     last = torch.where(mask.bool(), positions, -1).amax(-1)
     tokens = responses.gather(-1, last.clamp(min=0).unsqueeze(-1)).squeeze(-1)

@@ -32,6 +32,8 @@ def test_truncated_rows_are_those_whose_last_generated_token_is_no_stop_token():
     assert F.truncated_rows(responses, mask, [EOS]).tolist() == [False, True, True, True, False, True]
     with pytest.raises(ValueError, match="no stop_ids, so every response would count as truncated"):
         F.truncated_rows(responses, mask, [])
+    with pytest.raises(ValueError, match=r"responses \(6, 4\) and mask \(6, 3\) must both be \[B, R\]"):
+        F.truncated_rows(responses, mask[:, :3], [EOS])
 
 
 def _batch():
