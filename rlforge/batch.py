@@ -74,6 +74,14 @@ def last_model_token(mask: torch.Tensor) -> torch.Tensor:
     return (mask * torch.arange(1, mask.shape[1] + 1)).argmax(-1)
 
 
+def on_last_model_token(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, R] float32: each row's score ``scores`` [B] at its :func:`last_model_token`, 0 elsewhere (what a reward
+    manager sets as ``token_level_scores``)."""
+    token_scores = torch.zeros(mask.shape, dtype=torch.float32)
+    token_scores[torch.arange(mask.shape[0]), last_model_token(mask)] = scores
+    return token_scores
+
+
 class Batch:
     """Columns of equal length: ``tensors`` (torch, first dimension) and ``lists`` (Python objects)."""
 

@@ -341,10 +341,7 @@ class GenerativeRewardManager:
             log.warning("%d of %d judge requests timed out (%s.timeout_s=%g s, %d retries); they get "
                         "reward.fallback_score and are counted in reward/timeouts.", faults[TIMEOUT], n, KEY,
                         self.options.timeout_s, self.options.retries)
-        mask = batch[B.RESPONSE_MASK]
-        last = B.last_model_token(mask)
-        token_scores = torch.zeros(mask.shape, dtype=torch.float32)
-        token_scores[torch.arange(n), last] = scores
+        token_scores = B.on_last_model_token(scores, batch[B.RESPONSE_MASK])
         batch[B.SCORES], batch[B.TOKEN_LEVEL_SCORES], batch[B.RESPONSE_TEXT] = scores, token_scores, texts
         batch[B.REWARD_FAILED] = failed
         ok = [value for kind, value in outcomes if kind == OK]

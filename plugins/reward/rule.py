@@ -239,12 +239,8 @@ class RuleRewardManager:
                 faults[kind] += 1
                 failed[i] = 1.0
                 self._log_first(kind, sources[i], i, value)
-        mask = batch[B.RESPONSE_MASK]
-        last = B.last_model_token(mask)
-        token_scores = torch.zeros(mask.shape, dtype=torch.float32)
-        token_scores[torch.arange(n), last] = scores
         batch[B.SCORES] = scores
-        batch[B.TOKEN_LEVEL_SCORES] = token_scores
+        batch[B.TOKEN_LEVEL_SCORES] = B.on_last_model_token(scores, batch[B.RESPONSE_MASK])
         batch[B.ACC] = accs
         batch[B.RESPONSE_TEXT] = texts
         batch[B.REWARD_EXTRA_INFO] = extras

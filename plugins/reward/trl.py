@@ -132,7 +132,8 @@ class TrlRewardManager:
         n = len(batch)
         loop = batch.lists.get(B.LOOP_SCORES) or [None] * n  # rows an agent loop scored: no function is called
         rows = [i for i in range(n) if loop[i] is None]
-        values = [self._call(j, fn, batch, rows, solutions) for j, fn in enumerate(self.functions)] if rows else []
+        arguments = self._arguments(batch, rows, solutions) if rows else {}
+        values = [self._call(j, fn, arguments) for j, fn in enumerate(self.functions)] if rows else []
         scores = torch.full((n,), self.fallback_score)
         failed = torch.zeros(n)
         extras: list[dict[str, Any]] = [{} for _ in range(n)]
@@ -147,10 +148,7 @@ class TrlRewardManager:
             if value is not None:
                 scores[i] = float(value)
         self._check_error_share(int(failed.sum()), len(rows), batch)
-        mask = batch[B.RESPONSE_MASK]
-        token_scores = torch.zeros(mask.shape, dtype=torch.float32)
-        token_scores[torch.arange(n), B.last_model_token(mask)] = scores
-        batch[B.SCORES], batch[B.TOKEN_LEVEL_SCORES] = scores, token_scores
+        batch[B.SCORES], batch[B.TOKEN_LEVEL_SCORES] = scores, B.on_last_model_token(scores, batch[B.RESPONSE_MASK])
         batch[B.ACC] = (scores >= 1).float()
         batch[B.RESPONSE_TEXT], batch[B.REWARD_EXTRA_INFO], batch[B.REWARD_FAILED] = texts, extras, failed
         batch.meta["metrics"] = {**batch.meta.get("metrics", {}), "reward/errors": float(failed.sum()),
@@ -158,9 +156,9 @@ class TrlRewardManager:
                                  **extra_metrics(extras)}
         return batch
 
-    def _call(self, j: int, fn: Callable[..., Any], batch: B.Batch, rows: list[int],
-              solutions: list[str]) -> list[float | None]:
-        """Function ``j``'s values for ``rows`` (None where it does not apply), checked."""
+    def _arguments(self, batch: B.Batch, rows: list[int], solutions: list[str]) -> dict[str, list[Any]]:
+        """What every function is called with for ``rows``: prompts, completions, completion_ids and the rows'
+        extra_info keys as columns (built once per batch)."""
         raw = batch.lists.get(B.RAW_PROMPT) or [[] for _ in range(len(batch))]
         if self.conversational:
             prompts: list[Any] = [raw[i] for i in rows]
@@ -172,26 +170,33 @@ class TrlRewardManager:
         ids = [batch[B.RESPONSES][i][mask[i].bool()].tolist() for i in rows]
         infos = [info if isinstance(info, dict) else {} for info in batch.lists.get(B.EXTRA_INFO) or [{}] * len(batch)]
         keys = list(dict.fromkeys(k for i in rows for k in infos[i]))
-        where = f"TRL reward function {self.names[j]} ({KEY}.functions[{j}])"
         clash = next((k for k in keys if k in ARGUMENTS), None)
         if clash is not None:
             raise RLForgeError(f"The rows' extra_info has the key '{clash}', which is an argument TRL's contract "
-                               f"passes {where} itself (as TRL refuses a dataset column of that name): rename it.")
-        columns = {k: [infos[i].get(k) for i in rows] for k in keys}
+                               f"passes the reward functions itself (as TRL refuses a dataset column of that name): "
+                               f"rename it.")
+        return {"prompts": prompts, "completions": completions, "completion_ids": ids,
+                **{k: [infos[i].get(k) for i in rows] for k in keys}}
+
+    def _call(self, j: int, fn: Callable[..., Any], arguments: dict[str, list[Any]]) -> list[float | None]:
+        """Function ``j``'s values for the rows of ``arguments`` (None where it does not apply), checked."""
+        count = len(arguments["prompts"])
+        where = f"TRL reward function {self.names[j]} ({KEY}.functions[{j}])"
         try:
-            out = fn(prompts=prompts, completions=completions, completion_ids=ids, **columns)
+            out = fn(**arguments)
             if inspect.isawaitable(out):  # an async function, as TRL awaits them
                 self.loop = self.loop or asyncio.new_event_loop()
                 out = self.loop.run_until_complete(out)
         except Exception as exc:
-            raise RLForgeError(f"{where} raised on a batch of {len(rows)} samples: {describe(exc)}. It is called as "
+            columns = [k for k in arguments if k not in ARGUMENTS]
+            raise RLForgeError(f"{where} raised on a batch of {count} samples: {describe(exc)}. It is called as "
                                f"f(prompts=..., completions=..., completion_ids=..., **columns), the columns being the "
                                f"rows' extra_info keys: {', '.join(columns) or 'none'}.") from exc
         if hasattr(out, "tolist"):  # a tensor or an array
             out = out.tolist()
-        if not isinstance(out, (list, tuple)) or len(out) != len(rows):
+        if not isinstance(out, (list, tuple)) or len(out) != count:
             what = f"{len(out)} values" if isinstance(out, (list, tuple)) else type(out).__name__
-            raise RLForgeError(f"{where} returned {what} for {len(rows)} samples: return a list of one number (or "
+            raise RLForgeError(f"{where} returned {what} for {count} samples: return a list of one number (or "
                                f"None) per completion.")
         return [_value(v, where, k) for k, v in enumerate(out)]
 

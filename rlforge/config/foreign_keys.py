@@ -58,6 +58,9 @@ TRL = {
     "use_vllm": "'rollout.name=vllm'",
 }
 
+KL_COEF = ("'actor.kl_loss_coef' with actor.use_kl_loss=true, or 'algorithm.kl_coef' with "
+           "algorithm.use_kl_in_reward=true")
+CLIP = "'actor.clip_ratio_low' and 'actor.clip_ratio_high'"
 # train_ppo_ray flags, the flat names of OpenRLHF before 0.10.2 and the last parts of its dotted ones
 OPENRLHF = {
     "advantage_estimator": "an algorithm: gae is --algo ppo, group_norm --algo grpo, rloo --algo rloo, "
@@ -66,13 +69,9 @@ OPENRLHF = {
     "rollout_batch_size": "'data.train_batch_size' (prompts per step)",
     "micro_train_batch_size": "'actor.ppo_micro_batch_size'",
     "micro_rollout_batch_size": "'actor.log_prob.micro_batch_size'",
-    "init_kl_coef": "'actor.kl_loss_coef' with actor.use_kl_loss=true, or 'algorithm.kl_coef' with "
-                    "algorithm.use_kl_in_reward=true",
-    "init_coef": "'actor.kl_loss_coef' with actor.use_kl_loss=true, or 'algorithm.kl_coef' with "
-                 "algorithm.use_kl_in_reward=true",
+    "init_kl_coef": KL_COEF, "init_coef": KL_COEF,
     "kl_estimator": "'actor.kl_loss_type' (or 'algorithm.kl_penalty' for the KL in the reward)",
-    "eps_clip": "'actor.clip_ratio_low' and 'actor.clip_ratio_high'",
-    "eps_clip_low_high": "'actor.clip_ratio_low' and 'actor.clip_ratio_high'",
+    "eps_clip": CLIP, "eps_clip_low_high": CLIP,
     "dual_clip": "'actor.clip_ratio_c'",
     "value_clip": "'critic.cliprange_value'",
     "entropy_loss_coef": "'actor.entropy_coeff'",
