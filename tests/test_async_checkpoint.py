@@ -327,3 +327,28 @@ def test_torchrun_ranks_write_in_the_background_and_resume_bit_identically(tmp_p
     again = _weights(ckpt.step_dir(run, 2))
     for k in before:
         assert torch.equal(before[k], again[k]), k
+
+
+class StopInSave:
+    """Sets ``trainer.should_stop`` from inside the step-1 checkpoint's ``rlforge_save_checkpoint`` and counts the
+    calls per step."""
+
+    def __init__(self):
+        self.saved: list[int] = []
+
+    @hookimpl
+    def rlforge_save_checkpoint(self, trainer, checkpoint):
+        self.saved.append(trainer.step)
+        checkpoint["mine"] = {"step": trainer.step}
+        trainer.should_stop = True
+
+
+def test_a_stop_set_by_a_save_hook_ends_the_run_at_that_step_and_the_hooks_run_once(tmp_path, pm):
+    cfg = fast_config("grpo", tmp_path, *COMMON, "trainer.total_steps=3", plugins=pm)
+    stop = StopInSave()
+    trainer = Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[stop])
+    assert trainer.fit()["steps"] == 1  # no step trained after the save that set the stop
+    assert stop.saved == [1]  # the last checkpoint (with actor/) of step 1 reuses the entries its hooks saved
+    (last,) = ckpt.list_checkpoints(trainer.run_dir)
+    assert last.name == "step_000001" and ckpt.has_actor(last)
+    assert ckpt.read(last)[0]["extra"]["mine"] == {"step": 1}

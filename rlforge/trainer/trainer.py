@@ -81,6 +81,7 @@ class Trainer:
         self.run_dir: Path | None = None
         # a checkpoint being written in the background: its step, trainer state and meta
         self._writing: tuple[int, dict[str, Any], dict[str, Any]] | None = None
+        self._entries: tuple[int, dict[str, Any]] | None = None  # (step, what the save hooks added at it)
 
     # --- setup ------------------------------------------------------------------------------------
     def _resolve_run(self) -> resume.Binding:
@@ -204,6 +205,8 @@ class Trainer:
                 break
             if t.save_every and self.step % t.save_every == 0 and not last:
                 self.save(background=cfg.strategy.checkpoint == "async")
+                if self.should_stop:  # set by a save hook: the end follows at this step
+                    break
         if self.should_stop and self.step < t.total_steps:
             print(f"rlforge: stopped after step {self.step} of {t.total_steps}: a hook set trainer.should_stop")
         self.finish_checkpoint()
@@ -356,7 +359,7 @@ class Trainer:
             "module": self.module.state_dict(),
             "rng": ckpt.rng_state(),
             "pipeline": self.pipeline.state_dict(),
-            "extra": checkpoint_entries(self.plugins, self),
+            "extra": self._checkpoint_entries(),
         }
         ckpt.check_loadable(state["extra"], f"added by rlforge_save_checkpoint, implemented by "
                                             f"{implementers(self.hook, 'save_checkpoint')}")
@@ -375,6 +378,13 @@ class Trainer:
                              self.config.trainer.keep_last_n, meta, processor=self.module.processor)
         self._log({"timing_s/save_checkpoint": time.perf_counter() - start})
         return path
+
+    def _checkpoint_entries(self) -> dict[str, Any]:
+        """What ``rlforge_save_checkpoint`` adds at this step, asked once per step: the last checkpoint of a run that
+        a save hook stopped rewrites the step of that (background) save with actor/ and reuses them."""
+        if self._entries is None or self._entries[0] != self.step:
+            self._entries = (self.step, checkpoint_entries(self.plugins, self))
+        return self._entries[1]
 
     def finish_checkpoint(self) -> None:
         """Wait for the checkpoint that is being written in the background (if any), then make it a checkpoint
