@@ -104,7 +104,8 @@ def rlforge_step_end(trainer: Any, step: int, metrics: dict[str, float]) -> None
 
     :param step: the 1-based index of the finished step.
     :param metrics: flat metric dict (verl namespace); implementations may add keys, whose values must be numbers
-        (a one-element tensor becomes one; anything else is an error naming the key, before a logger meets it).
+        (a one-element tensor becomes one; anything else is an error naming the key, before a logger meets it), and
+        remove keys; giving one rlforge wrote another value is an error naming it (log yours under a name of its own).
     """
 
 

@@ -37,3 +37,14 @@ def check_numbers(metrics: dict[str, Any], who: str) -> None:
     set it."""
     for key, value in metrics.items():
         metrics[key] = as_number(key, value, who)
+
+
+def check_kept(written: dict[str, Any], metrics: dict[str, Any], who: str) -> None:
+    """No metric of ``written`` (those rlforge wrote for the step) has another value in ``metrics`` after ``who`` saw
+    them: one value would hide the other. Removing one is allowed (a hook may log less)."""
+    for key, value in written.items():
+        now = metrics.get(key, value)
+        if now != value and not (now != now and value != value):  # (NaN == NaN here)
+            raise RLForgeError(f"metric {key!r} was replaced in {who} ({value!r} -> {now!r}): rlforge writes it "
+                               f"itself this step, and the logged value would hide its own. Log yours under a name "
+                               f"of its own (e.g. 'custom/{key.rsplit('/', 1)[-1]}').")

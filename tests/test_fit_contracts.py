@@ -299,3 +299,29 @@ def test_a_module_made_from_a_plain_dict_is_refused_with_how_to_compose_a_config
         GRPO({"algorithm": {"name": "grpo"}})
     with pytest.raises(ConfigError, match=r"PPO\(config\) takes a composed config"):
         PPO(config={})
+
+
+class Replaces:
+    def __init__(self, key: str, value=1.0) -> None:
+        self.key, self.value = key, value
+
+    @hookimpl
+    def rlforge_step_end(self, metrics):
+        metrics[self.key] = self.value
+
+
+def test_a_hook_that_replaces_a_metric_rlforge_wrote_is_refused_and_one_that_drops_or_adds_is_not(tmp_path, pm):
+    cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
+    with pytest.raises(RLForgeError, match=r"metric 'critic/score/mean' was replaced in rlforge_step_end "
+                                           r"\(.*Replaces.*\) or GRPO.on_train_step_end \(.* -> 7.0\): rlforge writes "
+                                           r"it itself .*'custom/mean'"):
+        Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[Replaces("critic/score/mean", 7.0)]).fit()
+
+    class Drops:
+        @hookimpl
+        def rlforge_step_end(self, metrics):
+            del metrics["critic/score/mean"]
+
+    trainer = Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[Drops(), Replaces("custom/mine")])
+    trainer.fit()
+    assert "critic/score/mean" not in trainer.history[-1] and trainer.history[-1]["custom/mine"] == 1.0

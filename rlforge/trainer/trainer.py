@@ -27,7 +27,7 @@ from rlforge.config.batches import apply_total_epochs
 from rlforge.data import PromptSampler
 from rlforge.dataflow import DataFlow, StepContext
 from rlforge.errors import SHIELDED, STOP_UNDERWAY, NonFiniteError, RLForgeError
-from rlforge.metric_values import check_numbers
+from rlforge.metric_values import check_kept, check_numbers
 from rlforge.module import RLModule
 from rlforge.module_checks import callback_without_hooks, check_given_module, check_hook_signatures, unknown_hooks
 from rlforge.plugin_manager import PluginManager, implementers
@@ -256,14 +256,17 @@ class Trainer:
         metrics.update({"timing_s/step": elapsed, "timing_s/other": elapsed - staged,
                         "perf/throughput": n_tokens / elapsed, "perf/total_num_tokens": float(n_tokens),
                         "training/epoch": float(self.sampler.epoch)})
+        written = {k: v for k, v in metrics.items() if k not in self.module._logged}  # the module's own may change
         self.hook.rlforge_step_end(trainer=self, step=self.step, metrics=metrics)
         self.module._metrics = metrics  # its self.log in on_train_step_end adds to this step's metrics
         try:
             self.module.on_train_step_end(metrics)
         finally:
             self.module._metrics = None
-        check_numbers(metrics, f"set in rlforge_step_end ({implementers(self.hook, 'step_end')}) or "
-                               f"{type(self.module).__name__}.on_train_step_end")
+        who = (f"rlforge_step_end ({implementers(self.hook, 'step_end')}) or "
+               f"{type(self.module).__name__}.on_train_step_end")
+        check_numbers(metrics, f"set in {who}")
+        check_kept(written, metrics, who)
         self.module._check_logged(metrics)
         self.history.append({"step": self.step, **metrics})
         self._log(metrics)
