@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
+from rlforge.evaluation import SCORED_AT
 from rlforge.metric_values import as_number
 from rlforge.plugin_manager import implementers
 from rlforge.weight_sync import add_sync_metrics
@@ -366,7 +367,9 @@ class RewardStage(Stage):
     """Score the responses; ``rlforge_shape_rewards`` may reshape the token rewards."""
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
+        batch.meta[SCORED_AT] = ctx.step - 1  # the updates made before this step's
         batch = ctx.controller.score(batch)
+        batch.meta.pop(SCORED_AT, None)
         ctx.log(batch.meta.pop("metrics", {}))  # what the reward manager measured
         batch[B.TOKEN_LEVEL_REWARDS] = batch[B.TOKEN_LEVEL_SCORES]
         shaped = ctx.hook_batch("shape_rewards", batch)

@@ -72,6 +72,17 @@ SCORED_FOR = "scored_for"
 TRAINING, VALIDATION = "training", "validation"  # validation: a run's, rlforge eval's and the SFT check's
 
 
+# the updates the trainer has made when ``batch`` is scored, in batch.meta[SCORED_AT] (a training step's reward stage:
+# its step - 1; validation: the trainer's step; absent elsewhere: 0); a reward manager may shape by it (TRL's
+# trainer_state.global_step)
+SCORED_AT = "scored_at"
+
+
+def scored_at(batch: B.Batch) -> int:
+    """The optimizer updates made before ``batch`` is scored (:data:`SCORED_AT`)."""
+    return int(batch.meta.get(SCORED_AT, 0))
+
+
 def scored_for(batch: B.Batch) -> str:
     """What ``batch`` is being scored for: :data:`VALIDATION` while an :class:`Evaluator` scores it, else
     :data:`TRAINING` (a training step's reward stage)."""
@@ -86,8 +97,8 @@ class Evaluator:
     as ``reward.fallback_score`` in the scores). ``close``: what :meth:`close` stops (the agent loop's tools and servers, for an evaluator that built its own)."""
 
     def __init__(self, backend: GenerationBackend, score: Callable[[B.Batch], B.Batch],
-                 agent: AgentRollout | None = None, close: Callable[[], None] | None = None) -> None:
-        self.backend, self.scorer, self.agent, self._close = backend, score, agent, close
+                 agent: AgentRollout | None = None, close: Callable[[], None] | None = None, step: int = 0) -> None:
+        self.backend, self.scorer, self.agent, self._close, self.step = backend, score, agent, close, step
         self._parts: dict[str, list[tuple[float, int]]] = defaultdict(list)  # (value, trajectories) per call
         self._faults: dict[str, float] = defaultdict(float)  # the reward manager's failed calls, summed
 
@@ -107,11 +118,14 @@ class Evaluator:
     def score(self, batch: B.Batch) -> B.Batch:
         """The reward function's scores, plus the trajectories' rewards when an agent loop generated ``batch``."""
         batch.meta[SCORED_FOR] = VALIDATION  # the reward manager's errors say validation, not a training step
+        batch.meta[SCORED_AT] = self.step
         try:
             scored = self.scorer(batch)
         finally:
             batch.meta.pop(SCORED_FOR, None)
+            batch.meta.pop(SCORED_AT, None)
         scored.meta.pop(SCORED_FOR, None)  # a scorer that returned another batch, with a copy of the meta
+        scored.meta.pop(SCORED_AT, None)
         batch = scored
         counted = batch.meta.pop("metrics", {})  # the reward manager's counters: only its failures are kept
         for key in FAULT_METRICS:

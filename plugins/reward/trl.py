@@ -9,9 +9,13 @@ key). With ``reward.trl.conversational`` (default) prompts are the rows' chat me
 ``[{"role": "assistant", "content": text}]``, as TRL passes conversational rows; off, the prompt's text (its
 messages' contents, one per line) and the completion's text, as TRL passes standard rows. A sample's score is the
 ``reward.trl.weights``-weighted sum of the values that are not None (TRL's ``nansum``); each function's value is
-kept per sample and logged as ``reward/extra/<function name>/mean``. A sample whose every function returned None
-gets ``reward.fallback_score`` and counts as failed (``reward/error_share``, ``reward.max_error_share``): TRL leaves
-it out of its group's baseline instead. The functions run in the trainer's process, as in TRL, without the rule
+kept per sample and logged as ``reward/extra/<function name>/mean``. As TRL does, every call also gets
+``trainer_state`` (a ``transformers.TrainerState`` with ``global_step``, the updates made so far, and ``max_steps``,
+``trainer.total_steps``; its other fields keep their defaults), ``log_metric(name, value)`` (the values a batch's calls
+gave a name are averaged and logged under that name) and ``log_extra(column, values)`` (one value per sample: kept in
+the sample's ``reward_extra_info``, numbers logged as ``reward/extra/<column>/mean``). A sample whose every function
+returned None gets ``reward.fallback_score`` and counts as failed (``reward/error_share``, ``reward.max_error_share``):
+TRL leaves it out of its group's baseline instead. The functions run in the trainer's process, as in TRL, without the rule
 manager's time limit; one that raises or returns something else than one number or None per sample stops the run
 with an error naming it.
 """
@@ -34,6 +38,7 @@ from rlforge.plugins.reward.rule import ERROR_SHARE, RewardFailure, more_toleran
 
 from rlforge import batch as B
 from rlforge.errors import ConfigError, RLForgeError
+from rlforge.evaluation import scored_at
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 
@@ -43,7 +48,8 @@ else:
     torch = lazy_import("torch")
 
 KEY = "reward.trl"
-ARGUMENTS = ("prompts", "completions", "completion_ids")  # what the contract passes besides the rows' columns
+ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")  # besides the
+# rows' columns, what TRL's contract passes
 
 
 @dataclass
@@ -123,6 +129,7 @@ class TrlRewardManager:
         self.weights = [1.0] * len(self.functions) if t.weights is None else [float(w) for w in t.weights]
         self.conversational = bool(t.conversational)
         self.fallback_score = float(rc.fallback_score)
+        self.max_steps = int(config.trainer.total_steps)
         self.max_error_share = float(rc.get("max_error_share", 1.0))
         self.loop: asyncio.AbstractEventLoop | None = None  # runs async functions (as TRL runs them), made on first use
 
@@ -133,7 +140,9 @@ class TrlRewardManager:
         loop = batch.lists.get(B.LOOP_SCORES) or [None] * n  # rows an agent loop scored: no function is called
         rows = [i for i in range(n) if loop[i] is None]
         arguments = self._arguments(batch, rows, solutions) if rows else {}
-        values = [self._call(j, fn, arguments) for j, fn in enumerate(self.functions)] if rows else []
+        logged = Logged(len(rows))
+        values = [self._call(j, fn, {**arguments, **logged.arguments(self._where(j))})
+                  for j, fn in enumerate(self.functions)] if rows else []
         scores = torch.full((n,), self.fallback_score)
         failed = torch.zeros(n)
         extras: list[dict[str, Any]] = [{} for _ in range(n)]
@@ -141,9 +150,9 @@ class TrlRewardManager:
             given = {name: v[k] for name, v in zip(self.names, values) if v[k] is not None}
             if given:
                 scores[i] = sum(w * v[k] for w, v in zip(self.weights, values) if v[k] is not None)
-                extras[i] = given
             else:
                 failed[i] = 1.0
+            extras[i] = {**given, **{column: v[k] for column, v in logged.columns.items()}}
         for i, value in enumerate(loop):
             if value is not None:
                 scores[i] = float(value)
@@ -151,12 +160,19 @@ class TrlRewardManager:
         batch[B.SCORES], batch[B.TOKEN_LEVEL_SCORES] = scores, B.on_last_model_token(scores, batch[B.RESPONSE_MASK])
         batch[B.ACC] = (scores >= 1).float()
         batch[B.RESPONSE_TEXT], batch[B.REWARD_EXTRA_INFO], batch[B.REWARD_FAILED] = texts, extras, failed
-        batch.meta["metrics"] = {**batch.meta.get("metrics", {}), "reward/errors": float(failed.sum()),
-                                 "reward/timeouts": 0.0, ERROR_SHARE: float(failed.sum()) / n if n else 0.0,
-                                 **extra_metrics(extras)}
+        metrics = {"reward/errors": float(failed.sum()), "reward/timeouts": 0.0,
+                   ERROR_SHARE: float(failed.sum()) / n if n else 0.0, **extra_metrics(extras)}
+        clash = next((name for name in logged.values if name in metrics), None)
+        if clash is not None:
+            raise RLForgeError(f"A TRL reward function ({', '.join(self.names)}) called log_metric({clash!r}, ...): "
+                               f"the trl reward manager logs that metric itself; use a name of its own.")
+        batch.meta["metrics"] = {**batch.meta.get("metrics", {}), **metrics, **logged.metrics()}
         return batch
 
-    def _arguments(self, batch: B.Batch, rows: list[int], solutions: list[str]) -> dict[str, list[Any]]:
+    def _where(self, j: int) -> str:
+        return f"TRL reward function {self.names[j]} ({KEY}.functions[{j}])"
+
+    def _arguments(self, batch: B.Batch, rows: list[int], solutions: list[str]) -> dict[str, Any]:
         """What every function is called with for ``rows``: prompts, completions, completion_ids and the rows'
         extra_info keys as columns (built once per batch)."""
         raw = batch.lists.get(B.RAW_PROMPT) or [[] for _ in range(len(batch))]
@@ -175,13 +191,16 @@ class TrlRewardManager:
             raise RLForgeError(f"The rows' extra_info has the key '{clash}', which is an argument TRL's contract "
                                f"passes the reward functions itself (as TRL refuses a dataset column of that name): "
                                f"rename it.")
-        return {"prompts": prompts, "completions": completions, "completion_ids": ids,
+        from transformers import TrainerState
+
+        state = TrainerState(global_step=scored_at(batch), max_steps=self.max_steps)
+        return {"prompts": prompts, "completions": completions, "completion_ids": ids, "trainer_state": state,
                 **{k: [infos[i].get(k) for i in rows] for k in keys}}
 
-    def _call(self, j: int, fn: Callable[..., Any], arguments: dict[str, list[Any]]) -> list[float | None]:
+    def _call(self, j: int, fn: Callable[..., Any], arguments: dict[str, Any]) -> list[float | None]:
         """Function ``j``'s values for the rows of ``arguments`` (None where it does not apply), checked."""
         count = len(arguments["prompts"])
-        where = f"TRL reward function {self.names[j]} ({KEY}.functions[{j}])"
+        where = self._where(j)
         try:
             out = fn(**arguments)
             if inspect.isawaitable(out):  # an async function, as TRL awaits them
@@ -237,3 +256,35 @@ def _value(value: Any, where: str, index: int) -> float | None:
 def rlforge_register(registry):
     registry.reward_manager.register("trl", TrlRewardManager, config=TrlRewardConfig,
                                      description="TRL's reward functions, once per batch (GRPOTrainer's contract)")
+
+
+class Logged:
+    """What a batch's calls give ``log_metric`` and ``log_extra`` (TRL's callables), checked where given."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+        self.values: dict[str, list[float]] = {}
+        self.columns: dict[str, list[Any]] = {}
+
+    def arguments(self, where: str) -> dict[str, Callable[..., None]]:
+        def log_metric(name: str, value: float) -> None:
+            if not isinstance(name, str) or not name.strip():
+                raise RLForgeError(f"{where}: log_metric({name!r}, ...): a metric's name is a non-empty string.")
+            if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+                raise RLForgeError(f"{where}: log_metric({name!r}, {value!r}): the value must be a finite number.")
+            self.values.setdefault(name, []).append(float(value))
+
+        def log_extra(column: str, values: list[Any]) -> None:
+            if not isinstance(column, str) or not column.strip():
+                raise RLForgeError(f"{where}: log_extra({column!r}, ...): a column's name is a non-empty string.")
+            if not isinstance(values, (list, tuple)) or len(values) != self.samples:
+                what = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+                raise RLForgeError(f"{where}: log_extra({column!r}, ...) got {what} for {self.samples} samples: give "
+                                   f"one value per completion.")
+            self.columns[column] = [float(v) if isinstance(v, numbers.Real) else v for v in values]
+
+        return {"log_metric": log_metric, "log_extra": log_extra}
+
+    def metrics(self) -> dict[str, float]:
+        """Each name's mean over the calls that logged it (as TRL averages them over a logging step)."""
+        return {name: sum(v) / len(v) for name, v in self.values.items()}

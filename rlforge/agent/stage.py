@@ -35,6 +35,7 @@ class RunParts(Protocol):
     builder: Any
     module: Any
     flow: Any
+    step: int
 
 
 class AgentRolloutStage(RolloutStage):
@@ -92,7 +93,7 @@ def evaluator(run: RunParts) -> Evaluator:
     generation and scoring, through the flow's own agentic rollout stage when it has one."""
     stage = agent_stage(run.flow)
     agent = None if stage is None else functools.partial(stage.rollout, run)
-    return Evaluator(run.controller.workers.rollout, run.controller.score, agent)
+    return Evaluator(run.controller.workers.rollout, run.controller.score, agent, step=run.step)
 
 
 def agent_stage(flow: DataFlow) -> AgentRolloutStage | None:

@@ -11,6 +11,7 @@ import torch
 import rlforge
 from rlforge import batch as B
 from rlforge.errors import ConfigError, RLForgeError
+from rlforge.evaluation import SCORED_AT
 from rlforge.plugins.reward.rule import RewardFailure
 from rlforge.plugins.reward.trl import TrlRewardManager, load_function
 from tests.plugins.test_reward import _response_batch
@@ -32,10 +33,21 @@ def text_reward(prompts, completions, completion_ids, **kwargs):
     return torch.tensor([float(len(ids)) for ids in completion_ids])  # a tensor, as some TRL functions return
 
 
+def shaped_reward(completions, trainer_state, log_metric, log_extra, **kwargs):
+    """Shaped by training progress, as TRL's docs show, with a metric and a column logged."""
+    CALLS.append({"global_step": trainer_state.global_step, "max_steps": trainer_state.max_steps})
+    progress = trainer_state.global_step / trainer_state.max_steps
+    lengths = [len(c[0]["content"]) for c in completions]
+    log_metric("custom/progress", progress)
+    log_extra("length", lengths)
+    log_extra("note", ["short" if n < 2 else "long" for n in lengths])
+    return [progress] * len(completions)
+
+
 @pytest.fixture
 def rewards_module(monkeypatch):
     module = types.ModuleType("my_trl_rewards")
-    for fn in (accuracy_reward, format_reward, text_reward):
+    for fn in (accuracy_reward, format_reward, text_reward, shaped_reward):
         setattr(module, fn.__name__, fn)
     module.broken = lambda completions, **kwargs: [1.0]  # one value for a whole batch
     module.not_callable = 3
@@ -46,6 +58,9 @@ def rewards_module(monkeypatch):
     module.awaited = awaited
     module.raises = lambda completions, **kwargs: 1 / 0
     module.strings = lambda completions, **kwargs: ["high"] * len(completions)
+    module.logs_inf = lambda completions, log_metric, **kwargs: log_metric("m", float("inf"))
+    module.logs_short = lambda completions, log_extra, **kwargs: log_extra("c", [1])
+    module.logs_builtin = lambda completions, log_metric, **kwargs: [log_metric("reward/errors", 1.0), [0.0, 0.0]][1]
     monkeypatch.setitem(sys.modules, "my_trl_rewards", module)
     CALLS.clear()
     return module
@@ -118,7 +133,23 @@ def test_a_column_named_like_an_argument_is_refused(pm, char_tokenizer, rewards_
         mgr.score(_batch(char_tokenizer, ["1", "2"], [{"prompts": "x"}, None]))
 
 
+def test_trainer_state_log_metric_and_log_extra_are_passed_as_trl_does(pm, char_tokenizer, rewards_module):
+    mgr = _manager(pm, char_tokenizer, "reward.trl.functions=[my_trl_rewards:shaped_reward]", "trainer.total_steps=8")
+    batch = _batch(char_tokenizer, ["12", "7"], [None, None])
+    batch.meta[SCORED_AT] = 2  # the reward stage of step 3: two updates made
+    out = mgr.score(batch)
+    assert CALLS == [{"global_step": 2, "max_steps": 8}]
+    torch.testing.assert_close(out[B.SCORES], torch.tensor([0.25, 0.25]))
+    assert out.meta["metrics"]["custom/progress"] == 0.25
+    assert out[B.REWARD_EXTRA_INFO] == [{"shaped_reward": 0.25, "length": 2.0, "note": "long"},
+                                        {"shaped_reward": 0.25, "length": 1.0, "note": "short"}]
+    assert out.meta["metrics"]["reward/extra/length/mean"] == 1.5
+
+
 @pytest.mark.parametrize(("name", "message"), [
+    ("logs_inf", r"<lambda> \(reward.trl.functions\[0\]\): log_metric\('m', inf\): the value must be a finite"),
+    ("logs_short", r"log_extra\('c', ...\) got 1 values for 2 samples: give one value per completion"),
+    ("logs_builtin", r"called log_metric\('reward/errors', ...\): the trl reward manager logs that metric itself"),
     ("broken", r"TRL reward function <lambda> \(reward.trl.functions\[0\]\) returned 1 values for 2 samples"),
     ("raises", r"<lambda> \(reward.trl.functions\[0\]\) raised on a batch of 2 samples: ZeroDivisionError"),
     ("strings", r"returned 'high' \(str\) for sample 0: each value must be a number, or None"),
@@ -155,3 +186,15 @@ def test_config_errors_name_the_key(pm, tmp_path, rewards_module):
         with pytest.raises(ConfigError, match=message):
             load_function(spec, "reward.trl.functions[0]")
     assert load_function("my_trl_rewards:accuracy_reward", "k") is accuracy_reward
+
+
+def test_a_run_passes_the_updates_made_as_global_step(pm, tmp_path, rewards_module):
+    from rlforge import Trainer
+    from rlforge.testing import fast_config
+
+    cfg = fast_config("grpo", tmp_path, "reward.manager=trl", "reward.trl.functions=[my_trl_rewards:shaped_reward]",
+                      "trainer.total_steps=2", "trainer.val_before_train=true", "trainer.val_at_end=true",
+                      "data.arith.val_size=2", plugins=pm)
+    Trainer(cfg, plugins=pm).fit()
+    # validation before training, steps 1 and 2 (before their updates), validation after the 2 updates
+    assert [c["global_step"] for c in CALLS] == [0, 0, 1, 2] and {c["max_steps"] for c in CALLS} == {2}
