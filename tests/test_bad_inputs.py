@@ -62,8 +62,8 @@ CASES = {
                                     "'algorithm.std_scope=batch' chooses the std",
                                     "'algorithm.norm_adv_by_std=false' divides by none"),
     "an IcePop range read as a number": (["algorithm.rollout_is=token", "algorithm.rollout_is_threshold=0.5_5"],
-                                         "'algorithm.rollout_is_threshold' is 0.55",
-                                         "reads 0.5_5 unquoted as the number 0.55"),
+                                         "YAML reads '0.5_5' as the number 0.55",
+                                         "it drops the underscores of a number"),
     "another algorithm's option": (["algorithm.gamma=1.0"], "'algorithm.gamma' (in command-line overrides) is not an "
                                    "option of --algo grpo", "it is one of --algo pf_ppo, ppo, reinforce_pp, vapo"),
     "wrong type": (["actor.lr=fast"], "Invalid value for 'actor.lr'", "fast"),

@@ -189,6 +189,35 @@ def test_override_values_yaml_misreads_name_the_override_and_the_quoting(registr
     assert override in str(info.value) and "quote it" in str(info.value)
 
 
+@pytest.mark.parametrize(("value", "number", "why"), [
+    ("5_0.5", "50.5", "it drops the underscores of a number"),
+    ("1:30", "90", "base 60"),
+    ("010", "8", "a leading 0 makes it octal"),
+])
+def test_numbers_yaml_1_1_misreads_are_refused(registry, value: str, number: str, why: str) -> None:
+    with pytest.raises(ConfigError, match=f"Override 'algorithm.rollout_is_threshold={value}': YAML reads '{value}' "
+                                          f"as the number {number} \\(.*{why}.*\\); write the number you mean, or "
+                                          f"quote the value as a string"):
+        compose(registry, None, None, [f"algorithm.rollout_is_threshold={value}"])
+    cfg = compose(registry, None, None, ["trainer.total_steps=1_000", "actor.lr=1e-6", "trainer.seed=0"])
+    assert (cfg.trainer.total_steps, cfg.actor.lr, cfg.trainer.seed) == (1000, 1e-6, 0)
+
+
+def test_an_icepop_range_a_config_file_wrote_unquoted_is_refused(registry, tmp_path: Path) -> None:
+    path = _yaml(tmp_path, "algorithm:\n  rollout_is: token\n  rollout_is_threshold: 0.5_5\n")
+    with pytest.raises(ConfigError, match=r"'algorithm.rollout_is_threshold' is 0.55: .* YAML reads 0.5_5 unquoted as the number "
+                                          r"0.55 \(in a config file write rollout_is_threshold: \"0.5_5\""):
+        compose(registry, "grpo", path)
+
+
+def test_an_unknown_key_whose_last_part_is_a_key_of_another_section_names_that_key(registry) -> None:
+    with pytest.raises(ConfigError, match=r"Unknown config key 'actor.kl_coef' .* 'kl_coef' is a key of another "
+                                          r"section: did you mean 'algorithm.kl_coef'\?"):
+        compose(registry, None, None, ["actor.kl_coef=0.1"])
+    with pytest.raises(ConfigError, match=r"did you mean 'actor.lr' or 'critic.lr'"):
+        compose(registry, None, None, ["rollout.lr=0.1"])
+
+
 def test_a_mapping_without_a_space_after_the_colon_is_refused_not_misread(registry) -> None:
     """Hydra (which verl users type) reads {a:b} as a: b; YAML reads it as the key 'a:b' without a value."""
     with pytest.raises(ConfigError, match="Override 'data.apply_chat_template_kwargs=\\{enable_thinking:false\\}': "

@@ -56,6 +56,10 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
             raise ConfigError(f"Override '{o}': YAML reads the value as a mapping (it has ': '); quote it as a YAML "
                               f"string: '{key}=\"{value}\"'.")
+        surprise = _yaml_number_surprise(value.strip(), parsed)
+        if surprise is not None:
+            raise ConfigError(f"Override '{o}': YAML reads {value.strip()!r} as the number {parsed!r} ({surprise}); "
+                              f"write the number you mean, or quote the value as a string: {key}='\"{value}\"'.")
         glued = _glued_key(parsed)
         if glued is not None:
             name, rest = glued.split(":", 1)
@@ -65,6 +69,21 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
         return OmegaConf.from_dotlist(list(overrides))
     except OmegaConfBaseException as exc:
         raise ConfigError(f"Cannot parse overrides {overrides}: {exc}") from None
+
+
+def _yaml_number_surprise(text: str, parsed: Any) -> str | None:
+    """Why YAML 1.1's reading of the scalar ``text`` as the number ``parsed`` is not what it looks like, else None:
+    a float with underscores (``5_0.5`` is 50.5), base 60 (``1:30`` is 90), octal (``010`` is 8). Integers with
+    underscores (``1_000``) read as Python reads them."""
+    if isinstance(parsed, bool) or not isinstance(parsed, (int, float)):
+        return None
+    if ":" in text:
+        return "YAML 1.1 reads a colon between digits as base 60"
+    if "_" in text and isinstance(parsed, float):
+        return "it drops the underscores of a number"
+    if re.fullmatch(r"[-+]?0[0-9]+", text):
+        return "a leading 0 makes it octal"
+    return None
 
 
 def _glued_key(value: Any) -> str | None:
@@ -169,7 +188,11 @@ def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
 
         leaves = [k for k, _ in verl.flatten(OmegaConf.to_container(layer))]
         full = next((k for k in leaves if k.startswith(key + ".")), key)  # the whole key, not its first unknown part
+        elsewhere = [k for k, _ in verl.flatten(OmegaConf.to_container(base)) if k.rpartition(".")[2] == leaf]
         hint = (verl.hint(full) or foreign_keys.hint(full)
+                or (f" '{leaf}' is a key of another section: did you mean "
+                    f"{' or '.join(map(repr, elsewhere[:3]))}{' (or another)' if len(elsewhere) > 3 else ''}?"
+                    if elsewhere and leaf not in known else "")
                 or did_you_mean(leaf, known, prefix=f"{parent}." if parent else ""))
         raise ConfigError(
             f"Unknown config key '{full}' (in {source}).{hint} Run 'rlforge config show' to list every key."
