@@ -205,8 +205,8 @@ def test_numbers_yaml_1_1_misreads_are_refused(registry, value: str, number: str
 
 def test_an_icepop_range_a_config_file_wrote_unquoted_is_refused(registry, tmp_path: Path) -> None:
     path = _yaml(tmp_path, "algorithm:\n  rollout_is: token\n  rollout_is_threshold: 0.5_5\n")
-    with pytest.raises(ConfigError, match=r"'algorithm.rollout_is_threshold' is 0.55: .* YAML reads 0.5_5 unquoted as the number "
-                                          r"0.55 \(in a config file write rollout_is_threshold: \"0.5_5\""):
+    with pytest.raises(ConfigError, match=r"'algorithm.rollout_is_threshold' is 0.55: .* YAML reads 0.5_5 unquoted "
+                                          r"as the number 0.55 \(in a config file write rollout_is_threshold: \"0.5_5\""):
         compose(registry, "grpo", path)
 
 
