@@ -101,6 +101,10 @@ def _tool_call_text(message: Any) -> Any:
 
 
 _JSON_WARNED: set[str] = set()  # the columns warned about holding JSON chat messages as text (_messages)
+# the roles chat templates are written for (OpenAI's, Llama 3's ipython); another is rendered as it is, or refused
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function", "ipython"})
+ROLE_MEANT = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant", "ai": "assistant"}
+_ROLES_WARNED: set[str] = set()  # the unusual roles warned about (_messages)
 
 
 def _is_chat(text: str) -> bool:
@@ -138,6 +142,14 @@ def _messages(value: Any, where: str, column: str) -> list[dict[str, Any]]:
         if problem:
             raise DataError(f"{where}: {column} message {j} {problem}: '{column}' must be a list of chat messages "
                             f"{{\"role\": str, \"content\": str}}.")
+    for m in messages:
+        if m["role"] not in CHAT_ROLES and m["role"] not in _ROLES_WARNED:
+            _ROLES_WARNED.add(m["role"])
+            meant = ROLE_MEANT.get(m["role"].casefold())
+            log.warning("%s: a %s message has the role %r, which chat templates are not written for (they know %s): "
+                        "the tokenizer's template renders it as it is or refuses it.%s Warned once per role.", where,
+                        column, m["role"], ", ".join(sorted(CHAT_ROLES)),
+                        f" ShareGPT's '{m['role']}' is '{meant}'." if meant else "")
     if column == "prompt" and not any(m["content"].strip() for m in messages):
         raise DataError(f"{where}: the prompt is empty.")
     return messages

@@ -57,6 +57,20 @@ def test_tokenize_accepts_a_plain_string_prompt(char_tokenizer, caplog, monkeypa
     assert len(warned) == 1 and warned[0].startswith("train, row 1: 'prompt'")
 
 
+def test_a_role_chat_templates_do_not_know_is_warned_once_per_role(char_tokenizer, caplog, monkeypatch) -> None:
+    from rlforge import data
+
+    monkeypatch.setattr(data, "_ROLES_WARNED", set())
+    sharegpt = [{"role": "system", "content": "s"}, {"role": "human", "content": "hi"}]
+    with caplog.at_level("WARNING", logger="rlforge.data"):
+        tokenize_rows([_row(prompt=sharegpt), _row(prompt=sharegpt), _row(prompt=[{"role": "tool", "content": "x"}])],
+                      char_tokenizer, 64, True, "train")
+    warned = [r.getMessage() for r in caplog.records if "chat templates are not written for" in r.getMessage()]
+    assert len(warned) == 1
+    assert warned[0].startswith("train, row 1: a prompt message has the role 'human'")
+    assert "ShareGPT's 'human' is 'user'." in warned[0]
+
+
 @pytest.mark.parametrize("column", ["prompt", "data_source"])
 def test_missing_column_names_row_and_column(char_tokenizer, column: str) -> None:
     bad = _row()
