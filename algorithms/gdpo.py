@@ -48,6 +48,15 @@ class GDPO(GRPO):
         if twice:
             raise ConfigError(f"'algorithm.reward_keys' names {twice[0]!r} more than once ({list(alg.reward_keys)}): "
                               f"give each component once, and its weight in algorithm.reward_weights.")
+        shaping = [f"algorithm.{k}={alg[k]}" for k in ("overlong_buffer", "use_kl_in_reward")
+                   if alg.reward_keys and alg[k]]
+        if shaping:
+            raise ConfigError(f"'{shaping[0]}' shapes the token rewards, which GDPO with algorithm.reward_keys does "
+                              f"not read: its advantage comes from the components alone (as verl's), so the shaping "
+                              f"would change the logged rewards and not the training. Return a length penalty as a "
+                              f"component of compute_score's dict and name it in algorithm.reward_keys, use "
+                              f"actor.use_kl_loss for a KL term, or leave algorithm.reward_keys empty (the shaped total "
+                              f"reward is then the one component).")
         if alg.reward_weights is not None and alg.reward_keys and not any(alg.reward_weights):
             raise ConfigError(f"'algorithm.reward_weights' are all 0 ({list(alg.reward_weights)}): every advantage "
                               f"would be 0 and the policy would not learn; give a component a weight.")

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 from rlforge.algorithms.base import PolicyGradientModule
 
 from rlforge import batch as B
+from rlforge.agent.batching import add_agent_rewards
+from rlforge.agent.stage import agent_stage
 from rlforge.dataflow import DataFlow, Stage, StepContext
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
@@ -21,7 +23,9 @@ else:
 
 
 class GreedyBaseline(Stage):
-    """Generate greedily once per prompt, score it, and store the score as each sample's baseline."""
+    """Generate greedily once per prompt, score it, and store the score as each sample's baseline. In a flow with an
+    agent loop the greedy rollout is one trajectory of that loop, its score the reward function's plus the
+    trajectory's own rewards (as the samples')."""
 
     name = "greedy_baseline"
     requires = frozenset({B.PROMPTS, B.UID, B.SCORES})
@@ -38,7 +42,12 @@ class GreedyBaseline(Stage):
             {k: prompts[k] for k in (B.UID, B.RAW_PROMPT, B.DATA_SOURCE, B.GROUND_TRUTH, B.EXTRA_INFO)},
         )
         params = SamplingParams(1, 0.0, 1.0, 0, ctx.config.rollout.max_new_tokens)
-        greedy = ctx.controller.score(ctx.workers.rollout.generate(prompts, params))
+        agent = agent_stage(ctx.flow)
+        if agent is None:
+            greedy = ctx.controller.score(ctx.workers.rollout.generate(prompts, params))
+        else:
+            greedy = ctx.controller.score(agent.rollout(ctx, prompts, params)[0])
+            add_agent_rewards(greedy)
         greedy.meta.pop("metrics", None)  # the reward manager's counters describe the training samples
         by_uid = dict(zip(greedy[B.UID], greedy[B.SCORES].tolist()))
         batch[B.REWARD_BASELINES] = torch.tensor([by_uid[u] for u in batch[B.UID]])

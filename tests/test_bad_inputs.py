@@ -130,6 +130,13 @@ CASES = {
                                            "'algorithm.weight_pow' (3.0) is read only with algorithm.pf_mode=reweight",
                                            ""),
     "gdpo key twice": (["--algo", "gdpo", "algorithm.reward_keys=[acc,acc]"], "names 'acc' more than once", ""),
+    "gdpo components with overlong shaping": (["--algo", "gdpo", "algorithm.reward_keys=[acc]",
+                                               "algorithm.overlong_buffer=4"],
+                                              "'algorithm.overlong_buffer=4' shapes the token rewards, which GDPO "
+                                              "with algorithm.reward_keys does not read", "Return a length penalty"),
+    "gdpo components with KL in the reward": (["--algo", "gdpo", "algorithm.reward_keys=[acc]",
+                                               "algorithm.use_kl_in_reward=true"],
+                                              "'algorithm.use_kl_in_reward=True' shapes the token rewards", ""),
     "gdpo weights all 0": (["--algo", "gdpo", "algorithm.reward_keys=[acc]", "algorithm.reward_weights=[0.0]"],
                            "'algorithm.reward_weights' are all 0", ""),
     # paths stay under trainer.runs_root

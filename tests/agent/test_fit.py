@@ -60,3 +60,21 @@ def test_grpo_with_a_simulated_user(tmp_path):
         assert key in last, key
     stage = trainer.flow.stages[0]
     assert isinstance(stage, AgentRolloutStage) and stage.runner is None  # closed at fit end
+
+
+def test_remax_generates_its_greedy_baseline_through_the_agent_loop(tmp_path, monkeypatch):
+    calls = []
+    rollout = AgentRolloutStage.rollout
+
+    def recorded(self, run, batch, params):
+        out, metrics = rollout(self, run, batch, params)
+        calls.append((params.n, params.temperature, out.lists.get(B.NUM_TURNS)))
+        return out, metrics
+
+    monkeypatch.setattr(AgentRolloutStage, "rollout", recorded)
+    cfg = load_config("remax", [*FAST, f"trainer.runs_root={tmp_path}", "rollout.agent.loop=interaction",
+                                "rollout.agent.interaction=arith_tutor", "rollout.agent.max_turns=3",
+                                "trainer.total_steps=1"])
+    assert Trainer(cfg).fit()["steps"] == 1
+    sampled, greedy = calls[:2]  # the step's trajectories, then one greedy trajectory per prompt through the loop
+    assert sampled[:2] == (2, 1.0) and greedy[:2] == (1, 0.0) and len(greedy[2]) == 4
