@@ -21,6 +21,7 @@ from rlforge import batch as B
 from rlforge.agent.types import TOKEN_LIMIT
 from rlforge.dataflow import Stage, StepContext, UpdateActorStage
 from rlforge.errors import RLForgeError
+from rlforge.evaluation import FAULT_METRICS
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import lazy_import
 from rlforge.microbatch import groups_splitting_evenly
@@ -92,10 +93,16 @@ class DynamicSampling(Stage):
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
         alg = ctx.config.algorithm
         target, most, metric = ctx.config.data.train_batch_size, alg.max_gen_batches, alg.filter_metric
-        kept, rounds = _keep_informative(batch, metric), 1
+        kept, rounds, generated = _keep_informative(batch, metric), 1, len(batch)
         while len(set(kept[B.UID])) < target and rounds < most:
-            kept = B.Batch.concat([kept, _keep_informative(ctx.regenerate(before=self), metric)])
-            rounds += 1
+            step_metrics, ctx.metrics = ctx.metrics, {}  # what the round's stages log, merged below
+            try:
+                more = ctx.regenerate(before=self)
+            finally:
+                step_metrics, ctx.metrics = ctx.metrics, step_metrics
+            merge_round_metrics(ctx.metrics, step_metrics, generated, len(more))
+            kept, rounds, generated = B.Batch.concat([kept, _keep_informative(more, metric)]), rounds + 1, \
+                generated + len(more)
         # at most the target; fewer (the rounds ran out) as many as split evenly over the data-parallel ranks
         groups = groups_splitting_evenly(kept[B.UID], list(dict.fromkeys(kept[B.UID]))[:target],
                                          ctx.data_parallel_size)
@@ -104,6 +111,28 @@ class DynamicSampling(Stage):
             return batch
         keep = set(groups)
         return kept.select([i for i, u in enumerate(kept[B.UID]) if u in keep])
+
+
+SUMMED_METRICS = (*FAULT_METRICS, "agent/engine_calls")  # counts: a step's are the sum over its generation rounds
+
+
+def merge_round_metrics(metrics: dict[str, float], logged: dict[str, float], rows: int, more: int) -> None:
+    """Into the step's ``metrics`` (those of the ``rows`` generated so far), what the stages before dynamic sampling
+    ``logged`` for a generation round of ``more`` rows, so that they describe every row generated in the step: seconds
+    (``timing_s/*``) and counts (:data:`SUMMED_METRICS`) summed, a ``.../max`` or ``.../min`` the extreme, any other
+    value the mean weighted by rows. A key the step had not logged yet is taken as it is."""
+    for key, new in logged.items():
+        old = metrics.get(key)
+        if old is None:
+            metrics[key] = new
+        elif key.startswith("timing_s/") or key in SUMMED_METRICS:
+            metrics[key] = old + new
+        elif key.endswith("/max"):
+            metrics[key] = max(old, new)
+        elif key.endswith("/min"):
+            metrics[key] = min(old, new)
+        else:
+            metrics[key] = (old * rows + new * more) / (rows + more)
 
 
 class MaskTruncated(UpdateActorStage):

@@ -101,6 +101,30 @@ def test_dynamic_sampling_drops_uniform_groups_and_refills(pm):
     assert out[B.INPUT_IDS].shape[1] == out[B.PROMPTS].shape[1] + out[B.RESPONSES].shape[1]
 
 
+def test_dynamic_sampling_merges_what_each_round_logs_over_every_generated_row(pm):
+    cfg = load_config("dapo", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2"], plugins=pm)
+    first = _scored(["a", "a", "b", "b"], [1, 1, 1, 1], [2, 2, 2, 2])  # 4 rows, all uniform
+    second = _scored(["c", "c", "d", "d", "e", "e", "f", "f"], [0, 1, 1, 0, 0, 0, 1, 1], [2] * 8)  # 8 rows
+    ctx, _ = _ctx(cfg)
+    rounds = iter([(second, {"critic/overlong/ratio": 0.5, "agent/engine_calls": 3.0, "num_turns/max": 2.0,
+                             "reward/errors": 1.0, "timing_s/gen": 2.0, "custom/new": 7.0})])
+
+    def regenerate(before):
+        batch, logged = next(rounds)
+        ctx.log(logged)
+        return batch
+
+    ctx.regenerate = regenerate
+    ctx.metrics.update({"critic/overlong/ratio": 0.25, "agent/engine_calls": 2.0, "num_turns/max": 4.0,
+                        "reward/errors": 0.0, "timing_s/gen": 1.0})  # what the first round's stages logged
+    out = shaping.DynamicSampling().run(ctx, first)
+    assert out[B.UID] == ["c", "c", "d", "d"]
+    assert ctx.metrics["critic/overlong/ratio"] == (0.25 * 4 + 0.5 * 8) / 12  # the mean over the 12 rows generated
+    assert ctx.metrics["agent/engine_calls"] == 5.0 and ctx.metrics["reward/errors"] == 1.0  # counts add up
+    assert ctx.metrics["num_turns/max"] == 4.0 and ctx.metrics["timing_s/gen"] == 3.0
+    assert ctx.metrics["custom/new"] == 7.0
+
+
 def test_dynamic_sampling_stops_at_the_generation_cap(pm):
     cfg = load_config("dapo", ["data.train_batch_size=2", "actor.ppo_mini_batch_size=2", "rollout.n=2",
                                "algorithm.max_gen_batches=2"], plugins=pm)
