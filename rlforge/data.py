@@ -188,6 +188,15 @@ def apply_templates(tokenizer: Any, conversations: list[list[dict[str, Any]]], w
     return ids
 
 
+def render_ending(messages: list[dict[str, Any]], continue_final: bool) -> dict[str, bool]:
+    """How a prompt's render ends: with the template's generation prompt (a new assistant turn), or, with
+    ``continue_final`` (``data.continue_final_message``) and the assistant's message last (a prefill such as
+    ``<think>``), with that message left open for the model to continue (TRL's ``continue_final_message``)."""
+    if continue_final and messages and messages[-1].get("role") == "assistant":
+        return {"add_generation_prompt": False, "continue_final_message": True}
+    return {"add_generation_prompt": True}
+
+
 def template_kwargs(config: Any) -> dict[str, Any]:
     """``data.apply_chat_template_kwargs`` as plain Python values: the keyword arguments of every prompt render."""
     from omegaconf import OmegaConf
@@ -226,6 +235,7 @@ class PromptSource(Protocol):
 def tokenize_rows(
     rows: PromptSource, tokenizer: Any, max_len: int, filter_overlong: bool, name: str, need_reward: bool = True,
     processor: Any = None, image_key: str = "images", truncation: str = "error", template: dict[str, Any] | None = None,
+    continue_final: bool = False,
 ) -> Sequence[Prompt]: ...
 
 
@@ -233,14 +243,14 @@ def tokenize_rows(
 def tokenize_rows(
     rows: list[dict[str, Any]], tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
     need_reward: bool = True, processor: Any = None, image_key: str = "images", truncation: str = "error",
-    template: dict[str, Any] | None = None,
+    template: dict[str, Any] | None = None, continue_final: bool = False,
 ) -> list[Prompt]: ...
 
 
 def tokenize_rows(
     rows: Any, tokenizer: Any, max_len: int, filter_overlong: bool, name: str,
     need_reward: bool = True, processor: Any = None, image_key: str = "images", truncation: str = "error",
-    template: dict[str, Any] | None = None,
+    template: dict[str, Any] | None = None, continue_final: bool = False,
 ) -> Sequence[Prompt]:
     """Validate verl-format rows and apply the chat template. ``name`` labels errors (dataset or file).
 
@@ -249,13 +259,16 @@ def tokenize_rows(
     tokens and its ``Prompt.multi_modal`` the vision inputs. A prompt over ``max_len`` tokens is dropped
     (``filter_overlong``; a warning counts the dropped rows and names the first: :func:`report_overlong`), else cut by
     ``truncation`` (``data.truncation``; ``error``: a DataError naming the row).
-    ``template``: keyword arguments of the chat template (``data.apply_chat_template_kwargs``).
+    ``template``: keyword arguments of the chat template (``data.apply_chat_template_kwargs``); ``continue_final``
+    (``data.continue_final_message``): a prompt whose last message is the assistant's is continued
+    (:func:`render_ending`).
 
     Rows that tokenize themselves (a :class:`PromptSource`, such as the ``hf`` dataset's) are handed
     :func:`prompt_batch` with these settings and return their prompts, for a text model (no ``processor``).
     """
     encode = partial(prompt_batch, tokenizer=tokenizer, max_len=max_len, filter_overlong=filter_overlong,
-                     need_reward=need_reward, image_key=image_key, truncation=truncation, template=template or {})
+                     need_reward=need_reward, image_key=image_key, truncation=truncation, template=template or {},
+                     continue_final=continue_final)
     if isinstance(rows, PromptSource) and processor is None:
         prompts = rows.tokenize_prompts(encode)
     else:
@@ -299,17 +312,19 @@ def report_overlong(name: str, total: int, kept: int, first: Callable[[], tuple[
 def prompt_batch(
     rows: list[dict[str, Any]], indices: list[int], wheres: list[str], *, tokenizer: Any, max_len: int,
     filter_overlong: bool, need_reward: bool = True, processor: Any = None, image_key: str = "images",
-    truncation: str = "error", template: dict[str, Any] | None = None,
+    truncation: str = "error", template: dict[str, Any] | None = None, continue_final: bool = False,
 ) -> list[Prompt]:
     """The prompts of ``rows`` (see ``tokenize_rows``), without the overlong ones when ``filter_overlong``:
     ``indices`` are the rows' positions (``Prompt.index``), ``wheres`` name them in errors."""
     messages = [_checked_messages(row, where, need_reward) for row, where in zip(rows, wheres)]
-    vision = _vision_rows(rows, messages, wheres, processor, image_key, template)
-    text = [i for i in range(len(rows)) if i not in vision]
+    endings = [render_ending(m, continue_final) for m in messages]
+    vision = _vision_rows(rows, messages, wheres, processor, image_key, template, endings)
     all_ids: list[Any] = [None] * len(rows)
-    for i, ids in zip(text, apply_templates(tokenizer, [messages[i] for i in text], [wheres[i] for i in text],
-                                            add_generation_prompt=True, **(template or {}))):
-        all_ids[i] = ids
+    for ending in {tuple(e.items()): e for e in endings}.values():  # each way a render ends, with its rows
+        text = [i for i in range(len(rows)) if i not in vision and endings[i] == ending]
+        for i, ids in zip(text, apply_templates(tokenizer, [messages[i] for i in text], [wheres[i] for i in text],
+                                                **ending, **(template or {}))):
+            all_ids[i] = ids
     for i, (ids, _) in vision.items():
         all_ids[i] = ids
     return [p for i, row in enumerate(rows)
@@ -318,7 +333,8 @@ def prompt_batch(
 
 
 def _vision_rows(rows: list[dict[str, Any]], messages: list[list[dict[str, Any]]], wheres: list[str], processor: Any,
-                 image_key: str, template: dict[str, Any] | None = None) -> dict[int, tuple[list[int], dict[str, Any]]]:
+                 image_key: str, template: dict[str, Any] | None = None,
+                 endings: list[dict[str, bool]] | None = None) -> dict[int, tuple[list[int], dict[str, Any]]]:
     """The rows with images or ``<image>`` placeholders, encoded by the processor: {row: (ids, vision inputs)}. For a
     text model (no processor) a row with images is an error and ``<image>`` is plain text."""
     from rlforge import multimodal as mm
@@ -341,7 +357,8 @@ def _vision_rows(rows: list[dict[str, Any]], messages: list[list[dict[str, Any]]
                             f"placeholder(s) but the row has no column '{image_key}' (data.image_key). Columns "
                             f"present: {columns}.")
         typed = mm.typed_messages(messages[i], len(images), where, image_key)
-        found[i] = mm.encode_prompt(processor, typed, images, where, **(template or {}))
+        ending = endings[i] if endings else render_ending(messages[i], False)
+        found[i] = mm.encode_prompt(processor, typed, images, where, **ending, **(template or {}))
     return found
 
 

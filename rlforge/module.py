@@ -164,7 +164,7 @@ class RLModule:
         check_row_loops(rows, self.config.rollout.agent.loop, name)
         prompts = tokenize_rows(rows, self.tokenizer, d.max_prompt_length, d.filter_overlong_prompts, name,
                                 processor=self.processor, image_key=d.image_key, truncation=d.truncation,
-                                template=template_kwargs(self.config))
+                                template=template_kwargs(self.config), continue_final=d.continue_final_message)
         if self.processor is not None:
             from rlforge.multimodal import check_engine
 

@@ -139,10 +139,11 @@ def typed_messages(messages: list[dict[str, Any]], images: int, where: str, imag
 def encode_prompt(processor: Any, messages: list[dict[str, Any]], images: list[Any], where: str, **template: Any
                   ) -> tuple[list[int], dict[str, Any]]:
     """(prompt ids with each image expanded into its image-pad tokens, the row's vision inputs) of typed
-    ``messages`` through the processor's chat template (generation prompt added; ``template``: its keyword arguments,
-    ``data.apply_chat_template_kwargs``) and the processor itself."""
+    ``messages`` through the processor's chat template (``template``: its keyword arguments,
+    ``data.apply_chat_template_kwargs``, and how the render ends, ``rlforge.data.render_ending``: the generation
+    prompt added unless given) and the processor itself."""
     try:
-        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template)
+        text = processor.apply_chat_template(messages, tokenize=False, **{"add_generation_prompt": True, **template})
     except Exception as exc:  # a template that refuses the row
         raise DataError(f"{where}: the processor cannot encode this row ({type(exc).__name__}: {first_line(exc)}).") \
             from None

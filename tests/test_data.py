@@ -349,3 +349,22 @@ def test_sampler_needs_enough_prompts() -> None:
     with pytest.raises(DataError, match="fewer than data.train_batch_size=8"):
         PromptSampler(size=5, batch_size=8, shuffle=True, seed=0)
     assert PromptSampler(size=8, batch_size=8, shuffle=True, seed=0).next_indices() != []
+
+
+def test_continue_final_message_leaves_an_assistant_prefill_open(tiny_chat_model) -> None:
+    from transformers import AutoTokenizer
+
+    from rlforge.agent.chat import ChatFormat
+
+    tok = AutoTokenizer.from_pretrained(tiny_chat_model)
+    prefill = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "<think>"}]
+    rows = [_row(prompt="hi"), _row(prompt=prefill), _row(prompt="ho")]
+    closed = tokenize_rows(rows, tok, 256, True, "train")
+    opened = tokenize_rows(rows, tok, 256, True, "train", continue_final=True)
+    assert tok.decode(opened[1].ids).endswith("What is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>")
+    assert tok.decode(closed[1].ids).endswith("<think><|im_end|>\n<|im_start|>assistant\n")  # verl's reading
+    # prompts ending with the user's message get the generation prompt either way, in the rows' order
+    assert [p.ids for p in opened[::2]] == [p.ids for p in closed[::2]] and [p.index for p in opened] == [0, 1, 2]
+    # an agent loop opens its trajectory as the data loader renders the prompt
+    assert ChatFormat(tok, continue_final=True).prompt_ids(prefill) == opened[1].ids
+    assert ChatFormat(tok).prompt_ids(prefill) == closed[1].ids

@@ -26,11 +26,12 @@ class ChatFormat:
     model's processor's (``processor``: it renders every conversation and encodes prompts with images)."""
 
     def __init__(self, tokenizer: Any, template: dict[str, Any] | None = None, processor: Any = None,
-                 image_key: str = "images") -> None:
+                 image_key: str = "images", continue_final: bool = False) -> None:
         self.tokenizer = tokenizer
         self.processor = processor
         self.image_key = image_key  # data.image_key, named in errors
         self.template = dict(template or {})  # data.apply_chat_template_kwargs, passed to every render
+        self.continue_final = continue_final  # data.continue_final_message: an opening prefill is continued
         # the processor's image and video pad tokens: each stands for an image's features, never for text
         self.reserved = [t for t in (getattr(processor, "image_token", None), getattr(processor, "video_token", None))
                          if isinstance(t, str) and t]
@@ -42,11 +43,11 @@ class ChatFormat:
         self.end_of_message = self._base[at + len(_ASSISTANT):]  # e.g. "<|end|>" or "<|im_end|>\n"
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
         try:
             return (self.processor or self.tokenizer).apply_chat_template(
                 messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
-                **self.template)
+                **({"continue_final_message": True} if continue_final_message else {}), **self.template)
         except Exception as exc:  # jinja errors: a role or field the template does not handle
             roles = [m.get("role") for m in messages]
             raise RLForgeError(f"The chat template cannot render messages with roles {roles}"
@@ -60,12 +61,18 @@ class ChatFormat:
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                    images: list[Any] | None = None) -> list[int]:
-        """The opening prompt, ending with the template's generation prompt (as the data loader renders it).
+        """The opening prompt, ending with the template's generation prompt, or in the assistant's last message
+        (``data.continue_final_message``), as the data loader renders it (``rlforge.data.render_ending``).
         ``images``: the row's images, one per ``<image>`` placeholder of ``messages``; the processor expands each
         into its image-pad tokens, as the data loader does."""
         if not images:
-            return self.encode(self.render(messages, tools))
+            return self.encode(self._opening(messages, tools))
         return self.prompt_with_images(messages, tools, images)[0]
+
+    def _opening(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        from rlforge.data import render_ending
+
+        return self.render(messages, tools, **render_ending(messages, self.continue_final))
 
     def prompt_with_images(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                            images: list[Any]) -> tuple[list[int], dict[str, Any]]:
@@ -74,7 +81,7 @@ class ChatFormat:
 
         where = "the trajectory's opening messages"
         typed = mm.typed_messages(messages, len(images), where, self.image_key)
-        return mm.encode_text(self._processor(), valid_text(self.render(typed, tools)), images, where)
+        return mm.encode_text(self._processor(), valid_text(self._opening(typed, tools)), images, where)
 
     def inserted_ids(self, messages: list[dict[str, Any]], stop_text: str = "") -> list[int]:
         """The tokens that follow a model turn when ``messages`` (tool replies, a user message) come next, up to the

@@ -34,7 +34,7 @@ class AgentContext:
         from rlforge.data import template_kwargs
 
         self.chat = ChatFormat(self.tokenizer, template_kwargs(self.config), self.processor,
-                               self.config.data.image_key)
+                               self.config.data.image_key, self.config.data.continue_final_message)
         bind = getattr(self.parser, "bind", None)  # optional: parsers that read the tokenizer (``tokenizer``)
         if bind is not None:
             bind(self)

@@ -128,6 +128,7 @@ class DataConfig:
     shuffle: bool = True  # reshuffle the prompts every epoch (seeded, resumable)
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of every chat-template render of a prompt: the data loader (training, validation, eval, generate) and the agent loops' turns, e.g. {enable_thinking: false} (verl's data.apply_chat_template_kwargs), the vision processor's and rlforge sft's (its rows' enable_thinking column over it: sft.enable_thinking_key)
     image_key: str = "images"  # the column of a row's images (verl's data.image_key; docs/multimodal.md)
+    continue_final_message: bool = False  # a prompt whose last message is the assistant's (a prefill such as '<think>') is left open for the model to continue, as TRL's continue_final_message; false: that message is closed and a new assistant turn opened (verl)
 
 
 @dataclass

@@ -129,7 +129,8 @@ def prompt_batches(
         rows = rows[:limit]
     prompts = tokenize_rows(rows, tokenizer, cfg.data.max_prompt_length, cfg.data.filter_overlong_prompts,
                             f"{cfg.data.name} ({split})", need_reward=need_reward, processor=processor,
-                            image_key=cfg.data.image_key, truncation=cfg.data.truncation, template=template_kwargs(cfg))
+                            image_key=cfg.data.image_key, truncation=cfg.data.truncation, template=template_kwargs(cfg),
+                            continue_final=cfg.data.continue_final_message)
     check_engine(prompts, builder.capabilities("rollout"), cfg.rollout.name)
     check_image_rows(prompts, builder.registry, cfg.rollout.agent.loop, f"{cfg.data.name} ({split})")
     size = cfg.rollout.micro_batch_size

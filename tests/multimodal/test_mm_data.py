@@ -178,3 +178,13 @@ def test_rows_with_images_get_the_chat_template_kwargs(vlm):
     plain, noted = (tokenize_rows([_row()], tok, 64, False, "t", processor=proc, template=t)[0].ids
                     for t in (None, {"system_note": "hi"}))
     assert noted[-len(plain):] == plain and tok.decode(noted[:len(noted) - len(plain)]) == "<|system|>hi<|end|>"
+
+
+def test_a_prefill_after_an_image_prompt_is_continued_with_continue_final(vlm):
+    _, tok, proc = vlm
+    row = _row()
+    row["prompt"] = [*row["prompt"], {"role": "assistant", "content": "I count"}]
+    opened = tokenize_rows([row], tok, 64, False, "t", processor=proc, continue_final=True)[0].ids
+    closed = tokenize_rows([row], tok, 64, False, "t", processor=proc)[0].ids
+    assert tok.decode(opened).endswith("<|assistant|>I count")
+    assert tok.decode(closed).endswith("I count<|end|><|assistant|>")
