@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rlforge.config.checks import check_fit_keys, check_sft_layers
+from rlforge.diskio import output_file
 from rlforge.errors import SHIELDED, STOP_UNDERWAY, RLForgeError, Terminated, first_line
 
 
@@ -144,8 +145,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rlforge.tools.evaluate import evaluate, write_report
 
     pm, cfg = _inference_config(args)
+    out = output_file(args.out, [*cfg.data.train_files, *cfg.data.val_files], "--out")  # before the model loads
     report = evaluate(cfg, pm, split=args.split, ks=args.k, limit=args.limit, log=_progress)
-    path = write_report(report, args.out)
+    path = write_report(report, out)
     print(f"{report['prompts']} prompts x {report['samples_per_prompt']} samples of {report['dataset']} "
           f"({report['split']}), model {report['model']}")
     for name, value in report["metrics"].items():
@@ -158,7 +160,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from rlforge.tools.generate import generate
 
     pm, cfg = _inference_config(args)
-    lines = generate(cfg, pm, args.out, split=args.split, limit=args.limit, log=_progress)
+    out = output_file(args.out, [*cfg.data.train_files, *cfg.data.val_files], "--out")  # before the model loads
+    lines = generate(cfg, pm, out, split=args.split, limit=args.limit, log=_progress)
     print(f"wrote {lines} samples to {args.out}")
     return 0
 

@@ -10,6 +10,7 @@
   one link: a ``samples.jsonl`` or ``.rlforge.lock`` planted as a symbolic or hard link to another file (or a
   FIFO) is refused, never written through.
 - :func:`write_atomic` writes a whole file through a flushed temporary file and a rename.
+- :func:`output_file` checks a command's output file before its work starts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import resource
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -230,3 +231,23 @@ def tensor_bytes(obj: Any) -> int:
         return sum(tensor_bytes(v) for v in obj)
     numel, size = getattr(obj, "numel", None), getattr(obj, "element_size", None)
     return int(numel() * size()) if callable(numel) and callable(size) else 0
+
+
+def output_file(out: str | Path, inputs: Iterable[str | Path], flag: str) -> Path:
+    """The file ``out`` a command writes (``flag`` names its option in errors), checked before its work starts: not a
+    folder, none of the files the command reads (``inputs``: writing it would replace them), in a folder that can be
+    made (made here) and written."""
+    path = Path(out).expanduser()
+    if path.is_dir():
+        raise RLForgeError(f"{flag} {out} is a folder: give the path of a file to write.")
+    same = next((given for given in inputs if path.is_file() and Path(given).expanduser().is_file()
+                 and path.samefile(Path(given).expanduser())), None)
+    if same is not None:
+        raise RLForgeError(f"{flag} {out} is the file the command reads ({same}): writing it would replace that data. "
+                           f"Give another output file.")
+    with disk_errors(f"make the folder of {flag} {out}", "Give an output path in a writable folder."):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise RLForgeError(f"{flag} {out}: {path if path.exists() else path.parent} is not writable. Give an output "
+                           f"path in a writable folder.")
+    return path

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlforge import diskio
 from rlforge.errors import DataError, RLForgeError
 from rlforge.models import HUB_ID
 
@@ -195,7 +196,8 @@ def prepare(name: str, inputs: list[str], out_dir: str | Path, registry: Any, sp
     for part, raw_rows in parts:  # everything is checked before anything is written
         converted[part] = [convert_row(source, r, part, i, r["_origin"]) for i, r in enumerate(raw_rows)]
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    for part in converted:  # an input file written over would lose the rows it holds
+        diskio.output_file(out / f"{part}.parquet", inputs, "--out")
     for part, rows in converted.items():
         pq.write_table(pa.Table.from_pylist(rows), out / f"{part}.parquet")
     return [out / f"{part}.parquet" for part in converted]

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from rlforge import batch as B
+from rlforge import diskio
 from rlforge.build import Builder
 from rlforge.errors import RLForgeError
 from rlforge.evaluation import FAULT_METRICS
@@ -125,9 +126,12 @@ def evaluate(
 
 
 def write_report(report: dict[str, Any], path: str | Path) -> Path:
+    """``report`` as JSON in ``path`` (all or nothing: ``diskio.write_atomic``)."""
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    with diskio.disk_errors(f"write the report {out}", "Give --out a path in a writable folder with space.",
+                            where=out.parent):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        diskio.write_atomic(out, json.dumps(report, indent=2) + "\n")
     return out
 
 

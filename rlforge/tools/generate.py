@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlforge import batch as B
+from rlforge import diskio
 from rlforge.agent.config import SINGLE_TURN
 from rlforge.sampling import SamplingParams, derived_seed
 from rlforge.models import load_tokenizer_and_processor
@@ -36,9 +37,11 @@ def generate(
     engine = load_engine(cfg, pm, tokenizer)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")  # renamed to ``out`` once complete: a failure leaves ``out`` be
     lines = 0
     try:
-        with path.open("w", encoding="utf-8") as fh:
+        with diskio.disk_errors(f"write {path}", "Give --out a path in a writable folder with space.",
+                                where=path.parent), diskio.open_text(partial) as fh:
             for i, prompts in enumerate(batches, 1):
                 done = engine.generate(prompts, replace(params, seed=derived_seed(cfg.trainer.seed, i)))
                 texts = tokenizer.batch_decode(done[B.RESPONSES], skip_special_tokens=True)
@@ -56,6 +59,8 @@ def generate(
                     }, default=str) + "\n")
                 lines += len(texts)
                 log(f"generate: {i}/{len(batches)} batches, {lines} samples")
+        partial.replace(path)
     finally:
+        partial.unlink(missing_ok=True)
         engine.shutdown()
     return lines

@@ -121,3 +121,14 @@ def test_verl_prepared_parquet_runs_unchanged(tmp_path, capsys):
     assert result["dataset"] == "files" and result["prompts"] == 2
     assert set(result["by_data_source"]) == {"openai/gsm8k"}  # scored by verl's gsm8k rule (strict "####")
     assert result["metrics"]["accuracy"] == 0.0  # the tiny arithmetic model never writes "####"
+
+
+def test_an_input_the_output_would_replace_is_refused(tmp_path, capsys):
+    raw = tmp_path / "train.parquet"
+    import pandas as pd
+
+    pd.read_json(DATA / "gsm8k_train.jsonl", lines=True).to_parquet(raw)
+    kept = raw.read_bytes()
+    assert main(["data", "gsm8k", "--input", str(raw), "--out", str(tmp_path), "--split", "train"]) == 2
+    assert f"--out {raw} is the file the command reads ({raw})" in capsys.readouterr().err
+    assert raw.read_bytes() == kept

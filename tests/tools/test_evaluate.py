@@ -216,3 +216,16 @@ def test_eval_of_a_run_with_data_reads_only_the_given_files(tmp_path, monkeypatc
     capsys.readouterr()
     assert main(["eval", str(trainer.run_dir), "--out", str(out)]) == 2
     assert "no rows in the 'val' split" in capsys.readouterr().err  # not: train.jsonl is not found from here
+
+
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_an_output_that_is_the_input_or_a_folder_is_refused_before_the_model_loads(command, tmp_path, capsys):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "What is 2+2?", "data_source": "arith", "reward_model": {"ground_truth": "4"}}\n')
+    kept = data.read_text()
+    assert main([command, "builtin:tiny-arith", "--data", str(data), "--out", str(data)]) == 2
+    assert (f"--out {data} is the file the command reads ({data}): writing it would replace that data"
+            in capsys.readouterr().err)
+    assert data.read_text() == kept
+    assert main([command, "builtin:tiny-arith", "--data", str(data), "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path} is a folder: give the path of a file to write." in capsys.readouterr().err
