@@ -269,6 +269,12 @@ def _check_safetensors(path: Path) -> None:
         raise CorruptCheckpoint(f"{problem}{': the checkpoint is incomplete' if not path.is_file() else ''}.")
 
 
+def check_weights(checkpoint: Path) -> None:
+    """The actor's weight files are complete (:func:`_check_safetensors`); a CorruptCheckpoint naming the file."""
+    for weights in weight_files(checkpoint):
+        _check_safetensors(weights)
+
+
 def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(trainer state, meta)`` of a checkpoint, after checking that it is one rlforge wrote (its ``meta.json``
     names its step) and that its weights are complete.
@@ -283,8 +289,7 @@ def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise CorruptCheckpoint(f"{state_file} is empty (0 bytes).")
     roles = sorted((checkpoint / SHARDED_DIR).glob("*/")) if (checkpoint / SHARDED_DIR).is_dir() else []
     if has_actor(checkpoint):
-        for weights in weight_files(checkpoint):
-            _check_safetensors(weights)
+        check_weights(checkpoint)
     elif not roles:  # strategy.checkpoint=async: the shards only
         raise CorruptCheckpoint(f"{checkpoint} holds neither actor/ nor {SHARDED_DIR}/: it is incomplete.")
     from rlforge.strategy import sharded_problem
@@ -301,6 +306,9 @@ def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except Exception as exc:
         detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise CorruptCheckpoint(f"{state_file} cannot be read: it is truncated or corrupted ({detail}).") from None
+    if isinstance(state, dict) and state.get("step", meta.get("step")) != meta.get("step"):
+        raise CorruptCheckpoint(f"{state_file} holds the trainer state of step {state.get('step')}, not of step "
+                                f"{meta.get('step')} (meta.json): it was copied from another checkpoint.")
     return state, meta
 
 

@@ -172,6 +172,14 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_newest_good_one(capsys, cap
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_trainer_state_of_another_step_is_a_corrupt_checkpoint(capsys, run):
+    run_dir, overrides = run
+    shutil.copy(_state(run_dir, 1), _state(run_dir, 2))
+    err = _error(capsys, ["fit", *overrides, f"trainer.resume={_state(run_dir, 2).parent}"])
+    assert (f"{_state(run_dir, 2)} holds the trainer state of step 1, not of step 2 (meta.json): it was copied from "
+            f"another checkpoint") in err
+
+
 def test_a_refused_resume_leaves_the_run_folder_as_it_was(capsys, run):
     run_dir, overrides = run
     _state(run_dir, 2).write_bytes(b"")  # auto would fall back over it; a named step_1 is older than step_2

@@ -184,13 +184,29 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise RLForgeError(f"Output folder {out} exists and is not empty: choose a new folder.")
     checkpoint = write_missing_actor(checkpoint)
+    if ckpt.has_actor(checkpoint):  # a truncated weight file would export as a folder that does not load
+        ckpt.check_weights(checkpoint)
     is_adapter = (checkpoint / ACTOR_DIR / ADAPTER_CONFIG).is_file()
     if adapter_only and not is_adapter:
         raise RLForgeError(f"{checkpoint} is not a LoRA checkpoint (no {ACTOR_DIR}/{ADAPTER_CONFIG}): --adapter "
                            f"applies to runs with model.lora.rank > 0.")
     exporter = (partial(export_lora, adapter_only=adapter_only) if is_adapter else
                 _strategy_of(checkpoint, registry).functions.get("export_checkpoint", copy_hf_folder))
-    target.mkdir(parents=True, exist_ok=True)
+    staged = target.with_name(f".{target.name}.partial")  # renamed to ``out`` once complete
+    shutil.rmtree(staged, ignore_errors=True)
+    try:
+        staged.mkdir(parents=True)
+        _export_into(staged, checkpoint, exporter, adapter_only, warn, repo_id, dtype, out)
+        staged.replace(target)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    return target
+
+
+def _export_into(target: Path, checkpoint: Path, exporter: Callable[[Path, Path], Any], adapter_only: bool,
+                 warn: Callable[[str], Any], repo_id: str | None, dtype: str, out: str | Path) -> None:
+    """The export of ``checkpoint`` written into the folder ``target``: the weights (``exporter``), dtypes and pad
+    token as the run loaded them, the model card."""
     exporter(checkpoint, target)
     expected = ADAPTER_CONFIG if adapter_only else "config.json"
     if not (target / expected).is_file():
@@ -206,8 +222,7 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
     if folder is not None or dtype:  # without the run's model, --dtype still applies (the folder is its own source)
         if note := as_loaded(target, folder or target, weights=not adapter_only, dtype=dtype).warning():
             warn(note)
-    write_model_card(target, checkpoint, adapter=adapter_only, base_model=source, repo_id=repo_id)
-    return target
+    write_model_card(target, checkpoint, adapter=adapter_only, base_model=source, repo_id=repo_id, name=Path(out).name)
 
 
 def _name_base(adapter: Path, base: str | None, warn: Callable[[str], Any]) -> None:

@@ -131,8 +131,10 @@ def _figure(value: float | None) -> str:
     return "" if value is None or not math.isfinite(value) else f"{value:.4f}"
 
 
-def model_card(folder: Path, checkpoint: Path, *, adapter: bool, base_model: str | None, repo_id: str | None) -> str:
-    """The card's text for the export of ``checkpoint`` in ``folder`` (``repo_id``: where it is pushed)."""
+def model_card(folder: Path, checkpoint: Path, *, adapter: bool, base_model: str | None, repo_id: str | None,
+               name: str | None = None) -> str:
+    """The card's text for the export of ``checkpoint`` in ``folder`` (``repo_id``: where it is pushed; ``name``: the
+    folder's name where it is written elsewhere first)."""
     import rlforge
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -144,7 +146,7 @@ def model_card(folder: Path, checkpoint: Path, *, adapter: bool, base_model: str
     library, how = _loader(folder, adapter)
     header = ModelCardData(library_name=library, tags=["rlforge", algo, *(["lora"] if lora else [])],
                            base_model=_hub_id(base_model))
-    name = repo_id or folder.name
+    name = repo_id or name or folder.name
     rows = [("base model", _shown(base_model)), ("algorithm", f"`{algo}` (rlforge's `algorithm.name`)"),
             ("data", _data(config, meta)), ("steps", str(step)), ("rlforge", rlforge.__version__)]
     if lora:
@@ -168,9 +170,9 @@ def model_card(folder: Path, checkpoint: Path, *, adapter: bool, base_model: str
 
 
 def write_model_card(folder: Path, checkpoint: Path, *, adapter: bool, base_model: str | None,
-                     repo_id: str | None = None) -> Path:
+                     repo_id: str | None = None, name: str | None = None) -> Path:
     """``README.md`` in ``folder``: :func:`model_card` (it replaces the card peft writes into an adapter folder)."""
     path = folder / CARD_FILE
-    path.write_text(model_card(folder, checkpoint, adapter=adapter, base_model=base_model, repo_id=repo_id),
-                    encoding="utf-8")
+    path.write_text(model_card(folder, checkpoint, adapter=adapter, base_model=base_model, repo_id=repo_id,
+                               name=name), encoding="utf-8")
     return path

@@ -41,6 +41,19 @@ def test_export_a_step_folder(fitted_run, tmp_path):
     assert (out / "model.safetensors").read_bytes() == (step1 / "actor" / "model.safetensors").read_bytes()
 
 
+def test_a_checkpoint_with_truncated_weights_is_refused_and_nothing_is_written(fitted_run, tmp_path, capsys):
+    import shutil
+
+    trainer, _ = fitted_run
+    step1 = tmp_path / "step_000001"
+    shutil.copytree(trainer.run_dir / "checkpoints" / "step_000001", step1)
+    weights = step1 / "actor" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    assert main(["export", str(step1), str(tmp_path / "out")]) == 2
+    assert f"{weights} cannot be read: it is truncated or corrupted" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
+
+
 def test_export_errors(fitted_run, tmp_path, capsys):
     trainer, _ = fitted_run
     busy = tmp_path / "busy"
@@ -53,7 +66,8 @@ def test_export_errors(fitted_run, tmp_path, capsys):
     broken = tmp_path / "run" / "checkpoints" / "step_000003"
     (broken / "actor").mkdir(parents=True)
     assert main(["export", str(broken), str(tmp_path / "o2")]) == 2
-    assert f"Checkpoint {broken} has no actor/config.json" in capsys.readouterr().err
+    assert f"{broken}/actor/model.safetensors is missing: the checkpoint is incomplete" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists() and not (tmp_path / ".o2.partial").exists()
 
 
 class ShardedStrategy:
@@ -81,7 +95,8 @@ def test_the_strategy_that_wrote_a_checkpoint_exports_it(tmp_path):
     pm = PluginManager(autoload=False)
     pm.register(ShardedPlugin(), name="sharded")
     export_checkpoint(tmp_path / "run", tmp_path / "out", pm.registry)
-    assert ShardedStrategy.calls == [(checkpoint, tmp_path / "out")]
+    # the strategy writes into a folder renamed to out once the export is complete
+    assert ShardedStrategy.calls == [(checkpoint, tmp_path / ".out.partial")] and (tmp_path / "out").is_dir()
     with pytest.raises(RLForgeError, match="Unknown strategy 'sharded_test'"):
         export_checkpoint(checkpoint, tmp_path / "out2", PluginManager(autoload=False).registry)
 
