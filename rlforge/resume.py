@@ -38,7 +38,7 @@ from rlforge import checkpoint as ckpt
 from rlforge import diskio
 from rlforge import lr_schedule
 from rlforge.errors import RLForgeError
-from rlforge.runlock import RunLock
+from rlforge.runlock import LOCK_FILE, RunLock
 
 CONFIG_FILE = "config.yaml"
 END_MARK = "# end of rlforge config"  # written last: a config.yaml without it was cut short
@@ -113,6 +113,13 @@ def _new_run(config: DictConfig, run_dir: Path | None) -> Binding:
     if run_dir is None:
         run_dir = ckpt.new_run_dir(config.trainer.runs_root, config.trainer.experiment)
     else:
+        foreign = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE) if run_dir.is_dir() else []
+        if foreign and not ckpt.holds_run(run_dir):
+            raise RLForgeError(
+                f"trainer.run_dir={run_dir} is a folder with files that are not a run's ({', '.join(foreign[:5])}"
+                f"{', ...' if len(foreign) > 5 else ''}): a run writes config.yaml, metrics, samples.jsonl, "
+                f"summary.json and checkpoints/ there and would overwrite or append to files of those names. "
+                f"Choose a new or empty folder.")
         with diskio.disk_errors(f"create the run folder {run_dir} (trainer.run_dir)", "Choose a writable folder."):
             run_dir.mkdir(parents=True, exist_ok=True)
     lock = RunLock(run_dir)

@@ -309,6 +309,15 @@ def test_a_start_that_fails_frees_its_run_folder(capsys, tmp_path):
     assert main(["fit", *overrides]) == 0 and (tmp_path / "run" / "config.yaml").exists()
 
 
+def test_a_run_dir_with_files_that_are_not_a_run_is_refused(capsys, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "summary.json").write_text("my own")
+    err = _error(capsys, ["fit", *QUICK, f"trainer.run_dir={mine}", "trainer.total_steps=1"])
+    assert f"trainer.run_dir={mine} is a folder with files that are not a run's (summary.json)" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["summary.json"] and (mine / "summary.json").read_text() == "my own"
+
+
 def test_the_checkpoint_a_resume_would_continue_from_is_found_without_taking_the_run(run, tmp_path, caplog) -> None:
     """verl's val_only validates it (rlforge.tools.evaluate.evaluate_launch): resume=auto the run folder's newest
     readable checkpoint (a corrupt newer one is passed over, as a training resume passes it), a checkpoint path

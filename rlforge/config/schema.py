@@ -257,7 +257,7 @@ class TrainerConfig:
     project: str = option("rlforge", pattern=r"\S.*", what="a non-empty name")  # mlflow experiment name
     experiment: str = option("default", pattern=RUN_NAME, what=RUN_NAME_WHAT)  # run folders go to <runs_root>/<experiment>/<timestamp>
     runs_root: str = option("rlforge_runs", pattern=r".+", what="a folder")  # root folder of all runs
-    run_dir: Optional[str] = None  # explicit run folder; None = <runs_root>/<experiment>/<timestamp>
+    run_dir: Optional[str] = None  # explicit run folder: new, empty, or a run's (continued with trainer.resume=auto); a folder with other files is refused; None = <runs_root>/<experiment>/<timestamp>
     resume: str = "never"  # never | auto (the newest run of the experiment, docs/reliability.md) | a checkpoint or run folder
     save_every: int = option(50, ge=0)  # steps; a final checkpoint is always written
     keep_last_n: int = option(2, ge=0)  # checkpoints kept (0 = keep all)
