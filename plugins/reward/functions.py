@@ -17,8 +17,18 @@ def _to_number(text: str) -> str:
     return text.replace(",", "").rstrip(".")
 
 
+def _scalar_truth(ground_truth: Any, task: str) -> None:
+    """A ground truth that one answer can equal (a string or a number), else a ValueError: a list or a dict would
+    score every answer 0 without a word (the call fails instead, and is counted: ``reward/error_share``)."""
+    if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
+        raise ValueError(f"the {task} reward compares the answer with one string or number, and the ground truth is "
+                         f"{type(ground_truth).__name__} {ground_truth!r}: write reward_model.ground_truth as one "
+                         f"value, or score the row with a reward function of your own (reward.file)")
+
+
 def arith_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
     """Built-in arithmetic task: 1.0 if the answer (the whole response, stripped) is the right number."""
+    _scalar_truth(ground_truth, "arith")
     return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
 
 
@@ -36,6 +46,7 @@ def gsm8k_score(
     Returns ``score`` when it equals the ground truth, ``format_score`` when a number was found but is
     wrong, and 0 when no answer could be extracted.
     """
+    _scalar_truth(ground_truth, "gsm8k")
     if method == "strict":
         found = re.findall(r"#### (-?[0-9.,]+)", solution_str)
         answer = _to_number(found[-1]) if found else None

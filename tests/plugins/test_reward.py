@@ -43,6 +43,14 @@ def test_arith_score(solution, truth, expected) -> None:
     assert arith_score("arith", solution, truth) == expected
 
 
+@pytest.mark.parametrize("truth", [["13"], {"target": ["13"]}, None, True])
+def test_a_ground_truth_no_answer_can_equal_fails_the_call_naming_it(truth) -> None:
+    for score, task in ((arith_score, "arith"), (gsm8k_score, "gsm8k")):
+        with pytest.raises(ValueError, match=f"the {task} reward compares the answer with one string or number, and "
+                                             f"the ground truth is {type(truth).__name__}"):
+            score(task, "#### 13", truth)
+
+
 # --- gsm8k ------------------------------------------------------------------------------------------------
 
 
