@@ -101,8 +101,8 @@ def parse_is_threshold(spec: str | float) -> tuple[float | None, float]:
     if lower is None and upper < 1:
         raise ValueError(f"'rollout_is_threshold' is {spec}: a truncation bound below 1 would cut every weight "
                          f"above it, importance ratios of 1 included. For IcePop's bounds write 'lower_upper' "
-                         f"quoted: YAML reads 0.5_5 unquoted as the number 0.55 (in a config file write "
-                         f"rollout_is_threshold: \"0.5_5\"; the command line refuses an unquoted one).")
+                         f"quoted: YAML reads 0.5_5 unquoted as the number 0.55 (write rollout_is_threshold: "
+                         f"\"0.5_5\"; config files and the command line refuse an unquoted one).")
     return lower, upper
 
 

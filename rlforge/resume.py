@@ -108,13 +108,17 @@ def bind(config: DictConfig, prints: dict[str, Any], defaults: Callable[[], Dict
         raise
 
 
+VAL_ONLY_REPORT = "eval_report_step_"  # what verl's trainer.val_only writes into a run folder before it trains there
+
+
 def _new_run(config: DictConfig, run_dir: Path | None) -> Binding:
     explicit = run_dir is not None
     if run_dir is None:
         run_dir = ckpt.new_run_dir(config.trainer.runs_root, config.trainer.experiment)
     else:
         foreign = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE) if run_dir.is_dir() else []
-        if foreign and not ckpt.holds_run(run_dir):
+        validated = any(name.startswith(VAL_ONLY_REPORT) for name in foreign)  # verl's val_only ran there first
+        if foreign and not validated and not ckpt.holds_run(run_dir):
             raise RLForgeError(
                 f"trainer.run_dir={run_dir} is a folder with files that are not a run's ({', '.join(foreign[:5])}"
                 f"{', ...' if len(foreign) > 5 else ''}): a run writes config.yaml, metrics, samples.jsonl, "

@@ -203,11 +203,26 @@ def test_numbers_yaml_1_1_misreads_are_refused(registry, value: str, number: str
     assert (cfg.trainer.total_steps, cfg.actor.lr, cfg.trainer.seed) == (1000, 1e-6, 0)
 
 
-def test_an_icepop_range_a_config_file_wrote_unquoted_is_refused(registry, tmp_path: Path) -> None:
+def test_numbers_yaml_1_1_misreads_in_a_config_file_are_refused_naming_the_line(registry, tmp_path: Path) -> None:
     path = _yaml(tmp_path, "algorithm:\n  rollout_is: token\n  rollout_is_threshold: 0.5_5\n")
-    with pytest.raises(ConfigError, match=r"'algorithm.rollout_is_threshold' is 0.55: .* YAML reads 0.5_5 unquoted "
-                                          r"as the number 0.55 \(in a config file write rollout_is_threshold: \"0.5_5\""):
+    with pytest.raises(ConfigError, match=f"Config file {path}, line 3: YAML reads '0.5_5' as the number 0.55 \\(it "
+                                          f"drops the underscores of a number\\); write the number you mean, or quote"):
         compose(registry, "grpo", path)
+    path = _yaml(tmp_path, "trainer:\n  total_steps: 1:30\n", "b.yaml")
+    with pytest.raises(ConfigError, match=r"line 2: YAML reads '1:30' as the number 90 \(YAML 1.1 reads a colon"):
+        compose(registry, "grpo", path)
+    path = _yaml(tmp_path, "trainer:\n  total_steps: 1_000\n  experiment: '010'\nactor:\n  lr: 1e-6\n", "c.yaml")
+    cfg = compose(registry, "grpo", path)
+    assert (cfg.trainer.total_steps, cfg.trainer.experiment, cfg.actor.lr) == (1000, "010", 1e-6)
+
+
+@pytest.mark.parametrize("where", ["file", "override"])
+def test_a_yes_or_no_for_a_text_key_is_refused(registry, tmp_path: Path, where: str) -> None:
+    path = _yaml(tmp_path, "trainer:\n  experiment: no\n") if where == "file" else None
+    overrides = [] if where == "file" else ["trainer.experiment=yes"]
+    with pytest.raises(ConfigError, match=r"'trainer.experiment' \(in .*\) is text, and YAML read its value as the "
+                                          r"boolean (False|True) \(an unquoted yes, no, on, off"):
+        compose(registry, "grpo", path, overrides)
 
 
 def test_an_unknown_key_whose_last_part_is_a_key_of_another_section_names_that_key(registry) -> None:

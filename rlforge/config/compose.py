@@ -129,6 +129,21 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
+    def construct_checked_number(self, node: yaml.ScalarNode) -> Any:
+        """An int or float scalar, refused where YAML 1.1 reads it as another number than it looks
+        (:func:`_yaml_number_surprise`: ``1:30`` is 90, ``010`` is 8, ``5_0.5`` is 50.5)."""
+        value = (self.construct_yaml_int if node.tag.endswith(":int") else self.construct_yaml_float)(node)
+        surprise = _yaml_number_surprise(str(node.value).strip(), value)
+        if surprise is not None:
+            raise ConfigError(f"Config file {self.source}, line {node.start_mark.line + 1}: YAML reads "
+                              f"{str(node.value).strip()!r} as the number {value!r} ({surprise}); write the number you "
+                              f"mean, or quote the value as a string.")
+        return value
+
+
+for _tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
+    _UniqueKeyLoader.add_constructor(_tag, _UniqueKeyLoader.construct_checked_number)
+
 
 def load_yaml(path: Path, source: str) -> Any:
     """The YAML document in ``path``; a key repeated in a mapping is an error naming the key and both lines."""
@@ -172,11 +187,28 @@ def _check_bools(base: DictConfig, layer: DictConfig, source: str) -> None:
             raise ConfigError(f"Invalid value for '{key}' (in {source}): {value!r}; it is true or false.")
 
 
+def _check_texts(base: DictConfig, layer: DictConfig, source: str) -> None:
+    """A true/false value for a text key is YAML's reading of an unquoted yes, no, on or off (``experiment: no``
+    would be the text 'False')."""
+    from omegaconf.nodes import StringNode
+
+    from rlforge.config import verl
+
+    for key, value in verl.flatten(OmegaConf.to_container(layer)):
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(base, parent, default=None) if parent else base
+        if isinstance(value, bool) and isinstance(node, DictConfig) and isinstance(node._get_node(leaf), StringNode):
+            raise ConfigError(f"'{key}' (in {source}) is text, and YAML read its value as the boolean {value} (an "
+                              f"unquoted yes, no, on, off, true or false): it would be the text '{value}'. Quote it "
+                              f"({leaf}: \"no\" in a file, {key}='\"no\"' on the command line).")
+
+
 def _merge(base: DictConfig, layer: Any, source: str) -> DictConfig:
     """``layer`` (from ``source``, which errors name) merged into ``base``, in place; ``base`` returned."""
     layer = OmegaConf.create(layer)
     try:
         _check_bools(base, layer, source)
+        _check_texts(base, layer, source)
         base.merge_with(_one_item_lists(base, layer))  # in place: OmegaConf.merge would copy the whole config first
         return base
     except ConfigKeyError as exc:

@@ -142,7 +142,7 @@ def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print)
     was validated before) and log the metrics to the launch's loggers
     (``logger.backends``) at that checkpoint's step (0 for the model), as verl logs its validation there."""
     from rlforge.checkpoint import step_of
-    from rlforge.resume import resumed_checkpoint
+    from rlforge.resume import VAL_ONLY_REPORT, resumed_checkpoint
     from rlforge.tools.export import model_folder
 
     found = resumed_checkpoint(cfg)
@@ -157,11 +157,11 @@ def evaluate_launch(cfg: DictConfig, pm: Any, log: Callable[[str], Any] = print)
     folder = Path(cfg.trainer.run_dir or Path(cfg.trainer.runs_root) / cfg.trainer.experiment)
     report = evaluate(cfg, pm, split="val", ks=None, log=log)
     step = step_of(found) if found is not None else 0
-    path = folder / f"eval_report_step_{step:06d}.json"
+    path = folder / f"{VAL_ONLY_REPORT}{step:06d}.json"
     repeat = 1
     while path.exists():  # the same step validated again: a report of its own, none overwritten
         repeat += 1
-        path = folder / f"eval_report_step_{step:06d}_{repeat}.json"
+        path = folder / f"{VAL_ONLY_REPORT}{step:06d}_{repeat}.json"
     write_report(report, path)
     loggers = Builder(cfg, pm).loggers(str(folder))
     try:
