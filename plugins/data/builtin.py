@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from rlforge.capabilities import DatasetCapabilities
@@ -16,6 +19,7 @@ from rlforge.errors import DataError
 from rlforge.hookspecs import hookimpl
 
 ARITH_SOURCE = "arith"
+UTF8_CHUNK = 1 << 22  # bytes (then to the end of the line) checked at a time for UTF-8
 
 
 @dataclass
@@ -86,46 +90,120 @@ def read_rows(path: str) -> list[dict[str, Any]]:
                         f".json and .parquet files; read the folder with data.name=hf (pip install "
                         f"'rlforge[datasets]', docs/data.md).")
     if file.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(file)
-        except Exception as exc:
-            raise DataError(f"Cannot read parquet file {path}: {exc}") from None
-        if table.num_rows == 0:
-            raise DataError(f"Data file {path} has no rows: the parquet table is empty (columns: "
-                            f"{', '.join(table.column_names) or 'none'}).")
-        return table.to_pylist()
+        return _parquet_rows(path)
     if file.suffix not in (".jsonl", ".json"):
         raise DataError(f"Data file {path}: unsupported extension '{file.suffix}' (use .jsonl, .json or .parquet).")
-    rows = []
-    try:
-        if file.suffix == ".json" and file.read_text(encoding="utf-8").lstrip().startswith("["):
-            rows = json.loads(file.read_text(encoding="utf-8"))
-            bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict)), None)
-            if bad is not None:
-                raise DataError(f"{path}, item {bad}: a row must be a JSON object.")
-            if not rows:
-                raise DataError(f"Data file {path} has no rows: the JSON array is empty.")
-            return rows
-        with file.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}, line {lineno}: not valid JSON ({exc.msg}).") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}, line {lineno}: a row must be a JSON object, got {type(row).__name__}.")
-                rows.append(row)
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    rows = list(json_rows(path))
     if not rows:
         raise DataError(f"Data file {path} has no rows.")
     return rows
+
+
+def _parquet_rows(path: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:
+        raise DataError(f"Cannot read parquet file {path}: {exc}") from None
+    if table.num_rows == 0:
+        raise DataError(f"Data file {path} has no rows: the parquet table is empty (columns: "
+                        f"{', '.join(table.column_names) or 'none'}).")
+    return table.to_pylist()
+
+
+def json_rows(path: str) -> Iterator[dict[str, Any]]:
+    """The rows of a ``.jsonl``/``.json`` file, one at a time: JSON lines (blank lines skipped) or, in a ``.json``
+    file, one JSON array of objects; a leading UTF-8 BOM is skipped. Errors name the file and line, and a key written
+    twice in one object is one."""
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            yield from _json_file_rows(path, fh.read()) if path.endswith(".json") else _line_rows(path, fh)
+    except UnicodeDecodeError as exc:
+        problem = utf8_problem(path) or f"{path} is not UTF-8 text ({exc.reason})"
+        raise DataError(f"{problem}.") from None
+
+
+def _json_file_rows(path: str, text: str) -> Iterable[dict[str, Any]]:
+    """A ``.json`` file's rows: a JSON array of objects, or JSON lines."""
+    if not text.lstrip().startswith("["):
+        return _line_rows(path, io.StringIO(text))
+    try:
+        rows = DECODER.decode(text)
+    except ValueError as exc:
+        raise _unread(exc, path, text) from None
+    bad = next((i for i, r in enumerate(rows, 1) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise DataError(f"{path}, item {bad}: a row must be a JSON object.")
+    if not rows:
+        raise DataError(f"Data file {path} has no rows: the JSON array is empty.")
+    return rows
+
+
+def _line_rows(path: str, lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The rows of JSON lines, one object a line (blank lines skipped)."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = DECODER.decode(line)
+        except ValueError as exc:
+            raise _unread(exc, f"{path}, line {lineno}", line) from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}, line {lineno}: a row must be a JSON object, got {type(row).__name__}.")
+        yield row
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that writes ``key`` twice (``json`` would keep the last value, silently)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        raise DuplicateKey(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
+    return obj
+
+
+DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)  # json.loads, refusing a key written twice in an object
+
+
+def _unread(exc: ValueError, where: str, text: str) -> DataError:
+    """Why ``text`` (JSON at ``where``: the file, and the line of a JSON lines file) was not read, in words."""
+    if isinstance(exc, DuplicateKey):
+        return DataError(f"{where}: the key '{exc.key}' is written twice in one object; a JSON reader keeps only one "
+                         f"of its values, so the row is not read as written. Keep one.")
+    if isinstance(exc, json.JSONDecodeError):
+        at = f" at line {exc.lineno}" if "\n" in text.rstrip() else ""  # a whole file: where in it
+        return DataError(f"{where}: not valid JSON ({exc.msg}{at}).")
+    return DataError(f"{where}: not valid JSON ({exc}).")  # such as an integer of more digits than Python reads
+
+
+def utf8_problem(path: str) -> str | None:
+    """Where ``path`` stops being UTF-8 text, in words (its first bad byte and line), or None."""
+    offset = lines = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(UTF8_CHUNK) + fh.readline():  # whole lines: no character is cut in two
+            try:
+                chunk.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                line = lines + chunk.count(b"\n", 0, exc.start) + 1
+                return f"{path} is not UTF-8 text ({exc.reason} at byte {offset + exc.start}, line {line})"
+            offset, lines = offset + len(chunk), lines + chunk.count(b"\n")
+    return None
+
+
+def check_ground_truth(row: dict[str, Any], where: str) -> None:
+    """Refuse a NaN ``reward_model.ground_truth`` (JSON's ``NaN``, a float column's gap): no answer can match it."""
+    reward = row.get("reward_model")
+    truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+    if isinstance(truth, float) and math.isnan(truth):
+        raise DataError(f"{where}: reward_model.ground_truth is NaN, which no answer matches. Write the row's ground "
+                        f"truth (as a string: \"5\"), or leave the row out.")
 
 
 def files_dataset(config: Any, split: str) -> list[dict[str, Any]]:
@@ -140,6 +218,7 @@ def files_dataset(config: Any, split: str) -> list[dict[str, Any]]:
     for path in files:
         for i, row in enumerate(read_rows(path), 1):
             row.setdefault("_origin", f"{path}, row {i}")
+            check_ground_truth(row, row["_origin"])
             rows.append(row)
     return rows
 

@@ -4,7 +4,8 @@ Where the rows come from: ``data.hf.path`` names a source with splits (a folder 
 a local dataset folder of data files, or a Hub dataset id), whose ``data.hf.train_split`` and ``data.hf.val_split``
 are read; unset, ``data.train_files`` and ``data.val_files`` name parquet, jsonl/json or arrow files, or folders
 saved by ``Dataset.save_to_disk``, each read on its own so that an error names its file and row as the ``files``
-dataset's errors do. ``datasets`` is imported when such a dataset is first read.
+dataset's errors do; a jsonl/json file of which datasets would read a value back changed (an Arrow column holds one
+type) is refused (``json_values.check_json``). ``datasets`` is imported when such a dataset is first read.
 
 The rows stay in Arrow, memory-mapped (``ArrowRows``): the core's ``tokenize_rows`` hands them its settings
 (``rlforge.data.PromptSource``) and they are tokenized by ``Dataset.map`` in ``data.hf.num_proc`` processes into
@@ -36,6 +37,8 @@ from rlforge.errors import ConfigError, DataError
 from rlforge.hookspecs import hookimpl
 from rlforge.lazy import optional_import
 from rlforge.models import HUB_ID
+from rlforge.plugins.data.builtin import check_ground_truth, read_rows, utf8_problem
+from rlforge.plugins.data.json_values import check_json
 
 INSTALL = "pip install 'rlforge[datasets]'"
 FILE_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow"}  # suffix -> datasets builder
@@ -158,12 +161,14 @@ def _prompt_features(datasets: Any) -> Any:
 
 @cache
 def code_digest() -> str:
-    """SHA-256 of the code that turns rows into prompts (rlforge.data, rlforge.multimodal and this module): datasets
-    keys its cache on a module function's name, not its code, so a changed rlforge does not read stale prompts."""
+    """SHA-256 of the code that turns rows into prompts (rlforge.data, rlforge.multimodal, the ``files`` dataset's
+    row checks and this module): datasets keys its cache on a module function's name, not its code, so a changed
+    rlforge does not read stale prompts."""
     from rlforge import data, multimodal
+    from rlforge.plugins.data import builtin
 
     digest = hashlib.sha256()
-    for module in (data, multimodal):
+    for module in (data, multimodal, builtin):
         digest.update(Path(module.__file__ or "").read_bytes())
     digest.update(Path(__file__).read_bytes())
     return digest.hexdigest()
@@ -175,6 +180,8 @@ def encode_batch(batch: dict[str, list[Any]], indices: list[int], *, encode: Cal
     ground truth and extra info) and ``index`` (the row's position in all the rows). ``code`` only keys the cache."""
     rows = _plain_rows(batch)  # without _origin, which a "Columns present" would list: ``wheres`` name them
     wheres = [f"{label}, row {skip + i + 1}" for i in indices]
+    for row, origin in zip(rows, wheres):
+        check_ground_truth(row, origin)
     prompts = encode(rows, [offset + i for i in indices], wheres)
     where = dict(zip((offset + i for i in indices), wheres))
     return {"ids": [p.ids for p in prompts], "fields": [_fields(p, where[p.index]) for p in prompts],
@@ -220,14 +227,20 @@ def _as_prompt(ids: list[int], fields: str, index: int) -> Prompt:
 # --- sources ----------------------------------------------------------------------------------------------------
 
 
+def _typed(rows: Any) -> None:
+    """Nothing to check: a typed source (parquet, arrow, a saved dataset, a split) is read back as it was written."""
+
+
 @dataclass(frozen=True)
 class Source:
     """A file or split to read: ``open()`` gives a ``Dataset`` (or a stream: an ``IterableDataset``); a failure to
-    read it becomes ``unreadable(exc)``, an error in words naming it."""
+    read it becomes ``unreadable(exc)``, an error in words naming it; ``check(rows)`` refuses rows not read as
+    written (a ``Dataset``: the stream read into a file, the rows kept)."""
 
     label: str
     open: Callable[[], Any]
     unreadable: Callable[[Exception], Exception]
+    check: Callable[[Any], None] = _typed
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -247,8 +260,6 @@ def _cannot_read(label: str, how: str, exc: Exception) -> Exception:
 
 def _json_unreadable(path: str, exc: Exception) -> Exception:
     """A JSON file datasets cannot read, named by the ``files`` dataset's reader (file and line) where it can tell."""
-    from rlforge.plugins.data.builtin import read_rows
-
     try:
         read_rows(path)
     except DataError as named:
@@ -276,9 +287,21 @@ def _file_source(path: str, h: Any) -> Source:
     if builder is None:
         raise DataError(f"Data file {path}: unsupported extension '{Path(path).suffix}' (data.name=hf reads "
                         f"{', '.join(FILE_FORMATS)} files and folders saved by Dataset.save_to_disk).")
-    unreadable = partial(_json_unreadable, path) if builder == "json" else partial(_cannot_read, path, f" as {builder}")
+    if builder == "json":
+        return Source(path, partial(_load_json, path, h), partial(_json_unreadable, path), partial(check_json, path))
     return Source(path, lambda: _datasets().load_dataset(builder, data_files=[path], split="train",
-                                                         cache_dir=h.cache_dir, streaming=h.streaming), unreadable)
+                                                         cache_dir=h.cache_dir, streaming=h.streaming),
+                  partial(_cannot_read, path, f" as {builder}"))
+
+
+def _load_json(path: str, h: Any) -> Any:
+    """A jsonl/json file through datasets' json builder, once it is known to be UTF-8 text (pyarrow does not check:
+    a bad byte would stop the run where its row is read, with a UnicodeDecodeError)."""
+    problem = utf8_problem(path)
+    if problem:
+        raise DataError(f"{problem}.")
+    return _datasets().load_dataset("json", data_files=[path], split="train", cache_dir=h.cache_dir,
+                                    streaming=h.streaming)
 
 
 def _split_key(split: str) -> str:
@@ -426,6 +449,7 @@ def _segment(source: Source, left: int | None, h: Any) -> Segment:
         rows = rows.select(range(left))
     if not len(rows):
         raise DataError(f"{source.label}: 0 rows.")
+    source.check(rows)
     return Segment(source.label, rows)
 
 

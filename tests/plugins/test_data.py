@@ -94,6 +94,63 @@ def test_non_utf8_file(tmp_path: Path) -> None:
     assert "UTF-8" in msg
 
 
+def test_non_utf8_names_the_byte_and_line_in_the_whole_file(tmp_path: Path) -> None:
+    head = _write_jsonl(tmp_path / "head.jsonl", [ROW] * 200)  # past the first block a text file decodes
+    bad = json.dumps(dict(ROW, data_source="caf\u00e9"), ensure_ascii=False).encode("latin-1")
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(Path(head).read_bytes() + bad + b"\n")
+    at = len(Path(head).read_bytes()) + bad.index(b"\xe9")
+    with pytest.raises(DataError, match=rf"^{path} is not UTF-8 text \(invalid continuation byte at byte {at}, "
+                                        rf"line 201\)\.$"):
+        read_rows(str(path))
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl", "rows.json"])
+def test_a_leading_bom_is_skipped(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    text = json.dumps([ROW, ROW]) if name.endswith(".json") else json.dumps(ROW) + "\n" + json.dumps(ROW) + "\n"
+    path.write_text("\ufeff" + text, encoding="utf-8")
+    assert read_rows(str(path)) == [ROW, ROW]
+
+
+@pytest.mark.parametrize("line, key", [
+    (json.dumps(ROW)[:-1] + ', "prompt": "What is 9+9?"}', "prompt"),
+    (json.dumps(ROW).replace('"style": "rule"', '"ground_truth": "4", "style": "rule"'), "ground_truth"),
+])
+def test_a_key_written_twice_names_the_file_line_and_key(tmp_path: Path, line: str, key: str) -> None:
+    path = tmp_path / "dup.jsonl"
+    path.write_text(json.dumps(ROW) + "\n" + line + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{path}, line 2: the key '{key}' is written twice in one object; a JSON "
+                                        rf"reader keeps only one of its values"):
+        read_rows(str(path))
+    array = tmp_path / "dup.json"
+    array.write_text(f"[{json.dumps(ROW)}, {line}]", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{array}: the key '{key}' is written twice"):
+        read_rows(str(array))
+
+
+def test_a_nan_ground_truth_names_the_row(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    nan = dict(ROW, reward_model={"ground_truth": float("nan")})
+    path = _write_jsonl(tmp_path / "nan.jsonl", [ROW, ROW, nan])  # json.dumps writes NaN, which json reads back
+    with pytest.raises(DataError, match=rf"^{path}, row 3: reward_model.ground_truth is NaN, which no answer matches"):
+        files_dataset(_files_cfg([path]), "train")
+    table = tmp_path / "nan.parquet"
+    pq.write_table(pa.Table.from_pylist([{"data_source": "arith", "reward_model": {"ground_truth": t}}
+                                         for t in (1.5, float("nan"))]), table)
+    with pytest.raises(DataError, match=rf"^{table}, row 2: reward_model.ground_truth is NaN"):
+        files_dataset(_files_cfg([str(table)]), "train")
+
+
+def test_values_are_kept_as_written_in_a_column_of_mixed_types(tmp_path: Path) -> None:
+    truths = ["007", "3.50", "1e3", " 12 ", "-0", 5, 2.0, True]
+    rows = [dict(ROW, reward_model={"ground_truth": t}) for t in truths]
+    got = [r["reward_model"]["ground_truth"] for r in read_rows(_write_jsonl(tmp_path / "mixed.jsonl", rows))]
+    assert [(t, type(t)) for t in got] == [(t, type(t)) for t in truths]
+
+
 def test_missing_file(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.jsonl")
     with pytest.raises(DataError, match="not found") as info:

@@ -154,6 +154,99 @@ def test_row_errors_name_file_row_and_column_as_the_files_dataset_does(pm, tmp_p
                       char_tokenizer, 3, True, "hf (train)")
 
 
+# --- values as written ------------------------------------------------------------------------------------------
+
+
+def _truths(path: Path, truths: list) -> Path:
+    return _jsonl(path, [{**_row(i), "reward_model": {"style": "rule", "ground_truth": t}}
+                         for i, t in enumerate(truths)])
+
+
+@pytest.mark.parametrize("streaming", ["false", "true"])
+def test_a_mixed_column_that_datasets_would_change_is_refused(pm, tmp_path, streaming):
+    truths = ["007", "3.50", "1e3", " 12 ", "0x1F", 5, "-0"]  # datasets reads the strings that parse as JSON parsed
+    path = _truths(tmp_path / "mixed.jsonl", truths)
+    with pytest.raises(DataError) as info:
+        _read(pm, _config(pm, tmp_path, f"data.train_files=[{path}]", f"data.hf.streaming={streaming}"))
+    msg = str(info.value)
+    assert msg.startswith(f"{path}, row 1: datasets would read '007' (column 'reward_model.ground_truth') back as 7: ")
+    assert "this one holds string (row 1), integer (row 6). Write every value of 'reward_model.ground_truth' as " \
+           "one JSON type" in msg and msg.endswith("or read the file with data.name=files, which keeps each value " \
+                                                   "as written.")
+    plain = rlforge.load_config(plugins=pm, overrides=["data.name=files", f"data.train_files=[{path}]"])
+    assert [r["reward_model"]["ground_truth"] for r in files_dataset(plain, "train")] == truths
+
+
+def test_an_integer_in_a_float_column_is_refused(pm, tmp_path):
+    rows = [{**_row(0), "extra_info": {"w": 0.5}}, {**_row(1), "extra_info": {"w": 2}}]
+    path = _jsonl(tmp_path / "weights.jsonl", rows)
+    with pytest.raises(DataError, match=rf"^{path}, row 2: datasets would read 2 \(column 'extra_info.w'\) back as "
+                                        rf"2.0: .* holds number \(row 1\), integer \(row 2\)\."):
+        _read(pm, _config(pm, tmp_path, f"data.train_files=[{path}]"))
+
+
+def test_values_datasets_keeps_are_read_as_written(pm, tmp_path):
+    rows = [{**r, "reward_model": {"style": "rule", "ground_truth": t}} for r, t in
+            zip(ROWS, ["007", "3.50", "1e3", " 12 ", "-0"])]  # strings only: no column of several types
+    rows += [{**_row(5), "extra_info": {"tag": "abc"}}, {**_row(6), "extra_info": {"tag": 7, "b": [1]}}]
+    path = _jsonl(tmp_path / "kept.jsonl", rows)  # extra_info: keys and types vary, but no string parses as JSON
+    assert _without_origin(_read(pm, _config(pm, tmp_path, f"data.train_files=[{path}]"))) == rows
+
+
+def test_a_file_that_is_not_utf8_is_named_as_the_files_dataset_names_it(pm, tmp_path):
+    head = "".join(json.dumps(r) + "\n" for r in ROWS[:3]).encode()
+    bad = json.dumps(_row(3), ensure_ascii=False).replace("What", "Wh\u00e9t").encode("latin-1")
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(head + bad + b"\n")
+    at = len(head) + bad.index(b"\xe9")
+    needle = f"{path} is not UTF-8 text (invalid continuation byte at byte {at}, line 4)."
+    with pytest.raises(DataError) as info:
+        _read(pm, _config(pm, tmp_path, f"data.train_files=[{path}]"))
+    assert str(info.value) == needle
+    with pytest.raises(DataError) as files_error:
+        read_rows(str(path))
+    assert str(files_error.value) == needle
+
+
+@pytest.mark.parametrize("extra, key", [(', "prompt": "What is 9+9?"', "prompt"),  # a list, then a string
+                                        (', "data_source": "other"', "data_source")])  # pyarrow refuses it
+def test_a_key_written_twice_is_refused_as_the_files_dataset_refuses_it(pm, tmp_path, extra, key):
+    path = tmp_path / "dup.jsonl"
+    lines = [json.dumps(r) for r in ROWS[:4]]
+    lines[2] = lines[2][:-1] + extra + "}"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{path}, line 3: the key '{key}' is written twice in one object"):
+        _read(pm, _config(pm, tmp_path, f"data.train_files=[{path}]"))
+    with pytest.raises(DataError, match=rf"^{path}, line 3: the key '{key}' is written twice in one object"):
+        read_rows(str(path))
+
+
+def test_a_nan_ground_truth_is_named_as_the_files_dataset_names_it(pm, tmp_path, char_tokenizer):
+    nan = float("nan")
+    sources = {
+        "keys.jsonl": lambda p: _jsonl(p, [ROWS[0], ROWS[1], {**ROWS[2], "reward_model": {"ground_truth": nan}}]),
+        "floats.jsonl": lambda p: _truths(p, [1.5, 2.5, nan]),
+        "floats.parquet": lambda p: datasets.Dataset.from_list(
+            [{**r, "reward_model": {"ground_truth": t}} for r, t in zip(ROWS, [1.5, 2.5, nan])]).to_parquet(str(p)),
+    }
+    for name, write in sources.items():
+        path = tmp_path / name
+        write(path)
+        needle = rf"^{path}, row 3: reward_model.ground_truth is NaN, which no answer matches"
+        with pytest.raises(DataError, match=needle):  # a jsonl file when read, a parquet file when tokenized
+            tokenize_rows(_read(pm, _config(pm, tmp_path, f"data.train_files=[{path}]")), char_tokenizer, 64, True, "t")
+        plain = rlforge.load_config(plugins=pm, overrides=["data.name=files", f"data.train_files=[{path}]"])
+        with pytest.raises(DataError, match=needle):
+            files_dataset(plain, "train")
+
+
+def test_a_leading_bom_is_skipped_as_the_files_dataset_skips_it(pm, tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in ROWS[:4]).encode())
+    assert _without_origin(_read(pm, _config(pm, tmp_path, f"data.train_files=[{path}]"))) == ROWS[:4]
+    assert read_rows(str(path)) == ROWS[:4]
+
+
 # --- streaming --------------------------------------------------------------------------------------------------
 
 
