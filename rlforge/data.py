@@ -53,7 +53,8 @@ def data_file_problem(path: str) -> str | None:
         return (f"Data file {path} is a directory, not a file: give the .jsonl or .parquet files themselves (a "
                 f"folder of parquet shards: list each shard)")
     if not file.is_file():
-        return f"Data file not found: {path}"
+        glob = any(c in str(path) for c in "*?[")
+        return f"Data file not found: {path}{' (data files are named one by one: a glob is not expanded)' * glob}"
     return None
 
 

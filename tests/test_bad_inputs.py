@@ -81,6 +81,11 @@ CASES = {
     "missing data file": (["data.name=files", "data.train_files=[/no/such.jsonl]"],
                           "Data file not found: /no/such.jsonl (data.train_files)", ""),
     "missing reward file": (["reward.file=/no/reward.py"], "Reward file not found: /no/reward.py (reward.file)", ""),
+    "a glob for data files": (["data.name=files", "data.train_files=[data/*.jsonl]"],
+                              "Data file not found: data/*.jsonl (data files are named one by one: a glob is not "
+                              "expanded)", ""),
+    "reward file a directory": (["reward.file=/tmp"], "Reward file /tmp (reward.file) is a directory; give the Python "
+                                                      "file", ""),
     # the interpolation that fails, not one that fails because it refers to it
     "unresolvable interpolation": (["trainer.project=${trainer.experiment}", "trainer.experiment=x_${oc.env:RLFORGE_NOPE}"],
                                    "Cannot resolve 'trainer.experiment: x_${oc.env:RLFORGE_NOPE}'", "RLFORGE_NOPE"),

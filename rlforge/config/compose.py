@@ -499,6 +499,9 @@ def validate(cfg: DictConfig, registry: Any, files: bool = True) -> None:
 def check_named_files(cfg: DictConfig, registry: Any) -> None:
     """The files and folders the config names: the reward file, the data files, the model folders, the checkpoint
     to resume."""
+    if cfg.reward.file and Path(cfg.reward.file).is_dir():
+        raise ConfigError(f"Reward file {cfg.reward.file} (reward.file) is a directory; give the Python file that "
+                          f"defines the reward function.")
     if cfg.reward.file and not Path(cfg.reward.file).is_file():
         raise ConfigError(f"Reward file not found: {cfg.reward.file} (reward.file).")
     check_data_files(cfg, registry)
