@@ -372,15 +372,18 @@ def test_a_longer_run_continues_on_the_longer_runs_schedule(tmp_path, caplog) ->
     base = [*QUICK, "trainer.save_every=1", "trainer.keep_last_n=0", "actor.lr_scheduler=cosine", "actor.lr=1e-3",
             "actor.min_lr_ratio=0", f"trainer.runs_root={tmp_path}", "trainer.resume=auto"]
 
-    def fit(steps: int) -> list[float]:
+    def fit(steps: int) -> list[dict[str, float]]:
         trainer = Trainer(load_config("grpo", [*base, f"trainer.total_steps={steps}"]))
         trainer.fit()
-        return [h["actor/lr"] for h in trainer.history]
+        return trainer.history
 
-    assert fit(2) == pytest.approx([1e-3, 0.5e-3])  # cosine over 2 steps: 1, (1 + cos(pi / 2)) / 2
+    assert [h["actor/lr"] for h in fit(2)] == pytest.approx([1e-3, 0.5e-3])  # cosine over 2: 1, (1 + cos(pi / 2)) / 2
     with caplog.at_level(logging.WARNING, logger="rlforge.run"):
         resumed = fit(4)
-    assert resumed == pytest.approx([1e-3 * (1 + math.cos(math.pi * k / 4)) / 2 for k in (2, 3)])
+    assert [h["actor/lr"] for h in resumed] == pytest.approx([1e-3 * (1 + math.cos(math.pi * k / 4)) / 2
+                                                              for k in (2, 3)])
+    # the resume gave the engine the checkpoint's weights: that sync is logged with step 3's own
+    assert [h["weight_sync/count"] for h in resumed] == [2.0, 1.0]
     assert ("trainer.total_steps 2 -> 4 changes the learning-rate schedule (actor.lr_scheduler=cosine): steps 3-4 run "
             "at the rates a run of 4 steps has at them") in caplog.text
 

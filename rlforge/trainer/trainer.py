@@ -35,6 +35,7 @@ from rlforge.trainer.checkpoint_hooks import checkpoint_entries, restore_checkpo
 from rlforge.sampling import SamplingParams
 from rlforge.trainer.metrics import data_metrics, sample_records, token_count, val_generations
 from rlforge.trainer.report import print_summary, reward_error_share
+from rlforge.weight_sync import add_sync_metrics
 
 if TYPE_CHECKING:
     from rlforge.protocols import GenerationsLogger
@@ -82,6 +83,7 @@ class Trainer:
         # a checkpoint being written in the background: its step, trainer state and meta
         self._writing: tuple[int, dict[str, Any], dict[str, Any]] | None = None
         self._entries: tuple[int, dict[str, Any]] | None = None  # (step, what the save hooks added at it)
+        self._resynced: dict[str, float] = {}  # weight_sync/* of the sync a resume made, for the first step's metrics
 
     # --- setup ------------------------------------------------------------------------------------
     def _resolve_run(self) -> resume.Binding:
@@ -239,6 +241,7 @@ class Trainer:
                           step=self.step, sampling=SamplingParams.from_config(self.config.rollout), flow=flow,
                           draw=self.next_prompts, hook_trainer=self, builder=self.builder)
         self.module.step, self.module._metrics, self.module._logged = self.step, ctx.metrics, {}
+        add_sync_metrics(ctx.metrics, self._resynced)  # the engine's weights of a resume (popped: once)
         try:
             batch = self.pipeline.prompts(self.next_prompts)
             for stage in flow.stages:
@@ -428,7 +431,7 @@ class Trainer:
 
     def _restore(self, path: Path, state: dict[str, Any]) -> None:
         self.controller.load_state_dict(state["controller"], path)  # the actor's weights too (actor/ or shards)
-        self.controller.sync_weights()
+        self._resynced = self.controller.sync_weights().metrics()  # logged with the first step's own syncs
         self.sampler.load_state_dict(state["sampler"])
         self.module.load_state_dict(state.get("module", {}))
         ckpt.set_rng_state(state["rng"])
