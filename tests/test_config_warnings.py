@@ -53,3 +53,16 @@ def test_a_large_advantage_epsilon_is_warned_about(registry, caplog) -> None:
         compose(registry, "grpo", None, ["algorithm.epsilon=1e-4"])
     (line,) = [r.getMessage() for r in caplog.records if "algorithm.epsilon" in r.getMessage()]
     assert line.startswith("algorithm.epsilon=0.2 is added to the std") and "actor.clip_ratio_low" in line
+
+
+def test_a_key_given_twice_and_a_data_file_listed_twice_are_warned_about(registry, caplog, tmp_path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "What is 1+1?", "data_source": "arith", "reward_model": {"ground_truth": "2"}}\n')
+    with caplog.at_level("WARNING", logger="rlforge"):
+        cfg = compose(registry, "grpo", None, ["actor.lr=1e-5", "actor.lr=2e-5", "rollout.n=4", "rollout.n=4",
+                                               "data.name=files", f"data.train_files=[{rows},{rows}]"])
+    assert cfg.actor.lr == 2e-5
+    messages = [r.getMessage() for r in caplog.records]
+    assert "Override 'actor.lr' is given twice (1e-5, then 2e-5): the last, 2e-5, is used." in messages
+    assert not [m for m in messages if "'rollout.n' is given twice" in m]  # the same value twice changes nothing
+    assert f"'data.train_files' lists {rows} 2 times: its rows are read that many times" in "".join(messages)

@@ -8,6 +8,7 @@ choices.
 from __future__ import annotations
 
 import copy
+import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import fields
@@ -31,6 +32,8 @@ from rlforge.errors import ConfigError, RLForgeError, did_you_mean
 from rlforge.models import BUILTIN_PREFIX, resolve_model_path
 from rlforge.pipeline import PIPELINES
 from rlforge.resume import read_run_config, resumed_run
+
+log = logging.getLogger("rlforge")
 
 
 def parse_overrides(overrides: list[str]) -> DictConfig:
@@ -65,6 +68,13 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
             name, rest = glued.split(":", 1)
             raise ConfigError(f"Override '{o}': YAML reads '{{{glued}}}' as the key '{glued}' without a value (Hydra "
                               f"reads it as {name}: {rest}); write '{{{name}: {rest}}}', with a space after the colon.")
+    given: dict[str, str] = {}
+    for o in overrides:
+        key, value = o.split("=", 1)
+        if key in given and given[key] != value:
+            log.warning("Override '%s' is given twice (%s, then %s): the last, %s, is used.", key, given[key], value,
+                        value)
+        given[key] = value
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except OmegaConfBaseException as exc:
@@ -526,3 +536,7 @@ def check_data_files(cfg: DictConfig, registry: Any) -> None:
         problem = None if caps.checks_own_files else next((p for f in files if (p := data_file_problem(f))), None)
         if problem:
             raise ConfigError(f"{problem} ({key}).")
+        twice = next((f for i, f in enumerate(files) if f in files[:i]), None)
+        if twice is not None:
+            log.warning("'%s' lists %s %d times: its rows are read that many times (an epoch holds each that many "
+                        "times). List it once unless that is meant.", key, twice, files.count(twice))
