@@ -90,6 +90,10 @@ def _message_problem(message: Any) -> str:
     if not isinstance(content, str):
         return ("has no content" if "content" not in message
                 else f"has content of type {type(content).__name__}, not a string")
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate (JSON's "\ud800"): no tokenizer encodes it
+        return f"has text that is not valid Unicode ({exc.reason} at character {exc.start}: {content[exc.start]!r})"
     return ""
 
 

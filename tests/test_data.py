@@ -71,6 +71,13 @@ def test_a_role_chat_templates_do_not_know_is_warned_once_per_role(char_tokenize
     assert "ShareGPT's 'human' is 'user'." in warned[0]
 
 
+def test_a_lone_surrogate_in_a_message_is_named(char_tokenizer) -> None:
+    bad = _row(prompt=[{"role": "user", "content": "What is \ud800?"}])  # what json reads from "\\ud800"
+    with pytest.raises(DataError, match=r"mydata, row 2: prompt message 1 has text that is not valid Unicode "
+                                        r"\(surrogates not allowed at character 8: '\\ud800'\)"):
+        tokenize_rows([_row(), bad], char_tokenizer, 64, True, "mydata")
+
+
 @pytest.mark.parametrize("column", ["prompt", "data_source"])
 def test_missing_column_names_row_and_column(char_tokenizer, column: str) -> None:
     bad = _row()
