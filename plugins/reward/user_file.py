@@ -52,7 +52,7 @@ def load_user_function(path: str, name: str = "compute_score", timeout_s: float 
                           f"extra_info).")
     probe = RewardWorkers({"import": lambda: _import_function(path, name) and 0.0}, 1, timeout_s)
     try:
-        kind, reason = probe.run([(0, "import", ())])[0]
+        kind, reason = probe.run([(0, "import", ())], quiet=True)[0]
     finally:
         probe.close()
     if kind != OK:

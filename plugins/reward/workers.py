@@ -145,8 +145,9 @@ class RewardWorkers:
         self.workers: list[_Worker] = []
         self._finalizer: weakref.finalize | None = None
 
-    def run(self, tasks: list[Task]) -> dict[int, Outcome]:
-        """Evaluate every task; return ``{sample index: outcome}``. ``RLForgeError`` if a function raised one."""
+    def run(self, tasks: list[Task], quiet: bool = False) -> dict[int, Outcome]:
+        """Evaluate every task; return ``{sample index: outcome}``. ``RLForgeError`` if a function raised one.
+        ``quiet``: no warning counts the calls that timed out (the caller words that outcome itself)."""
         if not self.workers:  # first use, or first use after close()
             self.workers.extend(_Worker(self.fns) for _ in range(self.num_workers))
             self._finalizer = weakref.finalize(self, _stop_all, self.workers)
@@ -168,7 +169,8 @@ class RewardWorkers:
                 elif reason := w.overrun(self.timeout_s, WALL_BACKSTOP * self.timeout_s):
                     outcomes[w.pending.popleft()[0]] = (TIMEOUT, reason)
                     queue.extendleft(reversed(w.restart()))
-        self._warn_timeouts(outcomes)
+        if not quiet:
+            self._warn_timeouts(outcomes)
         return outcomes
 
     def _receive(self, w: _Worker, outcomes: dict[int, Outcome], queue: deque[Task]) -> None:
