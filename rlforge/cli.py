@@ -51,7 +51,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from rlforge.config.compose import load_file, parse_overrides
+    from rlforge.config.compose import load_file
+    from rlforge.config.yaml_text import parse_overrides
 
     check_sft_layers([(parse_overrides(args.overrides), "command-line overrides"),
                      *([(load_file(args.config), args.config)] if args.config else [])])
@@ -145,7 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rlforge.tools.evaluate import evaluate, write_report
 
     pm, cfg = _inference_config(args)
-    out = output_file(args.out, [*cfg.data.train_files, *cfg.data.val_files], "--out")  # before the model loads
+    out = output_file(args.out, [*cfg.data.train_files, *cfg.data.val_files], "--out", [args.model])  # before loading
     report = evaluate(cfg, pm, split=args.split, ks=args.k, limit=args.limit, log=_progress)
     path = write_report(report, out)
     print(f"{report['prompts']} prompts x {report['samples_per_prompt']} samples of {report['dataset']} "
@@ -160,7 +161,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from rlforge.tools.generate import generate
 
     pm, cfg = _inference_config(args)
-    out = output_file(args.out, [*cfg.data.train_files, *cfg.data.val_files], "--out")  # before the model loads
+    out = output_file(args.out, [*cfg.data.train_files, *cfg.data.val_files], "--out", [args.model])  # before loading
     lines = generate(cfg, pm, out, split=args.split, limit=args.limit, log=_progress)
     print(f"wrote {lines} samples to {args.out}")
     return 0

@@ -233,21 +233,34 @@ def tensor_bytes(obj: Any) -> int:
     return int(numel() * size()) if callable(numel) and callable(size) else 0
 
 
-def output_file(out: str | Path, inputs: Iterable[str | Path], flag: str) -> Path:
-    """The file ``out`` a command writes (``flag`` names its option in errors), checked before its work starts: not a
-    folder, none of the files the command reads (``inputs``: writing it would replace them), in a folder that can be
-    made (made here) and written."""
+def output_file(out: str | Path, inputs: Iterable[str | Path], flag: str, folders: Iterable[str | Path] = ()) -> Path:
+    """The file ``out`` a command writes (``flag`` names its option in errors), checked before its work starts: a
+    file name, not a folder, none of the files the command reads (``inputs``) nor inside a folder it reads
+    (``folders``: a model, run or checkpoint folder), as the path resolves once written (``a/../rows.jsonl`` is
+    ``rows.jsonl``, links followed), in a folder that can be made (made here) and written."""
+    if not str(out).strip():
+        raise RLForgeError(f"{flag} is empty: give the path of a file to write.")
     path = Path(out).expanduser()
-    if path.is_dir():
+    real = Path(os.path.realpath(path))  # what a write lands on: missing folders of the path read lexically
+    if real.is_dir():
         raise RLForgeError(f"{flag} {out} is a folder: give the path of a file to write.")
-    same = next((given for given in inputs if path.is_file() and Path(given).expanduser().is_file()
-                 and path.samefile(Path(given).expanduser())), None)
+    same = next((given for given in inputs if _same_file(real, Path(given).expanduser())), None)
     if same is not None:
         raise RLForgeError(f"{flag} {out} is the file the command reads ({same}): writing it would replace that data. "
                            f"Give another output file.")
+    inside = next((f for f in folders if Path(f).expanduser().is_dir()
+                   and real.is_relative_to(os.path.realpath(Path(f).expanduser()))), None)
+    if inside is not None:
+        raise RLForgeError(f"{flag} {out} is inside {inside}, which the command reads: writing there could replace "
+                           f"its files. Give an output file outside it.")
     with disk_errors(f"make the folder of {flag} {out}", "Give an output path in a writable folder."):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise RLForgeError(f"{flag} {out}: {path if path.exists() else path.parent} is not writable. Give an output "
+        real.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(real.parent, os.W_OK) or (real.exists() and not os.access(real, os.W_OK)):
+        raise RLForgeError(f"{flag} {out}: {real if real.exists() else real.parent} is not writable. Give an output "
                            f"path in a writable folder.")
-    return path
+    return real
+
+
+def _same_file(real: Path, given: Path) -> bool:
+    """Whether writing ``real`` (a resolved path) would write ``given``: the same path resolved, or a hard link."""
+    return Path(os.path.realpath(given)) == real or (real.is_file() and given.is_file() and real.samefile(given))

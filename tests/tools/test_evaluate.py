@@ -229,3 +229,16 @@ def test_an_output_that_is_the_input_or_a_folder_is_refused_before_the_model_loa
     assert data.read_text() == kept
     assert main([command, "builtin:tiny-arith", "--data", str(data), "--out", str(tmp_path)]) == 2
     assert f"--out {tmp_path} is a folder: give the path of a file to write." in capsys.readouterr().err
+    sneaky = tmp_path / "missing" / ".." / "rows.jsonl"  # the write lands on rows.jsonl once missing/ is made
+    assert main([command, "builtin:tiny-arith", "--data", str(data), "--out", str(sneaky)]) == 2
+    assert f"--out {sneaky} is the file the command reads ({data})" in capsys.readouterr().err
+    assert data.read_text() == kept and not (tmp_path / "missing").exists()
+
+
+def test_an_output_inside_the_run_evaluated_is_refused(fitted_run, capsys):
+    trainer, _ = fitted_run
+    target = trainer.run_dir / "config.yaml"
+    kept = target.read_bytes()
+    assert main(["eval", str(trainer.run_dir), "--limit", "2", "--out", str(target)]) == 2
+    assert f"--out {target} is inside {trainer.run_dir}, which the command reads" in capsys.readouterr().err
+    assert target.read_bytes() == kept
