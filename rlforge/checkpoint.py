@@ -269,10 +269,20 @@ def _check_safetensors(path: Path) -> None:
         raise CorruptCheckpoint(f"{problem}{': the checkpoint is incomplete' if not path.is_file() else ''}.")
 
 
-def check_weights(checkpoint: Path) -> None:
-    """The actor's weight files are complete (:func:`_check_safetensors`); a CorruptCheckpoint naming the file."""
+def check_actor(checkpoint: Path) -> None:
+    """The actor's weight files are complete (:func:`_check_safetensors`) and its config (``config.json``, or a LoRA
+    adapter's) is JSON; else a CorruptCheckpoint naming the file."""
     for weights in weight_files(checkpoint):
         _check_safetensors(weights)
+    from rlforge import lora
+
+    for name in ("config.json", lora.ADAPTER_CONFIG):
+        config = checkpoint / "actor" / name
+        if config.is_file():
+            try:
+                json.loads(config.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise CorruptCheckpoint(f"{config} cannot be read: it is not JSON ({exc}).") from None
 
 
 def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -289,7 +299,7 @@ def read(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         raise CorruptCheckpoint(f"{state_file} is empty (0 bytes).")
     roles = sorted((checkpoint / SHARDED_DIR).glob("*/")) if (checkpoint / SHARDED_DIR).is_dir() else []
     if has_actor(checkpoint):
-        check_weights(checkpoint)
+        check_actor(checkpoint)
     elif not roles:  # strategy.checkpoint=async: the shards only
         raise CorruptCheckpoint(f"{checkpoint} holds neither actor/ nor {SHARDED_DIR}/: it is incomplete.")
     from rlforge.strategy import sharded_problem

@@ -16,6 +16,7 @@ Whatever wrote it, the export is then given back what the run's model had when i
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from functools import partial
@@ -181,11 +182,13 @@ def export_checkpoint(path: str | Path, out: str | Path, registry: Any, adapter_
         raise RLForgeError(f"--dtype {dtype} applies to a merged export; --adapter writes the adapter as it trained.")
     checkpoint = find_checkpoint(path)
     target = Path(out).expanduser()
+    if Path(os.path.realpath(target)).is_relative_to(os.path.realpath(checkpoint)):
+        raise RLForgeError(f"Output folder {out} is inside the checkpoint {checkpoint}: export it to a folder outside.")
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise RLForgeError(f"Output folder {out} exists and is not empty: choose a new folder.")
     checkpoint = write_missing_actor(checkpoint)
     if ckpt.has_actor(checkpoint):  # a truncated weight file would export as a folder that does not load
-        ckpt.check_weights(checkpoint)
+        ckpt.check_actor(checkpoint)
     is_adapter = (checkpoint / ACTOR_DIR / ADAPTER_CONFIG).is_file()
     if adapter_only and not is_adapter:
         raise RLForgeError(f"{checkpoint} is not a LoRA checkpoint (no {ACTOR_DIR}/{ADAPTER_CONFIG}): --adapter "

@@ -54,6 +54,20 @@ def test_a_checkpoint_with_truncated_weights_is_refused_and_nothing_is_written(f
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
 
 
+def test_a_checkpoint_with_an_unreadable_config_or_an_export_inside_it_is_refused(fitted_run, tmp_path, capsys):
+    import shutil
+
+    trainer, _ = fitted_run
+    step1 = tmp_path / "step_000001"
+    shutil.copytree(trainer.run_dir / "checkpoints" / "step_000001", step1)
+    assert main(["export", str(step1), str(step1 / "exported")]) == 2
+    assert f"Output folder {step1 / 'exported'} is inside the checkpoint {step1}" in capsys.readouterr().err
+    (step1 / "actor" / "config.json").write_text("{")
+    assert main(["export", str(step1), str(tmp_path / "out")]) == 2
+    assert f"{step1 / 'actor' / 'config.json'} cannot be read: it is not JSON" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_errors(fitted_run, tmp_path, capsys):
     trainer, _ = fitted_run
     busy = tmp_path / "busy"
