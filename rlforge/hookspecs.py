@@ -208,7 +208,8 @@ def rlforge_validation_end(trainer: Any, step: int, metrics: dict[str, float]) -
     """Validation on held-out prompts finished.
 
     :param step: the training step after which validation ran (0 = before training).
-    :param metrics: ``val/*`` metrics, e.g. ``val/accuracy``.
+    :param metrics: ``val/*`` metrics, e.g. ``val/accuracy``; implementations may add keys (numbers), and giving one
+        rlforge wrote another value is an error naming it (the summary's accuracy is read from it).
     """
 
 

@@ -325,3 +325,34 @@ def test_a_hook_that_replaces_a_metric_rlforge_wrote_is_refused_and_one_that_dro
     trainer = Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[Drops(), Replaces("custom/mine")])
     trainer.fit()
     assert "critic/score/mean" not in trainer.history[-1] and trainer.history[-1]["custom/mine"] == 1.0
+
+
+class LogsScoreMean(GRPO):
+    def flow(self):
+        from rlforge.dataflow import Stage
+
+        class Logs(Stage):
+            name = "logs"
+
+            def run(self, ctx, batch):
+                ctx.log({"critic/score/mean": 7.0})
+                return batch
+
+        return super().flow().insert_after(Stage.REWARD, Logs())
+
+
+class ReplacesAccuracy:
+    @hookimpl
+    def rlforge_validation_end(self, metrics):
+        metrics["val/accuracy"] = 0.99
+
+
+def test_a_stage_or_a_validation_hook_that_replaces_a_metric_rlforge_writes_is_refused(tmp_path, pm):
+    cfg = fast_config("grpo", tmp_path, *TINY, plugins=pm)
+    with pytest.raises(RLForgeError, match=r"metric 'critic/score/mean' was replaced in this step's ctx.log \(a stage "
+                                           r"of dataflow .* -> 7.0\)"):
+        Trainer(cfg, plugins=PluginManager(autoload=False)).fit(LogsScoreMean(cfg))
+    cfg = fast_config("grpo", tmp_path, *TINY, "trainer.val_at_end=true", plugins=pm)
+    with pytest.raises(RLForgeError, match=r"metric 'val/accuracy' was replaced in rlforge_validation_end "
+                                           r"\(.*ReplacesAccuracy.*\) \(.* -> 0.99\)"):
+        Trainer(cfg, plugins=PluginManager(autoload=False), callbacks=[ReplacesAccuracy()]).fit()

@@ -15,9 +15,9 @@ kept per sample and logged as ``reward/extra/<function name>/mean``. As TRL does
 gave a name are averaged and logged under that name) and ``log_extra(column, values)`` (one value per sample: kept in
 the sample's ``reward_extra_info``, numbers logged as ``reward/extra/<column>/mean``). A sample whose every function
 returned None gets ``reward.fallback_score`` and counts as failed (``reward/error_share``, ``reward.max_error_share``):
-TRL leaves it out of its group's baseline instead. The functions run in the trainer's process, as in TRL, without the rule
-manager's time limit; one that raises or returns something else than one number or None per sample stops the run
-with an error naming it.
+TRL leaves it out of its group's baseline instead. The functions run in the trainer's process, as in TRL, without
+the rule manager's time limit; one that raises or returns something else than one number or None per sample stops
+the run with an error naming it.
 """
 
 from __future__ import annotations
@@ -270,6 +270,9 @@ class Logged:
         def log_metric(name: str, value: float) -> None:
             if not isinstance(name, str) or not name.strip():
                 raise RLForgeError(f"{where}: log_metric({name!r}, ...): a metric's name is a non-empty string.")
+            if name.startswith(("val/", "val-core/", "val-aux/")):
+                raise RLForgeError(f"{where}: log_metric({name!r}, ...): names under val/ are validation's metrics; "
+                                   f"log the training batch's under a name of its own.")
             if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
                 raise RLForgeError(f"{where}: log_metric({name!r}, {value!r}): the value must be a finite number.")
             self.values.setdefault(name, []).append(float(value))

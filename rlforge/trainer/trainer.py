@@ -252,6 +252,8 @@ class Trainer:
         n_tokens = token_count(batch)
         builtin = data_metrics(batch, self.config.rollout.max_new_tokens)
         self.module._check_logged(ctx.metrics, builtin)
+        check_kept(builtin, {**builtin, **ctx.metrics}, f"this step's ctx.log (a stage of dataflow '{flow.name}' or "
+                                                        f"the reward manager's metrics)")
         metrics = {**builtin, **ctx.metrics}
         self._write_samples("samples.jsonl", batch, self.config.trainer.samples_to_save)
         elapsed = time.perf_counter() - step_start
@@ -296,7 +298,9 @@ class Trainer:
         if batch is not None:
             self._write_samples("val_samples.jsonl", batch, len(batch))
             self._log_val_generations(batch)
+        written = dict(metrics)
         self.hook.rlforge_validation_end(trainer=self, step=self.step, metrics=metrics)
+        check_kept(written, metrics, f"rlforge_validation_end ({implementers(self.hook, 'validation_end')})")
         self._log(metrics)
         return metrics
 

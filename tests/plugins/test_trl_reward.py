@@ -61,6 +61,7 @@ def rewards_module(monkeypatch):
     module.logs_inf = lambda completions, log_metric, **kwargs: log_metric("m", float("inf"))
     module.logs_short = lambda completions, log_extra, **kwargs: log_extra("c", [1])
     module.logs_builtin = lambda completions, log_metric, **kwargs: [log_metric("reward/errors", 1.0), [0.0, 0.0]][1]
+    module.logs_val = lambda completions, log_metric, **kwargs: log_metric("val/accuracy", 1.0)
     monkeypatch.setitem(sys.modules, "my_trl_rewards", module)
     CALLS.clear()
     return module
@@ -149,6 +150,7 @@ def test_trainer_state_log_metric_and_log_extra_are_passed_as_trl_does(pm, char_
 @pytest.mark.parametrize(("name", "message"), [
     ("logs_inf", r"<lambda> \(reward.trl.functions\[0\]\): log_metric\('m', inf\): the value must be a finite"),
     ("logs_short", r"log_extra\('c', ...\) got 1 values for 2 samples: give one value per completion"),
+    ("logs_val", r"log_metric\('val/accuracy', ...\): names under val/ are validation's metrics"),
     ("logs_builtin", r"called log_metric\('reward/errors', ...\): the trl reward manager logs that metric itself"),
     ("broken", r"TRL reward function <lambda> \(reward.trl.functions\[0\]\) returned 1 values for 2 samples"),
     ("raises", r"<lambda> \(reward.trl.functions\[0\]\) raised on a batch of 2 samples: ZeroDivisionError"),
