@@ -116,7 +116,9 @@ def _new_run(config: DictConfig, run_dir: Path | None) -> Binding:
     if run_dir is None:
         run_dir = ckpt.new_run_dir(config.trainer.runs_root, config.trainer.experiment)
     else:
-        foreign = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE) if run_dir.is_dir() else []
+        foreign = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_FILE  # an empty checkpoints/ is a run's
+                         and not (p.name == "checkpoints" and p.is_dir() and not any(p.iterdir()))
+                         ) if run_dir.is_dir() else []
         validated = any(name.startswith(VAL_ONLY_REPORT) for name in foreign)  # verl's val_only ran there first
         if foreign and not validated and not ckpt.holds_run(run_dir):
             raise RLForgeError(

@@ -216,6 +216,15 @@ def test_numbers_yaml_1_1_misreads_in_a_config_file_are_refused_naming_the_line(
     assert (cfg.trainer.total_steps, cfg.trainer.experiment, cfg.actor.lr) == (1000, "010", 1e-6)
 
 
+def test_misreads_inside_a_list_on_the_command_line_are_refused(registry) -> None:
+    with pytest.raises(ConfigError, match=r"Override 'data.train_files=\[1:30\]': YAML reads '1:30' as the number 90 "
+                                          r".*: quote that item inside it"):
+        compose(registry, "grpo", None, ["data.train_files=[1:30]"])
+    with pytest.raises(ConfigError, match=r"'logger.backends' \(in command-line overrides\) is text, and YAML read "
+                                          r"its value as the boolean False"):
+        compose(registry, "grpo", None, ["logger.backends=[console,off]"])
+
+
 @pytest.mark.parametrize("where", ["file", "override"])
 def test_a_yes_or_no_for_a_text_key_is_refused(registry, tmp_path: Path, where: str) -> None:
     path = _yaml(tmp_path, "trainer:\n  experiment: no\n") if where == "file" else None

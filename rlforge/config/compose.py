@@ -16,8 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from rlforge import checkpoint, lora, module_checks, precision
@@ -32,80 +31,12 @@ from rlforge.errors import ConfigError, RLForgeError, did_you_mean
 from rlforge.models import BUILTIN_PREFIX, resolve_model_path
 from rlforge.pipeline import PIPELINES
 from rlforge.resume import read_run_config, resumed_run
+from rlforge.config.yaml_text import OVERRIDES, load_yaml, parse_overrides
 
 log = logging.getLogger("rlforge")
 
 
-def parse_overrides(overrides: list[str]) -> DictConfig:
-    """Turn ``["actor.lr=1e-5", "logger.backends=[console]"]`` into a config (values parsed as YAML)."""
-    hydra = [o for o in overrides if o.startswith(("+", "~"))]
-    if hydra:
-        raise ConfigError(f"Override '{hydra[0]}': '+key', '++key' and '~key' are Hydra's (verl's) syntax. rlforge's "
-                          f"overrides are key=value on keys that exist (rlforge config show lists them); a whole verl "
-                          f"launch runs as it is with 'rlforge verl ARGS' (see docs/migration-from-verl.md).")
-    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
-    if bad:
-        raise ConfigError(f"Override '{bad[0]}' is not of the form key=value (e.g. actor.lr=1e-5).")
-    for o in overrides:  # a value is YAML: 'Q: {prompt}' is a mapping, or not YAML at all, unless it is quoted
-        key, value = o.split("=", 1)
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            hint = (f"quote each interpolation inside it as a YAML string, e.g. '{key}={{x: \"${{a.b}}\"}}'."
-                    if value.lstrip().startswith(("{", "[")) and "${" in value  # inside a mapping or list
-                    else f"quote it as a YAML string: {key}='\"...\"' (in a shell: '{key}=\"...\"').")
-            raise ConfigError(f"Override '{o}': the value is not valid YAML ({str(exc).splitlines()[0]}); {hint}"
-                              ) from None
-        if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
-            raise ConfigError(f"Override '{o}': YAML reads the value as a mapping (it has ': '); quote it as a YAML "
-                              f"string: '{key}=\"{value}\"'.")
-        surprise = _yaml_number_surprise(value.strip(), parsed)
-        if surprise is not None:
-            raise ConfigError(f"Override '{o}': YAML reads {value.strip()!r} as the number {parsed!r} ({surprise}); "
-                              f"write the number you mean, or quote the value as a string: {key}='\"{value}\"'.")
-        glued = _glued_key(parsed)
-        if glued is not None:
-            name, rest = glued.split(":", 1)
-            raise ConfigError(f"Override '{o}': YAML reads '{{{glued}}}' as the key '{glued}' without a value (Hydra "
-                              f"reads it as {name}: {rest}); write '{{{name}: {rest}}}', with a space after the colon.")
-    given: dict[str, str] = {}
-    for o in overrides:
-        key, value = o.split("=", 1)
-        if key in given and given[key] != value:
-            log.warning("Override '%s' is given twice (%s, then %s): the last, %s, is used.", key, given[key], value,
-                        value)
-        given[key] = value
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"Cannot parse overrides {overrides}: {exc}") from None
 
-
-def _yaml_number_surprise(text: str, parsed: Any) -> str | None:
-    """Why YAML 1.1's reading of the scalar ``text`` as the number ``parsed`` is not what it looks like, else None:
-    a float with underscores (``5_0.5`` is 50.5), base 60 (``1:30`` is 90), octal (``010`` is 8). Integers with
-    underscores (``1_000``) read as Python reads them."""
-    if isinstance(parsed, bool) or not isinstance(parsed, (int, float)):
-        return None
-    if ":" in text:
-        return "YAML 1.1 reads a colon between digits as base 60"
-    if "_" in text and isinstance(parsed, float):
-        return "it drops the underscores of a number"
-    if re.fullmatch(r"[-+]?0[0-9]+", text):
-        return "a leading 0 makes it octal"
-    return None
-
-
-def _glued_key(value: Any) -> str | None:
-    """A mapping key with a colon and no value anywhere in ``value`` (YAML's reading of ``{a:b}``), else None."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            found = k if isinstance(k, str) and ":" in k and v is None else _glued_key(v)
-            if found is not None:
-                return found
-    if isinstance(value, list):
-        return next((g for g in map(_glued_key, value) if g is not None), None)
-    return None
 
 
 PRESETS = Path(__file__).parent / "presets"  # --config builtin:NAME reads NAME.yaml here (package data)
@@ -121,50 +52,6 @@ def config_file_path(path: str) -> Path:
         raise ConfigError(f"Unknown built-in config '{path}' (--config). Built-in configs: "
                           f"{', '.join(BUILTIN_PREFIX + k for k in known)}.")
     return PRESETS / f"{name}.yaml"
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
-
-    source = ""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise ConfigError(f"Config file {self.source} gives '{key}' twice in one section (line {seen[key]} and "
-                                  f"line {line}): the second would silently replace the first. Merge them into one.")
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-    def construct_checked_number(self, node: yaml.ScalarNode) -> Any:
-        """An int or float scalar, refused where YAML 1.1 reads it as another number than it looks
-        (:func:`_yaml_number_surprise`: ``1:30`` is 90, ``010`` is 8, ``5_0.5`` is 50.5)."""
-        value = (self.construct_yaml_int if node.tag.endswith(":int") else self.construct_yaml_float)(node)
-        surprise = _yaml_number_surprise(str(node.value).strip(), value)
-        if surprise is not None:
-            raise ConfigError(f"Config file {self.source}, line {node.start_mark.line + 1}: YAML reads "
-                              f"{str(node.value).strip()!r} as the number {value!r} ({surprise}); write the number you "
-                              f"mean, or quote the value as a string.")
-        return value
-
-
-for _tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
-    _UniqueKeyLoader.add_constructor(_tag, _UniqueKeyLoader.construct_checked_number)
-
-
-def load_yaml(path: Path, source: str) -> Any:
-    """The YAML document in ``path``; a key repeated in a mapping is an error naming the key and both lines."""
-    loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
-    loader.source = source
-    try:
-        return loader.get_single_data()
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"Config file {source} is not valid YAML: {exc}") from None
-    finally:
-        loader.dispose()
 
 
 def load_file(path: str) -> DictConfig:
@@ -207,7 +94,10 @@ def _check_texts(base: DictConfig, layer: DictConfig, source: str) -> None:
     for key, value in verl.flatten(OmegaConf.to_container(layer)):
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(base, parent, default=None) if parent else base
-        if isinstance(value, bool) and isinstance(node, DictConfig) and isinstance(node._get_node(leaf), StringNode):
+        target = node._get_node(leaf) if isinstance(node, DictConfig) and leaf in node else None
+        texts = isinstance(target, ListConfig) and target._metadata.element_type is str  # a list of text
+        value = next((v for v in value if isinstance(v, bool)), None) if isinstance(value, list) and texts else value
+        if isinstance(value, bool) and (texts or isinstance(target, StringNode)):
             raise ConfigError(f"'{key}' (in {source}) is text, and YAML read its value as the boolean {value} (an "
                               f"unquoted yes, no, on, off, true or false): it would be the text '{value}'. Quote it "
                               f"({leaf}: \"no\" in a file, {key}='\"no\"' on the command line).")
@@ -290,7 +180,6 @@ def compose(
     return _compose(registry, algo, [(file_cfg, config_file or ""), (parse_overrides(list(overrides)), OVERRIDES)])
 
 
-OVERRIDES = "command-line overrides"
 
 
 def _algorithm_name(algo: str | None, layers: list[tuple[DictConfig, str]]) -> str:

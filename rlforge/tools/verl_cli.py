@@ -173,7 +173,7 @@ def run_verl(argv: list[str], loaded: Loaded, progress: Callable[[str], None]) -
     argv, ours = argv[:at], argv[at + 1:]
     opts = {a for a in argv if a in flags}
     if "--sft" in opts:
-        from rlforge.config.compose import parse_overrides
+        from rlforge.config.yaml_text import parse_overrides
 
         check_sft_layers([(parse_overrides(ours), "rlforge's keys after --")])
     prepared = prepare([a for a in argv if a not in flags], SFT_ENTRY if "--sft" in opts else PPO_ENTRY,
