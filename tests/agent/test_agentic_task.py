@@ -195,7 +195,7 @@ def test_validation_runs_the_agent_loop_with_the_validation_sampling(make_runner
     module = SimpleNamespace(tokenizer=tok, processor=None)
     trainer = SimpleNamespace(config=cfg, builder=Builder(cfg, pm), module=module,
                               controller=fake_controller(generate_tokens=script, score=None),
-                              flow=SimpleNamespace(stages=[stage]))
+                              flow=SimpleNamespace(stages=[stage]), step=0)
     params = sampling(n=2)
     evaluate = evaluator(trainer)
     out = evaluate.generate(prompt_batch(tok, [("2+3?", "5")]), params)
@@ -211,7 +211,7 @@ def test_validation_runs_the_agent_loop_with_the_validation_sampling(make_runner
 def test_validation_without_an_agent_loop_calls_the_rollout_workers_generate(tok):
     calls = []
     controller = fake_controller(generate=lambda batch, params: calls.append(params) or batch, score=None)
-    trainer = SimpleNamespace(controller=controller, flow=SimpleNamespace(stages=[]))
+    trainer = SimpleNamespace(controller=controller, flow=SimpleNamespace(stages=[]), step=0)
     batch = prompt_batch(tok, [("2+3?", "5")])
     evaluate = evaluator(trainer)
     assert evaluate.agent is None and evaluate.backend is controller.workers.rollout

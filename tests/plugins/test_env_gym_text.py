@@ -226,7 +226,7 @@ def test_validation_scores_the_episode_return(config, pm, char_tokenizer):
     builder = Builder(cfg, pm)
     module = builder.module()
     stage = AgentRolloutStage()
-    run = SimpleNamespace(config=cfg, builder=builder, module=module, flow=SimpleNamespace(stages=[stage]),
+    run = SimpleNamespace(config=cfg, builder=builder, module=module, flow=SimpleNamespace(stages=[stage]), step=0,
                           controller=fake_controller(generate_tokens=Scripted(char_tokenizer, lambda _: "1"),
                                                      score=builder.reward(module.tokenizer).score))
     try:
