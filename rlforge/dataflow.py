@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from rlforge import batch as B
 from rlforge.errors import RLForgeError
-from rlforge.evaluation import SCORED_AT
+from rlforge.evaluation import SCORED_AT, score_with
 from rlforge.metric_values import as_number
 from rlforge.plugin_manager import implementers
 from rlforge.weight_sync import add_sync_metrics
@@ -367,9 +367,7 @@ class RewardStage(Stage):
     """Score the responses; ``rlforge_shape_rewards`` may reshape the token rewards."""
 
     def run(self, ctx: StepContext, batch: B.Batch) -> B.Batch:
-        batch.meta[SCORED_AT] = ctx.step - 1  # the updates made before this step's
-        batch = ctx.controller.score(batch)
-        batch.meta.pop(SCORED_AT, None)
+        batch = score_with(ctx.controller.score, batch, {SCORED_AT: ctx.step - 1})  # the updates made before it
         ctx.log(batch.meta.pop("metrics", {}))  # what the reward manager measured
         batch[B.TOKEN_LEVEL_REWARDS] = batch[B.TOKEN_LEVEL_SCORES]
         shaped = ctx.hook_batch("shape_rewards", batch)

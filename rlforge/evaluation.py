@@ -83,6 +83,20 @@ def scored_at(batch: B.Batch) -> int:
     return int(batch.meta.get(SCORED_AT, 0))
 
 
+def score_with(score: Callable[[B.Batch], B.Batch], batch: B.Batch, meta: dict[str, Any]) -> B.Batch:
+    """``score(batch)`` with ``meta`` (:data:`SCORED_FOR`, :data:`SCORED_AT`) in the batch's meta while it is scored,
+    and in neither the batch nor the scored one after (a scorer may return another batch, with a copy of the meta)."""
+    batch.meta.update(meta)
+    try:
+        scored = score(batch)
+    finally:
+        for key in meta:
+            batch.meta.pop(key, None)
+    for key in meta:
+        scored.meta.pop(key, None)
+    return scored
+
+
 def scored_for(batch: B.Batch) -> str:
     """What ``batch`` is being scored for: :data:`VALIDATION` while an :class:`Evaluator` scores it, else
     :data:`TRAINING` (a training step's reward stage)."""
@@ -117,16 +131,8 @@ class Evaluator:
 
     def score(self, batch: B.Batch) -> B.Batch:
         """The reward function's scores, plus the trajectories' rewards when an agent loop generated ``batch``."""
-        batch.meta[SCORED_FOR] = VALIDATION  # the reward manager's errors say validation, not a training step
-        batch.meta[SCORED_AT] = self.step
-        try:
-            scored = self.scorer(batch)
-        finally:
-            batch.meta.pop(SCORED_FOR, None)
-            batch.meta.pop(SCORED_AT, None)
-        scored.meta.pop(SCORED_FOR, None)  # a scorer that returned another batch, with a copy of the meta
-        scored.meta.pop(SCORED_AT, None)
-        batch = scored
+        # the reward manager's errors say validation, not a training step
+        batch = score_with(self.scorer, batch, {SCORED_FOR: VALIDATION, SCORED_AT: self.step})
         counted = batch.meta.pop("metrics", {})  # the reward manager's counters: only its failures are kept
         for key in FAULT_METRICS:
             self._faults[key] += counted.get(key, 0.0)
