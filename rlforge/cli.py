@@ -389,26 +389,45 @@ def _terminate_as_interrupt() -> Iterator[None]:
         return
 
     previous = signal.signal(signal.SIGTERM, _terminate)
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = _dropped_terminated(unraisable)
     try:
         yield
     finally:  # once stopped by one (or with one put off), a later SIGTERM must not end the process on its way out
         signal.signal(signal.SIGTERM, signal.SIG_IGN if _TERMINATED.is_set() or _PUT_OFF.is_set() else previous)
+        sys.unraisablehook = unraisable
+
+
+def _dropped_terminated(unraisable: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Python drops an exception raised where it ignores them (a weakref callback or ``__del__`` the garbage collector
+    runs) and prints its traceback: a :class:`Terminated` dropped so is sent again 50 ms later, quietly, to stop the
+    command where it can."""
+    def hook(info: Any) -> None:
+        if info.exc_type is None or not issubclass(info.exc_type, Terminated):
+            unraisable(info)
+            return
+        _send_again()
+    return hook
+
+
+def _send_again() -> None:
+    _PUT_OFF.set()
+    again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
+    again.daemon = True
+    again.start()
 
 
 def _terminate(signum: int, frame: Any) -> None:
     """A SIGTERM raises :class:`Terminated`; once the run's clean-up has it (``errors.STOP_UNDERWAY``) a repeat (a
-    scheduler's, or the one a process group gets) lets that clean-up finish. Until then every one raises: Python drops
-    an exception raised where it ignores them (a weakref callback the garbage collector runs). One that lands inside an
+    scheduler's, or the one a process group gets) lets that clean-up finish. Until then every one raises (one Python
+    dropped is sent again: :func:`_dropped_terminated`). One that lands inside an
     import is sent again 50 ms later: an exception there can leave a module half-imported, which a library may catch
     and go on with; so is one that lands while ``errors.SHIELDED`` is set (a background checkpoint being made whole:
     its small files written and its folder renamed into place)."""
     if _TERMINATED.is_set() and STOP_UNDERWAY.is_set():
         return
     if SHIELDED.is_set() or _importing(frame):
-        _PUT_OFF.set()
-        again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
-        again.daemon = True
-        again.start()
+        _send_again()
         return
     _TERMINATED.set()
     raise Terminated()

@@ -94,6 +94,30 @@ def test_a_sigterm_inside_an_import_is_sent_again_after_it(tmp_path) -> None:
     assert out.stdout == "imported True\n" and "Traceback" not in out.stderr, (out.stdout, out.stderr[-3000:])
 
 
+DROPPED = """import os, signal, sys, time
+from rlforge.cli import _run
+
+class Doomed:
+    def __del__(self):  # Python ignores what a finalizer raises, printing its traceback
+        os.kill(os.getpid(), signal.SIGTERM)
+
+def command():
+    Doomed()
+    print("dropped", flush=True)
+    time.sleep(60)
+    return 0
+
+sys.exit(_run(command))
+"""
+
+
+def test_a_sigterm_that_lands_in_a_finalizer_is_sent_again_quietly(tmp_path) -> None:
+    out = subprocess.run([sys.executable, "-c", DROPPED], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 143, out.stderr[-3000:]
+    assert out.stdout == "dropped\n", out.stdout
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-3000:]
+
+
 def test_a_sigterm_python_dropped_is_not_taken_for_a_repeat() -> None:
     """Python drops an exception raised where it ignores them (a weakref callback the garbage collector runs): until
     the run's clean-up has the interrupt (errors.STOP_UNDERWAY) every SIGTERM raises; after, a repeat is ignored."""
