@@ -420,15 +420,16 @@ def generation_metrics(batch: B.Batch) -> dict[str, float]:
 
 
 def verl_validation_metrics(batch: B.Batch) -> dict[str, float]:
-    """verl's validation names: per data source and variable (``reward``, and ``acc`` when set), the mean over prompts
-    of each prompt's mean (``mean@N``) and population std (``std@N``) over its N samples. The core variable (``acc``
-    if set, else ``reward``) logs ``mean@N`` as ``val-core/<source>/<var>/mean@N``; the rest goes to ``val-aux/``.
-    verl's bootstrap ``best@N``/``worst@N``/``maj@N`` are not computed (``rlforge eval`` reports pass@k). A numeric
-    key the reward function returns beside ``score`` and ``acc`` (``B.REWARD_EXTRA_INFO``) for every sample is a
-    variable too, as in verl (``val-aux/<source>/<key>/mean@N``)."""
-    variables = {"reward": batch[B.SCORES].float(), **({"acc": batch[B.ACC].float()} if B.ACC in batch else {})}
+    """verl's validation names: per data source and variable (``reward``, and each numeric key of verl's
+    ``reward_extra_info`` that every sample has, ``B.REWARD_EXTRA_INFO``), the mean over prompts of each prompt's mean
+    (``mean@N``) and population std (``std@N``) over its N samples. The core variable (``acc`` if there, else
+    ``reward``) logs ``mean@N`` as ``val-core/<source>/<var>/mean@N``; the rest goes to ``val-aux/``. As in verl,
+    ``acc`` is the reward function's own, or its score where it returned a number (a partial credit of 0.5 counts
+    0.5: ``B.ACC``, rlforge's ``val/accuracy``, counts it as wrong). verl's bootstrap ``best@N``/``worst@N``/``maj@N``
+    are not computed (``rlforge eval`` reports pass@k)."""
+    variables = {"reward": batch[B.SCORES].float()}
     extras = batch.lists.get(B.REWARD_EXTRA_INFO) or []
-    for key in sorted(set(extras[0]) - set(variables) if extras else ()):
+    for key in sorted(set().union(*extras) - set(variables)):
         values = [row.get(key) for row in extras]
         if all(isinstance(v, float) for v in values):
             variables[key] = torch.tensor(values)

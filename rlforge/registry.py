@@ -228,17 +228,11 @@ def _declarations(entry: Entry[Any], kind: Kind, plugin: str) -> str:
 
 def reward_fn_problem(name: str, obj: Any) -> str:
     """What is wrong with ``obj`` registered as reward function ``name`` ("" when nothing): checked at registration
-    (its signature is checked where a run uses it: ``rlforge.plugins.reward.rule.check_registered``)."""
-    import inspect
-
+    (its signature is checked where a run uses it: ``rlforge.plugins.reward.rule.check_registered``; an ``async def``
+    one is run to its end in the reward worker, as ``reward.file``'s)."""
     if not callable(obj):
         return (f"{obj!r} is not callable: register a function compute_score(data_source, solution_str, "
                 f"ground_truth, extra_info) returning a number or a dict with 'score'.")
-    if inspect.iscoroutinefunction(getattr(obj, "func", obj)) or inspect.iscoroutinefunction(
-            getattr(obj, "__call__", None)):
-        return ("is an async function: reward functions are called synchronously in worker processes, so every call "
-                "would return an un-awaited coroutine. Register a plain function (run a coroutine inside it with "
-                "asyncio.run), or a reward manager for batched asynchronous scoring (docs/rewards.md).")
     return ""
 
 

@@ -10,8 +10,11 @@ from rlforge.module import generation_metrics
 
 
 def _batch(sources: list[str], uids: list[int], scores: list[float], acc: list[float] | None) -> B.Batch:
+    """A scored batch; ``acc`` given, each sample's verl ``reward_extra_info`` has it, as the rule manager writes it."""
     tensors = {B.SCORES: torch.tensor(scores), **({B.ACC: torch.tensor(acc)} if acc is not None else {})}
-    return B.Batch(tensors, {B.DATA_SOURCE: sources, B.UID: uids})
+    lists = {B.DATA_SOURCE: sources, B.UID: uids,
+             **({B.REWARD_EXTRA_INFO: [{"acc": a} for a in acc]} if acc is not None else {})}
+    return B.Batch(tensors, lists)
 
 
 def test_two_sources_two_samples_per_prompt():
@@ -34,6 +37,28 @@ def test_two_sources_two_samples_per_prompt():
 def test_without_acc_the_reward_is_core_and_one_sample_has_no_std():
     m = generation_metrics(_batch(["arith"] * 3, [0, 1, 2], [0.5, 1.0, 0.0], None))
     assert m == {"val/reward": pytest.approx(0.5), "val-core/arith/reward/mean@1": pytest.approx(0.5)}
+
+
+def test_a_number_result_is_its_own_acc_as_in_verl() -> None:
+    """verl's reward managers record a number result as reward_extra_info['acc'] and its validation's core variable
+    is acc: a partial credit of 0.5 is 0.5 there (rlforge's val/accuracy, B.ACC, counts a score below 1 as wrong); a
+    dict without acc has no acc variable: the reward is core. A failed call is a wrong answer in both."""
+    from rlforge.plugins.reward.results import OK, RAISED, evaluate
+
+    def partial(*_):
+        return 0.5
+
+    assert evaluate(partial, ()) == (OK, (0.5, 0.0, {"acc": 0.5}))
+    assert evaluate(lambda *_: {"score": 0.5, "format": 1}, ()) == (OK, (0.5, 0.0, {"format": 1.0}))
+    assert evaluate(lambda *_: {"score": 1.0, "acc": False}, ()) == (OK, (1.0, 0.0, {"acc": 0.0}))
+    assert evaluate(lambda *_: 1 / 0, ())[0] == RAISED
+    batch = _batch(["t"] * 2, [0, 0], [0.5, 0.5], [0.0, 0.0])
+    batch[B.REWARD_EXTRA_INFO] = [{"acc": 0.5}, {"acc": 0.5}]
+    m = generation_metrics(batch)
+    assert m["val-core/t/acc/mean@2"] == pytest.approx(0.5) and m["val/accuracy"] == 0.0
+    batch[B.REWARD_EXTRA_INFO] = [{"format": 1.0}, {"acc": 0.0}]  # the second call failed
+    m = generation_metrics(batch)
+    assert m["val-core/t/reward/mean@2"] == pytest.approx(0.5) and not any("/acc/" in k for k in m)
 
 
 def test_numeric_keys_the_reward_function_returns_are_variables_as_in_verl():

@@ -10,11 +10,9 @@ import re
 import string
 from typing import Any
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+from rlforge.errors import RLForgeError
 
-
-def _to_number(text: str) -> str:
-    return text.replace(",", "").rstrip(".")
+GSM8K_CLIP = 300  # verl reads a GSM8K answer in the response's last 300 characters
 
 
 def _scalar_truth(ground_truth: Any, task: str) -> None:
@@ -41,23 +39,28 @@ def gsm8k_score(
     format_score: float = 0.0,
     score: float = 1.0,
 ) -> float:
-    """GSM8K as in verl: ``strict`` reads the number after ``####``; ``flexible`` takes the last number.
-
-    Returns ``score`` when it equals the ground truth, ``format_score`` when a number was found but is
-    wrong, and 0 when no answer could be extracted.
+    """GSM8K as verl 0.9.1 scores it (``verl/utils/reward_score/gsm8k.py``), in the response's last ``GSM8K_CLIP``
+    characters: ``strict`` reads the number after the last ``#### `` (commas and ``$`` removed; a period after it
+    stays, so ``#### 72.`` is ``72.``, not 72), ``flexible`` the last run of digits, commas and periods other than
+    ``.``. Returns ``score`` when that text equals the ground truth's, ``format_score`` when a number was found but is
+    wrong, and 0 when none was. One difference: a ground truth read as a number counts as its text (``72``, and ``72.0``
+    from a pandas column with a gap, are ``"72"``), where verl compares the number with the text and scores 0.
     """
     _scalar_truth(ground_truth, "gsm8k")
+    if method not in ("strict", "flexible"):
+        raise RLForgeError(f"The gsm8k reward's method is 'strict' or 'flexible', not {method!r} (reward.fn_kwargs).")
+    tail = solution_str[-GSM8K_CLIP:]
     if method == "strict":
-        found = re.findall(r"#### (-?[0-9.,]+)", solution_str)
-        answer = _to_number(found[-1]) if found else None
+        found = re.findall(r"#### (-?[0-9.,]+)", tail)
+        answer = found[-1].replace(",", "").replace("$", "") if found else None
     else:
-        numbers = [n for n in _NUMBER.findall(solution_str) if n not in ("", ".")]
-        answer = _to_number(numbers[-1]) if numbers else None
+        runs = re.findall(r"-?[0-9.,]+", tail)  # verl's pick: the last that is not '.', else the first
+        answer = next((r for r in reversed(runs) if r != "."), runs[0] if runs else None)
     if answer is None:
         return 0.0
     if isinstance(ground_truth, float) and ground_truth.is_integer():  # 62.0: pandas' int column with a missing value
         ground_truth = int(ground_truth)
-    return score if answer == _to_number(str(ground_truth)) else format_score
+    return score if answer == str(ground_truth) else format_score
 
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)

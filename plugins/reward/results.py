@@ -99,21 +99,23 @@ def describe(exc: BaseException) -> str:
 
 
 def extra_values(result: Any) -> dict[str, float | str]:
-    """A dict result's keys besides ``score`` and ``acc`` whose values are finite numbers (as floats) or strings
-    (verl's ``reward_extra_info``); other values are dropped."""
+    """verl's ``reward_extra_info`` of a checked result (:func:`split_result`): a dict's keys besides ``score`` whose
+    values are finite numbers (as floats) or strings, other values dropped; a number's ``acc``, the number itself
+    (verl's reward managers record a number so, and its validation's core metric reads ``acc``)."""
     if not isinstance(result, dict):
-        return {}
-    plain = {k: _one(v) for k, v in result.items() if k not in ("score", "acc")}
+        return {"acc": float(_one(result))}
+    plain = {k: _one(v) for k, v in result.items() if k != "score"}
     return {str(k): v if isinstance(v, str) else float(v) for k, v in plain.items()
             if isinstance(v, str) or _is_real(v) and math.isfinite(v)}
 
 
 def extra_metrics(extras: list[dict[str, Any]]) -> dict[str, float]:
-    """``EXTRA_METRIC`` for each numeric extra key: its mean over the samples that returned it."""
+    """``EXTRA_METRIC`` for each numeric extra key but ``acc`` (``critic/acc/mean``): its mean over the samples that
+    returned it."""
     values: dict[str, list[float]] = {}
     for sample in extras:
         for key, value in sample.items():
-            if isinstance(value, float):
+            if isinstance(value, float) and key != "acc":
                 values.setdefault(key, []).append(value)
     return {EXTRA_METRIC.format(key=key): sum(v) / len(v) for key, v in sorted(values.items())}
 

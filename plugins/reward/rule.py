@@ -5,8 +5,9 @@ A user function loads from a file (``reward.file``, ``reward.fn_name``; ``user_f
 Without one, each row's ``data_source`` picks the function: one registered under that name, else the built-in
 that verl's default scorer uses for it (``DATA_SOURCES``). Before any model loads, ``check_data_sources`` refuses rows
 whose data_source has no function (naming the first such row) and a registered function the rows (or ``reward.fn``)
-use whose signature cannot take the contract's arguments (``check_registered``). Keys of a dict result besides ``score`` and ``acc``
-are kept per sample (column ``reward_extra_info``) and their batch means reported as ``reward/extra/<key>/mean``.
+use whose signature cannot take the contract's arguments (``check_registered``). Keys of a dict result besides ``score``
+are kept per sample (column ``reward_extra_info``; a number result keeps ``acc``, the number, as verl's managers do) and
+their batch means reported as ``reward/extra/<key>/mean`` (``acc``: ``critic/acc/mean``, rlforge's own).
 
 Reward functions run in persistent worker processes (``workers.RewardWorkers``), forked from this process on
 the first ``score`` and reused across steps, each call limited in CPU time. A call that raises, times out, or
@@ -225,7 +226,8 @@ class RuleRewardManager:
         tasks = [(i, self.key_for(sources[i], batch, i), (sources[i], solutions[i], truths[i], extra[i]))
                  for i in range(n) if loop[i] is None]
         outcomes: dict[int, Outcome] = self.workers.run(tasks) if tasks else {}
-        outcomes.update({i: (OK, (score, float(score >= 1), {})) for i, score in enumerate(loop) if score is not None})
+        outcomes.update({i: (OK, (score, float(score >= 1), {"acc": float(score)})) for i, score in enumerate(loop)
+                         if score is not None})  # verl's reward_extra_info of a number
         self._check_error_share(outcomes, sources, batch)
         scores = torch.full((n,), self.fallback_score)
         accs, failed = torch.zeros(n), torch.zeros(n)
@@ -238,6 +240,7 @@ class RuleRewardManager:
             else:
                 faults[kind] += 1
                 failed[i] = 1.0
+                extras[i] = {"acc": 0.0}  # wrong, as B.ACC has it: verl's validation keeps reading acc
                 self._log_first(kind, sources[i], i, value)
         batch[B.SCORES] = scores
         batch[B.TOKEN_LEVEL_SCORES] = B.on_last_model_token(scores, batch[B.RESPONSE_MASK])

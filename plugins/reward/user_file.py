@@ -60,7 +60,7 @@ def load_user_function(path: str, name: str = "compute_score", timeout_s: float 
     fn = _import_function(path, name)  # now in this process: the workers are forked from it
     kwargs = dict(kwargs or {})
     by_keyword = check_contract(fn, path, name, kwargs)
-    if inspect.iscoroutinefunction(fn):  # verl awaits an async reward function; a reward worker runs it to its end
+    if _is_async(fn):  # verl awaits an async reward function; a reward worker runs it to its end
         fn = _run_to_completion(fn)
     if by_keyword:
         fn = _by_keyword(fn)
@@ -69,13 +69,21 @@ def load_user_function(path: str, name: str = "compute_score", timeout_s: float 
 
 def contract_call(fn: ScoreFn) -> ScoreFn:
     """``fn`` (a registered reward function, its config values bound) called as a ``reward.file`` function is: with the
-    contract's four arguments as keywords where its signature takes them so (as verl calls it), else by position. Never
-    raises: :func:`check_contract` says what is wrong with a function that takes neither."""
+    contract's four arguments as keywords where its signature takes them so (as verl calls it), else by position; an
+    async one run to its end. Never raises: :func:`check_contract` says what is wrong with a function that takes
+    neither."""
+    call = _run_to_completion(fn) if _is_async(fn) else fn
     try:
         by_keyword = _binds(inspect.signature(fn), (), dict.fromkeys(CONTRACT))
     except (TypeError, ValueError):  # a C callable without a signature: called as it is
-        return fn
-    return _by_keyword(fn) if by_keyword else fn
+        return call
+    return _by_keyword(call) if by_keyword else call
+
+
+def _is_async(fn: Any) -> bool:
+    """``fn`` (a function, a ``functools.partial`` of one, or an object whose ``__call__`` is) returns a coroutine."""
+    target = getattr(fn, "func", fn)
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None))
 
 
 def _by_keyword(fn: ScoreFn) -> ScoreFn:

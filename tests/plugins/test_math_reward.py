@@ -134,8 +134,8 @@ def test_check_data_sources(registry, tmp_path):
 def test_extra_values_keep_numbers_and_strings():
     result = {"score": 1.0, "acc": 1.0, "pred": "34", "format": True, "len": 3, "bad": float("nan"),
               "obj": object(), "arr": [1, 2]}
-    assert extra_values(result) == {"pred": "34", "format": 1.0, "len": 3.0}
-    assert extra_values(0.5) == {}
+    assert extra_values(result) == {"acc": 1.0, "pred": "34", "format": 1.0, "len": 3.0}
+    assert extra_values(0.5) == {"acc": 0.5}  # verl's reward_extra_info of a number
 
 
 def test_extra_metrics_are_means_over_samples_that_return_them():
@@ -161,7 +161,7 @@ def test_rule_manager_reports_extra_keys(char_tokenizer, registry):
         manager.close()
     assert out[B.SCORES].tolist() == [1.0, -1.0, 1.0]
     assert out[B.ACC].tolist() == [1.0, 0.0, 1.0]
-    assert out[B.REWARD_EXTRA_INFO] == [{"pred": "34"}, {"pred": "3"}, {}]
+    assert out[B.REWARD_EXTRA_INFO] == [{"acc": 1.0, "pred": "34"}, {"acc": 0.0, "pred": "3"}, {"acc": 1.0}]
     assert out.meta["metrics"] == {"reward/errors": 0.0, "reward/timeouts": 0.0,  # pred is not a number
                                    "reward/error_share": 0.0}
 
