@@ -180,6 +180,7 @@ class RuleRewardManager:
         self.fallback_score = float(rc.fallback_score)
         self.max_error_share = float(rc.get("max_error_share", 1.0))
         self.fixed = rc.file or rc.fn
+        self.extra_info = plain(rc.get("extra_info")) or {}
         fns = {name: _bound(config, registry, name) for name in registry.reward_fn.available()}
         if rc.file:
             # reward.fn_kwargs only, as verl binds reward_kwargs only: a parameter of the user's function named like a
@@ -221,7 +222,7 @@ class RuleRewardManager:
         solutions = batch.lists.get(B.SOLUTION_TEXT, texts)  # an agent loop's answer, when it gives one
         n = len(batch)
         sources, truths = batch[B.DATA_SOURCE], batch[B.GROUND_TRUTH]
-        extra = verl_extra_info(batch)
+        extra = verl_extra_info(batch, self.extra_info)
         loop = batch.lists.get(B.LOOP_SCORES) or [None] * n  # rows an agent loop scored: the function is not called
         tasks = [(i, self.key_for(sources[i], batch, i), (sources[i], solutions[i], truths[i], extra[i]))
                  for i in range(n) if loop[i] is None]
@@ -319,17 +320,18 @@ def _sample_where(batch: B.Batch, index: int) -> str:
     return f"sample {index} of this batch{prompt}"
 
 
-def verl_extra_info(batch: B.Batch) -> list[Any]:
+def verl_extra_info(batch: B.Batch, added: dict[str, Any] | None = None) -> list[Any]:
     """Each row's ``extra_info`` as verl's naive reward manager passes it: with ``num_turns`` (the agent loop's turns;
     2, a prompt and one answer, for single-turn rollouts, which verl 0.9.1 runs as an agent loop too) and
-    ``rollout_reward_scores`` ({}) added; a row without extra_info gets a dict of these two. A row whose extra_info
-    is not a dict is passed as it is."""
+    ``rollout_reward_scores`` ({}) added, and ``added`` over the row's keys (``reward.extra_info``: verl's gdpo
+    manager sets ``experiment_name``); a row without extra_info gets a dict of these. A row whose extra_info is not a
+    dict is passed as it is."""
     n = len(batch)
     turns = batch.lists.get(B.NUM_TURNS) or [None] * n
     out = []
     for info, t in zip(batch.lists.get(B.EXTRA_INFO) or [None] * n, turns):
         if info is None or isinstance(info, dict):
-            info = {**(info or {}), "num_turns": 2 if t is None else t, "rollout_reward_scores": {}}
+            info = {**(info or {}), **(added or {}), "num_turns": 2 if t is None else t, "rollout_reward_scores": {}}
         out.append(info)
     return out
 

@@ -158,6 +158,7 @@ class RewardConfig:
     fn_name: str = option("compute_score", pattern=IDENTIFIER, what="a Python identifier")  # function to load from `file`
     fn_kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments passed to `file`'s function on every call besides the four of the contract, e.g. {format_score: 0.1} (verl's custom_reward_function.reward_kwargs; mappings and lists arrive as OmegaConf containers, as in verl); each must be a parameter of the function (or it takes **kwargs)
     num_workers: int = option(1, ge=1)  # worker processes that evaluate reward functions (a hung one is killed and replaced)
+    extra_info: dict[str, Any] = field(default_factory=dict)  # keys set in every row's extra_info before the reward function reads it (rule manager), over the row's own, e.g. {experiment_name: qwen3_8b} as verl's gdpo reward manager sets it (rlforge verl sets it for reward_manager.name=gdpo)
     timeout_s: float = option(10.0, gt=0)  # per-sample CPU-time limit of a reward function call (wall-clock backstop: 10x)
     fallback_score: float = option(0.0, ge=-3.4028234663852886e38, le=3.4028234663852886e38, why="the float32 range of the reward tensor")  # score of a sample whose reward function raised, hung or returned a non-number
     max_error_share: float = option(1.0, ge=0, le=1)  # the run stops on a batch whose share of failed reward calls (errors and timeouts) reaches this; 1 = only when every call failed, 0 = at the first failed call (as verl's reward managers; rlforge verl sets it)

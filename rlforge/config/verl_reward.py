@@ -14,7 +14,7 @@ from rlforge.config.verl_rules import joined, nest
 if TYPE_CHECKING:
     from rlforge.config.verl_fates import Context
 
-REWARD_MANAGERS = {"naive": "rule", "dapo": "rule"}  # verl 0.9.1's reward loop has no 'prime' manager (it stops)
+REWARD_MANAGERS = {"naive": "rule", "dapo": "rule", "gdpo": "rule"}  # verl 0.9.1's reward loop has no 'prime' manager
 VERL_MANAGERS = ("naive", "dapo", "remote", "gdpo", "rate_limited")  # the names verl 0.9.1's reward loop registers
 # verl's older managers, still in 0.9.1's verl/workers/reward_manager but not registered by its reward loop
 LEGACY_MANAGERS = {"prime": "naive scoring in a process pool: rlforge's reward.manager=rule with reward.num_workers",
@@ -169,6 +169,8 @@ def reward(c: Context) -> None:
               "with reward.max_error_share=0: a reward call that raises stops the run, as in verl (rlforge's own "
               "default scores it reward.fallback_score and stops only when every call of a step fails)")
         c.set("reward.max_error_share", 0.0)
+        if c.reward_manager == "gdpo":  # verl's gdpo manager is its naive one that tells the function the experiment
+            c.set("reward.extra_info", {"experiment_name": c.get("trainer.experiment_name")})
     elif source == "register":
         unknown_manager(c, "reward.reward_manager.name")
     else:

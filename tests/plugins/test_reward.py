@@ -360,6 +360,17 @@ def test_functions_verl_calls_by_keyword_run_and_async_ones_share_one_loop_per_w
     assert mgr.score(batch)[B.SCORES].tolist() == [5.0, 5.0, 5.0]
 
 
+def test_reward_extra_info_is_set_in_every_rows_extra_info(char_tokenizer, registry, manager_factory,
+                                                          tmp_path: Path) -> None:
+    path = tmp_path / "exp.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                    "    return float('qwen' in extra_info['experiment_name']) + extra_info.get('own', 0)\n")
+    mgr = manager_factory(char_tokenizer, registry, file=str(path), extra_info={"experiment_name": "qwen3_8b"})
+    batch = _response_batch(char_tokenizer, ["1", "2"], ["x", "x"], ["1", "3"])
+    batch[B.EXTRA_INFO] = [None, {"own": 2, "experiment_name": "llama"}]  # the setting goes over the row's own
+    assert mgr.score(batch)[B.SCORES].tolist() == [1.0, 3.0]
+
+
 def test_rule_manager_passes_extra_info(char_tokenizer, registry, manager_factory, tmp_path: Path) -> None:
     path = tmp_path / "extra.py"
     path.write_text("def compute_score(ds, s, gt, extra_info):\n    return float(extra_info['w'])\n")

@@ -91,6 +91,16 @@ def test_a_reward_call_that_raises_stops_a_verl_launch_as_in_verl() -> None:
     assert "a reward call that raises stops the run, as in verl" in _fate(t, "reward.reward_manager.name").text
 
 
+def test_verls_gdpo_reward_manager_is_the_rule_manager_that_tells_the_function_the_experiment() -> None:
+    """verl 0.9.1's gdpo reward manager is its naive one with extra_info['experiment_name'] set (its example's rlla.py
+    reads it to pick the chat format); helper-81 found the launch refused."""
+    t = _t("reward.reward_manager.name=gdpo", "trainer.experiment_name=qwen3 8b")
+    assert t.overrides["reward.manager"] == "rule" and t.overrides["reward.max_error_share"] == 0.0
+    assert t.overrides["reward.extra_info"] == {"experiment_name": "qwen3 8b"}  # as given: not the folder name
+    assert t.overrides["trainer.experiment"] == "qwen3_8b"
+    assert "reward.extra_info" not in _t("reward.reward_manager.name=naive").overrides
+
+
 def test_a_reward_worker_count_the_launch_sets_is_rlforge_s_and_verl_s_default_is_not() -> None:
     """verl's reward.num_workers (and the legacy reward_model.num_workers) count the processes that score; its
     default of 8 is verl's sizing, which rlforge does not copy."""

@@ -131,7 +131,7 @@ def test_a_projects_own_reward_manager_is_refused_on_the_key_that_names_it() -> 
     assert own.kind == verl.REFUSED and own.value == "yr" and "main_ppo never reads this legacy key" in own.text
     moved = prepare(["--config-name=dapo_trainer", *BASE, "reward_model.reward_manager=yr"], refuse=False).translation
     assert "does not register" in fate(moved, "reward_model.reward_manager").text  # the DAPO recipe moves it: stops
-    verls = tr("reward.reward_manager.name=gdpo")
+    verls = tr("reward.reward_manager.name=remote")
     assert fate(verls, "reward.reward_manager.name").line().endswith("is not in rlforge")  # verl has it, rlforge not
 
 
