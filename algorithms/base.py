@@ -180,7 +180,7 @@ class PolicyGradientModule(RLModule):
         rollout = batch[B.ROLLOUT_LOG_PROBS] if B.ROLLOUT_LOG_PROBS in batch else None
         out = self.policy_loss_fn(PolicyLossInputs(log_probs, batch[B.OLD_LOG_PROBS], batch[B.ADVANTAGES], mask,
                                                    self.config, self.is_weights(batch), rollout))
-        return checked_output(out, mask, f"actor.policy_loss={self.config.actor.policy_loss}")
+        return checked_output(out, mask, f"actor.policy_loss={self.config.actor.policy_loss}", log_probs.requires_grad)
 
     @staticmethod
     def is_weights(batch: B.Batch) -> torch.Tensor | None:
@@ -228,10 +228,11 @@ class PolicyGradientModule(RLModule):
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
 
 
-def checked_output(out: Any, mask: torch.Tensor, name: str) -> PolicyLossOutput:
+def checked_output(out: Any, mask: torch.Tensor, name: str, trains: bool = False) -> PolicyLossOutput:
     """A policy loss's result as rlforge aggregates it (``name``: the loss, for the message): a
     :class:`PolicyLossOutput` whose loss is per token (the mask's shape; a loss already reduced would be aggregated
-    again) and whose stats are tensors that broadcast to it."""
+    again), depends on the log-probs where they carry a gradient (``trains``), and whose stats are tensors that
+    broadcast to it."""
     shape = tuple(mask.shape)
     if not isinstance(out, PolicyLossOutput):
         raise RLForgeError(f"{name} returned {type(out).__name__}: return a PolicyLossOutput(loss, stats) with the "
@@ -240,6 +241,9 @@ def checked_output(out: Any, mask: torch.Tensor, name: str) -> PolicyLossOutput:
         what = f"shape {tuple(out.loss.shape)}" if isinstance(out.loss, torch.Tensor) else type(out.loss).__name__
         raise RLForgeError(f"{name} returned a loss of {what}: it takes the per-token loss, of the response mask's "
                            f"shape {shape} (rlforge aggregates it by actor.loss_agg_mode).")
+    if trains and not out.loss.requires_grad:
+        raise RLForgeError(f"{name} returned a loss without a gradient (computed from detached tensors, or under "
+                           f"torch.no_grad): compute it from the log_probs it is given.")
     for key, stat in out.stats.items():
         if not isinstance(stat, torch.Tensor) or not _broadcasts(stat.shape, mask.shape):
             what = f"shape {tuple(stat.shape)}" if isinstance(stat, torch.Tensor) else type(stat).__name__

@@ -359,9 +359,23 @@ def _run(command: Callable[[], int]) -> int:
         return 141
     except Exception as exc:  # what the interrupted code raised on its way out (torch.save cut mid-file)
         if not _TERMINATED.is_set():
-            raise
+            traceback.print_exc()
+            print(f"rlforge: error: {_raised_where(exc)}", file=sys.stderr)
+            return 1
         print(f"rlforge: error while stopping: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr)
         return _stopped()
+
+
+def _raised_where(exc: BaseException) -> str:
+    """The one line under an unexpected exception's traceback: what was raised and where, a hook by its name (a
+    plugin's ``rlforge_step_end`` that raised: the error names its file and hook)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return f"{type(exc).__name__}: {first_line(exc)}"
+    last = frames[-1]
+    inside = next((f"the hook {f.name} in {f.filename}:{f.lineno}" for f in reversed(frames)
+                   if f.name.startswith("rlforge_")), f"{last.filename}:{last.lineno}, in {last.name}")
+    return f"{type(exc).__name__}: {first_line(exc)} (raised in {inside}; traceback above)"
 
 
 def _stopped() -> int:

@@ -250,6 +250,50 @@ def algorithm_problem(name: str, obj: Any) -> str:
     if not isinstance(inspect.getattr_static(obj, "validate_config"), (classmethod, staticmethod)):
         return (f"{obj.__qualname__}.validate_config is a plain method, but it runs on the class when the config is "
                 f"composed, before any module exists: make it a @classmethod validate_config(cls, config).")
+    return _config_class_problem(obj)
+
+
+_PLAIN_TYPES = {"int", "float", "str", "bool"}
+
+
+def _config_class_problem(obj: type) -> str:
+    """What is wrong with an algorithm's ``config_class`` ("" when nothing): a dataclass (the ``algorithm:``
+    section's schema) that keeps the type of every field it inherits (``epsilon: str`` over GRPO's float would let a
+    text through to the algorithm's checks and math)."""
+    import dataclasses
+
+    config = getattr(obj, "config_class", None)
+    if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
+        return (f"{obj.__qualname__}.config_class = {getattr(config, '__qualname__', repr(config))} is not a "
+                f"dataclass: decorate it with @dataclass and extend the base algorithm's config (e.g. "
+                f"rlforge.algorithms.grpo.GRPOConfig, or rlforge.config.schema.AlgorithmConfig).")
+
+    def plain(kind: Any) -> str | None:
+        name = kind if isinstance(kind, str) else getattr(kind, "__name__", None)
+        return name if name in _PLAIN_TYPES else None
+
+    own = {f.name: plain(f.type) for f in dataclasses.fields(config)}
+    for base in config.__mro__[1:]:
+        if not dataclasses.is_dataclass(base):
+            continue
+        for f in dataclasses.fields(base):
+            inherited = plain(f.type)
+            if inherited and own.get(f.name) and own[f.name] != inherited:
+                return (f"{obj.__qualname__}.config_class {config.__qualname__} declares '{f.name}' as "
+                        f"{own[f.name]}, and {base.__qualname__} (which it extends) as {inherited}: the algorithm's "
+                        f"checks and math read it as {inherited}. Keep the type, or give your option another name.")
+    return ""
+
+
+def tool_problem(name: str, obj: Any) -> str:
+    """What is wrong with ``obj`` registered as tool ``name`` ("" when nothing): a ``rlforge.agent.Tool`` subclass
+    that keeps the base's ``execute`` (which raises) would fail every call the model makes, and the run train on."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    base = next((c for c in cls.__mro__ if f"{c.__module__}.{c.__qualname__}" == "rlforge.agent.base.Tool"), None)
+    if base is not None and getattr(cls, "execute", None) is base.__dict__["execute"]:
+        return (f"{cls.__qualname__} extends rlforge.agent.Tool without an execute method: implement "
+                f"execute(self, arguments, state), sync or async, returning the tool's text or a ToolResult "
+                f"(docs/agentic.md).")
     return ""
 
 
@@ -287,7 +331,7 @@ class Registries:
         "dataset": Kind("data.name", "data", "Dataset", DatasetCapabilities),
         "controller": Kind("trainer.controller", "", "Controller", functions=("follow",)),
         "agent_loop": Kind("rollout.agent.loop", "rollout.agent", "AgentLoop"),
-        "tool": Kind("rollout.agent.tools", "rollout.agent", "Tool"),
+        "tool": Kind("rollout.agent.tools", "rollout.agent", "Tool", check=tool_problem),
         "tool_parser": Kind("rollout.agent.tool_parser", "rollout.agent", "ToolParser"),
         "interaction": Kind("rollout.agent.interaction", "rollout.agent", "Interaction"),
         "policy_loss": Kind("actor.policy_loss", "actor", "PolicyLoss"),

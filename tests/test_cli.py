@@ -271,3 +271,26 @@ def test_explain_batch_sizes_custom(registry) -> None:
     # actor.ppo_micro_batch_size is per data-parallel rank: 2 ranks get 8 of the mini-batch's 16 sequences each
     text = explain_batch_sizes(cfg, RLModule.batch_words(), ranks=2)
     assert "dealt to 2 ranks (8 sequences each), and each rank's share is split into 1 micro-batch(es) of 8" in text
+
+
+def test_an_unexpected_error_ends_with_a_line_naming_the_hook_that_raised(capsys) -> None:
+    """helper-80: a plugin hook that raised under `rlforge fit` ended in pluggy's and the Trainer's frames with no
+    line of rlforge's: the traceback stays, and the last line names the hook, its file and line (exit 1)."""
+    from rlforge.cli import _run
+
+    def rlforge_step_end(step):
+        raise RuntimeError(f"boom at step {step}")
+
+    def command() -> int:
+        rlforge_step_end(2)
+        return 0
+
+    assert _run(command) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err
+    last = err.rstrip().splitlines()[-1]
+    assert last.startswith("rlforge: error: RuntimeError: boom at step 2 (raised in the hook rlforge_step_end "
+                           "in "), last
+    assert last.endswith(f"{__file__}:{rlforge_step_end.__code__.co_firstlineno + 1}; traceback above)"), last
+    assert _run(lambda: int("x")) == 1
+    assert "ValueError: invalid literal for int() with base 10: 'x' (raised in " in capsys.readouterr().err

@@ -13,7 +13,8 @@ from tests.test_config import _yaml
 
 
 @pytest.mark.parametrize(("override", "says"), [
-    ("reward.generative.system=Note: be strict", "reads the value as a mapping"),
+    ("reward.generative.system=Note: be strict", r"reads the value as a mapping \(it has ': '\)"),
+    ("trainer.experiment=E:", r"reads the value as a mapping \(it ends in ':'\)"),  # helper-80
     ("reward.generative.template=Q: {prompt} A: {response}", "not valid YAML"),
 ])
 def test_override_values_yaml_misreads_name_the_override_and_the_quoting(registry, override: str, says: str) -> None:

@@ -34,6 +34,11 @@ def test_a_policy_loss_returns_the_per_token_loss() -> None:
                          (PolicyLossOutput(torch.zeros(2, 3), {"s": torch.zeros(3, 2)}), r"'s' as shape \(3, 2\)")):
         with pytest.raises(RLForgeError, match=rf"actor.policy_loss=mine .*{message}"):
             checked_output(out, MASK, "actor.policy_loss=mine")
+    # helper-80: a detached loss was blamed on the algorithm ("GRPO's actor loss does not depend on ...")
+    with pytest.raises(RLForgeError, match=r"actor.policy_loss=mine returned a loss without a gradient"):
+        checked_output(good, MASK, "actor.policy_loss=mine", trains=True)
+    grad = PolicyLossOutput(torch.zeros(2, 3, requires_grad=True) * 2, {})
+    assert checked_output(grad, MASK, "actor.policy_loss=mine", trains=True) is grad
 
 
 def test_a_training_step_returns_a_loss_with_a_gradient_and_numeric_metrics() -> None:

@@ -153,3 +153,56 @@ def test_an_algorithm_is_an_rlmodule_subclass_with_a_class_level_validate_config
                                            r"@classmethod validate_config\(cls, config\)"):
         regs.algorithm.register("plain", PlainValidate)
     assert "nm" not in regs.algorithm and "plain" not in regs.algorithm
+
+
+def test_an_algorithms_config_class_is_a_dataclass_that_keeps_the_types_it_inherits() -> None:
+    """helper-80: a config_class that is not a dataclass, or that declares GRPO's float epsilon as str, ended in a
+    TypeError traceback (dataclasses.fields; 'str' >= 'float' in GRPO's check) at `rlforge fit`."""
+    import dataclasses
+
+    from rlforge.algorithms.grpo import GRPO, GRPOConfig
+    from rlforge.plugin_manager import PluginManager
+
+    class Loose:
+        foo = 1
+
+    @dataclasses.dataclass
+    class Retyped(GRPOConfig):
+        epsilon: str = "oops"  # type: ignore[assignment]
+
+    @dataclasses.dataclass
+    class Added(GRPOConfig):
+        bonus: float = 0.5
+        epsilon: float = 0.3  # the same type, another default: fine
+
+    regs = Registries()
+    for config, match in ((Loose, r"config_class = .*Loose is not a dataclass: decorate it with @dataclass"),
+                          (Retyped, r"declares 'epsilon' as str, and GRPOConfig \(which it extends\) as float")):
+        with pytest.raises(RLForgeError, match=match):
+            regs.algorithm.register("x", type("Mine", (GRPO,), {"config_class": config}))
+    regs.algorithm.register("ok", type("Mine", (GRPO,), {"config_class": Added}))
+    assert len(PluginManager(autoload=False).registry.algorithm.available()) >= 20  # every built-in passes
+
+
+def test_a_tool_without_execute_is_refused_at_registration() -> None:
+    """helper-80: a Tool subclass that kept the base's execute (which raises) registered and built, and every call
+    the model made failed while the run trained on."""
+    from rlforge.agent.base import Tool
+    from rlforge.plugin_manager import PluginManager
+
+    class NoExec(Tool):
+        name = "noexec"
+
+    class Calc(Tool):
+        name = "calc"
+
+        async def execute(self, arguments, state):
+            return "4"
+
+    regs = Registries()
+    with pytest.raises(RLForgeError, match=r"NoExec extends rlforge.agent.Tool without an execute method: implement "
+                                           r"execute\(self, arguments, state\)"):
+        regs.tool.register("noexec", NoExec)
+    regs.tool.register("calc", Calc)
+    assert "calc" in regs.tool and "noexec" not in regs.tool
+    assert PluginManager(autoload=False).registry.tool.available()  # the built-in tools pass

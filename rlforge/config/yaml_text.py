@@ -106,7 +106,8 @@ def parse_overrides(overrides: list[str]) -> DictConfig:
             raise ConfigError(f"Override '{o}': the value is not valid YAML ({str(exc).splitlines()[0]}); {hint}"
                               ) from None
         if isinstance(parsed, dict) and not value.lstrip().startswith("{"):
-            raise ConfigError(f"Override '{o}': YAML reads the value as a mapping (it has ': '); quote it as a YAML "
+            colon = "it ends in ':'" if value.rstrip().endswith(":") else "it has ': '"
+            raise ConfigError(f"Override '{o}': YAML reads the value as a mapping ({colon}); quote it as a YAML "
                               f"string: '{key}=\"{value}\"'.")
         glued = _glued_key(parsed)
         if glued is not None:
