@@ -53,7 +53,7 @@ class PolicyGradientConfig(AlgorithmConfig):
     norm_length: int = option(0, ge=0)  # constant length of seq-mean-token-sum-norm; 0 = rollout.max_new_tokens
     filter_groups: bool = False  # DAPO dynamic sampling: drop groups whose rewards all agree, refill
     max_gen_batches: int = option(4, ge=1)  # dynamic sampling: at most this many generation rounds per step
-    filter_metric: str = option("reward", choices=("reward", "score", "acc"))  # dynamic sampling keeps the groups whose values of it differ: reward (the sequence reward, overlong shaping included) | score (the reward function's score) | acc (its acc)
+    filter_metric: str = option("reward", choices=("reward", "score", "acc"))  # dynamic sampling keeps the groups whose values of it differ: reward (the sequence reward, overlong shaping included) | score (the reward function's score) | acc (its acc, as verl's: the function's own, or its score where it returns a number)
     overlong_buffer: int = option(0, ge=0)  # DAPO overlong shaping: penalty ramps over the last N tokens (0 = off)
     overlong_penalty: float = option(1.0, ge=0)  # DAPO overlong shaping: penalty at the maximum length
     mask_truncated: bool = False  # DAPO overlong filtering (TRL's mask_truncated_completions): responses cut off before a stop token (by rollout.max_new_tokens or an agent's token budget) train none of their tokens; their rewards still count in the advantages

@@ -72,8 +72,16 @@ def _add_overlong_penalty(trainer: Any, batch: B.Batch) -> None:
 FILTER_METRICS = {
     "reward": lambda batch: batch[B.TOKEN_LEVEL_REWARDS].sum(-1),  # the sequence reward, overlong shaping included
     "score": lambda batch: batch[B.SCORES],  # the reward function's score, before any shaping
-    "acc": lambda batch: batch[B.ACC],  # the reward function's acc (its score >= 1 where it gives none)
+    "acc": lambda batch: _verl_acc(batch),
 }
+
+
+def _verl_acc(batch: B.Batch) -> torch.Tensor:
+    """verl's ``acc`` of each sample, as its DAPO filter reads it from the reward's extra info: the function's own, or
+    its score where it returned a number (the rule manager records both in ``B.REWARD_EXTRA_INFO``); where not every
+    sample has one (another manager), ``B.ACC``."""
+    values = [row.get("acc") for row in batch.lists.get(B.REWARD_EXTRA_INFO) or [{}]]
+    return torch.tensor(values) if all(isinstance(v, float) for v in values) else batch[B.ACC]
 
 
 def _keep_informative(batch: B.Batch, metric: str) -> B.Batch:

@@ -168,6 +168,12 @@ def test_dynamic_sampling_filters_on_the_metric_named(pm):
         ctx, _ = _ctx(cfg, [])
         kept[metric] = shaping.DynamicSampling().run(ctx, batch)[B.UID]
     assert kept == {"reward": ["a", "a", "b", "b"], "score": ["b", "b"], "acc": ["b", "b"]}
+    # verl's acc, as its DAPO filter reads it: a number result's score (partial credit 0.5 and 0.75 differ: a kept,
+    # where B.ACC, score >= 1, has 0 and 0)
+    batch[B.ACC] = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    batch[B.REWARD_EXTRA_INFO] = [{"acc": 0.5}, {"acc": 0.75}, {"acc": 0.0}, {"acc": 1.0}]
+    ctx, _ = _ctx(cfg, [])
+    assert shaping.DynamicSampling().run(ctx, batch)[B.UID] == ["a", "a", "b", "b"]
     ctx, _ = _ctx(cfg, [])
     with pytest.raises(RLForgeError, match="algorithm.filter_metric=acc: the reward manager gives no accuracy"):
         shaping.DynamicSampling().run(ctx, _scored(["a", "a"], [1, 0], [2, 2]))  # no acc column
