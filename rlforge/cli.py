@@ -370,12 +370,14 @@ def _raised_where(exc: BaseException) -> str:
     """The one line under an unexpected exception's traceback: what was raised and where, a hook by its name (a
     plugin's ``rlforge_step_end`` that raised: the error names its file and hook)."""
     frames = traceback.extract_tb(exc.__traceback__)
+    message = first_line(exc)
+    what = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     if not frames:
-        return f"{type(exc).__name__}: {first_line(exc)}"
+        return what
     last = frames[-1]
     inside = next((f"the hook {f.name} in {f.filename}:{f.lineno}" for f in reversed(frames)
                    if f.name.startswith("rlforge_")), f"{last.filename}:{last.lineno}, in {last.name}")
-    return f"{type(exc).__name__}: {first_line(exc)} (raised in {inside}; traceback above)"
+    return f"{what} (raised in {inside}; traceback above)"
 
 
 def _stopped() -> int:

@@ -263,22 +263,23 @@ def _config_class_problem(obj: type) -> str:
     import dataclasses
 
     config = getattr(obj, "config_class", None)
-    if not (isinstance(config, type) and dataclasses.is_dataclass(config)):
+    section = "rlforge.config.schema.AlgorithmConfig"
+    if not (isinstance(config, type) and "__dataclass_fields__" in vars(config)  # decorated itself, not by inheritance
+            and any(f"{c.__module__}.{c.__qualname__}" == section for c in config.__mro__)):
         return (f"{obj.__qualname__}.config_class = {getattr(config, '__qualname__', repr(config))} is not a "
-                f"dataclass: decorate it with @dataclass and extend the base algorithm's config (e.g. "
-                f"rlforge.algorithms.grpo.GRPOConfig, or rlforge.config.schema.AlgorithmConfig).")
+                f"dataclass that extends the algorithm section's: decorate it with @dataclass and extend the base "
+                f"algorithm's config (e.g. rlforge.algorithms.grpo.GRPOConfig, or {section}).")
 
-    def plain(kind: Any) -> str | None:
-        name = kind if isinstance(kind, str) else getattr(kind, "__name__", None)
-        return name if name in _PLAIN_TYPES else None
+    def named(kind: Any) -> str:
+        return kind if isinstance(kind, str) else getattr(kind, "__name__", repr(kind).replace("typing.", ""))
 
-    own = {f.name: plain(f.type) for f in dataclasses.fields(config)}
+    own = {f.name: named(f.type) for f in dataclasses.fields(config)}
     for base in config.__mro__[1:]:
         if not dataclasses.is_dataclass(base):
             continue
         for f in dataclasses.fields(base):
-            inherited = plain(f.type)
-            if inherited and own.get(f.name) and own[f.name] != inherited:
+            inherited = named(f.type)
+            if inherited in _PLAIN_TYPES and own[f.name] != inherited:
                 return (f"{obj.__qualname__}.config_class {config.__qualname__} declares '{f.name}' as "
                         f"{own[f.name]}, and {base.__qualname__} (which it extends) as {inherited}: the algorithm's "
                         f"checks and math read it as {inherited}. Keep the type, or give your option another name.")
@@ -290,7 +291,8 @@ def tool_problem(name: str, obj: Any) -> str:
     that keeps the base's ``execute`` (which raises) would fail every call the model makes, and the run train on."""
     cls = obj if isinstance(obj, type) else type(obj)
     base = next((c for c in cls.__mro__ if f"{c.__module__}.{c.__qualname__}" == "rlforge.agent.base.Tool"), None)
-    if base is not None and getattr(cls, "execute", None) is base.__dict__["execute"]:
+    if base is not None and (getattr(cls, "execute", None) is base.__dict__["execute"]
+                             or not callable(getattr(cls, "execute", None))):
         return (f"{cls.__qualname__} extends rlforge.agent.Tool without an execute method: implement "
                 f"execute(self, arguments, state), sync or async, returning the tool's text or a ToolResult "
                 f"(docs/agentic.md).")

@@ -294,3 +294,9 @@ def test_an_unexpected_error_ends_with_a_line_naming_the_hook_that_raised(capsys
     assert last.endswith(f"{__file__}:{rlforge_step_end.__code__.co_firstlineno + 1}; traceback above)"), last
     assert _run(lambda: int("x")) == 1
     assert "ValueError: invalid literal for int() with base 10: 'x' (raised in " in capsys.readouterr().err
+
+    def empty() -> int:
+        raise RuntimeError()
+
+    assert _run(empty) == 1
+    assert capsys.readouterr().err.rstrip().splitlines()[-1].startswith("rlforge: error: RuntimeError (raised in ")

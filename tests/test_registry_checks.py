@@ -3,6 +3,8 @@ two plugins claiming one name, reward functions that cannot be called, algorithm
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 
 from rlforge.errors import RLForgeError
@@ -175,8 +177,22 @@ def test_an_algorithms_config_class_is_a_dataclass_that_keeps_the_types_it_inher
         bonus: float = 0.5
         epsilon: float = 0.3  # the same type, another default: fine
 
+    class Undecorated(GRPOConfig):  # its own fields would not be keys (helper-82)
+        bonus: float = 0.5
+
+    @dataclasses.dataclass
+    class Unrelated:
+        bonus: float = 0.5
+
+    @dataclasses.dataclass
+    class Widened(GRPOConfig):
+        epsilon: Optional[float] = 0.2  # noqa: UP045 - a null would reach GRPO's checks
+
     regs = Registries()
-    for config, match in ((Loose, r"config_class = .*Loose is not a dataclass: decorate it with @dataclass"),
+    for config, match in ((Loose, r"config_class = .*Loose is not a dataclass that extends the algorithm section's"),
+                          (Undecorated, "Undecorated is not a dataclass that extends"),
+                          (Unrelated, "Unrelated is not a dataclass that extends"),
+                          (Widened, r"declares 'epsilon' as Optional\[float\], and GRPOConfig"),
                           (Retyped, r"declares 'epsilon' as str, and GRPOConfig \(which it extends\) as float")):
         with pytest.raises(RLForgeError, match=match):
             regs.algorithm.register("x", type("Mine", (GRPO,), {"config_class": config}))
@@ -193,6 +209,10 @@ def test_a_tool_without_execute_is_refused_at_registration() -> None:
     class NoExec(Tool):
         name = "noexec"
 
+    class NoneExec(Tool):
+        name = "noneexec"
+        execute = None
+
     class Calc(Tool):
         name = "calc"
 
@@ -203,6 +223,8 @@ def test_a_tool_without_execute_is_refused_at_registration() -> None:
     with pytest.raises(RLForgeError, match=r"NoExec extends rlforge.agent.Tool without an execute method: implement "
                                            r"execute\(self, arguments, state\)"):
         regs.tool.register("noexec", NoExec)
+    with pytest.raises(RLForgeError, match="NoneExec extends rlforge.agent.Tool without an execute method"):
+        regs.tool.register("noneexec", NoneExec)
     regs.tool.register("calc", Calc)
     assert "calc" in regs.tool and "noexec" not in regs.tool
     assert PluginManager(autoload=False).registry.tool.available()  # the built-in tools pass

@@ -165,12 +165,15 @@ def reward(c: Context) -> None:
             (c.unread(key, "null") if c.get(key) is None else c.refuse(key, f"verl's legacy {key}"))
     rm = bool(value["reward.reward_model.enable"])
     if known:
+        told = {"experiment_name": c.get("trainer.experiment_name")} if c.reward_manager == "gdpo" else None
         c.map("reward.reward_manager.name", "reward.manager", "model" if rm else "rule",
               "with reward.max_error_share=0: a reward call that raises stops the run, as in verl (rlforge's own "
-              "default scores it reward.fallback_score and stops only when every call of a step fails)")
+              "default scores it reward.fallback_score and stops only when every call of a step fails)"
+              + (f"; and reward.extra_info={told}: verl's gdpo manager sets experiment_name in each row's extra_info"
+                 if told else ""))
         c.set("reward.max_error_share", 0.0)
-        if c.reward_manager == "gdpo":  # verl's gdpo manager is its naive one that tells the function the experiment
-            c.set("reward.extra_info", {"experiment_name": c.get("trainer.experiment_name")})
+        if told:  # verl's gdpo manager is its naive one that tells the function the experiment
+            c.set("reward.extra_info", told)
     elif source == "register":
         unknown_manager(c, "reward.reward_manager.name")
     else:

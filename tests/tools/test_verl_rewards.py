@@ -98,6 +98,7 @@ def test_verls_gdpo_reward_manager_is_the_rule_manager_that_tells_the_function_t
     assert t.overrides["reward.manager"] == "rule" and t.overrides["reward.max_error_share"] == 0.0
     assert t.overrides["reward.extra_info"] == {"experiment_name": "qwen3 8b"}  # as given: not the folder name
     assert t.overrides["trainer.experiment"] == "qwen3_8b"
+    assert "reward.extra_info={'experiment_name': 'qwen3 8b'}" in _fate(t, "reward.reward_manager.name").text
     assert "reward.extra_info" not in _t("reward.reward_manager.name=naive").overrides
 
 
