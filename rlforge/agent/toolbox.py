@@ -138,12 +138,18 @@ class ToolSession:
         messages = [_message(c.name, c.id, text, images) for c, (text, _, images) in zip(calls, results)]
         for c in extra:
             self.stats.errors += 1
-            messages.append(_message(c.name, c.id, f"Error: only {limit} tool calls per turn are run "
-                                                   f"(rollout.agent.max_tool_calls_per_turn); this one was not."))
-        for reason in parsed.errors:
+            messages.append(_message(c.name, c.id, self._cut(f"Error: only {limit} tool calls per turn are run "
+                                                             f"(rollout.agent.max_tool_calls_per_turn); this one was "
+                                                             f"not.")))
+        for reason in parsed.errors:  # cut as every reply is (helper-83: a 210-token one never fit the budget)
             self.stats.parse_errors += 1
-            messages.append(_message("", "", f"Error: the tool call could not be read: {reason}"))
+            messages.append(_message("", "", self._cut(f"Error: the tool call could not be read: {reason}")))
         return messages, sum(r for _, r, _ in results)
+
+    def _cut(self, text: str) -> str:
+        """``text`` cut to ``rollout.agent.max_tool_output_tokens``, as every reply to the model is."""
+        limits = self.box.limits
+        return self.chat.truncate(text, limits.max_tool_output_tokens, limits.tool_output_truncate_side)[0]
 
     async def _call(self, call: ToolCall) -> tuple[str, float, list[Any]]:
         self.stats.calls += 1
@@ -160,9 +166,7 @@ class ToolSession:
         except Exception as exc:
             text, reward = self._error(f"the tool '{call.name}' failed: {type(exc).__name__}: {exc}", call.name), 0.0
         self.stats.seconds.append(time.perf_counter() - start)
-        limits = self.box.limits
-        text, _ = self.chat.truncate(text, limits.max_tool_output_tokens, limits.tool_output_truncate_side)
-        return text, reward, images
+        return self._cut(text), reward, images
 
     async def _execute(self, call: ToolCall) -> tuple[str, float, list[Any]]:
         tool = self.tools.get(call.name)
